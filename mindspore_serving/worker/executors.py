@@ -1,0 +1,144 @@
+"""Threads that run batches: one per model subgraph and one per batched Python stage."""
+import queue
+import threading
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Sequence
+
+from mindspore_serving import log
+from mindspore_serving.worker.batching import SENTINEL, ExpectedCounter, collect_batch, merge_inputs, split_outputs
+from mindspore_serving.worker.model_backend import LoadedModel
+from mindspore_serving.worker.stage_values import check_model_inputs, normalize_outputs, shape_to_model
+
+
+@dataclass
+class _Item:
+    inputs: tuple
+    future: Future
+
+
+class _BatchLoop:
+    """A queue drained by one thread in batches of at most `batch_size`."""
+
+    def __init__(self, name: str, batch_size: int, max_wait: float):
+        self.batch_size = max(1, batch_size)
+        self.max_wait = max_wait
+        self.queue: "queue.Queue" = queue.Queue()
+        self.expected = ExpectedCounter(self.queue)
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, inputs: tuple) -> Future:
+        future: Future = Future()
+        self.queue.put(_Item(inputs, future))
+        self.expected.arrived()
+        return future
+
+    def close(self):
+        self.queue.put(SENTINEL)
+        self._thread.join(timeout=10)
+
+    def _loop(self):
+        while True:
+            items = collect_batch(self.queue, self.batch_size, self.max_wait, self.expected)
+            if items is None:
+                return
+            self._run(items)
+
+    def _run(self, items: List[_Item]):
+        raise NotImplementedError
+
+
+class ModelExecutor(_BatchLoop):
+    """Runs one subgraph of a loaded model on batches merged from concurrent instances."""
+
+    def __init__(self, model: LoadedModel, subgraph: int, max_wait: float):
+        self.model = model
+        self.subgraph = subgraph
+        self.graph = model.subgraphs[subgraph]
+        self.instance_infos = model.instance_inputs(subgraph)
+        self.no_batch_inputs = tuple(model.spec.without_batch_dim_inputs)
+        super().__init__(f"model-{model.spec.model_key}-{subgraph}", model.batch_size, max_wait)
+
+    @property
+    def inputs_count(self) -> int:
+        return len(self.instance_infos)
+
+    def check(self, inputs: Sequence) -> Optional[str]:
+        return check_model_inputs(inputs, self.instance_infos)
+
+    def _run(self, items: List[_Item]):
+        try:
+            instances = [shape_to_model(item.inputs, self.instance_infos) for item in items]
+            if self.model.spec.with_batch_dim:
+                outputs = self.graph.run(merge_inputs(instances, self.batch_size, self.no_batch_inputs))
+                results = split_outputs(outputs, len(items))
+            else:
+                results = [tuple(self.graph.run(instance)) for instance in instances]
+        except Exception as err:  # the graph failed: every instance of this batch gets the reason
+            log.exception(f"model {self.model.spec.model_key} subgraph {self.subgraph} failed")
+            for item in items:
+                item.future.set_exception(RuntimeError(f"model predict failed: {err}"))
+            return
+        for item, result in zip(items, results):
+            item.future.set_result(result)
+
+
+def run_batch_function(function: Callable, instances: List[tuple], outputs_count: int) -> list:
+    """Calls a batched Python stage; returns per instance either its output tuple or an exception.
+
+    The function gets the list of input tuples and returns a list/tuple or yields one result per
+    instance. When the call itself raises, every instance fails; when one yielded item raises, only
+    that instance fails and the function is called again on the instances after it.
+    """
+    results: list = []
+    while len(results) < len(instances):
+        pending = instances[len(results):]
+        try:
+            produced = iter(function(pending))
+        except Exception as err:
+            results.extend([err] * len(pending))
+            break
+        restart = False
+        for _ in pending:
+            try:
+                output = next(produced)
+            except StopIteration:
+                missing = len(instances) - len(results)
+                error = RuntimeError(f"the number of results returned is less than the number of instances, "
+                                     f"{missing} instance(s) got no result")
+                results.extend([error] * missing)
+                break
+            except Exception as err:
+                results.append(err)
+                restart = True
+                break
+            try:
+                results.append(normalize_outputs(output, outputs_count))
+            except Exception as err:
+                results.append(err)
+        if not restart:
+            break
+    return results
+
+
+class FunctionBatcher(_BatchLoop):
+    """Collects instances for a Python stage declared with `batch_size` and runs them in the stage pool."""
+
+    def __init__(self, name: str, function: Callable, batch_size: int, outputs_count: int,
+                 pool: Executor, max_wait: float):
+        self.function = function
+        self.outputs_count = outputs_count
+        self.pool = pool
+        super().__init__(f"stage-{name}", batch_size, max_wait)
+
+    def _run(self, items: List[_Item]):
+        self.pool.submit(self._call, items)
+
+    def _call(self, items: List[_Item]):
+        results = run_batch_function(self.function, [item.inputs for item in items], self.outputs_count)
+        for item, result in zip(items, results):
+            if isinstance(result, BaseException):
+                item.future.set_exception(result)
+            else:
+                item.future.set_result(result)

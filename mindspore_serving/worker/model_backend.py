@@ -1,0 +1,165 @@
+"""Loads MindIR graphs with `mindspore.load` + `nn.GraphCell` and describes their inputs and outputs."""
+import os
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from mindspore_serving import log
+
+# mind_ir.proto TensorProto.DataType -> numpy
+_MINDIR_DTYPES = {1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32, 7: np.int64,
+                  9: np.bool_, 10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64, 17: np.float64}
+_DEVICE_NAMES = {"cpu": "CPU", "gpu": "GPU", "ascend": "Ascend"}
+
+_KMSI_NAMES = {np.dtype(np.bool_): "kMSI_Bool", np.dtype(np.int8): "kMSI_Int8", np.dtype(np.uint8): "kMSI_Uint8",
+               np.dtype(np.int16): "kMSI_Int16", np.dtype(np.uint16): "kMSI_Uint16",
+               np.dtype(np.int32): "kMSI_Int32", np.dtype(np.uint32): "kMSI_Uint32",
+               np.dtype(np.int64): "kMSI_Int64", np.dtype(np.uint64): "kMSI_Uint64",
+               np.dtype(np.float16): "kMSI_Float16", np.dtype(np.float32): "kMSI_Float32",
+               np.dtype(np.float64): "kMSI_Float64"}
+
+
+def kmsi_name(value) -> str:
+    """MindSpore Serving's name for the data type of a stage value."""
+    if isinstance(value, str):
+        return "kMSI_String"
+    if isinstance(value, (bytes, bytearray)):
+        return "kMSI_Bytes"
+    return _KMSI_NAMES.get(np.dtype(value), f"kMSI_Unknown({value})")
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    shape: tuple
+    dtype: np.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize if self.is_static else -1
+
+    @property
+    def is_static(self) -> bool:
+        return all(dim >= 0 for dim in self.shape)
+
+
+def available_devices() -> List[str]:
+    """Device types this MindSpore build can use, best first."""
+    import mindspore as ms
+    found = []
+    for name in ("Ascend", "GPU"):
+        try:
+            if ms.hal.is_available(name):
+                found.append(name)
+        except Exception as err:  # a build without the backend library raises instead of answering
+            log.debug(f"device {name} is not available: {err}")
+    found.append("CPU")
+    return found
+
+
+def resolve_device(device_type: Optional[str]) -> str:
+    """'cpu'/'gpu'/'ascend' (any case) to MindSpore's name; None or 'none' picks the best available."""
+    available = available_devices()
+    if device_type is None or device_type.lower() == "none":
+        return available[0]
+    name = _DEVICE_NAMES.get(device_type.lower())
+    if name is None or name not in available:
+        raise RuntimeError(f"The device type '{device_type}' is inconsistent with current running environment, "
+                           f"supported device type: {available}")
+    return name
+
+
+def set_device(device_type: str, device_id: int):
+    import mindspore as ms
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_device(device_type, device_id if device_type != "CPU" else None)
+
+
+def read_mindir_inputs(path: str) -> Optional[List[TensorInfo]]:
+    """Input shapes and dtypes recorded in a MindIR file; None when the file cannot be parsed (e.g. encrypted)."""
+    from mindspore.train import mind_ir_pb2
+    model = mind_ir_pb2.ModelProto()
+    try:
+        with open(path, "rb") as stream:
+            model.ParseFromString(stream.read())
+    except Exception as err:
+        log.info(f"cannot read input information from '{path}': {err}")
+        return None
+    infos = []
+    for graph_input in model.graph.input:
+        tensor = graph_input.tensor[0]
+        infos.append(TensorInfo(tuple(int(d) for d in tensor.dims), np.dtype(_MINDIR_DTYPES.get(tensor.data_type, np.float32))))
+    return infos
+
+
+class Subgraph:
+    """One loaded graph: its GraphCell and the shapes and dtypes of its inputs and outputs."""
+
+    def __init__(self, path: str, dec_key: Optional[bytes] = None, dec_mode: str = "AES-GCM"):
+        import mindspore as ms
+        from mindspore import nn
+        if not os.path.isfile(path):
+            raise RuntimeError(f"model file '{path}' not exist")
+        kwargs = {"dec_key": dec_key, "dec_mode": dec_mode} if dec_key else {}
+        self.path = path
+        self.cell = nn.GraphCell(ms.load(path, **kwargs))
+        self.inputs = read_mindir_inputs(path)
+        if self.inputs is None:
+            raise RuntimeError(f"cannot read the inputs of model file '{path}'")
+        self.outputs = self._probe_outputs()
+
+    def _probe_outputs(self) -> List[TensorInfo]:
+        """Runs the graph once on zeros: warms it up and reveals the output shapes and dtypes."""
+        if not all(info.is_static for info in self.inputs):
+            return []
+        zeros = [np.zeros(info.shape, info.dtype) for info in self.inputs]
+        return [TensorInfo(out.shape, out.dtype) for out in self.run(zeros)]
+
+    def run(self, inputs: Sequence[np.ndarray]) -> List[np.ndarray]:
+        from mindspore import Tensor
+        result = self.cell(*[Tensor(np.ascontiguousarray(value)) for value in inputs])
+        if not isinstance(result, (tuple, list)):
+            result = (result,)
+        return [out.asnumpy() for out in result]
+
+
+class LoadedModel:
+    """A declared model: one or more subgraphs sharing a batch size."""
+
+    def __init__(self, spec, version_dir: str, dec_key: Optional[bytes] = None, dec_mode: str = "AES-GCM"):
+        self.spec = spec
+        self.subgraphs = [Subgraph(os.path.join(version_dir, name), dec_key, dec_mode) for name in spec.model_files]
+        self.batch_size = self._check_batch_size()
+
+    def _check_batch_size(self) -> int:
+        if not self.spec.with_batch_dim:
+            return 1
+        sizes = set()
+        for graph in self.subgraphs:
+            for index, info in enumerate(graph.inputs):
+                if index in self.spec.without_batch_dim_inputs:
+                    continue
+                if not info.shape:
+                    raise RuntimeError(f"The shape of model input {index} cannot be empty, "
+                                       f"when with_batch_dim is true, model: {self.spec.model_key}")
+                sizes.add(info.shape[0])
+            for index, info in enumerate(graph.outputs):
+                if not info.shape:
+                    raise RuntimeError(f"The shape of model output {index} cannot be empty, "
+                                       f"when with_batch_dim is true, model: {self.spec.model_key}")
+                sizes.add(info.shape[0])
+        if len(sizes) > 1:
+            raise RuntimeError(f"The dim 0 of model inputs and outputs {sorted(sizes)} does not match current batch size, "
+                               f"model: {self.spec.model_key}")
+        batch = sizes.pop() if sizes else 1
+        if batch <= 0:
+            raise RuntimeError("Invalid batch size 0")
+        return batch
+
+    def instance_inputs(self, subgraph: int) -> List[TensorInfo]:
+        """Shape and dtype that one instance must provide for each input of a subgraph."""
+        infos = []
+        for index, info in enumerate(self.subgraphs[subgraph].inputs):
+            batched = self.spec.with_batch_dim and index not in self.spec.without_batch_dim_inputs
+            infos.append(TensorInfo(info.shape[1:] if batched else info.shape, info.dtype))
+        return infos

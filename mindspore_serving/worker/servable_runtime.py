@@ -1,0 +1,131 @@
+"""A servable inside a worker: its loaded models, batch executors and method runners."""
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from mindspore_serving import log
+from mindspore_serving.server.register.spec import STAGE_BUILTIN, STAGE_FUNCTION, STAGE_MODEL, ServableSpec
+from mindspore_serving.worker.executors import FunctionBatcher, ModelExecutor
+from mindspore_serving.worker.method_runner import (BUILTIN_STAGES, BatchFunctionStage, FunctionStage, MethodRunner,
+                                                     ModelStage)
+from mindspore_serving.worker.model_backend import LoadedModel
+from mindspore_serving.worker.stage_values import check_model_inputs
+
+DEFAULT_BATCH_WAIT_MS = 2.0
+
+
+def batch_wait_seconds() -> float:
+    """How long a batch waits for instances that are known to be on their way (MS_SERVING_BATCH_WAIT_MS)."""
+    text = os.environ.get("MS_SERVING_BATCH_WAIT_MS", str(DEFAULT_BATCH_WAIT_MS))
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"MS_SERVING_BATCH_WAIT_MS should be a number of milliseconds, but got '{text}'") from None
+    return max(0.0, value) / 1000.0
+
+
+class ServableRuntime:
+    def __init__(self, spec: ServableSpec, version_dir: str, num_parallel_workers: int = 0,
+                 dec_key: Optional[bytes] = None, dec_mode: str = "AES-GCM", batch_wait: Optional[float] = None):
+        self.spec = spec
+        self.batch_wait = batch_wait_seconds() if batch_wait is None else batch_wait
+        self.models: Dict[str, LoadedModel] = {}
+        for key, model_spec in spec.models.items():
+            try:
+                self.models[key] = LoadedModel(model_spec, version_dir, dec_key, dec_mode)
+            except Exception as err:
+                raise RuntimeError(f"Load model failed, servable directory: '{os.path.dirname(os.path.dirname(version_dir))}', "
+                                   f"servable name: '{spec.name}', model file: '{list(model_spec.model_files)}', "
+                                   f"version number: {os.path.basename(version_dir)}, load error details: {err}") from err
+        self._check_io_counts()
+        self.pool = ThreadPoolExecutor(max(1, num_parallel_workers), thread_name_prefix=f"{spec.name}-stage")
+        self.executors: Dict[Tuple[str, int], ModelExecutor] = {
+            (key, index): ModelExecutor(model, index, self.batch_wait)
+            for key, model in self.models.items() for index in range(len(model.subgraphs))}
+        self._batchers: List[FunctionBatcher] = []
+        self.methods = {name: MethodRunner(spec.name, method, [self._build_stage(method, stage)
+                                                                for stage in method.stages])
+                        for name, method in spec.methods.items()}
+        self._install_model_call()
+
+    @property
+    def batch_size(self) -> int:
+        """The largest model batch size (1 without models): the master's chunk size."""
+        return max((model.batch_size for model in self.models.values()), default=1)
+
+    def _check_io_counts(self):
+        for key, model in self.models.items():
+            for subgraph, (inputs, outputs) in model.spec.io_counts.items():
+                if subgraph >= len(model.subgraphs):
+                    raise RuntimeError(f"The model does not have subgraph of index {subgraph}, "
+                                       f"the subgraph count of the model is {len(model.subgraphs)}")
+                graph = model.subgraphs[subgraph]
+                if inputs != len(graph.inputs):
+                    raise RuntimeError(f"The inputs count {inputs} in register_method not equal to the count "
+                                       f"{len(graph.inputs)} defined in model")
+                if graph.outputs and outputs != len(graph.outputs):
+                    raise RuntimeError(f"The outputs count {outputs} in register_method not equal to the count "
+                                       f"{len(graph.outputs)} defined in model")
+
+    def _method_batch_size(self, method, stage) -> int:
+        if stage.batch_size:
+            return stage.batch_size
+        sizes = [self.models[s.model_key].batch_size for s in method.stages if s.kind == STAGE_MODEL]
+        if not sizes:
+            return 1
+        if all(ref.stage_index == 0 for ref in stage.inputs):
+            return min(sizes)
+        return max(sizes)
+
+    def _build_stage(self, method, stage):
+        if stage.kind == STAGE_MODEL:
+            return ModelStage(self.executors[(stage.model_key, stage.subgraph)])
+        if stage.kind == STAGE_BUILTIN:
+            return BUILTIN_STAGES[stage.builtin_name]()
+        if stage.kind == STAGE_FUNCTION and stage.batch_size is None:
+            return FunctionStage(stage.function, stage.outputs_count, self.pool)
+        batcher = FunctionBatcher(stage.function_key or stage.tag, stage.function, self._method_batch_size(method, stage),
+                                  stage.outputs_count, self.pool, self.batch_wait)
+        self._batchers.append(batcher)
+        return BatchFunctionStage(batcher)
+
+    def _install_model_call(self):
+        from mindspore_serving.server.register.model import set_model_call_handler
+        set_model_call_handler(self.model_call)
+
+    def model_call(self, model_key: str, subgraph: int, instances: Sequence[tuple]) -> List[tuple]:
+        """Runs instances through a model from inside a Python stage (`Model.call`)."""
+        prefix = f"Model({model_key}).call() failed: " if subgraph == 0 else \
+            f"Model({model_key}, subgraph={subgraph}).call() failed: "
+        model = self.models.get(model_key)
+        if model is None:
+            raise RuntimeError(prefix + "the model is not declared or not loaded")
+        if subgraph >= len(model.subgraphs):
+            raise RuntimeError(prefix + f"The model does not have subgraph of index {subgraph}, "
+                                        f"the subgraph count of the model is {len(model.subgraphs)}")
+        if not instances:
+            raise RuntimeError(prefix + "Input instances count is 0")
+        executor = self.executors[(model_key, subgraph)]
+        for index, instance in enumerate(instances):
+            if len(instance) != executor.inputs_count:
+                raise RuntimeError(prefix + f"The inputs count {len(instance)} of instance {index} is not equal to "
+                                            f"the inputs count {executor.inputs_count} of the model")
+            reason = check_model_inputs(instance, executor.instance_infos)
+            if reason is not None:
+                raise RuntimeError(prefix + reason)
+        futures = [executor.submit(tuple(instance)) for instance in instances]
+        return [future.result() for future in futures]
+
+    def predict(self, method_name: str, instances: Sequence[dict]) -> list:
+        runner = self.methods.get(method_name)
+        if runner is None:
+            raise KeyError(method_name)
+        return runner.run(instances)
+
+    def close(self):
+        for executor in self.executors.values():
+            executor.close()
+        for batcher in self._batchers:
+            batcher.close()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        log.info(f"servable {self.spec.name} closed")

@@ -1,0 +1,14 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="mindspore_serving",
+    version="0.1.0",
+    description="Serve MindSpore MindIR models and large language models over gRPC and HTTP",
+    packages=find_packages(include=["mindspore_serving", "mindspore_serving.*"]),
+    package_data={"mindspore_serving.proto": ["*.proto"]},
+    python_requires=">=3.9",
+    install_requires=[
+        "mindspore>=2.10.0", "grpcio>=1.85", "protobuf>=7", "numpy>=2", "fastapi", "uvicorn",
+        "orjson", "pydantic>=2", "pyyaml", "pillow", "psutil", "prometheus-client", "sse-starlette", "tokenizers",
+    ],
+)
