@@ -1,0 +1,48 @@
+"""The contract between the LLM engine (scheduler) and whatever runs the model (agents, graph runner, fakes).
+
+One engine step asks the runner to compute a list of sequences. Each sequence brings the tokens to
+compute now (a whole prompt, a prompt chunk, or one decode token), the position of the first of them,
+and its block table. The runner writes their keys/values into the paged KV cache (slot =
+block_table[pos // block_size] * block_size + pos % block_size), attends over every cached position
+<= the token's own, and returns the logits of the last computed token of each sequence.
+
+Physical block 0 is reserved as a scratch block: padding writes there, and the block manager never
+hands it out.
+"""
+from dataclasses import dataclass
+from typing import List, Protocol, Sequence
+
+import numpy as np
+
+SCRATCH_BLOCK = 0
+
+
+@dataclass
+class SeqStep:
+    token_ids: List[int]
+    start_pos: int
+    block_table: List[int]
+
+    @property
+    def query_len(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def context_len(self) -> int:
+        """Tokens in the cache once this step has written its own."""
+        return self.start_pos + len(self.token_ids)
+
+
+def slot_of(block_table: Sequence[int], position: int, block_size: int) -> int:
+    return block_table[position // block_size] * block_size + position % block_size
+
+
+class ModelRunner(Protocol):
+    block_size: int
+    num_blocks: int
+    max_seq_len: int
+    vocab_size: int
+
+    def run(self, seqs: List[SeqStep]) -> np.ndarray:
+        """Logits [len(seqs), vocab_size] (float32) of the last token of each sequence."""
+        ...
