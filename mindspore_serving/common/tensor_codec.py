@@ -1,0 +1,383 @@
+"""Instances <-> the public gRPC messages, the master's input checks and the reply's error rules.
+
+An *instance* is a `dict[str, value]`; a value is a numpy array (numeric or bool, any shape, 0-d for
+scalars), a Python `str` (MS_STRING) or `bytes` (MS_BYTES). On the wire (`ms_service.proto`):
+- numbers: `Tensor.data` holds the raw little-endian C-order bytes, `shape.dims` the shape;
+- str/bytes: one element of `Tensor.bytes_val` (str as UTF-8), dims `[]` (or `[1]` from clients).
+All functions here are pure: no I/O, no globals besides constant tables.
+"""
+from typing import Dict, Iterable, List, Optional, Sequence, Union
+
+import numpy as np
+
+from mindspore_serving.common import errors
+from mindspore_serving.proto import ms_service_pb2 as pb
+
+# (numpy dtype, proto DataType, MindSpore Serving's name)
+_NUMERIC = (
+    (np.dtype(np.bool_), pb.MS_BOOL, "kMSI_Bool"),
+    (np.dtype(np.int8), pb.MS_INT8, "kMSI_Int8"),
+    (np.dtype(np.uint8), pb.MS_UINT8, "kMSI_Uint8"),
+    (np.dtype(np.int16), pb.MS_INT16, "kMSI_Int16"),
+    (np.dtype(np.uint16), pb.MS_UINT16, "kMSI_Uint16"),
+    (np.dtype(np.int32), pb.MS_INT32, "kMSI_Int32"),
+    (np.dtype(np.uint32), pb.MS_UINT32, "kMSI_Uint32"),
+    (np.dtype(np.int64), pb.MS_INT64, "kMSI_Int64"),
+    (np.dtype(np.uint64), pb.MS_UINT64, "kMSI_Uint64"),
+    (np.dtype(np.float16), pb.MS_FLOAT16, "kMSI_Float16"),
+    (np.dtype(np.float32), pb.MS_FLOAT32, "kMSI_Float32"),
+    (np.dtype(np.float64), pb.MS_FLOAT64, "kMSI_Float64"),
+)
+NUMPY_TO_PROTO: Dict[np.dtype, int] = {dtype: code for dtype, code, _ in _NUMERIC}
+PROTO_TO_NUMPY: Dict[int, np.dtype] = {code: dtype for dtype, code, _ in _NUMERIC}
+KMSI_NAMES: Dict[int, str] = {code: name for _, code, name in _NUMERIC}
+KMSI_NAMES.update({pb.MS_STRING: "kMSI_String", pb.MS_BYTES: "kMSI_Bytes", pb.MS_UNKNOWN: "kMSI_Unknown"})
+STRING_TYPES = (pb.MS_STRING, pb.MS_BYTES)
+
+_UTF8_ERRORS = "surrogateescape"  # str <-> bytes round-trips even for invalid UTF-8
+
+
+# ----------------------------------------------------------------------------------------------- dtypes
+
+def _native(dtype: np.dtype) -> np.dtype:
+    return dtype.newbyteorder("=") if dtype.byteorder not in ("=", "|") else dtype
+
+
+def dtype_to_proto(dtype) -> int:
+    """The DataType of a numeric/bool numpy dtype; TypeError "Unknown data type <dtype>" otherwise."""
+    dtype = np.dtype(dtype)
+    code = NUMPY_TO_PROTO.get(_native(dtype))
+    if code is None:
+        raise TypeError(f"Unknown data type {dtype}")
+    return code
+
+
+def proto_to_dtype(code: int) -> np.dtype:
+    """The numpy dtype of a numeric/bool DataType; ValueError for MS_STRING, MS_BYTES and unknown values."""
+    dtype = PROTO_TO_NUMPY.get(int(code))
+    if dtype is None:
+        raise ValueError(f"DataType {proto_type_name(code)} has no numpy dtype")
+    return dtype
+
+
+def value_proto_type(value) -> int:
+    """The DataType of an instance value (str, bytes or numpy array)."""
+    if isinstance(value, str):
+        return pb.MS_STRING
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return pb.MS_BYTES
+    return dtype_to_proto(np.asarray(value).dtype)
+
+
+def proto_type_name(code: int) -> str:
+    """`MS_FLOAT32` etc., `MS_UNKNOWN` for values outside the enum."""
+    try:
+        return pb.DataType.Name(int(code))
+    except ValueError:
+        return "MS_UNKNOWN"
+
+
+def dtype_display_name(item) -> str:
+    """MindSpore Serving's name of a data type (`kMSI_Float32`, `kMSI_String`, ...).
+
+    `item` is an instance value (ndarray, numpy scalar, str, bytes), a numpy dtype or scalar type,
+    the classes `str`/`bytes`, or a proto DataType (a plain int)."""
+    if item is str or isinstance(item, str):
+        return "kMSI_String"
+    if item is bytes or isinstance(item, (bytes, bytearray, memoryview)):
+        return "kMSI_Bytes"
+    if isinstance(item, int) and not isinstance(item, (bool, np.generic)):
+        return KMSI_NAMES.get(item, "kMSI_Unknown")
+    if isinstance(item, (np.ndarray, np.generic)):
+        item = item.dtype
+    try:
+        dtype = _native(np.dtype(item))
+    except TypeError:
+        return "kMSI_Unknown"
+    code = NUMPY_TO_PROTO.get(dtype)
+    return KMSI_NAMES[code] if code is not None else "kMSI_Unknown"
+
+
+class ShapedStr(str):
+    """A str that arrived with a shape other than [] or [1] (e.g. REST `[["a"]]`). It is still a str;
+    `dims` keeps the shape so the master's input check rejects it with MindSpore Serving's text."""
+
+    def __new__(cls, value: str, dims: Sequence[int]):
+        obj = super().__new__(cls, value)
+        obj.dims = tuple(int(d) for d in dims)
+        return obj
+
+
+class ShapedBytes(bytes):
+    """The bytes counterpart of ShapedStr."""
+
+    def __new__(cls, value: bytes, dims: Sequence[int]):
+        obj = super().__new__(cls, value)
+        obj.dims = tuple(int(d) for d in dims)
+        return obj
+
+
+def format_shape(dims: Iterable[int]) -> str:
+    """A shape as MindSpore Serving prints it: `[1, 2]`, `[]`."""
+    return "[" + ", ".join(str(int(d)) for d in dims) + "]"
+
+
+# ------------------------------------------------------------------------------------- value <-> tensor
+
+def _as_array(value) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, np.generic):
+        return np.asarray(value)
+    if isinstance(value, bool):
+        return np.array(value, np.bool_)
+    if isinstance(value, int):
+        return np.array(value, np.int64)
+    if isinstance(value, float):
+        return np.array(value, np.float64)
+    raise TypeError(f"Not support value type {type(value)}")
+
+
+def value_to_tensor(value, tensor: Optional[pb.Tensor] = None, string_dims: Sequence[int] = ()) -> pb.Tensor:
+    """Writes one instance value into `tensor` (a new Tensor when None) and returns it.
+
+    Numbers keep their dtype and shape; str/bytes become one `bytes_val` element with dims `string_dims`
+    (`()` inside the server, `(1,)` as the client sends them; a ShapedStr/ShapedBytes keeps its own dims).
+    Python bool/int/float and numpy scalars
+    become 0-d arrays. TypeError for anything else, e.g. "Unknown data type <U3" for numpy str arrays."""
+    if tensor is None:
+        tensor = pb.Tensor()
+    else:
+        tensor.Clear()
+    if isinstance(value, str):
+        tensor.dtype = pb.MS_STRING
+        tensor.shape.dims.extend(getattr(value, "dims", string_dims))
+        tensor.bytes_val.append(value.encode("utf-8", _UTF8_ERRORS))
+        return tensor
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        tensor.dtype = pb.MS_BYTES
+        tensor.shape.dims.extend(getattr(value, "dims", string_dims))
+        tensor.bytes_val.append(bytes(value))
+        return tensor
+    array = _as_array(value)
+    code = dtype_to_proto(array.dtype)
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    tensor.dtype = code
+    tensor.shape.dims.extend(array.shape)
+    tensor.data = array.tobytes()
+    return tensor
+
+
+def tensor_to_value(tensor: pb.Tensor, copy: bool = True):
+    """The instance value of a checked Tensor.
+
+    MS_STRING/MS_BYTES with one element give a str/bytes (a list when there are several); numbers give
+    a numpy array of shape `dims`, writable when `copy`, else a read-only view of the message's bytes.
+    ValueError when the data size does not match the shape, or for shared-memory tensors."""
+    code = tensor.dtype
+    if code in STRING_TYPES:
+        items = [item.decode("utf-8", _UTF8_ERRORS) for item in tensor.bytes_val] \
+            if code == pb.MS_STRING else list(tensor.bytes_val)
+        return items[0] if len(items) == 1 else items
+    if tensor.WhichOneof("tensor_data") == "shm_data":
+        raise ValueError("Tensor with shared memory data is not supported")
+    dtype = proto_to_dtype(code)
+    dims = tuple(tensor.shape.dims)
+    data = tensor.data
+    expected = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
+    if expected != len(data) or any(d < 0 for d in dims):
+        raise ValueError(f"Tensor check failed: input data size {len(data)} invalid")
+    little = dtype.newbyteorder("<")
+    array = np.frombuffer(data, little).reshape(dims)
+    if little != dtype:  # big-endian host
+        return array.astype(dtype)
+    return array.copy() if copy else array
+
+
+def instance_to_proto(instance: dict, instance_pb: Optional[pb.Instance] = None,
+                      string_dims: Sequence[int] = ()) -> pb.Instance:
+    if instance_pb is None:
+        instance_pb = pb.Instance()
+    for name, value in instance.items():
+        value_to_tensor(value, instance_pb.items[name], string_dims)
+    return instance_pb
+
+
+def proto_to_instance(instance_pb: pb.Instance, copy: bool = True) -> dict:
+    return {name: tensor_to_value(tensor, copy) for name, tensor in instance_pb.items.items()}
+
+
+def instances_to_proto(instances: Sequence[dict], repeated_field, string_dims: Sequence[int] = ()):
+    """Appends one `Instance` per dict to a repeated Instance field (e.g. `request.instances`)."""
+    for instance in instances:
+        instance_to_proto(instance, repeated_field.add(), string_dims)
+    return repeated_field
+
+
+def proto_to_instances(repeated_field, copy: bool = True) -> List[dict]:
+    return [proto_to_instance(instance_pb, copy) for instance_pb in repeated_field]
+
+
+# -------------------------------------------------------------------------------------- master checks
+
+def check_tensor(tensor: pb.Tensor) -> Optional[str]:
+    """Why a request tensor is malformed (the `detail` text of MindSpore Serving), or None."""
+    dims = list(tensor.shape.dims)
+    if tensor.dtype in STRING_TYPES:
+        if len(tensor.bytes_val) != 1:
+            return "Instance tensor check failed: bytes or string type shape batch size can only be 1"
+        if dims and dims != [1]:
+            return ("Instance tensor check failed: bytes or string type input  shape can only be (1,) or empty, "
+                    f"but given shape is {format_shape(dims)}")
+        return None
+    zero_dim = False
+    for dim in dims:
+        if dim < 0 or zero_dim:
+            return f"Tensor check failed: input  shape {format_shape(dims)} invalid"
+        zero_dim = zero_dim or dim == 0
+    dtype = PROTO_TO_NUMPY.get(tensor.dtype)
+    if dtype is None:
+        return f"Tensor check failed: input data type proto::{proto_type_name(tensor.dtype)} invalid"
+    count = 1
+    for dim in dims:
+        count *= dim
+    expected = count * dtype.itemsize
+    if tensor.WhichOneof("tensor_data") == "shm_data":
+        if tensor.shm_data.data_size != expected:
+            return (f"Tensor check failed: input shared memory data size {tensor.shm_data.data_size} "
+                    f"not equal to expected size {expected}")
+        return None
+    if len(tensor.data) != expected:
+        return f"Tensor check failed: input data size {len(tensor.data)} invalid"
+    return None
+
+
+check_instance_tensor = check_tensor
+
+
+def check_instances(instances_pb, input_names: Sequence[str], servable_name: str, method_name: str):
+    """The master's checks before a request is queued; raises InvalidInputs with the reference texts.
+
+    The first failing input of the first failing instance fails the whole request."""
+    if len(instances_pb) == 0:
+        raise errors.InvalidInputs(f"Instances count of request cannot be 0, servable: {servable_name}, "
+                                   f"method: {method_name}")
+    for instance_pb in instances_pb:
+        items = instance_pb.items
+        for name in input_names:
+            if name not in items:
+                raise errors.InvalidInputs(f"Cannot find input {name} in instance input , servable {servable_name}, "
+                                           f"method {method_name}")
+            detail = check_tensor(items[name])
+            if detail is not None:
+                raise errors.InvalidInputs(f"Instances input {name} check failed, detail: {detail}")
+
+
+def check_value(value) -> Optional[str]:
+    """check_tensor for an instance value that has not been put in a Tensor (e.g. one parsed from JSON)."""
+    if isinstance(value, (str, bytes)):
+        dims = list(getattr(value, "dims", ()))
+        if dims and dims != [1]:
+            return ("Instance tensor check failed: bytes or string type input  shape can only be (1,) or empty, "
+                    f"but given shape is {format_shape(dims)}")
+        return None
+    if isinstance(value, np.ndarray) and _native(value.dtype) not in NUMPY_TO_PROTO:
+        return f"Tensor check failed: input data type {value.dtype} invalid"
+    return None
+
+
+def check_instance_values(instances: Sequence[dict], input_names: Sequence[str], servable_name: str,
+                          method_name: str):
+    """check_instances for instances held as dicts; raises InvalidInputs with the same texts."""
+    if len(instances) == 0:
+        raise errors.InvalidInputs(f"Instances count of request cannot be 0, servable: {servable_name}, "
+                                   f"method: {method_name}")
+    for instance in instances:
+        for name in input_names:
+            if name not in instance:
+                raise errors.InvalidInputs(f"Cannot find input {name} in instance input , servable {servable_name}, "
+                                           f"method {method_name}")
+            detail = check_value(instance[name])
+            if detail is not None:
+                raise errors.InvalidInputs(f"Instances input {name} check failed, detail: {detail}")
+
+
+# ------------------------------------------------------------------------------------------- replies
+
+Result = Union[dict, errors.ServingError, BaseException, tuple]
+
+
+def is_error(result) -> bool:
+    return not isinstance(result, dict)
+
+
+def global_error(results) -> Optional[errors.ServingError]:
+    """The single error a reply carries instead of instances: `results` itself when it is one error, or the
+    common error when every instance failed with the same code and text; None otherwise."""
+    if not isinstance(results, (list, tuple)):
+        return errors.as_serving_error(results)
+    if not results or not all(is_error(result) for result in results):
+        return None
+    first = errors.as_serving_error(results[0])
+    for result in results[1:]:
+        error = errors.as_serving_error(result)
+        if (error.code, error.message) != (first.code, first.message):
+            return None
+    return first
+
+
+def build_predict_reply(results, reply: Optional[pb.PredictReply] = None,
+                        servable_spec: Optional[pb.ServableSpec] = None) -> pb.PredictReply:
+    """A PredictReply from per-instance results (each a dict of outputs or an error) or one global error.
+
+    - no failures: instances only, no error_msg;
+    - a global error, or every instance failed with the same code and text: exactly one error_msg and no
+      instances (an empty text becomes "Predict failed");
+    - otherwise one ErrorMsg per instance (code 0, empty text for successes) and one Instance per instance
+      (empty for failures).
+    A dict holding a value that has no proto form raises TypeError (see value_to_tensor)."""
+    if reply is None:
+        reply = pb.PredictReply()
+    else:
+        reply.Clear()
+    if servable_spec is not None:
+        reply.servable_spec.CopyFrom(servable_spec)
+    single = global_error(results)
+    if single is not None:
+        error_pb = reply.error_msg.add()
+        error_pb.error_code = single.code
+        error_pb.error_msg = (single.message or "Predict failed").encode("utf-8", _UTF8_ERRORS)
+        return reply
+    any_failed = any(is_error(result) for result in results)
+    for result in results:
+        instance_pb = reply.instances.add()
+        if not is_error(result):
+            instance_to_proto(result, instance_pb)
+        if any_failed:
+            error_pb = reply.error_msg.add()
+            if is_error(result):
+                error = errors.as_serving_error(result)
+                error_pb.error_code = error.code
+                error_pb.error_msg = error.message.encode("utf-8", _UTF8_ERRORS)
+    return reply
+
+
+def reply_to_results(reply: pb.PredictReply, copy: bool = False):
+    """Inverse of build_predict_reply: a ServingError for a global error, else a list with one dict or
+    ServingError per instance. RuntimeError when the error count is not 0, 1 or the instance count."""
+    error_count = len(reply.error_msg)
+    if error_count == 1 and reply.error_msg[0].error_code != errors.OK:
+        error_pb = reply.error_msg[0]
+        return errors.make_error(error_pb.error_code, error_pb.error_msg.decode("utf-8", "replace"))
+    instance_count = len(reply.instances)
+    if error_count not in (0, instance_count):
+        raise RuntimeError(f"error msg result size {error_count} not be 0, 1 or length of instances {instance_count}")
+    results = []
+    for index, instance_pb in enumerate(reply.instances):
+        error_pb = reply.error_msg[index] if error_count else None
+        if error_pb is not None and error_pb.error_code != errors.OK:
+            results.append(errors.make_error(error_pb.error_code, error_pb.error_msg.decode("utf-8", "replace")))
+        else:
+            results.append(proto_to_instance(instance_pb, copy))
+    return results

@@ -1,0 +1,285 @@
+"""Instances <-> ms_service.proto, the master's input checks and the reply's error_msg rules."""
+import numpy as np
+import pytest
+
+from mindspore_serving.common import errors
+from mindspore_serving.common import tensor_codec as tc
+from mindspore_serving.proto import ms_service_pb2 as pb
+
+NUMERIC = [
+    (np.bool_, pb.MS_BOOL, "kMSI_Bool"), (np.int8, pb.MS_INT8, "kMSI_Int8"), (np.uint8, pb.MS_UINT8, "kMSI_Uint8"),
+    (np.int16, pb.MS_INT16, "kMSI_Int16"), (np.uint16, pb.MS_UINT16, "kMSI_Uint16"),
+    (np.int32, pb.MS_INT32, "kMSI_Int32"), (np.uint32, pb.MS_UINT32, "kMSI_Uint32"),
+    (np.int64, pb.MS_INT64, "kMSI_Int64"), (np.uint64, pb.MS_UINT64, "kMSI_Uint64"),
+    (np.float16, pb.MS_FLOAT16, "kMSI_Float16"), (np.float32, pb.MS_FLOAT32, "kMSI_Float32"),
+    (np.float64, pb.MS_FLOAT64, "kMSI_Float64"),
+]
+
+
+def test_proto_enum_values_are_the_reference_ones():
+    assert [pb.DataType.Value(n) for n in (
+        "MS_UNKNOWN", "MS_BOOL", "MS_INT8", "MS_UINT8", "MS_INT16", "MS_UINT16", "MS_INT32", "MS_UINT32", "MS_INT64",
+        "MS_UINT64", "MS_FLOAT16", "MS_FLOAT32", "MS_FLOAT64", "MS_STRING", "MS_BYTES")] == list(range(15))
+
+
+def test_proto_field_numbers_are_the_reference_ones():
+    def numbers(message):
+        return {f.name: f.number for f in message.DESCRIPTOR.fields}
+    assert numbers(pb.PredictRequest) == {"servable_spec": 1, "instances": 2}
+    assert numbers(pb.PredictReply) == {"servable_spec": 1, "instances": 3, "error_msg": 4}
+    assert numbers(pb.ServableSpec) == {"name": 1, "method_name": 2, "version_number": 3}
+    assert numbers(pb.Instance) == {"items": 1, "output_buffers": 2}
+    assert numbers(pb.Tensor) == {"shape": 1, "dtype": 2, "data": 3, "bytes_val": 4, "shm_data": 5}
+    assert numbers(pb.TensorShape) == {"dims": 1}
+    assert numbers(pb.ShmTensorData) == {"memory_key": 1, "bytes_size": 2, "data_offset": 3, "data_size": 4}
+    assert numbers(pb.ErrorMsg) == {"error_code": 1, "error_msg": 2}
+    assert numbers(pb.TensorInfo) == {"shape": 1, "dtype": 2, "size": 3, "is_no_batch_dim": 4}
+    for message in (pb.PingRequest, pb.PingReply, pb.PongRequest, pb.PongReply):
+        assert numbers(message) == {"address": 1}
+    assert pb.DESCRIPTOR.package == "mindspore.serving.proto"
+    service = pb.DESCRIPTOR.services_by_name["MSService"]
+    assert service.methods_by_name["Predict"].input_type.name == "PredictRequest"
+    assert service.methods_by_name["PredictStream"].server_streaming
+
+
+@pytest.mark.parametrize("dtype,code,name", NUMERIC)
+def test_dtype_maps_and_names(dtype, code, name):
+    assert tc.dtype_to_proto(dtype) == code
+    assert tc.proto_to_dtype(code) == np.dtype(dtype)
+    assert tc.dtype_display_name(np.dtype(dtype)) == name
+    assert tc.dtype_display_name(dtype) == name
+    assert tc.dtype_display_name(np.zeros((2,), dtype)) == name
+    assert tc.dtype_display_name(code) == name
+
+
+def test_string_names_and_unknowns():
+    assert tc.dtype_display_name("abc") == "kMSI_String"
+    assert tc.dtype_display_name(str) == "kMSI_String"
+    assert tc.dtype_display_name(b"abc") == "kMSI_Bytes"
+    assert tc.dtype_display_name(pb.MS_BYTES) == "kMSI_Bytes"
+    assert tc.dtype_display_name(pb.MS_STRING) == "kMSI_String"
+    assert tc.dtype_display_name(np.int64(3)) == "kMSI_Int64"  # a numpy scalar is a value, not an enum
+    assert tc.dtype_display_name(np.dtype(np.complex64)) == "kMSI_Unknown"
+    with pytest.raises(TypeError, match="Unknown data type <U3"):
+        tc.dtype_to_proto(np.array(["abc"]).dtype)
+    with pytest.raises(ValueError):
+        tc.proto_to_dtype(pb.MS_STRING)
+
+
+@pytest.mark.parametrize("dtype,code,_", NUMERIC)
+@pytest.mark.parametrize("shape", [(), (1,), (2, 3), (0,), (2, 0), (3, 1, 2)])
+def test_numeric_round_trip(dtype, code, _, shape):
+    value = (np.arange(int(np.prod(shape))) % 7).astype(dtype).reshape(shape)
+    tensor = tc.value_to_tensor(value)
+    assert tensor.dtype == code
+    assert list(tensor.shape.dims) == list(shape)
+    assert tensor.data == value.astype(np.dtype(dtype).newbyteorder("<")).tobytes()
+    assert tc.check_tensor(tensor) is None
+    back = tc.tensor_to_value(tensor)
+    assert back.dtype == np.dtype(dtype) and back.shape == shape
+    np.testing.assert_array_equal(back, value)
+    back[...] = 0  # copies are writable
+    view = tc.tensor_to_value(tensor, copy=False)
+    assert not view.flags.writeable
+
+
+def test_non_contiguous_and_big_endian_arrays_go_as_little_endian_c_order():
+    value = np.arange(12, dtype=np.int32).reshape(3, 4)[:, ::2]
+    tensor = tc.value_to_tensor(value)
+    assert tensor.data == np.ascontiguousarray(value).tobytes()
+    big = np.arange(3, dtype=">f4")
+    tensor = tc.value_to_tensor(big)
+    assert tensor.dtype == pb.MS_FLOAT32 and tensor.data == big.astype("<f4").tobytes()
+    np.testing.assert_array_equal(tc.tensor_to_value(tensor), big)
+
+
+def test_scalars_and_python_numbers():
+    assert tc.tensor_to_value(tc.value_to_tensor(np.float32(1.5))).shape == ()
+    assert tc.tensor_to_value(tc.value_to_tensor(True)).dtype == np.bool_
+    assert tc.tensor_to_value(tc.value_to_tensor(3)).dtype == np.int64
+    assert tc.tensor_to_value(tc.value_to_tensor(3.0)).dtype == np.float64
+    with pytest.raises(TypeError, match="Not support value type"):
+        tc.value_to_tensor([1, 2])
+    with pytest.raises(TypeError, match="Unknown data type <U2"):
+        tc.value_to_tensor(np.array(["ab"]))
+
+
+def test_str_and_bytes():
+    tensor = tc.value_to_tensor("héllo")
+    assert tensor.dtype == pb.MS_STRING and list(tensor.shape.dims) == [] and list(tensor.bytes_val) == ["héllo".encode()]
+    assert tc.tensor_to_value(tensor) == "héllo"
+    tensor = tc.value_to_tensor("x", string_dims=(1,))
+    assert list(tensor.shape.dims) == [1]
+    assert tc.tensor_to_value(tensor) == "x"
+    tensor = tc.value_to_tensor(b"\x00\xff")
+    assert tensor.dtype == pb.MS_BYTES and tc.tensor_to_value(tensor) == b"\x00\xff"
+    assert isinstance(tc.tensor_to_value(tensor), bytes)
+    assert tc.tensor_to_value(tc.value_to_tensor("")) == ""
+    # invalid UTF-8 survives a round trip
+    raw = pb.Tensor(dtype=pb.MS_STRING, bytes_val=[b"\xff\xfe"])
+    assert tc.value_to_tensor(tc.tensor_to_value(raw)).bytes_val[0] == b"\xff\xfe"
+    # several elements come back as a list
+    assert tc.tensor_to_value(pb.Tensor(dtype=pb.MS_BYTES, bytes_val=[b"a", b"b"])) == [b"a", b"b"]
+
+
+def test_shaped_str_keeps_its_dims():
+    value = tc.ShapedStr("abc", [1, 1])
+    assert value == "abc" and isinstance(value, str)
+    assert list(tc.value_to_tensor(value).shape.dims) == [1, 1]
+    assert list(tc.value_to_tensor(tc.ShapedBytes(b"a", [1, 1])).shape.dims) == [1, 1]
+
+
+def test_tensor_to_value_rejects_bad_sizes():
+    tensor = pb.Tensor(dtype=pb.MS_FLOAT32, data=b"\x00" * 7)
+    tensor.shape.dims.extend([2])
+    with pytest.raises(ValueError, match="input data size 7 invalid"):
+        tc.tensor_to_value(tensor)
+
+
+def test_instances_round_trip():
+    instances = [{"x": np.ones((2, 2), np.float32), "s": "abc", "b": b"\x01"}, {"x": np.zeros((0,), np.int8)}]
+    request = pb.PredictRequest()
+    tc.instances_to_proto(instances, request.instances)
+    request = pb.PredictRequest.FromString(request.SerializeToString())
+    back = tc.proto_to_instances(request.instances)
+    assert back[0]["s"] == "abc" and back[0]["b"] == b"\x01"
+    np.testing.assert_array_equal(back[0]["x"], instances[0]["x"])
+    assert back[1]["x"].shape == (0,) and back[1]["x"].dtype == np.int8
+
+
+# ----------------------------------------------------------------------------------------- master checks
+
+def _tensor(dtype, dims, data=b"", bytes_val=()):
+    tensor = pb.Tensor(dtype=dtype, data=data, bytes_val=list(bytes_val))
+    tensor.shape.dims.extend(dims)
+    return tensor
+
+
+def test_check_tensor_texts():
+    assert tc.check_tensor(_tensor(pb.MS_FLOAT32, [2, 2], b"\x00" * 16)) is None
+    assert tc.check_tensor(_tensor(pb.MS_FLOAT32, [2, 2], b"\x00" * 12)) == \
+        "Tensor check failed: input data size 12 invalid"
+    assert tc.check_tensor(_tensor(pb.MS_FLOAT32, [2, -1], b"")) == "Tensor check failed: input  shape [2, -1] invalid"
+    assert tc.check_tensor(_tensor(pb.MS_FLOAT32, [0, 2], b"")) == "Tensor check failed: input  shape [0, 2] invalid"
+    assert tc.check_tensor(_tensor(pb.MS_FLOAT32, [2, 0], b"")) is None
+    assert tc.check_tensor(_tensor(pb.MS_UNKNOWN, [2], b"")) == \
+        "Tensor check failed: input data type proto::MS_UNKNOWN invalid"
+    assert tc.check_tensor(_tensor(pb.MS_STRING, [1, 1], bytes_val=[b"a"])) == (
+        "Instance tensor check failed: bytes or string type input  shape can only be (1,) or empty, "
+        "but given shape is [1, 1]")
+    assert tc.check_tensor(_tensor(pb.MS_BYTES, [], bytes_val=[b"a"])) is None
+    assert tc.check_tensor(_tensor(pb.MS_BYTES, [1], bytes_val=[b"a"])) is None
+    assert tc.check_tensor(_tensor(pb.MS_BYTES, [2], bytes_val=[b"a", b"b"])) == \
+        "Instance tensor check failed: bytes or string type shape batch size can only be 1"
+    shm = _tensor(pb.MS_FLOAT32, [2])
+    shm.shm_data.data_size = 4
+    assert tc.check_tensor(shm) == "Tensor check failed: input shared memory data size 4 not equal to expected size 8"
+
+
+def test_check_instances_texts():
+    request = pb.PredictRequest()
+    with pytest.raises(errors.InvalidInputs, match="Instances count of request cannot be 0, servable: add, method: m"):
+        tc.check_instances(request.instances, ["x1"], "add", "m")
+    tc.instances_to_proto([{"x1": np.ones(2, np.float32)}], request.instances)
+    tc.check_instances(request.instances, ["x1"], "add", "m")
+    with pytest.raises(errors.InvalidInputs) as info:
+        tc.check_instances(request.instances, ["x1", "x2"], "add", "m")
+    assert str(info.value) == "Cannot find input x2 in instance input , servable add, method m"
+    assert info.value.code == errors.INVALID_INPUTS
+    request.instances[0].items["x1"].data = b"\x00"
+    with pytest.raises(errors.InvalidInputs) as info:
+        tc.check_instances(request.instances, ["x1"], "add", "m")
+    assert str(info.value) == "Instances input x1 check failed, detail: Tensor check failed: input data size 1 invalid"
+
+
+def test_check_instance_values_texts():
+    tc.check_instance_values([{"x": np.ones(2), "s": "a"}], ["x", "s"], "n", "m")
+    with pytest.raises(errors.InvalidInputs, match="Cannot find input y in instance input , servable n, method m"):
+        tc.check_instance_values([{"x": np.ones(2)}], ["y"], "n", "m")
+    with pytest.raises(errors.InvalidInputs) as info:
+        tc.check_instance_values([{"s": tc.ShapedStr("a", [1, 1])}], ["s"], "n", "m")
+    assert str(info.value) == ("Instances input s check failed, detail: Instance tensor check failed: bytes or string "
+                               "type input  shape can only be (1,) or empty, but given shape is [1, 1]")
+
+
+# ------------------------------------------------------------------------------------------------ errors
+
+def test_error_hierarchy():
+    assert (errors.OK, errors.FAILED, errors.INVALID_INPUTS, errors.SYSTEM_ERROR, errors.WORKER_UNAVAILABLE,
+            errors.SERVABLE_UNAVAILABLE) == (0, 1, 2, 3, 4, 5)
+    for cls, code in ((errors.Failed, 1), (errors.InvalidInputs, 2), (errors.SystemError_, 3),
+                      (errors.WorkerUnavailable, 4), (errors.ServableUnavailable, 5)):
+        err = cls("text")
+        assert isinstance(err, errors.ServingError) and err.code == code and err.message == "text"
+        assert str(err) == "text"
+        assert type(errors.make_error(code, "t")) is cls
+    assert errors.as_serving_error(ValueError("boom")).code == errors.FAILED
+    assert errors.as_serving_error((2, "bad")).code == errors.INVALID_INPUTS
+    assert errors.ServingError(7, "x").code == 7
+
+
+# ------------------------------------------------------------------------------------------------ replies
+
+def _ok(value=1.0):
+    return {"y": np.array([value], np.float32)}
+
+
+def test_reply_all_ok_has_no_error_msg():
+    reply = tc.build_predict_reply([_ok(1), _ok(2)])
+    assert len(reply.error_msg) == 0 and len(reply.instances) == 2
+    results = tc.reply_to_results(reply)
+    assert [r["y"][0] for r in results] == [1, 2]
+
+
+def test_reply_global_error():
+    reply = tc.build_predict_reply(errors.ServableUnavailable("servable is not available"))
+    assert len(reply.instances) == 0 and len(reply.error_msg) == 1
+    assert reply.error_msg[0].error_code == errors.SERVABLE_UNAVAILABLE
+    assert reply.error_msg[0].error_msg == b"servable is not available"
+    result = tc.reply_to_results(reply)
+    assert isinstance(result, errors.ServableUnavailable) and result.message == "servable is not available"
+    assert tc.build_predict_reply(errors.Failed("")).error_msg[0].error_msg == b"Predict failed"
+
+
+def test_reply_identical_errors_collapse_into_one():
+    reply = tc.build_predict_reply([errors.InvalidInputs("bad"), errors.InvalidInputs("bad")])
+    assert len(reply.instances) == 0 and len(reply.error_msg) == 1
+    assert (reply.error_msg[0].error_code, reply.error_msg[0].error_msg) == (errors.INVALID_INPUTS, b"bad")
+    # a single failed instance is a global error too
+    assert len(tc.build_predict_reply([errors.Failed("x")]).instances) == 0
+
+
+@pytest.mark.parametrize("results", [
+    [errors.InvalidInputs("bad"), errors.InvalidInputs("other")],
+    [errors.InvalidInputs("bad"), errors.Failed("bad")],
+    [errors.InvalidInputs("bad"), {"y": np.ones(1)}],
+])
+def test_reply_per_instance_errors(results):
+    reply = tc.build_predict_reply(results)
+    assert len(reply.error_msg) == 2 and len(reply.instances) == 2
+    for result, error_pb, instance_pb in zip(results, reply.error_msg, reply.instances):
+        if isinstance(result, dict):
+            assert error_pb.error_code == 0 and error_pb.error_msg == b"" and "y" in instance_pb.items
+        else:
+            assert error_pb.error_code == result.code and error_pb.error_msg == result.message.encode()
+            assert len(instance_pb.items) == 0
+    back = tc.reply_to_results(reply)
+    assert [isinstance(r, dict) for r in back] == [isinstance(r, dict) for r in results]
+
+
+def test_reply_accepts_plain_exceptions_and_pairs_and_spec():
+    spec = pb.ServableSpec(name="add", method_name="m", version_number=2)
+    reply = tc.build_predict_reply([ValueError("v"), (errors.INVALID_INPUTS, "p"), _ok()], servable_spec=spec)
+    assert reply.servable_spec == spec
+    assert [e.error_code for e in reply.error_msg] == [errors.FAILED, errors.INVALID_INPUTS, errors.OK]
+
+
+def test_reply_to_results_rejects_inconsistent_counts():
+    reply = pb.PredictReply()
+    reply.instances.add()
+    reply.instances.add()
+    reply.instances.add()
+    reply.error_msg.add()
+    reply.error_msg.add()
+    with pytest.raises(RuntimeError, match="error msg result size 2 not be 0, 1 or length of instances 3"):
+        tc.reply_to_results(reply)
