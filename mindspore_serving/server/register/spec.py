@@ -67,3 +67,5 @@ class ServableSpec:
     methods: Dict[str, MethodSpec] = field(default_factory=dict)
     # set by declarations that hand the servable to another runtime (e.g. an LLM engine)
     extension: Any = None
+    # set by server.distributed.declare_servable; declare_model then refuses to declare models
+    distributed: bool = False

@@ -1,0 +1,127 @@
+"""Parameter validators shared by the server API.
+
+Every failure raises RuntimeError with MindSpore Serving's exact text, e.g.
+"Parameter 'device_ids' should be int or tuple/list of int, but actually <class 'str'>".
+Items of tuple/list parameters are reported as "The item value '<v>' in parameter '<n>' ...".
+"""
+import os
+import sys
+from typing import Optional, Tuple
+
+
+def _subject(arg_name: str, value, is_item: bool) -> str:
+    if is_item:
+        return f"The item value '{value}' in parameter '{arg_name}'"
+    return f"Parameter '{arg_name}'"
+
+
+def check_str(arg_name: str, str_val) -> str:
+    """A non-empty str."""
+    if not isinstance(str_val, str):
+        raise RuntimeError(f"Parameter '{arg_name}' should be str, but actually {type(str_val)}")
+    if not str_val:
+        raise RuntimeError(f"Parameter '{arg_name}' should not be empty str")
+    return str_val
+
+
+def check_bytes(arg_name: str, bytes_val) -> bytes:
+    """A non-empty bytes object."""
+    if not isinstance(bytes_val, bytes):
+        raise RuntimeError(f"Parameter '{arg_name}' should be bytes, but actually {type(bytes_val)}")
+    if not bytes_val:
+        raise RuntimeError(f"Parameter '{arg_name}' should not be empty bytes")
+    return bytes_val
+
+
+def check_bool(arg_name: str, bool_val) -> bool:
+    """A real bool (0/1 are rejected)."""
+    if not isinstance(bool_val, bool):
+        raise RuntimeError(f"Parameter '{arg_name}' should be bool, but actually {type(bool_val)}")
+    return bool_val
+
+
+def check_int(arg_name: str, int_val, minimum: Optional[int] = None, maximum: Optional[int] = None,
+              is_tuple_item: bool = False) -> int:
+    """An int (bool rejected) inside the optional bounds [minimum, maximum]."""
+    subject = _subject(arg_name, int_val, is_tuple_item)
+    if not isinstance(int_val, int) or isinstance(int_val, bool):
+        raise RuntimeError(f"{subject} should be int, but actually {type(int_val)}")
+    if minimum is not None and maximum is not None:
+        if not minimum <= int_val <= maximum:
+            raise RuntimeError(f"{subject} should be in range [{minimum},{maximum}]")
+    elif minimum is not None and int_val < minimum:
+        raise RuntimeError(f"{subject} should be >= {minimum}")
+    elif maximum is not None and int_val > maximum:
+        raise RuntimeError(f"{subject} should be <= {maximum}")
+    return int_val
+
+
+def check_ip_port(arg_name: str, port) -> int:
+    return check_int(arg_name, port, 1, 65535)
+
+
+def _check_int_items(arg_name: str, ints, minimum, maximum) -> Tuple[int, ...]:
+    seen = []
+    for item in ints:
+        check_int(arg_name, item, minimum, maximum, is_tuple_item=True)
+        if item in seen:
+            raise RuntimeError(f"The item value '{item}' in parameter '{arg_name}' should not be repeated")
+        seen.append(item)
+    return tuple(seen)
+
+
+def check_and_as_int_tuple_list(arg_name: str, ints, minimum: Optional[int] = None,
+                                maximum: Optional[int] = None) -> Tuple[int, ...]:
+    """A single int or a tuple/list of distinct ints; returns a tuple."""
+    if isinstance(ints, int) and not isinstance(ints, bool):
+        ints = (ints,)
+    if not isinstance(ints, (tuple, list)):
+        raise RuntimeError(f"Parameter '{arg_name}' should be int or tuple/list of int, but actually {type(ints)}")
+    return _check_int_items(arg_name, ints, minimum, maximum)
+
+
+def check_int_tuple_list(arg_name: str, ints, minimum: Optional[int] = None,
+                         maximum: Optional[int] = None) -> Tuple[int, ...]:
+    """A tuple/list of distinct ints (a single int is rejected); returns a tuple."""
+    if not isinstance(ints, (tuple, list)):
+        raise RuntimeError(f"Parameter '{arg_name}' should be tuple/list of int, but actually {type(ints)}")
+    return _check_int_items(arg_name, ints, minimum, maximum)
+
+
+def check_and_as_str_tuple_list(arg_name: str, strs) -> Tuple[str, ...]:
+    """A single str or a tuple/list of distinct non-empty strs; returns a tuple."""
+    if isinstance(strs, str):
+        strs = (strs,)
+    if not isinstance(strs, (tuple, list)):
+        raise RuntimeError(f"Parameter '{arg_name}' should be str or tuple/list of str, but actually {type(strs)}")
+    seen = []
+    for item in strs:
+        if not isinstance(item, str):
+            raise RuntimeError(f"The item of parameter '{arg_name}' should be str, but actually {type(item)}")
+        if not item:
+            raise RuntimeError(f"The item of parameter '{arg_name}' should not be empty str")
+        if item in seen:
+            raise RuntimeError(f"The item value '{item}' in parameter '{arg_name}' should not be repeated")
+        seen.append(item)
+    return tuple(seen)
+
+
+def check_str_tuple(arg_name: str, strs) -> Tuple[str, ...]:
+    """Alias of check_and_as_str_tuple_list."""
+    return check_and_as_str_tuple_list(arg_name, strs)
+
+
+def check_int_tuple(arg_name: str, ints, minimum: Optional[int] = None,
+                    maximum: Optional[int] = None) -> Tuple[int, ...]:
+    """Alias of check_and_as_int_tuple_list (int or tuple/list of int)."""
+    return check_and_as_int_tuple_list(arg_name, ints, minimum, maximum)
+
+
+def script_directory() -> str:
+    """The directory of the running script; relative paths given to the server API are resolved against it."""
+    return os.path.dirname(os.path.realpath(sys.argv[0]))
+
+
+def get_abs_path(path: str) -> str:
+    """`path` made absolute against dirname(realpath(sys.argv[0])), not the current directory."""
+    return os.path.realpath(os.path.join(script_directory(), path))

@@ -1,0 +1,73 @@
+"""start_servables / start_grpc_server / start_restful_server / stop on top of the master."""
+from mindspore_serving import log
+from mindspore_serving.master.master import get_master, install_signal_handlers, stop_master
+from mindspore_serving.master.worker_processes import WorkerPlan
+from mindspore_serving.server.ssl_config import SSLConfig
+from mindspore_serving.server.start_config import check_servable_configs, merge_config
+
+_GRPC, _RESTFUL = "grpc", "restful"
+
+
+def _plans(configs):
+    plans = []
+    for config in configs:
+        device_ids = tuple(config.device_ids) or (0,)
+        for device_id in device_ids:
+            plans.append(WorkerPlan(servable_directory=config.servable_directory, servable_name=config.servable_name,
+                                    version_number=config.version_number, device_type=config.device_type,
+                                    device_id=device_id, num_parallel_workers=config.num_parallel_workers,
+                                    dec_key=config.dec_key, dec_mode=config.dec_mode))
+    return plans
+
+
+def start_servables(servable_configs):
+    """Starts one worker per servable per device id and blocks until all have registered.
+
+    Raises RuntimeError("Fail to start workers: ...") with the worker's reason when one fails; everything
+    started so far is stopped then.
+    """
+    configs = merge_config(check_servable_configs(servable_configs))
+    master = get_master()
+    install_signal_handlers()
+    try:
+        master.start_workers(_plans(configs))
+    except BaseException:
+        stop()
+        raise
+    log.info("all workers have registered")
+
+
+def _check_ssl_config(ssl_config):
+    if ssl_config is not None and not isinstance(ssl_config, SSLConfig):
+        raise RuntimeError("The type of ssl_config should be type of SSLConfig")
+
+
+def start_grpc_server(address, max_msg_mb_size=100, ssl_config=None):
+    """Serves MSService on `ip:port` or `unix:<path>`; messages up to `max_msg_mb_size` MiB each way."""
+    from mindspore_serving.frontends.grpc_server import GrpcFrontend
+    _check_ssl_config(ssl_config)
+    master = get_master()
+    if _GRPC in master.frontends:
+        raise RuntimeError("Serving Error: Serving gRPC server is already running")
+    frontend = GrpcFrontend(address, max_msg_mb_size, ssl_config, master.dispatcher)
+    master.run(frontend.start())
+    master.frontends[_GRPC] = frontend
+    print(f"Serving: Serving gRPC server start success, listening on {address}", flush=True)
+
+
+def start_restful_server(address, max_msg_mb_size=100, ssl_config=None):
+    """Serves the RESTful API on `ip:port`; request bodies up to `max_msg_mb_size` MiB."""
+    from mindspore_serving.frontends.restful_server import RestfulFrontend
+    _check_ssl_config(ssl_config)
+    master = get_master()
+    if _RESTFUL in master.frontends:
+        raise RuntimeError("Serving Error: RESTful server is already running")
+    frontend = RestfulFrontend(address, max_msg_mb_size, ssl_config, master.dispatcher)
+    master.run(frontend.start())
+    master.frontends[_RESTFUL] = frontend
+    print(f"Serving: Serving RESTful server start success, listening on {address}", flush=True)
+
+
+def stop():
+    """Stops the front ends, the workers and the master; start_servables may be called again afterwards."""
+    stop_master()
