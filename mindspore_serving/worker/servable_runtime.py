@@ -48,6 +48,12 @@ class ServableRuntime:
                         for name, method in spec.methods.items()}
         self._install_model_call()
 
+    device_type = "CPU"
+
+    def extensions(self) -> Dict[str, str]:
+        """Extra registration facts for the master (e.g. an LLM engine's description)."""
+        return {}
+
     @property
     def batch_size(self) -> int:
         """The largest model batch size (1 without models): the master's chunk size."""

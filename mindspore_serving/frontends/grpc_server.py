@@ -1,0 +1,81 @@
+"""The public gRPC front end: MSService.Predict, wire-compatible with MindSpore Serving."""
+import grpc
+
+from mindspore_serving import log
+from mindspore_serving.common import errors
+from mindspore_serving.frontends.address import check_address, check_max_msg_mb_size, check_unix_address
+from mindspore_serving.master.dispatcher import build_reply, error_reply
+from mindspore_serving.proto import ms_service_pb2_grpc
+
+
+class MSServiceServicer(ms_service_pb2_grpc.MSServiceServicer):
+    """Converts and delegates; the gRPC status is always OK and errors travel in error_msg."""
+
+    def __init__(self, dispatcher):
+        self.dispatcher = dispatcher
+
+    async def Predict(self, request, context):
+        spec = request.servable_spec
+        try:
+            results = await self.dispatcher.predict(spec, request.instances)
+        except errors.ServingError as err:
+            return error_reply(spec, err)
+        except Exception as err:
+            log.exception("Predict failed")
+            return error_reply(spec, errors.ServingError(errors.SYSTEM_ERROR, f"Serving Error: {err}"))
+        return build_reply(spec, results)
+
+
+def _credentials(ssl_config):
+    def read(path):
+        with open(path, "rb") as stream:
+            return stream.read()
+    try:
+        root = read(ssl_config.custom_ca) if ssl_config.custom_ca else None
+        return grpc.ssl_server_credentials([(read(ssl_config.private_key), read(ssl_config.certificate))],
+                                           root_certificates=root,
+                                           require_client_auth=bool(ssl_config.verify_client))
+    except (OSError, ValueError, TypeError) as err:
+        raise RuntimeError(f"Serving Error: load ssl config failed: {err}") from err
+
+
+class GrpcFrontend:
+    def __init__(self, address: str, max_msg_mb_size: int, ssl_config, dispatcher, extra_servicers=()):
+        check_max_msg_mb_size(max_msg_mb_size)
+        if address.startswith("unix:"):
+            check_unix_address(address)
+        else:
+            check_address(address, "Serving gRPC")
+        self.address = address
+        self.max_bytes = max_msg_mb_size * 1024 * 1024
+        self.ssl_config = ssl_config
+        self.dispatcher = dispatcher
+        self.extra_servicers = extra_servicers
+        self.server = None
+
+    async def start(self):
+        options = [("grpc.max_send_message_length", self.max_bytes),
+                   ("grpc.max_receive_message_length", self.max_bytes),
+                   ("grpc.so_reuseport", 0)]
+        server = grpc.aio.server(options=options)
+        ms_service_pb2_grpc.add_MSServiceServicer_to_server(MSServiceServicer(self.dispatcher), server)
+        for add in self.extra_servicers:
+            add(server)
+        failed = RuntimeError(f"Serving Error: Serving gRPC server start failed, create server failed, "
+                              f"address {self.address}")
+        try:
+            if self.ssl_config is not None:
+                port = server.add_secure_port(self.address, _credentials(self.ssl_config))
+            else:
+                port = server.add_insecure_port(self.address)
+        except RuntimeError as err:
+            raise failed from err
+        if port == 0 and not self.address.startswith("unix:"):
+            raise failed
+        await server.start()
+        self.server = server
+
+    async def stop(self, grace: float):
+        if self.server is not None:
+            await self.server.stop(grace)
+            self.server = None

@@ -1,0 +1,177 @@
+"""The RESTful front end: MindSpore Serving's `POST /model/<name>[/version/<v>]:<method>` on uvicorn.
+
+The classic route is a bare ASGI handler (it needs free key order in the URL, always answers HTTP 200,
+and is the hot path); everything else (the OpenAPI page, health, and routes added by other servables)
+goes to a FastAPI app.
+"""
+import asyncio
+import ssl
+
+import uvicorn
+from fastapi import Body, FastAPI
+
+from mindspore_serving import log
+from mindspore_serving.common import errors
+from mindspore_serving.common.tensor_codec import instances_to_proto, proto_to_instance
+from mindspore_serving.frontends import restful_codec
+from mindspore_serving.frontends.address import check_address, check_max_msg_mb_size
+from mindspore_serving.proto import ms_service_pb2
+
+_JSON_HEADERS = [(b"content-type", restful_codec.CONTENT_TYPE.encode())]
+
+
+def build_docs_app() -> FastAPI:
+    """The FastAPI app: documents the classic route and serves the rest."""
+    app = FastAPI(title="MindSpore Serving", description="RESTful access to served models")
+
+    @app.post("/model/{servable_name}:{method_name}", summary="Call a method of the newest version of a servable")
+    async def _predict_doc(servable_name: str, method_name: str,
+                           body: dict = Body(..., examples=[{"instances": [{"x1": [[1.0, 2.0], [3.0, 4.0]],
+                                                                             "x2": [[1.0, 2.0], [3.0, 4.0]]}]}])):
+        """Body: `{"instances": [{input name: value}, ...]}`; values are JSON scalars, nested lists, or
+        `{"b64": "...", "type": "float32", "shape": [2, 2]}`. Reply: `{"instances": [{output name: value}]}`
+        or `{"error_msg": "..."}`, always with HTTP 200."""
+
+    @app.post("/model/{servable_name}/version/{version}:{method_name}",
+              summary="Call a method of one version of a servable")
+    async def _predict_version_doc(servable_name: str, version: int, method_name: str, body: dict = Body(...)):
+        """As the route without version; version 0 means the newest."""
+
+    @app.get("/health", summary="Liveness of the server")
+    async def _health():
+        return {"status": "ok"}
+
+    return app
+
+
+class RestfulApp:
+    """ASGI entry: classic predict calls are handled here, the rest by the FastAPI app."""
+
+    def __init__(self, dispatcher, max_bytes: int, fallback):
+        self.dispatcher = dispatcher
+        self.max_bytes = max_bytes
+        self.fallback = fallback
+
+    @staticmethod
+    def is_classic(scope) -> bool:
+        path = scope["path"]
+        return "model" in path and ":" in path and not path.startswith(("/models/", "/v1/", "/docs", "/openapi"))
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not self.is_classic(scope):
+            await self.fallback(scope, receive, send)
+            return
+        body = await self._read_body(receive)
+        if body is None:
+            reply = restful_codec.encode_error(f"http message is bigger than {self.max_bytes}")
+        else:
+            reply = await self.handle(scope["method"], scope["path"], body)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": _JSON_HEADERS + [(b"content-length", str(len(reply)).encode())]})
+        await send({"type": "http.response.body", "body": reply})
+
+    async def _read_body(self, receive):
+        """The request body, or None once it grows beyond the limit (the rest is not read)."""
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return b""
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    async def handle(self, http_method: str, path: str, body: bytes) -> bytes:
+        try:
+            name, method, version, instances = restful_codec.parse_request(path, body, self.max_bytes, http_method)
+            spec = ms_service_pb2.ServableSpec(name=name, method_name=method, version_number=version)
+            request = ms_service_pb2.PredictRequest()
+            instances_to_proto(instances, request.instances)
+            results = await self.dispatcher.predict(spec, request.instances)
+        except errors.ServingError as err:
+            return restful_codec.encode_error(err.message)
+        except Exception as err:
+            log.exception("RESTful request failed")
+            return restful_codec.encode_error(f"Serving Error: {err}")
+        return restful_codec.encode_reply(
+            [result if isinstance(result, errors.ServingError) else proto_to_instance(result, copy=False)
+             for result in results])
+
+
+def _ssl_context_kwargs(ssl_config):
+    if ssl_config is None:
+        return {}
+    kwargs = {"ssl_certfile": ssl_config.certificate, "ssl_keyfile": ssl_config.private_key,
+              "ssl_version": ssl.PROTOCOL_TLS_SERVER}
+    if ssl_config.verify_client:
+        kwargs.update(ssl_ca_certs=ssl_config.custom_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
+    return kwargs
+
+
+def _check_ssl(ssl_config):
+    """Loads the files once so that bad certificates fail start-up with MindSpore Serving's messages."""
+    if ssl_config is None:
+        return
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(ssl_config.certificate, ssl_config.private_key)
+    except FileNotFoundError as err:
+        missing = ssl_config.private_key if err.filename == ssl_config.private_key else ssl_config.certificate
+        raise RuntimeError(f"Serving Error: load certificate_chain from {missing} failed") from err
+    except ssl.SSLError as err:
+        raise RuntimeError(f"Serving Error: private_key is not consistent with certificate "
+                           f"{ssl_config.certificate}: {err}") from err
+    if ssl_config.verify_client and ssl_config.custom_ca:
+        try:
+            context.load_verify_locations(ssl_config.custom_ca)
+        except (OSError, ssl.SSLError) as err:
+            raise RuntimeError(f"Serving Error: load custom_ca from {ssl_config.custom_ca} failed") from err
+
+
+class RestfulFrontend:
+    def __init__(self, address: str, max_msg_mb_size: int, ssl_config, dispatcher, app: FastAPI = None):
+        check_max_msg_mb_size(max_msg_mb_size)
+        if address.startswith("unix:"):
+            raise RuntimeError("Serving Error: RESTful server does not support binding to unix domain socket")
+        self.host, self.port = check_address(address, "RESTful server")
+        _check_ssl(ssl_config)
+        self.address = address
+        self.app = RestfulApp(dispatcher, max_msg_mb_size * 1024 * 1024, app or build_docs_app())
+        self.config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning",
+                                     timeout_keep_alive=100, access_log=False, lifespan="off",
+                                     **_ssl_context_kwargs(ssl_config))
+        self.server = None
+        self._task = None
+
+    async def start(self):
+        server = uvicorn.Server(self.config)
+        server.install_signal_handlers = lambda: None  # the master owns signals
+        try:
+            self.config.load()
+            sockets = [self.config.bind_socket()]
+        except (OSError, SystemExit) as err:
+            raise RuntimeError(f"Serving Error: RESTful server start failed, bind to the socket address "
+                               f"{self.address} failed") from err
+        self._task = asyncio.ensure_future(server.serve(sockets=sockets))
+        while not server.started:
+            if self._task.done():
+                self._task.result()
+                raise RuntimeError(f"Serving Error: RESTful server start failed, bind to the socket address "
+                                   f"{self.address} failed")
+            await asyncio.sleep(0.01)
+        self.server = server
+
+    async def stop(self, grace: float):
+        if self.server is None:
+            return
+        self.server.should_exit = True
+        try:
+            await asyncio.wait_for(self._task, timeout=grace)
+        except asyncio.TimeoutError:
+            self.server.force_exit = True
+            await self._task
+        self.server = None

@@ -1,0 +1,116 @@
+"""The master: one asyncio loop (in its own thread) hosting the control service, the front ends and the
+calls to workers, plus the worker processes it owns. Public `server.*` functions drive it."""
+import asyncio
+import os
+import signal
+import threading
+from typing import List, Optional
+
+import grpc
+
+from mindspore_serving import log
+from mindspore_serving.common import ipc
+from mindspore_serving.master.control_service import MasterControlServicer
+from mindspore_serving.master.dispatcher import Dispatcher
+from mindspore_serving.master.worker_processes import WorkerPlan, WorkerProcess, WorkerProcesses
+from mindspore_serving.master.worker_registry import WorkerRegistry
+from mindspore_serving.proto import internal_pb2_grpc
+
+DRAIN_TIMEOUT = 10.0
+
+
+class Master:
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="serving-loop", daemon=True)
+        self._thread.start()
+        self.registry = WorkerRegistry()
+        self.dispatcher = Dispatcher(self.registry)
+        from mindspore_serving.server.master.context import get_max_enqueued_requests
+        self.dispatcher.max_enqueued_requests = get_max_enqueued_requests()
+        self.address = ipc.master_address()
+        self.processes = WorkerProcesses(self.address, self._on_worker_death, self._on_all_workers_exited)
+        self.frontends = {}  # "grpc" / "restful" -> object with async stop(grace)
+        self.stopped = threading.Event()
+        self._control_server = self.run(self._start_control_server())
+        print(f"Serving: Master server start success, listening on {self.address}", flush=True)
+
+    def run(self, coro, timeout: Optional[float] = None):
+        """Runs a coroutine on the master loop from any other thread and returns its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    async def _start_control_server(self):
+        server = grpc.aio.server(options=ipc.INTERNAL_CHANNEL_OPTIONS)
+        internal_pb2_grpc.add_MasterControlServicer_to_server(MasterControlServicer(self.registry, self.processes),
+                                                              server)
+        server.add_insecure_port(self.address)
+        await server.start()
+        return server
+
+    def start_workers(self, plans: List[WorkerPlan]):
+        self.processes.start(plans)
+
+    def _on_worker_death(self, worker: WorkerProcess):
+        record = self.registry.remove(worker.plan.key)
+        if record is not None:
+            log.warning(f"worker {worker.plan.key} (pid {record.pid}) is gone; its requests in flight fail")
+            if record.channel is not None and not self.loop.is_closed():
+                asyncio.run_coroutine_threadsafe(record.channel.close(), self.loop)
+
+    def _on_all_workers_exited(self):
+        from mindspore_serving.server import stop
+        stop()
+
+    def stop(self):
+        """Stops the front ends (letting requests in flight finish), the workers and the loop."""
+        if self.stopped.is_set():
+            return
+        self.stopped.set()
+        for name, frontend in list(self.frontends.items()):
+            try:
+                self.run(frontend.stop(DRAIN_TIMEOUT), timeout=DRAIN_TIMEOUT + 5)
+            except Exception as err:
+                log.error(f"stopping the {name} server failed: {err}")
+        self.frontends.clear()
+        self.processes.stop()
+        for record in self.registry.clear():
+            if record.channel is not None:
+                self.run(record.channel.close())
+        self.run(self._control_server.stop(1))
+        ipc.remove_socket(self.address)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+        self.loop.close()
+
+
+_master: Optional[Master] = None
+_master_lock = threading.Lock()
+
+
+def get_master(create: bool = True) -> Optional[Master]:
+    global _master
+    with _master_lock:
+        if _master is None and create:
+            _master = Master()
+        return _master
+
+
+def stop_master():
+    global _master
+    with _master_lock:
+        master, _master = _master, None
+    if master is not None:
+        master.stop()
+
+
+def install_signal_handlers():
+    """SIGINT/SIGTERM stop everything (only possible from the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum, _frame):
+        log.warning(f"Serving: receive signal {signal.Signals(signum).name}, stopping")
+        threading.Thread(target=stop_master, name="serving-stop").start()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, handler)

@@ -1,0 +1,208 @@
+"""Starts worker processes, waits for them to register, notices deaths and restarts them."""
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+from mindspore_serving import log
+
+LOG_DIR = "serving_logs"
+MONITOR_INTERVAL = 0.05
+START_TIMEOUT = float(os.environ.get("MS_SERVING_WORKER_START_TIMEOUT", "600"))
+STOP_GRACE = 10.0
+MAX_QUICK_RESTARTS = 5      # restarts allowed within RESTART_WINDOW before a worker is given up
+RESTART_WINDOW = 60.0
+_START_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "server", "start_worker.py")
+
+
+@dataclass
+class WorkerPlan:
+    """Everything needed to (re)start one worker."""
+    servable_directory: str
+    servable_name: str
+    version_number: int
+    device_type: Optional[str]
+    device_id: int
+    num_parallel_workers: int
+    dec_key: Optional[bytes]
+    dec_mode: str
+    owns_device: bool = True
+
+    @property
+    def key(self) -> str:
+        return f"{self.servable_name}/v{self.version_number}/device{self.device_id}"
+
+    @property
+    def log_path(self) -> str:
+        return os.path.join(LOG_DIR, f"log_{self.servable_name}_device{self.device_id}_version{self.version_number}.log")
+
+
+@dataclass
+class WorkerProcess:
+    plan: WorkerPlan
+    process: Optional[subprocess.Popen] = None
+    registered: threading.Event = field(default_factory=threading.Event)
+    failure: Optional[str] = None
+    starts: int = 0
+    restart_times: List[float] = field(default_factory=list)
+    expected_exit: bool = False
+
+
+class WorkerProcesses:
+    """The set of worker processes of one master."""
+
+    def __init__(self, master_address: str, on_death: Callable[[WorkerProcess], None],
+                 on_all_exited: Callable[[], None]):
+        self.master_address = master_address
+        self.on_death = on_death
+        self.on_all_exited = on_all_exited
+        self.workers: Dict[str, WorkerProcess] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._monitor: Optional[threading.Thread] = None
+
+    # ---- start ----
+    def spawn(self, worker: WorkerProcess):
+        plan = worker.plan
+        os.makedirs(LOG_DIR, exist_ok=True)
+        log_file = open(plan.log_path, "w" if worker.starts == 0 else "a")
+        cmd = [sys.executable, _START_SCRIPT, f"--servable_directory={plan.servable_directory}",
+               f"--servable_name={plan.servable_name}", f"--version_number={plan.version_number}",
+               f"--device_type={plan.device_type or 'none'}", f"--device_id={plan.device_id}",
+               f"--num_parallel_workers={plan.num_parallel_workers}", f"--master_address={self.master_address}",
+               f"--worker_key={plan.key}", f"--dec_mode={plan.dec_mode}"]
+        if plan.dec_key:
+            cmd.append("--read_dec_key")
+        worker.registered.clear()
+        worker.failure = None
+        worker.expected_exit = False
+        worker.process = subprocess.Popen(cmd, stdin=subprocess.PIPE if plan.dec_key else subprocess.DEVNULL,
+                                          stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+        log_file.close()
+        if plan.dec_key:  # the key travels through a pipe, never on the command line
+            worker.process.stdin.write(plan.dec_key.hex().encode() + b"\n")
+            worker.process.stdin.close()
+        worker.starts += 1
+        log.info(f"started worker {plan.key} pid {worker.process.pid}, log {plan.log_path}")
+
+    def start(self, plans: List[WorkerPlan]):
+        """Starts the workers and blocks until all have registered; raises with the reason otherwise."""
+        new = []
+        with self._lock:
+            for plan in plans:
+                worker = WorkerProcess(plan)
+                self.workers[plan.key] = worker
+                new.append(worker)
+        for worker in new:
+            self.spawn(worker)
+        deadline = time.monotonic() + START_TIMEOUT
+        for worker in new:
+            while not worker.registered.wait(0.05):
+                if worker.failure is not None:
+                    raise RuntimeError(f"Fail to start workers: {{servable name:{worker.plan.servable_name}, "
+                                       f"device id:{worker.plan.device_id}, {worker.failure}}}")
+                if worker.process.poll() is not None:
+                    raise RuntimeError(f"Fail to start workers because of death of one worker "
+                                       f"(servable {worker.plan.servable_name}, device id {worker.plan.device_id}, "
+                                       f"exit code {worker.process.returncode}, see {worker.plan.log_path})")
+                if self._stop.is_set():
+                    raise RuntimeError("Fail to start workers because of signal SIGINT or SIGTERM")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"Fail to start workers: {{servable name:{worker.plan.servable_name}, "
+                                       f"device id:{worker.plan.device_id}, no registration within {START_TIMEOUT} s}}")
+        self.ensure_monitor()
+
+    # ---- notices from workers (called from the control service) ----
+    def find(self, key: str) -> Optional[WorkerProcess]:
+        with self._lock:
+            return self.workers.get(key)
+
+    def mark_registered(self, key: str):
+        worker = self.find(key)
+        if worker is not None:
+            worker.registered.set()
+
+    def mark_failed(self, key: str, message: str):
+        worker = self.find(key)
+        if worker is not None:
+            worker.failure = message
+
+    def mark_exiting(self, key: str):
+        worker = self.find(key)
+        if worker is not None:
+            worker.expected_exit = True
+
+    # ---- monitor ----
+    def ensure_monitor(self):
+        if self._monitor is None or not self._monitor.is_alive():
+            self._stop.clear()
+            # non-daemon: like MindSpore Serving, it keeps serving_server.py alive until stop()
+            self._monitor = threading.Thread(target=self._watch, name="serving-monitor", daemon=False)
+            self._monitor.start()
+
+    def _watch(self):
+        while not self._stop.wait(MONITOR_INTERVAL):
+            with self._lock:
+                workers = list(self.workers.values())
+            for worker in workers:
+                if worker.process is None or worker.process.poll() is None:
+                    continue
+                if worker.starts == 1 and not worker.registered.is_set():
+                    continue  # a first start is judged by start(), which reports why it failed
+                self._handle_death(worker)
+            if workers and all(w.process is None for w in workers) and not self._stop.is_set():
+                log.error("Serving server begin to exit: all worker processes that occupy devices have exited")
+                self._stop.set()
+                threading.Thread(target=self.on_all_exited, name="serving-exit").start()
+                return
+
+    def _handle_death(self, worker: WorkerProcess):
+        plan = worker.plan
+        code = worker.process.returncode
+        worker.process = None
+        self.on_death(worker)
+        if self._stop.is_set():
+            return
+        if worker.expected_exit:
+            log.warning(f"worker {plan.key} exited (code {code})")
+            return
+        now = time.monotonic()
+        worker.restart_times = [t for t in worker.restart_times if now - t < RESTART_WINDOW] + [now]
+        if len(worker.restart_times) > MAX_QUICK_RESTARTS:
+            log.error(f"worker {plan.key} died {MAX_QUICK_RESTARTS} times within {RESTART_WINDOW:.0f} s; "
+                      f"it is not restarted again, see {plan.log_path}")
+            return
+        log.warning(f"worker {plan.key} died unexpectedly (exit code {code}); restarting it")
+        try:
+            self.spawn(worker)
+        except OSError as err:
+            log.error(f"cannot restart worker {plan.key}: {err}")
+
+    # ---- stop ----
+    def stop(self):
+        """Asks every worker to exit (SIGTERM), then kills the ones still alive after the grace period."""
+        self._stop.set()
+        with self._lock:
+            workers = list(self.workers.values())
+            self.workers.clear()
+        alive = [w.process for w in workers if w.process is not None and w.process.poll() is None]
+        for process in alive:
+            try:
+                process.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + STOP_GRACE
+        for process in alive:
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning(f"worker pid {process.pid} did not exit in {STOP_GRACE} s; killing it")
+                process.kill()
+                process.wait()
+        if self._monitor is not None and self._monitor is not threading.current_thread():
+            self._monitor.join(timeout=5)
+        self._monitor = None

@@ -1,0 +1,92 @@
+"""The master's view of live workers: who serves which servable version and method, and how busy they are."""
+import itertools
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from mindspore_serving.common import errors
+
+
+@dataclass
+class WorkerRecord:
+    key: str
+    pid: int
+    address: str
+    servable_name: str
+    version_number: int
+    batch_size: int
+    methods: Dict[str, Any]                    # method name -> MethodSignature
+    extensions: Dict[str, str] = field(default_factory=dict)
+    stub: Any = None
+    channel: Any = None
+    outstanding: int = 0                       # instances sent and not yet answered
+    served: int = 0                            # requests answered successfully since registration
+
+
+def request_repr(servable_name: str, method_name: str, version_number: int) -> str:
+    text = f"servable({servable_name}) method({method_name}) "
+    if version_number > 0:
+        text += f" version({version_number}) "
+    return text
+
+
+class WorkerRegistry:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._workers: Dict[str, WorkerRecord] = {}
+        self._turn = itertools.count()
+
+    def add(self, record: WorkerRecord) -> Optional[WorkerRecord]:
+        """Registers a worker; returns the record it replaces (same key), if any."""
+        with self._lock:
+            old = self._workers.get(record.key)
+            self._workers[record.key] = record
+            return old
+
+    def remove(self, key: str, pid: Optional[int] = None) -> Optional[WorkerRecord]:
+        with self._lock:
+            record = self._workers.get(key)
+            if record is None or (pid is not None and record.pid != pid):
+                return None
+            return self._workers.pop(key)
+
+    def get(self, key: str) -> Optional[WorkerRecord]:
+        with self._lock:
+            return self._workers.get(key)
+
+    def all(self) -> List[WorkerRecord]:
+        with self._lock:
+            return list(self._workers.values())
+
+    def clear(self) -> List[WorkerRecord]:
+        with self._lock:
+            records = list(self._workers.values())
+            self._workers.clear()
+            return records
+
+    def servable_versions(self, servable_name: str) -> List[int]:
+        with self._lock:
+            return sorted({w.version_number for w in self._workers.values() if w.servable_name == servable_name})
+
+    def candidates(self, servable_name: str, method_name: str, version_number: int) -> List[WorkerRecord]:
+        """Workers that can serve the request; version 0 means the newest running version."""
+        repr_ = request_repr(servable_name, method_name, version_number)
+        with self._lock:
+            same_name = [w for w in self._workers.values() if w.servable_name == servable_name]
+            if version_number == 0 and same_name:
+                newest = max(w.version_number for w in same_name)
+                matching = [w for w in same_name if w.version_number == newest]
+            else:
+                matching = [w for w in same_name if w.version_number == version_number]
+        if not matching:
+            raise errors.ServableUnavailable(f"Request {repr_}, servable is not available")
+        with_method = [w for w in matching if method_name in w.methods]
+        if not with_method:
+            raise errors.ServableUnavailable(f"Request {repr_}, method is not available")
+        return with_method
+
+    def pick(self, candidates: List[WorkerRecord]) -> WorkerRecord:
+        """The worker with the least outstanding work; ties rotate."""
+        least = min(w.outstanding for w in candidates)
+        tied = [w for w in candidates if w.outstanding == least]
+        return tied[next(self._turn) % len(tied)]

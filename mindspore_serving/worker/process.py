@@ -1,0 +1,124 @@
+"""The worker process: imports servable_config.py, loads the models, serves WorkerService, registers with the master.
+
+Started by the master as `python .../server/start_worker.py --servable_directory ... --master_address ...`.
+It exits on SIGINT/SIGTERM, when the master asks, or when its parent process goes away.
+"""
+import argparse
+import importlib
+import os
+import signal
+import sys
+import threading
+import time
+from concurrent import futures
+
+import grpc
+
+from mindspore_serving import log
+from mindspore_serving.common import ipc
+from mindspore_serving.proto import internal_pb2, internal_pb2_grpc
+from mindspore_serving.worker.servable_loader import load_servable
+from mindspore_serving.worker.service import WorkerServicer
+
+PARENT_CHECK_SECONDS = 0.1
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description="MindSpore Serving worker")
+    parser.add_argument("--servable_directory", required=True)
+    parser.add_argument("--servable_name", required=True)
+    parser.add_argument("--version_number", type=int, default=0)
+    parser.add_argument("--device_type", default="none")
+    parser.add_argument("--device_id", type=int, default=0)
+    parser.add_argument("--num_parallel_workers", type=int, default=0)
+    parser.add_argument("--master_address", required=True)
+    parser.add_argument("--worker_key", required=True)
+    parser.add_argument("--dec_mode", default="AES-GCM")
+    parser.add_argument("--read_dec_key", action="store_true", help="read a hex decryption key from stdin")
+    return parser.parse_args(argv)
+
+
+class Worker:
+    def __init__(self, args):
+        self.args = args
+        self.parent_pid = os.getppid()
+        self.stopping = threading.Event()
+        self.master = internal_pb2_grpc.MasterControlStub(
+            grpc.insecure_channel(args.master_address, options=ipc.INTERNAL_CHANNEL_OPTIONS))
+        self.server = None
+        self.runtime = None
+        self.address = ""
+
+    def notify_failed(self, message: str):
+        try:
+            self.master.NotifyFailed(internal_pb2.NotifyFailedRequest(
+                worker_pid=os.getpid(), worker_key=self.args.worker_key, error_msg=message), timeout=5)
+        except grpc.RpcError as err:
+            log.error(f"cannot tell the master that the worker failed: {err}")
+
+    def start(self):
+        args = self.args
+        dec_key = bytes.fromhex(sys.stdin.readline().strip()) if args.read_dec_key else None
+        self.runtime, version = load_servable(args.servable_directory, args.servable_name, args.version_number,
+                                              args.device_type, args.device_id, args.num_parallel_workers,
+                                              dec_key, args.dec_mode)
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=128, thread_name_prefix="worker-rpc"),
+                                  options=ipc.INTERNAL_CHANNEL_OPTIONS)
+        internal_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(self.runtime, self.request_exit), self.server)
+        self.address = ipc.worker_address(args.servable_name, f"device{args.device_id}")
+        self.server.add_insecure_port(self.address)
+        self.server.start()
+        spec = self.runtime.spec
+        methods = [internal_pb2.MethodSignature(name=m.name, input_names=m.input_names, output_names=m.output_names,
+                                                only_model_stage=m.only_model_stage) for m in spec.methods.values()]
+        reply = self.master.Register(internal_pb2.RegisterRequest(
+            protocol_version=ipc.PROTOCOL_VERSION, worker_pid=os.getpid(), address=self.address,
+            servable_name=spec.name, version_number=version, batch_size=self.runtime.batch_size, methods=methods,
+            device_type=self.runtime.device_type, device_id=args.device_id, worker_key=args.worker_key,
+            extensions=self.runtime.extensions()), timeout=30)
+        if reply.error.error_code:
+            raise RuntimeError(reply.error.error_msg.decode())
+        print(f"Serving: Start servable success, servable directory: '{args.servable_directory}', "
+              f"servable name: '{spec.name}', version number: {version}", flush=True)
+
+    def request_exit(self, reason: str):
+        log.info(f"worker exits: {reason}")
+        self.stopping.set()
+
+    def watch_parent(self):
+        while not self.stopping.wait(PARENT_CHECK_SECONDS):
+            if os.getppid() != self.parent_pid:
+                self.request_exit("the master process has exited")
+
+    def shutdown(self, tell_master: bool):
+        if tell_master:
+            try:
+                self.master.Exit(internal_pb2.ExitRequest(worker_pid=os.getpid(), worker_key=self.args.worker_key,
+                                                          reason="worker stopping"), timeout=2)
+            except grpc.RpcError:
+                pass
+        if self.server is not None:
+            self.server.stop(grace=3).wait(5)
+            ipc.remove_socket(self.address)
+        if self.runtime is not None:
+            self.runtime.close()
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    worker = Worker(args)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda num, _frame: worker.request_exit(f"signal {signal.Signals(num).name}"))
+    os.environ["SERVING_DEVICE_ID"] = str(args.device_id)
+    try:
+        worker.start()
+    except Exception as err:
+        log.exception("worker failed to start")
+        worker.notify_failed(str(err))
+        worker.shutdown(tell_master=False)
+        return 1
+    threading.Thread(target=worker.watch_parent, name="parent-watch", daemon=True).start()
+    while not worker.stopping.wait(1.0):
+        pass
+    worker.shutdown(tell_master=os.getppid() == worker.parent_pid)
+    return 0

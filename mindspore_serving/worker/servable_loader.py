@@ -1,0 +1,60 @@
+"""Finds, imports and loads a servable inside a worker process."""
+import importlib
+import os
+import sys
+from typing import Optional, Tuple
+
+from mindspore_serving import log
+from mindspore_serving.worker.model_backend import resolve_device, set_device
+from mindspore_serving.worker.servable_runtime import ServableRuntime
+
+
+def newest_version_number(servable_path: str) -> int:
+    versions = [int(name) for name in os.listdir(servable_path)
+                if name.isdigit() and os.path.isdir(os.path.join(servable_path, name))]
+    return max(versions, default=0)
+
+
+def import_servable_config(servable_directory: str, servable_name: str):
+    """Imports `<servable_directory>/<servable_name>/servable_config.py` and returns its declarations."""
+    from mindspore_serving.server.register.registry import get_servable_spec
+    if servable_directory not in sys.path:
+        sys.path.insert(0, servable_directory)
+    try:
+        importlib.import_module(f"{servable_name}.servable_config")
+    except Exception as err:
+        raise RuntimeError(f"import {servable_name}.servable_config failed, {err}") from err
+    return get_servable_spec(servable_name)
+
+
+def resolve_version(servable_directory: str, servable_name: str, version_number: int, has_models: bool) -> int:
+    servable_path = os.path.join(servable_directory, servable_name)
+    if not has_models:
+        return version_number or 1
+    if version_number == 0:
+        version_number = newest_version_number(servable_path)
+        if version_number == 0:
+            raise RuntimeError(f"There is no valid version directory of models while there are models declared in "
+                               f"servable_config.py, servable directory: '{servable_directory}', "
+                               f"servable name: '{servable_name}'")
+    if not os.path.isdir(os.path.join(servable_path, str(version_number))):
+        raise RuntimeError(f"Start servable failed: There is no specified version directory of models, specified "
+                           f"version number: {version_number}, servable directory: '{servable_directory}', "
+                           f"servable name: '{servable_name}'")
+    return version_number
+
+
+def load_servable(servable_directory: str, servable_name: str, version_number: int, device_type: Optional[str],
+                  device_id: int, num_parallel_workers: int = 0, dec_key: Optional[bytes] = None,
+                  dec_mode: str = "AES-GCM") -> Tuple[ServableRuntime, int]:
+    spec = import_servable_config(servable_directory, servable_name)
+    if spec is None or not spec.methods and spec.extension is None:
+        raise RuntimeError("There is no method registered for servable")
+    version = resolve_version(servable_directory, servable_name, version_number, bool(spec.models))
+    device = resolve_device(device_type)
+    set_device(device, device_id)
+    log.info(f"loading servable {servable_name} version {version} on {device} device {device_id}")
+    version_dir = os.path.join(servable_directory, servable_name, str(version))
+    runtime = ServableRuntime(spec, version_dir, num_parallel_workers, dec_key, dec_mode)
+    runtime.device_type = device
+    return runtime, version

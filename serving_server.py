@@ -1,0 +1,38 @@
+"""Serves the bundled servables: gRPC on 127.0.0.1:5500 and RESTful on 127.0.0.1:1500 by default.
+
+    python serving_server.py [--grpc 127.0.0.1:5500] [--rest 127.0.0.1:1500] [--servables add,lenet] [--device_type CPU]
+
+Ctrl-C or SIGTERM stops the front ends, lets requests in flight finish and ends every worker.
+"""
+import argparse
+import os
+
+from mindspore_serving import server
+
+SERVABLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "servables")
+CLASSIC_SERVABLES = ("add", "add_sub", "matmul", "lenet")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--grpc", default="127.0.0.1:5500", help="gRPC address, ip:port or unix:<path>")
+    parser.add_argument("--rest", default="127.0.0.1:1500", help="RESTful address, ip:port ('' to disable)")
+    parser.add_argument("--servables", default=",".join(CLASSIC_SERVABLES), help="comma-separated servable names")
+    parser.add_argument("--servable_directory", default=SERVABLE_DIR, help="directory holding the servables")
+    parser.add_argument("--device_type", default=None, help="CPU, GPU or Ascend (default: the best available)")
+    parser.add_argument("--device_ids", default="0", help="comma-separated device ids")
+    args = parser.parse_args()
+
+    device_ids = tuple(int(x) for x in args.device_ids.split(",") if x.strip())
+    configs = [server.ServableStartConfig(servable_directory=args.servable_directory, servable_name=name, device_ids=device_ids,
+                                          device_type=args.device_type)
+               for name in args.servables.split(",") if name.strip()]
+    server.start_servables(configs)
+    if args.grpc:
+        server.start_grpc_server(args.grpc)
+    if args.rest:
+        server.start_restful_server(args.rest)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""Process lifecycle end to end: worker death and restart, SIGTERM, start-up failures."""
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import psutil
+import pytest
+
+from mindspore_serving.client import Client
+from serving_process import ROOT, ServingProcess, free_port, start_server
+
+TEST_SERVABLES = os.path.join(ROOT, "tests", "servables")
+
+
+def workers_of(proc):
+    return [p for p in psutil.Process(proc.proc.pid).children(recursive=True)
+            if any("start_worker.py" in part for part in p.cmdline())]
+
+
+def wait_until(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)  # ok-sleep: polling with a deadline
+    raise AssertionError(f"{what} not reached within {timeout} s")
+
+
+def test_killed_worker_fails_in_flight_requests_and_is_restarted(tmp_path):
+    proc, grpc_addr, _ = start_server(tmp_path, servables=("slow",), rest=False,
+                                      extra_args=["--servable_directory", TEST_SERVABLES], env={"GLOG_v": "1"})
+    try:
+        (worker,) = workers_of(proc)
+        client = Client(grpc_addr, "slow", "sleep")
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(client.infer, {"seconds": np.float32(30)}) for _ in range(4)]
+            time.sleep(0.5)  # ok-sleep: let the requests reach the worker
+            started = time.monotonic()
+            worker.kill()
+            results = [future.result(timeout=15) for future in futures]
+        assert time.monotonic() - started < 10
+        for result in results:
+            text = result["error"] if isinstance(result, dict) else result[0]["error"]
+            assert "not available" in text
+        proc.wait_for("Register success", count=2, timeout=120)
+        (new_worker,) = workers_of(proc)
+        assert new_worker.pid != worker.pid
+        result = client.infer({"seconds": np.float32(0)})
+        assert result[0]["y"].item() == 0.0
+    finally:
+        proc.close()
+
+
+def test_sigterm_stops_server_and_workers(tmp_path):
+    proc, grpc_addr, rest_addr = start_server(tmp_path, servables=("add",))
+    workers = workers_of(proc)
+    assert workers
+    proc.proc.send_signal(signal.SIGTERM)
+    assert proc.wait_exit(30) == 0
+    for worker in workers:
+        wait_until(lambda: not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE, 15, "worker exit")
+    proc.close()
+
+
+def test_master_killed_workers_follow(tmp_path):
+    proc, _, _ = start_server(tmp_path, servables=("add",), rest=False)
+    workers = workers_of(proc)
+    proc.proc.kill()
+    proc.proc.wait()
+    for worker in workers:
+        wait_until(lambda: not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE, 15, "orphan exit")
+    proc.close()
+
+
+def test_broken_servable_fails_start_with_reason(tmp_path):
+    args = [os.path.join(ROOT, "serving_server.py"), "--grpc", f"127.0.0.1:{free_port()}", "--rest", "",
+            "--servables", "broken", "--servable_directory", TEST_SERVABLES]
+    proc = ServingProcess(args, str(tmp_path))
+    try:
+        code = proc.wait_exit(120)
+        out = proc.output()
+        assert code != 0
+        assert "Fail to start workers: {servable name:broken, device id:0, import broken.servable_config failed, " \
+               "this servable is broken on purpose}" in out
+    finally:
+        proc.close()

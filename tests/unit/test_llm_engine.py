@@ -1,0 +1,373 @@
+"""LLMEngine end to end over a fake runner that really reads its paged KV cache.
+
+The oracle: for greedy decoding, the tokens served for each request under any load (requests joining
+at different steps, chunked prefill, prefix caching, preemption by a tiny block pool, static batching)
+equal the tokens of that request computed alone, without the scheduler (`reference_greedy`).
+"""
+import itertools
+import random
+import re
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from mindspore_serving.llm.config import SchedulerConfig
+from mindspore_serving.llm.engine import LLMEngine
+from mindspore_serving.llm.errors import InvalidRequestError
+from mindspore_serving.llm.request import FinishReason
+from mindspore_serving.llm.sampling_params import SamplingParams
+from mindspore_serving.llm.testing import FakeModelRunner, reference_greedy
+
+VOCAB = 64
+EOS = 1
+BS = 4
+MAX_LEN = 96
+NUM_REQUESTS = 32
+
+
+def make_runner(num_blocks=256, vocab_size=VOCAB):
+    return FakeModelRunner(num_blocks=num_blocks, block_size=BS, max_seq_len=MAX_LEN, vocab_size=vocab_size)
+
+
+def make_engine(num_blocks=256, tokenizer=None, eos=EOS, vocab_size=VOCAB, **overrides):
+    runner = make_runner(num_blocks, vocab_size)
+    values = dict(max_num_seqs=8, max_num_batched_tokens=32)
+    values.update(overrides)
+    return LLMEngine(runner, tokenizer, SchedulerConfig.for_runner(runner, **values), eos_token_id=eos, seed=0)
+
+
+def make_workload(seed, shared_prefixes=False):
+    """32 (prompt, max_new_tokens, join step) with mixed lengths; optionally 4 shared prompt prefixes."""
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(2, VOCAB) for _ in range(rng.randint(5, 17))] for _ in range(4)]
+    workload = []
+    for i in range(NUM_REQUESTS):
+        prompt = [rng.randrange(2, VOCAB) for _ in range(rng.choice([1, 2, 3, 5, 8, 13, 21, 34, 40]))]
+        if shared_prefixes:
+            prompt = prefixes[i % 4] + prompt
+        workload.append((prompt, rng.randint(1, 30), rng.randint(0, 40)))
+    return workload
+
+
+def expected_tokens(workload):
+    return [reference_greedy(make_runner, prompt, max_new, EOS) for prompt, max_new, _ in workload]
+
+
+WORKLOAD = make_workload(1)
+SHARED_WORKLOAD = make_workload(2, shared_prefixes=True)
+
+
+@pytest.fixture(scope="module")
+def expected():
+    return expected_tokens(WORKLOAD)
+
+
+@pytest.fixture(scope="module")
+def expected_shared():
+    return expected_tokens(SHARED_WORKLOAD)
+
+
+def serve(engine, workload, params_for=lambda max_new: SamplingParams(max_new_tokens=max_new, temperature=0)):
+    """Adds each request at its join step and steps until all are done; returns the final outputs in order
+    and checks that every request got exactly one finished output."""
+    pending = sorted(range(len(workload)), key=lambda i: workload[i][2])
+    ids, finals = {}, {}
+    for step in itertools.count():
+        while pending and workload[pending[0]][2] <= step:
+            i = pending.pop(0)
+            prompt, max_new, _ = workload[i]
+            ids[i] = engine.add_request(None, params_for(max_new), prompt_token_ids=prompt)
+        for out in engine.step():
+            assert out.request_id not in finals, "a second finished output"
+            if out.finished:
+                finals[out.request_id] = out
+        if not pending and not engine.has_unfinished():
+            break
+        assert step < 5000
+    return [finals[ids[i]] for i in range(len(workload))]
+
+
+def check_oracle(outputs, expected, workload):
+    for i, (out, want) in enumerate(zip(outputs, expected)):
+        assert out.token_ids == want, f"request {i} (prompt {len(workload[i][0])}, max_new {workload[i][1]})"
+        assert out.finish_reason is (FinishReason.EOS if want[-1] == EOS else FinishReason.LENGTH)
+
+
+def check_all_blocks_free(engine):
+    bm = engine.core.scheduler.block_manager
+    assert bm.num_free_blocks == bm.num_usable_blocks and bm.usage == 0.0
+
+
+# --- the oracle -----------------------------------------------------------------------------
+@pytest.mark.parametrize("config", [
+    dict(),
+    dict(max_num_batched_tokens=8),
+    dict(max_prefill_tokens_per_step=8),
+    dict(max_num_seqs=32, max_num_batched_tokens=64),
+    dict(enable_chunked_prefill=False, max_num_batched_tokens=MAX_LEN),
+    dict(batching="static"),
+], ids=["continuous", "tiny-budget", "prefill-share", "wide", "no-chunking", "static"])
+def test_greedy_tokens_equal_each_request_alone(expected, config):
+    engine = make_engine(**config)
+    outputs = serve(engine, WORKLOAD)
+    check_oracle(outputs, expected, WORKLOAD)
+    assert any(o.finish_reason is FinishReason.EOS for o in outputs)
+    assert any(o.finish_reason is FinishReason.LENGTH for o in outputs)
+    check_all_blocks_free(engine)
+
+
+@pytest.mark.parametrize("config", [dict(), dict(batching="static"), dict(max_num_batched_tokens=8)],
+                         ids=["continuous", "static", "tiny-budget"])
+def test_greedy_tokens_survive_preemption(expected, config):
+    engine = make_engine(num_blocks=26, **config)     # 25 blocks: one sequence of MAX_LEN tokens fits
+    outputs = serve(engine, WORKLOAD)
+    assert engine.core.scheduler.num_preemptions > 0
+    assert sum(o.metrics.num_preemptions for o in outputs) == engine.core.scheduler.num_preemptions
+    check_oracle(outputs, expected, WORKLOAD)
+    check_all_blocks_free(engine)
+
+
+def test_greedy_tokens_with_prefix_caching(expected_shared):
+    plain = make_engine()
+    check_oracle(serve(plain, SHARED_WORKLOAD), expected_shared, SHARED_WORKLOAD)
+    cached = make_engine(enable_prefix_caching=True)
+    outputs = serve(cached, SHARED_WORKLOAD)
+    check_oracle(outputs, expected_shared, SHARED_WORKLOAD)
+    bm = cached.core.scheduler.block_manager
+    assert bm.prefix_cache_hits > 0
+    assert cached.core.runner.num_computed_tokens < plain.core.runner.num_computed_tokens
+    assert sum(o.metrics.num_cached_tokens for o in outputs) > 0
+    check_all_blocks_free(cached)
+
+
+def test_greedy_tokens_with_prefix_caching_and_preemption(expected_shared):
+    engine = make_engine(num_blocks=26, enable_prefix_caching=True)
+    outputs = serve(engine, SHARED_WORKLOAD)
+    assert engine.core.scheduler.num_preemptions > 0
+    check_oracle(outputs, expected_shared, SHARED_WORKLOAD)
+    check_all_blocks_free(engine)
+
+
+def test_the_fake_runner_catches_a_wrong_block_table():
+    """The oracle has teeth: a scheduler that hands a stale block table changes the output."""
+    engine = make_engine()
+    prompt = [5, 6, 7, 8, 9, 10, 11]
+    want = reference_greedy(make_runner, prompt, 6, EOS)
+    request_id = engine.add_request(None, SamplingParams(max_new_tokens=6, temperature=0), prompt_token_ids=prompt)
+    engine.step()
+    request = engine.core.get_request(request_id)
+    request.block_table[0], request.block_table[1] = request.block_table[1], request.block_table[0]
+    got = []
+    while engine.has_unfinished():
+        for out in engine.step():
+            got = out.token_ids
+    assert got != want
+
+
+# --- seeded sampling ------------------------------------------------------------------------
+def test_seeded_sampling_is_independent_of_the_batch():
+    params = SamplingParams(max_new_tokens=20, temperature=0.8, top_k=20, top_p=0.95, seed=42)
+    prompt = [3, 4, 5, 6, 7, 8, 9]
+    alone = make_engine().generate([prompt], params)[0].token_ids
+
+    busy = make_engine(num_blocks=26)
+    rng = random.Random(3)
+    for i in range(12):
+        busy.add_request(None, SamplingParams(max_new_tokens=rng.randint(5, 40), temperature=1.0),
+                         prompt_token_ids=[rng.randrange(2, VOCAB) for _ in range(rng.randint(1, 40))])
+        if i % 3 == 0:
+            busy.step()
+    mine = busy.add_request(None, params, prompt_token_ids=prompt)
+    got = None
+    while busy.has_unfinished():
+        for out in busy.step():
+            if out.request_id == mine and out.finished:
+                got = out.token_ids
+    assert busy.core.scheduler.num_preemptions > 0
+    assert got == alone and len(set(alone)) > 1
+
+
+# --- bad input, abort, failures -------------------------------------------------------------
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(prompt=""), "prompt is empty"),
+    (dict(prompt="hello"), "this engine has no tokenizer; send prompt_token_ids"),
+    (dict(prompt_token_ids=[]), "prompt_token_ids is empty"),
+    (dict(prompt_token_ids=[3, VOCAB]), f"prompt_token_ids must hold ints in [0, {VOCAB}), got {VOCAB}"),
+    (dict(prompt_token_ids=[3, True]), "prompt_token_ids must hold ints"),
+    (dict(prompt_token_ids=[3] * MAX_LEN), f"prompt has {MAX_LEN} tokens, but max_model_len is {MAX_LEN}"),
+    (dict(prompt_token_ids=[3] * 90, params=SamplingParams(max_new_tokens=10)),
+     "together 100 > max_model_len 96; lower max_new_tokens to at most 6"),
+    (dict(prompt_token_ids=[3], params={"top_p": 1.5}), "top_p must be in (0, 1], got 1.5"),
+    (dict(prompt_token_ids=[3], params={"max_tokens": 4}), "unknown sampling parameters ['max_tokens']"),
+    (dict(prompt_token_ids=[3], params="greedy"), "params must be SamplingParams, a dict or None"),
+    (dict(prompt_token_ids=[3], params=SamplingParams(stop=["x"])), "stop strings need a tokenizer"),
+    (dict(prompt_token_ids=[3], params=SamplingParams(stop_token_ids=[VOCAB])), "outside the vocabulary"),
+    (dict(prompt="a", prompt_token_ids=[3]), "give exactly one of prompt (text) or prompt_token_ids"),
+    (dict(), "give exactly one of prompt (text) or prompt_token_ids"),
+    (dict(prompt_token_ids=[3], request_id="busy"), "request_id 'busy' is already in use"),
+    (dict(prompt_token_ids=[3], request_id=""), "request_id must be a non-empty string"),
+])
+def test_bad_requests_are_refused_while_others_keep_running(expected, kwargs, message):
+    engine = make_engine()
+    workload = WORKLOAD[:6]
+    params = SamplingParams(max_new_tokens=workload[0][1], temperature=0)
+    engine.add_request(None, params, "busy", prompt_token_ids=workload[0][0])
+    engine.step()
+    before = engine.num_unfinished
+    kwargs = dict(kwargs)
+    with pytest.raises(InvalidRequestError) as info:
+        engine.add_request(kwargs.pop("prompt", None), kwargs.pop("params", None), kwargs.pop("request_id", None),
+                           **kwargs)
+    assert message in str(info.value)
+    assert isinstance(info.value, ValueError)
+    assert engine.num_unfinished == before
+    rest = [(p, m, 0) for p, m, _ in workload[1:]]
+    outputs = serve(engine, rest)
+    check_oracle(outputs, expected[1:6], rest)
+    check_all_blocks_free(engine)
+
+
+def test_abort_in_any_state_frees_blocks_and_reports_once(expected):
+    engine = make_engine(max_num_seqs=2)
+    params = [SamplingParams(max_new_tokens=m, temperature=0) for _, m, _ in WORKLOAD[:4]]
+    ids = [engine.add_request(None, p, prompt_token_ids=w[0]) for p, w in zip(params, WORKLOAD[:4])]
+    engine.step()
+    assert engine.abort(ids[0])              # running
+    assert engine.abort(ids[3])              # waiting
+    assert not engine.abort(ids[3]) and not engine.abort("nobody")
+    finals = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                assert out.request_id not in finals
+                finals[out.request_id] = out
+    assert finals[ids[0]].finish_reason is FinishReason.ABORT
+    assert finals[ids[3]].finish_reason is FinishReason.ABORT and finals[ids[3]].token_ids == []
+    assert finals[ids[1]].token_ids == expected[1] and finals[ids[2]].token_ids == expected[2]
+    check_all_blocks_free(engine)
+
+
+def test_a_failed_model_step_fails_only_its_requests(expected):
+    engine = make_engine(max_num_seqs=2)
+    first = [engine.add_request(None, SamplingParams(max_new_tokens=m, temperature=0), prompt_token_ids=p)
+             for p, m, _ in WORKLOAD[:2]]
+    engine.step()
+    engine.core.runner.fail_next = RuntimeError("device lost")
+    outputs = engine.step()
+    assert {o.request_id for o in outputs} == set(first)
+    assert all(o.finished and o.finish_reason is FinishReason.ERROR for o in outputs)
+    assert "model step failed: RuntimeError: device lost" in outputs[0].error
+    check_all_blocks_free(engine)
+    later = serve(engine, [(p, m, 0) for p, m, _ in WORKLOAD[2:5]])
+    assert [o.token_ids for o in later] == expected[2:5]
+
+
+# --- text, stop strings, generate, stats ------------------------------------------------------
+@pytest.fixture(scope="module")
+def tokenizer():
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=["<eos>"], show_progress=False)
+    tok.train_from_iterator(["hello world, the quick brown fox jumps over the lazy dog. " * 20], trainer)
+    return tok
+
+
+def text_engine(tokenizer, **overrides):
+    return make_engine(tokenizer=tokenizer, eos=tokenizer.token_to_id("<eos>"),
+                       vocab_size=tokenizer.get_vocab_size(), **overrides)
+
+
+def test_streamed_text_adds_up_to_the_decoded_tokens(tokenizer):
+    engine = text_engine(tokenizer)
+    prompts = ["hello world", "the quick brown fox", "日本語 is fine", "a"]
+    ids = [engine.add_request(p, SamplingParams(max_new_tokens=40, temperature=0)) for p in prompts]
+    streamed = {i: "" for i in ids}
+    finals = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            streamed[out.request_id] += out.new_text
+            assert out.text == streamed[out.request_id]
+            if out.finished:
+                finals[out.request_id] = out
+    for request_id, prompt in zip(ids, prompts):
+        out = finals[request_id]
+        assert out.prompt == prompt and out.prompt_token_ids == tokenizer.encode(prompt).ids
+        assert out.text == tokenizer.decode(out.token_ids) != ""
+        assert len(out.logprobs) == len(out.token_ids) and all(lp <= 0 for lp in out.logprobs)
+
+
+def test_stop_string_cuts_the_text_and_frees_the_request(tokenizer):
+    prompt = "hello world"
+    free = text_engine(tokenizer).generate(prompt, SamplingParams(max_new_tokens=40, temperature=0))[0]
+    text = free.text
+    stop = re.search("[a-z]{4,}", text[3:]).group(0)         # a word from the middle of the free output
+    engine = text_engine(tokenizer)
+    out = engine.generate(prompt, SamplingParams(max_new_tokens=40, temperature=0, stop=[stop]))[0]
+    assert out.finish_reason is FinishReason.STOP
+    assert out.text == text[:text.index(stop)]
+    assert out.token_ids == free.token_ids[:len(out.token_ids)] and len(out.token_ids) < len(free.token_ids)
+    assert not engine.has_unfinished()
+    check_all_blocks_free(engine)
+
+
+def test_generate_keeps_order_and_refuses_a_busy_engine(expected):
+    engine = make_engine()
+    prompts = [p for p, _, _ in WORKLOAD[:5]]
+    params = [SamplingParams(max_new_tokens=m, temperature=0) for _, m, _ in WORKLOAD[:5]]
+    assert [o.token_ids for o in engine.generate(prompts, params)] == expected[:5]
+    assert engine.generate(prompts[0], params[0])[0].token_ids == expected[0]
+    with pytest.raises(InvalidRequestError, match="prompt_token_ids is empty"):
+        engine.generate([prompts[1], []], params[0])
+    assert not engine.has_unfinished()
+    check_all_blocks_free(engine)
+    engine.add_request(None, params[0], prompt_token_ids=prompts[0])
+    with pytest.raises(RuntimeError, match="needs an idle engine"):
+        engine.generate(prompts, params)
+
+
+def test_step_stats_and_request_metrics():
+    ticks = itertools.count()
+    runner = make_runner()
+    engine = LLMEngine(runner, None, SchedulerConfig.for_runner(runner, max_num_seqs=8, max_num_batched_tokens=32),
+                       eos_token_id=EOS, clock=lambda: float(next(ticks)))
+    stats = []
+    engine.add_step_listener(stats.append)
+    outputs = serve(engine, WORKLOAD)
+    assert len(stats) > 0 and stats[-1] is engine.stats
+    assert all(s.num_seqs <= 8 and s.num_batched_tokens <= 32 for s in stats)
+    assert all(0.0 <= s.kv_usage <= 1.0 and 0.0 <= s.token_budget_usage <= 1.0 for s in stats)
+    assert sum(s.num_new_tokens for s in stats) == sum(len(o.token_ids) for o in outputs)
+    assert sum(s.num_finished for s in stats) == NUM_REQUESTS
+    assert sum(s.num_prefill_tokens + s.num_decode_tokens for s in stats) == runner.num_computed_tokens
+    assert max(s.num_seqs for s in stats) == 8
+    for out in outputs:
+        m = out.metrics
+        assert m.arrival_time < m.first_scheduled_time < m.first_token_time <= m.last_token_time <= m.finished_time
+        assert m.time_to_first_token > 0 and m.e2e_latency >= m.time_to_first_token and m.queue_time > 0
+
+
+def test_config_must_fit_the_runner():
+    runner = make_runner(num_blocks=30)
+    with pytest.raises(ValueError, match="block_size=8 differs from the model runner's block_size=4"):
+        LLMEngine(runner, None, SchedulerConfig(block_size=8, num_blocks=16, max_model_len=64,
+                                                max_num_batched_tokens=64))
+    with pytest.raises(ValueError, match="num_blocks=32 exceeds the model runner's num_blocks=30"):
+        LLMEngine(runner, None, SchedulerConfig(block_size=4, num_blocks=32, max_model_len=64,
+                                                max_num_batched_tokens=64))
+    with pytest.raises(ValueError, match="max_model_len=100 exceeds the model runner's max_seq_len=96"):
+        LLMEngine(runner, None, SchedulerConfig(block_size=4, num_blocks=30, max_model_len=100,
+                                                max_num_batched_tokens=128))
+    default = LLMEngine(runner).config
+    assert (default.num_blocks, default.block_size, default.max_model_len) == (30, 4, 96)
+
+
+def test_logits_of_the_wrong_shape_fail_the_step():
+    engine = make_engine()
+    engine.core.runner.run = lambda seqs: np.zeros((len(seqs) + 1, VOCAB), dtype=np.float32)
+    request_id = engine.add_request(None, SamplingParams(max_new_tokens=3), prompt_token_ids=[3, 4])
+    (out,) = engine.step()
+    assert out.request_id == request_id and out.finish_reason is FinishReason.ERROR
+    assert "returned logits of shape (2, 64) for 1 sequences" in out.error
