@@ -2,29 +2,10 @@
 import grpc
 
 from mindspore_serving.client import convert
+from mindspore_serving.common.check_type import check_int, check_str
 from mindspore_serving.proto import ms_service_pb2_grpc
 
 MAX_MSG_BYTES = 512 * 1024 * 1024
-
-
-def _check_str(arg_name, value):
-    if not isinstance(value, str):
-        raise RuntimeError(f"Parameter '{arg_name}' should be str, but actually {type(value)}")
-    if not value:
-        raise RuntimeError(f"Parameter '{arg_name}' should not be empty str")
-
-
-def _check_int(arg_name, value, minimum=None, maximum=None):
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise RuntimeError(f"Parameter '{arg_name}' should be int, but actually {type(value)}")
-    if minimum is not None and value < minimum:
-        if maximum is not None:
-            raise RuntimeError(f"Parameter '{arg_name}' should be in range [{minimum},{maximum}]")
-        raise RuntimeError(f"Parameter '{arg_name}' should be >= {minimum}")
-    if maximum is not None and value > maximum:
-        if minimum is not None:
-            raise RuntimeError(f"Parameter '{arg_name}' should be in range [{minimum},{maximum}]")
-        raise RuntimeError(f"Parameter '{arg_name}' should be <= {maximum}")
 
 
 def _read_file(path):
@@ -47,11 +28,11 @@ class SSLConfig:
 
     def __init__(self, certificate=None, private_key=None, custom_ca=None):
         if certificate is not None:
-            _check_str("certificate", certificate)
+            check_str("certificate", certificate)
         if private_key is not None:
-            _check_str("private_key", private_key)
+            check_str("private_key", private_key)
         if custom_ca is not None:
-            _check_str("custom_ca", custom_ca)
+            check_str("custom_ca", custom_ca)
         self.certificate = certificate
         self.private_key = private_key
         self.custom_ca = custom_ca
@@ -102,10 +83,10 @@ class Client:
     """
 
     def __init__(self, address, servable_name, method_name, version_number=0, ssl_config=None):
-        _check_str("address", address)
-        _check_str("servable_name", servable_name)
-        _check_str("method_name", method_name)
-        _check_int("version_number", version_number, 0)
+        check_str("address", address)
+        check_str("servable_name", servable_name)
+        check_str("method_name", method_name)
+        check_int("version_number", version_number, 0)
         self.address = address
         self.servable_name = servable_name
         self.method_name = method_name

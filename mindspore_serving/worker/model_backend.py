@@ -57,15 +57,15 @@ def available_devices() -> List[str]:
     return found
 
 
-def resolve_device(device_type: Optional[str]) -> str:
+def resolve_device(device_type: Optional[str], servable_name: str = "") -> str:
     """'cpu'/'gpu'/'ascend' (any case) to MindSpore's name; None or 'none' picks the best available."""
     available = available_devices()
     if device_type is None or device_type.lower() == "none":
         return available[0]
     name = _DEVICE_NAMES.get(device_type.lower())
     if name is None or name not in available:
-        raise RuntimeError(f"The device type '{device_type}' is inconsistent with current running environment, "
-                           f"supported device type: {available}")
+        raise RuntimeError(f"The device type '{device_type}' of servable name {servable_name} is inconsistent with "
+                           f"current running environment, supported device type: {available}")
     return name
 
 

@@ -51,7 +51,7 @@ def load_servable(servable_directory: str, servable_name: str, version_number: i
     if spec is None or not spec.methods and spec.extension is None:
         raise RuntimeError("There is no method registered for servable")
     version = resolve_version(servable_directory, servable_name, version_number, bool(spec.models))
-    device = resolve_device(device_type)
+    device = resolve_device(device_type, servable_name)
     set_device(device, device_id)
     log.info(f"loading servable {servable_name} version {version} on {device} device {device_id}")
     version_dir = os.path.join(servable_directory, servable_name, str(version))

@@ -1,4 +1,6 @@
 """WorkerService: the master's calls into a worker. Converts messages and delegates to the runtime."""
+import time
+
 from mindspore_serving import log
 from mindspore_serving.common import errors
 from mindspore_serving.common.tensor_codec import proto_to_instances, value_to_tensor
@@ -12,6 +14,7 @@ class WorkerServicer(internal_pb2_grpc.WorkerServiceServicer):
         self.request_exit = request_exit
 
     def Predict(self, request, context):
+        started = time.perf_counter()
         reply = internal_pb2.WorkerPredictReply(request_id=request.request_id)
         spec = request.request.servable_spec
         try:
@@ -34,6 +37,8 @@ class WorkerServicer(internal_pb2_grpc.WorkerServiceServicer):
                 instance.Clear()
                 error.error_code = errors.FAILED
                 error.error_msg = f"convert output failed: {err}".encode()
+        log.info(f"Method {spec.method_name} WorkerRequestHandle Time Cost # "
+                 f"{(time.perf_counter() - started) * 1000:.3f} ms")
         return reply
 
     def Exit(self, request, context):
