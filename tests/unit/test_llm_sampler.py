@@ -76,6 +76,21 @@ def test_top_p_keeps_the_smallest_head_reaching_p():
     assert abs(np.mean(got == 1) - 0.5 / 0.8) < 0.04
 
 
+def test_top_p_over_a_large_vocabulary_widens_past_the_first_candidates():
+    flat = np.zeros(1000)                               # the nucleus of 0.5 is 500 tokens: ids 0..499 by ties
+    got = draws(flat, SamplingParams(top_p=0.5), count=3000)
+    assert got.max() < 500 and len(set(got)) > 400
+    rng = np.random.default_rng(7)
+    logits = rng.standard_normal(1000) * 2
+    probs = np.exp(logits - logits.max())
+    probs /= probs.sum()
+    ranked = np.argsort(-probs, kind="stable")
+    nucleus = set(ranked[:np.searchsorted(np.cumsum(probs[ranked]), 0.9) + 1].tolist())
+    assert len(nucleus) > Sampler.TOP_P_FIRST_CANDIDATES
+    got = set(draws(logits, SamplingParams(top_p=0.9), count=4000).tolist())
+    assert got <= nucleus and len(got) > 0.8 * len(nucleus)
+
+
 def test_top_k_then_top_p():
     logits = np.log(np.array([0.4, 0.3, 0.2, 0.1]))
     # top_k=3 renormalises to 4/9, 3/9, 2/9; top_p=0.7 then keeps 4/9 + 3/9 = 0.78.

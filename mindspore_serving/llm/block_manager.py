@@ -1,0 +1,206 @@
+"""Paged KV-cache blocks: allocation, reference counts and prefix caching.
+
+Physical block 0 is the runner's scratch block and is never handed out, so blocks 1..num_blocks-1
+are usable. Each request's `block_table` lists its blocks in position order; the token at position p
+lives in block_table[p // block_size] at offset p % block_size.
+
+Prefix caching: once a block is full *and computed* (its keys/values written by a finished step),
+it is registered under a hash of its tokens chained with the hash of the block before it, so the
+hash names the whole prefix up to the block's end. A new request whose leading blocks hash the same
+takes those blocks (ref count + 1) and starts computing after them. A block whose ref count drops to
+zero goes to the free queue but stays registered: it can still be hit until it is handed out again.
+The free queue is LRU: fresh allocations take from its front; uncached blocks are put at the front
+(they are worth nothing), cached ones at the back, a request's last block first so that the tail of
+a prefix is evicted before its head.
+
+Only full blocks are ever shared, and a request only writes positions >= its num_computed_tokens,
+which start after its shared blocks, so shared blocks are read-only and need no copy-on-write.
+"""
+import hashlib
+from array import array
+from collections import OrderedDict
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from mindspore_serving.llm.config import blocks_for
+from mindspore_serving.llm.model_io import SCRATCH_BLOCK
+from mindspore_serving.llm.request import Request
+
+
+def hash_block(parent_hash: Optional[bytes], token_ids: Sequence[int]) -> bytes:
+    """Hash of one full block: its tokens chained with the hash of the block before it."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(parent_hash or b"root")
+    h.update(array("q", token_ids).tobytes())
+    return h.digest()
+
+
+class BlockManager:
+    """Hands out KV blocks to requests; with prefix caching, shares equal full prefix blocks."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
+        if num_blocks < 2 or block_size < 1:
+            raise ValueError(f"BlockManager needs num_blocks >= 2 (block 0 is scratch) and block_size >= 1, "
+                             f"got num_blocks={num_blocks}, block_size={block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self._ref_count = [0] * num_blocks
+        self._block_hash: List[Optional[bytes]] = [None] * num_blocks
+        self._cached: Dict[bytes, int] = {}
+        self._free: "OrderedDict[int, None]" = OrderedDict(
+            (b, None) for b in range(num_blocks) if b != SCRATCH_BLOCK)
+        self._num_registered: Dict[str, int] = {}
+        self.prefix_cache_queries = 0
+        """Prompt tokens looked up in the prefix cache."""
+        self.prefix_cache_hits = 0
+        """Of those, tokens found."""
+
+    # --- counts -------------------------------------------------------------------------------
+    @property
+    def num_usable_blocks(self) -> int:
+        return self.num_blocks - 1
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks that can be handed out now, including cached blocks nobody uses (evictable)."""
+        return len(self._free)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._cached)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of usable blocks held by requests (0.0 .. 1.0)."""
+        return 1.0 - len(self._free) / self.num_usable_blocks
+
+    def ref_count(self, block: int) -> int:
+        return self._ref_count[block]
+
+    # --- prefix cache -------------------------------------------------------------------------
+    def block_hashes(self, request: Request) -> List[bytes]:
+        """Hashes of the request's full token blocks (computed once; tokens only ever get appended)."""
+        hashes = request.block_hashes
+        tokens = request.all_token_ids
+        bs = self.block_size
+        for i in range(len(hashes), len(tokens) // bs):
+            hashes.append(hash_block(hashes[-1] if hashes else None, tokens[i * bs:(i + 1) * bs]))
+        return hashes
+
+    def get_computed_blocks(self, request: Request) -> Tuple[List[int], int]:
+        """Cached blocks holding the longest prefix of the request's tokens, and how many tokens they hold.
+
+        At least the last token is always left to compute, because its logits are needed. No side
+        effect: pass the blocks to `allocate` to take them.
+        """
+        if not self.enable_prefix_caching:
+            return [], 0
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        blocks = []
+        for h in self.block_hashes(request)[:max_blocks]:
+            block = self._cached.get(h)
+            if block is None:
+                break
+            blocks.append(block)
+        return blocks, len(blocks) * self.block_size
+
+    def cache_full_blocks(self, request: Request) -> None:
+        """Registers the request's blocks that are now full and computed, so later requests can share them."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = request.num_computed_tokens // self.block_size
+        start = self._num_registered.get(request.request_id, 0)
+        if num_full <= start:
+            return
+        hashes = self.block_hashes(request)
+        for i in range(start, num_full):
+            block, h = request.block_table[i], hashes[i]
+            if self._block_hash[block] is None and h not in self._cached:
+                # NOTE: when another block already holds the same tokens (both computed in one step),
+                # the first one stays the cached copy and this one remains private.
+                self._block_hash[block] = h
+                self._cached[h] = block
+        self._num_registered[request.request_id] = num_full
+
+    # --- allocation ---------------------------------------------------------------------------
+    def _num_new_blocks(self, request: Request, num_tokens_after: int, num_held: int) -> int:
+        return max(0, blocks_for(num_tokens_after, self.block_size) - num_held)
+
+    def can_allocate(self, request: Request, num_new_tokens: int, computed_blocks: Sequence[int] = ()) -> bool:
+        """Whether `allocate` would succeed."""
+        need = self._num_new_blocks(request, len(computed_blocks) * self.block_size + num_new_tokens,
+                                    len(computed_blocks))
+        # Cached blocks that nobody holds sit in the free queue; taking them removes them from it.
+        evictable_hits = sum(1 for b in computed_blocks if self._ref_count[b] == 0)
+        return need <= len(self._free) - evictable_hits
+
+    def allocate(self, request: Request, num_new_tokens: int, computed_blocks: Sequence[int] = ()) -> bool:
+        """Gives a request without blocks the cached `computed_blocks` (from `get_computed_blocks`) plus
+        fresh blocks for `num_new_tokens` more tokens. Returns False, changing nothing, when blocks are short."""
+        if request.block_table:
+            raise RuntimeError(f"request {request.request_id} already holds blocks {request.block_table}; "
+                               f"use append_slots")
+        if not self.can_allocate(request, num_new_tokens, computed_blocks):
+            return False
+        for block in computed_blocks:
+            self._take(block)
+        request.block_table.extend(computed_blocks)
+        self._num_registered[request.request_id] = len(computed_blocks)
+        if self.enable_prefix_caching:
+            self.prefix_cache_queries += request.num_tokens
+            self.prefix_cache_hits += len(computed_blocks) * self.block_size
+        need = self._num_new_blocks(request, len(computed_blocks) * self.block_size + num_new_tokens,
+                                    len(computed_blocks))
+        request.block_table.extend(self._pop_free() for _ in range(need))
+        return True
+
+    def can_append_slots(self, request: Request, num_new_tokens: int) -> bool:
+        """Whether `append_slots` would succeed."""
+        need = self._num_new_blocks(request, request.num_computed_tokens + num_new_tokens, len(request.block_table))
+        return need <= len(self._free)
+
+    def append_slots(self, request: Request, num_new_tokens: int) -> bool:
+        """Extends a request's blocks to hold `num_new_tokens` more tokens after its computed ones.
+        Returns False, changing nothing, when blocks are short."""
+        need = self._num_new_blocks(request, request.num_computed_tokens + num_new_tokens, len(request.block_table))
+        if need > len(self._free):
+            return False
+        request.block_table.extend(self._pop_free() for _ in range(need))
+        return True
+
+    def free(self, request: Request) -> None:
+        """Releases the request's blocks (cached ones stay reusable until evicted) and empties its table."""
+        for block in reversed(request.block_table):
+            self._ref_count[block] -= 1
+            if self._ref_count[block] < 0:
+                raise RuntimeError(f"block {block} freed more often than taken (request {request.request_id})")
+            if self._ref_count[block] == 0:
+                self._free[block] = None
+                if self._block_hash[block] is None:
+                    self._free.move_to_end(block, last=False)
+        request.block_table.clear()
+        self._num_registered.pop(request.request_id, None)
+
+    def reset_prefix_cache(self) -> None:
+        """Forgets every cached block that nobody holds (e.g. after loading new weights)."""
+        for block in list(self._free):
+            self._uncache(block)
+
+    # --- internals ----------------------------------------------------------------------------
+    def _take(self, block: int) -> None:
+        if self._ref_count[block] == 0:
+            del self._free[block]
+        self._ref_count[block] += 1
+
+    def _pop_free(self) -> int:
+        block, _ = self._free.popitem(last=False)
+        self._uncache(block)
+        self._ref_count[block] = 1
+        return block
+
+    def _uncache(self, block: int) -> None:
+        h = self._block_hash[block]
+        if h is not None:
+            self._block_hash[block] = None
+            if self._cached.get(h) == block:
+                del self._cached[h]

@@ -1,0 +1,141 @@
+"""Configuration of the LLM scheduler: batch limits, KV-cache geometry and batching policy.
+
+`SchedulerConfig` is validated when it is built: each bad value raises a ValueError that names the
+field, the value and the fix, and combinations that could never serve a request (a pool too small for
+one sequence, a budget too small for a prompt without chunking) are rejected up front.
+"""
+from dataclasses import dataclass, fields
+from typing import Optional
+
+CONTINUOUS = "continuous"
+STATIC = "static"
+BATCHING_STRATEGIES = (CONTINUOUS, STATIC)
+
+
+def _check_int(name: str, value, minimum: int, fix: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"SchedulerConfig.{name} must be an int, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"SchedulerConfig.{name} must be >= {minimum}, got {value}" + (f"; {fix}" if fix else ""))
+
+
+def _check_bool(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"SchedulerConfig.{name} must be True or False, got {value!r}")
+
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    """Blocks needed to hold `num_tokens` tokens."""
+    return -(-num_tokens // block_size)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Limits and policy of the LLM scheduler. All fields are validated on construction."""
+
+    max_num_seqs: int = 64
+    """Most requests running at once (prefilling or decoding); also the largest decode batch."""
+
+    max_num_batched_tokens: int = 2048
+    """Token budget of one step: decode tokens (one per running request) plus prefill tokens."""
+
+    max_model_len: int = 2048
+    """Most tokens in one sequence, prompt plus generated. Must not exceed the runner's max_seq_len."""
+
+    block_size: int = 16
+    """Tokens per KV-cache block. Must equal the model runner's block_size."""
+
+    num_blocks: int = 1024
+    """Physical KV-cache blocks, counting the reserved scratch block 0 (so num_blocks - 1 are usable).
+    Must not exceed the model runner's num_blocks."""
+
+    enable_prefix_caching: bool = False
+    """Share full KV blocks between requests whose token prefixes are equal (hash of the block's tokens
+    chained with its parent's hash). Freed cached blocks stay reusable until evicted, oldest first."""
+
+    batching: str = CONTINUOUS
+    """"continuous": requests join and leave between steps. "static": a batch is formed only when no
+    request is running, and it runs until all of its requests have finished."""
+
+    enable_chunked_prefill: bool = True
+    """Split a prompt across steps when it does not fit in the step's remaining budget, so long prompts
+    do not stall running decodes. Off: a prompt is computed in one step, or waits."""
+
+    max_prefill_tokens_per_step: Optional[int] = None
+    """Cap on prompt (prefill) tokens per step, shared by all prefills of the step; the rest of the
+    budget is kept for decodes. None: prefills may use whatever budget decodes leave."""
+
+    def __post_init__(self):
+        _check_int("max_num_seqs", self.max_num_seqs, 1)
+        _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        _check_int("max_model_len", self.max_model_len, 2, "room for at least one prompt and one new token")
+        _check_int("block_size", self.block_size, 1)
+        _check_int("num_blocks", self.num_blocks, 2, "block 0 is the reserved scratch block")
+        _check_bool("enable_prefix_caching", self.enable_prefix_caching)
+        _check_bool("enable_chunked_prefill", self.enable_chunked_prefill)
+        if self.batching not in BATCHING_STRATEGIES:
+            raise ValueError(f"SchedulerConfig.batching must be one of {BATCHING_STRATEGIES}, got {self.batching!r}")
+        if self.max_prefill_tokens_per_step is not None:
+            _check_int("max_prefill_tokens_per_step", self.max_prefill_tokens_per_step, 1,
+                       "use None for no cap")
+            if self.max_prefill_tokens_per_step > self.max_num_batched_tokens:
+                raise ValueError(
+                    f"SchedulerConfig.max_prefill_tokens_per_step={self.max_prefill_tokens_per_step} exceeds "
+                    f"max_num_batched_tokens={self.max_num_batched_tokens}; lower it or use None (no cap)")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"SchedulerConfig.max_num_batched_tokens={self.max_num_batched_tokens} is below "
+                f"max_num_seqs={self.max_num_seqs}, so running requests could not all decode in one step; "
+                f"raise max_num_batched_tokens to >= {self.max_num_seqs} or lower max_num_seqs")
+        # The longest sequence keeps at most max_model_len - 1 tokens in the cache: the last token is
+        # sampled but never computed.
+        need = blocks_for(self.max_model_len - 1, self.block_size)
+        if self.num_blocks - 1 < need:
+            raise ValueError(
+                f"SchedulerConfig.num_blocks={self.num_blocks} (block_size={self.block_size}) cannot hold one "
+                f"sequence of max_model_len={self.max_model_len} tokens, which needs {need} blocks plus the "
+                f"scratch block; raise num_blocks to >= {need + 1} or lower max_model_len")
+        if not self.enable_chunked_prefill:
+            prefill_cap = self.prefill_token_cap
+            if prefill_cap < self.max_model_len:
+                name = ("max_num_batched_tokens" if self.max_prefill_tokens_per_step is None
+                        else "max_prefill_tokens_per_step")
+                raise ValueError(
+                    f"SchedulerConfig.{name}={prefill_cap} is below max_model_len={self.max_model_len} "
+                    f"with enable_chunked_prefill=False, so a long prompt (or a preempted request's recompute) "
+                    f"could never be scheduled; raise {name} to >= {self.max_model_len}, lower max_model_len, "
+                    f"or enable chunked prefill")
+
+    @property
+    def prefill_token_cap(self) -> int:
+        """Most prefill tokens in one step."""
+        if self.max_prefill_tokens_per_step is None:
+            return self.max_num_batched_tokens
+        return self.max_prefill_tokens_per_step
+
+    @property
+    def num_usable_blocks(self) -> int:
+        return self.num_blocks - 1
+
+    @classmethod
+    def for_runner(cls, runner, **overrides) -> "SchedulerConfig":
+        """A config matching a ModelRunner's cache geometry (block_size, num_blocks, max_seq_len)."""
+        unknown = set(overrides) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown SchedulerConfig fields {sorted(unknown)}; "
+                             f"known: {sorted(f.name for f in fields(cls))}")
+        values = dict(block_size=runner.block_size, num_blocks=runner.num_blocks, max_model_len=runner.max_seq_len)
+        values.update(overrides)
+        return cls(**values)
+
+    def check_runner(self, runner) -> None:
+        """Raises ValueError when this config does not fit the runner's KV cache or sequence length."""
+        if runner.block_size != self.block_size:
+            raise ValueError(f"SchedulerConfig.block_size={self.block_size} differs from the model runner's "
+                             f"block_size={runner.block_size}; set block_size={runner.block_size}")
+        if self.num_blocks > runner.num_blocks:
+            raise ValueError(f"SchedulerConfig.num_blocks={self.num_blocks} exceeds the model runner's "
+                             f"num_blocks={runner.num_blocks}; set num_blocks <= {runner.num_blocks}")
+        if self.max_model_len > runner.max_seq_len:
+            raise ValueError(f"SchedulerConfig.max_model_len={self.max_model_len} exceeds the model runner's "
+                             f"max_seq_len={runner.max_seq_len}; set max_model_len <= {runner.max_seq_len}")

@@ -1,0 +1,289 @@
+"""The in-process LLM engine: validation, tokenization and incremental detokenization around an `EngineCore`.
+
+    engine = LLMEngine(runner, tokenizer, SchedulerConfig.for_runner(runner, max_num_seqs=32))
+    request_id = engine.add_request("Hello", SamplingParams(max_new_tokens=20, temperature=0))
+    while engine.has_unfinished():
+        for out in engine.step():          # one RequestOutput per request that changed this step
+            print(out.request_id, repr(out.new_text), out.finished, out.finish_reason)
+
+Every added request gets exactly one output with `finished=True` (also when aborted or failed).
+`add_request` rejects bad input with `InvalidRequestError` (a ValueError) and the engine keeps
+serving every other request. Not thread-safe: call it from one thread (a serving loop owns it).
+"""
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from mindspore_serving.llm.config import SchedulerConfig
+from mindspore_serving.llm.detokenizer import IncrementalDetokenizer
+from mindspore_serving.llm.engine_core import EngineCore, EngineCoreOutput, StepListener, StepStats
+from mindspore_serving.llm.errors import InvalidRequestError
+from mindspore_serving.llm.model_io import ModelRunner
+from mindspore_serving.llm.request import FinishReason, Request, RequestStatus
+from mindspore_serving.llm.sampler import Sampler
+from mindspore_serving.llm.sampling_params import SamplingParams
+
+PromptIds = Sequence[int]
+
+
+@dataclass
+class RequestMetrics:
+    """Timestamps (engine clock, seconds) of one request, for TTFT / ITL / E2E metrics."""
+    arrival_time: float
+    first_scheduled_time: Optional[float]
+    first_token_time: Optional[float]
+    last_token_time: Optional[float]
+    finished_time: Optional[float]
+    num_preemptions: int
+    num_cached_tokens: int
+    """Prompt tokens found in the prefix cache at the last admission."""
+
+    @property
+    def queue_time(self) -> Optional[float]:
+        return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
+
+    @property
+    def time_to_first_token(self) -> Optional[float]:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def e2e_latency(self) -> Optional[float]:
+        return None if self.finished_time is None else self.finished_time - self.arrival_time
+
+
+@dataclass
+class RequestOutput:
+    """One step's news about one request, plus everything it has produced so far."""
+    request_id: str
+    prompt: Optional[str]
+    prompt_token_ids: List[int]
+    new_token_ids: List[int]
+    new_text: str
+    token_ids: List[int]
+    """All output token ids so far (including a final EOS or stop token)."""
+    text: str
+    """All output text streamed so far (cut before a stop string). When finished, the whole text."""
+    finished: bool
+    finish_reason: Optional[FinishReason]
+    new_logprobs: List[float] = field(default_factory=list)
+    logprobs: List[float] = field(default_factory=list)
+    new_top_logprobs: List[List[Tuple[int, float]]] = field(default_factory=list)
+    metrics: Optional[RequestMetrics] = None
+    error: Optional[str] = None
+
+
+class _Tracked:
+    """What the engine keeps per live request besides the core's Request."""
+
+    def __init__(self, request: Request, detokenizer: Optional[IncrementalDetokenizer]):
+        self.request = request
+        self.detokenizer = detokenizer
+        self.text = ""
+        self.logprobs: List[float] = []
+
+
+class LLMEngine:
+    """Generates text for many requests at once with continuous batching over a paged KV cache."""
+
+    def __init__(self, model_runner: ModelRunner, tokenizer=None, scheduler_config: Optional[SchedulerConfig] = None,
+                 *, eos_token_id: Optional[int] = None, seed: Optional[int] = None,
+                 clock: Callable[[], float] = time.monotonic):
+        """`tokenizer`: a `tokenizers.Tokenizer` or any object with encode(text) (-> ids or an object with
+        .ids) and decode(ids); None serves token ids only. `eos_token_id`: default the tokenizer's
+        `eos_token_id` if it has one. `seed`: the generator shared by requests without their own seed."""
+        config = scheduler_config or SchedulerConfig.for_runner(model_runner)
+        self.core = EngineCore(model_runner, config, Sampler(seed), clock)
+        self.config = config
+        self.tokenizer = tokenizer
+        self.vocab_size = int(model_runner.vocab_size)
+        self.eos_token_id = eos_token_id if eos_token_id is not None else getattr(tokenizer, "eos_token_id", None)
+        self._clock = clock
+        self._tracked: Dict[str, _Tracked] = {}
+        self._ids = itertools.count()
+
+    # --- requests -----------------------------------------------------------------------------
+    def add_request(self, prompt: Optional[str] = None, params: Union[SamplingParams, dict, None] = None,
+                    request_id: Optional[str] = None, *, prompt_token_ids: Optional[PromptIds] = None,
+                    arrival_time: Optional[float] = None) -> str:
+        """Queues a request (text `prompt` or `prompt_token_ids`, exactly one) and returns its id.
+        Raises InvalidRequestError, leaving the engine unchanged, when the input is not acceptable."""
+        params = self._check_params(params)
+        request_id = self._check_request_id(request_id)
+        token_ids = self._prompt_ids(prompt, prompt_token_ids)
+        self._check_lengths(len(token_ids), params)
+        request = Request(request_id, token_ids, params,
+                          arrival_time=self._clock() if arrival_time is None else arrival_time,
+                          eos_token_id=self.eos_token_id, prompt=prompt)
+        detokenizer = None
+        if self.tokenizer is not None:
+            detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop,
+                                                 params.include_stop_str_in_output, params.skip_special_tokens)
+        self.core.add_request(request)
+        self._tracked[request_id] = _Tracked(request, detokenizer)
+        return request_id
+
+    def abort(self, request_id: str) -> bool:
+        """Stops a request in any state and frees its KV blocks now; the next `step()` returns its final
+        output (reason "abort"). False when the id is unknown or the request already finished."""
+        return self.core.abort(request_id)
+
+    def has_unfinished(self) -> bool:
+        return self.core.has_unfinished()
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._tracked)
+
+    @property
+    def stats(self) -> Optional[StepStats]:
+        """Statistics of the last step."""
+        return self.core.last_stats
+
+    def add_step_listener(self, listener: StepListener) -> None:
+        self.core.add_step_listener(listener)
+
+    # --- stepping -----------------------------------------------------------------------------
+    def step(self) -> List[RequestOutput]:
+        """One model step for the current batch; an output for each request that got tokens or finished."""
+        return [self._to_output(out) for out in self.core.step()]
+
+    def generate(self, prompts: Union[str, PromptIds, Sequence[Union[str, PromptIds]]],
+                 params: Union[SamplingParams, Sequence[SamplingParams], None] = None) -> List[RequestOutput]:
+        """Runs the prompts to completion and returns their final outputs, in order. A single prompt
+        (text or token ids) gives a list of one. Needs an idle engine (outputs of others would be lost)."""
+        if self.has_unfinished():
+            raise RuntimeError("generate() needs an idle engine; drive it with step() while requests are in flight")
+        if isinstance(prompts, str) or (len(prompts) > 0 and isinstance(prompts[0], (int, np.integer))):
+            prompts = [prompts]
+        if params is None or isinstance(params, (SamplingParams, dict)):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise InvalidRequestError(f"generate() got {len(prompts)} prompts but {len(params)} SamplingParams")
+        ids = []
+        try:
+            for prompt, p in zip(prompts, params):
+                if isinstance(prompt, str):
+                    ids.append(self.add_request(prompt, p))
+                else:
+                    ids.append(self.add_request(None, p, prompt_token_ids=prompt))
+        except InvalidRequestError:
+            for request_id in ids:
+                self.abort(request_id)
+            while self.has_unfinished():
+                self.step()
+            raise
+        final: Dict[str, RequestOutput] = {}
+        while self.has_unfinished():
+            for out in self.step():
+                if out.finished:
+                    final[out.request_id] = out
+        return [final[request_id] for request_id in ids]
+
+    # --- internals ----------------------------------------------------------------------------
+    def _to_output(self, out: EngineCoreOutput) -> RequestOutput:
+        tracked = self._tracked[out.request_id]
+        request = tracked.request
+        finished, reason = out.finished, out.finish_reason
+        new_text = ""
+        detok = tracked.detokenizer
+        if detok is not None:
+            update = detok.update(out.new_token_ids)
+            new_text = update.new_text
+            if update.stop_string is not None:
+                finished, reason = True, FinishReason.STOP
+                self._finish_for_stop_string(request)
+            if finished:
+                new_text += detok.flush()
+                if detok.stop_string is not None and reason in (FinishReason.LENGTH, FinishReason.STOP):
+                    reason = FinishReason.STOP
+                    self._finish_for_stop_string(request)
+        tracked.text += new_text
+        tracked.logprobs.extend(out.new_logprobs)
+        if finished:
+            del self._tracked[out.request_id]
+        return RequestOutput(
+            request_id=out.request_id, prompt=request.prompt, prompt_token_ids=list(request.prompt_token_ids),
+            new_token_ids=list(out.new_token_ids), new_text=new_text, token_ids=list(request.output_token_ids),
+            text=tracked.text, finished=finished, finish_reason=reason, new_logprobs=list(out.new_logprobs),
+            logprobs=list(tracked.logprobs), new_top_logprobs=list(out.new_top_logprobs),
+            metrics=_metrics(request), error=out.error)
+
+    def _finish_for_stop_string(self, request: Request) -> None:
+        if not request.finished:
+            self.core.finish_request(request.request_id, RequestStatus.FINISHED_STOP)
+        elif request.status is RequestStatus.FINISHED_LENGTH:
+            request.set_status(RequestStatus.FINISHED_STOP)
+
+    def _check_params(self, params) -> SamplingParams:
+        if params is None:
+            params = SamplingParams()
+        elif isinstance(params, dict):
+            params = SamplingParams.from_dict(params)
+        elif not isinstance(params, SamplingParams):
+            raise InvalidRequestError(f"params must be SamplingParams, a dict or None, got {type(params).__name__}")
+        bad = [t for t in params.stop_token_ids if t >= self.vocab_size]
+        if bad:
+            raise InvalidRequestError(f"stop_token_ids {bad} are outside the vocabulary [0, {self.vocab_size})")
+        if params.stop and self.tokenizer is None:
+            raise InvalidRequestError("stop strings need a tokenizer; this engine serves token ids only "
+                                      "(use stop_token_ids)")
+        return params
+
+    def _check_request_id(self, request_id: Optional[str]) -> str:
+        if request_id is None:
+            request_id = str(next(self._ids))
+            while request_id in self._tracked:
+                request_id = str(next(self._ids))
+            return request_id
+        if not isinstance(request_id, str) or not request_id:
+            raise InvalidRequestError(f"request_id must be a non-empty string, got {request_id!r}")
+        if request_id in self._tracked:
+            raise InvalidRequestError(f"request_id {request_id!r} is already in use by an unfinished request")
+        return request_id
+
+    def _prompt_ids(self, prompt: Optional[str], prompt_token_ids: Optional[PromptIds]) -> List[int]:
+        if (prompt is None) == (prompt_token_ids is None):
+            raise InvalidRequestError("give exactly one of prompt (text) or prompt_token_ids")
+        if prompt is not None:
+            if not isinstance(prompt, str):
+                raise InvalidRequestError(f"prompt must be a string, got {type(prompt).__name__}")
+            if not prompt:
+                raise InvalidRequestError("prompt is empty; send at least one character")
+            if self.tokenizer is None:
+                raise InvalidRequestError("this engine has no tokenizer; send prompt_token_ids instead of text")
+            encoded = self.tokenizer.encode(prompt)
+            token_ids = list(getattr(encoded, "ids", encoded))
+            if not token_ids:
+                raise InvalidRequestError(f"prompt {prompt[:40]!r} encodes to no tokens")
+            return [int(t) for t in token_ids]
+        if isinstance(prompt_token_ids, (str, bytes)) or not hasattr(prompt_token_ids, "__len__"):
+            raise InvalidRequestError(f"prompt_token_ids must be a list of ints, got {type(prompt_token_ids).__name__}")
+        if len(prompt_token_ids) == 0:
+            raise InvalidRequestError("prompt_token_ids is empty; send at least one token")
+        token_ids = []
+        for t in prompt_token_ids:
+            if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < self.vocab_size:
+                raise InvalidRequestError(f"prompt_token_ids must hold ints in [0, {self.vocab_size}), got {t!r}")
+            token_ids.append(int(t))
+        return token_ids
+
+    def _check_lengths(self, num_prompt_tokens: int, params: SamplingParams) -> None:
+        limit = self.config.max_model_len
+        if num_prompt_tokens >= limit:
+            raise InvalidRequestError(
+                f"prompt has {num_prompt_tokens} tokens, but max_model_len is {limit} (prompt + new tokens); "
+                f"shorten the prompt to at most {limit - 1} tokens")
+        if num_prompt_tokens + params.max_new_tokens > limit:
+            raise InvalidRequestError(
+                f"prompt has {num_prompt_tokens} tokens and max_new_tokens is {params.max_new_tokens}, together "
+                f"{num_prompt_tokens + params.max_new_tokens} > max_model_len {limit}; lower max_new_tokens to "
+                f"at most {limit - num_prompt_tokens} or shorten the prompt")
+
+
+def _metrics(request: Request) -> RequestMetrics:
+    return RequestMetrics(request.arrival_time, request.first_scheduled_time, request.first_token_time,
+                          request.last_token_time, request.finished_time, request.num_preemptions,
+                          request.num_cached_prompt_tokens)

@@ -1,0 +1,193 @@
+"""The engine core: scheduler + model runner + sampler, stepping in the caller's thread.
+
+No threads, no I/O, no text. Each `step()` schedules, runs the model, samples and updates, and returns
+token-level outputs. A serving loop in another thread or process drives it the same way; hooks
+(`add_step_listener`) report per-step statistics without the core knowing who listens.
+
+A failing model step does not stop the engine: the requests of that step finish with reason "error"
+and every other request goes on.
+"""
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from mindspore_serving import log
+from mindspore_serving.llm.config import SchedulerConfig
+from mindspore_serving.llm.model_io import ModelRunner
+from mindspore_serving.llm.request import FinishReason, Request, RequestStatus
+from mindspore_serving.llm.sampler import Sampler
+from mindspore_serving.llm.scheduler import Scheduler, SchedulerOutput
+
+
+@dataclass
+class EngineCoreOutput:
+    """What one step produced for one request (token ids only; text is the front end's job)."""
+    request_id: str
+    new_token_ids: List[int] = field(default_factory=list)
+    new_logprobs: List[float] = field(default_factory=list)
+    new_top_logprobs: List[List[Tuple[int, float]]] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: Optional[FinishReason] = None
+    error: Optional[str] = None
+
+
+@dataclass
+class StepStats:
+    """One model step, for logs and benchmarks (steps that run nothing are not reported)."""
+    step_id: int
+    num_seqs: int                 # batch size: requests computed this step
+    num_prefill_seqs: int
+    num_decode_seqs: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_batched_tokens: int
+    token_budget_usage: float     # num_batched_tokens / max_num_batched_tokens
+    num_preempted: int
+    num_new_tokens: int           # tokens sampled and kept
+    num_finished: int
+    num_running: int              # after the step
+    num_waiting: int
+    kv_usage: float               # fraction of usable KV blocks held by requests, after the step
+    num_free_blocks: int
+    schedule_s: float
+    execute_s: float              # model run + sampling
+    update_s: float
+
+
+StepListener = Callable[[StepStats], None]
+
+
+@dataclass
+class _Sampled:
+    token_id: int
+    logprob: float
+    top_logprobs: List[Tuple[int, float]]
+
+
+class EngineCore:
+    """Scheduler, model runner and sampler; `step()` is schedule -> execute -> update."""
+
+    def __init__(self, model_runner: ModelRunner, scheduler_config: SchedulerConfig,
+                 sampler: Optional[Sampler] = None, clock: Callable[[], float] = time.monotonic,
+                 timer: Callable[[], float] = time.perf_counter):
+        scheduler_config.check_runner(model_runner)
+        self.runner = model_runner
+        self.config = scheduler_config
+        self.scheduler = Scheduler(scheduler_config, clock)
+        self.sampler = sampler or Sampler()
+        self._timer = timer
+        self._pending: List[EngineCoreOutput] = []
+        self._listeners: List[StepListener] = []
+        self.last_stats: Optional[StepStats] = None
+        self.num_steps = 0
+
+    # --- requests -----------------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        self.scheduler.add_request(request)
+
+    def abort(self, request_id: str) -> bool:
+        """Finishes the request now, in any state, freeing its blocks; the next `step()` returns its
+        final output (reason "abort"). False when it is unknown or already finished."""
+        if not self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED):
+            return False
+        self._pending.append(EngineCoreOutput(request_id, finished=True, finish_reason=FinishReason.ABORT))
+        return True
+
+    def finish_request(self, request_id: str, status: RequestStatus) -> bool:
+        """Finishes a request for a reason found outside the core (a stop string); no output follows."""
+        return self.scheduler.finish_request(request_id, status)
+
+    def get_request(self, request_id: str) -> Optional[Request]:
+        return self.scheduler.get_request(request_id)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self._pending)
+
+    def add_step_listener(self, listener: StepListener) -> None:
+        self._listeners.append(listener)
+
+    # --- the loop body ------------------------------------------------------------------------
+    def step(self) -> List[EngineCoreOutput]:
+        """One model step (nothing runs when nothing is schedulable); outputs of the requests it changed,
+        plus the final outputs of requests aborted since the last step."""
+        t0 = self._timer()
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            return self._take_pending()
+        t1 = self._timer()
+        try:
+            sampled = self._execute(plan)
+        except Exception as err:  # pylint: disable=broad-except
+            # NOTE: a failed step fails its own requests, not the engine.
+            log.exception(f"LLM step {plan.step_id} failed for requests {plan.request_ids}: {err}")
+            t2 = self._timer()
+            outputs = self._fail(plan, f"model step failed: {type(err).__name__}: {err}")
+        else:
+            t2 = self._timer()
+            outputs = self._update(plan, sampled)
+        outputs = self._take_pending() + outputs
+        self._record(plan, outputs, t1 - t0, t2 - t1, self._timer() - t2)
+        return outputs
+
+    def _take_pending(self) -> List[EngineCoreOutput]:
+        pending, self._pending = self._pending, []
+        return pending
+
+    def _execute(self, plan: SchedulerOutput) -> Dict[int, _Sampled]:
+        """Runs the model and samples the rows that complete their tokens; {row index: sampled}."""
+        logits = np.asarray(self.runner.run(plan.seq_steps))
+        if logits.ndim != 2 or logits.shape[0] != len(plan.scheduled):
+            raise RuntimeError(f"model runner returned logits of shape {logits.shape} "
+                               f"for {len(plan.scheduled)} sequences")
+        rows = [i for i, row in enumerate(plan.scheduled) if row.samples]
+        if not rows:
+            return {}
+        requests = [self.scheduler.requests[plan.scheduled[i].request_id] for i in rows]
+        result = self.sampler.sample_requests(logits if len(rows) == len(logits) else logits[rows], requests)
+        tops = result.top_logprobs or [[] for _ in rows]
+        return {i: _Sampled(result.token_ids[k], result.logprobs[k], tops[k]) for k, i in enumerate(rows)}
+
+    def _update(self, plan: SchedulerOutput, sampled: Dict[int, _Sampled]) -> List[EngineCoreOutput]:
+        tokens = [sampled[i].token_id if i in sampled else None for i in range(len(plan.scheduled))]
+        by_id = {plan.scheduled[i].request_id: value for i, value in sampled.items()}
+        outputs = []
+        for delta in self.scheduler.update_from_output(plan, tokens):
+            got = by_id[delta.request_id]
+            outputs.append(EngineCoreOutput(delta.request_id, delta.new_token_ids, [got.logprob],
+                                            [got.top_logprobs] if got.top_logprobs else [],
+                                            delta.finished, delta.finish_reason))
+        return outputs
+
+    def _fail(self, plan: SchedulerOutput, message: str) -> List[EngineCoreOutput]:
+        outputs = []
+        for request_id in plan.request_ids:
+            request = self.scheduler.get_request(request_id)
+            if request is None:
+                continue
+            request.error = message
+            self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ERROR)
+            outputs.append(EngineCoreOutput(request_id, finished=True, finish_reason=FinishReason.ERROR,
+                                            error=message))
+        return outputs
+
+    def _record(self, plan: SchedulerOutput, outputs: List[EngineCoreOutput], schedule_s: float,
+                execute_s: float, update_s: float) -> None:
+        self.num_steps += 1
+        num_prefill = sum(1 for row in plan.scheduled if row.is_prefill)
+        bm = self.scheduler.block_manager
+        stats = StepStats(
+            step_id=plan.step_id, num_seqs=len(plan.scheduled), num_prefill_seqs=num_prefill,
+            num_decode_seqs=len(plan.scheduled) - num_prefill, num_prefill_tokens=plan.num_prefill_tokens,
+            num_decode_tokens=plan.num_decode_tokens, num_batched_tokens=plan.num_batched_tokens,
+            token_budget_usage=plan.num_batched_tokens / self.config.max_num_batched_tokens,
+            num_preempted=len(plan.preempted_request_ids),
+            num_new_tokens=sum(len(o.new_token_ids) for o in outputs),
+            num_finished=sum(1 for o in outputs if o.finished),
+            num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
+            kv_usage=bm.usage, num_free_blocks=bm.num_free_blocks,
+            schedule_s=schedule_s, execute_s=execute_s, update_s=update_s)
+        self.last_stats = stats
+        for listener in self._listeners:
+            listener(stats)

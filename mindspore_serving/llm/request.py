@@ -1,0 +1,166 @@
+"""One generation request and its state machine.
+
+    WAITING ──schedule──> RUNNING ──finish──> FINISHED_{EOS, STOP, LENGTH, ABORTED, ERROR}
+       │                   │   ▲
+       │              preempt  schedule
+       │                   ▼   │
+       └──abort──>      PREEMPTED ──abort──> FINISHED_ABORTED
+
+The request owns its tokens (prompt + output), how many of them are in the KV cache
+(`num_computed_tokens`), its block table, and its timestamps. "Finished" is derived from the status,
+never kept as a separate flag.
+"""
+import enum
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from mindspore_serving.llm.sampling_params import SamplingParams
+
+
+class FinishReason(str, enum.Enum):
+    """Why a request finished; the value is the word the APIs report."""
+    EOS = "eos"            # generated the end-of-sequence token
+    STOP = "stop"          # a stop token id or a stop string
+    LENGTH = "length"      # max_new_tokens or max_model_len reached
+    ABORT = "abort"        # aborted by the client or the server
+    ERROR = "error"        # the model step failed for this request
+
+    def __str__(self):
+        return self.value
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # waiting again after its blocks were taken; it recomputes its tokens
+    FINISHED_EOS = "finished_eos"
+    FINISHED_STOP = "finished_stop"
+    FINISHED_LENGTH = "finished_length"
+    FINISHED_ABORTED = "finished_aborted"
+    FINISHED_ERROR = "finished_error"
+
+    @property
+    def finished(self) -> bool:
+        return self in _FINISH_REASONS
+
+    @property
+    def finish_reason(self) -> Optional[FinishReason]:
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_EOS: FinishReason.EOS,
+    RequestStatus.FINISHED_STOP: FinishReason.STOP,
+    RequestStatus.FINISHED_LENGTH: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
+    RequestStatus.FINISHED_ERROR: FinishReason.ERROR,
+}
+FINISHED_STATUSES = frozenset(_FINISH_REASONS)
+
+_ALLOWED = {
+    RequestStatus.WAITING: {RequestStatus.RUNNING} | FINISHED_STATUSES,
+    RequestStatus.PREEMPTED: {RequestStatus.RUNNING} | FINISHED_STATUSES,
+    RequestStatus.RUNNING: {RequestStatus.PREEMPTED} | FINISHED_STATUSES,
+    # NOTE: a stop string completed by the token that also hit max_new_tokens turns LENGTH into STOP;
+    # the detokenizer sees the text only after the scheduler has finished the request.
+    RequestStatus.FINISHED_LENGTH: {RequestStatus.FINISHED_STOP},
+}
+
+
+class Request:
+    """A request inside the engine: tokens, KV bookkeeping, status and timing."""
+
+    def __init__(self, request_id: str, prompt_token_ids: Sequence[int], sampling_params: SamplingParams,
+                 arrival_time: float, eos_token_id: Optional[int] = None, prompt: Optional[str] = None):
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = tuple(int(t) for t in prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.eos_token_id = eos_token_id
+        self.status = RequestStatus.WAITING
+        self.error: Optional[str] = None
+
+        self.output_token_ids: List[int] = []
+        self._all_token_ids: List[int] = list(self.prompt_token_ids)
+        self.num_computed_tokens = 0
+        """Tokens whose keys/values are in the KV cache (prompt first, then outputs)."""
+
+        self.block_table: List[int] = []
+        """Physical KV blocks of this request, in position order; owned by the BlockManager."""
+        self.block_hashes: List[bytes] = []
+        """Chained hashes of this request's full token blocks (prefix caching); extended lazily."""
+        self.num_cached_prompt_tokens = 0
+        """Tokens found in the prefix cache at the last admission."""
+
+        self.generator: Optional[np.random.Generator] = (
+            np.random.default_rng(sampling_params.seed) if sampling_params.seed is not None else None)
+
+        self.arrival_time = arrival_time
+        self.first_scheduled_time: Optional[float] = None
+        self.first_token_time: Optional[float] = None
+        self.last_token_time: Optional[float] = None
+        self.finished_time: Optional[float] = None
+        self.num_preemptions = 0
+
+    # --- tokens -------------------------------------------------------------------------------
+    @property
+    def all_token_ids(self) -> List[int]:
+        """Prompt then output tokens. Read-only by convention: change it only through append_output_token."""
+        return self._all_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens_to_compute(self) -> int:
+        """Tokens not yet in the KV cache: the rest of the prompt (or of a recompute), or the last sampled token."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_prefilling(self) -> bool:
+        """More than one token to compute: a prompt, a prompt chunk or a recompute after preemption."""
+        return self.num_tokens_to_compute > 1
+
+    def append_output_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self._all_token_ids.append(token_id)
+
+    # --- state machine ------------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return self.status.finished
+
+    @property
+    def finish_reason(self) -> Optional[FinishReason]:
+        return self.status.finish_reason
+
+    def set_status(self, status: RequestStatus) -> None:
+        if status not in _ALLOWED.get(self.status, ()):
+            raise RuntimeError(f"request {self.request_id}: illegal status change {self.status.name} -> {status.name}")
+        self.status = status
+
+    def check_stop(self, max_model_len: int) -> Optional[RequestStatus]:
+        """The finished status this request has reached after its last token, or None to go on."""
+        params = self.sampling_params
+        last = self.output_token_ids[-1]
+        if not params.ignore_eos and self.eos_token_id is not None and last == self.eos_token_id:
+            return RequestStatus.FINISHED_EOS
+        if last in params.stop_token_ids:
+            return RequestStatus.FINISHED_STOP
+        if self.num_output_tokens >= params.max_new_tokens or self.num_tokens >= max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def __repr__(self):
+        return (f"Request({self.request_id!r}, {self.status.name}, prompt={self.num_prompt_tokens}, "
+                f"output={self.num_output_tokens}, computed={self.num_computed_tokens}, blocks={self.block_table})")

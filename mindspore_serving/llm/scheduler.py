@@ -1,0 +1,289 @@
+"""Which requests run in the next model step, and with how many tokens each.
+
+Pure bookkeeping, no I/O: `schedule()` returns a `SchedulerOutput` (plain data: one `ScheduledSeq`
+with its `SeqStep` per request in the step), the caller runs the model and samples, and
+`update_from_output()` appends the sampled tokens and finishes requests.
+
+Continuous batching (the default), each step:
+  1. Running requests that need one token (decodes) are scheduled first, then running requests in
+     the middle of a chunked prefill, each in admission order. When the block pool cannot give a
+     request the blocks it needs, the newest running request (the most recently admitted; a
+     readmitted request counts as new) is preempted (recompute): its blocks are freed and it goes
+     back to the front of the waiting queue, keeping its generated tokens, which it recomputes
+     together with its prompt when readmitted.
+  2. If nothing was preempted, waiting requests join in FCFS order while the token budget, the
+     prefill share, max_num_seqs and the free blocks allow. With chunked prefill a prompt that does
+     not fit in what is left of the budget is cut, and the rest is computed in later steps.
+A request yields a new token only in the step that computes its last known token.
+
+Static batching: when nothing runs, the first max_num_seqs waiting requests become the batch; only
+they are admitted (over several steps if the budget requires) until every one of them has finished.
+"""
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Deque, Dict, List, Optional, Sequence, Set
+
+from mindspore_serving.llm.block_manager import BlockManager
+from mindspore_serving.llm.config import STATIC, SchedulerConfig
+from mindspore_serving.llm.model_io import SeqStep
+from mindspore_serving.llm.request import FinishReason, Request, RequestStatus
+
+
+@dataclass
+class ScheduledSeq:
+    """One request's share of a step."""
+    request_id: str
+    num_tokens: int
+    """Tokens computed this step: a prompt chunk, a recompute chunk, or 1 for a decode."""
+    seq_step: SeqStep
+    samples: bool
+    """True when this step computes the request's last known token, so its logits give the next token;
+    False for a prefill chunk that stops short of the end (its logits are discarded)."""
+    is_prefill: bool
+
+
+@dataclass
+class SchedulerOutput:
+    """The plan of one step. `scheduled` rows are in the order the runner gets their `SeqStep`s."""
+    step_id: int
+    scheduled: List[ScheduledSeq] = field(default_factory=list)
+    preempted_request_ids: List[str] = field(default_factory=list)
+
+    @property
+    def seq_steps(self) -> List[SeqStep]:
+        return [row.seq_step for row in self.scheduled]
+
+    @property
+    def request_ids(self) -> List[str]:
+        return [row.request_id for row in self.scheduled]
+
+    @property
+    def num_scheduled_tokens(self) -> Dict[str, int]:
+        """request id -> tokens computed this step."""
+        return {row.request_id: row.num_tokens for row in self.scheduled}
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(row.num_tokens for row in self.scheduled)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(row.num_tokens for row in self.scheduled if row.is_prefill)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(row.num_tokens for row in self.scheduled if not row.is_prefill)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass
+class RequestDelta:
+    """What one step changed for one request (returned by `update_from_output`)."""
+    request_id: str
+    new_token_ids: List[int]
+    finished: bool
+    finish_reason: Optional[FinishReason]
+
+
+class _Budget:
+    def __init__(self, tokens: int, prefill_tokens: int):
+        self.tokens = tokens
+        self.prefill_tokens = prefill_tokens
+
+    def take(self, num_tokens: int, prefill: bool, sign: int = 1) -> None:
+        self.tokens -= sign * num_tokens
+        if prefill:
+            self.prefill_tokens -= sign * num_tokens
+
+
+class Scheduler:
+    """Continuous (or static) batching over a paged KV cache; see the module docstring for the policy."""
+
+    def __init__(self, config: SchedulerConfig, clock: Callable[[], float] = time.monotonic):
+        self.config = config
+        self.clock = clock
+        self.block_manager = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.waiting: Deque[Request] = deque()
+        self.running: List[Request] = []
+        """Admission order: the last one is the newest, preempted first."""
+        self.requests: Dict[str, Request] = {}
+        """Unfinished requests by id."""
+        self._static_batch: Set[str] = set()
+        self._step_id = 0
+        self.num_preemptions = 0
+
+    # --- queue --------------------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in the scheduler")
+        if request.status is not RequestStatus.WAITING:
+            raise ValueError(f"request {request.request_id!r} must be WAITING to be added, it is {request.status.name}")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def get_request(self, request_id: str) -> Optional[Request]:
+        return self.requests.get(request_id)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def finish_request(self, request_id: str, status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> bool:
+        """Finishes an unfinished request in any state (abort, stop string, error) and frees its blocks
+        at once. Returns False when the id is unknown or already finished. Call it between steps."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return False
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        self._finish(request, status)
+        return True
+
+    def abort_request(self, request_id: str) -> bool:
+        return self.finish_request(request_id, RequestStatus.FINISHED_ABORTED)
+
+    # --- one step -----------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        self._step_id += 1
+        budget = _Budget(self.config.max_num_batched_tokens, self.config.prefill_token_cap)
+        scheduled: Dict[str, int] = {}
+        preempted: List[str] = []
+        self._schedule_running(budget, scheduled, preempted)
+        if not preempted:
+            self._schedule_waiting(budget, scheduled)
+        return self._build_output(scheduled, preempted)
+
+    def _schedule_running(self, budget: _Budget, scheduled: Dict[str, int], preempted: List[str]) -> None:
+        decodes = [r for r in self.running if r.num_tokens_to_compute == 1]
+        prefills = [r for r in self.running if r.num_tokens_to_compute > 1]
+        for request in decodes + prefills:
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            is_prefill = request.num_tokens_to_compute > 1
+            num_tokens = min(request.num_tokens_to_compute, budget.tokens)
+            if is_prefill:
+                num_tokens = min(num_tokens, budget.prefill_tokens)
+            if num_tokens <= 0:
+                continue
+            if not self._reserve(request, num_tokens, budget, scheduled, preempted):
+                continue
+            scheduled[request.request_id] = num_tokens
+            budget.take(num_tokens, is_prefill)
+
+    def _reserve(self, request: Request, num_tokens: int, budget: _Budget, scheduled: Dict[str, int],
+                 preempted: List[str]) -> bool:
+        """Gets the request blocks for `num_tokens` more tokens, preempting the newest running requests
+        (possibly the request itself) until they fit. False when the request itself was preempted."""
+        while not self.block_manager.append_slots(request, num_tokens):
+            victim = self.running[-1]
+            if victim.request_id in scheduled:  # scheduled earlier in this step: give its budget back
+                victim_tokens = scheduled.pop(victim.request_id)
+                budget.take(victim_tokens, victim.num_tokens_to_compute > 1, sign=-1)
+            self._preempt(victim)
+            preempted.append(victim.request_id)
+            if victim is request:
+                return False
+        return True
+
+    def _schedule_waiting(self, budget: _Budget, scheduled: Dict[str, int]) -> None:
+        config = self.config
+        if config.batching == STATIC and not self._static_batch and not self.running:
+            self._static_batch = {r.request_id for r in list(self.waiting)[:config.max_num_seqs]}
+        while self.waiting and len(self.running) < config.max_num_seqs:
+            request = self.waiting[0]
+            if config.batching == STATIC and request.request_id not in self._static_batch:
+                break
+            computed_blocks, num_cached = self.block_manager.get_computed_blocks(request)
+            num_tokens = request.num_tokens - num_cached
+            limit = min(budget.tokens, budget.prefill_tokens)
+            if num_tokens > limit:
+                if not config.enable_chunked_prefill or limit <= 0:
+                    break
+                num_tokens = limit
+            if not self.block_manager.allocate(request, num_tokens, computed_blocks):
+                break
+            self.waiting.popleft()
+            self.running.append(request)
+            request.set_status(RequestStatus.RUNNING)
+            request.num_computed_tokens = num_cached
+            request.num_cached_prompt_tokens = num_cached
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = self.clock()
+            scheduled[request.request_id] = num_tokens
+            budget.take(num_tokens, prefill=True)
+
+    def _build_output(self, scheduled: Dict[str, int], preempted: List[str]) -> SchedulerOutput:
+        output = SchedulerOutput(step_id=self._step_id, preempted_request_ids=preempted)
+        for request_id, num_tokens in scheduled.items():
+            request = self.requests[request_id]
+            start = request.num_computed_tokens
+            end = start + num_tokens
+            step = SeqStep(token_ids=request.all_token_ids[start:end], start_pos=start,
+                           block_table=list(request.block_table))
+            is_decode = num_tokens == 1 and request.num_output_tokens > 0 and end == request.num_tokens
+            output.scheduled.append(ScheduledSeq(request_id, num_tokens, step, samples=end == request.num_tokens,
+                                                 is_prefill=not is_decode))
+        return output
+
+    def update_from_output(self, output: SchedulerOutput,
+                           sampled_token_ids: Sequence[Optional[int]]) -> List[RequestDelta]:
+        """Records a finished step. `sampled_token_ids` has one entry per row of `output.scheduled`:
+        the sampled token for rows with `samples`, anything (None) for the others.
+
+        Rows of requests finished since `schedule()` (aborted) are skipped. Returns one delta per
+        request that got a token."""
+        if len(sampled_token_ids) != len(output.scheduled):
+            raise ValueError(f"update_from_output got {len(sampled_token_ids)} sampled tokens for "
+                             f"{len(output.scheduled)} scheduled requests")
+        now = self.clock()
+        deltas = []
+        for row, token in zip(output.scheduled, sampled_token_ids):
+            request = self.requests.get(row.request_id)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue
+            request.num_computed_tokens += row.num_tokens
+            self.block_manager.cache_full_blocks(request)
+            if not row.samples:
+                continue
+            if token is None:
+                raise ValueError(f"no sampled token for request {row.request_id}, which completed its tokens")
+            request.append_output_token(int(token))
+            if request.first_token_time is None:
+                request.first_token_time = now
+            request.last_token_time = now
+            status = request.check_stop(self.config.max_model_len)
+            if status is not None:
+                self.running.remove(request)
+                self._finish(request, status)
+            deltas.append(RequestDelta(request.request_id, [int(token)], request.finished, request.finish_reason))
+        return deltas
+
+    # --- internals ----------------------------------------------------------------------------
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.block_manager.free(request)
+        request.num_computed_tokens = 0
+        request.set_status(RequestStatus.PREEMPTED)
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        self.block_manager.free(request)
+        request.set_status(status)
+        request.finished_time = self.clock()
+        del self.requests[request.request_id]
+        self._static_batch.discard(request.request_id)
