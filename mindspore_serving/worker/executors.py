@@ -30,8 +30,9 @@ class _BatchLoop:
 
     def submit(self, inputs: tuple) -> Future:
         future: Future = Future()
-        self.queue.put(_Item(inputs, future))
+        # counted before it is queued: a batch must never wait for an instance that is already in the queue
         self.expected.arrived()
+        self.queue.put(_Item(inputs, future))
         return future
 
     def close(self):

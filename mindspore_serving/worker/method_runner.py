@@ -152,5 +152,4 @@ class MethodRunner:
 
     @staticmethod
     def _value(instance_values: Dict[TensorRef, object], ref: TensorRef):
-        value = instance_values[ref]
-        return stage_input(value) if ref.stage_index == 0 else value
+        return stage_input(instance_values[ref])

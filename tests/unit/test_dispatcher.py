@@ -1,0 +1,368 @@
+"""The master's Dispatcher with fake worker stubs: checks, chunking, routing, ordering, limits and reply building."""
+import asyncio
+
+import grpc
+import numpy as np
+import pytest
+
+from mindspore_serving.common import errors
+from mindspore_serving.common.tensor_codec import instance_to_proto, reply_to_results, tensor_to_value, value_to_tensor
+from mindspore_serving.master.dispatcher import Dispatcher, build_reply, error_reply
+from mindspore_serving.master.worker_registry import WorkerRecord, WorkerRegistry
+from mindspore_serving.proto import internal_pb2
+from mindspore_serving.proto import ms_service_pb2 as pb
+
+
+class FakeWorkerStub:
+    """An async WorkerService stub: y = x * 10 per instance, an error for negative x.
+
+    With `hold=True` every call waits until the test releases it (`release(i)`), so the test sees what is in flight
+    and decides the order in which chunks finish."""
+
+    def __init__(self, name, calls, hold=False, raise_error=None):
+        self.name = name
+        self.calls = calls
+        self.hold = hold
+        self.raise_error = raise_error
+
+    async def Predict(self, request):  # pylint: disable=invalid-name
+        xs = [int(tensor_to_value(instance.items["x"])[0]) for instance in request.request.instances]
+        released = asyncio.Event()
+        self.calls.append({"worker": self.name, "xs": xs, "spec": request.request.servable_spec,
+                           "request_id": request.request_id, "release": released})
+        if self.hold:
+            await released.wait()
+        if self.raise_error is not None:
+            raise self.raise_error
+        reply = internal_pb2.WorkerPredictReply(request_id=request.request_id)
+        for x in xs:
+            instance = reply.instances.add()
+            error = reply.error_msg.add()
+            if x < 0:
+                error.error_code = errors.INVALID_INPUTS
+                error.error_msg = f"negative input {x}".encode()
+            else:
+                value_to_tensor(np.array([x * 10], np.int32), instance.items["y"])
+        return reply
+
+
+def add_worker(registry, name, pid, calls, batch_size=2, version=1, input_names=("x",), **stub_options):
+    method = internal_pb2.MethodSignature(name="m", input_names=list(input_names), output_names=["y"])
+    record = WorkerRecord(key=name, pid=pid, address=f"unix:{name}", servable_name="add", version_number=version,
+                          batch_size=batch_size, methods={"m": method},
+                          stub=FakeWorkerStub(name, calls, **stub_options))
+    registry.add(record)
+    return record
+
+
+def spec_of(version=0, name="add", method="m"):
+    return pb.ServableSpec(name=name, method_name=method, version_number=version)
+
+
+def instances_of(*xs):
+    return [instance_to_proto({"x": np.array([x], np.int32)}) for x in xs]
+
+
+def y_of(instance):
+    return int(tensor_to_value(instance.items["y"])[0])
+
+
+async def until(condition, rounds=1000):
+    """Lets the event loop run until `condition()` holds (no timers involved)."""
+    for _ in range(rounds):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition not reached")
+
+
+# ---------------------------------------------------------------- chunking and routing
+
+
+def test_chunks_of_the_batch_size_spread_over_two_workers_and_come_back_in_order():
+    registry = WorkerRegistry()
+    calls = []
+    first = add_worker(registry, "w1", 11, calls, hold=True)
+    second = add_worker(registry, "w2", 12, calls, hold=True)
+    dispatcher = Dispatcher(registry)
+
+    async def scenario():
+        task = asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(0, 1, 2, 3, 4)))
+        await until(lambda: len(calls) == 3)
+        in_flight = (first.outstanding, second.outstanding)
+        for call in reversed(calls):  # the last chunk finishes first
+            call["release"].set()
+            await asyncio.sleep(0)
+        return in_flight, await task
+
+    in_flight, results = asyncio.run(scenario())
+    assert [call["xs"] for call in calls] == [[0, 1], [2, 3], [4]]
+    assert calls[0]["worker"] != calls[1]["worker"]  # the second chunk goes to the idle worker
+    assert sorted(in_flight) == [2, 3]
+    assert [y_of(result) for result in results] == [0, 10, 20, 30, 40]
+    assert (first.outstanding, second.outstanding) == (0, 0)
+    assert first.served + second.served == 3
+    assert all(call["spec"].version_number == 1 for call in calls)  # version 0 resolved to the worker's
+    assert len({call["request_id"] for call in calls}) == 3
+
+
+def test_chunk_size_is_the_largest_batch_size_of_the_candidates():
+    registry = WorkerRegistry()
+    calls = []
+    add_worker(registry, "w1", 11, calls, batch_size=1)
+    add_worker(registry, "w2", 12, calls, batch_size=3)
+    results = asyncio.run(Dispatcher(registry).predict(spec_of(), instances_of(*range(7))))
+    assert sorted(len(call["xs"]) for call in calls) == [1, 3, 3]
+    assert [y_of(result) for result in results] == [x * 10 for x in range(7)]
+
+
+def test_single_worker_gets_every_chunk():
+    registry = WorkerRegistry()
+    calls = []
+    add_worker(registry, "only", 5, calls, batch_size=4)
+    results = asyncio.run(Dispatcher(registry).predict(spec_of(), instances_of(*range(9))))
+    assert [call["xs"] for call in calls] == [[0, 1, 2, 3], [4, 5, 6, 7], [8]]
+    assert {call["worker"] for call in calls} == {"only"}
+    assert [y_of(result) for result in results] == [x * 10 for x in range(9)]
+
+
+def test_version_routing_and_unavailable_errors():
+    registry = WorkerRegistry()
+    calls = []
+    add_worker(registry, "v1", 1, calls, version=1)
+    add_worker(registry, "v2", 2, calls, version=2)
+    dispatcher = Dispatcher(registry)
+    asyncio.run(dispatcher.predict(spec_of(version=0), instances_of(1)))
+    asyncio.run(dispatcher.predict(spec_of(version=1), instances_of(1)))
+    assert [call["worker"] for call in calls] == ["v2", "v1"]
+    with pytest.raises(errors.ServableUnavailable) as info:
+        asyncio.run(dispatcher.predict(spec_of(version=3), instances_of(1)))
+    assert str(info.value) == "Request servable(add) method(m)  version(3) , servable is not available"
+    with pytest.raises(errors.ServableUnavailable) as info:
+        asyncio.run(dispatcher.predict(spec_of(method="other"), instances_of(1)))
+    assert str(info.value) == "Request servable(add) method(other) , method is not available"
+    assert dispatcher.enqueued == 0
+
+
+def test_worker_instance_errors_keep_their_code_and_text():
+    registry = WorkerRegistry()
+    calls = []
+    add_worker(registry, "w", 1, calls, batch_size=8)
+    results = asyncio.run(Dispatcher(registry).predict(spec_of(), instances_of(1, -2, 3)))
+    assert y_of(results[0]) == 10 and y_of(results[2]) == 30
+    assert isinstance(results[1], errors.InvalidInputs)
+    assert results[1].code == errors.INVALID_INPUTS and results[1].message == "negative input -2"
+
+
+# ---------------------------------------------------------------- checks before sending
+
+
+def tensor(dtype, dims, data=b"", bytes_val=()):
+    return pb.Tensor(dtype=dtype, shape=pb.TensorShape(dims=list(dims)), data=data, bytes_val=list(bytes_val))
+
+
+def instance(**items):
+    result = pb.Instance()
+    for name, value in items.items():
+        result.items[name].CopyFrom(value)
+    return result
+
+
+GOOD = tensor(pb.MS_INT32, [1], data=np.array([1], np.int32).tobytes())
+
+
+@pytest.mark.parametrize("item, detail", [
+    (tensor(pb.MS_FLOAT32, [2], data=b"\0" * 7), "Tensor check failed: input data size 7 invalid"),
+    (tensor(pb.MS_FLOAT32, [-1, 2]), "Tensor check failed: input  shape [-1, 2] invalid"),
+    (tensor(pb.MS_FLOAT32, [0, 3]), "Tensor check failed: input  shape [0, 3] invalid"),
+    (tensor(pb.MS_STRING, [1, 1], bytes_val=[b"a"]),
+     "Instance tensor check failed: bytes or string type input  shape can only be (1,) or empty, but given shape is "
+     "[1, 1]"),
+    (tensor(pb.MS_BYTES, [2], bytes_val=[b"a"]),
+     "Instance tensor check failed: bytes or string type input  shape can only be (1,) or empty, but given shape is "
+     "[2]"),
+])
+def test_check_instances_details(item, detail):
+    registry = WorkerRegistry()
+    record = add_worker(registry, "w", 1, [], input_names=("x", "s"))
+    reasons = Dispatcher(registry).check_instances(record, "m", "add", [instance(x=GOOD, s=item)])
+    assert reasons == [f"Instances input s check failed, detail: {detail}"]
+
+
+def test_check_instances_missing_input_and_valid_instances():
+    registry = WorkerRegistry()
+    record = add_worker(registry, "w", 1, [], input_names=("x1", "x2"))
+    text = tensor(pb.MS_STRING, [], bytes_val=[b"abc"])
+    reasons = Dispatcher(registry).check_instances(record, "m", "add", [
+        instance(x1=GOOD, x2=text), instance(x1=GOOD), instance(x2=GOOD), instance(x1=GOOD, x2=GOOD, extra=GOOD)])
+    assert reasons == [None, "Cannot find input x2 in instance input , servable add, method m",
+                       "Cannot find input x1 in instance input , servable add, method m", None]
+
+
+def test_invalid_instances_are_answered_without_reaching_a_worker():
+    registry = WorkerRegistry()
+    calls = []
+    add_worker(registry, "w", 1, calls, batch_size=2)
+    bad = instance(x=tensor(pb.MS_INT32, [2], data=b"\0" * 4))
+    good = instances_of(1, 2, 3)
+    results = asyncio.run(Dispatcher(registry).predict(spec_of(), [good[0], bad, instance(), good[1], good[2]]))
+    assert [call["xs"] for call in calls] == [[1, 2], [3]]  # the valid ones, chunked without gaps
+    assert y_of(results[0]) == 10 and y_of(results[3]) == 20 and y_of(results[4]) == 30
+    assert isinstance(results[1], errors.InvalidInputs)
+    assert results[1].message == ("Instances input x check failed, detail: "
+                                  "Tensor check failed: input data size 4 invalid")
+    assert results[2].message == "Cannot find input x in instance input , servable add, method m"
+
+
+def test_zero_instances():
+    registry = WorkerRegistry()
+    add_worker(registry, "w", 1, [])
+    with pytest.raises(errors.InvalidInputs) as info:
+        asyncio.run(Dispatcher(registry).predict(spec_of(), []))
+    assert str(info.value) == "Instances count of request cannot be 0"
+
+
+# ---------------------------------------------------------------- limits
+
+
+def test_enqueued_requests_limit():
+    registry = WorkerRegistry()
+    calls = []
+    add_worker(registry, "w", 1, calls, hold=True)
+    dispatcher = Dispatcher(registry)
+    dispatcher.max_enqueued_requests = 2
+
+    async def scenario():
+        held = [asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(x))) for x in (1, 2)]
+        await until(lambda: len(calls) == 2)
+        with pytest.raises(errors.ServingError) as info:
+            await dispatcher.predict(spec_of(), instances_of(3))
+        enqueued = dispatcher.enqueued
+        for call in calls:
+            call["release"].set()
+        answers = await asyncio.gather(*held)
+        return info.value, enqueued, answers
+
+    error, enqueued, answers = asyncio.run(scenario())
+    assert error.code == errors.FAILED
+    assert str(error) == "Serving Error: enqueued requests count exceeds the limit 2"
+    assert enqueued == 2
+    assert [y_of(answer[0]) for answer in answers] == [10, 20]
+    assert dispatcher.enqueued == 0
+    assert len(calls) == 2  # the refused request never reached the worker
+
+
+def test_enqueued_count_is_released_after_errors():
+    registry = WorkerRegistry()
+    dispatcher = Dispatcher(registry)
+    dispatcher.max_enqueued_requests = 1
+    for _ in range(3):
+        with pytest.raises(errors.ServableUnavailable):
+            asyncio.run(dispatcher.predict(spec_of(), instances_of(1)))
+    assert dispatcher.enqueued == 0
+
+
+# ---------------------------------------------------------------- lost workers
+
+
+def unavailable():
+    return grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                details="Socket closed")
+
+
+def test_a_lost_worker_fails_its_chunk_with_worker_unavailable():
+    registry = WorkerRegistry()
+    calls = []
+    dead = add_worker(registry, "dead", 77, calls, raise_error=unavailable(), hold=True)
+    alive = add_worker(registry, "alive", 78, calls, hold=True)
+
+    async def scenario():
+        task = asyncio.ensure_future(Dispatcher(registry).predict(spec_of(), instances_of(0, 1, 2, 3)))
+        await until(lambda: len(calls) == 2)
+        for call in calls:
+            call["release"].set()
+        return await task
+
+    results = asyncio.run(scenario())
+    by_worker = {call["worker"]: call["xs"] for call in calls}
+    assert sorted(by_worker) == ["alive", "dead"]
+    text = "Request servable(add) method(m) , servable is not available: the worker (pid 77) stopped while handling it"
+    for x in by_worker["dead"]:
+        assert isinstance(results[x], errors.WorkerUnavailable)
+        assert results[x].code == errors.WORKER_UNAVAILABLE and results[x].message == text
+    for x in by_worker["alive"]:
+        assert y_of(results[x]) == x * 10
+    assert (dead.outstanding, alive.outstanding) == (0, 0)
+    assert (dead.served, alive.served) == (0, 1)
+
+    reply = build_reply(spec_of(), results)
+    assert len(reply.instances) == len(reply.error_msg) == 4
+    for x in range(4):
+        expected = errors.WORKER_UNAVAILABLE if x in by_worker["dead"] else errors.OK
+        assert reply.error_msg[x].error_code == expected
+
+
+def test_every_chunk_lost_gives_one_global_error():
+    registry = WorkerRegistry()
+    add_worker(registry, "dead", 5, [], batch_size=2, raise_error=unavailable())
+    results = asyncio.run(Dispatcher(registry).predict(spec_of(version=1), instances_of(0, 1, 2)))
+    text = ("Request servable(add) method(m)  version(1) , servable is not available: the worker (pid 5) stopped "
+            "while handling it")
+    assert [(result.code, result.message) for result in results] == [(errors.WORKER_UNAVAILABLE, text)] * 3
+    reply = build_reply(spec_of(version=1), results)
+    assert len(reply.instances) == 0
+    assert [(e.error_code, e.error_msg.decode()) for e in reply.error_msg] == [(errors.WORKER_UNAVAILABLE, text)]
+
+
+# ---------------------------------------------------------------- build_reply
+
+
+def ok_instance(value):
+    return instance_to_proto({"y": np.array([value], np.float32)})
+
+
+def test_build_reply_without_errors_has_instances_only():
+    spec = spec_of(version=2)
+    reply = build_reply(spec, [ok_instance(1), ok_instance(2)])
+    assert reply.servable_spec == spec
+    assert len(reply.error_msg) == 0
+    assert [float(tensor_to_value(i.items["y"])[0]) for i in reply.instances] == [1.0, 2.0]
+
+
+def test_build_reply_same_error_everywhere_is_a_global_error():
+    error = errors.InvalidInputs("Given model input 0 size 4 not match the size 16 defined in model")
+    reply = build_reply(spec_of(), [error, errors.InvalidInputs(error.message), errors.InvalidInputs(error.message)])
+    assert len(reply.instances) == 0
+    assert [(e.error_code, e.error_msg.decode()) for e in reply.error_msg] == [(errors.INVALID_INPUTS, error.message)]
+    assert isinstance(reply_to_results(reply), errors.InvalidInputs)
+
+
+def test_build_reply_empty_global_message_becomes_predict_failed():
+    reply = build_reply(spec_of(), [errors.Failed("")])
+    assert [(e.error_code, e.error_msg.decode()) for e in reply.error_msg] == [(errors.FAILED, "Predict failed")]
+
+
+def test_build_reply_same_text_different_codes_stays_per_instance():
+    reply = build_reply(spec_of(), [errors.Failed("x"), errors.InvalidInputs("x")])
+    assert len(reply.instances) == 2
+    assert [(e.error_code, e.error_msg.decode()) for e in reply.error_msg] == [(errors.FAILED, "x"),
+                                                                                (errors.INVALID_INPUTS, "x")]
+
+
+def test_build_reply_mixed_results_are_per_instance():
+    reply = build_reply(spec_of(), [ok_instance(1), errors.InvalidInputs("bad"), ok_instance(3),
+                                    errors.Failed("worse")])
+    assert len(reply.instances) == len(reply.error_msg) == 4
+    assert [(e.error_code, e.error_msg.decode()) for e in reply.error_msg] == [
+        (errors.OK, ""), (errors.INVALID_INPUTS, "bad"), (errors.OK, ""), (errors.FAILED, "worse")]
+    assert len(reply.instances[1].items) == 0 and len(reply.instances[3].items) == 0
+    results = reply_to_results(reply)
+    assert float(results[0]["y"][0]) == 1.0 and float(results[2]["y"][0]) == 3.0
+    assert (results[1].code, results[1].message) == (errors.INVALID_INPUTS, "bad")
+
+
+def test_error_reply():
+    reply = error_reply(spec_of(name="x"), errors.ServableUnavailable("gone"))
+    assert reply.servable_spec.name == "x"
+    assert len(reply.instances) == 0
+    assert [(e.error_code, e.error_msg.decode()) for e in reply.error_msg] == [(errors.SERVABLE_UNAVAILABLE, "gone")]
