@@ -1,0 +1,224 @@
+"""Runs an LLMEngine in its own thread so that callers in other threads (gRPC handlers, asyncio front ends,
+tests) can submit requests, stream their outputs and abort them.
+
+    loop = EngineLoop(engine, max_waiting=256, request_timeout=0)
+    stream = loop.submit("Once upon a time", {"max_new_tokens": 16, "temperature": 0})
+    for output in stream:            # RequestOutput objects, the last one has finished=True
+        print(output.new_text, end="")
+    loop.close()
+
+The engine itself is not thread-safe: every call into it happens on the loop thread; other threads only
+put commands on a queue.
+"""
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, Optional
+
+from mindspore_serving import log
+from mindspore_serving.common import errors
+from mindspore_serving.llm.engine import LLMEngine, RequestOutput
+from mindspore_serving.llm.errors import InvalidRequestError
+
+_END = object()
+
+
+class QueueFullError(errors.ServingError):
+    """More requests than the engine holds: the caller should retry later (HTTP 429 / RESOURCE_EXHAUSTED)."""
+
+    def __init__(self, message: str):
+        super().__init__(errors.FAILED, message)
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt: Any
+    params: Any
+    stream: "RequestStream"
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+class RequestStream:
+    """The outputs of one request, in order; iterate it (blocking) or call `get`."""
+
+    def __init__(self, loop: "EngineLoop", request_id: str):
+        self.loop = loop
+        self.request_id = request_id
+        self._outputs: "queue.Queue" = queue.Queue()
+        self.final: Optional[RequestOutput] = None
+        self.error: Optional[BaseException] = None
+
+    def _put(self, item):
+        self._outputs.put(item)
+
+    def get(self, timeout: Optional[float] = None):
+        """The next RequestOutput; raises the request's error; None after the last output."""
+        item = self._outputs.get(timeout=timeout)
+        if item is _END:
+            self._outputs.put(_END)
+            return None
+        if isinstance(item, BaseException):
+            self._outputs.put(_END)
+            raise item
+        if item.finished:
+            self.final = item
+            self._outputs.put(_END)
+        return item
+
+    def __iter__(self) -> Iterator[RequestOutput]:
+        while True:
+            item = self.get()
+            if item is None:
+                return
+            yield item
+
+    def result(self) -> RequestOutput:
+        """Blocks until the request finishes and returns its last output."""
+        for _ in self:
+            pass
+        return self.final
+
+    def abort(self):
+        self.loop.abort(self.request_id)
+
+
+class EngineLoop:
+    def __init__(self, engine: LLMEngine, max_waiting: int = 256, request_timeout: float = 0.0,
+                 name: str = "llm-engine"):
+        self.engine = engine
+        self.max_waiting = max_waiting
+        self.request_timeout = request_timeout
+        self._commands: "queue.Queue" = queue.Queue()
+        self._streams: Dict[str, RequestStream] = {}
+        self._deadlines: Dict[str, float] = {}
+        self._ids = 0
+        self._ids_lock = threading.Lock()
+        self._admitted = 0  # requests accepted and not yet finished (for back-pressure)
+        self._closed = threading.Event()
+        self.failure: Optional[str] = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    # ---- called from any thread ----
+    def submit(self, prompt, params=None, request_id: Optional[str] = None) -> RequestStream:
+        """Queues a request (a prompt str or a list of token ids); raises QueueFullError when too many wait."""
+        if self._closed.is_set():
+            raise errors.ServableUnavailable(f"the LLM engine is stopped{': ' + self.failure if self.failure else ''}")
+        with self._ids_lock:
+            limit = self.engine_capacity()
+            if self._admitted >= limit:
+                raise QueueFullError(f"Model is overloaded: {self._admitted} requests are in the engine, the limit is "
+                                     f"{limit} (max_num_seqs + max_queue_size); retry later")
+            self._admitted += 1
+            if request_id is None:
+                self._ids += 1
+                request_id = f"req-{self._ids}"
+        stream = RequestStream(self, request_id)
+        self._commands.put(_Add(request_id, prompt, params, stream))
+        return stream
+
+    def engine_capacity(self) -> int:
+        """Requests the engine holds at once: the running ones plus `max_waiting` waiting."""
+        return self.engine.config.max_num_seqs + self.max_waiting
+
+    def abort(self, request_id: str):
+        self._commands.put(_Abort(request_id))
+
+    def close(self, reason: str = "the LLM engine is stopping"):
+        if not self._closed.is_set():
+            self._closed.set()
+            self._commands.put(None)
+            self._thread.join(timeout=10)
+            self._fail_all(errors.ServableUnavailable(reason))
+
+    # ---- the loop thread ----
+    def _run(self):
+        try:
+            while not self._closed.is_set():
+                block = not self.engine.has_unfinished()
+                if not self._drain(block):
+                    break
+                self._expire()
+                if not self.engine.has_unfinished():
+                    continue
+                for output in self.engine.step():
+                    self._deliver(output)
+        except Exception as err:  # the engine itself broke: every request gets the reason
+            log.exception("LLM engine loop failed")
+            self.failure = f"{type(err).__name__}: {err}"
+            self._closed.set()
+            self._fail_all(errors.ServingError(errors.SYSTEM_ERROR, f"LLM engine failed: {self.failure}"))
+
+    def _drain(self, block: bool) -> bool:
+        """Applies queued commands; returns False when the loop must end."""
+        while True:
+            try:
+                command = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+            except queue.Empty:
+                return True
+            block = False
+            if command is None:
+                return False
+            if isinstance(command, _Add):
+                self._add(command)
+            elif isinstance(command, _Abort):
+                if command.request_id in self._streams:
+                    self.engine.abort(command.request_id)
+                    # the engine reports the aborted request in its next step's outputs
+
+    def _add(self, command: _Add):
+        try:
+            if isinstance(command.prompt, str):
+                self.engine.add_request(command.prompt, command.params, request_id=command.request_id)
+            else:
+                self.engine.add_request(None, command.params, request_id=command.request_id,
+                                        prompt_token_ids=list(command.prompt))
+        except (InvalidRequestError, ValueError, TypeError) as err:
+            self._release()
+            command.stream._put(err if isinstance(err, errors.ServingError) else errors.InvalidInputs(str(err)))
+            return
+        self._streams[command.request_id] = command.stream
+        if self.request_timeout > 0:
+            self._deadlines[command.request_id] = time.monotonic() + self.request_timeout
+
+    def _expire(self):
+        if not self._deadlines:
+            return
+        now = time.monotonic()
+        for request_id, deadline in list(self._deadlines.items()):
+            if now >= deadline:
+                del self._deadlines[request_id]
+                log.warning(f"request {request_id} exceeded the request timeout of {self.request_timeout} s")
+                self.engine.abort(request_id)
+
+    def _deliver(self, output: RequestOutput):
+        stream = self._streams.get(output.request_id)
+        if stream is None:
+            return
+        stream._put(output)
+        if output.finished:
+            del self._streams[output.request_id]
+            self._deadlines.pop(output.request_id, None)
+            self._release()
+
+    def _release(self):
+        with self._ids_lock:
+            self._admitted -= 1
+
+    def _fail_all(self, error: BaseException):
+        for stream in list(self._streams.values()):
+            stream._put(error)
+        self._streams.clear()
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(command, _Add):
+                command.stream._put(error)

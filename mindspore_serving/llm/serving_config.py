@@ -1,0 +1,213 @@
+"""The YAML configuration of an LLM servable (e.g. config/llama_tiny.yaml), validated when loaded.
+
+Sections (relative paths are relative to the YAML file's own directory):
+
+    model:
+      config: <model YAML with `model:` and `export:` sections>      (required)
+      checkpoint: <.ckpt>            weights the graphs are exported from (null: seeded random init)
+      graphs: [<dir of rank 0>, ...] exported MindIR graphs + manifest.json, one directory per rank
+      tokenizer: <tokenizer.json>    any Hugging Face tokenizer.json
+      chat_template: <str>           Python format string with {messages} rendered per message by
+                                     `chat_message` (see README)
+    engine:                          the scheduler (mindspore_serving.llm.config.SchedulerConfig fields)
+      max_num_seqs, max_num_batched_tokens, max_model_len, num_blocks, batching, enable_prefix_caching,
+      enable_chunked_prefill, max_prefill_tokens_per_step
+      max_queue_size: <int>          requests waiting beyond the running ones before new ones are refused
+      request_timeout: <seconds>     per-request deadline (0 = none)
+    agents:
+      device_type: CPU | GPU | Ascend | null (best available)
+      device_ids: [0]                one agent per rank, rank r on device_ids[r]
+      host: 127.0.0.1
+      start_port: 7100               rank r listens on host:start_port+r; 0 = free ports, agents started by the worker
+
+Every error names the field and how to fix it.
+"""
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import yaml
+
+from mindspore_serving.llm.config import SchedulerConfig
+
+DEFAULT_CHAT_TEMPLATE = "{messages}<|assistant|>\n"
+DEFAULT_CHAT_MESSAGE = "<|{role}|>\n{content}\n"
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message names the field and the fix."""
+
+
+def _section(data: Mapping, name: str, required: bool = True) -> Mapping:
+    value = data.get(name)
+    if value is None:
+        if required:
+            raise ConfigError(f"'{name}' section is missing; add '{name}:' to the configuration")
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"'{name}' must be a mapping of fields, got {type(value).__name__}")
+    return value
+
+
+def _reject_unknown(section: str, data: Mapping, known):
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ConfigError(f"'{section}' has unknown field(s) {unknown}; valid fields are {sorted(known)}")
+
+
+def _path(base: str, section: str, name: str, value, must_exist: bool = True) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"'{section}.{name}' must be a path string, got {value!r}")
+    path = value if os.path.isabs(value) else os.path.normpath(os.path.join(base, value))
+    if must_exist and not os.path.exists(path):
+        raise ConfigError(f"'{section}.{name}': '{path}' does not exist; fix the path (relative paths are relative "
+                          f"to the configuration file's directory)")
+    return path
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    config: str
+    checkpoint: Optional[str]
+    graphs: Tuple[str, ...]
+    tokenizer: str
+    chat_template: str = DEFAULT_CHAT_TEMPLATE
+    chat_message: str = DEFAULT_CHAT_MESSAGE
+
+
+@dataclass(frozen=True)
+class AgentSection:
+    device_type: Optional[str] = None
+    device_ids: Tuple[int, ...] = (0,)
+    host: str = "127.0.0.1"
+    start_port: int = 0
+
+    def address(self, rank: int) -> str:
+        return f"{self.host}:{self.start_port + rank}"
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.device_ids)
+
+
+@dataclass(frozen=True)
+class LlmServingConfig:
+    path: str
+    model: ModelSection
+    engine: SchedulerConfig
+    agents: AgentSection
+    max_queue_size: int = 256
+    request_timeout: float = 0.0
+    raw: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def model_file(self):
+        from mindspore_serving.models.llama.config import load_config
+        return load_config(self.model.config)
+
+    def with_agent_port(self, start_port: int) -> "LlmServingConfig":
+        agents = AgentSection(self.agents.device_type, self.agents.device_ids, self.agents.host, start_port)
+        return LlmServingConfig(self.path, self.model, self.engine, agents, self.max_queue_size,
+                                self.request_timeout, self.raw)
+
+
+_ENGINE_EXTRA = ("max_queue_size", "request_timeout")
+
+
+def _model_section(base: str, data: Mapping, num_ranks: int) -> ModelSection:
+    known = ("config", "checkpoint", "graphs", "tokenizer", "chat_template", "chat_message")
+    _reject_unknown("model", data, known)
+    if "config" not in data:
+        raise ConfigError("'model.config' is missing; point it at the model YAML (sections model: and export:)")
+    graphs = data.get("graphs")
+    if isinstance(graphs, str):
+        graphs = [graphs]
+    if not isinstance(graphs, list) or not graphs:
+        raise ConfigError(f"'model.graphs' must list one exported-graph directory per rank, got {graphs!r}")
+    if len(graphs) not in (1, num_ranks):
+        raise ConfigError(f"'model.graphs' lists {len(graphs)} directories but 'agents.device_ids' has {num_ranks} "
+                          f"ranks; give one directory, or one per rank")
+    checkpoint = data.get("checkpoint")
+    template = data.get("chat_template", DEFAULT_CHAT_TEMPLATE)
+    message = data.get("chat_message", DEFAULT_CHAT_MESSAGE)
+    for name, value in (("chat_template", template), ("chat_message", message)):
+        if not isinstance(value, str):
+            raise ConfigError(f"'model.{name}' must be a string, got {value!r}")
+    if "{messages}" not in template:
+        raise ConfigError("'model.chat_template' must contain '{messages}', where the rendered messages go")
+    return ModelSection(
+        config=_path(base, "model", "config", data["config"]),
+        checkpoint=_path(base, "model", "checkpoint", checkpoint) if checkpoint is not None else None,
+        graphs=tuple(_path(base, "model", "graphs", g, must_exist=False) for g in graphs),
+        tokenizer=_path(base, "model", "tokenizer", data.get("tokenizer")),
+        chat_template=template, chat_message=message)
+
+
+def _agent_section(data: Mapping) -> AgentSection:
+    _reject_unknown("agents", data, [f.name for f in fields(AgentSection)])
+    device_type = data.get("device_type")
+    if device_type is not None and (not isinstance(device_type, str)
+                                    or device_type.lower() not in ("cpu", "gpu", "ascend", "none")):
+        raise ConfigError(f"'agents.device_type' must be CPU, GPU, Ascend or null, got {device_type!r}")
+    ids = data.get("device_ids", [0])
+    if isinstance(ids, int) and not isinstance(ids, bool):
+        ids = [ids]
+    if not isinstance(ids, list) or not ids or any(isinstance(i, bool) or not isinstance(i, int) or i < 0
+                                                   for i in ids):
+        raise ConfigError(f"'agents.device_ids' must be a non-empty list of ints >= 0, got {ids!r}")
+    host = data.get("host", "127.0.0.1")
+    if not isinstance(host, str) or not host:
+        raise ConfigError(f"'agents.host' must be an address string, got {host!r}")
+    port = data.get("start_port", 0)
+    if isinstance(port, bool) or not isinstance(port, int) or not (port == 0 or 1 <= port <= 65535 - len(ids)):
+        raise ConfigError(f"'agents.start_port' must be 0 (free ports) or a port in [1, {65535 - len(ids)}], got {port!r}")
+    return AgentSection(device_type, tuple(ids), host, port)
+
+
+def _engine_section(data: Mapping, max_seq_len: int, block_size: int):
+    known = [f.name for f in fields(SchedulerConfig)] + list(_ENGINE_EXTRA)
+    _reject_unknown("engine", data, known)
+    kwargs = {k: v for k, v in data.items() if k not in _ENGINE_EXTRA}
+    kwargs.setdefault("max_model_len", max_seq_len)
+    if kwargs.get("block_size", block_size) != block_size:
+        raise ConfigError(f"'engine.block_size' is {kwargs['block_size']} but the graphs were exported with "
+                          f"block_size {block_size}; remove engine.block_size or re-export")
+    kwargs["block_size"] = block_size
+    if kwargs["max_model_len"] > max_seq_len:
+        raise ConfigError(f"'engine.max_model_len' {kwargs['max_model_len']} exceeds the model's max_seq_len "
+                          f"{max_seq_len}; lower it")
+    try:
+        scheduler = SchedulerConfig(**kwargs)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"'engine': {err}") from None
+    queue = data.get("max_queue_size", 256)
+    if isinstance(queue, bool) or not isinstance(queue, int) or queue < 1:
+        raise ConfigError(f"'engine.max_queue_size' must be an int >= 1, got {queue!r}")
+    timeout = data.get("request_timeout", 0)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
+        raise ConfigError(f"'engine.request_timeout' must be a number of seconds >= 0 (0 = none), got {timeout!r}")
+    return scheduler, queue, float(timeout)
+
+
+def load_serving_config(path: str) -> LlmServingConfig:
+    path = os.path.abspath(path)
+    if not os.path.isfile(path):
+        raise ConfigError(f"LLM configuration file '{path}' does not exist")
+    with open(path, encoding="utf-8") as stream:
+        try:
+            data = yaml.safe_load(stream) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"'{path}' is not valid YAML: {err}") from None
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"'{path}' must hold a mapping with sections model, engine and agents")
+    _reject_unknown("<top level>", data, ("model", "engine", "agents"))
+    base = os.path.dirname(path)
+    agents = _agent_section(_section(data, "agents", required=False))
+    model = _model_section(base, _section(data, "model"), agents.num_ranks)
+    from mindspore_serving.models.llama.config import load_config
+    try:
+        model_file = load_config(model.config)
+    except ValueError as err:
+        raise ConfigError(f"'model.config' ({model.config}): {err}") from None
+    engine, queue, timeout = _engine_section(_section(data, "engine", required=False),
+                                             model_file.model.max_seq_len, model_file.export.block_size)
+    return LlmServingConfig(path, model, engine, agents, queue, timeout, dict(data))
