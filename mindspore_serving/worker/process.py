@@ -48,6 +48,7 @@ class Worker:
         self.server = None
         self.runtime = None
         self.address = ""
+        self.failed = False
 
     def notify_failed(self, message: str):
         try:
@@ -61,7 +62,7 @@ class Worker:
         dec_key = bytes.fromhex(sys.stdin.readline().strip()) if args.read_dec_key else None
         self.runtime, version = load_servable(args.servable_directory, args.servable_name, args.version_number,
                                               args.device_type, args.device_id, args.num_parallel_workers,
-                                              dec_key, args.dec_mode)
+                                              dec_key, args.dec_mode, on_fatal=self.fail)
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=128, thread_name_prefix="worker-rpc"),
                                   options=ipc.INTERNAL_CHANNEL_OPTIONS)
         internal_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(self.runtime, self.request_exit), self.server)
@@ -83,6 +84,12 @@ class Worker:
 
     def request_exit(self, reason: str):
         log.info(f"worker exits: {reason}")
+        self.stopping.set()
+
+    def fail(self, reason: str):
+        """An unrecoverable failure: exit without saying goodbye, so that the master restarts this worker."""
+        log.error(f"worker fails: {reason}")
+        self.failed = True
         self.stopping.set()
 
     def watch_parent(self):
@@ -120,5 +127,5 @@ def main(argv=None):
     threading.Thread(target=worker.watch_parent, name="parent-watch", daemon=True).start()
     while not worker.stopping.wait(1.0):
         pass
-    worker.shutdown(tell_master=os.getppid() == worker.parent_pid)
-    return 0
+    worker.shutdown(tell_master=not worker.failed and os.getppid() == worker.parent_pid)
+    return 1 if worker.failed else 0

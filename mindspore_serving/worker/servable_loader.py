@@ -5,6 +5,7 @@ import sys
 from typing import Optional, Tuple
 
 from mindspore_serving import log
+from mindspore_serving.server.register.llm import LlmDeclaration
 from mindspore_serving.worker.model_backend import resolve_device, set_device
 from mindspore_serving.worker.servable_runtime import ServableRuntime
 
@@ -46,10 +47,17 @@ def resolve_version(servable_directory: str, servable_name: str, version_number:
 
 def load_servable(servable_directory: str, servable_name: str, version_number: int, device_type: Optional[str],
                   device_id: int, num_parallel_workers: int = 0, dec_key: Optional[bytes] = None,
-                  dec_mode: str = "AES-GCM") -> Tuple[ServableRuntime, int]:
+                  dec_mode: str = "AES-GCM", on_fatal=None) -> Tuple[ServableRuntime, int]:
+    """The servable's runtime and its resolved version; `on_fatal(reason)` is called when an LLM servable
+    loses its agents."""
     spec = import_servable_config(servable_directory, servable_name)
     if spec is None or not spec.methods and spec.extension is None:
         raise RuntimeError("There is no method registered for servable")
+    if isinstance(spec.extension, LlmDeclaration):
+        from mindspore_serving.worker.llm_runtime import LlmRuntime
+        version = version_number or 1
+        device = resolve_device(device_type, servable_name)
+        return LlmRuntime(spec, spec.extension.config_file, device, device_id, on_fatal), version
     version = resolve_version(servable_directory, servable_name, version_number, bool(spec.models))
     device = resolve_device(device_type, servable_name)
     set_device(device, device_id)

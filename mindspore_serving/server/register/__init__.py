@@ -16,10 +16,11 @@ from mindspore_serving.server.register.context import (AscendDeviceInfo, Context
 from mindspore_serving.server.register.deprecated import (AclOptions, GpuOptions, call_postprocess,
                                                           call_postprocess_pipeline, call_preprocess,
                                                           call_preprocess_pipeline, call_servable, declare_servable)
+from mindspore_serving.server.register.llm import declare_llm
 from mindspore_serving.server.register.method import add_stage, register_method
 from mindspore_serving.server.register.model import Model, declare_model
 
-__all__ = ["declare_model", "Model", "Context", "CPUDeviceInfo", "GPUDeviceInfo", "AscendDeviceInfo",
+__all__ = ["declare_model", "declare_llm", "Model", "Context", "CPUDeviceInfo", "GPUDeviceInfo", "AscendDeviceInfo",
            "register_method", "add_stage",
            "declare_servable", "call_preprocess", "call_preprocess_pipeline", "call_servable", "call_postprocess",
            "call_postprocess_pipeline", "AclOptions", "GpuOptions"]

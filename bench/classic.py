@@ -1,0 +1,504 @@
+"""Classic-serving benchmark: our `add` servable over gRPC and REST against mosec and plain FastAPI, plus batching
+efficiency on a model whose cost grows slowly with the batch size.
+
+    .venv/bin/python bench/classic.py                 # full run, about 3-4 minutes
+    .venv/bin/python bench/classic.py --quick         # about 1 minute
+    .venv/bin/python bench/classic.py --skip-peers --concurrency 1,64 --duration 5 --out /tmp/x.json
+
+What it does, all on 127.0.0.1, every server started (and killed at the end, even on error) by this script:
+1. starts `serving_server.py --servables add` (ours), the mosec peer (bench/peers/mosec_add.py: one worker,
+   max_batch_size 8, max_wait_time 5 ms), the FastAPI peer (bench/peers/fastapi_add.py: `async def` route,
+   uvicorn + uvloop + httptools) and `serving_server.py --servable_directory bench/servables --servables
+   dense_batch`, checks that each answers x1 + x2 correctly;
+2. for each concurrency, drives ours over REST and gRPC, mosec and FastAPI over REST for --duration seconds
+   (closed loop: wrk for HTTP, h2load for gRPC; Python asyncio fallbacks, see bench/loadgen.py) and records
+   requests/s, p50/p99 latency, bad replies and the CPU time the server used per request;
+3. batching: the dense_batch model's own best throughput (its MindIR called in-process with full batches of
+   64, bench/model_direct.py), then the served throughput of single-instance requests at concurrency 64;
+4. prints a table and writes JSON (default bench/results/classic.json).
+
+All processes share this machine's cores with the load generator (and with whatever else runs): the JSON records
+the CPU used by others during each measurement ("other_cores") so noisy runs can be spotted.
+Needs: wrk and nghttp2-client (apt-get install -y wrk nghttp2-client) for the native load generators, and
+requirements-bench.txt (mosec) for the mosec peer.
+"""
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from typing import Dict, List, Optional
+
+import numpy as np
+import psutil
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, BENCH)
+
+import loadgen  # noqa: E402  (bench/loadgen.py)
+from serving_process import ServingProcess, free_port  # noqa: E402  (tests/serving_process.py)
+
+BENCH_SERVABLES = os.path.join(BENCH, "servables")
+DENSE = "dense_batch"
+DENSE_EXPORT = os.path.join(BENCH_SERVABLES, DENSE, "export_model.py")
+DEFAULT_OUT = os.path.join(BENCH, "results", "classic.json")
+
+X1 = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+X2 = np.array([[5.0, 6.0], [7.0, 8.0]], np.float32)
+ADD_BODY = json.dumps({"instances": [{"x1": X1.tolist(), "x2": X2.tolist()}]}, separators=(",", ":")).encode()
+
+
+def log(text: str):
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+
+# --------------------------------------------------------------------------------------------- servers
+
+class Server:
+    """A process tree started by the benchmark; stop() ends all of it (SIGTERM, then SIGKILL)."""
+
+    def __init__(self, name: str, args: List[str], ready_text: Optional[str] = None, env: Optional[dict] = None):
+        self.name = name
+        self.workdir = tempfile.mkdtemp(prefix=f"ms_bench_{name}_")
+        self.ready_text = ready_text
+        args = [arg.replace("{workdir}", self.workdir) for arg in args]
+        self.proc = ServingProcess(args, self.workdir, env)
+        self.processes: List[psutil.Process] = []
+
+    @property
+    def pid(self) -> int:
+        return self.proc.proc.pid
+
+    def wait_ready(self, probe, timeout: float = 240.0):
+        """Waits for the ready line (if any), then until `probe()` returns without raising."""
+        deadline = time.monotonic() + timeout
+        if self.ready_text:
+            self.proc.wait_for(self.ready_text, timeout=timeout)
+        last = None
+        while time.monotonic() < deadline:
+            if self.proc.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.proc.returncode}:\n"
+                                   f"{self.proc.output()[-3000:]}")
+            try:
+                probe()
+                self.refresh()
+                return
+            except Exception as err:  # not up yet
+                last = err
+                time.sleep(0.1)
+        raise RuntimeError(f"{self.name} not ready in {timeout} s: {last}\n{self.proc.output()[-3000:]}")
+
+    def refresh(self):
+        self.proc.remember_children()
+        try:
+            root = psutil.Process(self.pid)
+            self.processes = [root] + root.children(recursive=True)
+        except psutil.NoSuchProcess:
+            self.processes = []
+
+    def cpu_seconds(self) -> float:
+        total = 0.0
+        for proc in self.processes:
+            try:
+                times = proc.cpu_times()
+                total += times.user + times.system
+            except psutil.NoSuchProcess:
+                pass
+        return total
+
+    def stop(self, keep_dir: bool = False):
+        self.refresh()
+        if self.proc.proc.poll() is None:
+            try:
+                self.proc.proc.send_signal(signal.SIGTERM)
+                self.proc.proc.wait(8)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                pass
+        self.proc.close()  # SIGKILLs whatever of the tree is left
+        for proc in self.processes:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+        if not keep_dir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class OurServer(Server):
+    def __init__(self, name: str, servables: str, servable_directory: Optional[str] = None):
+        self.grpc = f"127.0.0.1:{free_port()}"
+        self.rest = f"127.0.0.1:{free_port()}"
+        args = [os.path.join(ROOT, "serving_server.py"), "--grpc", self.grpc, "--rest", self.rest,
+                "--servables", servables]
+        if servable_directory:
+            args += ["--servable_directory", servable_directory]
+        super().__init__(name, args, ready_text="RESTful server start success")
+
+
+class HttpPeer(Server):
+    def __init__(self, name: str, script: str, path: str, extra: List[str] = ()):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}{path}"
+        super().__init__(name, [os.path.join(BENCH, "peers", script), "--port", str(self.port), *extra])
+
+
+def http_post(url: str, body: bytes, timeout: float = 10.0) -> bytes:
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(request, timeout=timeout) as reply:
+        return reply.read()
+
+
+def check_add_reply(data: bytes):
+    reply = json.loads(data)
+    y = np.asarray(reply["instances"][0]["y"], np.float32)
+    if not np.allclose(y, X1 + X2):
+        raise AssertionError(f"wrong add result: {data[:200]!r}")
+
+
+# -------------------------------------------------------------------------------------------- requests
+
+def add_grpc_request() -> bytes:
+    from mindspore_serving.client import convert
+    return convert.create_request([{"x1": X1, "x2": X2}], "add", "add_common", 0).SerializeToString()
+
+
+def grpc_call(address: str, request: bytes):
+    import grpc
+    from mindspore_serving.proto import ms_service_pb2, ms_service_pb2_grpc
+    with grpc.insecure_channel(address) as channel:
+        stub = ms_service_pb2_grpc.MSServiceStub(channel)
+        return stub.Predict(ms_service_pb2.PredictRequest.FromString(request), timeout=30)
+
+
+def check_grpc_add(address: str, request: bytes) -> bytes:
+    from mindspore_serving.common.tensor_codec import reply_to_results
+    reply = grpc_call(address, request)
+    results = reply_to_results(reply)
+    if not isinstance(results, list) or not np.allclose(results[0]["y"], X1 + X2):
+        raise AssertionError(f"wrong gRPC add result: {results}")
+    return reply.SerializeToString()
+
+
+def dense_input() -> np.ndarray:
+    return np.random.default_rng(7).standard_normal(512).astype(np.float32)
+
+
+def dense_requests():
+    """(REST body, gRPC request bytes) with one instance of the dense_batch model."""
+    from mindspore_serving.client import convert
+    x = dense_input()
+    body = json.dumps({"instances": [{"x": x.tolist()}]}, separators=(",", ":")).encode()
+    grpc_request = convert.create_request([{"x": x}], DENSE, "predict", 0).SerializeToString()
+    return body, grpc_request
+
+
+def check_grpc_dense(address: str, request: bytes) -> bytes:
+    from mindspore_serving.common.tensor_codec import reply_to_results
+    sys.path.insert(0, os.path.dirname(DENSE_EXPORT))
+    import export_model
+    reply = grpc_call(address, request)
+    results = reply_to_results(reply)
+    expected = export_model.numpy_forward(dense_input()[None, :])[0]
+    if not isinstance(results, list) or not np.allclose(results[0]["y"], expected, rtol=1e-3, atol=1e-3):
+        raise AssertionError(f"wrong dense_batch result: {results}")
+    return reply.SerializeToString()
+
+
+# ---------------------------------------------------------------------------------------------- meter
+
+class CpuMeter:
+    """CPU used during one measurement: by the server's processes, by the load generator, and by anything else."""
+
+    def __init__(self, server: Server):
+        self.server = server
+
+    def __enter__(self):
+        self.server.refresh()
+        self.t0 = time.perf_counter()
+        self.busy0 = self._busy()
+        self.server0 = self.server.cpu_seconds()
+        self.children0 = self._children()
+        self.self0 = time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        self.elapsed = time.perf_counter() - self.t0
+        self.busy = self._busy() - self.busy0
+        self.server_cpu = self.server.cpu_seconds() - self.server0
+        self.loadgen_cpu = self._children() - self.children0 + time.process_time() - self.self0
+        return False
+
+    @staticmethod
+    def _busy() -> float:
+        t = psutil.cpu_times()
+        return t.user + t.nice + t.system + getattr(t, "irq", 0) + getattr(t, "softirq", 0) + getattr(t, "steal", 0)
+
+    @staticmethod
+    def _children() -> float:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
+
+    def summary(self, requests: int) -> dict:
+        other = self.busy - self.server_cpu - self.loadgen_cpu
+        return {"server_cores": round(self.server_cpu / self.elapsed, 2),
+                "loadgen_cores": round(self.loadgen_cpu / self.elapsed, 2),
+                "other_cores": round(max(0.0, other) / self.elapsed, 2),
+                "server_cpu_us_per_req": round(self.server_cpu / requests * 1e6, 1) if requests else None}
+
+
+def measure(kind: str, server: Server, target, body: bytes, concurrency: int, seconds: float, warmup: float,
+            workdir: str, prefer: str, good_reply: bytes = b"") -> dict:
+    def run(duration):
+        if kind == "rest":
+            return loadgen.run_http(target, body, concurrency, duration, workdir, prefer)
+        return loadgen.run_grpc(target, body, good_reply, concurrency, duration, workdir, prefer)
+
+    if warmup > 0:
+        run(warmup)
+    with CpuMeter(server) as meter:
+        result = run(seconds)
+    row = result.to_dict()
+    row.update(meter.summary(result.requests))
+    return row
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+COLUMNS = [("server", "server", "{}"), ("protocol", "protocol", "{}"), ("concurrency", "conc", "{}"),
+           ("rps", "req/s", "{:.0f}"), ("p50_ms", "p50 ms", "{:.2f}"), ("p99_ms", "p99 ms", "{:.2f}"),
+           ("bad", "bad", "{}"), ("server_cpu_us_per_req", "srv CPU us/req", "{:.0f}"),
+           ("other_cores", "other cores", "{:.2f}"), ("ratio_mosec", "ours/mosec", "{:.2f}"),
+           ("ratio_fastapi", "ours/FastAPI", "{:.2f}")]
+
+
+def fmt(value, pattern: str) -> str:
+    if value is None or value == "":
+        return "-"
+    try:
+        return pattern.format(value)
+    except (ValueError, TypeError):
+        return str(value)
+
+
+def table(rows: List[dict]) -> str:
+    lines = ["| " + " | ".join(title for _, title, _ in COLUMNS) + " |",
+             "|" + "|".join("---" for _ in COLUMNS) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(fmt(row.get(key), pattern) for key, _, pattern in COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+def add_ratios(rows: List[dict]):
+    peers: Dict[tuple, float] = {(r["server"], r["concurrency"]): r["rps"] for r in rows if r["server"] != "ours"}
+    for row in rows:
+        if row["server"] != "ours":
+            continue
+        for peer in ("mosec", "fastapi"):
+            base = peers.get((peer, row["concurrency"]))
+            row[f"ratio_{peer}"] = round(row["rps"] / base, 3) if base else None
+
+
+def batching_table(batching: dict) -> str:
+    direct = batching.get("direct") or {}
+    lines = [f"direct (in-process GraphCell, batch {direct.get('batch')}): "
+             f"{fmt(direct.get('instances_per_s'), '{:.0f}')} instances/s, "
+             f"{fmt(direct.get('ms_per_batch_mean'), '{:.2f}')} ms per batch",
+             "| protocol | conc | instances/s | p50 ms | p99 ms | bad | fraction of direct |",
+             "|---|---|---|---|---|---|---|"]
+    for row in batching.get("served", []):
+        lines.append(f"| {row['protocol']} | {row['concurrency']} | {fmt(row['rps'], '{:.0f}')} | "
+                     f"{fmt(row['p50_ms'], '{:.2f}')} | {fmt(row['p99_ms'], '{:.2f}')} | {row['bad']} | "
+                     f"{fmt(row.get('fraction_of_direct'), '{:.3f}')} |")
+    return "\n".join(lines)
+
+
+def versions() -> dict:
+    found = {"python": platform.python_version()}
+    for module in ("mindspore", "grpc", "fastapi", "uvicorn", "mosec", "numpy", "orjson"):
+        try:
+            found[module] = __import__(module).__version__
+        except Exception:
+            found[module] = None
+    for tool, flag in (("wrk", "-v"), ("h2load", "--version")):
+        if shutil.which(tool):
+            out = subprocess.run([tool, flag], capture_output=True, text=True)
+            found[tool] = (out.stdout or out.stderr).splitlines()[0].strip() if (out.stdout or out.stderr) else "?"
+        else:
+            found[tool] = None
+    return found
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=None, help="seconds per measurement (default 8; quick 2)")
+    parser.add_argument("--warmup", type=float, default=None,
+                        help="seconds of unrecorded load before each measurement (default 1; quick 0)")
+    parser.add_argument("--concurrency", default=None,
+                        help="comma-separated client counts (default 1,8,64; quick 1,64)")
+    parser.add_argument("--quick", action="store_true",
+                        help="short run (about a minute): 2 s points, c=1,64, batching over gRPC only")
+    parser.add_argument("--skip-peers", action="store_true", help="only our server (no mosec, no FastAPI)")
+    parser.add_argument("--skip-batching", action="store_true", help="no batching-efficiency part")
+    parser.add_argument("--loadgen", choices=("auto", "native", "python"), default="auto",
+                        help="auto: wrk/h2load when installed, else Python; native: require them; "
+                             "python: always Python")
+    parser.add_argument("--out", default=DEFAULT_OUT,
+                        help=f"JSON output (default {os.path.relpath(DEFAULT_OUT, ROOT)})")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the servers' working directories and logs")
+    args = parser.parse_args(argv)
+    args.duration = args.duration if args.duration is not None else (2.0 if args.quick else 8.0)
+    args.warmup = args.warmup if args.warmup is not None else (0.0 if args.quick else 1.0)
+    text = args.concurrency or ("1,64" if args.quick else "1,8,64")
+    args.concurrency = [int(c) for c in text.split(",") if c.strip()]
+    if not args.concurrency or min(args.concurrency) < 1 or max(args.concurrency) > 1024:
+        parser.error("--concurrency takes numbers between 1 and 1024")
+    if args.duration <= 0 or args.duration > 120:
+        parser.error("--duration must be in (0, 120] seconds")
+    return args
+
+
+def _raise_exit(signum, _frame):
+    raise SystemExit(128 + signum)
+
+
+def ensure_dense_model():
+    sys.path.insert(0, os.path.dirname(DENSE_EXPORT))
+    import export_model
+    if export_model.missing():
+        log(f"exporting the bench model ({os.path.relpath(export_model.MODEL_PATH, ROOT)})")
+        subprocess.run([sys.executable, DENSE_EXPORT], check=True, stdout=subprocess.DEVNULL)
+
+
+def run_direct(seconds: float, warmup: float) -> dict:
+    proc = subprocess.run([sys.executable, os.path.join(BENCH, "model_direct.py"), "--seconds", f"{seconds:g}",
+                           "--warmup", f"{warmup:g}"], capture_output=True, text=True, timeout=seconds + warmup + 180)
+    line = next((l for l in proc.stdout.splitlines() if l.startswith("DIRECT_JSON ")), None)
+    if proc.returncode != 0 or line is None:
+        raise RuntimeError(f"model_direct.py failed: {proc.stdout[-2000:]} {proc.stderr[-2000:]}")
+    return json.loads(line[len("DIRECT_JSON "):])
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _raise_exit)
+    started = time.time()
+    workdir = loadgen.scratch_dir()
+    servers: List[Server] = []
+    tools = {"http": "wrk" if args.loadgen != "python" and loadgen.have("wrk") else "python-asyncio-http",
+             "grpc": "h2load" if args.loadgen != "python" and loadgen.have("h2load") else "python-grpc-aio"}
+    report = {"meta": {"started": datetime.datetime.now().isoformat(timespec="seconds"),
+                       "cpu_count": os.cpu_count(), "loadavg_start": os.getloadavg(), "duration_s": args.duration,
+                       "warmup_s": args.warmup, "concurrency": args.concurrency, "quick": args.quick,
+                       "load_generators": tools, "versions": versions(),
+                       "peers": {"mosec": "bench/peers/mosec_add.py: 1 worker, max_batch_size 8, max_wait_time 5 ms, "
+                                          "default JSON codec",
+                                 "fastapi": "bench/peers/fastapi_add.py: async def route, body: dict, numpy add, "
+                                            "uvicorn uvloop+httptools"}},
+              "results": [], "batching": {}}
+    rows = report["results"]
+    try:
+        if not args.skip_batching:
+            ensure_dense_model()
+        log("starting servers")
+        ours = OurServer("ours", "add")
+        servers.append(ours)
+        peers: List[HttpPeer] = []
+        if not args.skip_peers:
+            mosec = HttpPeer("mosec", "mosec_add.py", "/inference",
+                             ["--address", "127.0.0.1", "--log-level", "warning", "--timeout", "10000",
+                              "--path", os.path.join("{workdir}", "ipc")])  # its sockets go away with the workdir
+            fastapi = HttpPeer("fastapi", "fastapi_add.py", "/model/add:add_common")
+            peers = [mosec, fastapi]
+            servers.extend(peers)
+        dense = None
+        if not args.skip_batching:
+            dense = OurServer("dense", DENSE, BENCH_SERVABLES)
+            servers.append(dense)
+
+        ours_url = f"http://{ours.rest}/model/add:add_common"
+        add_request = add_grpc_request()
+        ours.wait_ready(lambda: check_add_reply(http_post(ours_url, ADD_BODY)))
+        good_add_reply = check_grpc_add(ours.grpc, add_request)
+        for peer in peers:
+            peer.wait_ready(lambda peer=peer: check_add_reply(http_post(peer.url, ADD_BODY)))
+        if dense is not None:
+            dense_body, dense_request = dense_requests()
+            dense.wait_ready(lambda: http_post(f"http://{dense.rest}/model/{DENSE}:predict", dense_body))
+            good_dense_reply = check_grpc_dense(dense.grpc, dense_request)
+        log(f"servers ready in {time.time() - started:.1f} s; load generators: {tools}")
+
+        for concurrency in args.concurrency:
+            targets = [("ours", "rest", ours, ours_url, ADD_BODY, b""),
+                       ("ours", "grpc", ours, ours.grpc, add_request, good_add_reply)]
+            targets += [(peer.name, "rest", peer, peer.url, ADD_BODY, b"") for peer in peers]
+            for name, kind, server, target, body, good in targets:
+                row = {"server": name, "protocol": kind}
+                row.update(measure(kind, server, target, body, concurrency, args.duration, args.warmup, workdir,
+                                   args.loadgen, good))
+                rows.append(row)
+                log(f"{name:8s} {kind:4s} c={concurrency:<3d} {row['rps']:9.1f} req/s  p50 {row['p50_ms']:.2f} ms  "
+                    f"p99 {row['p99_ms']:.2f} ms  bad {row['bad']}  srv {row['server_cpu_us_per_req']} us/req  "
+                    f"other {row['other_cores']} cores")
+        add_ratios(rows)
+
+        if dense is not None:
+            log("batching: direct model throughput")
+            direct = run_direct(max(2.0, args.duration), 0.5 if args.quick else 1.0)
+            report["batching"] = {"model": f"bench/servables/{DENSE} (x [512] -> y [16], batch 64, 512-2048-2048-16 "
+                                           f"dense stack)", "direct": direct, "served": []}
+            log(f"direct: {direct['instances_per_s']:.0f} instances/s ({direct['ms_per_batch_mean']:.2f} ms per batch)")
+            kinds = [("grpc", dense.grpc, dense_request, good_dense_reply)]
+            if not args.quick:
+                kinds.append(("rest", f"http://{dense.rest}/model/{DENSE}:predict", dense_body, b""))
+            for kind, target, body, good in kinds:
+                row = {"server": "ours", "protocol": kind, "servable": DENSE}
+                row.update(measure(kind, dense, target, body, 64, args.duration, max(args.warmup, 1.0), workdir,
+                                   args.loadgen, good))
+                row["fraction_of_direct"] = round(row["rps"] / direct["instances_per_s"], 4)
+                report["batching"]["served"].append(row)
+                log(f"served {kind} c=64: {row['rps']:.0f} instances/s = {row['fraction_of_direct']:.3f} of direct")
+    finally:
+        for server in reversed(servers):
+            try:
+                server.stop(keep_dir=args.keep_logs)
+            except Exception as err:
+                log(f"stopping {server.name} failed: {err}")
+        shutil.rmtree(workdir, ignore_errors=True)
+        if args.keep_logs:
+            for server in servers:
+                log(f"{server.name} logs: {server.workdir}")
+
+    report["meta"]["loadavg_end"] = os.getloadavg()
+    report["meta"]["wall_s"] = round(time.time() - started, 1)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as stream:
+        json.dump(report, stream, indent=2)
+    print()
+    print(table(rows))
+    if report["batching"]:
+        print()
+        print(batching_table(report["batching"]))
+    print()
+    others = [row["other_cores"] for row in rows + report["batching"].get("served", [])]
+    if others and sum(others) / len(others) > 0.3:
+        log(f"note: other processes used {sum(others) / len(others):.2f} of {os.cpu_count()} cores on average during "
+            f"the measurements (column 'other cores'): absolute numbers are depressed, compare rows of one run")
+    log(f"wrote {args.out} (wall {report['meta']['wall_s']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""Profile our server's hot paths under load: CPU per request in the master and the worker, py-spy profiles of both,
+and the cost of a bare master -> worker gRPC hop.
+
+    .venv/bin/python bench/profile_ours.py [--seconds 6] [--concurrency 64] [--out bench/results/profile]
+
+Starts `serving_server.py --servables add` on free 127.0.0.1 ports and, for REST then gRPC, drives it with
+wrk / h2load (bench/loadgen.py) while `py-spy record --gil --nonblocking` samples the master and the worker
+(only the thread holding the GIL: Python CPU). Then measures WorkerService.Ping (an empty unary RPC) from a
+grpc.aio client at the same concurrency: the CPU of one master -> worker hop without any work.
+Writes the raw py-spy files and a summary (bench/pyspy_summary.py) under --out. Needs py-spy
+(requirements-bench.txt); without it only the CPU numbers are printed.
+"""
+import argparse
+import asyncio
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import psutil
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, BENCH)
+
+import classic  # noqa: E402
+import loadgen  # noqa: E402
+import pyspy_summary  # noqa: E402
+
+FOCUS = {
+    "master": ["httptools_impl", "RestfulApp.handle", "restful_codec", "tensor_codec", "Dispatcher", "grpc/aio",
+               "grpc_server.py", "asyncio/"],
+    "worker": ["grpc/_server.py", "WorkerServicer.Predict", "tensor_codec", "MethodRunner.run", "collect_batch",
+               "Subgraph.run", "mindspore/", "Condition.wait", "Future.result"],
+}
+
+
+def py_spy() -> str:
+    found = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return found if os.path.exists(found) else ""
+
+
+def cpu(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return times.user + times.system
+
+
+def drive(kind, server, concurrency, seconds, workdir, add_request, good_reply):
+    if kind == "rest":
+        return loadgen.run_http(f"http://{server.rest}/model/add:add_common", classic.ADD_BODY, concurrency, seconds,
+                                workdir)
+    return loadgen.run_grpc(server.grpc, add_request, good_reply, concurrency, seconds, workdir)
+
+
+async def _ping(address: str, concurrency: int, seconds: float, worker: psutil.Process) -> dict:
+    import grpc
+    from mindspore_serving.proto import internal_pb2, internal_pb2_grpc
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = internal_pb2_grpc.WorkerServiceStub(channel)
+        await stub.Ping(internal_pb2.Empty())
+        calls = 0
+        end = time.perf_counter() + seconds
+
+        async def client():
+            nonlocal calls
+            while time.perf_counter() < end:
+                await stub.Ping(internal_pb2.Empty())
+                calls += 1
+
+        w0, c0, t0 = cpu(worker), time.process_time(), time.perf_counter()
+        await asyncio.gather(*[client() for _ in range(concurrency)])
+        elapsed, c1, w1 = time.perf_counter() - t0, time.process_time(), cpu(worker)
+    return {"calls_per_s": round(calls / elapsed), "aio_client_cpu_us_per_call": round((c1 - c0) / calls * 1e6),
+            "sync_server_cpu_us_per_call": round((w1 - w0) / calls * 1e6)}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--out", default=os.path.join(BENCH, "results", "profile"))
+    args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    spy = py_spy()
+    workdir = loadgen.scratch_dir()
+    server = classic.OurServer("ours", "add")
+    lines = []
+    try:
+        url = f"http://{server.rest}/model/add:add_common"
+        server.wait_ready(lambda: classic.check_add_reply(classic.http_post(url, classic.ADD_BODY)))
+        add_request = classic.add_grpc_request()
+        good_reply = classic.check_grpc_add(server.grpc, add_request)
+        server.refresh()
+        master = server.processes[0]
+        worker = next(p for p in server.processes[1:] if "start_worker" in " ".join(p.cmdline()))
+        for kind in ("rest", "grpc"):
+            drive(kind, server, args.concurrency, 1, workdir, add_request, good_reply)  # warm up
+            spies = []
+            if spy:
+                for role, proc in (("master", master), ("worker", worker)):
+                    path = os.path.join(args.out, f"{kind}_{role}.txt")
+                    spies.append((role, path, subprocess.Popen(
+                        [spy, "record", "-p", str(proc.pid), "-d", f"{max(1, int(args.seconds) - 1)}", "-r", "200",
+                         "--gil", "--nonblocking", "-f", "raw", "-o", path],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
+            m0, w0 = cpu(master), cpu(worker)
+            result = drive(kind, server, args.concurrency, args.seconds, workdir, add_request, good_reply)
+            m1, w1 = cpu(master), cpu(worker)
+            for _, _, proc in spies:
+                proc.wait(30)
+            requests = max(1, result.requests)
+            lines.append(f"== {kind} c={args.concurrency}: {result.rps:.0f} req/s, p50 {result.p50_ms:.1f} ms; CPU per "
+                         f"request: master {(m1 - m0) / requests * 1e6:.0f} us, "
+                         f"worker {(w1 - w0) / requests * 1e6:.0f} us "
+                         f"(includes py-spy's own cost, small with --nonblocking)")
+            for role, path, _ in spies:
+                if os.path.exists(path):
+                    lines.append(f"-- {kind} {role} (GIL-holding samples)")
+                    lines.append(pyspy_summary.summarise(pyspy_summary.load(path), 15, FOCUS[role]))
+        address = "unix:" + glob.glob(os.path.join(server.workdir, "unix_socket_files",
+                                                   f"serving_worker_add_*_{worker.pid}"))[0]
+        ping = asyncio.run(_ping(address, args.concurrency, min(args.seconds, 4.0), worker))
+        lines.append(f"== bare master->worker hop (WorkerService.Ping, grpc.aio client -> sync server, "
+                     f"c={args.concurrency}): {ping}")
+    finally:
+        server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    text = "\n".join(lines)
+    print(text)
+    with open(os.path.join(args.out, "summary.txt"), "w") as stream:
+        stream.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

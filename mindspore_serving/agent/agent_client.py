@@ -1,0 +1,82 @@
+"""The worker's side of the agents: a ModelRunner whose `run` is one Step call to every rank."""
+import itertools
+import os
+import threading
+from typing import Callable, List, Optional, Sequence
+
+import grpc
+import numpy as np
+
+from mindspore_serving import log
+from mindspore_serving.agent import protocol
+from mindspore_serving.llm.model_io import SeqStep
+from mindspore_serving.proto import agent_pb2, agent_pb2_grpc
+
+CONNECT_TIMEOUT = 5.0
+
+
+class AgentRunner:
+    """ModelRunner over agent processes. Rank 0 returns the logits; every rank runs the step.
+
+    It attaches to each agent with a stream held open for its whole life, so an agent exits when this
+    worker does; `on_agent_lost(rank, reason)` is called when an agent goes away.
+    """
+
+    def __init__(self, addresses: Sequence[str], on_agent_lost: Optional[Callable[[int, str], None]] = None):
+        self.addresses = list(addresses)
+        self.on_agent_lost = on_agent_lost
+        self._closing = threading.Event()
+        self._step_ids = itertools.count(1)
+        self.channels = [grpc.insecure_channel(a, options=protocol.AGENT_CHANNEL_OPTIONS) for a in self.addresses]
+        for address, channel in zip(self.addresses, self.channels):
+            try:
+                grpc.channel_ready_future(channel).result(timeout=CONNECT_TIMEOUT)
+            except grpc.FutureTimeoutError:
+                self.close()
+                raise RuntimeError(f"no LLM agent answers at {address}; start it with start_agent.py") from None
+        self.stubs = [agent_pb2_grpc.LlmAgentStub(channel) for channel in self.channels]
+        infos = [stub.Info(agent_pb2.AgentInfoRequest(), timeout=CONNECT_TIMEOUT) for stub in self.stubs]
+        for info, address in zip(infos, self.addresses):
+            if info.protocol_version != protocol.AGENT_PROTOCOL_VERSION:
+                raise RuntimeError(f"agent at {address} speaks protocol {info.protocol_version}, this worker "
+                                   f"{protocol.AGENT_PROTOCOL_VERSION}")
+        info = infos[0]
+        self.block_size = info.block_size
+        self.num_blocks = info.num_blocks
+        self.max_seq_len = info.max_seq_len
+        self.vocab_size = info.vocab_size
+        self.device = info.device
+        self._attachments = [stub.Attach(agent_pb2.AttachRequest(worker_pid=os.getpid())) for stub in self.stubs]
+        for rank, call in enumerate(self._attachments):
+            next(call)  # the agent has registered this worker
+            threading.Thread(target=self._watch, args=(rank, call), name=f"agent-watch-{rank}", daemon=True).start()
+
+    def _watch(self, rank: int, call):
+        reason = "its stream ended"
+        try:
+            for _ in call:
+                pass
+        except grpc.RpcError as err:
+            reason = f"{err.code().name}: {err.details()}"
+        if not self._closing.is_set():
+            log.error(f"LLM agent rank {rank} at {self.addresses[rank]} is gone ({reason})")
+            if self.on_agent_lost is not None:
+                self.on_agent_lost(rank, reason)
+
+    def run(self, seqs: List[SeqStep]) -> np.ndarray:
+        request = protocol.encode_step(next(self._step_ids), seqs)
+        if len(self.stubs) == 1:
+            return protocol.decode_logits(self.stubs[0].Step(request))
+        calls = [stub.Step.future(request) for stub in self.stubs]
+        replies = [call.result() for call in calls]
+        for rank, reply in enumerate(replies[1:], start=1):
+            if reply.error:
+                raise RuntimeError(f"agent rank {rank} step failed: {reply.error}")
+        return protocol.decode_logits(replies[0])
+
+    def close(self):
+        self._closing.set()
+        for call in getattr(self, "_attachments", []):
+            call.cancel()
+        for channel in self.channels:
+            channel.close()

@@ -1,0 +1,100 @@
+"""One agent process per device rank: loads that rank's graphs (GraphRunner), owns its KV cache, serves Step.
+
+It reports readiness ("models loaded, warmed up, listening") through the start-up queue, and exits when its
+parent process dies or when the worker that attached to it goes away.
+"""
+import os
+import signal
+import threading
+import time
+from concurrent import futures
+
+import grpc
+
+from mindspore_serving import log
+from mindspore_serving.agent import protocol
+from mindspore_serving.proto import agent_pb2, agent_pb2_grpc
+
+PARENT_CHECK_SECONDS = 0.2
+READY, FAILED = "ready", "failed"
+
+
+class AgentServicer(agent_pb2_grpc.LlmAgentServicer):
+    def __init__(self, runner, rank: int, device: str, on_detach):
+        self.runner = runner
+        self.rank = rank
+        self.device = device
+        self.on_detach = on_detach
+        self._lock = threading.Lock()  # one step at a time: the KV cache is shared state
+
+    def Info(self, request, context):
+        return agent_pb2.AgentInfo(protocol_version=protocol.AGENT_PROTOCOL_VERSION, rank=self.rank,
+                                   block_size=self.runner.block_size, num_blocks=self.runner.num_blocks,
+                                   max_seq_len=self.runner.max_seq_len, vocab_size=self.runner.vocab_size,
+                                   device=self.device, pid=os.getpid())
+
+    def Step(self, request, context):
+        seqs = protocol.decode_step(request)
+        try:
+            with self._lock:
+                logits = self.runner.run(seqs)
+        except Exception as err:  # reported to the worker, which fails that step's requests
+            log.exception(f"agent rank {self.rank} step {request.step_id} failed")
+            return agent_pb2.StepReply(step_id=request.step_id, error=str(err))
+        if self.rank != 0:
+            return agent_pb2.StepReply(step_id=request.step_id)
+        return protocol.encode_logits(request.step_id, logits)
+
+    def Attach(self, request, context):
+        log.info(f"agent rank {self.rank}: worker pid {request.worker_pid} attached")
+        done = threading.Event()
+        context.add_callback(done.set)
+        yield agent_pb2.AgentEvent(message="attached")
+        done.wait()
+        self.on_detach(f"worker pid {request.worker_pid} detached")
+
+
+def _build_runner(graphs_dir: str, num_blocks: int, block_size: int, device_type: str, device_id: int):
+    import mindspore as ms
+    from mindspore_serving.agent.graph_runner import GraphRunner
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_device(device_type, None if device_type == "CPU" else device_id)
+    return GraphRunner(graphs_dir, num_blocks=num_blocks, block_size=block_size)
+
+
+def run_agent(config_path: str, rank: int, address: str, startup_queue, parent_pid: int):
+    """Body of an agent process (multiprocessing target)."""
+    from mindspore_serving.llm.serving_config import load_serving_config
+    from mindspore_serving.worker.model_backend import resolve_device
+    stopping = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stopping.set())
+    server = None
+    try:
+        config = load_serving_config(config_path)
+        graphs = config.model.graphs[rank] if len(config.model.graphs) > 1 else config.model.graphs[0]
+        device = resolve_device(config.agents.device_type, os.path.basename(config_path))
+        started = time.perf_counter()
+        runner = _build_runner(graphs, config.engine.num_blocks, config.engine.block_size, device,
+                               config.agents.device_ids[rank])
+        log.info(f"agent rank {rank}: graphs of {graphs} loaded and warmed up in {time.perf_counter() - started:.1f} s")
+
+        def detach(reason):
+            log.warning(f"agent rank {rank} exits: {reason}")
+            stopping.set()
+
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=protocol.AGENT_CHANNEL_OPTIONS)
+        agent_pb2_grpc.add_LlmAgentServicer_to_server(AgentServicer(runner, rank, device, detach), server)
+        if server.add_insecure_port(address) == 0:
+            raise RuntimeError(f"agent rank {rank} cannot listen on {address}")
+        server.start()
+    except Exception as err:
+        log.exception(f"agent rank {rank} failed to start")
+        startup_queue.put((FAILED, rank, f"{type(err).__name__}: {err}"))
+        return
+    startup_queue.put((READY, rank, os.getpid()))
+    while not stopping.wait(PARENT_CHECK_SECONDS):
+        if os.getppid() != parent_pid:
+            log.warning(f"agent rank {rank} exits: its parent process {parent_pid} is gone")
+            break
+    server.stop(grace=1).wait(3)

@@ -1,0 +1,46 @@
+"""Step messages between an LLM worker and its agents: SeqStep lists in, logits out (agent.proto)."""
+from typing import List, Sequence
+
+import numpy as np
+
+from mindspore_serving.llm.model_io import SeqStep
+from mindspore_serving.proto import agent_pb2
+
+AGENT_PROTOCOL_VERSION = 1
+MAX_AGENT_MSG_BYTES = 512 * 1024 * 1024
+AGENT_CHANNEL_OPTIONS = [("grpc.max_send_message_length", MAX_AGENT_MSG_BYTES),
+                         ("grpc.max_receive_message_length", MAX_AGENT_MSG_BYTES)]
+
+
+def encode_step(step_id: int, seqs: Sequence[SeqStep]) -> "agent_pb2.StepRequest":
+    request = agent_pb2.StepRequest(step_id=step_id)
+    request.query_lens.extend(len(seq.token_ids) for seq in seqs)
+    request.start_pos.extend(seq.start_pos for seq in seqs)
+    request.block_table_lens.extend(len(seq.block_table) for seq in seqs)
+    for seq in seqs:
+        request.token_ids.extend(seq.token_ids)
+        request.block_tables.extend(seq.block_table)
+    return request
+
+
+def decode_step(request: "agent_pb2.StepRequest") -> List[SeqStep]:
+    tokens = list(request.token_ids)
+    tables = list(request.block_tables)
+    seqs, token_at, table_at = [], 0, 0
+    for query_len, start_pos, table_len in zip(request.query_lens, request.start_pos, request.block_table_lens):
+        seqs.append(SeqStep(tokens[token_at:token_at + query_len], start_pos, tables[table_at:table_at + table_len]))
+        token_at += query_len
+        table_at += table_len
+    return seqs
+
+
+def encode_logits(step_id: int, logits: np.ndarray) -> "agent_pb2.StepReply":
+    logits = np.ascontiguousarray(logits, dtype="<f4")
+    return agent_pb2.StepReply(step_id=step_id, rows=logits.shape[0], vocab_size=logits.shape[1],
+                               logits=logits.tobytes())
+
+
+def decode_logits(reply: "agent_pb2.StepReply") -> np.ndarray:
+    if reply.error:
+        raise RuntimeError(f"agent step {reply.step_id} failed: {reply.error}")
+    return np.frombuffer(reply.logits, dtype="<f4").reshape(reply.rows, reply.vocab_size)

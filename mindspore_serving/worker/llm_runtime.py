@@ -1,0 +1,119 @@
+"""An LLM servable inside a worker: the engine loop over agents, behind the same interface as ServableRuntime."""
+import json
+import os
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from mindspore_serving import log
+from mindspore_serving.common import errors
+from mindspore_serving.llm.engine import LLMEngine
+from mindspore_serving.llm.engine_loop import EngineLoop
+from mindspore_serving.llm.serving_config import LlmServingConfig, load_serving_config
+from mindspore_serving.server.register.llm import GENERATE_METHOD, SAMPLING_FIELDS
+from mindspore_serving.worker.method_runner import InstanceError
+
+
+def _plain(value):
+    """A numpy value from the wire as a plain Python value (0-d and 1-element arrays become scalars)."""
+    if isinstance(value, np.ndarray):
+        if value.dtype == np.uint8 and value.ndim == 1 and value.size != 1:
+            return value.tobytes().decode()
+        if value.size == 1:
+            return value.reshape(-1)[0].item()
+        return value.tolist()
+    return value
+
+
+def sampling_params_of(instance: dict) -> dict:
+    params = {}
+    for name in SAMPLING_FIELDS:
+        if name in instance:
+            value = _plain(instance[name])
+            params[name] = [value] if name == "stop" and isinstance(value, str) else value
+    return params
+
+
+class LlmRuntime:
+    def __init__(self, spec, config_file: str, device_type: str, device_id: int,
+                 on_fatal: Optional[Callable[[str], None]] = None):
+        from mindspore_serving.agent.agent_client import AgentRunner
+        from mindspore_serving.agent.startup import startup_agents
+        from mindspore_serving.models.llama.tokenizer import TextTokenizer
+        self.spec = spec
+        self.device_type = device_type
+        self.config: LlmServingConfig = load_serving_config(config_file)
+        self.on_fatal = on_fatal
+        self.agents = None
+        if self.config.agents.start_port:
+            addresses = [self.config.agents.address(r) for r in range(self.config.agents.num_ranks)]
+            try:
+                self.runner = AgentRunner(addresses, self._agent_lost)
+                log.info(f"attached to the running agents at {addresses}")
+            except RuntimeError as err:
+                log.info(f"no running agents ({err}); starting them")
+                self.runner = None
+        else:
+            self.runner = None
+        if self.runner is None:
+            self.agents = startup_agents(self.config)
+            self.runner = AgentRunner(self.agents.addresses, self._agent_lost)
+        self.tokenizer = TextTokenizer.from_file(self.config.model.tokenizer)
+        engine = LLMEngine(self.runner, self.tokenizer, self.config.engine, eos_token_id=self.tokenizer.eos_id)
+        self.loop = EngineLoop(engine, self.config.max_queue_size, self.config.request_timeout,
+                               name=f"{spec.name}-engine")
+
+    def _agent_lost(self, rank: int, reason: str):
+        message = f"LLM agent rank {rank} is gone ({reason})"
+        self.loop.close(message)
+        if self.on_fatal is not None:
+            self.on_fatal(message)
+
+    @property
+    def batch_size(self) -> int:
+        return self.config.engine.max_num_seqs
+
+    def extensions(self) -> Dict[str, str]:
+        return {"llm": json.dumps({"model_id": self.spec.name, "max_model_len": self.config.engine.max_model_len,
+                                   "max_num_seqs": self.config.engine.max_num_seqs,
+                                   "max_queue_size": self.config.max_queue_size,
+                                   "vocab_size": self.runner.vocab_size, "device": self.runner.device,
+                                   "config": self.config.path})}
+
+    def submit(self, prompt, params: dict, request_id: Optional[str] = None):
+        return self.loop.submit(prompt, params, request_id)
+
+    def predict(self, method_name: str, instances: Sequence[dict]) -> List:
+        if method_name != GENERATE_METHOD:
+            raise KeyError(method_name)
+        streams = []
+        for instance in instances:
+            try:
+                prompt = _plain(instance["prompt"])
+                streams.append(self.loop.submit(prompt, sampling_params_of(instance)))
+            except errors.ServingError as err:
+                streams.append(err)
+        results = []
+        for stream in streams:
+            if isinstance(stream, BaseException):
+                results.append(InstanceError(stream.message))
+                continue
+            try:
+                out = stream.result()
+            except errors.ServingError as err:
+                results.append(InstanceError(err.message))
+                continue
+            if out.error:
+                results.append(InstanceError(out.error))
+                continue
+            results.append({"text": out.text, "token_ids": np.asarray(out.token_ids, np.int32),
+                            "finish_reason": out.finish_reason.value,
+                            "prompt_tokens": np.int32(len(out.prompt_token_ids)),
+                            "completion_tokens": np.int32(len(out.token_ids))})
+        return results
+
+    def close(self):
+        self.loop.close()
+        self.runner.close()
+        if self.agents is not None:
+            self.agents.stop()

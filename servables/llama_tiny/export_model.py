@@ -1,0 +1,31 @@
+"""Exports the prefill and decode graphs of the bundled tiny LLaMA (config/llama_tiny.yaml) into 1/rank_0/.
+
+The weights come from the committed checkpoint (mindspore_serving/models/llama/tiny/llama_tiny.ckpt, made by
+`python -m mindspore_serving.models.llama.train`); one MindIR per (phase, batch bucket, length bucket).
+"""
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+CONFIG = os.path.join(ROOT, "config", "llama_tiny.yaml")
+VERSION_DIR = os.path.join(HERE, "1")
+MODEL_FILES = [os.path.join("rank_0", "manifest.json")]
+
+
+def main():
+    sys.path.insert(0, ROOT)
+    from mindspore_serving.llm.serving_config import load_serving_config
+    from mindspore_serving.models.llama.config import load_config
+    from mindspore_serving.models.llama.export import export_graphs
+    config = load_serving_config(CONFIG)
+    model_file = load_config(config.model.config)
+    manifests = []
+    for graphs_dir in config.model.graphs:
+        manifests.append(export_graphs(model_file, graphs_dir, checkpoint=config.model.checkpoint,
+                                       jobs=min(2, os.cpu_count() or 1)))
+    return manifests
+
+
+if __name__ == "__main__":
+    main()
