@@ -1,0 +1,123 @@
+"""LLM engine benchmark on the bundled tiny LLaMA graphs, in-process (no serving layers).
+
+(a) Engine limit: decode steps of the graphs called back to back at full batch, per decode bucket
+    (tokens/s = batch / step time).
+(b) The engine with its scheduler on a workload of 64 requests with mixed prompt and output lengths
+    (ignore_eos, fixed seed), continuous against static batching: output tokens/s, mean decode batch
+    occupancy, and served throughput as a fraction of the engine limit at the same occupancy.
+
+    python bench/llm_engine.py [--requests 64] [--steps 30] [--out bench/results/llm_engine.json]
+"""
+import argparse
+import bisect
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from mindspore_serving.llm import LLMEngine, SchedulerConfig  # noqa: E402
+from mindspore_serving.llm.model_io import SeqStep  # noqa: E402
+from mindspore_serving.llm.serving_config import load_serving_config  # noqa: E402
+
+
+def engine_limit(runner, steps: int):
+    """Seconds per decode step at full batch for each decode bucket."""
+    blocks_per_seq = 4
+    limit = {}
+    for batch in runner.decode_batches:
+        seqs = [SeqStep([5], 40, list(range(1 + i * blocks_per_seq, 1 + (i + 1) * blocks_per_seq)))
+                for i in range(batch)]
+        runner.run(seqs)  # warm
+        started = time.perf_counter()
+        for _ in range(steps):
+            runner.run(seqs)
+        step = (time.perf_counter() - started) / steps
+        limit[batch] = {"step_ms": step * 1000, "tokens_per_s": batch / step}
+    return limit
+
+
+def workload(count: int, vocab: int, max_model_len: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    requests = []
+    for _ in range(count):
+        prompt_len = int(rng.integers(4, 96))
+        new_tokens = int(rng.integers(8, min(128, max_model_len - prompt_len)))
+        requests.append(([int(t) for t in rng.integers(3, vocab, prompt_len)], new_tokens))
+    return requests
+
+
+def run_engine(runner, config, requests):
+    engine = LLMEngine(runner, scheduler_config=config)
+    occupancy = []
+    engine.add_step_listener(lambda s: occupancy.append(s.num_decode_seqs) if s.num_decode_seqs else None)
+    for prompt, n in requests:
+        engine.add_request(prompt_token_ids=prompt, params={"temperature": 0.0, "max_new_tokens": n,
+                                                            "ignore_eos": True})
+    started = time.perf_counter()
+    tokens = steps = 0
+    while engine.has_unfinished():
+        steps += 1
+        tokens += sum(len(o.new_token_ids) for o in engine.step())
+    elapsed = time.perf_counter() - started
+    return {"seconds": elapsed, "output_tokens": tokens, "tokens_per_s": tokens / elapsed, "steps": steps,
+            "mean_decode_batch": float(np.mean(occupancy)) if occupancy else 0.0}
+
+
+def limit_at(limit, runner, occupancy: float) -> float:
+    """Engine-limit tokens/s at a mean decode batch of `occupancy`: occupancy / step time of its bucket."""
+    batches = runner.decode_batches
+    bucket = batches[min(bisect.bisect_left(batches, int(np.ceil(occupancy))), len(batches) - 1)]
+    return occupancy / (limit[bucket]["step_ms"] / 1000)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=os.path.join(ROOT, "config", "llama_tiny.yaml"))
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=30, help="timed decode steps per bucket for the limit")
+    parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "llm_engine.json"))
+    args = parser.parse_args()
+
+    import mindspore as ms
+    from mindspore_serving.agent.graph_runner import GraphRunner
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_device("CPU")
+    config = load_serving_config(args.config)
+    runner = GraphRunner(config.model.graphs[0], num_blocks=config.engine.num_blocks)
+    limit = engine_limit(runner, args.steps)
+    requests = workload(args.requests, runner.vocab_size, config.engine.max_model_len)
+    results = {"engine_limit": limit, "workload": {"requests": args.requests,
+                                                    "output_tokens": sum(n for _, n in requests)}}
+    max_seqs = runner.decode_batches[-1]
+    for strategy in ("continuous", "static"):
+        sched = SchedulerConfig(**{**config.engine.__dict__, "batching": strategy, "max_num_seqs": max_seqs})
+        run = run_engine(runner, sched, requests)
+        run["limit_at_occupancy"] = limit_at(limit, runner, run["mean_decode_batch"])
+        run["fraction_of_limit"] = run["tokens_per_s"] / run["limit_at_occupancy"]
+        results[strategy] = run
+    results["continuous_over_static"] = results["continuous"]["tokens_per_s"] / results["static"]["tokens_per_s"]
+
+    print("\nEngine limit (decode, full batch, graphs back to back)")
+    print(f"{'batch':>6} {'step ms':>9} {'tokens/s':>10}")
+    for batch, row in limit.items():
+        print(f"{batch:>6} {row['step_ms']:>9.2f} {row['tokens_per_s']:>10.0f}")
+    print(f"\nEngine with scheduler, {args.requests} requests, {results['workload']['output_tokens']} output tokens")
+    print(f"{'strategy':>11} {'seconds':>8} {'tokens/s':>9} {'mean batch':>10} {'limit@batch':>11} {'fraction':>8}")
+    for strategy in ("continuous", "static"):
+        r = results[strategy]
+        print(f"{strategy:>11} {r['seconds']:>8.2f} {r['tokens_per_s']:>9.0f} {r['mean_decode_batch']:>10.1f} "
+              f"{r['limit_at_occupancy']:>11.0f} {r['fraction_of_limit']:>8.2f}")
+    print(f"\ncontinuous / static throughput: {results['continuous_over_static']:.2f}x")
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as stream:
+        json.dump(results, stream, indent=1)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""The LLM servable end to end: start_agent.py, and serving_server.py whose worker drives agents over gRPC."""
+import os
+import signal
+
+import numpy as np
+import psutil
+import pytest
+
+from mindspore_serving.client import Client
+from llm_setup import write_config, write_servable
+from serving_process import ROOT, ServingProcess, free_port, start_server
+
+PROMPT = "And God said"
+
+
+def test_start_agent_script_reports_ready_and_stops(tmp_path):
+    config = write_config(tmp_path, start_port=free_port())
+    proc = ServingProcess([os.path.join(ROOT, "start_agent.py"), "--config", config], str(tmp_path))
+    try:
+        proc.wait_for("all agents started", timeout=300)
+        agents = psutil.Process(proc.proc.pid).children(recursive=True)
+        assert agents
+        proc.proc.send_signal(signal.SIGTERM)
+        assert proc.wait_exit(60) == 0
+        gone, alive = psutil.wait_procs(agents, timeout=30)
+        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        proc.close()
+
+
+def test_start_agent_reports_a_broken_config(tmp_path):
+    config = write_config(tmp_path, start_port=free_port())
+    with open(config) as stream:
+        text = stream.read()
+    with open(config, "w") as stream:
+        stream.write(text.replace("num_blocks:", "num_blockz:"))
+    proc = ServingProcess([os.path.join(ROOT, "start_agent.py"), "--config", config], str(tmp_path))
+    try:
+        assert proc.wait_exit(120) != 0
+        assert "'engine' has unknown field(s) ['num_blockz']" in proc.output()
+    finally:
+        proc.close()
+
+
+@pytest.fixture(scope="module")
+def llm_server(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("llm")
+    config = write_config(directory, start_port=0)
+    servables = write_servable(directory, config)
+    proc, grpc_addr, rest_addr = start_server(directory, servables=("llama_tiny",),
+                                              extra_args=["--servable_directory", servables])
+    try:
+        yield proc, grpc_addr, rest_addr, config
+    finally:
+        proc.close()
+
+
+def offline_greedy(config_path, prompt, max_new_tokens):
+    """The same graphs driven in-process by the engine, for one request alone."""
+    from mindspore_serving.agent.graph_runner import GraphRunner
+    from mindspore_serving.llm import LLMEngine
+    from mindspore_serving.llm.serving_config import load_serving_config
+    from mindspore_serving.models.llama.tokenizer import TextTokenizer
+    config = load_serving_config(config_path)
+    tokenizer = TextTokenizer.from_file(config.model.tokenizer)
+    runner = GraphRunner(config.model.graphs[0], num_blocks=config.engine.num_blocks)
+    engine = LLMEngine(runner, tokenizer, config.engine, eos_token_id=tokenizer.eos_id)
+    return engine.generate([prompt], {"temperature": 0.0, "max_new_tokens": max_new_tokens})[0]
+
+
+def test_generate_over_grpc_matches_offline_greedy(llm_server):
+    _, grpc_addr, _, config = llm_server
+    result = Client(grpc_addr, "llama_tiny", "generate").infer(
+        {"prompt": PROMPT, "max_new_tokens": np.int32(16), "temperature": np.float32(0.0)})
+    expected = offline_greedy(config, PROMPT, 16)
+    assert result[0]["token_ids"].tolist() == expected.token_ids
+    assert result[0]["text"] == expected.text
+    assert result[0]["finish_reason"] == expected.finish_reason.value
+    assert result[0]["completion_tokens"].item() == len(expected.token_ids)
+
+
+def test_concurrent_generation_and_bad_input(llm_server):
+    _, grpc_addr, _, _ = llm_server
+    client = Client(grpc_addr, "llama_tiny", "generate")
+    good = {"prompt": PROMPT, "max_new_tokens": np.int32(8), "temperature": np.float32(0.0)}
+    instances = [good, {"prompt": ""}, {"prompt": PROMPT, "top_p": np.float32(1.5)},
+                 {"prompt": PROMPT, "temperature": np.float32(-1.0)}, {"prompt": "x " * 400}, good]
+    result = client.infer(instances)
+    assert result[0]["token_ids"].tolist() == result[5]["token_ids"].tolist()
+    assert "empty" in result[1]["error"]
+    assert "top_p" in result[2]["error"]
+    assert "temperature" in result[3]["error"]
+    assert "max_model_len" in result[4]["error"] or "longer" in result[4]["error"]
+    futures = [client.infer_async({"prompt": f"{PROMPT} {i}", "max_new_tokens": np.int32(6)}) for i in range(12)]
+    for future in futures:
+        assert future.result()[0]["completion_tokens"].item() >= 1
+
+
+def test_seeded_sampling_is_reproducible(llm_server):
+    _, grpc_addr, _, _ = llm_server
+    client = Client(grpc_addr, "llama_tiny", "generate")
+    sampled = {"prompt": PROMPT, "max_new_tokens": np.int32(12), "temperature": np.float32(0.9),
+               "top_k": np.int32(20), "top_p": np.float32(0.9), "seed": np.int64(1234)}
+    first, second = client.infer([sampled, sampled])
+    assert first["token_ids"].tolist() == second["token_ids"].tolist()
