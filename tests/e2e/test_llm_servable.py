@@ -103,3 +103,23 @@ def test_seeded_sampling_is_reproducible(llm_server):
                "top_k": np.int32(20), "top_p": np.float32(0.9), "seed": np.int64(1234)}
     first, second = client.infer([sampled, sampled])
     assert first["token_ids"].tolist() == second["token_ids"].tolist()
+
+
+def test_dead_agent_is_reported_and_the_worker_restarts(tmp_path):
+    config = write_config(tmp_path, start_port=0)
+    servables = write_servable(tmp_path, config)
+    proc, grpc_addr, _ = start_server(tmp_path, servables=("llama_tiny",), rest=False,
+                                      extra_args=["--servable_directory", servables], env={"GLOG_v": "1"})
+    try:
+        client = Client(grpc_addr, "llama_tiny", "generate")
+        assert client.infer({"prompt": PROMPT, "max_new_tokens": np.int32(4)})[0]["completion_tokens"].item() == 4
+        agents = [p for p in psutil.Process(proc.proc.pid).children(recursive=True)
+                  if any("spawn_main" in part for part in p.cmdline())]
+        assert agents
+        for agent in agents:
+            agent.kill()
+        proc.wait_for("is gone", timeout=60)
+        proc.wait_for("Register success", count=2, timeout=300)
+        assert client.infer({"prompt": PROMPT, "max_new_tokens": np.int32(4)})[0]["completion_tokens"].item() == 4
+    finally:
+        proc.close()
