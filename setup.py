@@ -5,7 +5,8 @@ setup(
     version="0.1.0",
     description="Serve MindSpore MindIR models and large language models over gRPC and HTTP",
     packages=find_packages(include=["mindspore_serving", "mindspore_serving.*"]),
-    package_data={"mindspore_serving.proto": ["*.proto"]},
+    package_data={"mindspore_serving.proto": ["*.proto"],
+                  "mindspore_serving.models.llama": ["tiny/*.yaml", "tiny/*.json", "tiny/*.ckpt", "README.md"]},
     python_requires=">=3.9",
     install_requires=[
         "mindspore>=2.10.0", "grpcio>=1.85.1", "protobuf>=7", "numpy>=2", "fastapi", "uvicorn",

@@ -1,0 +1,236 @@
+"""GraphRunner: the engine's ModelRunner (llm/model_io.py) over exported paged-attention MindIR graphs.
+
+The graphs are those written by `mindspore_serving.models.llama.export` (see its manifest.json and
+models/llama/model.py for the input list). This runner
+
+* loads every graph of the manifest with `mindspore.load` + `nn.GraphCell`, one GraphCell per shape bucket
+  (a loaded graph is only ever called with the shapes it was exported with: DESIGN.md §5);
+* owns the KV caches, 2 * num_layers MindSpore Tensors of [num_blocks, block_size, num_kv_heads, head_dim],
+  allocated once and updated in place by the graphs (no copy per step);
+* warms each graph up once, with inputs that only touch the scratch block 0;
+* in `run(seqs)` sends the one-token rows to the smallest decode bucket that fits and the others to prefill
+  buckets (length bucket = smallest that holds the row, batch bucket = smallest that holds the group), splits
+  batches larger than the largest bucket into several calls, and computes prompts longer than the largest length
+  bucket in chunks over successive calls (each chunk attends to the ones before through the cache).
+
+block_size and MAXB (= max_seq_len // block_size) are fixed by the export. num_blocks is chosen here when the
+graphs were exported with a dynamic cache dimension (the exporter's default, manifest "num_blocks": null);
+otherwise it must equal the exported number.
+"""
+import bisect
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import mindspore as ms
+from mindspore import nn, Tensor
+
+from mindspore_serving.llm.model_io import SCRATCH_BLOCK, SeqStep, slot_of
+
+MANIFEST = "manifest.json"
+SUPPORTED_MANIFEST_VERSIONS = (1,)
+
+
+@dataclass
+class _Piece:
+    """Tokens of one sequence computed in one graph call (a whole query or one chunk of it)."""
+    row: int                 # index into the `seqs` passed to run()
+    tokens: Sequence[int]
+    start_pos: int
+    block_table: Sequence[int]
+    last: bool               # its logits are the sequence's result
+
+
+@dataclass
+class _Bucket:
+    """One loaded graph and its preallocated input buffers."""
+    phase: str
+    batch: int
+    length: int
+    graph: nn.GraphCell
+    input_ids: np.ndarray = field(init=False)
+    positions: np.ndarray = field(init=False)
+    block_tables: np.ndarray = field(init=False)
+    slot_mapping: np.ndarray = field(init=False)
+    query_lens: np.ndarray = field(init=False)
+    max_blocks: int = 0
+
+    def __post_init__(self):
+        b, l = self.batch, self.length
+        self.input_ids = np.zeros((b, l), np.int32)
+        self.positions = np.zeros((b, l), np.int32)
+        self.block_tables = np.zeros((b, self.max_blocks), np.int32)
+        self.slot_mapping = np.zeros((b * l,), np.int32)
+        self.query_lens = np.ones((b,), np.int32)
+
+    def run(self, pieces: List[_Piece], caches: List[Tensor], block_size: int) -> np.ndarray:
+        """Logits [len(pieces), vocab]; rows past len(pieces) are padding (one token, scratch slot 0)."""
+        ids, pos, tables, slots, qlens = (self.input_ids, self.positions, self.block_tables, self.slot_mapping,
+                                          self.query_lens)
+        ids.fill(0)
+        pos.fill(0)
+        tables.fill(SCRATCH_BLOCK)
+        slots.fill(SCRATCH_BLOCK * block_size)
+        qlens.fill(1)
+        l = self.length
+        for r, piece in enumerate(pieces):
+            n, start, table = len(piece.tokens), piece.start_pos, piece.block_table
+            ids[r, :n] = piece.tokens
+            pos[r, :n] = np.arange(start, start + n, dtype=np.int32)
+            tables[r, :len(table)] = table
+            slots[r * l:r * l + n] = [slot_of(table, p, block_size) for p in range(start, start + n)]
+            qlens[r] = n
+        out = self.graph(Tensor(ids), Tensor(pos), Tensor(tables), Tensor(slots), Tensor(qlens), *caches)
+        return out.asnumpy()[:len(pieces)]
+
+
+class GraphRunner:
+    """ModelRunner over the graphs of an export directory (see the module docstring).
+
+    Args:
+        manifest_dir: folder with manifest.json and the .mindir files of `models.llama.export`.
+        num_blocks: KV-cache blocks to allocate, block 0 being the scratch block (so >= 2).
+        block_size: optional check against the exported block size (it cannot be changed here).
+        warmup: run every graph once at load time (compiles it), so the first real step is fast.
+    """
+
+    def __init__(self, manifest_dir: str, num_blocks: int, block_size: Optional[int] = None, warmup: bool = True):
+        path = os.path.join(manifest_dir, MANIFEST)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path} not found: export the model first "
+                                    "(python -m mindspore_serving.models.llama.export --config ... --out DIR)")
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+        version = manifest.get("format_version")
+        if version not in SUPPORTED_MANIFEST_VERSIONS:
+            raise ValueError(f"{path}: manifest format_version {version!r} is not supported "
+                             f"(supported: {SUPPORTED_MANIFEST_VERSIONS}); re-export the model")
+        self.manifest = manifest
+        self.block_size = int(manifest["block_size"])
+        if block_size is not None and block_size != self.block_size:
+            raise ValueError(f"block_size={block_size} differs from the exported block_size={self.block_size}; "
+                             "it is fixed at export: re-export or use the exported value")
+        fixed = manifest.get("num_blocks")
+        if fixed is not None and num_blocks != fixed:
+            raise ValueError(f"num_blocks={num_blocks} differs from the {fixed} fixed in the exported graphs; use "
+                             f"{fixed} or re-export with export.num_blocks unset (dynamic)")
+        if num_blocks < 2:
+            raise ValueError(f"num_blocks={num_blocks} must be >= 2 (block 0 is the scratch block)")
+        self.num_blocks = num_blocks
+        self.max_seq_len = int(manifest["max_seq_len"])
+        self.vocab_size = int(manifest["vocab_size"])
+        self.max_blocks_per_seq = int(manifest["max_blocks_per_seq"])
+        cache = manifest["cache"]
+        self.cache_shape = (num_blocks, self.block_size, cache["num_kv_heads"], cache["head_dim"])
+        self.num_layers = int(cache["num_layers"])
+        self.kv_caches: List[Tensor] = []
+        self.reset_kv_caches()
+
+        self.decode_buckets: Dict[int, _Bucket] = {}
+        self.prefill_buckets: Dict[Tuple[int, int], _Bucket] = {}
+        for g in manifest["graphs"]:
+            cell = nn.GraphCell(ms.load(os.path.join(manifest_dir, g["file"])))
+            bucket = _Bucket(g["phase"], g["batch"], g["length"], cell, max_blocks=self.max_blocks_per_seq)
+            if g["phase"] == "decode":
+                self.decode_buckets[g["batch"]] = bucket
+            else:
+                self.prefill_buckets[(g["batch"], g["length"])] = bucket
+        if not self.decode_buckets or not self.prefill_buckets:
+            raise ValueError(f"{path}: needs at least one decode and one prefill graph")
+        self.decode_batches = sorted(self.decode_buckets)
+        self.prefill_batches = sorted({b for b, _ in self.prefill_buckets})
+        self.prefill_lengths = sorted({l for _, l in self.prefill_buckets})
+        for b in self.prefill_batches:
+            for l in self.prefill_lengths:
+                if (b, l) not in self.prefill_buckets:
+                    raise ValueError(f"{path}: prefill buckets must be a full batch x length grid; "
+                                     f"prefill_b{b}_l{l} is missing")
+        self.calls = 0  # graph calls so far (tests and metrics)
+        if warmup:
+            for bucket in list(self.decode_buckets.values()) + list(self.prefill_buckets.values()):
+                bucket.run([], self.kv_caches, self.block_size)
+
+    @property
+    def max_decode_batch(self) -> int:
+        """Largest decode bucket: more one-token sequences per step cost more than one graph call."""
+        return self.decode_batches[-1]
+
+    @property
+    def max_prefill_tokens(self) -> int:
+        """Largest prefill bucket (batch x length): longer prompts are computed in chunks of the longest length."""
+        return self.prefill_batches[-1] * self.prefill_lengths[-1]
+
+    # --- the ModelRunner protocol -------------------------------------------------------------------------
+
+    def run(self, seqs: List[SeqStep]) -> np.ndarray:
+        """Logits [len(seqs), vocab_size] (float32) of the last token of each sequence."""
+        out = np.empty((len(seqs), self.vocab_size), np.float32)
+        decode, prefill = [], []
+        for i, seq in enumerate(seqs):
+            self._check(i, seq)
+            if seq.query_len == 1:
+                decode.append(_Piece(i, seq.token_ids, seq.start_pos, seq.block_table, True))
+            else:
+                prefill.append(seq)
+        self._run_decode(decode, out)
+        # Prompts longer than the largest length bucket go in chunks, chunk k of every prompt in round k.
+        max_len = self.prefill_lengths[-1]
+        rounds: List[List[_Piece]] = []
+        for i, seq in ((i, s) for i, s in enumerate(seqs) if s.query_len > 1):
+            for k, begin in enumerate(range(0, seq.query_len, max_len)):
+                if k == len(rounds):
+                    rounds.append([])
+                end = min(begin + max_len, seq.query_len)
+                rounds[k].append(_Piece(i, seq.token_ids[begin:end], seq.start_pos + begin, seq.block_table,
+                                        end == seq.query_len))
+        for pieces in rounds:
+            self._run_decode([p for p in pieces if len(p.tokens) == 1], out)
+            self._run_prefill([p for p in pieces if len(p.tokens) > 1], out)
+        return out
+
+    def reset_kv_caches(self):
+        """Fresh zeroed caches: key_cache_i, value_cache_i for each layer i (the graphs' input order)."""
+        self.kv_caches = [Tensor(np.zeros(self.cache_shape, np.float32)) for _ in range(2 * self.num_layers)]
+
+    # --- internals ---------------------------------------------------------------------------------------
+
+    def _check(self, i: int, seq: SeqStep):
+        if seq.query_len < 1:
+            raise ValueError(f"seqs[{i}] has no tokens to compute")
+        if seq.start_pos < 0 or seq.context_len > self.max_seq_len:
+            raise ValueError(f"seqs[{i}] spans positions [{seq.start_pos}, {seq.context_len}), beyond the graphs' "
+                             f"max_seq_len={self.max_seq_len}")
+        needed = -(-seq.context_len // self.block_size)
+        if not needed <= len(seq.block_table) <= self.max_blocks_per_seq:
+            raise ValueError(f"seqs[{i}] has {len(seq.block_table)} blocks; it needs {needed} (context "
+                             f"{seq.context_len}, block_size {self.block_size}) and at most "
+                             f"{self.max_blocks_per_seq}")
+
+    def _call(self, bucket: _Bucket, pieces: List[_Piece], out: np.ndarray):
+        logits = bucket.run(pieces, self.kv_caches, self.block_size)
+        self.calls += 1
+        for piece, row in zip(pieces, logits):
+            if piece.last:
+                out[piece.row] = row
+
+    def _run_decode(self, pieces: List[_Piece], out: np.ndarray):
+        largest = self.decode_batches[-1]
+        for begin in range(0, len(pieces), largest):
+            group = pieces[begin:begin + largest]
+            batch = self.decode_batches[bisect.bisect_left(self.decode_batches, len(group))]
+            self._call(self.decode_buckets[batch], group, out)
+
+    def _run_prefill(self, pieces: List[_Piece], out: np.ndarray):
+        by_length: Dict[int, List[_Piece]] = {}
+        for piece in pieces:
+            length = self.prefill_lengths[bisect.bisect_left(self.prefill_lengths, len(piece.tokens))]
+            by_length.setdefault(length, []).append(piece)
+        largest = self.prefill_batches[-1]
+        for length in sorted(by_length):
+            group_all = by_length[length]
+            for begin in range(0, len(group_all), largest):
+                group = group_all[begin:begin + largest]
+                batch = self.prefill_batches[bisect.bisect_left(self.prefill_batches, len(group))]
+                self._call(self.prefill_buckets[(batch, length)], group, out)

@@ -1,0 +1,1 @@
+"""Reference models served by mindspore_serving (see llama/)."""

@@ -1,0 +1,158 @@
+"""Exports the paged LLaMA step to one MindIR graph per (phase, batch bucket, length bucket).
+
+    python -m mindspore_serving.models.llama.export --config <model.yaml> --out <dir> [--checkpoint <ckpt>]
+
+Writes `prefill_b{B}_l{L}.mindir` for every prefill batch x length bucket, `decode_b{B}.mindir` (L = 1) for
+every decode batch bucket, and `manifest.json` (graphs, buckets, graph inputs, cache layout, model config).
+Without --checkpoint the weights are a seeded random init (--seed). --jobs N compiles the buckets in N processes
+(default min(2, cores): a bucket costs seconds of graph compilation).
+
+The graph inputs are those of `LlamaModel.construct` (see model.py). MAXB = max_seq_len // block_size in
+every graph. With `export.num_blocks` unset (the default) the caches' first dimension is dynamic and the
+runner picks num_blocks when it loads the graphs; a number fixes it in the graphs.
+"""
+import argparse
+import json
+import multiprocessing
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import List, Optional
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor
+
+from .config import ModelFile, load_config
+from .model import LlamaModel, build_model, save_weights, select_device
+
+MANIFEST = "manifest.json"
+MANIFEST_VERSION = 1
+GRAPH_INPUTS = ["input_ids", "positions", "block_tables", "slot_mapping", "query_lens"]
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    phase: str   # "prefill" or "decode"
+    batch: int
+    length: int
+
+    @property
+    def file(self) -> str:
+        if self.phase == "decode":
+            return f"decode_b{self.batch}.mindir"
+        return f"prefill_b{self.batch}_l{self.length}.mindir"
+
+
+def graph_specs(cfg: ModelFile) -> List[GraphSpec]:
+    ex = cfg.export
+    specs = [GraphSpec("prefill", b, l) for b in ex.prefill_batch_buckets for l in ex.prefill_len_buckets]
+    return specs + [GraphSpec("decode", b, 1) for b in ex.decode_batch_buckets]
+
+
+def cache_input_names(num_layers: int) -> List[str]:
+    names = []
+    for i in range(num_layers):
+        names += [f"key_cache_{i}", f"value_cache_{i}"]
+    return names
+
+
+def example_inputs(cfg: ModelFile, spec: GraphSpec):
+    """Inputs of one bucket, shaped for export: every pad token writes into scratch slot 0."""
+    m, ex = cfg.model, cfg.export
+    maxb = ex.max_blocks_per_seq(m)
+    b, l = spec.batch, spec.length
+    cache_shape = [ex.num_blocks, ex.block_size, m.num_kv_heads, m.head_dim]
+    if ex.num_blocks is None:
+        cache = Tensor(shape=[None] + cache_shape[1:], dtype=ms.float32)
+    else:
+        cache = Tensor(np.zeros(cache_shape, np.float32))
+    return [Tensor(np.zeros((b, l), np.int32)), Tensor(np.zeros((b, l), np.int32)),
+            Tensor(np.zeros((b, maxb), np.int32)), Tensor(np.zeros((b * l,), np.int32)),
+            Tensor(np.ones((b,), np.int32))] + [cache] * (2 * m.num_layers)
+
+
+def _export_specs(cfg: ModelFile, out_dir: str, specs: List[GraphSpec], model: LlamaModel, log) -> None:
+    model.set_train(False)
+    for spec in specs:
+        start = time.perf_counter()
+        path = os.path.join(out_dir, spec.file)
+        ms.export(model, *example_inputs(cfg, spec), file_name=path[:-len(".mindir")], file_format="MINDIR")
+        log(f"exported {spec.file} in {time.perf_counter() - start:.2f}s")
+
+
+def _export_worker(cfg_dict: dict, out_dir: str, specs: List[GraphSpec], checkpoint: str, device: str) -> None:
+    """Runs in a spawned process: builds the model from `checkpoint` and exports its share of the buckets."""
+    select_device(device)
+    cfg = ModelFile.from_dict(cfg_dict)
+    _export_specs(cfg, out_dir, specs, build_model(cfg.model, checkpoint=checkpoint), print)
+
+
+def export_graphs(cfg: ModelFile, out_dir: str, model: Optional[LlamaModel] = None, checkpoint: str = None,
+                  seed: int = 0, jobs: int = 1, device: str = "CPU", log=print) -> dict:
+    """Exports every bucket of `cfg` into out_dir and returns the manifest (also written to out_dir).
+
+    Compiling a graph costs seconds of one core per bucket, so `jobs` > 1 spreads the buckets over that many
+    spawned processes, which load the same weights from a checkpoint (a temporary one for an in-memory model).
+    """
+    os.makedirs(out_dir, exist_ok=True)
+    specs = graph_specs(cfg)
+    jobs = max(1, min(jobs, len(specs)))
+    if jobs == 1:
+        if model is None:
+            model = build_model(cfg.model, seed=seed, checkpoint=checkpoint)
+        _export_specs(cfg, out_dir, specs, model, log)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            weights = checkpoint
+            if model is not None or checkpoint is None:
+                weights = os.path.join(tmp, "weights.ckpt")
+                save_weights(model if model is not None else build_model(cfg.model, seed=seed), weights)
+            shares = [specs[i::jobs] for i in range(jobs)]
+            ctx = multiprocessing.get_context("spawn")
+            with ctx.Pool(jobs) as pool:
+                pool.starmap(_export_worker, [(cfg.to_dict(), out_dir, share, weights, device) for share in shares])
+    m, ex = cfg.model, cfg.export
+    manifest = {
+        "format_version": MANIFEST_VERSION,
+        "model": m.to_dict(),
+        "export": ex.to_dict(),
+        "weights": checkpoint or ("in-memory model" if model is not None else f"random(seed={seed})"),
+        "block_size": ex.block_size,
+        "max_blocks_per_seq": ex.max_blocks_per_seq(m),
+        "max_seq_len": m.max_seq_len,
+        "vocab_size": m.vocab_size,
+        "num_blocks": ex.num_blocks,  # None: chosen by the runner at load time
+        "cache": {"num_layers": m.num_layers, "num_kv_heads": m.num_kv_heads, "head_dim": m.head_dim,
+                  "dtype": "float32",
+                  "shape": [ex.num_blocks if ex.num_blocks else -1, ex.block_size, m.num_kv_heads, m.head_dim]},
+        "inputs": GRAPH_INPUTS + cache_input_names(m.num_layers),
+        "output": "logits float32 [batch, vocab] of token query_lens[b]-1 of each row",
+        "graphs": [{"file": s.file, "phase": s.phase, "batch": s.batch, "length": s.length} for s in specs],
+    }
+    with open(os.path.join(out_dir, MANIFEST), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=1)
+    return manifest
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="model YAML (sections model: and export:)")
+    parser.add_argument("--out", required=True, help="output directory for the MindIR files and manifest.json")
+    parser.add_argument("--checkpoint", default=None, help="weights (.ckpt from train.py); default: random init")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random init without --checkpoint")
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                        help="processes compiling graphs in parallel (default: min(2, cores))")
+    parser.add_argument("--device", default="CPU", help="MindSpore device target (CPU, GPU, Ascend)")
+    args = parser.parse_args(argv)
+    select_device(args.device)
+    cfg = load_config(args.config)
+    start = time.perf_counter()
+    manifest = export_graphs(cfg, args.out, checkpoint=args.checkpoint, seed=args.seed, jobs=args.jobs,
+                             device=args.device)
+    print(f"exported {len(manifest['graphs'])} graphs to {args.out} in {time.perf_counter() - start:.1f}s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,252 @@
+"""A LLaMA-architecture decoder in MindSpore: RMSNorm, rotary embeddings on explicit positions, SwiGLU, GQA.
+
+Two entry points share every weight and the attention code:
+
+* `LlamaModel.forward_full(input_ids [B, T]) -> logits [B, T, vocab]`: causal attention without a cache; used to
+  train and as the correctness reference.
+* `LlamaModel.construct(...)`: one paged step, the cell that `export.py` turns into MindIR graphs (DESIGN.md §5).
+  Inputs, in order::
+
+      input_ids     int32 [B, L]      tokens to compute now (a prompt, a prompt chunk, or one decode token)
+      positions     int32 [B, L]      absolute position of each token
+      block_tables  int32 [B, MAXB]   physical cache block of each row's logical block (unused entries: 0)
+      slot_mapping  int32 [B*L]       cache slot of each new token (block * block_size + offset; padding: 0..)
+      query_lens    int32 [B]         valid tokens per row, >= 1 (padding rows: 1)
+      key_cache_0, value_cache_0, ..., key_cache_{n-1}, value_cache_{n-1}
+                    float32 [num_blocks, block_size, num_kv_heads, head_dim]
+
+  It writes each new key/value in place into the caches with `scatter_nd_update` on the 4-D cache input
+  (idx = (slot // block_size, slot % block_size)), orders the later reads after the write with `ops.depend`,
+  gathers each row's blocks to [B, MAXB * block_size, kv_heads, head_dim] (key index j = position j), lets the
+  query at position p see key j iff j <= p, and returns the logits float32 [B, vocab] of token query_lens[b] - 1
+  of each row. block_size and MAXB are read from the input shapes, so one cell serves every bucket.
+"""
+import math
+
+import numpy as np
+import mindspore as ms
+from mindspore import nn, ops, Parameter, Tensor
+from mindspore.common.initializer import Normal, initializer
+
+from .config import LlamaConfig
+
+NEG_INF = -1e9
+
+# NOTE: layers are single cells calling module-level functions built on primitive instances: every sub-cell and
+# every composite `ops` function adds seconds of graph compilation per exported bucket (14 buckets in all).
+_matmul_t = ops.MatMul(transpose_b=True)
+_bmm = ops.BatchMatMul()
+_bmm_t = ops.BatchMatMul(transpose_b=True)
+_softmax = ops.Softmax(-1)
+_split2 = ops.Split(-1, 2)
+_mean = ops.ReduceMean(keep_dims=True)
+_concat = ops.Concat(-1)
+_transpose = ops.Transpose()
+_gather = ops.Gather()
+
+
+def _weight(std, shape):
+    return Parameter(initializer(Normal(std), shape, ms.float32))
+
+
+def _ones(dim):
+    return Parameter(initializer("ones", (dim,), ms.float32))
+
+
+def linear(x, weight):
+    """x [..., in] @ weight[out, in].T -> [..., out]."""
+    shape = x.shape
+    return _matmul_t(x.reshape(-1, shape[-1]), weight).reshape(shape[:-1] + (weight.shape[0],))
+
+
+def rms_norm(x, weight, eps):
+    return x * ops.rsqrt(_mean(x * x, -1) + eps) * weight
+
+
+def rotary_cos_sin(positions, inv_freq):
+    """positions int32 [B, L] -> cos, sin float32 [B, L, 1, head_dim // 2]."""
+    freqs = ops.expand_dims(positions.astype(ms.float32), -1) * inv_freq
+    return ops.expand_dims(ops.cos(freqs), 2), ops.expand_dims(ops.sin(freqs), 2)
+
+
+def apply_rotary(x, cos, sin):
+    """Rotate-half RoPE on x [B, L, heads, head_dim]: pairs are (i, i + head_dim/2)."""
+    x1, x2 = _split2(x)
+    return _concat((x1 * cos - x2 * sin, x2 * cos + x1 * sin))
+
+
+class DecoderLayer(nn.Cell):
+    """Pre-norm attention (GQA, RoPE) and SwiGLU MLP blocks with residuals; weights are [out, in]."""
+
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.group = cfg.num_heads // cfg.num_kv_heads
+        self.scale = 1.0 / math.sqrt(cfg.head_dim)
+        self.eps = cfg.rms_norm_eps
+        std, out_std = cfg.initializer_range, cfg.initializer_range / math.sqrt(2 * cfg.num_layers)
+        hidden, kv_size = cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim
+        self.input_norm = _ones(hidden)
+        self.q_proj = _weight(std, (cfg.num_heads * cfg.head_dim, hidden))
+        self.kv_proj = _weight(std, (2 * kv_size, hidden))                  # rows: k, then v
+        self.o_proj = _weight(out_std, (hidden, cfg.num_heads * cfg.head_dim))
+        self.post_attn_norm = _ones(hidden)
+        self.gate_up_proj = _weight(std, (2 * cfg.intermediate_size, hidden))  # rows: gate, then up
+        self.down_proj = _weight(out_std, (hidden, cfg.intermediate_size))
+
+    def qkv(self, x, cos, sin):
+        """x [B, L, hidden] -> q [B, L, H, D], k and v [B, L, KVH, D] (q and k rotated)."""
+        b, l = x.shape[0], x.shape[1]
+        h = rms_norm(x, self.input_norm, self.eps)
+        q = linear(h, self.q_proj).reshape(b, l, self.num_heads, self.head_dim)
+        k, v = _split2(linear(h, self.kv_proj))
+        k = k.reshape(b, l, self.num_kv_heads, self.head_dim)
+        v = v.reshape(b, l, self.num_kv_heads, self.head_dim)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+
+    def attend_mlp(self, x, q, k, v, mask_bias):
+        """Residual attention of q [B, L, H, D] over k, v [B, S, KVH, D], then the residual MLP.
+
+        mask_bias [B, 1, G*L, S] is 0 or -1e9. Query head h reads kv head h // group: q is regrouped to
+        [B, KVH, group * L, D] so that keys and values are never repeated.
+        """
+        b, l = q.shape[0], q.shape[1]
+        q = _transpose(q.reshape(b, l, self.num_kv_heads, self.group, self.head_dim), (0, 2, 3, 1, 4))
+        q = q.reshape(b, self.num_kv_heads, self.group * l, self.head_dim)
+        scores = _bmm_t(q, _transpose(k, (0, 2, 1, 3))) * self.scale             # [B, KVH, G*L, S]
+        probs = _softmax(scores + mask_bias)
+        out = _bmm(probs, _transpose(v, (0, 2, 1, 3)))                          # [B, KVH, G*L, D]
+        out = _transpose(out.reshape(b, self.num_kv_heads, self.group, l, self.head_dim), (0, 3, 1, 2, 4))
+        x = x + linear(out.reshape(b, l, self.num_heads * self.head_dim), self.o_proj)
+        gate, up = _split2(linear(rms_norm(x, self.post_attn_norm, self.eps), self.gate_up_proj))
+        return x + linear(ops.silu(gate) * up, self.down_proj)
+
+    def forward_full(self, x, cos, sin, mask_bias):
+        q, k, v = self.qkv(x, cos, sin)
+        return self.attend_mlp(x, q, k, v, mask_bias)
+
+    def forward_paged(self, x, cos, sin, mask_bias, block_tables, write_idx, key_cache, value_cache):
+        b, l = x.shape[0], x.shape[1]
+        q, k, v = self.qkv(x, cos, sin)
+        kv_shape = (b * l, key_cache.shape[2], key_cache.shape[3])
+        # NOTE: the update must hit the 4-D cache input itself to be in place for the caller (DESIGN.md §5).
+        key_cache = ops.depend(key_cache, ops.scatter_nd_update(key_cache, write_idx, k.reshape(kv_shape)))
+        value_cache = ops.depend(value_cache, ops.scatter_nd_update(value_cache, write_idx, v.reshape(kv_shape)))
+        ctx_shape = (b, block_tables.shape[1] * key_cache.shape[1], key_cache.shape[2], key_cache.shape[3])
+        keys = _gather(key_cache, block_tables, 0).reshape(ctx_shape)
+        values = _gather(value_cache, block_tables, 0).reshape(ctx_shape)
+        return self.attend_mlp(x, q, keys, values, mask_bias)
+
+
+class LlamaModel(nn.Cell):
+    """The decoder. `construct` is the paged step exported to MindIR; `forward_full` trains and checks it."""
+
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.vocab_size = cfg.vocab_size
+        self.num_layers = cfg.num_layers
+        self.group = cfg.num_heads // cfg.num_kv_heads
+        self.eps = cfg.rms_norm_eps
+        self.embed_tokens = _weight(cfg.initializer_range, (cfg.vocab_size, cfg.hidden_size))
+        self.layers = nn.CellList([DecoderLayer(cfg) for _ in range(cfg.num_layers)])
+        self.norm = _ones(cfg.hidden_size)
+        self.tied = cfg.tie_word_embeddings
+        if not self.tied:
+            self.lm_head = _weight(cfg.initializer_range, (cfg.vocab_size, cfg.hidden_size))
+        half = cfg.head_dim // 2
+        inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(half, dtype=np.float64) / half))
+        self.inv_freq = Tensor(inv_freq.astype(np.float32))
+        # NOTE: constant tables sliced per use; ops.arange in PyNative mode trips a NumPy-1.x import warning
+        self.position_table = Tensor(np.arange(cfg.max_seq_len, dtype=np.int32))
+        self.one, self.zero = Tensor(1.0, ms.float32), Tensor(0.0, ms.float32)
+
+    def mask_bias(self, visible):
+        """visible bool [B, L, S] -> additive bias [B, 1, group * L, S] laid out as `attend_mlp` reads it."""
+        bias = (1.0 - visible.astype(ms.float32)) * NEG_INF
+        return ops.tile(ops.expand_dims(bias, 1), (1, 1, self.group, 1))
+
+    def logits(self, h):
+        """h [N, hidden] -> final norm -> [N, vocab]."""
+        h = rms_norm(h, self.norm, self.eps)
+        if self.tied:
+            return _matmul_t(h, self.embed_tokens)
+        return _matmul_t(h, self.lm_head)
+
+    def forward_full(self, input_ids):
+        """input_ids int32 [B, T] -> logits float32 [B, T, vocab], causal, positions 0..T-1."""
+        b, t = input_ids.shape
+        keys = self.position_table[:t]
+        positions = ops.tile(ops.expand_dims(keys, 0), (b, 1))
+        cos, sin = rotary_cos_sin(positions, self.inv_freq)
+        visible = ops.expand_dims(keys, 0) <= ops.expand_dims(keys, 1)               # [T, T]
+        mask_bias = self.mask_bias(ops.tile(ops.expand_dims(visible, 0), (b, 1, 1)))
+        if self.training:
+            # NOTE: on CPU the backward of a one-hot matmul is far cheaper than that of gather (a scatter-add)
+            onehot = ops.one_hot(input_ids.reshape(-1), self.vocab_size, self.one, self.zero)
+            x = ops.matmul(onehot, self.embed_tokens).reshape(b, t, -1)
+        else:
+            x = _gather(self.embed_tokens, input_ids, 0)
+        for i in range(self.num_layers):
+            x = self.layers[i].forward_full(x, cos, sin, mask_bias)
+        return self.logits(x.reshape(b * t, -1)).reshape(b, t, self.vocab_size)
+
+    def construct(self, input_ids, positions, block_tables, slot_mapping, query_lens, *kv_caches):
+        b, l = input_ids.shape
+        block_size = kv_caches[0].shape[1]
+        write_idx = ops.stack((slot_mapping // block_size, slot_mapping % block_size), axis=-1)
+        cos, sin = rotary_cos_sin(positions, self.inv_freq)
+        keys = self.position_table[:block_tables.shape[1] * block_size]
+        visible = ops.expand_dims(ops.expand_dims(keys, 0), 0) <= ops.expand_dims(positions, -1)  # [B, L, ctx]
+        mask_bias = self.mask_bias(visible)
+        x = _gather(self.embed_tokens, input_ids, 0)
+        for i in range(self.num_layers):
+            x = self.layers[i].forward_paged(x, cos, sin, mask_bias, block_tables, write_idx,
+                                             kv_caches[2 * i], kv_caches[2 * i + 1])
+        last = self.position_table[:b] * l + query_lens - 1
+        return self.logits(_gather(x.reshape(b * l, -1), last, 0))
+
+
+def select_device(target: str = "CPU"):
+    """ms.set_device(target), tolerating a process whose runtime already runs on that device."""
+    try:
+        ms.set_device(target)
+    except RuntimeError:
+        if ms.get_context("device_target") != target:
+            raise
+
+
+def checkpoint_params(model: LlamaModel):
+    """The model's parameters under names relative to the model (stable whatever cell wraps it)."""
+    return [{"name": name, "data": p} for name, p in model.parameters_and_names()]
+
+
+def save_weights(model: LlamaModel, path: str):
+    ms.save_checkpoint(checkpoint_params(model), path)
+
+
+def load_weights(model: LlamaModel, path: str):
+    """Loads a checkpoint written by `save_weights`; every parameter must be present with its shape."""
+    saved = ms.load_checkpoint(path)
+    missing = []
+    for name, p in model.parameters_and_names():
+        if name not in saved:
+            missing.append(name)
+            continue
+        value = saved[name]
+        if tuple(value.shape) != tuple(p.shape):
+            raise ValueError(f"{path}: parameter {name} has shape {tuple(value.shape)}, the config expects "
+                             f"{tuple(p.shape)}; export with the config the checkpoint was trained with")
+        p.set_data(Tensor(value.asnumpy()))
+    if missing:
+        raise ValueError(f"{path}: missing parameter(s) {missing[:5]}{'...' if len(missing) > 5 else ''}")
+
+
+def build_model(cfg: LlamaConfig, seed: int = 0, checkpoint: str = None) -> LlamaModel:
+    """A model with a seeded random init, or the weights of `checkpoint`."""
+    ms.set_seed(seed)
+    np.random.seed(seed)
+    model = LlamaModel(cfg)
+    if checkpoint:
+        load_weights(model, checkpoint)
+    return model

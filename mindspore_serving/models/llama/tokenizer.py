@@ -1,0 +1,91 @@
+"""A thin wrapper over any `tokenizers` tokenizer.json: encode/decode plus the bos/eos/pad ids.
+
+Special ids come, in this order of precedence, from explicit arguments (e.g. a model config's
+bos_token_id/eos_token_id/pad_token_id), from a `tokenizer_config.json` next to the tokenizer.json (the usual
+layout of a Hugging Face model directory), or from the tokenizer's own added special tokens with a common name
+(`</s>`, `<|endoftext|>`, `<eos>`, ...). A tokenizer without an eos token is accepted: eos_id is then None and
+generation stops on max_new_tokens or stop strings only.
+"""
+import json
+import os
+from typing import Iterable, List, Optional
+
+from tokenizers import Tokenizer
+
+BOS_NAMES = ("<s>", "<|begin_of_text|>", "<bos>", "<|startoftext|>", "[CLS]")
+EOS_NAMES = ("</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>", "<|eot_id|>", "<|im_end|>", "[SEP]")
+PAD_NAMES = ("<pad>", "<|pad|>", "[PAD]", "<|padding|>")
+
+
+def _token_name(value) -> Optional[str]:
+    """tokenizer_config.json writes special tokens as strings or as {"content": ...} objects."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+class TextTokenizer:
+    """encode(text) -> ids, decode(ids) -> text, and bos_id / eos_id / pad_id (None when absent)."""
+
+    def __init__(self, tokenizer: Tokenizer, bos_id: Optional[int] = None, eos_id: Optional[int] = None,
+                 pad_id: Optional[int] = None, config_dir: Optional[str] = None):
+        self.tokenizer = tokenizer
+        names = self._names_from_config(config_dir) if config_dir else {}
+        special = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
+        self.bos_id = bos_id if bos_id is not None else self._find(names.get("bos_token"), BOS_NAMES, special)
+        self.eos_id = eos_id if eos_id is not None else self._find(names.get("eos_token"), EOS_NAMES, special)
+        self.pad_id = pad_id if pad_id is not None else self._find(names.get("pad_token"), PAD_NAMES, special)
+        for name, value in (("bos_id", self.bos_id), ("eos_id", self.eos_id), ("pad_id", self.pad_id)):
+            if value is not None and not 0 <= value < self.vocab_size:
+                raise ValueError(f"{name}={value} is outside the tokenizer's vocabulary of {self.vocab_size} ids")
+
+    @classmethod
+    def from_file(cls, path: str, bos_id: Optional[int] = None, eos_id: Optional[int] = None,
+                  pad_id: Optional[int] = None) -> "TextTokenizer":
+        """Loads a tokenizer.json file, or a directory holding tokenizer.json (and maybe tokenizer_config.json)."""
+        if os.path.isdir(path):
+            path = os.path.join(path, "tokenizer.json")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"tokenizer file not found: {path}")
+        try:
+            tokenizer = Tokenizer.from_file(path)
+        except Exception as err:  # the Rust library raises a bare Exception on a malformed file
+            raise ValueError(f"{path} is not a valid tokenizers JSON file: {err}") from err
+        return cls(tokenizer, bos_id, eos_id, pad_id, config_dir=os.path.dirname(os.path.abspath(path)))
+
+    @staticmethod
+    def _names_from_config(directory: str) -> dict:
+        path = os.path.join(directory, "tokenizer_config.json")
+        if not os.path.isfile(path):
+            return {}
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        return {key: _token_name(data.get(key)) for key in ("bos_token", "eos_token", "pad_token")}
+
+    def _find(self, configured: Optional[str], candidates: Iterable[str], special: set) -> Optional[int]:
+        if configured is not None:
+            token_id = self.tokenizer.token_to_id(configured)
+            if token_id is not None:
+                return token_id
+        for name in candidates:
+            if name in special:
+                return self.tokenizer.token_to_id(name)
+        return None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True, add_bos: bool = False) -> List[int]:
+        """Token ids of text. add_special_tokens applies the tokenizer's own post-processor (the bundled tiny
+        tokenizer's prepends <s>); add_bos makes sure the ids start with bos_id whatever that post-processor does."""
+        ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        if add_bos and self.bos_id is not None and ids[:1] != [self.bos_id]:
+            ids = [self.bos_id] + ids
+        return ids
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> Optional[str]:
+        return self.tokenizer.id_to_token(token_id)

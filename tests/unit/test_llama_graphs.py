@@ -1,0 +1,177 @@
+"""The exported paged LLaMA graphs, run through GraphRunner, agree with the cache-free `forward_full`.
+
+A very small random model (2 layers, GQA with 2 query heads per kv head) is exported once per module to a
+temporary folder. Every comparison is on logits with atol 1e-4 (float32; the logits are O(1) thanks to a large
+init std). Covered: a prompt + several decode steps on non-contiguous blocks, a mixed-length batch with padding,
+chunked and prefix-cached prefill (start_pos > 0), prompts longer than the largest length bucket, batches larger
+than the largest bucket, and that padding only ever writes into the scratch block 0.
+"""
+import json
+
+import numpy as np
+import pytest
+
+ms = pytest.importorskip("mindspore")
+from mindspore import Tensor  # noqa: E402
+
+from mindspore_serving.agent.graph_runner import GraphRunner  # noqa: E402
+from mindspore_serving.llm.model_io import SeqStep  # noqa: E402
+from mindspore_serving.models.llama.config import ExportConfig, LlamaConfig, ModelFile  # noqa: E402
+from mindspore_serving.models.llama.export import export_graphs  # noqa: E402
+from mindspore_serving.models.llama.model import build_model  # noqa: E402
+
+ATOL = 1e-4
+VOCAB, BLOCK, MAX_LEN, NUM_BLOCKS = 96, 8, 64, 24
+CFG = ModelFile(
+    LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64,
+                max_seq_len=MAX_LEN, initializer_range=0.1, tie_word_embeddings=False),
+    ExportConfig(block_size=BLOCK, prefill_batch_buckets=(1, 2), prefill_len_buckets=(8, 16),
+                 decode_batch_buckets=(1, 4)))
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("llama_graphs"))
+    model = build_model(CFG.model, seed=3)
+    model.set_train(False)
+    manifest = export_graphs(CFG, out, model=model, log=lambda *_: None)
+    return out, model, manifest
+
+
+@pytest.fixture(scope="module")
+def runner(exported):
+    return GraphRunner(exported[0], num_blocks=NUM_BLOCKS)
+
+
+def reference(model, tokens):
+    """Logits of the last token of `tokens`, computed without any cache."""
+    return model.forward_full(Tensor(np.array([tokens], np.int32))).asnumpy()[0, -1]
+
+
+def tokens_of(seed, n):
+    return np.random.default_rng(seed).integers(3, VOCAB, n).tolist()
+
+
+def assert_close(got, want):
+    np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
+
+
+def test_manifest_lists_every_bucket(exported):
+    _, _, manifest = exported
+    files = sorted(g["file"] for g in manifest["graphs"])
+    assert files == sorted(["prefill_b1_l8.mindir", "prefill_b1_l16.mindir", "prefill_b2_l8.mindir",
+                            "prefill_b2_l16.mindir", "decode_b1.mindir", "decode_b4.mindir"])
+    assert manifest["max_blocks_per_seq"] == MAX_LEN // BLOCK
+    assert manifest["inputs"][:5] == ["input_ids", "positions", "block_tables", "slot_mapping", "query_lens"]
+    assert manifest["inputs"][5:] == ["key_cache_0", "value_cache_0", "key_cache_1", "value_cache_1"]
+
+
+def test_prefill_then_decode_on_non_contiguous_blocks(exported, runner):
+    model = exported[1]
+    runner.reset_kv_caches()
+    tokens = tokens_of(0, 11)
+    table = [7, 3, 19]                      # out of order, not adjacent; room for 24 tokens
+    logits = runner.run([SeqStep(tokens, 0, table)])
+    assert logits.shape == (1, VOCAB) and logits.dtype == np.float32
+    assert_close(logits[0], reference(model, tokens))
+    for _ in range(6):                      # crosses from block 3 into block 19
+        nxt = int(np.argmax(logits[0]))
+        logits = runner.run([SeqStep([nxt], len(tokens), table)])
+        tokens.append(nxt)
+        assert_close(logits[0], reference(model, tokens))
+    caches = [c.asnumpy() for c in runner.kv_caches]
+    untouched = [b for b in range(1, NUM_BLOCKS) if b not in table]
+    assert all(not c[untouched].any() for c in caches), "padding must only write into the scratch block 0"
+
+
+def test_mixed_lengths_with_padding_then_batched_decode(exported, runner):
+    model = exported[1]
+    prompts = [tokens_of(1, 3), tokens_of(2, 9), tokens_of(3, 16)]
+    tables = [[2], [5, 6], [9, 1, 4]]
+    seqs = [SeqStep(p, 0, t) for p, t in zip(prompts, tables)]
+    logits = runner.run(seqs)
+    for row, prompt in zip(logits, prompts):
+        assert_close(row, reference(model, prompt))
+    # one decode step for all three: the decode bucket of 4 with one padding row
+    steps = []
+    for prompt, table, row in zip(prompts, tables, logits):
+        nxt = int(np.argmax(row))
+        steps.append(SeqStep([nxt], len(prompt), table))
+        prompt.append(nxt)
+    before = runner.calls
+    logits = runner.run(steps)
+    assert runner.calls == before + 1
+    for row, prompt in zip(logits, prompts):
+        assert_close(row, reference(model, prompt))
+
+
+def test_chunked_and_prefix_cached_prefill(exported, runner):
+    model = exported[1]
+    prompt = tokens_of(4, 21)
+    table = [11, 3, 8]
+    runner.run([SeqStep(prompt[:13], 0, table)])              # first chunk
+    logits = runner.run([SeqStep(prompt[13:], 13, table)])    # second chunk reads the first from the cache
+    assert_close(logits[0], reference(model, prompt))
+    # a second sequence sharing the first full block (prefix cache): only its tail is computed
+    other = prompt[:BLOCK] + tokens_of(5, 6)
+    logits = runner.run([SeqStep(other[BLOCK:], BLOCK, [11, 14])])
+    assert_close(logits[0], reference(model, other))
+
+
+def test_long_prompt_and_large_batch_are_split(exported, runner):
+    model = exported[1]
+    # 40 tokens > largest length bucket (16): chunks of 16, 16, 8 in three rounds; the short prompt goes in the
+    # first round, in a call of its own length bucket (8)
+    long_prompt, short_prompt = tokens_of(6, 40), tokens_of(7, 5)
+    before = runner.calls
+    logits = runner.run([SeqStep(long_prompt, 0, [1, 2, 3, 4, 5]), SeqStep(short_prompt, 0, [6])])
+    assert runner.calls - before == 4
+    assert_close(logits[0], reference(model, long_prompt))
+    assert_close(logits[1], reference(model, short_prompt))
+    # 3 prompts > largest prefill batch (2) and 5 decodes > largest decode batch (4)
+    prompts = [tokens_of(10 + i, 4 + i) for i in range(5)]
+    tables = [[7 + 2 * i, 8 + 2 * i] for i in range(5)]
+    logits = runner.run([SeqStep(p, 0, t) for p, t in zip(prompts[:3], tables[:3])])
+    for row, prompt in zip(logits, prompts[:3]):
+        assert_close(row, reference(model, prompt))
+    runner.run([SeqStep(p, 0, t) for p, t in zip(prompts[3:], tables[3:])])
+    steps = []
+    for prompt, table in zip(prompts, tables):
+        steps.append(SeqStep([5], len(prompt), table))
+        prompt.append(5)
+    before = runner.calls
+    logits = runner.run(steps)
+    assert runner.calls - before == 2
+    for row, prompt in zip(logits, prompts):
+        assert_close(row, reference(model, prompt))
+
+
+def test_runner_rejects_what_the_graphs_cannot_hold(exported, runner):
+    with pytest.raises(ValueError, match="max_seq_len"):
+        runner.run([SeqStep([1, 2], MAX_LEN - 1, list(range(1, 9)))])
+    with pytest.raises(ValueError, match="blocks"):
+        runner.run([SeqStep(tokens_of(8, 10), 0, [1])])
+    with pytest.raises(ValueError, match="block_size"):
+        GraphRunner(exported[0], num_blocks=8, block_size=BLOCK * 2, warmup=False)
+    with pytest.raises(ValueError, match="scratch"):
+        GraphRunner(exported[0], num_blocks=1, warmup=False)
+
+
+def test_runner_keeps_a_block_count_fixed_at_export(exported, tmp_path):
+    manifest = dict(exported[2], num_blocks=10)
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="fixed in the exported graphs"):
+        GraphRunner(str(tmp_path), num_blocks=12, warmup=False)
+
+
+def test_config_validation_names_the_field():
+    with pytest.raises(ValueError, match="num_heads"):
+        LlamaConfig(vocab_size=8, hidden_size=30, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=8,
+                    max_seq_len=16)
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        LlamaConfig(vocab_size=8, hidden_size=24, num_layers=1, num_heads=6, num_kv_heads=4, intermediate_size=8,
+                    max_seq_len=16)
+    with pytest.raises(ValueError, match="unknown field"):
+        LlamaConfig.from_dict({"vocab_size": 8, "hidden": 16})
+    with pytest.raises(ValueError, match="block_size"):
+        ModelFile(CFG.model, ExportConfig(block_size=7))
