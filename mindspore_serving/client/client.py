@@ -130,6 +130,30 @@ class Client:
         except grpc.RpcError as err:
             return ClientGrpcAsyncError(convert.rpc_error_result(err))
 
+    def infer_stream(self, instance):
+        """Streams the outputs of one instance of a streaming method (an LLM servable's `generate`).
+
+        Yields one dict per generated token (`{"token_id", "text", "index"}`), then a final dict with
+        `"finished": True` and the whole result (`text`, `token_ids`, `finish_reason`, token counts).
+        An error ends the stream with `{"error": msg}`; closing the iterator cancels the request."""
+        if isinstance(instance, (list, tuple)):
+            if len(instance) != 1:
+                raise RuntimeError("infer_stream takes exactly one instance")
+            instance = instance[0]
+        call = self.stub.PredictStream(self._create_request(instance))
+        try:
+            for reply in call:
+                result = convert.parse_reply(reply)
+                if isinstance(result, dict):  # a global error
+                    yield result
+                    return
+                yield result[0]
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.CANCELLED:
+                yield convert.rpc_error_result(err)
+        finally:
+            call.cancel()
+
     def close(self):
         self.channel.close()
 

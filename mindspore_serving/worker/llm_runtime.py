@@ -10,28 +10,9 @@ from mindspore_serving.common import errors
 from mindspore_serving.llm.engine import LLMEngine
 from mindspore_serving.llm.engine_loop import EngineLoop
 from mindspore_serving.llm.serving_config import LlmServingConfig, load_serving_config
-from mindspore_serving.server.register.llm import GENERATE_METHOD, SAMPLING_FIELDS
+from mindspore_serving.llm.instance_params import prompt_of, sampling_params_of
+from mindspore_serving.server.register.llm import GENERATE_METHOD
 from mindspore_serving.worker.method_runner import InstanceError
-
-
-def _plain(value):
-    """A numpy value from the wire as a plain Python value (0-d and 1-element arrays become scalars)."""
-    if isinstance(value, np.ndarray):
-        if value.dtype == np.uint8 and value.ndim == 1 and value.size != 1:
-            return value.tobytes().decode()
-        if value.size == 1:
-            return value.reshape(-1)[0].item()
-        return value.tolist()
-    return value
-
-
-def sampling_params_of(instance: dict) -> dict:
-    params = {}
-    for name in SAMPLING_FIELDS:
-        if name in instance:
-            value = _plain(instance[name])
-            params[name] = [value] if name == "stop" and isinstance(value, str) else value
-    return params
 
 
 class LlmRuntime:
@@ -89,8 +70,11 @@ class LlmRuntime:
         streams = []
         for instance in instances:
             try:
-                prompt = _plain(instance["prompt"])
+                prompt = prompt_of(instance)
                 streams.append(self.loop.submit(prompt, sampling_params_of(instance)))
+            except KeyError:
+                streams.append(errors.InvalidInputs(f"Cannot find input prompt (or inputs) in instance input , "
+                                                    f"servable {self.spec.name}, method {method_name}"))
             except errors.ServingError as err:
                 streams.append(err)
         results = []

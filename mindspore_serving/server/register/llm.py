@@ -7,11 +7,8 @@ from mindspore_serving.server.register.registry import get_or_create_servable_sp
 from mindspore_serving.server.register.spec import MethodSpec
 
 GENERATE_METHOD = "generate"
-GENERATE_INPUTS = ["prompt"]
+GENERATE_INPUTS = []  # "prompt" or "inputs", checked by the worker
 GENERATE_OUTPUTS = ["text", "token_ids", "finish_reason", "prompt_tokens", "completion_tokens"]
-# sampling fields accepted beside the prompt in an instance
-SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "do_sample",
-                   "ignore_eos", "stop", "stop_token_ids")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,59 @@
+"""MSService.PredictStream: token streaming for LLM servables over the public gRPC API.
+
+The request holds one instance with `prompt` (or `inputs`) and optional sampling fields. Each reply holds
+one instance: per token `token_id`, `text`, `index`; the last one `finished` = True with `text`,
+`token_ids`, `finish_reason`, `prompt_tokens` and `completion_tokens`. An error ends the stream with a
+reply carrying one error_msg.
+"""
+import numpy as np
+
+from mindspore_serving.common import errors
+from mindspore_serving.common.tensor_codec import instance_to_proto, proto_to_instance
+from mindspore_serving.frontends.llm.backend import FinalEvent, GenerationRequest
+from mindspore_serving.llm.instance_params import prompt_of, sampling_params_of
+from mindspore_serving.proto import ms_service_pb2
+
+
+def _reply(spec, values: dict):
+    reply = ms_service_pb2.PredictReply()
+    reply.servable_spec.CopyFrom(spec)
+    instance_to_proto(values, reply.instances.add())
+    return reply
+
+
+def _error(spec, error: errors.ServingError):
+    reply = ms_service_pb2.PredictReply()
+    reply.servable_spec.CopyFrom(spec)
+    reply.error_msg.add(error_code=error.code, error_msg=error.message.encode())
+    return reply
+
+
+async def predict_stream(backend, request):
+    spec = request.servable_spec
+    if len(request.instances) != 1:
+        yield _error(spec, errors.InvalidInputs(f"PredictStream takes exactly one instance, got "
+                                                f"{len(request.instances)}"))
+        return
+    try:
+        instance = proto_to_instance(request.instances[0])
+        prompt = prompt_of(instance)
+    except KeyError:
+        yield _error(spec, errors.InvalidInputs("Cannot find input prompt (or inputs) in instance input"))
+        return
+    except Exception as err:
+        yield _error(spec, errors.InvalidInputs(str(err)))
+        return
+    generation = GenerationRequest(model=spec.name, prompt=prompt, params=sampling_params_of(instance))
+    try:
+        async for event in backend.stream(generation):
+            if isinstance(event, FinalEvent):
+                yield _reply(spec, {"finished": np.bool_(True), "text": event.text,
+                                    "token_ids": np.asarray(event.token_ids, np.int32),
+                                    "finish_reason": event.finish_reason,
+                                    "prompt_tokens": np.int32(event.prompt_tokens),
+                                    "completion_tokens": np.int32(event.completion_tokens)})
+            else:
+                yield _reply(spec, {"token_id": np.int32(event.token_id), "text": event.text,
+                                    "index": np.int32(event.index)})
+    except errors.ServingError as err:
+        yield _error(spec, err)
