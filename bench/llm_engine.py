@@ -33,10 +33,13 @@ def engine_limit(runner, steps: int):
         seqs = [SeqStep([5], 40, list(range(1 + i * blocks_per_seq, 1 + (i + 1) * blocks_per_seq)))
                 for i in range(batch)]
         runner.run(seqs)  # warm
-        started = time.perf_counter()
-        for _ in range(steps):
-            runner.run(seqs)
-        step = (time.perf_counter() - started) / steps
+        rounds = []
+        for _ in range(3):  # the best of three rounds: the machine is shared, noise only adds time
+            started = time.perf_counter()
+            for _ in range(steps):
+                runner.run(seqs)
+            rounds.append((time.perf_counter() - started) / steps)
+        step = min(rounds)
         limit[batch] = {"step_ms": step * 1000, "tokens_per_s": batch / step}
     return limit
 
@@ -92,7 +95,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=os.path.join(ROOT, "config", "llama_tiny.yaml"))
     parser.add_argument("--requests", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=30, help="timed decode steps per bucket for the limit")
+    parser.add_argument("--steps", type=int, default=20, help="timed decode steps per round and bucket for the limit")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "llm_engine.json"))
     args = parser.parse_args()
 
