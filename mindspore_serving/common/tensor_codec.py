@@ -6,6 +6,7 @@ scalars), a Python `str` (MS_STRING) or `bytes` (MS_BYTES). On the wire (`ms_ser
 - str/bytes: one element of `Tensor.bytes_val` (str as UTF-8), dims `[]` (or `[1]` from clients).
 All functions here are pure: no I/O, no globals besides constant tables.
 """
+import math
 from typing import Dict, Iterable, List, Optional, Sequence, Union
 
 import numpy as np
@@ -159,14 +160,21 @@ def value_to_tensor(value, tensor: Optional[pb.Tensor] = None, string_dims: Sequ
         tensor.shape.dims.extend(getattr(value, "dims", string_dims))
         tensor.bytes_val.append(bytes(value))
         return tensor
-    array = _as_array(value)
-    code = dtype_to_proto(array.dtype)
-    if array.dtype.byteorder == ">":
-        array = array.astype(array.dtype.newbyteorder("<"))
+    array = value if type(value) is np.ndarray else _as_array(value)
+    code = NUMPY_TO_PROTO.get(array.dtype)
+    if code is None or array.dtype.byteorder == ">":  # NUMPY_TO_PROTO holds native dtypes only
+        code = dtype_to_proto(array.dtype)
+        if array.dtype.byteorder == ">":
+            array = array.astype(array.dtype.newbyteorder("<"))
     tensor.dtype = code
     tensor.shape.dims.extend(array.shape)
     tensor.data = array.tobytes()
     return tensor
+
+
+# DataType -> (native dtype, little-endian dtype, itemsize, whether the host is little-endian for it)
+_DECODE = {code: (dtype, dtype.newbyteorder("<"), dtype.itemsize, dtype.newbyteorder("<") == dtype)
+           for code, dtype in PROTO_TO_NUMPY.items()}
 
 
 def tensor_to_value(tensor: pb.Tensor, copy: bool = True):
@@ -176,21 +184,24 @@ def tensor_to_value(tensor: pb.Tensor, copy: bool = True):
     a numpy array of shape `dims`, writable when `copy`, else a read-only view of the message's bytes.
     ValueError when the data size does not match the shape, or for shared-memory tensors."""
     code = tensor.dtype
-    if code in STRING_TYPES:
-        items = [item.decode("utf-8", _UTF8_ERRORS) for item in tensor.bytes_val] \
-            if code == pb.MS_STRING else list(tensor.bytes_val)
-        return items[0] if len(items) == 1 else items
-    if tensor.WhichOneof("tensor_data") == "shm_data":
-        raise ValueError("Tensor with shared memory data is not supported")
-    dtype = proto_to_dtype(code)
-    dims = tuple(tensor.shape.dims)
+    decode = _DECODE.get(code)
+    if decode is None:
+        if code in STRING_TYPES:
+            items = [item.decode("utf-8", _UTF8_ERRORS) for item in tensor.bytes_val] \
+                if code == pb.MS_STRING else list(tensor.bytes_val)
+            return items[0] if len(items) == 1 else items
+        if tensor.WhichOneof("tensor_data") == "shm_data":
+            raise ValueError("Tensor with shared memory data is not supported")
+        proto_to_dtype(code)  # raises ValueError for unknown values
+    dtype, little, itemsize, native = decode
     data = tensor.data
-    expected = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
-    if expected != len(data) or any(d < 0 for d in dims):
+    if not data and tensor.WhichOneof("tensor_data") == "shm_data":
+        raise ValueError("Tensor with shared memory data is not supported")
+    dims = tensor.shape.dims[:]
+    if math.prod(dims) * itemsize != len(data) or (dims and min(dims) < 0):
         raise ValueError(f"Tensor check failed: input data size {len(data)} invalid")
-    little = dtype.newbyteorder("<")
     array = np.frombuffer(data, little).reshape(dims)
-    if little != dtype:  # big-endian host
+    if not native:  # big-endian host
         return array.astype(dtype)
     return array.copy() if copy else array
 
@@ -223,7 +234,7 @@ def proto_to_instances(repeated_field, copy: bool = True) -> List[dict]:
 
 def check_tensor(tensor: pb.Tensor) -> Optional[str]:
     """Why a request tensor is malformed (the `detail` text of MindSpore Serving), or None."""
-    dims = list(tensor.shape.dims)
+    dims = tensor.shape.dims[:]  # a list; slicing is the fast way out of the repeated field
     if tensor.dtype in STRING_TYPES:
         if len(tensor.bytes_val) != 1:
             return "Instance tensor check failed: bytes or string type shape batch size can only be 1"
@@ -231,18 +242,19 @@ def check_tensor(tensor: pb.Tensor) -> Optional[str]:
             return ("Instance tensor check failed: bytes or string type input  shape can only be (1,) or empty, "
                     f"but given shape is {format_shape(dims)}")
         return None
-    zero_dim = False
-    for dim in dims:
-        if dim < 0 or zero_dim:
-            return f"Tensor check failed: input  shape {format_shape(dims)} invalid"
-        zero_dim = zero_dim or dim == 0
-    dtype = PROTO_TO_NUMPY.get(tensor.dtype)
-    if dtype is None:
+    if dims and min(dims) <= 0:
+        zero_dim = False
+        for dim in dims:
+            if dim < 0 or zero_dim:
+                return f"Tensor check failed: input  shape {format_shape(dims)} invalid"
+            zero_dim = zero_dim or dim == 0
+    decode = _DECODE.get(tensor.dtype)
+    if decode is None:
         return f"Tensor check failed: input data type proto::{proto_type_name(tensor.dtype)} invalid"
-    count = 1
-    for dim in dims:
-        count *= dim
-    expected = count * dtype.itemsize
+    expected = math.prod(dims) * decode[2]
+    size = len(tensor.data)
+    if size == expected and size:  # data is set, so shm_data (the other member of the oneof) is not
+        return None
     if tensor.WhichOneof("tensor_data") == "shm_data":
         if tensor.shm_data.data_size != expected:
             return (f"Tensor check failed: input shared memory data size {tensor.shm_data.data_size} "

@@ -1,7 +1,16 @@
 """Routes a request's instances to workers: checks them, cuts them into chunks of the worker batch size,
-sends each chunk to the least busy worker and puts the answers back in request order."""
+sends each chunk to the least busy worker and puts the answers back in request order.
+
+Chunks of concurrent requests bound for the same worker and method wait in that worker's queue and travel
+together in one WorkerPredictRequest (each call to a worker costs far more than an instance in it): a queue
+sends on the next event-loop turn while fewer than MAX_CALLS_IN_FLIGHT of its calls are running; while one is
+running it sends only full batches, the rest waits for a call to return. The worker runs the instances of a
+call together and answers them in order; the answers are split back to their requests.
+"""
 import asyncio
+import collections
 import itertools
+import time
 from typing import List, Optional, Sequence
 
 import grpc
@@ -14,6 +23,186 @@ from mindspore_serving.proto import internal_pb2, ms_service_pb2
 from mindspore_serving.worker.batching import chunk
 
 DEFAULT_MAX_ENQUEUED_REQUESTS = 10000
+_DBG_CALLS = 0
+_DBG_INST = 0
+MAX_CALLS_IN_FLIGHT = int(__import__("os").environ.get("DBG_INFLIGHT", "2"))    # per worker and method: one running, the next one on its way
+MAX_CALL_INSTANCES = 64    # instances in one call (at least one batch of the worker)
+SETTLE_SECONDS = float(__import__("os").environ.get("DBG_SETTLE_MS", "2")) / 1000
+
+_CONNECTION_ERRORS = (grpc.aio.AioRpcError, grpc.aio.UsageError)  # UsageError: the channel is already closed
+
+
+_TRACE = []
+def _trace(what, n):
+    _TRACE.append((time.perf_counter(), what, n))
+    if len(_TRACE) == 2500:
+        with open("/tmp/trace.txt", "w") as f:
+            t0 = _TRACE[1000][0]
+            for t, w, k in _TRACE[1000:2000]:
+                f.write(f"{(t - t0) * 1e3:9.3f} {w} {k}\n")
+
+
+class _Chunk:
+    """Instances of one public request bound for one worker call, and the future of their answers."""
+    __slots__ = ("spec", "instances", "future")
+
+    def __init__(self, spec, instances: Sequence, future: "asyncio.Future"):
+        self.spec = spec
+        self.instances = instances
+        self.future = future
+
+
+class _WorkerQueue:
+    """Chunks waiting for one worker and method, and that worker's calls in flight for it."""
+
+    def __init__(self, dispatcher: "Dispatcher", worker: WorkerRecord):
+        self.dispatcher = dispatcher
+        self.worker = worker
+        self.batch_size = max(1, worker.batch_size)
+        self.max_instances = max(self.batch_size, MAX_CALL_INSTANCES // self.batch_size * self.batch_size)
+        self.pending: "collections.deque[_Chunk]" = collections.deque()
+        self.pending_count = 0
+        self.in_flight = 0
+        self.scheduled = False
+        self.arrived = False        # a chunk came since the last flush attempt
+        self.settle_until = None    # while the idle worker's batch settles (batched models only)
+
+    def put(self, item: _Chunk):
+        _trace("put", self.pending_count)
+        self.pending.append(item)
+        self.pending_count += len(item.instances)
+        self.arrived = True
+        self._schedule()
+
+    def _may_send(self) -> bool:
+        if not self.pending or self.in_flight >= MAX_CALLS_IN_FLIGHT:
+            return False
+        # an idle worker takes whatever is there; a busy one only full calls
+        return self.in_flight == 0 or self.pending_count >= self.max_instances
+
+    def _schedule(self):
+        if not self.scheduled and self._may_send():
+            self.scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)  # the next turn: chunks arriving now join
+
+    def _settling(self) -> bool:
+        """For a model with a batch dimension, an idle worker's partial batch waits while chunks keep arriving
+        turn after turn (a burst being read), at most SETTLE_SECONDS: padding is paid per batch."""
+        if self.batch_size == 1 or self.in_flight or self.pending_count >= self.batch_size or not self.arrived:
+            self.settle_until = None
+            return False
+        now = time.monotonic()
+        if self.settle_until is None:
+            self.settle_until = now + SETTLE_SECONDS
+        elif now >= self.settle_until:
+            self.settle_until = None
+            return False
+        self.arrived = False
+        return True
+
+    def _flush(self):
+        if self._settling():
+            asyncio.get_running_loop().call_soon(self._flush)
+            return
+        self.scheduled = False
+        self.arrived = False
+        while self._may_send():
+            limit = self.max_instances
+            chunks, count = [], 0
+            while self.pending and (not chunks or count + len(self.pending[0].instances) <= limit):
+                item = self.pending.popleft()
+                size = len(item.instances)
+                self.pending_count -= size
+                if item.future.done():  # its request was cancelled before the chunk left
+                    self.worker.outstanding -= size
+                    continue
+                chunks.append(item)
+                count += size
+            if chunks:
+                global _DBG_CALLS, _DBG_INST
+                _DBG_CALLS += 1; _DBG_INST += count
+                if _DBG_CALLS % 100 == 0:
+                    print(f"DBG calls {_DBG_CALLS} instances {_DBG_INST} avg {_DBG_INST/_DBG_CALLS:.1f} in_flight {self.in_flight}", flush=True)
+                self.in_flight += 1
+                _trace("send", count)
+                asyncio.ensure_future(self._call(chunks, count))
+
+    async def _call(self, chunks: List[_Chunk], count: int):
+        worker = self.worker
+        first = chunks[0].spec
+        request_id = f"{worker.pid}-{next(self.dispatcher._ids)}"
+        request = internal_pb2.WorkerPredictRequest(request_id=request_id)
+        spec = request.request.servable_spec
+        spec.name = first.name
+        spec.method_name = first.method_name
+        spec.version_number = worker.version_number
+        instances = request.request.instances
+        for item in chunks:
+            instances.extend(item.instances)
+        request.request_sizes.extend([len(item.instances) for item in chunks])
+        try:
+            reply = await worker.stub.Predict(request)
+        except _CONNECTION_ERRORS as err:
+            if isinstance(err, grpc.aio.AioRpcError):
+                log.warning(f"request {request_id} to worker pid {worker.pid} failed: {err.code().name} "
+                            f"{err.details()}")
+            else:
+                log.warning(f"request {request_id} to worker pid {worker.pid} failed: {err}")
+            for item in chunks:
+                error = errors.WorkerUnavailable(
+                    f"Request {request_repr(item.spec.name, item.spec.method_name, item.spec.version_number)}, "
+                    f"servable is not available: the worker (pid {worker.pid}) stopped while handling it")
+                _set_result(item.future, [error] * len(item.instances))
+            return
+        except asyncio.CancelledError:
+            for item in chunks:
+                item.future.cancel()
+            raise
+        except BaseException as err:
+            for item in chunks:
+                if not item.future.done():
+                    item.future.set_exception(err)
+            if not isinstance(err, Exception):
+                raise
+            return
+        finally:
+            _trace("back", count)
+            worker.outstanding -= count
+            self.in_flight -= 1
+            self._schedule()
+        try:
+            _split_reply(worker, reply, chunks, count)
+        except Exception as err:  # a malformed reply: the requests still get an answer
+            for item in chunks:
+                if not item.future.done():
+                    item.future.set_exception(err)
+
+
+def _set_result(future: "asyncio.Future", result):
+    if not future.done():  # a cancelled request no longer waits for its answers
+        future.set_result(result)
+
+
+def _split_reply(worker: WorkerRecord, reply, chunks: List[_Chunk], count: int):
+    """Hands each chunk the answers of its instances: the Instance message or a ServingError."""
+    instances, error_msgs = reply.instances, reply.error_msg
+    answered = min(len(instances), len(error_msgs))
+    position = 0
+    for item in chunks:
+        answers = []
+        for index in range(position, position + len(item.instances)):
+            if index >= answered:
+                answers.append(errors.SystemError_(f"Serving Error: the worker answered {answered} of {count} "
+                                                   f"instances"))
+                continue
+            error = error_msgs[index]
+            if error.error_code:
+                answers.append(errors.make_error(error.error_code, error.error_msg.decode(errors="replace")))
+            else:
+                answers.append(instances[index])
+        position += len(item.instances)
+        worker.served += 1
+        _set_result(item.future, answers)
 
 
 class Dispatcher:
@@ -26,15 +215,16 @@ class Dispatcher:
     def check_instances(self, record: WorkerRecord, method_name: str, servable_name: str,
                         instances: Sequence) -> List[Optional[str]]:
         """Per instance: why it cannot be sent to a worker, or None."""
-        input_names = list(record.methods[method_name].input_names)
+        input_names = record.input_names(method_name)
         reasons: List[Optional[str]] = []
         for instance in instances:
             reason = None
+            items = instance.items
             for name in input_names:
-                if name not in instance.items:
+                if name not in items:
                     reason = f"Cannot find input {name} in instance input , servable {servable_name}, method {method_name}"
                     break
-                detail = check_tensor(instance.items[name])
+                detail = check_tensor(items[name])
                 if detail:
                     reason = f"Instances input {name} check failed, detail: {detail}"
                     break
@@ -57,35 +247,28 @@ class Dispatcher:
     async def _predict(self, spec, instances: Sequence) -> list:
         candidates = self.registry.candidates(spec.name, spec.method_name, spec.version_number)
         reasons = self.check_instances(candidates[0], spec.method_name, spec.name, instances)
+        batch = max(w.batch_size for w in candidates) if len(candidates) > 1 else candidates[0].batch_size
+        if len(instances) <= batch and not any(reasons):  # the common case: one chunk, all instances valid
+            return await self._enqueue(spec, candidates, instances)
         results: list = [errors.InvalidInputs(reason) if reason else None for reason in reasons]
         valid = [index for index, reason in enumerate(reasons) if reason is None]
-        batch = max(w.batch_size for w in candidates)
-        tasks = [self._send_chunk(spec, candidates, [instances[i] for i in part]) for part in chunk(valid, batch)]
-        for part, answers in zip(chunk(valid, batch), await asyncio.gather(*tasks)):
+        parts = chunk(valid, batch)
+        futures = [self._enqueue(spec, candidates, [instances[i] for i in part]) for part in parts]
+        for part, answers in zip(parts, await asyncio.gather(*futures)):
             for index, answer in zip(part, answers):
                 results[index] = answer
         return results
 
-    async def _send_chunk(self, spec, candidates: List[WorkerRecord], instances: Sequence) -> list:
+    def _enqueue(self, spec, candidates: List[WorkerRecord], instances: Sequence) -> "asyncio.Future":
+        """Queues one chunk for the least busy worker; the future gets one answer per instance."""
         worker = self.registry.pick(candidates)
-        request_id = f"{worker.pid}-{next(self._ids)}"
-        request = internal_pb2.WorkerPredictRequest(request_id=request_id)
-        request.request.servable_spec.CopyFrom(spec)
-        request.request.servable_spec.version_number = worker.version_number
-        request.request.instances.extend(instances)
+        queue = worker.queues.get(spec.method_name)
+        if queue is None:
+            queue = worker.queues[spec.method_name] = _WorkerQueue(self, worker)
+        future = asyncio.get_running_loop().create_future()
         worker.outstanding += len(instances)
-        try:
-            reply = await worker.stub.Predict(request)
-        except grpc.aio.AioRpcError as err:
-            log.warning(f"request {request_id} to worker pid {worker.pid} failed: {err.code().name} {err.details()}")
-            text = (f"Request {request_repr(spec.name, spec.method_name, spec.version_number)}, servable is not "
-                    f"available: the worker (pid {worker.pid}) stopped while handling it")
-            return [errors.WorkerUnavailable(text)] * len(instances)
-        finally:
-            worker.outstanding -= len(instances)
-        worker.served += 1
-        return [instance if not error.error_code else errors.make_error(error.error_code, error.error_msg.decode(errors="replace"))
-                for instance, error in zip(reply.instances, reply.error_msg)]
+        queue.put(_Chunk(spec, instances, future))
+        return future
 
 
 def build_reply(spec, results: Sequence) -> "ms_service_pb2.PredictReply":

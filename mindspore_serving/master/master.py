@@ -19,9 +19,21 @@ from mindspore_serving.proto import internal_pb2_grpc
 DRAIN_TIMEOUT = 10.0
 
 
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's loop when installed (its transports and callbacks cost far less per request), else asyncio's.
+    MS_SERVING_EVENT_LOOP=asyncio forces the standard loop."""
+    if os.environ.get("MS_SERVING_EVENT_LOOP", "uvloop").lower() != "asyncio":
+        try:
+            import uvloop  # pylint: disable=import-outside-toplevel
+            return uvloop.new_event_loop()
+        except ImportError:
+            pass
+    return asyncio.new_event_loop()
+
+
 class Master:
     def __init__(self):
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="serving-loop", daemon=True)
         self._thread.start()
         self.registry = WorkerRegistry()

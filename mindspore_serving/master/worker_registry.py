@@ -19,8 +19,17 @@ class WorkerRecord:
     extensions: Dict[str, str] = field(default_factory=dict)
     stub: Any = None
     channel: Any = None
-    outstanding: int = 0                       # instances sent and not yet answered
-    served: int = 0                            # requests answered successfully since registration
+    outstanding: int = 0                       # instances queued or sent and not yet answered
+    served: int = 0                            # request chunks answered since registration
+    queues: Dict[str, Any] = field(default_factory=dict, repr=False)  # method -> the dispatcher's queue
+    _input_names: Dict[str, List[str]] = field(default_factory=dict, repr=False)
+
+    def input_names(self, method_name: str) -> List[str]:
+        """The input names of a method, read once from its signature."""
+        names = self._input_names.get(method_name)
+        if names is None:
+            names = self._input_names[method_name] = list(self.methods[method_name].input_names)
+        return names
 
 
 def request_repr(servable_name: str, method_name: str, version_number: int) -> str:
@@ -35,12 +44,15 @@ class WorkerRegistry:
         self._lock = threading.Lock()
         self._workers: Dict[str, WorkerRecord] = {}
         self._turn = itertools.count()
+        # (servable, method, version) -> candidates; emptied whenever a worker comes or goes
+        self._candidates: Dict[tuple, List[WorkerRecord]] = {}
 
     def add(self, record: WorkerRecord) -> Optional[WorkerRecord]:
         """Registers a worker; returns the record it replaces (same key), if any."""
         with self._lock:
             old = self._workers.get(record.key)
             self._workers[record.key] = record
+            self._candidates = {}
             return old
 
     def remove(self, key: str, pid: Optional[int] = None) -> Optional[WorkerRecord]:
@@ -48,6 +60,7 @@ class WorkerRegistry:
             record = self._workers.get(key)
             if record is None or (pid is not None and record.pid != pid):
                 return None
+            self._candidates = {}
             return self._workers.pop(key)
 
     def get(self, key: str) -> Optional[WorkerRecord]:
@@ -62,6 +75,7 @@ class WorkerRegistry:
         with self._lock:
             records = list(self._workers.values())
             self._workers.clear()
+            self._candidates = {}
             return records
 
     def servable_versions(self, servable_name: str) -> List[int]:
@@ -69,9 +83,16 @@ class WorkerRegistry:
             return sorted({w.version_number for w in self._workers.values() if w.servable_name == servable_name})
 
     def candidates(self, servable_name: str, method_name: str, version_number: int) -> List[WorkerRecord]:
-        """Workers that can serve the request; version 0 means the newest running version."""
+        """Workers that can serve the request; version 0 means the newest running version.
+
+        The list is shared between calls until a worker comes or goes: callers must not change it."""
+        key = (servable_name, method_name, version_number)
+        found = self._candidates.get(key)
+        if found is not None:
+            return found
         repr_ = request_repr(servable_name, method_name, version_number)
         with self._lock:
+            cache = self._candidates
             same_name = [w for w in self._workers.values() if w.servable_name == servable_name]
             if version_number == 0 and same_name:
                 newest = max(w.version_number for w in same_name)
@@ -83,10 +104,15 @@ class WorkerRegistry:
         with_method = [w for w in matching if method_name in w.methods]
         if not with_method:
             raise errors.ServableUnavailable(f"Request {repr_}, method is not available")
+        with self._lock:
+            if cache is self._candidates:  # no worker came or went meanwhile
+                cache[key] = with_method
         return with_method
 
     def pick(self, candidates: List[WorkerRecord]) -> WorkerRecord:
         """The worker with the least outstanding work; ties rotate."""
+        if len(candidates) == 1:
+            return candidates[0]
         least = min(w.outstanding for w in candidates)
         tied = [w for w in candidates if w.outstanding == least]
         return tied[next(self._turn) % len(tied)]

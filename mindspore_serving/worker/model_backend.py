@@ -1,6 +1,7 @@
 """Loads MindIR graphs with `mindspore.load` + `nn.GraphCell` and describes their inputs and outputs."""
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -34,11 +35,13 @@ class TensorInfo:
     shape: tuple
     dtype: np.dtype
 
-    @property
+    # computed once: model input checks read them for every instance (cached_property writes the instance
+    # __dict__ directly, which a frozen dataclass allows)
+    @cached_property
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize if self.is_static else -1
 
-    @property
+    @cached_property
     def is_static(self) -> bool:
         return all(dim >= 0 for dim in self.shape)
 
@@ -103,6 +106,8 @@ class Subgraph:
         kwargs = {"dec_key": dec_key, "dec_mode": dec_mode} if dec_key else {}
         self.path = path
         self.cell = nn.GraphCell(ms.load(path, **kwargs))
+        self._phases = {}  # input signature -> compiled phase, for the fast call
+        self._runner = compiled_runner()
         self.inputs = read_mindir_inputs(path)
         if self.inputs is None:
             raise RuntimeError(f"cannot read the inputs of model file '{path}'")
@@ -117,10 +122,86 @@ class Subgraph:
 
     def run(self, inputs: Sequence[np.ndarray]) -> List[np.ndarray]:
         from mindspore import Tensor
-        result = self.cell(*[Tensor(np.ascontiguousarray(value)) for value in inputs])
+        arrays = [np.ascontiguousarray(value) for value in inputs]
+        signature = tuple((array.shape, array.dtype.str) for array in arrays)
+        # from_numpy shares the arrays' memory (they live until the call returns); Tensor() would copy them
+        tensors = [Tensor.from_numpy(array) for array in arrays]
+        compiled = self._phases.get(signature)
+        result = None
+        if compiled is not None:
+            try:
+                result = self._runner(self.cell, tensors, compiled)
+            except Exception as err:  # let the public call decide (and raise its own error if the graph fails)
+                log.warning(f"fast call of '{self.path}' failed, using GraphCell's call: {err}")
+                self._phases.pop(signature, None)
+        if result is None:
+            result = self.cell(*tensors)
+            self._remember_phase(signature)
         if not isinstance(result, (tuple, list)):
             result = (result,)
         return [out.asnumpy() for out in result]
+
+    def _remember_phase(self, signature: tuple):
+        if len(self._phases) >= _MAX_PHASES:
+            return
+        compiled = self._runner.phase_of(self.cell)
+        if compiled is not None:
+            self._phases[signature] = compiled
+
+
+# GraphCell.__call__ (Cell.compile_and_run) checks and compiles its arguments on every call, about half of the
+# cost of a small graph. Once a GraphCell has been compiled for an input signature (shapes and dtypes), the
+# steps of compile_and_run after compile() are repeated here with the phase it compiled, through MindSpore's
+# private executor API. When those internals are missing (another MindSpore version), every call goes through
+# the public GraphCell call. tests/unit/test_model_backend.py pins the behaviour.
+_MAX_PHASES = 64
+
+
+class _CompiledRunner:
+    def __init__(self):
+        try:
+            try:
+                from mindspore.graph.api import _cell_graph_executor, _convert_python_data
+            except ImportError:
+                from mindspore.common.api import _cell_graph_executor, _convert_python_data
+            from mindspore.nn.cell import _DEFAULT_JIT_CONFIG
+            executor = _cell_graph_executor._graph_executor
+            self._calls = (executor, executor.get_args_for_run, executor.set_jit_config, executor.has_compiled,
+                           _convert_python_data, _DEFAULT_JIT_CONFIG)
+        except Exception as err:
+            log.info(f"GraphCell fast call unavailable, using the public call: {err}")
+            self._calls = None
+
+    @property
+    def available(self) -> bool:
+        return self._calls is not None
+
+    def phase_of(self, cell) -> Optional[tuple]:
+        """What the cell's last call compiled (phase, mutable flags, modified sequences), or None."""
+        if self._calls is None:
+            return None
+        phase = getattr(cell, "compile_phase", None)
+        if not isinstance(phase, str) or not self._calls[3](phase):
+            return None
+        return (phase, list(getattr(cell, "_has_mutable_args_list", None) or []),
+                list(getattr(cell, "sequence_modified", None) or []))
+
+    def __call__(self, cell, tensors, compiled: tuple):
+        executor, get_args, set_jit_config, _, convert, default_jit_config = self._calls
+        phase, mutable_flags, sequence_modified = compiled
+        args = get_args(cell, tuple(tensors), {}, mutable_flags, sequence_modified, False, False)
+        set_jit_config(getattr(cell, "jit_config_dict", None) or default_jit_config)
+        return convert(executor(args, phase))
+
+
+_runner: Optional[_CompiledRunner] = None
+
+
+def compiled_runner() -> _CompiledRunner:
+    global _runner
+    if _runner is None:
+        _runner = _CompiledRunner()
+    return _runner
 
 
 class LoadedModel:

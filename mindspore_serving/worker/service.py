@@ -8,6 +8,19 @@ from mindspore_serving.proto import internal_pb2, internal_pb2_grpc
 from mindspore_serving.worker.method_runner import InstanceError
 
 
+def _request_groups(request) -> list:
+    """(start, end) of each public request's instances inside one WorkerPredictRequest."""
+    total = len(request.request.instances)
+    sizes = request.request_sizes
+    if not sizes or sum(sizes) != total:
+        return [(0, total)]
+    groups, start = [], 0
+    for size in sizes:
+        groups.append((start, start + size))
+        start += size
+    return groups
+
+
 class WorkerServicer(internal_pb2_grpc.WorkerServiceServicer):
     def __init__(self, runtime, request_exit):
         self.runtime = runtime
@@ -17,12 +30,27 @@ class WorkerServicer(internal_pb2_grpc.WorkerServiceServicer):
         started = time.perf_counter()
         reply = internal_pb2.WorkerPredictReply(request_id=request.request_id)
         spec = request.request.servable_spec
-        try:
-            instances = proto_to_instances(request.request.instances)
-            results = self.runtime.predict(spec.method_name, instances)
-        except Exception as err:  # one path for anything the method could not even start with
-            log.exception(f"request {request.request_id} of method {spec.method_name} failed")
-            results = [InstanceError(str(err))] * len(request.request.instances)
+        instances_pb = request.request.instances
+        results: list = [None] * len(instances_pb)
+        runnable, instances = [], []
+        # decoded request by request: an instance that cannot be decoded fails the instances of its own request
+        for start, end in _request_groups(request):
+            try:
+                decoded = proto_to_instances(instances_pb[start:end])
+            except Exception as err:
+                log.exception(f"request {request.request_id} of method {spec.method_name} failed")
+                results[start:end] = [InstanceError(str(err))] * (end - start)
+                continue
+            runnable.extend(range(start, end))
+            instances.extend(decoded)
+        if instances:
+            try:  # all instances together, so that they share model batches
+                answers = self.runtime.predict(spec.method_name, instances)
+            except Exception as err:  # one path for anything the method could not even start with
+                log.exception(f"request {request.request_id} of method {spec.method_name} failed")
+                answers = [InstanceError(str(err))] * len(instances)
+            for index, answer in zip(runnable, answers):
+                results[index] = answer
         for result in results:
             instance = reply.instances.add()
             error = reply.error_msg.add()
@@ -31,8 +59,9 @@ class WorkerServicer(internal_pb2_grpc.WorkerServiceServicer):
                 error.error_msg = str(result).encode()
                 continue
             try:
+                items = instance.items
                 for name, value in result.items():
-                    value_to_tensor(value, instance.items[name])
+                    value_to_tensor(value, items[name])
             except Exception as err:
                 instance.Clear()
                 error.error_code = errors.FAILED

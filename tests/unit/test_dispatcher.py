@@ -29,7 +29,8 @@ class FakeWorkerStub:
         xs = [int(tensor_to_value(instance.items["x"])[0]) for instance in request.request.instances]
         released = asyncio.Event()
         self.calls.append({"worker": self.name, "xs": xs, "spec": request.request.servable_spec,
-                           "request_id": request.request_id, "release": released})
+                           "request_id": request.request_id, "sizes": list(request.request_sizes),
+                           "release": released})
         if self.hold:
             await released.wait()
         if self.raise_error is not None:
@@ -88,22 +89,24 @@ def test_chunks_of_the_batch_size_spread_over_two_workers_and_come_back_in_order
 
     async def scenario():
         task = asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(0, 1, 2, 3, 4)))
-        await until(lambda: len(calls) == 3)
+        await until(lambda: len(calls) == 2)
         in_flight = (first.outstanding, second.outstanding)
-        for call in reversed(calls):  # the last chunk finishes first
+        for call in reversed(calls):  # the last call finishes first
             call["release"].set()
             await asyncio.sleep(0)
         return in_flight, await task
 
     in_flight, results = asyncio.run(scenario())
-    assert [call["xs"] for call in calls] == [[0, 1], [2, 3], [4]]
-    assert calls[0]["worker"] != calls[1]["worker"]  # the second chunk goes to the idle worker
+    # chunks [0, 1], [2, 3], [4]: the second goes to the idle worker, the third joins a worker's queued chunk
+    assert sorted(call["xs"] for call in calls) in ([[0, 1, 4], [2, 3]], [[0, 1], [2, 3, 4]])
+    assert calls[0]["worker"] != calls[1]["worker"]
+    assert sorted(call["sizes"] for call in calls) == [[2], [2, 1]]
     assert sorted(in_flight) == [2, 3]
     assert [y_of(result) for result in results] == [0, 10, 20, 30, 40]
     assert (first.outstanding, second.outstanding) == (0, 0)
-    assert first.served + second.served == 3
+    assert first.served + second.served == 3  # chunks answered
     assert all(call["spec"].version_number == 1 for call in calls)  # version 0 resolved to the worker's
-    assert len({call["request_id"] for call in calls}) == 3
+    assert len({call["request_id"] for call in calls}) == 2
 
 
 def test_chunk_size_is_the_largest_batch_size_of_the_candidates():
@@ -112,18 +115,131 @@ def test_chunk_size_is_the_largest_batch_size_of_the_candidates():
     add_worker(registry, "w1", 11, calls, batch_size=1)
     add_worker(registry, "w2", 12, calls, batch_size=3)
     results = asyncio.run(Dispatcher(registry).predict(spec_of(), instances_of(*range(7))))
-    assert sorted(len(call["xs"]) for call in calls) == [1, 3, 3]
+    assert sorted(size for call in calls for size in call["sizes"]) == [1, 3, 3]  # chunks of 3
+    assert sorted(x for call in calls for x in call["xs"]) == list(range(7))
     assert [y_of(result) for result in results] == [x * 10 for x in range(7)]
 
 
-def test_single_worker_gets_every_chunk():
+def test_single_worker_gets_every_chunk_in_one_call():
     registry = WorkerRegistry()
     calls = []
     add_worker(registry, "only", 5, calls, batch_size=4)
     results = asyncio.run(Dispatcher(registry).predict(spec_of(), instances_of(*range(9))))
-    assert [call["xs"] for call in calls] == [[0, 1, 2, 3], [4, 5, 6, 7], [8]]
+    assert [call["xs"] for call in calls] == [list(range(9))]
+    assert [call["sizes"] for call in calls] == [[4, 4, 1]]
     assert {call["worker"] for call in calls} == {"only"}
     assert [y_of(result) for result in results] == [x * 10 for x in range(9)]
+
+
+# ---------------------------------------------------------------- calls carrying several requests
+
+
+def test_concurrent_requests_travel_in_one_call_and_get_their_own_answers():
+    registry = WorkerRegistry()
+    calls = []
+    worker = add_worker(registry, "w", 1, calls, batch_size=1)
+    dispatcher = Dispatcher(registry)
+
+    async def scenario():
+        return await asyncio.gather(*[dispatcher.predict(spec_of(), instances_of(*xs))
+                                      for xs in ([1], [2, -3], [4], [-5])])
+
+    answers = asyncio.run(scenario())
+    assert [call["xs"] for call in calls] == [[1, 2, -3, 4, -5]]
+    assert [call["sizes"] for call in calls] == [[1, 1, 1, 1, 1]]  # chunks of the batch size 1
+    assert y_of(answers[0][0]) == 10
+    assert y_of(answers[1][0]) == 20 and answers[1][1].message == "negative input -3"
+    assert y_of(answers[2][0]) == 40
+    assert isinstance(answers[3][0], errors.InvalidInputs) and answers[3][0].message == "negative input -5"
+    assert worker.outstanding == 0 and worker.served == 5
+
+
+def test_calls_in_flight_per_worker_are_limited_and_the_rest_waits_for_one_of_them():
+    from mindspore_serving.master.dispatcher import MAX_CALLS_IN_FLIGHT
+    registry = WorkerRegistry()
+    calls = []
+    worker = add_worker(registry, "w", 1, calls, batch_size=1, hold=True)
+    dispatcher = Dispatcher(registry)
+
+    async def scenario():
+        tasks = []
+        for x in range(MAX_CALLS_IN_FLIGHT):  # one loop turn each: one call each
+            tasks.append(asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(x))))
+            await until(lambda: len(calls) == x + 1)
+        tasks += [asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(x)))
+                  for x in range(MAX_CALLS_IN_FLIGHT, MAX_CALLS_IN_FLIGHT + 3)]
+        for _ in range(20):
+            await asyncio.sleep(0)
+        waiting = (len(calls), worker.outstanding)
+        calls[0]["release"].set()
+        await until(lambda: len(calls) == MAX_CALLS_IN_FLIGHT + 1)
+        for call in calls:
+            call["release"].set()
+        return waiting, await asyncio.gather(*tasks)
+
+    waiting, answers = asyncio.run(scenario())
+    assert waiting == (MAX_CALLS_IN_FLIGHT, MAX_CALLS_IN_FLIGHT + 3)
+    assert calls[-1]["xs"] == list(range(MAX_CALLS_IN_FLIGHT, MAX_CALLS_IN_FLIGHT + 3))
+    assert [y_of(answer[0]) for answer in answers] == [x * 10 for x in range(MAX_CALLS_IN_FLIGHT + 3)]
+    assert worker.outstanding == 0
+
+
+def test_a_busy_worker_gets_full_batches_and_an_idle_one_what_is_there():
+    registry = WorkerRegistry()
+    calls = []
+    add_worker(registry, "w", 1, calls, batch_size=4, hold=True)
+    dispatcher = Dispatcher(registry)
+
+    async def scenario():
+        tasks = [asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(0)))]
+        await until(lambda: len(calls) == 1)  # idle worker: the lone instance goes at once
+        tasks += [asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(x))) for x in (1, 2, 3)]
+        for _ in range(20):
+            await asyncio.sleep(0)
+        partial = len(calls)  # three instances wait: not a full batch while the worker is busy
+        tasks += [asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(x))) for x in (4, 5)]
+        await until(lambda: len(calls) == 2)
+        for call in calls:
+            call["release"].set()
+        await until(lambda: len(calls) == 3)  # the remainder goes when the worker is idle again
+        calls[2]["release"].set()
+        return partial, await asyncio.gather(*tasks)
+
+    partial, answers = asyncio.run(scenario())
+    assert partial == 1
+    assert [call["xs"] for call in calls] == [[0], [1, 2, 3, 4], [5]]
+    assert [y_of(answer[0]) for answer in answers] == [0, 10, 20, 30, 40, 50]
+
+
+def test_a_cancelled_request_leaves_the_queue():
+    from mindspore_serving.master.dispatcher import MAX_CALLS_IN_FLIGHT
+    registry = WorkerRegistry()
+    calls = []
+    worker = add_worker(registry, "w", 1, calls, batch_size=1, hold=True)
+    dispatcher = Dispatcher(registry)
+
+    async def scenario():
+        held = []
+        for x in range(MAX_CALLS_IN_FLIGHT):
+            held.append(asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(x))))
+            await until(lambda: len(calls) == x + 1)
+        queued = asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(100)))
+        kept = asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(101)))
+        await asyncio.sleep(0)
+        queued.cancel()
+        await asyncio.sleep(0)
+        held[0].cancel()  # its call goes on; the answer is dropped
+        for call in calls:
+            call["release"].set()
+        await until(lambda: len(calls) == MAX_CALLS_IN_FLIGHT + 1)
+        calls[-1]["release"].set()
+        return await kept, await asyncio.gather(*held[1:]), dispatcher.enqueued
+
+    kept, others, enqueued = asyncio.run(scenario())
+    assert calls[-1]["xs"] == [101]
+    assert y_of(kept[0]) == 1010 and [y_of(answer[0]) for answer in others] == [10 * x for x in
+                                                                                 range(1, MAX_CALLS_IN_FLIGHT)]
+    assert worker.outstanding == 0 and enqueued == 0
 
 
 def test_version_routing_and_unavailable_errors():
@@ -206,7 +322,7 @@ def test_invalid_instances_are_answered_without_reaching_a_worker():
     bad = instance(x=tensor(pb.MS_INT32, [2], data=b"\0" * 4))
     good = instances_of(1, 2, 3)
     results = asyncio.run(Dispatcher(registry).predict(spec_of(), [good[0], bad, instance(), good[1], good[2]]))
-    assert [call["xs"] for call in calls] == [[1, 2], [3]]  # the valid ones, chunked without gaps
+    assert [(call["xs"], call["sizes"]) for call in calls] == [([1, 2, 3], [2, 1])]  # the valid ones, no gaps
     assert y_of(results[0]) == 10 and y_of(results[3]) == 20 and y_of(results[4]) == 30
     assert isinstance(results[1], errors.InvalidInputs)
     assert results[1].message == ("Instances input x check failed, detail: "
@@ -234,7 +350,7 @@ def test_enqueued_requests_limit():
 
     async def scenario():
         held = [asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(x))) for x in (1, 2)]
-        await until(lambda: len(calls) == 2)
+        await until(lambda: sum(len(call["xs"]) for call in calls) == 2)
         with pytest.raises(errors.ServingError) as info:
             await dispatcher.predict(spec_of(), instances_of(3))
         enqueued = dispatcher.enqueued
@@ -249,7 +365,7 @@ def test_enqueued_requests_limit():
     assert enqueued == 2
     assert [y_of(answer[0]) for answer in answers] == [10, 20]
     assert dispatcher.enqueued == 0
-    assert len(calls) == 2  # the refused request never reached the worker
+    assert sum(len(call["xs"]) for call in calls) == 2  # the refused request never reached the worker
 
 
 def test_enqueued_count_is_released_after_errors():
@@ -312,6 +428,45 @@ def test_every_chunk_lost_gives_one_global_error():
     reply = build_reply(spec_of(version=1), results)
     assert len(reply.instances) == 0
     assert [(e.error_code, e.error_msg.decode()) for e in reply.error_msg] == [(errors.WORKER_UNAVAILABLE, text)]
+
+
+def test_a_lost_worker_fails_each_request_of_a_shared_call_with_its_own_text():
+    registry = WorkerRegistry()
+    add_worker(registry, "dead", 9, [], batch_size=1, raise_error=unavailable())
+    dispatcher = Dispatcher(registry)
+
+    async def scenario():
+        return await asyncio.gather(dispatcher.predict(spec_of(version=0), instances_of(1)),
+                                    dispatcher.predict(spec_of(version=1), instances_of(2, 3)))
+
+    newest, first = asyncio.run(scenario())
+    tail = "servable is not available: the worker (pid 9) stopped while handling it"
+    assert [r.message for r in newest] == [f"Request servable(add) method(m) , {tail}"]
+    assert [r.message for r in first] == [f"Request servable(add) method(m)  version(1) , {tail}"] * 2
+    assert all(isinstance(r, errors.WorkerUnavailable) for r in newest + first)
+
+
+def test_a_closed_channel_counts_as_a_lost_worker():
+    registry = WorkerRegistry()
+    record = add_worker(registry, "closed", 10, [], raise_error=grpc.aio.UsageError("Channel is closed."))
+    results = asyncio.run(Dispatcher(registry).predict(spec_of(), instances_of(1)))
+    assert [(r.code, r.message) for r in results] == [
+        (errors.WORKER_UNAVAILABLE, "Request servable(add) method(m) , servable is not available: the worker (pid 10) "
+                                    "stopped while handling it")]
+    assert record.outstanding == 0
+
+
+def test_other_failures_of_a_call_reach_every_request_in_it():
+    registry = WorkerRegistry()
+    add_worker(registry, "odd", 11, [], raise_error=ValueError("odd failure"))
+    dispatcher = Dispatcher(registry)
+
+    async def scenario():
+        return await asyncio.gather(dispatcher.predict(spec_of(), instances_of(1)),
+                                    dispatcher.predict(spec_of(), instances_of(2)), return_exceptions=True)
+
+    assert [str(result) for result in asyncio.run(scenario())] == ["odd failure", "odd failure"]
+    assert dispatcher.enqueued == 0
 
 
 # ---------------------------------------------------------------- build_reply
