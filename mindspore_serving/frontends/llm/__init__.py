@@ -1,0 +1,43 @@
+"""HTTP front ends of the LLM servables, on top of `backend.LlmBackend`.
+
+    backend.py        the interface: models() and stream(GenerationRequest) -> TokenEvents, FinalEvent
+    tgi.py            HuggingFace TGI: /generate, /generate_stream, / (compat), /info, /health
+    mindspore_llm.py  MindSpore LLM-serving: /models/{model}[/generate|/generate_stream];
+                      classic /model/{model}:generate_stream (mindspore_generate_stream)
+    openai_api.py     OpenAI: /v1/completions, /v1/chat/completions, /v1/models
+    schemas_*.py      request bodies and their mapping to engine parameters
+    generation.py     one request's run: first event, timing, close (aborts), INFO log line
+    responses.py      JSON / SSE responses that watch for client disconnects
+    errors.py         the one error -> HTTP status/body mapping of every protocol
+    sse.py            SSE framing
+    testing.py        FakeLlmBackend for tests
+
+Usage::
+
+    app.include_router(build_llm_router(backend))
+"""
+from typing import Optional
+
+from fastapi import APIRouter
+
+from mindspore_serving.frontends.llm.backend import LlmBackend
+from mindspore_serving.frontends.llm.mindspore_llm import build_llm_serving_router, mindspore_generate_stream
+from mindspore_serving.frontends.llm.openai_api import build_openai_router
+from mindspore_serving.frontends.llm.tgi import build_tgi_router
+
+__all__ = ["build_llm_router", "mindspore_generate_stream"]
+
+
+def build_llm_router(backend: LlmBackend, default_model: Optional[str] = None, keep_alive_s: float = 15.0,
+                     health_route: bool = True) -> APIRouter:
+    """All LLM routes on one router.
+
+    default_model: the model of TGI's routes (which name none); None: the only language model served.
+    keep_alive_s: seconds between SSE keep-alive comments on an idle stream (0: none).
+    health_route: serve TGI's `GET /health` (200 while a language model is up, else 503).
+    """
+    router = APIRouter()
+    router.include_router(build_openai_router(backend, keep_alive_s))
+    router.include_router(build_llm_serving_router(backend, keep_alive_s))
+    router.include_router(build_tgi_router(backend, default_model, keep_alive_s, health_route))
+    return router

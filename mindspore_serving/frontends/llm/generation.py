@@ -1,0 +1,185 @@
+"""One request's run through the backend, shared by every protocol.
+
+`Generation.start()` opens the backend's stream and waits for its first event, so errors the backend
+raises up front (bad parameters, overload, unknown model) are known before an HTTP status is chosen.
+`events()` then yields the TokenEvents and keeps the FinalEvent; `close()` closes the backend's iterator,
+which aborts the request in the engine when the client went away, and logs the request's timing.
+"""
+import math
+import time
+from typing import AsyncIterator, List, Optional
+
+import anyio
+
+from mindspore_serving import log
+from mindspore_serving.frontends.llm.backend import (FinalEvent, GenerationRequest, LlmBackend, ModelInfo,
+                                                     TokenEvent)
+from mindspore_serving.frontends.llm.errors import GenerationFailed, IncompleteGeneration, message_of
+
+_CLOSE_TIMEOUT_S = 5.0
+"""How long closing the backend's iterator may take (it normally only cancels a call)."""
+
+
+def _ms(seconds: Optional[float]) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f}ms"
+
+
+def finite(value: float, default: Optional[float] = None) -> Optional[float]:
+    """`value` as a JSON-safe float (log-probabilities can be -inf)."""
+    value = float(value)
+    return value if math.isfinite(value) else default
+
+
+class Generation:
+    def __init__(self, backend: LlmBackend, request: GenerationRequest, model: ModelInfo, protocol: str,
+                 arrival: Optional[float] = None):
+        self.backend = backend
+        self.request = request
+        self.model = model
+        self.protocol = protocol
+        self.arrival = time.perf_counter() if arrival is None else arrival
+        self.created = int(time.time())
+        self.submitted: Optional[float] = None
+        self.first_token_at: Optional[float] = None
+        self.last_token_at: Optional[float] = None
+        self.ended: Optional[float] = None
+        self.tokens: List[TokenEvent] = []
+        self.final: Optional[FinalEvent] = None
+        self.error: Optional[BaseException] = None
+        self._events = None
+        self._first = None
+        self._closed = False
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id or ""
+
+    @property
+    def max_new_tokens(self) -> Optional[int]:
+        value = self.request.params.get("max_new_tokens")
+        return value if isinstance(value, int) else None
+
+    async def start(self) -> None:
+        """Sends the request and waits for its first event; raises what the backend raises."""
+        self.submitted = time.perf_counter()
+        try:
+            self._events = self.backend.stream(self.request).__aiter__()
+            first = await self._next()
+            if first is None:
+                raise IncompleteGeneration("the generation stream ended before its first event")
+            if isinstance(first, FinalEvent):
+                self._finish(first)  # a request that failed without a token fails before any reply is sent
+            self._first = first
+        except Exception as exc:
+            self.error = exc
+            raise
+
+    async def _next(self):
+        try:
+            return await self._events.__anext__()
+        except StopAsyncIteration:
+            return None
+
+    async def events(self) -> AsyncIterator[TokenEvent]:
+        """The TokenEvents; afterwards `final` holds the FinalEvent. Raises GenerationFailed when the engine
+        finished with "error" or "abort", IncompleteGeneration when the stream ends without a FinalEvent."""
+        try:
+            event, self._first = self._first, None
+            while event is not None:
+                if isinstance(event, FinalEvent):
+                    self._finish(event)
+                    return
+                now = time.perf_counter()
+                if self.first_token_at is None:
+                    self.first_token_at = now
+                self.last_token_at = now
+                self.tokens.append(event)
+                yield event
+                event = await self._next()
+            raise IncompleteGeneration("the generation stream ended before its final event")
+        except Exception as exc:
+            self.error = exc
+            raise
+
+    def _finish(self, final: FinalEvent) -> None:
+        self.final = final
+        self.ended = time.perf_counter()
+        if final.finish_reason == "error":
+            raise GenerationFailed(f"the model failed while generating request {self.request_id}")
+        if final.finish_reason == "abort":
+            raise GenerationFailed(f"request {self.request_id} was aborted before it finished")
+
+    async def collect(self) -> FinalEvent:
+        async for _ in self.events():
+            pass
+        return self.final
+
+    async def close(self) -> None:
+        """Closes the backend's iterator (aborting an unfinished request) and logs the outcome. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        events, self._events = self._events, None
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            with anyio.move_on_after(_CLOSE_TIMEOUT_S, shield=True):
+                try:
+                    await aclose()
+                except Exception:  # a failing close must not hide the request's own outcome
+                    log.exception(f"closing the generation stream of request {self.request_id} failed")
+        if self.ended is None:
+            self.ended = time.perf_counter()
+        log.info(self.summary())
+
+    def outcome(self) -> str:
+        if self.error is not None:
+            return f"failed ({message_of(self.error)})"
+        if self.final is not None:
+            return f"finished ({self.final.finish_reason})"
+        return f"cancelled after {len(self.tokens)} tokens (client went away)"
+
+    def timings(self) -> dict:
+        """Seconds, measured here (the engine's own figures are in `final.timing`)."""
+        ttft = None if self.first_token_at is None else self.first_token_at - self.arrival
+        itl = None
+        if len(self.tokens) > 1:
+            itl = (self.last_token_at - self.first_token_at) / (len(self.tokens) - 1)
+        e2e = None if self.ended is None else self.ended - self.arrival
+        queue = self.final.timing.queue_time if self.final is not None and self.final.timing is not None else None
+        return {"queue_time": queue, "time_to_first_token": ttft, "inter_token_latency": itl, "e2e_latency": e2e}
+
+    def summary(self) -> str:
+        t = self.timings()
+        prompt_tokens = self.final.prompt_tokens if self.final is not None else "-"
+        completion_tokens = self.final.completion_tokens if self.final is not None else len(self.tokens)
+        text = (f"LLM request {self.request_id} ({self.protocol}, model {self.request.model}) {self.outcome()}: "
+                f"prompt_tokens={prompt_tokens} completion_tokens={completion_tokens} "
+                f"queue={_ms(t['queue_time'])} ttft={_ms(t['time_to_first_token'])} "
+                f"itl={_ms(t['inter_token_latency'])} e2e={_ms(t['e2e_latency'])}")
+        engine = self.final.timing if self.final is not None else None
+        if engine is not None:
+            text += (f" (engine: ttft={_ms(engine.time_to_first_token)} itl={_ms(engine.inter_token_latency)} "
+                     f"e2e={_ms(engine.e2e_latency)})")
+        return text
+
+    def timing_headers(self, compute_characters: int) -> dict:
+        """TGI's per-request headers: x-compute-time in seconds, the other times in whole milliseconds."""
+        final = self.final
+        total = (self.ended or time.perf_counter()) - self.arrival
+        validation = (self.submitted or self.arrival) - self.arrival
+        queue = final.timing.queue_time if final is not None and final.timing is not None else 0.0
+        inference = max(total - validation - queue, 0.0)
+        generated = final.completion_tokens if final is not None else len(self.tokens)
+        per_token = inference / generated if generated else 0.0
+        return {
+            "x-compute-type": self.model.device.lower(),
+            "x-compute-time": f"{total:.6f}",
+            "x-compute-characters": str(compute_characters),
+            "x-total-time": str(int(total * 1000)),
+            "x-validation-time": str(int(validation * 1000)),
+            "x-queue-time": str(int(queue * 1000)),
+            "x-inference-time": str(int(inference * 1000)),
+            "x-time-per-token": str(int(per_token * 1000)),
+            "x-prompt-tokens": str(final.prompt_tokens if final is not None else 0),
+            "x-generated-tokens": str(generated),
+        }

@@ -1,0 +1,166 @@
+"""MindSpore's own LLM protocols.
+
+1. MindSpore LLM-serving (`mindspore-ai/llm-serving`): `POST /models/{model}` (`stream` chooses),
+   `POST /models/{model}/generate` and `POST /models/{model}/generate_stream`, body
+   `{"inputs", "parameters": {do_sample, top_k, top_p, temperature, repetition_penalty, max_new_tokens,
+   return_full_text, return_protocol, seed, stop, ...}, "stream"}`. Replies keep the reference's fields;
+   its bugs are fixed: repetition_penalty, seed and stop take effect, each stream event is well-formed SSE
+   (`data: {...}` per token, with `retry` sent as an SSE field instead of inside the data), and the stream
+   always ends with a final event (finish_reason, full text, all tokens). `return_protocol: "raw"` streams
+   `data:{json}` lines instead of SSE. Errors use TGI's shape and statuses, as the reference copies TGI.
+
+2. MindSpore Serving's classic RESTful grammar, streamed: `POST /model/{model}:generate_stream` with
+   `{"instances": [{"prompt" or "inputs": str, <SamplingParams fields>}]}`. The classic ASGI handler owns
+   that URL, so this module provides `mindspore_generate_stream(backend, model, body)` for it to call.
+   Events: `data: {"index": i, "token": {"id", "text", "logprob", "special"}}` per token, then
+   `data: {"generated_text", "finish_reason", "token_ids", "details": {...}}`. Errors are the classic
+   `{"error_msg": ...}` (HTTP 200, as the classic route always answers), or a `data: {"error_msg"}` event.
+"""
+import time
+from typing import AsyncIterator, Union
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from mindspore_serving.frontends.llm import sse
+from mindspore_serving.frontends.llm.backend import GenerationRequest, LlmBackend, TokenEvent
+from mindspore_serving.frontends.llm.errors import InvalidParam, Protocol, error_reply
+from mindspore_serving.frontends.llm.generation import Generation, finite
+from mindspore_serving.frontends.llm.params import (load_json, new_request_id, parse_body, sampling_params,
+                                                    served_model)
+from mindspore_serving.frontends.llm.responses import error_response, guarded, json_reply, stream_reply
+from mindspore_serving.frontends.llm.schemas_tgi import LlmServingRequest
+
+LLM_SERVING = Protocol.TGI
+"""LLM-serving copies TGI's API, errors included."""
+CLASSIC = Protocol.MINDSPORE
+RETRY_MS = 30000
+
+
+def _token(token: TokenEvent) -> dict:
+    return {"id": token.token_id, "logprob": finite(token.logprob), "special": token.special, "text": token.text}
+
+
+def _text(generation: Generation, request: LlmServingRequest) -> str:
+    if request.parameters.return_full_text:
+        return request.inputs + generation.final.text
+    return generation.final.text
+
+
+def full_payload(generation: Generation, request: LlmServingRequest) -> dict:
+    tokens = [_token(t) for t in generation.tokens]
+    final = generation.final
+    return {"generated_text": _text(generation, request), "finish_reason": final.finish_reason,
+            "generated_tokens": final.completion_tokens, "prefill": tokens[:1],
+            "seed": request.parameters.seed or 0, "tokens": tokens, "top_tokens": [tokens[:1]], "details": None}
+
+
+async def llm_serving_events(generation: Generation, request: LlmServingRequest) -> AsyncIterator[bytes]:
+    raw = request.parameters.return_protocol == "raw"
+    encode = sse.raw_line if raw else sse.event
+    if not raw:
+        yield sse.retry(RETRY_MS)
+    async for token in generation.events():
+        item = _token(token)
+        yield encode({"details": None, "generated_text": token.text, "tokens": item, "top_tokens": [item]})
+    final = generation.final
+    yield encode({"details": None, "generated_text": _text(generation, request),
+                  "finish_reason": final.finish_reason, "generated_tokens": final.completion_tokens,
+                  "tokens": [_token(t) for t in generation.tokens]})
+
+
+def build_llm_serving_router(backend: LlmBackend, keep_alive_s: float = 15.0) -> APIRouter:
+    router = APIRouter(tags=["MindSpore LLM-serving"])
+
+    def start(model: str, request: LlmServingRequest, arrival: float) -> Generation:
+        info = served_model(backend, model)
+        gen_request = GenerationRequest(model=info.name, prompt=request.inputs,
+                                        params=request.parameters.engine_params(), request_id=new_request_id())
+        return Generation(backend, gen_request, info, "llm-serving", arrival)
+
+    def full(model: str, request: LlmServingRequest, arrival: float) -> Response:
+        generation = start(model, request, arrival)
+        return json_reply(generation, LLM_SERVING,
+                          lambda gen: (full_payload(gen, request), gen.timing_headers(len(request.inputs))))
+
+    def streamed(model: str, request: LlmServingRequest, arrival: float) -> Response:
+        generation = start(model, request, arrival)
+        raw = request.parameters.return_protocol == "raw"
+        encode = sse.raw_line if raw else sse.event
+        return stream_reply(generation, LLM_SERVING, lambda: llm_serving_events(generation, request),
+                            lambda exc: encode(error_reply(LLM_SERVING, exc)[1]),
+                            media_type=sse.RAW_MEDIA_TYPE if raw else sse.SSE_MEDIA_TYPE,
+                            keep_alive_s=0.0 if raw else keep_alive_s)
+
+    @router.post("/models/{model}", summary="Generate; streamed when `stream` is true (MindSpore LLM-serving)")
+    @guarded(LLM_SERVING)
+    async def generate_any(model: str, request: Request):
+        arrival = time.perf_counter()
+        body = parse_body(await request.body(), LlmServingRequest)
+        return (streamed if body.stream else full)(model, body, arrival)
+
+    @router.post("/models/{model}/generate", summary="Generate the whole text (MindSpore LLM-serving)")
+    @guarded(LLM_SERVING)
+    async def generate(model: str, request: Request):
+        arrival = time.perf_counter()
+        return full(model, parse_body(await request.body(), LlmServingRequest), arrival)
+
+    @router.post("/models/{model}/generate_stream", summary="Generate a token stream (MindSpore LLM-serving)")
+    @guarded(LLM_SERVING)
+    async def generate_stream(model: str, request: Request):
+        arrival = time.perf_counter()
+        return streamed(model, parse_body(await request.body(), LlmServingRequest), arrival)
+
+    return router
+
+
+# MindSpore Serving classic: /model/{model}:generate_stream
+
+def _classic_request(model: str, body: Union[bytes, dict]) -> GenerationRequest:
+    data = load_json(bytes(body)) if isinstance(body, (bytes, bytearray)) else body
+    instances = data.get("instances") if isinstance(data, dict) else None
+    if not isinstance(instances, list) or len(instances) != 1 or not isinstance(instances[0], dict):
+        raise InvalidParam('the body must be {"instances": [{"prompt": str, <sampling parameters>}]} with exactly '
+                           'one instance')
+    fields = dict(instances[0])
+    prompts = [key for key in ("prompt", "inputs") if key in fields]
+    if len(prompts) != 1:
+        raise InvalidParam("the instance needs exactly one of 'prompt' or 'inputs'")
+    prompt = fields.pop(prompts[0])
+    if not isinstance(prompt, str) or not prompt:
+        raise InvalidParam(f"'{prompts[0]}' must be a non-empty string")
+    return GenerationRequest(model=model, prompt=prompt, params=sampling_params(**fields),
+                             request_id=new_request_id())
+
+
+async def classic_events(generation: Generation) -> AsyncIterator[bytes]:
+    async for token in generation.events():
+        yield sse.event({"index": token.index, "token": {"id": token.token_id, "text": token.text,
+                                                         "logprob": finite(token.logprob),
+                                                         "special": token.special}})
+    final = generation.final
+    timings = generation.timings()
+    engine = final.timing
+    yield sse.event({"generated_text": final.text, "finish_reason": final.finish_reason,
+                     "token_ids": list(final.token_ids),
+                     "details": {"prompt_tokens": final.prompt_tokens, "completion_tokens": final.completion_tokens,
+                                 "queue_time": engine.queue_time if engine else None,
+                                 "time_to_first_token": engine.time_to_first_token if engine
+                                 else timings["time_to_first_token"],
+                                 "inter_token_latency": engine.inter_token_latency if engine
+                                 else timings["inter_token_latency"],
+                                 "e2e_latency": engine.e2e_latency if engine else timings["e2e_latency"]}})
+
+
+async def mindspore_generate_stream(backend: LlmBackend, model: str, body: Union[bytes, dict],
+                                    keep_alive_s: float = 15.0) -> Response:
+    """The reply of `POST /model/{model}:generate_stream`: an ASGI response (`await reply(scope, receive, send)`)
+    that streams SSE; it aborts the generation when the client disconnects."""
+    arrival = time.perf_counter()
+    try:
+        request = _classic_request(model, body)
+        generation = Generation(backend, request, served_model(backend, model), "mindspore", arrival)
+    except Exception as exc:  # the classic error reply, whatever failed
+        return error_response(CLASSIC, exc)
+    return stream_reply(generation, CLASSIC, lambda: classic_events(generation),
+                        lambda exc: sse.event(error_reply(CLASSIC, exc)[1]), keep_alive_s=keep_alive_s)

@@ -1,0 +1,178 @@
+"""A fake LlmBackend for tests of the HTTP front ends (no engine, no worker).
+
+It answers every prompt with the same scripted pieces of text (one token each), honours max_new_tokens,
+stop strings and ignore_eos, validates parameters as the engine does, and can be told to fail before the
+first token, fail after n tokens, finish with a given reason, end without its FinalEvent, or stall after
+n tokens until it is cancelled. `outcomes[request_id]` records how each stream ended: "finished",
+"failed", "cancelled" (the consumer's task was cancelled) or "closed" (the iterator was closed early).
+"""
+import asyncio
+import threading
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import orjson
+
+from mindspore_serving.common import errors
+from mindspore_serving.frontends.llm.backend import (FinalEvent, GenerationRequest, ModelInfo, Timing,
+                                                     TokenEvent)
+from mindspore_serving.llm.sampling_params import SamplingParams
+
+EOS_TOKEN_ID = 2
+FIRST_TOKEN_ID = 10
+TIMING = Timing(queue_time=0.001, time_to_first_token=0.002, inter_token_latency=0.0005, e2e_latency=0.004)
+DEFAULT_MODEL = ModelInfo(name="llama_tiny", max_model_len=128, max_num_seqs=4, max_queue_size=8, vocab_size=100)
+
+
+def render_chat(messages) -> str:
+    return "".join(f"<|{m.role}|>\n{m.content}\n" for m in messages) + "<|assistant|>\n"
+
+
+def logprob_of(position: int) -> float:
+    return -0.25 * (position + 1)
+
+
+class FakeLlmBackend:
+    def __init__(self, models: Optional[Sequence[ModelInfo]] = None,
+                 reply: Sequence[str] = ("Hello", ",", " world", "!")):
+        self.served: List[ModelInfo] = list(models) if models is not None else [DEFAULT_MODEL]
+        self.reply = list(reply)
+        self.requests: List[GenerationRequest] = []
+        self.outcomes: Dict[str, str] = {}
+        self.fail_before: Optional[BaseException] = None
+        self.fail_after: Optional[Tuple[int, BaseException]] = None
+        self.finish_reason: Optional[str] = None
+        self.omit_final = False
+        self.stall_after: Optional[int] = None
+        self.stalled = threading.Event()
+        """Set when a stream stalls; a test in another thread can wait on it."""
+        self.on_stall: Optional[Callable[[], None]] = None
+        """Called (in the event loop) when a stream stalls."""
+
+    def models(self) -> List[ModelInfo]:
+        return list(self.served)
+
+    def stream(self, request: GenerationRequest):
+        return self._stream(request)
+
+    def _script(self, params: SamplingParams) -> Tuple[List[Tuple[int, str, bool]], str]:
+        """(token id, text, special) of each token, and the finish reason, before stop strings."""
+        tokens = []
+        while len(tokens) < params.max_new_tokens:
+            position = len(tokens)
+            if position >= len(self.reply) and not params.ignore_eos:
+                tokens.append((EOS_TOKEN_ID, "", True))
+                return tokens, "eos"
+            piece = position % len(self.reply)
+            tokens.append((FIRST_TOKEN_ID + piece, self.reply[piece], False))
+        return tokens, "length"
+
+    async def _stream(self, request: GenerationRequest):
+        self.requests.append(request)
+        if request.model not in {m.name for m in self.served}:
+            raise errors.ServableUnavailable(f"Model {request.model} is not a language model")
+        if self.fail_before is not None:
+            raise self.fail_before
+        params = SamplingParams.from_dict(request.params)
+        prompt = render_chat(request.messages) if request.messages is not None else request.prompt
+        outcome = "closed"
+        try:
+            tokens, finish = self._script(params)
+            text, ids = "", []
+            for position, (token_id, piece, special) in enumerate(tokens):
+                if self.fail_after is not None and position == self.fail_after[0]:
+                    raise self.fail_after[1]
+                if self.stall_after is not None and position == self.stall_after:
+                    self.stalled.set()
+                    if self.on_stall is not None:
+                        self.on_stall()
+                    await asyncio.Event().wait()
+                ids.append(token_id)
+                stop_at = min((i for i in ((text + piece).find(s) for s in params.stop) if i >= 0), default=-1)
+                if stop_at >= 0:
+                    piece, finish = (text + piece)[:stop_at][len(text):], "stop"
+                yield TokenEvent(token_id, piece, logprob_of(position), special, position)
+                text += piece
+                if finish == "stop":
+                    break
+            if self.fail_after is not None and self.fail_after[0] == len(ids):
+                raise self.fail_after[1]
+            outcome = "finished"  # the consumer may close the iterator once it has the FinalEvent
+            if not self.omit_final:
+                yield FinalEvent(text=text, token_ids=ids, finish_reason=self.finish_reason or finish,
+                                 prompt_tokens=max(len(prompt.split()), 1), completion_tokens=len(ids),
+                                 timing=TIMING, prompt=prompt)
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        except GeneratorExit:
+            if outcome != "finished":
+                outcome = "closed"
+            raise
+        except Exception:
+            outcome = "failed"
+            raise
+        finally:
+            self.outcomes[request.request_id] = outcome
+
+
+def parse_sse(body: str) -> List[object]:
+    """The data of each event of an SSE body, JSON-decoded ("[DONE]" kept as text); raises AssertionError when
+    the body is not well-formed: every block ends with an empty line and holds only `data: <one JSON line>`,
+    `retry: <ms>` or `: comment` lines."""
+    assert body.endswith("\n\n"), f"the stream does not end with an empty line: {body[-40:]!r}"
+    events = []
+    for block in body[:-2].split("\n\n"):
+        data = []
+        for line in block.split("\n"):
+            assert line, f"empty line inside an event block: {block!r}"
+            if line.startswith(":"):
+                continue
+            field, sep, value = line.partition(": ")
+            assert sep, f"not an SSE field line: {line!r}"
+            if field == "retry":
+                assert value.isdigit(), line
+            else:
+                assert field == "data", f"unexpected SSE field: {line!r}"
+                data.append(value)
+        assert len(data) <= 1, f"one data line per event expected: {block!r}"
+        if data:
+            events.append(data[0] if data[0] == "[DONE]" else orjson.loads(data[0]))
+    return events
+
+
+async def call_asgi(app, path: str, body: bytes, disconnect_after_chunks: Optional[int] = None,
+                    disconnect: Optional[asyncio.Event] = None,
+                    method: str = "POST") -> Tuple[Optional[int], List[bytes]]:
+    """Calls an ASGI app as a server would (ASGI spec 2.4) and returns (status or None, body chunks). The
+    client disconnects once `disconnect_after_chunks` non-empty body chunks came (0: right after sending the
+    request), or when `disconnect` is set (e.g. from FakeLlmBackend.on_stall)."""
+    disconnect = disconnect or asyncio.Event()
+    state = {"sent": False, "status": None}
+    chunks: List[bytes] = []
+    if disconnect_after_chunks == 0:
+        disconnect.set()
+
+    async def receive():
+        if not state["sent"]:
+            state["sent"] = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await disconnect.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        if message["type"] == "http.response.start":
+            state["status"] = message["status"]
+        elif message["type"] == "http.response.body":
+            if message.get("body"):
+                chunks.append(message["body"])
+            if not message.get("more_body", False):
+                disconnect.set()
+            elif disconnect_after_chunks is not None and len(chunks) >= disconnect_after_chunks:
+                disconnect.set()
+
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1",
+             "method": method, "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+             "root_path": "", "headers": [(b"host", b"testserver"), (b"content-type", b"application/json")],
+             "client": ("127.0.0.1", 50000), "server": ("testserver", 80)}
+    await app(scope, receive, send)
+    return state["status"], chunks

@@ -1,0 +1,190 @@
+"""HuggingFace text-generation-inference's API: `POST /generate`, `POST /generate_stream`, `POST /`
+(TGI's compat route: `stream` chooses, and a non-streamed reply is a one-element list), `GET /info` and
+`GET /health`. The model is the server's default model (TGI serves one).
+
+Streams: one event per token, `{"index", "token": {id, text, logprob, special}, "generated_text": null,
+"details": null}`; the last event carries `generated_text` and, when asked for, `details`. TGI's last event
+carries the last token; the engine reports the end after the last token, so the last token is held back
+only when it is known to be the last (it reaches max_new_tokens); otherwise the last event carries an empty
+special token. Errors: `{"error", "error_type"}` (see errors.py).
+"""
+import time
+from typing import AsyncIterator, Optional
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+import mindspore_serving
+from mindspore_serving.frontends.llm import sse
+from mindspore_serving.frontends.llm.backend import GenerationRequest, LlmBackend, TokenEvent
+from mindspore_serving.frontends.llm.errors import Protocol, error_reply
+from mindspore_serving.frontends.llm.generation import Generation, finite
+from mindspore_serving.frontends.llm.params import new_request_id, parse_body, served_model
+from mindspore_serving.frontends.llm.responses import guarded, json_reply, stream_reply
+from mindspore_serving.frontends.llm.schemas_tgi import MAX_BEST_OF, MAX_STOP_SEQUENCES, TgiRequest
+
+FINISH_REASONS = {"eos": "eos_token", "stop": "stop_sequence", "length": "length"}
+PROTOCOL = Protocol.TGI
+
+
+def token_json(token: TokenEvent) -> dict:
+    return {"id": token.token_id, "text": token.text, "logprob": finite(token.logprob), "special": token.special}
+
+
+def _output_text(generation: Generation, request: TgiRequest, full_text_default: bool) -> str:
+    full = request.parameters.return_full_text
+    if full if full is not None else full_text_default:
+        return request.inputs + generation.final.text
+    return generation.final.text
+
+
+def generate_payload(generation: Generation, request: TgiRequest, full_text_default: bool = False) -> dict:
+    payload = {"generated_text": _output_text(generation, request, full_text_default)}
+    params = request.parameters
+    if params.details or params.decoder_input_details:
+        final = generation.final
+        payload["details"] = {
+            "finish_reason": FINISH_REASONS.get(final.finish_reason, final.finish_reason),
+            "generated_tokens": final.completion_tokens,
+            "seed": params.seed,
+            "prefill": [],
+            "tokens": [token_json(t) for t in generation.tokens],
+        }
+    return payload
+
+
+def _is_last(generation: Generation, token: TokenEvent) -> bool:
+    limit = generation.max_new_tokens
+    return limit is not None and token.index + 1 >= limit
+
+
+async def stream_events(generation: Generation, request: TgiRequest,
+                        full_text_default: bool = False) -> AsyncIterator[bytes]:
+    def token_event(token: TokenEvent) -> bytes:
+        return sse.event({"index": token.index + 1, "token": token_json(token), "generated_text": None,
+                          "details": None})
+
+    held: Optional[TokenEvent] = None
+    try:
+        async for token in generation.events():
+            if held is not None:
+                yield token_event(held)
+                held = None
+            if _is_last(generation, token):
+                held = token
+            else:
+                yield token_event(token)
+    except Exception:
+        if held is not None:
+            yield token_event(held)
+        raise
+    final = generation.final
+    if held is not None:
+        index, last = held.index + 1, token_json(held)
+    else:
+        index = len(generation.tokens) + 1
+        last = {"id": final.token_ids[-1] if final.token_ids else 0, "text": "", "logprob": 0.0, "special": True}
+    details = None
+    if request.parameters.details:
+        details = {"finish_reason": FINISH_REASONS.get(final.finish_reason, final.finish_reason),
+                   "generated_tokens": final.completion_tokens, "seed": request.parameters.seed,
+                   "input_length": final.prompt_tokens}
+    yield sse.event({"index": index, "token": last,
+                     "generated_text": _output_text(generation, request, full_text_default), "details": details})
+
+
+def error_event(exc: BaseException) -> bytes:
+    return sse.event(error_reply(PROTOCOL, exc)[1])
+
+
+def info_payload(backend: LlmBackend, default_model: Optional[str]) -> dict:
+    model = served_model(backend, default_model)
+    return {
+        "model_id": model.name,
+        "model_sha": None,
+        "model_dtype": None,
+        "model_device_type": model.device.lower(),
+        "model_pipeline_tag": "text-generation",
+        "max_concurrent_requests": model.max_num_seqs + model.max_queue_size,
+        "max_best_of": MAX_BEST_OF,
+        "max_stop_sequences": MAX_STOP_SEQUENCES,
+        "max_input_tokens": model.max_model_len - 1,
+        "max_input_length": model.max_model_len - 1,
+        "max_total_tokens": model.max_model_len,
+        "max_batch_size": model.max_num_seqs,
+        "max_client_batch_size": 1,
+        "vocab_size": model.vocab_size,
+        "router": "mindspore-serving",
+        "version": mindspore_serving.__version__,
+        "sha": None,
+        "docker_label": None,
+    }
+
+
+def build_tgi_router(backend: LlmBackend, default_model: Optional[str] = None, keep_alive_s: float = 15.0,
+                     health_route: bool = True) -> APIRouter:
+    router = APIRouter(tags=["TGI"])
+
+    def start(request: TgiRequest, arrival: float) -> Generation:
+        model = served_model(backend, default_model)
+        gen_request = GenerationRequest(model=model.name, prompt=request.inputs,
+                                        params=request.parameters.engine_params(), request_id=new_request_id())
+        return Generation(backend, gen_request, model, PROTOCOL.value, arrival)
+
+    def generate_response(request: TgiRequest, arrival: float, compat: bool) -> Response:
+        request.check_generate()
+        generation = start(request, arrival)
+
+        def build(gen: Generation):
+            payload = generate_payload(gen, request, full_text_default=compat)
+            return ([payload] if compat else payload), gen.timing_headers(len(request.inputs))
+
+        return json_reply(generation, PROTOCOL, build)
+
+    def stream_response(request: TgiRequest, arrival: float, compat: bool) -> Response:
+        request.check_stream()
+        generation = start(request, arrival)
+        headers = {"x-compute-type": generation.model.device.lower(),
+                   "x-compute-characters": str(len(request.inputs))}
+        return stream_reply(generation, PROTOCOL, lambda: stream_events(generation, request, compat), error_event,
+                            headers, keep_alive_s=keep_alive_s)
+
+    @router.post("/generate", summary="Generate tokens (TGI)")
+    @guarded(PROTOCOL)
+    async def generate(request: Request):
+        """Body `{"inputs": str, "parameters": {...}}`; reply `{"generated_text", "details"?}` with TGI's
+        x-* timing headers."""
+        arrival = time.perf_counter()
+        return generate_response(parse_body(await request.body(), TgiRequest), arrival, compat=False)
+
+    @router.post("/generate_stream", summary="Generate a stream of tokens with server-sent events (TGI)")
+    @guarded(PROTOCOL)
+    async def generate_stream(request: Request):
+        arrival = time.perf_counter()
+        return stream_response(parse_body(await request.body(), TgiRequest), arrival, compat=False)
+
+    @router.post("/", summary="Generate tokens, streamed when `stream` is true (TGI compat route)")
+    @guarded(PROTOCOL)
+    async def compat_generate(request: Request):
+        """As /generate (reply wrapped in a one-element list) or /generate_stream; `return_full_text` defaults
+        to true here, as TGI does for text-generation models."""
+        arrival = time.perf_counter()
+        body = parse_body(await request.body(), TgiRequest)
+        if body.stream:
+            return stream_response(body, arrival, compat=True)
+        return generate_response(body, arrival, compat=True)
+
+    @router.get("/info", summary="Served model info (TGI)")
+    @guarded(PROTOCOL)
+    async def info():
+        return info_payload(backend, default_model)
+
+    if health_route:
+        @router.get("/health", summary="Health of the language model (TGI): 200, or 503 when none is up")
+        async def health():
+            if backend.models():
+                return Response(status_code=200)
+            status, payload = 503, {"error": "unhealthy", "error_type": "healthcheck"}
+            return Response(sse.dumps(payload), status_code=status, media_type=sse.JSON_MEDIA_TYPE)
+
+    return router

@@ -1,0 +1,235 @@
+"""The LLM HTTP routes on a real uvicorn server (fake backend), driven by real client libraries: `openai`,
+TGI's `text-generation` client and huggingface_hub's `InferenceClient`."""
+import socket
+import threading
+import time
+
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+
+from mindspore_serving.common import errors
+from mindspore_serving.frontends.llm import build_llm_router, mindspore_generate_stream
+from mindspore_serving.frontends.llm.backend import Overloaded
+from mindspore_serving.frontends.llm.testing import FakeLlmBackend
+
+openai = pytest.importorskip("openai")
+
+MODEL = "llama_tiny"
+START_TIMEOUT_S = 30
+
+
+class _Server:
+    """uvicorn serving `app` on a free port in a background thread."""
+
+    def __init__(self, app):
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.socket.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]},
+                                       name="llm-http-e2e", daemon=True)
+
+    def start(self):
+        self.thread.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self.server.started:  # polled with a deadline; uvicorn has no readiness callback
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"uvicorn did not start on {self.url}")
+            time.sleep(0.01)
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(START_TIMEOUT_S)
+        self.socket.close()
+        assert not self.thread.is_alive(), "uvicorn did not stop"
+
+
+@pytest.fixture(scope="module", name="served")
+def _served():
+    backend = FakeLlmBackend()
+    app = FastAPI()
+    app.include_router(build_llm_router(backend))
+
+    @app.post("/model/{model}:generate_stream")
+    async def _classic(model: str, request: Request):
+        return await mindspore_generate_stream(backend, model, await request.body())
+
+    server = _Server(app)
+    server.start()
+    try:
+        yield backend, server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(name="backend")
+def _backend(served):
+    backend = served[0]
+    backend.fail_before = backend.fail_after = backend.finish_reason = backend.stall_after = None
+    backend.stalled.clear()
+    backend.outcomes.clear()
+    return backend
+
+
+@pytest.fixture(name="url")
+def _url(served, backend):  # pylint: disable=unused-argument
+    return served[1]
+
+
+@pytest.fixture(name="oai")
+def _oai(url):
+    with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30) as client:
+        yield client
+
+
+# openai
+
+def test_openai_models_and_completions(oai, backend):
+    assert [m.id for m in oai.models.list().data] == [MODEL]
+    completion = oai.completions.create(model=MODEL, prompt="Hi there", max_tokens=3, temperature=0, seed=1)
+    assert completion.object == "text_completion"
+    assert completion.choices[0].text == "Hello, world"
+    assert completion.choices[0].finish_reason == "length"
+    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens, completion.usage.total_tokens) == \
+        (2, 3, 5)
+    assert backend.requests[-1].params == {"max_new_tokens": 3, "temperature": 0, "seed": 1}
+
+
+def test_openai_completion_stream(oai):
+    chunks = list(oai.completions.create(model=MODEL, prompt="Hi there", stream=True,
+                                         stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == "Hello, world!"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 5
+
+
+def test_openai_chat(oai, backend):
+    chat = oai.chat.completions.create(model=MODEL, messages=[{"role": "system", "content": "Be brief."},
+                                                              {"role": "user", "content": "Hi"}])
+    assert chat.object == "chat.completion"
+    assert chat.choices[0].message.role == "assistant"
+    assert chat.choices[0].message.content == "Hello, world!"
+    assert chat.choices[0].finish_reason == "stop"
+    assert chat.usage.completion_tokens == 5
+    assert [(m.role, m.content) for m in backend.requests[-1].messages] == [("system", "Be brief."), ("user", "Hi")]
+
+
+def test_openai_chat_stream_with_usage_and_logprobs(oai):
+    chunks = list(oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                              stream=True, stream_options={"include_usage": True}, logprobs=True,
+                                              max_tokens=2))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello,"
+    assert [c.choices[0].logprobs.content[0].logprob for c in chunks[1:3]] == [-0.25, -0.5]
+    assert chunks[-2].choices[0].finish_reason == "length"
+    assert chunks[-1].usage.total_tokens == 5
+
+
+def test_openai_errors(oai, backend):
+    with pytest.raises(openai.NotFoundError) as caught:
+        oai.completions.create(model="gpt-4", prompt="Hi")
+    assert caught.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], n=2)
+    assert caught.value.param == "n"
+    backend.fail_before = Overloaded("queue is full")
+    with pytest.raises(openai.RateLimitError):
+        oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}])
+    backend.fail_before = errors.WorkerUnavailable("the worker stopped")
+    with pytest.raises(openai.InternalServerError) as caught:
+        oai.completions.create(model=MODEL, prompt="Hi", stream=True)
+    assert caught.value.status_code == 503
+    backend.fail_before = None
+    backend.fail_after = (2, errors.Failed("device lost"))
+    stream = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], stream=True)
+    with pytest.raises(openai.APIError, match="device lost"):
+        list(stream)
+
+
+def test_openai_client_closing_a_stream_aborts_the_generation(oai, backend):
+    backend.stall_after = 2
+    stream = oai.completions.create(model=MODEL, prompt="Hi", stream=True)
+    assert [next(stream).choices[0].text, next(stream).choices[0].text] == ["Hello", ","]
+    stream.close()
+    _wait_for_outcome(backend)
+
+
+def _wait_for_outcome(backend):
+    """The server sees the disconnect asynchronously: wait (with a deadline) for the backend's record."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not backend.outcomes:
+        assert time.monotonic() < deadline, "the backend's stream was never cancelled"
+        time.sleep(0.01)
+    assert list(backend.outcomes.values()) == ["cancelled"]
+
+
+# TGI's text-generation client
+
+def test_text_generation_client(url, backend):
+    text_generation = pytest.importorskip("text_generation")
+    client = text_generation.Client(url, timeout=30)
+    response = client.generate("Hi there", max_new_tokens=3, seed=5)
+    assert response.generated_text == "Hello, world"
+    assert response.details.finish_reason == text_generation.types.FinishReason.Length
+    assert response.details.generated_tokens == 3
+    assert [t.text for t in response.details.tokens] == ["Hello", ",", " world"]
+    assert backend.requests[-1].params == {"max_new_tokens": 3, "do_sample": False, "seed": 5}
+
+    events = list(client.generate_stream("Hi there", stop_sequences=[" world"]))
+    assert "".join(e.token.text for e in events if not e.token.special) == "Hello,"
+    assert events[-1].generated_text == "Hello,"
+    assert events[-1].details.finish_reason == text_generation.types.FinishReason.StopSequence
+    assert all(e.generated_text is None for e in events[:-1])
+
+
+def test_text_generation_client_errors(url, backend):
+    text_generation = pytest.importorskip("text_generation")
+    client = text_generation.Client(url, timeout=30)
+    with pytest.raises(text_generation.errors.ValidationError, match="`typical_p` is not supported"):
+        client.generate("Hi", typical_p=0.5)
+    backend.fail_before = Overloaded("queue is full")
+    with pytest.raises(text_generation.errors.OverloadedError, match="Model is overloaded"):
+        client.generate("Hi")
+    with pytest.raises(text_generation.errors.OverloadedError):
+        list(client.generate_stream("Hi"))
+    backend.fail_before = None
+    backend.fail_after = (1, errors.Failed("device lost"))
+    with pytest.raises(text_generation.errors.GenerationError, match="device lost"):
+        list(client.generate_stream("Hi"))
+
+
+# huggingface_hub's InferenceClient (TGI's compat route "/")
+
+def test_inference_client_text_generation(url):
+    from huggingface_hub import InferenceClient  # pylint: disable=import-outside-toplevel
+    client = InferenceClient(model=url, timeout=30)
+    assert client.text_generation("Hi there", max_new_tokens=3, return_full_text=False) == "Hello, world"
+    assert client.text_generation("Hi ", max_new_tokens=1) == "Hi Hello"  # "/" defaults to the full text, as TGI
+    output = client.text_generation("Hi there", max_new_tokens=3, details=True, return_full_text=False)
+    assert output.generated_text == "Hello, world"
+    assert output.details.finish_reason == "length"
+    assert output.details.generated_tokens == 3
+    tokens = list(client.text_generation("Hi there", stream=True, return_full_text=False))
+    assert "".join(tokens) == "Hello, world!"
+    events = list(client.text_generation("Hi there", stream=True, details=True, return_full_text=False))
+    assert events[-1].generated_text == "Hello, world!"
+    assert events[-1].details.finish_reason == "eos_token"
+
+
+def test_inference_client_errors_and_chat(url, backend):
+    from huggingface_hub import InferenceClient  # pylint: disable=import-outside-toplevel
+    from huggingface_hub.errors import GenerationError, OverloadedError  # pylint: disable=import-outside-toplevel
+    client = InferenceClient(model=url, timeout=30)
+    backend.fail_before = Overloaded("queue is full")
+    with pytest.raises(OverloadedError):
+        client.text_generation("Hi")
+    backend.fail_before = None
+    backend.fail_after = (1, errors.Failed("device lost"))
+    with pytest.raises(GenerationError, match="device lost"):
+        list(client.text_generation("Hi", stream=True))
+    backend.fail_after = None
+    chat = InferenceClient(base_url=url, timeout=30).chat_completion(
+        [{"role": "user", "content": "Hi"}], model=MODEL, max_tokens=2)
+    assert chat.choices[0].message.content == "Hello,"

@@ -1,0 +1,274 @@
+"""TGI routes of the LLM front end against a fake backend: /generate, /generate_stream, / (compat), /info,
+/health; request validation, reply shapes, timing headers and TGI's error shapes and statuses."""
+import pytest
+from fastapi import FastAPI
+from starlette.testclient import TestClient
+
+from mindspore_serving.common import errors
+from mindspore_serving.frontends.llm import build_llm_router
+from mindspore_serving.frontends.llm.backend import FinalEvent, ModelInfo, Overloaded
+from mindspore_serving.frontends.llm.testing import DEFAULT_MODEL, FakeLlmBackend, parse_sse
+
+TOKENS = [{"id": 10, "text": "Hello", "logprob": -0.25, "special": False},
+          {"id": 11, "text": ",", "logprob": -0.5, "special": False},
+          {"id": 12, "text": " world", "logprob": -0.75, "special": False},
+          {"id": 13, "text": "!", "logprob": -1.0, "special": False},
+          {"id": 2, "text": "", "logprob": -1.25, "special": True}]
+
+
+@pytest.fixture(name="backend")
+def _backend():
+    return FakeLlmBackend()
+
+
+@pytest.fixture(name="client")
+def _client(backend):
+    app = FastAPI()
+    app.include_router(build_llm_router(backend))
+    with TestClient(app) as client:
+        yield client
+
+
+def test_generate_with_details(client, backend):
+    reply = client.post("/generate", json={"inputs": "Hi there", "parameters": {"details": True}})
+    assert reply.status_code == 200
+    assert reply.json() == {"generated_text": "Hello, world!",
+                            "details": {"finish_reason": "eos_token", "generated_tokens": 5, "seed": None,
+                                        "prefill": [], "tokens": TOKENS}}
+    assert backend.requests[0].prompt == "Hi there"
+    assert backend.outcomes[backend.requests[0].request_id] == "finished"
+
+
+def test_generate_without_details_and_full_text(client):
+    reply = client.post("/generate", json={"inputs": "Hi ", "parameters": {"return_full_text": True}})
+    assert reply.json() == {"generated_text": "Hi Hello, world!"}
+
+
+def test_generate_timing_headers(client):
+    reply = client.post("/generate", json={"inputs": "Hi there"})
+    headers = reply.headers
+    for name in ("x-total-time", "x-validation-time", "x-queue-time", "x-inference-time", "x-time-per-token"):
+        assert headers[name].isdigit(), name
+    assert float(headers["x-compute-time"]) >= 0
+    assert headers["x-compute-type"] == "cpu"
+    assert headers["x-compute-characters"] == "8"
+    assert headers["x-prompt-tokens"] == "2"
+    assert headers["x-generated-tokens"] == "5"
+
+
+def test_generate_maps_parameters_to_the_engine(client, backend):
+    client.post("/generate", json={"inputs": "x"})
+    assert backend.requests[-1].params == {"max_new_tokens": 100, "do_sample": False}
+    client.post("/generate", json={"inputs": "x", "parameters": {
+        "temperature": 0.5, "top_k": 5, "top_p": 0.9, "repetition_penalty": 1.2, "max_new_tokens": 7,
+        "seed": 42, "stop": ["!"]}})
+    assert backend.requests[-1].params == {"max_new_tokens": 7, "temperature": 0.5, "top_k": 5, "top_p": 0.9,
+                                           "repetition_penalty": 1.2, "do_sample": True, "seed": 42,
+                                           "stop": ["!"]}
+
+
+def test_generate_stop_sequence_and_length(client):
+    reply = client.post("/generate", json={"inputs": "x", "parameters": {"stop": [" world"], "details": True}})
+    assert reply.json()["generated_text"] == "Hello,"
+    assert reply.json()["details"]["finish_reason"] == "stop_sequence"
+    reply = client.post("/generate", json={"inputs": "x", "parameters": {"max_new_tokens": 2, "details": True,
+                                                                         "seed": 3, "do_sample": True}})
+    assert reply.json()["generated_text"] == "Hello,"
+    assert reply.json()["details"]["finish_reason"] == "length"
+    assert reply.json()["details"]["seed"] == 3
+
+
+def test_generate_stream_holds_back_the_last_token_at_max_new_tokens(client):
+    reply = client.post("/generate_stream", json={"inputs": "Hi there",
+                                                  "parameters": {"max_new_tokens": 3, "details": True}})
+    assert reply.status_code == 200
+    assert reply.headers["content-type"].startswith("text/event-stream")
+    assert reply.headers["x-compute-type"] == "cpu"
+    assert parse_sse(reply.text) == [
+        {"index": 1, "token": TOKENS[0], "generated_text": None, "details": None},
+        {"index": 2, "token": TOKENS[1], "generated_text": None, "details": None},
+        {"index": 3, "token": TOKENS[2], "generated_text": "Hello, world",
+         "details": {"finish_reason": "length", "generated_tokens": 3, "seed": None, "input_length": 2}}]
+
+
+def test_generate_stream_ending_on_eos(client):
+    events = parse_sse(client.post("/generate_stream", json={"inputs": "Hi"}).text)
+    assert [e["token"] for e in events[:5]] == TOKENS
+    assert all(e["generated_text"] is None and e["details"] is None for e in events[:5])
+    assert events[5] == {"index": 6, "token": {"id": 2, "text": "", "logprob": 0.0, "special": True},
+                         "generated_text": "Hello, world!", "details": None}
+
+
+def test_compat_route(client):
+    reply = client.post("/", json={"inputs": "Hi ", "parameters": {"max_new_tokens": 1}})
+    assert reply.json() == [{"generated_text": "Hi Hello"}]  # a list, full text by default, as TGI's "/"
+    reply = client.post("/", json={"inputs": "Hi ", "stream": True,
+                                   "parameters": {"max_new_tokens": 1, "return_full_text": False}})
+    assert parse_sse(reply.text) == [{"index": 1, "token": TOKENS[0], "generated_text": "Hello", "details": None}]
+
+
+@pytest.mark.parametrize("parameters, message", [
+    ({"top_p": 1.0}, "`top_p` must be > 0.0 and < 1.0"),
+    ({"temperature": 0}, "`temperature` must be strictly positive"),
+    ({"top_k": 0}, "`top_k` must be strictly positive"),
+    ({"repetition_penalty": 0}, "`repetition_penalty` must be strictly positive"),
+    ({"max_new_tokens": 0}, "`max_new_tokens` must be strictly positive"),
+    ({"best_of": 2}, "`best_of` must be > 0 and <= 1. Given: 2"),
+    ({"typical_p": 0.5}, "`typical_p` is not supported by this server"),
+    ({"truncate": 10}, "`truncate` is not supported by this server"),
+    ({"watermark": True}, "`watermark` is not supported by this server"),
+    ({"top_n_tokens": 2}, "`top_n_tokens` != 0 is not allowed for this endpoint"),
+    ({"frequency_penalty": 0.5}, "`frequency_penalty` is not supported by this server"),
+    ({"grammar": {"type": "json", "value": {}}}, "`grammar` is not supported by this server"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "`stop` supports up to 4 stop sequences. Given: 5"),
+    ({"decoder_input_details": True}, "`decoder_input_details` == true is not supported by this server"),
+    ({"colour": "red"}, "unknown field `parameters.colour`"),
+    ({"top_k": "many"}, "`parameters.top_k`: Input should be a valid integer"),
+])
+def test_validation_errors(client, backend, parameters, message):
+    reply = client.post("/generate", json={"inputs": "x", "parameters": parameters})
+    assert reply.status_code == 422
+    assert reply.json()["error_type"] == "validation"
+    assert reply.json()["error"].startswith("Input validation error: " + message)
+    assert not backend.requests
+
+
+def test_validation_errors_of_the_body(client):
+    assert client.post("/generate", json={"inputs": ""}).json() == {
+        "error": "Input validation error: `inputs` cannot be empty", "error_type": "validation"}
+    reply = client.post("/generate", content=b"{not json")
+    assert reply.status_code == 422
+    assert "not valid JSON" in reply.json()["error"]
+    assert client.post("/generate", json={"parameters": {}}).json()["error"] == \
+        "Input validation error: `inputs` is required"
+    reply = client.post("/generate_stream", json={"inputs": "x", "parameters": {"decoder_input_details": True}})
+    assert reply.status_code == 422
+    assert reply.json()["error"] == ("Input validation error: `decoder_input_details` == true is not supported "
+                                     "when streaming tokens")
+
+
+def test_engine_validation_is_a_422(client, backend):
+    backend.fail_before = errors.InvalidInputs("prompt has 200 tokens, but max_model_len is 128")
+    for route in ("/generate", "/generate_stream"):
+        reply = client.post(route, json={"inputs": "x"})
+        assert reply.status_code == 422
+        assert reply.json() == {"error": "Input validation error: prompt has 200 tokens, but max_model_len is 128",
+                                "error_type": "validation"}
+
+
+@pytest.mark.parametrize("error, status, error_type, message", [
+    (Overloaded("queue is full"), 429, "overloaded", "Model is overloaded: queue is full"),
+    (errors.WorkerUnavailable("the worker stopped"), 503, "unavailable", "the worker stopped"),
+    (errors.ServableUnavailable("no such model"), 404, "not_found", "no such model"),
+    (errors.Failed("the model step failed"), 424, "generation",
+     "Request failed during generation: the model step failed"),
+    (RuntimeError("boom"), 500, "internal", "internal error: RuntimeError: boom"),
+])
+def test_backend_errors_before_the_first_token(client, backend, error, status, error_type, message):
+    backend.fail_before = error
+    for route, body in (("/generate", {"inputs": "x"}), ("/generate_stream", {"inputs": "x"}),
+                        ("/", {"inputs": "x", "stream": True})):
+        reply = client.post(route, json=body)
+        assert reply.status_code == status, route
+        assert reply.json() == {"error": message, "error_type": error_type}
+
+
+def test_error_in_the_middle_of_a_stream_is_an_event(client, backend):
+    backend.fail_after = (2, errors.Failed("the model step failed"))
+    events = parse_sse(client.post("/generate_stream", json={"inputs": "x"}).text)
+    assert [e["token"] for e in events[:2]] == TOKENS[:2]
+    assert events[2:] == [{"error": "Request failed during generation: the model step failed",
+                           "error_type": "generation"}]
+    reply = client.post("/generate", json={"inputs": "x"})
+    assert reply.status_code == 424
+
+
+def test_held_back_token_is_sent_before_a_late_error(client, backend):
+    backend.fail_after = (2, errors.Failed("late"))
+    events = parse_sse(client.post("/generate_stream", json={"inputs": "x",
+                                                             "parameters": {"max_new_tokens": 2}}).text)
+    assert len(events) == 3  # the second token is the last by max_new_tokens, yet the error came first
+    assert [e.get("token") for e in events[:2]] == TOKENS[:2]
+    assert events[2]["error_type"] == "generation"
+
+
+@pytest.mark.parametrize("reason, message", [("error", "the model failed while generating request"),
+                                             ("abort", "was aborted before it finished")])
+def test_engine_finishing_with_error_or_abort(client, backend, reason, message):
+    backend.finish_reason = reason
+    reply = client.post("/generate", json={"inputs": "x"})
+    assert reply.status_code == 424
+    assert message in reply.json()["error"]
+    events = parse_sse(client.post("/generate_stream", json={"inputs": "x"}).text)
+    assert events[-1]["error_type"] == "generation"
+
+
+def test_stream_without_final_event_is_incomplete(client, backend):
+    backend.omit_final = True
+    reply = client.post("/generate", json={"inputs": "x"})
+    assert reply.status_code == 500
+    assert reply.json() == {"error": "Incomplete generation: the generation stream ended before its final event",
+                            "error_type": "incomplete_generation"}
+    events = parse_sse(client.post("/generate_stream", json={"inputs": "x"}).text)
+    assert events[-1]["error_type"] == "incomplete_generation"
+
+
+def test_info_and_health(client, backend):
+    info = client.get("/info").json()
+    assert info["model_id"] == "llama_tiny"
+    assert info["max_total_tokens"] == 128
+    assert info["max_input_tokens"] == 127
+    assert info["max_concurrent_requests"] == 12
+    assert info["max_best_of"] == 1
+    assert info["max_stop_sequences"] == 4
+    assert info["model_device_type"] == "cpu"
+    reply = client.get("/health")
+    assert (reply.status_code, reply.content) == (200, b"")
+    backend.served = []
+    reply = client.get("/health")
+    assert reply.status_code == 503
+    assert reply.json() == {"error": "unhealthy", "error_type": "healthcheck"}
+    reply = client.get("/info")
+    assert reply.status_code == 503
+    assert reply.json()["error_type"] == "unavailable"
+    reply = client.post("/generate", json={"inputs": "x"})
+    assert reply.status_code == 503
+    assert reply.json() == {"error": "no language model is being served at the moment", "error_type": "unavailable"}
+
+
+def test_several_models_need_a_default():
+    backend = FakeLlmBackend(models=[DEFAULT_MODEL, ModelInfo("other", 64, 2, 2, 100)])
+    app = FastAPI()
+    app.include_router(build_llm_router(backend))
+    reply = TestClient(app).post("/generate", json={"inputs": "x"})
+    assert reply.status_code == 422
+    assert "several language models are served (llama_tiny, other)" in reply.json()["error"]
+    app = FastAPI()
+    app.include_router(build_llm_router(backend, default_model="other"))
+    assert TestClient(app).post("/generate", json={"inputs": "x"}).status_code == 200
+    assert backend.requests[-1].model == "other"
+
+
+def test_health_route_can_be_left_out(backend):
+    app = FastAPI()
+    app.include_router(build_llm_router(backend, health_route=False))
+    assert TestClient(app).get("/health").status_code == 404
+
+
+def test_failure_before_any_token_gets_an_http_status(client, backend):
+    backend.fail_after = (0, errors.Failed("device lost"))
+    reply = client.post("/generate_stream", json={"inputs": "x"})
+    assert reply.status_code == 424
+    assert reply.json() == {"error": "Request failed during generation: device lost", "error_type": "generation"}
+
+
+def test_engine_finishing_with_error_before_any_token_gets_an_http_status():
+    class FailingAtOnce(FakeLlmBackend):
+        async def _stream(self, request):
+            yield FinalEvent(text="", token_ids=[], finish_reason="error", prompt_tokens=1, completion_tokens=0)
+
+    app = FastAPI()
+    app.include_router(build_llm_router(FailingAtOnce()))
+    reply = TestClient(app).post("/generate_stream", json={"inputs": "x"})
+    assert reply.status_code == 424
+    assert reply.json()["error_type"] == "generation"
