@@ -11,13 +11,14 @@ from mindspore_serving import server
 
 SERVABLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "servables")
 CLASSIC_SERVABLES = ("add", "add_sub", "matmul", "lenet")
+DEFAULT_SERVABLES = CLASSIC_SERVABLES + ("llama_tiny",)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--grpc", default="127.0.0.1:5500", help="gRPC address, ip:port or unix:<path>")
     parser.add_argument("--rest", default="127.0.0.1:1500", help="RESTful address, ip:port ('' to disable)")
-    parser.add_argument("--servables", default=",".join(CLASSIC_SERVABLES), help="comma-separated servable names")
+    parser.add_argument("--servables", default=",".join(DEFAULT_SERVABLES), help="comma-separated servable names")
     parser.add_argument("--servable_directory", default=SERVABLE_DIR, help="directory holding the servables")
     parser.add_argument("--device_type", default=None, help="CPU, GPU or Ascend (default: the best available)")
     parser.add_argument("--device_ids", default="0", help="comma-separated device ids")

@@ -11,8 +11,18 @@ from mindspore_serving.proto import ms_service_pb2_grpc
 class MSServiceServicer(ms_service_pb2_grpc.MSServiceServicer):
     """Converts and delegates; the gRPC status is always OK and errors travel in error_msg."""
 
-    def __init__(self, dispatcher):
+    def __init__(self, dispatcher, llm_backend=None):
         self.dispatcher = dispatcher
+        self.llm_backend = llm_backend
+
+    async def PredictStream(self, request, context):
+        """Token streaming for LLM servables (see frontends/grpc_llm.py)."""
+        from mindspore_serving.frontends.grpc_llm import predict_stream
+        if self.llm_backend is None:
+            yield error_reply(request.servable_spec, errors.ServableUnavailable("streaming is not available"))
+            return
+        async for reply in predict_stream(self.llm_backend, request):
+            yield reply
 
     async def Predict(self, request, context):
         spec = request.servable_spec
@@ -40,7 +50,8 @@ def _credentials(ssl_config):
 
 
 class GrpcFrontend:
-    def __init__(self, address: str, max_msg_mb_size: int, ssl_config, dispatcher, extra_servicers=()):
+    def __init__(self, address: str, max_msg_mb_size: int, ssl_config, dispatcher, extra_servicers=(),
+                 llm_backend=None):
         check_max_msg_mb_size(max_msg_mb_size)
         if address.startswith("unix:"):
             check_unix_address(address)
@@ -51,6 +62,7 @@ class GrpcFrontend:
         self.ssl_config = ssl_config
         self.dispatcher = dispatcher
         self.extra_servicers = extra_servicers
+        self.llm_backend = llm_backend
         self.server = None
 
     async def start(self):
@@ -58,7 +70,7 @@ class GrpcFrontend:
                    ("grpc.max_receive_message_length", self.max_bytes),
                    ("grpc.so_reuseport", 0)]
         server = grpc.aio.server(options=options)
-        ms_service_pb2_grpc.add_MSServiceServicer_to_server(MSServiceServicer(self.dispatcher), server)
+        ms_service_pb2_grpc.add_MSServiceServicer_to_server(MSServiceServicer(self.dispatcher, self.llm_backend), server)
         for add in self.extra_servicers:
             add(server)
         failed = RuntimeError(f"Serving Error: Serving gRPC server start failed, create server failed, "

@@ -19,11 +19,16 @@ from mindspore_serving.frontends.address import check_address, check_max_msg_mb_
 from mindspore_serving.proto import ms_service_pb2
 
 _JSON_HEADERS = [(b"content-type", restful_codec.CONTENT_TYPE.encode())]
+GENERATE_STREAM = "generate_stream"
 
 
-def build_docs_app() -> FastAPI:
-    """The FastAPI app: documents the classic route and serves the rest."""
+def build_docs_app(llm_backend=None) -> FastAPI:
+    """The FastAPI app: documents the classic route and serves the rest (with the LLM protocols when given a
+    backend: OpenAI, TGI and MindSpore LLM-serving routes)."""
     app = FastAPI(title="MindSpore Serving", description="RESTful access to served models")
+    if llm_backend is not None:
+        from mindspore_serving.frontends.llm import build_llm_router
+        app.include_router(build_llm_router(llm_backend, health_route=False))
 
     @app.post("/model/{servable_name}:{method_name}", summary="Call a method of the newest version of a servable")
     async def _predict_doc(servable_name: str, method_name: str,
@@ -48,10 +53,11 @@ def build_docs_app() -> FastAPI:
 class RestfulApp:
     """ASGI entry: classic predict calls are handled here, the rest by the FastAPI app."""
 
-    def __init__(self, dispatcher, max_bytes: int, fallback):
+    def __init__(self, dispatcher, max_bytes: int, fallback, llm_backend=None):
         self.dispatcher = dispatcher
         self.max_bytes = max_bytes
         self.fallback = fallback
+        self.llm_backend = llm_backend
 
     @staticmethod
     def is_classic(scope) -> bool:
@@ -63,6 +69,10 @@ class RestfulApp:
             await self.fallback(scope, receive, send)
             return
         body = await self._read_body(receive)
+        if body is not None and self.llm_backend is not None and scope["method"] == "POST" \
+                and scope["path"].endswith(":" + GENERATE_STREAM):
+            await self._generate_stream(scope, receive, send, body)
+            return
         if body is None:
             reply = restful_codec.encode_error(f"http message is bigger than {self.max_bytes}")
         else:
@@ -70,6 +80,19 @@ class RestfulApp:
         await send({"type": "http.response.start", "status": 200,
                     "headers": _JSON_HEADERS + [(b"content-length", str(len(reply)).encode())]})
         await send({"type": "http.response.body", "body": reply})
+
+    async def _generate_stream(self, scope, receive, send, body: bytes):
+        """`POST /model/<name>:generate_stream`: the LLM servable's tokens as Server-Sent Events."""
+        from mindspore_serving.frontends.llm import mindspore_generate_stream
+        try:
+            name, _, _ = restful_codec.parse_url(scope["path"])
+        except errors.ServingError as err:
+            reply = restful_codec.encode_error(err.message)
+            await send({"type": "http.response.start", "status": 200, "headers": _JSON_HEADERS})
+            await send({"type": "http.response.body", "body": reply})
+            return
+        response = await mindspore_generate_stream(self.llm_backend, name, body)
+        await response(scope, receive, send)
 
     async def _read_body(self, receive):
         """The request body, or None once it grows beyond the limit (the rest is not read)."""
@@ -145,14 +168,16 @@ def _with_tcp_proto(sock: socket.socket) -> socket.socket:
 
 
 class RestfulFrontend:
-    def __init__(self, address: str, max_msg_mb_size: int, ssl_config, dispatcher, app: FastAPI = None):
+    def __init__(self, address: str, max_msg_mb_size: int, ssl_config, dispatcher, app: FastAPI = None,
+                 llm_backend=None):
         check_max_msg_mb_size(max_msg_mb_size)
         if address.startswith("unix:"):
             raise RuntimeError("Serving Error: RESTful server does not support binding to unix domain socket")
         self.host, self.port = check_address(address, "RESTful server")
         _check_ssl(ssl_config)
         self.address = address
-        self.app = RestfulApp(dispatcher, max_msg_mb_size * 1024 * 1024, app or build_docs_app())
+        self.app = RestfulApp(dispatcher, max_msg_mb_size * 1024 * 1024, app or build_docs_app(llm_backend),
+                              llm_backend)
         self.config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning",
                                      timeout_keep_alive=100, access_log=False, lifespan="off",
                                      **_ssl_context_kwargs(ssl_config))

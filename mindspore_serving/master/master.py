@@ -12,6 +12,7 @@ from mindspore_serving import log
 from mindspore_serving.common import ipc
 from mindspore_serving.master.control_service import MasterControlServicer
 from mindspore_serving.master.dispatcher import Dispatcher
+from mindspore_serving.master.llm_backend import MasterLlmBackend
 from mindspore_serving.master.worker_processes import WorkerPlan, WorkerProcess, WorkerProcesses
 from mindspore_serving.master.worker_registry import WorkerRegistry
 from mindspore_serving.proto import internal_pb2_grpc
@@ -38,6 +39,7 @@ class Master:
         self._thread.start()
         self.registry = WorkerRegistry()
         self.dispatcher = Dispatcher(self.registry)
+        self.llm_backend = MasterLlmBackend(self.registry)
         from mindspore_serving.server.master.context import get_max_enqueued_requests
         self.dispatcher.max_enqueued_requests = get_max_enqueued_requests()
         self.address = ipc.master_address()

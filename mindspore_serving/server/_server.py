@@ -49,7 +49,7 @@ def start_grpc_server(address, max_msg_mb_size=100, ssl_config=None):
     master = get_master()
     if _GRPC in master.frontends:
         raise RuntimeError("Serving Error: Serving gRPC server is already running")
-    frontend = GrpcFrontend(address, max_msg_mb_size, ssl_config, master.dispatcher)
+    frontend = GrpcFrontend(address, max_msg_mb_size, ssl_config, master.dispatcher, llm_backend=master.llm_backend)
     master.run(frontend.start())
     master.frontends[_GRPC] = frontend
     print(f"Serving: Serving gRPC server start success, listening on {address}", flush=True)
@@ -62,7 +62,7 @@ def start_restful_server(address, max_msg_mb_size=100, ssl_config=None):
     master = get_master()
     if _RESTFUL in master.frontends:
         raise RuntimeError("Serving Error: RESTful server is already running")
-    frontend = RestfulFrontend(address, max_msg_mb_size, ssl_config, master.dispatcher)
+    frontend = RestfulFrontend(address, max_msg_mb_size, ssl_config, master.dispatcher, llm_backend=master.llm_backend)
     master.run(frontend.start())
     master.frontends[_RESTFUL] = frontend
     print(f"Serving: Serving RESTful server start success, listening on {address}", flush=True)

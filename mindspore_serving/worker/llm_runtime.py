@@ -50,6 +50,12 @@ class LlmRuntime:
         if self.on_fatal is not None:
             self.on_fatal(message)
 
+    def add_servicers(self, server):
+        """The generation streams (LlmWorker) beside WorkerService."""
+        from mindspore_serving.proto import llm_worker_pb2_grpc
+        from mindspore_serving.worker.llm_service import LlmWorkerServicer
+        llm_worker_pb2_grpc.add_LlmWorkerServicer_to_server(LlmWorkerServicer(self), server)
+
     @property
     def batch_size(self) -> int:
         return self.config.engine.max_num_seqs

@@ -66,6 +66,7 @@ class Worker:
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=128, thread_name_prefix="worker-rpc"),
                                   options=ipc.INTERNAL_CHANNEL_OPTIONS)
         internal_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(self.runtime, self.request_exit), self.server)
+        self.runtime.add_servicers(self.server)
         self.address = ipc.worker_address(args.servable_name, f"device{args.device_id}")
         self.server.add_insecure_port(self.address)
         self.server.start()

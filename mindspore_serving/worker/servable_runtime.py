@@ -50,6 +50,9 @@ class ServableRuntime:
 
     device_type = "CPU"
 
+    def add_servicers(self, server):
+        """gRPC services this runtime adds to its worker's server besides WorkerService (none)."""
+
     def extensions(self) -> Dict[str, str]:
         """Extra registration facts for the master (e.g. an LLM engine's description)."""
         return {}
