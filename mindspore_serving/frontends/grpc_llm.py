@@ -3,13 +3,13 @@
 The request holds one instance with `prompt` (or `inputs`) and optional sampling fields. Each reply holds
 one instance: per token `token_id`, `text`, `index`; the last one `finished` = True with `text`,
 `token_ids`, `finish_reason`, `prompt_tokens` and `completion_tokens`. An error ends the stream with a
-reply carrying one error_msg.
+reply carrying one error_msg; a full engine queue ends the call with status RESOURCE_EXHAUSTED.
 """
 import numpy as np
 
 from mindspore_serving.common import errors
 from mindspore_serving.common.tensor_codec import instance_to_proto, proto_to_instance
-from mindspore_serving.frontends.llm.backend import FinalEvent, GenerationRequest
+from mindspore_serving.frontends.llm.backend import FinalEvent, GenerationRequest, Overloaded
 from mindspore_serving.llm.instance_params import prompt_of, sampling_params_of
 from mindspore_serving.proto import ms_service_pb2
 
@@ -55,5 +55,7 @@ async def predict_stream(backend, request):
             else:
                 yield _reply(spec, {"token_id": np.int32(event.token_id), "text": event.text,
                                     "index": np.int32(event.index)})
+    except Overloaded:
+        raise  # the servicer answers RESOURCE_EXHAUSTED, as gRPC clients expect for back-pressure
     except errors.ServingError as err:
         yield _error(spec, err)

@@ -3,6 +3,7 @@ import grpc
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
+from mindspore_serving.frontends.llm.backend import Overloaded
 from mindspore_serving.frontends.address import check_address, check_max_msg_mb_size, check_unix_address
 from mindspore_serving.master.dispatcher import build_reply, error_reply
 from mindspore_serving.proto import ms_service_pb2_grpc
@@ -21,8 +22,11 @@ class MSServiceServicer(ms_service_pb2_grpc.MSServiceServicer):
         if self.llm_backend is None:
             yield error_reply(request.servable_spec, errors.ServableUnavailable("streaming is not available"))
             return
-        async for reply in predict_stream(self.llm_backend, request):
-            yield reply
+        try:
+            async for reply in predict_stream(self.llm_backend, request):
+                yield reply
+        except Overloaded as err:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, err.message)
 
     async def Predict(self, request, context):
         spec = request.servable_spec
