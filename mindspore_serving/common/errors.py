@@ -62,6 +62,10 @@ class ServableUnavailable(_CodedError):
     CODE = SERVABLE_UNAVAILABLE
 
 
+class Overloaded(Failed):
+    """Too many requests are queued; retry later (HTTP 429, gRPC RESOURCE_EXHAUSTED)."""
+
+
 _BY_CODE = {cls.CODE: cls for cls in (Failed, InvalidInputs, SystemError_, WorkerUnavailable, ServableUnavailable)}
 
 

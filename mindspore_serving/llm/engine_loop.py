@@ -24,12 +24,6 @@ from mindspore_serving.llm.errors import InvalidRequestError
 _END = object()
 
 
-class QueueFullError(errors.ServingError):
-    """More requests than the engine holds: the caller should retry later (HTTP 429 / RESOURCE_EXHAUSTED)."""
-
-    def __init__(self, message: str):
-        super().__init__(errors.FAILED, message)
-
 
 @dataclass
 class _Add:
@@ -107,13 +101,13 @@ class EngineLoop:
 
     # ---- called from any thread ----
     def submit(self, prompt, params=None, request_id: Optional[str] = None) -> RequestStream:
-        """Queues a request (a prompt str or a list of token ids); raises QueueFullError when too many wait."""
+        """Queues a request (a prompt str or a list of token ids); raises errors.Overloaded when too many wait."""
         if self._closed.is_set():
             raise errors.ServableUnavailable(f"the LLM engine is stopped{': ' + self.failure if self.failure else ''}")
         with self._ids_lock:
             limit = self.engine_capacity()
             if self._admitted >= limit:
-                raise QueueFullError(f"Model is overloaded: {self._admitted} requests are in the engine, the limit is "
+                raise errors.Overloaded(f"Model is overloaded: {self._admitted} requests are in the engine, the limit is "
                                      f"{limit} (max_num_seqs + max_queue_size); retry later")
             self._admitted += 1
             if request_id is None:

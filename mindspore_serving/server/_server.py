@@ -42,30 +42,27 @@ def _check_ssl_config(ssl_config):
         raise RuntimeError("The type of ssl_config should be type of SSLConfig")
 
 
+def _start_frontend(kind: str, label: str, frontend_class, address, max_msg_mb_size, ssl_config):
+    _check_ssl_config(ssl_config)
+    master = get_master()
+    if kind in master.frontends:
+        raise RuntimeError(f"Serving Error: {label} is already running")
+    frontend = frontend_class(address, max_msg_mb_size, ssl_config, master.dispatcher, llm_backend=master.llm_backend)
+    master.run(frontend.start())
+    master.frontends[kind] = frontend
+    print(f"Serving: {label} start success, listening on {address}", flush=True)
+
+
 def start_grpc_server(address, max_msg_mb_size=100, ssl_config=None):
     """Serves MSService on `ip:port` or `unix:<path>`; messages up to `max_msg_mb_size` MiB each way."""
     from mindspore_serving.frontends.grpc_server import GrpcFrontend
-    _check_ssl_config(ssl_config)
-    master = get_master()
-    if _GRPC in master.frontends:
-        raise RuntimeError("Serving Error: Serving gRPC server is already running")
-    frontend = GrpcFrontend(address, max_msg_mb_size, ssl_config, master.dispatcher, llm_backend=master.llm_backend)
-    master.run(frontend.start())
-    master.frontends[_GRPC] = frontend
-    print(f"Serving: Serving gRPC server start success, listening on {address}", flush=True)
+    _start_frontend(_GRPC, "Serving gRPC server", GrpcFrontend, address, max_msg_mb_size, ssl_config)
 
 
 def start_restful_server(address, max_msg_mb_size=100, ssl_config=None):
     """Serves the RESTful API on `ip:port`; request bodies up to `max_msg_mb_size` MiB."""
     from mindspore_serving.frontends.restful_server import RestfulFrontend
-    _check_ssl_config(ssl_config)
-    master = get_master()
-    if _RESTFUL in master.frontends:
-        raise RuntimeError("Serving Error: RESTful server is already running")
-    frontend = RestfulFrontend(address, max_msg_mb_size, ssl_config, master.dispatcher, llm_backend=master.llm_backend)
-    master.run(frontend.start())
-    master.frontends[_RESTFUL] = frontend
-    print(f"Serving: Serving RESTful server start success, listening on {address}", flush=True)
+    _start_frontend(_RESTFUL, "RESTful server", RestfulFrontend, address, max_msg_mb_size, ssl_config)
 
 
 def stop():

@@ -4,7 +4,6 @@ import time
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
-from mindspore_serving.llm.engine_loop import QueueFullError
 from mindspore_serving.proto import llm_worker_pb2 as pb
 from mindspore_serving.proto import llm_worker_pb2_grpc
 
@@ -18,7 +17,7 @@ def render_chat(template: str, message_format: str, messages) -> str:
 
 
 def error_kind(err: BaseException) -> str:
-    if isinstance(err, QueueFullError):
+    if isinstance(err, errors.Overloaded):
         return OVERLOADED
     if isinstance(err, errors.InvalidInputs):
         return VALIDATION

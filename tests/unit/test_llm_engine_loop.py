@@ -3,7 +3,7 @@ import pytest
 
 from mindspore_serving.common import errors
 from mindspore_serving.llm import LLMEngine, SchedulerConfig
-from mindspore_serving.llm.engine_loop import EngineLoop, QueueFullError
+from mindspore_serving.llm.engine_loop import EngineLoop
 from mindspore_serving.llm.testing import FakeModelRunner, reference_greedy
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 8, "ignore_eos": True}
@@ -41,7 +41,7 @@ def test_abort_finishes_request_and_frees_capacity(runner):
     try:
         long = {"temperature": 0.0, "max_new_tokens": 50, "ignore_eos": True}
         streams = [loop.submit([1, 2], long) for _ in range(4)]
-        with pytest.raises(QueueFullError, match="Model is overloaded"):
+        with pytest.raises(errors.Overloaded, match="Model is overloaded"):
             loop.submit([1], GREEDY)
         first = streams[0]
         first.get()

@@ -15,11 +15,7 @@ from typing import AsyncIterator, Dict, List, Optional, Protocol, Sequence, Unio
 from mindspore_serving.common import errors
 
 
-class Overloaded(errors.ServingError):
-    """The engine's queue is full; retry later."""
-
-    def __init__(self, message: str):
-        super().__init__(errors.FAILED, message)
+Overloaded = errors.Overloaded  # the engine's queue is full; retry later
 
 
 @dataclass
