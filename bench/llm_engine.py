@@ -102,7 +102,8 @@ def main():
     import mindspore as ms
     from mindspore_serving.agent.graph_runner import GraphRunner
     ms.set_context(mode=ms.GRAPH_MODE)
-    ms.set_device("CPU")
+    from mindspore_serving.common.ms_device import select_device
+    select_device("CPU")
     config = load_serving_config(args.config)
     runner = GraphRunner(config.model.graphs[0], num_blocks=config.engine.num_blocks)
     limit = engine_limit(runner, args.steps)

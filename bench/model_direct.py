@@ -23,7 +23,8 @@ import export_model  # noqa: E402  (bench/servables/dense_batch/export_model.py)
 def measure(seconds: float, warmup: float) -> dict:
     import mindspore as ms
     from mindspore import Tensor, nn
-    ms.set_device("CPU")
+    from mindspore_serving.common.ms_device import select_device
+    select_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     export_model.main()
     net = nn.GraphCell(ms.load(export_model.MODEL_PATH))

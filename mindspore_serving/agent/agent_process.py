@@ -55,10 +55,9 @@ class AgentServicer(agent_pb2_grpc.LlmAgentServicer):
 
 
 def _build_runner(graphs_dir: str, num_blocks: int, block_size: int, device_type: str, device_id: int):
-    import mindspore as ms
     from mindspore_serving.agent.graph_runner import GraphRunner
-    ms.set_context(mode=ms.GRAPH_MODE)
-    ms.set_device(device_type, None if device_type == "CPU" else device_id)
+    from mindspore_serving.common.ms_device import select_device
+    select_device(device_type, device_id)
     return GraphRunner(graphs_dir, num_blocks=num_blocks, block_size=block_size)
 
 

@@ -73,9 +73,8 @@ def resolve_device(device_type: Optional[str], servable_name: str = "") -> str:
 
 
 def set_device(device_type: str, device_id: int):
-    import mindspore as ms
-    ms.set_context(mode=ms.GRAPH_MODE)
-    ms.set_device(device_type, device_id if device_type != "CPU" else None)
+    from mindspore_serving.common.ms_device import select_device
+    select_device(device_type, device_id)
 
 
 def read_mindir_inputs(path: str) -> Optional[List[TensorInfo]]:

@@ -14,7 +14,8 @@ MODEL_FILES = ["tensor_add.mindir"]
 
 def _set_context():
     import mindspore as ms
-    ms.set_device("CPU")
+    from mindspore_serving.common.ms_device import select_device
+    select_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
 
 

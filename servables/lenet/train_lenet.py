@@ -69,7 +69,9 @@ def main():
         sys.path.insert(0, HERE)
     from lenet_net import LeNet5
 
-    ms.set_device("CPU")
+    from mindspore_serving.common.ms_device import select_device
+
+    select_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_seed(SEED)
     start = time.time()

@@ -29,7 +29,8 @@ def make_weights():
 
 def _set_context():
     import mindspore as ms
-    ms.set_device("CPU")
+    from mindspore_serving.common.ms_device import select_device
+    select_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
 
 

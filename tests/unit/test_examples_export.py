@@ -40,8 +40,8 @@ def ms():
     mindspore = pytest.importorskip("mindspore")
     export_models = load_module("_test_servables_export_models", os.path.join(SERVABLES, "export_models.py"))
     export_models.main([])  # exports only what is missing
-    mindspore.set_device("CPU")
-    mindspore.set_context(mode=mindspore.GRAPH_MODE)
+    from mindspore_serving.common.ms_device import select_device
+    select_device("CPU")
     return mindspore
 
 

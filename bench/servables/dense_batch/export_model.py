@@ -64,7 +64,8 @@ def main(force: bool = False):
         print(f"{MODEL_PATH}: up to date")
         return [MODEL_PATH]
     import mindspore as ms
-    ms.set_device("CPU")
+    from mindspore_serving.common.ms_device import select_device
+    select_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     os.makedirs(VERSION_DIR, exist_ok=True)
     base = os.path.join(VERSION_DIR, MODEL_NAME)

@@ -209,11 +209,8 @@ class LlamaModel(nn.Cell):
 
 def select_device(target: str = "CPU"):
     """ms.set_device(target), tolerating a process whose runtime already runs on that device."""
-    try:
-        ms.set_device(target)
-    except RuntimeError:
-        if ms.get_context("device_target") != target:
-            raise
+    from mindspore_serving.common.ms_device import select_device as select
+    select(target)
 
 
 def checkpoint_params(model: LlamaModel):
