@@ -2,10 +2,14 @@
 sends each chunk to the least busy worker and puts the answers back in request order.
 
 Chunks of concurrent requests bound for the same worker and method wait in that worker's queue and travel
-together in one WorkerPredictRequest (each call to a worker costs far more than an instance in it): a queue
-sends on the next event-loop turn while fewer than MAX_CALLS_IN_FLIGHT of its calls are running; while one is
-running it sends only full batches, the rest waits for a call to return. The worker runs the instances of a
-call together and answers them in order; the answers are split back to their requests.
+together in one WorkerPredictRequest (a call to a worker costs far more than an instance in it):
+- a worker with no call in flight gets what is queued on the next event-loop turn (chunks arriving in the
+  current turn join it); for a model with a batch dimension a partial batch first waits while chunks keep
+  arriving turn after turn, at most SETTLE_SECONDS (a burst of requests being read fills the batch);
+- a worker with a call in flight gets another one only when a full call (MAX_CALL_INSTANCES, a multiple of
+  its batch size) is queued; otherwise the queue is sent when the call returns.
+The worker runs the instances of a call together (so they share model batches) and answers them in order;
+the answers are split back to their requests. A lost worker fails every request of its calls at once.
 """
 import asyncio
 import collections
@@ -23,33 +27,24 @@ from mindspore_serving.proto import internal_pb2, ms_service_pb2
 from mindspore_serving.worker.batching import chunk
 
 DEFAULT_MAX_ENQUEUED_REQUESTS = 10000
-_DBG_CALLS = 0
-_DBG_INST = 0
-MAX_CALLS_IN_FLIGHT = int(__import__("os").environ.get("DBG_INFLIGHT", "2"))    # per worker and method: one running, the next one on its way
+MAX_CALLS_IN_FLIGHT = 2    # per worker and method; the second only carries a full call
 MAX_CALL_INSTANCES = 64    # instances in one call (at least one batch of the worker)
-SETTLE_SECONDS = float(__import__("os").environ.get("DBG_SETTLE_MS", "2")) / 1000
+MAX_CALL_BYTES = 64 << 20  # serialized instances in one call (a larger chunk still goes, alone)
+SETTLE_SECONDS = 0.02      # how long a partial batch for an idle worker may wait for more (see _settle_delay)
+SETTLE_MAX_SECONDS = 0.1   # ... at most, when answered clients took that long to come back last time
 
 _CONNECTION_ERRORS = (grpc.aio.AioRpcError, grpc.aio.UsageError)  # UsageError: the channel is already closed
 
 
-_TRACE = []
-def _trace(what, n):
-    _TRACE.append((time.perf_counter(), what, n))
-    if len(_TRACE) == 2500:
-        with open("/tmp/trace.txt", "w") as f:
-            t0 = _TRACE[1000][0]
-            for t, w, k in _TRACE[1000:2000]:
-                f.write(f"{(t - t0) * 1e3:9.3f} {w} {k}\n")
-
-
 class _Chunk:
     """Instances of one public request bound for one worker call, and the future of their answers."""
-    __slots__ = ("spec", "instances", "future")
+    __slots__ = ("spec", "instances", "future", "nbytes")
 
     def __init__(self, spec, instances: Sequence, future: "asyncio.Future"):
         self.spec = spec
         self.instances = instances
         self.future = future
+        self.nbytes = sum(instance.ByteSize() for instance in instances)
 
 
 class _WorkerQueue:
@@ -63,15 +58,29 @@ class _WorkerQueue:
         self.pending: "collections.deque[_Chunk]" = collections.deque()
         self.pending_count = 0
         self.in_flight = 0
-        self.scheduled = False
+        self.scheduled = False      # a flush is due (next turn, or `timer`)
+        self.timer = None           # the delayed flush while a partial batch waits
         self.arrived = False        # a chunk came since the last flush attempt
-        self.settle_until = None    # while the idle worker's batch settles (batched models only)
+        self.settle_until = None    # end of the wait for a burst being read
+        self.owed = 0               # instances answered whose clients have not sent anything since
+        self.owed_since = None      # when the oldest of them was answered
+        self.owed_limit = SETTLE_SECONDS  # how long to wait for them: twice their last return, within limits
+        self.tasks = set()          # the calls in flight (a task needs a reference until it is done)
 
     def put(self, item: _Chunk):
-        _trace("put", self.pending_count)
         self.pending.append(item)
         self.pending_count += len(item.instances)
         self.arrived = True
+        if self.owed:
+            self.owed = max(0, self.owed - len(item.instances))
+            if not self.owed:  # every answered client is back: next time, wait up to twice as long as that took
+                took = time.monotonic() - self.owed_since
+                self.owed_limit = min(SETTLE_MAX_SECONDS, max(SETTLE_SECONDS, 2 * took))
+                self.owed_since = None
+        if self.timer is not None and (self.pending_count >= self.batch_size or not self.owed):
+            self.timer.cancel()  # the batch is full, or everyone answered is back: no more waiting
+            self.timer = None
+            self.scheduled = False
         self._schedule()
 
     def _may_send(self) -> bool:
@@ -85,31 +94,48 @@ class _WorkerQueue:
             self.scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)  # the next turn: chunks arriving now join
 
-    def _settling(self) -> bool:
-        """For a model with a batch dimension, an idle worker's partial batch waits while chunks keep arriving
-        turn after turn (a burst being read), at most SETTLE_SECONDS: padding is paid per batch."""
-        if self.batch_size == 1 or self.in_flight or self.pending_count >= self.batch_size or not self.arrived:
+    def _settle_delay(self) -> Optional[float]:
+        """How long a partial batch for an idle worker still waits (0: one more loop turn), or None.
+
+        Only for a model with a batch dimension, where every batch costs as much as a full one. It waits while
+        as many instances have not arrived since calls returned as those calls answered (clients that send
+        their next request once answered), at most `owed_limit` (SETTLE_SECONDS, or twice as long as they took
+        to come back last time, up to SETTLE_MAX_SECONDS); or while chunks keep arriving turn after turn (a
+        burst being read), at most SETTLE_SECONDS. A lone request never waits."""
+        if self.batch_size == 1 or self.in_flight or self.pending_count >= self.batch_size:
             self.settle_until = None
-            return False
+            return None
         now = time.monotonic()
-        if self.settle_until is None:
-            self.settle_until = now + SETTLE_SECONDS
-        elif now >= self.settle_until:
-            self.settle_until = None
-            return False
-        self.arrived = False
-        return True
+        if self.owed:
+            if now < self.owed_since + self.owed_limit:
+                return self.owed_since + self.owed_limit - now
+            self.owed, self.owed_since, self.owed_limit = 0, None, SETTLE_SECONDS  # they are not coming back
+        if self.arrived:
+            if self.settle_until is None:
+                self.settle_until = now + SETTLE_SECONDS
+            if now < self.settle_until:
+                self.arrived = False
+                return 0.0
+        self.settle_until = None
+        return None
 
     def _flush(self):
-        if self._settling():
-            asyncio.get_running_loop().call_soon(self._flush)
+        self.timer = None
+        delay = self._settle_delay()
+        if delay is not None:
+            loop = asyncio.get_running_loop()
+            if delay > 0:
+                self.timer = loop.call_later(delay, self._flush)
+            else:
+                loop.call_soon(self._flush)
             return
         self.scheduled = False
         self.arrived = False
         while self._may_send():
             limit = self.max_instances
-            chunks, count = [], 0
-            while self.pending and (not chunks or count + len(self.pending[0].instances) <= limit):
+            chunks, count, nbytes = [], 0, 0
+            while self.pending and (not chunks or (count + len(self.pending[0].instances) <= limit
+                                                   and nbytes + self.pending[0].nbytes <= MAX_CALL_BYTES)):
                 item = self.pending.popleft()
                 size = len(item.instances)
                 self.pending_count -= size
@@ -118,14 +144,12 @@ class _WorkerQueue:
                     continue
                 chunks.append(item)
                 count += size
+                nbytes += item.nbytes
             if chunks:
-                global _DBG_CALLS, _DBG_INST
-                _DBG_CALLS += 1; _DBG_INST += count
-                if _DBG_CALLS % 100 == 0:
-                    print(f"DBG calls {_DBG_CALLS} instances {_DBG_INST} avg {_DBG_INST/_DBG_CALLS:.1f} in_flight {self.in_flight}", flush=True)
                 self.in_flight += 1
-                _trace("send", count)
-                asyncio.ensure_future(self._call(chunks, count))
+                task = asyncio.ensure_future(self._call(chunks, count))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
 
     async def _call(self, chunks: List[_Chunk], count: int):
         worker = self.worker
@@ -166,9 +190,12 @@ class _WorkerQueue:
                 raise
             return
         finally:
-            _trace("back", count)
             worker.outstanding -= count
             self.in_flight -= 1
+            if self.batch_size > 1:  # only partial batches wait for answered clients to come back
+                if not self.owed:
+                    self.owed_since = time.monotonic()
+                self.owed += count
             self._schedule()
         try:
             _split_reply(worker, reply, chunks, count)

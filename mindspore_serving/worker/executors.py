@@ -63,7 +63,8 @@ class ModelExecutor(_BatchLoop):
         super().__init__(f"model-{model.spec.model_key}-{subgraph}", model.batch_size, max_wait)
         # A model whose batches hold one instance has nothing to wait for: the caller's thread runs it at once,
         # which saves two thread hand-offs per instance; instances still run one at a time, in submit order.
-        self.inline = self.batch_size == 1
+        # Only on CPU: a device context may be bound to the thread that runs a device's graphs.
+        self.inline = self.batch_size == 1 and getattr(model, "device_target", "CPU") == "CPU"
 
     @property
     def inputs_count(self) -> int:

@@ -207,9 +207,11 @@ class LoadedModel:
     """A declared model: one or more subgraphs sharing a batch size."""
 
     def __init__(self, spec, version_dir: str, dec_key: Optional[bytes] = None, dec_mode: str = "AES-GCM"):
+        import mindspore as ms
         self.spec = spec
         self.subgraphs = [Subgraph(os.path.join(version_dir, name), dec_key, dec_mode) for name in spec.model_files]
         self.batch_size = self._check_batch_size()
+        self.device_target = ms.get_context("device_target")  # "CPU", "GPU" or "Ascend"
 
     def _check_batch_size(self) -> int:
         if not self.spec.with_batch_dim:

@@ -154,8 +154,10 @@ def test_concurrent_requests_travel_in_one_call_and_get_their_own_answers():
     assert worker.outstanding == 0 and worker.served == 5
 
 
-def test_calls_in_flight_per_worker_are_limited_and_the_rest_waits_for_one_of_them():
-    from mindspore_serving.master.dispatcher import MAX_CALLS_IN_FLIGHT
+def test_calls_in_flight_per_worker_are_limited_and_the_rest_waits_for_one_of_them(monkeypatch):
+    from mindspore_serving.master import dispatcher as dispatcher_module
+    assert dispatcher_module.MAX_CALLS_IN_FLIGHT == 2
+    monkeypatch.setattr(dispatcher_module, "MAX_CALL_INSTANCES", 2)
     registry = WorkerRegistry()
     calls = []
     worker = add_worker(registry, "w", 1, calls, batch_size=1, hold=True)
@@ -163,40 +165,52 @@ def test_calls_in_flight_per_worker_are_limited_and_the_rest_waits_for_one_of_th
 
     async def scenario():
         tasks = []
-        for x in range(MAX_CALLS_IN_FLIGHT):  # one loop turn each: one call each
-            tasks.append(asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(x))))
-            await until(lambda: len(calls) == x + 1)
-        tasks += [asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(x)))
-                  for x in range(MAX_CALLS_IN_FLIGHT, MAX_CALLS_IN_FLIGHT + 3)]
-        for _ in range(20):
-            await asyncio.sleep(0)
+
+        async def submit(*xs):
+            for x in xs:
+                tasks.append(asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(x))))
+            for _ in range(20):
+                await asyncio.sleep(0)
+
+        await submit(0)        # idle worker: a call at once
+        await submit(1)        # busy: one instance is not a full call
+        in_flight_1 = len(calls)
+        await submit(2)        # a full call (2 instances) goes while the first is in flight
+        await submit(3, 4, 5)  # two calls in flight: everything waits
         waiting = (len(calls), worker.outstanding)
         calls[0]["release"].set()
-        await until(lambda: len(calls) == MAX_CALLS_IN_FLIGHT + 1)
+        await until(lambda: len(calls) == 3)  # one call returned: the next full call goes, [5] waits
+        for_last = len(calls)
         for call in calls:
             call["release"].set()
-        return waiting, await asyncio.gather(*tasks)
+        await until(lambda: len(calls) == 4)  # idle again: the rest goes
+        calls[3]["release"].set()
+        return in_flight_1, waiting, for_last, await asyncio.gather(*tasks)
 
-    waiting, answers = asyncio.run(scenario())
-    assert waiting == (MAX_CALLS_IN_FLIGHT, MAX_CALLS_IN_FLIGHT + 3)
-    assert calls[-1]["xs"] == list(range(MAX_CALLS_IN_FLIGHT, MAX_CALLS_IN_FLIGHT + 3))
-    assert [y_of(answer[0]) for answer in answers] == [x * 10 for x in range(MAX_CALLS_IN_FLIGHT + 3)]
+    in_flight_1, waiting, for_last, answers = asyncio.run(scenario())
+    assert in_flight_1 == 1
+    assert waiting == (2, 6)
+    assert for_last == 3
+    assert [call["xs"] for call in calls] == [[0], [1, 2], [3, 4], [5]]
+    assert [y_of(answer[0]) for answer in answers] == [x * 10 for x in range(6)]
     assert worker.outstanding == 0
 
 
-def test_a_busy_worker_gets_full_batches_and_an_idle_one_what_is_there():
+def test_a_busy_worker_gets_only_full_calls_and_an_idle_one_what_is_there(monkeypatch):
+    from mindspore_serving.master import dispatcher as dispatcher_module
+    monkeypatch.setattr(dispatcher_module, "MAX_CALL_INSTANCES", 4)
     registry = WorkerRegistry()
     calls = []
-    add_worker(registry, "w", 1, calls, batch_size=4, hold=True)
+    add_worker(registry, "w", 1, calls, batch_size=1, hold=True)
     dispatcher = Dispatcher(registry)
 
     async def scenario():
         tasks = [asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(0)))]
-        await until(lambda: len(calls) == 1)  # idle worker: the lone instance goes at once
+        await until(lambda: len(calls) == 1)  # idle worker: the lone instance goes
         tasks += [asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(x))) for x in (1, 2, 3)]
         for _ in range(20):
             await asyncio.sleep(0)
-        partial = len(calls)  # three instances wait: not a full batch while the worker is busy
+        partial = len(calls)  # three instances wait: not a full call while the worker is busy
         tasks += [asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(x))) for x in (4, 5)]
         await until(lambda: len(calls) == 2)
         for call in calls:
@@ -211,8 +225,81 @@ def test_a_busy_worker_gets_full_batches_and_an_idle_one_what_is_there():
     assert [y_of(answer[0]) for answer in answers] == [0, 10, 20, 30, 40, 50]
 
 
-def test_a_cancelled_request_leaves_the_queue():
-    from mindspore_serving.master.dispatcher import MAX_CALLS_IN_FLIGHT
+def test_a_partial_batch_for_an_idle_worker_waits_while_chunks_keep_arriving():
+    registry = WorkerRegistry()
+    calls = []
+    add_worker(registry, "w", 1, calls, batch_size=8)
+    dispatcher = Dispatcher(registry)
+
+    async def scenario():
+        tasks = []
+        for x in range(5):  # one new request per loop turn: a burst being read
+            tasks.append(asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(x))))
+            await asyncio.sleep(0)
+        return await asyncio.gather(*tasks)
+
+    answers = asyncio.run(scenario())
+    assert [call["xs"] for call in calls] == [[0, 1, 2, 3, 4]]
+    assert [y_of(answer[0]) for answer in answers] == [0, 10, 20, 30, 40]
+
+
+def test_a_partial_batch_waits_for_the_clients_of_the_last_call_to_come_back():
+    registry = WorkerRegistry()
+    calls = []
+    add_worker(registry, "w", 1, calls, batch_size=8)
+    dispatcher = Dispatcher(registry)
+
+    async def client(x, rounds, delay):
+        answers = []
+        for round_ in range(rounds):
+            if round_:
+                await asyncio.sleep(delay * x)  # the clients come back one after the other
+            answers.append(y_of((await dispatcher.predict(spec_of(), instances_of(x)))[0]))
+        return answers
+
+    async def scenario():
+        return await asyncio.gather(*[client(x, 3, 0.002) for x in range(1, 4)])
+
+    answers = asyncio.run(scenario())
+    assert answers == [[10] * 3, [20] * 3, [30] * 3]
+    assert [sorted(call["xs"]) for call in calls] == [[1, 2, 3]] * 3  # never a batch of the early ones alone
+
+
+def test_a_partial_batch_waits_at_most_the_settle_time_for_clients_that_do_not_come_back(monkeypatch):
+    import time
+    from mindspore_serving.master import dispatcher as dispatcher_module
+    monkeypatch.setattr(dispatcher_module, "SETTLE_SECONDS", 0.05)
+    registry = WorkerRegistry()
+    calls = []
+    add_worker(registry, "w", 1, calls, batch_size=8)
+    dispatcher = Dispatcher(registry)
+
+    async def scenario():
+        await dispatcher.predict(spec_of(), instances_of(1, 2, 3))  # a call of 3 returns
+        started = time.monotonic()
+        answer = await dispatcher.predict(spec_of(), instances_of(4))  # only one request follows
+        return time.monotonic() - started, answer
+
+    waited, answer = asyncio.run(scenario())
+    assert 0.03 < waited < 1.0
+    assert y_of(answer[0]) == 40 and [call["xs"] for call in calls] == [[1, 2, 3], [4]]
+
+
+def test_a_lone_request_to_a_batched_worker_does_not_wait_for_the_settle_time():
+    import time
+    registry = WorkerRegistry()
+    calls = []
+    add_worker(registry, "w", 1, calls, batch_size=8)
+    started = time.monotonic()
+    answers = asyncio.run(Dispatcher(registry).predict(spec_of(), instances_of(3)))
+    from mindspore_serving.master.dispatcher import SETTLE_SECONDS
+    assert time.monotonic() - started < SETTLE_SECONDS / 2
+    assert y_of(answers[0]) == 30 and len(calls) == 1
+
+
+def test_a_cancelled_request_leaves_the_queue(monkeypatch):
+    from mindspore_serving.master import dispatcher as dispatcher_module
+    monkeypatch.setattr(dispatcher_module, "MAX_CALL_INSTANCES", 1)  # every chunk is a full call
     registry = WorkerRegistry()
     calls = []
     worker = add_worker(registry, "w", 1, calls, batch_size=1, hold=True)
@@ -220,7 +307,7 @@ def test_a_cancelled_request_leaves_the_queue():
 
     async def scenario():
         held = []
-        for x in range(MAX_CALLS_IN_FLIGHT):
+        for x in range(dispatcher_module.MAX_CALLS_IN_FLIGHT):
             held.append(asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(x))))
             await until(lambda: len(calls) == x + 1)
         queued = asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(100)))
@@ -231,43 +318,15 @@ def test_a_cancelled_request_leaves_the_queue():
         held[0].cancel()  # its call goes on; the answer is dropped
         for call in calls:
             call["release"].set()
-        await until(lambda: len(calls) == MAX_CALLS_IN_FLIGHT + 1)
+        await until(lambda: len(calls) == dispatcher_module.MAX_CALLS_IN_FLIGHT + 1)
         calls[-1]["release"].set()
         return await kept, await asyncio.gather(*held[1:]), dispatcher.enqueued
 
     kept, others, enqueued = asyncio.run(scenario())
     assert calls[-1]["xs"] == [101]
-    assert y_of(kept[0]) == 1010 and [y_of(answer[0]) for answer in others] == [10 * x for x in
-                                                                                 range(1, MAX_CALLS_IN_FLIGHT)]
+    assert y_of(kept[0]) == 1010
+    assert [y_of(answer[0]) for answer in others] == [10 * x for x in range(1, dispatcher_module.MAX_CALLS_IN_FLIGHT)]
     assert worker.outstanding == 0 and enqueued == 0
-
-
-def test_version_routing_and_unavailable_errors():
-    registry = WorkerRegistry()
-    calls = []
-    add_worker(registry, "v1", 1, calls, version=1)
-    add_worker(registry, "v2", 2, calls, version=2)
-    dispatcher = Dispatcher(registry)
-    asyncio.run(dispatcher.predict(spec_of(version=0), instances_of(1)))
-    asyncio.run(dispatcher.predict(spec_of(version=1), instances_of(1)))
-    assert [call["worker"] for call in calls] == ["v2", "v1"]
-    with pytest.raises(errors.ServableUnavailable) as info:
-        asyncio.run(dispatcher.predict(spec_of(version=3), instances_of(1)))
-    assert str(info.value) == "Request servable(add) method(m)  version(3) , servable is not available"
-    with pytest.raises(errors.ServableUnavailable) as info:
-        asyncio.run(dispatcher.predict(spec_of(method="other"), instances_of(1)))
-    assert str(info.value) == "Request servable(add) method(other) , method is not available"
-    assert dispatcher.enqueued == 0
-
-
-def test_worker_instance_errors_keep_their_code_and_text():
-    registry = WorkerRegistry()
-    calls = []
-    add_worker(registry, "w", 1, calls, batch_size=8)
-    results = asyncio.run(Dispatcher(registry).predict(spec_of(), instances_of(1, -2, 3)))
-    assert y_of(results[0]) == 10 and y_of(results[2]) == 30
-    assert isinstance(results[1], errors.InvalidInputs)
-    assert results[1].code == errors.INVALID_INPUTS and results[1].message == "negative input -2"
 
 
 # ---------------------------------------------------------------- checks before sending
@@ -521,3 +580,21 @@ def test_error_reply():
     assert reply.servable_spec.name == "x"
     assert len(reply.instances) == 0
     assert [(e.error_code, e.error_msg.decode()) for e in reply.error_msg] == [(errors.SERVABLE_UNAVAILABLE, "gone")]
+
+
+def test_a_call_carries_at_most_max_call_bytes_but_a_large_chunk_still_goes(monkeypatch):
+    from mindspore_serving.master import dispatcher as dispatcher_module
+    size = instances_of(1)[0].ByteSize()
+    monkeypatch.setattr(dispatcher_module, "MAX_CALL_BYTES", 2 * size)
+    registry = WorkerRegistry()
+    calls = []
+    add_worker(registry, "w", 1, calls, batch_size=4)
+    dispatcher = Dispatcher(registry)
+
+    async def scenario():
+        return await asyncio.gather(*[dispatcher.predict(spec_of(), instances_of(*xs))
+                                      for xs in ([1], [2], [3], [4, 5, 6])])
+
+    answers = asyncio.run(scenario())
+    assert [call["xs"] for call in calls] == [[1, 2], [3], [4, 5, 6]]
+    assert [[y_of(a) for a in answer] for answer in answers] == [[10], [20], [30], [40, 50, 60]]

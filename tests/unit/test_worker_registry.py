@@ -158,3 +158,28 @@ def test_servable_versions():
     assert registry.servable_versions("add") == [1, 3]
     assert registry.servable_versions("sub") == [7]
     assert registry.servable_versions("none") == []
+
+
+def test_candidates_are_cached_until_a_worker_comes_or_goes():
+    registry = WorkerRegistry()
+    registry.add(record("a", version=1))
+    first = registry.candidates("add", "add_common", 0)
+    assert registry.candidates("add", "add_common", 0) is first  # the same list while nothing changes
+    registry.add(record("b", version=1))
+    assert keys(registry.candidates("add", "add_common", 0)) == ["a", "b"]
+    registry.add(record("c", version=2))
+    assert keys(registry.candidates("add", "add_common", 0)) == ["c"]
+    registry.remove("c")
+    assert keys(registry.candidates("add", "add_common", 0)) == ["a", "b"]
+    registry.clear()
+    with pytest.raises(errors.ServableUnavailable):
+        registry.candidates("add", "add_common", 0)
+
+
+def test_record_input_names_are_read_once():
+    from mindspore_serving.proto import internal_pb2
+    method = internal_pb2.MethodSignature(name="m", input_names=["x1", "x2"])
+    rec = WorkerRecord(key="k", pid=1, address="a", servable_name="s", version_number=1, batch_size=1,
+                       methods={"m": method})
+    assert rec.input_names("m") == ["x1", "x2"]
+    assert rec.input_names("m") is rec.input_names("m")

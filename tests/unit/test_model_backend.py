@@ -1,0 +1,124 @@
+"""Subgraph.run: GraphCell calls, and the fast call that skips GraphCell's per-call compile once compiled.
+
+The fast call uses MindSpore's private executor API (model_backend._CompiledRunner); these tests pin that it
+gives the public call's results, is really used after the first call of an input signature, and falls back to
+the public call when it is unavailable or fails.
+"""
+import os
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ADD_MINDIR = os.path.join(ROOT, "servables", "add", "1", "tensor_add.mindir")
+
+
+@pytest.fixture(scope="module")
+def ms():
+    mindspore = pytest.importorskip("mindspore")
+    if not os.path.isfile(ADD_MINDIR):
+        pytest.skip("servables/add/1/tensor_add.mindir is missing (make models)")
+    from mindspore_serving.common.ms_device import select_device
+    select_device("CPU")
+    mindspore.set_context(mode=mindspore.GRAPH_MODE)
+    return mindspore
+
+
+@pytest.fixture()
+def add_graph(ms):
+    from mindspore_serving.worker.model_backend import Subgraph
+    return Subgraph(ADD_MINDIR)
+
+
+@pytest.fixture()
+def public_calls(ms, monkeypatch):
+    """Counts GraphCell.__call__ (the public, compiling call)."""
+    calls = []
+    original = ms.nn.GraphCell.__call__
+
+    def counting(self, *args, **kwargs):
+        calls.append(len(args))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(ms.nn.GraphCell, "__call__", counting)
+    return calls
+
+
+def pairs(count, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal((2, 2)).astype(np.float32), rng.standard_normal((2, 2)).astype(np.float32))
+            for _ in range(count)]
+
+
+def test_probe_reveals_inputs_and_outputs(add_graph):
+    assert [(info.shape, info.dtype) for info in add_graph.inputs] == [((2, 2), np.float32)] * 2
+    assert [(info.shape, info.dtype) for info in add_graph.outputs] == [((2, 2), np.float32)]
+
+
+def test_fast_call_is_used_after_the_first_call_and_matches_the_public_call(ms, add_graph, public_calls):
+    from mindspore_serving.worker.model_backend import compiled_runner
+    assert compiled_runner().available, "MindSpore's executor internals changed: the fast call is off"
+    for x1, x2 in pairs(20):
+        (y,) = add_graph.run([x1, x2])
+        np.testing.assert_array_equal(y, x1 + x2)
+        expected = add_graph.cell(ms.Tensor(x1), ms.Tensor(x2)).asnumpy()
+        np.testing.assert_array_equal(y, expected)
+    # the probe at load time compiled the signature: only the 20 reference calls above went through GraphCell
+    assert len(public_calls) == 20
+    assert len(add_graph._phases) == 1
+
+
+def test_inputs_are_not_kept_between_calls(add_graph):
+    x = np.ones((2, 2), np.float32)
+    first = add_graph.run([x, x])[0]
+    x[0, 0] = 5.0  # changing the caller's array after the call must not change the earlier output
+    second = add_graph.run([x, x])[0]
+    assert first[0, 0] == 2.0 and second[0, 0] == 10.0
+
+
+def test_non_contiguous_and_read_only_inputs(add_graph):
+    base = np.arange(16, dtype=np.float32).reshape(4, 4)
+    strided = base[::2, ::2]
+    read_only = np.frombuffer(np.full(4, 3.0, np.float32).tobytes(), np.float32).reshape(2, 2)
+    (y,) = add_graph.run([strided, read_only])
+    np.testing.assert_array_equal(y, strided + 3.0)
+
+
+def test_each_new_signature_goes_through_the_public_call_once(add_graph, public_calls):
+    ones3 = np.ones((3, 3), np.float32)
+    outcomes = []
+    for _ in range(2):
+        try:
+            outcomes.append(add_graph.run([ones3, ones3])[0])
+        except Exception as err:  # pylint: disable=broad-except
+            outcomes.append(type(err))
+    if isinstance(outcomes[0], np.ndarray):  # MindSpore recompiled the graph for the new shape
+        np.testing.assert_array_equal(outcomes[1], ones3 * 2)
+        assert len(public_calls) == 1 and len(add_graph._phases) == 2
+    else:  # it refused the shape: every such call is public and raises
+        assert outcomes[1] is outcomes[0] and len(public_calls) == 2
+    before = len(public_calls)
+    (y,) = add_graph.run([np.ones((2, 2), np.float32)] * 2)  # the first signature still takes the fast call
+    np.testing.assert_array_equal(y, np.full((2, 2), 2.0, np.float32))
+    assert len(public_calls) == before
+
+
+def test_without_the_fast_call_every_call_is_public(add_graph, public_calls, monkeypatch):
+    from mindspore_serving.worker import model_backend
+    monkeypatch.setattr(model_backend._CompiledRunner, "phase_of", lambda self, cell: None)
+    add_graph._phases.clear()
+    for x1, x2 in pairs(3):
+        np.testing.assert_array_equal(add_graph.run([x1, x2])[0], x1 + x2)
+    assert len(public_calls) == 3 and not add_graph._phases
+
+
+def test_a_failing_fast_call_falls_back_to_the_public_call(add_graph, public_calls, monkeypatch):
+    from mindspore_serving.worker import model_backend
+
+    def broken(self, cell, tensors, compiled):
+        raise RuntimeError("internals changed")
+
+    monkeypatch.setattr(model_backend._CompiledRunner, "__call__", broken)
+    x1, x2 = pairs(1)[0]
+    np.testing.assert_array_equal(add_graph.run([x1, x2])[0], x1 + x2)
+    assert len(public_calls) == 1
