@@ -37,7 +37,7 @@ class _Server:
         while not self.server.started:  # polled with a deadline; uvicorn has no readiness callback
             if not self.thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"uvicorn did not start on {self.url}")
-            time.sleep(0.01)
+            time.sleep(0.01)  # ok-sleep: polling with a deadline
 
     def stop(self):
         self.server.should_exit = True
@@ -161,7 +161,7 @@ def _wait_for_outcome(backend):
     deadline = time.monotonic() + START_TIMEOUT_S
     while not backend.outcomes:
         assert time.monotonic() < deadline, "the backend's stream was never cancelled"
-        time.sleep(0.01)
+        time.sleep(0.01)  # ok-sleep: polling with a deadline
     assert list(backend.outcomes.values()) == ["cancelled"]
 
 

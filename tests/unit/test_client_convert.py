@@ -16,6 +16,8 @@ from mindspore_serving.common import tensor_codec as tc
 from mindspore_serving.proto import ms_service_pb2 as pb
 from mindspore_serving.proto import ms_service_pb2_grpc as pb_grpc
 
+NEVER_CONNECTED = "127.0.0.1:1"  # argument validation only: these clients never connect
+
 ALL_DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64,
               np.float16, np.float32, np.float64]
 
@@ -100,15 +102,15 @@ def test_client_argument_checks():
     with pytest.raises(RuntimeError, match="^Parameter 'address' should be str, but actually <class 'int'>$"):
         Client(5500, "add", "m")
     with pytest.raises(RuntimeError, match="^Parameter 'servable_name' should not be empty str$"):
-        Client("127.0.0.1:5500", "", "m")
+        Client(NEVER_CONNECTED, "", "m")
     with pytest.raises(RuntimeError, match="^Parameter 'method_name' should be str"):
-        Client("127.0.0.1:5500", "add", None)
+        Client(NEVER_CONNECTED, "add", None)
     with pytest.raises(RuntimeError, match="^Parameter 'version_number' should be >= 0$"):
-        Client("127.0.0.1:5500", "add", "m", version_number=-1)
+        Client(NEVER_CONNECTED, "add", "m", version_number=-1)
     with pytest.raises(RuntimeError, match="^Parameter 'version_number' should be int, but actually <class 'str'>$"):
-        Client("127.0.0.1:5500", "add", "m", version_number="1")
+        Client(NEVER_CONNECTED, "add", "m", version_number="1")
     with pytest.raises(RuntimeError, match="^The type of ssl_config should be type of SSLConfig$"):
-        Client("127.0.0.1:5500", "add", "m", ssl_config="x")
+        Client(NEVER_CONNECTED, "add", "m", ssl_config="x")
     with pytest.raises(RuntimeError, match="^Parameter 'certificate' should not be empty str$"):
         SSLConfig(certificate="")
 
@@ -117,10 +119,10 @@ def test_ssl_config_needs_certificate_and_key_together(tmp_path):
     cert = tmp_path / "cert.pem"
     cert.write_bytes(b"not really a certificate")
     with pytest.raises(RuntimeError, match="^The certificate and private_key should be passed at the same time$"):
-        Client("127.0.0.1:5500", "add", "m", ssl_config=SSLConfig(certificate=str(cert)))
+        Client(NEVER_CONNECTED, "add", "m", ssl_config=SSLConfig(certificate=str(cert)))
     with pytest.raises(RuntimeError, match="^The certificate and private_key should be passed at the same time$"):
-        Client("127.0.0.1:5500", "add", "m", ssl_config=SSLConfig(private_key=str(cert)))
-    client = Client("127.0.0.1:5500", "add", "m", ssl_config=SSLConfig(custom_ca=str(cert)))
+        Client(NEVER_CONNECTED, "add", "m", ssl_config=SSLConfig(private_key=str(cert)))
+    client = Client(NEVER_CONNECTED, "add", "m", ssl_config=SSLConfig(custom_ca=str(cert)))
     client.close()
 
 

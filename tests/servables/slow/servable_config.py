@@ -7,7 +7,7 @@ from mindspore_serving.server import register
 
 
 def wait_and_echo(seconds):
-    time.sleep(float(np.asarray(seconds).reshape(-1)[0]))
+    time.sleep(float(np.asarray(seconds).reshape(-1)[0]))  # ok-sleep: the stage under test is slow on purpose
     return seconds
 
 
