@@ -154,12 +154,13 @@ def measure_engine_limit(config_path: str, steps: int, workload_path: str = "") 
 
 
 def best_limit(measurements: List[dict]) -> dict:
-    """The best step time per bucket over several measurements (the machine is shared: noise only adds time)."""
+    """The best step time (and, separately, the least CPU per step) per bucket over several measurements (the machine
+    is shared: noise only adds time)."""
     best = {}
-    for m in measurements:
-        for batch, row in m["limit"].items():
-            if batch not in best or row["step_ms"] < best[batch]["step_ms"]:
-                best[batch] = dict(row)
+    for batch in measurements[0]["limit"]:
+        rows = [m["limit"][batch] for m in measurements]
+        best[batch] = dict(min(rows, key=lambda row: row["step_ms"]))
+        best[batch]["cpu_ms"] = min(row["cpu_ms"] for row in rows)
     return best
 
 
@@ -848,6 +849,8 @@ def table(report: dict) -> str:
                  f"{sat['server_cpu_over_in_process_cpu']:.2f}x")
     lines.append(line)
     b1 = s["batch1"]
+    for warning in s.get("warnings", []):
+        lines.append(f"  WARNING: {warning}")
     lines.append(f"Batch 1: served TPOT {b1['served_tpot_ms']:.2f} ms (p50 {b1['served_tpot_p50_ms']:.2f}) vs engine "
                  f"step {b1['engine_step_ms']:.2f} ms -> {b1['fraction_of_limit']:.3f} of the engine limit: "
                  f"{b1['overhead_fraction']:.1%} of each token's time is serving overhead "
@@ -996,6 +999,15 @@ def summary(report: dict) -> dict:
     if cpu1:
         result["batch1"]["engine_step_cpu_ms"] = round(cpu1, 3)
         result["batch1"]["server_cpu_over_engine_cpu"] = round(served_cpu(c1)["server"] / 1000 / cpu1, 3)
+    warnings = []
+    steps = [limit[str(b)]["step_ms"] for b in batches]
+    if any(later < earlier * 0.9 for earlier, later in zip(steps, steps[1:])):
+        warnings.append("the engine limit's step times do not grow with the batch: the machine was busy while it "
+                        "was measured (rerun, or compare with bench/llm_engine.py)")
+    busy = [r["run"] for r in report["runs"] if r["other_cores"] > 0.3 and not r["run"].startswith("profiled")]
+    if busy:
+        warnings.append(f"other processes used > 0.3 cores during: {', '.join(busy)} (see other_cores)")
+    result["warnings"] = warnings
     engine_runs = [m["engine_run"] for m in measurements if m.get("engine_run")]
     if engine_runs:
         best = max(engine_runs, key=lambda r: r["tokens_per_s"])
