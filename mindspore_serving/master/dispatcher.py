@@ -4,8 +4,9 @@ sends each chunk to the least busy worker and puts the answers back in request o
 Chunks of concurrent requests bound for the same worker and method wait in that worker's queue and travel
 together in one WorkerPredictRequest (a call to a worker costs far more than an instance in it):
 - a worker with no call in flight gets what is queued on the next event-loop turn (chunks arriving in the
-  current turn join it); for a model with a batch dimension a partial batch first waits while chunks keep
-  arriving turn after turn, at most SETTLE_SECONDS (a burst of requests being read fills the batch);
+  current turn join it); for a model with a batch dimension a partial batch first waits a little while more
+  is likely to come: clients just answered that have not sent again, or a burst still being read (see
+  _WorkerQueue._settle_delay; a lone request never waits);
 - a worker with a call in flight gets another one only when a full call (MAX_CALL_INSTANCES, a multiple of
   its batch size) is queued; otherwise the queue is sent when the call returns.
 The worker runs the instances of a call together (so they share model batches) and answers them in order;

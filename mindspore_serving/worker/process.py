@@ -3,22 +3,31 @@
 Started by the master as `python .../server/start_worker.py --servable_directory ... --master_address ...`.
 It exits on SIGINT/SIGTERM, when the master asks, or when its parent process goes away.
 """
-import argparse
-import importlib
 import os
-import signal
-import sys
-import threading
-import time
-from concurrent import futures
 
-import grpc
+# MindSpore sets PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python when it is imported and the variable is unset (for its
+# checkpoint files). A master started from a process that imported MindSpore first passes that on to its workers,
+# and every message of theirs would then go through the pure-Python protobuf, several times slower. A worker loads
+# protobuf before MindSpore, so it uses the implementation it gets with the variable unset, whatever its parent did.
+if os.environ.get("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION") == "python":
+    del os.environ["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"]
 
-from mindspore_serving import log
-from mindspore_serving.common import ipc
-from mindspore_serving.proto import internal_pb2, internal_pb2_grpc
-from mindspore_serving.worker.servable_loader import load_servable
-from mindspore_serving.worker.service import WorkerServicer
+# pylint: disable=wrong-import-position
+import argparse  # noqa: E402
+import importlib  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from concurrent import futures  # noqa: E402
+
+import grpc  # noqa: E402
+
+from mindspore_serving import log  # noqa: E402
+from mindspore_serving.common import ipc  # noqa: E402
+from mindspore_serving.proto import internal_pb2, internal_pb2_grpc  # noqa: E402
+from mindspore_serving.worker.servable_loader import load_servable  # noqa: E402
+from mindspore_serving.worker.service import WorkerServicer  # noqa: E402
 
 PARENT_CHECK_SECONDS = 0.1
 
