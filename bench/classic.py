@@ -23,6 +23,7 @@ Needs: wrk and nghttp2-client (apt-get install -y wrk nghttp2-client) for the na
 requirements-bench.txt (mosec) for the mosec peer.
 """
 import argparse
+import importlib.metadata
 import contextlib
 import datetime
 import json
@@ -324,10 +325,13 @@ def batching_table(batching: dict) -> str:
 
 def versions() -> dict:
     found = {"python": platform.python_version()}
-    for module in ("mindspore", "grpc", "fastapi", "uvicorn", "mosec", "numpy", "orjson"):
+    # read from package metadata: importing mindspore here would switch the servers this process starts to the
+    # pure-Python protobuf (it sets PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python when unset)
+    for module, dist in (("mindspore", "mindspore"), ("grpc", "grpcio"), ("fastapi", "fastapi"), ("uvicorn", "uvicorn"),
+                         ("mosec", "mosec"), ("numpy", "numpy"), ("orjson", "orjson")):
         try:
-            found[module] = __import__(module).__version__
-        except Exception:
+            found[module] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
             found[module] = None
     for tool, flag in (("wrk", "-v"), ("h2load", "--version")):
         if shutil.which(tool):
