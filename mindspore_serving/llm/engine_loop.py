@@ -9,12 +9,16 @@ tests) can submit requests, stream their outputs and abort them.
 
 The engine itself is not thread-safe: every call into it happens on the loop thread; other threads only
 put commands on a queue.
+
+A request submitted with a `sink` does not queue its outputs on its own stream: the loop hands them to
+`sink.put(stream, item)` and calls `sink.flush()` once per loop iteration, so a consumer of many requests
+(the worker's session with the master) gets one batch per engine step instead of one wake-up per token.
 """
 import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, Optional, Protocol, Set
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
@@ -23,6 +27,15 @@ from mindspore_serving.llm.errors import InvalidRequestError
 
 _END = object()
 
+
+class OutputSink(Protocol):
+    """Receives the outputs of the requests submitted with it, on the loop thread."""
+
+    def put(self, stream: "RequestStream", item) -> None:
+        """`item`: a RequestOutput, or the exception that ends the request."""
+
+    def flush(self) -> None:
+        """Called once per loop iteration after `put`s: hand the collected items on together."""
 
 
 @dataclass
@@ -41,15 +54,21 @@ class _Abort:
 class RequestStream:
     """The outputs of one request, in order; iterate it (blocking) or call `get`."""
 
-    def __init__(self, loop: "EngineLoop", request_id: str):
+    def __init__(self, loop: "EngineLoop", request_id: str, sink: Optional[OutputSink] = None, tag: Any = None):
         self.loop = loop
         self.request_id = request_id
+        self.sink = sink
+        self.tag = tag  # the sink's own key for this request
         self._outputs: "queue.Queue" = queue.Queue()
         self.final: Optional[RequestOutput] = None
         self.error: Optional[BaseException] = None
 
     def _put(self, item):
-        self._outputs.put(item)
+        if self.sink is None:
+            self._outputs.put(item)
+        else:
+            self.sink.put(self, item)
+            self.loop._dirty.add(self.sink)
 
     def get(self, timeout: Optional[float] = None):
         """The next RequestOutput; raises the request's error; None after the last output."""
@@ -94,14 +113,17 @@ class EngineLoop:
         self._ids = 0
         self._ids_lock = threading.Lock()
         self._admitted = 0  # requests accepted and not yet finished (for back-pressure)
+        self._dirty: Set[OutputSink] = set()  # sinks with items not yet flushed (loop thread only)
         self._closed = threading.Event()
         self.failure: Optional[str] = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     # ---- called from any thread ----
-    def submit(self, prompt, params=None, request_id: Optional[str] = None) -> RequestStream:
-        """Queues a request (a prompt str or a list of token ids); raises errors.Overloaded when too many wait."""
+    def submit(self, prompt, params=None, request_id: Optional[str] = None, sink: Optional[OutputSink] = None,
+               tag: Any = None) -> RequestStream:
+        """Queues a request (a prompt str or a list of token ids); raises errors.Overloaded when too many wait.
+        With `sink`, its outputs go to the sink (see the module docstring), `tag` being its key there."""
         if self._closed.is_set():
             raise errors.ServableUnavailable(f"the LLM engine is stopped{': ' + self.failure if self.failure else ''}")
         with self._ids_lock:
@@ -113,7 +135,7 @@ class EngineLoop:
             if request_id is None:
                 self._ids += 1
                 request_id = f"req-{self._ids}"
-        stream = RequestStream(self, request_id)
+        stream = RequestStream(self, request_id, sink, tag)
         self._commands.put(_Add(request_id, prompt, params, stream))
         return stream
 
@@ -139,10 +161,10 @@ class EngineLoop:
                 if not self._drain(block):
                     break
                 self._expire()
-                if not self.engine.has_unfinished():
-                    continue
-                for output in self.engine.step():
-                    self._deliver(output)
+                if self.engine.has_unfinished():
+                    for output in self.engine.step():
+                        self._deliver(output)
+                self._flush()
         except Exception as err:  # the engine itself broke: every request gets the reason
             log.exception("LLM engine loop failed")
             self.failure = f"{type(err).__name__}: {err}"
@@ -201,6 +223,10 @@ class EngineLoop:
             self._deadlines.pop(output.request_id, None)
             self._release()
 
+    def _flush(self):
+        while self._dirty:
+            self._dirty.pop().flush()
+
     def _release(self):
         with self._ids_lock:
             self._admitted -= 1
@@ -213,6 +239,7 @@ class EngineLoop:
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:
-                return
+                break
             if isinstance(command, _Add):
                 command.stream._put(error)
+        self._flush()

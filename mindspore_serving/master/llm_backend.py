@@ -1,7 +1,14 @@
-"""The master's LlmBackend: forwards generation requests to the LLM servable's workers as gRPC streams."""
+"""The master's LlmBackend: forwards generation requests to the LLM servable's workers.
+
+Each worker gets one gRPC Session (llm_worker.proto) shared by every generation the master routes to it:
+a `generate` command per request, an `abort` when its client goes away, and one batch of events per engine
+step coming back, fanned out here to the per-request queues. When a worker dies its session breaks and every
+generation on it fails with "worker stopped"; the next request opens a new session.
+"""
+import asyncio
 import itertools
 import json
-from typing import AsyncIterator, List
+from typing import AsyncIterator, Dict, List, Optional
 
 import grpc
 
@@ -16,6 +23,7 @@ from mindspore_serving.proto import llm_worker_pb2_grpc
 LLM_EXTENSION = "llm"
 GENERATE_METHOD = "generate"
 _ERRORS = {"validation": errors.InvalidInputs, "overloaded": Overloaded, "unavailable": errors.ServableUnavailable}
+_LOST = object()
 
 
 def _final(final: pb.Final) -> FinalEvent:
@@ -24,11 +32,80 @@ def _final(final: pb.Final) -> FinalEvent:
                       final.completion_tokens, timing, final.prompt)
 
 
+class WorkerSession:
+    """The master's Session with one worker; `open` and `close` run on the master's event loop."""
+
+    def __init__(self, worker):
+        self.worker = worker
+        self.closed = False
+        self._ids = itertools.count(1)
+        self._queues: Dict[int, asyncio.Queue] = {}
+        self._call = llm_worker_pb2_grpc.LlmWorkerStub(worker.channel).Session()
+        self._write_lock = asyncio.Lock()
+        self._reader = asyncio.ensure_future(self._read())
+
+    async def _read(self):
+        reason = "its session ended"
+        try:
+            async for batch in self._call:
+                for stream in batch.streams:
+                    events = self._queues.get(stream.stream_id)
+                    if events is not None:
+                        for event in stream.events:
+                            events.put_nowait(event)
+        except grpc.aio.AioRpcError as err:
+            reason = f"{err.code().name} {err.details()}"
+        except asyncio.CancelledError:
+            reason = "the master is stopping"
+        finally:
+            self.closed = True
+            if self._queues:
+                log.warning(f"LLM session with worker pid {self.worker.pid} ended ({reason}) with "
+                            f"{len(self._queues)} generation(s) running")
+            for events in self._queues.values():
+                events.put_nowait(_LOST)
+
+    async def _write(self, command: pb.SessionCommand):
+        async with self._write_lock:
+            await self._call.write(command)
+
+    async def open(self, message: pb.GenerateRequest) -> int:
+        stream_id = next(self._ids)
+        self._queues[stream_id] = asyncio.Queue()
+        try:
+            await self._write(pb.SessionCommand(stream_id=stream_id, generate=message))
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            self._queues.pop(stream_id).put_nowait(_LOST)
+            self.closed = True
+            raise
+        return stream_id
+
+    async def next_event(self, stream_id: int):
+        """The next GenerateEvent of the stream, or _LOST when the session broke."""
+        return await self._queues[stream_id].get()
+
+    def finish(self, stream_id: int, aborted: bool):
+        """The consumer is done with the stream; an unfinished one is aborted in the worker."""
+        self._queues.pop(stream_id, None)
+        if aborted and not self.closed:
+            asyncio.ensure_future(self._abort(stream_id))
+
+    async def _abort(self, stream_id: int):
+        try:
+            await self._write(pb.SessionCommand(stream_id=stream_id, abort=True))
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            pass  # the session is gone: the worker aborts everything it ran
+
+    def close(self):
+        self.closed = True
+        self._call.cancel()
+
+
 class MasterLlmBackend:
     def __init__(self, registry: WorkerRegistry):
         self.registry = registry
         self._ids = itertools.count(1)
-        self._stubs = {}  # (worker key, pid) -> LlmWorkerStub on that worker's channel
+        self._sessions: Dict[tuple, WorkerSession] = {}  # (worker key, pid) -> its session
 
     def models(self) -> List[ModelInfo]:
         infos = {}
@@ -41,39 +118,62 @@ class MasterLlmBackend:
                                                         data["vocab_size"], data.get("device", "CPU"))
         return list(infos.values())
 
+    def _session(self, worker) -> WorkerSession:
+        key = (worker.key, worker.pid)
+        session = self._sessions.get(key)
+        if session is None or session.closed:
+            live = {(w.key, w.pid) for w in self.registry.all()}
+            for old_key in [k for k, s in self._sessions.items() if k not in live or s.closed]:
+                self._sessions.pop(old_key).close()
+            session = self._sessions[key] = WorkerSession(worker)
+        return session
+
+    def close(self):
+        for session in self._sessions.values():
+            session.close()
+        self._sessions.clear()
+
     async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         candidates = [w for w in self.registry.candidates(request.model, GENERATE_METHOD, 0)
                       if LLM_EXTENSION in w.extensions]
         if not candidates:
             raise errors.ServableUnavailable(f"Model {request.model} is not a language model")
         worker = self.registry.pick(candidates)
-        stub = self._stubs.get((worker.key, worker.pid))
-        if stub is None:
-            live = {(w.key, w.pid) for w in self.registry.all()}
-            self._stubs = {k: v for k, v in self._stubs.items() if k in live}
-            stub = self._stubs[(worker.key, worker.pid)] = llm_worker_pb2_grpc.LlmWorkerStub(worker.channel)
         message = pb.GenerateRequest(request_id=request.request_id or f"gen-{next(self._ids)}",
                                      params_json=json.dumps(request.params))
         if request.messages is not None:
             message.messages.extend(pb.ChatMessage(role=m.role, content=m.content) for m in request.messages)
         else:
             message.prompt = request.prompt or ""
-        call = stub.Generate(message)
+        lost = errors.WorkerUnavailable(f"Model {request.model} is not available: the worker (pid {worker.pid}) "
+                                        f"stopped while generating")
+        session = self._session(worker)
         worker.outstanding += 1
+        stream_id: Optional[int] = None
+        done = False
         try:
-            async for event in call:
+            try:
+                stream_id = await session.open(message)
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as err:
+                log.warning(f"generation on worker pid {worker.pid} could not start: {err}")
+                raise lost from None
+            while True:
+                event = await session.next_event(stream_id)
+                if event is _LOST:
+                    done = True
+                    raise lost
                 kind = event.WhichOneof("event")
                 if kind == "token":
                     t = event.token
                     yield TokenEvent(t.id, t.text, t.logprob, t.special, t.index)
                 elif kind == "final":
+                    done = True
                     yield _final(event.final)
+                    return
                 else:
+                    done = True
                     raise _ERRORS.get(event.error.kind, errors.Failed)(event.error.message)
-        except grpc.aio.AioRpcError as err:
-            log.warning(f"generation on worker pid {worker.pid} failed: {err.code().name} {err.details()}")
-            raise errors.WorkerUnavailable(f"Model {request.model} is not available: the worker (pid {worker.pid}) "
-                                           f"stopped while generating") from None
         finally:
             worker.outstanding -= 1
-            call.cancel()  # no-op when finished; aborts the request in the engine when our consumer went away
+            if stream_id is not None:
+                session.finish(stream_id, aborted=not done)

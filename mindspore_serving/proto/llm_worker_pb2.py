@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10llm_worker.proto\x12\x1cmindspore_serving.llm_worker\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x87\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12;\n\x08messages\x18\x03 \x03(\x0b\x32).mindspore_serving.llm_worker.ChatMessage\x12\x13\n\x0bparams_json\x18\x04 \x01(\t\"R\n\x05Token\x12\n\n\x02id\x18\x01 \x01(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12\x0f\n\x07special\x18\x04 \x01(\x08\x12\r\n\x05index\x18\x05 \x01(\x05\"\xe4\x01\n\x05\x46inal\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x05 \x01(\x05\x12\x12\n\nqueue_time\x18\x06 \x01(\x01\x12\x1b\n\x13time_to_first_token\x18\x07 \x01(\x01\x12\x1b\n\x13inter_token_latency\x18\x08 \x01(\x01\x12\x13\n\x0b\x65\x32\x65_latency\x18\t \x01(\x01\x12\x0e\n\x06prompt\x18\n \x01(\t\"&\n\x05\x45rror\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xba\x01\n\rGenerateEvent\x12\x34\n\x05token\x18\x01 \x01(\x0b\x32#.mindspore_serving.llm_worker.TokenH\x00\x12\x34\n\x05\x66inal\x18\x02 \x01(\x0b\x32#.mindspore_serving.llm_worker.FinalH\x00\x12\x34\n\x05\x65rror\x18\x03 \x01(\x0b\x32#.mindspore_serving.llm_worker.ErrorH\x00\x42\x07\n\x05\x65vent2u\n\tLlmWorker\x12h\n\x08Generate\x12-.mindspore_serving.llm_worker.GenerateRequest\x1a+.mindspore_serving.llm_worker.GenerateEvent0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10llm_worker.proto\x12\x1cmindspore_serving.llm_worker\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x87\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12;\n\x08messages\x18\x03 \x03(\x0b\x32).mindspore_serving.llm_worker.ChatMessage\x12\x13\n\x0bparams_json\x18\x04 \x01(\t\"R\n\x05Token\x12\n\n\x02id\x18\x01 \x01(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12\x0f\n\x07special\x18\x04 \x01(\x08\x12\r\n\x05index\x18\x05 \x01(\x05\"\xe4\x01\n\x05\x46inal\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x05 \x01(\x05\x12\x12\n\nqueue_time\x18\x06 \x01(\x01\x12\x1b\n\x13time_to_first_token\x18\x07 \x01(\x01\x12\x1b\n\x13inter_token_latency\x18\x08 \x01(\x01\x12\x13\n\x0b\x65\x32\x65_latency\x18\t \x01(\x01\x12\x0e\n\x06prompt\x18\n \x01(\t\"&\n\x05\x45rror\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xba\x01\n\rGenerateEvent\x12\x34\n\x05token\x18\x01 \x01(\x0b\x32#.mindspore_serving.llm_worker.TokenH\x00\x12\x34\n\x05\x66inal\x18\x02 \x01(\x0b\x32#.mindspore_serving.llm_worker.FinalH\x00\x12\x34\n\x05\x65rror\x18\x03 \x01(\x0b\x32#.mindspore_serving.llm_worker.ErrorH\x00\x42\x07\n\x05\x65vent\"\x82\x01\n\x0eSessionCommand\x12\x11\n\tstream_id\x18\x01 \x01(\x04\x12\x41\n\x08generate\x18\x02 \x01(\x0b\x32-.mindspore_serving.llm_worker.GenerateRequestH\x00\x12\x0f\n\x05\x61\x62ort\x18\x03 \x01(\x08H\x00\x42\t\n\x07\x63ommand\"^\n\x0cStreamEvents\x12\x11\n\tstream_id\x18\x01 \x01(\x04\x12;\n\x06\x65vents\x18\x02 \x03(\x0b\x32+.mindspore_serving.llm_worker.GenerateEvent\"K\n\x0cSessionBatch\x12;\n\x07streams\x18\x01 \x03(\x0b\x32*.mindspore_serving.llm_worker.StreamEvents2t\n\tLlmWorker\x12g\n\x07Session\x12,.mindspore_serving.llm_worker.SessionCommand\x1a*.mindspore_serving.llm_worker.SessionBatch(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,6 +43,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ERROR']._serialized_end=587
   _globals['_GENERATEEVENT']._serialized_start=590
   _globals['_GENERATEEVENT']._serialized_end=776
-  _globals['_LLMWORKER']._serialized_start=778
-  _globals['_LLMWORKER']._serialized_end=895
+  _globals['_SESSIONCOMMAND']._serialized_start=779
+  _globals['_SESSIONCOMMAND']._serialized_end=909
+  _globals['_STREAMEVENTS']._serialized_start=911
+  _globals['_STREAMEVENTS']._serialized_end=1005
+  _globals['_SESSIONBATCH']._serialized_start=1007
+  _globals['_SESSIONBATCH']._serialized_end=1082
+  _globals['_LLMWORKER']._serialized_start=1084
+  _globals['_LLMWORKER']._serialized_end=1200
 # @@protoc_insertion_point(module_scope)

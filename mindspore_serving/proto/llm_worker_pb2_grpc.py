@@ -34,17 +34,17 @@ class LlmWorkerStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Generate = channel.unary_stream(
-                '/mindspore_serving.llm_worker.LlmWorker/Generate',
-                request_serializer=llm__worker__pb2.GenerateRequest.SerializeToString,
-                response_deserializer=llm__worker__pb2.GenerateEvent.FromString,
+        self.Session = channel.stream_stream(
+                '/mindspore_serving.llm_worker.LlmWorker/Session',
+                request_serializer=llm__worker__pb2.SessionCommand.SerializeToString,
+                response_deserializer=llm__worker__pb2.SessionBatch.FromString,
                 _registered_method=True)
 
 
 class LlmWorkerServicer:
     """Missing associated documentation comment in .proto file."""
 
-    def Generate(self, request, context):
+    def Session(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -53,10 +53,10 @@ class LlmWorkerServicer:
 
 def add_LlmWorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Generate': grpc.unary_stream_rpc_method_handler(
-                    servicer.Generate,
-                    request_deserializer=llm__worker__pb2.GenerateRequest.FromString,
-                    response_serializer=llm__worker__pb2.GenerateEvent.SerializeToString,
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=llm__worker__pb2.SessionCommand.FromString,
+                    response_serializer=llm__worker__pb2.SessionBatch.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -70,7 +70,7 @@ class LlmWorker:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
-    def Generate(request,
+    def Session(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -80,12 +80,12 @@ class LlmWorker:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_stream(
-            request,
+        return grpc.experimental.stream_stream(
+            request_iterator,
             target,
-            '/mindspore_serving.llm_worker.LlmWorker/Generate',
-            llm__worker__pb2.GenerateRequest.SerializeToString,
-            llm__worker__pb2.GenerateEvent.FromString,
+            '/mindspore_serving.llm_worker.LlmWorker/Session',
+            llm__worker__pb2.SessionCommand.SerializeToString,
+            llm__worker__pb2.SessionBatch.FromString,
             options,
             channel_credentials,
             insecure,

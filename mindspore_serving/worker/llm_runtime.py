@@ -26,6 +26,7 @@ class LlmRuntime:
         self.config: LlmServingConfig = load_serving_config(config_file)
         self.on_fatal = on_fatal
         self.agents = None
+        self.servicer = None
         if self.config.agents.start_port:
             addresses = [self.config.agents.address(r) for r in range(self.config.agents.num_ranks)]
             try:
@@ -54,7 +55,14 @@ class LlmRuntime:
         """The generation streams (LlmWorker) beside WorkerService."""
         from mindspore_serving.proto import llm_worker_pb2_grpc
         from mindspore_serving.worker.llm_service import LlmWorkerServicer
-        llm_worker_pb2_grpc.add_LlmWorkerServicer_to_server(LlmWorkerServicer(self), server)
+        self.servicer = LlmWorkerServicer(self)
+        llm_worker_pb2_grpc.add_LlmWorkerServicer_to_server(self.servicer, server)
+
+    def end_streams(self, timeout: float):
+        """Lets the master's sessions end once their requests are done (at most `timeout` s), so that the
+        server's stop does not wait out its grace period on a session with nothing left in it."""
+        if self.servicer is not None:
+            self.servicer.end_sessions(timeout)
 
     @property
     def batch_size(self) -> int:
@@ -67,8 +75,8 @@ class LlmRuntime:
                                    "vocab_size": self.runner.vocab_size, "device": self.runner.device,
                                    "config": self.config.path})}
 
-    def submit(self, prompt, params: dict, request_id: Optional[str] = None):
-        return self.loop.submit(prompt, params, request_id)
+    def submit(self, prompt, params: dict, request_id: Optional[str] = None, sink=None, tag=None):
+        return self.loop.submit(prompt, params, request_id, sink, tag)
 
     def predict(self, method_name: str, instances: Sequence[dict]) -> List:
         if method_name != GENERATE_METHOD:

@@ -115,6 +115,8 @@ class Worker:
             except grpc.RpcError:
                 pass
         if self.server is not None:
+            if self.runtime is not None:
+                self.runtime.end_streams(timeout=3)
             self.server.stop(grace=3).wait(5)
             ipc.remove_socket(self.address)
         if self.runtime is not None:

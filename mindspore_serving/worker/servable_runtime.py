@@ -53,6 +53,9 @@ class ServableRuntime:
     def add_servicers(self, server):
         """gRPC services this runtime adds to its worker's server besides WorkerService (none)."""
 
+    def end_streams(self, timeout: float):
+        """Called before the worker's server stops; classic servables keep no long-lived streams."""
+
     def extensions(self) -> Dict[str, str]:
         """Extra registration facts for the master (e.g. an LLM engine's description)."""
         return {}

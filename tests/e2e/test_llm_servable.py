@@ -105,7 +105,7 @@ def test_seeded_sampling_is_reproducible(llm_server):
     assert first["token_ids"].tolist() == second["token_ids"].tolist()
 
 
-def test_dead_agent_is_reported_and_the_worker_restarts(tmp_path):
+def test_dead_agent_or_worker_is_reported_and_the_worker_restarts(tmp_path):
     config = write_config(tmp_path, start_port=0)
     servables = write_servable(tmp_path, config)
     proc, grpc_addr, _ = start_server(tmp_path, servables=("llama_tiny",), rest=False,
@@ -120,6 +120,17 @@ def test_dead_agent_is_reported_and_the_worker_restarts(tmp_path):
             agent.kill()
         proc.wait_for("is gone", timeout=60)
         proc.wait_for("Register success", count=2, timeout=300)
+        assert client.infer({"prompt": PROMPT, "max_new_tokens": np.int32(4)})[0]["completion_tokens"].item() == 4
+
+        # the worker dies in the middle of a stream: the stream ends with an error, the next session works
+        stream = client.infer_stream({"prompt": PROMPT, "max_new_tokens": np.int32(200), "ignore_eos": True})
+        assert "token_id" in next(stream)
+        (worker,) = [p for p in psutil.Process(proc.proc.pid).children(recursive=True)
+                     if any("start_worker.py" in part for part in p.cmdline())]
+        worker.kill()
+        rest = list(stream)
+        assert "not available" in rest[-1]["error"]
+        proc.wait_for("Register success", count=3, timeout=300)
         assert client.infer({"prompt": PROMPT, "max_new_tokens": np.int32(4)})[0]["completion_tokens"].item() == 4
     finally:
         proc.close()

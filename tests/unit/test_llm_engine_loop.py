@@ -86,3 +86,63 @@ def test_close_fails_pending_requests(runner):
         stream.result()
     with pytest.raises(errors.ServableUnavailable):
         loop.submit([1], GREEDY)
+
+
+class _CollectingSink:
+    """An OutputSink that records each flush as one batch of (tag, item)."""
+
+    def __init__(self):
+        import queue
+        self.pending, self.batches = [], queue.SimpleQueue()
+
+    def put(self, stream, item):
+        self.pending.append((stream.tag, item))
+
+    def flush(self):
+        self.batches.put(self.pending)
+        self.pending = []
+
+    def collect(self, tags):
+        """Batches until every tag has finished (an exception or a finished output)."""
+        open_tags, batches = set(tags), []
+        while open_tags:
+            batch = self.batches.get(timeout=10)
+            batches.append(batch)
+            for tag, item in batch:
+                if isinstance(item, BaseException) or item.finished:
+                    open_tags.discard(tag)
+        return batches
+
+
+def test_sink_gets_one_batch_per_step_in_order(runner):
+    loop = make_loop(runner)
+    sink = _CollectingSink()
+    try:
+        prompts = {"a": [1, 2, 3], "b": [5, 6, 7, 8, 9], "c": [11]}
+        streams = {tag: loop.submit(p, GREEDY, sink=sink, tag=tag) for tag, p in prompts.items()}
+        batches = sink.collect(prompts)
+        for batch in batches:  # a request appears at most once per step
+            tags = [tag for tag, _ in batch]
+            assert len(tags) == len(set(tags))
+        assert max(len(b) for b in batches) == 3  # the three requests share steps
+        for tag, prompt in prompts.items():
+            tokens = [t for b in batches for t_tag, out in b if t_tag == tag for t in out.new_token_ids]
+            assert tokens == reference_greedy(new_runner, prompt, 8)
+        assert all(s._outputs.empty() for s in streams.values())  # nothing went to the streams' own queues
+    finally:
+        loop.close()
+
+
+def test_sink_gets_validation_errors_and_close_errors(runner):
+    loop = make_loop(runner)
+    sink = _CollectingSink()
+    try:
+        loop.submit([1], {"temperature": -1.0}, sink=sink, tag="bad")
+        [[(tag, item)]] = sink.collect(["bad"])
+        assert tag == "bad" and isinstance(item, errors.InvalidInputs)
+        loop.submit([1, 2], {"temperature": 0.0, "max_new_tokens": 60, "ignore_eos": True}, sink=sink, tag="long")
+    finally:
+        loop.close("stopping for the test")
+    items = [item for batch in iter(lambda: None if sink.batches.empty() else sink.batches.get(), None)
+             for _, item in batch]
+    assert isinstance(items[-1], errors.ServableUnavailable) and "stopping for the test" in items[-1].message
