@@ -62,10 +62,11 @@ def main(argv=None):
     for servable in selected:
         module = exporter(servable)
         missing = [f for f in module.MODEL_FILES if not os.path.isfile(os.path.join(module.VERSION_DIR, f))]
-        if not missing and not args.force:
+        stale = None if missing or args.force else getattr(module, "stale", lambda: None)()
+        if not missing and not stale and not args.force:
             print(f"{servable}: up to date ({', '.join(module.MODEL_FILES)})")
             continue
-        reason = "forced" if args.force else f"missing {', '.join(missing)}"
+        reason = "forced" if args.force else stale or f"missing {', '.join(missing)}"
         print(f"{servable}: exporting ({reason})", flush=True)
         start = time.time()
         exported[servable] = module.main()

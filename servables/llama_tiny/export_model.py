@@ -3,6 +3,7 @@
 The weights come from the committed checkpoint (mindspore_serving/models/llama/tiny/llama_tiny.ckpt, made by
 `python -m mindspore_serving.models.llama.train`); one MindIR per (phase, batch bucket, length bucket).
 """
+import json
 import os
 import sys
 
@@ -11,6 +12,21 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 CONFIG = os.path.join(ROOT, "config", "llama_tiny.yaml")
 VERSION_DIR = os.path.join(HERE, "1")
 MODEL_FILES = [os.path.join("rank_0", "manifest.json")]
+
+
+def stale():
+    """Why the exported graphs no longer match the model config (buckets or network changed), or None."""
+    sys.path.insert(0, ROOT)
+    from mindspore_serving.llm.serving_config import load_serving_config
+    from mindspore_serving.models.llama.config import load_config
+    config = load_serving_config(CONFIG)
+    wanted = load_config(config.model.config).to_dict()
+    for graphs_dir in config.model.graphs:
+        with open(os.path.join(graphs_dir, "manifest.json"), encoding="utf-8") as stream:
+            manifest = json.load(stream)
+        if manifest.get("model") != wanted["model"] or manifest.get("export") != wanted["export"]:
+            return f"{graphs_dir} was exported with another model config"
+    return None
 
 
 def main():

@@ -1,7 +1,7 @@
 """The correctness oracle on the real exported graphs: greedy tokens under load equal those of each request alone.
 
-32 requests with mixed prompt lengths and max_new_tokens join the engine at different steps; each one's tokens
-must equal the tokens of the same request run alone. Also with prefix caching, and with preemption forced by a
+32 requests with mixed prompt lengths and max_new_tokens join the engine at different steps (their prompts mostly
+computed in mixed decode + prefill graphs); each one's tokens must equal the tokens of the same request run alone. Also with prefix caching, and with preemption forced by a
 tiny block pool.
 """
 import numpy as np
@@ -77,8 +77,10 @@ def alone(runner):
 
 def test_continuous_batching_matches_alone(runner, alone):
     requests, expected = alone
+    mixed_before = runner.mixed_calls
     got, _ = run_staggered(runner, config_for(runner), requests)
     assert got == expected
+    assert runner.mixed_calls > mixed_before  # joining requests went through mixed decode + prefill graphs
 
 
 def test_prefix_caching_matches_alone(runner, alone):

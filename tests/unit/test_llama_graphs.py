@@ -26,7 +26,7 @@ CFG = ModelFile(
     LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64,
                 max_seq_len=MAX_LEN, initializer_range=0.1, tie_word_embeddings=False),
     ExportConfig(block_size=BLOCK, prefill_batch_buckets=(1, 2), prefill_len_buckets=(8, 16),
-                 decode_batch_buckets=(1, 4)))
+                 decode_batch_buckets=(1, 4), mixed_decode_buckets=(2,), mixed_len_buckets=(8, 16)))
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,8 @@ def test_manifest_lists_every_bucket(exported):
     _, _, manifest = exported
     files = sorted(g["file"] for g in manifest["graphs"])
     assert files == sorted(["prefill_b1_l8.mindir", "prefill_b1_l16.mindir", "prefill_b2_l8.mindir",
-                            "prefill_b2_l16.mindir", "decode_b1.mindir", "decode_b4.mindir"])
+                            "prefill_b2_l16.mindir", "decode_b1.mindir", "decode_b4.mindir",
+                            "mixed_b2_l8.mindir", "mixed_b2_l16.mindir"])
     assert manifest["max_blocks_per_seq"] == MAX_LEN // BLOCK
     assert manifest["inputs"][:5] == ["input_ids", "positions", "block_tables", "slot_mapping", "query_lens"]
     assert manifest["inputs"][5:] == ["key_cache_0", "value_cache_0", "key_cache_1", "value_cache_1"]
@@ -103,6 +104,41 @@ def test_mixed_lengths_with_padding_then_batched_decode(exported, runner):
     assert runner.calls == before + 1
     for row, prompt in zip(logits, prompts):
         assert_close(row, reference(model, prompt))
+
+
+def test_mixed_step_computes_decode_rows_and_a_prompt_in_one_call(exported, runner):
+    """Two decoding sequences and two new prompts in one step: the decode rows and the longest prompt that
+    fits go through one mixed graph, the other prompt through a prefill graph; all logits match forward_full,
+    also for a prompt chunk that continues a cached prefix (start_pos > 0) and when the prompt is longer than
+    every mixed bucket (no mixed call)."""
+    model = exported[1]
+    runner.reset_kv_caches()
+    a, b = tokens_of(20, 9), tokens_of(21, 3)
+    tables = {"a": [2, 5], "b": [7], "c": [9, 11], "d": [13], "e": [15, 16, 17]}
+    runner.run([SeqStep(a, 0, tables["a"]), SeqStep(b, 0, tables["b"])])
+    a.append(4)
+    b.append(6)
+    c, d = tokens_of(22, 12), tokens_of(23, 5)
+    before = (runner.calls, runner.mixed_calls)
+    logits = runner.run([SeqStep([a[-1]], len(a) - 1, tables["a"]), SeqStep(c, 0, tables["c"]),
+                         SeqStep([b[-1]], len(b) - 1, tables["b"]), SeqStep(d, 0, tables["d"])])
+    assert (runner.calls - before[0], runner.mixed_calls - before[1]) == (2, 1)
+    for row, tokens in enumerate([a, c, b, d]):
+        assert_close(logits[row], reference(model, tokens))
+    # the rest of prompt c after a cached prefix of 12 tokens, mixed with a decode row of a
+    c_more = tokens_of(24, 3)
+    a.append(8)
+    logits = runner.run([SeqStep(c_more, len(c), tables["c"]), SeqStep([a[-1]], len(a) - 1, tables["a"])])
+    assert runner.mixed_calls - before[1] == 2
+    assert_close(logits[0], reference(model, c + c_more))
+    assert_close(logits[1], reference(model, a))
+    # a prompt longer than the longest mixed bucket: a decode call and a prefill call
+    e = tokens_of(25, 20)
+    b.append(1)
+    logits = runner.run([SeqStep([b[-1]], len(b) - 1, tables["b"]), SeqStep(e, 0, tables["e"])])
+    assert runner.mixed_calls - before[1] == 2
+    assert_close(logits[0], reference(model, b))
+    assert_close(logits[1], reference(model, e))
 
 
 def test_chunked_and_prefix_cached_prefill(exported, runner):

@@ -45,8 +45,10 @@ def _check_int(obj, name: str, low: int = 1):
         raise ValueError(f"{type(obj).__name__}.{name} must be >= {low}, got {value}")
 
 
-def _check_buckets(obj, name: str, upper: Optional[int] = None, upper_name: str = ""):
+def _check_buckets(obj, name: str, upper: Optional[int] = None, upper_name: str = "", allow_empty: bool = False):
     value = getattr(obj, name)
+    if allow_empty and value == ():
+        return
     if not isinstance(value, tuple) or not value:
         raise ValueError(f"{type(obj).__name__}.{name} must be a non-empty list of ints, got {value!r}")
     for v in value:
@@ -141,6 +143,11 @@ class ExportConfig:
     """Query lengths of the prefill graphs (longer prompts are computed in chunks)."""
     decode_batch_buckets: Tuple[int, ...] = (1, 2, 4, 8, 16)
     """Batch sizes of the decode graphs (one token per sequence)."""
+    mixed_decode_buckets: Tuple[int, ...] = ()
+    """Decode rows of the mixed graphs, which compute decode rows and one prefill row in a single call
+    (empty: no mixed graphs; a step mixing both then takes one decode and one prefill call)."""
+    mixed_len_buckets: Tuple[int, ...] = ()
+    """Prefill-row lengths of the mixed graphs (one graph per mixed_decode_buckets x mixed_len_buckets)."""
     num_blocks: Optional[int] = None
     """Cache blocks fixed in the graphs; None exports a dynamic first cache dimension, chosen at load time."""
 
@@ -149,6 +156,11 @@ class ExportConfig:
         _check_buckets(self, "prefill_batch_buckets")
         _check_buckets(self, "prefill_len_buckets")
         _check_buckets(self, "decode_batch_buckets")
+        _check_buckets(self, "mixed_decode_buckets", allow_empty=True)
+        _check_buckets(self, "mixed_len_buckets", allow_empty=True)
+        if bool(self.mixed_decode_buckets) != bool(self.mixed_len_buckets):
+            raise ValueError("ExportConfig.mixed_decode_buckets and mixed_len_buckets must both be set (mixed "
+                             "graphs) or both be empty (none)")
         if self.num_blocks is not None:
             _check_int(self, "num_blocks", low=2)
 
@@ -159,6 +171,8 @@ class ExportConfig:
         _check_buckets(self, "prefill_len_buckets", model.max_seq_len, "max_seq_len")
         _check_buckets(self, "prefill_batch_buckets", model.max_seq_len, "max_seq_len")
         _check_buckets(self, "decode_batch_buckets", model.max_seq_len, "max_seq_len")
+        _check_buckets(self, "mixed_decode_buckets", model.max_seq_len, "max_seq_len", allow_empty=True)
+        _check_buckets(self, "mixed_len_buckets", model.max_seq_len, "max_seq_len", allow_empty=True)
 
     def max_blocks_per_seq(self, model: LlamaConfig) -> int:
         return model.max_seq_len // self.block_size

@@ -3,7 +3,9 @@
     python -m mindspore_serving.models.llama.export --config <model.yaml> --out <dir> [--checkpoint <ckpt>]
 
 Writes `prefill_b{B}_l{L}.mindir` for every prefill batch x length bucket, `decode_b{B}.mindir` (L = 1) for
-every decode batch bucket, and `manifest.json` (graphs, buckets, graph inputs, cache layout, model config).
+every decode batch bucket, `mixed_b{B}_l{L}.mindir` for every mixed bucket (B decode rows and one prefill row of
+L tokens in one call, `LlamaModel.construct_mixed`), and `manifest.json` (graphs, buckets, graph inputs, cache
+layout, model config).
 Without --checkpoint the weights are a seeded random init (--seed). --jobs N compiles the buckets in N processes
 (default min(2, cores): a bucket costs seconds of graph compilation).
 
@@ -25,16 +27,18 @@ import mindspore as ms
 from mindspore import Tensor
 
 from .config import ModelFile, load_config
-from .model import LlamaModel, build_model, save_weights, select_device
+from .model import LlamaModel, MixedStep, build_model, save_weights, select_device
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
 GRAPH_INPUTS = ["input_ids", "positions", "block_tables", "slot_mapping", "query_lens"]
+MIXED_INPUTS = ["decode_ids", "decode_positions", "decode_tables", "prefill_ids", "prefill_positions",
+                "prefill_table", "slot_mapping", "prefill_len"]
 
 
 @dataclass(frozen=True)
 class GraphSpec:
-    phase: str   # "prefill" or "decode"
+    phase: str   # "prefill", "decode" or "mixed" (batch = decode rows, length = the prefill row's length)
     batch: int
     length: int
 
@@ -42,12 +46,13 @@ class GraphSpec:
     def file(self) -> str:
         if self.phase == "decode":
             return f"decode_b{self.batch}.mindir"
-        return f"prefill_b{self.batch}_l{self.length}.mindir"
+        return f"{self.phase}_b{self.batch}_l{self.length}.mindir"
 
 
 def graph_specs(cfg: ModelFile) -> List[GraphSpec]:
     ex = cfg.export
     specs = [GraphSpec("prefill", b, l) for b in ex.prefill_batch_buckets for l in ex.prefill_len_buckets]
+    specs += [GraphSpec("mixed", b, l) for b in ex.mixed_decode_buckets for l in ex.mixed_len_buckets]
     return specs + [GraphSpec("decode", b, 1) for b in ex.decode_batch_buckets]
 
 
@@ -68,6 +73,11 @@ def example_inputs(cfg: ModelFile, spec: GraphSpec):
         cache = Tensor(shape=[None] + cache_shape[1:], dtype=ms.float32)
     else:
         cache = Tensor(np.zeros(cache_shape, np.float32))
+    if spec.phase == "mixed":
+        return [Tensor(np.zeros((b, 1), np.int32)), Tensor(np.zeros((b, 1), np.int32)),
+                Tensor(np.zeros((b, maxb), np.int32)), Tensor(np.zeros((1, l), np.int32)),
+                Tensor(np.zeros((1, l), np.int32)), Tensor(np.zeros((1, maxb), np.int32)),
+                Tensor(np.zeros((b + l,), np.int32)), Tensor(np.ones((1,), np.int32))] + [cache] * (2 * m.num_layers)
     return [Tensor(np.zeros((b, l), np.int32)), Tensor(np.zeros((b, l), np.int32)),
             Tensor(np.zeros((b, maxb), np.int32)), Tensor(np.zeros((b * l,), np.int32)),
             Tensor(np.ones((b,), np.int32))] + [cache] * (2 * m.num_layers)
@@ -75,10 +85,13 @@ def example_inputs(cfg: ModelFile, spec: GraphSpec):
 
 def _export_specs(cfg: ModelFile, out_dir: str, specs: List[GraphSpec], model: LlamaModel, log) -> None:
     model.set_train(False)
+    mixed = MixedStep(model)
+    mixed.set_train(False)
     for spec in specs:
         start = time.perf_counter()
         path = os.path.join(out_dir, spec.file)
-        ms.export(model, *example_inputs(cfg, spec), file_name=path[:-len(".mindir")], file_format="MINDIR")
+        ms.export(mixed if spec.phase == "mixed" else model, *example_inputs(cfg, spec),
+                  file_name=path[:-len(".mindir")], file_format="MINDIR")
         log(f"exported {spec.file} in {time.perf_counter() - start:.2f}s")
 
 
@@ -129,6 +142,9 @@ def export_graphs(cfg: ModelFile, out_dir: str, model: Optional[LlamaModel] = No
                   "shape": [ex.num_blocks if ex.num_blocks else -1, ex.block_size, m.num_kv_heads, m.head_dim]},
         "inputs": GRAPH_INPUTS + cache_input_names(m.num_layers),
         "output": "logits float32 [batch, vocab] of token query_lens[b]-1 of each row",
+        "mixed_inputs": MIXED_INPUTS + cache_input_names(m.num_layers),
+        "mixed_output": "logits float32 [batch + 1, vocab]: each decode row's, then the prefill row's token "
+                        "prefill_len-1",
         "graphs": [{"file": s.file, "phase": s.phase, "batch": s.batch, "length": s.length} for s in specs],
     }
     with open(os.path.join(out_dir, MANIFEST), "w", encoding="utf-8") as f:

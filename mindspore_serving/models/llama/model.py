@@ -41,6 +41,7 @@ _softmax = ops.Softmax(-1)
 _split2 = ops.Split(-1, 2)
 _mean = ops.ReduceMean(keep_dims=True)
 _concat = ops.Concat(-1)
+_concat1 = ops.Concat(1)
 _transpose = ops.Transpose()
 _gather = ops.Gather()
 
@@ -104,8 +105,8 @@ class DecoderLayer(nn.Cell):
         v = v.reshape(b, l, self.num_kv_heads, self.head_dim)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
-    def attend_mlp(self, x, q, k, v, mask_bias):
-        """Residual attention of q [B, L, H, D] over k, v [B, S, KVH, D], then the residual MLP.
+    def attend(self, q, k, v, mask_bias):
+        """Attention of q [B, L, H, D] over k, v [B, S, KVH, D] -> [B, L, H * D].
 
         mask_bias [B, 1, G*L, S] is 0 or -1e9. Query head h reads kv head h // group: q is regrouped to
         [B, KVH, group * L, D] so that keys and values are never repeated.
@@ -117,25 +118,58 @@ class DecoderLayer(nn.Cell):
         probs = _softmax(scores + mask_bias)
         out = _bmm(probs, _transpose(v, (0, 2, 1, 3)))                          # [B, KVH, G*L, D]
         out = _transpose(out.reshape(b, self.num_kv_heads, self.group, l, self.head_dim), (0, 3, 1, 2, 4))
-        x = x + linear(out.reshape(b, l, self.num_heads * self.head_dim), self.o_proj)
+        return out.reshape(b, l, self.num_heads * self.head_dim)
+
+    def residual_mlp(self, x, attn):
+        """x + o_proj(attn), then the residual SwiGLU MLP; x [B, L, hidden], attn [B, L, H * D]."""
+        x = x + linear(attn, self.o_proj)
         gate, up = _split2(linear(rms_norm(x, self.post_attn_norm, self.eps), self.gate_up_proj))
         return x + linear(ops.silu(gate) * up, self.down_proj)
+
+    def attend_mlp(self, x, q, k, v, mask_bias):
+        """Residual attention of q over k, v (see `attend`), then the residual MLP."""
+        return self.residual_mlp(x, self.attend(q, k, v, mask_bias))
 
     def forward_full(self, x, cos, sin, mask_bias):
         q, k, v = self.qkv(x, cos, sin)
         return self.attend_mlp(x, q, k, v, mask_bias)
 
-    def forward_paged(self, x, cos, sin, mask_bias, block_tables, write_idx, key_cache, value_cache):
-        b, l = x.shape[0], x.shape[1]
-        q, k, v = self.qkv(x, cos, sin)
-        kv_shape = (b * l, key_cache.shape[2], key_cache.shape[3])
+    @staticmethod
+    def write_cache(k, v, write_idx, key_cache, value_cache):
+        """Writes k, v [..., KVH, D] at write_idx [N, 2] (block, offset) in place; returns the caches ordered
+        after the writes (their later reads see the new entries)."""
+        kv_shape = (write_idx.shape[0], key_cache.shape[2], key_cache.shape[3])
         # NOTE: the update must hit the 4-D cache input itself to be in place for the caller (DESIGN.md §5).
         key_cache = ops.depend(key_cache, ops.scatter_nd_update(key_cache, write_idx, k.reshape(kv_shape)))
         value_cache = ops.depend(value_cache, ops.scatter_nd_update(value_cache, write_idx, v.reshape(kv_shape)))
-        ctx_shape = (b, block_tables.shape[1] * key_cache.shape[1], key_cache.shape[2], key_cache.shape[3])
-        keys = _gather(key_cache, block_tables, 0).reshape(ctx_shape)
-        values = _gather(value_cache, block_tables, 0).reshape(ctx_shape)
+        return key_cache, value_cache
+
+    @staticmethod
+    def gather_context(cache, block_tables):
+        """cache [NB, bs, KVH, D] read through block_tables [B, MAXB] -> [B, MAXB * bs, KVH, D]."""
+        shape = (block_tables.shape[0], block_tables.shape[1] * cache.shape[1], cache.shape[2], cache.shape[3])
+        return _gather(cache, block_tables, 0).reshape(shape)
+
+    def forward_paged(self, x, cos, sin, mask_bias, block_tables, write_idx, key_cache, value_cache):
+        q, k, v = self.qkv(x, cos, sin)
+        key_cache, value_cache = self.write_cache(k, v, write_idx, key_cache, value_cache)
+        keys = self.gather_context(key_cache, block_tables)
+        values = self.gather_context(value_cache, block_tables)
         return self.attend_mlp(x, q, keys, values, mask_bias)
+
+    def forward_mixed(self, x, cos, sin, decode_mask, prefill_mask, decode_tables, prefill_table, write_idx,
+                      key_cache, value_cache):
+        """x [1, T, hidden]: Bd one-token decode rows (Bd = decode_tables' batch) then one prefill row of
+        T - Bd tokens. Projections and the MLP run over all T tokens at once; attention per part."""
+        bd, t = decode_tables.shape[0], x.shape[1]
+        q, k, v = self.qkv(x, cos, sin)
+        key_cache, value_cache = self.write_cache(k, v, write_idx, key_cache, value_cache)
+        q_decode = q[:, :bd].reshape(bd, 1, self.num_heads, self.head_dim)
+        out_decode = self.attend(q_decode, self.gather_context(key_cache, decode_tables),
+                                 self.gather_context(value_cache, decode_tables), decode_mask)
+        out_prefill = self.attend(q[:, bd:t], self.gather_context(key_cache, prefill_table),
+                                  self.gather_context(value_cache, prefill_table), prefill_mask)
+        return self.residual_mlp(x, _concat1((out_decode.reshape(1, bd, -1), out_prefill)))
 
 
 class LlamaModel(nn.Cell):
@@ -205,6 +239,47 @@ class LlamaModel(nn.Cell):
                                              kv_caches[2 * i], kv_caches[2 * i + 1])
         last = self.position_table[:b] * l + query_lens - 1
         return self.logits(_gather(x.reshape(b * l, -1), last, 0))
+
+    def construct_mixed(self, decode_ids, decode_positions, decode_tables, prefill_ids, prefill_positions,
+                        prefill_table, slot_mapping, prefill_len, *kv_caches):
+        """One step of Bd decode rows and one prefill row (a prompt or a prompt chunk) in a single graph.
+
+            decode_ids, decode_positions  int32 [Bd, 1]     decode_tables  int32 [Bd, MAXB]
+            prefill_ids, prefill_positions int32 [1, Lp]    prefill_table  int32 [1, MAXB]
+            slot_mapping int32 [Bd + Lp] (decode rows first)  prefill_len int32 [1] (valid prefill tokens, >= 1)
+
+        Returns logits [Bd + 1, vocab]: each decode row's, then the prefill row's last valid token's. Every
+        row attends exactly as in `construct`, so the logits equal those of separate decode and prefill steps.
+        """
+        bd, lp = decode_ids.shape[0], prefill_ids.shape[1]
+        block_size = kv_caches[0].shape[1]
+        ids = _concat1((decode_ids.reshape(1, bd), prefill_ids))
+        positions = _concat1((decode_positions.reshape(1, bd), prefill_positions))
+        write_idx = ops.stack((slot_mapping // block_size, slot_mapping % block_size), axis=-1)
+        cos, sin = rotary_cos_sin(positions, self.inv_freq)
+        keys = ops.expand_dims(ops.expand_dims(self.position_table[:decode_tables.shape[1] * block_size], 0), 0)
+        decode_mask = self.mask_bias(keys <= ops.expand_dims(decode_positions, -1))      # [Bd, 1, G, ctx]
+        prefill_mask = self.mask_bias(keys <= ops.expand_dims(prefill_positions, -1))    # [1, 1, G*Lp, ctx]
+        x = _gather(self.embed_tokens, ids, 0)
+        for i in range(self.num_layers):
+            x = self.layers[i].forward_mixed(x, cos, sin, decode_mask, prefill_mask, decode_tables, prefill_table,
+                                             write_idx, kv_caches[2 * i], kv_caches[2 * i + 1])
+        last = _concat((self.position_table[:bd], bd + prefill_len - 1))
+        return self.logits(_gather(x.reshape(bd + lp, -1), last, 0))
+
+
+class MixedStep(nn.Cell):
+    """The exported cell of a mixed step: decode rows and one prefill row in one graph (see
+    `LlamaModel.construct_mixed`)."""
+
+    def __init__(self, model: LlamaModel):
+        super().__init__()
+        self.model = model
+
+    def construct(self, decode_ids, decode_positions, decode_tables, prefill_ids, prefill_positions,
+                  prefill_table, slot_mapping, prefill_len, *kv_caches):
+        return self.model.construct_mixed(decode_ids, decode_positions, decode_tables, prefill_ids,
+                                          prefill_positions, prefill_table, slot_mapping, prefill_len, *kv_caches)
 
 
 def select_device(target: str = "CPU"):
