@@ -25,6 +25,12 @@ from mindspore_serving.llm.model_io import SeqStep  # noqa: E402
 from mindspore_serving.llm.serving_config import load_serving_config  # noqa: E402
 
 
+def bind_like_agent(config):
+    """Binds this process to the cores the config's rank-0 agent binds to (agents.cpu_affinity; before MindSpore
+    starts its threads), so that in-process figures compare with served ones; returns the cores or None."""
+    return config.agents.bind(0, "CPU")
+
+
 def engine_limit(runner, steps: int):
     """Seconds per decode step at full batch for each decode bucket."""
     blocks_per_seq = 4
@@ -97,18 +103,21 @@ def main():
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--steps", type=int, default=20, help="timed decode steps per round and bucket for the limit")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "llm_engine.json"))
+    parser.add_argument("--no-bind", action="store_true",
+                        help="do not bind to the cores of the config's agents.cpu_affinity (default: bind, as the agent)")
     args = parser.parse_args()
+    config = load_serving_config(args.config)
+    cpus = None if args.no_bind else bind_like_agent(config)
 
     import mindspore as ms
     from mindspore_serving.agent.graph_runner import GraphRunner
     ms.set_context(mode=ms.GRAPH_MODE)
     from mindspore_serving.common.ms_device import select_device
     select_device("CPU")
-    config = load_serving_config(args.config)
     runner = GraphRunner(config.model.graphs[0], num_blocks=config.engine.num_blocks)
     limit = engine_limit(runner, args.steps)
     requests = workload(args.requests, runner.vocab_size, config.engine.max_model_len)
-    results = {"engine_limit": limit, "workload": {"requests": args.requests,
+    results = {"cpu_affinity": cpus, "engine_limit": limit, "workload": {"requests": args.requests,
                                                     "output_tokens": sum(n for _, n in requests)}}
     max_seqs = runner.decode_batches[-1]
     for strategy in ("continuous", "static"):

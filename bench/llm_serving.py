@@ -102,14 +102,15 @@ def _raise_exit(signum, _frame):
 def engine_limit_child(config_path: str, steps: int, workload_path: str = "") -> None:
     """In a subprocess: llm_engine.engine_limit on the graphs and num_blocks of `config_path`, and with a workload
     file ([[prompt ids, new tokens], ...]) llm_engine.run_engine on it; printed as JSON."""
+    from llm_engine import bind_like_agent, engine_limit  # bench/llm_engine.py
+    from mindspore_serving.llm.serving_config import load_serving_config
+    config = load_serving_config(config_path)
+    cpus = bind_like_agent(config)  # the agent's cores (agents.cpu_affinity): the same conditions as served
     import mindspore as ms
-    from llm_engine import engine_limit  # bench/llm_engine.py
     from mindspore_serving.agent.graph_runner import GraphRunner
     from mindspore_serving.llm.model_io import SeqStep
-    from mindspore_serving.llm.serving_config import load_serving_config
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
-    config = load_serving_config(config_path)
     runner = GraphRunner(config.model.graphs[0], num_blocks=config.engine.num_blocks)
     limit = engine_limit(runner, steps)
     for batch in runner.decode_batches:  # CPU time per step (this process, all its threads): less hit by noise
@@ -119,7 +120,7 @@ def engine_limit_child(config_path: str, steps: int, workload_path: str = "") ->
             runner.run(seqs)
         limit[batch]["cpu_ms"] = (time.process_time() - cpu0) / steps * 1000
         limit[batch]["wall_ms_of_cpu_rounds"] = (time.perf_counter() - wall0) / steps * 1000
-    result = {"decode_batches": list(runner.decode_batches), "num_blocks": config.engine.num_blocks,
+    result = {"decode_batches": list(runner.decode_batches), "num_blocks": config.engine.num_blocks, "cpus": cpus,
               "graphs": config.model.graphs[0], "steps": steps, "limit": {str(k): v for k, v in limit.items()}}
     if workload_path:  # the engine with its scheduler, in-process, on the saturating run's requests (sent at once)
         from llm_engine import run_engine
@@ -470,10 +471,10 @@ class Cpu:
 class LlmServer:
     """serving_server.py with the tiny LLM on free ports (agents started by the worker); stop() kills the tree."""
 
-    def __init__(self, workdir: str, engine_overrides: dict):
+    def __init__(self, workdir: str, engine_overrides: dict, agents_overrides: Optional[dict] = None):
         from llm_setup import write_config, write_servable  # tests/llm_setup.py
         self.workdir = workdir
-        self.config = write_config(workdir, start_port=0, **engine_overrides)
+        self.config = write_config(workdir, start_port=0, agents=agents_overrides, **engine_overrides)
         self.servables = write_servable(workdir, self.config)
         self.proc = None
         self.rest = ""
@@ -762,6 +763,9 @@ def parse_args(argv=None):
     parser.add_argument("--quiet-wait", type=float, default=None,
                         help="before each run, wait up to this many seconds for other processes to use < 0.3 cores "
                              "(default 8; --quick 3)")
+    parser.add_argument("--cpu-affinity", choices=("config", "auto", "none"), default="config",
+                        help="agents.cpu_affinity of the served config (and of the engine limit's process): as in "
+                             "config/llama_tiny.yaml, auto, or none (unbound)")
     parser.add_argument("--engine-limit-child", default="", help=argparse.SUPPRESS)
     parser.add_argument("--engine-workload", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -1035,13 +1039,14 @@ def main(argv=None) -> int:
         signal.signal(signum, _raise_exit)
     started = time.time()
     workdir = tempfile.mkdtemp(prefix="ms_bench_llm_")
-    server = LlmServer(workdir, {})
+    agents = {} if args.cpu_affinity == "config" else {"cpu_affinity": None if args.cpu_affinity == "none" else "auto"}
+    server = LlmServer(workdir, {}, agents)
     from mindspore_serving.llm.serving_config import load_serving_config
     config = load_serving_config(server.config)
     max_model_len = config.engine.max_model_len
     report = {"meta": {"started": datetime.datetime.now().isoformat(timespec="seconds"), "quick": args.quick,
                        "cpu_count": os.cpu_count(), "loadavg_start": os.getloadavg(), "seed": args.seed,
-                       "requests": args.requests, "c1_requests": args.c1_requests,
+                       "requests": args.requests, "cpu_affinity": args.cpu_affinity, "c1_requests": args.c1_requests,
                        "poisson_seconds": args.poisson_seconds,
                        "saturation_runs": args.saturation_runs,
                        "rates": [f"{v:g}x" if k == "x" else f"{v:g}/s" for k, v in args.rates],

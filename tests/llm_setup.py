@@ -7,8 +7,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "config", "llama_tiny.yaml")
 
 
-def write_config(directory, start_port=0, **engine):
-    """A copy of config/llama_tiny.yaml in `directory` with absolute paths, `start_port` and engine overrides."""
+def write_config(directory, start_port=0, agents=None, **engine):
+    """A copy of config/llama_tiny.yaml in `directory` with absolute paths, `start_port`, agents overrides (a dict)
+    and engine overrides."""
     with open(CONFIG, encoding="utf-8") as stream:
         data = yaml.safe_load(stream)
     base = os.path.dirname(CONFIG)
@@ -17,6 +18,7 @@ def write_config(directory, start_port=0, **engine):
         model[key] = os.path.normpath(os.path.join(base, model[key]))
     model["graphs"] = [os.path.normpath(os.path.join(base, g)) for g in model["graphs"]]
     data["agents"]["start_port"] = start_port
+    data["agents"].update(agents or {})
     data["engine"].update(engine)
     path = os.path.join(str(directory), "llm.yaml")
     with open(path, "w", encoding="utf-8") as stream:

@@ -73,6 +73,9 @@ def run_agent(config_path: str, rank: int, address: str, startup_queue, parent_p
         config = load_serving_config(config_path)
         graphs = config.model.graphs[rank] if len(config.model.graphs) > 1 else config.model.graphs[0]
         device = resolve_device(config.agents.device_type, os.path.basename(config_path))
+        cpus = config.agents.bind(rank, device)  # before MindSpore starts its threads: they inherit it
+        if cpus is not None:
+            log.info(f"agent rank {rank}: bound to CPU core(s) {cpus} (agents.cpu_affinity)")
         started = time.perf_counter()
         runner = _build_runner(graphs, config.engine.num_blocks, config.engine.block_size, device,
                                config.agents.device_ids[rank])

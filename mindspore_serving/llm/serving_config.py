@@ -19,12 +19,17 @@ Sections (relative paths are relative to the YAML file's own directory):
       device_ids: [0]                one agent per rank, rank r on device_ids[r]
       host: 127.0.0.1
       start_port: 7100               rank r listens on host:start_port+r; 0 = free ports, agents started by the worker
+      cpu_affinity: null | auto | [[cores of rank 0], ...]
+                                     CPU cores each agent process is bound to. auto: on a CPU device, rank r gets an
+                                     equal share of the cores but one (left to the master and the worker), the
+                                     highest-numbered first; on GPU/Ascend, no binding. null: no binding.
 
 Every error names the field and how to fix it.
 """
+import dataclasses
 import os
 from dataclasses import dataclass, field, fields
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import yaml
 
@@ -81,6 +86,7 @@ class AgentSection:
     device_ids: Tuple[int, ...] = (0,)
     host: str = "127.0.0.1"
     start_port: int = 0
+    cpu_affinity: Union[None, str, Tuple[Tuple[int, ...], ...]] = None
 
     def address(self, rank: int) -> str:
         return f"{self.host}:{self.start_port + rank}"
@@ -88,6 +94,38 @@ class AgentSection:
     @property
     def num_ranks(self) -> int:
         return len(self.device_ids)
+
+    def bind(self, rank: int, device: str) -> Optional[List[int]]:
+        """Binds every thread of this process to `cpus_of(rank, device)` (threads started later inherit it);
+        returns the cores, or None when nothing is bound."""
+        cpus = self.cpus_of(rank, device)
+        if cpus is not None:
+            for thread_id in os.listdir("/proc/self/task"):
+                try:
+                    os.sched_setaffinity(int(thread_id), cpus)
+                except ProcessLookupError:
+                    pass  # the thread ended meanwhile
+        return cpus
+
+    def cpus_of(self, rank: int, device: str, cpu_count: Optional[int] = None) -> Optional[List[int]]:
+        """The cores rank `rank`'s agent binds to on `device`, or None (no binding).
+
+        auto, on CPU: MindSpore's CPU runtime keeps two threads busy per graph call (one spinning while the other
+        computes), so an unbound agent takes every core of a small host from the worker and the master; bound to
+        its share it runs its steps as fast (small graphs) and leaves them a core.
+        """
+        if self.cpu_affinity is None:
+            return None
+        if self.cpu_affinity != "auto":
+            return list(self.cpu_affinity[rank])
+        if device.upper() != "CPU":
+            return None
+        cores = sorted(os.sched_getaffinity(0)) if cpu_count is None else list(range(cpu_count))
+        if len(cores) <= self.num_ranks:
+            return [cores[rank % len(cores)]]
+        share = (len(cores) - 1) // self.num_ranks
+        end = len(cores) - rank * share
+        return cores[end - share:end]
 
 
 @dataclass(frozen=True)
@@ -105,7 +143,7 @@ class LlmServingConfig:
         return load_config(self.model.config)
 
     def with_agent_port(self, start_port: int) -> "LlmServingConfig":
-        agents = AgentSection(self.agents.device_type, self.agents.device_ids, self.agents.host, start_port)
+        agents = dataclasses.replace(self.agents, start_port=start_port)
         return LlmServingConfig(self.path, self.model, self.engine, agents, self.max_queue_size,
                                 self.request_timeout, self.raw)
 
@@ -160,7 +198,18 @@ def _agent_section(data: Mapping) -> AgentSection:
     port = data.get("start_port", 0)
     if isinstance(port, bool) or not isinstance(port, int) or not (port == 0 or 1 <= port <= 65535 - len(ids)):
         raise ConfigError(f"'agents.start_port' must be 0 (free ports) or a port in [1, {65535 - len(ids)}], got {port!r}")
-    return AgentSection(device_type, tuple(ids), host, port)
+    return AgentSection(device_type, tuple(ids), host, port, _cpu_affinity(data.get("cpu_affinity"), len(ids)))
+
+
+def _cpu_affinity(value, num_ranks: int):
+    if value is None or value == "auto":
+        return value
+    if (not isinstance(value, list) or len(value) != num_ranks
+            or any(not isinstance(cores, list) or not cores for cores in value)
+            or any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for cores in value for c in cores)):
+        raise ConfigError(f"'agents.cpu_affinity' must be null, auto, or one non-empty list of core ids >= 0 per "
+                          f"rank ({num_ranks} rank(s)), got {value!r}")
+    return tuple(tuple(cores) for cores in value)
 
 
 def _engine_section(data: Mapping, max_seq_len: int, block_size: int):

@@ -20,6 +20,12 @@ def test_start_agent_script_reports_ready_and_stops(tmp_path):
         proc.wait_for("all agents started", timeout=300)
         agents = psutil.Process(proc.proc.pid).children(recursive=True)
         assert agents
+        # agents.cpu_affinity: auto binds the (CPU) agent to its share of the cores, threads included
+        from mindspore_serving.llm.serving_config import load_serving_config
+        expected = load_serving_config(config).agents.cpus_of(0, "CPU")
+        (agent,) = [p for p in agents if any("spawn_main" in part for part in p.cmdline())]
+        assert agent.cpu_affinity() == expected
+        assert {tuple(os.sched_getaffinity(t.id)) for t in agent.threads()} == {tuple(expected)}
         proc.proc.send_signal(signal.SIGTERM)
         assert proc.wait_exit(60) == 0
         gone, alive = psutil.wait_procs(agents, timeout=30)

@@ -1,0 +1,97 @@
+"""The LLM servable's YAML configuration: the bundled file loads, every bad field is named, CPU binding rules."""
+import os
+
+import pytest
+import yaml
+
+from mindspore_serving.llm.serving_config import AgentSection, ConfigError, load_serving_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUNDLED = os.path.join(ROOT, "config", "llama_tiny.yaml")
+
+
+def write(tmp_path, change):
+    """The bundled config with absolute paths, changed by `change(data)`, written to tmp_path."""
+    with open(BUNDLED, encoding="utf-8") as stream:
+        data = yaml.safe_load(stream)
+    base = os.path.dirname(BUNDLED)
+    model = data["model"]
+    for key in ("config", "checkpoint", "tokenizer"):
+        model[key] = os.path.normpath(os.path.join(base, model[key]))
+    model["graphs"] = [os.path.normpath(os.path.join(base, g)) for g in model["graphs"]]
+    change(data)
+    path = tmp_path / "llm.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return str(path)
+
+
+def test_bundled_config_loads():
+    config = load_serving_config(BUNDLED)
+    assert config.engine.max_num_seqs == 16 and config.engine.block_size == 16
+    assert config.agents.cpu_affinity == "auto" and config.agents.num_ranks == 1
+    assert config.with_agent_port(0).agents == AgentSection(config.agents.device_type, config.agents.device_ids,
+                                                            config.agents.host, 0, "auto")
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d["engine"].update(num_blockz=3), r"'engine' has unknown field\(s\) \['num_blockz'\]"),
+    (lambda d: d["agents"].update(device_ids=[]), "'agents.device_ids' must be a non-empty list"),
+    (lambda d: d["agents"].update(device_type="TPU"), "'agents.device_type' must be CPU, GPU, Ascend or null"),
+    (lambda d: d["agents"].update(start_port=70000), "'agents.start_port' must be 0"),
+    (lambda d: d["agents"].update(cpu_affinity="all"), "'agents.cpu_affinity' must be null, auto"),
+    (lambda d: d["agents"].update(cpu_affinity=[[0], [1]]), r"one non-empty list of core ids >= 0 per rank \(1"),
+    (lambda d: d["agents"].update(cpu_affinity=[[-1]]), "'agents.cpu_affinity' must be"),
+    (lambda d: d["engine"].update(max_model_len=100000), "'engine.max_model_len' 100000 exceeds"),
+    (lambda d: d["engine"].update(block_size=8), "'engine.block_size' is 8 but the graphs were exported with"),
+    (lambda d: d["engine"].update(max_queue_size=0), "'engine.max_queue_size' must be an int >= 1"),
+    (lambda d: d["engine"].update(request_timeout=-1), "'engine.request_timeout' must be a number of seconds"),
+    (lambda d: d["model"].update(chat_template="no placeholder"), "must contain '{messages}'"),
+    (lambda d: d["model"].pop("config"), "'model.config' is missing"),
+    (lambda d: d.update(extra={}), r"'<top level>' has unknown field\(s\) \['extra'\]"),
+])
+def test_bad_fields_are_named(tmp_path, change, message):
+    with pytest.raises(ConfigError, match=message):
+        load_serving_config(write(tmp_path, change))
+
+
+def test_explicit_cpu_affinity_per_rank(tmp_path):
+    path = write(tmp_path, lambda d: d["agents"].update(device_ids=[0, 1], cpu_affinity=[[0, 1], [2]]))
+    agents = load_serving_config(path).agents
+    assert agents.cpus_of(0, "CPU") == [0, 1] and agents.cpus_of(1, "GPU") == [2]
+
+
+@pytest.mark.parametrize("ranks, cores, expected", [
+    (1, 2, [[1]]),                      # a small host: the agent on the last core, core 0 left to the others
+    (1, 16, [list(range(1, 16))]),
+    (2, 16, [list(range(9, 16)), list(range(2, 9))]),
+    (1, 1, [[0]]),
+    (3, 2, [[0], [1], [0]]),            # more ranks than cores: one core each, shared
+])
+def test_auto_cpu_affinity_shares_all_cores_but_one(ranks, cores, expected):
+    agents = AgentSection(device_ids=tuple(range(ranks)), cpu_affinity="auto")
+    assert [agents.cpus_of(rank, "CPU", cpu_count=cores) for rank in range(ranks)] == expected
+
+
+def test_no_binding_off_cpu_or_when_unset():
+    assert AgentSection(cpu_affinity="auto").cpus_of(0, "GPU", cpu_count=8) is None
+    assert AgentSection(cpu_affinity="auto").cpus_of(0, "Ascend", cpu_count=8) is None
+    assert AgentSection().cpus_of(0, "CPU", cpu_count=8) is None
+
+
+def test_bind_sets_every_thread_of_the_process():
+    import threading
+    before = os.sched_getaffinity(0)
+    started, release = threading.Event(), threading.Event()
+    thread = threading.Thread(target=lambda: (started.set(), release.wait(10)))
+    thread.start()
+    started.wait(10)
+    core = sorted(before)[-1]
+    try:
+        assert AgentSection(cpu_affinity=((core,),)).bind(0, "CPU") == [core]
+        assert all(os.sched_getaffinity(int(t)) == {core} for t in os.listdir("/proc/self/task"))
+        assert AgentSection().bind(0, "CPU") is None
+    finally:
+        release.set()
+        thread.join()
+        for t in os.listdir("/proc/self/task"):
+            os.sched_setaffinity(int(t), before)
