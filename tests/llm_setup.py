@@ -7,9 +7,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "config", "llama_tiny.yaml")
 
 
-def write_config(directory, start_port=0, agents=None, **engine):
-    """A copy of config/llama_tiny.yaml in `directory` with absolute paths, `start_port`, agents overrides (a dict)
-    and engine overrides."""
+def bundled_config():
+    """config/llama_tiny.yaml as a dict, its paths made absolute (so that a copy works from anywhere)."""
     with open(CONFIG, encoding="utf-8") as stream:
         data = yaml.safe_load(stream)
     base = os.path.dirname(CONFIG)
@@ -17,6 +16,13 @@ def write_config(directory, start_port=0, agents=None, **engine):
     for key in ("config", "checkpoint", "tokenizer"):
         model[key] = os.path.normpath(os.path.join(base, model[key]))
     model["graphs"] = [os.path.normpath(os.path.join(base, g)) for g in model["graphs"]]
+    return data
+
+
+def write_config(directory, start_port=0, agents=None, data=None, **engine):
+    """A copy of config/llama_tiny.yaml (or of `data`) in `directory` with absolute paths, `start_port`, agents
+    overrides (a dict) and engine overrides."""
+    data = data if data is not None else bundled_config()
     data["agents"]["start_port"] = start_port
     data["agents"].update(agents or {})
     data["engine"].update(engine)

@@ -2,27 +2,16 @@
 import os
 
 import pytest
-import yaml
 
+from llm_setup import CONFIG as BUNDLED, bundled_config, write_config
 from mindspore_serving.llm.serving_config import AgentSection, ConfigError, load_serving_config
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BUNDLED = os.path.join(ROOT, "config", "llama_tiny.yaml")
 
 
 def write(tmp_path, change):
     """The bundled config with absolute paths, changed by `change(data)`, written to tmp_path."""
-    with open(BUNDLED, encoding="utf-8") as stream:
-        data = yaml.safe_load(stream)
-    base = os.path.dirname(BUNDLED)
-    model = data["model"]
-    for key in ("config", "checkpoint", "tokenizer"):
-        model[key] = os.path.normpath(os.path.join(base, model[key]))
-    model["graphs"] = [os.path.normpath(os.path.join(base, g)) for g in model["graphs"]]
+    data = bundled_config()
     change(data)
-    path = tmp_path / "llm.yaml"
-    path.write_text(yaml.safe_dump(data), encoding="utf-8")
-    return str(path)
+    return write_config(tmp_path, start_port=data["agents"].get("start_port", 0), data=data)
 
 
 def test_bundled_config_loads():
@@ -93,5 +82,4 @@ def test_bind_sets_every_thread_of_the_process():
     finally:
         release.set()
         thread.join()
-        for t in os.listdir("/proc/self/task"):
-            os.sched_setaffinity(int(t), before)
+        AgentSection(cpu_affinity=(tuple(sorted(before)),)).bind(0, "CPU")
