@@ -103,8 +103,9 @@ def engine_limit_child(config_path: str, steps: int, workload_path: str = "") ->
     """In a subprocess: llm_engine.engine_limit on the graphs and num_blocks of `config_path`, and with a workload
     file ([[prompt ids, new tokens], ...]) llm_engine.run_engine on it; printed as JSON."""
     from llm_engine import bind_like_agent, engine_limit  # bench/llm_engine.py
-    from mindspore_serving.llm.serving_config import load_serving_config
+    from mindspore_serving.llm.serving_config import bind_threads, load_serving_config
     config = load_serving_config(config_path)
+    all_cpus = sorted(os.sched_getaffinity(0))
     cpus = bind_like_agent(config)  # the agent's cores (agents.cpu_affinity): the same conditions as served
     import mindspore as ms
     from mindspore_serving.agent.graph_runner import GraphRunner
@@ -122,6 +123,10 @@ def engine_limit_child(config_path: str, steps: int, workload_path: str = "") ->
         limit[batch]["wall_ms_of_cpu_rounds"] = (time.perf_counter() - wall0) / steps * 1000
     result = {"decode_batches": list(runner.decode_batches), "num_blocks": config.engine.num_blocks, "cpus": cpus,
               "graphs": config.model.graphs[0], "steps": steps, "limit": {str(k): v for k, v in limit.items()}}
+    if cpus is not None:  # for reference: the same graphs with every core of the machine to themselves
+        bind_threads(all_cpus)
+        result["limit_unbound"] = {str(k): v for k, v in engine_limit(runner, steps).items()}
+        bind_threads(cpus)
     if workload_path:  # the engine with its scheduler, in-process, on the saturating run's requests (sent at once)
         from llm_engine import run_engine
         with open(workload_path, encoding="utf-8") as stream:
@@ -154,14 +159,15 @@ def measure_engine_limit(config_path: str, steps: int, workload_path: str = "") 
     return json.loads(line[len(LIMIT_MARK):])
 
 
-def best_limit(measurements: List[dict]) -> dict:
+def best_limit(measurements: List[dict], key: str = "limit") -> dict:
     """The best step time (and, separately, the least CPU per step) per bucket over several measurements (the machine
     is shared: noise only adds time)."""
     best = {}
-    for batch in measurements[0]["limit"]:
-        rows = [m["limit"][batch] for m in measurements]
+    for batch in measurements[0][key]:
+        rows = [m[key][batch] for m in measurements]
         best[batch] = dict(min(rows, key=lambda row: row["step_ms"]))
-        best[batch]["cpu_ms"] = min(row["cpu_ms"] for row in rows)
+        if "cpu_ms" in rows[0]:
+            best[batch]["cpu_ms"] = min(row["cpu_ms"] for row in rows)
     return best
 
 
@@ -788,12 +794,16 @@ def table(report: dict) -> str:
     lines = []
     limit = report["engine_limit"]["best"]
     ms = report["engine_limit"]["measurements"]
+    unbound = report["engine_limit"].get("best_unbound")
     lines.append(f"Engine limit (bench/llm_engine.py engine_limit: decode steps at full batch, graphs back to back; "
-                 f"best of {len(ms)} measurement(s))")
-    lines.append(f"{'batch':>6} {'step ms':>8} {'tokens/s':>9}   {'each measurement, step ms':<}")
+                 f"best of {len(ms)} measurement(s); on the agent's cores {ms[0].get('cpus') or 'all'}"
+                 f"{'; unbound: every core' if unbound else ''})")
+    lines.append(f"{'batch':>6} {'step ms':>8} {'tokens/s':>9}   {'each measurement, step ms':<26}"
+                 f"{'unbound step ms' if unbound else ''}")
     for batch, row in sorted(limit.items(), key=lambda kv: int(kv[0])):
         each = " ".join(f"{m['limit'][batch]['step_ms']:.2f}" for m in ms)
-        lines.append(f"{batch:>6} {row['step_ms']:>8.2f} {row['tokens_per_s']:>9.0f}   {each}")
+        free = f"{unbound[batch]['step_ms']:.2f}" if unbound else ""
+        lines.append(f"{batch:>6} {row['step_ms']:>8.2f} {row['tokens_per_s']:>9.0f}   {each:<26}{free}")
     lines.append("")
     head = (f"{'run':<19} {'ok':>4} {'req/s':>6} {'tok/s':>6} {'occ':>5} {'TTFT mean/p50/p90/p99':>24} "
             f"{'TPOT mean/p50/p90/p99':>23} {'ITL mean/p50/p90/p99':>23} {'E2E mean/p50/p90/p99':>24} "
@@ -829,6 +839,10 @@ def table(report: dict) -> str:
     lines.append(f"Saturation ({sat['run']}): {sat['output_tokens_per_s']:.0f} output tokens/s at mean occupancy "
                  f"{sat['mean_occupancy']:.2f} (bucket {sat['bucket']}); engine limit there "
                  f"{sat['limit_tokens_per_s']:.0f} tokens/s -> fraction {sat['fraction_of_limit']:.3f} (target >= 0.85)")
+    if sat.get("unbound_limit_tokens_per_s"):
+        lines.append(f"  the limit was measured on the agent's cores {sat['cpus']} (agents.cpu_affinity); with every "
+                     f"core to itself it is {sat['unbound_limit_tokens_per_s']:.0f} tokens/s there -> fraction "
+                     f"{sat['fraction_of_unbound_limit']:.3f}")
     win = sat["full_window"]
     lines.append(f"  while requests queued ({win['seconds']:.1f} s): {win['output_tokens_per_s']:.0f} tokens/s at "
                  f"occupancy {win['mean_occupancy']:.2f} -> fraction {win['fraction_of_limit']:.3f} of "
@@ -980,10 +994,17 @@ def summary(report: dict) -> dict:
                 "fraction_of_limit": _ratio(win["output_tokens_per_s"], wat)})
     c1 = runs["c=1"]
     step1 = limit[str(batches[0])]["step_ms"]
+    unbound = None
+    if all("limit_unbound" in m for m in measurements):
+        unbound = report["engine_limit"]["best_unbound"] = best_limit(measurements, "limit_unbound")
+    uat = limit_at(unbound, batches, sat["mean_occupancy"])[1] if unbound else None
     result = {
         "saturation": {"run": sat["run"], "output_tokens_per_s": sat["output_tokens_per_s"],
                        "mean_occupancy": sat["mean_occupancy"], "bucket": bucket, "limit_tokens_per_s": round(at, 1),
                        "fraction_of_limit": _ratio(sat["output_tokens_per_s"], at), "target": 0.85,
+                       "cpus": measurements[0].get("cpus"),
+                       "unbound_limit_tokens_per_s": round(uat, 1) if uat else None,
+                       "fraction_of_unbound_limit": _ratio(sat["output_tokens_per_s"], uat) if uat else None,
                        "served_tpot_ms": sat["tpot_ms"]["mean"], "engine_itl_ms": sat["engine_log"]["itl_ms"]["mean"],
                        "ttft_outside_engine_ms": sat["engine_log"]["ttft_outside_engine_ms"],
                        "full_window": win},

@@ -100,11 +100,7 @@ class AgentSection:
         returns the cores, or None when nothing is bound."""
         cpus = self.cpus_of(rank, device)
         if cpus is not None:
-            for thread_id in os.listdir("/proc/self/task"):
-                try:
-                    os.sched_setaffinity(int(thread_id), cpus)
-                except ProcessLookupError:
-                    pass  # the thread ended meanwhile
+            bind_threads(cpus)
         return cpus
 
     def cpus_of(self, rank: int, device: str, cpu_count: Optional[int] = None) -> Optional[List[int]]:
@@ -199,6 +195,15 @@ def _agent_section(data: Mapping) -> AgentSection:
     if isinstance(port, bool) or not isinstance(port, int) or not (port == 0 or 1 <= port <= 65535 - len(ids)):
         raise ConfigError(f"'agents.start_port' must be 0 (free ports) or a port in [1, {65535 - len(ids)}], got {port!r}")
     return AgentSection(device_type, tuple(ids), host, port, _cpu_affinity(data.get("cpu_affinity"), len(ids)))
+
+
+def bind_threads(cpus) -> None:
+    """Binds every thread of this process to the cores `cpus` (threads started later inherit it)."""
+    for thread_id in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(thread_id), cpus)
+        except ProcessLookupError:
+            pass  # the thread ended meanwhile
 
 
 def _cpu_affinity(value, num_ranks: int):
