@@ -64,15 +64,23 @@ class AgentRunner:
                 self.on_agent_lost(rank, reason)
 
     def run(self, seqs: List[SeqStep]) -> np.ndarray:
-        request = protocol.encode_step(next(self._step_ids), seqs)
+        return protocol.decode_logits(self._step(protocol.encode_step(next(self._step_ids), seqs)))
+
+    def run_greedy(self, seqs: List[SeqStep], num_steps: int):
+        """Multi-step greedy decoding (model_io.run_greedy_steps), done by the agents in one Step call."""
+        request = protocol.encode_step(next(self._step_ids), seqs, greedy_steps=num_steps)
+        return protocol.decode_greedy(self._step(request), num_steps)
+
+    def _step(self, request):
+        """Rank 0's reply to `request`, sent to every rank; raises when any rank failed."""
         if len(self.stubs) == 1:
-            return protocol.decode_logits(self.stubs[0].Step(request))
+            return self.stubs[0].Step(request)
         calls = [stub.Step.future(request) for stub in self.stubs]
         replies = [call.result() for call in calls]
         for rank, reply in enumerate(replies[1:], start=1):
             if reply.error:
                 raise RuntimeError(f"agent rank {rank} step failed: {reply.error}")
-        return protocol.decode_logits(replies[0])
+        return replies[0]
 
     def close(self):
         self._closing.set()

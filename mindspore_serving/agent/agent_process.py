@@ -37,13 +37,18 @@ class AgentServicer(agent_pb2_grpc.LlmAgentServicer):
         seqs = protocol.decode_step(request)
         try:
             with self._lock:
-                logits = self.runner.run(seqs)
+                if request.greedy_steps > 1:
+                    result = self.runner.run_greedy(seqs, request.greedy_steps)
+                else:
+                    result = self.runner.run(seqs)
         except Exception as err:  # reported to the worker, which fails that step's requests
             log.exception(f"agent rank {self.rank} step {request.step_id} failed")
             return agent_pb2.StepReply(step_id=request.step_id, error=str(err))
         if self.rank != 0:
             return agent_pb2.StepReply(step_id=request.step_id)
-        return protocol.encode_logits(request.step_id, logits)
+        if request.greedy_steps > 1:
+            return protocol.encode_greedy(request.step_id, *result)
+        return protocol.encode_logits(request.step_id, result)
 
     def Attach(self, request, context):
         log.info(f"agent rank {self.rank}: worker pid {request.worker_pid} attached")

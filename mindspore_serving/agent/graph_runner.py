@@ -30,7 +30,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, Tensor
 
-from mindspore_serving.llm.model_io import SCRATCH_BLOCK, SeqStep, slot_of
+from mindspore_serving.llm.model_io import SCRATCH_BLOCK, SeqStep, run_greedy_steps, slot_of
 
 MANIFEST = "manifest.json"
 SUPPORTED_MANIFEST_VERSIONS = (1,)
@@ -253,6 +253,10 @@ class GraphRunner:
             self._run_decode([p for p in pieces if len(p.tokens) == 1], out)
             self._run_prefill([p for p in pieces if len(p.tokens) > 1], out)
         return out
+
+    def run_greedy(self, seqs: List[SeqStep], num_steps: int):
+        """Multi-step greedy decoding: `num_steps` decode calls back to back (model_io.run_greedy_steps)."""
+        return run_greedy_steps(self, seqs, num_steps)
 
     def reset_kv_caches(self):
         """Fresh zeroed caches: key_cache_i, value_cache_i for each layer i (the graphs' input order)."""

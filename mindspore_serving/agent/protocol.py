@@ -6,14 +6,14 @@ import numpy as np
 from mindspore_serving.llm.model_io import SeqStep
 from mindspore_serving.proto import agent_pb2
 
-AGENT_PROTOCOL_VERSION = 1
+AGENT_PROTOCOL_VERSION = 2
 MAX_AGENT_MSG_BYTES = 512 * 1024 * 1024
 AGENT_CHANNEL_OPTIONS = [("grpc.max_send_message_length", MAX_AGENT_MSG_BYTES),
                          ("grpc.max_receive_message_length", MAX_AGENT_MSG_BYTES)]
 
 
-def encode_step(step_id: int, seqs: Sequence[SeqStep]) -> "agent_pb2.StepRequest":
-    request = agent_pb2.StepRequest(step_id=step_id)
+def encode_step(step_id: int, seqs: Sequence[SeqStep], greedy_steps: int = 0) -> "agent_pb2.StepRequest":
+    request = agent_pb2.StepRequest(step_id=step_id, greedy_steps=greedy_steps)
     request.query_lens.extend(len(seq.token_ids) for seq in seqs)
     request.start_pos.extend(seq.start_pos for seq in seqs)
     request.block_table_lens.extend(len(seq.block_table) for seq in seqs)
@@ -44,3 +44,18 @@ def decode_logits(reply: "agent_pb2.StepReply") -> np.ndarray:
     if reply.error:
         raise RuntimeError(f"agent step {reply.step_id} failed: {reply.error}")
     return np.frombuffer(reply.logits, dtype="<f4").reshape(reply.rows, reply.vocab_size)
+
+
+def encode_greedy(step_id: int, tokens: np.ndarray, logprobs: np.ndarray) -> "agent_pb2.StepReply":
+    reply = agent_pb2.StepReply(step_id=step_id, rows=tokens.shape[0])
+    reply.tokens.extend(tokens.reshape(-1).tolist())
+    reply.logprobs.extend(logprobs.reshape(-1).tolist())
+    return reply
+
+
+def decode_greedy(reply: "agent_pb2.StepReply", num_steps: int):
+    """(tokens int64 [rows, num_steps], logprobs float32 [rows, num_steps]) of a multi-step greedy reply."""
+    if reply.error:
+        raise RuntimeError(f"agent step {reply.step_id} failed: {reply.error}")
+    tokens = np.asarray(reply.tokens, dtype=np.int64).reshape(reply.rows, num_steps)
+    return tokens, np.asarray(reply.logprobs, dtype=np.float32).reshape(reply.rows, num_steps)

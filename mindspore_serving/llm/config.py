@@ -65,8 +65,16 @@ class SchedulerConfig:
     """Cap on prompt (prefill) tokens per step, shared by all prefills of the step; the rest of the
     budget is kept for decodes. None: prefills may use whatever budget decodes leave."""
 
+    num_scheduler_steps: int = 1
+    """Decode steps run per scheduling round when every running request decodes greedily (no repetition
+    penalty, stop strings or top logprobs) and no prompt is being admitted: the runner feeds each step's
+    argmax into the next without a round trip through the engine (multi-step decoding). Tokens then stream
+    in bursts of up to this many, and a request that arrives or finishes meanwhile waits for the round to
+    end. 1: one step per round."""
+
     def __post_init__(self):
         _check_int("max_num_seqs", self.max_num_seqs, 1)
+        _check_int("num_scheduler_steps", self.num_scheduler_steps, 1)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         _check_int("max_model_len", self.max_model_len, 2, "room for at least one prompt and one new token")
         _check_int("block_size", self.block_size, 1)

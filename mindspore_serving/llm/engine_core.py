@@ -54,6 +54,7 @@ class StepStats:
     schedule_s: float
     execute_s: float              # model run + sampling
     update_s: float
+    num_model_steps: int = 1      # decode steps run back to back in this one (multi-step decoding)
 
 
 StepListener = Callable[[StepStats], None]
@@ -116,9 +117,13 @@ class EngineCore:
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return self._take_pending()
+        num_steps = self.scheduler.reserve_decode_steps(plan, self._decode_steps(plan))
         t1 = self._timer()
         try:
-            sampled = self._execute(plan)
+            if num_steps > 1:
+                tokens, logprobs = self.runner.run_greedy(plan.seq_steps, num_steps)
+            else:
+                sampled = self._execute(plan)
         except Exception as err:  # pylint: disable=broad-except
             # NOTE: a failed step fails its own requests, not the engine.
             log.exception(f"LLM step {plan.step_id} failed for requests {plan.request_ids}: {err}")
@@ -126,10 +131,23 @@ class EngineCore:
             outputs = self._fail(plan, f"model step failed: {type(err).__name__}: {err}")
         else:
             t2 = self._timer()
-            outputs = self._update(plan, sampled)
+            outputs = self._update_steps(plan, tokens, logprobs) if num_steps > 1 else self._update(plan, sampled)
         outputs = self._take_pending() + outputs
-        self._record(plan, outputs, t1 - t0, t2 - t1, self._timer() - t2)
+        self._record(plan, outputs, t1 - t0, t2 - t1, self._timer() - t2, num_steps)
         return outputs
+
+    def _decode_steps(self, plan: SchedulerOutput) -> int:
+        """How many decode steps this plan may run at once (see SchedulerConfig.num_scheduler_steps): 1 unless
+        the runner offers `run_greedy` and every row decodes greedily with nothing that needs the engine
+        between tokens (repetition penalty, stop strings, top logprobs)."""
+        steps = self.config.num_scheduler_steps
+        if steps <= 1 or not hasattr(self.runner, "run_greedy"):
+            return 1
+        for row in plan.scheduled:
+            p = self.scheduler.requests[row.request_id].sampling_params
+            if not p.greedy or p.repetition_penalty != 1.0 or p.stop or p.top_logprobs:
+                return 1
+        return steps
 
     def _take_pending(self) -> List[EngineCoreOutput]:
         pending, self._pending = self._pending, []
@@ -160,6 +178,19 @@ class EngineCore:
                                             delta.finished, delta.finish_reason))
         return outputs
 
+    def _update_steps(self, plan: SchedulerOutput, tokens, logprobs) -> List[EngineCoreOutput]:
+        tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
+        if tokens.shape[0] != len(plan.scheduled) or logprobs.shape != tokens.shape:
+            raise RuntimeError(f"model runner returned tokens {tokens.shape} and logprobs {logprobs.shape} for "
+                               f"{len(plan.scheduled)} sequences")
+        rows = {row.request_id: i for i, row in enumerate(plan.scheduled)}
+        outputs = []
+        for delta in self.scheduler.update_from_steps(plan, tokens.tolist()):
+            chosen = logprobs[rows[delta.request_id], :len(delta.new_token_ids)]
+            outputs.append(EngineCoreOutput(delta.request_id, delta.new_token_ids, [float(v) for v in chosen], [],
+                                            delta.finished, delta.finish_reason))
+        return outputs
+
     def _fail(self, plan: SchedulerOutput, message: str) -> List[EngineCoreOutput]:
         outputs = []
         for request_id in plan.request_ids:
@@ -173,7 +204,7 @@ class EngineCore:
         return outputs
 
     def _record(self, plan: SchedulerOutput, outputs: List[EngineCoreOutput], schedule_s: float,
-                execute_s: float, update_s: float) -> None:
+                execute_s: float, update_s: float, num_steps: int = 1) -> None:
         self.num_steps += 1
         num_prefill = sum(1 for row in plan.scheduled if row.is_prefill)
         bm = self.scheduler.block_manager
@@ -187,7 +218,7 @@ class EngineCore:
             num_finished=sum(1 for o in outputs if o.finished),
             num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
             kv_usage=bm.usage, num_free_blocks=bm.num_free_blocks,
-            schedule_s=schedule_s, execute_s=execute_s, update_s=update_s)
+            schedule_s=schedule_s, execute_s=execute_s, update_s=update_s, num_model_steps=num_steps)
         self.last_stats = stats
         for listener in self._listeners:
             listener(stats)

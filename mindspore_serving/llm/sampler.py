@@ -29,6 +29,20 @@ class SamplerOutput:
     """Per row, the `top_logprobs` most likely (token id, logprob) pairs, most likely first (empty if not asked)."""
 
 
+def greedy_with_logprobs(logits: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """Per row of logits [n, vocab]: the argmax (ties go to the lowest id) and its log-probability, exactly
+    as `Sampler.sample` computes them for a greedy row (model runners use it for multi-step decoding)."""
+    logits = np.asarray(logits, dtype=np.float32)
+    tokens = np.argmax(logits, axis=1)
+    return tokens, _chosen_logprobs(logits, tokens)
+
+
+def _chosen_logprobs(logits: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    peak = logits.max(axis=1)
+    log_normaliser = peak + np.log(np.exp(logits - peak[:, None]).sum(axis=1))
+    return logits[np.arange(len(tokens)), tokens] - log_normaliser
+
+
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     x = np.asarray(logits, dtype=np.float64)
     peak = np.max(x, axis=-1, keepdims=True)
@@ -90,12 +104,13 @@ class Sampler:
             else:
                 generator = generators[i] if generators is not None and generators[i] is not None else self._rng
                 tokens[i] = self._sample_row(row, p, generator)
-        peak = logits.max(axis=1)
-        shifted = logits - peak[:, None]
-        log_normaliser = peak + np.log(np.exp(shifted, out=shifted).sum(axis=1))
-        chosen = logits[np.arange(n), tokens] - log_normaliser
-        top = [self._top(logits[i] - log_normaliser[i], p.top_logprobs) if p.top_logprobs else []
-               for i, p in enumerate(params)]
+        chosen = _chosen_logprobs(logits, tokens)
+        top = [[] for _ in params]
+        if any(p.top_logprobs for p in params):
+            peak = logits.max(axis=1)
+            log_normaliser = peak + np.log(np.exp(logits - peak[:, None]).sum(axis=1))
+            top = [self._top(logits[i] - log_normaliser[i], p.top_logprobs) if p.top_logprobs else []
+                   for i, p in enumerate(params)]
         return SamplerOutput([int(t) for t in tokens], [float(v) for v in chosen], top)
 
     def sample_requests(self, logits: np.ndarray, requests: Sequence) -> SamplerOutput:

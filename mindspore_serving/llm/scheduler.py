@@ -260,16 +260,65 @@ class Scheduler:
                 continue
             if token is None:
                 raise ValueError(f"no sampled token for request {row.request_id}, which completed its tokens")
-            request.append_output_token(int(token))
-            if request.first_token_time is None:
-                request.first_token_time = now
-            request.last_token_time = now
-            status = request.check_stop(self.config.max_model_len)
-            if status is not None:
-                self.running.remove(request)
-                self._finish(request, status)
+            self._accept(request, int(token), now)
             deltas.append(RequestDelta(request.request_id, [int(token)], request.finished, request.finish_reason))
         return deltas
+
+    def reserve_decode_steps(self, output: SchedulerOutput, num_steps: int) -> int:
+        """Turns a plan of decode rows only into `num_steps` decode steps run back to back (multi-step
+        decoding): reserves each row's blocks for that many tokens and refreshes the plan's block tables.
+        The number of steps is cut so that no row outgrows max_model_len; returns it, or 1 (the plan
+        unchanged) when the plan has other rows or the blocks are short."""
+        if num_steps <= 1 or not output.scheduled or output.preempted_request_ids:
+            return 1
+        if any(row.is_prefill or not row.samples for row in output.scheduled):
+            return 1
+        requests = [self.requests[row.request_id] for row in output.scheduled]
+        num_steps = min([num_steps] + [self.config.max_model_len - r.num_computed_tokens for r in requests])
+        if num_steps <= 1:
+            return 1
+        for request in requests:  # a short pool leaves blocks reserved ahead: they serve the next steps
+            if not self.block_manager.append_slots(request, num_steps):
+                return 1
+        for row, request in zip(output.scheduled, requests):
+            row.seq_step.block_table = list(request.block_table)
+        return num_steps
+
+    def update_from_steps(self, output: SchedulerOutput, token_ids) -> List[RequestDelta]:
+        """Records the decode steps of a plan given to `reserve_decode_steps`: `token_ids[i]` are row i's
+        tokens, one per step. A request takes them in order until it stops (its remaining tokens were
+        computed ahead and are dropped). Returns one delta per request still running at the start."""
+        if len(token_ids) != len(output.scheduled):
+            raise ValueError(f"update_from_steps got tokens for {len(token_ids)} rows, the plan has "
+                             f"{len(output.scheduled)}")
+        now = self.clock()
+        deltas = []
+        for row, tokens in zip(output.scheduled, token_ids):
+            request = self.requests.get(row.request_id)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue
+            taken = []
+            for token in tokens:
+                request.num_computed_tokens += 1
+                self.block_manager.cache_full_blocks(request)
+                taken.append(int(token))
+                if self._accept(request, int(token), now):
+                    break
+            deltas.append(RequestDelta(request.request_id, taken, request.finished, request.finish_reason))
+        return deltas
+
+    def _accept(self, request: Request, token: int, now: float) -> bool:
+        """Appends a sampled token; finishes the request when it stops. True when it finished."""
+        request.append_output_token(token)
+        if request.first_token_time is None:
+            request.first_token_time = now
+        request.last_token_time = now
+        status = request.check_stop(self.config.max_model_len)
+        if status is None:
+            return False
+        self.running.remove(request)
+        self._finish(request, status)
+        return True
 
     # --- internals ----------------------------------------------------------------------------
     def _preempt(self, request: Request) -> None:

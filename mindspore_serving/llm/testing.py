@@ -13,7 +13,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from mindspore_serving.llm.model_io import SCRATCH_BLOCK, SeqStep
+from mindspore_serving.llm.model_io import SCRATCH_BLOCK, SeqStep, run_greedy_steps
 
 _EMPTY = -1
 
@@ -35,6 +35,10 @@ class FakeModelRunner:
         """Tokens written to the cache, all steps together."""
         self.fail_next: Optional[Exception] = None
         """Set to make the next `run` raise it (tests of the error path)."""
+
+    def run_greedy(self, seqs: List[SeqStep], num_steps: int):
+        """Multi-step greedy decoding through `run` (see model_io.run_greedy_steps)."""
+        return run_greedy_steps(self, seqs, num_steps)
 
     def run(self, seqs: List[SeqStep]) -> np.ndarray:
         self.calls.append(seqs)

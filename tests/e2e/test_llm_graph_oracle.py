@@ -83,6 +83,15 @@ def test_continuous_batching_matches_alone(runner, alone):
     assert runner.mixed_calls > mixed_before  # joining requests went through mixed decode + prefill graphs
 
 
+def test_multi_step_decoding_matches_alone(runner, alone):
+    requests, expected = alone
+    rounds = []
+    got, _ = run_staggered(runner, config_for(runner, num_scheduler_steps=4),
+                           requests, listener=lambda stats: rounds.append(stats.num_model_steps))
+    assert got == expected
+    assert max(rounds) == 4  # decode steps ran four at a time, the argmax fed back by the runner
+
+
 def test_prefix_caching_matches_alone(runner, alone):
     requests, expected = alone
     got, _ = run_staggered(runner, config_for(runner, enable_prefix_caching=True), requests)

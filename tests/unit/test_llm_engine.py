@@ -107,7 +107,10 @@ def check_all_blocks_free(engine):
     dict(max_num_seqs=32, max_num_batched_tokens=64),
     dict(enable_chunked_prefill=False, max_num_batched_tokens=MAX_LEN),
     dict(batching="static"),
-], ids=["continuous", "tiny-budget", "prefill-share", "wide", "no-chunking", "static"])
+    dict(num_scheduler_steps=4),
+    dict(num_scheduler_steps=3, batching="static"),
+], ids=["continuous", "tiny-budget", "prefill-share", "wide", "no-chunking", "static", "multi-step",
+        "multi-step-static"])
 def test_greedy_tokens_equal_each_request_alone(expected, config):
     engine = make_engine(**config)
     outputs = serve(engine, WORKLOAD)
@@ -117,8 +120,9 @@ def test_greedy_tokens_equal_each_request_alone(expected, config):
     check_all_blocks_free(engine)
 
 
-@pytest.mark.parametrize("config", [dict(), dict(batching="static"), dict(max_num_batched_tokens=8)],
-                         ids=["continuous", "static", "tiny-budget"])
+@pytest.mark.parametrize("config", [dict(), dict(batching="static"), dict(max_num_batched_tokens=8),
+                                    dict(num_scheduler_steps=4)],
+                         ids=["continuous", "static", "tiny-budget", "multi-step"])
 def test_greedy_tokens_survive_preemption(expected, config):
     engine = make_engine(num_blocks=26, **config)     # 25 blocks: one sequence of MAX_LEN tokens fits
     outputs = serve(engine, WORKLOAD)
@@ -141,11 +145,73 @@ def test_greedy_tokens_with_prefix_caching(expected_shared):
     check_all_blocks_free(cached)
 
 
-def test_greedy_tokens_with_prefix_caching_and_preemption(expected_shared):
-    engine = make_engine(num_blocks=26, enable_prefix_caching=True)
+@pytest.mark.parametrize("steps", [1, 4])
+def test_greedy_tokens_with_prefix_caching_and_preemption(expected_shared, steps):
+    engine = make_engine(num_blocks=26, enable_prefix_caching=True, num_scheduler_steps=steps)
     outputs = serve(engine, SHARED_WORKLOAD)
     assert engine.core.scheduler.num_preemptions > 0
     check_oracle(outputs, expected_shared, SHARED_WORKLOAD)
+    check_all_blocks_free(engine)
+
+
+# --- multi-step decoding --------------------------------------------------------------------
+def test_multi_step_decoding_runs_steps_back_to_back_and_matches_single_steps():
+    prompts = [[5, 6, 7], [9, 10, 11, 12, 13], [20]]
+    params = SamplingParams(max_new_tokens=11, temperature=0, ignore_eos=True)
+    single = make_engine().generate(prompts, params)
+    engine = make_engine(num_scheduler_steps=4)
+    rounds = []
+    engine.add_step_listener(lambda stats: rounds.append((stats.num_model_steps, stats.num_new_tokens)))
+    multi = engine.generate(prompts, params)
+    for a, b in zip(single, multi):
+        assert a.token_ids == b.token_ids and len(b.token_ids) == 11
+        np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=0, atol=1e-6)
+        assert b.finish_reason is FinishReason.LENGTH
+    # one prefill step, then rounds of 4 decode steps (the last cut short by max_new_tokens: tokens dropped)
+    assert rounds[0] == (1, 3) and [steps for steps, _ in rounds[1:]] == [4, 4, 4]
+    assert [tokens for _, tokens in rounds[1:]] == [12, 12, 6]
+    check_all_blocks_free(engine)
+
+
+def test_multi_step_decoding_stops_at_a_stop_token_inside_a_round():
+    prompt = [5, 6, 7]
+    free_run = reference_greedy(make_runner, prompt, 20)
+    stop = free_run[6]  # a token produced in the middle of the second round
+    want = reference_greedy(make_runner, prompt, 20, stop_token_ids=[stop])
+    engine = make_engine(num_scheduler_steps=4)
+    out = engine.generate([prompt], SamplingParams(max_new_tokens=20, temperature=0, stop_token_ids=(stop,),
+                                                   ignore_eos=True))[0]
+    assert out.token_ids == want and out.finish_reason is FinishReason.STOP
+    check_all_blocks_free(engine)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_new_tokens=8, temperature=0.7, seed=1),
+    SamplingParams(max_new_tokens=8, temperature=0, repetition_penalty=1.3),
+    SamplingParams(max_new_tokens=8, temperature=0, top_logprobs=2),
+], ids=["sampled", "repetition-penalty", "top-logprobs"])
+def test_rows_that_need_the_engine_between_tokens_run_one_step_at_a_time(params):
+    engine = make_engine(num_scheduler_steps=4)
+    steps = []
+    engine.add_step_listener(lambda stats: steps.append(stats.num_model_steps))
+    got = engine.generate([[5, 6, 7]], params)[0]
+    assert set(steps) == {1} and len(got.token_ids) == 8
+    assert got.token_ids == make_engine().generate([[5, 6, 7]], params)[0].token_ids
+
+
+def test_multi_step_rounds_wait_for_a_prompt_being_admitted():
+    engine = make_engine(num_scheduler_steps=4)
+    steps = []
+    engine.add_step_listener(lambda stats: steps.append((stats.num_model_steps, stats.num_prefill_seqs)))
+    params = SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True)
+    engine.add_request(None, params, prompt_token_ids=[5, 6, 7])
+    engine.step()
+    engine.step()                     # a round of 4 decode steps
+    engine.add_request(None, params, prompt_token_ids=[8, 9])
+    engine.step()                     # the newcomer's prefill with a single decode step of the first
+    while engine.has_unfinished():
+        engine.step()
+    assert steps[:3] == [(1, 1), (4, 0), (1, 1)]
     check_all_blocks_free(engine)
 
 
