@@ -66,10 +66,12 @@ def run_engine(runner, config, requests):
     occupancy, decode_only = [], []
 
     def listen(stats):
+        # a multi-step round (num_model_steps > 1) counts as that many steps of its average batch
+        steps = stats.num_model_steps
         if stats.num_decode_seqs:
-            occupancy.append(stats.num_decode_seqs)
+            occupancy.extend([stats.num_new_tokens / steps if steps > 1 else stats.num_decode_seqs] * steps)
         if stats.num_decode_seqs and not stats.num_prefill_seqs:
-            decode_only.append((stats.num_new_tokens, stats.schedule_s + stats.execute_s + stats.update_s))
+            decode_only.append((stats.num_new_tokens, stats.schedule_s + stats.execute_s + stats.update_s, steps))
 
     engine.add_step_listener(listen)
     for prompt, n in requests:
@@ -81,12 +83,13 @@ def run_engine(runner, config, requests):
         steps += 1
         tokens += sum(len(o.new_token_ids) for o in engine.step())
     elapsed = time.perf_counter() - started
-    decode_tokens = sum(t for t, _ in decode_only)
-    decode_seconds = sum(s for _, s in decode_only)
+    decode_tokens = sum(t for t, _, _ in decode_only)
+    decode_seconds = sum(s for _, s, _ in decode_only)
+    decode_steps = sum(n for _, _, n in decode_only)
     return {"seconds": elapsed, "output_tokens": tokens, "tokens_per_s": tokens / elapsed, "steps": steps,
             "mean_decode_batch": float(np.mean(occupancy)) if occupancy else 0.0,
-            "decode_only_steps": len(decode_only),
-            "decode_only_mean_batch": decode_tokens / max(1, len(decode_only)),
+            "decode_only_steps": decode_steps,
+            "decode_only_mean_batch": decode_tokens / max(1, decode_steps),
             "decode_only_tokens_per_s": decode_tokens / decode_seconds if decode_seconds else 0.0}
 
 

@@ -68,6 +68,9 @@ class RequestOutput:
     """All output text streamed so far (cut before a stop string). When finished, the whole text."""
     finished: bool
     finish_reason: Optional[FinishReason]
+    new_token_texts: List[str] = field(default_factory=list)
+    """The text of each new token (they join to `new_text`; a token may have none yet, e.g. half a UTF-8
+    character, whose text then comes with a later token)."""
     new_logprobs: List[float] = field(default_factory=list)
     logprobs: List[float] = field(default_factory=list)
     new_top_logprobs: List[List[Tuple[int, float]]] = field(default_factory=list)
@@ -187,26 +190,33 @@ class LLMEngine:
         tracked = self._tracked[out.request_id]
         request = tracked.request
         finished, reason = out.finished, out.finish_reason
-        new_text = ""
+        texts = [""] * len(out.new_token_ids)  # each new token's text (several tokens: multi-step decoding)
+        tail = ""
         detok = tracked.detokenizer
         if detok is not None:
-            update = detok.update(out.new_token_ids)
-            new_text = update.new_text
-            if update.stop_string is not None:
-                finished, reason = True, FinishReason.STOP
-                self._finish_for_stop_string(request)
+            for i, token in enumerate(out.new_token_ids):
+                update = detok.update([token])
+                texts[i] = update.new_text
+                if update.stop_string is not None:
+                    finished, reason = True, FinishReason.STOP
+                    self._finish_for_stop_string(request)
+                    break
             if finished:
-                new_text += detok.flush()
+                tail = detok.flush()
                 if detok.stop_string is not None and reason in (FinishReason.LENGTH, FinishReason.STOP):
                     reason = FinishReason.STOP
                     self._finish_for_stop_string(request)
+        if texts:
+            texts[-1] += tail
+        new_text = "".join(texts) or tail
         tracked.text += new_text
         tracked.logprobs.extend(out.new_logprobs)
         if finished:
             del self._tracked[out.request_id]
         return RequestOutput(
             request_id=out.request_id, prompt=request.prompt, prompt_token_ids=list(request.prompt_token_ids),
-            new_token_ids=list(out.new_token_ids), new_text=new_text, token_ids=list(request.output_token_ids),
+            new_token_ids=list(out.new_token_ids), new_text=new_text, new_token_texts=texts,
+            token_ids=list(request.output_token_ids),
             text=tracked.text, finished=finished, finish_reason=reason, new_logprobs=list(out.new_logprobs),
             logprobs=list(tracked.logprobs), new_top_logprobs=list(out.new_top_logprobs),
             metrics=_metrics(request), error=out.error)

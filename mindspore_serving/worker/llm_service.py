@@ -52,14 +52,14 @@ def final_event(output) -> pb.GenerateEvent:
 
 
 def output_events(output, index: int) -> List[pb.GenerateEvent]:
-    """The events of one RequestOutput: a Token per new token (the step's text on the last one), then the
-    Final (or the Error) when it is the request's last output. `index` numbers the first new token."""
+    """The events of one RequestOutput: a Token per new token with its own text, then the Final (or the
+    Error) when it is the request's last output. `index` numbers the first new token."""
     events = []
-    last = len(output.new_token_ids) - 1
+    texts = output.new_token_texts or [""] * (len(output.new_token_ids) - 1) + [output.new_text]
     for position, token_id in enumerate(output.new_token_ids):
         logprob = output.new_logprobs[position] if position < len(output.new_logprobs) else 0.0
-        events.append(pb.GenerateEvent(token=pb.Token(id=token_id, text=output.new_text if position == last else "",
-                                                      logprob=logprob, index=index + position)))
+        events.append(pb.GenerateEvent(token=pb.Token(id=token_id, text=texts[position], logprob=logprob,
+                                                      index=index + position)))
     if output.finished:
         events.append(pb.GenerateEvent(error=pb.Error(kind=GENERATION, message=output.error)) if output.error
                       else final_event(output))

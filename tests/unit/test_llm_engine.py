@@ -346,8 +346,9 @@ def text_engine(tokenizer, **overrides):
                        vocab_size=tokenizer.get_vocab_size(), **overrides)
 
 
-def test_streamed_text_adds_up_to_the_decoded_tokens(tokenizer):
-    engine = text_engine(tokenizer)
+@pytest.mark.parametrize("steps", [1, 4])
+def test_streamed_text_adds_up_to_the_decoded_tokens(tokenizer, steps):
+    engine = text_engine(tokenizer, num_scheduler_steps=steps)
     prompts = ["hello world", "the quick brown fox", "日本語 is fine", "a"]
     ids = [engine.add_request(p, SamplingParams(max_new_tokens=40, temperature=0)) for p in prompts]
     streamed = {i: "" for i in ids}
@@ -356,6 +357,7 @@ def test_streamed_text_adds_up_to_the_decoded_tokens(tokenizer):
         for out in engine.step():
             streamed[out.request_id] += out.new_text
             assert out.text == streamed[out.request_id]
+            assert len(out.new_token_texts) == len(out.new_token_ids) and "".join(out.new_token_texts) == out.new_text
             if out.finished:
                 finals[out.request_id] = out
     for request_id, prompt in zip(ids, prompts):
