@@ -46,7 +46,8 @@ def engine_limit(runner, steps: int):
                 runner.run(seqs)
             rounds.append((time.perf_counter() - started) / steps)
         step = min(rounds)
-        limit[batch] = {"step_ms": step * 1000, "tokens_per_s": batch / step}
+        limit[batch] = {"step_ms": step * 1000, "tokens_per_s": batch / step,
+                        "median_step_ms": float(np.median(rounds)) * 1000}
     return limit
 
 
