@@ -124,30 +124,43 @@ def main():
     results = {"cpu_affinity": cpus, "engine_limit": limit, "workload": {"requests": args.requests,
                                                     "output_tokens": sum(n for _, n in requests)}}
     max_seqs = runner.decode_batches[-1]
-    for strategy in ("continuous", "static"):
-        sched = SchedulerConfig(**{**config.engine.__dict__, "batching": strategy, "max_num_seqs": max_seqs})
-        run = run_engine(runner, sched, requests)
-        run["limit_at_occupancy"] = limit_at(limit, runner, run["mean_decode_batch"])
-        run["fraction_of_limit"] = run["tokens_per_s"] / run["limit_at_occupancy"]
-        decode_limit = limit_at(limit, runner, run["decode_only_mean_batch"]) if run["decode_only_steps"] else 0.0
-        run["decode_fraction_of_limit"] = run["decode_only_tokens_per_s"] / decode_limit if decode_limit else 0.0
-        results[strategy] = run
-    results["continuous_over_static"] = results["continuous"]["tokens_per_s"] / results["static"]["tokens_per_s"]
+    # each strategy with one decode step per scheduling round, and with the config's multi-step rounds
+    step_counts = sorted({1, config.engine.num_scheduler_steps})
+    names = []
+    for steps in step_counts:
+        for strategy in ("continuous", "static"):
+            sched = SchedulerConfig(**{**config.engine.__dict__, "batching": strategy, "max_num_seqs": max_seqs,
+                                       "num_scheduler_steps": steps})
+            run = run_engine(runner, sched, requests)
+            run["num_scheduler_steps"] = steps
+            run["limit_at_occupancy"] = limit_at(limit, runner, run["mean_decode_batch"])
+            run["fraction_of_limit"] = run["tokens_per_s"] / run["limit_at_occupancy"]
+            decode_limit = limit_at(limit, runner, run["decode_only_mean_batch"]) if run["decode_only_steps"] else 0.0
+            run["decode_fraction_of_limit"] = run["decode_only_tokens_per_s"] / decode_limit if decode_limit else 0.0
+            name = strategy if steps == 1 else f"{strategy} x{steps}"
+            results[name] = run
+            names.append(name)
+        suffix = "" if steps == 1 else f" x{steps}"
+        results["continuous_over_static" + suffix.replace(" ", "_")] = (
+            results["continuous" + suffix]["tokens_per_s"] / results["static" + suffix]["tokens_per_s"])
 
     print("\nEngine limit (decode, full batch, graphs back to back)")
     print(f"{'batch':>6} {'step ms':>9} {'tokens/s':>10}")
     for batch, row in limit.items():
         print(f"{batch:>6} {row['step_ms']:>9.2f} {row['tokens_per_s']:>10.0f}")
     print(f"\nEngine with scheduler, {args.requests} requests, {results['workload']['output_tokens']} output tokens")
-    print(f"{'strategy':>11} {'seconds':>8} {'tokens/s':>9} {'mean batch':>10} {'limit@batch':>11} {'fraction':>8} "
+    print(f"{'strategy':>14} {'seconds':>8} {'tokens/s':>9} {'mean batch':>10} {'limit@batch':>11} {'fraction':>8} "
           f"{'decode-step fraction':>20}")
-    for strategy in ("continuous", "static"):
-        r = results[strategy]
-        print(f"{strategy:>11} {r['seconds']:>8.2f} {r['tokens_per_s']:>9.0f} {r['mean_decode_batch']:>10.1f} "
+    for name in names:
+        r = results[name]
+        print(f"{name:>14} {r['seconds']:>8.2f} {r['tokens_per_s']:>9.0f} {r['mean_decode_batch']:>10.1f} "
               f"{r['limit_at_occupancy']:>11.0f} {r['fraction_of_limit']:>8.2f} {r['decode_fraction_of_limit']:>20.2f}")
     print("fraction: served tokens/s over the engine limit at the same mean decode batch (prefill time included);\n"
-          "decode-step fraction: the same over decode-only steps (what the scheduler and sampler cost per step)")
-    print(f"\ncontinuous / static throughput: {results['continuous_over_static']:.2f}x")
+          "decode-step fraction: the same over decode-only steps (what the scheduler and sampler cost per step);\n"
+          "xN: N decode steps per scheduling round when the batch allows (engine.num_scheduler_steps)")
+    for key in (k for k in results if k.startswith("continuous_over_static")):
+        label = key[len("continuous_over_static"):].replace("_", " ")
+        print(f"continuous / static throughput{label}: {results[key]:.2f}x")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as stream:
         json.dump(results, stream, indent=1)
