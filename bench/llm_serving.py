@@ -878,7 +878,8 @@ def table(report: dict) -> str:
     lines.append(f"Batch 1: served TPOT {b1['served_tpot_ms']:.2f} ms (p50 {b1['served_tpot_p50_ms']:.2f}) vs engine "
                  f"step {b1['engine_step_ms']:.2f} ms -> {b1['fraction_of_limit']:.3f} of the engine limit: "
                  f"{b1['overhead_fraction']:.1%} of each token's time is serving overhead "
-                 f"(the engine loop's own ITL, from the master's log: {fmt(b1['engine_itl_ms'], '.2f')} ms)")
+                 f"(the engine loop's own ITL, from the master's log: {fmt(b1['engine_itl_ms'], '.2f')} ms; the "
+                 f"limit's median batch-1 round: {fmt(b1.get('engine_step_median_ms'), '.2f')} ms)")
     cpu = b1["cpu_ms_per_1k_tokens"]
     if b1.get("engine_step_cpu_ms"):
         lines.append(f"  CPU per token: master {cpu['master'] / 1000:.2f} + worker {cpu['worker'] / 1000:.2f} + agent "
@@ -1022,7 +1023,8 @@ def summary(report: dict) -> dict:
                    "engine_step_ms": round(step1, 3), "fraction_of_limit": round(step1 / c1["tpot_ms"]["mean"], 4),
                    "overhead_fraction": round(1 - step1 / c1["tpot_ms"]["mean"], 4),
                    "engine_itl_ms": c1["engine_log"]["itl_ms"]["mean"],
-                   "ttft_outside_engine_ms": c1["engine_log"]["ttft_outside_engine_ms"]},
+                   "ttft_outside_engine_ms": c1["engine_log"]["ttft_outside_engine_ms"],
+                   "engine_step_median_ms": limit[str(batches[0])].get("median_step_ms")},
     }
     def served_cpu(row):
         per = row["cpu_ms_per_1k_tokens"]
