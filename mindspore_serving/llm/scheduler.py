@@ -245,15 +245,9 @@ class Scheduler:
 
         Rows of requests finished since `schedule()` (aborted) are skipped. Returns one delta per
         request that got a token."""
-        if len(sampled_token_ids) != len(output.scheduled):
-            raise ValueError(f"update_from_output got {len(sampled_token_ids)} sampled tokens for "
-                             f"{len(output.scheduled)} scheduled requests")
         now = self.clock()
         deltas = []
-        for row, token in zip(output.scheduled, sampled_token_ids):
-            request = self.requests.get(row.request_id)
-            if request is None or request.status is not RequestStatus.RUNNING:
-                continue
+        for row, request, token in self._live_rows(output, sampled_token_ids, "update_from_output"):
             request.num_computed_tokens += row.num_tokens
             self.block_manager.cache_full_blocks(request)
             if not row.samples:
@@ -288,15 +282,9 @@ class Scheduler:
         """Records the decode steps of a plan given to `reserve_decode_steps`: `token_ids[i]` are row i's
         tokens, one per step. A request takes them in order until it stops (its remaining tokens were
         computed ahead and are dropped). Returns one delta per request still running at the start."""
-        if len(token_ids) != len(output.scheduled):
-            raise ValueError(f"update_from_steps got tokens for {len(token_ids)} rows, the plan has "
-                             f"{len(output.scheduled)}")
         now = self.clock()
         deltas = []
-        for row, tokens in zip(output.scheduled, token_ids):
-            request = self.requests.get(row.request_id)
-            if request is None or request.status is not RequestStatus.RUNNING:
-                continue
+        for _, request, tokens in self._live_rows(output, token_ids, "update_from_steps"):
             taken = []
             for token in tokens:
                 request.num_computed_tokens += 1
@@ -306,6 +294,16 @@ class Scheduler:
                     break
             deltas.append(RequestDelta(request.request_id, taken, request.finished, request.finish_reason))
         return deltas
+
+    def _live_rows(self, output: SchedulerOutput, values: Sequence, caller: str):
+        """(row, request, value) for each row of the plan whose request still runs (an aborted one is skipped);
+        `values` has one entry per row."""
+        if len(values) != len(output.scheduled):
+            raise ValueError(f"{caller} got {len(values)} values for the {len(output.scheduled)} rows of the plan")
+        for row, value in zip(output.scheduled, values):
+            request = self.requests.get(row.request_id)
+            if request is not None and request.status is RequestStatus.RUNNING:
+                yield row, request, value
 
     def _accept(self, request: Request, token: int, now: float) -> bool:
         """Appends a sampled token; finishes the request when it stops. True when it finished."""

@@ -364,7 +364,7 @@ def test_update_checks_its_input():
     sched = make_scheduler()
     add(sched, "A", 3)
     out = sched.schedule()
-    with pytest.raises(ValueError, match="got 2 sampled tokens for 1 scheduled"):
+    with pytest.raises(ValueError, match="update_from_output got 2 values for the 1 rows of the plan"):
         sched.update_from_output(out, [1, 2])
     with pytest.raises(ValueError, match="no sampled token for request A"):
         sched.update_from_output(out, [None])
