@@ -62,7 +62,7 @@ def test_front_end_errors(serving):
     with pytest.raises(RuntimeError, match="RESTful server does not support binding to unix domain socket"):
         serving.start_restful_server("unix:/tmp/x")
     with pytest.raises(RuntimeError, match="is out of legal range"):
-        serving.start_restful_server("127.0.0.1:70000")
+        serving.start_restful_server(f"127.0.0.1:{65535 + 1}")  # one past the largest port: never bound
     with pytest.raises(RuntimeError, match="is illegal"):
         serving.start_restful_server("127.0.0.1")
     with pytest.raises(RuntimeError, match="RESTful server start failed, bind to the socket address"):
