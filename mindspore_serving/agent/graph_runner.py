@@ -283,17 +283,17 @@ class GraphRunner:
             if piece.last:
                 out[piece.row] = row
 
-    def _run_mixed(self, decode: List[_Piece], prefill: List[SeqStep], out: np.ndarray) -> Optional[int]:
+    def _run_mixed(self, decode: List[_Piece], prefill: List[Tuple[int, SeqStep]],
+                   out: np.ndarray) -> Optional[int]:
         """Computes the decode rows and one prefill row in one mixed call when the buckets allow; returns
         the index (in `seqs`) of the prefill row it computed, or None when it ran nothing."""
         if not self.mixed_buckets or not decode or not prefill or len(decode) > self.mixed_batches[-1]:
             return None
         longest = self.mixed_lengths[-1]
-        fitting = [(seq.query_len, i) for i, seq in prefill if seq.query_len <= longest]
+        fitting = [(seq.query_len, i, seq) for i, seq in prefill if seq.query_len <= longest]
         if not fitting:
             return None
-        _, row = max(fitting)  # the longest that fits: the most prefill work saved from a separate call
-        seq = dict(prefill)[row]
+        _, row, seq = max(fitting)  # the longest that fits: the most prefill work saved from a separate call
         batch = self.mixed_batches[bisect.bisect_left(self.mixed_batches, len(decode))]
         length = self.mixed_lengths[bisect.bisect_left(self.mixed_lengths, seq.query_len)]
         piece = _Piece(row, seq.token_ids, seq.start_pos, seq.block_table, True)

@@ -121,7 +121,7 @@ class EngineCore:
         t1 = self._timer()
         try:
             if num_steps > 1:
-                tokens, logprobs = self.runner.run_greedy(plan.seq_steps, num_steps)
+                tokens, logprobs = self._execute_steps(plan, num_steps)
             else:
                 sampled = self._execute(plan)
         except Exception as err:  # pylint: disable=broad-except
@@ -178,11 +178,15 @@ class EngineCore:
                                             delta.finished, delta.finish_reason))
         return outputs
 
-    def _update_steps(self, plan: SchedulerOutput, tokens, logprobs) -> List[EngineCoreOutput]:
-        tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
-        if tokens.shape[0] != len(plan.scheduled) or logprobs.shape != tokens.shape:
+    def _execute_steps(self, plan: SchedulerOutput, num_steps: int) -> Tuple[np.ndarray, np.ndarray]:
+        """Runs a multi-step round; (tokens, logprobs), each [rows, num_steps]."""
+        tokens, logprobs = (np.asarray(a) for a in self.runner.run_greedy(plan.seq_steps, num_steps))
+        if tokens.shape != (len(plan.scheduled), num_steps) or logprobs.shape != tokens.shape:
             raise RuntimeError(f"model runner returned tokens {tokens.shape} and logprobs {logprobs.shape} for "
-                               f"{len(plan.scheduled)} sequences")
+                               f"{len(plan.scheduled)} sequences and {num_steps} steps")
+        return tokens, logprobs
+
+    def _update_steps(self, plan: SchedulerOutput, tokens: np.ndarray, logprobs: np.ndarray) -> List[EngineCoreOutput]:
         rows = {row.request_id: i for i, row in enumerate(plan.scheduled)}
         outputs = []
         for delta in self.scheduler.update_from_steps(plan, tokens.tolist()):

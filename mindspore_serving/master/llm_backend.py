@@ -75,7 +75,7 @@ class WorkerSession:
         try:
             await self._write(pb.SessionCommand(stream_id=stream_id, generate=message))
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
-            self._queues.pop(stream_id).put_nowait(_LOST)
+            del self._queues[stream_id]
             self.closed = True
             raise
         return stream_id
@@ -127,11 +127,6 @@ class MasterLlmBackend:
                 self._sessions.pop(old_key).close()
             session = self._sessions[key] = WorkerSession(worker)
         return session
-
-    def close(self):
-        for session in self._sessions.values():
-            session.close()
-        self._sessions.clear()
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         candidates = [w for w in self.registry.candidates(request.model, GENERATE_METHOD, 0)

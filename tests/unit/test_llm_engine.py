@@ -314,8 +314,9 @@ def test_abort_in_any_state_frees_blocks_and_reports_once(expected):
     check_all_blocks_free(engine)
 
 
-def test_a_failed_model_step_fails_only_its_requests(expected):
-    engine = make_engine(max_num_seqs=2)
+@pytest.mark.parametrize("steps", [1, 4])
+def test_a_failed_model_step_fails_only_its_requests(expected, steps):
+    engine = make_engine(max_num_seqs=2, num_scheduler_steps=steps)
     first = [engine.add_request(None, SamplingParams(max_new_tokens=m, temperature=0), prompt_token_ids=p)
              for p, m, _ in WORKLOAD[:2]]
     engine.step()
