@@ -12,9 +12,9 @@ models/llama/model.py for the input list). This runner
   buckets (length bucket = smallest that holds the row, batch bucket = smallest that holds the group), splits
   batches larger than the largest bucket into several calls, and computes prompts longer than the largest length
   bucket in chunks over successive calls (each chunk attends to the ones before through the cache);
-* when the export has mixed graphs (decode rows + one prefill row in one call) and a step has both kinds of
-  rows, computes the decode rows and the longest prefill row that fits a mixed bucket in one mixed call: a step
-  that admits a prompt then costs one graph call instead of two.
+* when the export has mixed graphs (decode rows + prefill rows in one call) and a step has both kinds of rows,
+  computes the decode rows and the longest prefill rows that fit a mixed bucket in one mixed call: a step that
+  admits prompts then costs one graph call instead of two or more.
 
 block_size and MAXB (= max_seq_len // block_size) are fixed by the export. num_blocks is chosen here when the
 graphs were exported with a dynamic cache dimension (the exporter's default, manifest "num_blocks": null);
@@ -24,7 +24,7 @@ import bisect
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 import mindspore as ms
@@ -91,48 +91,49 @@ class _Bucket:
 
 @dataclass
 class _MixedBucket:
-    """A mixed graph (`batch` decode rows + one prefill row of `length` tokens) and its input buffers."""
+    """A mixed graph (`batch` decode rows + `rows` prefill rows of `length` tokens) and its input buffers."""
     batch: int
+    rows: int
     length: int
     graph: nn.GraphCell
     max_blocks: int = 0
 
     def __post_init__(self):
-        b, l = self.batch, self.length
+        b, r, l = self.batch, self.rows, self.length
         self.decode_ids = np.zeros((b, 1), np.int32)
         self.decode_positions = np.zeros((b, 1), np.int32)
         self.decode_tables = np.zeros((b, self.max_blocks), np.int32)
-        self.prefill_ids = np.zeros((1, l), np.int32)
-        self.prefill_positions = np.zeros((1, l), np.int32)
-        self.prefill_table = np.zeros((1, self.max_blocks), np.int32)
-        self.slot_mapping = np.zeros((b + l,), np.int32)
-        self.prefill_len = np.ones((1,), np.int32)
+        self.prefill_ids = np.zeros((r, l), np.int32)
+        self.prefill_positions = np.zeros((r, l), np.int32)
+        self.prefill_tables = np.zeros((r, self.max_blocks), np.int32)
+        self.slot_mapping = np.zeros((b + r * l,), np.int32)
+        self.prefill_lens = np.ones((r,), np.int32)
 
-    def run(self, decode: List[_Piece], prefill: Optional[_Piece], caches: List[Tensor],
-            block_size: int) -> np.ndarray:
-        """Logits [batch + 1, vocab]: the decode rows (padding past len(decode)), then the prefill row."""
-        b = self.batch
+    def run(self, decode: List[_Piece], prefill: List[_Piece], caches: List[Tensor], block_size: int) -> np.ndarray:
+        """Logits [batch + rows, vocab]: the decode rows, then the prefill rows (padding past the pieces given)."""
+        b, l = self.batch, self.length
         for buffer in (self.decode_ids, self.decode_positions, self.prefill_ids, self.prefill_positions):
             buffer.fill(0)
         self.decode_tables.fill(SCRATCH_BLOCK)
-        self.prefill_table.fill(SCRATCH_BLOCK)
+        self.prefill_tables.fill(SCRATCH_BLOCK)
         self.slot_mapping.fill(SCRATCH_BLOCK * block_size)
-        self.prefill_len[0] = 1
+        self.prefill_lens.fill(1)
         for r, piece in enumerate(decode):
             self.decode_ids[r, 0] = piece.tokens[0]
             self.decode_positions[r, 0] = piece.start_pos
             self.decode_tables[r, :len(piece.block_table)] = piece.block_table
             self.slot_mapping[r] = slot_of(piece.block_table, piece.start_pos, block_size)
-        if prefill is not None:
-            n, start, table = len(prefill.tokens), prefill.start_pos, prefill.block_table
-            self.prefill_ids[0, :n] = prefill.tokens
-            self.prefill_positions[0, :n] = np.arange(start, start + n, dtype=np.int32)
-            self.prefill_table[0, :len(table)] = table
-            self.slot_mapping[b:b + n] = [slot_of(table, p, block_size) for p in range(start, start + n)]
-            self.prefill_len[0] = n
+        for r, piece in enumerate(prefill):
+            n, start, table = len(piece.tokens), piece.start_pos, piece.block_table
+            self.prefill_ids[r, :n] = piece.tokens
+            self.prefill_positions[r, :n] = np.arange(start, start + n, dtype=np.int32)
+            self.prefill_tables[r, :len(table)] = table
+            first = b + r * l
+            self.slot_mapping[first:first + n] = [slot_of(table, p, block_size) for p in range(start, start + n)]
+            self.prefill_lens[r] = n
         out = self.graph(Tensor(self.decode_ids), Tensor(self.decode_positions), Tensor(self.decode_tables),
-                         Tensor(self.prefill_ids), Tensor(self.prefill_positions), Tensor(self.prefill_table),
-                         Tensor(self.slot_mapping), Tensor(self.prefill_len), *caches)
+                         Tensor(self.prefill_ids), Tensor(self.prefill_positions), Tensor(self.prefill_tables),
+                         Tensor(self.slot_mapping), Tensor(self.prefill_lens), *caches)
         return out.asnumpy()
 
 
@@ -180,12 +181,12 @@ class GraphRunner:
 
         self.decode_buckets: Dict[int, _Bucket] = {}
         self.prefill_buckets: Dict[Tuple[int, int], _Bucket] = {}
-        self.mixed_buckets: Dict[Tuple[int, int], _MixedBucket] = {}
+        self.mixed_buckets: Dict[Tuple[int, int, int], _MixedBucket] = {}  # (decode rows, prefill rows, length)
         for g in manifest["graphs"]:
             cell = nn.GraphCell(ms.load(os.path.join(manifest_dir, g["file"])))
             if g["phase"] == "mixed":
-                self.mixed_buckets[(g["batch"], g["length"])] = _MixedBucket(g["batch"], g["length"], cell,
-                                                                             max_blocks=self.max_blocks_per_seq)
+                key = (g["batch"], g.get("rows", 1), g["length"])
+                self.mixed_buckets[key] = _MixedBucket(*key, cell, max_blocks=self.max_blocks_per_seq)
                 continue
             bucket = _Bucket(g["phase"], g["batch"], g["length"], cell, max_blocks=self.max_blocks_per_seq)
             if g["phase"] == "decode":
@@ -202,17 +203,18 @@ class GraphRunner:
                 if (b, l) not in self.prefill_buckets:
                     raise ValueError(f"{path}: prefill buckets must be a full batch x length grid; "
                                      f"prefill_b{b}_l{l} is missing")
-        self.mixed_batches = sorted({b for b, _ in self.mixed_buckets})
-        self.mixed_lengths = sorted({l for _, l in self.mixed_buckets})
-        if len(self.mixed_buckets) != len(self.mixed_batches) * len(self.mixed_lengths):
-            raise ValueError(f"{path}: mixed buckets must be a full batch x length grid")
+        self.mixed_batches = sorted({b for b, _, _ in self.mixed_buckets})
+        self.mixed_rows = sorted({r for _, r, _ in self.mixed_buckets})
+        self.mixed_lengths = sorted({l for _, _, l in self.mixed_buckets})
+        if len(self.mixed_buckets) != len(self.mixed_batches) * len(self.mixed_rows) * len(self.mixed_lengths):
+            raise ValueError(f"{path}: mixed buckets must be a full decode rows x prefill rows x length grid")
         self.calls = 0  # graph calls so far (tests and metrics)
         self.mixed_calls = 0  # of which mixed decode + prefill calls
         if warmup:
             for bucket in list(self.decode_buckets.values()) + list(self.prefill_buckets.values()):
                 bucket.run([], self.kv_caches, self.block_size)
             for mixed in self.mixed_buckets.values():
-                mixed.run([], None, self.kv_caches, self.block_size)
+                mixed.run([], [], self.kv_caches, self.block_size)
 
     @property
     def max_decode_batch(self) -> int:
@@ -237,12 +239,12 @@ class GraphRunner:
             else:
                 prefill.append((i, seq))
         fused = self._run_mixed(decode, prefill, out)
-        if fused is None:
+        if not fused:
             self._run_decode(decode, out)
         # Prompts longer than the largest length bucket go in chunks, chunk k of every prompt in round k.
         max_len = self.prefill_lengths[-1]
         rounds: List[List[_Piece]] = []
-        for i, seq in ((i, s) for i, s in enumerate(seqs) if s.query_len > 1 and i != fused):
+        for i, seq in ((i, s) for i, s in enumerate(seqs) if s.query_len > 1 and i not in fused):
             for k, begin in enumerate(range(0, seq.query_len, max_len)):
                 if k == len(rounds):
                     rounds.append([])
@@ -284,26 +286,30 @@ class GraphRunner:
                 out[piece.row] = row
 
     def _run_mixed(self, decode: List[_Piece], prefill: List[Tuple[int, SeqStep]],
-                   out: np.ndarray) -> Optional[int]:
-        """Computes the decode rows and one prefill row in one mixed call when the buckets allow; returns
-        the index (in `seqs`) of the prefill row it computed, or None when it ran nothing."""
+                   out: np.ndarray) -> Set[int]:
+        """Computes the decode rows and the longest prefill rows that fit a mixed bucket in one mixed call when
+        the buckets allow; returns the indices (in `seqs`) of the prefill rows it computed (empty: it ran
+        nothing, the decode rows included)."""
         if not self.mixed_buckets or not decode or not prefill or len(decode) > self.mixed_batches[-1]:
-            return None
+            return set()
         longest = self.mixed_lengths[-1]
-        fitting = [(seq.query_len, i, seq) for i, seq in prefill if seq.query_len <= longest]
-        if not fitting:
-            return None
-        _, row, seq = max(fitting)  # the longest that fits: the most prefill work saved from a separate call
+        fitting = sorted(((seq.query_len, i, seq) for i, seq in prefill if seq.query_len <= longest), reverse=True)
+        # the longest prompts first: the most prefill work saved from separate calls
+        chosen = fitting[:self.mixed_rows[-1]]
+        if not chosen:
+            return set()
         batch = self.mixed_batches[bisect.bisect_left(self.mixed_batches, len(decode))]
-        length = self.mixed_lengths[bisect.bisect_left(self.mixed_lengths, seq.query_len)]
-        piece = _Piece(row, seq.token_ids, seq.start_pos, seq.block_table, True)
-        logits = self.mixed_buckets[(batch, length)].run(decode, piece, self.kv_caches, self.block_size)
+        rows = self.mixed_rows[bisect.bisect_left(self.mixed_rows, len(chosen))]
+        length = self.mixed_lengths[bisect.bisect_left(self.mixed_lengths, chosen[0][0])]
+        pieces = [_Piece(i, seq.token_ids, seq.start_pos, seq.block_table, True) for _, i, seq in chosen]
+        logits = self.mixed_buckets[(batch, rows, length)].run(decode, pieces, self.kv_caches, self.block_size)
         self.calls += 1
         self.mixed_calls += 1
-        for r, p in enumerate(decode):
-            out[p.row] = logits[r]
-        out[row] = logits[batch]
-        return row
+        for r, piece in enumerate(decode):
+            out[piece.row] = logits[r]
+        for r, piece in enumerate(pieces):
+            out[piece.row] = logits[batch + r]
+        return {piece.row for piece in pieces}
 
     def _run_decode(self, pieces: List[_Piece], out: np.ndarray):
         largest = self.decode_batches[-1]

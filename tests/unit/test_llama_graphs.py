@@ -26,7 +26,8 @@ CFG = ModelFile(
     LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64,
                 max_seq_len=MAX_LEN, initializer_range=0.1, tie_word_embeddings=False),
     ExportConfig(block_size=BLOCK, prefill_batch_buckets=(1, 2), prefill_len_buckets=(8, 16),
-                 decode_batch_buckets=(1, 4), mixed_decode_buckets=(2,), mixed_len_buckets=(8, 16)))
+                 decode_batch_buckets=(1, 4), mixed_decode_buckets=(2,), mixed_len_buckets=(8, 16),
+                 mixed_prefill_rows=(1, 2)))
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,8 @@ def test_manifest_lists_every_bucket(exported):
     files = sorted(g["file"] for g in manifest["graphs"])
     assert files == sorted(["prefill_b1_l8.mindir", "prefill_b1_l16.mindir", "prefill_b2_l8.mindir",
                             "prefill_b2_l16.mindir", "decode_b1.mindir", "decode_b4.mindir",
-                            "mixed_b2_l8.mindir", "mixed_b2_l16.mindir"])
+                            "mixed_b2_l8.mindir", "mixed_b2_l16.mindir", "mixed_b2_r2_l8.mindir",
+                            "mixed_b2_r2_l16.mindir"])
     assert manifest["max_blocks_per_seq"] == MAX_LEN // BLOCK
     assert manifest["inputs"][:5] == ["input_ids", "positions", "block_tables", "slot_mapping", "query_lens"]
     assert manifest["inputs"][5:] == ["key_cache_0", "value_cache_0", "key_cache_1", "value_cache_1"]
@@ -106,26 +108,28 @@ def test_mixed_lengths_with_padding_then_batched_decode(exported, runner):
         assert_close(row, reference(model, prompt))
 
 
-def test_mixed_step_computes_decode_rows_and_a_prompt_in_one_call(exported, runner):
-    """Two decoding sequences and two new prompts in one step: the decode rows and the longest prompt that
-    fits go through one mixed graph, the other prompt through a prefill graph; all logits match forward_full,
-    also for a prompt chunk that continues a cached prefix (start_pos > 0) and when the prompt is longer than
-    every mixed bucket (no mixed call)."""
+def test_mixed_steps_compute_decode_rows_and_prompts_in_one_call(exported, runner):
+    """Decoding sequences and new prompts in one step: the decode rows and the longest prompts that fit go
+    through one mixed graph (up to two prompt rows here), the rest through prefill graphs; all logits match
+    forward_full, also for a prompt chunk that continues a cached prefix (start_pos > 0) and when the prompt
+    is longer than every mixed bucket (no mixed call)."""
     model = exported[1]
     runner.reset_kv_caches()
     a, b = tokens_of(20, 9), tokens_of(21, 3)
-    tables = {"a": [2, 5], "b": [7], "c": [9, 11], "d": [13], "e": [15, 16, 17]}
+    tables = {"a": [2, 5], "b": [7], "c": [9, 11], "d": [13], "e": [15, 16, 17], "f": [18]}
     runner.run([SeqStep(a, 0, tables["a"]), SeqStep(b, 0, tables["b"])])
     a.append(4)
     b.append(6)
-    c, d = tokens_of(22, 12), tokens_of(23, 5)
+    c, d, f = tokens_of(22, 12), tokens_of(23, 5), tokens_of(26, 3)
     before = (runner.calls, runner.mixed_calls)
     logits = runner.run([SeqStep([a[-1]], len(a) - 1, tables["a"]), SeqStep(c, 0, tables["c"]),
-                         SeqStep([b[-1]], len(b) - 1, tables["b"]), SeqStep(d, 0, tables["d"])])
+                         SeqStep([b[-1]], len(b) - 1, tables["b"]), SeqStep(d, 0, tables["d"]),
+                         SeqStep(f, 0, tables["f"])])
+    # one mixed call (a, b, c, d: the two longest prompts) and one prefill call (f)
     assert (runner.calls - before[0], runner.mixed_calls - before[1]) == (2, 1)
-    for row, tokens in enumerate([a, c, b, d]):
+    for row, tokens in enumerate([a, c, b, d, f]):
         assert_close(logits[row], reference(model, tokens))
-    # the rest of prompt c after a cached prefix of 12 tokens, mixed with a decode row of a
+    # the rest of prompt c after a cached prefix of 12 tokens, mixed with a decode row of a: one prompt row
     c_more = tokens_of(24, 3)
     a.append(8)
     logits = runner.run([SeqStep(c_more, len(c), tables["c"]), SeqStep([a[-1]], len(a) - 1, tables["a"])])

@@ -147,7 +147,10 @@ class ExportConfig:
     """Decode rows of the mixed graphs, which compute decode rows and one prefill row in a single call
     (empty: no mixed graphs; a step mixing both then takes one decode and one prefill call)."""
     mixed_len_buckets: Tuple[int, ...] = ()
-    """Prefill-row lengths of the mixed graphs (one graph per mixed_decode_buckets x mixed_len_buckets)."""
+    """Prefill-row lengths of the mixed graphs."""
+    mixed_prefill_rows: Tuple[int, ...] = (1,)
+    """Prefill rows of the mixed graphs (prompts admitted in the same call as the decodes). One mixed graph per
+    mixed_decode_buckets x mixed_prefill_rows x mixed_len_buckets."""
     num_blocks: Optional[int] = None
     """Cache blocks fixed in the graphs; None exports a dynamic first cache dimension, chosen at load time."""
 
@@ -158,6 +161,7 @@ class ExportConfig:
         _check_buckets(self, "decode_batch_buckets")
         _check_buckets(self, "mixed_decode_buckets", allow_empty=True)
         _check_buckets(self, "mixed_len_buckets", allow_empty=True)
+        _check_buckets(self, "mixed_prefill_rows")
         if bool(self.mixed_decode_buckets) != bool(self.mixed_len_buckets):
             raise ValueError("ExportConfig.mixed_decode_buckets and mixed_len_buckets must both be set (mixed "
                              "graphs) or both be empty (none)")
@@ -173,6 +177,7 @@ class ExportConfig:
         _check_buckets(self, "decode_batch_buckets", model.max_seq_len, "max_seq_len")
         _check_buckets(self, "mixed_decode_buckets", model.max_seq_len, "max_seq_len", allow_empty=True)
         _check_buckets(self, "mixed_len_buckets", model.max_seq_len, "max_seq_len", allow_empty=True)
+        _check_buckets(self, "mixed_prefill_rows", model.max_seq_len, "max_seq_len")
 
     def max_blocks_per_seq(self, model: LlamaConfig) -> int:
         return model.max_seq_len // self.block_size

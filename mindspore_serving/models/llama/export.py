@@ -3,9 +3,9 @@
     python -m mindspore_serving.models.llama.export --config <model.yaml> --out <dir> [--checkpoint <ckpt>]
 
 Writes `prefill_b{B}_l{L}.mindir` for every prefill batch x length bucket, `decode_b{B}.mindir` (L = 1) for
-every decode batch bucket, `mixed_b{B}_l{L}.mindir` for every mixed bucket (B decode rows and one prefill row of
-L tokens in one call, `LlamaModel.construct_mixed`), and `manifest.json` (graphs, buckets, graph inputs, cache
-layout, model config).
+every decode batch bucket, `mixed_b{B}_l{L}.mindir` (or `mixed_b{B}_r{R}_l{L}.mindir`) for every mixed bucket:
+B decode rows and R prefill rows of L tokens in one call (`LlamaModel.construct_mixed`), and `manifest.json`
+(graphs, buckets, graph inputs, cache layout, model config).
 Without --checkpoint the weights are a seeded random init (--seed). --jobs N compiles the buckets in N processes
 (default min(2, cores): a bucket costs seconds of graph compilation).
 
@@ -33,26 +33,30 @@ MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
 GRAPH_INPUTS = ["input_ids", "positions", "block_tables", "slot_mapping", "query_lens"]
 MIXED_INPUTS = ["decode_ids", "decode_positions", "decode_tables", "prefill_ids", "prefill_positions",
-                "prefill_table", "slot_mapping", "prefill_len"]
+                "prefill_tables", "slot_mapping", "prefill_lens"]
 
 
 @dataclass(frozen=True)
 class GraphSpec:
-    phase: str   # "prefill", "decode" or "mixed" (batch = decode rows, length = the prefill row's length)
+    phase: str   # "prefill", "decode" or "mixed" (batch = decode rows, length = the prefill rows' length)
     batch: int
     length: int
+    rows: int = 1  # mixed: prefill rows
 
     @property
     def file(self) -> str:
         if self.phase == "decode":
             return f"decode_b{self.batch}.mindir"
+        if self.phase == "mixed" and self.rows > 1:
+            return f"mixed_b{self.batch}_r{self.rows}_l{self.length}.mindir"
         return f"{self.phase}_b{self.batch}_l{self.length}.mindir"
 
 
 def graph_specs(cfg: ModelFile) -> List[GraphSpec]:
     ex = cfg.export
     specs = [GraphSpec("prefill", b, l) for b in ex.prefill_batch_buckets for l in ex.prefill_len_buckets]
-    specs += [GraphSpec("mixed", b, l) for b in ex.mixed_decode_buckets for l in ex.mixed_len_buckets]
+    specs += [GraphSpec("mixed", b, l, r) for b in ex.mixed_decode_buckets for r in ex.mixed_prefill_rows
+              for l in ex.mixed_len_buckets]
     return specs + [GraphSpec("decode", b, 1) for b in ex.decode_batch_buckets]
 
 
@@ -74,10 +78,12 @@ def example_inputs(cfg: ModelFile, spec: GraphSpec):
     else:
         cache = Tensor(np.zeros(cache_shape, np.float32))
     if spec.phase == "mixed":
+        r = spec.rows
         return [Tensor(np.zeros((b, 1), np.int32)), Tensor(np.zeros((b, 1), np.int32)),
-                Tensor(np.zeros((b, maxb), np.int32)), Tensor(np.zeros((1, l), np.int32)),
-                Tensor(np.zeros((1, l), np.int32)), Tensor(np.zeros((1, maxb), np.int32)),
-                Tensor(np.zeros((b + l,), np.int32)), Tensor(np.ones((1,), np.int32))] + [cache] * (2 * m.num_layers)
+                Tensor(np.zeros((b, maxb), np.int32)), Tensor(np.zeros((r, l), np.int32)),
+                Tensor(np.zeros((r, l), np.int32)), Tensor(np.zeros((r, maxb), np.int32)),
+                Tensor(np.zeros((b + r * l,), np.int32)), Tensor(np.ones((r,), np.int32))
+                ] + [cache] * (2 * m.num_layers)
     return [Tensor(np.zeros((b, l), np.int32)), Tensor(np.zeros((b, l), np.int32)),
             Tensor(np.zeros((b, maxb), np.int32)), Tensor(np.zeros((b * l,), np.int32)),
             Tensor(np.ones((b,), np.int32))] + [cache] * (2 * m.num_layers)
@@ -143,9 +149,10 @@ def export_graphs(cfg: ModelFile, out_dir: str, model: Optional[LlamaModel] = No
         "inputs": GRAPH_INPUTS + cache_input_names(m.num_layers),
         "output": "logits float32 [batch, vocab] of token query_lens[b]-1 of each row",
         "mixed_inputs": MIXED_INPUTS + cache_input_names(m.num_layers),
-        "mixed_output": "logits float32 [batch + 1, vocab]: each decode row's, then the prefill row's token "
-                        "prefill_len-1",
-        "graphs": [{"file": s.file, "phase": s.phase, "batch": s.batch, "length": s.length} for s in specs],
+        "mixed_output": "logits float32 [batch + rows, vocab]: each decode row's, then each prefill row's token "
+                        "prefill_lens[r]-1",
+        "graphs": [{"file": s.file, "phase": s.phase, "batch": s.batch, "length": s.length, "rows": s.rows}
+                   for s in specs],
     }
     with open(os.path.join(out_dir, MANIFEST), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=1)

@@ -157,19 +157,22 @@ class DecoderLayer(nn.Cell):
         values = self.gather_context(value_cache, block_tables)
         return self.attend_mlp(x, q, keys, values, mask_bias)
 
-    def forward_mixed(self, x, cos, sin, decode_mask, prefill_mask, decode_tables, prefill_table, write_idx,
+    def forward_mixed(self, x, cos, sin, decode_mask, prefill_mask, decode_tables, prefill_tables, write_idx,
                       key_cache, value_cache):
-        """x [1, T, hidden]: Bd one-token decode rows (Bd = decode_tables' batch) then one prefill row of
-        T - Bd tokens. Projections and the MLP run over all T tokens at once; attention per part."""
-        bd, t = decode_tables.shape[0], x.shape[1]
+        """x [1, T, hidden]: Bd one-token decode rows (Bd = decode_tables' batch), then Bp prefill rows of
+        Lp = (T - Bd) / Bp tokens each. Projections and the MLP run over all T tokens at once; attention per
+        part."""
+        bd, bp, t = decode_tables.shape[0], prefill_tables.shape[0], x.shape[1]
+        lp = (t - bd) // bp
         q, k, v = self.qkv(x, cos, sin)
         key_cache, value_cache = self.write_cache(k, v, write_idx, key_cache, value_cache)
         q_decode = q[:, :bd].reshape(bd, 1, self.num_heads, self.head_dim)
         out_decode = self.attend(q_decode, self.gather_context(key_cache, decode_tables),
                                  self.gather_context(value_cache, decode_tables), decode_mask)
-        out_prefill = self.attend(q[:, bd:t], self.gather_context(key_cache, prefill_table),
-                                  self.gather_context(value_cache, prefill_table), prefill_mask)
-        return self.residual_mlp(x, _concat1((out_decode.reshape(1, bd, -1), out_prefill)))
+        q_prefill = q[:, bd:t].reshape(bp, lp, self.num_heads, self.head_dim)
+        out_prefill = self.attend(q_prefill, self.gather_context(key_cache, prefill_tables),
+                                  self.gather_context(value_cache, prefill_tables), prefill_mask)
+        return self.residual_mlp(x, _concat1((out_decode.reshape(1, bd, -1), out_prefill.reshape(1, bp * lp, -1))))
 
 
 class LlamaModel(nn.Cell):
@@ -241,35 +244,35 @@ class LlamaModel(nn.Cell):
         return self.logits(_gather(x.reshape(b * l, -1), last, 0))
 
     def construct_mixed(self, decode_ids, decode_positions, decode_tables, prefill_ids, prefill_positions,
-                        prefill_table, slot_mapping, prefill_len, *kv_caches):
-        """One step of Bd decode rows and one prefill row (a prompt or a prompt chunk) in a single graph.
+                        prefill_tables, slot_mapping, prefill_lens, *kv_caches):
+        """One step of Bd decode rows and Bp prefill rows (prompts or prompt chunks) in a single graph.
 
-            decode_ids, decode_positions  int32 [Bd, 1]     decode_tables  int32 [Bd, MAXB]
-            prefill_ids, prefill_positions int32 [1, Lp]    prefill_table  int32 [1, MAXB]
-            slot_mapping int32 [Bd + Lp] (decode rows first)  prefill_len int32 [1] (valid prefill tokens, >= 1)
+            decode_ids, decode_positions   int32 [Bd, 1]     decode_tables   int32 [Bd, MAXB]
+            prefill_ids, prefill_positions int32 [Bp, Lp]    prefill_tables  int32 [Bp, MAXB]
+            slot_mapping int32 [Bd + Bp * Lp] (decode rows first)   prefill_lens int32 [Bp] (valid tokens, >= 1)
 
-        Returns logits [Bd + 1, vocab]: each decode row's, then the prefill row's last valid token's. Every
+        Returns logits [Bd + Bp, vocab]: each decode row's, then each prefill row's last valid token's. Every
         row attends exactly as in `construct`, so the logits equal those of separate decode and prefill steps.
         """
-        bd, lp = decode_ids.shape[0], prefill_ids.shape[1]
+        bd, bp, lp = decode_ids.shape[0], prefill_ids.shape[0], prefill_ids.shape[1]
         block_size = kv_caches[0].shape[1]
-        ids = _concat1((decode_ids.reshape(1, bd), prefill_ids))
-        positions = _concat1((decode_positions.reshape(1, bd), prefill_positions))
+        ids = _concat1((decode_ids.reshape(1, bd), prefill_ids.reshape(1, bp * lp)))
+        positions = _concat1((decode_positions.reshape(1, bd), prefill_positions.reshape(1, bp * lp)))
         write_idx = ops.stack((slot_mapping // block_size, slot_mapping % block_size), axis=-1)
         cos, sin = rotary_cos_sin(positions, self.inv_freq)
         keys = ops.expand_dims(ops.expand_dims(self.position_table[:decode_tables.shape[1] * block_size], 0), 0)
         decode_mask = self.mask_bias(keys <= ops.expand_dims(decode_positions, -1))      # [Bd, 1, G, ctx]
-        prefill_mask = self.mask_bias(keys <= ops.expand_dims(prefill_positions, -1))    # [1, 1, G*Lp, ctx]
+        prefill_mask = self.mask_bias(keys <= ops.expand_dims(prefill_positions, -1))    # [Bp, 1, G*Lp, ctx]
         x = _gather(self.embed_tokens, ids, 0)
         for i in range(self.num_layers):
-            x = self.layers[i].forward_mixed(x, cos, sin, decode_mask, prefill_mask, decode_tables, prefill_table,
+            x = self.layers[i].forward_mixed(x, cos, sin, decode_mask, prefill_mask, decode_tables, prefill_tables,
                                              write_idx, kv_caches[2 * i], kv_caches[2 * i + 1])
-        last = _concat((self.position_table[:bd], bd + prefill_len - 1))
-        return self.logits(_gather(x.reshape(bd + lp, -1), last, 0))
+        last = _concat((self.position_table[:bd], bd + self.position_table[:bp] * lp + prefill_lens - 1))
+        return self.logits(_gather(x.reshape(bd + bp * lp, -1), last, 0))
 
 
 class MixedStep(nn.Cell):
-    """The exported cell of a mixed step: decode rows and one prefill row in one graph (see
+    """The exported cell of a mixed step: decode rows and prefill rows in one graph (see
     `LlamaModel.construct_mixed`)."""
 
     def __init__(self, model: LlamaModel):
@@ -277,9 +280,9 @@ class MixedStep(nn.Cell):
         self.model = model
 
     def construct(self, decode_ids, decode_positions, decode_tables, prefill_ids, prefill_positions,
-                  prefill_table, slot_mapping, prefill_len, *kv_caches):
+                  prefill_tables, slot_mapping, prefill_lens, *kv_caches):
         return self.model.construct_mixed(decode_ids, decode_positions, decode_tables, prefill_ids,
-                                          prefill_positions, prefill_table, slot_mapping, prefill_len, *kv_caches)
+                                          prefill_positions, prefill_tables, slot_mapping, prefill_lens, *kv_caches)
 
 
 def select_device(target: str = "CPU"):
