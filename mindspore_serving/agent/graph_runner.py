@@ -31,6 +31,7 @@ import mindspore as ms
 from mindspore import nn, Tensor
 
 from mindspore_serving.llm.model_io import SCRATCH_BLOCK, SeqStep, run_greedy_steps, slot_of
+from mindspore_serving.llm.sampler import greedy_with_logprobs
 
 MANIFEST = "manifest.json"
 SUPPORTED_MANIFEST_VERSIONS = (1,)
@@ -256,9 +257,36 @@ class GraphRunner:
             self._run_prefill([p for p in pieces if len(p.tokens) > 1], out)
         return out
 
-    def run_greedy(self, seqs: List[SeqStep], num_steps: int):
-        """Multi-step greedy decoding: `num_steps` decode calls back to back (model_io.run_greedy_steps)."""
-        return run_greedy_steps(self, seqs, num_steps)
+    def run_greedy(self, seqs: List[SeqStep], num_steps: int) -> Tuple[np.ndarray, np.ndarray]:
+        """Multi-step greedy decoding (model_io.run_greedy_steps): `num_steps` calls of one decode bucket back to
+        back, its block tables filled once, each step's argmax fed into the next."""
+        if not seqs or len(seqs) > self.decode_batches[-1] or any(seq.query_len != 1 for seq in seqs):
+            return run_greedy_steps(self, seqs, num_steps)
+        for i, seq in enumerate(seqs):  # the last step writes position start_pos + num_steps - 1
+            self._check(i, SeqStep([0] * num_steps, seq.start_pos, seq.block_table))
+        bucket = self.decode_buckets[self.decode_batches[bisect.bisect_left(self.decode_batches, len(seqs))]]
+        n, size = len(seqs), self.block_size
+        ids, pos, tables, slots = bucket.input_ids, bucket.positions, bucket.block_tables, bucket.slot_mapping
+        ids.fill(0)
+        pos.fill(0)
+        tables.fill(SCRATCH_BLOCK)
+        slots.fill(SCRATCH_BLOCK * size)
+        bucket.query_lens.fill(1)
+        for r, seq in enumerate(seqs):
+            tables[r, :len(seq.block_table)] = seq.block_table
+        tokens = np.zeros((n, num_steps), np.int64)
+        logprobs = np.zeros((n, num_steps), np.float32)
+        ids[:n, 0] = [seq.token_ids[0] for seq in seqs]
+        for step in range(num_steps):
+            for r, seq in enumerate(seqs):
+                pos[r, 0] = seq.start_pos + step
+                slots[r] = slot_of(seq.block_table, seq.start_pos + step, size)
+            logits = bucket.graph(Tensor(ids), Tensor(pos), Tensor(tables), Tensor(slots), Tensor(bucket.query_lens),
+                                  *self.kv_caches).asnumpy()[:n]
+            self.calls += 1
+            tokens[:, step], logprobs[:, step] = greedy_with_logprobs(logits)
+            ids[:n, 0] = tokens[:, step]
+        return tokens, logprobs
 
     def reset_kv_caches(self):
         """Fresh zeroed caches: key_cache_i, value_cache_i for each layer i (the graphs' input order)."""

@@ -215,3 +215,22 @@ def test_config_validation_names_the_field():
         LlamaConfig.from_dict({"vocab_size": 8, "hidden": 16})
     with pytest.raises(ValueError, match="block_size"):
         ModelFile(CFG.model, ExportConfig(block_size=7))
+
+
+def test_greedy_rounds_equal_single_steps(exported, runner):
+    """run_greedy's decode loop (one bucket, tables filled once) gives the tokens and logprobs of single steps
+    through run(), across a block boundary and for a batch that pads its bucket."""
+    from mindspore_serving.llm.model_io import run_greedy_steps
+    from mindspore_serving.llm.sampler import greedy_with_logprobs
+    prompts = {0: (tokens_of(30, 6), [3, 9]), 1: (tokens_of(31, 7), [4, 10]), 2: (tokens_of(32, 2), [5, 11])}
+    results = []
+    for loop in (runner.run_greedy, lambda seqs, steps: run_greedy_steps(runner, seqs, steps)):
+        runner.reset_kv_caches()
+        logits = runner.run([SeqStep(p, 0, table) for p, table in prompts.values()])
+        first, _ = greedy_with_logprobs(logits)
+        seqs = [SeqStep([int(t)], len(p), table) for t, (p, table) in zip(first, prompts.values())]
+        results.append(loop(seqs, 5))
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    np.testing.assert_allclose(results[0][1], results[1][1], rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="it needs"):  # 5 more tokens after 8 do not fit one block of 8
+        runner.run_greedy([SeqStep([1], 8, [3])], 5)
