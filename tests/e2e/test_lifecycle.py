@@ -29,14 +29,17 @@ def wait_until(predicate, timeout, what):
 
 
 def test_killed_worker_fails_in_flight_requests_and_is_restarted(tmp_path):
+    marker = tmp_path / "stage_started"
     proc, grpc_addr, _ = start_server(tmp_path, servables=("slow",), rest=False,
-                                      extra_args=["--servable_directory", TEST_SERVABLES], env={"GLOG_v": "1"})
+                                      extra_args=["--servable_directory", TEST_SERVABLES],
+                                      env={"GLOG_v": "1", "SLOW_STAGE_STARTED": str(marker)})
     try:
         (worker,) = workers_of(proc)
         client = Client(grpc_addr, "slow", "sleep")
         with ThreadPoolExecutor(4) as pool:
             futures = [pool.submit(client.infer, {"seconds": np.float32(30)}) for _ in range(4)]
-            time.sleep(0.5)  # ok-sleep: let the requests reach the worker
+            # the worker is inside the slow stage (it runs the requests one after another): they are in flight
+            wait_until(marker.exists, 60, "the slow stage started")
             started = time.monotonic()
             worker.kill()
             results = [future.result(timeout=15) for future in futures]
