@@ -24,7 +24,6 @@ requirements-bench.txt (mosec) for the mosec peer.
 """
 import argparse
 import importlib.metadata
-import contextlib
 import datetime
 import json
 import os
@@ -120,17 +119,7 @@ class Server:
         return total
 
     def stop(self, keep_dir: bool = False):
-        self.refresh()
-        if self.proc.proc.poll() is None:
-            try:
-                self.proc.proc.send_signal(signal.SIGTERM)
-                self.proc.proc.wait(8)
-            except (subprocess.TimeoutExpired, ProcessLookupError):
-                pass
-        self.proc.close()  # SIGKILLs whatever of the tree is left
-        for proc in self.processes:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.kill()
+        self.proc.close(grace=8)  # SIGTERM, then SIGKILL of whatever of the tree is left
         if not keep_dir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 

@@ -509,17 +509,7 @@ class LlmServer:
     def stop(self):
         if self.proc is None:
             return
-        self.refresh()
-        if self.proc.proc.poll() is None:
-            try:
-                self.proc.proc.send_signal(signal.SIGTERM)
-                self.proc.proc.wait(8)
-            except (subprocess.TimeoutExpired, ProcessLookupError):
-                pass
-        self.proc.close()  # SIGKILLs whatever of the tree is left
-        for proc in self.processes:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.kill()
+        self.proc.close(grace=8)  # SIGTERM, then SIGKILL of whatever of the tree is left
         self.proc = None
 
 

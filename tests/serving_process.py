@@ -69,8 +69,16 @@ class ServingProcess:
     def wait_exit(self, timeout: float = 30.0) -> int:
         return self.proc.wait(timeout)
 
-    def close(self):
+    def close(self, grace: float = 0.0):
+        """Stops the process and its tree: with `grace`, SIGTERM and up to that many seconds to exit cleanly;
+        then SIGKILL of whatever is left, descendants seen before the SIGTERM included."""
         self.remember_children()
+        if grace and self.proc.poll() is None:
+            try:
+                self.proc.send_signal(signal.SIGTERM)
+                self.proc.wait(grace)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                pass
         if self.proc.poll() is None:
             kill_tree(self.proc.pid)
             self.proc.wait(10)
