@@ -6,7 +6,7 @@ Options the engine cannot honour are accepted at their neutral value and rejecte
 """
 from typing import List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
 
 from mindspore_serving.frontends.llm.errors import InvalidParam
 from mindspore_serving.frontends.llm.params import sampling_params, stop_list
@@ -50,18 +50,11 @@ class TgiParameters(BaseModel):
             raise ValueError(f"`best_of` must be > 0 and <= {MAX_BEST_OF}. Given: {value}")
         return value
 
-    @field_validator("temperature")
+    @field_validator("temperature", "repetition_penalty", "top_k")
     @classmethod
-    def _temperature(cls, value):
+    def _strictly_positive(cls, value, info: ValidationInfo):
         if value is not None and value <= 0:
-            raise ValueError("`temperature` must be strictly positive")
-        return value
-
-    @field_validator("repetition_penalty")
-    @classmethod
-    def _repetition_penalty(cls, value):
-        if value is not None and value <= 0:
-            raise ValueError("`repetition_penalty` must be strictly positive")
+            raise ValueError(f"`{info.field_name}` must be strictly positive")
         return value
 
     @field_validator("frequency_penalty")
@@ -71,13 +64,6 @@ class TgiParameters(BaseModel):
             raise ValueError("`frequency_penalty` must be >= -2.0 and <= 2.0")
         if value:
             raise _unsupported("frequency_penalty")
-        return value
-
-    @field_validator("top_k")
-    @classmethod
-    def _top_k(cls, value):
-        if value is not None and value <= 0:
-            raise ValueError("`top_k` must be strictly positive")
         return value
 
     @field_validator("top_p")
