@@ -141,9 +141,17 @@ def build_openai_router(backend: LlmBackend, keep_alive_s: float = 15.0) -> APIR
     router = APIRouter(prefix="/v1", tags=["OpenAI"])
     started = int(time.time())
 
-    def start(model: ModelInfo, arrival: float, **request_fields) -> Generation:
-        gen_request = GenerationRequest(model=model.name, request_id=new_request_id(), **request_fields)
-        return Generation(backend, gen_request, model, PROTOCOL.value, arrival)
+    def reply(body, arrival: float, chunks, payload, input_chars: int, **request_fields):
+        """Starts the generation of a checked request body and answers it: SSE chunks when streamed
+        (`chunks(generation)`), else the JSON `payload(generation)` with the timing headers."""
+        model = served_model(backend, body.model)
+        gen_request = GenerationRequest(model=model.name, request_id=new_request_id(),
+                                        params=body.engine_params(body.max_new_tokens()), **request_fields)
+        generation = Generation(backend, gen_request, model, PROTOCOL.value, arrival)
+        if body.stream:
+            return stream_reply(generation, PROTOCOL, lambda: chunks(generation), error_chunks,
+                                keep_alive_s=keep_alive_s)
+        return json_reply(generation, PROTOCOL, lambda gen: (payload(gen), gen.timing_headers(input_chars)))
 
     @router.get("/models", summary="The served language models (OpenAI)")
     @guarded(PROTOCOL)
@@ -162,13 +170,8 @@ def build_openai_router(backend: LlmBackend, keep_alive_s: float = 15.0) -> APIR
         body = parse_body(await request.body(), CompletionRequest, UNKNOWN_FIELD)
         body.check()
         prompt = body.prompt_text()
-        model = served_model(backend, body.model)
-        generation = start(model, arrival, prompt=prompt, params=body.engine_params(body.max_new_tokens()))
-        if body.stream:
-            return stream_reply(generation, PROTOCOL, lambda: completion_chunks(generation, body, prompt),
-                                error_chunks, keep_alive_s=keep_alive_s)
-        return json_reply(generation, PROTOCOL, lambda gen: (completion_payload(gen, body, prompt),
-                                                             gen.timing_headers(len(prompt))))
+        return reply(body, arrival, lambda gen: completion_chunks(gen, body, prompt),
+                     lambda gen: completion_payload(gen, body, prompt), len(prompt), prompt=prompt)
 
     @router.post("/chat/completions", summary="Chat completion (OpenAI)")
     @guarded(PROTOCOL)
@@ -177,13 +180,7 @@ def build_openai_router(backend: LlmBackend, keep_alive_s: float = 15.0) -> APIR
         body = parse_body(await request.body(), ChatCompletionRequest, UNKNOWN_FIELD)
         body.check()
         messages = body.chat_messages()
-        model = served_model(backend, body.model)
-        generation = start(model, arrival, messages=messages, params=body.engine_params(body.max_new_tokens()))
-        if body.stream:
-            return stream_reply(generation, PROTOCOL, lambda: chat_chunks(generation, body), error_chunks,
-                                keep_alive_s=keep_alive_s)
-        characters = sum(len(m.content) for m in messages)
-        return json_reply(generation, PROTOCOL, lambda gen: (chat_payload(gen, body),
-                                                             gen.timing_headers(characters)))
+        return reply(body, arrival, lambda gen: chat_chunks(gen, body), lambda gen: chat_payload(gen, body),
+                     sum(len(m.content) for m in messages), messages=messages)
 
     return router
