@@ -69,15 +69,18 @@ class _Bucket:
         self.slot_mapping = np.zeros((b * l,), np.int32)
         self.query_lens = np.ones((b,), np.int32)
 
+    def reset(self, block_size: int):
+        """Every row padding (one token, scratch slot 0); returns ids, positions, block tables, slots, query lens."""
+        self.input_ids.fill(0)
+        self.positions.fill(0)
+        self.block_tables.fill(SCRATCH_BLOCK)
+        self.slot_mapping.fill(SCRATCH_BLOCK * block_size)
+        self.query_lens.fill(1)
+        return self.input_ids, self.positions, self.block_tables, self.slot_mapping, self.query_lens
+
     def run(self, pieces: List[_Piece], caches: List[Tensor], block_size: int) -> np.ndarray:
         """Logits [len(pieces), vocab]; rows past len(pieces) are padding (one token, scratch slot 0)."""
-        ids, pos, tables, slots, qlens = (self.input_ids, self.positions, self.block_tables, self.slot_mapping,
-                                          self.query_lens)
-        ids.fill(0)
-        pos.fill(0)
-        tables.fill(SCRATCH_BLOCK)
-        slots.fill(SCRATCH_BLOCK * block_size)
-        qlens.fill(1)
+        ids, pos, tables, slots, qlens = self.reset(block_size)
         l = self.length
         for r, piece in enumerate(pieces):
             n, start, table = len(piece.tokens), piece.start_pos, piece.block_table
@@ -266,12 +269,7 @@ class GraphRunner:
             self._check(i, SeqStep([0] * num_steps, seq.start_pos, seq.block_table))
         bucket = self.decode_buckets[self.decode_batches[bisect.bisect_left(self.decode_batches, len(seqs))]]
         n, size = len(seqs), self.block_size
-        ids, pos, tables, slots = bucket.input_ids, bucket.positions, bucket.block_tables, bucket.slot_mapping
-        ids.fill(0)
-        pos.fill(0)
-        tables.fill(SCRATCH_BLOCK)
-        slots.fill(SCRATCH_BLOCK * size)
-        bucket.query_lens.fill(1)
+        ids, pos, tables, slots, qlens = bucket.reset(size)
         for r, seq in enumerate(seqs):
             tables[r, :len(seq.block_table)] = seq.block_table
         tokens = np.zeros((n, num_steps), np.int64)
@@ -281,7 +279,7 @@ class GraphRunner:
             for r, seq in enumerate(seqs):
                 pos[r, 0] = seq.start_pos + step
                 slots[r] = slot_of(seq.block_table, seq.start_pos + step, size)
-            logits = bucket.graph(Tensor(ids), Tensor(pos), Tensor(tables), Tensor(slots), Tensor(bucket.query_lens),
+            logits = bucket.graph(Tensor(ids), Tensor(pos), Tensor(tables), Tensor(slots), Tensor(qlens),
                                   *self.kv_caches).asnumpy()[:n]
             self.calls += 1
             tokens[:, step], logprobs[:, step] = greedy_with_logprobs(logits)
