@@ -24,6 +24,7 @@ from mindspore_serving import log
 from mindspore_serving.common import errors
 from mindspore_serving.llm.engine import LLMEngine, RequestOutput
 from mindspore_serving.llm.errors import InvalidRequestError
+from mindspore_serving.llm.step_report import StepReport
 
 _END = object()
 
@@ -103,8 +104,11 @@ class RequestStream:
 
 class EngineLoop:
     def __init__(self, engine: LLMEngine, max_waiting: int = 256, request_timeout: float = 0.0,
-                 name: str = "llm-engine"):
+                 name: str = "llm-engine", stats_interval: float = 0.0):
         self.engine = engine
+        self.stats_interval = stats_interval  # seconds between statistics lines while busy (0: none)
+        self.report = StepReport()
+        engine.add_step_listener(self.report.add)
         self.max_waiting = max_waiting
         self.request_timeout = request_timeout
         self._commands: "queue.Queue" = queue.Queue()
@@ -165,6 +169,9 @@ class EngineLoop:
                     for output in self.engine.step():
                         self._deliver(output)
                 self._flush()
+                if self.stats_interval and (self.report.due(self.stats_interval)
+                                            or (self.report.pending and not self.engine.has_unfinished())):
+                    log.info(self.report.line())
         except Exception as err:  # the engine itself broke: every request gets the reason
             log.exception("LLM engine loop failed")
             self.failure = f"{type(err).__name__}: {err}"

@@ -14,6 +14,8 @@ Sections (relative paths are relative to the YAML file's own directory):
       enable_chunked_prefill, max_prefill_tokens_per_step
       max_queue_size: <int>          requests waiting beyond the running ones before new ones are refused
       request_timeout: <seconds>     per-request deadline (0 = none)
+      stats_interval: <seconds>      an INFO line of engine statistics this often while busy and when it goes
+                                     idle (0 = never; default 10)
     agents:
       device_type: CPU | GPU | Ascend | null (best available)
       device_ids: [0]                one agent per rank, rank r on device_ids[r]
@@ -133,6 +135,7 @@ class LlmServingConfig:
     max_queue_size: int = 256
     request_timeout: float = 0.0
     raw: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    stats_interval: float = 10.0
 
     def model_file(self):
         from mindspore_serving.models.llama.config import load_config
@@ -140,11 +143,10 @@ class LlmServingConfig:
 
     def with_agent_port(self, start_port: int) -> "LlmServingConfig":
         agents = dataclasses.replace(self.agents, start_port=start_port)
-        return LlmServingConfig(self.path, self.model, self.engine, agents, self.max_queue_size,
-                                self.request_timeout, self.raw)
+        return dataclasses.replace(self, agents=agents)
 
 
-_ENGINE_EXTRA = ("max_queue_size", "request_timeout")
+_ENGINE_EXTRA = ("max_queue_size", "request_timeout", "stats_interval")
 
 
 def _model_section(base: str, data: Mapping, num_ranks: int) -> ModelSection:
@@ -236,10 +238,13 @@ def _engine_section(data: Mapping, max_seq_len: int, block_size: int):
     queue = data.get("max_queue_size", 256)
     if isinstance(queue, bool) or not isinstance(queue, int) or queue < 1:
         raise ConfigError(f"'engine.max_queue_size' must be an int >= 1, got {queue!r}")
-    timeout = data.get("request_timeout", 0)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
-        raise ConfigError(f"'engine.request_timeout' must be a number of seconds >= 0 (0 = none), got {timeout!r}")
-    return scheduler, queue, float(timeout)
+    seconds = {}
+    for name, default, zero in (("request_timeout", 0, "none"), ("stats_interval", 10, "never")):
+        value = data.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ConfigError(f"'engine.{name}' must be a number of seconds >= 0 (0 = {zero}), got {value!r}")
+        seconds[name] = float(value)
+    return scheduler, queue, seconds
 
 
 def load_serving_config(path: str) -> LlmServingConfig:
@@ -262,6 +267,7 @@ def load_serving_config(path: str) -> LlmServingConfig:
         model_file = load_config(model.config)
     except ValueError as err:
         raise ConfigError(f"'model.config' ({model.config}): {err}") from None
-    engine, queue, timeout = _engine_section(_section(data, "engine", required=False),
+    engine, queue, seconds = _engine_section(_section(data, "engine", required=False),
                                              model_file.model.max_seq_len, model_file.export.block_size)
-    return LlmServingConfig(path, model, engine, agents, queue, timeout, dict(data))
+    return LlmServingConfig(path, model, engine, agents, queue, seconds["request_timeout"], dict(data),
+                            seconds["stats_interval"])

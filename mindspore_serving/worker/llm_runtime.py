@@ -43,7 +43,7 @@ class LlmRuntime:
         self.tokenizer = TextTokenizer.from_file(self.config.model.tokenizer)
         engine = LLMEngine(self.runner, self.tokenizer, self.config.engine, eos_token_id=self.tokenizer.eos_id)
         self.loop = EngineLoop(engine, self.config.max_queue_size, self.config.request_timeout,
-                               name=f"{spec.name}-engine")
+                               name=f"{spec.name}-engine", stats_interval=self.config.stats_interval)
 
     def _agent_lost(self, rank: int, reason: str):
         message = f"LLM agent rank {rank} is gone ({reason})"

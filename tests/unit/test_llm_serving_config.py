@@ -18,6 +18,7 @@ def test_bundled_config_loads():
     config = load_serving_config(BUNDLED)
     assert config.engine.max_num_seqs == 16 and config.engine.block_size == 16
     assert config.agents.cpu_affinity == "auto" and config.agents.num_ranks == 1
+    assert config.stats_interval == 10.0 and config.request_timeout == 0.0
     assert config.with_agent_port(0).agents == AgentSection(config.agents.device_type, config.agents.device_ids,
                                                             config.agents.host, 0, "auto")
 
@@ -34,6 +35,7 @@ def test_bundled_config_loads():
     (lambda d: d["engine"].update(block_size=8), "'engine.block_size' is 8 but the graphs were exported with"),
     (lambda d: d["engine"].update(max_queue_size=0), "'engine.max_queue_size' must be an int >= 1"),
     (lambda d: d["engine"].update(request_timeout=-1), "'engine.request_timeout' must be a number of seconds"),
+    (lambda d: d["engine"].update(stats_interval="often"), "'engine.stats_interval' must be a number of seconds"),
     (lambda d: d["model"].update(chat_template="no placeholder"), "must contain '{messages}'"),
     (lambda d: d["model"].pop("config"), "'model.config' is missing"),
     (lambda d: d.update(extra={}), r"'<top level>' has unknown field\(s\) \['extra'\]"),
@@ -83,3 +85,9 @@ def test_bind_sets_every_thread_of_the_process():
         release.set()
         thread.join()
         AgentSection(cpu_affinity=(tuple(sorted(before)),)).bind(0, "CPU")
+
+
+def test_stats_interval_and_agent_port_survive_replacement(tmp_path):
+    config = load_serving_config(write(tmp_path, lambda d: d["engine"].update(stats_interval=0, request_timeout=5)))
+    moved = config.with_agent_port(7300)
+    assert (moved.stats_interval, moved.request_timeout, moved.agents.start_port) == (0.0, 5.0, 7300)
