@@ -65,6 +65,12 @@ class SchedulerConfig:
     """Cap on prompt (prefill) tokens per step, shared by all prefills of the step; the rest of the
     budget is kept for decodes. None: prefills may use whatever budget decodes leave."""
 
+    max_prefills_per_decode_step: Optional[int] = None
+    """When a step decodes running requests, at most this many prompts (new ones and chunks of admitted ones)
+    join it; the others wait for the following steps, each of which decodes too. With mixed decode + prefill
+    graphs of R prompt rows, R makes every such step one graph call instead of a mixed call plus prefill calls
+    that decode nothing. Steps without decodes (an empty engine) admit what the budget allows. None: no cap."""
+
     num_scheduler_steps: int = 1
     """Decode steps run per scheduling round when every running request decodes greedily (no repetition
     penalty, stop strings or top logprobs) and no prompt is being admitted: the runner feeds each step's
@@ -83,6 +89,8 @@ class SchedulerConfig:
         _check_bool("enable_chunked_prefill", self.enable_chunked_prefill)
         if self.batching not in BATCHING_STRATEGIES:
             raise ValueError(f"SchedulerConfig.batching must be one of {BATCHING_STRATEGIES}, got {self.batching!r}")
+        if self.max_prefills_per_decode_step is not None:
+            _check_int("max_prefills_per_decode_step", self.max_prefills_per_decode_step, 1, "use None for no cap")
         if self.max_prefill_tokens_per_step is not None:
             _check_int("max_prefill_tokens_per_step", self.max_prefill_tokens_per_step, 1,
                        "use None for no cap")

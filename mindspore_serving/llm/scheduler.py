@@ -202,7 +202,8 @@ class Scheduler:
         config = self.config
         if config.batching == STATIC and not self._static_batch and not self.running:
             self._static_batch = {r.request_id for r in list(self.waiting)[:config.max_num_seqs]}
-        while self.waiting and len(self.running) < config.max_num_seqs:
+        slots = self._prefill_slots(scheduled)
+        while self.waiting and len(self.running) < config.max_num_seqs and slots != 0:
             request = self.waiting[0]
             if config.batching == STATIC and request.request_id not in self._static_batch:
                 break
@@ -224,6 +225,18 @@ class Scheduler:
                 request.first_scheduled_time = self.clock()
             scheduled[request.request_id] = num_tokens
             budget.take(num_tokens, prefill=True)
+            if slots is not None:
+                slots -= 1
+
+    def _prefill_slots(self, scheduled: Dict[str, int]) -> Optional[int]:
+        """How many prompts may still join this step (SchedulerConfig.max_prefills_per_decode_step), None: any."""
+        cap = self.config.max_prefills_per_decode_step
+        if cap is None:
+            return None
+        prefills = sum(1 for request_id in scheduled if self.requests[request_id].num_tokens_to_compute > 1)
+        if prefills == len(scheduled):  # nothing decodes in this step
+            return None
+        return max(0, cap - prefills)
 
     def _build_output(self, scheduled: Dict[str, int], preempted: List[str]) -> SchedulerOutput:
         output = SchedulerOutput(step_id=self._step_id, preempted_request_ids=preempted)

@@ -110,6 +110,29 @@ def test_prefill_share_is_capped_per_step():
     assert layout(step(sched)[0]) == [("A", 1), ("B", 1), ("C", 1)]
 
 
+def test_prompts_joining_a_decoding_step_are_capped():
+    sched = make_scheduler(max_num_batched_tokens=32, max_prefills_per_decode_step=1)
+    add(sched, "A", 2)
+    add(sched, "B", 3)
+    assert layout(step(sched)[0]) == [("A", 2), ("B", 3)]                 # nothing decodes yet: no cap
+    add(sched, "C", 4)
+    add(sched, "D", 5)
+    assert layout(step(sched)[0]) == [("A", 1), ("B", 1), ("C", 4)]
+    assert layout(step(sched)[0]) == [("A", 1), ("B", 1), ("C", 1), ("D", 5)]
+
+
+def test_a_chunked_prompt_takes_the_prefill_slot_of_a_decoding_step():
+    for cap, expected in ((None, [("A", 1), ("B", 3), ("C", 3)]), (1, [("A", 1), ("B", 3)])):
+        sched = make_scheduler(max_num_batched_tokens=8, max_prefills_per_decode_step=cap)
+        add(sched, "A", 2)
+        step(sched)
+        add(sched, "B", 10)
+        add(sched, "C", 3)
+        assert layout(step(sched)[0]) == [("A", 1), ("B", 7)]
+        assert layout(step(sched)[0]) == expected
+    assert layout(step(sched)[0]) == [("A", 1), ("B", 1), ("C", 3)]
+
+
 def test_without_chunking_a_prompt_waits_until_it_fits_whole():
     sched = make_scheduler(max_num_batched_tokens=16, max_model_len=16, enable_chunked_prefill=False)
     add(sched, "A", 3)
@@ -388,6 +411,7 @@ def test_duplicate_ids_and_illegal_transitions_are_refused():
     (dict(enable_chunked_prefill=False, max_num_batched_tokens=64, max_model_len=128),
      "max_num_batched_tokens=64 is below max_model_len=128 with enable_chunked_prefill=False"),
     (dict(max_prefill_tokens_per_step=100, max_num_batched_tokens=64), "exceeds max_num_batched_tokens=64"),
+    (dict(max_prefills_per_decode_step=0), "max_prefills_per_decode_step must be >= 1, got 0; use None for no cap"),
 ])
 def test_config_errors_name_field_value_and_fix(overrides, message):
     values = dict(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=32, block_size=4, num_blocks=64)
