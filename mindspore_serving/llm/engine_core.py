@@ -137,9 +137,9 @@ class EngineCore:
         return outputs
 
     def _decode_steps(self, plan: SchedulerOutput) -> int:
-        """How many decode steps this plan may run at once (see SchedulerConfig.num_scheduler_steps): 1 unless
-        the runner offers `run_greedy` and every row decodes greedily with nothing that needs the engine
-        between tokens (repetition penalty, stop strings, top logprobs)."""
+        """How many steps this plan may run at once (see SchedulerConfig.num_scheduler_steps): 1 unless the
+        runner offers `run_greedy` and every row decodes greedily with nothing that needs the engine between
+        tokens (repetition penalty, stop strings, top logprobs); Scheduler.reserve_decode_steps may cut it."""
         steps = self.config.num_scheduler_steps
         if steps <= 1 or not hasattr(self.runner, "run_greedy"):
             return 1

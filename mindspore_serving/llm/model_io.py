@@ -49,20 +49,19 @@ class ModelRunner(Protocol):
 
 
 def run_greedy_steps(runner: ModelRunner, seqs: Sequence[SeqStep], num_steps: int) -> Tuple[np.ndarray, np.ndarray]:
-    """Multi-step greedy decoding over `runner.run`: `seqs` are one-token decode rows whose blocks already hold
-    positions start_pos .. start_pos + num_steps - 1. Each step computes every row's token and feeds its argmax
-    in as the row's next token. Returns the chosen tokens int64 [n, num_steps] and their log-probabilities
-    float32 [n, num_steps] (as the sampler computes them for greedy rows).
+    """Multi-step greedy decoding over `runner.run`: the first step computes `seqs` as they are (decode rows, or
+    whole prompts), each next one every row's argmax of the step before, at the row's next position; the rows'
+    blocks already hold every position of the round. Returns the chosen tokens int64 [n, num_steps] and their
+    log-probabilities float32 [n, num_steps] (as the sampler computes them for greedy rows).
 
     A runner may offer `run_greedy(seqs, num_steps)` with this meaning (an agent does the loop itself, saving a
     round trip per step); this function is how runners without a faster way provide it."""
     from mindspore_serving.llm.sampler import greedy_with_logprobs
     tokens = np.zeros((len(seqs), num_steps), np.int64)
     logprobs = np.zeros((len(seqs), num_steps), np.float32)
-    current = [seq.token_ids[0] for seq in seqs]
+    step_seqs = list(seqs)
     for step in range(num_steps):
-        logits = runner.run([SeqStep([token], seq.start_pos + step, seq.block_table)
-                             for token, seq in zip(current, seqs)])
-        tokens[:, step], logprobs[:, step] = greedy_with_logprobs(logits)
-        current = [int(t) for t in tokens[:, step]]
+        tokens[:, step], logprobs[:, step] = greedy_with_logprobs(runner.run(step_seqs))
+        step_seqs = [SeqStep([int(token)], seq.context_len + step, seq.block_table)
+                     for token, seq in zip(tokens[:, step], seqs)]
     return tokens, logprobs

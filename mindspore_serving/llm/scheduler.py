@@ -272,35 +272,42 @@ class Scheduler:
         return deltas
 
     def reserve_decode_steps(self, output: SchedulerOutput, num_steps: int) -> int:
-        """Turns a plan of decode rows only into `num_steps` decode steps run back to back (multi-step
-        decoding): reserves each row's blocks for that many tokens and refreshes the plan's block tables.
-        The number of steps is cut so that no row outgrows max_model_len; returns it, or 1 (the plan
-        unchanged) when the plan has other rows or the blocks are short."""
+        """Turns a plan whose rows all sample (decode rows, and prompts completed by this step) into
+        `num_steps` steps run back to back (multi-step decoding): the first computes the plan as it is, each
+        next one decodes every row once more. Reserves each row's blocks for its tokens of the round and
+        refreshes the plan's block tables. The number of steps is cut so that no row outgrows max_model_len;
+        returns it, or 1 (the plan unchanged) when a row does not sample (a prompt chunk), when the plan admits
+        prompts while others wait for a free slot (the next step can take one), or when blocks are short."""
         if num_steps <= 1 or not output.scheduled or output.preempted_request_ids:
             return 1
-        if any(row.is_prefill or not row.samples for row in output.scheduled):
+        if any(not row.samples for row in output.scheduled):
             return 1
+        if self.waiting and len(self.running) < self.config.max_num_seqs and any(r.is_prefill for r in output.scheduled):
+            return 1  # a prompt held back (max_prefills_per_decode_step) could join the next step: no round now
         requests = [self.requests[row.request_id] for row in output.scheduled]
-        num_steps = min([num_steps] + [self.config.max_model_len - r.num_computed_tokens for r in requests])
+        num_steps = min([num_steps] + [self.config.max_model_len - r.num_computed_tokens - row.num_tokens + 1
+                                       for row, r in zip(output.scheduled, requests)])
         if num_steps <= 1:
             return 1
-        for request in requests:  # a short pool leaves blocks reserved ahead: they serve the next steps
-            if not self.block_manager.append_slots(request, num_steps):
+        for row, request in zip(output.scheduled, requests):
+            # a short pool leaves blocks reserved ahead: they serve the next steps
+            if not self.block_manager.append_slots(request, row.num_tokens + num_steps - 1):
                 return 1
         for row, request in zip(output.scheduled, requests):
             row.seq_step.block_table = list(request.block_table)
         return num_steps
 
     def update_from_steps(self, output: SchedulerOutput, token_ids) -> List[RequestDelta]:
-        """Records the decode steps of a plan given to `reserve_decode_steps`: `token_ids[i]` are row i's
-        tokens, one per step. A request takes them in order until it stops (its remaining tokens were
-        computed ahead and are dropped). Returns one delta per request still running at the start."""
+        """Records the steps of a plan given to `reserve_decode_steps`: `token_ids[i]` are row i's tokens, one
+        per step (the first one completes the row's query: a decode token or a whole prompt). A request takes
+        them in order until it stops (its remaining tokens were computed ahead and are dropped). Returns one
+        delta per request still running at the start."""
         now = self.clock()
         deltas = []
-        for _, request, tokens in self._live_rows(output, token_ids, "update_from_steps"):
+        for row, request, tokens in self._live_rows(output, token_ids, "update_from_steps"):
             taken = []
             for token in tokens:
-                request.num_computed_tokens += 1
+                request.num_computed_tokens += row.num_tokens if not taken else 1
                 self.block_manager.cache_full_blocks(request)
                 taken.append(int(token))
                 if self._accept(request, int(token), now):

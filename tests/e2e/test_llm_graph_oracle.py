@@ -86,10 +86,15 @@ def test_continuous_batching_matches_alone(runner, alone):
 def test_multi_step_decoding_matches_alone(runner, alone):
     requests, expected = alone
     rounds = []
+    mixed_before = runner.mixed_calls
     got, _ = run_staggered(runner, config_for(runner, num_scheduler_steps=4),
-                           requests, listener=lambda stats: rounds.append(stats.num_model_steps))
+                           requests, listener=lambda stats: rounds.append((stats.num_model_steps,
+                                                                           stats.num_prefill_seqs)))
     assert got == expected
-    assert max(rounds) == 4  # decode steps ran four at a time, the argmax fed back by the runner
+    assert max(steps for steps, _ in rounds) == 4  # decode steps ran four at a time, the argmax fed back
+    # prompts joined rounds: computed in a round's first step (mixed graphs when others decode)
+    assert any(steps == 4 and prefills for steps, prefills in rounds)
+    assert runner.mixed_calls > mixed_before
 
 
 def test_prefix_caching_matches_alone(runner, alone):
