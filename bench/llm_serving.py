@@ -13,22 +13,31 @@ What it does, all on 127.0.0.1, every process started (and killed at the end, ev
    token boundaries to 4-96 tokens) and output lengths (log-uniform 4-160 tokens; `ignore_eos`, `temperature` 0):
    - `c=1`: requests one after another with 64 output tokens each: the per-token overhead at batch 1;
    - `saturation`: every request sent at once (the engine runs max_num_seqs, the rest queue); repeated
-     (--saturation-runs), the best run counts, as the best round counts for the engine limit;
+     (--saturation-runs), each run bracketed by engine-limit probes and followed by the same requests through the
+     engine in-process;
    - `poisson`: open-loop Poisson arrivals at --rates (`0.5x` = half the saturated request rate, or req/s), at most
      rate x --poisson-seconds requests each;
    before each run it waits (at most --quiet-wait s) for the other processes on the machine to calm down;
-3. the engine limit, between the runs while the server is idle: `bench/llm_engine.py`'s `engine_limit(runner,
-   steps)` in a subprocess (its own MindSpore process) on the same graphs and num_blocks, after the c=1 run and, in
-   a full run, again after the Poisson runs (best step time per bucket counts); the same subprocess runs the
-   saturating run's requests through the engine in-process (`llm_engine.run_engine`, no serving layers);
+3. the engine, in one subprocess started once (its own MindSpore process, bound like the agent, the same graphs
+   and num_blocks), idle while the server is measured:
+   - the engine limit, `bench/llm_engine.py`'s `engine_limit(runner, steps)` (best of 3 rounds per bucket) after
+     the c=1 run and, in a full run, again after the Poisson runs: the best step time per bucket over the whole
+     benchmark, the machine's quietest moment;
+   - probes: the mean step time of `steps` decode steps back to back per bucket, right before and right after
+     the c=1 run and each saturating run: the limit at the moment of that run (on a shared machine the same
+     graph's step time moves by a third between minutes, so a run is compared with its own moment);
+   - the saturating run's requests through the engine in-process (`llm_engine.run_engine`, no serving layers)
+     right after each saturating run, probed after it as well;
 4. per run: request throughput, output tokens/s, TTFT, TPOT (per request (e2e - ttft) / (n - 1)), ITL (every gap
    between two SSE token events), e2e latency (mean, p50, p90, p99), the mean decode batch occupancy (client side:
    time-average of the requests between their first and last token; the engine logs no step statistics), the
    engine's own TTFT/ITL per request (the master's INFO line of each request), and the CPU time of the master, the
    worker, the agent and this client per 1000 output tokens, also per thread (Python thread names from py-spy dump);
 5. the saturated output tokens/s as a fraction of the engine limit at the same mean occupancy (occupancy / step time
-   of the decode bucket it falls into, as llm_engine.limit_at) and of the in-process engine on the same requests;
-   at batch 1 the engine's batch-1 step time over the served TPOT;
+   of the decode bucket it falls into, as llm_engine.limit_at): per saturating run against its probes (the
+   median over the runs is the figure the target applies to), and the best run against the best round; the same
+   for the in-process engine, and served over in-process run by run; at batch 1 the engine's batch-1 step time
+   over the served TPOT;
 6. prints a table and writes JSON (default bench/results/llm_serving.json; --quick: llm_serving_quick.json);
    with --profile DIR, one more saturating run and c=1 run under py-spy: the wall-time states of the worker's
    engine thread and of the agent (py-spy record --idle) and the master's on-CPU profile, in DIR/summary.txt.
@@ -42,6 +51,7 @@ import bisect
 import collections
 import contextlib
 import datetime
+import glob
 import json
 import math
 import os
@@ -72,7 +82,7 @@ QUICK_OUT = os.path.join(BENCH, "results", "llm_serving_quick.json")
 PROMPT_TOKENS = (4, 96)
 OUTPUT_TOKENS = (4, 160)
 C1_OUTPUT_TOKENS = 64
-LIMIT_MARK = "ENGINE_LIMIT_JSON "
+CHILD_MARK = "ENGINE_CHILD_JSON "
 
 
 def log(text: str):
@@ -83,7 +93,7 @@ class _Exit(Exception):
     pass
 
 
-_CHILDREN: List[subprocess.Popen] = []  # engine-limit subprocesses in flight
+_CHILDREN: List[subprocess.Popen] = []  # the engine subprocess
 
 
 def _kill_children():
@@ -99,10 +109,15 @@ def _raise_exit(signum, _frame):
 
 # ------------------------------------------------------------------------------------------- engine limit
 
-def engine_limit_child(config_path: str, steps: int, workload_path: str = "") -> None:
-    """In a subprocess: llm_engine.engine_limit on the graphs and num_blocks of `config_path`, and with a workload
-    file ([[prompt ids, new tokens], ...]) llm_engine.run_engine on it; printed as JSON."""
-    from llm_engine import bind_like_agent, engine_limit  # bench/llm_engine.py
+def engine_child(config_path: str) -> None:
+    """In a subprocess bound like the config's rank-0 agent: loads the served graphs (same num_blocks) once, then
+    answers one JSON line on stdout per JSON line on stdin (EOF ends it):
+      {"op": "limit", "steps": N}     llm_engine.engine_limit (best of 3 rounds per bucket), CPU per step, and the
+                                      same with every core (for reference);
+      {"op": "probe", "steps": N}     one timed block of N back-to-back decode steps per bucket: the mean step time
+                                      right now, to bracket a served run with;
+      {"op": "engine", "workload": P} llm_engine.run_engine on a workload file ([[prompt ids, new tokens], ...])."""
+    from llm_engine import bind_like_agent, engine_limit, run_engine  # bench/llm_engine.py
     from mindspore_serving.llm.serving_config import bind_threads, load_serving_config
     config = load_serving_config(config_path)
     all_cpus = sorted(os.sched_getaffinity(0))
@@ -113,50 +128,123 @@ def engine_limit_child(config_path: str, steps: int, workload_path: str = "") ->
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
     runner = GraphRunner(config.model.graphs[0], num_blocks=config.engine.num_blocks)
-    limit = engine_limit(runner, steps)
-    for batch in runner.decode_batches:  # CPU time per step (this process, all its threads): less hit by noise
-        seqs = [SeqStep([5], 40, list(range(1 + i * 4, 1 + (i + 1) * 4))) for i in range(batch)]
-        cpu0, wall0 = time.process_time(), time.perf_counter()
-        for _ in range(steps):
-            runner.run(seqs)
-        limit[batch]["cpu_ms"] = (time.process_time() - cpu0) / steps * 1000
-        limit[batch]["wall_ms_of_cpu_rounds"] = (time.perf_counter() - wall0) / steps * 1000
-    result = {"decode_batches": list(runner.decode_batches), "num_blocks": config.engine.num_blocks, "cpus": cpus,
-              "graphs": config.model.graphs[0], "steps": steps, "limit": {str(k): v for k, v in limit.items()}}
-    if cpus is not None:  # for reference: the same graphs with every core of the machine to themselves
-        bind_threads(all_cpus)
-        result["limit_unbound"] = {str(k): v for k, v in engine_limit(runner, steps).items()}
-        bind_threads(cpus)
-    if workload_path:  # the engine with its scheduler, in-process, on the saturating run's requests (sent at once)
-        from llm_engine import run_engine
+    batches = list(runner.decode_batches)
+
+    def seqs(batch):
+        return [SeqStep([5], 40, list(range(1 + i * 4, 1 + (i + 1) * 4))) for i in range(batch)]
+
+    def limit(steps):
+        result = engine_limit(runner, steps)
+        for batch in batches:  # CPU time per step (this process, all its threads): less hit by noise
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            for _ in range(steps):
+                runner.run(seqs(batch))
+            result[batch]["cpu_ms"] = (time.process_time() - cpu0) / steps * 1000
+            result[batch]["wall_ms_of_cpu_rounds"] = (time.perf_counter() - wall0) / steps * 1000
+        out = {"decode_batches": batches, "num_blocks": config.engine.num_blocks, "cpus": cpus,
+               "graphs": config.model.graphs[0], "steps": steps, "limit": {str(k): v for k, v in result.items()}}
+        if cpus is not None:  # for reference: the same graphs with every core of the machine to themselves
+            bind_threads(all_cpus)
+            out["limit_unbound"] = {str(k): v for k, v in engine_limit(runner, steps).items()}
+            bind_threads(cpus)
+        return out
+
+    def probe(steps):
+        step_ms = {}
+        for batch in batches:
+            runner.run(seqs(batch))
+            started = time.perf_counter()
+            for _ in range(steps):
+                runner.run(seqs(batch))
+            step_ms[str(batch)] = (time.perf_counter() - started) / steps * 1000
+        return {"t": time.time(), "step_ms": step_ms}
+
+    def engine(workload_path):
         with open(workload_path, encoding="utf-8") as stream:
             requests = [(ids, n) for ids, n in json.load(stream)]
-        cpu0 = time.process_time()
+        me = psutil.Process()
+        threads0 = {t.id: t.user_time + t.system_time for t in me.threads()}
+        cpu0, calls0, mixed0 = time.process_time(), runner.calls, runner.mixed_calls
         run = run_engine(runner, config.engine, requests)
         run["cpu_ms_per_1k_tokens"] = (time.process_time() - cpu0) / max(1, run["output_tokens"]) * 1e6
-        bucket, at = limit_at(result["limit"], result["decode_batches"], run["mean_decode_batch"])
-        run.update({"requests": len(requests), "bucket": bucket, "limit_at_occupancy": at,
-                    "fraction_of_limit": run["tokens_per_s"] / at})
-        result["engine_run"] = run
-    print(LIMIT_MARK + json.dumps(result), flush=True)
+        per_thread: Dict[str, float] = {}
+        for thread in me.threads():  # as Cpu.thread_use names them for the agent
+            with open(f"/proc/self/task/{thread.id}/comm") as stream:
+                name = re.sub(r"_\d+$", "_*", stream.read().strip())
+            used = thread.user_time + thread.system_time - threads0.get(thread.id, 0.0)
+            per_thread[name] = per_thread.get(name, 0.0) + used / max(1, run["output_tokens"]) * 1e6
+        run["thread_cpu_ms_per_1k_tokens"] = {k: round(v, 1) for k, v in per_thread.items() if v >= 0.5}
+        run.update({"requests": len(requests), "graph_calls": runner.calls - calls0,
+                    "mixed_calls": runner.mixed_calls - mixed0})
+        return run
+
+    print(CHILD_MARK + json.dumps({"ready": True, "cpus": cpus}), flush=True)
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command["op"] == "limit":
+            reply = limit(command["steps"])
+        elif command["op"] == "probe":
+            reply = probe(command["steps"])
+        else:
+            reply = engine(command["workload"])
+        print(CHILD_MARK + json.dumps(reply), flush=True)
 
 
-def measure_engine_limit(config_path: str, steps: int, workload_path: str = "") -> dict:
-    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--engine-limit-child", config_path,
-                             "--limit-steps", str(steps), "--engine-workload", workload_path],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, GLOG_v="2"))
-    _CHILDREN.append(proc)
-    try:
-        out, err = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        _CHILDREN.remove(proc)
-    line = next((l for l in out.splitlines() if l.startswith(LIMIT_MARK)), None)
-    if proc.returncode != 0 or line is None:
-        raise RuntimeError(f"engine limit subprocess failed ({proc.returncode}): {out[-2000:]} {err[-2000:]}")
-    return json.loads(line[len(LIMIT_MARK):])
+class EngineProcess:
+    """The parent's handle on `engine_child`: started once, idle (no CPU) while the server is measured."""
+
+    def __init__(self, config_path: str):
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--engine-child", config_path],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env=dict(os.environ, GLOG_v="2"))
+        _CHILDREN.append(self.proc)
+        self.cpus = self._reply()["cpus"]
+
+    def _reply(self) -> dict:
+        for line in self.proc.stdout:
+            if line.startswith(CHILD_MARK):
+                return json.loads(line[len(CHILD_MARK):])
+        raise RuntimeError(f"the engine subprocess ended ({self.proc.wait()}); its stderr is above")
+
+    def ask(self, **command) -> dict:
+        self.proc.stdin.write(json.dumps(command) + "\n")
+        self.proc.stdin.flush()
+        return self._reply()
+
+    def close(self):
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        _CHILDREN.remove(self.proc)
+
+
+class EngineMeasures:
+    """What the benchmark asks of the engine subprocess, recorded in the report: the engine limit (best rounds),
+    probes that bracket a served run (the limit at that moment), and in-process runs of the saturating requests."""
+
+    def __init__(self, process: EngineProcess, report: dict, steps: int, workload_path: str):
+        self.process, self.report, self.steps, self.workload_path = process, report, steps, workload_path
+
+    def limit(self):
+        log("engine limit (engine subprocess; the server is idle)")
+        measured = self.process.ask(op="limit", steps=self.steps)
+        self.report["engine_limit"]["measurements"].append(measured)
+        log("  " + " ".join(f"b{b}={row['step_ms']:.2f}ms" for b, row in measured["limit"].items()))
+
+    def probe(self) -> dict:
+        return self.process.ask(op="probe", steps=self.steps)
+
+    def run(self, probe_before: dict) -> dict:
+        """The saturating run's requests through the engine in-process, bracketed by `probe_before` (taken just
+        before) and a probe right after."""
+        run = self.process.ask(op="engine", workload=self.workload_path)
+        run["probes"] = [probe_before, self.probe()]
+        log(f"  in-process engine: {run['tokens_per_s']:.0f} tok/s at decode batch {run['mean_decode_batch']:.2f}")
+        return run
 
 
 def best_limit(measurements: List[dict], key: str = "limit") -> dict:
@@ -173,9 +261,14 @@ def best_limit(measurements: List[dict], key: str = "limit") -> dict:
     return best
 
 
+def bucket_of(decode_batches: List[int], occupancy: float) -> int:
+    """The decode bucket a mean decode batch of `occupancy` falls into, as llm_engine.limit_at picks it."""
+    return decode_batches[min(bisect.bisect_left(decode_batches, int(np.ceil(occupancy))), len(decode_batches) - 1)]
+
+
 def limit_at(limit: dict, decode_batches: List[int], occupancy: float) -> Tuple[int, float]:
     """(bucket, engine-limit tokens/s at a mean decode batch of `occupancy`), as llm_engine.limit_at does."""
-    bucket = decode_batches[min(bisect.bisect_left(decode_batches, int(np.ceil(occupancy))), len(decode_batches) - 1)]
+    bucket = bucket_of(decode_batches, occupancy)
     return bucket, occupancy / (limit[str(bucket)]["step_ms"] / 1000)
 
 
@@ -506,6 +599,14 @@ class LlmServer:
     def output(self) -> str:
         return self.proc.output() if self.proc is not None else ""
 
+    def worker_logs(self) -> str:
+        """The workers' own logs (serving_logs/ in the server's directory), where their engines report."""
+        texts = []
+        for path in sorted(glob.glob(os.path.join(self.workdir, "serving_logs", "*.log"))):
+            with open(path, "rb") as stream:
+                texts.append(stream.read().decode(errors="replace"))
+        return "\n".join(texts)
+
     def stop(self):
         if self.proc is None:
             return
@@ -525,6 +626,26 @@ def engine_timings(server_output: str) -> Dict[str, Tuple[float, float, float]]:
         found[match.group(1)] = (float(match.group(3)) / 1000, float(itl) / 1000 if itl != "-" else float("nan"),
                                  float(match.group(5)) / 1000)
     return found
+
+
+_TOTALS_LINE = re.compile(r"engine: .*?; totals (.*)$", re.M)
+
+
+def engine_totals(server_output: str) -> List[Dict[str, float]]:
+    """The running totals of every engine statistics line (engine.stats_interval) in the server's output."""
+    return [{k: float(v) for k, v in re.findall(r"(\w+)=([\d.]+)", m.group(1))}
+            for m in _TOTALS_LINE.finditer(server_output)]
+
+
+def engine_steps(before: List[Dict[str, float]], after: List[Dict[str, float]]) -> Optional[dict]:
+    """What the engine's steps did during a run: the difference of the last totals after it and before it, with
+    the mean decode batch per model step (the engine's own occupancy, as llm_engine.run_engine counts it)."""
+    if len(after) <= len(before):
+        return None
+    start = before[-1] if before else {k: 0.0 for k in after[-1]}
+    diff = {k: round(v - start.get(k, 0.0), 3) for k, v in after[-1].items()}
+    diff["mean_decode_batch"] = round(diff["decode_rows"] / diff["decode_steps"], 3) if diff.get("decode_steps") else 0.0
+    return diff
 
 
 # ------------------------------------------------------------------------------------------------ metrics
@@ -746,11 +867,12 @@ def parse_args(argv=None):
                         help="a Poisson run sends at most rate x this many requests (at least 16), which bounds its "
                              "time when the machine is slow (default 40; --quick 12)")
     parser.add_argument("--saturation-runs", type=int, default=None,
-                        help="saturating runs; the best counts, as the best round counts for the limit (default 2; "
-                             "--quick 1)")
+                        help="saturating runs, each probed before and after and followed by an in-process engine "
+                             "run; the median of their fractions counts (default 3; --quick 1)")
     parser.add_argument("--c1-requests", type=int, default=None, help="requests of the c=1 run (default 8; --quick 4)")
     parser.add_argument("--limit-steps", type=int, default=None,
-                        help="timed decode steps per round and bucket for the engine limit (default 20; --quick 10)")
+                        help="timed decode steps per round and bucket for the engine limit and per bucket for a probe "
+                             "(default 20; --quick 10)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help=f"JSON path (default {os.path.relpath(DEFAULT_OUT, ROOT)}; "
                                                     f"--quick: {os.path.relpath(QUICK_OUT, ROOT)})")
@@ -764,13 +886,12 @@ def parse_args(argv=None):
     parser.add_argument("--cpu-affinity", choices=("config", "auto", "none"), default="config",
                         help="agents.cpu_affinity of the served config (and of the engine limit's process): as in "
                              "config/llama_tiny.yaml, auto, or none (unbound)")
-    parser.add_argument("--engine-limit-child", default="", help=argparse.SUPPRESS)
-    parser.add_argument("--engine-workload", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--engine-child", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.requests = args.requests or (32 if args.quick else 96)
     args.rates = parse_rates(args.rates if args.rates is not None else ("0.6x" if args.quick else "0.3x,0.6x,0.9x"))
     args.poisson_seconds = args.poisson_seconds or (12.0 if args.quick else 40.0)
-    args.saturation_runs = max(1, args.saturation_runs or (1 if args.quick else 2))
+    args.saturation_runs = max(1, args.saturation_runs or (1 if args.quick else 3))
     args.c1_requests = args.c1_requests if args.c1_requests is not None else (4 if args.quick else 8)
     args.limit_steps = args.limit_steps or (10 if args.quick else 20)
     args.out = args.out or (QUICK_OUT if args.quick else DEFAULT_OUT)
@@ -827,10 +948,31 @@ def table(report: dict) -> str:
                  "log); client-engine TTFT: getting into the engine and the first token back out")
     s = report["summary"]
     lines.append("")
+    pair = s.get("paired") or {}
+    if pair.get("runs"):
+        lines.append("Saturation against the engine limit probed right before and right after each run (the same decode "
+                     "steps back to back, mean of the two probes; the in-process engine runs right after the served run "
+                     "and is probed after it too; batch: the engine's mean decode batch per model step, from its "
+                     "statistics lines):")
+        lines.append(f"  {'run':<15} {'tok/s':>6} {'batch':>6} {'probe ms':>13} {'limit':>6} {'fraction':>8}   "
+                     f"{'in-process tok/s':>16} {'batch':>6} {'fraction':>8}   {'served/in-process':>17}")
+        for row in pair["runs"]:
+            eng = row.get("engine") or {}
+            probes = "/".join(f"{x:.1f}" for x in row["probe_step_ms"])
+            lines.append(f"  {row['run']:<15} {row['output_tokens_per_s']:>6.0f} {row['decode_batch']:>6.2f} "
+                         f"{probes:>13} {row['limit_tokens_per_s']:>6.0f} {row['fraction_of_limit']:>8.3f}   "
+                         f"{fmt(eng.get('output_tokens_per_s'), '.0f'):>16} "
+                         f"{fmt(eng.get('mean_decode_batch'), '.2f'):>6} {fmt(eng.get('fraction_of_limit'), '.3f'):>8}"
+                         f"   {fmt(row.get('served_over_in_process'), '.3f'):>17}")
+        lines.append(f"  median over {len(pair['runs'])} run(s): served {fmt(pair['fraction_of_limit'], '.3f')} of the "
+                     f"limit (target >= {pair['target']}), in-process engine "
+                     f"{fmt(pair['engine_fraction_of_limit'], '.3f')}, served / in-process "
+                     f"{fmt(pair['served_over_in_process'], '.3f')}")
     sat = s["saturation"]
-    lines.append(f"Saturation ({sat['run']}): {sat['output_tokens_per_s']:.0f} output tokens/s at mean occupancy "
-                 f"{sat['mean_occupancy']:.2f} (bucket {sat['bucket']}); engine limit there "
-                 f"{sat['limit_tokens_per_s']:.0f} tokens/s -> fraction {sat['fraction_of_limit']:.3f} (target >= 0.85)")
+    lines.append(f"Best saturating run ({sat['run']}): {sat['output_tokens_per_s']:.0f} output tokens/s at mean "
+                 f"decode batch {sat['decode_batch']:.2f} (bucket {sat['bucket']}); against the engine limit's best "
+                 f"round of the whole benchmark (the machine's quietest moment) {sat['limit_tokens_per_s']:.0f} "
+                 f"tokens/s there -> fraction {sat['fraction_of_limit']:.3f}")
     if sat.get("median_limit_tokens_per_s"):
         lines.append(f"  against the limit's median round instead of its best (the machine's usual speed, not its "
                      f"quietest moment): {sat['median_limit_tokens_per_s']:.0f} tokens/s -> fraction "
@@ -870,6 +1012,10 @@ def table(report: dict) -> str:
                  f"{b1['overhead_fraction']:.1%} of each token's time is serving overhead "
                  f"(the engine loop's own ITL, from the master's log: {fmt(b1['engine_itl_ms'], '.2f')} ms; the "
                  f"limit's median batch-1 round: {fmt(b1.get('engine_step_median_ms'), '.2f')} ms)")
+    if b1.get("paired"):
+        lines.append(f"  against batch-1 steps probed right before and after the run "
+                     f"({'/'.join(f'{x:.2f}' for x in b1['paired']['probe_step_ms'])} ms): "
+                     f"{b1['paired']['fraction_of_limit']:.3f} of the engine limit")
     cpu = b1["cpu_ms_per_1k_tokens"]
     if b1.get("engine_step_cpu_ms"):
         lines.append(f"  CPU per token: master {cpu['master'] / 1000:.2f} + worker {cpu['worker'] / 1000:.2f} + agent "
@@ -878,19 +1024,22 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
-async def serve_runs(args, server: LlmServer, workloads: dict, cpu: Cpu, report: dict, limit_now) -> None:
+async def serve_runs(args, server: LlmServer, workloads: dict, cpu: Cpu, report: dict, engine: "EngineMeasures"):
     url = f"http://{server.rest}/v1/completions"
     runs = report["runs"]
 
     async with new_session(args.requests) as session:
-        async def measure(name, coro_factory, extra=None, wait_quiet=True):
+        async def measure(name, coro_factory, extra=None, wait_quiet=True, bracket=False):
             quiet = cpu.wait_quiet(args.quiet_wait) if wait_quiet else -1.0
+            probe_before = await asyncio.to_thread(engine.probe) if bracket else None
             before = cpu.processes()
             threads0 = cpu.thread_cpu()
+            totals0 = engine_totals(server.worker_logs())
             c0 = cpu.snapshot()
             records, started, ended = await coro_factory()
             c1 = cpu.snapshot()
             threads1 = cpu.thread_cpu()
+            probe_after = await asyncio.to_thread(engine.probe) if bracket else None
             cpu.learn_thread_names()  # threads started during the run (gRPC handlers) get their names too
             threads0 = {k: (cpu.names.get(k[1], v[0]), v[1]) for k, v in threads0.items()}
             threads1 = {k: (cpu.names.get(k[1], v[0]), v[1]) for k, v in threads1.items()}
@@ -899,6 +1048,9 @@ async def serve_runs(args, server: LlmServer, workloads: dict, cpu: Cpu, report:
             row = summarise(name, records, started, ended, c0, c1, engine_timings(server.output()), extra)
             row["thread_cpu_ms_per_1k_tokens"] = cpu.thread_use(threads0, threads1, row["output_tokens"])
             row["other_cores_before"] = round(quiet, 3)
+            row["engine_steps"] = engine_steps(totals0, engine_totals(server.worker_logs()))
+            if bracket:
+                row["probes"] = [probe_before, probe_after]
             row["top_other_processes"] = others
             runs.append(row)
             log(f"{name}: {row['ok']}/{row['requests']} ok, {row['req_per_s']:.2f} req/s, "
@@ -916,9 +1068,9 @@ async def serve_runs(args, server: LlmServer, workloads: dict, cpu: Cpu, report:
         cpu.learn_thread_names()
 
         c1_items = workloads["c1"]
-        await measure("c=1", lambda: run_closed(session, url, c1_items, 1))
+        await measure("c=1", lambda: run_closed(session, url, c1_items, 1), bracket=True)
 
-        await asyncio.to_thread(limit_now, True)  # the server is idle meanwhile
+        await asyncio.to_thread(engine.limit)  # the server is idle meanwhile
 
         sat_items = workloads["saturation"]
         rates = []
@@ -926,8 +1078,10 @@ async def serve_runs(args, server: LlmServer, workloads: dict, cpu: Cpu, report:
             name = "saturation" if args.saturation_runs == 1 else f"saturation #{k + 1}"
             sat, sat_records, sat_started = await measure(
                 name, lambda: run_closed(session, url, sat_items, len(sat_items)),
-                {"mode": f"all {len(sat_items)} requests at once", "saturation": True})
+                {"mode": f"all {len(sat_items)} requests at once", "saturation": True}, bracket=True)
             sat["full_window"] = saturated_window(sat_records, sat_started)
+            # right after it, the same requests through the engine in-process, bracketed the same way
+            sat["engine_run"] = await asyncio.to_thread(engine.run, sat["probes"][1])
             rates.append(sat["req_per_s"])
         saturated_rate = float(np.median(rates))
 
@@ -940,7 +1094,7 @@ async def serve_runs(args, server: LlmServer, workloads: dict, cpu: Cpu, report:
                           {"mode": "poisson", "rate_req_per_s": round(rate, 3)})
 
         if not args.quick:
-            await asyncio.to_thread(limit_now, True)
+            await asyncio.to_thread(engine.limit)
 
         if args.profile:
             items = workloads["profile"]
@@ -977,6 +1131,49 @@ def _ratio(a: float, b: float) -> Optional[float]:
     return round(a / b, 4) if b else None
 
 
+def decode_batch(run: dict) -> float:
+    """A served run's occupancy for the limit: the engine's mean decode batch per model step (its statistics
+    lines), as the in-process engine counts it; the client-side occupancy when the server reported none."""
+    steps = run.get("engine_steps") or {}
+    return steps.get("mean_decode_batch") or run["mean_occupancy"]
+
+
+def paired(tokens_per_s: float, occupancy: float, probes: List[dict], batches: List[int]) -> dict:
+    """Throughput against the engine limit measured right before and right after it (the mean of the two probes'
+    step times of the occupancy's bucket): the machine's speed at that moment, not at its quietest."""
+    bucket = bucket_of(batches, occupancy)
+    steps = [probe["step_ms"][str(bucket)] for probe in probes]
+    at = occupancy / (float(np.mean(steps)) / 1000)
+    return {"bucket": bucket, "probe_step_ms": [round(x, 3) for x in steps], "limit_tokens_per_s": round(at, 1),
+            "fraction_of_limit": _ratio(tokens_per_s, at)}
+
+
+def paired_summary(report: dict, batches: List[int]) -> dict:
+    """Per saturating run: served, and the in-process engine right after it, each against the limit probed around
+    it; the medians over the runs."""
+    rows = []
+    for run in (r for r in report["runs"] if r.get("saturation") and r.get("probes")):
+        row = {"run": run["run"], "output_tokens_per_s": run["output_tokens_per_s"],
+               "mean_occupancy": run["mean_occupancy"], "decode_batch": decode_batch(run),
+               **paired(run["output_tokens_per_s"], decode_batch(run), run["probes"], batches)}
+        eng = run.get("engine_run")
+        if eng:
+            row["engine"] = {"output_tokens_per_s": round(eng["tokens_per_s"], 1),
+                             "mean_decode_batch": round(eng["mean_decode_batch"], 3),
+                             **paired(eng["tokens_per_s"], eng["mean_decode_batch"], eng["probes"], batches)}
+            row["served_over_in_process"] = _ratio(run["output_tokens_per_s"], eng["tokens_per_s"])
+        rows.append(row)
+
+    def median(values):
+        values = [v for v in values if v is not None]
+        return round(float(np.median(values)), 4) if values else None
+
+    return {"runs": rows, "target": 0.85,
+            "fraction_of_limit": median(r["fraction_of_limit"] for r in rows),
+            "engine_fraction_of_limit": median(r.get("engine", {}).get("fraction_of_limit") for r in rows),
+            "served_over_in_process": median(r.get("served_over_in_process") for r in rows)}
+
+
 def summary(report: dict) -> dict:
     measurements = report["engine_limit"]["measurements"]
     limit = report["engine_limit"]["best"] = best_limit(measurements)
@@ -984,7 +1181,8 @@ def summary(report: dict) -> dict:
     runs = {row["run"]: row for row in report["runs"]}
     # the best saturating run counts, as the best round counts for the limit (noise only takes throughput away)
     sat = max((r for r in report["runs"] if r.get("saturation")), key=lambda r: r["output_tokens_per_s"])
-    bucket, at = limit_at(limit, batches, sat["mean_occupancy"])
+    occ = decode_batch(sat)
+    bucket, at = limit_at(limit, batches, occ)
     win = sat["full_window"]
     wbucket, wat = limit_at(limit, batches, win["mean_occupancy"])
     win.update({"bucket": wbucket, "limit_tokens_per_s": round(wat, 1),
@@ -994,12 +1192,12 @@ def summary(report: dict) -> dict:
     unbound = None
     if all("limit_unbound" in m for m in measurements):
         unbound = report["engine_limit"]["best_unbound"] = best_limit(measurements, "limit_unbound")
-    uat = limit_at(unbound, batches, sat["mean_occupancy"])[1] if unbound else None
+    uat = limit_at(unbound, batches, occ)[1] if unbound else None
     median_ms = limit[str(bucket)].get("median_step_ms")
-    mat = sat["mean_occupancy"] / (median_ms / 1000) if median_ms else None
+    mat = occ / (median_ms / 1000) if median_ms else None
     result = {
         "saturation": {"run": sat["run"], "output_tokens_per_s": sat["output_tokens_per_s"],
-                       "mean_occupancy": sat["mean_occupancy"], "bucket": bucket, "limit_tokens_per_s": round(at, 1),
+                       "mean_occupancy": sat["mean_occupancy"], "decode_batch": occ, "bucket": bucket, "limit_tokens_per_s": round(at, 1),
                        "fraction_of_limit": _ratio(sat["output_tokens_per_s"], at), "target": 0.85,
                        "cpus": measurements[0].get("cpus"),
                        "unbound_limit_tokens_per_s": round(uat, 1) if uat else None,
@@ -1035,7 +1233,12 @@ def summary(report: dict) -> dict:
     if busy:
         warnings.append(f"other processes used > 0.3 cores during: {', '.join(busy)} (see other_cores)")
     result["warnings"] = warnings
-    engine_runs = [m["engine_run"] for m in measurements if m.get("engine_run")]
+    result["paired"] = paired_summary(report, batches)
+    if c1.get("probes"):
+        steps = [probe["step_ms"][str(batches[0])] for probe in c1["probes"]]
+        result["batch1"]["paired"] = {"probe_step_ms": [round(x, 3) for x in steps],
+                                      "fraction_of_limit": _ratio(float(np.mean(steps)), c1["tpot_ms"]["mean"])}
+    engine_runs = [r["engine_run"] for r in report["runs"] if r.get("engine_run")]
     if engine_runs:
         best = max(engine_runs, key=lambda r: r["tokens_per_s"])
         ebucket, eat = limit_at(limit, batches, best["mean_decode_batch"])
@@ -1055,8 +1258,8 @@ def summary(report: dict) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.engine_limit_child:
-        engine_limit_child(args.engine_limit_child, args.limit_steps, args.engine_workload)
+    if args.engine_child:
+        engine_child(args.engine_child)
         return 0
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signum, _raise_exit)
@@ -1095,18 +1298,6 @@ def main(argv=None) -> int:
         json.dump([[source.tokenizer.encode(item.prompt), item.max_tokens] for item in workloads["saturation"]], stream)
     report["meta"]["saturation_output_tokens"] = sum(item.max_tokens for item in workloads["saturation"])
 
-    def limit_now(with_engine_run: bool):
-        log("engine limit" + (", and the engine with its scheduler on the saturating run's requests" if with_engine_run
-                              else "") + " (subprocess; the server is idle)")
-        measured = measure_engine_limit(server.config, args.limit_steps, engine_workload if with_engine_run else "")
-        report["engine_limit"]["measurements"].append(measured)
-        text = " ".join(f"b{b}={row['step_ms']:.2f}ms" for b, row in measured["limit"].items())
-        if measured.get("engine_run"):
-            run = measured["engine_run"]
-            text += (f"; in-process engine {run['tokens_per_s']:.0f} tok/s at decode batch "
-                     f"{run['mean_decode_batch']:.2f}")
-        log(f"  {text}")
-
     try:
         log("starting the server")
         t0 = time.time()
@@ -1116,7 +1307,11 @@ def main(argv=None) -> int:
         with contextlib.suppress(ImportError):
             import uvloop  # the client's own CPU use matters on a 2-core machine
             asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-        asyncio.run(serve_runs(args, server, workloads, cpu, report, limit_now))
+        log("starting the engine subprocess (the served graphs, bound like the agent)")
+        process = EngineProcess(server.config)
+        engine = EngineMeasures(process, report, args.limit_steps, engine_workload)
+        asyncio.run(serve_runs(args, server, workloads, cpu, report, engine))
+        process.close()
     finally:
         _kill_children()
         try:
