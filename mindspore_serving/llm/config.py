@@ -73,11 +73,11 @@ class SchedulerConfig:
 
     num_scheduler_steps: int = 1
     """Steps run per scheduling round when every scheduled request decodes greedily (no repetition penalty,
-    stop strings or top logprobs) and every row samples (decodes, and prompts completed in this step; a
-    prompt chunk makes the round a single step): the first step computes the plan, the runner feeds each
-    step's argmax into the next without a round trip through the engine (multi-step decoding). Tokens then
-    stream in bursts of up to this many, and a request that arrives or finishes meanwhile waits for the
-    round to end. 1: one step per round."""
+    stop strings or top logprobs) and every row samples (decodes, and, when the batch is full, prompts
+    completed in this step; a prompt chunk makes the round a single step): the first step computes the plan,
+    the runner feeds each step's argmax into the next without a round trip through the engine (multi-step
+    decoding). Tokens then stream in bursts of up to this many, and a request that arrives or finishes
+    meanwhile waits for the round to end. 1: one step per round."""
 
     def __post_init__(self):
         _check_int("max_num_seqs", self.max_num_seqs, 1)

@@ -276,14 +276,17 @@ class Scheduler:
         `num_steps` steps run back to back (multi-step decoding): the first computes the plan as it is, each
         next one decodes every row once more. Reserves each row's blocks for its tokens of the round and
         refreshes the plan's block tables. The number of steps is cut so that no row outgrows max_model_len;
-        returns it, or 1 (the plan unchanged) when a row does not sample (a prompt chunk), when the plan admits
-        prompts while others wait for a free slot (the next step can take one), or when blocks are short."""
+        returns it, or 1 (the plan unchanged) when a row does not sample (a prompt chunk), when the plan computes
+        prompts and the batch still has room (their first tokens are sent after one step, and another prompt
+        may join the next step: prompts ride in rounds only at a full batch, where nothing could join), or
+        when blocks are short."""
         if num_steps <= 1 or not output.scheduled or output.preempted_request_ids:
             return 1
         if any(not row.samples for row in output.scheduled):
             return 1
-        if self.waiting and len(self.running) < self.config.max_num_seqs and any(r.is_prefill for r in output.scheduled):
-            return 1  # a prompt held back (max_prefills_per_decode_step) could join the next step: no round now
+        if len(self.running) < self.config.max_num_seqs and any(row.is_prefill for row in output.scheduled):
+            # room in the batch: a prompt's first token goes out after one step, and a waiting one can join
+            return 1
         requests = [self.requests[row.request_id] for row in output.scheduled]
         num_steps = min([num_steps] + [self.config.max_model_len - r.num_computed_tokens - row.num_tokens + 1
                                        for row, r in zip(output.scheduled, requests)])

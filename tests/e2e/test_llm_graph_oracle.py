@@ -87,12 +87,12 @@ def test_multi_step_decoding_matches_alone(runner, alone):
     requests, expected = alone
     rounds = []
     mixed_before = runner.mixed_calls
-    got, _ = run_staggered(runner, config_for(runner, num_scheduler_steps=4),
+    got, _ = run_staggered(runner, config_for(runner, num_scheduler_steps=4, max_num_seqs=4),
                            requests, listener=lambda stats: rounds.append((stats.num_model_steps,
                                                                            stats.num_prefill_seqs)))
     assert got == expected
     assert max(steps for steps, _ in rounds) == 4  # decode steps ran four at a time, the argmax fed back
-    # prompts joined rounds: computed in a round's first step (mixed graphs when others decode)
+    # prompts that filled the batch joined rounds: computed in a round's first step (mixed graphs)
     assert any(steps == 4 and prefills for steps, prefills in rounds)
     assert runner.mixed_calls > mixed_before
 

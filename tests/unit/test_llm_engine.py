@@ -167,15 +167,21 @@ def test_multi_step_decoding_runs_steps_back_to_back_and_matches_single_steps():
         assert a.token_ids == b.token_ids and len(b.token_ids) == 11
         np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=0, atol=1e-6)
         assert b.finish_reason is FinishReason.LENGTH
-    # rounds of 4 steps, the first computing the prompts in its first step (the last round cut short by
-    # max_new_tokens: its tokens computed ahead are dropped)
-    assert [steps for steps, _ in rounds] == [4, 4, 4]
-    assert [tokens for _, tokens in rounds] == [12, 12, 9]
+    # one prefill step (the batch has room: first tokens go out at once), then rounds of 4 decode steps (the
+    # last cut short by max_new_tokens: tokens dropped)
+    assert rounds[0] == (1, 3) and [steps for steps, _ in rounds[1:]] == [4, 4, 4]
+    assert [tokens for _, tokens in rounds[1:]] == [12, 12, 6]
+    # with a full batch the prompts are the first step of a round
+    engine = make_engine(num_scheduler_steps=4, max_num_seqs=3)
+    rounds.clear()
+    engine.add_step_listener(lambda stats: rounds.append((stats.num_model_steps, stats.num_new_tokens)))
+    assert [r.token_ids for r in engine.generate(prompts, params)] == [r.token_ids for r in single]
+    assert rounds == [(4, 12), (4, 12), (4, 9)]
     check_all_blocks_free(engine)
 
 
-def test_no_round_while_a_held_back_prompt_waits_for_the_next_step():
-    engine = make_engine(num_scheduler_steps=4, max_prefills_per_decode_step=1)
+def test_no_round_while_the_batch_has_room_for_a_waiting_prompt():
+    engine = make_engine(num_scheduler_steps=4, max_prefills_per_decode_step=1, max_num_seqs=4)
     steps = []
     engine.add_step_listener(lambda stats: steps.append((stats.num_model_steps, stats.num_prefill_seqs)))
     params = SamplingParams(max_new_tokens=10, temperature=0, ignore_eos=True)
@@ -187,9 +193,9 @@ def test_no_round_while_a_held_back_prompt_waits_for_the_next_step():
     while engine.has_unfinished():
         for out in engine.step():
             outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
-    # one prompt joins each decoding step; while others wait for it, the step is a single one; the last
-    # admission (nobody left waiting) starts a round
-    assert steps[:4] == [(4, 1), (1, 1), (1, 1), (4, 1)]
+    # one prompt joins each decoding step, a single step while the batch has room; the admission that fills
+    # it starts a round
+    assert steps[:4] == [(1, 1), (1, 1), (1, 1), (4, 1)]
     single = make_engine().generate(prompts[1:], params)
     assert [outputs[i] for i in ids] == [r.token_ids for r in single]
     check_all_blocks_free(engine)
@@ -199,7 +205,7 @@ def test_a_prompt_chunk_runs_alone_and_a_completed_prompt_joins_the_round():
     prompts = [[5, 6, 7], list(range(30, 50))]  # the second needs two chunks of the 16-token budget
     params = SamplingParams(max_new_tokens=9, temperature=0, ignore_eos=True)
     single = make_engine(max_num_batched_tokens=16).generate(prompts, params)
-    engine = make_engine(max_num_batched_tokens=16, num_scheduler_steps=4)
+    engine = make_engine(max_num_batched_tokens=16, num_scheduler_steps=4, max_num_seqs=2)
     rounds = []
     engine.add_step_listener(lambda stats: rounds.append((stats.num_model_steps, stats.num_prefill_seqs)))
     multi = engine.generate(prompts, params)
@@ -236,19 +242,19 @@ def test_rows_that_need_the_engine_between_tokens_run_one_step_at_a_time(params)
     assert got.token_ids == make_engine().generate([[5, 6, 7]], params)[0].token_ids
 
 
-def test_a_prompt_admitted_while_others_decode_joins_a_round():
-    engine = make_engine(num_scheduler_steps=4)
+def test_a_prompt_filling_the_batch_joins_a_round():
+    engine = make_engine(num_scheduler_steps=4, max_num_seqs=2)
     steps = []
     engine.add_step_listener(lambda stats: steps.append((stats.num_model_steps, stats.num_prefill_seqs)))
     params = SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True)
     first = engine.add_request(None, params, prompt_token_ids=[5, 6, 7])
-    outputs = {first: [t for out in engine.step() for t in out.new_token_ids]}   # the prompt, then 3 decodes
+    outputs = {first: [t for out in engine.step() for t in out.new_token_ids]}   # the prompt alone: room left
     outputs[first] += [t for out in engine.step() for t in out.new_token_ids]    # a round of 4 decode steps
     second = engine.add_request(None, params, prompt_token_ids=[8, 9])
-    while engine.has_unfinished():      # the newcomer's prompt is the first step of a round with the decodes
+    while engine.has_unfinished():      # the newcomer fills the batch: its prompt is a round's first step
         for out in engine.step():
             outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
-    assert steps[:3] == [(4, 1), (4, 0), (4, 1)]
+    assert steps[:3] == [(1, 1), (4, 0), (4, 1)]
     single = make_engine().generate([[5, 6, 7], [8, 9]], params)
     assert [outputs[first], outputs[second]] == [r.token_ids for r in single]
     check_all_blocks_free(engine)
