@@ -23,6 +23,7 @@ sys.path.insert(0, ROOT)
 from mindspore_serving.llm import LLMEngine, SchedulerConfig  # noqa: E402
 from mindspore_serving.llm.model_io import SeqStep  # noqa: E402
 from mindspore_serving.llm.serving_config import load_serving_config  # noqa: E402
+from mindspore_serving.llm.step_report import StepCounters  # noqa: E402
 
 
 def bind_like_agent(config):
@@ -64,15 +65,13 @@ def workload(count: int, vocab: int, max_model_len: int, seed: int = 0):
 
 def run_engine(runner, config, requests):
     engine = LLMEngine(runner, scheduler_config=config)
-    occupancy, decode_only = [], []
+    counters, decode_only = StepCounters(), []  # occupancy counted as the worker's statistics lines count it
 
     def listen(stats):
-        # a multi-step round (num_model_steps > 1) counts as that many steps of its average batch
-        steps = stats.num_model_steps
-        if stats.num_decode_seqs:
-            occupancy.extend([stats.num_new_tokens / steps if steps > 1 else stats.num_decode_seqs] * steps)
+        counters.add(stats)
         if stats.num_decode_seqs and not stats.num_prefill_seqs:
-            decode_only.append((stats.num_new_tokens, stats.schedule_s + stats.execute_s + stats.update_s, steps))
+            decode_only.append((stats.num_new_tokens, stats.schedule_s + stats.execute_s + stats.update_s,
+                                stats.num_model_steps))
 
     engine.add_step_listener(listen)
     for prompt, n in requests:
@@ -88,7 +87,7 @@ def run_engine(runner, config, requests):
     decode_seconds = sum(s for _, s, _ in decode_only)
     decode_steps = sum(n for _, _, n in decode_only)
     return {"seconds": elapsed, "output_tokens": tokens, "tokens_per_s": tokens / elapsed, "steps": steps,
-            "mean_decode_batch": float(np.mean(occupancy)) if occupancy else 0.0,
+            "mean_decode_batch": counters.mean_decode_batch,
             "decode_only_steps": decode_steps,
             "decode_only_mean_batch": decode_tokens / max(1, decode_steps),
             "decode_only_tokens_per_s": decode_tokens / decode_seconds if decode_seconds else 0.0}

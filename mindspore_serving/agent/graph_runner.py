@@ -264,14 +264,14 @@ class GraphRunner:
         """Multi-step greedy decoding (model_io.run_greedy_steps): `num_steps` calls of one decode bucket back to
         back, its block tables filled once, each step's argmax fed into the next. Prompts in `seqs` are computed
         by a first `run` (a mixed call with the decode rows when the buckets allow), the rest as decode rows."""
-        if seqs and num_steps > 1 and any(seq.query_len != 1 for seq in seqs) and len(seqs) <= self.decode_batches[-1]:
+        if not seqs or len(seqs) > self.decode_batches[-1] or num_steps == 1:
+            return run_greedy_steps(self, seqs, num_steps)
+        if any(seq.query_len != 1 for seq in seqs):
             first, first_logprobs = greedy_with_logprobs(self.run(seqs))
             rest, rest_logprobs = self.run_greedy([SeqStep([int(token)], seq.context_len, seq.block_table)
                                                    for token, seq in zip(first, seqs)], num_steps - 1)
             return (np.concatenate([np.asarray(first, np.int64)[:, None], rest], axis=1),
                     np.concatenate([np.asarray(first_logprobs, np.float32)[:, None], rest_logprobs], axis=1))
-        if not seqs or len(seqs) > self.decode_batches[-1] or any(seq.query_len != 1 for seq in seqs):
-            return run_greedy_steps(self, seqs, num_steps)
         for i, seq in enumerate(seqs):  # the last step writes position start_pos + num_steps - 1
             self._check(i, SeqStep([0] * num_steps, seq.start_pos, seq.block_table))
         bucket = self.decode_buckets[self.decode_batches[bisect.bisect_left(self.decode_batches, len(seqs))]]
