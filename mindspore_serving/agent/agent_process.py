@@ -3,17 +3,23 @@
 It reports readiness ("models loaded, warmed up, listening") through the start-up queue, and exits when its
 parent process dies or when the worker that attached to it goes away.
 """
-import os
-import signal
-import threading
-import time
-from concurrent import futures
+from mindspore_serving.common.native_protobuf import prefer_native_protobuf
 
-import grpc
+# the worker spawns agents after it imported MindSpore, which asked for the pure-Python protobuf (see the module)
+prefer_native_protobuf()
 
-from mindspore_serving import log
-from mindspore_serving.agent import protocol
-from mindspore_serving.proto import agent_pb2, agent_pb2_grpc
+# pylint: disable=wrong-import-position
+import os  # noqa: E402
+import signal  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from concurrent import futures  # noqa: E402
+
+import grpc  # noqa: E402
+
+from mindspore_serving import log  # noqa: E402
+from mindspore_serving.agent import protocol  # noqa: E402
+from mindspore_serving.proto import agent_pb2, agent_pb2_grpc  # noqa: E402
 
 PARENT_CHECK_SECONDS = 0.2
 READY, FAILED = "ready", "failed"

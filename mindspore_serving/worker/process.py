@@ -3,16 +3,12 @@
 Started by the master as `python .../server/start_worker.py --servable_directory ... --master_address ...`.
 It exits on SIGINT/SIGTERM, when the master asks, or when its parent process goes away.
 """
-import os
+from mindspore_serving.common.native_protobuf import prefer_native_protobuf
 
-# MindSpore sets PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python when it is imported and the variable is unset (for its
-# checkpoint files). A master started from a process that imported MindSpore first passes that on to its workers,
-# and every message of theirs would then go through the pure-Python protobuf, several times slower. A worker loads
-# protobuf before MindSpore, so it uses the implementation it gets with the variable unset, whatever its parent did.
-if os.environ.get("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION") == "python":
-    del os.environ["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"]
+prefer_native_protobuf()  # before protobuf is imported (see the module)
 
 # pylint: disable=wrong-import-position
+import os  # noqa: E402
 import argparse  # noqa: E402
 import importlib  # noqa: E402
 import signal  # noqa: E402
