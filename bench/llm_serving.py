@@ -13,8 +13,8 @@ What it does, all on 127.0.0.1, every process started (and killed at the end, ev
    token boundaries to 4-96 tokens) and output lengths (log-uniform 4-160 tokens; `ignore_eos`, `temperature` 0):
    - `c=1`: requests one after another with 64 output tokens each: the per-token overhead at batch 1;
    - `saturation`: every request sent at once (the engine runs max_num_seqs, the rest queue); repeated
-     (--saturation-runs), each run bracketed by engine-limit probes and followed by the same requests through the
-     engine in-process;
+     (--saturation-runs), each time with other prompts (a repeated prompt would hit the prefix cache), each run
+     bracketed by engine-limit probes and followed by the same requests through the engine in-process;
    - `poisson`: open-loop Poisson arrivals at --rates (`0.5x` = half the saturated request rate, or req/s), at most
      rate x --poisson-seconds requests each;
    before each run it waits (at most --quiet-wait s) for the other processes on the machine to calm down;
@@ -226,8 +226,8 @@ class EngineMeasures:
     """What the benchmark asks of the engine subprocess, recorded in the report: the engine limit (best rounds),
     probes that bracket a served run (the limit at that moment), and in-process runs of the saturating requests."""
 
-    def __init__(self, process: EngineProcess, report: dict, steps: int, workload_path: str):
-        self.process, self.report, self.steps, self.workload_path = process, report, steps, workload_path
+    def __init__(self, process: EngineProcess, report: dict, steps: int):
+        self.process, self.report, self.steps = process, report, steps
 
     def limit(self):
         log("engine limit (engine subprocess; the server is idle)")
@@ -238,10 +238,10 @@ class EngineMeasures:
     def probe(self) -> dict:
         return self.process.ask(op="probe", steps=self.steps)
 
-    def run(self, probe_before: dict) -> dict:
-        """The saturating run's requests through the engine in-process, bracketed by `probe_before` (taken just
-        before) and a probe right after."""
-        run = self.process.ask(op="engine", workload=self.workload_path)
+    def run(self, workload_path: str, probe_before: dict) -> dict:
+        """A saturating run's requests (a workload file) through the engine in-process, bracketed by
+        `probe_before` (taken just before) and a probe right after."""
+        run = self.process.ask(op="engine", workload=workload_path)
         run["probes"] = [probe_before, self.probe()]
         log(f"  in-process engine: {run['tokens_per_s']:.0f} tok/s at decode batch {run['mean_decode_batch']:.2f}")
         return run
@@ -1072,16 +1072,15 @@ async def serve_runs(args, server: LlmServer, workloads: dict, cpu: Cpu, report:
 
         await asyncio.to_thread(engine.limit)  # the server is idle meanwhile
 
-        sat_items = workloads["saturation"]
         rates = []
-        for k in range(args.saturation_runs):
+        for k, (sat_items, workload_path) in enumerate(workloads["saturation"]):
             name = "saturation" if args.saturation_runs == 1 else f"saturation #{k + 1}"
             sat, sat_records, sat_started = await measure(
                 name, lambda: run_closed(session, url, sat_items, len(sat_items)),
                 {"mode": f"all {len(sat_items)} requests at once", "saturation": True}, bracket=True)
             sat["full_window"] = saturated_window(sat_records, sat_started)
             # right after it, the same requests through the engine in-process, bracketed the same way
-            sat["engine_run"] = await asyncio.to_thread(engine.run, sat["probes"][1])
+            sat["engine_run"] = await asyncio.to_thread(engine.run, workload_path, sat["probes"][1])
             rates.append(sat["req_per_s"])
         saturated_rate = float(np.median(rates))
 
@@ -1099,7 +1098,7 @@ async def serve_runs(args, server: LlmServer, workloads: dict, cpu: Cpu, report:
         if args.profile:
             items = workloads["profile"]
             sat_seconds = min(r["seconds"] for r in runs if r.get("saturation"))
-            seconds = max(2, int(sat_seconds * len(items) / len(sat_items) * 0.6))
+            seconds = max(2, int(sat_seconds * len(items) / args.requests * 0.6))
             cpu.wait_quiet(args.quiet_wait)
             log(f"profile: a saturating run of {len(items)} requests, py-spy from its 1st second for {seconds} s "
                 f"-> {args.profile}")
@@ -1289,14 +1288,19 @@ def main(argv=None) -> int:
     source = PromptSource(config.model.tokenizer)
     workloads = {"warm": workload(source, 24, args.seed + 99, max_model_len, output_tokens=8),
                  "c1": workload(source, args.c1_requests, args.seed + 1, max_model_len, output_tokens=C1_OUTPUT_TOKENS),
-                 "saturation": workload(source, args.requests, args.seed + 2, max_model_len),
+                 # each saturating run its own prompts: a repeated prompt would hit the prefix cache
+                 "saturation": [workload(source, args.requests, args.seed + 2 + 30 * k, max_model_len)
+                                for k in range(args.saturation_runs)],
                  "profile": workload(source, 2 * args.requests, args.seed + 3, max_model_len),
                  "poisson": [workload(source, args.requests, args.seed + 10 + k, max_model_len)
                              for k in range(len(args.rates))]}
-    engine_workload = os.path.join(workdir, "saturation_workload.json")
-    with open(engine_workload, "w", encoding="utf-8") as stream:  # the ids the server's tokenizer makes of them
-        json.dump([[source.tokenizer.encode(item.prompt), item.max_tokens] for item in workloads["saturation"]], stream)
-    report["meta"]["saturation_output_tokens"] = sum(item.max_tokens for item in workloads["saturation"])
+    for k, items in enumerate(workloads["saturation"]):  # and for the in-process engine, the ids the server makes
+        path = os.path.join(workdir, f"saturation_workload_{k}.json")
+        with open(path, "w", encoding="utf-8") as stream:
+            json.dump([[source.tokenizer.encode(item.prompt), item.max_tokens] for item in items], stream)
+        workloads["saturation"][k] = (items, path)
+    report["meta"]["saturation_output_tokens"] = [sum(item.max_tokens for item in items)
+                                                  for items, _ in workloads["saturation"]]
 
     try:
         log("starting the server")
@@ -1309,7 +1313,7 @@ def main(argv=None) -> int:
             asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
         log("starting the engine subprocess (the served graphs, bound like the agent)")
         process = EngineProcess(server.config)
-        engine = EngineMeasures(process, report, args.limit_steps, engine_workload)
+        engine = EngineMeasures(process, report, args.limit_steps)
         asyncio.run(serve_runs(args, server, workloads, cpu, report, engine))
         process.close()
     finally:
