@@ -34,13 +34,13 @@ def greedy_with_logprobs(logits: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     as `Sampler.sample` computes them for a greedy row (model runners use it for multi-step decoding)."""
     logits = np.asarray(logits, dtype=np.float32)
     tokens = np.argmax(logits, axis=1)
-    return tokens, _chosen_logprobs(logits, tokens)
+    return tokens, logits[np.arange(len(tokens)), tokens] - _log_normaliser(logits)
 
 
-def _chosen_logprobs(logits: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+def _log_normaliser(logits: np.ndarray) -> np.ndarray:
+    """Per row of float32 logits [n, vocab]: log(sum(exp(row))), computed stably."""
     peak = logits.max(axis=1)
-    log_normaliser = peak + np.log(np.exp(logits - peak[:, None]).sum(axis=1))
-    return logits[np.arange(len(tokens)), tokens] - log_normaliser
+    return peak + np.log(np.exp(logits - peak[:, None]).sum(axis=1))
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -104,13 +104,10 @@ class Sampler:
             else:
                 generator = generators[i] if generators is not None and generators[i] is not None else self._rng
                 tokens[i] = self._sample_row(row, p, generator)
-        chosen = _chosen_logprobs(logits, tokens)
-        top = [[] for _ in params]
-        if any(p.top_logprobs for p in params):
-            peak = logits.max(axis=1)
-            log_normaliser = peak + np.log(np.exp(logits - peak[:, None]).sum(axis=1))
-            top = [self._top(logits[i] - log_normaliser[i], p.top_logprobs) if p.top_logprobs else []
-                   for i, p in enumerate(params)]
+        log_normaliser = _log_normaliser(logits)
+        chosen = logits[np.arange(n), tokens] - log_normaliser
+        top = [self._top(logits[i] - log_normaliser[i], p.top_logprobs) if p.top_logprobs else []
+               for i, p in enumerate(params)]
         return SamplerOutput([int(t) for t in tokens], [float(v) for v in chosen], top)
 
     def sample_requests(self, logits: np.ndarray, requests: Sequence) -> SamplerOutput:
