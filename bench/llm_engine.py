@@ -32,13 +32,17 @@ def bind_like_agent(config):
     return config.agents.bind(0, "CPU")
 
 
+def limit_seqs(batch: int, blocks_per_seq: int = 4):
+    """The decode rows the engine limit times: `batch` one-token rows at position 40, each with its own blocks."""
+    return [SeqStep([5], 40, list(range(1 + i * blocks_per_seq, 1 + (i + 1) * blocks_per_seq)))
+            for i in range(batch)]
+
+
 def engine_limit(runner, steps: int):
     """Seconds per decode step at full batch for each decode bucket."""
-    blocks_per_seq = 4
     limit = {}
     for batch in runner.decode_batches:
-        seqs = [SeqStep([5], 40, list(range(1 + i * blocks_per_seq, 1 + (i + 1) * blocks_per_seq)))
-                for i in range(batch)]
+        seqs = limit_seqs(batch)
         runner.run(seqs)  # warm
         rounds = []
         for _ in range(3):  # the best of three rounds: the machine is shared, noise only adds time

@@ -117,28 +117,25 @@ def engine_child(config_path: str) -> None:
       {"op": "probe", "steps": N}     one timed block of N back-to-back decode steps per bucket: the mean step time
                                       right now, to bracket a served run with;
       {"op": "engine", "workload": P} llm_engine.run_engine on a workload file ([[prompt ids, new tokens], ...])."""
-    from llm_engine import bind_like_agent, engine_limit, run_engine  # bench/llm_engine.py
+    from llm_engine import bind_like_agent, engine_limit, limit_seqs, run_engine  # bench/llm_engine.py
     from mindspore_serving.llm.serving_config import bind_threads, load_serving_config
     config = load_serving_config(config_path)
     all_cpus = sorted(os.sched_getaffinity(0))
     cpus = bind_like_agent(config)  # the agent's cores (agents.cpu_affinity): the same conditions as served
     import mindspore as ms
     from mindspore_serving.agent.graph_runner import GraphRunner
-    from mindspore_serving.llm.model_io import SeqStep
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
     runner = GraphRunner(config.model.graphs[0], num_blocks=config.engine.num_blocks)
     batches = list(runner.decode_batches)
 
-    def seqs(batch):
-        return [SeqStep([5], 40, list(range(1 + i * 4, 1 + (i + 1) * 4))) for i in range(batch)]
-
     def limit(steps):
         result = engine_limit(runner, steps)
         for batch in batches:  # CPU time per step (this process, all its threads): less hit by noise
+            rows = limit_seqs(batch)
             cpu0, wall0 = time.process_time(), time.perf_counter()
             for _ in range(steps):
-                runner.run(seqs(batch))
+                runner.run(rows)
             result[batch]["cpu_ms"] = (time.process_time() - cpu0) / steps * 1000
             result[batch]["wall_ms_of_cpu_rounds"] = (time.perf_counter() - wall0) / steps * 1000
         out = {"decode_batches": batches, "num_blocks": config.engine.num_blocks, "cpus": cpus,
@@ -152,10 +149,11 @@ def engine_child(config_path: str) -> None:
     def probe(steps):
         step_ms = {}
         for batch in batches:
-            runner.run(seqs(batch))
+            rows = limit_seqs(batch)
+            runner.run(rows)
             started = time.perf_counter()
             for _ in range(steps):
-                runner.run(seqs(batch))
+                runner.run(rows)
             step_ms[str(batch)] = (time.perf_counter() - started) / steps * 1000
         return {"t": time.time(), "step_ms": step_ms}
 
