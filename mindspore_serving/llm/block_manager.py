@@ -154,15 +154,18 @@ class BlockManager:
         request.block_table.extend(self._pop_free() for _ in range(need))
         return True
 
+    def blocks_to_append(self, request: Request, num_new_tokens: int) -> int:
+        """Free blocks `append_slots(request, num_new_tokens)` would take."""
+        return self._num_new_blocks(request, request.num_computed_tokens + num_new_tokens, len(request.block_table))
+
     def can_append_slots(self, request: Request, num_new_tokens: int) -> bool:
         """Whether `append_slots` would succeed."""
-        need = self._num_new_blocks(request, request.num_computed_tokens + num_new_tokens, len(request.block_table))
-        return need <= len(self._free)
+        return self.blocks_to_append(request, num_new_tokens) <= len(self._free)
 
     def append_slots(self, request: Request, num_new_tokens: int) -> bool:
         """Extends a request's blocks to hold `num_new_tokens` more tokens after its computed ones.
         Returns False, changing nothing, when blocks are short."""
-        need = self._num_new_blocks(request, request.num_computed_tokens + num_new_tokens, len(request.block_table))
+        need = self.blocks_to_append(request, num_new_tokens)
         if need > len(self._free):
             return False
         request.block_table.extend(self._pop_free() for _ in range(need))

@@ -79,6 +79,15 @@ class SchedulerConfig:
     decoding). Tokens then stream in bursts of up to this many, and a request that arrives or finishes
     meanwhile waits for the round to end. 1: one step per round."""
 
+    async_scheduling: bool = False
+    """Plan the next step while the runner still computes this one, when this one's tokens are chosen by the
+    runner (every row greedy, as for num_scheduler_steps): the next step's decode rows name the row of this
+    step whose token they continue from, and the runner fills it in. The engine's own work (scheduling,
+    detokenizing, streaming) then overlaps the model's instead of following it. A request that stops on a
+    token the engine could not foresee (EOS, a stop token) has computed one step it does not need; one that
+    reaches max_new_tokens in a step leaves its batch slot and blocks to the next step at once. Steps that
+    sample in the engine, and steps that might have to preempt, run one after the other as without it."""
+
     def __post_init__(self):
         _check_int("max_num_seqs", self.max_num_seqs, 1)
         _check_int("num_scheduler_steps", self.num_scheduler_steps, 1)
@@ -88,6 +97,7 @@ class SchedulerConfig:
         _check_int("num_blocks", self.num_blocks, 2, "block 0 is the reserved scratch block")
         _check_bool("enable_prefix_caching", self.enable_prefix_caching)
         _check_bool("enable_chunked_prefill", self.enable_chunked_prefill)
+        _check_bool("async_scheduling", self.async_scheduling)
         if self.batching not in BATCHING_STRATEGIES:
             raise ValueError(f"SchedulerConfig.batching must be one of {BATCHING_STRATEGIES}, got {self.batching!r}")
         if self.max_prefills_per_decode_step is not None:

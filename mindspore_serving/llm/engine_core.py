@@ -6,16 +6,20 @@ token-level outputs. A serving loop in another thread or process drives it the s
 
 A failing model step does not stop the engine: the requests of that step finish with reason "error"
 and every other request goes on.
+
+With SchedulerConfig.async_scheduling, a step whose tokens the runner chooses (every row greedy) stays in
+flight when `step()` returns: the next `step()` plans and submits the following step first, then collects
+this one's tokens, so the runner always has the next step queued while the engine does its own work.
 """
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from mindspore_serving import log
 from mindspore_serving.llm.config import SchedulerConfig
-from mindspore_serving.llm.model_io import ModelRunner
+from mindspore_serving.llm.model_io import PLACEHOLDER, ModelRunner, SerialSubmitter
 from mindspore_serving.llm.request import FinishReason, Request, RequestStatus
 from mindspore_serving.llm.sampler import Sampler
 from mindspore_serving.llm.scheduler import Scheduler, SchedulerOutput
@@ -61,6 +65,17 @@ StepListener = Callable[[StepStats], None]
 
 
 @dataclass
+class _InFlight:
+    """A greedy step submitted and not yet collected."""
+    plan: SchedulerOutput
+    greedy: bool                  # the runner returns tokens (else logits, sampled here)
+    num_steps: int
+    future: Any
+    schedule_s: float
+    submitted: float
+
+
+@dataclass
 class _Sampled:
     token_id: int
     logprob: float
@@ -83,6 +98,10 @@ class EngineCore:
         self._listeners: List[StepListener] = []
         self.last_stats: Optional[StepStats] = None
         self.num_steps = 0
+        self._submitter = None
+        if scheduler_config.async_scheduling:
+            self._submitter = model_runner if hasattr(model_runner, "submit") else SerialSubmitter(model_runner)
+        self._in_flight: Optional[_InFlight] = None
 
     # --- requests -----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -104,7 +123,7 @@ class EngineCore:
         return self.scheduler.get_request(request_id)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._pending)
+        return self.scheduler.has_unfinished() or bool(self._pending) or self._in_flight is not None
 
     def add_step_listener(self, listener: StepListener) -> None:
         self._listeners.append(listener)
@@ -113,6 +132,8 @@ class EngineCore:
     def step(self) -> List[EngineCoreOutput]:
         """One model step (nothing runs when nothing is schedulable); outputs of the requests it changed,
         plus the final outputs of requests aborted since the last step."""
+        if self._submitter is not None:
+            return self._step_ahead()
         t0 = self._timer()
         plan = self.scheduler.schedule()
         if plan.is_empty:
@@ -136,17 +157,93 @@ class EngineCore:
         self._record(plan, outputs, t1 - t0, t2 - t1, self._timer() - t2, num_steps)
         return outputs
 
-    def _decode_steps(self, plan: SchedulerOutput) -> int:
-        """How many steps this plan may run at once (see SchedulerConfig.num_scheduler_steps): 1 unless the
-        runner offers `run_greedy` and every row decodes greedily with nothing that needs the engine between
-        tokens (repetition penalty, stop strings, top logprobs); Scheduler.reserve_decode_steps may cut it."""
-        steps = self.config.num_scheduler_steps
-        if steps <= 1 or not hasattr(self.runner, "run_greedy"):
-            return 1
+    def _step_ahead(self) -> List[EngineCoreOutput]:
+        """`step()` with async scheduling: plans and submits the next step before collecting the one in flight
+        (see the module docstring). Returns the outputs of the step collected (and of a step that samples in
+        the engine, which is collected at once)."""
+        t0 = self._timer()
+        outputs: List[EngineCoreOutput] = []
+        in_flight = self._in_flight
+        if in_flight is not None:
+            self.scheduler.advance_in_flight(in_flight.plan, in_flight.num_steps)
+            if not self.scheduler.fits_without_preemption():
+                outputs += self._collect(in_flight)
+                in_flight = None
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            self._in_flight = None
+            if in_flight is not None:
+                outputs += self._collect(in_flight)
+            return self._take_pending() + outputs
+        greedy = self._greedy(plan)
+        num_steps = self.scheduler.reserve_decode_steps(plan, self._decode_steps(plan)) if greedy else 1
+        prev_rows = self._prev_rows(plan, in_flight)
+        t1 = self._timer()
+        future = self._submitter.submit(plan.seq_steps, num_steps if greedy else 0, prev_rows)
+        self._in_flight = _InFlight(plan, greedy, num_steps, future, t1 - t0, t1)
+        if in_flight is not None:
+            outputs += self._collect(in_flight)
+        if not greedy:
+            outputs += self._collect(self._in_flight)
+        return self._take_pending() + outputs
+
+    def _collect(self, in_flight: _InFlight) -> List[EngineCoreOutput]:
+        """Waits for a submitted step and records its tokens (sampling them first when the runner returned
+        logits)."""
+        if self._in_flight is in_flight:
+            self._in_flight = None
+        plan, num_steps, greedy = in_flight.plan, in_flight.num_steps, in_flight.greedy
+        try:
+            result = in_flight.future.result()
+            if greedy:
+                tokens, logprobs = self._check_steps(plan, num_steps, result)
+            else:
+                sampled = self._sample(plan, result)
+        except Exception as err:  # pylint: disable=broad-except
+            log.exception(f"LLM step {plan.step_id} failed for requests {plan.request_ids}: {err}")
+            t2 = self._timer()
+            outputs = self._fail(plan, f"model step failed: {type(err).__name__}: {err}")
+        else:
+            t2 = self._timer()
+            outputs = self._update_steps(plan, tokens, logprobs) if greedy else self._update(plan, sampled)
+        self._record(plan, outputs, in_flight.schedule_s, t2 - in_flight.submitted, self._timer() - t2, num_steps)
+        return outputs
+
+    def _greedy(self, plan: SchedulerOutput) -> bool:
+        """Whether the runner can choose every row's tokens (each row samples, greedily, with nothing that needs
+        the engine between tokens)."""
         for row in plan.scheduled:
             p = self.scheduler.requests[row.request_id].sampling_params
-            if not p.greedy or p.repetition_penalty != 1.0 or p.stop or p.top_logprobs:
-                return 1
+            if not row.samples or not p.greedy or p.repetition_penalty != 1.0 or p.stop or p.top_logprobs:
+                return False
+        return True
+
+    @staticmethod
+    def _prev_rows(plan: SchedulerOutput, in_flight: Optional[_InFlight]) -> List[int]:
+        """For each row of `plan`, the row of the step in flight whose token it continues from (-1: none);
+        [] when no row does."""
+        rows = [row for row in plan.scheduled if row.seq_step.token_ids[-1] == PLACEHOLDER]
+        if not rows:
+            return []
+        where = {row.request_id: i for i, row in enumerate(in_flight.plan.scheduled)} if in_flight else {}
+        prev = []
+        for row in plan.scheduled:
+            if row.seq_step.token_ids[-1] != PLACEHOLDER:
+                prev.append(-1)
+            elif row.request_id in where and row.seq_step.token_ids == [PLACEHOLDER]:
+                prev.append(where[row.request_id])
+            else:
+                raise RuntimeError(f"step {plan.step_id}: request {row.request_id} continues from a token no step "
+                                   f"in flight computes ({row.seq_step.token_ids[:4]})")
+        return prev
+
+    def _decode_steps(self, plan: SchedulerOutput) -> int:
+        """How many steps this plan may run at once (see SchedulerConfig.num_scheduler_steps): 1 unless the
+        runner offers `run_greedy` and it can choose every row's tokens (`_greedy`); Scheduler.reserve_decode_steps
+        may cut it."""
+        steps = self.config.num_scheduler_steps
+        if steps <= 1 or not hasattr(self.runner, "run_greedy") or not self._greedy(plan):
+            return 1
         return steps
 
     def _take_pending(self) -> List[EngineCoreOutput]:
@@ -155,11 +252,15 @@ class EngineCore:
 
     def _execute(self, plan: SchedulerOutput) -> Dict[int, _Sampled]:
         """Runs the model and samples the rows that complete their tokens; {row index: sampled}."""
-        logits = np.asarray(self.runner.run(plan.seq_steps))
+        return self._sample(plan, self.runner.run(plan.seq_steps))
+
+    def _sample(self, plan: SchedulerOutput, logits) -> Dict[int, _Sampled]:
+        logits = np.asarray(logits)
         if logits.ndim != 2 or logits.shape[0] != len(plan.scheduled):
             raise RuntimeError(f"model runner returned logits of shape {logits.shape} "
                                f"for {len(plan.scheduled)} sequences")
-        rows = [i for i, row in enumerate(plan.scheduled) if row.samples]
+        live = self.scheduler.requests  # a request may have finished since the plan (async scheduling: on EOS)
+        rows = [i for i, row in enumerate(plan.scheduled) if row.samples and row.request_id in live]
         if not rows:
             return {}
         requests = [self.scheduler.requests[plan.scheduled[i].request_id] for i in rows]
@@ -180,7 +281,11 @@ class EngineCore:
 
     def _execute_steps(self, plan: SchedulerOutput, num_steps: int) -> Tuple[np.ndarray, np.ndarray]:
         """Runs a multi-step round; (tokens, logprobs), each [rows, num_steps]."""
-        tokens, logprobs = (np.asarray(a) for a in self.runner.run_greedy(plan.seq_steps, num_steps))
+        return self._check_steps(plan, num_steps, self.runner.run_greedy(plan.seq_steps, num_steps))
+
+    @staticmethod
+    def _check_steps(plan: SchedulerOutput, num_steps: int, result) -> Tuple[np.ndarray, np.ndarray]:
+        tokens, logprobs = (np.asarray(a) for a in result)
         if tokens.shape != (len(plan.scheduled), num_steps) or logprobs.shape != tokens.shape:
             raise RuntimeError(f"model runner returned tokens {tokens.shape} and logprobs {logprobs.shape} for "
                                f"{len(plan.scheduled)} sequences and {num_steps} steps")

@@ -8,13 +8,20 @@ block_table[pos // block_size] * block_size + pos % block_size), attends over ev
 
 Physical block 0 is reserved as a scratch block: padding writes there, and the block manager never
 hands it out.
+
+Steps may also be submitted ahead (`submit`, SchedulerConfig.async_scheduling): a runner computes submitted
+steps in submission order, and a decode row whose token is PLACEHOLDER names, in `prev_rows`, the row of the
+step submitted just before (which chose its tokens itself: a greedy step) whose last chosen token it computes.
 """
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import List, Protocol, Sequence, Tuple
+from typing import List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
 SCRATCH_BLOCK = 0
+PLACEHOLDER = -1
+"""The token of a decode row that continues from a token the runner has not returned yet."""
 
 
 @dataclass
@@ -65,3 +72,60 @@ def run_greedy_steps(runner: ModelRunner, seqs: Sequence[SeqStep], num_steps: in
         step_seqs = [SeqStep([int(token)], seq.context_len + step, seq.block_table)
                      for token, seq in zip(tokens[:, step], seqs)]
     return tokens, logprobs
+
+
+def fill_placeholders(seqs: Sequence[SeqStep], prev_rows: Sequence[int],
+                      last_tokens: Optional[np.ndarray]) -> List[SeqStep]:
+    """`seqs` with each PLACEHOLDER token replaced by `last_tokens[prev_rows[i]]` (the last tokens the previous
+    greedy step chose, one per row; None when there was none). Raises ValueError when a placeholder cannot be
+    filled."""
+    if not len(prev_rows):
+        return list(seqs)
+    if len(prev_rows) != len(seqs):
+        raise ValueError(f"{len(prev_rows)} prev_rows for {len(seqs)} sequences")
+    filled = []
+    for i, (seq, row) in enumerate(zip(seqs, prev_rows)):
+        if row < 0:
+            filled.append(seq)
+            continue
+        if last_tokens is None:
+            raise ValueError(f"sequence {i} continues row {row} of the previous step, which chose no tokens "
+                             f"(it was not a greedy step, or it failed)")
+        if seq.token_ids != [PLACEHOLDER] or row >= len(last_tokens):
+            raise ValueError(f"sequence {i} (tokens {seq.token_ids[:4]}) cannot continue row {row} of a previous "
+                             f"step of {len(last_tokens)} rows; only one-token placeholder rows can")
+        filled.append(SeqStep([int(last_tokens[row])], seq.start_pos, seq.block_table))
+    return filled
+
+
+class SerialSubmitter:
+    """`submit` for a runner that has none: each step runs when it is submitted, in the caller's thread (so steps
+    run in submission order and nothing overlaps; the engine's logic is the same as with a runner that
+    computes while the engine plans)."""
+
+    def __init__(self, runner: ModelRunner):
+        self.runner = runner
+        self._last_tokens: Optional[np.ndarray] = None
+
+    def submit(self, seqs: Sequence[SeqStep], greedy_steps: int = 0, prev_rows: Sequence[int] = ()) -> Future:
+        """Computes a step; the future holds logits (greedy_steps 0), or (tokens, logprobs), each
+        [rows, greedy_steps], of a greedy step, or the step's error."""
+        future: Future = Future()
+        self._compute(future, seqs, greedy_steps, prev_rows)
+        return future
+
+    def _compute(self, future: Future, seqs: Sequence[SeqStep], greedy_steps: int, prev_rows: Sequence[int]):
+        try:
+            seqs = fill_placeholders(seqs, prev_rows, self._last_tokens)
+            self._last_tokens = None
+            if greedy_steps:
+                greedy = getattr(self.runner, "run_greedy", None)
+                result = greedy(seqs, greedy_steps) if greedy else run_greedy_steps(self.runner, seqs, greedy_steps)
+                self._last_tokens = np.asarray(result[0])[:, -1]
+            else:
+                result = self.runner.run(list(seqs))
+        except Exception as err:  # pylint: disable=broad-except
+            self._last_tokens = None
+            future.set_exception(err)
+        else:
+            future.set_result(result)

@@ -135,6 +135,14 @@ class Request:
         self.output_token_ids.append(token_id)
         self._all_token_ids.append(token_id)
 
+    def pop_output_tokens(self, count: int) -> None:
+        """Takes back the last `count` output tokens (placeholders of tokens still being computed)."""
+        if not 0 <= count <= self.num_output_tokens:
+            raise ValueError(f"request {self.request_id} has {self.num_output_tokens} output tokens, cannot take back {count}")
+        if count:
+            del self.output_token_ids[-count:]
+            del self._all_token_ids[-count:]
+
     # --- state machine ------------------------------------------------------------------------
     @property
     def finished(self) -> bool:

@@ -18,15 +18,21 @@ A request yields a new token only in the step that computes its last known token
 
 Static batching: when nothing runs, the first max_num_seqs waiting requests become the batch; only
 they are admitted (over several steps if the budget requires) until every one of them has finished.
+
+Planning ahead (SchedulerConfig.async_scheduling): `advance_in_flight(plan, n)` takes a greedy plan whose
+tokens are still being computed as done: each row gets PLACEHOLDER tokens for the n tokens it will produce,
+so that `schedule()` can plan the next step (its rows continue from the placeholders). A request that will
+reach max_new_tokens (or max_model_len) within the plan leaves the batch and frees its blocks at once; it
+finishes when its tokens arrive. `update_from_steps` puts the real tokens in place of the placeholders.
 """
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Deque, Dict, List, Optional, Sequence, Set
+from typing import Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
 from mindspore_serving.llm.block_manager import BlockManager
 from mindspore_serving.llm.config import STATIC, SchedulerConfig
-from mindspore_serving.llm.model_io import SeqStep
+from mindspore_serving.llm.model_io import PLACEHOLDER, SeqStep
 from mindspore_serving.llm.request import FinishReason, Request, RequestStatus
 
 
@@ -113,6 +119,10 @@ class Scheduler:
         self.requests: Dict[str, Request] = {}
         """Unfinished requests by id."""
         self._static_batch: Set[str] = set()
+        self._advanced: Dict[str, Tuple[int, int]] = {}
+        """Requests holding PLACEHOLDER tokens (advance_in_flight): id -> (placeholders, computed tokens added)."""
+        self._draining: Dict[str, Request] = {}
+        """Requests out of the batch, blocks freed, whose last tokens are still being computed."""
         self._step_id = 0
         self.num_preemptions = 0
 
@@ -145,10 +155,10 @@ class Scheduler:
         request = self.requests.get(request_id)
         if request is None:
             return False
-        if request.status is RequestStatus.RUNNING:
-            self.running.remove(request)
-        else:
+        if request.status is not RequestStatus.RUNNING:
             self.waiting.remove(request)
+        elif request_id not in self._draining:
+            self.running.remove(request)
         self._finish(request, status)
         return True
 
@@ -308,15 +318,64 @@ class Scheduler:
         now = self.clock()
         deltas = []
         for row, request, tokens in self._live_rows(output, token_ids, "update_from_steps"):
+            self._rewind(request)
+            draining = request.request_id in self._draining  # its blocks are gone: nothing to cache
             taken = []
             for token in tokens:
                 request.num_computed_tokens += row.num_tokens if not taken else 1
-                self.block_manager.cache_full_blocks(request)
+                if not draining:
+                    self.block_manager.cache_full_blocks(request)
                 taken.append(int(token))
                 if self._accept(request, int(token), now):
                     break
+            if draining and not request.finished:
+                raise RuntimeError(f"request {request.request_id} left the batch to finish in step "
+                                   f"{output.step_id}, but {len(taken)} tokens did not finish it")
             deltas.append(RequestDelta(request.request_id, taken, request.finished, request.finish_reason))
         return deltas
+
+    # --- planning ahead (async scheduling) ----------------------------------------------------
+    def advance_in_flight(self, output: SchedulerOutput, num_steps: int) -> None:
+        """Takes the plan given to `reserve_decode_steps` (`num_steps` steps, every row sampling), whose tokens
+        the runner is still computing, as computed: each row that goes on gets one PLACEHOLDER per token it
+        will produce; a row that will reach its length limit within the plan leaves the batch and frees its
+        blocks (the runner has the plan already; blocks it writes after they are handed on are written again
+        by their new owner's later steps before anything reads them). Then `schedule()` plans the next step.
+        `update_from_steps(output, tokens)` must follow, before the plan after that is advanced."""
+        for row in output.scheduled:
+            request = self.requests.get(row.request_id)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue
+            if not row.samples or request.num_tokens_to_compute != row.num_tokens or request.request_id in self._advanced:
+                raise RuntimeError(f"request {request.request_id} cannot be advanced over step {output.step_id}: "
+                                   f"{request!r}")
+            params = request.sampling_params
+            room = min(params.max_new_tokens - request.num_output_tokens,
+                       self.config.max_model_len - request.num_tokens)
+            if room <= num_steps:
+                self.running.remove(request)
+                self.block_manager.free(request)
+                self._draining[request.request_id] = request
+                continue
+            request.num_computed_tokens += row.num_tokens + num_steps - 1
+            for _ in range(num_steps):
+                request.append_output_token(PLACEHOLDER)
+            self._advanced[request.request_id] = (num_steps, row.num_tokens + num_steps - 1)
+
+    def fits_without_preemption(self) -> bool:
+        """Whether every running request can get the blocks for all the tokens it has to compute, so that the
+        next `schedule()` preempts nothing (a request carrying placeholders must not be preempted: it would
+        recompute them)."""
+        need = sum(self.block_manager.blocks_to_append(r, r.num_tokens_to_compute) for r in self.running)
+        return need <= self.block_manager.num_free_blocks
+
+    def _rewind(self, request: Request) -> None:
+        """Takes back a request's placeholders (advance_in_flight) before its real tokens are recorded."""
+        advanced = self._advanced.pop(request.request_id, None)
+        if advanced is not None:
+            num_tokens, num_computed = advanced
+            request.pop_output_tokens(num_tokens)
+            request.num_computed_tokens -= num_computed
 
     def _live_rows(self, output: SchedulerOutput, values: Sequence, caller: str):
         """(row, request, value) for each row of the plan whose request still runs (an aborted one is skipped);
@@ -337,7 +396,8 @@ class Scheduler:
         status = request.check_stop(self.config.max_model_len)
         if status is None:
             return False
-        self.running.remove(request)
+        if request.request_id not in self._draining:
+            self.running.remove(request)
         self._finish(request, status)
         return True
 
@@ -352,8 +412,10 @@ class Scheduler:
         self.waiting.appendleft(request)
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
+        self._rewind(request)  # finished before its tokens came (abort, failed step): no placeholders stay
         self.block_manager.free(request)
         request.set_status(status)
         request.finished_time = self.clock()
         del self.requests[request.request_id]
         self._static_batch.discard(request.request_id)
+        self._draining.pop(request.request_id, None)

@@ -9,11 +9,12 @@ output of a request equals `reference_greedy` (the same runner on that request a
 engine gives the runner exactly the right cache.
 """
 import hashlib
-from typing import List, Optional, Sequence
+from concurrent.futures import Future
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from mindspore_serving.llm.model_io import SCRATCH_BLOCK, SeqStep, run_greedy_steps
+from mindspore_serving.llm.model_io import SCRATCH_BLOCK, SeqStep, SerialSubmitter, run_greedy_steps
 
 _EMPTY = -1
 
@@ -83,6 +84,38 @@ class FakeModelRunner:
         tokens = np.asarray(seq.token_ids)
         if tokens.min() < 0 or tokens.max() >= self.vocab_size:
             raise ValueError(f"token ids outside [0, {self.vocab_size})")
+
+
+class DeferredSubmitter(SerialSubmitter):
+    """Submitted steps run only when a result is asked for (then every step submitted before it runs first, in
+    order), as on a runner that is still computing them: async scheduling's tests see what the engine does
+    while a step is in flight. `submissions` records (seqs, greedy_steps, prev_rows, steps not yet run)."""
+
+    def __init__(self, runner):
+        super().__init__(runner)
+        self._queue: List[Tuple[Future, list, int, Sequence[int]]] = []
+        self.submissions: List[Tuple[List[SeqStep], int, List[int], int]] = []
+
+    def submit(self, seqs, greedy_steps=0, prev_rows=()):
+        self.submissions.append((list(seqs), greedy_steps, list(prev_rows), len(self._queue)))
+        future = _DeferredFuture(self)
+        self._queue.append((future, list(seqs), greedy_steps, prev_rows))
+        return future
+
+    def run_until(self, future: Future) -> None:
+        while not future.done():
+            queued, seqs, greedy_steps, prev_rows = self._queue.pop(0)
+            self._compute(queued, seqs, greedy_steps, prev_rows)
+
+
+class _DeferredFuture(Future):
+    def __init__(self, submitter: DeferredSubmitter):
+        super().__init__()
+        self._submitter = submitter
+
+    def result(self, timeout=None):
+        self._submitter.run_until(self)
+        return super().result(timeout)
 
 
 def reference_greedy(runner_factory, prompt_token_ids: Sequence[int], max_new_tokens: int,

@@ -17,7 +17,7 @@ from mindspore_serving.llm.engine import LLMEngine
 from mindspore_serving.llm.errors import InvalidRequestError
 from mindspore_serving.llm.request import FinishReason
 from mindspore_serving.llm.sampling_params import SamplingParams
-from mindspore_serving.llm.testing import FakeModelRunner, reference_greedy
+from mindspore_serving.llm.testing import DeferredSubmitter, FakeModelRunner, reference_greedy
 
 VOCAB = 64
 EOS = 1
@@ -26,12 +26,24 @@ MAX_LEN = 96
 NUM_REQUESTS = 32
 
 
-def make_runner(num_blocks=256, vocab_size=VOCAB):
-    return FakeModelRunner(num_blocks=num_blocks, block_size=BS, max_seq_len=MAX_LEN, vocab_size=vocab_size)
+class AheadRunner(FakeModelRunner):
+    """The fake runner taking steps ahead (async scheduling): they run only when their result is collected."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.deferred = DeferredSubmitter(self)
+
+    def submit(self, seqs, greedy_steps=0, prev_rows=()):
+        return self.deferred.submit(seqs, greedy_steps, prev_rows)
+
+
+def make_runner(num_blocks=256, vocab_size=VOCAB, ahead=False):
+    return (AheadRunner if ahead else FakeModelRunner)(num_blocks=num_blocks, block_size=BS, max_seq_len=MAX_LEN,
+                                                       vocab_size=vocab_size)
 
 
 def make_engine(num_blocks=256, tokenizer=None, eos=EOS, vocab_size=VOCAB, **overrides):
-    runner = make_runner(num_blocks, vocab_size)
+    runner = make_runner(num_blocks, vocab_size, ahead=overrides.get("async_scheduling", False))
     values = dict(max_num_seqs=8, max_num_batched_tokens=32)
     values.update(overrides)
     return LLMEngine(runner, tokenizer, SchedulerConfig.for_runner(runner, **values), eos_token_id=eos, seed=0)
@@ -109,8 +121,12 @@ def check_all_blocks_free(engine):
     dict(batching="static"),
     dict(num_scheduler_steps=4),
     dict(num_scheduler_steps=3, batching="static"),
+    dict(async_scheduling=True),
+    dict(async_scheduling=True, num_scheduler_steps=4),
+    dict(async_scheduling=True, num_scheduler_steps=3, batching="static"),
+    dict(async_scheduling=True, max_num_batched_tokens=8, num_scheduler_steps=2),
 ], ids=["continuous", "tiny-budget", "prefill-share", "wide", "no-chunking", "static", "multi-step",
-        "multi-step-static"])
+        "multi-step-static", "async", "async-multi-step", "async-multi-step-static", "async-tiny-budget"])
 def test_greedy_tokens_equal_each_request_alone(expected, config):
     engine = make_engine(**config)
     outputs = serve(engine, WORKLOAD)
@@ -121,8 +137,9 @@ def test_greedy_tokens_equal_each_request_alone(expected, config):
 
 
 @pytest.mark.parametrize("config", [dict(), dict(batching="static"), dict(max_num_batched_tokens=8),
-                                    dict(num_scheduler_steps=4)],
-                         ids=["continuous", "static", "tiny-budget", "multi-step"])
+                                    dict(num_scheduler_steps=4), dict(async_scheduling=True),
+                                    dict(async_scheduling=True, num_scheduler_steps=4)],
+                         ids=["continuous", "static", "tiny-budget", "multi-step", "async", "async-multi-step"])
 def test_greedy_tokens_survive_preemption(expected, config):
     engine = make_engine(num_blocks=26, **config)     # 25 blocks: one sequence of MAX_LEN tokens fits
     outputs = serve(engine, WORKLOAD)
@@ -146,12 +163,88 @@ def test_greedy_tokens_with_prefix_caching(expected_shared):
 
 
 @pytest.mark.parametrize("steps", [1, 4])
-def test_greedy_tokens_with_prefix_caching_and_preemption(expected_shared, steps):
-    engine = make_engine(num_blocks=26, enable_prefix_caching=True, num_scheduler_steps=steps)
+@pytest.mark.parametrize("ahead", [False, True], ids=["sync", "async"])
+def test_greedy_tokens_with_prefix_caching_and_preemption(expected_shared, steps, ahead):
+    engine = make_engine(num_blocks=26, enable_prefix_caching=True, num_scheduler_steps=steps,
+                         async_scheduling=ahead)
     outputs = serve(engine, SHARED_WORKLOAD)
     assert engine.core.scheduler.num_preemptions > 0
     check_oracle(outputs, expected_shared, SHARED_WORKLOAD)
     check_all_blocks_free(engine)
+
+
+# --- async scheduling -----------------------------------------------------------------------
+def test_async_scheduling_submits_each_step_before_collecting_the_one_in_flight(expected):
+    engine = make_engine(async_scheduling=True, num_scheduler_steps=4, max_num_seqs=4)
+    outputs = serve(engine, WORKLOAD)
+    check_oracle(outputs, expected, WORKLOAD)
+    check_all_blocks_free(engine)
+    submissions = engine.core.runner.deferred.submissions
+    assert max(in_flight for *_, in_flight in submissions) == 1       # never two steps ahead
+    ahead = [s for s in submissions if s[3] == 1]
+    assert len(ahead) > 0.6 * len(submissions)    # the others follow an idle engine or a prompt chunk
+    continued = [s for s in ahead if s[2]]
+    assert continued and all(rows.count(-1) < len(rows) for _, _, rows, _ in continued)
+    for seqs, _, rows, _ in continued:  # rows continuing a step in flight are one-token placeholder rows
+        assert all((r >= 0) == (seq.token_ids == [-1]) for seq, r in zip(seqs, rows))
+
+
+def test_a_request_at_its_length_limit_frees_its_slot_while_its_last_tokens_are_computed():
+    engine = make_engine(async_scheduling=True, num_scheduler_steps=4, max_num_seqs=1)
+    params = SamplingParams(max_new_tokens=4, temperature=0, ignore_eos=True)
+    prompts = [[5, 6, 7], [8, 9]]
+    outputs = engine.generate(prompts, params)
+    for prompt, out in zip(prompts, outputs):
+        assert out.token_ids == reference_greedy(make_runner, prompt, 4)
+    first, second = engine.core.runner.deferred.submissions[:2]
+    # the first prompt rides in a round of 4 (full batch), which gives all its tokens: the second prompt is
+    # submitted while that round is still in flight
+    assert first[0][0].token_ids == prompts[0] and first[1] == 4
+    assert second[0][0].token_ids == prompts[1] and second[3] == 1
+    check_all_blocks_free(engine)
+
+
+def test_abort_while_a_step_is_in_flight(expected):
+    engine = make_engine(async_scheduling=True, num_scheduler_steps=2, max_num_seqs=4)
+    params = [SamplingParams(max_new_tokens=m, temperature=0) for _, m, _ in WORKLOAD[:4]]
+    ids = [engine.add_request(None, p, prompt_token_ids=w[0]) for p, w in zip(params, WORKLOAD[:4])]
+    finals = {}
+    for _ in range(3):
+        for out in engine.step():
+            finals[out.request_id] = out
+    while not engine.core.runner.deferred.submissions[-1][3]:  # until a step went out with one in flight
+        for out in engine.step():
+            finals[out.request_id] = out
+    assert ids[1] not in finals or not finals[ids[1]].finished
+    assert engine.abort(ids[1])
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                assert out.request_id not in finals or not finals[out.request_id].finished
+            finals[out.request_id] = out
+    assert finals[ids[1]].finish_reason is FinishReason.ABORT and -1 not in finals[ids[1]].token_ids
+    assert [finals[ids[i]].token_ids for i in (0, 2, 3)] == [expected[i] for i in (0, 2, 3)]
+    check_all_blocks_free(engine)
+
+
+def test_a_failed_step_in_flight_fails_its_requests_and_the_step_after_it(expected):
+    engine = make_engine(async_scheduling=True, num_scheduler_steps=2, max_num_seqs=2)
+    params = SamplingParams(max_new_tokens=30, temperature=0, ignore_eos=True)
+    first = [engine.add_request(None, params, prompt_token_ids=p) for p, _, _ in WORKLOAD[:2]]
+    while not engine.step():
+        pass
+    engine.core.runner.fail_next = RuntimeError("device lost")
+    finals = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = out
+    assert set(finals) == set(first)
+    assert all(o.finish_reason is FinishReason.ERROR and "device lost" in o.error for o in finals.values())
+    assert all(-1 not in o.token_ids for o in finals.values())
+    check_all_blocks_free(engine)
+    later = serve(engine, [(p, m, 0) for p, m, _ in WORKLOAD[2:5]])
+    assert [o.token_ids for o in later] == expected[2:5]
 
 
 # --- multi-step decoding --------------------------------------------------------------------
