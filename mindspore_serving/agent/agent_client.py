@@ -27,6 +27,7 @@ class AgentRunner:
         self.on_agent_lost = on_agent_lost
         self._closing = threading.Event()
         self._step_ids = itertools.count(1)
+        self._last_step_id = 0
         self.channels = [grpc.insecure_channel(a, options=protocol.AGENT_CHANNEL_OPTIONS) for a in self.addresses]
         for address, channel in zip(self.addresses, self.channels):
             try:
@@ -64,23 +65,20 @@ class AgentRunner:
                 self.on_agent_lost(rank, reason)
 
     def run(self, seqs: List[SeqStep]) -> np.ndarray:
-        return protocol.decode_logits(self._step(protocol.encode_step(next(self._step_ids), seqs)))
+        return self.submit(seqs).result()
 
     def run_greedy(self, seqs: List[SeqStep], num_steps: int):
         """Multi-step greedy decoding (model_io.run_greedy_steps), done by the agents in one Step call."""
-        request = protocol.encode_step(next(self._step_ids), seqs, greedy_steps=num_steps)
-        return protocol.decode_greedy(self._step(request), num_steps)
+        return self.submit(seqs, num_steps).result()
 
-    def _step(self, request):
-        """Rank 0's reply to `request`, sent to every rank; raises when any rank failed."""
-        if len(self.stubs) == 1:
-            return self.stubs[0].Step(request)
-        calls = [stub.Step.future(request) for stub in self.stubs]
-        replies = [call.result() for call in calls]
-        for rank, reply in enumerate(replies[1:], start=1):
-            if reply.error:
-                raise RuntimeError(f"agent rank {rank} step failed: {reply.error}")
-        return replies[0]
+    def submit(self, seqs: Sequence[SeqStep], greedy_steps: int = 0, prev_rows: Sequence[int] = ()) -> "_StepCall":
+        """Sends a step to every rank and returns at once (model_io: steps run in the order they are submitted,
+        placeholder rows continue from the step submitted before). `.result()`: rank 0's logits, or (tokens,
+        logprobs) of a greedy step; raises when any rank failed. Called from one thread (the engine's)."""
+        step_id = next(self._step_ids)
+        request = protocol.encode_step(step_id, seqs, greedy_steps, self._last_step_id, prev_rows)
+        self._last_step_id = step_id
+        return _StepCall([stub.Step.future(request) for stub in self.stubs], greedy_steps)
 
     def close(self):
         self._closing.set()
@@ -88,3 +86,20 @@ class AgentRunner:
             call.cancel()
         for channel in self.channels:
             channel.close()
+
+
+class _StepCall:
+    """A step sent to every rank; `result()` waits for the replies."""
+
+    def __init__(self, calls, greedy_steps: int):
+        self.calls = calls
+        self.greedy_steps = greedy_steps
+
+    def result(self):
+        replies = [call.result() for call in self.calls]
+        for rank, reply in enumerate(replies[1:], start=1):
+            if reply.error:
+                raise RuntimeError(f"agent rank {rank} step failed: {reply.error}")
+        if self.greedy_steps:
+            return protocol.decode_greedy(replies[0], self.greedy_steps)
+        return protocol.decode_logits(replies[0])

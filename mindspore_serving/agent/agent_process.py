@@ -19,19 +19,28 @@ import grpc  # noqa: E402
 
 from mindspore_serving import log  # noqa: E402
 from mindspore_serving.agent import protocol  # noqa: E402
+from mindspore_serving.llm.model_io import fill_placeholders  # noqa: E402
 from mindspore_serving.proto import agent_pb2, agent_pb2_grpc  # noqa: E402
 
 PARENT_CHECK_SECONDS = 0.2
 READY, FAILED = "ready", "failed"
 
 
+ORDER_TIMEOUT = 60.0  # seconds a step waits for the step the worker sent before it
+
+
 class AgentServicer(agent_pb2_grpc.LlmAgentServicer):
+    """Runs Step requests one at a time, each after the step it names in `after_step_id` (the worker sends the
+    next step while this one computes, async scheduling), filling placeholder tokens from the last greedy step."""
+
     def __init__(self, runner, rank: int, device: str, on_detach):
         self.runner = runner
         self.rank = rank
         self.device = device
         self.on_detach = on_detach
-        self._lock = threading.Lock()  # one step at a time: the KV cache is shared state
+        self._turn = threading.Condition()  # one step at a time: the KV cache is shared state
+        self._done_step = 0                 # the attached worker's last step run
+        self._last_tokens = None            # (step id, last token per row) of the last greedy step
 
     def Info(self, request, context):
         return agent_pb2.AgentInfo(protocol_version=protocol.AGENT_PROTOCOL_VERSION, rank=self.rank,
@@ -41,23 +50,40 @@ class AgentServicer(agent_pb2_grpc.LlmAgentServicer):
 
     def Step(self, request, context):
         seqs = protocol.decode_step(request)
-        try:
-            with self._lock:
-                if request.greedy_steps > 1:
-                    result = self.runner.run_greedy(seqs, request.greedy_steps)
-                else:
-                    result = self.runner.run(seqs)
-        except Exception as err:  # reported to the worker, which fails that step's requests
-            log.exception(f"agent rank {self.rank} step {request.step_id} failed")
-            return agent_pb2.StepReply(step_id=request.step_id, error=str(err))
+        with self._turn:
+            try:
+                if not self._turn.wait_for(lambda: self._done_step >= request.after_step_id, ORDER_TIMEOUT):
+                    raise RuntimeError(f"step {request.after_step_id}, which step {request.step_id} follows, did not "
+                                       f"come within {ORDER_TIMEOUT:.0f} s (the agent ran up to step {self._done_step})")
+                result = self._run(request, seqs)
+            except Exception as err:  # reported to the worker, which fails that step's requests
+                log.exception(f"agent rank {self.rank} step {request.step_id} failed")
+                return agent_pb2.StepReply(step_id=request.step_id, error=str(err))
+            finally:
+                self._done_step = max(self._done_step, request.step_id)
+                self._turn.notify_all()
         if self.rank != 0:
             return agent_pb2.StepReply(step_id=request.step_id)
-        if request.greedy_steps > 1:
+        if request.greedy_steps:
             return protocol.encode_greedy(request.step_id, *result)
         return protocol.encode_logits(request.step_id, result)
 
+    def _run(self, request, seqs):
+        last, self._last_tokens = self._last_tokens, None
+        if request.prev_rows:
+            tokens = last[1] if last is not None and last[0] == request.after_step_id else None
+            seqs = fill_placeholders(seqs, request.prev_rows, tokens)
+        if not request.greedy_steps:
+            return self.runner.run(seqs)
+        result = self.runner.run_greedy(seqs, request.greedy_steps)
+        self._last_tokens = (request.step_id, result[0][:, -1])
+        return result
+
     def Attach(self, request, context):
         log.info(f"agent rank {self.rank}: worker pid {request.worker_pid} attached")
+        with self._turn:  # its steps count from 1
+            self._done_step = 0
+            self._last_tokens = None
         done = threading.Event()
         context.add_callback(done.set)
         yield agent_pb2.AgentEvent(message="attached")

@@ -6,14 +6,16 @@ import numpy as np
 from mindspore_serving.llm.model_io import SeqStep
 from mindspore_serving.proto import agent_pb2
 
-AGENT_PROTOCOL_VERSION = 2
+AGENT_PROTOCOL_VERSION = 3
 MAX_AGENT_MSG_BYTES = 512 * 1024 * 1024
 AGENT_CHANNEL_OPTIONS = [("grpc.max_send_message_length", MAX_AGENT_MSG_BYTES),
                          ("grpc.max_receive_message_length", MAX_AGENT_MSG_BYTES)]
 
 
-def encode_step(step_id: int, seqs: Sequence[SeqStep], greedy_steps: int = 0) -> "agent_pb2.StepRequest":
-    request = agent_pb2.StepRequest(step_id=step_id, greedy_steps=greedy_steps)
+def encode_step(step_id: int, seqs: Sequence[SeqStep], greedy_steps: int = 0, after_step_id: int = 0,
+                prev_rows: Sequence[int] = ()) -> "agent_pb2.StepRequest":
+    request = agent_pb2.StepRequest(step_id=step_id, greedy_steps=greedy_steps, after_step_id=after_step_id)
+    request.prev_rows.extend(prev_rows)
     request.query_lens.extend(len(seq.token_ids) for seq in seqs)
     request.start_pos.extend(seq.start_pos for seq in seqs)
     request.block_table_lens.extend(len(seq.block_table) for seq in seqs)
