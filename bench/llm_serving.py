@@ -50,6 +50,7 @@ import asyncio
 import bisect
 import collections
 import contextlib
+import dataclasses
 import datetime
 import glob
 import json
@@ -163,7 +164,8 @@ def engine_child(config_path: str) -> None:
         me = psutil.Process()
         threads0 = {t.id: t.user_time + t.system_time for t in me.threads()}
         cpu0, calls0, mixed0 = time.process_time(), runner.calls, runner.mixed_calls
-        run = run_engine(runner, config.engine, requests)
+        # one thread: planning ahead would overlap nothing, so the raw engine steps one after the other
+        run = run_engine(runner, dataclasses.replace(config.engine, async_scheduling=False), requests)
         run["cpu_ms_per_1k_tokens"] = (time.process_time() - cpu0) / max(1, run["output_tokens"]) * 1e6
         per_thread: Dict[str, float] = {}
         for thread in me.threads():  # as Cpu.thread_use names them for the agent
@@ -872,6 +874,9 @@ def parse_args(argv=None):
                         help="timed decode steps per round and bucket for the engine limit and per bucket for a probe "
                              "(default 20; --quick 10)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--engine", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override an engine field of the served config (a YAML value), e.g. "
+                             "--engine async_scheduling=false; repeatable")
     parser.add_argument("--out", default=None, help=f"JSON path (default {os.path.relpath(DEFAULT_OUT, ROOT)}; "
                                                     f"--quick: {os.path.relpath(QUICK_OUT, ROOT)})")
     parser.add_argument("--profile", default="", metavar="DIR",
@@ -1253,6 +1258,18 @@ def summary(report: dict) -> dict:
     return result
 
 
+def engine_overrides(items: List[str]) -> Dict[str, object]:
+    """--engine FIELD=VALUE items as {field: YAML value}."""
+    import yaml
+    overrides = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--engine takes FIELD=VALUE, got {item!r}")
+        overrides[name.strip()] = yaml.safe_load(value)
+    return overrides
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.engine_child:
@@ -1263,7 +1280,7 @@ def main(argv=None) -> int:
     started = time.time()
     workdir = tempfile.mkdtemp(prefix="ms_bench_llm_")
     agents = {} if args.cpu_affinity == "config" else {"cpu_affinity": None if args.cpu_affinity == "none" else "auto"}
-    server = LlmServer(workdir, {}, agents)
+    server = LlmServer(workdir, engine_overrides(args.engine), agents)
     from mindspore_serving.llm.serving_config import load_serving_config
     config = load_serving_config(server.config)
     max_model_len = config.engine.max_model_len
@@ -1281,7 +1298,9 @@ def main(argv=None) -> int:
                        "engine": {k: getattr(config.engine, k) for k in ("batching", "max_num_seqs",
                                                                        "max_num_batched_tokens", "num_blocks",
                                                                        "enable_prefix_caching",
-                                                                       "enable_chunked_prefill", "max_model_len")}},
+                                                                       "enable_chunked_prefill", "max_model_len",
+                                                                       "num_scheduler_steps", "async_scheduling",
+                                                                       "max_prefills_per_decode_step")}},
               "engine_limit": {"measurements": []}, "runs": []}
     source = PromptSource(config.model.tokenizer)
     workloads = {"warm": workload(source, 24, args.seed + 99, max_model_len, output_tokens=8),

@@ -117,3 +117,32 @@ def test_preemption_with_tiny_block_pool_matches_alone(runner, alone):
     got, engine = run_staggered(runner, tiny, requests, lambda stats: preempted.append(stats.num_preempted))
     assert got == expected
     assert sum(preempted) > 0
+
+
+class _Ahead:
+    """The graph runner taking steps ahead, as the agents do for async scheduling: a submitted step runs only
+    when its result is collected, after the engine has planned and submitted the next one."""
+
+    def __init__(self, runner):
+        from mindspore_serving.llm.testing import DeferredSubmitter
+        self.runner = runner
+        self.deferred = DeferredSubmitter(runner)
+
+    def __getattr__(self, name):
+        return getattr(self.runner, name)
+
+    def submit(self, seqs, greedy_steps=0, prev_rows=()):
+        return self.deferred.submit(seqs, greedy_steps, prev_rows)
+
+
+@pytest.mark.parametrize("overrides", [dict(num_scheduler_steps=4, max_num_seqs=4, enable_prefix_caching=True),
+                                       dict(num_scheduler_steps=2, num_blocks=17)],
+                         ids=["rounds-of-4", "tiny-block-pool"])
+def test_async_scheduling_matches_alone(runner, alone, overrides):
+    requests, expected = alone
+    ahead = _Ahead(runner)
+    got, engine = run_staggered(ahead, config_for(runner, async_scheduling=True, **overrides), requests)
+    assert got == expected
+    submissions = ahead.deferred.submissions
+    assert sum(1 for *_, in_flight in submissions if in_flight) > len(submissions) / 2
+    assert any(prev_rows for _, _, prev_rows, _ in submissions)
