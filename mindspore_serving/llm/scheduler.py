@@ -353,6 +353,10 @@ class Scheduler:
             room = min(params.max_new_tokens - request.num_output_tokens,
                        self.config.max_model_len - request.num_tokens)
             if room <= num_steps:
+                # the blocks full of the tokens this plan computes stay shareable (whoever takes them runs after it)
+                request.num_computed_tokens += row.num_tokens
+                self.block_manager.cache_full_blocks(request)
+                request.num_computed_tokens -= row.num_tokens
                 self.running.remove(request)
                 self.block_manager.free(request)
                 self._draining[request.request_id] = request

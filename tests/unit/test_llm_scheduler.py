@@ -412,6 +412,7 @@ def test_duplicate_ids_and_illegal_transitions_are_refused():
      "max_num_batched_tokens=64 is below max_model_len=128 with enable_chunked_prefill=False"),
     (dict(max_prefill_tokens_per_step=100, max_num_batched_tokens=64), "exceeds max_num_batched_tokens=64"),
     (dict(max_prefills_per_decode_step=0), "max_prefills_per_decode_step must be >= 1, got 0; use None for no cap"),
+    (dict(async_scheduling="yes"), "async_scheduling must be True or False, got 'yes'"),
 ])
 def test_config_errors_name_field_value_and_fix(overrides, message):
     values = dict(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=32, block_size=4, num_blocks=64)
@@ -419,3 +420,56 @@ def test_config_errors_name_field_value_and_fix(overrides, message):
     with pytest.raises(ValueError) as info:
         SchedulerConfig(**values)
     assert message in str(info.value)
+
+
+# --- planning ahead (async scheduling) --------------------------------------------------------
+def test_a_step_in_flight_is_taken_as_done_and_its_real_tokens_replace_the_placeholders():
+    sched = make_scheduler(max_num_seqs=2, enable_prefix_caching=True)
+    a = add(sched, "a", 5, max_new=3)
+    b = add(sched, "b", 6, max_new=10, first_token=200)
+    c = add(sched, "c", 2, first_token=300)
+    plan = sched.schedule()
+    assert layout(plan) == [("a", 5), ("b", 6)]
+    assert sched.reserve_decode_steps(plan, 4) == 4  # the batch is full: the prompts ride in a round of 4
+    free_before = sched.block_manager.num_free_blocks
+    sched.advance_in_flight(plan, 4)
+    # a reaches max_new_tokens within the round: out of the batch, blocks freed, not finished yet
+    assert a.status is RequestStatus.RUNNING and a not in sched.running and a.block_table == []
+    assert sched.block_manager.num_free_blocks > free_before
+    assert b.output_token_ids == [-1] * 4 and b.num_computed_tokens == 9 and b.num_tokens_to_compute == 1
+    assert sched.fits_without_preemption()
+    following = sched.schedule()  # c takes a's slot; b continues from its last placeholder
+    assert layout(following) == [("b", 1), ("c", 2)]
+    assert following.scheduled[0].seq_step.token_ids == [-1] and following.scheduled[0].seq_step.start_pos == 9
+    deltas = sched.update_from_steps(plan, [[11, 12, 13, 14], [21, 22, 23, 24]])
+    assert [(d.request_id, d.new_token_ids, d.finish_reason) for d in deltas] == [
+        ("a", [11, 12, 13], FinishReason.LENGTH), ("b", [21, 22, 23, 24], None)]
+    assert a.finished and "a" not in sched.requests
+    assert b.output_token_ids == [21, 22, 23, 24] and b.num_computed_tokens == 9
+    # shareable: a's full prompt block (when it left the batch) and b's two full blocks, with its real tokens
+    assert sched.block_manager.num_cached_blocks == 1 + 2
+    twin = Request("twin", list(b.all_token_ids), SamplingParams(), arrival_time=0.0)
+    assert sched.block_manager.get_computed_blocks(twin) == (b.block_table[:2], 8)
+
+
+def test_abort_of_a_request_with_placeholders_takes_them_back():
+    sched = make_scheduler(max_num_seqs=1)
+    a = add(sched, "a", 3, max_new=20)
+    plan = sched.schedule()
+    assert sched.reserve_decode_steps(plan, 4) == 4
+    sched.advance_in_flight(plan, 4)
+    assert a.output_token_ids == [-1] * 4
+    assert sched.finish_request("a")
+    assert a.output_token_ids == [] and a.status is RequestStatus.FINISHED_ABORTED
+    assert sched.update_from_steps(plan, [[1, 2, 3, 4]]) == []
+    assert sched.block_manager.num_free_blocks == sched.block_manager.num_usable_blocks
+
+
+def test_a_draining_request_can_be_aborted():
+    sched = make_scheduler(max_num_seqs=1)
+    a = add(sched, "a", 3, max_new=2)
+    plan = sched.schedule()
+    assert sched.reserve_decode_steps(plan, 4) == 4
+    sched.advance_in_flight(plan, 4)
+    assert a not in sched.running and sched.finish_request("a")
+    assert not sched.has_unfinished() and sched.update_from_steps(plan, [[1, 2, 3, 4]]) == []
