@@ -12,6 +12,7 @@ flight when `step()` returns: the next `step()` plans and submits the following 
 this one's tokens, so the runner always has the next step queued while the engine does its own work.
 """
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -56,7 +57,7 @@ class StepStats:
     kv_usage: float               # fraction of usable KV blocks held by requests, after the step
     num_free_blocks: int
     schedule_s: float
-    execute_s: float              # model run + sampling
+    execute_s: float              # model run + sampling (async scheduling: the time the engine waited for them)
     update_s: float
     num_model_steps: int = 1      # decode steps run back to back in this one (multi-step decoding)
 
@@ -64,15 +65,26 @@ class StepStats:
 StepListener = Callable[[StepStats], None]
 
 
+def _call_now(function, *args) -> Future:
+    """A future done with function(*args) or with its exception."""
+    future: Future = Future()
+    try:
+        future.set_result(function(*args))
+    except Exception as err:  # pylint: disable=broad-except
+        future.set_exception(err)
+    return future
+
+
 @dataclass
 class _InFlight:
-    """A greedy step submitted and not yet collected."""
+    """A step submitted to the runner and not yet collected."""
     plan: SchedulerOutput
     greedy: bool                  # the runner returns tokens (else logits, sampled here)
     num_steps: int
     future: Any
     schedule_s: float
     submitted: float
+    overlapped: bool = False      # submitted while the engine had other work (async scheduling)
 
 
 @dataclass
@@ -140,22 +152,12 @@ class EngineCore:
             return self._take_pending()
         num_steps = self.scheduler.reserve_decode_steps(plan, self._decode_steps(plan))
         t1 = self._timer()
-        try:
-            if num_steps > 1:
-                tokens, logprobs = self._execute_steps(plan, num_steps)
-            else:
-                sampled = self._execute(plan)
-        except Exception as err:  # pylint: disable=broad-except
-            # NOTE: a failed step fails its own requests, not the engine.
-            log.exception(f"LLM step {plan.step_id} failed for requests {plan.request_ids}: {err}")
-            t2 = self._timer()
-            outputs = self._fail(plan, f"model step failed: {type(err).__name__}: {err}")
+        if num_steps > 1:
+            future = _call_now(self.runner.run_greedy, plan.seq_steps, num_steps)
         else:
-            t2 = self._timer()
-            outputs = self._update_steps(plan, tokens, logprobs) if num_steps > 1 else self._update(plan, sampled)
-        outputs = self._take_pending() + outputs
-        self._record(plan, outputs, t1 - t0, t2 - t1, self._timer() - t2, num_steps)
-        return outputs
+            future = _call_now(self.runner.run, plan.seq_steps)
+        outputs = self._collect(_InFlight(plan, num_steps > 1, num_steps, future, t1 - t0, t1))
+        return self._take_pending() + outputs
 
     def _step_ahead(self) -> List[EngineCoreOutput]:
         """`step()` with async scheduling: plans and submits the next step before collecting the one in flight
@@ -180,7 +182,7 @@ class EngineCore:
         prev_rows = self._prev_rows(plan, in_flight)
         t1 = self._timer()
         future = self._submitter.submit(plan.seq_steps, num_steps if greedy else 0, prev_rows)
-        self._in_flight = _InFlight(plan, greedy, num_steps, future, t1 - t0, t1)
+        self._in_flight = _InFlight(plan, greedy, num_steps, future, t1 - t0, t1, overlapped=True)
         if in_flight is not None:
             outputs += self._collect(in_flight)
         if not greedy:
@@ -193,6 +195,8 @@ class EngineCore:
         if self._in_flight is in_flight:
             self._in_flight = None
         plan, num_steps, greedy = in_flight.plan, in_flight.num_steps, in_flight.greedy
+        # the engine's own time: with overlap, only what it waited for the model
+        t1 = self._timer() if in_flight.overlapped else in_flight.submitted
         try:
             result = in_flight.future.result()
             if greedy:
@@ -200,13 +204,14 @@ class EngineCore:
             else:
                 sampled = self._sample(plan, result)
         except Exception as err:  # pylint: disable=broad-except
+            # NOTE: a failed step fails its own requests, not the engine.
             log.exception(f"LLM step {plan.step_id} failed for requests {plan.request_ids}: {err}")
             t2 = self._timer()
             outputs = self._fail(plan, f"model step failed: {type(err).__name__}: {err}")
         else:
             t2 = self._timer()
             outputs = self._update_steps(plan, tokens, logprobs) if greedy else self._update(plan, sampled)
-        self._record(plan, outputs, in_flight.schedule_s, t2 - in_flight.submitted, self._timer() - t2, num_steps)
+        self._record(plan, outputs, in_flight.schedule_s, t2 - t1, self._timer() - t2, num_steps)
         return outputs
 
     def _greedy(self, plan: SchedulerOutput) -> bool:
@@ -250,10 +255,6 @@ class EngineCore:
         pending, self._pending = self._pending, []
         return pending
 
-    def _execute(self, plan: SchedulerOutput) -> Dict[int, _Sampled]:
-        """Runs the model and samples the rows that complete their tokens; {row index: sampled}."""
-        return self._sample(plan, self.runner.run(plan.seq_steps))
-
     def _sample(self, plan: SchedulerOutput, logits) -> Dict[int, _Sampled]:
         logits = np.asarray(logits)
         if logits.ndim != 2 or logits.shape[0] != len(plan.scheduled):
@@ -278,10 +279,6 @@ class EngineCore:
                                             [got.top_logprobs] if got.top_logprobs else [],
                                             delta.finished, delta.finish_reason))
         return outputs
-
-    def _execute_steps(self, plan: SchedulerOutput, num_steps: int) -> Tuple[np.ndarray, np.ndarray]:
-        """Runs a multi-step round; (tokens, logprobs), each [rows, num_steps]."""
-        return self._check_steps(plan, num_steps, self.runner.run_greedy(plan.seq_steps, num_steps))
 
     @staticmethod
     def _check_steps(plan: SchedulerOutput, num_steps: int, result) -> Tuple[np.ndarray, np.ndarray]:
