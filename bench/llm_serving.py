@@ -50,7 +50,6 @@ import asyncio
 import bisect
 import collections
 import contextlib
-import dataclasses
 import datetime
 import glob
 import json
@@ -164,8 +163,7 @@ def engine_child(config_path: str) -> None:
         me = psutil.Process()
         threads0 = {t.id: t.user_time + t.system_time for t in me.threads()}
         cpu0, calls0, mixed0 = time.process_time(), runner.calls, runner.mixed_calls
-        # one thread: planning ahead would overlap nothing, so the raw engine steps one after the other
-        run = run_engine(runner, dataclasses.replace(config.engine, async_scheduling=False), requests)
+        run = run_engine(runner, config.engine, requests)  # in one thread the engine steps in turn (raw engine)
         run["cpu_ms_per_1k_tokens"] = (time.process_time() - cpu0) / max(1, run["output_tokens"]) * 1e6
         per_thread: Dict[str, float] = {}
         for thread in me.threads():  # as Cpu.thread_use names them for the agent

@@ -20,7 +20,7 @@ import numpy as np
 
 from mindspore_serving import log
 from mindspore_serving.llm.config import SchedulerConfig
-from mindspore_serving.llm.model_io import PLACEHOLDER, ModelRunner, SerialSubmitter
+from mindspore_serving.llm.model_io import PLACEHOLDER, ModelRunner
 from mindspore_serving.llm.request import FinishReason, Request, RequestStatus
 from mindspore_serving.llm.sampler import Sampler
 from mindspore_serving.llm.scheduler import Scheduler, SchedulerOutput
@@ -110,9 +110,9 @@ class EngineCore:
         self._listeners: List[StepListener] = []
         self.last_stats: Optional[StepStats] = None
         self.num_steps = 0
-        self._submitter = None
-        if scheduler_config.async_scheduling:
-            self._submitter = model_runner if hasattr(model_runner, "submit") else SerialSubmitter(model_runner)
+        # a runner in this thread (no `submit`) would compute nothing while the engine plans: steps stay in turn
+        ahead = scheduler_config.async_scheduling and hasattr(model_runner, "submit")
+        self._submitter = model_runner if ahead else None
         self._in_flight: Optional[_InFlight] = None
 
     # --- requests -----------------------------------------------------------------------------

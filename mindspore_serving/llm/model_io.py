@@ -9,11 +9,12 @@ block_table[pos // block_size] * block_size + pos % block_size), attends over ev
 Physical block 0 is reserved as a scratch block: padding writes there, and the block manager never
 hands it out.
 
-Steps may also be submitted ahead (`submit`, SchedulerConfig.async_scheduling): a runner computes submitted
-steps in submission order, and a decode row whose token is PLACEHOLDER names, in `prev_rows`, the row of the
-step submitted just before (which chose its tokens itself: a greedy step) whose last chosen token it computes.
+A runner that computes apart from the engine (the agents) may offer `submit(seqs, greedy_steps, prev_rows)`,
+which returns at once an object whose `result()` is the step's logits (greedy_steps 0) or, as `run_greedy`
+gives them, its tokens and logprobs (SchedulerConfig.async_scheduling). It computes submitted steps in
+submission order, and a one-token row whose token is PLACEHOLDER takes, as `prev_rows` names it, the last token
+chosen for that row of the step submitted just before (a greedy step).
 """
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import List, Optional, Protocol, Sequence, Tuple
 
@@ -96,36 +97,3 @@ def fill_placeholders(seqs: Sequence[SeqStep], prev_rows: Sequence[int],
                              f"step of {len(last_tokens)} rows; only one-token placeholder rows can")
         filled.append(SeqStep([int(last_tokens[row])], seq.start_pos, seq.block_table))
     return filled
-
-
-class SerialSubmitter:
-    """`submit` for a runner that has none: each step runs when it is submitted, in the caller's thread (so steps
-    run in submission order and nothing overlaps; the engine's logic is the same as with a runner that
-    computes while the engine plans)."""
-
-    def __init__(self, runner: ModelRunner):
-        self.runner = runner
-        self._last_tokens: Optional[np.ndarray] = None
-
-    def submit(self, seqs: Sequence[SeqStep], greedy_steps: int = 0, prev_rows: Sequence[int] = ()) -> Future:
-        """Computes a step; the future holds logits (greedy_steps 0), or (tokens, logprobs), each
-        [rows, greedy_steps], of a greedy step, or the step's error."""
-        future: Future = Future()
-        self._compute(future, seqs, greedy_steps, prev_rows)
-        return future
-
-    def _compute(self, future: Future, seqs: Sequence[SeqStep], greedy_steps: int, prev_rows: Sequence[int]):
-        try:
-            seqs = fill_placeholders(seqs, prev_rows, self._last_tokens)
-            self._last_tokens = None
-            if greedy_steps:
-                greedy = getattr(self.runner, "run_greedy", None)
-                result = greedy(seqs, greedy_steps) if greedy else run_greedy_steps(self.runner, seqs, greedy_steps)
-                self._last_tokens = np.asarray(result[0])[:, -1]
-            else:
-                result = self.runner.run(list(seqs))
-        except Exception as err:  # pylint: disable=broad-except
-            self._last_tokens = None
-            future.set_exception(err)
-        else:
-            future.set_result(result)

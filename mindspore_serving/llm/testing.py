@@ -14,7 +14,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from mindspore_serving.llm.model_io import SCRATCH_BLOCK, SeqStep, SerialSubmitter, run_greedy_steps
+from mindspore_serving.llm.model_io import SCRATCH_BLOCK, SeqStep, fill_placeholders, run_greedy_steps
 
 _EMPTY = -1
 
@@ -86,13 +86,15 @@ class FakeModelRunner:
             raise ValueError(f"token ids outside [0, {self.vocab_size})")
 
 
-class DeferredSubmitter(SerialSubmitter):
-    """Submitted steps run only when a result is asked for (then every step submitted before it runs first, in
-    order), as on a runner that is still computing them: async scheduling's tests see what the engine does
-    while a step is in flight. `submissions` records (seqs, greedy_steps, prev_rows, steps not yet run)."""
+class DeferredSubmitter:
+    """`submit` (model_io) for a runner that has none, computing a submitted step only when a result is asked
+    for (then every step submitted before it runs first, in order), as a runner that is still computing it:
+    async scheduling's tests see what the engine does while a step is in flight. `submissions` records
+    (seqs, greedy_steps, prev_rows, steps submitted and not yet run)."""
 
     def __init__(self, runner):
-        super().__init__(runner)
+        self.runner = runner
+        self._last_tokens: Optional[np.ndarray] = None
         self._queue: List[Tuple[Future, list, int, Sequence[int]]] = []
         self.submissions: List[Tuple[List[SeqStep], int, List[int], int]] = []
 
@@ -105,7 +107,20 @@ class DeferredSubmitter(SerialSubmitter):
     def run_until(self, future: Future) -> None:
         while not future.done():
             queued, seqs, greedy_steps, prev_rows = self._queue.pop(0)
-            self._compute(queued, seqs, greedy_steps, prev_rows)
+            try:
+                queued.set_result(self._compute(seqs, greedy_steps, prev_rows))
+            except Exception as err:  # pylint: disable=broad-except
+                self._last_tokens = None
+                queued.set_exception(err)
+
+    def _compute(self, seqs, greedy_steps: int, prev_rows: Sequence[int]):
+        seqs = fill_placeholders(seqs, prev_rows, self._last_tokens)
+        self._last_tokens = None
+        if not greedy_steps:
+            return self.runner.run(list(seqs))
+        result = self.runner.run_greedy(seqs, greedy_steps)
+        self._last_tokens = np.asarray(result[0])[:, -1]
+        return result
 
 
 class _DeferredFuture(Future):
