@@ -452,24 +452,16 @@ def test_a_step_in_flight_is_taken_as_done_and_its_real_tokens_replace_the_place
     assert sched.block_manager.get_computed_blocks(twin) == (b.block_table[:2], 8)
 
 
-def test_abort_of_a_request_with_placeholders_takes_them_back():
+@pytest.mark.parametrize("max_new", [20, 2], ids=["with-placeholders", "leaving-the-batch"])
+def test_abort_while_the_step_is_in_flight_takes_back_placeholders_and_frees_blocks(max_new):
     sched = make_scheduler(max_num_seqs=1)
-    a = add(sched, "a", 3, max_new=20)
+    a = add(sched, "a", 3, max_new=max_new)
     plan = sched.schedule()
     assert sched.reserve_decode_steps(plan, 4) == 4
     sched.advance_in_flight(plan, 4)
-    assert a.output_token_ids == [-1] * 4
+    assert (a in sched.running) == (max_new > 4)
+    assert a.output_token_ids == ([-1] * 4 if max_new > 4 else [])
     assert sched.finish_request("a")
-    assert a.output_token_ids == [] and a.status is RequestStatus.FINISHED_ABORTED
+    assert a.output_token_ids == [] and a.status is RequestStatus.FINISHED_ABORTED and not sched.has_unfinished()
     assert sched.update_from_steps(plan, [[1, 2, 3, 4]]) == []
     assert sched.block_manager.num_free_blocks == sched.block_manager.num_usable_blocks
-
-
-def test_a_draining_request_can_be_aborted():
-    sched = make_scheduler(max_num_seqs=1)
-    a = add(sched, "a", 3, max_new=2)
-    plan = sched.schedule()
-    assert sched.reserve_decode_steps(plan, 4) == 4
-    sched.advance_in_flight(plan, 4)
-    assert a not in sched.running and sched.finish_request("a")
-    assert not sched.has_unfinished() and sched.update_from_steps(plan, [[1, 2, 3, 4]]) == []
