@@ -288,14 +288,17 @@ class Scheduler:
         refreshes the plan's block tables. The number of steps is cut so that no row outgrows max_model_len;
         returns it, or 1 (the plan unchanged) when a row does not sample (a prompt chunk), when the plan computes
         prompts and the batch still has room (their first tokens are sent after one step, and another prompt
-        may join the next step: prompts ride in rounds only at a full batch, where nothing could join), or
-        when blocks are short."""
+        may join the next step: prompts ride in rounds only at a full batch, where nothing could join), with
+        async scheduling whenever the batch has room, or when blocks are short."""
         if num_steps <= 1 or not output.scheduled or output.preempted_request_ids:
             return 1
         if any(not row.samples for row in output.scheduled):
             return 1
-        if len(self.running) < self.config.max_num_seqs and any(row.is_prefill for row in output.scheduled):
-            # room in the batch: a prompt's first token goes out after one step, and a waiting one can join
+        if len(self.running) < self.config.max_num_seqs and (self.config.async_scheduling or
+                                                              any(row.is_prefill for row in output.scheduled)):
+            # room in the batch: a prompt's first token goes out after one step, and a waiting one can join; with
+            # async scheduling the next step is planned during this one, so a request arriving meanwhile would
+            # wait for a whole round more, while single steps cost no round trip of their own
             return 1
         requests = [self.requests[row.request_id] for row in output.scheduled]
         num_steps = min([num_steps] + [self.config.max_model_len - r.num_computed_tokens - row.num_tokens + 1
