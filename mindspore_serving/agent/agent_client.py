@@ -77,8 +77,9 @@ class AgentRunner:
         logprobs) of a greedy step; raises when any rank failed. Called from one thread (the engine's)."""
         step_id = next(self._step_ids)
         request = protocol.encode_step(step_id, seqs, greedy_steps, self._last_step_id, prev_rows)
-        self._last_step_id = step_id
-        return _StepCall([stub.Step.future(request) for stub in self.stubs], greedy_steps)
+        call = _StepCall([stub.Step.future(request) for stub in self.stubs], greedy_steps)
+        self._last_step_id = step_id  # sent: the next step runs after it
+        return call
 
     def close(self):
         self._closing.set()

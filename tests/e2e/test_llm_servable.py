@@ -1,4 +1,5 @@
 """The LLM servable end to end: start_agent.py, and serving_server.py whose worker drives agents over gRPC."""
+import functools
 import os
 import signal
 
@@ -61,8 +62,9 @@ def llm_server(tmp_path_factory):
         proc.close()
 
 
-def offline_greedy(config_path, prompt, max_new_tokens):
-    """The same graphs driven in-process by the engine, for one request alone."""
+@functools.lru_cache(maxsize=None)
+def offline_engine(config_path):
+    """The same graphs driven in-process by the engine."""
     from mindspore_serving.agent.graph_runner import GraphRunner
     from mindspore_serving.llm import LLMEngine
     from mindspore_serving.llm.serving_config import load_serving_config
@@ -70,8 +72,12 @@ def offline_greedy(config_path, prompt, max_new_tokens):
     config = load_serving_config(config_path)
     tokenizer = TextTokenizer.from_file(config.model.tokenizer)
     runner = GraphRunner(config.model.graphs[0], num_blocks=config.engine.num_blocks)
-    engine = LLMEngine(runner, tokenizer, config.engine, eos_token_id=tokenizer.eos_id)
-    return engine.generate([prompt], {"temperature": 0.0, "max_new_tokens": max_new_tokens})[0]
+    return LLMEngine(runner, tokenizer, config.engine, eos_token_id=tokenizer.eos_id)
+
+
+def offline_greedy(config_path, prompt, max_new_tokens):
+    """One request alone, in-process on the same graphs."""
+    return offline_engine(config_path).generate([prompt], {"temperature": 0.0, "max_new_tokens": max_new_tokens})[0]
 
 
 def test_generate_over_grpc_matches_offline_greedy(llm_server):
@@ -100,6 +106,22 @@ def test_concurrent_generation_and_bad_input(llm_server):
     futures = [client.infer_async({"prompt": f"{PROMPT} {i}", "max_new_tokens": np.int32(6)}) for i in range(12)]
     for future in futures:
         assert future.result()[0]["completion_tokens"].item() >= 1
+
+
+def test_concurrent_greedy_requests_through_the_agents_match_each_alone(llm_server):
+    # more requests than max_num_seqs: full batches run rounds planned while the agent computes the one before
+    # (async scheduling), requests join as others leave, some stop on end-of-sequence inside a round
+    _, grpc_addr, _, config = llm_server
+    client = Client(grpc_addr, "llama_tiny", "generate")
+    words = ["light", "waters", "firmament", "earth", "seed", "night", "day", "heaven"]
+    requests = [(f"{PROMPT} {words[i % 8]}" + " and the" * (i % 3), 4 + (7 * i) % 37) for i in range(24)]
+    futures = [client.infer_async({"prompt": prompt, "max_new_tokens": np.int32(n), "temperature": np.float32(0.0)})
+               for prompt, n in requests]
+    served = [future.result()[0] for future in futures]
+    for (prompt, n), got in zip(requests, served):
+        expected = offline_greedy(config, prompt, n)
+        assert got["token_ids"].tolist() == expected.token_ids, prompt
+        assert got["finish_reason"] == expected.finish_reason.value
 
 
 def test_seeded_sampling_is_reproducible(llm_server):
