@@ -137,6 +137,11 @@ class LLMEngine:
         return self.core.has_unfinished()
 
     @property
+    def clock(self) -> Callable[[], float]:
+        """The clock of request timestamps (arrival_time and the metrics)."""
+        return self._clock
+
+    @property
     def num_unfinished(self) -> int:
         return len(self._tracked)
 

@@ -45,6 +45,7 @@ class _Add:
     prompt: Any
     params: Any
     stream: "RequestStream"
+    arrival_time: float  # engine clock at submit: time in queue counts the wait for the loop thread too
 
 
 @dataclass
@@ -140,7 +141,7 @@ class EngineLoop:
                 self._ids += 1
                 request_id = f"req-{self._ids}"
         stream = RequestStream(self, request_id, sink, tag)
-        self._commands.put(_Add(request_id, prompt, params, stream))
+        self._commands.put(_Add(request_id, prompt, params, stream, self.engine.clock()))
         return stream
 
     def engine_capacity(self) -> int:
@@ -198,10 +199,11 @@ class EngineLoop:
     def _add(self, command: _Add):
         try:
             if isinstance(command.prompt, str):
-                self.engine.add_request(command.prompt, command.params, request_id=command.request_id)
+                self.engine.add_request(command.prompt, command.params, request_id=command.request_id,
+                                        arrival_time=command.arrival_time)
             else:
                 self.engine.add_request(None, command.params, request_id=command.request_id,
-                                        prompt_token_ids=list(command.prompt))
+                                        prompt_token_ids=list(command.prompt), arrival_time=command.arrival_time)
         except (InvalidRequestError, ValueError, TypeError) as err:
             self._release()
             command.stream._put(err if isinstance(err, errors.ServingError) else errors.InvalidInputs(str(err)))

@@ -146,3 +146,16 @@ def test_sink_gets_validation_errors_and_close_errors(runner):
     items = [item for batch in iter(lambda: None if sink.batches.empty() else sink.batches.get(), None)
              for _, item in batch]
     assert isinstance(items[-1], errors.ServableUnavailable) and "stopping for the test" in items[-1].message
+
+
+def test_a_request_arrives_when_it_is_submitted_not_when_the_loop_takes_it(runner):
+    now = [100.0]
+    config = SchedulerConfig.for_runner(runner, max_num_seqs=4, max_num_batched_tokens=64)
+    loop = EngineLoop(LLMEngine(runner, scheduler_config=config, clock=lambda: now[0]))
+    try:
+        stream = loop.submit([1, 2, 3], GREEDY)
+        now[0] = 200.0  # the loop thread may take the request before or after this
+        metrics = stream.result().metrics
+        assert metrics.arrival_time == 100.0 and metrics.queue_time >= 0
+    finally:
+        loop.close()
