@@ -247,6 +247,34 @@ def test_a_failed_step_in_flight_fails_its_requests_and_the_step_after_it(expect
     assert [o.token_ids for o in later] == expected[2:5]
 
 
+def test_async_scheduling_with_sampled_and_penalized_requests_in_the_batch(expected):
+    engine = make_engine(async_scheduling=True, num_scheduler_steps=4, max_num_seqs=6)
+    extra = [([3, 4, 5], SamplingParams(max_new_tokens=15, temperature=0.8, top_k=20, seed=7)),
+             ([9, 8, 7, 6], SamplingParams(max_new_tokens=12, temperature=0, repetition_penalty=1.3))]
+    alone = [make_engine().generate([prompt], params)[0].token_ids for prompt, params in extra]
+    names, finals = {}, {}
+
+    def step():
+        for out in engine.step():
+            if out.finished:
+                finals[names[out.request_id]] = out.token_ids
+
+    for i, (prompt, n, _) in enumerate(WORKLOAD[:10]):
+        names[engine.add_request(None, SamplingParams(max_new_tokens=n, temperature=0), prompt_token_ids=prompt)] = i
+        if i in (3, 6):  # join while greedy steps are in flight
+            for _ in range(3):
+                step()
+            prompt, params = extra[i // 6]
+            names[engine.add_request(None, params, prompt_token_ids=prompt)] = f"extra{i // 6}"
+    while engine.has_unfinished():
+        step()
+    assert [finals[i] for i in range(10)] == expected[:10]
+    assert [finals["extra0"], finals["extra1"]] == alone
+    # steps sampled by the engine continued rows of a greedy step in flight
+    assert any(not greedy_steps and prev_rows for _, greedy_steps, prev_rows, _ in engine.core.runner.deferred.submissions)
+    check_all_blocks_free(engine)
+
+
 # --- multi-step decoding --------------------------------------------------------------------
 def test_multi_step_decoding_runs_steps_back_to_back_and_matches_single_steps():
     prompts = [[5, 6, 7], [9, 10, 11, 12, 13], [20]]
