@@ -24,8 +24,6 @@ from mindspore_serving.proto import agent_pb2, agent_pb2_grpc  # noqa: E402
 
 PARENT_CHECK_SECONDS = 0.2
 READY, FAILED = "ready", "failed"
-
-
 ORDER_TIMEOUT = 60.0  # seconds a step waits for the step the worker sent before it
 
 
