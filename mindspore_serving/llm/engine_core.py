@@ -178,7 +178,8 @@ class EngineCore:
                 outputs += self._collect(in_flight)
             return self._take_pending() + outputs
         greedy = self._greedy(plan)
-        num_steps = self.scheduler.reserve_decode_steps(plan, self._decode_steps(plan)) if greedy else 1
+        # a runner with `submit` runs greedy steps itself (model_io), so `greedy` is all _decode_steps would check
+        num_steps = self.scheduler.reserve_decode_steps(plan, self.config.num_scheduler_steps) if greedy else 1
         prev_rows = self._prev_rows(plan, in_flight)
         t1 = self._timer()
         future = self._submitter.submit(plan.seq_steps, num_steps if greedy else 0, prev_rows)
