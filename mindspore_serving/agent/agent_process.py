@@ -19,7 +19,7 @@ import grpc  # noqa: E402
 
 from mindspore_serving import log  # noqa: E402
 from mindspore_serving.agent import protocol  # noqa: E402
-from mindspore_serving.llm.model_io import fill_placeholders  # noqa: E402
+from mindspore_serving.llm.model_io import run_submitted  # noqa: E402
 from mindspore_serving.proto import agent_pb2, agent_pb2_grpc  # noqa: E402
 
 PARENT_CHECK_SECONDS = 0.2
@@ -67,14 +67,11 @@ class AgentServicer(agent_pb2_grpc.LlmAgentServicer):
         return protocol.encode_logits(request.step_id, result)
 
     def _run(self, request, seqs):
-        last, self._last_tokens = self._last_tokens, None
-        if request.prev_rows:
-            tokens = last[1] if last is not None and last[0] == request.after_step_id else None
-            seqs = fill_placeholders(seqs, request.prev_rows, tokens)
-        if not request.greedy_steps:
-            return self.runner.run(seqs)
-        result = self.runner.run_greedy(seqs, request.greedy_steps)
-        self._last_tokens = (request.step_id, result[0][:, -1])
+        last, self._last_tokens = self._last_tokens, None  # a failing step leaves nothing to continue from
+        tokens = last[1] if last is not None and last[0] == request.after_step_id else None
+        result, chosen = run_submitted(self.runner, seqs, request.greedy_steps, request.prev_rows, tokens)
+        if chosen is not None:
+            self._last_tokens = (request.step_id, chosen)
         return result
 
     def Attach(self, request, context):

@@ -97,3 +97,15 @@ def fill_placeholders(seqs: Sequence[SeqStep], prev_rows: Sequence[int],
                              f"step of {len(last_tokens)} rows; only one-token placeholder rows can")
         filled.append(SeqStep([int(last_tokens[row])], seq.start_pos, seq.block_table))
     return filled
+
+
+def run_submitted(runner: ModelRunner, seqs: Sequence[SeqStep], greedy_steps: int, prev_rows: Sequence[int],
+                  last_tokens: Optional[np.ndarray]):
+    """Computes one submitted step (see `submit` above) on a runner of this process: its placeholders filled from
+    `last_tokens` (those of the step before). Returns (its result, its last chosen token per row, for the step
+    after it; None when it did not choose tokens)."""
+    seqs = fill_placeholders(seqs, prev_rows, last_tokens)
+    if not greedy_steps:
+        return runner.run(list(seqs)), None
+    result = runner.run_greedy(seqs, greedy_steps)
+    return result, np.asarray(result[0])[:, -1]

@@ -14,7 +14,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from mindspore_serving.llm.model_io import SCRATCH_BLOCK, SeqStep, fill_placeholders, run_greedy_steps
+from mindspore_serving.llm.model_io import SCRATCH_BLOCK, SeqStep, run_greedy_steps, run_submitted
 
 _EMPTY = -1
 
@@ -107,20 +107,13 @@ class DeferredSubmitter:
     def run_until(self, future: Future) -> None:
         while not future.done():
             queued, seqs, greedy_steps, prev_rows = self._queue.pop(0)
+            last, self._last_tokens = self._last_tokens, None  # a failing step leaves nothing to continue from
             try:
-                queued.set_result(self._compute(seqs, greedy_steps, prev_rows))
+                result, self._last_tokens = run_submitted(self.runner, seqs, greedy_steps, prev_rows, last)
             except Exception as err:  # pylint: disable=broad-except
-                self._last_tokens = None
                 queued.set_exception(err)
-
-    def _compute(self, seqs, greedy_steps: int, prev_rows: Sequence[int]):
-        seqs = fill_placeholders(seqs, prev_rows, self._last_tokens)
-        self._last_tokens = None
-        if not greedy_steps:
-            return self.runner.run(list(seqs))
-        result = self.runner.run_greedy(seqs, greedy_steps)
-        self._last_tokens = np.asarray(result[0])[:, -1]
-        return result
+            else:
+                queued.set_result(result)
 
 
 class _DeferredFuture(Future):
