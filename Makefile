@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup models serve test unit e2e bench proto clean
+.PHONY: setup models serve test lint unit e2e bench proto clean
 
 $(STAMP): requirements.txt requirements-dev.txt setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,7 +21,10 @@ models: setup
 serve: models
 	$(PY) serving_server.py
 
-test: models
+lint: setup
+	$(VENV)/bin/lint-imports --no-logo
+
+test: models lint
 	$(PY) -m pytest tests
 
 unit: setup

@@ -10,8 +10,8 @@ import signal
 import sys
 import threading
 
-from mindspore_serving.agent.startup import startup_agents
-from mindspore_serving.llm.serving_config import load_serving_config
+from mindspore_serving.worker.llm.agents import startup_agents
+from mindspore_serving.spec.llm_config import load_serving_config
 
 
 def main():

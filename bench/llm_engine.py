@@ -22,14 +22,15 @@ sys.path.insert(0, ROOT)
 
 from mindspore_serving.llm import LLMEngine, SchedulerConfig  # noqa: E402
 from mindspore_serving.llm.model_io import SeqStep  # noqa: E402
-from mindspore_serving.llm.serving_config import load_serving_config  # noqa: E402
+from mindspore_serving.common.cpu_affinity import bind_process  # noqa: E402
+from mindspore_serving.spec.llm_config import load_serving_config  # noqa: E402
 from mindspore_serving.llm.step_report import StepCounters  # noqa: E402
 
 
 def bind_like_agent(config):
     """Binds this process to the cores the config's rank-0 agent binds to (agents.cpu_affinity; before MindSpore
     starts its threads), so that in-process figures compare with served ones; returns the cores or None."""
-    return config.agents.bind(0, "CPU")
+    return bind_process(config.agents.cpus_of(0, "CPU"))
 
 
 def limit_seqs(batch: int, blocks_per_seq: int = 4):

@@ -118,7 +118,8 @@ def engine_child(config_path: str) -> None:
                                       right now, to bracket a served run with;
       {"op": "engine", "workload": P} llm_engine.run_engine on a workload file ([[prompt ids, new tokens], ...])."""
     from llm_engine import bind_like_agent, engine_limit, limit_seqs, run_engine  # bench/llm_engine.py
-    from mindspore_serving.llm.serving_config import bind_threads, load_serving_config
+    from mindspore_serving.common.cpu_affinity import bind_threads
+    from mindspore_serving.spec.llm_config import load_serving_config
     config = load_serving_config(config_path)
     all_cpus = sorted(os.sched_getaffinity(0))
     cpus = bind_like_agent(config)  # the agent's cores (agents.cpu_affinity): the same conditions as served
@@ -1279,7 +1280,7 @@ def main(argv=None) -> int:
     workdir = tempfile.mkdtemp(prefix="ms_bench_llm_")
     agents = {} if args.cpu_affinity == "config" else {"cpu_affinity": None if args.cpu_affinity == "none" else "auto"}
     server = LlmServer(workdir, engine_overrides(args.engine), agents)
-    from mindspore_serving.llm.serving_config import load_serving_config
+    from mindspore_serving.spec.llm_config import load_serving_config
     config = load_serving_config(server.config)
     max_model_len = config.engine.max_model_len
     report = {"meta": {"started": datetime.datetime.now().isoformat(timespec="seconds"), "quick": args.quick,

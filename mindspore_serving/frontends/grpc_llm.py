@@ -9,7 +9,7 @@ import numpy as np
 
 from mindspore_serving.common import errors
 from mindspore_serving.common.tensor_codec import instance_to_proto, proto_to_instance
-from mindspore_serving.frontends.llm.backend import FinalEvent, GenerationRequest, Overloaded
+from mindspore_serving.master.llm_types import FinalEvent, GenerationRequest, Overloaded
 from mindspore_serving.llm.instance_params import prompt_of, sampling_params_of
 from mindspore_serving.proto import ms_service_pb2
 

@@ -3,7 +3,8 @@ import grpc
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
-from mindspore_serving.frontends.llm.backend import Overloaded
+from mindspore_serving.frontends.grpc_llm import predict_stream
+from mindspore_serving.master.llm_types import Overloaded
 from mindspore_serving.frontends.address import check_address, check_max_msg_mb_size, check_unix_address
 from mindspore_serving.master.dispatcher import build_reply, error_reply
 from mindspore_serving.proto import ms_service_pb2_grpc
@@ -18,7 +19,6 @@ class MSServiceServicer(ms_service_pb2_grpc.MSServiceServicer):
 
     async def PredictStream(self, request, context):
         """Token streaming for LLM servables (see frontends/grpc_llm.py)."""
-        from mindspore_serving.frontends.grpc_llm import predict_stream
         if self.llm_backend is None:
             yield error_reply(request.servable_spec, errors.ServableUnavailable("streaming is not available"))
             return

@@ -15,6 +15,7 @@ from mindspore_serving import log
 from mindspore_serving.common import errors
 from mindspore_serving.common.tensor_codec import instances_to_proto, proto_to_instance
 from mindspore_serving.frontends import restful_codec
+from mindspore_serving.frontends.llm import build_llm_router, mindspore_generate_stream
 from mindspore_serving.frontends.address import check_address, check_max_msg_mb_size
 from mindspore_serving.proto import ms_service_pb2
 
@@ -27,7 +28,6 @@ def build_docs_app(llm_backend=None) -> FastAPI:
     backend: OpenAI, TGI and MindSpore LLM-serving routes)."""
     app = FastAPI(title="MindSpore Serving", description="RESTful access to served models")
     if llm_backend is not None:
-        from mindspore_serving.frontends.llm import build_llm_router
         app.include_router(build_llm_router(llm_backend, health_route=False))
 
     @app.post("/model/{servable_name}:{method_name}", summary="Call a method of the newest version of a servable")
@@ -69,10 +69,12 @@ class RestfulApp:
             await self.fallback(scope, receive, send)
             return
         body = await self._read_body(receive)
-        if body is not None and self.llm_backend is not None and scope["method"] == "POST" \
-                and scope["path"].endswith(":" + GENERATE_STREAM):
-            await self._generate_stream(scope, receive, send, body)
-            return
+        if body is not None and self.llm_backend is not None and scope["method"] == "POST":
+            name = _stream_target(scope["path"])
+            if name is not None:
+                response = await mindspore_generate_stream(self.llm_backend, name, body)
+                await response(scope, receive, send)
+                return
         if body is None:
             reply = restful_codec.encode_error(f"http message is bigger than {self.max_bytes}")
         else:
@@ -80,19 +82,6 @@ class RestfulApp:
         await send({"type": "http.response.start", "status": 200,
                     "headers": _JSON_HEADERS + [(b"content-length", str(len(reply)).encode())]})
         await send({"type": "http.response.body", "body": reply})
-
-    async def _generate_stream(self, scope, receive, send, body: bytes):
-        """`POST /model/<name>:generate_stream`: the LLM servable's tokens as Server-Sent Events."""
-        from mindspore_serving.frontends.llm import mindspore_generate_stream
-        try:
-            name, _, _ = restful_codec.parse_url(scope["path"])
-        except errors.ServingError as err:
-            reply = restful_codec.encode_error(err.message)
-            await send({"type": "http.response.start", "status": 200, "headers": _JSON_HEADERS})
-            await send({"type": "http.response.body", "body": reply})
-            return
-        response = await mindspore_generate_stream(self.llm_backend, name, body)
-        await response(scope, receive, send)
 
     async def _read_body(self, receive):
         """The request body, or None once it grows beyond the limit (the rest is not read)."""
@@ -124,6 +113,16 @@ class RestfulApp:
         return restful_codec.encode_reply(
             [result if isinstance(result, errors.ServingError) else proto_to_instance(result, copy=False)
              for result in results])
+
+
+def _stream_target(path: str):
+    """The servable of `POST /model/<name>[/version/<v>]:generate_stream` (the LLM servable's tokens as
+    Server-Sent Events), or None for any other method or a URL that the classic route refuses."""
+    try:
+        name, method, _ = restful_codec.parse_url(path)
+    except errors.ServingError:
+        return None
+    return name if method == GENERATE_STREAM else None
 
 
 def _ssl_context_kwargs(ssl_config):

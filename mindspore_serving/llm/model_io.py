@@ -20,6 +20,8 @@ from typing import List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
+from mindspore_serving.llm.sampler import greedy_with_logprobs
+
 SCRATCH_BLOCK = 0
 PLACEHOLDER = -1
 """The token of a decode row that continues from a token the runner has not returned yet."""
@@ -64,7 +66,6 @@ def run_greedy_steps(runner: ModelRunner, seqs: Sequence[SeqStep], num_steps: in
 
     A runner may offer `run_greedy(seqs, num_steps)` with this meaning (an agent does the loop itself, saving a
     round trip per step); this function is how runners without a faster way provide it."""
-    from mindspore_serving.llm.sampler import greedy_with_logprobs
     tokens = np.zeros((len(seqs), num_steps), np.int64)
     logprobs = np.zeros((len(seqs), num_steps), np.float32)
     step_seqs = list(seqs)

@@ -2,7 +2,8 @@
 import grpc
 
 from mindspore_serving import log
-from mindspore_serving.common import errors, ipc
+from mindspore_serving.common import errors
+from mindspore_serving.ipc import master_worker as ipc
 from mindspore_serving.master.worker_registry import WorkerRecord, WorkerRegistry
 from mindspore_serving.proto import internal_pb2, internal_pb2_grpc
 

@@ -25,7 +25,6 @@ from mindspore_serving.common import errors
 from mindspore_serving.common.tensor_codec import check_tensor, global_error
 from mindspore_serving.master.worker_registry import WorkerRecord, WorkerRegistry, request_repr
 from mindspore_serving.proto import internal_pb2, ms_service_pb2
-from mindspore_serving.worker.batching import chunk
 
 DEFAULT_MAX_ENQUEUED_REQUESTS = 10000
 MAX_CALLS_IN_FLIGHT = 2    # per worker and method; the second only carries a full call
@@ -280,7 +279,7 @@ class Dispatcher:
             return await self._enqueue(spec, candidates, instances)
         results: list = [errors.InvalidInputs(reason) if reason else None for reason in reasons]
         valid = [index for index, reason in enumerate(reasons) if reason is None]
-        parts = chunk(valid, batch)
+        parts = [valid[start:start + batch] for start in range(0, len(valid), max(1, batch))]
         futures = [self._enqueue(spec, candidates, [instances[i] for i in part]) for part in parts]
         for part, answers in zip(parts, await asyncio.gather(*futures)):
             for index, answer in zip(part, answers):

@@ -14,14 +14,13 @@ import grpc
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
-from mindspore_serving.frontends.llm.backend import (FinalEvent, GenerationEvent, GenerationRequest, ModelInfo,
+from mindspore_serving.master.llm_types import (FinalEvent, GenerationEvent, GenerationRequest, ModelInfo,
                                                      Overloaded, Timing, TokenEvent)
 from mindspore_serving.master.worker_registry import WorkerRegistry
 from mindspore_serving.proto import llm_worker_pb2 as pb
+from mindspore_serving.spec.llm import GENERATE_METHOD, LLM_EXTENSION
 from mindspore_serving.proto import llm_worker_pb2_grpc
 
-LLM_EXTENSION = "llm"
-GENERATE_METHOD = "generate"
 _ERRORS = {"validation": errors.InvalidInputs, "overloaded": Overloaded, "unavailable": errors.ServableUnavailable}
 _LOST = object()
 

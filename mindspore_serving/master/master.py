@@ -9,15 +9,17 @@ from typing import List, Optional
 import grpc
 
 from mindspore_serving import log
-from mindspore_serving.common import ipc
+from mindspore_serving.ipc import master_worker as ipc
 from mindspore_serving.master.control_service import MasterControlServicer
-from mindspore_serving.master.dispatcher import Dispatcher
+from mindspore_serving.master.dispatcher import DEFAULT_MAX_ENQUEUED_REQUESTS, Dispatcher
 from mindspore_serving.master.llm_backend import MasterLlmBackend
 from mindspore_serving.master.worker_processes import WorkerPlan, WorkerProcess, WorkerProcesses
 from mindspore_serving.master.worker_registry import WorkerRegistry
 from mindspore_serving.proto import internal_pb2_grpc
 
 DRAIN_TIMEOUT = 10.0
+
+_settings = {"max_enqueued_requests": DEFAULT_MAX_ENQUEUED_REQUESTS}
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -40,8 +42,7 @@ class Master:
         self.registry = WorkerRegistry()
         self.dispatcher = Dispatcher(self.registry)
         self.llm_backend = MasterLlmBackend(self.registry)
-        from mindspore_serving.server.master.context import get_max_enqueued_requests
-        self.dispatcher.max_enqueued_requests = get_max_enqueued_requests()
+        self.dispatcher.max_enqueued_requests = _settings["max_enqueued_requests"]
         self.address = ipc.master_address()
         self.processes = WorkerProcesses(self.address, self._on_worker_death, self._on_all_workers_exited)
         self.frontends = {}  # "grpc" / "restful" -> object with async stop(grace)
@@ -72,8 +73,7 @@ class Master:
                 asyncio.run_coroutine_threadsafe(record.channel.close(), self.loop)
 
     def _on_all_workers_exited(self):
-        from mindspore_serving.server import stop
-        stop()
+        stop_master()
 
     def stop(self):
         """Stops the front ends (letting requests in flight finish), the workers and the loop."""
@@ -95,6 +95,18 @@ class Master:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
         self.loop.close()
+
+
+def set_max_enqueued_requests(max_enqueued_requests: int):
+    """The most requests the master holds at once, now and for a master started later."""
+    _settings["max_enqueued_requests"] = max_enqueued_requests
+    master = get_master(create=False)
+    if master is not None:
+        master.dispatcher.max_enqueued_requests = max_enqueued_requests
+
+
+def get_max_enqueued_requests() -> int:
+    return _settings["max_enqueued_requests"]
 
 
 _master: Optional[Master] = None

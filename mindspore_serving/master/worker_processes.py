@@ -16,7 +16,7 @@ START_TIMEOUT = float(os.environ.get("MS_SERVING_WORKER_START_TIMEOUT", "600"))
 STOP_GRACE = 10.0
 MAX_QUICK_RESTARTS = 5      # restarts allowed within RESTART_WINDOW before a worker is given up
 RESTART_WINDOW = 60.0
-_START_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "server", "start_worker.py")
+WORKER_MODULE = "mindspore_serving.worker.start_worker"  # what operators look for in `ps`
 
 
 @dataclass
@@ -70,7 +70,7 @@ class WorkerProcesses:
         plan = worker.plan
         os.makedirs(LOG_DIR, exist_ok=True)
         log_file = open(plan.log_path, "w" if worker.starts == 0 else "a")
-        cmd = [sys.executable, _START_SCRIPT, f"--servable_directory={plan.servable_directory}",
+        cmd = [sys.executable, "-m", WORKER_MODULE, f"--servable_directory={plan.servable_directory}",
                f"--servable_name={plan.servable_name}", f"--version_number={plan.version_number}",
                f"--device_type={plan.device_type or 'none'}", f"--device_id={plan.device_id}",
                f"--num_parallel_workers={plan.num_parallel_workers}", f"--master_address={self.master_address}",

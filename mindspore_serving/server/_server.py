@@ -1,5 +1,7 @@
 """start_servables / start_grpc_server / start_restful_server / stop on top of the master."""
 from mindspore_serving import log
+from mindspore_serving.frontends.grpc_server import GrpcFrontend
+from mindspore_serving.frontends.restful_server import RestfulFrontend
 from mindspore_serving.master.master import get_master, install_signal_handlers, stop_master
 from mindspore_serving.master.worker_processes import WorkerPlan
 from mindspore_serving.server.ssl_config import SSLConfig
@@ -55,13 +57,11 @@ def _start_frontend(kind: str, label: str, frontend_class, address, max_msg_mb_s
 
 def start_grpc_server(address, max_msg_mb_size=100, ssl_config=None):
     """Serves MSService on `ip:port` or `unix:<path>`; messages up to `max_msg_mb_size` MiB each way."""
-    from mindspore_serving.frontends.grpc_server import GrpcFrontend
     _start_frontend(_GRPC, "Serving gRPC server", GrpcFrontend, address, max_msg_mb_size, ssl_config)
 
 
 def start_restful_server(address, max_msg_mb_size=100, ssl_config=None):
     """Serves the RESTful API on `ip:port`; request bodies up to `max_msg_mb_size` MiB."""
-    from mindspore_serving.frontends.restful_server import RestfulFrontend
     _start_frontend(_RESTFUL, "RESTful server", RestfulFrontend, address, max_msg_mb_size, ssl_config)
 
 

@@ -5,6 +5,7 @@ from typing import Callable, List, Optional, Sequence
 
 from mindspore_serving import log
 from mindspore_serving.common import check_type
+from mindspore_serving.common.ms_device import available_devices
 
 SERVABLE_CONFIG_FILE = "servable_config.py"
 DEVICE_TYPES = ("ascend", "gpu", "cpu")
@@ -170,7 +171,6 @@ def device_share_allowed(device_type: str) -> bool:
     """Whether several workers may use one device id: on GPU and CPU yes, on Ascend (910) no."""
     device_type = (device_type or "none").lower()
     if device_type == "none":
-        from mindspore_serving.worker.model_backend import available_devices  # pylint: disable=import-outside-toplevel
         device_type = available_devices()[0].lower()
     return device_type != "ascend"
 

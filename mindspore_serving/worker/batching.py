@@ -107,9 +107,3 @@ def split_outputs(outputs: Sequence[np.ndarray], count: int) -> List[tuple]:
         if output.ndim == 0 or output.shape[0] < count:
             raise ValueError(f"Model output shape {list(output.shape)} cannot be split into {count} instances")
     return [tuple(np.ascontiguousarray(output[slot]) for output in outputs) for slot in range(count)]
-
-
-def chunk(items: Sequence, size: int) -> List[Sequence]:
-    """Consecutive chunks of at most `size` items."""
-    size = max(1, size)
-    return [items[start:start + size] for start in range(0, len(items), size)]

@@ -9,7 +9,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from mindspore_serving.server.register.spec import MethodSpec, StageSpec, TensorRef
+from mindspore_serving.spec.servable import MethodSpec, StageSpec, TensorRef
 from mindspore_serving.worker.executors import FunctionBatcher, ModelExecutor
 from mindspore_serving.worker.stage_values import normalize_outputs, to_model_input
 

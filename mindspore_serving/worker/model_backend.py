@@ -1,4 +1,8 @@
-"""Loads MindIR graphs with `mindspore.load` + `nn.GraphCell` and describes their inputs and outputs."""
+"""Loads MindIR graphs with `mindspore.load` + `nn.GraphCell` and describes their inputs and outputs.
+
+MindSpore is imported where a model is loaded or run, not at module import: the stage and batching modules
+(and their tests) use TensorInfo and kmsi_name without paying MindSpore's start-up.
+"""
 import os
 from dataclasses import dataclass
 from functools import cached_property
@@ -11,7 +15,6 @@ from mindspore_serving import log
 # mind_ir.proto TensorProto.DataType -> numpy
 _MINDIR_DTYPES = {1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32, 7: np.int64,
                   9: np.bool_, 10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64, 17: np.float64}
-_DEVICE_NAMES = {"cpu": "CPU", "gpu": "GPU", "ascend": "Ascend"}
 
 _KMSI_NAMES = {np.dtype(np.bool_): "kMSI_Bool", np.dtype(np.int8): "kMSI_Int8", np.dtype(np.uint8): "kMSI_Uint8",
                np.dtype(np.int16): "kMSI_Int16", np.dtype(np.uint16): "kMSI_Uint16",
@@ -46,40 +49,9 @@ class TensorInfo:
         return all(dim >= 0 for dim in self.shape)
 
 
-def available_devices() -> List[str]:
-    """Device types this MindSpore build can use, best first."""
-    import mindspore as ms
-    found = []
-    for name in ("Ascend", "GPU"):
-        try:
-            if ms.hal.is_available(name):
-                found.append(name)
-        except Exception as err:  # a build without the backend library raises instead of answering
-            log.debug(f"device {name} is not available: {err}")
-    found.append("CPU")
-    return found
-
-
-def resolve_device(device_type: Optional[str], servable_name: str = "") -> str:
-    """'cpu'/'gpu'/'ascend' (any case) to MindSpore's name; None or 'none' picks the best available."""
-    available = available_devices()
-    if device_type is None or device_type.lower() == "none":
-        return available[0]
-    name = _DEVICE_NAMES.get(device_type.lower())
-    if name is None or name not in available:
-        raise RuntimeError(f"The device type '{device_type}' of servable name {servable_name} is inconsistent with "
-                           f"current running environment, supported device type: {available}")
-    return name
-
-
-def set_device(device_type: str, device_id: int):
-    from mindspore_serving.common.ms_device import select_device
-    select_device(device_type, device_id)
-
-
 def read_mindir_inputs(path: str) -> Optional[List[TensorInfo]]:
     """Input shapes and dtypes recorded in a MindIR file; None when the file cannot be parsed (e.g. encrypted)."""
-    from mindspore.train import mind_ir_pb2
+    from mindspore.train import mind_ir_pb2  # lazy: see the module docstring
     model = mind_ir_pb2.ModelProto()
     try:
         with open(path, "rb") as stream:
@@ -98,8 +70,8 @@ class Subgraph:
     """One loaded graph: its GraphCell and the shapes and dtypes of its inputs and outputs."""
 
     def __init__(self, path: str, dec_key: Optional[bytes] = None, dec_mode: str = "AES-GCM"):
-        import mindspore as ms
-        from mindspore import nn
+        import mindspore as ms  # lazy: see the module docstring
+        from mindspore import nn  # lazy: see the module docstring
         if not os.path.isfile(path):
             raise RuntimeError(f"model file '{path}' not exist")
         kwargs = {"dec_key": dec_key, "dec_mode": dec_mode} if dec_key else {}
@@ -120,7 +92,7 @@ class Subgraph:
         return [TensorInfo(out.shape, out.dtype) for out in self.run(zeros)]
 
     def run(self, inputs: Sequence[np.ndarray]) -> List[np.ndarray]:
-        from mindspore import Tensor
+        from mindspore import Tensor  # lazy: see the module docstring
         arrays = [np.ascontiguousarray(value) for value in inputs]
         signature = tuple((array.shape, array.dtype.str) for array in arrays)
         # from_numpy shares the arrays' memory (they live until the call returns); Tensor() would copy them
@@ -159,11 +131,12 @@ _MAX_PHASES = 64
 class _CompiledRunner:
     def __init__(self):
         try:
+            # lazy (see the module docstring); MindSpore's private executor moved between releases
             try:
-                from mindspore.graph.api import _cell_graph_executor, _convert_python_data
+                from mindspore.graph.api import _cell_graph_executor, _convert_python_data  # newer releases
             except ImportError:
-                from mindspore.common.api import _cell_graph_executor, _convert_python_data
-            from mindspore.nn.cell import _DEFAULT_JIT_CONFIG
+                from mindspore.common.api import _cell_graph_executor, _convert_python_data  # older releases
+            from mindspore.nn.cell import _DEFAULT_JIT_CONFIG  # lazy: see the module docstring
             executor = _cell_graph_executor._graph_executor
             self._calls = (executor, executor.get_args_for_run, executor.set_jit_config, executor.has_compiled,
                            _convert_python_data, _DEFAULT_JIT_CONFIG)
@@ -207,7 +180,7 @@ class LoadedModel:
     """A declared model: one or more subgraphs sharing a batch size."""
 
     def __init__(self, spec, version_dir: str, dec_key: Optional[bytes] = None, dec_mode: str = "AES-GCM"):
-        import mindspore as ms
+        import mindspore as ms  # lazy: see the module docstring
         self.spec = spec
         self.subgraphs = [Subgraph(os.path.join(version_dir, name), dec_key, dec_mode) for name in spec.model_files]
         self.batch_size = self._check_batch_size()

@@ -1,6 +1,6 @@
 """The worker process: imports servable_config.py, loads the models, serves WorkerService, registers with the master.
 
-Started by the master as `python .../server/start_worker.py --servable_directory ... --master_address ...`.
+Started by the master as `python -m mindspore_serving.worker.start_worker --servable_directory ... --master_address ...`.
 It exits on SIGINT/SIGTERM, when the master asks, or when its parent process goes away.
 """
 from mindspore_serving.common.native_protobuf import prefer_native_protobuf
@@ -20,7 +20,7 @@ from concurrent import futures  # noqa: E402
 import grpc  # noqa: E402
 
 from mindspore_serving import log  # noqa: E402
-from mindspore_serving.common import ipc  # noqa: E402
+from mindspore_serving.ipc import master_worker as ipc  # noqa: E402
 from mindspore_serving.proto import internal_pb2, internal_pb2_grpc  # noqa: E402
 from mindspore_serving.worker.servable_loader import load_servable  # noqa: E402
 from mindspore_serving.worker.service import WorkerServicer  # noqa: E402

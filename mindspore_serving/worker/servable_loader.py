@@ -5,8 +5,10 @@ import sys
 from typing import Optional, Tuple
 
 from mindspore_serving import log
-from mindspore_serving.server.register.llm import LlmDeclaration
-from mindspore_serving.worker.model_backend import resolve_device, set_device
+from mindspore_serving.spec.llm import LlmDeclaration
+from mindspore_serving.spec.registry import get_servable_spec
+from mindspore_serving.common.ms_device import resolve_device, select_device
+from mindspore_serving.worker.llm.runtime import LlmRuntime
 from mindspore_serving.worker.servable_runtime import ServableRuntime
 
 
@@ -18,7 +20,6 @@ def newest_version_number(servable_path: str) -> int:
 
 def import_servable_config(servable_directory: str, servable_name: str):
     """Imports `<servable_directory>/<servable_name>/servable_config.py` and returns its declarations."""
-    from mindspore_serving.server.register.registry import get_servable_spec
     if servable_directory not in sys.path:
         sys.path.insert(0, servable_directory)
     try:
@@ -54,13 +55,12 @@ def load_servable(servable_directory: str, servable_name: str, version_number: i
     if spec is None or not spec.methods and spec.extension is None:
         raise RuntimeError("There is no method registered for servable")
     if isinstance(spec.extension, LlmDeclaration):
-        from mindspore_serving.worker.llm_runtime import LlmRuntime
         version = version_number or 1
         device = resolve_device(device_type, servable_name)
         return LlmRuntime(spec, spec.extension.config_file, device, device_id, on_fatal), version
     version = resolve_version(servable_directory, servable_name, version_number, bool(spec.models))
     device = resolve_device(device_type, servable_name)
-    set_device(device, device_id)
+    select_device(device, device_id)
     log.info(f"loading servable {servable_name} version {version} on {device} device {device_id}")
     version_dir = os.path.join(servable_directory, servable_name, str(version))
     runtime = ServableRuntime(spec, version_dir, num_parallel_workers, dec_key, dec_mode)

@@ -4,7 +4,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from mindspore_serving import log
-from mindspore_serving.server.register.spec import STAGE_BUILTIN, STAGE_FUNCTION, STAGE_MODEL, ServableSpec
+from mindspore_serving.spec.model_call import call_prefix, set_model_call_handler
+from mindspore_serving.spec.servable import STAGE_BUILTIN, STAGE_FUNCTION, STAGE_MODEL, ServableSpec
 from mindspore_serving.worker.executors import FunctionBatcher, ModelExecutor
 from mindspore_serving.worker.method_runner import (BUILTIN_STAGES, BatchFunctionStage, FunctionStage, MethodRunner,
                                                      ModelStage)
@@ -102,13 +103,11 @@ class ServableRuntime:
         return BatchFunctionStage(batcher)
 
     def _install_model_call(self):
-        from mindspore_serving.server.register.model import set_model_call_handler
         set_model_call_handler(self.model_call)
 
     def model_call(self, model_key: str, subgraph: int, instances: Sequence[tuple]) -> List[tuple]:
         """Runs instances through a model from inside a Python stage (`Model.call`)."""
-        prefix = f"Model({model_key}).call() failed: " if subgraph == 0 else \
-            f"Model({model_key}, subgraph={subgraph}).call() failed: "
+        prefix = call_prefix(model_key, subgraph)
         model = self.models.get(model_key)
         if model is None:
             raise RuntimeError(prefix + "the model is not declared or not loaded")

@@ -17,7 +17,7 @@ MODEL_FILES = [os.path.join("rank_0", "manifest.json")]
 def stale():
     """Why the exported graphs no longer match the model config (buckets or network changed), or None."""
     sys.path.insert(0, ROOT)
-    from mindspore_serving.llm.serving_config import load_serving_config
+    from mindspore_serving.spec.llm_config import load_serving_config
     from mindspore_serving.models.llama.config import load_config
     config = load_serving_config(CONFIG)
     wanted = load_config(config.model.config).to_dict()
@@ -31,7 +31,7 @@ def stale():
 
 def main():
     sys.path.insert(0, ROOT)
-    from mindspore_serving.llm.serving_config import load_serving_config
+    from mindspore_serving.spec.llm_config import load_serving_config
     from mindspore_serving.models.llama.config import load_config
     from mindspore_serving.models.llama.export import export_graphs
     config = load_serving_config(CONFIG)

@@ -16,7 +16,7 @@ TEST_SERVABLES = os.path.join(ROOT, "tests", "servables")
 
 def workers_of(proc):
     return [p for p in psutil.Process(proc.proc.pid).children(recursive=True)
-            if any("start_worker.py" in part for part in p.cmdline())]
+            if any("start_worker" in part for part in p.cmdline())]
 
 
 def wait_until(predicate, timeout, what):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mindspore_serving.llm import LLMEngine, SchedulerConfig
-from mindspore_serving.llm.serving_config import load_serving_config
+from mindspore_serving.spec.llm_config import load_serving_config
 from llm_setup import CONFIG
 
 NUM_REQUESTS = 32

@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 
 from mindspore_serving.common import errors
 from mindspore_serving.frontends.llm import build_llm_router, mindspore_generate_stream
-from mindspore_serving.frontends.llm.backend import Overloaded
+from mindspore_serving.master.llm_types import Overloaded
 from mindspore_serving.frontends.llm.testing import FakeLlmBackend
 
 openai = pytest.importorskip("openai")

@@ -22,9 +22,9 @@ def test_start_agent_script_reports_ready_and_stops(tmp_path):
         agents = psutil.Process(proc.proc.pid).children(recursive=True)
         assert agents
         # agents.cpu_affinity: auto binds the (CPU) agent to its share of the cores, threads included
-        from mindspore_serving.llm.serving_config import load_serving_config
+        from mindspore_serving.spec.llm_config import load_serving_config
         expected = load_serving_config(config).agents.cpus_of(0, "CPU")
-        (agent,) = [p for p in agents if any("spawn_main" in part for part in p.cmdline())]
+        (agent,) = [p for p in agents if "mindspore_serving.agent.start_agent" in p.cmdline()]
         assert agent.cpu_affinity() == expected
         assert {tuple(os.sched_getaffinity(t.id)) for t in agent.threads()} == {tuple(expected)}
         proc.proc.send_signal(signal.SIGTERM)
@@ -67,7 +67,7 @@ def offline_engine(config_path):
     """The same graphs driven in-process by the engine."""
     from mindspore_serving.agent.graph_runner import GraphRunner
     from mindspore_serving.llm import LLMEngine
-    from mindspore_serving.llm.serving_config import load_serving_config
+    from mindspore_serving.spec.llm_config import load_serving_config
     from mindspore_serving.models.llama.tokenizer import TextTokenizer
     config = load_serving_config(config_path)
     tokenizer = TextTokenizer.from_file(config.model.tokenizer)
@@ -142,7 +142,7 @@ def test_dead_agent_or_worker_is_reported_and_the_worker_restarts(tmp_path):
         client = Client(grpc_addr, "llama_tiny", "generate")
         assert client.infer({"prompt": PROMPT, "max_new_tokens": np.int32(4)})[0]["completion_tokens"].item() == 4
         agents = [p for p in psutil.Process(proc.proc.pid).children(recursive=True)
-                  if any("spawn_main" in part for part in p.cmdline())]
+                  if "mindspore_serving.agent.start_agent" in p.cmdline()]
         assert agents
         for agent in agents:
             agent.kill()
@@ -154,7 +154,7 @@ def test_dead_agent_or_worker_is_reported_and_the_worker_restarts(tmp_path):
         stream = client.infer_stream({"prompt": PROMPT, "max_new_tokens": np.int32(200), "ignore_eos": True})
         assert "token_id" in next(stream)
         (worker,) = [p for p in psutil.Process(proc.proc.pid).children(recursive=True)
-                     if any("start_worker.py" in part for part in p.cmdline())]
+                     if any("start_worker" in part for part in p.cmdline())]
         worker.kill()
         rest = list(stream)
         assert "not available" in rest[-1]["error"]

@@ -4,8 +4,8 @@ import threading
 
 import numpy as np
 
-from mindspore_serving.agent import protocol
-from mindspore_serving.agent.agent_process import AgentServicer
+from mindspore_serving.ipc import agent as protocol
+from mindspore_serving.agent.process import AgentServicer
 from mindspore_serving.llm.model_io import PLACEHOLDER, SeqStep, run_greedy_steps
 from mindspore_serving.llm.testing import FakeModelRunner
 

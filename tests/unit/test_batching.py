@@ -4,7 +4,7 @@ import queue
 import numpy as np
 import pytest
 
-from mindspore_serving.worker.batching import (SENTINEL, WAKE, ExpectedCounter, chunk, collect_batch, merge_inputs,
+from mindspore_serving.worker.batching import (SENTINEL, WAKE, ExpectedCounter, collect_batch, merge_inputs,
                                                split_outputs)
 from mindspore_serving.worker.executors import run_batch_function
 
@@ -77,10 +77,6 @@ def test_split_returns_first_count_rows():
 def test_merge_rejects_too_many_instances():
     with pytest.raises(ValueError):
         merge_inputs([(np.zeros(1),)] * 3, 2)
-
-
-def test_chunk():
-    assert chunk(list(range(5)), 2) == [[0, 1], [2, 3], [4]]
 
 
 def test_batch_function_list_and_generator_results():

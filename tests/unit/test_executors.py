@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from mindspore_serving.server.register.spec import ModelSpec
+from mindspore_serving.spec.servable import ModelSpec
 from mindspore_serving.worker.executors import ModelExecutor
 from mindspore_serving.worker.model_backend import TensorInfo
 

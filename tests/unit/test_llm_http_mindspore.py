@@ -6,7 +6,7 @@ from starlette.testclient import TestClient
 
 from mindspore_serving.common import errors
 from mindspore_serving.frontends.llm import build_llm_router, mindspore_generate_stream
-from mindspore_serving.frontends.llm.backend import Overloaded
+from mindspore_serving.master.llm_types import Overloaded
 from mindspore_serving.frontends.llm.testing import FakeLlmBackend, parse_sse
 
 TOKENS = [{"id": 10, "logprob": -0.25, "special": False, "text": "Hello"},

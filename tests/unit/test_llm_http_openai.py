@@ -6,7 +6,7 @@ from starlette.testclient import TestClient
 
 from mindspore_serving.common import errors
 from mindspore_serving.frontends.llm import build_llm_router
-from mindspore_serving.frontends.llm.backend import ChatMessage, Overloaded
+from mindspore_serving.master.llm_types import ChatMessage, Overloaded
 from mindspore_serving.frontends.llm.testing import FakeLlmBackend, parse_sse
 
 MODEL = "llama_tiny"

@@ -6,7 +6,7 @@ from starlette.testclient import TestClient
 
 from mindspore_serving.common import errors
 from mindspore_serving.frontends.llm import build_llm_router
-from mindspore_serving.frontends.llm.backend import FinalEvent, ModelInfo, Overloaded
+from mindspore_serving.master.llm_types import FinalEvent, ModelInfo, Overloaded
 from mindspore_serving.frontends.llm.testing import DEFAULT_MODEL, FakeLlmBackend, parse_sse
 
 TOKENS = [{"id": 10, "text": "Hello", "logprob": -0.25, "special": False},

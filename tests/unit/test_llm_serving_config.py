@@ -4,7 +4,8 @@ import os
 import pytest
 
 from llm_setup import CONFIG as BUNDLED, bundled_config, write_config
-from mindspore_serving.llm.serving_config import AgentSection, ConfigError, load_serving_config
+from mindspore_serving.common.cpu_affinity import bind_process
+from mindspore_serving.spec.llm_config import AgentSection, ConfigError, load_serving_config
 
 
 def write(tmp_path, change):
@@ -78,13 +79,13 @@ def test_bind_sets_every_thread_of_the_process():
     started.wait(10)
     core = sorted(before)[-1]
     try:
-        assert AgentSection(cpu_affinity=((core,),)).bind(0, "CPU") == [core]
+        assert bind_process(AgentSection(cpu_affinity=((core,),)).cpus_of(0, "CPU")) == [core]
         assert all(os.sched_getaffinity(int(t)) == {core} for t in os.listdir("/proc/self/task"))
-        assert AgentSection().bind(0, "CPU") is None
+        assert bind_process(AgentSection().cpus_of(0, "CPU")) is None
     finally:
         release.set()
         thread.join()
-        AgentSection(cpu_affinity=(tuple(sorted(before)),)).bind(0, "CPU")
+        bind_process(sorted(before))
 
 
 def test_stats_interval_and_agent_port_survive_replacement(tmp_path):

@@ -12,9 +12,9 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from mindspore_serving.server.register import model as model_module
-from mindspore_serving.server.register.registry import get_servable_spec, reset_registry
-from mindspore_serving.server.register.spec import (STAGE_BUILTIN, STAGE_FUNCTION, STAGE_MODEL, MethodSpec, ModelSpec,
+from mindspore_serving.spec import model_call as model_module
+from mindspore_serving.spec.registry import get_servable_spec, reset_registry
+from mindspore_serving.spec.servable import (STAGE_BUILTIN, STAGE_FUNCTION, STAGE_MODEL, MethodSpec, ModelSpec,
                                                     StageSpec, TensorRef)
 from mindspore_serving.worker.batching import ExpectedCounter
 from mindspore_serving.worker.executors import FunctionBatcher, ModelExecutor

@@ -14,9 +14,9 @@ import pytest
 
 from mindspore_serving import log
 from mindspore_serving.server import register
-from mindspore_serving.server.register import model as model_module
-from mindspore_serving.server.register.registry import get_servable_spec, reset_registry
-from mindspore_serving.server.register.spec import STAGE_BUILTIN, STAGE_FUNCTION, STAGE_MODEL, TensorRef
+from mindspore_serving.spec import model_call as model_module
+from mindspore_serving.spec.registry import get_servable_spec, reset_registry
+from mindspore_serving.spec.servable import STAGE_BUILTIN, STAGE_FUNCTION, STAGE_MODEL, TensorRef
 
 _module_ids = itertools.count()
 
@@ -262,7 +262,7 @@ def test_declare_model_conflicts(tmp_path):
 
 
 def test_declare_model_after_distributed(tmp_path):
-    from mindspore_serving.server.register.registry import get_or_create_servable_spec
+    from mindspore_serving.spec.registry import get_or_create_servable_spec
     get_or_create_servable_spec("svc").distributed = True
     with raises("Declare model failed, servable has already been declared as distributed servable"):
         load(tmp_path, "register.declare_model('a.mindir', 'MindIR')\n")

@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
-from mindspore_serving.server.register import model as model_module
-from mindspore_serving.server.register.registry import reset_registry
+from mindspore_serving.spec import model_call as model_module
+from mindspore_serving.spec.registry import reset_registry
 from mindspore_serving.worker.servable_loader import (import_servable_config, load_servable, newest_version_number,
                                                       resolve_version)
 

@@ -21,7 +21,7 @@ def protobuf_implementation_of(module, env_value):
     return out.stdout.strip().splitlines()[-1]
 
 
-@pytest.mark.parametrize("module", ["mindspore_serving.worker.process", "mindspore_serving.agent.agent_process"])
+@pytest.mark.parametrize("module", ["mindspore_serving.worker.process", "mindspore_serving.agent.process"])
 def test_workers_and_agents_ignore_the_pure_python_protobuf_that_mindspore_sets_in_their_parent(module):
     default = protobuf_implementation_of(module, None)
     assert protobuf_implementation_of(module, "python") == default

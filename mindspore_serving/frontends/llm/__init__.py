@@ -1,6 +1,5 @@
-"""HTTP front ends of the LLM servables, on top of `backend.LlmBackend`.
+"""HTTP front ends of the LLM servables, on top of the master's `LlmBackend` (master/llm_types.py).
 
-    backend.py        the interface: models() and stream(GenerationRequest) -> TokenEvents, FinalEvent
     tgi.py            HuggingFace TGI: /generate, /generate_stream, / (compat), /info, /health
     mindspore_llm.py  MindSpore LLM-serving: /models/{model}[/generate|/generate_stream];
                       classic /model/{model}:generate_stream (mindspore_generate_stream)
@@ -20,7 +19,7 @@ from typing import Optional
 
 from fastapi import APIRouter
 
-from mindspore_serving.frontends.llm.backend import LlmBackend
+from mindspore_serving.master.llm_types import LlmBackend
 from mindspore_serving.frontends.llm.mindspore_llm import build_llm_serving_router, mindspore_generate_stream
 from mindspore_serving.frontends.llm.openai_api import build_openai_router
 from mindspore_serving.frontends.llm.tgi import build_tgi_router

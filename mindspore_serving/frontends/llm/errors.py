@@ -23,7 +23,7 @@ import enum
 from typing import Optional, Tuple
 
 from mindspore_serving.common import errors
-from mindspore_serving.frontends.llm.backend import Overloaded
+from mindspore_serving.master.llm_types import Overloaded
 
 
 class Kind(enum.Enum):

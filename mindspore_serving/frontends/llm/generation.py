@@ -12,7 +12,7 @@ from typing import AsyncIterator, List, Optional
 import anyio
 
 from mindspore_serving import log
-from mindspore_serving.frontends.llm.backend import (FinalEvent, GenerationRequest, LlmBackend, ModelInfo,
+from mindspore_serving.master.llm_types import (FinalEvent, GenerationRequest, LlmBackend, ModelInfo,
                                                      TokenEvent)
 from mindspore_serving.frontends.llm.errors import GenerationFailed, IncompleteGeneration, message_of
 

@@ -23,7 +23,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from mindspore_serving.frontends.llm import sse
-from mindspore_serving.frontends.llm.backend import GenerationRequest, LlmBackend, TokenEvent
+from mindspore_serving.master.llm_types import GenerationRequest, LlmBackend, TokenEvent
 from mindspore_serving.frontends.llm.errors import InvalidParam, Protocol, error_reply
 from mindspore_serving.frontends.llm.generation import Generation, finite
 from mindspore_serving.frontends.llm.params import (load_json, new_request_id, parse_body, sampling_params,

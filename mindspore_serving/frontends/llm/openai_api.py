@@ -11,7 +11,7 @@ from typing import AsyncIterator, List, Optional
 from fastapi import APIRouter, Request
 
 from mindspore_serving.frontends.llm import sse
-from mindspore_serving.frontends.llm.backend import GenerationRequest, LlmBackend, ModelInfo, TokenEvent
+from mindspore_serving.master.llm_types import GenerationRequest, LlmBackend, ModelInfo, TokenEvent
 from mindspore_serving.frontends.llm.errors import Protocol, error_reply
 from mindspore_serving.frontends.llm.generation import Generation, finite
 from mindspore_serving.frontends.llm.params import new_request_id, parse_body, served_model

@@ -7,7 +7,7 @@ import orjson
 import pydantic
 
 from mindspore_serving.common import errors
-from mindspore_serving.frontends.llm.backend import LlmBackend, ModelInfo
+from mindspore_serving.master.llm_types import LlmBackend, ModelInfo
 from mindspore_serving.frontends.llm.errors import InvalidParam
 from mindspore_serving.llm.sampling_params import SamplingParams
 

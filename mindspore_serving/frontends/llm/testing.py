@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import orjson
 
 from mindspore_serving.common import errors
-from mindspore_serving.frontends.llm.backend import (FinalEvent, GenerationRequest, ModelInfo, Timing,
+from mindspore_serving.master.llm_types import (FinalEvent, GenerationRequest, ModelInfo, Timing,
                                                      TokenEvent)
 from mindspore_serving.llm.sampling_params import SamplingParams
 

@@ -16,7 +16,7 @@ from starlette.responses import Response
 
 import mindspore_serving
 from mindspore_serving.frontends.llm import sse
-from mindspore_serving.frontends.llm.backend import GenerationRequest, LlmBackend, TokenEvent
+from mindspore_serving.master.llm_types import GenerationRequest, LlmBackend, TokenEvent
 from mindspore_serving.frontends.llm.errors import Protocol, error_reply
 from mindspore_serving.frontends.llm.generation import Generation, finite
 from mindspore_serving.frontends.llm.params import new_request_id, parse_body, served_model

@@ -26,8 +26,10 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor
 
+from mindspore_serving.common.ms_device import select_device
+
 from .config import ModelFile, load_config
-from .model import LlamaModel, MixedStep, build_model, save_weights, select_device
+from .model import LlamaModel, MixedStep, build_model, save_weights
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1

@@ -285,12 +285,6 @@ class MixedStep(nn.Cell):
                                           prefill_positions, prefill_tables, slot_mapping, prefill_lens, *kv_caches)
 
 
-def select_device(target: str = "CPU"):
-    """ms.set_device(target), tolerating a process whose runtime already runs on that device."""
-    from mindspore_serving.common.ms_device import select_device as select
-    select(target)
-
-
 def checkpoint_params(model: LlamaModel):
     """The model's parameters under names relative to the model (stable whatever cell wraps it)."""
     return [{"name": name, "data": p} for name, p in model.parameters_and_names()]

@@ -22,8 +22,10 @@ import mindspore as ms
 from mindspore import nn, ops, Tensor
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+from mindspore_serving.common.ms_device import select_device
+
 from .config import ModelFile, load_config, save_config
-from .model import LlamaModel, build_model, save_weights, select_device
+from .model import LlamaModel, build_model, save_weights
 from .tokenizer import TextTokenizer
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>"]  # ids 0, 1, 2

@@ -5,7 +5,7 @@ fixed order inside `register_method`: `call_preprocess[_pipeline]` at most once,
 once, then `call_postprocess[_pipeline]` at most once. Each call logs a deprecation warning.
 """
 from mindspore_serving.server.register._deprecation import deprecated
-from mindspore_serving.server.register.method import add_stage, current_recorder
+from mindspore_serving.server.register.method import _LegacyState, add_stage, current_recorder
 from mindspore_serving.server.register.model import Model, declare_model
 from mindspore_serving.server.register.options import AclOptions, GpuOptions
 
@@ -25,7 +25,6 @@ def declare_servable(servable_file, model_format, with_batch_dim=True, options=N
 def _legacy(interface: str):
     recorder = current_recorder(interface)
     if recorder.legacy is None:  # the source could not be read: enforce the order anyway
-        from mindspore_serving.server.register.method import _LegacyState  # pylint: disable=import-outside-toplevel
         recorder.legacy = _LegacyState({})
     return recorder, recorder.legacy
 

@@ -8,11 +8,11 @@ from typing import Dict, List, Optional, Tuple
 
 from mindspore_serving import log
 from mindspore_serving.common import check_type
-from mindspore_serving.server.register import registry
+from mindspore_serving.spec import registry
 from mindspore_serving.server.register._legacy_ast import parse_legacy_calls
 from mindspore_serving.server.register.model import Model
 from mindspore_serving.server.register.placeholder import _TensorDef
-from mindspore_serving.server.register.spec import (STAGE_BUILTIN, STAGE_FUNCTION, STAGE_MODEL, MethodSpec,
+from mindspore_serving.spec.servable import (BUILTIN_STAGE_NAMES, STAGE_BUILTIN, STAGE_FUNCTION, STAGE_MODEL, MethodSpec,
                                                     ServableSpec, StageSpec)
 
 
@@ -209,13 +209,9 @@ def _model_stage(recorder: _MethodRecorder, model: Model, inputs_count: int, out
 
 
 def _builtin_stage(name: str, outputs_count: int, batch_size: Optional[int]) -> StageSpec:
-    try:
-        from mindspore_serving.worker.method_runner import BUILTIN_STAGES  # pylint: disable=import-outside-toplevel
-    except ImportError:
-        BUILTIN_STAGES = None  # pylint: disable=invalid-name
-    if not name or (BUILTIN_STAGES is not None and name not in BUILTIN_STAGES):
+    if not name or name not in BUILTIN_STAGE_NAMES:
         raise RuntimeError(f"Stage function '{name}' is not defined, the built-in stage functions: "
-                           f"{sorted(BUILTIN_STAGES or [])}")
+                           f"{sorted(BUILTIN_STAGE_NAMES)}")
     return StageSpec(kind=STAGE_BUILTIN, tag=f"Function '{name}'", inputs=[], outputs_count=outputs_count,
                      batch_size=batch_size, builtin_name=name)
 

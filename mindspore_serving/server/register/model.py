@@ -1,7 +1,5 @@
-"""`declare_model` and the `Model` it returns; `Model.call` runs the model from inside a Python stage.
-
-The worker runtime installs the function that really runs a model with `set_model_call_handler`.
-"""
+"""`declare_model` and the `Model` it returns; `Model.call` runs the model from inside a Python stage
+through the handler the worker installs in `spec.model_call`."""
 import os
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -9,42 +7,17 @@ import numpy as np
 
 from mindspore_serving import log
 from mindspore_serving.common import check_type
-from mindspore_serving.server.register import registry
+from mindspore_serving.spec import registry
 from mindspore_serving.server.register.context import Context
 from mindspore_serving.server.register.options import AclOptions, GpuOptions
 from mindspore_serving.server.register.placeholder import is_placeholder
-from mindspore_serving.server.register.spec import ModelSpec
+from mindspore_serving.spec.model_call import call_prefix, get_model_call_handler
+from mindspore_serving.spec.servable import ModelSpec
 
 MODEL_FORMATS = {"om": "OM", "mindir": "MindIR", "mindir_opt": "MindIR_Lite", "mindir_lite": "MindIR_Lite"}
 
-# fn(model_key, subgraph, instances) -> one tuple of outputs per instance
-ModelCallHandler = Callable[[str, int, List[Tuple[np.ndarray, ...]]], List[Tuple[np.ndarray, ...]]]
-_model_call_handler: Optional[ModelCallHandler] = None
-
 _CALL_USAGE = ("the inputs can be call(x1, x2) for single instance or call([[x1, x2], [x1, x2]]) "
                "for multi instances")
-
-
-def set_model_call_handler(handler: Optional[ModelCallHandler]):
-    """Installs (or, with None, removes) the function that runs `Model.call` requests.
-
-    `handler(model_key, subgraph, instances)` gets a list with one tuple of numpy arrays per instance and
-    returns a list with one tuple of outputs per instance. It raises RuntimeError, with the full
-    "Model(<key>).call() failed: ..." text, when the call fails; Model.call lets that propagate.
-    """
-    global _model_call_handler  # pylint: disable=global-statement
-    _model_call_handler = handler
-
-
-def get_model_call_handler() -> Optional[ModelCallHandler]:
-    return _model_call_handler
-
-
-def call_prefix(model_key: str, subgraph) -> str:
-    """The head of every Model.call error text."""
-    if subgraph == 0:
-        return f"Model({model_key}).call() failed: "
-    return f"Model({model_key}, subgraph={subgraph}).call() failed: "
 
 
 class Model:
@@ -101,7 +74,7 @@ class Model:
                                         f"the subgraph count of the model is {self.subgraph_count}")
         if not instances:
             raise RuntimeError(prefix + "Input instances count is 0")
-        handler = _model_call_handler
+        handler = get_model_call_handler()
         if handler is None:
             raise RuntimeError(prefix + "the model is not declared or not loaded")
         outputs = handler(self.model_key, subgraph, instances)

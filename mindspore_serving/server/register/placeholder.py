@@ -1,5 +1,5 @@
 """The placeholder values that flow through a `register_method` function while it is recorded."""
-from mindspore_serving.server.register.spec import TensorRef
+from mindspore_serving.spec.servable import TensorRef
 
 
 class _TensorDef:

@@ -9,18 +9,20 @@ from mindspore_serving import log
 from mindspore_serving.common import errors
 from mindspore_serving.llm.engine import LLMEngine
 from mindspore_serving.llm.engine_loop import EngineLoop
-from mindspore_serving.llm.serving_config import LlmServingConfig, load_serving_config
+from mindspore_serving.spec.llm_config import LlmServingConfig, load_serving_config
 from mindspore_serving.llm.instance_params import prompt_of, sampling_params_of
-from mindspore_serving.server.register.llm import GENERATE_METHOD
+from mindspore_serving.models.llama.tokenizer import TextTokenizer
+from mindspore_serving.proto import llm_worker_pb2_grpc
+from mindspore_serving.spec.llm import GENERATE_METHOD, LLM_EXTENSION
+from mindspore_serving.worker.llm.agent_client import AgentRunner
+from mindspore_serving.worker.llm.agents import startup_agents
+from mindspore_serving.worker.llm.session_service import LlmWorkerServicer
 from mindspore_serving.worker.method_runner import InstanceError
 
 
 class LlmRuntime:
     def __init__(self, spec, config_file: str, device_type: str, device_id: int,
                  on_fatal: Optional[Callable[[str], None]] = None):
-        from mindspore_serving.agent.agent_client import AgentRunner
-        from mindspore_serving.agent.startup import startup_agents
-        from mindspore_serving.models.llama.tokenizer import TextTokenizer
         self.spec = spec
         self.device_type = device_type
         self.config: LlmServingConfig = load_serving_config(config_file)
@@ -53,8 +55,6 @@ class LlmRuntime:
 
     def add_servicers(self, server):
         """The generation streams (LlmWorker) beside WorkerService."""
-        from mindspore_serving.proto import llm_worker_pb2_grpc
-        from mindspore_serving.worker.llm_service import LlmWorkerServicer
         self.servicer = LlmWorkerServicer(self)
         llm_worker_pb2_grpc.add_LlmWorkerServicer_to_server(self.servicer, server)
 
@@ -69,7 +69,7 @@ class LlmRuntime:
         return self.config.engine.max_num_seqs
 
     def extensions(self) -> Dict[str, str]:
-        return {"llm": json.dumps({"model_id": self.spec.name, "max_model_len": self.config.engine.max_model_len,
+        return {LLM_EXTENSION: json.dumps({"model_id": self.spec.name, "max_model_len": self.config.engine.max_model_len,
                                    "max_num_seqs": self.config.engine.max_num_seqs,
                                    "max_queue_size": self.config.max_queue_size,
                                    "vocab_size": self.runner.vocab_size, "device": self.runner.device,

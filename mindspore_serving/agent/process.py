@@ -1,7 +1,8 @@
 """One agent process per device rank: loads that rank's graphs (GraphRunner), owns its KV cache, serves Step.
 
-It reports readiness ("models loaded, warmed up, listening") through the start-up queue, and exits when its
-parent process dies or when the worker that attached to it goes away.
+Started as `python -m mindspore_serving.agent.start_agent --config ... --rank r ...` by the LLM worker or by
+start_agent.py. It reports readiness ("models loaded, warmed up, listening") as an AgentStartupEvent on the pipe
+its starter gave it, and exits when its parent process dies or when the worker that attached to it goes away.
 """
 from mindspore_serving.common.native_protobuf import prefer_native_protobuf
 
@@ -9,6 +10,7 @@ from mindspore_serving.common.native_protobuf import prefer_native_protobuf
 prefer_native_protobuf()
 
 # pylint: disable=wrong-import-position
+import argparse  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
 import threading  # noqa: E402
@@ -18,12 +20,14 @@ from concurrent import futures  # noqa: E402
 import grpc  # noqa: E402
 
 from mindspore_serving import log  # noqa: E402
-from mindspore_serving.agent import protocol  # noqa: E402
+from mindspore_serving.common.cpu_affinity import bind_process  # noqa: E402
+from mindspore_serving.common.ms_device import resolve_device, select_device  # noqa: E402
+from mindspore_serving.ipc import agent as protocol  # noqa: E402
 from mindspore_serving.llm.model_io import run_submitted  # noqa: E402
 from mindspore_serving.proto import agent_pb2, agent_pb2_grpc  # noqa: E402
+from mindspore_serving.spec.llm_config import load_serving_config  # noqa: E402
 
 PARENT_CHECK_SECONDS = 0.2
-READY, FAILED = "ready", "failed"
 ORDER_TIMEOUT = 60.0  # seconds a step waits for the step the worker sent before it
 
 
@@ -87,16 +91,16 @@ class AgentServicer(agent_pb2_grpc.LlmAgentServicer):
 
 
 def _build_runner(graphs_dir: str, num_blocks: int, block_size: int, device_type: str, device_id: int):
-    from mindspore_serving.agent.graph_runner import GraphRunner
-    from mindspore_serving.common.ms_device import select_device
+    # lazy: MindSpore loads only once the process is bound to its cores (agents.cpu_affinity), so that every
+    # thread its runtime starts inherits the binding
+    from mindspore_serving.agent.graph_runner import GraphRunner  # pylint: disable=import-outside-toplevel
     select_device(device_type, device_id)
     return GraphRunner(graphs_dir, num_blocks=num_blocks, block_size=block_size)
 
 
-def run_agent(config_path: str, rank: int, address: str, startup_queue, parent_pid: int):
-    """Body of an agent process (multiprocessing target)."""
-    from mindspore_serving.llm.serving_config import load_serving_config
-    from mindspore_serving.worker.model_backend import resolve_device
+def run_agent(config_path: str, rank: int, address: str, startup_fd: int, parent_pid: int):
+    """Body of an agent process: loads rank `rank`'s graphs, serves LlmAgent on `address`, reports ready or failed
+    on the pipe `startup_fd`, and runs until signalled, detached, or orphaned."""
     stopping = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stopping.set())
@@ -105,7 +109,7 @@ def run_agent(config_path: str, rank: int, address: str, startup_queue, parent_p
         config = load_serving_config(config_path)
         graphs = config.model.graphs[rank] if len(config.model.graphs) > 1 else config.model.graphs[0]
         device = resolve_device(config.agents.device_type, os.path.basename(config_path))
-        cpus = config.agents.bind(rank, device)  # before MindSpore starts its threads: they inherit it
+        cpus = bind_process(config.agents.cpus_of(rank, device))
         if cpus is not None:
             log.info(f"agent rank {rank}: bound to CPU core(s) {cpus} (agents.cpu_affinity)")
         started = time.perf_counter()
@@ -124,11 +128,30 @@ def run_agent(config_path: str, rank: int, address: str, startup_queue, parent_p
         server.start()
     except Exception as err:
         log.exception(f"agent rank {rank} failed to start")
-        startup_queue.put((FAILED, rank, f"{type(err).__name__}: {err}"))
-        return
-    startup_queue.put((READY, rank, os.getpid()))
+        protocol.write_startup_event(startup_fd, rank, failed_reason=f"{type(err).__name__}: {err}")
+        return 1
+    protocol.write_startup_event(startup_fd, rank, ready_pid=os.getpid())
     while not stopping.wait(PARENT_CHECK_SECONDS):
         if os.getppid() != parent_pid:
             log.warning(f"agent rank {rank} exits: its parent process {parent_pid} is gone")
             break
     server.stop(grace=1).wait(3)
+    return 0
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description="MindSpore Serving LLM agent (one device rank)")
+    parser.add_argument("--config", required=True, help="LLM configuration YAML")
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--address", required=True, help="host:port to serve LlmAgent on")
+    parser.add_argument("--startup_fd", type=int, required=True, help="pipe for the AgentStartupEvent")
+    parser.add_argument("--parent_pid", type=int, required=True, help="exit when this process is gone")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        return run_agent(args.config, args.rank, args.address, args.startup_fd, args.parent_pid)
+    finally:
+        os.close(args.startup_fd)

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Dict, Optional, Tuple
 
-from mindspore_serving.server.register.spec import ServableSpec
+from mindspore_serving.spec.servable import ServableSpec
 
 SERVABLE_CONFIG_FILE = "servable_config.py"
 

@@ -1,6 +1,6 @@
 """In-process latency of GraphRunner steps over an export directory, and a greedy sample.
 
-    python -m mindspore_serving.models.llama.bench --graphs <export dir> [--tokenizer tiny/tokenizer.json]
+    python bench/llama_graphs.py --graphs <export dir> [--tokenizer tiny/tokenizer.json]
         [--prompt "And God said"] [--batches 1 16] [--steps 50]
 
 Prints the mean and p50/p90 wall time of one `GraphRunner.run` decode step per batch size (every sequence
@@ -13,9 +13,9 @@ import time
 import numpy as np
 
 from mindspore_serving.agent.graph_runner import GraphRunner
+from mindspore_serving.common.ms_device import select_device
 from mindspore_serving.llm.model_io import SeqStep
-
-from .model import select_device
+from mindspore_serving.models.llama.tokenizer import TextTokenizer
 
 
 def greedy_generate(runner: GraphRunner, prompt_ids, max_new_tokens: int, eos_id=None, first_block: int = 1):
@@ -77,7 +77,6 @@ def main(argv=None):
     runner.run([SeqStep(prompt, 0, list(range(1, 8)))])
     print(f"prefill of 100 tokens: {(time.perf_counter() - start) * 1e3:.1f} ms")
     if args.tokenizer:
-        from .tokenizer import TextTokenizer
         tok = TextTokenizer.from_file(args.tokenizer)
         out = greedy_generate(runner, tok.encode(args.prompt, add_bos=True), args.max_new_tokens, tok.eos_id)
         print(f"{args.prompt!r} -> {args.prompt + tok.decode(out)!r}")

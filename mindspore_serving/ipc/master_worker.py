@@ -1,4 +1,4 @@
-"""Conventions shared by the master and its workers: protocol version, socket paths, channel options."""
+"""The master <-> worker boundary (internal.proto): protocol version, socket paths, channel options."""
 import os
 
 PROTOCOL_VERSION = 1

@@ -1,5 +1,8 @@
-"""Step messages between an LLM worker and its agents: SeqStep lists in, logits out (agent.proto)."""
-from typing import List, Sequence
+"""The LLM worker <-> agent boundary (agent.proto): start-up events on a pipe, then Step messages over gRPC
+(SeqStep lists in, logits or greedy tokens out). AGENT_PROTOCOL_VERSION guards both."""
+import os
+import struct
+from typing import List, Optional, Sequence
 
 import numpy as np
 
@@ -61,3 +64,39 @@ def decode_greedy(reply: "agent_pb2.StepReply", num_steps: int):
         raise RuntimeError(f"agent step {reply.step_id} failed: {reply.error}")
     tokens = np.asarray(reply.tokens, dtype=np.int64).reshape(reply.rows, num_steps)
     return tokens, np.asarray(reply.logprobs, dtype=np.float32).reshape(reply.rows, num_steps)
+
+
+_FRAME = struct.Struct("<I")
+
+
+def write_startup_event(fd: int, rank: int, ready_pid: Optional[int] = None, failed_reason: Optional[str] = None):
+    """Writes one AgentStartupEvent, framed, to the pipe `fd` (the agent's side)."""
+    event = agent_pb2.AgentStartupEvent(protocol_version=AGENT_PROTOCOL_VERSION, rank=rank)
+    if failed_reason is not None:
+        event.failed_reason = failed_reason
+    else:
+        event.ready_pid = ready_pid
+    data = event.SerializeToString()
+    os.write(fd, _FRAME.pack(len(data)) + data)
+
+
+class StartupEventReader:
+    """Collects the framed AgentStartupEvents that arrive, in pieces, on one pipe (the starter's side)."""
+
+    def __init__(self):
+        self._buffer = b""
+
+    def feed(self, data: bytes) -> List["agent_pb2.AgentStartupEvent"]:
+        self._buffer += data
+        events = []
+        while len(self._buffer) >= _FRAME.size:
+            (size,) = _FRAME.unpack_from(self._buffer)
+            if len(self._buffer) < _FRAME.size + size:
+                break
+            event = agent_pb2.AgentStartupEvent.FromString(self._buffer[_FRAME.size:_FRAME.size + size])
+            self._buffer = self._buffer[_FRAME.size + size:]
+            if event.protocol_version != AGENT_PROTOCOL_VERSION:
+                raise RuntimeError(f"agent rank {event.rank} speaks protocol {event.protocol_version}, this worker "
+                                   f"{AGENT_PROTOCOL_VERSION}")
+            events.append(event)
+        return events

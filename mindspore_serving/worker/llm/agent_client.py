@@ -8,7 +8,7 @@ import grpc
 import numpy as np
 
 from mindspore_serving import log
-from mindspore_serving.agent import protocol
+from mindspore_serving.ipc import agent as protocol
 from mindspore_serving.llm.model_io import SeqStep
 from mindspore_serving.proto import agent_pb2, agent_pb2_grpc
 

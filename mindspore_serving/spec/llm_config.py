@@ -37,6 +37,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 import yaml
 
 from mindspore_serving.llm.config import SchedulerConfig
+from mindspore_serving.models.llama.config import load_config
 
 DEFAULT_CHAT_TEMPLATE = "{messages}<|assistant|>\n"
 DEFAULT_CHAT_MESSAGE = "<|{role}|>\n{content}\n"
@@ -98,14 +99,6 @@ class AgentSection:
     def num_ranks(self) -> int:
         return len(self.device_ids)
 
-    def bind(self, rank: int, device: str) -> Optional[List[int]]:
-        """Binds every thread of this process to `cpus_of(rank, device)` (threads started later inherit it);
-        returns the cores, or None when nothing is bound."""
-        cpus = self.cpus_of(rank, device)
-        if cpus is not None:
-            bind_threads(cpus)
-        return cpus
-
     def cpus_of(self, rank: int, device: str, cpu_count: Optional[int] = None) -> Optional[List[int]]:
         """The cores rank `rank`'s agent binds to on `device`, or None (no binding).
 
@@ -139,7 +132,6 @@ class LlmServingConfig:
     stats_interval: float = 10.0
 
     def model_file(self):
-        from mindspore_serving.models.llama.config import load_config
         return load_config(self.model.config)
 
     def with_agent_port(self, start_port: int) -> "LlmServingConfig":
@@ -200,15 +192,6 @@ def _agent_section(data: Mapping) -> AgentSection:
     return AgentSection(device_type, tuple(ids), host, port, _cpu_affinity(data.get("cpu_affinity"), len(ids)))
 
 
-def bind_threads(cpus) -> None:
-    """Binds every thread of this process to the cores `cpus` (threads started later inherit it)."""
-    for thread_id in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(thread_id), cpus)
-        except ProcessLookupError:
-            pass  # the thread ended meanwhile
-
-
 def _cpu_affinity(value, num_ranks: int):
     if value is None or value == "auto":
         return value
@@ -263,7 +246,6 @@ def load_serving_config(path: str) -> LlmServingConfig:
     base = os.path.dirname(path)
     agents = _agent_section(_section(data, "agents", required=False))
     model = _model_section(base, _section(data, "model"), agents.num_ranks)
-    from mindspore_serving.models.llama.config import load_config
     try:
         model_file = load_config(model.config)
     except ValueError as err:

@@ -11,6 +11,9 @@ STAGE_FUNCTION = "function"
 STAGE_MODEL = "model"
 STAGE_BUILTIN = "builtin"  # a named built-in stage such as "argmax_cpp"
 
+BUILTIN_STAGE_NAMES = ("argmax_cpp",)
+"""Names `add_stage` accepts as a built-in stage; the worker implements each one."""
+
 
 @dataclass(frozen=True)
 class TensorRef:
