@@ -48,6 +48,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, BENCH)
 
 import loadgen  # noqa: E402  (bench/loadgen.py)
+from run_output import log, write_report  # noqa: E402  (bench/run_output.py)
 from serving_process import ServingProcess, free_port  # noqa: E402  (tests/serving_process.py)
 
 BENCH_SERVABLES = os.path.join(BENCH, "servables")
@@ -58,10 +59,6 @@ DEFAULT_OUT = os.path.join(BENCH, "results", "classic.json")
 X1 = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
 X2 = np.array([[5.0, 6.0], [7.0, 8.0]], np.float32)
 ADD_BODY = json.dumps({"instances": [{"x1": X1.tolist(), "x2": X2.tolist()}]}, separators=(",", ":")).encode()
-
-
-def log(text: str):
-    print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
 
 
 # --------------------------------------------------------------------------------------------- servers
@@ -474,11 +471,7 @@ def main(argv=None) -> int:
             for server in servers:
                 log(f"{server.name} logs: {server.workdir}")
 
-    report["meta"]["loadavg_end"] = os.getloadavg()
-    report["meta"]["wall_s"] = round(time.time() - started, 1)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as stream:
-        json.dump(report, stream, indent=2)
+    write_report(report, started, args.out, indent=2)
     print()
     print(table(rows))
     if report["batching"]:

@@ -27,10 +27,21 @@ from mindspore_serving.spec.llm_config import load_serving_config  # noqa: E402
 from mindspore_serving.llm.step_report import StepCounters  # noqa: E402
 
 
+OUTPUT_TOKENS = (4, 160)
+
+
 def bind_like_agent(config):
     """Binds this process to the cores the config's rank-0 agent binds to (agents.cpu_affinity; before MindSpore
     starts its threads), so that in-process figures compare with served ones; returns the cores or None."""
     return bind_process(config.agents.cpus_of(0, "CPU"))
+
+
+def load_runner(config):
+    """The config's first graphs on CPU in GRAPH_MODE, with the served number of cache blocks."""
+    from mindspore_serving.agent.graph_runner import GraphRunner
+    from mindspore_serving.common.ms_device import select_device
+    select_device("CPU")
+    return GraphRunner(config.model.graphs[0], num_blocks=config.engine.num_blocks)
 
 
 def limit_seqs(batch: int, blocks_per_seq: int = 4):
@@ -39,31 +50,40 @@ def limit_seqs(batch: int, blocks_per_seq: int = 4):
             for i in range(batch)]
 
 
+def step_seconds(runner, seqs, steps: int) -> float:
+    """The mean wall time of `steps` calls of the graphs on `seqs`, back to back."""
+    started = time.perf_counter()
+    for _ in range(steps):
+        runner.run(seqs)
+    return (time.perf_counter() - started) / steps
+
+
 def engine_limit(runner, steps: int):
     """Seconds per decode step at full batch for each decode bucket."""
     limit = {}
     for batch in runner.decode_batches:
         seqs = limit_seqs(batch)
         runner.run(seqs)  # warm
-        rounds = []
-        for _ in range(3):  # the best of three rounds: the machine is shared, noise only adds time
-            started = time.perf_counter()
-            for _ in range(steps):
-                runner.run(seqs)
-            rounds.append((time.perf_counter() - started) / steps)
+        # the best of three rounds: the machine is shared, noise only adds time
+        rounds = [step_seconds(runner, seqs, steps) for _ in range(3)]
         step = min(rounds)
         limit[batch] = {"step_ms": step * 1000, "tokens_per_s": batch / step,
                         "median_step_ms": float(np.median(rounds)) * 1000}
     return limit
 
 
+def output_tokens(rng: np.random.Generator) -> int:
+    """An output length, log-uniform in OUTPUT_TOKENS (a long tail, as in chat traffic)."""
+    return int(np.exp(rng.uniform(np.log(OUTPUT_TOKENS[0]), np.log(OUTPUT_TOKENS[1]))))
+
+
 def workload(count: int, vocab: int, max_model_len: int, seed: int = 0):
-    """Prompts of 4-96 tokens; output lengths log-uniform in [4, 160] (a long tail, as in chat traffic)."""
+    """Prompts of 4-95 tokens of random ids; output lengths from output_tokens."""
     rng = np.random.default_rng(seed)
     requests = []
     for _ in range(count):
         prompt_len = int(rng.integers(4, 96))
-        new_tokens = int(min(np.exp(rng.uniform(np.log(4), np.log(160))), max_model_len - prompt_len))
+        new_tokens = min(output_tokens(rng), max_model_len - prompt_len)
         requests.append(([int(t) for t in rng.integers(3, vocab, prompt_len)], new_tokens))
     return requests
 
@@ -98,11 +118,15 @@ def run_engine(runner, config, requests):
             "decode_only_tokens_per_s": decode_tokens / decode_seconds if decode_seconds else 0.0}
 
 
+def bucket_of(batches, occupancy: float) -> int:
+    """The decode bucket (of the sorted `batches`) that a mean decode batch of `occupancy` runs in: the smallest
+    that holds it, else the largest."""
+    return batches[min(bisect.bisect_left(batches, int(np.ceil(occupancy))), len(batches) - 1)]
+
+
 def limit_at(limit, runner, occupancy: float) -> float:
     """Engine-limit tokens/s at a mean decode batch of `occupancy`: occupancy / step time of its bucket."""
-    batches = runner.decode_batches
-    bucket = batches[min(bisect.bisect_left(batches, int(np.ceil(occupancy))), len(batches) - 1)]
-    return occupancy / (limit[bucket]["step_ms"] / 1000)
+    return occupancy / (limit[bucket_of(runner.decode_batches, occupancy)]["step_ms"] / 1000)
 
 
 def main():
@@ -117,12 +141,7 @@ def main():
     config = load_serving_config(args.config)
     cpus = None if args.no_bind else bind_like_agent(config)
 
-    import mindspore as ms
-    from mindspore_serving.agent.graph_runner import GraphRunner
-    ms.set_context(mode=ms.GRAPH_MODE)
-    from mindspore_serving.common.ms_device import select_device
-    select_device("CPU")
-    runner = GraphRunner(config.model.graphs[0], num_blocks=config.engine.num_blocks)
+    runner = load_runner(config)
     limit = engine_limit(runner, args.steps)
     requests = workload(args.requests, runner.vocab_size, config.engine.max_model_len)
     results = {"cpu_affinity": cpus, "engine_limit": limit, "workload": {"requests": args.requests,

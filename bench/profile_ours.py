@@ -36,11 +36,6 @@ FOCUS = {
 }
 
 
-def py_spy() -> str:
-    found = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
-    return found if os.path.exists(found) else ""
-
-
 def cpu(proc: psutil.Process) -> float:
     times = proc.cpu_times()
     return times.user + times.system
@@ -82,7 +77,7 @@ def main(argv=None):
     parser.add_argument("--out", default=os.path.join(BENCH, "results", "profile"))
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    spy = py_spy()
+    spy = pyspy_summary.py_spy()
     workdir = loadgen.scratch_dir()
     server = classic.OurServer("ours", "add")
     lines = []

@@ -1,4 +1,5 @@
-"""Summarise a `py-spy record -f raw` file (collapsed stacks): where the samples go.
+"""py-spy for the benchmarks: where its binary is, and summaries of a `py-spy record -f raw` file (collapsed
+stacks): where the samples go.
 
     python bench/pyspy_summary.py master.txt [--top 25] [--focus SUBSTRING ...]
 
@@ -8,10 +9,18 @@ at the top of the stack (self) and anywhere in the stack (inclusive, counted onc
 """
 import argparse
 import collections
+import os
 import re
+import shutil
 import sys
 
 _FRAME = re.compile(r"^(.*?) \((.*?)(?::\d+)?\)$")
+
+
+def py_spy() -> str:
+    """The py-spy binary on PATH or beside this Python's executable (the virtual environment); "" when missing."""
+    found = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return found if os.path.exists(found) else ""
 
 
 def load(path: str):
