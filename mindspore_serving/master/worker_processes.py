@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
 from mindspore_serving import log
+from mindspore_serving.common.child_process import child_env
 
 LOG_DIR = "serving_logs"
 MONITOR_INTERVAL = 0.05
@@ -81,7 +82,8 @@ class WorkerProcesses:
         worker.failure = None
         worker.expected_exit = False
         worker.process = subprocess.Popen(cmd, stdin=subprocess.PIPE if plan.dec_key else subprocess.DEVNULL,
-                                          stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+                                          stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+                                          env=child_env())
         log_file.close()
         if plan.dec_key:  # the key travels through a pipe, never on the command line
             worker.process.stdin.write(plan.dec_key.hex().encode() + b"\n")

@@ -11,15 +11,15 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 from mindspore_serving import log
+from mindspore_serving.common.child_process import child_env
 from mindspore_serving.ipc import agent as protocol
 
 START_TIMEOUT = float(os.environ.get("MS_SERVING_AGENT_START_TIMEOUT", "600"))
 AGENT_MODULE = "mindspore_serving.agent.start_agent"
 _POLL_SECONDS = 0.2
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 @dataclass
@@ -57,20 +57,13 @@ def agent_addresses(config) -> List[str]:
     return [f"{agents.host}:{_free_port(agents.host)}" for _ in range(agents.num_ranks)]
 
 
-def _child_env() -> Dict[str, str]:
-    """This process's environment, with the package importable from wherever it was loaded."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
-    return env
-
-
 def _spawn(config_path: str, rank: int, address: str) -> "tuple[subprocess.Popen, int]":
     read_fd, write_fd = os.pipe()
     try:
         process = subprocess.Popen(
             [sys.executable, "-m", AGENT_MODULE, f"--config={config_path}", f"--rank={rank}", f"--address={address}",
              f"--startup_fd={write_fd}", f"--parent_pid={os.getpid()}"],
-            pass_fds=(write_fd,), env=_child_env(), stdin=subprocess.DEVNULL)
+            pass_fds=(write_fd,), env=child_env(), stdin=subprocess.DEVNULL)
     except BaseException:
         os.close(read_fd)
         raise
