@@ -13,24 +13,21 @@ from mindspore_serving.proto import ms_service_pb2 as pb
 _CLIENT_STRING_DIMS = (1,)
 
 
+def _array_tensor(array: np.ndarray, tensor: pb.Tensor) -> pb.Tensor:
+    try:
+        return tensor_codec.value_to_tensor(array, tensor)
+    except TypeError:
+        raise RuntimeError(f"Unknown data type {array.dtype}") from None
+
+
 def create_tensor(value, tensor: pb.Tensor) -> pb.Tensor:
     """Fills `tensor` from one input value, with the reference client's rules and RuntimeError texts."""
     if isinstance(value, (np.ndarray, np.number, np.bool_)):
-        array = np.asarray(value)
-        try:
-            return tensor_codec.value_to_tensor(array, tensor)
-        except TypeError:
-            raise RuntimeError(f"Unknown data type {array.dtype}") from None
-    if isinstance(value, str):
+        return _array_tensor(np.asarray(value), tensor)
+    if isinstance(value, (str, bytes)):
         return tensor_codec.value_to_tensor(value, tensor, _CLIENT_STRING_DIMS)
     if isinstance(value, (bool, int, float)):
-        array = np.array((value,))
-        try:
-            return tensor_codec.value_to_tensor(array, tensor)
-        except TypeError:
-            raise RuntimeError(f"Unknown data type {array.dtype}") from None
-    if isinstance(value, bytes):
-        return tensor_codec.value_to_tensor(value, tensor, _CLIENT_STRING_DIMS)
+        return _array_tensor(np.array((value,)), tensor)
     raise RuntimeError(f"Not support value type {type(value)}")
 
 

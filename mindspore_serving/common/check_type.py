@@ -15,22 +15,22 @@ def _subject(arg_name: str, value, is_item: bool) -> str:
     return f"Parameter '{arg_name}'"
 
 
+def _check_nonempty(arg_name: str, value, kind: type):
+    if not isinstance(value, kind):
+        raise RuntimeError(f"Parameter '{arg_name}' should be {kind.__name__}, but actually {type(value)}")
+    if not value:
+        raise RuntimeError(f"Parameter '{arg_name}' should not be empty {kind.__name__}")
+    return value
+
+
 def check_str(arg_name: str, str_val) -> str:
     """A non-empty str."""
-    if not isinstance(str_val, str):
-        raise RuntimeError(f"Parameter '{arg_name}' should be str, but actually {type(str_val)}")
-    if not str_val:
-        raise RuntimeError(f"Parameter '{arg_name}' should not be empty str")
-    return str_val
+    return _check_nonempty(arg_name, str_val, str)
 
 
 def check_bytes(arg_name: str, bytes_val) -> bytes:
     """A non-empty bytes object."""
-    if not isinstance(bytes_val, bytes):
-        raise RuntimeError(f"Parameter '{arg_name}' should be bytes, but actually {type(bytes_val)}")
-    if not bytes_val:
-        raise RuntimeError(f"Parameter '{arg_name}' should not be empty bytes")
-    return bytes_val
+    return _check_nonempty(arg_name, bytes_val, bytes)
 
 
 def check_bool(arg_name: str, bool_val) -> bool:
