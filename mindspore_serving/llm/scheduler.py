@@ -40,10 +40,6 @@ from mindspore_serving.llm.model_io import PLACEHOLDER, SeqStep
 from mindspore_serving.llm.request import FinishReason, Request, RequestStatus
 
 
-ARRIVAL_WINDOW_S = 1.0
-"""Async scheduling: how recent the last arrival must be for a batch with room to run single steps."""
-
-
 @dataclass
 class ScheduledSeq:
     """One request's share of a step."""
@@ -290,19 +286,15 @@ class Scheduler:
         refreshes the plan's block tables. The number of steps is cut so that no row outgrows max_model_len;
         returns it, or 1 (the plan unchanged) when a row does not sample (a prompt chunk), when the plan computes
         prompts and the batch still has room (their first tokens are sent after one step, and another prompt
-        may join the next step: prompts ride in rounds only at a full batch, where nothing could join), when
-        requests are arriving while the batch has room and async scheduling is on (`_arrivals_expected`), or when
+        may join the next step: prompts ride in rounds only at a full batch, where nothing could join), or when
         blocks are short."""
         if num_steps <= 1 or not output.scheduled or output.preempted_request_ids:
             return 1
         if any(not row.samples for row in output.scheduled):
             return 1
-        if len(self.running) < self.config.max_num_seqs:
-            if any(row.is_prefill for row in output.scheduled):
-                # room in the batch: a prompt's first token goes out after one step, and a waiting one can join
-                return 1
-            if self._arrivals_expected():
-                return 1
+        if len(self.running) < self.config.max_num_seqs and any(row.is_prefill for row in output.scheduled):
+            # room in the batch: a prompt's first token goes out after one step, and a waiting one can join
+            return 1
         requests = [self.requests[row.request_id] for row in output.scheduled]
         num_steps = min([num_steps] + [self.config.max_model_len - r.num_computed_tokens - row.num_tokens + 1
                                        for row, r in zip(output.scheduled, requests)])
@@ -339,15 +331,6 @@ class Scheduler:
                                    f"{output.step_id}, but {len(taken)} tokens did not finish it")
             deltas.append(RequestDelta(request.request_id, taken, request.finished, request.finish_reason))
         return deltas
-
-    def _arrivals_expected(self) -> bool:
-        """With async scheduling the next step is planned while this one runs, so a request arriving during a
-        round would wait for the round after it too: while requests keep arriving (one within the last
-        ARRIVAL_WINDOW_S seconds) and several run, rounds are single steps, which then cost no round trip of
-        their own (they overlap) but a little agent time each. A lone request (one client streaming) and the tail
-        of a burst keep their rounds."""
-        return (self.config.async_scheduling and len(self.running) > 1
-                and self.clock() - self.last_arrival_time < ARRIVAL_WINDOW_S)
 
     # --- planning ahead (async scheduling) ----------------------------------------------------
     def advance_in_flight(self, output: SchedulerOutput, num_steps: int) -> None:

@@ -492,24 +492,3 @@ def test_abort_while_the_step_is_in_flight_takes_back_placeholders_and_frees_blo
     assert a.output_token_ids == [] and a.status is RequestStatus.FINISHED_ABORTED and not sched.has_unfinished()
     assert sched.update_from_steps(plan, [[1, 2, 3, 4]]) == []
     assert sched.block_manager.num_free_blocks == sched.block_manager.num_usable_blocks
-
-
-def test_with_async_scheduling_a_batch_with_room_runs_single_steps_while_requests_keep_arriving():
-    sched = make_scheduler(max_num_seqs=4, async_scheduling=True)
-    for name in "ab":
-        add(sched, name, 3, max_new=30)
-    step(sched)                                    # both prompts: the batch has room, first tokens at once
-    plan = sched.schedule()                        # two decodes, the last arrival just now
-    assert layout(plan) == [("a", 1), ("b", 1)] and sched.reserve_decode_steps(plan, 4) == 1
-    sched.update_from_steps(plan, [[7], [7]])
-    sched.clock.now += 1.5                         # nobody arrived for a while (the tail of a burst)
-    plan = sched.schedule()
-    assert sched.reserve_decode_steps(plan, 4) == 4
-    sched.update_from_steps(plan, [[7] * 4, [7] * 4])
-    sched.finish_request("b")                      # one request alone keeps its rounds even right after arriving
-    add(sched, "c", 2, max_new=1)
-    run = sched.schedule()
-    sched.update_from_output(run, [7 if row.samples else None for row in run.scheduled])  # c: prompt, then done
-    assert not sched.get_request("c")
-    plan = sched.schedule()
-    assert layout(plan) == [("a", 1)] and sched.reserve_decode_steps(plan, 4) == 4
