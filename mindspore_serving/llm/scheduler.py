@@ -4,20 +4,20 @@ Pure bookkeeping, no I/O: `schedule()` returns a `SchedulerOutput` (plain data: 
 with its `SeqStep` per request in the step), the caller runs the model and samples, and
 `update_from_output()` appends the sampled tokens and finishes requests.
 
-Continuous batching (the default), each step:
+Each step:
   1. Running requests that need one token (decodes) are scheduled first, then running requests in
      the middle of a chunked prefill, each in admission order. When the block pool cannot give a
      request the blocks it needs, the newest running request (the most recently admitted; a
      readmitted request counts as new) is preempted (recompute): its blocks are freed and it goes
      back to the front of the waiting queue, keeping its generated tokens, which it recomputes
      together with its prompt when readmitted.
-  2. If nothing was preempted, waiting requests join in FCFS order while the token budget, the
-     prefill share, max_num_seqs and the free blocks allow. With chunked prefill a prompt that does
+  2. If nothing was preempted, waiting requests join in FCFS order while the batching policy, the token
+     budget, the prefill share, max_num_seqs and the free blocks allow. With chunked prefill a prompt that does
      not fit in what is left of the budget is cut, and the rest is computed in later steps.
 A request yields a new token only in the step that computes its last known token.
 
-Which waiting requests may join at all is the batching policy's call (batching_policy.py: continuous, or
-static batching, which admits only the batch formed when nothing ran).
+Which waiting requests may join at all is the batching policy's call (batching_policy.py: continuous batching
+lets any join, static batching only the batch formed when nothing ran).
 
 Multi-step rounds: `reserve_decode_steps(plan, n)` reserves blocks for a plan run n steps back to back and
 `update_from_steps` records its tokens.
