@@ -30,7 +30,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, Tensor
 
-from mindspore_serving.llm.model_io import SCRATCH_BLOCK, SeqStep, run_greedy_steps, slot_of
+from mindspore_serving.llm.model_io import SCRATCH_BLOCK, MultiStepRunner, SeqStep, run_greedy_steps, slot_of
 from mindspore_serving.llm.sampler import greedy_with_logprobs
 
 MANIFEST = "manifest.json"
@@ -141,7 +141,7 @@ class _MixedBucket:
         return out.asnumpy()
 
 
-class GraphRunner:
+class GraphRunner(MultiStepRunner):
     """ModelRunner over the graphs of an export directory (see the module docstring).
 
     Args:

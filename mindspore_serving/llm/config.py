@@ -87,8 +87,8 @@ class SchedulerConfig:
     token the engine could not foresee (EOS, a stop token) has computed one step it does not need; one that
     reaches max_new_tokens in a step leaves its batch slot and blocks to the next step at once. Steps that
     sample in the engine, and steps that might have to preempt, run one after the other as without it. Needs a
-    runner that computes while the engine plans (one with `submit`, see model_io: the agents); with any other
-    runner the engine steps one after the other."""
+    runner that computes while the engine plans (a model_io.StepSubmitter: the agents); with any other runner
+    the engine steps one after the other."""
 
     def __post_init__(self):
         _check_int("max_num_seqs", self.max_num_seqs, 1)

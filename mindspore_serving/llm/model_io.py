@@ -9,14 +9,19 @@ block_table[pos // block_size] * block_size + pos % block_size), attends over ev
 Physical block 0 is reserved as a scratch block: padding writes there, and the block manager never
 hands it out.
 
-A runner that computes apart from the engine (the agents) may offer `submit(seqs, greedy_steps, prev_rows)`,
-which returns at once an object whose `result()` is the step's logits (greedy_steps 0) or, as `run_greedy`
-gives them, its tokens and logprobs (SchedulerConfig.async_scheduling). It computes submitted steps in
-submission order, and a one-token row whose token is PLACEHOLDER takes, as `prev_rows` names it, the last token
-chosen for that row of the step submitted just before (a greedy step).
+What a runner can do beyond `run` it declares by the protocols it implements (the engine chooses its step
+executor from them once, at start-up; see step_executor.py):
+
+* `ModelRunner`: runs one step (every runner).
+* `MultiStepRunner`: also runs a greedy multi-step round itself (`run_greedy`, the meaning of run_greedy_steps).
+* `StepSubmitter`: computes apart from the engine (the agents): `submit(seqs, greedy_steps, prev_rows)` returns at
+  once an object whose `result()` is the step's logits (greedy_steps 0) or, as `run_greedy` gives them, its
+  tokens and logprobs (SchedulerConfig.async_scheduling). It computes submitted steps in submission order, and a
+  one-token row whose token is PLACEHOLDER takes, as `prev_rows` names it, the last token chosen for that row of
+  the step submitted just before (a greedy step).
 """
 from dataclasses import dataclass
-from typing import List, Optional, Protocol, Sequence, Tuple
+from typing import Any, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 import numpy as np
 
@@ -48,6 +53,7 @@ def slot_of(block_table: Sequence[int], position: int, block_size: int) -> int:
 
 
 class ModelRunner(Protocol):
+    """Runs one step at a time over its paged KV cache of this geometry."""
     block_size: int
     num_blocks: int
     max_seq_len: int
@@ -58,13 +64,33 @@ class ModelRunner(Protocol):
         ...
 
 
+@runtime_checkable
+class MultiStepRunner(ModelRunner, Protocol):
+    """Also runs a greedy multi-step round in one call (SchedulerConfig.num_scheduler_steps)."""
+
+    def run_greedy(self, seqs: List[SeqStep], num_steps: int) -> Tuple[np.ndarray, np.ndarray]:
+        """What run_greedy_steps(self, seqs, num_steps) returns, computed however the runner likes."""
+        ...
+
+
+@runtime_checkable
+class StepSubmitter(Protocol):
+    """Computes submitted steps apart from the engine, in submission order (SchedulerConfig.async_scheduling).
+
+    NOTE: `submit` is its only member, so that a wrapper adding `submit` to a runner it forwards to counts."""
+
+    def submit(self, seqs: Sequence[SeqStep], greedy_steps: int = 0, prev_rows: Sequence[int] = ()) -> Any:
+        """Returns at once; `.result()` is what `run` (greedy_steps 0) or `run_greedy` would return."""
+        ...
+
+
 def run_greedy_steps(runner: ModelRunner, seqs: Sequence[SeqStep], num_steps: int) -> Tuple[np.ndarray, np.ndarray]:
     """Multi-step greedy decoding over `runner.run`: the first step computes `seqs` as they are (decode rows, or
     whole prompts), each next one every row's argmax of the step before, at the row's next position; the rows'
     blocks already hold every position of the round. Returns the chosen tokens int64 [n, num_steps] and their
     log-probabilities float32 [n, num_steps] (as the sampler computes them for greedy rows).
 
-    A runner may offer `run_greedy(seqs, num_steps)` with this meaning (an agent does the loop itself, saving a
+    A MultiStepRunner's `run_greedy(seqs, num_steps)` has this meaning (an agent does the loop itself, saving a
     round trip per step); this function is how runners without a faster way provide it."""
     tokens = np.zeros((len(seqs), num_steps), np.int64)
     logprobs = np.zeros((len(seqs), num_steps), np.float32)
@@ -100,7 +126,7 @@ def fill_placeholders(seqs: Sequence[SeqStep], prev_rows: Sequence[int],
     return filled
 
 
-def run_submitted(runner: ModelRunner, seqs: Sequence[SeqStep], greedy_steps: int, prev_rows: Sequence[int],
+def run_submitted(runner: MultiStepRunner, seqs: Sequence[SeqStep], greedy_steps: int, prev_rows: Sequence[int],
                   last_tokens: Optional[np.ndarray]):
     """Computes one submitted step (see `submit` above) on a runner of this process: its placeholders filled from
     `last_tokens` (those of the step before). Returns (its result, its last chosen token per row, for the step

@@ -4,22 +4,25 @@ Pure bookkeeping, no I/O: `schedule()` returns a `SchedulerOutput` (plain data: 
 with its `SeqStep` per request in the step), the caller runs the model and samples, and
 `update_from_output()` appends the sampled tokens and finishes requests.
 
-Continuous batching (the default), each step:
+Each step:
   1. Running requests that need one token (decodes) are scheduled first, then running requests in
      the middle of a chunked prefill, each in admission order. When the block pool cannot give a
      request the blocks it needs, the newest running request (the most recently admitted; a
      readmitted request counts as new) is preempted (recompute): its blocks are freed and it goes
      back to the front of the waiting queue, keeping its generated tokens, which it recomputes
      together with its prompt when readmitted.
-  2. If nothing was preempted, waiting requests join in FCFS order while the token budget, the
-     prefill share, max_num_seqs and the free blocks allow. With chunked prefill a prompt that does
+  2. If nothing was preempted, waiting requests join in FCFS order while the batching policy, the token
+     budget, the prefill share, max_num_seqs and the free blocks allow. With chunked prefill a prompt that does
      not fit in what is left of the budget is cut, and the rest is computed in later steps.
 A request yields a new token only in the step that computes its last known token.
 
-Static batching: when nothing runs, the first max_num_seqs waiting requests become the batch; only
-they are admitted (over several steps if the budget requires) until every one of them has finished.
+Which waiting requests may join at all is the batching policy's call (batching_policy.py: continuous batching
+lets any join, static batching only the batch formed when nothing ran).
 
-Planning ahead (SchedulerConfig.async_scheduling): `advance_in_flight(plan, n)` takes a greedy plan whose
+Multi-step rounds: `reserve_decode_steps(plan, n)` reserves blocks for a plan run n steps back to back and
+`update_from_steps` records its tokens.
+
+Planning ahead (async scheduling): `advance_in_flight(plan, n)` takes a greedy plan whose
 tokens are still being computed as done: each row gets PLACEHOLDER tokens for the n tokens it will produce,
 so that `schedule()` can plan the next step (its rows continue from the placeholders). A request that will
 reach max_new_tokens (or max_model_len) within the plan leaves the batch and frees its blocks at once; it
@@ -28,16 +31,13 @@ finishes when its tokens arrive. `update_from_steps` puts the real tokens in pla
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
+from mindspore_serving.llm.batching_policy import BatchingPolicy, make_batching_policy
 from mindspore_serving.llm.block_manager import BlockManager
-from mindspore_serving.llm.config import STATIC, SchedulerConfig
+from mindspore_serving.llm.config import SchedulerConfig
 from mindspore_serving.llm.model_io import PLACEHOLDER, SeqStep
 from mindspore_serving.llm.request import FinishReason, Request, RequestStatus
-
-
-ARRIVAL_WINDOW_S = 1.0
-"""Async scheduling: how recent the last arrival must be for a batch with room to run single steps."""
 
 
 @dataclass
@@ -67,11 +67,6 @@ class SchedulerOutput:
     @property
     def request_ids(self) -> List[str]:
         return [row.request_id for row in self.scheduled]
-
-    @property
-    def num_scheduled_tokens(self) -> Dict[str, int]:
-        """request id -> tokens computed this step."""
-        return {row.request_id: row.num_tokens for row in self.scheduled}
 
     @property
     def num_batched_tokens(self) -> int:
@@ -111,25 +106,27 @@ class _Budget:
 
 
 class Scheduler:
-    """Continuous (or static) batching over a paged KV cache; see the module docstring for the policy."""
+    """Batching over a paged KV cache; see the module docstring for the algorithm. `policy` defaults to the one
+    config.batching names."""
 
-    def __init__(self, config: SchedulerConfig, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, config: SchedulerConfig, clock: Callable[[], float] = time.monotonic,
+                 policy: Optional[BatchingPolicy] = None):
         self.config = config
         self.clock = clock
+        self.policy = policy or make_batching_policy(config)
         self.block_manager = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self.waiting: Deque[Request] = deque()
         self.running: List[Request] = []
         """Admission order: the last one is the newest, preempted first."""
         self.requests: Dict[str, Request] = {}
         """Unfinished requests by id."""
-        self._static_batch: Set[str] = set()
         self._advanced: Dict[str, Tuple[int, int]] = {}
         """Requests holding PLACEHOLDER tokens (advance_in_flight): id -> (placeholders, computed tokens added)."""
         self._draining: Dict[str, Request] = {}
         """Requests out of the batch, blocks freed, whose last tokens are still being computed."""
         self._step_id = 0
         self.num_preemptions = 0
-        self._last_arrival = float("-inf")
+        self.last_arrival_time = float("-inf")
 
     # --- queue --------------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -139,7 +136,7 @@ class Scheduler:
             raise ValueError(f"request {request.request_id!r} must be WAITING to be added, it is {request.status.name}")
         self.requests[request.request_id] = request
         self.waiting.append(request)
-        self._last_arrival = self.clock()
+        self.last_arrival_time = self.clock()
 
     def get_request(self, request_id: str) -> Optional[Request]:
         return self.requests.get(request_id)
@@ -168,9 +165,6 @@ class Scheduler:
         self._finish(request, status)
         return True
 
-    def abort_request(self, request_id: str) -> bool:
-        return self.finish_request(request_id, RequestStatus.FINISHED_ABORTED)
-
     # --- one step -----------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         self._step_id += 1
@@ -183,21 +177,20 @@ class Scheduler:
         return self._build_output(scheduled, preempted)
 
     def _schedule_running(self, budget: _Budget, scheduled: Dict[str, int], preempted: List[str]) -> None:
-        decodes = [r for r in self.running if r.num_tokens_to_compute == 1]
-        prefills = [r for r in self.running if r.num_tokens_to_compute > 1]
+        decodes = [r for r in self.running if not r.is_prefilling]
+        prefills = [r for r in self.running if r.is_prefilling]
         for request in decodes + prefills:
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            is_prefill = request.num_tokens_to_compute > 1
             num_tokens = min(request.num_tokens_to_compute, budget.tokens)
-            if is_prefill:
+            if request.is_prefilling:
                 num_tokens = min(num_tokens, budget.prefill_tokens)
             if num_tokens <= 0:
                 continue
             if not self._reserve(request, num_tokens, budget, scheduled, preempted):
                 continue
             scheduled[request.request_id] = num_tokens
-            budget.take(num_tokens, is_prefill)
+            budget.take(num_tokens, request.is_prefilling)
 
     def _reserve(self, request: Request, num_tokens: int, budget: _Budget, scheduled: Dict[str, int],
                  preempted: List[str]) -> bool:
@@ -207,7 +200,7 @@ class Scheduler:
             victim = self.running[-1]
             if victim.request_id in scheduled:  # scheduled earlier in this step: give its budget back
                 victim_tokens = scheduled.pop(victim.request_id)
-                budget.take(victim_tokens, victim.num_tokens_to_compute > 1, sign=-1)
+                budget.take(victim_tokens, victim.is_prefilling, sign=-1)
             self._preempt(victim)
             preempted.append(victim.request_id)
             if victim is request:
@@ -216,12 +209,11 @@ class Scheduler:
 
     def _schedule_waiting(self, budget: _Budget, scheduled: Dict[str, int]) -> None:
         config = self.config
-        if config.batching == STATIC and not self._static_batch and not self.running:
-            self._static_batch = {r.request_id for r in list(self.waiting)[:config.max_num_seqs]}
+        self.policy.open_admission(self.waiting, len(self.running))
         slots = self._prefill_slots(scheduled)
         while self.waiting and len(self.running) < config.max_num_seqs and slots != 0:
             request = self.waiting[0]
-            if config.batching == STATIC and request.request_id not in self._static_batch:
+            if not self.policy.may_join(request):
                 break
             computed_blocks, num_cached = self.block_manager.get_computed_blocks(request)
             num_tokens = request.num_tokens - num_cached
@@ -249,7 +241,7 @@ class Scheduler:
         cap = self.config.max_prefills_per_decode_step
         if cap is None:
             return None
-        prefills = sum(1 for request_id in scheduled if self.requests[request_id].num_tokens_to_compute > 1)
+        prefills = sum(1 for request_id in scheduled if self.requests[request_id].is_prefilling)
         if prefills == len(scheduled):  # nothing decodes in this step
             return None
         return max(0, cap - prefills)
@@ -294,19 +286,15 @@ class Scheduler:
         refreshes the plan's block tables. The number of steps is cut so that no row outgrows max_model_len;
         returns it, or 1 (the plan unchanged) when a row does not sample (a prompt chunk), when the plan computes
         prompts and the batch still has room (their first tokens are sent after one step, and another prompt
-        may join the next step: prompts ride in rounds only at a full batch, where nothing could join), when
-        requests are arriving while the batch has room and async scheduling is on (`_arrivals_expected`), or when
+        may join the next step: prompts ride in rounds only at a full batch, where nothing could join), or when
         blocks are short."""
         if num_steps <= 1 or not output.scheduled or output.preempted_request_ids:
             return 1
         if any(not row.samples for row in output.scheduled):
             return 1
-        if len(self.running) < self.config.max_num_seqs:
-            if any(row.is_prefill for row in output.scheduled):
-                # room in the batch: a prompt's first token goes out after one step, and a waiting one can join
-                return 1
-            if self._arrivals_expected():
-                return 1
+        if len(self.running) < self.config.max_num_seqs and any(row.is_prefill for row in output.scheduled):
+            # room in the batch: a prompt's first token goes out after one step, and a waiting one can join
+            return 1
         requests = [self.requests[row.request_id] for row in output.scheduled]
         num_steps = min([num_steps] + [self.config.max_model_len - r.num_computed_tokens - row.num_tokens + 1
                                        for row, r in zip(output.scheduled, requests)])
@@ -343,15 +331,6 @@ class Scheduler:
                                    f"{output.step_id}, but {len(taken)} tokens did not finish it")
             deltas.append(RequestDelta(request.request_id, taken, request.finished, request.finish_reason))
         return deltas
-
-    def _arrivals_expected(self) -> bool:
-        """With async scheduling the next step is planned while this one runs, so a request arriving during a
-        round would wait for the round after it too: while requests keep arriving (one within the last
-        ARRIVAL_WINDOW_S seconds) and several run, rounds are single steps, which then cost no round trip of
-        their own (they overlap) but a little agent time each. A lone request (one client streaming) and the tail
-        of a burst keep their rounds."""
-        return (self.config.async_scheduling and len(self.running) > 1
-                and self.clock() - self._last_arrival < ARRIVAL_WINDOW_S)
 
     # --- planning ahead (async scheduling) ----------------------------------------------------
     def advance_in_flight(self, output: SchedulerOutput, num_steps: int) -> None:
@@ -440,5 +419,5 @@ class Scheduler:
         request.set_status(status)
         request.finished_time = self.clock()
         del self.requests[request.request_id]
-        self._static_batch.discard(request.request_id)
+        self.policy.forget(request.request_id)
         self._draining.pop(request.request_id, None)

@@ -14,13 +14,13 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from mindspore_serving.llm.model_io import SCRATCH_BLOCK, SeqStep, run_greedy_steps, run_submitted
+from mindspore_serving.llm.model_io import SCRATCH_BLOCK, MultiStepRunner, SeqStep, StepSubmitter, run_greedy_steps, run_submitted
 
 _EMPTY = -1
 
 
-class FakeModelRunner:
-    """Implements the ModelRunner protocol with hash-derived logits read back from a paged token cache."""
+class FakeModelRunner(MultiStepRunner):
+    """A MultiStepRunner with hash-derived logits read back from a paged token cache."""
 
     def __init__(self, num_blocks: int = 64, block_size: int = 4, max_seq_len: int = 128, vocab_size: int = 64,
                  seed: int = 0):
@@ -86,7 +86,7 @@ class FakeModelRunner:
             raise ValueError(f"token ids outside [0, {self.vocab_size})")
 
 
-class DeferredSubmitter:
+class DeferredSubmitter(StepSubmitter):
     """`submit` (model_io) for a runner that has none, computing a submitted step only when a result is asked
     for (then every step submitted before it runs first, in order), as a runner that is still computing it:
     async scheduling's tests see what the engine does while a step is in flight. `submissions` records

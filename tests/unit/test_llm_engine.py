@@ -15,6 +15,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from mindspore_serving.llm.config import SchedulerConfig
 from mindspore_serving.llm.engine import LLMEngine
 from mindspore_serving.llm.errors import InvalidRequestError
+from mindspore_serving.llm.model_io import StepSubmitter
 from mindspore_serving.llm.request import FinishReason
 from mindspore_serving.llm.sampling_params import SamplingParams
 from mindspore_serving.llm.testing import DeferredSubmitter, FakeModelRunner, reference_greedy
@@ -26,7 +27,7 @@ MAX_LEN = 96
 NUM_REQUESTS = 32
 
 
-class AheadRunner(FakeModelRunner):
+class AheadRunner(FakeModelRunner, StepSubmitter):
     """The fake runner taking steps ahead (async scheduling): they run only when their result is collected."""
 
     def __init__(self, **kwargs):

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from mindspore_serving.llm.batching_policy import BatchingPolicy, ContinuousBatching, StaticBatching
 from mindspore_serving.llm.config import SchedulerConfig
 from mindspore_serving.llm.request import FinishReason, Request, RequestStatus
 from mindspore_serving.llm.sampling_params import SamplingParams
@@ -240,14 +241,14 @@ def test_abort_frees_blocks_in_every_state():
     sched = make_scheduler(num_blocks=5, max_model_len=16, max_num_batched_tokens=8)
     usable = sched.block_manager.num_usable_blocks
     waiting = add(sched, "waiting", 3)
-    assert sched.abort_request("waiting")
+    assert sched.finish_request("waiting")
     assert waiting.status is RequestStatus.FINISHED_ABORTED and not sched.waiting
     assert waiting.finish_reason is FinishReason.ABORT
 
     prefilling = add(sched, "prefilling", 14)
     step(sched)
     assert prefilling.num_computed_tokens == 8 and len(prefilling.block_table) == 2
-    assert sched.abort_request("prefilling")
+    assert sched.finish_request("prefilling")
     assert sched.block_manager.num_free_blocks == usable and not sched.running
 
     sched = make_scheduler(num_blocks=5, max_model_len=16)
@@ -257,13 +258,13 @@ def test_abort_frees_blocks_in_every_state():
     step(sched)
     step(sched)                                                   # preempts "third"
     assert third.status is RequestStatus.PREEMPTED
-    assert sched.abort_request("third")
-    assert sched.abort_request("decoding")
+    assert sched.finish_request("third")
+    assert sched.finish_request("decoding")
     assert decoding.block_table == [] and third.status is RequestStatus.FINISHED_ABORTED
-    assert sched.abort_request("newer")
+    assert sched.finish_request("newer")
     assert sched.block_manager.num_free_blocks == usable
     assert not sched.has_unfinished()
-    assert not sched.abort_request("newer") and not sched.abort_request("unknown")
+    assert not sched.finish_request("newer") and not sched.finish_request("unknown")
 
 
 def test_abort_between_schedule_and_update_skips_the_row():
@@ -271,7 +272,7 @@ def test_abort_between_schedule_and_update_skips_the_row():
     add(sched, "A", 3)
     b = add(sched, "B", 3)
     out = sched.schedule()
-    assert sched.abort_request("A")
+    assert sched.finish_request("A")
     deltas = sched.update_from_output(out, [7, 8])
     assert [(d.request_id, d.new_token_ids) for d in deltas] == [("B", [8])]
     assert b.output_token_ids == [8] and sched.block_manager.num_free_blocks == 62
@@ -315,6 +316,32 @@ def test_static_batch_members_come_back_after_preemption_before_others():
     assert first_c > max(last_a, last_b)
     assert a.num_output_tokens == 8 and b.num_output_tokens == 2
 
+
+def test_an_aborted_member_of_the_static_batch_ends_it_when_the_others_are_done():
+    sched = make_scheduler(max_num_seqs=2, max_num_batched_tokens=4, batching="static")
+    add(sched, "A", 4, max_new=2)
+    add(sched, "B", 4, max_new=1)                                 # in the batch, but no budget left this step
+    add(sched, "C", 2, max_new=1)
+    assert layout(step(sched)[0]) == [("A", 4)]
+    assert sched.finish_request("B")
+    assert layout(step(sched)[0]) == [("A", 1)]                   # C is not in the batch
+    assert layout(step(sched)[0]) == [("C", 2)]
+
+
+def test_the_policy_is_chosen_from_the_config_or_given():
+    assert isinstance(make_scheduler().policy, ContinuousBatching)
+    assert isinstance(make_scheduler(batching="static").policy, StaticBatching)
+
+    class OnlyVip(BatchingPolicy):
+        def may_join(self, request):
+            return request.request_id.startswith("vip")
+
+    config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16, max_model_len=32, block_size=4, num_blocks=64)
+    sched = Scheduler(config, clock=FakeClock(), policy=OnlyVip())
+    add(sched, "vip-1", 2)
+    add(sched, "guest", 2)
+    add(sched, "vip-2", 2)
+    assert layout(step(sched)[0]) == [("vip-1", 2)]               # admission stops at the first one held back
 
 # --- stopping -----------------------------------------------------------------------------
 @pytest.mark.parametrize("params, token, status", [
@@ -465,24 +492,3 @@ def test_abort_while_the_step_is_in_flight_takes_back_placeholders_and_frees_blo
     assert a.output_token_ids == [] and a.status is RequestStatus.FINISHED_ABORTED and not sched.has_unfinished()
     assert sched.update_from_steps(plan, [[1, 2, 3, 4]]) == []
     assert sched.block_manager.num_free_blocks == sched.block_manager.num_usable_blocks
-
-
-def test_with_async_scheduling_a_batch_with_room_runs_single_steps_while_requests_keep_arriving():
-    sched = make_scheduler(max_num_seqs=4, async_scheduling=True)
-    for name in "ab":
-        add(sched, name, 3, max_new=30)
-    step(sched)                                    # both prompts: the batch has room, first tokens at once
-    plan = sched.schedule()                        # two decodes, the last arrival just now
-    assert layout(plan) == [("a", 1), ("b", 1)] and sched.reserve_decode_steps(plan, 4) == 1
-    sched.update_from_steps(plan, [[7], [7]])
-    sched.clock.now += 1.5                         # nobody arrived for a while (the tail of a burst)
-    plan = sched.schedule()
-    assert sched.reserve_decode_steps(plan, 4) == 4
-    sched.update_from_steps(plan, [[7] * 4, [7] * 4])
-    sched.finish_request("b")                      # one request alone keeps its rounds even right after arriving
-    add(sched, "c", 2, max_new=1)
-    run = sched.schedule()
-    sched.update_from_output(run, [7 if row.samples else None for row in run.scheduled])  # c: prompt, then done
-    assert not sched.get_request("c")
-    plan = sched.schedule()
-    assert layout(plan) == [("a", 1)] and sched.reserve_decode_steps(plan, 4) == 4

@@ -9,13 +9,13 @@ import numpy as np
 
 from mindspore_serving import log
 from mindspore_serving.ipc import agent as protocol
-from mindspore_serving.llm.model_io import SeqStep
+from mindspore_serving.llm.model_io import MultiStepRunner, SeqStep, StepSubmitter
 from mindspore_serving.proto import agent_pb2, agent_pb2_grpc
 
 CONNECT_TIMEOUT = 5.0
 
 
-class AgentRunner:
+class AgentRunner(MultiStepRunner, StepSubmitter):
     """ModelRunner over agent processes. Rank 0 returns the logits; every rank runs the step.
 
     It attaches to each agent with a stream held open for its whole life, so an agent exits when this

@@ -1,0 +1,307 @@
+"""How the engine core runs its scheduler's plans on the model runner, and what a step produced per request.
+
+Three executors, one per way of stepping; `make_step_executor` picks one when the engine core is built, from
+the config and what the runner declares it can do (model_io):
+
+* `SingleStepExecutor`: schedule, run one model step, sample, update.
+* `MultiStepExecutor` (num_scheduler_steps > 1, a MultiStepRunner): a plan whose every row the runner can
+  choose greedily runs as a round of steps back to back in one `run_greedy` call.
+* `AsyncStepExecutor` (async_scheduling, a StepSubmitter): a greedy step stays in flight when `step()` returns;
+  the next `step()` plans and submits the following step first, then collects this one's tokens, so the
+  runner always has the next step queued while the engine does its own work.
+
+A failing model step does not stop the engine: the requests of that step finish with reason "error" and every
+other request goes on.
+"""
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from mindspore_serving import log
+from mindspore_serving.llm.config import SchedulerConfig
+from mindspore_serving.llm.model_io import PLACEHOLDER, ModelRunner, MultiStepRunner, StepSubmitter
+from mindspore_serving.llm.request import FinishReason, RequestStatus
+from mindspore_serving.llm.sampler import Sampler
+from mindspore_serving.llm.scheduler import Scheduler, SchedulerOutput
+
+ARRIVAL_WINDOW_S = 1.0
+"""Async scheduling: how recent the last arrival must be for a batch with room to run single steps."""
+
+
+@dataclass
+class EngineCoreOutput:
+    """What one step produced for one request (token ids only; text is the front end's job)."""
+    request_id: str
+    new_token_ids: List[int] = field(default_factory=list)
+    new_logprobs: List[float] = field(default_factory=list)
+    new_top_logprobs: List[List[Tuple[int, float]]] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: Optional[FinishReason] = None
+    error: Optional[str] = None
+
+
+StepRecorder = Callable[[SchedulerOutput, List[EngineCoreOutput], float, float, float, int], None]
+"""Told of each step run: (plan, outputs, schedule_s, execute_s, update_s, model steps)."""
+
+
+def _call_now(function, *args) -> Future:
+    """A future done with function(*args) or with its exception."""
+    future: Future = Future()
+    try:
+        future.set_result(function(*args))
+    except Exception as err:  # pylint: disable=broad-except
+        future.set_exception(err)
+    return future
+
+
+@dataclass
+class _Submitted:
+    """A step given to the runner and not yet collected."""
+    plan: SchedulerOutput
+    greedy: bool                  # the runner returns tokens (else logits, sampled here)
+    num_steps: int
+    future: Any
+    schedule_s: float
+    submitted: float
+    overlapped: bool = False      # submitted while the engine had other work (async scheduling)
+
+
+@dataclass
+class _Sampled:
+    token_id: int
+    logprob: float
+    top_logprobs: List[Tuple[int, float]]
+
+
+class StepExecutor:
+    """Collects a step from the runner and records its tokens with the scheduler; subclasses say how steps are
+    planned and handed to the runner (`step`)."""
+
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner, sampler: Sampler, on_step: StepRecorder,
+                 timer: Callable[[], float]):
+        self.scheduler = scheduler
+        self.runner = runner
+        self.sampler = sampler
+        self._on_step = on_step
+        self._timer = timer
+
+    def step(self) -> List[EngineCoreOutput]:
+        """Runs what the scheduler plans now (nothing when nothing is schedulable); the outputs of the requests
+        whose steps were collected."""
+        raise NotImplementedError
+
+    @property
+    def has_in_flight(self) -> bool:
+        """A step was submitted and is not collected yet."""
+        return False
+
+    def _collect(self, submitted: _Submitted) -> List[EngineCoreOutput]:
+        """Waits for a submitted step and records its tokens (sampling them first when the runner returned
+        logits)."""
+        plan, num_steps, greedy = submitted.plan, submitted.num_steps, submitted.greedy
+        # the engine's own time: with overlap, only what it waited for the model
+        t1 = self._timer() if submitted.overlapped else submitted.submitted
+        try:
+            result = submitted.future.result()
+            if greedy:
+                tokens, logprobs = self._check_steps(plan, num_steps, result)
+            else:
+                sampled = self._sample(plan, result)
+        except Exception as err:  # pylint: disable=broad-except
+            # NOTE: a failed step fails its own requests, not the engine.
+            log.exception(f"LLM step {plan.step_id} failed for requests {plan.request_ids}: {err}")
+            t2 = self._timer()
+            outputs = self._fail(plan, f"model step failed: {type(err).__name__}: {err}")
+        else:
+            t2 = self._timer()
+            outputs = self._update_steps(plan, tokens, logprobs) if greedy else self._update(plan, sampled)
+        self._on_step(plan, outputs, submitted.schedule_s, t2 - t1, self._timer() - t2, num_steps)
+        return outputs
+
+    def _runner_chooses_tokens(self, plan: SchedulerOutput) -> bool:
+        """Whether the runner can choose every row's tokens (each row samples, greedily, with nothing that needs
+        the engine between tokens)."""
+        for row in plan.scheduled:
+            p = self.scheduler.requests[row.request_id].sampling_params
+            if not row.samples or not p.greedy or p.repetition_penalty != 1.0 or p.stop or p.top_logprobs:
+                return False
+        return True
+
+    def _sample(self, plan: SchedulerOutput, logits) -> Dict[int, _Sampled]:
+        logits = np.asarray(logits)
+        if logits.ndim != 2 or logits.shape[0] != len(plan.scheduled):
+            raise RuntimeError(f"model runner returned logits of shape {logits.shape} "
+                               f"for {len(plan.scheduled)} sequences")
+        live = self.scheduler.requests  # a request may have finished since the plan (async scheduling: on EOS)
+        rows = [i for i, row in enumerate(plan.scheduled) if row.samples and row.request_id in live]
+        if not rows:
+            return {}
+        requests = [live[plan.scheduled[i].request_id] for i in rows]
+        result = self.sampler.sample_requests(logits if len(rows) == len(logits) else logits[rows], requests)
+        tops = result.top_logprobs or [[] for _ in rows]
+        return {i: _Sampled(result.token_ids[k], result.logprobs[k], tops[k]) for k, i in enumerate(rows)}
+
+    def _update(self, plan: SchedulerOutput, sampled: Dict[int, _Sampled]) -> List[EngineCoreOutput]:
+        tokens = [sampled[i].token_id if i in sampled else None for i in range(len(plan.scheduled))]
+        by_id = {plan.scheduled[i].request_id: value for i, value in sampled.items()}
+        outputs = []
+        for delta in self.scheduler.update_from_output(plan, tokens):
+            got = by_id[delta.request_id]
+            outputs.append(EngineCoreOutput(delta.request_id, delta.new_token_ids, [got.logprob],
+                                            [got.top_logprobs] if got.top_logprobs else [],
+                                            delta.finished, delta.finish_reason))
+        return outputs
+
+    @staticmethod
+    def _check_steps(plan: SchedulerOutput, num_steps: int, result) -> Tuple[np.ndarray, np.ndarray]:
+        tokens, logprobs = (np.asarray(a) for a in result)
+        if tokens.shape != (len(plan.scheduled), num_steps) or logprobs.shape != tokens.shape:
+            raise RuntimeError(f"model runner returned tokens {tokens.shape} and logprobs {logprobs.shape} for "
+                               f"{len(plan.scheduled)} sequences and {num_steps} steps")
+        return tokens, logprobs
+
+    def _update_steps(self, plan: SchedulerOutput, tokens: np.ndarray, logprobs: np.ndarray) -> List[EngineCoreOutput]:
+        rows = {row.request_id: i for i, row in enumerate(plan.scheduled)}
+        outputs = []
+        for delta in self.scheduler.update_from_steps(plan, tokens.tolist()):
+            chosen = logprobs[rows[delta.request_id], :len(delta.new_token_ids)]
+            outputs.append(EngineCoreOutput(delta.request_id, delta.new_token_ids, [float(v) for v in chosen], [],
+                                            delta.finished, delta.finish_reason))
+        return outputs
+
+    def _fail(self, plan: SchedulerOutput, message: str) -> List[EngineCoreOutput]:
+        outputs = []
+        for request_id in plan.request_ids:
+            request = self.scheduler.get_request(request_id)
+            if request is None:
+                continue
+            request.error = message
+            self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ERROR)
+            outputs.append(EngineCoreOutput(request_id, finished=True, finish_reason=FinishReason.ERROR,
+                                            error=message))
+        return outputs
+
+
+class SingleStepExecutor(StepExecutor):
+    """One model step per `step()`: schedule -> run -> sample -> update."""
+
+    def step(self) -> List[EngineCoreOutput]:
+        t0 = self._timer()
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            return []
+        return self._collect(self._run(plan, t0))
+
+    def _run(self, plan: SchedulerOutput, t0: float) -> _Submitted:
+        t1 = self._timer()
+        return _Submitted(plan, False, 1, _call_now(self.runner.run, plan.seq_steps), t1 - t0, t1)
+
+
+class MultiStepExecutor(SingleStepExecutor):
+    """Like SingleStepExecutor, but a plan the runner can choose greedily runs as a round of up to
+    `num_scheduler_steps` steps in one `run_greedy` call (Scheduler.reserve_decode_steps may cut it)."""
+
+    def __init__(self, scheduler: Scheduler, runner: MultiStepRunner, sampler: Sampler, on_step: StepRecorder,
+                 timer: Callable[[], float], num_scheduler_steps: int):
+        super().__init__(scheduler, runner, sampler, on_step, timer)
+        self.num_scheduler_steps = num_scheduler_steps
+
+    def _run(self, plan: SchedulerOutput, t0: float) -> _Submitted:
+        wanted = self.num_scheduler_steps if self._runner_chooses_tokens(plan) else 1
+        num_steps = self.scheduler.reserve_decode_steps(plan, wanted)
+        if num_steps == 1:
+            return super()._run(plan, t0)
+        t1 = self._timer()
+        future = _call_now(self.runner.run_greedy, plan.seq_steps, num_steps)
+        return _Submitted(plan, True, num_steps, future, t1 - t0, t1)
+
+
+class AsyncStepExecutor(StepExecutor):
+    """Plans and submits step N+1 before collecting step N, when N's tokens are the runner's to choose; the
+    rows of N+1 that continue from N carry placeholders the runner fills (Scheduler.advance_in_flight)."""
+
+    def __init__(self, scheduler: Scheduler, runner: StepSubmitter, sampler: Sampler, on_step: StepRecorder,
+                 timer: Callable[[], float], num_scheduler_steps: int):
+        super().__init__(scheduler, runner, sampler, on_step, timer)
+        self.num_scheduler_steps = num_scheduler_steps
+        self._in_flight: Optional[_Submitted] = None
+
+    @property
+    def has_in_flight(self) -> bool:
+        return self._in_flight is not None
+
+    def step(self) -> List[EngineCoreOutput]:
+        """Returns the outputs of the step collected (and of a step that samples in the engine, which is
+        collected at once)."""
+        t0 = self._timer()
+        outputs: List[EngineCoreOutput] = []
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is not None:
+            self.scheduler.advance_in_flight(in_flight.plan, in_flight.num_steps)
+            if not self.scheduler.fits_without_preemption():
+                # a request holding placeholders must not be preempted (it would recompute them): wait for them
+                outputs += self._collect(in_flight)
+                in_flight = None
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            if in_flight is not None:
+                outputs += self._collect(in_flight)
+            return outputs
+        greedy = self._runner_chooses_tokens(plan)
+        num_steps = self.scheduler.reserve_decode_steps(plan, self._round_length()) if greedy else 1
+        prev_rows = _prev_rows(plan, in_flight)
+        t1 = self._timer()
+        future = self.runner.submit(plan.seq_steps, num_steps if greedy else 0, prev_rows)
+        submitted = _Submitted(plan, greedy, num_steps, future, t1 - t0, t1, overlapped=True)
+        self._in_flight = submitted
+        if in_flight is not None:
+            outputs += self._collect(in_flight)
+        if not greedy:
+            # the engine samples its tokens: nothing can be planned past it
+            self._in_flight = None
+            outputs += self._collect(submitted)
+        return outputs
+
+    def _round_length(self) -> int:
+        """The next step is planned while this one runs, so a request arriving during a round would wait for the
+        round after it too: while requests keep arriving (one within the last ARRIVAL_WINDOW_S seconds) and
+        several run in a batch with room, rounds are single steps, which then cost no round trip of their own
+        (they overlap) but a little runner time each. A lone request (one client streaming) and the tail of a
+        burst keep their rounds."""
+        scheduler = self.scheduler
+        arriving = (1 < scheduler.num_running < scheduler.config.max_num_seqs
+                    and scheduler.clock() - scheduler.last_arrival_time < ARRIVAL_WINDOW_S)
+        return 1 if arriving else self.num_scheduler_steps
+
+
+def _prev_rows(plan: SchedulerOutput, in_flight: Optional[_Submitted]) -> List[int]:
+    """For each row of `plan`, the row of the step in flight whose token it continues from (-1: none);
+    [] when no row does."""
+    rows = [row for row in plan.scheduled if row.seq_step.token_ids[-1] == PLACEHOLDER]
+    if not rows:
+        return []
+    where = {row.request_id: i for i, row in enumerate(in_flight.plan.scheduled)} if in_flight else {}
+    prev = []
+    for row in plan.scheduled:
+        if row.seq_step.token_ids[-1] != PLACEHOLDER:
+            prev.append(-1)
+        elif row.request_id in where and row.seq_step.token_ids == [PLACEHOLDER]:
+            prev.append(where[row.request_id])
+        else:
+            raise RuntimeError(f"step {plan.step_id}: request {row.request_id} continues from a token no step "
+                               f"in flight computes ({row.seq_step.token_ids[:4]})")
+    return prev
+
+
+def make_step_executor(config: SchedulerConfig, runner: ModelRunner, scheduler: Scheduler, sampler: Sampler,
+                       on_step: StepRecorder, timer: Callable[[], float]) -> StepExecutor:
+    """The executor for this config and runner. Async scheduling needs a runner that computes while the engine
+    plans (a StepSubmitter), and rounds one that runs them (a MultiStepRunner); without them the engine steps one
+    step at a time."""
+    if config.async_scheduling and isinstance(runner, StepSubmitter):
+        return AsyncStepExecutor(scheduler, runner, sampler, on_step, timer, config.num_scheduler_steps)
+    if config.num_scheduler_steps > 1 and isinstance(runner, MultiStepRunner):
+        return MultiStepExecutor(scheduler, runner, sampler, on_step, timer, config.num_scheduler_steps)
+    return SingleStepExecutor(scheduler, runner, sampler, on_step, timer)
