@@ -23,7 +23,7 @@ from mindspore_serving import log  # noqa: E402
 from mindspore_serving.common.cpu_affinity import bind_process  # noqa: E402
 from mindspore_serving.common.ms_device import resolve_device, select_device  # noqa: E402
 from mindspore_serving.ipc import agent as protocol  # noqa: E402
-from mindspore_serving.llm.model_io import run_submitted  # noqa: E402
+from mindspore_serving.agent.steps import run_submitted  # noqa: E402
 from mindspore_serving.proto import agent_pb2, agent_pb2_grpc  # noqa: E402
 from mindspore_serving.spec.llm_config import load_serving_config  # noqa: E402
 

@@ -21,7 +21,7 @@ executor from them once, at start-up; see step_executor.py):
   the step submitted just before (a greedy step).
 """
 from dataclasses import dataclass
-from typing import Any, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
+from typing import Any, List, Protocol, Sequence, Tuple, runtime_checkable
 
 import numpy as np
 
@@ -100,39 +100,3 @@ def run_greedy_steps(runner: ModelRunner, seqs: Sequence[SeqStep], num_steps: in
         step_seqs = [SeqStep([int(token)], seq.context_len + step, seq.block_table)
                      for token, seq in zip(tokens[:, step], seqs)]
     return tokens, logprobs
-
-
-def fill_placeholders(seqs: Sequence[SeqStep], prev_rows: Sequence[int],
-                      last_tokens: Optional[np.ndarray]) -> List[SeqStep]:
-    """`seqs` with each PLACEHOLDER token replaced by `last_tokens[prev_rows[i]]` (the last tokens the previous
-    greedy step chose, one per row; None when there was none). Raises ValueError when a placeholder cannot be
-    filled."""
-    if not len(prev_rows):
-        return list(seqs)
-    if len(prev_rows) != len(seqs):
-        raise ValueError(f"{len(prev_rows)} prev_rows for {len(seqs)} sequences")
-    filled = []
-    for i, (seq, row) in enumerate(zip(seqs, prev_rows)):
-        if row < 0:
-            filled.append(seq)
-            continue
-        if last_tokens is None:
-            raise ValueError(f"sequence {i} continues row {row} of the previous step, which chose no tokens "
-                             f"(it was not a greedy step, or it failed)")
-        if seq.token_ids != [PLACEHOLDER] or row >= len(last_tokens):
-            raise ValueError(f"sequence {i} (tokens {seq.token_ids[:4]}) cannot continue row {row} of a previous "
-                             f"step of {len(last_tokens)} rows; only one-token placeholder rows can")
-        filled.append(SeqStep([int(last_tokens[row])], seq.start_pos, seq.block_table))
-    return filled
-
-
-def run_submitted(runner: MultiStepRunner, seqs: Sequence[SeqStep], greedy_steps: int, prev_rows: Sequence[int],
-                  last_tokens: Optional[np.ndarray]):
-    """Computes one submitted step (see `submit` above) on a runner of this process: its placeholders filled from
-    `last_tokens` (those of the step before). Returns (its result, its last chosen token per row, for the step
-    after it; None when it did not choose tokens)."""
-    seqs = fill_placeholders(seqs, prev_rows, last_tokens)
-    if not greedy_steps:
-        return runner.run(list(seqs)), None
-    result = runner.run_greedy(seqs, greedy_steps)
-    return result, np.asarray(result[0])[:, -1]

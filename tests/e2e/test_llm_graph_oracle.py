@@ -124,7 +124,7 @@ class _Ahead:
     when its result is collected, after the engine has planned and submitted the next one."""
 
     def __init__(self, runner):
-        from mindspore_serving.llm.testing import DeferredSubmitter
+        from mindspore_serving.agent.testing import DeferredSubmitter
         self.runner = runner
         self.deferred = DeferredSubmitter(runner)
 

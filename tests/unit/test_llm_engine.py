@@ -18,7 +18,8 @@ from mindspore_serving.llm.errors import InvalidRequestError
 from mindspore_serving.llm.model_io import StepSubmitter
 from mindspore_serving.llm.request import FinishReason
 from mindspore_serving.llm.sampling_params import SamplingParams
-from mindspore_serving.llm.testing import DeferredSubmitter, FakeModelRunner, reference_greedy
+from mindspore_serving.agent.testing import DeferredSubmitter
+from mindspore_serving.llm.testing import FakeModelRunner, reference_greedy
 
 VOCAB = 64
 EOS = 1

@@ -1,0 +1,44 @@
+"""How an agent computes a submitted step (model_io: steps in submission order, placeholder rows continued
+from the step submitted before): used by the agent's servicer and by `agent.testing.DeferredSubmitter`, its
+in-process stand-in."""
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from mindspore_serving.llm.model_io import PLACEHOLDER, MultiStepRunner, SeqStep
+
+
+def fill_placeholders(seqs: Sequence[SeqStep], prev_rows: Sequence[int],
+                      last_tokens: Optional[np.ndarray]) -> List[SeqStep]:
+    """`seqs` with each PLACEHOLDER token replaced by `last_tokens[prev_rows[i]]` (the last tokens the previous
+    greedy step chose, one per row; None when there was none). Raises ValueError when a placeholder cannot be
+    filled."""
+    if not len(prev_rows):
+        return list(seqs)
+    if len(prev_rows) != len(seqs):
+        raise ValueError(f"{len(prev_rows)} prev_rows for {len(seqs)} sequences")
+    filled = []
+    for i, (seq, row) in enumerate(zip(seqs, prev_rows)):
+        if row < 0:
+            filled.append(seq)
+            continue
+        if last_tokens is None:
+            raise ValueError(f"sequence {i} continues row {row} of the previous step, which chose no tokens "
+                             f"(it was not a greedy step, or it failed)")
+        if seq.token_ids != [PLACEHOLDER] or row >= len(last_tokens):
+            raise ValueError(f"sequence {i} (tokens {seq.token_ids[:4]}) cannot continue row {row} of a previous "
+                             f"step of {len(last_tokens)} rows; only one-token placeholder rows can")
+        filled.append(SeqStep([int(last_tokens[row])], seq.start_pos, seq.block_table))
+    return filled
+
+
+def run_submitted(runner: MultiStepRunner, seqs: Sequence[SeqStep], greedy_steps: int, prev_rows: Sequence[int],
+                  last_tokens: Optional[np.ndarray]):
+    """Computes one submitted step (see `submit` above) on a runner of this process: its placeholders filled from
+    `last_tokens` (those of the step before). Returns (its result, its last chosen token per row, for the step
+    after it; None when it did not choose tokens)."""
+    seqs = fill_placeholders(seqs, prev_rows, last_tokens)
+    if not greedy_steps:
+        return runner.run(list(seqs)), None
+    result = runner.run_greedy(seqs, greedy_steps)
+    return result, np.asarray(result[0])[:, -1]

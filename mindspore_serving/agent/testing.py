@@ -1,0 +1,48 @@
+"""An in-process stand-in for an agent, for the engine's tests: steps are computed only when collected."""
+from concurrent.futures import Future
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from mindspore_serving.agent.steps import run_submitted
+from mindspore_serving.llm.model_io import SeqStep, StepSubmitter
+
+
+class DeferredSubmitter(StepSubmitter):
+    """`submit` (model_io) for a runner that has none, computing a submitted step only when a result is asked
+    for (then every step submitted before it runs first, in order), as a runner that is still computing it:
+    async scheduling's tests see what the engine does while a step is in flight. `submissions` records
+    (seqs, greedy_steps, prev_rows, steps submitted and not yet run)."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        self._last_tokens: Optional[np.ndarray] = None
+        self._queue: List[Tuple[Future, list, int, Sequence[int]]] = []
+        self.submissions: List[Tuple[List[SeqStep], int, List[int], int]] = []
+
+    def submit(self, seqs, greedy_steps=0, prev_rows=()):
+        self.submissions.append((list(seqs), greedy_steps, list(prev_rows), len(self._queue)))
+        future = _DeferredFuture(self)
+        self._queue.append((future, list(seqs), greedy_steps, prev_rows))
+        return future
+
+    def run_until(self, future: Future) -> None:
+        while not future.done():
+            queued, seqs, greedy_steps, prev_rows = self._queue.pop(0)
+            last, self._last_tokens = self._last_tokens, None  # a failing step leaves nothing to continue from
+            try:
+                result, self._last_tokens = run_submitted(self.runner, seqs, greedy_steps, prev_rows, last)
+            except Exception as err:  # pylint: disable=broad-except
+                queued.set_exception(err)
+            else:
+                queued.set_result(result)
+
+
+class _DeferredFuture(Future):
+    def __init__(self, submitter: DeferredSubmitter):
+        super().__init__()
+        self._submitter = submitter
+
+    def result(self, timeout=None):
+        self._submitter.run_until(self)
+        return super().result(timeout)
