@@ -14,7 +14,7 @@ import anyio
 from mindspore_serving import log
 from mindspore_serving.master.llm_types import (FinalEvent, GenerationRequest, LlmBackend, ModelInfo,
                                                      TokenEvent)
-from mindspore_serving.frontends.llm.errors import GenerationFailed, IncompleteGeneration, message_of
+from mindspore_serving.common.errors import GenerationFailed, IncompleteGeneration, message_of
 
 _CLOSE_TIMEOUT_S = 5.0
 """How long closing the backend's iterator may take (it normally only cancels a call)."""
