@@ -10,7 +10,7 @@ Errors are `mindspore_serving.common.errors.ServingError` subclasses:
 Cancelling the consuming task (e.g. the HTTP client went away) must abort the request in the engine.
 """
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Dict, List, Optional, Protocol, Sequence, Union
+from typing import AsyncIterator, Dict, List, Optional, Protocol
 
 from mindspore_serving.common import errors
 # the events are the LLM worker session's messages as the master reads them
