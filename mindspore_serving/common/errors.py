@@ -1,9 +1,23 @@
-"""Error codes of MindSpore Serving and the exceptions that carry them.
+"""The exceptions of MindSpore Serving: one hierarchy, each class carrying its kind and its error code.
 
-The codes travel in `ErrorMsg.error_code` of the public gRPC reply; the message text reaches clients
-unchanged, so tests assert on it. Raise the subclass that names the code; map exceptions to a wire reply
-in one place (`tensor_codec.build_predict_reply`).
+The code travels in `ErrorMsg.error_code` of the public gRPC reply; the message text reaches clients
+unchanged, so tests assert on it. The kind decides every other transport's answer (HTTP status and body
+per protocol, gRPC status) in `frontends/errors.py`, and is what crosses the master <-> LLM worker
+session (`ipc/llm_session.py`). Raise the class that names the failure.
+
+    class                kind                    code
+    InvalidInputs        validation              INVALID_INPUTS
+    InvalidParam         validation              INVALID_INPUTS (names the request field)
+    Overloaded           overloaded              FAILED
+    ServableUnavailable  not_found               SERVABLE_UNAVAILABLE
+    WorkerUnavailable    unavailable             WORKER_UNAVAILABLE
+    Failed               generation              FAILED
+    SystemError_         generation              SYSTEM_ERROR
+    GenerationFailed     generation              FAILED
+    IncompleteGeneration incomplete_generation   FAILED
+    (any other exception: a bug)  internal
 """
+import enum
 
 OK = 0
 FAILED = 1
@@ -16,8 +30,21 @@ CODE_NAMES = {OK: "OK", FAILED: "FAILED", INVALID_INPUTS: "INVALID_INPUTS", SYST
               WORKER_UNAVAILABLE: "WORKER_UNAVAILABLE", SERVABLE_UNAVAILABLE: "SERVABLE_UNAVAILABLE"}
 
 
+class Kind(enum.Enum):
+    """What went wrong, as far as a client's retry decision goes; the value is TGI's `error_type`."""
+    VALIDATION = "validation"
+    OVERLOADED = "overloaded"
+    NOT_FOUND = "not_found"
+    UNAVAILABLE = "unavailable"
+    GENERATION = "generation"
+    INCOMPLETE = "incomplete_generation"
+    INTERNAL = "internal"
+
+
 class ServingError(Exception):
     """An error with a MindSpore Serving status code; `message` is the text the client sees."""
+    CODE = FAILED
+    KIND = Kind.GENERATION
 
     def __init__(self, code: int, message: str):
         super().__init__(message)
@@ -32,8 +59,6 @@ class ServingError(Exception):
 
 
 class _CodedError(ServingError):
-    CODE = FAILED
-
     def __init__(self, message: str):
         super().__init__(self.CODE, message)
 
@@ -44,6 +69,15 @@ class Failed(_CodedError):
 
 class InvalidInputs(_CodedError):
     CODE = INVALID_INPUTS
+    KIND = Kind.VALIDATION
+
+
+class InvalidParam(InvalidInputs):
+    """A request field a front end rejects; `param` names it (OpenAI's `error.param`)."""
+
+    def __init__(self, message: str, param=None):
+        super().__init__(message)
+        self.param = param
 
 
 class SystemError_(_CodedError):  # pylint: disable=invalid-name,redefined-builtin
@@ -51,28 +85,56 @@ class SystemError_(_CodedError):  # pylint: disable=invalid-name,redefined-built
     CODE = SYSTEM_ERROR
 
 
-ServingSystemError = SystemError_
-
-
 class WorkerUnavailable(_CodedError):
     CODE = WORKER_UNAVAILABLE
+    KIND = Kind.UNAVAILABLE
 
 
 class ServableUnavailable(_CodedError):
     CODE = SERVABLE_UNAVAILABLE
+    KIND = Kind.NOT_FOUND
 
 
 class Overloaded(Failed):
     """Too many requests are queued; retry later (HTTP 429, gRPC RESOURCE_EXHAUSTED)."""
+    KIND = Kind.OVERLOADED
+
+
+class GenerationFailed(Failed):
+    """The engine finished the request with reason "error" or "abort"."""
+
+
+class IncompleteGeneration(Failed):
+    """A generation's event stream ended without its final event."""
+    KIND = Kind.INCOMPLETE
 
 
 _BY_CODE = {cls.CODE: cls for cls in (Failed, InvalidInputs, SystemError_, WorkerUnavailable, ServableUnavailable)}
+# the class a kind becomes when only the kind crossed a process boundary
+_BY_KIND = {cls.KIND: cls for cls in (InvalidInputs, Overloaded, ServableUnavailable, WorkerUnavailable, Failed,
+                                      IncompleteGeneration)}
 
 
 def make_error(code: int, message: str) -> ServingError:
     """The most specific ServingError for `code`."""
     cls = _BY_CODE.get(int(code))
     return cls(message) if cls is not None else ServingError(code, message)
+
+
+def error_of_kind(kind: Kind, message: str) -> ServingError:
+    """The ServingError a peer meant when it sent only `kind` and `message` (an internal error is a Failed)."""
+    return _BY_KIND.get(kind, Failed)(message)
+
+
+def kind_of(error: BaseException) -> Kind:
+    return error.KIND if isinstance(error, ServingError) else Kind.INTERNAL
+
+
+def message_of(error: BaseException) -> str:
+    """The text a client sees: a ServingError's own message, or one that names an unexpected exception."""
+    if isinstance(error, ServingError):
+        return error.message
+    return f"internal error: {type(error).__name__}: {error}"
 
 
 def as_serving_error(error) -> ServingError:

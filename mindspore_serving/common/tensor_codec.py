@@ -339,6 +339,12 @@ def global_error(results) -> Optional[errors.ServingError]:
     return first
 
 
+def error_msg(error: errors.ServingError, empty_text: str = "") -> pb.ErrorMsg:
+    """The public ErrorMsg of `error`; `empty_text` stands in for an empty message."""
+    text = (error.message or empty_text).encode("utf-8", _UTF8_ERRORS)
+    return pb.ErrorMsg(error_code=error.code, error_msg=text)
+
+
 def build_predict_reply(results, reply: Optional[pb.PredictReply] = None,
                         servable_spec: Optional[pb.ServableSpec] = None) -> pb.PredictReply:
     """A PredictReply from per-instance results (each a dict of outputs or an error) or one global error.
@@ -357,9 +363,7 @@ def build_predict_reply(results, reply: Optional[pb.PredictReply] = None,
         reply.servable_spec.CopyFrom(servable_spec)
     single = global_error(results)
     if single is not None:
-        error_pb = reply.error_msg.add()
-        error_pb.error_code = single.code
-        error_pb.error_msg = (single.message or "Predict failed").encode("utf-8", _UTF8_ERRORS)
+        reply.error_msg.append(error_msg(single, "Predict failed"))
         return reply
     any_failed = any(is_error(result) for result in results)
     for result in results:
@@ -367,11 +371,10 @@ def build_predict_reply(results, reply: Optional[pb.PredictReply] = None,
         if not is_error(result):
             instance_to_proto(result, instance_pb)
         if any_failed:
-            error_pb = reply.error_msg.add()
             if is_error(result):
-                error = errors.as_serving_error(result)
-                error_pb.error_code = error.code
-                error_pb.error_msg = error.message.encode("utf-8", _UTF8_ERRORS)
+                reply.error_msg.append(error_msg(errors.as_serving_error(result)))
+            else:
+                reply.error_msg.add()
     return reply
 
 

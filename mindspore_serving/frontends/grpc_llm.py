@@ -5,11 +5,13 @@ one instance: per token `token_id`, `text`, `index`; the last one `finished` = T
 `token_ids`, `finish_reason`, `prompt_tokens` and `completion_tokens`. An error ends the stream with a
 reply carrying one error_msg; a full engine queue ends the call with status RESOURCE_EXHAUSTED.
 """
+import grpc
 import numpy as np
 
 from mindspore_serving.common import errors
 from mindspore_serving.common.tensor_codec import instance_to_proto, proto_to_instance
-from mindspore_serving.master.llm_types import FinalEvent, GenerationRequest, Overloaded
+from mindspore_serving.frontends.errors import grpc_error, grpc_error_reply as _error
+from mindspore_serving.master.llm_types import FinalEvent, GenerationRequest
 from mindspore_serving.llm.instance_params import prompt_of, sampling_params_of
 from mindspore_serving.proto import ms_service_pb2
 
@@ -18,13 +20,6 @@ def _reply(spec, values: dict):
     reply = ms_service_pb2.PredictReply()
     reply.servable_spec.CopyFrom(spec)
     instance_to_proto(values, reply.instances.add())
-    return reply
-
-
-def _error(spec, error: errors.ServingError):
-    reply = ms_service_pb2.PredictReply()
-    reply.servable_spec.CopyFrom(spec)
-    reply.error_msg.add(error_code=error.code, error_msg=error.message.encode())
     return reply
 
 
@@ -55,7 +50,7 @@ async def predict_stream(backend, request):
             else:
                 yield _reply(spec, {"token_id": np.int32(event.token_id), "text": event.text,
                                     "index": np.int32(event.index)})
-    except Overloaded:
-        raise  # the servicer answers RESOURCE_EXHAUSTED, as gRPC clients expect for back-pressure
     except errors.ServingError as err:
+        if grpc_error(err)[0] is not grpc.StatusCode.OK:
+            raise  # the servicer ends the call with that status (back-pressure, as gRPC clients expect)
         yield _error(spec, err)

@@ -3,10 +3,10 @@ import grpc
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
-from mindspore_serving.frontends.grpc_llm import predict_stream
-from mindspore_serving.master.llm_types import Overloaded
 from mindspore_serving.frontends.address import check_address, check_max_msg_mb_size, check_unix_address
-from mindspore_serving.master.dispatcher import build_reply, error_reply
+from mindspore_serving.frontends.errors import grpc_error, grpc_error_reply
+from mindspore_serving.frontends.grpc_llm import predict_stream
+from mindspore_serving.master.dispatcher import build_reply
 from mindspore_serving.proto import ms_service_pb2_grpc
 
 
@@ -20,23 +20,24 @@ class MSServiceServicer(ms_service_pb2_grpc.MSServiceServicer):
     async def PredictStream(self, request, context):
         """Token streaming for LLM servables (see frontends/grpc_llm.py)."""
         if self.llm_backend is None:
-            yield error_reply(request.servable_spec, errors.ServableUnavailable("streaming is not available"))
+            yield grpc_error_reply(request.servable_spec, errors.ServableUnavailable("streaming is not available"))
             return
         try:
             async for reply in predict_stream(self.llm_backend, request):
                 yield reply
-        except Overloaded as err:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, err.message)
+        except errors.ServingError as err:  # one that ends the call with a status rather than a reply
+            status, _ = grpc_error(err)
+            await context.abort(status, err.message)
 
     async def Predict(self, request, context):
         spec = request.servable_spec
         try:
             results = await self.dispatcher.predict(spec, request.instances)
         except errors.ServingError as err:
-            return error_reply(spec, err)
+            return grpc_error_reply(spec, err)
         except Exception as err:
             log.exception("Predict failed")
-            return error_reply(spec, errors.ServingError(errors.SYSTEM_ERROR, f"Serving Error: {err}"))
+            return grpc_error_reply(spec, err)
         return build_reply(spec, results)
 
 

@@ -18,6 +18,14 @@ import numpy as np
 from mindspore_serving.llm.sampling_params import SamplingParams
 
 
+def inter_token_latency(first_token_time: Optional[float], last_token_time: Optional[float],
+                        num_tokens: int) -> Optional[float]:
+    """Mean seconds between consecutive generated tokens; None before there are two."""
+    if first_token_time is None or last_token_time is None or num_tokens < 2:
+        return None
+    return (last_token_time - first_token_time) / (num_tokens - 1)
+
+
 class FinishReason(str, enum.Enum):
     """Why a request finished; the value is the word the APIs report."""
     EOS = "eos"            # generated the end-of-sequence token

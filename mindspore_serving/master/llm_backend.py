@@ -7,28 +7,21 @@ generation on it fails with "worker stopped"; the next request opens a new sessi
 """
 import asyncio
 import itertools
-import json
 from typing import AsyncIterator, Dict, List, Optional
 
 import grpc
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
-from mindspore_serving.master.llm_types import (FinalEvent, GenerationEvent, GenerationRequest, ModelInfo,
-                                                     Overloaded, Timing, TokenEvent)
+from mindspore_serving.ipc import llm_session
+from mindspore_serving.llm.sampling_params import SamplingParams
+from mindspore_serving.master.llm_types import FinalEvent, GenerationEvent, GenerationRequest, ModelInfo
 from mindspore_serving.master.worker_registry import WorkerRegistry
 from mindspore_serving.proto import llm_worker_pb2 as pb
-from mindspore_serving.spec.llm import GENERATE_METHOD, LLM_EXTENSION
 from mindspore_serving.proto import llm_worker_pb2_grpc
+from mindspore_serving.spec.llm import GENERATE_METHOD, LLM_EXTENSION
 
-_ERRORS = {"validation": errors.InvalidInputs, "overloaded": Overloaded, "unavailable": errors.ServableUnavailable}
 _LOST = object()
-
-
-def _final(final: pb.Final) -> FinalEvent:
-    timing = Timing(final.queue_time, final.time_to_first_token, final.inter_token_latency, final.e2e_latency)
-    return FinalEvent(final.text, list(final.token_ids), final.finish_reason, final.prompt_tokens,
-                      final.completion_tokens, timing, final.prompt)
 
 
 class WorkerSession:
@@ -68,11 +61,12 @@ class WorkerSession:
         async with self._write_lock:
             await self._call.write(command)
 
-    async def open(self, message: pb.GenerateRequest) -> int:
+    async def open(self, request_id: str, params: SamplingParams, request: GenerationRequest) -> int:
         stream_id = next(self._ids)
         self._queues[stream_id] = asyncio.Queue()
         try:
-            await self._write(pb.SessionCommand(stream_id=stream_id, generate=message))
+            await self._write(llm_session.generate_command(stream_id, request_id, params, request.prompt,
+                                                           request.messages))
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
             del self._queues[stream_id]
             self.closed = True
@@ -91,7 +85,7 @@ class WorkerSession:
 
     async def _abort(self, stream_id: int):
         try:
-            await self._write(pb.SessionCommand(stream_id=stream_id, abort=True))
+            await self._write(llm_session.abort_command(stream_id))
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
             pass  # the session is gone: the worker aborts everything it ran
 
@@ -109,9 +103,8 @@ class MasterLlmBackend:
     def models(self) -> List[ModelInfo]:
         infos = {}
         for record in self.registry.all():
-            text = record.extensions.get(LLM_EXTENSION)
-            if text and record.servable_name not in infos:
-                data = json.loads(text)
+            data = llm_session.read_facts(record.extensions.get(LLM_EXTENSION))
+            if data is not None and record.servable_name not in infos:
                 infos[record.servable_name] = ModelInfo(record.servable_name, data["max_model_len"],
                                                         data["max_num_seqs"], data["max_queue_size"],
                                                         data["vocab_size"], data.get("device", "CPU"))
@@ -129,16 +122,12 @@ class MasterLlmBackend:
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         candidates = [w for w in self.registry.candidates(request.model, GENERATE_METHOD, 0)
-                      if LLM_EXTENSION in w.extensions]
+                      if llm_session.read_facts(w.extensions.get(LLM_EXTENSION)) is not None]
         if not candidates:
             raise errors.ServableUnavailable(f"Model {request.model} is not a language model")
+        params = SamplingParams.from_dict(request.params)  # a bad value fails here, before any worker sees it
         worker = self.registry.pick(candidates)
-        message = pb.GenerateRequest(request_id=request.request_id or f"gen-{next(self._ids)}",
-                                     params_json=json.dumps(request.params))
-        if request.messages is not None:
-            message.messages.extend(pb.ChatMessage(role=m.role, content=m.content) for m in request.messages)
-        else:
-            message.prompt = request.prompt or ""
+        request_id = request.request_id or f"gen-{next(self._ids)}"
         lost = errors.WorkerUnavailable(f"Model {request.model} is not available: the worker (pid {worker.pid}) "
                                         f"stopped while generating")
         session = self._session(worker)
@@ -147,7 +136,7 @@ class MasterLlmBackend:
         done = False
         try:
             try:
-                stream_id = await session.open(message)
+                stream_id = await session.open(request_id, params, request)
             except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as err:
                 log.warning(f"generation on worker pid {worker.pid} could not start: {err}")
                 raise lost from None
@@ -156,17 +145,11 @@ class MasterLlmBackend:
                 if event is _LOST:
                     done = True
                     raise lost
-                kind = event.WhichOneof("event")
-                if kind == "token":
-                    t = event.token
-                    yield TokenEvent(t.id, t.text, t.logprob, t.special, t.index)
-                elif kind == "final":
-                    done = True
-                    yield _final(event.final)
+                done = event.WhichOneof("event") != "token"
+                decoded = llm_session.read_event(event)  # an error event raises its ServingError
+                yield decoded
+                if isinstance(decoded, FinalEvent):
                     return
-                else:
-                    done = True
-                    raise _ERRORS.get(event.error.kind, errors.Failed)(event.error.message)
         finally:
             worker.outstanding -= 1
             if stream_id is not None:

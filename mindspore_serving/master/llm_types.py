@@ -10,9 +10,11 @@ Errors are `mindspore_serving.common.errors.ServingError` subclasses:
 Cancelling the consuming task (e.g. the HTTP client went away) must abort the request in the engine.
 """
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Dict, List, Optional, Protocol, Sequence, Union
+from typing import AsyncIterator, Dict, List, Optional, Protocol
 
 from mindspore_serving.common import errors
+# the events are the LLM worker session's messages as the master reads them
+from mindspore_serving.ipc.llm_session import FinalEvent, GenerationEvent, Timing, TokenEvent  # noqa: F401
 
 
 Overloaded = errors.Overloaded  # the engine's queue is full; retry later
@@ -36,44 +38,6 @@ class GenerationRequest:
     """SamplingParams fields: max_new_tokens, temperature (0 = greedy), top_k, top_p, repetition_penalty, seed,
     do_sample, stop (list of str), stop_token_ids, ignore_eos, top_logprobs."""
     request_id: Optional[str] = None
-
-
-@dataclass
-class TokenEvent:
-    token_id: int
-    text: str
-    """Text this token adds to the output (may be empty while a UTF-8 character is incomplete)."""
-    logprob: float
-    special: bool = False
-    index: int = 0
-    """Position of the token in the output (0 = first generated token)."""
-
-
-@dataclass
-class Timing:
-    queue_time: float
-    """Seconds from arrival to first scheduling."""
-    time_to_first_token: float
-    inter_token_latency: float
-    """Mean seconds between generated tokens."""
-    e2e_latency: float
-
-
-@dataclass
-class FinalEvent:
-    text: str
-    """The whole generated text (without the prompt)."""
-    token_ids: List[int]
-    finish_reason: str
-    """"eos", "length", "stop", "abort" or "error"."""
-    prompt_tokens: int
-    completion_tokens: int
-    timing: Optional[Timing] = None
-    prompt: str = ""
-    """The prompt as the model saw it (after the chat template)."""
-
-
-GenerationEvent = Union[TokenEvent, FinalEvent]
 
 
 @dataclass

@@ -34,7 +34,7 @@ VIOLATIONS = [
     ("server/register/method.py", "from mindspore_serving.worker import method_runner"),
     ("agent/process.py", "from mindspore_serving.worker import model_backend"),
     ("llm/engine.py", "from mindspore_serving.models.llama import config"),
-    ("master/llm_backend.py", "from mindspore_serving.frontends.llm import errors"),
+    ("master/llm_backend.py", "from mindspore_serving.frontends import errors"),
     ("worker/llm/runtime.py", "from mindspore_serving.agent import process"),
     ("common/errors.py", "from mindspore_serving.llm import errors"),
 ]

@@ -7,7 +7,8 @@ import pytest
 
 from mindspore_serving.common import errors
 from mindspore_serving.common.tensor_codec import instance_to_proto, reply_to_results, tensor_to_value, value_to_tensor
-from mindspore_serving.master.dispatcher import Dispatcher, build_reply, error_reply
+from mindspore_serving.frontends.errors import grpc_error_reply
+from mindspore_serving.master.dispatcher import Dispatcher, build_reply
 from mindspore_serving.master.worker_registry import WorkerRecord, WorkerRegistry
 from mindspore_serving.proto import internal_pb2
 from mindspore_serving.proto import ms_service_pb2 as pb
@@ -576,7 +577,7 @@ def test_build_reply_mixed_results_are_per_instance():
 
 
 def test_error_reply():
-    reply = error_reply(spec_of(name="x"), errors.ServableUnavailable("gone"))
+    reply = grpc_error_reply(spec_of(name="x"), errors.ServableUnavailable("gone"))
     assert reply.servable_spec.name == "x"
     assert len(reply.instances) == 0
     assert [(e.error_code, e.error_msg.decode()) for e in reply.error_msg] == [(errors.SERVABLE_UNAVAILABLE, "gone")]

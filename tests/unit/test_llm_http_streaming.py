@@ -11,8 +11,8 @@ from mindspore_serving import log
 from mindspore_serving.common import errors
 from mindspore_serving.frontends.llm import build_llm_router, mindspore_generate_stream
 from mindspore_serving.master.llm_types import Overloaded
-from mindspore_serving.frontends.llm.errors import (GenerationFailed, IncompleteGeneration, InvalidParam, Protocol,
-                                                    error_reply)
+from mindspore_serving.common.errors import GenerationFailed, IncompleteGeneration, InvalidParam
+from mindspore_serving.frontends.errors import Protocol, http_error
 from mindspore_serving.frontends.llm.testing import FakeLlmBackend, call_asgi, parse_sse
 from mindspore_serving.llm.errors import InvalidRequestError
 
@@ -154,10 +154,10 @@ def test_timing_is_logged_per_request(monkeypatch):
     (KeyError("bug"), (500, "internal"), (500, "server_error", None)),
 ])
 def test_error_mapping_table(error, tgi, openai):
-    status, body = error_reply(Protocol.TGI, error)
+    status, body = http_error(Protocol.TGI, error)
     assert (status, body["error_type"]) == tgi
-    status, body = error_reply(Protocol.OPENAI, error)
+    status, body = http_error(Protocol.OPENAI, error)
     assert (status, body["error"]["type"], body["error"]["code"]) == openai
     assert body["error"]["param"] == getattr(error, "param", None)
-    status, body = error_reply(Protocol.MINDSPORE, error)
+    status, body = http_error(Protocol.MINDSPORE, error)
     assert status == 200 and list(body) == ["error_msg"]

@@ -7,9 +7,10 @@
     schemas_*.py      request bodies and their mapping to engine parameters
     generation.py     one request's run: first event, timing, close (aborts), INFO log line
     responses.py      JSON / SSE responses that watch for client disconnects
-    errors.py         the one error -> HTTP status/body mapping of every protocol
     sse.py            SSE framing
     testing.py        FakeLlmBackend for tests
+
+Errors become each protocol's HTTP answer in ../errors.py.
 
 Usage::
 

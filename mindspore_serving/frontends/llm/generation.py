@@ -14,7 +14,8 @@ import anyio
 from mindspore_serving import log
 from mindspore_serving.master.llm_types import (FinalEvent, GenerationRequest, LlmBackend, ModelInfo,
                                                      TokenEvent)
-from mindspore_serving.frontends.llm.errors import GenerationFailed, IncompleteGeneration, message_of
+from mindspore_serving.common.errors import GenerationFailed, IncompleteGeneration, message_of
+from mindspore_serving.llm.request import inter_token_latency
 
 _CLOSE_TIMEOUT_S = 5.0
 """How long closing the backend's iterator may take (it normally only cancels a call)."""
@@ -141,9 +142,7 @@ class Generation:
     def timings(self) -> dict:
         """Seconds, measured here (the engine's own figures are in `final.timing`)."""
         ttft = None if self.first_token_at is None else self.first_token_at - self.arrival
-        itl = None
-        if len(self.tokens) > 1:
-            itl = (self.last_token_at - self.first_token_at) / (len(self.tokens) - 1)
+        itl = inter_token_latency(self.first_token_at, self.last_token_at, len(self.tokens))
         e2e = None if self.ended is None else self.ended - self.arrival
         queue = self.final.timing.queue_time if self.final is not None and self.final.timing is not None else None
         return {"queue_time": queue, "time_to_first_token": ttft, "inter_token_latency": itl, "e2e_latency": e2e}

@@ -24,7 +24,8 @@ from starlette.responses import Response
 
 from mindspore_serving.frontends.llm import sse
 from mindspore_serving.master.llm_types import GenerationRequest, LlmBackend, TokenEvent
-from mindspore_serving.frontends.llm.errors import InvalidParam, Protocol, error_reply
+from mindspore_serving.common.errors import InvalidParam
+from mindspore_serving.frontends.errors import Protocol, http_error
 from mindspore_serving.frontends.llm.generation import Generation, finite
 from mindspore_serving.frontends.llm.params import (load_json, new_request_id, parse_body, sampling_params,
                                                     served_model)
@@ -88,7 +89,7 @@ def build_llm_serving_router(backend: LlmBackend, keep_alive_s: float = 15.0) ->
         raw = request.parameters.return_protocol == "raw"
         encode = sse.raw_line if raw else sse.event
         return stream_reply(generation, LLM_SERVING, lambda: llm_serving_events(generation, request),
-                            lambda exc: encode(error_reply(LLM_SERVING, exc)[1]),
+                            lambda exc: encode(http_error(LLM_SERVING, exc)[1]),
                             media_type=sse.RAW_MEDIA_TYPE if raw else sse.SSE_MEDIA_TYPE,
                             keep_alive_s=0.0 if raw else keep_alive_s)
 
@@ -163,4 +164,4 @@ async def mindspore_generate_stream(backend: LlmBackend, model: str, body: Union
     except Exception as exc:  # the classic error reply, whatever failed
         return error_response(CLASSIC, exc)
     return stream_reply(generation, CLASSIC, lambda: classic_events(generation),
-                        lambda exc: sse.event(error_reply(CLASSIC, exc)[1]), keep_alive_s=keep_alive_s)
+                        lambda exc: sse.event(http_error(CLASSIC, exc)[1]), keep_alive_s=keep_alive_s)

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 
 from mindspore_serving.frontends.llm import sse
 from mindspore_serving.master.llm_types import GenerationRequest, LlmBackend, ModelInfo, TokenEvent
-from mindspore_serving.frontends.llm.errors import Protocol, error_reply
+from mindspore_serving.frontends.errors import Protocol, http_error
 from mindspore_serving.frontends.llm.generation import Generation, finite
 from mindspore_serving.frontends.llm.params import new_request_id, parse_body, served_model
 from mindspore_serving.frontends.llm.responses import guarded, json_reply, stream_reply
@@ -42,7 +42,7 @@ def model_card(model: ModelInfo, created: int) -> dict:
 
 
 def error_chunks(exc: BaseException) -> bytes:
-    return sse.event(error_reply(PROTOCOL, exc)[1]) + sse.DONE
+    return sse.event(http_error(PROTOCOL, exc)[1]) + sse.DONE
 
 
 def _logprob(token: TokenEvent) -> float:

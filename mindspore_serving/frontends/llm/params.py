@@ -8,7 +8,7 @@ import pydantic
 
 from mindspore_serving.common import errors
 from mindspore_serving.master.llm_types import LlmBackend, ModelInfo
-from mindspore_serving.frontends.llm.errors import InvalidParam
+from mindspore_serving.common.errors import InvalidParam
 from mindspore_serving.llm.sampling_params import SamplingParams
 
 Model = TypeVar("Model", bound=pydantic.BaseModel)

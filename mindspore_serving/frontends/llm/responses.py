@@ -16,7 +16,8 @@ from starlette.types import Receive, Scope, Send
 
 from mindspore_serving import log
 from mindspore_serving.frontends.llm import sse
-from mindspore_serving.frontends.llm.errors import Kind, Protocol, error_reply, kind_of
+from mindspore_serving.common.errors import Kind, kind_of
+from mindspore_serving.frontends.errors import Protocol, http_error
 from mindspore_serving.frontends.llm.generation import Generation
 
 Headers = Dict[str, str]
@@ -48,7 +49,7 @@ def log_failure(protocol: Protocol, exc: BaseException) -> None:
 def error_response(protocol: Protocol, exc: BaseException) -> Response:
     """A plain reply for an error found before any generation started."""
     log_failure(protocol, exc)
-    status, payload = error_reply(protocol, exc)
+    status, payload = http_error(protocol, exc)
     return Response(sse.dumps(payload), status_code=status, media_type=sse.JSON_MEDIA_TYPE)
 
 
@@ -94,7 +95,7 @@ def json_reply(generation: Generation, protocol: Protocol,
                 payload, headers = build(generation)
             except Exception as exc:  # the protocol's error reply, whatever failed
                 log_failure(protocol, exc)
-                status, payload = error_reply(protocol, exc)
+                status, payload = http_error(protocol, exc)
                 await send_json(send, status, payload)
                 return
         finally:
@@ -116,7 +117,7 @@ def stream_reply(generation: Generation, protocol: Protocol, chunks: Callable[[]
                 await generation.start()
             except Exception as exc:
                 log_failure(protocol, exc)
-                status, payload = error_reply(protocol, exc)
+                status, payload = http_error(protocol, exc)
                 await send_json(send, status, payload)
                 return
             raw = _raw_headers({**sse.SSE_HEADERS, **(headers or {})}, media_type)

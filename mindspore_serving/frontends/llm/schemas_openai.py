@@ -8,7 +8,7 @@ from typing import Dict, List, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mindspore_serving.master.llm_types import ChatMessage
-from mindspore_serving.frontends.llm.errors import InvalidParam
+from mindspore_serving.common.errors import InvalidParam
 from mindspore_serving.frontends.llm.params import sampling_params, stop_list
 
 UNKNOWN_FIELD = "Unrecognized request argument supplied: {name}"

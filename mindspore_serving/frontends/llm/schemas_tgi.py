@@ -8,7 +8,7 @@ from typing import List, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
 
-from mindspore_serving.frontends.llm.errors import InvalidParam
+from mindspore_serving.common.errors import InvalidParam
 from mindspore_serving.frontends.llm.params import sampling_params, stop_list
 
 MAX_STOP_SEQUENCES = 4

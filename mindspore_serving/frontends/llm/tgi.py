@@ -17,7 +17,7 @@ from starlette.responses import Response
 import mindspore_serving
 from mindspore_serving.frontends.llm import sse
 from mindspore_serving.master.llm_types import GenerationRequest, LlmBackend, TokenEvent
-from mindspore_serving.frontends.llm.errors import Protocol, error_reply
+from mindspore_serving.frontends.errors import Protocol, http_error
 from mindspore_serving.frontends.llm.generation import Generation, finite
 from mindspore_serving.frontends.llm.params import new_request_id, parse_body, served_model
 from mindspore_serving.frontends.llm.responses import guarded, json_reply, stream_reply
@@ -94,7 +94,7 @@ async def stream_events(generation: Generation, request: TgiRequest,
 
 
 def error_event(exc: BaseException) -> bytes:
-    return sse.event(error_reply(PROTOCOL, exc)[1])
+    return sse.event(http_error(PROTOCOL, exc)[1])
 
 
 def info_payload(backend: LlmBackend, default_model: Optional[str]) -> dict:

@@ -31,7 +31,10 @@ class TextTokenizer:
                  pad_id: Optional[int] = None, config_dir: Optional[str] = None):
         self.tokenizer = tokenizer
         names = self._names_from_config(config_dir) if config_dir else {}
-        special = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
+        added = tokenizer.get_added_tokens_decoder()
+        special = {t.content for t in added.values() if t.special}
+        self.special_ids = frozenset(token_id for token_id, t in added.items() if t.special)
+        """Ids of the special tokens (EOS and the like): TGI flags them in its token details."""
         self.bos_id = bos_id if bos_id is not None else self._find(names.get("bos_token"), BOS_NAMES, special)
         self.eos_id = eos_id if eos_id is not None else self._find(names.get("eos_token"), EOS_NAMES, special)
         self.pad_id = pad_id if pad_id is not None else self._find(names.get("pad_token"), PAD_NAMES, special)

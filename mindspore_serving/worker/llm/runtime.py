@@ -1,5 +1,4 @@
 """An LLM servable inside a worker: the engine loop over agents, behind the same interface as ServableRuntime."""
-import json
 import os
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -7,10 +6,12 @@ import numpy as np
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
+from mindspore_serving.ipc.llm_session import registration_facts
 from mindspore_serving.llm.engine import LLMEngine
 from mindspore_serving.llm.engine_loop import EngineLoop
 from mindspore_serving.spec.llm_config import LlmServingConfig, load_serving_config
 from mindspore_serving.llm.instance_params import prompt_of, sampling_params_of
+from mindspore_serving.llm.sampling_params import SamplingParams
 from mindspore_serving.models.llama.tokenizer import TextTokenizer
 from mindspore_serving.proto import llm_worker_pb2_grpc
 from mindspore_serving.spec.llm import GENERATE_METHOD, LLM_EXTENSION
@@ -69,13 +70,12 @@ class LlmRuntime:
         return self.config.engine.max_num_seqs
 
     def extensions(self) -> Dict[str, str]:
-        return {LLM_EXTENSION: json.dumps({"model_id": self.spec.name, "max_model_len": self.config.engine.max_model_len,
-                                   "max_num_seqs": self.config.engine.max_num_seqs,
-                                   "max_queue_size": self.config.max_queue_size,
-                                   "vocab_size": self.runner.vocab_size, "device": self.runner.device,
-                                   "config": self.config.path})}
+        return {LLM_EXTENSION: registration_facts(
+            model_id=self.spec.name, max_model_len=self.config.engine.max_model_len,
+            max_num_seqs=self.config.engine.max_num_seqs, max_queue_size=self.config.max_queue_size,
+            vocab_size=self.runner.vocab_size, device=self.runner.device, config=self.config.path)}
 
-    def submit(self, prompt, params: dict, request_id: Optional[str] = None, sink=None, tag=None):
+    def submit(self, prompt, params: SamplingParams, request_id: Optional[str] = None, sink=None, tag=None):
         return self.loop.submit(prompt, params, request_id, sink, tag)
 
     def predict(self, method_name: str, instances: Sequence[dict]) -> List:

@@ -4,7 +4,6 @@ A session carries every generation the master sends this worker: commands come i
 to the engine loop with the session as their output sink, and each engine step's outputs go back as one
 SessionBatch, so the cost per step does not grow with a thread wake-up and a gRPC message per token.
 """
-import json
 import queue
 import threading
 import time
@@ -14,63 +13,15 @@ import grpc
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
+from mindspore_serving.ipc import llm_session
 from mindspore_serving.proto import llm_worker_pb2 as pb
 from mindspore_serving.proto import llm_worker_pb2_grpc
-
-VALIDATION, OVERLOADED, UNAVAILABLE, GENERATION = "validation", "overloaded", "unavailable", "generation"
 
 
 def render_chat(template: str, message_format: str, messages) -> str:
     """The prompt of a chat: each message rendered with `message_format`, then put into `template`."""
     rendered = "".join(message_format.format(role=m.role, content=m.content) for m in messages)
     return template.format(messages=rendered)
-
-
-def error_kind(err: BaseException) -> str:
-    if isinstance(err, errors.Overloaded):
-        return OVERLOADED
-    if isinstance(err, errors.InvalidInputs):
-        return VALIDATION
-    if isinstance(err, (errors.ServableUnavailable, errors.WorkerUnavailable)):
-        return UNAVAILABLE
-    return GENERATION
-
-
-def final_event(output) -> pb.GenerateEvent:
-    metrics = output.metrics
-    final = pb.Final(text=output.text, finish_reason=output.finish_reason.value if output.finish_reason else "error",
-                     prompt_tokens=len(output.prompt_token_ids), completion_tokens=len(output.token_ids),
-                     prompt=output.prompt or "")
-    final.token_ids.extend(output.token_ids)
-    if metrics is not None:
-        final.queue_time = metrics.queue_time or 0.0
-        final.time_to_first_token = metrics.time_to_first_token or 0.0
-        final.e2e_latency = metrics.e2e_latency or 0.0
-        if metrics.first_token_time is not None and metrics.last_token_time is not None and len(output.token_ids) > 1:
-            final.inter_token_latency = (metrics.last_token_time - metrics.first_token_time) / (len(output.token_ids) - 1)
-    return pb.GenerateEvent(final=final)
-
-
-def output_events(output, index: int) -> List[pb.GenerateEvent]:
-    """The events of one RequestOutput: a Token per new token with its own text, then the Final (or the
-    Error) when it is the request's last output. `index` numbers the first new token."""
-    events = []
-    texts = output.new_token_texts or [""] * (len(output.new_token_ids) - 1) + [output.new_text]
-    for position, token_id in enumerate(output.new_token_ids):
-        logprob = output.new_logprobs[position] if position < len(output.new_logprobs) else 0.0
-        events.append(pb.GenerateEvent(token=pb.Token(id=token_id, text=texts[position], logprob=logprob,
-                                                      index=index + position)))
-    if output.finished:
-        events.append(pb.GenerateEvent(error=pb.Error(kind=GENERATION, message=output.error)) if output.error
-                      else final_event(output))
-    return events
-
-
-def error_event(err: BaseException) -> pb.GenerateEvent:
-    if not isinstance(err, errors.ServingError):
-        err = errors.InvalidInputs(str(err)) if isinstance(err, ValueError) else errors.ServingError(
-            errors.SYSTEM_ERROR, str(err))
-    return pb.GenerateEvent(error=pb.Error(kind=error_kind(err), message=err.message))
 
 
 class _Session:
@@ -80,6 +31,7 @@ class _Session:
     def __init__(self, runtime, peer: str):
         self.runtime = runtime
         self.peer = peer
+        self.special_ids = runtime.tokenizer.special_ids
         self.batches: "queue.SimpleQueue" = queue.SimpleQueue()  # lists of (stream_id, item); None ends
         self._pending: List[Tuple[int, object]] = []
         self._live: Dict[int, object] = {}  # stream_id -> RequestStream
@@ -116,9 +68,7 @@ class _Session:
 
     def _generate(self, stream_id: int, request: pb.GenerateRequest):
         try:
-            params = json.loads(request.params_json) if request.params_json else {}
-            if not isinstance(params, dict):
-                raise errors.InvalidInputs("parameters must be a JSON object")
+            params = llm_session.params_from_proto(request.params)
             if request.messages:
                 model = self.runtime.config.model
                 prompt = render_chat(model.chat_template, model.chat_message, request.messages)
@@ -170,11 +120,11 @@ class _Session:
                 if events is None:
                     events = by_stream[stream_id] = reply.streams.add(stream_id=stream_id)
                 if isinstance(item, BaseException):
-                    events.events.append(error_event(item))
+                    events.events.append(llm_session.error_event(item))
                     self._done(stream_id, counts)
                     continue
                 index = counts.get(stream_id, 0)
-                events.events.extend(output_events(item, index))
+                events.events.extend(llm_session.output_events(item, index, self.special_ids))
                 counts[stream_id] = index + len(item.new_token_ids)
                 if item.finished:
                     self._done(stream_id, counts)

@@ -1,0 +1,193 @@
+"""The master's LLM backend against a fake worker: an in-process gRPC server whose Session hands each command
+to the test and sends back the batches the test writes. Every wait has a deadline."""
+import asyncio
+
+import grpc
+import pytest
+
+from mindspore_serving.common import errors
+from mindspore_serving.ipc import llm_session
+from mindspore_serving.llm.sampling_params import SamplingParams
+from mindspore_serving.master.llm_backend import MasterLlmBackend
+from mindspore_serving.master.llm_types import FinalEvent, GenerationRequest, TokenEvent
+from mindspore_serving.master.worker_registry import WorkerRecord, WorkerRegistry
+from mindspore_serving.proto import llm_worker_pb2 as pb
+from mindspore_serving.proto import llm_worker_pb2_grpc
+from mindspore_serving.spec.llm import GENERATE_METHOD, LLM_EXTENSION
+
+DEADLINE_S = 5.0
+_END = object()
+
+
+class FakeWorker(llm_worker_pb2_grpc.LlmWorkerServicer):
+    """Each command goes to `commands`; each item put on `batches` is sent back (`_END` ends the session)."""
+
+    def __init__(self):
+        self.commands: asyncio.Queue = asyncio.Queue()
+        self.batches: asyncio.Queue = asyncio.Queue()
+
+    async def Session(self, request_iterator, context):  # pylint: disable=invalid-name
+        async def read():
+            async for command in request_iterator:
+                await self.commands.put(command)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (batch := await self.batches.get()) is not _END:
+                yield batch
+        finally:
+            reader.cancel()
+
+    async def command(self) -> pb.SessionCommand:
+        return await asyncio.wait_for(self.commands.get(), DEADLINE_S)
+
+    def send(self, stream_id, *events):
+        self.batches.put_nowait(pb.SessionBatch(streams=[pb.StreamEvents(stream_id=stream_id, events=events)]))
+
+
+def facts(version=llm_session.LLM_SESSION_PROTOCOL_VERSION):
+    text = llm_session.registration_facts(model_id="tiny", max_model_len=64, max_num_seqs=4, max_queue_size=8,
+                                          vocab_size=100)
+    return text.replace(f'"session_protocol": {llm_session.LLM_SESSION_PROTOCOL_VERSION}',
+                        f'"session_protocol": {version}')
+
+
+def run(scenario, version=llm_session.LLM_SESSION_PROTOCOL_VERSION):
+    """Runs `scenario(backend, worker)` against a fake worker registered as servable "tiny"."""
+    async def main():
+        worker = FakeWorker()
+        server = grpc.aio.server()
+        llm_worker_pb2_grpc.add_LlmWorkerServicer_to_server(worker, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        registry = WorkerRegistry()
+        registry.add(WorkerRecord(key="tiny@0", pid=4242, address="", servable_name="tiny", version_number=1,
+                                  batch_size=4, methods={GENERATE_METHOD: None},
+                                  extensions={LLM_EXTENSION: facts(version)}, channel=channel))
+        try:
+            return await asyncio.wait_for(scenario(MasterLlmBackend(registry), worker), DEADLINE_S)
+        finally:
+            await channel.close()
+            await server.stop(None)
+    return asyncio.run(main())
+
+
+def token(token_id, text, index, special=False):
+    return pb.GenerateEvent(token=pb.Token(id=token_id, text=text, logprob=-0.25, special=special, index=index))
+
+
+def final():
+    return pb.GenerateEvent(final=pb.Final(text="ab", token_ids=[11, 12], finish_reason=pb.FINISH_REASON_LENGTH,
+                                           prompt_tokens=3, completion_tokens=2, queue_time=0.5,
+                                           time_to_first_token=1.0, inter_token_latency=0.25, e2e_latency=2.0,
+                                           prompt="Hi"))
+
+
+def error(kind, message):
+    return pb.GenerateEvent(error=pb.Error(kind=kind, message=message))
+
+
+REQUEST = GenerationRequest(model="tiny", prompt="Hi", params={"max_new_tokens": 2, "temperature": 0,
+                                                               "seed": 0, "stop": ["\n"]}, request_id="r-1")
+
+
+def test_a_generation_yields_its_tokens_then_its_final_event():
+    async def scenario(backend, worker):
+        events = backend.stream(REQUEST)
+        first = asyncio.ensure_future(events.__anext__())
+        command = await worker.command()
+        generate = command.generate
+        assert (generate.request_id, generate.prompt) == ("r-1", "Hi")
+        assert llm_session.params_from_proto(generate.params) == SamplingParams(
+            max_new_tokens=2, temperature=0.0, seed=0, stop=("\n",))
+        assert generate.params.HasField("seed") and not generate.params.HasField("do_sample")
+        worker.send(command.stream_id, token(11, "a", 0), token(12, "b", 1, special=True), final())
+        received = [await first] + [event async for event in events]
+        worker.batches.put_nowait(_END)
+        return received
+
+    tokens_and_final = run(scenario)
+    assert tokens_and_final[:2] == [TokenEvent(11, "a", -0.25, False, 0), TokenEvent(12, "b", -0.25, True, 1)]
+    last = tokens_and_final[2]
+    assert isinstance(last, FinalEvent) and len(tokens_and_final) == 3
+    assert (last.text, last.token_ids, last.finish_reason, last.prompt_tokens, last.completion_tokens,
+            last.prompt) == ("ab", [11, 12], "length", 3, 2, "Hi")
+    assert (last.timing.queue_time, last.timing.time_to_first_token, last.timing.inter_token_latency,
+            last.timing.e2e_latency) == (0.5, 1.0, 0.25, 2.0)
+
+
+@pytest.mark.parametrize("kind,raised", [
+    (pb.ERROR_KIND_VALIDATION, errors.InvalidInputs),
+    (pb.ERROR_KIND_OVERLOADED, errors.Overloaded),
+    (pb.ERROR_KIND_NOT_FOUND, errors.ServableUnavailable),
+    (pb.ERROR_KIND_UNAVAILABLE, errors.WorkerUnavailable),
+    (pb.ERROR_KIND_GENERATION, errors.Failed),
+    (pb.ERROR_KIND_INCOMPLETE, errors.IncompleteGeneration),
+    (pb.ERROR_KIND_INTERNAL, errors.Failed),
+])
+def test_an_error_event_raises_the_exception_of_its_kind(kind, raised):
+    async def scenario(backend, worker):
+        events = backend.stream(REQUEST)
+        first = asyncio.ensure_future(events.__anext__())
+        command = await worker.command()
+        worker.send(command.stream_id, error(kind, "what went wrong"))
+        try:
+            await first
+        except errors.ServingError as err:
+            return err
+        finally:
+            worker.batches.put_nowait(_END)
+
+    err = run(scenario)
+    assert type(err) is raised and err.message == "what went wrong"  # pylint: disable=unidiomatic-typecheck
+
+
+def test_a_consumer_that_goes_away_aborts_its_request_in_the_worker():
+    async def scenario(backend, worker):
+        events = backend.stream(REQUEST)
+        first = asyncio.ensure_future(events.__anext__())
+        command = await worker.command()
+        worker.send(command.stream_id, token(11, "a", 0))
+        await first
+        await events.aclose()
+        abort = await worker.command()
+        worker.batches.put_nowait(_END)
+        return command.stream_id, abort
+
+    stream_id, abort = run(scenario)
+    assert abort.stream_id == stream_id and abort.WhichOneof("command") == "abort"
+
+
+def test_a_lost_session_fails_its_generations_with_worker_unavailable():
+    async def scenario(backend, worker):
+        events = backend.stream(REQUEST)
+        first = asyncio.ensure_future(events.__anext__())
+        await worker.command()
+        worker.batches.put_nowait(_END)
+        with pytest.raises(errors.WorkerUnavailable) as info:
+            await first
+        return info.value.message
+
+    assert run(scenario) == "Model tiny is not available: the worker (pid 4242) stopped while generating"
+
+
+def test_bad_parameters_fail_in_the_master_with_the_engine_s_message():
+    async def scenario(backend, worker):
+        bad = GenerationRequest(model="tiny", prompt="Hi", params={"top_p": 1.5})
+        with pytest.raises(errors.InvalidInputs) as info:
+            await backend.stream(bad).__anext__()
+        assert worker.commands.empty()
+        return info.value.message
+
+    assert run(scenario) == "top_p must be in (0, 1], got 1.5"
+
+
+def test_a_worker_of_another_session_protocol_is_not_used():
+    async def scenario(backend, _worker):
+        assert backend.models() == []
+        with pytest.raises(errors.ServableUnavailable) as info:
+            await backend.stream(REQUEST).__anext__()
+        return info.value.message
+
+    assert run(scenario, version=llm_session.LLM_SESSION_PROTOCOL_VERSION + 1) == "Model tiny is not a language model"

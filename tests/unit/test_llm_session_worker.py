@@ -1,0 +1,202 @@
+"""The worker's LLM session service against a fake master: commands from a queue, a fake engine runtime whose
+outputs the test hands to the session as the engine loop would, and the replies read with deadlines."""
+import queue
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from mindspore_serving.common import errors
+from mindspore_serving.ipc import llm_session
+from mindspore_serving.llm.engine import RequestMetrics, RequestOutput
+from mindspore_serving.llm.request import FinishReason
+from mindspore_serving.llm.sampling_params import SamplingParams
+from mindspore_serving.proto import llm_worker_pb2 as pb
+from mindspore_serving.worker.llm.session_service import LlmWorkerServicer
+
+DEADLINE_S = 5.0
+EOS = 2
+
+
+class FakeStream:
+    def __init__(self, tag):
+        self.tag = tag
+        self.aborted = threading.Event()
+
+    def abort(self):
+        self.aborted.set()
+
+
+class FakeRuntime:
+    """Records what the session submits; `refuse` makes the next submit raise, as a full engine does."""
+
+    def __init__(self):
+        self.tokenizer = SimpleNamespace(special_ids=frozenset({EOS}))
+        self.config = SimpleNamespace(model=SimpleNamespace(chat_template="<{messages}>", chat_message="{role}:{content};"))
+        self.submitted = queue.Queue()
+        self.refuse = None
+
+    def submit(self, prompt, params, request_id=None, sink=None, tag=None):
+        if self.refuse is not None:
+            raise self.refuse
+        stream = FakeStream(tag)
+        self.submitted.put((prompt, params, request_id, sink, stream))
+        return stream
+
+
+class FakeContext:
+    def __init__(self):
+        self.callbacks = []
+
+    def peer(self):
+        return "fake-master"
+
+    def add_callback(self, callback):
+        self.callbacks.append(callback)
+
+
+class FakeMaster:
+    """Writes commands into a Session and collects its replies on a thread of its own."""
+
+    def __init__(self, runtime):
+        self.servicer = LlmWorkerServicer(runtime)
+        self.context = FakeContext()
+        self.commands = queue.Queue()
+        self.replies = queue.Queue()
+        self.ended = threading.Event()
+        threading.Thread(target=self._collect, daemon=True).start()
+
+    def _commands(self):
+        while True:
+            command = self.commands.get()
+            if command is None:
+                return
+            yield command
+
+    def _collect(self):
+        for reply in self.servicer.Session(self._commands(), self.context):
+            self.replies.put(reply)
+        self.ended.set()
+
+    def send(self, command):
+        self.commands.put(command)
+
+    def reply(self) -> pb.SessionBatch:
+        return self.replies.get(timeout=DEADLINE_S)
+
+    def leave(self):
+        self.commands.put(None)
+
+
+def output(new_ids, texts, finished=False, reason=None, token_ids=None, error=None, metrics=None):
+    return RequestOutput(request_id="r", prompt="Hi", prompt_token_ids=[5, 6, 7], new_token_ids=list(new_ids),
+                         new_text="".join(texts), token_ids=list(token_ids or new_ids), text="".join(texts),
+                         finished=finished, finish_reason=reason, new_token_texts=list(texts),
+                         new_logprobs=[-0.5] * len(new_ids), metrics=metrics, error=error)
+
+
+def deliver(sink, stream, item):
+    """What the engine loop does with a step's output."""
+    sink.put(stream, item)
+    sink.flush()
+
+
+@pytest.fixture
+def master():
+    runtime = FakeRuntime()
+    fake = FakeMaster(runtime)
+    fake.runtime = runtime
+    yield fake
+    fake.leave()
+    assert fake.ended.wait(DEADLINE_S)
+
+
+def start(master, stream_id=1, params=SamplingParams(max_new_tokens=3, temperature=0), **request):
+    master.send(llm_session.generate_command(stream_id, "req-1", params, **request))
+    return master.runtime.submitted.get(timeout=DEADLINE_S)
+
+
+def test_a_generation_sends_its_tokens_then_its_final_event(master):
+    prompt, params, request_id, sink, stream = start(master, prompt="Hi")
+    assert (prompt, params, request_id) == ("Hi", SamplingParams(max_new_tokens=3, temperature=0.0), "req-1")
+
+    deliver(sink, stream, output([11, 12], ["a", "b"]))
+    batch = master.reply()
+    assert [s.stream_id for s in batch.streams] == [1]
+    tokens = [llm_session.read_event(e) for e in batch.streams[0].events]
+    assert [(t.token_id, t.text, t.logprob, t.special, t.index) for t in tokens] == [
+        (11, "a", -0.5, False, 0), (12, "b", -0.5, False, 1)]
+
+    metrics = RequestMetrics(arrival_time=10.0, first_scheduled_time=10.5, first_token_time=11.0,
+                             last_token_time=12.0, finished_time=12.5, num_preemptions=0, num_cached_tokens=0)
+    deliver(sink, stream, output([EOS], [""], finished=True, reason=FinishReason.EOS, token_ids=[11, 12, EOS],
+                                 metrics=metrics))
+    events = [llm_session.read_event(e) for e in master.reply().streams[0].events]
+    token, final = events
+    assert (token.token_id, token.special, token.index) == (EOS, True, 2)
+    assert (final.text, final.token_ids, final.finish_reason, final.prompt_tokens, final.completion_tokens,
+            final.prompt) == ("", [11, 12, EOS], "eos", 3, 3, "Hi")
+    assert (final.timing.queue_time, final.timing.time_to_first_token, final.timing.inter_token_latency,
+            final.timing.e2e_latency) == (0.5, 1.0, 0.5, 2.5)
+
+
+def test_chat_messages_become_the_prompt_through_the_template(master):
+    messages = [SimpleNamespace(role="user", content="hello"), SimpleNamespace(role="bot", content="hi")]
+    prompt, *_ = start(master, messages=messages)
+    assert prompt == "<user:hello;bot:hi;>"
+
+
+@pytest.mark.parametrize("refusal,kind", [
+    (errors.Overloaded("Model is overloaded: full"), pb.ERROR_KIND_OVERLOADED),
+    (errors.InvalidInputs("prompt is empty"), pb.ERROR_KIND_VALIDATION),
+    (errors.ServableUnavailable("the LLM engine is stopped"), pb.ERROR_KIND_NOT_FOUND),
+])
+def test_a_refused_submit_is_an_error_event_of_its_kind(master, refusal, kind):
+    master.runtime.refuse = refusal
+    master.send(llm_session.generate_command(4, "req-4", SamplingParams(), prompt="Hi"))
+    (events,) = master.reply().streams
+    assert events.stream_id == 4
+    assert [(e.error.kind, e.error.message) for e in events.events] == [(kind, refusal.message)]
+
+
+@pytest.mark.parametrize("failure,kind,message", [
+    (ValueError("prompt is too long"), pb.ERROR_KIND_VALIDATION, "prompt is too long"),
+    (RuntimeError("agent lost"), pb.ERROR_KIND_GENERATION, "agent lost"),
+    (errors.SystemError_("LLM engine failed: boom"), pb.ERROR_KIND_GENERATION, "LLM engine failed: boom"),
+])
+def test_an_engine_failure_is_an_error_event_of_its_kind(master, failure, kind, message):
+    _, _, _, sink, stream = start(master, prompt="Hi")
+    deliver(sink, stream, failure)
+    events = master.reply().streams[0].events
+    assert [(e.error.kind, e.error.message) for e in events] == [(kind, message)]
+
+
+def test_a_request_the_model_failed_ends_with_a_generation_error(master):
+    _, _, _, sink, stream = start(master, prompt="Hi")
+    deliver(sink, stream, output([], [], finished=True, reason=FinishReason.ERROR, error="the step failed"))
+    events = master.reply().streams[0].events
+    assert [(e.error.kind, e.error.message) for e in events] == [(pb.ERROR_KIND_GENERATION, "the step failed")]
+
+
+def test_an_abort_command_aborts_the_running_request(master):
+    *_, stream = start(master, stream_id=7, prompt="Hi")
+    master.send(llm_session.abort_command(7))
+    assert stream.aborted.wait(DEADLINE_S)
+
+
+def test_a_master_that_goes_away_aborts_what_runs_and_ends_the_replies(master):
+    *_, stream = start(master, prompt="Hi")
+    master.leave()
+    assert stream.aborted.wait(DEADLINE_S)
+    assert master.ended.wait(DEADLINE_S)
+
+
+def test_ending_the_sessions_waits_for_running_requests(master):
+    _, _, _, sink, stream = start(master, prompt="Hi")
+    ender = threading.Thread(target=master.servicer.end_sessions, args=(DEADLINE_S,))
+    ender.start()
+    deliver(sink, stream, output([EOS], [""], finished=True, reason=FinishReason.EOS))
+    assert master.reply().streams[0].events[-1].WhichOneof("event") == "final"
+    assert master.ended.wait(DEADLINE_S)
+    ender.join(DEADLINE_S)
+    assert not stream.aborted.is_set()
