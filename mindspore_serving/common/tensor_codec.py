@@ -7,7 +7,7 @@ scalars), a Python `str` (MS_STRING) or `bytes` (MS_BYTES). On the wire (`ms_ser
 All functions here are pure: no I/O, no globals besides constant tables.
 """
 import math
-from typing import Dict, Iterable, List, Optional, Sequence, Union
+from typing import Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
@@ -317,66 +317,12 @@ def check_instance_values(instances: Sequence[dict], input_names: Sequence[str],
 
 # ------------------------------------------------------------------------------------------- replies
 
-Result = Union[dict, errors.ServingError, BaseException, tuple]
-
-
 def is_error(result) -> bool:
     return not isinstance(result, dict)
 
 
-def global_error(results) -> Optional[errors.ServingError]:
-    """The single error a reply carries instead of instances: `results` itself when it is one error, or the
-    common error when every instance failed with the same code and text; None otherwise."""
-    if not isinstance(results, (list, tuple)):
-        return errors.as_serving_error(results)
-    if not results or not all(is_error(result) for result in results):
-        return None
-    first = errors.as_serving_error(results[0])
-    for result in results[1:]:
-        error = errors.as_serving_error(result)
-        if (error.code, error.message) != (first.code, first.message):
-            return None
-    return first
-
-
-def build_predict_reply(results, reply: Optional[pb.PredictReply] = None,
-                        servable_spec: Optional[pb.ServableSpec] = None) -> pb.PredictReply:
-    """A PredictReply from per-instance results (each a dict of outputs or an error) or one global error.
-
-    - no failures: instances only, no error_msg;
-    - a global error, or every instance failed with the same code and text: exactly one error_msg and no
-      instances (an empty text becomes "Predict failed");
-    - otherwise one ErrorMsg per instance (code 0, empty text for successes) and one Instance per instance
-      (empty for failures).
-    A dict holding a value that has no proto form raises TypeError (see value_to_tensor)."""
-    if reply is None:
-        reply = pb.PredictReply()
-    else:
-        reply.Clear()
-    if servable_spec is not None:
-        reply.servable_spec.CopyFrom(servable_spec)
-    single = global_error(results)
-    if single is not None:
-        error_pb = reply.error_msg.add()
-        error_pb.error_code = single.code
-        error_pb.error_msg = (single.message or "Predict failed").encode("utf-8", _UTF8_ERRORS)
-        return reply
-    any_failed = any(is_error(result) for result in results)
-    for result in results:
-        instance_pb = reply.instances.add()
-        if not is_error(result):
-            instance_to_proto(result, instance_pb)
-        if any_failed:
-            error_pb = reply.error_msg.add()
-            if is_error(result):
-                error = errors.as_serving_error(result)
-                error_pb.error_code = error.code
-                error_pb.error_msg = error.message.encode("utf-8", _UTF8_ERRORS)
-    return reply
-
-
 def reply_to_results(reply: pb.PredictReply, copy: bool = False):
-    """Inverse of build_predict_reply: a ServingError for a global error, else a list with one dict or
+    """A reply read back (the front ends build it: frontends/replies.py): a ServingError for a global error, else a list with one dict or
     ServingError per instance. RuntimeError when the error count is not 0, 1 or the instance count."""
     error_count = len(reply.error_msg)
     if error_count == 1 and reply.error_msg[0].error_code != errors.OK:

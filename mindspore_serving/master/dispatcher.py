@@ -22,9 +22,9 @@ import grpc
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
-from mindspore_serving.common.tensor_codec import check_tensor, global_error
+from mindspore_serving.common.tensor_codec import check_tensor
 from mindspore_serving.master.worker_registry import WorkerRecord, WorkerRegistry, request_repr
-from mindspore_serving.proto import internal_pb2, ms_service_pb2
+from mindspore_serving.proto import internal_pb2
 
 DEFAULT_MAX_ENQUEUED_REQUESTS = 10000
 MAX_CALLS_IN_FLIGHT = 2    # per worker and method; the second only carries a full call
@@ -297,30 +297,3 @@ class Dispatcher:
         queue.put(_Chunk(spec, instances, future))
         return future
 
-
-def build_reply(spec, results: Sequence) -> "ms_service_pb2.PredictReply":
-    """The public reply from per-instance Instance messages or ServingErrors (see tensor_codec.build_predict_reply
-    for the rules); instances pass through without being decoded."""
-    reply = ms_service_pb2.PredictReply()
-    reply.servable_spec.CopyFrom(spec)
-    failed = [result for result in results if isinstance(result, errors.ServingError)]
-    single = global_error(failed) if len(failed) == len(results) else None
-    if single is not None:
-        reply.error_msg.add(error_code=single.code, error_msg=(single.message or "Predict failed").encode())
-        return reply
-    for result in results:
-        if isinstance(result, errors.ServingError):
-            reply.instances.add()
-            reply.error_msg.add(error_code=result.code, error_msg=result.message.encode())
-        else:
-            reply.instances.append(result)
-            if failed:
-                reply.error_msg.add(error_code=errors.OK)
-    return reply
-
-
-def error_reply(spec, error: errors.ServingError) -> "ms_service_pb2.PredictReply":
-    reply = ms_service_pb2.PredictReply()
-    reply.servable_spec.CopyFrom(spec)
-    reply.error_msg.add(error_code=error.code, error_msg=str(error.message).encode())
-    return reply

@@ -1,4 +1,4 @@
-"""The master's Dispatcher with fake worker stubs: checks, chunking, routing, ordering, limits and reply building."""
+"""The master's Dispatcher with fake worker stubs: checks, chunking, routing, ordering and limits."""
 import asyncio
 
 import grpc
@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from mindspore_serving.common import errors
-from mindspore_serving.common.tensor_codec import instance_to_proto, reply_to_results, tensor_to_value, value_to_tensor
-from mindspore_serving.master.dispatcher import Dispatcher, build_reply, error_reply
+from mindspore_serving.common.tensor_codec import instance_to_proto, tensor_to_value, value_to_tensor
+from mindspore_serving.frontends.replies import predict_reply
+from mindspore_serving.master.dispatcher import Dispatcher
 from mindspore_serving.master.worker_registry import WorkerRecord, WorkerRegistry
 from mindspore_serving.proto import internal_pb2
 from mindspore_serving.proto import ms_service_pb2 as pb
@@ -470,7 +471,7 @@ def test_a_lost_worker_fails_its_chunk_with_worker_unavailable():
     assert (dead.outstanding, alive.outstanding) == (0, 0)
     assert (dead.served, alive.served) == (0, 1)
 
-    reply = build_reply(spec_of(), results)
+    reply = predict_reply(spec_of(), results)
     assert len(reply.instances) == len(reply.error_msg) == 4
     for x in range(4):
         expected = errors.WORKER_UNAVAILABLE if x in by_worker["dead"] else errors.OK
@@ -484,7 +485,7 @@ def test_every_chunk_lost_gives_one_global_error():
     text = ("Request servable(add) method(m)  version(1) , servable is not available: the worker (pid 5) stopped "
             "while handling it")
     assert [(result.code, result.message) for result in results] == [(errors.WORKER_UNAVAILABLE, text)] * 3
-    reply = build_reply(spec_of(version=1), results)
+    reply = predict_reply(spec_of(version=1), results)
     assert len(reply.instances) == 0
     assert [(e.error_code, e.error_msg.decode()) for e in reply.error_msg] == [(errors.WORKER_UNAVAILABLE, text)]
 
@@ -526,60 +527,6 @@ def test_other_failures_of_a_call_reach_every_request_in_it():
 
     assert [str(result) for result in asyncio.run(scenario())] == ["odd failure", "odd failure"]
     assert dispatcher.enqueued == 0
-
-
-# ---------------------------------------------------------------- build_reply
-
-
-def ok_instance(value):
-    return instance_to_proto({"y": np.array([value], np.float32)})
-
-
-def test_build_reply_without_errors_has_instances_only():
-    spec = spec_of(version=2)
-    reply = build_reply(spec, [ok_instance(1), ok_instance(2)])
-    assert reply.servable_spec == spec
-    assert len(reply.error_msg) == 0
-    assert [float(tensor_to_value(i.items["y"])[0]) for i in reply.instances] == [1.0, 2.0]
-
-
-def test_build_reply_same_error_everywhere_is_a_global_error():
-    error = errors.InvalidInputs("Given model input 0 size 4 not match the size 16 defined in model")
-    reply = build_reply(spec_of(), [error, errors.InvalidInputs(error.message), errors.InvalidInputs(error.message)])
-    assert len(reply.instances) == 0
-    assert [(e.error_code, e.error_msg.decode()) for e in reply.error_msg] == [(errors.INVALID_INPUTS, error.message)]
-    assert isinstance(reply_to_results(reply), errors.InvalidInputs)
-
-
-def test_build_reply_empty_global_message_becomes_predict_failed():
-    reply = build_reply(spec_of(), [errors.Failed("")])
-    assert [(e.error_code, e.error_msg.decode()) for e in reply.error_msg] == [(errors.FAILED, "Predict failed")]
-
-
-def test_build_reply_same_text_different_codes_stays_per_instance():
-    reply = build_reply(spec_of(), [errors.Failed("x"), errors.InvalidInputs("x")])
-    assert len(reply.instances) == 2
-    assert [(e.error_code, e.error_msg.decode()) for e in reply.error_msg] == [(errors.FAILED, "x"),
-                                                                                (errors.INVALID_INPUTS, "x")]
-
-
-def test_build_reply_mixed_results_are_per_instance():
-    reply = build_reply(spec_of(), [ok_instance(1), errors.InvalidInputs("bad"), ok_instance(3),
-                                    errors.Failed("worse")])
-    assert len(reply.instances) == len(reply.error_msg) == 4
-    assert [(e.error_code, e.error_msg.decode()) for e in reply.error_msg] == [
-        (errors.OK, ""), (errors.INVALID_INPUTS, "bad"), (errors.OK, ""), (errors.FAILED, "worse")]
-    assert len(reply.instances[1].items) == 0 and len(reply.instances[3].items) == 0
-    results = reply_to_results(reply)
-    assert float(results[0]["y"][0]) == 1.0 and float(results[2]["y"][0]) == 3.0
-    assert (results[1].code, results[1].message) == (errors.INVALID_INPUTS, "bad")
-
-
-def test_error_reply():
-    reply = error_reply(spec_of(name="x"), errors.ServableUnavailable("gone"))
-    assert reply.servable_spec.name == "x"
-    assert len(reply.instances) == 0
-    assert [(e.error_code, e.error_msg.decode()) for e in reply.error_msg] == [(errors.SERVABLE_UNAVAILABLE, "gone")]
 
 
 def test_a_call_carries_at_most_max_call_bytes_but_a_large_chunk_still_goes(monkeypatch):

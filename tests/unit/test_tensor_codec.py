@@ -220,60 +220,6 @@ def test_error_hierarchy():
 
 # ------------------------------------------------------------------------------------------------ replies
 
-def _ok(value=1.0):
-    return {"y": np.array([value], np.float32)}
-
-
-def test_reply_all_ok_has_no_error_msg():
-    reply = tc.build_predict_reply([_ok(1), _ok(2)])
-    assert len(reply.error_msg) == 0 and len(reply.instances) == 2
-    results = tc.reply_to_results(reply)
-    assert [r["y"][0] for r in results] == [1, 2]
-
-
-def test_reply_global_error():
-    reply = tc.build_predict_reply(errors.ServableUnavailable("servable is not available"))
-    assert len(reply.instances) == 0 and len(reply.error_msg) == 1
-    assert reply.error_msg[0].error_code == errors.SERVABLE_UNAVAILABLE
-    assert reply.error_msg[0].error_msg == b"servable is not available"
-    result = tc.reply_to_results(reply)
-    assert isinstance(result, errors.ServableUnavailable) and result.message == "servable is not available"
-    assert tc.build_predict_reply(errors.Failed("")).error_msg[0].error_msg == b"Predict failed"
-
-
-def test_reply_identical_errors_collapse_into_one():
-    reply = tc.build_predict_reply([errors.InvalidInputs("bad"), errors.InvalidInputs("bad")])
-    assert len(reply.instances) == 0 and len(reply.error_msg) == 1
-    assert (reply.error_msg[0].error_code, reply.error_msg[0].error_msg) == (errors.INVALID_INPUTS, b"bad")
-    # a single failed instance is a global error too
-    assert len(tc.build_predict_reply([errors.Failed("x")]).instances) == 0
-
-
-@pytest.mark.parametrize("results", [
-    [errors.InvalidInputs("bad"), errors.InvalidInputs("other")],
-    [errors.InvalidInputs("bad"), errors.Failed("bad")],
-    [errors.InvalidInputs("bad"), {"y": np.ones(1)}],
-])
-def test_reply_per_instance_errors(results):
-    reply = tc.build_predict_reply(results)
-    assert len(reply.error_msg) == 2 and len(reply.instances) == 2
-    for result, error_pb, instance_pb in zip(results, reply.error_msg, reply.instances):
-        if isinstance(result, dict):
-            assert error_pb.error_code == 0 and error_pb.error_msg == b"" and "y" in instance_pb.items
-        else:
-            assert error_pb.error_code == result.code and error_pb.error_msg == result.message.encode()
-            assert len(instance_pb.items) == 0
-    back = tc.reply_to_results(reply)
-    assert [isinstance(r, dict) for r in back] == [isinstance(r, dict) for r in results]
-
-
-def test_reply_accepts_plain_exceptions_and_pairs_and_spec():
-    spec = pb.ServableSpec(name="add", method_name="m", version_number=2)
-    reply = tc.build_predict_reply([ValueError("v"), (errors.INVALID_INPUTS, "p"), _ok()], servable_spec=spec)
-    assert reply.servable_spec == spec
-    assert [e.error_code for e in reply.error_msg] == [errors.FAILED, errors.INVALID_INPUTS, errors.OK]
-
-
 def test_reply_to_results_rejects_inconsistent_counts():
     reply = pb.PredictReply()
     reply.instances.add()
