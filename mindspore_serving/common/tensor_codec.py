@@ -1,4 +1,4 @@
-"""Instances <-> the public gRPC messages, the master's input checks and the reply's error rules.
+"""Instances <-> the public gRPC messages, and the instance checks that master and worker share.
 
 An *instance* is a `dict[str, value]`; a value is a numpy array (numeric or bool, any shape, 0-d for
 scalars), a Python `str` (MS_STRING) or `bytes` (MS_BYTES). On the wire (`ms_service.proto`):
@@ -7,7 +7,7 @@ scalars), a Python `str` (MS_STRING) or `bytes` (MS_BYTES). On the wire (`ms_ser
 All functions here are pure: no I/O, no globals besides constant tables.
 """
 import math
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
@@ -230,7 +230,7 @@ def proto_to_instances(repeated_field, copy: bool = True) -> List[dict]:
     return [proto_to_instance(instance_pb, copy) for instance_pb in repeated_field]
 
 
-# -------------------------------------------------------------------------------------- master checks
+# ------------------------------------------------------------------------------------- instance checks
 
 def check_tensor(tensor: pb.Tensor) -> Optional[str]:
     """Why a request tensor is malformed (the `detail` text of MindSpore Serving), or None."""
@@ -265,54 +265,21 @@ def check_tensor(tensor: pb.Tensor) -> Optional[str]:
     return None
 
 
-check_instance_tensor = check_tensor
+def check_instance(items, input_names: Sequence[str], servable_name: str, method_name: str,
+                   check_item: Optional[Callable[[object], Optional[str]]] = None) -> Optional[str]:
+    """Why an instance cannot enter a method (MindSpore Serving's text), or None.
 
-
-def check_instances(instances_pb, input_names: Sequence[str], servable_name: str, method_name: str):
-    """The master's checks before a request is queued; raises InvalidInputs with the reference texts.
-
-    The first failing input of the first failing instance fails the whole request."""
-    if len(instances_pb) == 0:
-        raise errors.InvalidInputs(f"Instances count of request cannot be 0, servable: {servable_name}, "
-                                   f"method: {method_name}")
-    for instance_pb in instances_pb:
-        items = instance_pb.items
-        for name in input_names:
-            if name not in items:
-                raise errors.InvalidInputs(f"Cannot find input {name} in instance input , servable {servable_name}, "
-                                           f"method {method_name}")
-            detail = check_tensor(items[name])
-            if detail is not None:
-                raise errors.InvalidInputs(f"Instances input {name} check failed, detail: {detail}")
-
-
-def check_value(value) -> Optional[str]:
-    """check_tensor for an instance value that has not been put in a Tensor (e.g. one parsed from JSON)."""
-    if isinstance(value, (str, bytes)):
-        dims = list(getattr(value, "dims", ()))
-        if dims and dims != [1]:
-            return ("Instance tensor check failed: bytes or string type input  shape can only be (1,) or empty, "
-                    f"but given shape is {format_shape(dims)}")
-        return None
-    if isinstance(value, np.ndarray) and _native(value.dtype) not in NUMPY_TO_PROTO:
-        return f"Tensor check failed: input data type {value.dtype} invalid"
+    `items` maps input names to values (an Instance's `items`, or a decoded instance). The master passes
+    `check_tensor` as `check_item` to refuse malformed tensors before routing; the worker checks only that
+    every input is there, since what reaches it has passed the master's check."""
+    for name in input_names:
+        if name not in items:
+            return f"Cannot find input {name} in instance input , servable {servable_name}, method {method_name}"
+        if check_item is not None:
+            detail = check_item(items[name])
+            if detail:
+                return f"Instances input {name} check failed, detail: {detail}"
     return None
-
-
-def check_instance_values(instances: Sequence[dict], input_names: Sequence[str], servable_name: str,
-                          method_name: str):
-    """check_instances for instances held as dicts; raises InvalidInputs with the same texts."""
-    if len(instances) == 0:
-        raise errors.InvalidInputs(f"Instances count of request cannot be 0, servable: {servable_name}, "
-                                   f"method: {method_name}")
-    for instance in instances:
-        for name in input_names:
-            if name not in instance:
-                raise errors.InvalidInputs(f"Cannot find input {name} in instance input , servable {servable_name}, "
-                                           f"method {method_name}")
-            detail = check_value(instance[name])
-            if detail is not None:
-                raise errors.InvalidInputs(f"Instances input {name} check failed, detail: {detail}")
 
 
 # ------------------------------------------------------------------------------------------- replies

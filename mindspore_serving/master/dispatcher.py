@@ -22,7 +22,7 @@ import grpc
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
-from mindspore_serving.common.tensor_codec import check_tensor
+from mindspore_serving.common.tensor_codec import check_instance, check_tensor
 from mindspore_serving.master.worker_registry import WorkerRecord, WorkerRegistry, request_repr
 from mindspore_serving.proto import internal_pb2
 
@@ -239,25 +239,6 @@ class Dispatcher:
         self.enqueued = 0
         self._ids = itertools.count(1)
 
-    def check_instances(self, record: WorkerRecord, method_name: str, servable_name: str,
-                        instances: Sequence) -> List[Optional[str]]:
-        """Per instance: why it cannot be sent to a worker, or None."""
-        input_names = record.input_names(method_name)
-        reasons: List[Optional[str]] = []
-        for instance in instances:
-            reason = None
-            items = instance.items
-            for name in input_names:
-                if name not in items:
-                    reason = f"Cannot find input {name} in instance input , servable {servable_name}, method {method_name}"
-                    break
-                detail = check_tensor(items[name])
-                if detail:
-                    reason = f"Instances input {name} check failed, detail: {detail}"
-                    break
-            reasons.append(reason)
-        return reasons
-
     async def predict(self, spec, instances: Sequence) -> list:
         """Answers every instance of a request; raises ServingError for a request-wide failure."""
         if not instances:
@@ -273,7 +254,9 @@ class Dispatcher:
 
     async def _predict(self, spec, instances: Sequence) -> list:
         candidates = self.registry.candidates(spec.name, spec.method_name, spec.version_number)
-        reasons = self.check_instances(candidates[0], spec.method_name, spec.name, instances)
+        input_names = candidates[0].input_names(spec.method_name)
+        reasons = [check_instance(instance.items, input_names, spec.name, spec.method_name, check_tensor)
+                   for instance in instances]
         batch = max(w.batch_size for w in candidates) if len(candidates) > 1 else candidates[0].batch_size
         if len(instances) <= batch and not any(reasons):  # the common case: one chunk, all instances valid
             return await self._enqueue(spec, candidates, instances)

@@ -344,37 +344,6 @@ def instance(**items):
     return result
 
 
-GOOD = tensor(pb.MS_INT32, [1], data=np.array([1], np.int32).tobytes())
-
-
-@pytest.mark.parametrize("item, detail", [
-    (tensor(pb.MS_FLOAT32, [2], data=b"\0" * 7), "Tensor check failed: input data size 7 invalid"),
-    (tensor(pb.MS_FLOAT32, [-1, 2]), "Tensor check failed: input  shape [-1, 2] invalid"),
-    (tensor(pb.MS_FLOAT32, [0, 3]), "Tensor check failed: input  shape [0, 3] invalid"),
-    (tensor(pb.MS_STRING, [1, 1], bytes_val=[b"a"]),
-     "Instance tensor check failed: bytes or string type input  shape can only be (1,) or empty, but given shape is "
-     "[1, 1]"),
-    (tensor(pb.MS_BYTES, [2], bytes_val=[b"a"]),
-     "Instance tensor check failed: bytes or string type input  shape can only be (1,) or empty, but given shape is "
-     "[2]"),
-])
-def test_check_instances_details(item, detail):
-    registry = WorkerRegistry()
-    record = add_worker(registry, "w", 1, [], input_names=("x", "s"))
-    reasons = Dispatcher(registry).check_instances(record, "m", "add", [instance(x=GOOD, s=item)])
-    assert reasons == [f"Instances input s check failed, detail: {detail}"]
-
-
-def test_check_instances_missing_input_and_valid_instances():
-    registry = WorkerRegistry()
-    record = add_worker(registry, "w", 1, [], input_names=("x1", "x2"))
-    text = tensor(pb.MS_STRING, [], bytes_val=[b"abc"])
-    reasons = Dispatcher(registry).check_instances(record, "m", "add", [
-        instance(x1=GOOD, x2=text), instance(x1=GOOD), instance(x2=GOOD), instance(x1=GOOD, x2=GOOD, extra=GOOD)])
-    assert reasons == [None, "Cannot find input x2 in instance input , servable add, method m",
-                       "Cannot find input x1 in instance input , servable add, method m", None]
-
-
 def test_invalid_instances_are_answered_without_reaching_a_worker():
     registry = WorkerRegistry()
     calls = []

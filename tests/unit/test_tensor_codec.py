@@ -176,30 +176,44 @@ def test_check_tensor_texts():
     assert tc.check_tensor(shm) == "Tensor check failed: input shared memory data size 4 not equal to expected size 8"
 
 
-def test_check_instances_texts():
-    request = pb.PredictRequest()
-    with pytest.raises(errors.InvalidInputs, match="Instances count of request cannot be 0, servable: add, method: m"):
-        tc.check_instances(request.instances, ["x1"], "add", "m")
-    tc.instances_to_proto([{"x1": np.ones(2, np.float32)}], request.instances)
-    tc.check_instances(request.instances, ["x1"], "add", "m")
-    with pytest.raises(errors.InvalidInputs) as info:
-        tc.check_instances(request.instances, ["x1", "x2"], "add", "m")
-    assert str(info.value) == "Cannot find input x2 in instance input , servable add, method m"
-    assert info.value.code == errors.INVALID_INPUTS
-    request.instances[0].items["x1"].data = b"\x00"
-    with pytest.raises(errors.InvalidInputs) as info:
-        tc.check_instances(request.instances, ["x1"], "add", "m")
-    assert str(info.value) == "Instances input x1 check failed, detail: Tensor check failed: input data size 1 invalid"
+GOOD = _tensor(pb.MS_INT32, [1], data=np.array([1], np.int32).tobytes())
 
 
-def test_check_instance_values_texts():
-    tc.check_instance_values([{"x": np.ones(2), "s": "a"}], ["x", "s"], "n", "m")
-    with pytest.raises(errors.InvalidInputs, match="Cannot find input y in instance input , servable n, method m"):
-        tc.check_instance_values([{"x": np.ones(2)}], ["y"], "n", "m")
-    with pytest.raises(errors.InvalidInputs) as info:
-        tc.check_instance_values([{"s": tc.ShapedStr("a", [1, 1])}], ["s"], "n", "m")
-    assert str(info.value) == ("Instances input s check failed, detail: Instance tensor check failed: bytes or string "
-                               "type input  shape can only be (1,) or empty, but given shape is [1, 1]")
+def _instance(**items):
+    result = pb.Instance()
+    for name, value in items.items():
+        result.items[name].CopyFrom(value)
+    return result
+
+
+@pytest.mark.parametrize("item, detail", [
+    (_tensor(pb.MS_FLOAT32, [2], data=b"\0" * 7), "Tensor check failed: input data size 7 invalid"),
+    (_tensor(pb.MS_FLOAT32, [-1, 2]), "Tensor check failed: input  shape [-1, 2] invalid"),
+    (_tensor(pb.MS_FLOAT32, [0, 3]), "Tensor check failed: input  shape [0, 3] invalid"),
+    (_tensor(pb.MS_STRING, [1, 1], bytes_val=[b"a"]),
+     "Instance tensor check failed: bytes or string type input  shape can only be (1,) or empty, but given shape is "
+     "[1, 1]"),
+    (_tensor(pb.MS_BYTES, [2], bytes_val=[b"a"]),
+     "Instance tensor check failed: bytes or string type input  shape can only be (1,) or empty, but given shape is "
+     "[2]"),
+])
+def test_check_instance_with_tensor_checks(item, detail):
+    reason = tc.check_instance(_instance(x=GOOD, s=item).items, ["x", "s"], "add", "m", tc.check_tensor)
+    assert reason == f"Instances input s check failed, detail: {detail}"
+
+
+def test_check_instance_missing_input_and_valid_instances():
+    text = _tensor(pb.MS_STRING, [], bytes_val=[b"abc"])
+    reasons = [tc.check_instance(instance.items, ["x1", "x2"], "add", "m", tc.check_tensor) for instance in [
+        _instance(x1=GOOD, x2=text), _instance(x1=GOOD), _instance(x2=GOOD), _instance(x1=GOOD, x2=GOOD, extra=GOOD)]]
+    assert reasons == [None, "Cannot find input x2 in instance input , servable add, method m",
+                       "Cannot find input x1 in instance input , servable add, method m", None]
+
+
+def test_check_instance_of_decoded_values_only_looks_for_missing_inputs():
+    assert tc.check_instance({"x": np.ones(2), "s": "a"}, ["x", "s"], "n", "m") is None
+    assert tc.check_instance({"x": np.ones(2)}, ["y"], "n", "m") == \
+        "Cannot find input y in instance input , servable n, method m"
 
 
 # ------------------------------------------------------------------------------------------------ errors
