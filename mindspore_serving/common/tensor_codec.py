@@ -14,25 +14,23 @@ import numpy as np
 from mindspore_serving.common import errors
 from mindspore_serving.proto import ms_service_pb2 as pb
 
-# (numpy dtype, proto DataType, MindSpore Serving's name)
+# (numpy dtype, proto DataType)
 _NUMERIC = (
-    (np.dtype(np.bool_), pb.MS_BOOL, "kMSI_Bool"),
-    (np.dtype(np.int8), pb.MS_INT8, "kMSI_Int8"),
-    (np.dtype(np.uint8), pb.MS_UINT8, "kMSI_Uint8"),
-    (np.dtype(np.int16), pb.MS_INT16, "kMSI_Int16"),
-    (np.dtype(np.uint16), pb.MS_UINT16, "kMSI_Uint16"),
-    (np.dtype(np.int32), pb.MS_INT32, "kMSI_Int32"),
-    (np.dtype(np.uint32), pb.MS_UINT32, "kMSI_Uint32"),
-    (np.dtype(np.int64), pb.MS_INT64, "kMSI_Int64"),
-    (np.dtype(np.uint64), pb.MS_UINT64, "kMSI_Uint64"),
-    (np.dtype(np.float16), pb.MS_FLOAT16, "kMSI_Float16"),
-    (np.dtype(np.float32), pb.MS_FLOAT32, "kMSI_Float32"),
-    (np.dtype(np.float64), pb.MS_FLOAT64, "kMSI_Float64"),
+    (np.dtype(np.bool_), pb.MS_BOOL),
+    (np.dtype(np.int8), pb.MS_INT8),
+    (np.dtype(np.uint8), pb.MS_UINT8),
+    (np.dtype(np.int16), pb.MS_INT16),
+    (np.dtype(np.uint16), pb.MS_UINT16),
+    (np.dtype(np.int32), pb.MS_INT32),
+    (np.dtype(np.uint32), pb.MS_UINT32),
+    (np.dtype(np.int64), pb.MS_INT64),
+    (np.dtype(np.uint64), pb.MS_UINT64),
+    (np.dtype(np.float16), pb.MS_FLOAT16),
+    (np.dtype(np.float32), pb.MS_FLOAT32),
+    (np.dtype(np.float64), pb.MS_FLOAT64),
 )
-NUMPY_TO_PROTO: Dict[np.dtype, int] = {dtype: code for dtype, code, _ in _NUMERIC}
-PROTO_TO_NUMPY: Dict[int, np.dtype] = {code: dtype for dtype, code, _ in _NUMERIC}
-KMSI_NAMES: Dict[int, str] = {code: name for _, code, name in _NUMERIC}
-KMSI_NAMES.update({pb.MS_STRING: "kMSI_String", pb.MS_BYTES: "kMSI_Bytes", pb.MS_UNKNOWN: "kMSI_Unknown"})
+NUMPY_TO_PROTO: Dict[np.dtype, int] = dict(_NUMERIC)
+PROTO_TO_NUMPY: Dict[int, np.dtype] = {code: dtype for dtype, code in _NUMERIC}
 STRING_TYPES = (pb.MS_STRING, pb.MS_BYTES)
 
 _UTF8_ERRORS = "surrogateescape"  # str <-> bytes round-trips even for invalid UTF-8
@@ -61,42 +59,12 @@ def proto_to_dtype(code: int) -> np.dtype:
     return dtype
 
 
-def value_proto_type(value) -> int:
-    """The DataType of an instance value (str, bytes or numpy array)."""
-    if isinstance(value, str):
-        return pb.MS_STRING
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return pb.MS_BYTES
-    return dtype_to_proto(np.asarray(value).dtype)
-
-
 def proto_type_name(code: int) -> str:
     """`MS_FLOAT32` etc., `MS_UNKNOWN` for values outside the enum."""
     try:
         return pb.DataType.Name(int(code))
     except ValueError:
         return "MS_UNKNOWN"
-
-
-def dtype_display_name(item) -> str:
-    """MindSpore Serving's name of a data type (`kMSI_Float32`, `kMSI_String`, ...).
-
-    `item` is an instance value (ndarray, numpy scalar, str, bytes), a numpy dtype or scalar type,
-    the classes `str`/`bytes`, or a proto DataType (a plain int)."""
-    if item is str or isinstance(item, str):
-        return "kMSI_String"
-    if item is bytes or isinstance(item, (bytes, bytearray, memoryview)):
-        return "kMSI_Bytes"
-    if isinstance(item, int) and not isinstance(item, (bool, np.generic)):
-        return KMSI_NAMES.get(item, "kMSI_Unknown")
-    if isinstance(item, (np.ndarray, np.generic)):
-        item = item.dtype
-    try:
-        dtype = _native(np.dtype(item))
-    except TypeError:
-        return "kMSI_Unknown"
-    code = NUMPY_TO_PROTO.get(dtype)
-    return KMSI_NAMES[code] if code is not None else "kMSI_Unknown"
 
 
 class ShapedStr(str):
