@@ -15,7 +15,6 @@ the answers are split back to their requests. A lost worker fails every request 
 import asyncio
 import collections
 import itertools
-import time
 from typing import List, Optional, Sequence
 
 import grpc
@@ -36,6 +35,20 @@ SETTLE_MAX_SECONDS = 0.1   # ... at most, when answered clients took that long t
 _CONNECTION_ERRORS = (grpc.aio.AioRpcError, grpc.aio.UsageError)  # UsageError: the channel is already closed
 
 
+class LoopClock:
+    """The dispatcher's time: the running event loop's clock and timers. Tests pass a clock they move by hand,
+    so that the batching window and the settle logic never depend on elapsed time."""
+
+    @staticmethod
+    def now() -> float:
+        return asyncio.get_running_loop().time()
+
+    @staticmethod
+    def call_later(delay: float, callback) -> "asyncio.TimerHandle":
+        """Calls `callback` once `delay` seconds of this clock have passed; the handle's cancel() stops it."""
+        return asyncio.get_running_loop().call_later(delay, callback)
+
+
 class _Chunk:
     """Instances of one public request bound for one worker call, and the future of their answers."""
     __slots__ = ("spec", "instances", "future", "nbytes")
@@ -53,6 +66,7 @@ class _WorkerQueue:
     def __init__(self, dispatcher: "Dispatcher", worker: WorkerRecord):
         self.dispatcher = dispatcher
         self.worker = worker
+        self.clock = dispatcher.clock
         self.batch_size = max(1, worker.batch_size)
         self.max_instances = max(self.batch_size, MAX_CALL_INSTANCES // self.batch_size * self.batch_size)
         self.pending: "collections.deque[_Chunk]" = collections.deque()
@@ -74,7 +88,7 @@ class _WorkerQueue:
         if self.owed:
             self.owed = max(0, self.owed - len(item.instances))
             if not self.owed:  # every answered client is back: next time, wait up to twice as long as that took
-                took = time.monotonic() - self.owed_since
+                took = self.clock.now() - self.owed_since
                 self.owed_limit = min(SETTLE_MAX_SECONDS, max(SETTLE_SECONDS, 2 * took))
                 self.owed_since = None
         if self.timer is not None and (self.pending_count >= self.batch_size or not self.owed):
@@ -105,7 +119,7 @@ class _WorkerQueue:
         if self.batch_size == 1 or self.in_flight or self.pending_count >= self.batch_size:
             self.settle_until = None
             return None
-        now = time.monotonic()
+        now = self.clock.now()
         if self.owed:
             if now < self.owed_since + self.owed_limit:
                 return self.owed_since + self.owed_limit - now
@@ -123,11 +137,10 @@ class _WorkerQueue:
         self.timer = None
         delay = self._settle_delay()
         if delay is not None:
-            loop = asyncio.get_running_loop()
             if delay > 0:
-                self.timer = loop.call_later(delay, self._flush)
+                self.timer = self.clock.call_later(delay, self._flush)
             else:
-                loop.call_soon(self._flush)
+                asyncio.get_running_loop().call_soon(self._flush)  # a loop turn, not time: see _settle_delay
             return
         self.scheduled = False
         self.arrived = False
@@ -194,7 +207,7 @@ class _WorkerQueue:
             self.in_flight -= 1
             if self.batch_size > 1:  # only partial batches wait for answered clients to come back
                 if not self.owed:
-                    self.owed_since = time.monotonic()
+                    self.owed_since = self.clock.now()
                 self.owed += count
             self._schedule()
         try:
@@ -233,8 +246,9 @@ def _split_reply(worker: WorkerRecord, reply, chunks: List[_Chunk], count: int):
 
 
 class Dispatcher:
-    def __init__(self, registry: WorkerRegistry):
+    def __init__(self, registry: WorkerRegistry, clock=None):
         self.registry = registry
+        self.clock = clock if clock is not None else LoopClock()
         self.max_enqueued_requests = DEFAULT_MAX_ENQUEUED_REQUESTS
         self.enqueued = 0
         self._ids = itertools.count(1)
