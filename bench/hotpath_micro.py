@@ -95,7 +95,7 @@ def master_rows(n: int, rows: list):
     rows.append(("master: same, n concurrent tasks (asyncio task overhead)", (t1 - t0) / n * 1e6, (c1 - c0) / n * 1e6))
     loop.close()
     results = [reply_instance]
-    timeit("master gRPC: build_reply", lambda: predict_reply(spec, results), n, rows)
+    timeit("master gRPC: predict_reply", lambda: predict_reply(spec, results), n, rows)
     timeit("master gRPC: PredictRequest parse (upb)", lambda: ms_service_pb2.PredictRequest.FromString(
         request.SerializeToString()), n, rows)
 

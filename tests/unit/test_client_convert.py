@@ -82,8 +82,8 @@ def reply_of(results, spec=None):
     spec = spec if spec is not None else pb.ServableSpec()
     if isinstance(results, errors.ServingError):
         return replies.error_reply(spec, results)
-    return replies.predict_reply(spec, [result if isinstance(result, errors.ServingError) else tc.instance_to_proto(result)
-                                        for result in results])
+    return replies.predict_reply(spec, [result if isinstance(result, errors.ServingError)
+                                        else tc.instance_to_proto(result) for result in results])
 
 
 def _reply(results):
