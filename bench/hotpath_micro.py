@@ -37,7 +37,8 @@ def timeit(label: str, fn, n: int, rows: list):
 def master_rows(n: int, rows: list):
     from mindspore_serving.common.tensor_codec import instances_to_proto, proto_to_instance
     from mindspore_serving.frontends import restful_codec
-    from mindspore_serving.master.dispatcher import Dispatcher, build_reply
+    from mindspore_serving.frontends.replies import predict_reply
+    from mindspore_serving.master.dispatcher import Dispatcher
     from mindspore_serving.master.worker_registry import WorkerRecord, WorkerRegistry
     from mindspore_serving.proto import internal_pb2, ms_service_pb2
 
@@ -94,7 +95,7 @@ def master_rows(n: int, rows: list):
     rows.append(("master: same, n concurrent tasks (asyncio task overhead)", (t1 - t0) / n * 1e6, (c1 - c0) / n * 1e6))
     loop.close()
     results = [reply_instance]
-    timeit("master gRPC: build_reply", lambda: build_reply(spec, results), n, rows)
+    timeit("master gRPC: predict_reply", lambda: predict_reply(spec, results), n, rows)
     timeit("master gRPC: PredictRequest parse (upb)", lambda: ms_service_pb2.PredictRequest.FromString(
         request.SerializeToString()), n, rows)
 

@@ -53,14 +53,6 @@ def _build_logger():
 _logger = _build_logger()
 
 
-def get_level():
-    return str({v: k for k, v in _LEVELS.items()}[_logger.level])
-
-
-def get_log_config():
-    return {"GLOG_v": get_level(), "logtostderr": True}
-
-
 def debug(msg, *args, **kwargs):
     _logger.debug(msg, *args, stacklevel=2, **kwargs)
 

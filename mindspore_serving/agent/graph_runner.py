@@ -4,7 +4,8 @@ The graphs are those written by `mindspore_serving.models.llama.export` (see its
 models/llama/model.py for the input list). This runner
 
 * loads every graph of the manifest with `mindspore.load` + `nn.GraphCell`, one GraphCell per shape bucket
-  (a loaded graph is only ever called with the shapes it was exported with: DESIGN.md §5);
+  (graphs are exported with static shapes, so a loaded graph is only ever called with the shapes it was
+  exported with: README.md, "The bundled model");
 * owns the KV caches, 2 * num_layers MindSpore Tensors of [num_blocks, block_size, num_kv_heads, head_dim],
   allocated once and updated in place by the graphs (no copy per step);
 * warms each graph up once, with inputs that only touch the scratch block 0;
@@ -219,16 +220,6 @@ class GraphRunner(MultiStepRunner):
                 bucket.run([], self.kv_caches, self.block_size)
             for mixed in self.mixed_buckets.values():
                 mixed.run([], [], self.kv_caches, self.block_size)
-
-    @property
-    def max_decode_batch(self) -> int:
-        """Largest decode bucket: more one-token sequences per step cost more than one graph call."""
-        return self.decode_batches[-1]
-
-    @property
-    def max_prefill_tokens(self) -> int:
-        """Largest prefill bucket (batch x length): longer prompts are computed in chunks of the longest length."""
-        return self.prefill_batches[-1] * self.prefill_lengths[-1]
 
     # --- the ModelRunner protocol -------------------------------------------------------------------------
 

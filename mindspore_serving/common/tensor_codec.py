@@ -1,4 +1,4 @@
-"""Instances <-> the public gRPC messages, the master's input checks and the reply's error rules.
+"""Instances <-> the public gRPC messages, and the instance checks that master and worker share.
 
 An *instance* is a `dict[str, value]`; a value is a numpy array (numeric or bool, any shape, 0-d for
 scalars), a Python `str` (MS_STRING) or `bytes` (MS_BYTES). On the wire (`ms_service.proto`):
@@ -7,32 +7,30 @@ scalars), a Python `str` (MS_STRING) or `bytes` (MS_BYTES). On the wire (`ms_ser
 All functions here are pure: no I/O, no globals besides constant tables.
 """
 import math
-from typing import Dict, Iterable, List, Optional, Sequence, Union
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
 from mindspore_serving.common import errors
 from mindspore_serving.proto import ms_service_pb2 as pb
 
-# (numpy dtype, proto DataType, MindSpore Serving's name)
+# (numpy dtype, proto DataType)
 _NUMERIC = (
-    (np.dtype(np.bool_), pb.MS_BOOL, "kMSI_Bool"),
-    (np.dtype(np.int8), pb.MS_INT8, "kMSI_Int8"),
-    (np.dtype(np.uint8), pb.MS_UINT8, "kMSI_Uint8"),
-    (np.dtype(np.int16), pb.MS_INT16, "kMSI_Int16"),
-    (np.dtype(np.uint16), pb.MS_UINT16, "kMSI_Uint16"),
-    (np.dtype(np.int32), pb.MS_INT32, "kMSI_Int32"),
-    (np.dtype(np.uint32), pb.MS_UINT32, "kMSI_Uint32"),
-    (np.dtype(np.int64), pb.MS_INT64, "kMSI_Int64"),
-    (np.dtype(np.uint64), pb.MS_UINT64, "kMSI_Uint64"),
-    (np.dtype(np.float16), pb.MS_FLOAT16, "kMSI_Float16"),
-    (np.dtype(np.float32), pb.MS_FLOAT32, "kMSI_Float32"),
-    (np.dtype(np.float64), pb.MS_FLOAT64, "kMSI_Float64"),
+    (np.dtype(np.bool_), pb.MS_BOOL),
+    (np.dtype(np.int8), pb.MS_INT8),
+    (np.dtype(np.uint8), pb.MS_UINT8),
+    (np.dtype(np.int16), pb.MS_INT16),
+    (np.dtype(np.uint16), pb.MS_UINT16),
+    (np.dtype(np.int32), pb.MS_INT32),
+    (np.dtype(np.uint32), pb.MS_UINT32),
+    (np.dtype(np.int64), pb.MS_INT64),
+    (np.dtype(np.uint64), pb.MS_UINT64),
+    (np.dtype(np.float16), pb.MS_FLOAT16),
+    (np.dtype(np.float32), pb.MS_FLOAT32),
+    (np.dtype(np.float64), pb.MS_FLOAT64),
 )
-NUMPY_TO_PROTO: Dict[np.dtype, int] = {dtype: code for dtype, code, _ in _NUMERIC}
-PROTO_TO_NUMPY: Dict[int, np.dtype] = {code: dtype for dtype, code, _ in _NUMERIC}
-KMSI_NAMES: Dict[int, str] = {code: name for _, code, name in _NUMERIC}
-KMSI_NAMES.update({pb.MS_STRING: "kMSI_String", pb.MS_BYTES: "kMSI_Bytes", pb.MS_UNKNOWN: "kMSI_Unknown"})
+NUMPY_TO_PROTO: Dict[np.dtype, int] = dict(_NUMERIC)
+PROTO_TO_NUMPY: Dict[int, np.dtype] = {code: dtype for dtype, code in _NUMERIC}
 STRING_TYPES = (pb.MS_STRING, pb.MS_BYTES)
 
 _UTF8_ERRORS = "surrogateescape"  # str <-> bytes round-trips even for invalid UTF-8
@@ -61,42 +59,12 @@ def proto_to_dtype(code: int) -> np.dtype:
     return dtype
 
 
-def value_proto_type(value) -> int:
-    """The DataType of an instance value (str, bytes or numpy array)."""
-    if isinstance(value, str):
-        return pb.MS_STRING
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return pb.MS_BYTES
-    return dtype_to_proto(np.asarray(value).dtype)
-
-
 def proto_type_name(code: int) -> str:
     """`MS_FLOAT32` etc., `MS_UNKNOWN` for values outside the enum."""
     try:
         return pb.DataType.Name(int(code))
     except ValueError:
         return "MS_UNKNOWN"
-
-
-def dtype_display_name(item) -> str:
-    """MindSpore Serving's name of a data type (`kMSI_Float32`, `kMSI_String`, ...).
-
-    `item` is an instance value (ndarray, numpy scalar, str, bytes), a numpy dtype or scalar type,
-    the classes `str`/`bytes`, or a proto DataType (a plain int)."""
-    if item is str or isinstance(item, str):
-        return "kMSI_String"
-    if item is bytes or isinstance(item, (bytes, bytearray, memoryview)):
-        return "kMSI_Bytes"
-    if isinstance(item, int) and not isinstance(item, (bool, np.generic)):
-        return KMSI_NAMES.get(item, "kMSI_Unknown")
-    if isinstance(item, (np.ndarray, np.generic)):
-        item = item.dtype
-    try:
-        dtype = _native(np.dtype(item))
-    except TypeError:
-        return "kMSI_Unknown"
-    code = NUMPY_TO_PROTO.get(dtype)
-    return KMSI_NAMES[code] if code is not None else "kMSI_Unknown"
 
 
 class ShapedStr(str):
@@ -230,7 +198,7 @@ def proto_to_instances(repeated_field, copy: bool = True) -> List[dict]:
     return [proto_to_instance(instance_pb, copy) for instance_pb in repeated_field]
 
 
-# -------------------------------------------------------------------------------------- master checks
+# ------------------------------------------------------------------------------------- instance checks
 
 def check_tensor(tensor: pb.Tensor) -> Optional[str]:
     """Why a request tensor is malformed (the `detail` text of MindSpore Serving), or None."""
@@ -265,78 +233,27 @@ def check_tensor(tensor: pb.Tensor) -> Optional[str]:
     return None
 
 
-check_instance_tensor = check_tensor
+def check_instance(items, input_names: Sequence[str], servable_name: str, method_name: str,
+                   check_item: Optional[Callable[[object], Optional[str]]] = None) -> Optional[str]:
+    """Why an instance cannot enter a method (MindSpore Serving's text), or None.
 
-
-def check_instances(instances_pb, input_names: Sequence[str], servable_name: str, method_name: str):
-    """The master's checks before a request is queued; raises InvalidInputs with the reference texts.
-
-    The first failing input of the first failing instance fails the whole request."""
-    if len(instances_pb) == 0:
-        raise errors.InvalidInputs(f"Instances count of request cannot be 0, servable: {servable_name}, "
-                                   f"method: {method_name}")
-    for instance_pb in instances_pb:
-        items = instance_pb.items
-        for name in input_names:
-            if name not in items:
-                raise errors.InvalidInputs(f"Cannot find input {name} in instance input , servable {servable_name}, "
-                                           f"method {method_name}")
-            detail = check_tensor(items[name])
-            if detail is not None:
-                raise errors.InvalidInputs(f"Instances input {name} check failed, detail: {detail}")
-
-
-def check_value(value) -> Optional[str]:
-    """check_tensor for an instance value that has not been put in a Tensor (e.g. one parsed from JSON)."""
-    if isinstance(value, (str, bytes)):
-        dims = list(getattr(value, "dims", ()))
-        if dims and dims != [1]:
-            return ("Instance tensor check failed: bytes or string type input  shape can only be (1,) or empty, "
-                    f"but given shape is {format_shape(dims)}")
-        return None
-    if isinstance(value, np.ndarray) and _native(value.dtype) not in NUMPY_TO_PROTO:
-        return f"Tensor check failed: input data type {value.dtype} invalid"
+    `items` maps input names to values (an Instance's `items`, or a decoded instance). The master passes
+    `check_tensor` as `check_item` to refuse malformed tensors before routing; the worker checks only that
+    every input is there, since what reaches it has passed the master's check."""
+    for name in input_names:
+        if name not in items:
+            return f"Cannot find input {name} in instance input , servable {servable_name}, method {method_name}"
+        if check_item is not None:
+            detail = check_item(items[name])
+            if detail:
+                return f"Instances input {name} check failed, detail: {detail}"
     return None
-
-
-def check_instance_values(instances: Sequence[dict], input_names: Sequence[str], servable_name: str,
-                          method_name: str):
-    """check_instances for instances held as dicts; raises InvalidInputs with the same texts."""
-    if len(instances) == 0:
-        raise errors.InvalidInputs(f"Instances count of request cannot be 0, servable: {servable_name}, "
-                                   f"method: {method_name}")
-    for instance in instances:
-        for name in input_names:
-            if name not in instance:
-                raise errors.InvalidInputs(f"Cannot find input {name} in instance input , servable {servable_name}, "
-                                           f"method {method_name}")
-            detail = check_value(instance[name])
-            if detail is not None:
-                raise errors.InvalidInputs(f"Instances input {name} check failed, detail: {detail}")
 
 
 # ------------------------------------------------------------------------------------------- replies
 
-Result = Union[dict, errors.ServingError, BaseException, tuple]
-
-
 def is_error(result) -> bool:
     return not isinstance(result, dict)
-
-
-def global_error(results) -> Optional[errors.ServingError]:
-    """The single error a reply carries instead of instances: `results` itself when it is one error, or the
-    common error when every instance failed with the same code and text; None otherwise."""
-    if not isinstance(results, (list, tuple)):
-        return errors.as_serving_error(results)
-    if not results or not all(is_error(result) for result in results):
-        return None
-    first = errors.as_serving_error(results[0])
-    for result in results[1:]:
-        error = errors.as_serving_error(result)
-        if (error.code, error.message) != (first.code, first.message):
-            return None
-    return first
 
 
 def error_msg(error: errors.ServingError, empty_text: str = "") -> pb.ErrorMsg:
@@ -345,42 +262,9 @@ def error_msg(error: errors.ServingError, empty_text: str = "") -> pb.ErrorMsg:
     return pb.ErrorMsg(error_code=error.code, error_msg=text)
 
 
-def build_predict_reply(results, reply: Optional[pb.PredictReply] = None,
-                        servable_spec: Optional[pb.ServableSpec] = None) -> pb.PredictReply:
-    """A PredictReply from per-instance results (each a dict of outputs or an error) or one global error.
-
-    - no failures: instances only, no error_msg;
-    - a global error, or every instance failed with the same code and text: exactly one error_msg and no
-      instances (an empty text becomes "Predict failed");
-    - otherwise one ErrorMsg per instance (code 0, empty text for successes) and one Instance per instance
-      (empty for failures).
-    A dict holding a value that has no proto form raises TypeError (see value_to_tensor)."""
-    if reply is None:
-        reply = pb.PredictReply()
-    else:
-        reply.Clear()
-    if servable_spec is not None:
-        reply.servable_spec.CopyFrom(servable_spec)
-    single = global_error(results)
-    if single is not None:
-        reply.error_msg.append(error_msg(single, "Predict failed"))
-        return reply
-    any_failed = any(is_error(result) for result in results)
-    for result in results:
-        instance_pb = reply.instances.add()
-        if not is_error(result):
-            instance_to_proto(result, instance_pb)
-        if any_failed:
-            if is_error(result):
-                reply.error_msg.append(error_msg(errors.as_serving_error(result)))
-            else:
-                reply.error_msg.add()
-    return reply
-
-
 def reply_to_results(reply: pb.PredictReply, copy: bool = False):
-    """Inverse of build_predict_reply: a ServingError for a global error, else a list with one dict or
-    ServingError per instance. RuntimeError when the error count is not 0, 1 or the instance count."""
+    """A reply read back (the front ends build it: frontends/replies.py): a ServingError for a global error,
+    else a list with one dict or ServingError per instance. RuntimeError when the error count is not 0, 1 or the instance count."""
     error_count = len(reply.error_msg)
     if error_count == 1 and reply.error_msg[0].error_code != errors.OK:
         error_pb = reply.error_msg[0]

@@ -85,11 +85,3 @@ def grpc_error(error: BaseException) -> Tuple[grpc.StatusCode, ms_service_pb2.Er
     if error.KIND is Kind.OVERLOADED:
         return grpc.StatusCode.RESOURCE_EXHAUSTED, error_msg(error)
     return grpc.StatusCode.OK, error_msg(error)
-
-
-def grpc_error_reply(spec, error: BaseException) -> ms_service_pb2.PredictReply:
-    """A PredictReply for `spec` that carries only `error`'s ErrorMsg."""
-    reply = ms_service_pb2.PredictReply()
-    reply.servable_spec.CopyFrom(spec)
-    reply.error_msg.append(grpc_error(error)[1])
-    return reply

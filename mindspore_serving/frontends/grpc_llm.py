@@ -9,48 +9,41 @@ import grpc
 import numpy as np
 
 from mindspore_serving.common import errors
-from mindspore_serving.common.tensor_codec import instance_to_proto, proto_to_instance
-from mindspore_serving.frontends.errors import grpc_error, grpc_error_reply as _error
+from mindspore_serving.common.tensor_codec import proto_to_instance
+from mindspore_serving.frontends.errors import grpc_error
+from mindspore_serving.frontends.replies import error_reply, stream_reply
 from mindspore_serving.master.llm_types import FinalEvent, GenerationRequest
 from mindspore_serving.llm.instance_params import prompt_of, sampling_params_of
-from mindspore_serving.proto import ms_service_pb2
-
-
-def _reply(spec, values: dict):
-    reply = ms_service_pb2.PredictReply()
-    reply.servable_spec.CopyFrom(spec)
-    instance_to_proto(values, reply.instances.add())
-    return reply
 
 
 async def predict_stream(backend, request):
     spec = request.servable_spec
     if len(request.instances) != 1:
-        yield _error(spec, errors.InvalidInputs(f"PredictStream takes exactly one instance, got "
+        yield error_reply(spec, errors.InvalidInputs(f"PredictStream takes exactly one instance, got "
                                                 f"{len(request.instances)}"))
         return
     try:
         instance = proto_to_instance(request.instances[0])
         prompt = prompt_of(instance)
     except KeyError:
-        yield _error(spec, errors.InvalidInputs("Cannot find input prompt (or inputs) in instance input"))
+        yield error_reply(spec, errors.InvalidInputs("Cannot find input prompt (or inputs) in instance input"))
         return
     except Exception as err:
-        yield _error(spec, errors.InvalidInputs(str(err)))
+        yield error_reply(spec, errors.InvalidInputs(str(err)))
         return
     generation = GenerationRequest(model=spec.name, prompt=prompt, params=sampling_params_of(instance))
     try:
         async for event in backend.stream(generation):
             if isinstance(event, FinalEvent):
-                yield _reply(spec, {"finished": np.bool_(True), "text": event.text,
+                yield stream_reply(spec, {"finished": np.bool_(True), "text": event.text,
                                     "token_ids": np.asarray(event.token_ids, np.int32),
                                     "finish_reason": event.finish_reason,
                                     "prompt_tokens": np.int32(event.prompt_tokens),
                                     "completion_tokens": np.int32(event.completion_tokens)})
             else:
-                yield _reply(spec, {"token_id": np.int32(event.token_id), "text": event.text,
+                yield stream_reply(spec, {"token_id": np.int32(event.token_id), "text": event.text,
                                     "index": np.int32(event.index)})
     except errors.ServingError as err:
         if grpc_error(err)[0] is not grpc.StatusCode.OK:
             raise  # the servicer ends the call with that status (back-pressure, as gRPC clients expect)
-        yield _error(spec, err)
+        yield error_reply(spec, err)

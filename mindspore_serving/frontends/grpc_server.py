@@ -3,10 +3,10 @@ import grpc
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
+from mindspore_serving.frontends import replies
 from mindspore_serving.frontends.address import check_address, check_max_msg_mb_size, check_unix_address
-from mindspore_serving.frontends.errors import grpc_error, grpc_error_reply
+from mindspore_serving.frontends.errors import grpc_error
 from mindspore_serving.frontends.grpc_llm import predict_stream
-from mindspore_serving.master.dispatcher import build_reply
 from mindspore_serving.proto import ms_service_pb2_grpc
 
 
@@ -20,7 +20,7 @@ class MSServiceServicer(ms_service_pb2_grpc.MSServiceServicer):
     async def PredictStream(self, request, context):
         """Token streaming for LLM servables (see frontends/grpc_llm.py)."""
         if self.llm_backend is None:
-            yield grpc_error_reply(request.servable_spec, errors.ServableUnavailable("streaming is not available"))
+            yield replies.error_reply(request.servable_spec, errors.ServableUnavailable("streaming is not available"))
             return
         try:
             async for reply in predict_stream(self.llm_backend, request):
@@ -34,11 +34,11 @@ class MSServiceServicer(ms_service_pb2_grpc.MSServiceServicer):
         try:
             results = await self.dispatcher.predict(spec, request.instances)
         except errors.ServingError as err:
-            return grpc_error_reply(spec, err)
+            return replies.error_reply(spec, err)
         except Exception as err:
             log.exception("Predict failed")
-            return grpc_error_reply(spec, err)
-        return build_reply(spec, results)
+            return replies.error_reply(spec, err)
+        return replies.predict_reply(spec, results)
 
 
 def _credentials(ssl_config):

@@ -24,7 +24,8 @@ import numpy as np
 import orjson
 
 from mindspore_serving.common import errors
-from mindspore_serving.common.tensor_codec import ShapedBytes, ShapedStr, global_error, is_error
+from mindspore_serving.common.tensor_codec import ShapedBytes, ShapedStr, is_error
+from mindspore_serving.frontends.replies import global_error
 
 CONTENT_TYPE = "application/json"
 PARSE_PREFIX = "Parser request failed, "

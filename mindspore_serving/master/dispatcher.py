@@ -15,16 +15,15 @@ the answers are split back to their requests. A lost worker fails every request 
 import asyncio
 import collections
 import itertools
-import time
 from typing import List, Optional, Sequence
 
 import grpc
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
-from mindspore_serving.common.tensor_codec import check_tensor, error_msg, global_error
+from mindspore_serving.common.tensor_codec import check_instance, check_tensor
 from mindspore_serving.master.worker_registry import WorkerRecord, WorkerRegistry, request_repr
-from mindspore_serving.proto import internal_pb2, ms_service_pb2
+from mindspore_serving.proto import internal_pb2
 
 DEFAULT_MAX_ENQUEUED_REQUESTS = 10000
 MAX_CALLS_IN_FLIGHT = 2    # per worker and method; the second only carries a full call
@@ -34,6 +33,20 @@ SETTLE_SECONDS = 0.02      # how long a partial batch for an idle worker may wai
 SETTLE_MAX_SECONDS = 0.1   # ... at most, when answered clients took that long to come back last time
 
 _CONNECTION_ERRORS = (grpc.aio.AioRpcError, grpc.aio.UsageError)  # UsageError: the channel is already closed
+
+
+class LoopClock:
+    """The dispatcher's time: the running event loop's clock and timers. Tests pass a clock they move by hand,
+    so that the batching window and the settle logic never depend on elapsed time."""
+
+    @staticmethod
+    def now() -> float:
+        return asyncio.get_running_loop().time()
+
+    @staticmethod
+    def call_later(delay: float, callback) -> "asyncio.TimerHandle":
+        """Calls `callback` once `delay` seconds of this clock have passed; the handle's cancel() stops it."""
+        return asyncio.get_running_loop().call_later(delay, callback)
 
 
 class _Chunk:
@@ -53,6 +66,7 @@ class _WorkerQueue:
     def __init__(self, dispatcher: "Dispatcher", worker: WorkerRecord):
         self.dispatcher = dispatcher
         self.worker = worker
+        self.clock = dispatcher.clock
         self.batch_size = max(1, worker.batch_size)
         self.max_instances = max(self.batch_size, MAX_CALL_INSTANCES // self.batch_size * self.batch_size)
         self.pending: "collections.deque[_Chunk]" = collections.deque()
@@ -74,7 +88,7 @@ class _WorkerQueue:
         if self.owed:
             self.owed = max(0, self.owed - len(item.instances))
             if not self.owed:  # every answered client is back: next time, wait up to twice as long as that took
-                took = time.monotonic() - self.owed_since
+                took = self.clock.now() - self.owed_since
                 self.owed_limit = min(SETTLE_MAX_SECONDS, max(SETTLE_SECONDS, 2 * took))
                 self.owed_since = None
         if self.timer is not None and (self.pending_count >= self.batch_size or not self.owed):
@@ -105,7 +119,7 @@ class _WorkerQueue:
         if self.batch_size == 1 or self.in_flight or self.pending_count >= self.batch_size:
             self.settle_until = None
             return None
-        now = time.monotonic()
+        now = self.clock.now()
         if self.owed:
             if now < self.owed_since + self.owed_limit:
                 return self.owed_since + self.owed_limit - now
@@ -123,11 +137,10 @@ class _WorkerQueue:
         self.timer = None
         delay = self._settle_delay()
         if delay is not None:
-            loop = asyncio.get_running_loop()
             if delay > 0:
-                self.timer = loop.call_later(delay, self._flush)
+                self.timer = self.clock.call_later(delay, self._flush)
             else:
-                loop.call_soon(self._flush)
+                asyncio.get_running_loop().call_soon(self._flush)  # a loop turn, not time: see _settle_delay
             return
         self.scheduled = False
         self.arrived = False
@@ -194,7 +207,7 @@ class _WorkerQueue:
             self.in_flight -= 1
             if self.batch_size > 1:  # only partial batches wait for answered clients to come back
                 if not self.owed:
-                    self.owed_since = time.monotonic()
+                    self.owed_since = self.clock.now()
                 self.owed += count
             self._schedule()
         try:
@@ -233,30 +246,12 @@ def _split_reply(worker: WorkerRecord, reply, chunks: List[_Chunk], count: int):
 
 
 class Dispatcher:
-    def __init__(self, registry: WorkerRegistry):
+    def __init__(self, registry: WorkerRegistry, clock=None):
         self.registry = registry
+        self.clock = clock if clock is not None else LoopClock()
         self.max_enqueued_requests = DEFAULT_MAX_ENQUEUED_REQUESTS
         self.enqueued = 0
         self._ids = itertools.count(1)
-
-    def check_instances(self, record: WorkerRecord, method_name: str, servable_name: str,
-                        instances: Sequence) -> List[Optional[str]]:
-        """Per instance: why it cannot be sent to a worker, or None."""
-        input_names = record.input_names(method_name)
-        reasons: List[Optional[str]] = []
-        for instance in instances:
-            reason = None
-            items = instance.items
-            for name in input_names:
-                if name not in items:
-                    reason = f"Cannot find input {name} in instance input , servable {servable_name}, method {method_name}"
-                    break
-                detail = check_tensor(items[name])
-                if detail:
-                    reason = f"Instances input {name} check failed, detail: {detail}"
-                    break
-            reasons.append(reason)
-        return reasons
 
     async def predict(self, spec, instances: Sequence) -> list:
         """Answers every instance of a request; raises ServingError for a request-wide failure."""
@@ -273,7 +268,9 @@ class Dispatcher:
 
     async def _predict(self, spec, instances: Sequence) -> list:
         candidates = self.registry.candidates(spec.name, spec.method_name, spec.version_number)
-        reasons = self.check_instances(candidates[0], spec.method_name, spec.name, instances)
+        input_names = candidates[0].input_names(spec.method_name)
+        reasons = [check_instance(instance.items, input_names, spec.name, spec.method_name, check_tensor)
+                   for instance in instances]
         batch = max(w.batch_size for w in candidates) if len(candidates) > 1 else candidates[0].batch_size
         if len(instances) <= batch and not any(reasons):  # the common case: one chunk, all instances valid
             return await self._enqueue(spec, candidates, instances)
@@ -296,25 +293,4 @@ class Dispatcher:
         worker.outstanding += len(instances)
         queue.put(_Chunk(spec, instances, future))
         return future
-
-
-def build_reply(spec, results: Sequence) -> "ms_service_pb2.PredictReply":
-    """The public reply from per-instance Instance messages or ServingErrors (see tensor_codec.build_predict_reply
-    for the rules); instances pass through without being decoded."""
-    reply = ms_service_pb2.PredictReply()
-    reply.servable_spec.CopyFrom(spec)
-    failed = [result for result in results if isinstance(result, errors.ServingError)]
-    single = global_error(failed) if len(failed) == len(results) else None
-    if single is not None:
-        reply.error_msg.append(error_msg(single, "Predict failed"))
-        return reply
-    for result in results:
-        if isinstance(result, errors.ServingError):
-            reply.instances.add()
-            reply.error_msg.append(error_msg(result))
-        else:
-            reply.instances.append(result)
-            if failed:
-                reply.error_msg.add(error_code=errors.OK)
-    return reply
 

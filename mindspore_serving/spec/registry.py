@@ -28,10 +28,6 @@ def get_or_create_servable_spec(name: str) -> ServableSpec:
     return spec
 
 
-def all_servable_specs() -> Dict[str, ServableSpec]:
-    return dict(_servables)
-
-
 def reset_registry():
     """Forgets every declaration (tests; a worker imports a single servable_config.py)."""
     _servables.clear()
@@ -61,7 +57,3 @@ def servable_location() -> Tuple[str, str]:
                 return os.path.dirname(config_dir), name
         frame = frame.f_back
     raise RuntimeError("Failed to obtain the directory of servable_config.py")
-
-
-def current_servable_name() -> str:
-    return servable_location()[1]

@@ -9,6 +9,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from mindspore_serving.common.tensor_codec import check_instance
 from mindspore_serving.spec.servable import MethodSpec, StageSpec, TensorRef
 from mindspore_serving.worker.executors import FunctionBatcher, ModelExecutor
 from mindspore_serving.worker.stage_values import normalize_outputs, to_model_input
@@ -105,13 +106,11 @@ class MethodRunner:
         count = len(instances)
         values: List[Dict[TensorRef, object]] = [{} for _ in range(count)]
         errors: List[Optional[str]] = [None] * count
+        input_names = self.method.input_names
         for position, instance in enumerate(instances):
-            for index, name in enumerate(self.method.input_names):
-                if name not in instance:
-                    errors[position] = (f"Cannot find input {name} in instance input , servable "
-                                        f"{self.servable_name}, method {self.method.name}")
-                    break
-                values[position][TensorRef(0, index)] = instance[name]
+            errors[position] = check_instance(instance, input_names, self.servable_name, self.method.name)
+            if errors[position] is None:
+                values[position] = {TensorRef(0, index): instance[name] for index, name in enumerate(input_names)}
         alive = sum(1 for error in errors if error is None)
         for index in self._model_stage_indexes:
             self.stages[index - 1].executor.expected.announce(alive)

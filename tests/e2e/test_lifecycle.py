@@ -92,13 +92,15 @@ def test_broken_servable_fails_start_with_reason(tmp_path):
 
 
 def test_sigterm_lets_requests_in_flight_finish(tmp_path):
+    marker = tmp_path / "stage_started"
     proc, grpc_addr, _ = start_server(tmp_path, servables=("slow",), rest=False,
-                                      extra_args=["--servable_directory", TEST_SERVABLES])
+                                      extra_args=["--servable_directory", TEST_SERVABLES],
+                                      env={"SLOW_STAGE_STARTED": str(marker)})
     try:
         client = Client(grpc_addr, "slow", "sleep")
         with ThreadPoolExecutor(1) as pool:
             future = pool.submit(client.infer, {"seconds": np.float32(1.5)})
-            time.sleep(0.5)  # ok-sleep: let the request reach the worker
+            wait_until(marker.exists, 60, "the slow stage started")  # the request is in flight in the worker
             proc.proc.send_signal(signal.SIGTERM)
             result = future.result(timeout=30)
         assert result[0]["y"].item() == 1.5

@@ -13,6 +13,7 @@ from mindspore_serving.client import Client, SSLConfig
 from mindspore_serving.client import convert
 from mindspore_serving.common import errors
 from mindspore_serving.common import tensor_codec as tc
+from mindspore_serving.frontends import replies
 from mindspore_serving.proto import ms_service_pb2 as pb
 from mindspore_serving.proto import ms_service_pb2_grpc as pb_grpc
 
@@ -76,8 +77,17 @@ def test_conversion_errors():
         request_of({"x": 2 ** 70})
 
 
+def reply_of(results, spec=None):
+    """The master's reply to per-instance dicts or ServingErrors, or to one ServingError for the request."""
+    spec = spec if spec is not None else pb.ServableSpec()
+    if isinstance(results, errors.ServingError):
+        return replies.error_reply(spec, results)
+    return replies.predict_reply(spec, [result if isinstance(result, errors.ServingError)
+                                        else tc.instance_to_proto(result) for result in results])
+
+
 def _reply(results):
-    return pb.PredictReply.FromString(tc.build_predict_reply(results).SerializeToString())
+    return pb.PredictReply.FromString(reply_of(results).SerializeToString())
 
 
 def test_parse_reply_values():
@@ -135,19 +145,19 @@ class FakeMSService(pb_grpc.MSServiceServicer):
         method = request.servable_spec.method_name
         instances = tc.proto_to_instances(request.instances)
         if method == "global_error":
-            return tc.build_predict_reply(errors.ServableUnavailable(
+            return reply_of(errors.ServableUnavailable(
                 f"Request servable({request.servable_spec.name}) method({method}) , servable is not available"))
         if method == "fail_odd":
             results = [errors.InvalidInputs(f"instance {i} failed") if i % 2 else instance
                        for i, instance in enumerate(instances)]
-            return tc.build_predict_reply(results)
+            return reply_of(results)
         if method == "fail_all_same":
-            return tc.build_predict_reply([errors.Failed("Preprocess Failed") for _ in instances])
+            return reply_of([errors.Failed("Preprocess Failed") for _ in instances])
         if method == "abort":
             context.abort(grpc.StatusCode.UNAVAILABLE, "going away")
         results = [dict(instance, version=np.array(request.servable_spec.version_number, np.int64))
                    for instance in instances]
-        return tc.build_predict_reply(results, servable_spec=request.servable_spec)
+        return reply_of(results, request.servable_spec)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""The master's Dispatcher with fake worker stubs: checks, chunking, routing, ordering, limits and reply building."""
+"""The master's Dispatcher with fake worker stubs and a clock the tests move: checks, chunking, routing, ordering
+and limits; nothing waits for time to pass."""
 import asyncio
 
 import grpc
@@ -6,9 +7,9 @@ import numpy as np
 import pytest
 
 from mindspore_serving.common import errors
-from mindspore_serving.common.tensor_codec import instance_to_proto, reply_to_results, tensor_to_value, value_to_tensor
-from mindspore_serving.frontends.errors import grpc_error_reply
-from mindspore_serving.master.dispatcher import Dispatcher, build_reply
+from mindspore_serving.common.tensor_codec import instance_to_proto, tensor_to_value, value_to_tensor
+from mindspore_serving.frontends.replies import predict_reply
+from mindspore_serving.master.dispatcher import SETTLE_SECONDS, Dispatcher
 from mindspore_serving.master.worker_registry import WorkerRecord, WorkerRegistry
 from mindspore_serving.proto import internal_pb2
 from mindspore_serving.proto import ms_service_pb2 as pb
@@ -29,13 +30,16 @@ class FakeWorkerStub:
     async def Predict(self, request):  # pylint: disable=invalid-name
         xs = [int(tensor_to_value(instance.items["x"])[0]) for instance in request.request.instances]
         released = asyncio.Event()
-        self.calls.append({"worker": self.name, "xs": xs, "spec": request.request.servable_spec,
-                           "request_id": request.request_id, "sizes": list(request.request_sizes),
-                           "release": released})
-        if self.hold:
-            await released.wait()
-        if self.raise_error is not None:
-            raise self.raise_error
+        call = {"worker": self.name, "xs": xs, "spec": request.request.servable_spec, "request_id": request.request_id,
+                "sizes": list(request.request_sizes), "release": released, "returned": False}
+        self.calls.append(call)
+        try:
+            if self.hold:
+                await released.wait()
+            if self.raise_error is not None:
+                raise self.raise_error
+        finally:
+            call["returned"] = True
         reply = internal_pb2.WorkerPredictReply(request_id=request.request_id)
         for x in xs:
             instance = reply.instances.add()
@@ -69,13 +73,59 @@ def y_of(instance):
     return int(tensor_to_value(instance.items["y"])[0])
 
 
-async def until(condition, rounds=1000):
-    """Lets the event loop run until `condition()` holds (no timers involved)."""
-    for _ in range(rounds):
+class FakeClock:
+    """The dispatcher's clock, moved only by `advance`: its timers fire there, so no test waits for time to pass."""
+
+    class Timer:
+        def __init__(self, when, callback):
+            self.when, self.callback, self.cancelled = when, callback, False
+
+        def cancel(self):
+            self.cancelled = True
+
+    def __init__(self):
+        self.time = 0.0
+        self.timers = []
+
+    def now(self):
+        return self.time
+
+    def call_later(self, delay, callback):
+        timer = FakeClock.Timer(self.time + delay, callback)
+        self.timers.append(timer)
+        return timer
+
+    def pending(self):
+        return [timer for timer in self.timers if not timer.cancelled]
+
+    def advance(self, seconds):
+        self.time += seconds
+        due = sorted((timer for timer in self.pending() if timer.when <= self.time), key=lambda timer: timer.when)
+        self.timers = [timer for timer in self.pending() if timer not in due]
+        for timer in due:
+            timer.callback()
+
+
+def dispatcher_of(registry, clock=None):
+    return Dispatcher(registry, clock=clock or FakeClock())
+
+
+async def until(condition, turns=1000):
+    """Lets the event loop run until `condition()` holds, for at most `turns` turns (no time passes)."""
+    for _ in range(turns):
         if condition():
             return
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # ok-sleep: sleep(0) yields one event-loop turn; the bound is in turns, not time
     raise AssertionError("condition not reached")
+
+
+def settled(dispatcher, tasks, calls):
+    """Nothing more happens until the test acts: every request reached its worker's queue, no flush is due on a
+    coming loop turn (one may wait on the clock), and every call sent reached its stub and waits there."""
+    queues = [queue for worker in dispatcher.registry.all() for queue in worker.queues.values()]
+    return (dispatcher.enqueued == sum(1 for task in tasks if not task.done())
+            and not any(queue.scheduled and queue.timer is None for queue in queues)
+            and sum(len(queue.tasks) for queue in queues) == sum(1 for call in calls if not call["returned"]))
 
 
 # ---------------------------------------------------------------- chunking and routing
@@ -86,7 +136,7 @@ def test_chunks_of_the_batch_size_spread_over_two_workers_and_come_back_in_order
     calls = []
     first = add_worker(registry, "w1", 11, calls, hold=True)
     second = add_worker(registry, "w2", 12, calls, hold=True)
-    dispatcher = Dispatcher(registry)
+    dispatcher = dispatcher_of(registry)
 
     async def scenario():
         task = asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(0, 1, 2, 3, 4)))
@@ -94,7 +144,7 @@ def test_chunks_of_the_batch_size_spread_over_two_workers_and_come_back_in_order
         in_flight = (first.outstanding, second.outstanding)
         for call in reversed(calls):  # the last call finishes first
             call["release"].set()
-            await asyncio.sleep(0)
+            await until(lambda: call["returned"])  # pylint: disable=cell-var-from-loop
         return in_flight, await task
 
     in_flight, results = asyncio.run(scenario())
@@ -115,7 +165,7 @@ def test_chunk_size_is_the_largest_batch_size_of_the_candidates():
     calls = []
     add_worker(registry, "w1", 11, calls, batch_size=1)
     add_worker(registry, "w2", 12, calls, batch_size=3)
-    results = asyncio.run(Dispatcher(registry).predict(spec_of(), instances_of(*range(7))))
+    results = asyncio.run(dispatcher_of(registry).predict(spec_of(), instances_of(*range(7))))
     assert sorted(size for call in calls for size in call["sizes"]) == [1, 3, 3]  # chunks of 3
     assert sorted(x for call in calls for x in call["xs"]) == list(range(7))
     assert [y_of(result) for result in results] == [x * 10 for x in range(7)]
@@ -125,7 +175,7 @@ def test_single_worker_gets_every_chunk_in_one_call():
     registry = WorkerRegistry()
     calls = []
     add_worker(registry, "only", 5, calls, batch_size=4)
-    results = asyncio.run(Dispatcher(registry).predict(spec_of(), instances_of(*range(9))))
+    results = asyncio.run(dispatcher_of(registry).predict(spec_of(), instances_of(*range(9))))
     assert [call["xs"] for call in calls] == [list(range(9))]
     assert [call["sizes"] for call in calls] == [[4, 4, 1]]
     assert {call["worker"] for call in calls} == {"only"}
@@ -139,7 +189,7 @@ def test_concurrent_requests_travel_in_one_call_and_get_their_own_answers():
     registry = WorkerRegistry()
     calls = []
     worker = add_worker(registry, "w", 1, calls, batch_size=1)
-    dispatcher = Dispatcher(registry)
+    dispatcher = dispatcher_of(registry)
 
     async def scenario():
         return await asyncio.gather(*[dispatcher.predict(spec_of(), instances_of(*xs))
@@ -162,7 +212,7 @@ def test_calls_in_flight_per_worker_are_limited_and_the_rest_waits_for_one_of_th
     registry = WorkerRegistry()
     calls = []
     worker = add_worker(registry, "w", 1, calls, batch_size=1, hold=True)
-    dispatcher = Dispatcher(registry)
+    dispatcher = dispatcher_of(registry)
 
     async def scenario():
         tasks = []
@@ -170,8 +220,7 @@ def test_calls_in_flight_per_worker_are_limited_and_the_rest_waits_for_one_of_th
         async def submit(*xs):
             for x in xs:
                 tasks.append(asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(x))))
-            for _ in range(20):
-                await asyncio.sleep(0)
+            await until(lambda: settled(dispatcher, tasks, calls))
 
         await submit(0)        # idle worker: a call at once
         await submit(1)        # busy: one instance is not a full call
@@ -203,14 +252,13 @@ def test_a_busy_worker_gets_only_full_calls_and_an_idle_one_what_is_there(monkey
     registry = WorkerRegistry()
     calls = []
     add_worker(registry, "w", 1, calls, batch_size=1, hold=True)
-    dispatcher = Dispatcher(registry)
+    dispatcher = dispatcher_of(registry)
 
     async def scenario():
         tasks = [asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(0)))]
         await until(lambda: len(calls) == 1)  # idle worker: the lone instance goes
         tasks += [asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(x))) for x in (1, 2, 3)]
-        for _ in range(20):
-            await asyncio.sleep(0)
+        await until(lambda: settled(dispatcher, tasks, calls))
         partial = len(calls)  # three instances wait: not a full call while the worker is busy
         tasks += [asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(x))) for x in (4, 5)]
         await until(lambda: len(calls) == 2)
@@ -230,13 +278,13 @@ def test_a_partial_batch_for_an_idle_worker_waits_while_chunks_keep_arriving():
     registry = WorkerRegistry()
     calls = []
     add_worker(registry, "w", 1, calls, batch_size=8)
-    dispatcher = Dispatcher(registry)
+    dispatcher = dispatcher_of(registry)
 
     async def scenario():
         tasks = []
         for x in range(5):  # one new request per loop turn: a burst being read
             tasks.append(asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(x))))
-            await asyncio.sleep(0)
+            await until(lambda: dispatcher.enqueued == len(tasks))
         return await asyncio.gather(*tasks)
 
     answers = asyncio.run(scenario())
@@ -247,55 +295,68 @@ def test_a_partial_batch_for_an_idle_worker_waits_while_chunks_keep_arriving():
 def test_a_partial_batch_waits_for_the_clients_of_the_last_call_to_come_back():
     registry = WorkerRegistry()
     calls = []
-    add_worker(registry, "w", 1, calls, batch_size=8)
-    dispatcher = Dispatcher(registry)
-
-    async def client(x, rounds, delay):
-        answers = []
-        for round_ in range(rounds):
-            if round_:
-                await asyncio.sleep(delay * x)  # the clients come back one after the other
-            answers.append(y_of((await dispatcher.predict(spec_of(), instances_of(x)))[0]))
-        return answers
+    worker = add_worker(registry, "w", 1, calls, batch_size=8)
+    clock = FakeClock()
+    dispatcher = dispatcher_of(registry, clock)
 
     async def scenario():
-        return await asyncio.gather(*[client(x, 3, 0.002) for x in range(1, 4)])
+        rounds = [await asyncio.gather(*[dispatcher.predict(spec_of(), instances_of(x)) for x in (1, 2, 3)])]
+        for _ in range(2):
+            tasks = []
+            for x in (1, 2, 3):  # the clients come back one after the other
+                tasks.append(asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(x))))
+                await until(lambda: dispatcher.enqueued == len(tasks))
+                if x < 3:  # the early ones wait on the settle timer, nothing is sent
+                    await until(lambda: worker.queues["m"].timer is not None)
+                    assert len(calls) == len(rounds) and clock.pending()
+                    clock.advance(SETTLE_SECONDS / 10)
+            rounds.append(await asyncio.gather(*tasks))
+        return [[y_of(answer[0]) for answer in answers] for answers in rounds]
 
-    answers = asyncio.run(scenario())
-    assert answers == [[10] * 3, [20] * 3, [30] * 3]
+    assert asyncio.run(scenario()) == [[10, 20, 30]] * 3
     assert [sorted(call["xs"]) for call in calls] == [[1, 2, 3]] * 3  # never a batch of the early ones alone
+    assert not clock.pending()  # the last client's return ended the wait
 
 
-def test_a_partial_batch_waits_at_most_the_settle_time_for_clients_that_do_not_come_back(monkeypatch):
-    import time
-    from mindspore_serving.master import dispatcher as dispatcher_module
-    monkeypatch.setattr(dispatcher_module, "SETTLE_SECONDS", 0.05)
+def test_a_partial_batch_waits_at_most_the_settle_time_for_clients_that_do_not_come_back():
     registry = WorkerRegistry()
     calls = []
     add_worker(registry, "w", 1, calls, batch_size=8)
-    dispatcher = Dispatcher(registry)
+    clock = FakeClock()
+    dispatcher = dispatcher_of(registry, clock)
 
     async def scenario():
         await dispatcher.predict(spec_of(), instances_of(1, 2, 3))  # a call of 3 returns
-        started = time.monotonic()
-        answer = await dispatcher.predict(spec_of(), instances_of(4))  # only one request follows
-        return time.monotonic() - started, answer
+        task = asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(4)))  # only one request follows
+        await until(lambda: settled(dispatcher, [task], calls) and clock.pending())
+        (timer,) = clock.pending()
+        clock.advance(SETTLE_SECONDS / 2)
+        await until(lambda: settled(dispatcher, [task], calls))
+        sent_before = len(calls)
+        clock.advance(SETTLE_SECONDS / 2)
+        await until(task.done)
+        return timer.when, sent_before, task.result()
 
-    waited, answer = asyncio.run(scenario())
-    assert 0.03 < waited < 1.0
+    deadline, sent_before, answer = asyncio.run(scenario())
+    assert deadline == SETTLE_SECONDS and sent_before == 1
     assert y_of(answer[0]) == 40 and [call["xs"] for call in calls] == [[1, 2, 3], [4]]
 
 
 def test_a_lone_request_to_a_batched_worker_does_not_wait_for_the_settle_time():
-    import time
     registry = WorkerRegistry()
     calls = []
     add_worker(registry, "w", 1, calls, batch_size=8)
-    started = time.monotonic()
-    answers = asyncio.run(Dispatcher(registry).predict(spec_of(), instances_of(3)))
-    from mindspore_serving.master.dispatcher import SETTLE_SECONDS
-    assert time.monotonic() - started < SETTLE_SECONDS / 2
+    clock = FakeClock()
+    dispatcher = dispatcher_of(registry, clock)
+
+    async def scenario():
+        task = asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(3)))
+        await until(task.done)  # the clock never moves: a wait on it would never end
+        return task.result()
+
+    answers = asyncio.run(scenario())
     assert y_of(answers[0]) == 30 and len(calls) == 1
+    assert not clock.timers
 
 
 def test_a_cancelled_request_leaves_the_queue(monkeypatch):
@@ -304,7 +365,7 @@ def test_a_cancelled_request_leaves_the_queue(monkeypatch):
     registry = WorkerRegistry()
     calls = []
     worker = add_worker(registry, "w", 1, calls, batch_size=1, hold=True)
-    dispatcher = Dispatcher(registry)
+    dispatcher = dispatcher_of(registry)
 
     async def scenario():
         held = []
@@ -313,9 +374,9 @@ def test_a_cancelled_request_leaves_the_queue(monkeypatch):
             await until(lambda: len(calls) == x + 1)
         queued = asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(100)))
         kept = asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(101)))
-        await asyncio.sleep(0)
+        await until(lambda: settled(dispatcher, held + [queued, kept], calls))
         queued.cancel()
-        await asyncio.sleep(0)
+        await until(queued.done)
         held[0].cancel()  # its call goes on; the answer is dropped
         for call in calls:
             call["release"].set()
@@ -344,44 +405,13 @@ def instance(**items):
     return result
 
 
-GOOD = tensor(pb.MS_INT32, [1], data=np.array([1], np.int32).tobytes())
-
-
-@pytest.mark.parametrize("item, detail", [
-    (tensor(pb.MS_FLOAT32, [2], data=b"\0" * 7), "Tensor check failed: input data size 7 invalid"),
-    (tensor(pb.MS_FLOAT32, [-1, 2]), "Tensor check failed: input  shape [-1, 2] invalid"),
-    (tensor(pb.MS_FLOAT32, [0, 3]), "Tensor check failed: input  shape [0, 3] invalid"),
-    (tensor(pb.MS_STRING, [1, 1], bytes_val=[b"a"]),
-     "Instance tensor check failed: bytes or string type input  shape can only be (1,) or empty, but given shape is "
-     "[1, 1]"),
-    (tensor(pb.MS_BYTES, [2], bytes_val=[b"a"]),
-     "Instance tensor check failed: bytes or string type input  shape can only be (1,) or empty, but given shape is "
-     "[2]"),
-])
-def test_check_instances_details(item, detail):
-    registry = WorkerRegistry()
-    record = add_worker(registry, "w", 1, [], input_names=("x", "s"))
-    reasons = Dispatcher(registry).check_instances(record, "m", "add", [instance(x=GOOD, s=item)])
-    assert reasons == [f"Instances input s check failed, detail: {detail}"]
-
-
-def test_check_instances_missing_input_and_valid_instances():
-    registry = WorkerRegistry()
-    record = add_worker(registry, "w", 1, [], input_names=("x1", "x2"))
-    text = tensor(pb.MS_STRING, [], bytes_val=[b"abc"])
-    reasons = Dispatcher(registry).check_instances(record, "m", "add", [
-        instance(x1=GOOD, x2=text), instance(x1=GOOD), instance(x2=GOOD), instance(x1=GOOD, x2=GOOD, extra=GOOD)])
-    assert reasons == [None, "Cannot find input x2 in instance input , servable add, method m",
-                       "Cannot find input x1 in instance input , servable add, method m", None]
-
-
 def test_invalid_instances_are_answered_without_reaching_a_worker():
     registry = WorkerRegistry()
     calls = []
     add_worker(registry, "w", 1, calls, batch_size=2)
     bad = instance(x=tensor(pb.MS_INT32, [2], data=b"\0" * 4))
     good = instances_of(1, 2, 3)
-    results = asyncio.run(Dispatcher(registry).predict(spec_of(), [good[0], bad, instance(), good[1], good[2]]))
+    results = asyncio.run(dispatcher_of(registry).predict(spec_of(), [good[0], bad, instance(), good[1], good[2]]))
     assert [(call["xs"], call["sizes"]) for call in calls] == [([1, 2, 3], [2, 1])]  # the valid ones, no gaps
     assert y_of(results[0]) == 10 and y_of(results[3]) == 20 and y_of(results[4]) == 30
     assert isinstance(results[1], errors.InvalidInputs)
@@ -394,7 +424,7 @@ def test_zero_instances():
     registry = WorkerRegistry()
     add_worker(registry, "w", 1, [])
     with pytest.raises(errors.InvalidInputs) as info:
-        asyncio.run(Dispatcher(registry).predict(spec_of(), []))
+        asyncio.run(dispatcher_of(registry).predict(spec_of(), []))
     assert str(info.value) == "Instances count of request cannot be 0"
 
 
@@ -405,7 +435,7 @@ def test_enqueued_requests_limit():
     registry = WorkerRegistry()
     calls = []
     add_worker(registry, "w", 1, calls, hold=True)
-    dispatcher = Dispatcher(registry)
+    dispatcher = dispatcher_of(registry)
     dispatcher.max_enqueued_requests = 2
 
     async def scenario():
@@ -430,7 +460,7 @@ def test_enqueued_requests_limit():
 
 def test_enqueued_count_is_released_after_errors():
     registry = WorkerRegistry()
-    dispatcher = Dispatcher(registry)
+    dispatcher = dispatcher_of(registry)
     dispatcher.max_enqueued_requests = 1
     for _ in range(3):
         with pytest.raises(errors.ServableUnavailable):
@@ -453,7 +483,7 @@ def test_a_lost_worker_fails_its_chunk_with_worker_unavailable():
     alive = add_worker(registry, "alive", 78, calls, hold=True)
 
     async def scenario():
-        task = asyncio.ensure_future(Dispatcher(registry).predict(spec_of(), instances_of(0, 1, 2, 3)))
+        task = asyncio.ensure_future(dispatcher_of(registry).predict(spec_of(), instances_of(0, 1, 2, 3)))
         await until(lambda: len(calls) == 2)
         for call in calls:
             call["release"].set()
@@ -471,7 +501,7 @@ def test_a_lost_worker_fails_its_chunk_with_worker_unavailable():
     assert (dead.outstanding, alive.outstanding) == (0, 0)
     assert (dead.served, alive.served) == (0, 1)
 
-    reply = build_reply(spec_of(), results)
+    reply = predict_reply(spec_of(), results)
     assert len(reply.instances) == len(reply.error_msg) == 4
     for x in range(4):
         expected = errors.WORKER_UNAVAILABLE if x in by_worker["dead"] else errors.OK
@@ -481,11 +511,11 @@ def test_a_lost_worker_fails_its_chunk_with_worker_unavailable():
 def test_every_chunk_lost_gives_one_global_error():
     registry = WorkerRegistry()
     add_worker(registry, "dead", 5, [], batch_size=2, raise_error=unavailable())
-    results = asyncio.run(Dispatcher(registry).predict(spec_of(version=1), instances_of(0, 1, 2)))
+    results = asyncio.run(dispatcher_of(registry).predict(spec_of(version=1), instances_of(0, 1, 2)))
     text = ("Request servable(add) method(m)  version(1) , servable is not available: the worker (pid 5) stopped "
             "while handling it")
     assert [(result.code, result.message) for result in results] == [(errors.WORKER_UNAVAILABLE, text)] * 3
-    reply = build_reply(spec_of(version=1), results)
+    reply = predict_reply(spec_of(version=1), results)
     assert len(reply.instances) == 0
     assert [(e.error_code, e.error_msg.decode()) for e in reply.error_msg] == [(errors.WORKER_UNAVAILABLE, text)]
 
@@ -493,7 +523,7 @@ def test_every_chunk_lost_gives_one_global_error():
 def test_a_lost_worker_fails_each_request_of_a_shared_call_with_its_own_text():
     registry = WorkerRegistry()
     add_worker(registry, "dead", 9, [], batch_size=1, raise_error=unavailable())
-    dispatcher = Dispatcher(registry)
+    dispatcher = dispatcher_of(registry)
 
     async def scenario():
         return await asyncio.gather(dispatcher.predict(spec_of(version=0), instances_of(1)),
@@ -509,7 +539,7 @@ def test_a_lost_worker_fails_each_request_of_a_shared_call_with_its_own_text():
 def test_a_closed_channel_counts_as_a_lost_worker():
     registry = WorkerRegistry()
     record = add_worker(registry, "closed", 10, [], raise_error=grpc.aio.UsageError("Channel is closed."))
-    results = asyncio.run(Dispatcher(registry).predict(spec_of(), instances_of(1)))
+    results = asyncio.run(dispatcher_of(registry).predict(spec_of(), instances_of(1)))
     assert [(r.code, r.message) for r in results] == [
         (errors.WORKER_UNAVAILABLE, "Request servable(add) method(m) , servable is not available: the worker (pid 10) "
                                     "stopped while handling it")]
@@ -519,7 +549,7 @@ def test_a_closed_channel_counts_as_a_lost_worker():
 def test_other_failures_of_a_call_reach_every_request_in_it():
     registry = WorkerRegistry()
     add_worker(registry, "odd", 11, [], raise_error=ValueError("odd failure"))
-    dispatcher = Dispatcher(registry)
+    dispatcher = dispatcher_of(registry)
 
     async def scenario():
         return await asyncio.gather(dispatcher.predict(spec_of(), instances_of(1)),
@@ -529,60 +559,6 @@ def test_other_failures_of_a_call_reach_every_request_in_it():
     assert dispatcher.enqueued == 0
 
 
-# ---------------------------------------------------------------- build_reply
-
-
-def ok_instance(value):
-    return instance_to_proto({"y": np.array([value], np.float32)})
-
-
-def test_build_reply_without_errors_has_instances_only():
-    spec = spec_of(version=2)
-    reply = build_reply(spec, [ok_instance(1), ok_instance(2)])
-    assert reply.servable_spec == spec
-    assert len(reply.error_msg) == 0
-    assert [float(tensor_to_value(i.items["y"])[0]) for i in reply.instances] == [1.0, 2.0]
-
-
-def test_build_reply_same_error_everywhere_is_a_global_error():
-    error = errors.InvalidInputs("Given model input 0 size 4 not match the size 16 defined in model")
-    reply = build_reply(spec_of(), [error, errors.InvalidInputs(error.message), errors.InvalidInputs(error.message)])
-    assert len(reply.instances) == 0
-    assert [(e.error_code, e.error_msg.decode()) for e in reply.error_msg] == [(errors.INVALID_INPUTS, error.message)]
-    assert isinstance(reply_to_results(reply), errors.InvalidInputs)
-
-
-def test_build_reply_empty_global_message_becomes_predict_failed():
-    reply = build_reply(spec_of(), [errors.Failed("")])
-    assert [(e.error_code, e.error_msg.decode()) for e in reply.error_msg] == [(errors.FAILED, "Predict failed")]
-
-
-def test_build_reply_same_text_different_codes_stays_per_instance():
-    reply = build_reply(spec_of(), [errors.Failed("x"), errors.InvalidInputs("x")])
-    assert len(reply.instances) == 2
-    assert [(e.error_code, e.error_msg.decode()) for e in reply.error_msg] == [(errors.FAILED, "x"),
-                                                                                (errors.INVALID_INPUTS, "x")]
-
-
-def test_build_reply_mixed_results_are_per_instance():
-    reply = build_reply(spec_of(), [ok_instance(1), errors.InvalidInputs("bad"), ok_instance(3),
-                                    errors.Failed("worse")])
-    assert len(reply.instances) == len(reply.error_msg) == 4
-    assert [(e.error_code, e.error_msg.decode()) for e in reply.error_msg] == [
-        (errors.OK, ""), (errors.INVALID_INPUTS, "bad"), (errors.OK, ""), (errors.FAILED, "worse")]
-    assert len(reply.instances[1].items) == 0 and len(reply.instances[3].items) == 0
-    results = reply_to_results(reply)
-    assert float(results[0]["y"][0]) == 1.0 and float(results[2]["y"][0]) == 3.0
-    assert (results[1].code, results[1].message) == (errors.INVALID_INPUTS, "bad")
-
-
-def test_error_reply():
-    reply = grpc_error_reply(spec_of(name="x"), errors.ServableUnavailable("gone"))
-    assert reply.servable_spec.name == "x"
-    assert len(reply.instances) == 0
-    assert [(e.error_code, e.error_msg.decode()) for e in reply.error_msg] == [(errors.SERVABLE_UNAVAILABLE, "gone")]
-
-
 def test_a_call_carries_at_most_max_call_bytes_but_a_large_chunk_still_goes(monkeypatch):
     from mindspore_serving.master import dispatcher as dispatcher_module
     size = instances_of(1)[0].ByteSize()
@@ -590,11 +566,16 @@ def test_a_call_carries_at_most_max_call_bytes_but_a_large_chunk_still_goes(monk
     registry = WorkerRegistry()
     calls = []
     add_worker(registry, "w", 1, calls, batch_size=4)
-    dispatcher = Dispatcher(registry)
+    clock = FakeClock()
+    dispatcher = dispatcher_of(registry, clock)
 
     async def scenario():
-        return await asyncio.gather(*[dispatcher.predict(spec_of(), instances_of(*xs))
-                                      for xs in ([1], [2], [3], [4, 5, 6])])
+        tasks = [asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(*xs)))
+                 for xs in ([1], [2], [3], [4, 5, 6])]
+        # [4, 5, 6] is a partial batch once [3] is answered: it waits for that client, who does not come back
+        await until(lambda: settled(dispatcher, tasks, calls) and clock.pending())
+        clock.advance(SETTLE_SECONDS)
+        return await asyncio.gather(*tasks)
 
     answers = asyncio.run(scenario())
     assert [call["xs"] for call in calls] == [[1, 2], [3], [4, 5, 6]]
