@@ -43,6 +43,7 @@ class AgentServicer(agent_pb2_grpc.LlmAgentServicer):
         self._turn = threading.Condition()  # one step at a time: the KV cache is shared state
         self._done_step = 0                 # the attached worker's last step run
         self._last_tokens = None            # (step id, last token per row) of the last greedy step
+        self._decoder = protocol.StepDecoder()  # the block tables the worker sent, kept in step order
 
     def Info(self, request, context):
         return agent_pb2.AgentInfo(protocol_version=protocol.AGENT_PROTOCOL_VERSION, rank=self.rank,
@@ -51,13 +52,12 @@ class AgentServicer(agent_pb2_grpc.LlmAgentServicer):
                                    device=self.device, pid=os.getpid())
 
     def Step(self, request, context):
-        seqs = protocol.decode_step(request)
         with self._turn:
             try:
                 if not self._turn.wait_for(lambda: self._done_step >= request.after_step_id, ORDER_TIMEOUT):
                     raise RuntimeError(f"step {request.after_step_id}, which step {request.step_id} follows, did not "
                                        f"come within {ORDER_TIMEOUT:.0f} s (the agent ran up to step {self._done_step})")
-                result = self._run(request, seqs)
+                result = self._run(request, self._decoder.decode(request))
             except Exception as err:  # reported to the worker, which fails that step's requests
                 log.exception(f"agent rank {self.rank} step {request.step_id} failed")
                 return agent_pb2.StepReply(step_id=request.step_id, error=str(err))
@@ -83,6 +83,7 @@ class AgentServicer(agent_pb2_grpc.LlmAgentServicer):
         with self._turn:  # its steps count from 1
             self._done_step = 0
             self._last_tokens = None
+            self._decoder = protocol.StepDecoder()
         done = threading.Event()
         context.add_callback(done.set)
         yield agent_pb2.AgentEvent(message="attached")

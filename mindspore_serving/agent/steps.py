@@ -28,7 +28,7 @@ def fill_placeholders(seqs: Sequence[SeqStep], prev_rows: Sequence[int],
         if seq.token_ids != [PLACEHOLDER] or row >= len(last_tokens):
             raise ValueError(f"sequence {i} (tokens {seq.token_ids[:4]}) cannot continue row {row} of a previous "
                              f"step of {len(last_tokens)} rows; only one-token placeholder rows can")
-        filled.append(SeqStep([int(last_tokens[row])], seq.start_pos, seq.block_table))
+        filled.append(SeqStep([int(last_tokens[row])], seq.start_pos, seq.block_table, seq.seq_id))
     return filled
 
 

@@ -2,41 +2,103 @@
 (SeqStep lists in, logits or greedy tokens out). AGENT_PROTOCOL_VERSION guards both."""
 import os
 import struct
-from typing import List, Optional, Sequence
+from collections import OrderedDict
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
 from mindspore_serving.llm.model_io import SeqStep
 from mindspore_serving.proto import agent_pb2
 
-AGENT_PROTOCOL_VERSION = 3
+AGENT_PROTOCOL_VERSION = 4
 MAX_AGENT_MSG_BYTES = 512 * 1024 * 1024
 AGENT_CHANNEL_OPTIONS = [("grpc.max_send_message_length", MAX_AGENT_MSG_BYTES),
                          ("grpc.max_receive_message_length", MAX_AGENT_MSG_BYTES)]
 
 
-def encode_step(step_id: int, seqs: Sequence[SeqStep], greedy_steps: int = 0, after_step_id: int = 0,
-                prev_rows: Sequence[int] = ()) -> "agent_pb2.StepRequest":
-    request = agent_pb2.StepRequest(step_id=step_id, greedy_steps=greedy_steps, after_step_id=after_step_id)
-    request.prev_rows.extend(prev_rows)
-    request.query_lens.extend(len(seq.token_ids) for seq in seqs)
-    request.start_pos.extend(seq.start_pos for seq in seqs)
-    request.block_table_lens.extend(len(seq.block_table) for seq in seqs)
-    for seq in seqs:
-        request.token_ids.extend(seq.token_ids)
-        request.block_tables.extend(seq.block_table)
-    return request
+class StepEncoder:
+    """The worker's side of the Step messages. A sequence the engine names (`SeqStep.seq_id` >= 0) has its block
+    table sent once; later steps carry only the block ids appended since (vLLM sends a request's data once and
+    then its per-step change), and the agents keep the tables in step order (`StepDecoder`). The tables kept
+    are the `max_tables` sequences used last; one pushed out is released in the same message, so both sides
+    always keep the same ones."""
+
+    def __init__(self, max_tables: int = 1024):
+        self.max_tables = max_tables
+        self._tables: "OrderedDict[int, List[int]]" = OrderedDict()  # seq_id -> table as the agents keep it
+        self._reset = False
+
+    def reset(self):
+        """Forgets every table, here and (with the next message) in the agents: after a failed step, whose
+        table updates an agent may not have made."""
+        self._tables.clear()
+        self._reset = True
+
+    def encode(self, step_id: int, seqs: Sequence[SeqStep], greedy_steps: int = 0, after_step_id: int = 0,
+               prev_rows: Sequence[int] = ()) -> "agent_pb2.StepRequest":
+        request = agent_pb2.StepRequest(step_id=step_id, greedy_steps=greedy_steps, after_step_id=after_step_id,
+                                        reset_tables=self._reset)
+        self._reset = False
+        request.prev_rows.extend(prev_rows)
+        request.query_lens.extend(len(seq.token_ids) for seq in seqs)
+        request.start_pos.extend(seq.start_pos for seq in seqs)
+        request.seq_ids.extend(seq.seq_id for seq in seqs)
+        starts = [self._table_start(seq) for seq in seqs]
+        if any(starts):
+            request.table_starts.extend(starts)
+        request.block_table_lens.extend(len(seq.block_table) - start for seq, start in zip(seqs, starts))
+        for seq, start in zip(seqs, starts):
+            request.token_ids.extend(seq.token_ids)
+            request.block_tables.extend(seq.block_table[start:])
+        while len(self._tables) > self.max_tables:
+            request.released_seq_ids.append(self._tables.popitem(last=False)[0])
+        return request
+
+    def _table_start(self, seq: SeqStep) -> int:
+        """Where the ids sent for `seq` start: after the table the agents keep when `seq` extends it, else 0."""
+        if seq.seq_id < 0:
+            return 0
+        kept = self._tables.pop(seq.seq_id, None)
+        self._tables[seq.seq_id] = list(seq.block_table)  # the newest at the end: pushed out last
+        if kept is not None and len(kept) <= len(seq.block_table) and seq.block_table[:len(kept)] == kept:
+            return len(kept)
+        return 0
 
 
-def decode_step(request: "agent_pb2.StepRequest") -> List[SeqStep]:
-    tokens = list(request.token_ids)
-    tables = list(request.block_tables)
-    seqs, token_at, table_at = [], 0, 0
-    for query_len, start_pos, table_len in zip(request.query_lens, request.start_pos, request.block_table_lens):
-        seqs.append(SeqStep(tokens[token_at:token_at + query_len], start_pos, tables[table_at:table_at + table_len]))
-        token_at += query_len
-        table_at += table_len
-    return seqs
+class StepDecoder:
+    """The agent's side: rebuilds each sequence's whole block table from the ids sent and the tables kept.
+    Messages must be decoded in step order (the agent runs steps in that order)."""
+
+    def __init__(self):
+        self._tables: Dict[int, List[int]] = {}
+
+    def decode(self, request: "agent_pb2.StepRequest") -> List[SeqStep]:
+        if request.reset_tables:
+            self._tables.clear()
+        for seq_id in request.released_seq_ids:
+            self._tables.pop(seq_id, None)
+        tokens = list(request.token_ids)
+        ids = list(request.block_tables)
+        count = len(request.query_lens)
+        seq_ids = list(request.seq_ids) or [-1] * count
+        starts = list(request.table_starts) or [0] * count
+        seqs, token_at, table_at = [], 0, 0
+        for query_len, start_pos, sent, seq_id, start in zip(request.query_lens, request.start_pos,
+                                                               request.block_table_lens, seq_ids, starts):
+            table = ids[table_at:table_at + sent]
+            if start:
+                kept = self._tables.get(seq_id)
+                if kept is None or len(kept) < start:
+                    raise RuntimeError(f"step {request.step_id}: sequence {seq_id} continues a table of {start} "
+                                       f"blocks that this agent does not hold "
+                                       f"({'none' if kept is None else len(kept)})")
+                table = kept[:start] + table
+            if seq_id >= 0:
+                self._tables[seq_id] = table
+            seqs.append(SeqStep(tokens[token_at:token_at + query_len], start_pos, table, seq_id))
+            token_at += query_len
+            table_at += sent
+        return seqs
 
 
 def encode_logits(step_id: int, logits: np.ndarray) -> "agent_pb2.StepReply":

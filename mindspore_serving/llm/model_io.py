@@ -37,6 +37,9 @@ class SeqStep:
     token_ids: List[int]
     start_pos: int
     block_table: List[int]
+    seq_id: int = -1
+    """The engine's id of the sequence (-1: none): a runner across processes sends its table once, then the
+    blocks appended to it."""
 
     @property
     def query_len(self) -> int:

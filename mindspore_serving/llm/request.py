@@ -88,6 +88,8 @@ class Request:
         self.eos_token_id = eos_token_id
         self.status = RequestStatus.WAITING
         self.error: Optional[str] = None
+        self.seq_id = -1
+        """The scheduler's number for this request (SeqStep.seq_id), given when it is added."""
 
         self.output_token_ids: List[int] = []
         self._all_token_ids: List[int] = list(self.prompt_token_ids)

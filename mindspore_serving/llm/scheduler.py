@@ -28,6 +28,7 @@ so that `schedule()` can plan the next step (its rows continue from the placehol
 reach max_new_tokens (or max_model_len) within the plan leaves the batch and frees its blocks at once; it
 finishes when its tokens arrive. `update_from_steps` puts the real tokens in place of the placeholders.
 """
+import itertools
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -125,6 +126,7 @@ class Scheduler:
         self._draining: Dict[str, Request] = {}
         """Requests out of the batch, blocks freed, whose last tokens are still being computed."""
         self._step_id = 0
+        self._seq_ids = itertools.count()
         self.num_preemptions = 0
         self.last_arrival_time = float("-inf")
 
@@ -134,6 +136,7 @@ class Scheduler:
             raise ValueError(f"request id {request.request_id!r} is already in the scheduler")
         if request.status is not RequestStatus.WAITING:
             raise ValueError(f"request {request.request_id!r} must be WAITING to be added, it is {request.status.name}")
+        request.seq_id = next(self._seq_ids)
         self.requests[request.request_id] = request
         self.waiting.append(request)
         self.last_arrival_time = self.clock()
@@ -253,7 +256,7 @@ class Scheduler:
             start = request.num_computed_tokens
             end = start + num_tokens
             step = SeqStep(token_ids=request.all_token_ids[start:end], start_pos=start,
-                           block_table=list(request.block_table))
+                           block_table=list(request.block_table), seq_id=request.seq_id)
             is_decode = num_tokens == 1 and request.num_output_tokens > 0 and end == request.num_tokens
             output.scheduled.append(ScheduledSeq(request_id, num_tokens, step, samples=end == request.num_tokens,
                                                  is_prefill=not is_decode))

@@ -3,11 +3,14 @@ continuing a greedy step get its last tokens (async scheduling)."""
 import threading
 
 import numpy as np
+import pytest
 
 from mindspore_serving.ipc import agent as protocol
 from mindspore_serving.agent.process import AgentServicer
 from mindspore_serving.llm.model_io import PLACEHOLDER, SeqStep, run_greedy_steps
 from mindspore_serving.llm.testing import FakeModelRunner
+from mindspore_serving.proto import agent_pb2
+from mindspore_serving.worker.llm.agent_client import _StepCall
 
 
 def make_runner():
@@ -18,20 +21,92 @@ def servicer(runner):
     return AgentServicer(runner, rank=0, device="CPU", on_detach=lambda reason: None)
 
 
+def encode(*args, **kwargs):
+    """A step message of sequences the engine does not name: whole tables, nothing kept between messages."""
+    return protocol.StepEncoder().encode(*args, **kwargs)
+
+
 PROMPTS = [SeqStep([5, 6, 7], 0, [1, 2]), SeqStep([9, 10], 0, [3, 4])]
 
 
 def test_step_messages_round_trip():
-    request = protocol.encode_step(7, PROMPTS, greedy_steps=3, after_step_id=6, prev_rows=[-1, 0])
+    request = encode(7, PROMPTS, greedy_steps=3, after_step_id=6, prev_rows=[-1, 0])
     assert request.after_step_id == 6 and list(request.prev_rows) == [-1, 0] and request.greedy_steps == 3
-    assert protocol.decode_step(request) == PROMPTS
+    assert protocol.StepDecoder().decode(request) == PROMPTS
+
+
+def decode_steps(steps, encoder=None, decoder=None):
+    """Each step list through one encoder and one decoder, as a worker and its agent see them: (messages,
+    decoded steps)."""
+    encoder = encoder or protocol.StepEncoder()
+    decoder = decoder or protocol.StepDecoder()
+    messages = [encoder.encode(i + 1, seqs) for i, seqs in enumerate(steps)]
+    return messages, [decoder.decode(message) for message in messages]
+
+
+def test_a_named_sequence_sends_its_table_once_then_the_blocks_appended():
+    steps = [[SeqStep([1, 2, 3, 4, 5], 0, [7, 8], seq_id=0)],
+             [SeqStep([6], 5, [7, 8], seq_id=0), SeqStep([9, 9], 0, [3], seq_id=1)],
+             [SeqStep([7], 6, [7, 8, 11], seq_id=0), SeqStep([1], 2, [3], seq_id=1)]]
+    messages, decoded = decode_steps(steps)
+    assert decoded == steps
+    assert [list(m.block_tables) for m in messages] == [[7, 8], [3], [11]]
+    assert [list(m.table_starts) for m in messages] == [[], [2, 0], [2, 1]]
+
+
+def test_a_table_that_does_not_extend_the_kept_one_is_sent_whole():
+    # preempted and scheduled again on other blocks, or unnamed
+    steps = [[SeqStep([1, 2], 0, [7, 8], seq_id=0), SeqStep([4], 3, [5], seq_id=-1)],
+             [SeqStep([1, 2, 3], 0, [9, 8], seq_id=0), SeqStep([4], 4, [5], seq_id=-1)]]
+    messages, decoded = decode_steps(steps)
+    assert decoded == steps
+    assert list(messages[1].block_tables) == [9, 8, 5] and not messages[1].table_starts
+
+
+def test_tables_pushed_out_are_released_on_both_sides():
+    encoder, decoder = protocol.StepEncoder(max_tables=2), protocol.StepDecoder()
+    steps = [[SeqStep([1], 0, [1], seq_id=0)], [SeqStep([1], 0, [2], seq_id=1)], [SeqStep([1], 0, [3], seq_id=2)],
+             [SeqStep([2], 1, [1], seq_id=0)]]
+    messages, decoded = decode_steps(steps, encoder, decoder)
+    assert decoded == steps
+    assert list(messages[2].released_seq_ids) == [0]
+    assert list(messages[3].block_tables) == [1] and not messages[3].table_starts  # sent whole again
+    assert sorted(decoder._tables) == sorted(encoder._tables)  # pylint: disable=protected-access
+
+
+def test_after_a_failure_every_table_is_sent_whole_and_the_agent_forgets_the_rest():
+    encoder, decoder = protocol.StepEncoder(), protocol.StepDecoder()
+    decode_steps([[SeqStep([1], 0, [4], seq_id=0), SeqStep([1], 0, [5], seq_id=1)]], encoder, decoder)
+    encoder.reset()
+    message = encoder.encode(2, [SeqStep([2], 1, [4], seq_id=0)])
+    assert message.reset_tables and list(message.block_tables) == [4] and not message.table_starts
+    assert decoder.decode(message) == [SeqStep([2], 1, [4], seq_id=0)]
+    assert list(decoder._tables) == [0]  # pylint: disable=protected-access
+
+
+def test_a_table_the_agent_does_not_hold_fails_the_step_with_a_reason():
+    encoder = protocol.StepEncoder()
+    encoder.encode(1, [SeqStep([1], 0, [4], seq_id=3)])  # never reached this agent
+    message = encoder.encode(2, [SeqStep([2], 1, [4, 6], seq_id=3)])
+    with pytest.raises(RuntimeError, match="sequence 3 continues a table of 1 blocks that this agent does not hold"):
+        protocol.StepDecoder().decode(message)
+
+
+def test_a_long_context_decode_step_shrinks():
+    rng = np.random.default_rng(0)
+    tables = [list(rng.choice(np.arange(1, 512), 12, replace=False)) for _ in range(16)]
+    first = [SeqStep([3], 180, [int(b) for b in t], seq_id=i) for i, t in enumerate(tables)]
+    later = [SeqStep([4], 181, seq.block_table, seq_id=seq.seq_id) for seq in first]
+    messages, _ = decode_steps([first, later])
+    whole = encode(2, later).ByteSize()
+    assert messages[1].ByteSize() < whole / 2
 
 
 def test_placeholder_rows_continue_from_the_last_greedy_step():
     agent = servicer(make_runner())
-    first = protocol.decode_greedy(agent.Step(protocol.encode_step(1, PROMPTS, greedy_steps=2), None), 2)
+    first = protocol.decode_greedy(agent.Step(encode(1, PROMPTS, greedy_steps=2), None), 2)
     follow = [SeqStep([PLACEHOLDER], 4, [1, 2]), SeqStep([PLACEHOLDER], 3, [3, 4])]
-    second = protocol.decode_greedy(agent.Step(protocol.encode_step(2, follow, 2, after_step_id=1,
+    second = protocol.decode_greedy(agent.Step(encode(2, follow, 2, after_step_id=1,
                                                                     prev_rows=[0, 1]), None), 2)
     want, _ = run_greedy_steps(make_runner(), PROMPTS, 4)
     np.testing.assert_array_equal(np.concatenate([first[0], second[0]], axis=1), want)
@@ -43,9 +118,9 @@ def test_a_step_waits_for_the_step_it_follows():
     follow = [SeqStep([PLACEHOLDER], 3, [1, 2]), SeqStep([PLACEHOLDER], 2, [3, 4])]
     replies = {}
     later = threading.Thread(target=lambda: replies.setdefault(
-        2, agent.Step(protocol.encode_step(2, follow, 1, after_step_id=1, prev_rows=[0, 1]), None)))
+        2, agent.Step(encode(2, follow, 1, after_step_id=1, prev_rows=[0, 1]), None)))
     later.start()  # sent second, arrives first
-    replies[1] = agent.Step(protocol.encode_step(1, PROMPTS, greedy_steps=1), None)
+    replies[1] = agent.Step(encode(1, PROMPTS, greedy_steps=1), None)
     later.join(timeout=30)
     assert not replies[1].error and not replies[2].error
     assert [len(call[0].token_ids) for call in runner.calls] == [3, 1]  # the prompts ran first
@@ -55,9 +130,37 @@ def test_placeholders_after_a_failed_step_fail_with_a_reason():
     runner = make_runner()
     agent = servicer(runner)
     runner.fail_next = RuntimeError("device lost")
-    assert "device lost" in agent.Step(protocol.encode_step(1, PROMPTS, greedy_steps=2), None).error
+    assert "device lost" in agent.Step(encode(1, PROMPTS, greedy_steps=2), None).error
     follow = [SeqStep([PLACEHOLDER], 4, [1, 2])]
-    reply = agent.Step(protocol.encode_step(2, follow, 2, after_step_id=1, prev_rows=[0]), None)
+    reply = agent.Step(encode(2, follow, 2, after_step_id=1, prev_rows=[0]), None)
     assert "continues row 0 of the previous step, which chose no tokens" in reply.error
     # a step that does not continue anything runs
-    assert not agent.Step(protocol.encode_step(3, PROMPTS, 1, after_step_id=2), None).error
+    assert not agent.Step(encode(3, PROMPTS, 1, after_step_id=2), None).error
+
+
+def test_the_agent_runs_a_step_on_the_tables_it_kept():
+    runner = make_runner()
+    agent, encoder = servicer(runner), protocol.StepEncoder()
+    prompt = SeqStep([5, 6, 7, 8, 9], 0, [1, 2], seq_id=0)
+    assert not agent.Step(encoder.encode(1, [prompt]), None).error
+    decode = SeqStep([4], 5, [1, 2], seq_id=0)
+    message = encoder.encode(2, [decode], after_step_id=1)
+    assert not message.block_tables  # nothing new to send
+    assert not agent.Step(message, None).error
+    assert runner.calls[-1][0] == decode
+
+
+def test_a_failed_step_makes_the_worker_send_whole_tables_again():
+    class Done:
+        def __init__(self, reply):
+            self.reply = reply
+
+        def result(self):
+            return self.reply
+
+    failures = []
+    call = _StepCall([Done(agent_pb2.StepReply(step_id=1)), Done(agent_pb2.StepReply(step_id=1, error="boom"))], 0,
+                     lambda: failures.append(1))
+    with pytest.raises(RuntimeError, match="agent rank 1 step failed: boom"):
+        call.result()
+    assert failures == [1]

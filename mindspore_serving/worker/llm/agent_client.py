@@ -28,6 +28,7 @@ class AgentRunner(MultiStepRunner, StepSubmitter):
         self._closing = threading.Event()
         self._step_ids = itertools.count(1)
         self._last_step_id = 0
+        self._encoder = protocol.StepEncoder()
         self.channels = [grpc.insecure_channel(a, options=protocol.AGENT_CHANNEL_OPTIONS) for a in self.addresses]
         for address, channel in zip(self.addresses, self.channels):
             try:
@@ -76,8 +77,8 @@ class AgentRunner(MultiStepRunner, StepSubmitter):
         placeholder rows continue from the step submitted before). `.result()`: rank 0's logits, or (tokens,
         logprobs) of a greedy step; raises when any rank failed. Called from one thread (the engine's)."""
         step_id = next(self._step_ids)
-        request = protocol.encode_step(step_id, seqs, greedy_steps, self._last_step_id, prev_rows)
-        call = _StepCall([stub.Step.future(request) for stub in self.stubs], greedy_steps)
+        request = self._encoder.encode(step_id, seqs, greedy_steps, self._last_step_id, prev_rows)
+        call = _StepCall([stub.Step.future(request) for stub in self.stubs], greedy_steps, self._encoder.reset)
         self._last_step_id = step_id  # sent: the next step runs after it
         return call
 
@@ -90,17 +91,23 @@ class AgentRunner(MultiStepRunner, StepSubmitter):
 
 
 class _StepCall:
-    """A step sent to every rank; `result()` waits for the replies."""
+    """A step sent to every rank; `result()` waits for the replies. A failed step calls `on_failure` (a rank
+    may not have kept that step's block tables)."""
 
-    def __init__(self, calls, greedy_steps: int):
+    def __init__(self, calls, greedy_steps: int, on_failure: Callable[[], None]):
         self.calls = calls
         self.greedy_steps = greedy_steps
+        self.on_failure = on_failure
 
     def result(self):
-        replies = [call.result() for call in self.calls]
-        for rank, reply in enumerate(replies[1:], start=1):
-            if reply.error:
-                raise RuntimeError(f"agent rank {rank} step failed: {reply.error}")
-        if self.greedy_steps:
-            return protocol.decode_greedy(replies[0], self.greedy_steps)
-        return protocol.decode_logits(replies[0])
+        try:
+            replies = [call.result() for call in self.calls]
+            for rank, reply in enumerate(replies[1:], start=1):
+                if reply.error:
+                    raise RuntimeError(f"agent rank {rank} step failed: {reply.error}")
+            if self.greedy_steps:
+                return protocol.decode_greedy(replies[0], self.greedy_steps)
+            return protocol.decode_logits(replies[0])
+        except BaseException:
+            self.on_failure()
+            raise
