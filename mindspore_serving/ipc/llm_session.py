@@ -11,6 +11,7 @@ events it builds with `output_events` / `error_event` and the master reads with 
 - The worker announces LLM_SESSION_PROTOCOL_VERSION in its registration facts (`registration_facts`); the
   master opens sessions only with workers whose facts carry its own version (`read_facts`).
 """
+import functools
 import json
 from dataclasses import dataclass, fields
 from typing import Iterable, List, Optional, Union
@@ -70,8 +71,10 @@ def registration_facts(**facts) -> str:
     return json.dumps({**facts, _VERSION_FACT: LLM_SESSION_PROTOCOL_VERSION})
 
 
+@functools.lru_cache(maxsize=256)
 def read_facts(text: Optional[str]) -> Optional[dict]:
-    """The facts of a worker that speaks this session protocol; None for any other worker."""
+    """The facts of a worker that speaks this session protocol; None for any other worker. Parsed once per
+    registration text (every generation looks its workers up); callers do not modify the dict."""
     if not text:
         return None
     facts = json.loads(text)
