@@ -53,18 +53,24 @@ _PARAMETER_RULES = {
 }
 
 
+def _refuse_false(text: str):
+    """A field validator that refuses an empty or false value with `text`."""
+
+    def check(value):
+        if not value:
+            raise ValueError(text)
+        return value
+
+    return check
+
+
 class _Prompt(BaseModel):
     """What every generate body starts with: a non-empty `inputs`; no field beyond the declared ones."""
     model_config = ConfigDict(extra="forbid")
 
     inputs: str
 
-    @field_validator("inputs")
-    @classmethod
-    def _inputs(cls, value):
-        if not value:
-            raise ValueError("`inputs` cannot be empty")
-        return value
+    _inputs = field_validator("inputs")(_refuse_false("`inputs` cannot be empty"))
 
 
 class TgiParameters(BaseModel):
@@ -122,12 +128,8 @@ class TgiRequest(_Prompt):
     """Read by the compat route `POST /` only."""
     add_special_tokens: bool = True
 
-    @field_validator("add_special_tokens")
-    @classmethod
-    def _add_special_tokens(cls, value):
-        if not value:
-            raise ValueError("`add_special_tokens` = false is not supported by this server")
-        return value
+    _add_special_tokens = field_validator("add_special_tokens")(
+        _refuse_false("`add_special_tokens` = false is not supported by this server"))
 
     def check_stream(self) -> None:
         if self.parameters.decoder_input_details:
