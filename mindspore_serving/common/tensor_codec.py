@@ -93,9 +93,9 @@ def format_shape(dims: Iterable[int]) -> str:
 
 # ------------------------------------------------------------------------------------- value <-> tensor
 
-def _as_array(value) -> np.ndarray:
-    if isinstance(value, np.ndarray):
-        return value
+def scalar_to_array(value) -> Optional[np.ndarray]:
+    """A numpy scalar, or a Python bool, int or float (as bool, int64, float64), as a 0-d array; None for any
+    other value."""
     if isinstance(value, np.generic):
         return np.asarray(value)
     if isinstance(value, bool):
@@ -104,7 +104,16 @@ def _as_array(value) -> np.ndarray:
         return np.array(value, np.int64)
     if isinstance(value, float):
         return np.array(value, np.float64)
-    raise TypeError(f"Not support value type {type(value)}")
+    return None
+
+
+def _as_array(value) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        return value
+    array = scalar_to_array(value)
+    if array is None:
+        raise TypeError(f"Not support value type {type(value)}")
+    return array
 
 
 def value_to_tensor(value, tensor: Optional[pb.Tensor] = None, string_dims: Sequence[int] = ()) -> pb.Tensor:

@@ -18,7 +18,8 @@ the middle of a stream (the status is already 200 there).
     incomplete   500 incomplete_generation   500 server_error, incomplete_generation        OK + ErrorMsg
     internal     500 internal                500 server_error                               OK + ErrorMsg
 
-MindSpore Serving's classic RESTful protocol always answers HTTP 200 with `{"error_msg": ...}`.
+MindSpore Serving's classic RESTful protocol always answers HTTP 200 with `{"error_msg": ...}`, also for each
+failed instance of a reply. `classic_error` names an unexpected exception as the classic protocols do.
 """
 import enum
 from typing import Tuple
@@ -76,12 +77,19 @@ def http_error(protocol: Protocol, error: BaseException) -> Tuple[int, dict]:
     return 200, {"error_msg": message}
 
 
+def classic_error(error: BaseException) -> errors.ServingError:
+    """`error` as MindSpore Serving's classic protocols (gRPC and the RESTful `/model/...` route) report it: a
+    ServingError as it is, an unexpected exception as a SYSTEM_ERROR "Serving Error: <exception>"."""
+    if isinstance(error, errors.ServingError):
+        return error
+    return errors.SystemError_(f"Serving Error: {error}")
+
+
 def grpc_error(error: BaseException) -> Tuple[grpc.StatusCode, ms_service_pb2.ErrorMsg]:
     """The gRPC status that ends a call failing with `error`, and the ErrorMsg its reply carries when the status
     is OK. Overloaded ends the call with RESOURCE_EXHAUSTED, gRPC clients' back-pressure signal; any other
     error is a reply. An unexpected exception is a SYSTEM_ERROR that names it."""
-    if not isinstance(error, errors.ServingError):
-        error = errors.SystemError_(f"Serving Error: {error}")
+    error = classic_error(error)
     if error.KIND is Kind.OVERLOADED:
         return grpc.StatusCode.RESOURCE_EXHAUSTED, error_msg(error)
     return grpc.StatusCode.OK, error_msg(error)

@@ -25,6 +25,7 @@ import orjson
 
 from mindspore_serving.common import errors
 from mindspore_serving.common.tensor_codec import ShapedBytes, ShapedStr, is_error
+from mindspore_serving.frontends.errors import Protocol, classic_error, http_error
 from mindspore_serving.frontends.replies import global_error
 
 CONTENT_TYPE = "application/json"
@@ -451,18 +452,19 @@ def _value_json(value):
 
 def _instance_json(result):
     if is_error(result):
-        return {"error_msg": errors.as_serving_error(result).message}
+        return http_error(Protocol.MINDSPORE, errors.as_serving_error(result))[1]
     if not result:
         raise _ReplyError("reply instance items is empty")
     return {name: _value_json(value) for name, value in result.items()}
 
 
-def encode_error(message: str) -> bytes:
-    """`{"error_msg": message}`."""
+def encode_error(error: BaseException) -> bytes:
+    """The body of a reply that fails the whole request with `error` (`classic_error` names an unexpected one)."""
+    _, body = http_error(Protocol.MINDSPORE, classic_error(error))
     try:
-        return orjson.dumps({"error_msg": message})
+        return orjson.dumps(body)
     except TypeError:  # e.g. lone surrogates from undecodable bytes
-        return orjson.dumps({"error_msg": message.encode("utf-8", "replace").decode("utf-8")})
+        return orjson.dumps({key: text.encode("utf-8", "replace").decode("utf-8") for key, text in body.items()})
 
 
 def encode_reply(results) -> bytes:
@@ -471,11 +473,11 @@ def encode_reply(results) -> bytes:
     instance, `{"error_msg": ..}` for the failed ones."""
     single = global_error(results)
     if single is not None:
-        return encode_error(single.message or "Predict failed")
+        return encode_error(single if single.message else errors.make_error(single.code, "Predict failed"))
     try:
         document = {"instances": [_instance_json(result) for result in results]}
         return orjson.dumps(document, option=_DUMP_OPTIONS)
     except _ReplyError as err:
-        return encode_error(f"Failed to construct the response: {err}")
+        return encode_error(errors.SystemError_(f"Failed to construct the response: {err}"))
     except (TypeError, ValueError):
-        return encode_error("Failed to construct the response")
+        return encode_error(errors.SystemError_("Failed to construct the response"))

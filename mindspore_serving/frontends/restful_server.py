@@ -76,7 +76,7 @@ class RestfulApp:
                 await response(scope, receive, send)
                 return
         if body is None:
-            reply = restful_codec.encode_error(f"http message is bigger than {self.max_bytes}")
+            reply = restful_codec.encode_error(errors.InvalidInputs(f"http message is bigger than {self.max_bytes}"))
         else:
             reply = await self.handle(scope["method"], scope["path"], body)
         await send({"type": "http.response.start", "status": 200,
@@ -106,10 +106,10 @@ class RestfulApp:
             instances_to_proto(instances, request.instances)
             results = await self.dispatcher.predict(spec, request.instances)
         except errors.ServingError as err:
-            return restful_codec.encode_error(err.message)
+            return restful_codec.encode_error(err)
         except Exception as err:
             log.exception("RESTful request failed")
-            return restful_codec.encode_error(f"Serving Error: {err}")
+            return restful_codec.encode_error(err)
         return restful_codec.encode_reply(
             [result if isinstance(result, errors.ServingError) else proto_to_instance(result, copy=False)
              for result in results])

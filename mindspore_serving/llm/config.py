@@ -4,8 +4,10 @@
 field, the value and the fix, and combinations that could never serve a request (a pool too small for
 one sequence, a budget too small for a prompt without chunking) are rejected up front.
 """
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Optional
+
+from mindspore_serving.llm.fields import check_known_fields
 
 CONTINUOUS = "continuous"
 STATIC = "static"
@@ -149,10 +151,7 @@ class SchedulerConfig:
     @classmethod
     def for_runner(cls, runner, **overrides) -> "SchedulerConfig":
         """A config matching a ModelRunner's cache geometry (block_size, num_blocks, max_seq_len)."""
-        unknown = set(overrides) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown SchedulerConfig fields {sorted(unknown)}; "
-                             f"known: {sorted(f.name for f in fields(cls))}")
+        check_known_fields(cls, overrides, "SchedulerConfig fields")
         values = dict(block_size=runner.block_size, num_blocks=runner.num_blocks, max_model_len=runner.max_seq_len)
         values.update(overrides)
         return cls(**values)

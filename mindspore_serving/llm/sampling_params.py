@@ -6,10 +6,11 @@ ValueError) whose message names the field, the value and the allowed range, e.g.
 """
 import math
 import numbers
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple, Union
 
 from mindspore_serving.llm.errors import InvalidRequestError
+from mindspore_serving.llm.fields import check_known_fields
 
 _MAX_SEED = 2 ** 64 - 1
 
@@ -115,10 +116,7 @@ class SamplingParams:
         """Builds params from a request body; unknown keys are rejected, not dropped."""
         if not isinstance(values, dict):
             raise InvalidRequestError(f"sampling parameters must be an object, got {type(values).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise InvalidRequestError(f"unknown sampling parameters {unknown}; known: {sorted(known)}")
+        check_known_fields(cls, values, "sampling parameters", InvalidRequestError)
         return cls(**values)
 
 

@@ -1,5 +1,6 @@
 """`ServableStartConfig`, servable version resolution and the merge of several start configs."""
 import copy
+import operator
 import os
 from typing import Callable, List, Optional, Sequence
 
@@ -10,6 +11,11 @@ from mindspore_serving.common.ms_device import available_devices
 SERVABLE_CONFIG_FILE = "servable_config.py"
 DEVICE_TYPES = ("ascend", "gpu", "cpu")
 DEC_MODES = ("AES-GCM", "AES-CBC")
+
+
+def _read_only(name: str, doc: Optional[str] = None) -> property:
+    """The public attribute `name` over the private `_<name>`, the one that `_replace` changes."""
+    return property(operator.attrgetter("_" + name), doc=doc)
 
 
 class ServableStartConfig:
@@ -51,38 +57,14 @@ class ServableStartConfig:
             raise RuntimeError("Parameter 'dec_mode' expected to be 'AES-GCM' or 'AES-CBC'")
         self._dec_mode = dec_mode
 
-    @property
-    def servable_directory(self) -> str:
-        return self._servable_directory
-
-    @property
-    def servable_name(self) -> str:
-        return self._servable_name
-
-    @property
-    def device_ids(self) -> tuple:
-        return self._device_ids
-
-    @property
-    def version_number(self) -> int:
-        return self._version_number
-
-    @property
-    def device_type(self) -> str:
-        """'ascend', 'gpu', 'cpu' or 'none'."""
-        return self._device_type
-
-    @property
-    def num_parallel_workers(self) -> int:
-        return self._num_parallel_workers
-
-    @property
-    def dec_key(self) -> Optional[bytes]:
-        return self._dec_key
-
-    @property
-    def dec_mode(self) -> str:
-        return self._dec_mode
+    servable_directory = _read_only("servable_directory")
+    servable_name = _read_only("servable_name")
+    device_ids = _read_only("device_ids")
+    version_number = _read_only("version_number")
+    device_type = _read_only("device_type", "'ascend', 'gpu', 'cpu' or 'none'.")
+    num_parallel_workers = _read_only("num_parallel_workers")
+    dec_key = _read_only("dec_key")
+    dec_mode = _read_only("dec_mode")
 
     def _replace(self, **changes) -> "ServableStartConfig":
         """A copy with some attributes changed (for merge_config); the names are the property names."""

@@ -3,6 +3,7 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
+from mindspore_serving.common.tensor_codec import scalar_to_array
 from mindspore_serving.worker.model_backend import TensorInfo, kmsi_name
 
 
@@ -12,14 +13,9 @@ def to_stage_value(value):
         return np.ascontiguousarray(value)
     if isinstance(value, (str, bytes)):
         return value
-    if isinstance(value, bool):
-        return np.array(value, np.bool_)
-    if isinstance(value, int):
-        return np.array(value, np.int64)
-    if isinstance(value, float):
-        return np.array(value, np.float64)
-    if isinstance(value, np.generic):
-        return np.asarray(value)
+    array = scalar_to_array(value)
+    if array is not None:
+        return array
     if hasattr(value, "asnumpy"):
         return np.ascontiguousarray(value.asnumpy())
     raise TypeError(f"output type {type(value).__name__} is not supported, expect numpy array, "

@@ -357,8 +357,9 @@ def test_reply_rules():
 
 
 def test_encode_error():
-    assert decode(rc.encode_error("please check url")) == {"error_msg": "please check url"}
-    assert decode(rc.encode_error("bad \udcff byte"))["error_msg"].startswith("bad ")
+    assert decode(rc.encode_error(errors.InvalidInputs("please check url"))) == {"error_msg": "please check url"}
+    assert decode(rc.encode_error(errors.Failed("bad \udcff byte")))["error_msg"].startswith("bad ")
+    assert decode(rc.encode_error(KeyError("bug"))) == {"error_msg": "Serving Error: 'bug'"}
     assert rc.CONTENT_TYPE == "application/json"
 
 

@@ -6,7 +6,7 @@ with no choices carries the usage. An error in the middle of a stream is sent as
 followed by `data: [DONE]`. Chat messages go to the backend, which applies the model's chat template.
 """
 import time
-from typing import AsyncIterator, List, Optional
+from typing import AsyncIterator, Callable, List, NamedTuple, Optional
 
 from fastapi import APIRouter, Request
 
@@ -137,13 +137,38 @@ async def chat_chunks(generation: Generation, request: ChatCompletionRequest) ->
     yield sse.DONE
 
 
+class RouteParts(NamedTuple):
+    """What differs between the generation routes: the stream, the JSON payload, the input size the timing
+    headers report, and the prompt or the messages of the GenerationRequest."""
+    chunks: Callable[[Generation], AsyncIterator[bytes]]
+    payload: Callable[[Generation], dict]
+    input_chars: int
+    request_fields: dict
+
+
+def completion_route(body: CompletionRequest) -> RouteParts:
+    prompt = body.prompt_text()
+    return RouteParts(lambda gen: completion_chunks(gen, body, prompt),
+                      lambda gen: completion_payload(gen, body, prompt), len(prompt), {"prompt": prompt})
+
+
+def chat_route(body: ChatCompletionRequest) -> RouteParts:
+    messages = body.chat_messages()
+    return RouteParts(lambda gen: chat_chunks(gen, body), lambda gen: chat_payload(gen, body),
+                      sum(len(m.content) for m in messages), {"messages": messages})
+
+
 def build_openai_router(backend: LlmBackend, keep_alive_s: float = 15.0) -> APIRouter:
     router = APIRouter(prefix="/v1", tags=["OpenAI"])
     started = int(time.time())
 
-    def reply(body, arrival: float, chunks, payload, input_chars: int, **request_fields):
-        """Starts the generation of a checked request body and answers it: SSE chunks when streamed
-        (`chunks(generation)`), else the JSON `payload(generation)` with the timing headers."""
+    async def generate(request: Request, schema, route: Callable[..., RouteParts]):
+        """Checks the body of `request` as `schema`, starts its generation and answers it: SSE chunks when
+        streamed, else the JSON payload with the timing headers. `route(body)` gives what differs per route."""
+        arrival = time.perf_counter()
+        body = parse_body(await request.body(), schema, UNKNOWN_FIELD)
+        body.check()
+        chunks, payload, input_chars, request_fields = route(body)
         model = served_model(backend, body.model)
         gen_request = GenerationRequest(model=model.name, request_id=new_request_id(),
                                         params=body.engine_params(body.max_new_tokens()), **request_fields)
@@ -166,21 +191,11 @@ def build_openai_router(backend: LlmBackend, keep_alive_s: float = 15.0) -> APIR
     @router.post("/completions", summary="Text completion (OpenAI)")
     @guarded(PROTOCOL)
     async def completions(request: Request):
-        arrival = time.perf_counter()
-        body = parse_body(await request.body(), CompletionRequest, UNKNOWN_FIELD)
-        body.check()
-        prompt = body.prompt_text()
-        return reply(body, arrival, lambda gen: completion_chunks(gen, body, prompt),
-                     lambda gen: completion_payload(gen, body, prompt), len(prompt), prompt=prompt)
+        return await generate(request, CompletionRequest, completion_route)
 
     @router.post("/chat/completions", summary="Chat completion (OpenAI)")
     @guarded(PROTOCOL)
     async def chat_completions(request: Request):
-        arrival = time.perf_counter()
-        body = parse_body(await request.body(), ChatCompletionRequest, UNKNOWN_FIELD)
-        body.check()
-        messages = body.chat_messages()
-        return reply(body, arrival, lambda gen: chat_chunks(gen, body), lambda gen: chat_payload(gen, body),
-                     sum(len(m.content) for m in messages), messages=messages)
+        return await generate(request, ChatCompletionRequest, chat_route)
 
     return router

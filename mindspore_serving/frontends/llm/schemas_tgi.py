@@ -16,8 +16,61 @@ MAX_BEST_OF = 1
 TGI_DEFAULT_MAX_NEW_TOKENS = 100
 
 
-def _unsupported(name: str) -> ValueError:
-    return ValueError(f"`{name}` is not supported by this server")
+def _given(refuses):
+    """A rule on an optional field: None always passes."""
+    return lambda value: value is not None and refuses(value)
+
+
+def _is_set(value) -> bool:
+    return value is not None
+
+
+_UNSUPPORTED = "is not supported by this server"
+_STRICTLY_POSITIVE = (_given(lambda value: value <= 0), "must be strictly positive")
+_OPEN_UNIT = (_given(lambda value: not 0.0 < value < 1.0), "must be > 0.0 and < 1.0")
+
+# field -> its rules, checked in order: (refuses(value), the message after "`<field>` ", or a function of the value
+# that gives it). As in TGI a range is checked before the refusal of what this engine cannot honour.
+_PARAMETER_RULES = {
+    "best_of": [(_given(lambda value: not 0 < value <= MAX_BEST_OF),
+                 lambda value: f"must be > 0 and <= {MAX_BEST_OF}. Given: {value}")],
+    "temperature": [_STRICTLY_POSITIVE],
+    "repetition_penalty": [_STRICTLY_POSITIVE],
+    "frequency_penalty": [(_given(lambda value: not -2.0 <= value <= 2.0), "must be >= -2.0 and <= 2.0"),
+                          (bool, _UNSUPPORTED)],
+    "top_k": [_STRICTLY_POSITIVE],
+    "top_p": [_OPEN_UNIT],
+    "typical_p": [_OPEN_UNIT, (_is_set, _UNSUPPORTED)],
+    "max_new_tokens": [_STRICTLY_POSITIVE],
+    "stop": [(lambda value: len(value) > MAX_STOP_SEQUENCES,
+              lambda value: f"supports up to {MAX_STOP_SEQUENCES} stop sequences. Given: {len(value)}")],
+    "truncate": [(_is_set, _UNSUPPORTED)],
+    "watermark": [(bool, _UNSUPPORTED)],
+    "seed": [(_given(lambda value: value < 0), "must be positive")],
+    "top_n_tokens": [(bool, "!= 0 is not allowed for this endpoint")],
+    "grammar": [(_is_set, _UNSUPPORTED)],
+    "adapter_id": [(_is_set, _UNSUPPORTED)],
+}
+
+
+def _refuse_false(text: str):
+    """A field validator that refuses an empty or false value with `text`."""
+
+    def check(value):
+        if not value:
+            raise ValueError(text)
+        return value
+
+    return check
+
+
+class _Prompt(BaseModel):
+    """What every generate body starts with: a non-empty `inputs`; no field beyond the declared ones."""
+    model_config = ConfigDict(extra="forbid")
+
+    inputs: str
+
+    _inputs = field_validator("inputs")(_refuse_false("`inputs` cannot be empty"))
 
 
 class TgiParameters(BaseModel):
@@ -43,100 +96,19 @@ class TgiParameters(BaseModel):
     grammar: Optional[dict] = None
     adapter_id: Optional[str] = None
 
-    @field_validator("best_of")
+    @field_validator(*_PARAMETER_RULES)
     @classmethod
-    def _best_of(cls, value):
-        if value is not None and not 0 < value <= MAX_BEST_OF:
-            raise ValueError(f"`best_of` must be > 0 and <= {MAX_BEST_OF}. Given: {value}")
-        return value
-
-    @field_validator("temperature", "repetition_penalty", "top_k")
-    @classmethod
-    def _strictly_positive(cls, value, info: ValidationInfo):
-        if value is not None and value <= 0:
-            raise ValueError(f"`{info.field_name}` must be strictly positive")
-        return value
-
-    @field_validator("frequency_penalty")
-    @classmethod
-    def _frequency_penalty(cls, value):
-        if value is not None and not -2.0 <= value <= 2.0:
-            raise ValueError("`frequency_penalty` must be >= -2.0 and <= 2.0")
-        if value:
-            raise _unsupported("frequency_penalty")
-        return value
-
-    @field_validator("top_p")
-    @classmethod
-    def _top_p(cls, value):
-        if value is not None and not 0.0 < value < 1.0:
-            raise ValueError("`top_p` must be > 0.0 and < 1.0")
-        return value
-
-    @field_validator("typical_p")
-    @classmethod
-    def _typical_p(cls, value):
-        if value is not None and not 0.0 < value < 1.0:
-            raise ValueError("`typical_p` must be > 0.0 and < 1.0")
-        if value is not None:
-            raise _unsupported("typical_p")
+    def _check(cls, value, info: ValidationInfo):
+        for refuses, text in _PARAMETER_RULES[info.field_name]:
+            if refuses(value):
+                raise ValueError(f"`{info.field_name}` {text(value) if callable(text) else text}")
         return value
 
     @field_validator("max_new_tokens")
     @classmethod
     def _max_new_tokens(cls, value):
-        if value is not None and value <= 0:
-            raise ValueError("`max_new_tokens` must be strictly positive")
+        # an explicit null asks for TGI's default, as an absent field does
         return TGI_DEFAULT_MAX_NEW_TOKENS if value is None else value
-
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, value):
-        if len(value) > MAX_STOP_SEQUENCES:
-            raise ValueError(f"`stop` supports up to {MAX_STOP_SEQUENCES} stop sequences. Given: {len(value)}")
-        return value
-
-    @field_validator("truncate")
-    @classmethod
-    def _truncate(cls, value):
-        if value is not None:
-            raise _unsupported("truncate")
-        return value
-
-    @field_validator("watermark")
-    @classmethod
-    def _watermark(cls, value):
-        if value:
-            raise _unsupported("watermark")
-        return value
-
-    @field_validator("seed")
-    @classmethod
-    def _seed(cls, value):
-        if value is not None and value < 0:
-            raise ValueError("`seed` must be positive")
-        return value
-
-    @field_validator("top_n_tokens")
-    @classmethod
-    def _top_n_tokens(cls, value):
-        if value:
-            raise ValueError("`top_n_tokens` != 0 is not allowed for this endpoint")
-        return value
-
-    @field_validator("grammar")
-    @classmethod
-    def _grammar(cls, value):
-        if value is not None:
-            raise _unsupported("grammar")
-        return value
-
-    @field_validator("adapter_id")
-    @classmethod
-    def _adapter_id(cls, value):
-        if value is not None:
-            raise _unsupported("adapter_id")
-        return value
 
     @property
     def sampling(self) -> bool:
@@ -150,28 +122,14 @@ class TgiParameters(BaseModel):
                                do_sample=self.sampling, seed=self.seed, stop=self.stop or None)
 
 
-class TgiRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    inputs: str
+class TgiRequest(_Prompt):
     parameters: TgiParameters = TgiParameters()
     stream: bool = False
     """Read by the compat route `POST /` only."""
     add_special_tokens: bool = True
 
-    @field_validator("inputs")
-    @classmethod
-    def _inputs(cls, value):
-        if not value:
-            raise ValueError("`inputs` cannot be empty")
-        return value
-
-    @field_validator("add_special_tokens")
-    @classmethod
-    def _add_special_tokens(cls, value):
-        if not value:
-            raise ValueError("`add_special_tokens` = false is not supported by this server")
-        return value
+    _add_special_tokens = field_validator("add_special_tokens")(
+        _refuse_false("`add_special_tokens` = false is not supported by this server"))
 
     def check_stream(self) -> None:
         if self.parameters.decoder_input_details:
@@ -227,16 +185,6 @@ class LlmServingParameters(BaseModel):
                                stop=stop_list(self.stop, MAX_STOP_SEQUENCES, "parameters.stop"))
 
 
-class LlmServingRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    inputs: str
+class LlmServingRequest(_Prompt):
     parameters: LlmServingParameters = LlmServingParameters()
     stream: bool = False
-
-    @field_validator("inputs")
-    @classmethod
-    def _inputs(cls, value):
-        if not value:
-            raise ValueError("`inputs` cannot be empty")
-        return value

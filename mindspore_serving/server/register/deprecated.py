@@ -33,49 +33,48 @@ def _check_failed(recorder, text: str):
     raise RuntimeError(f"Check failed in method '{recorder.method.name}', {text}")
 
 
-def _preprocess(interface: str, func, args, batch_size):
-    recorder, state = _legacy(interface)
-    if state.preprocess:
-        _check_failed(recorder, "call_preprocess or call_preprocess_pipeline should not be invoked more than once")
-    if state.servable:
-        _check_failed(recorder, "call_servable should be invoked after call_preprocess")
-    if state.postprocess:
-        _check_failed(recorder, "call_postprocess or call_postprocess_pipeline should be invoked after "
-                                "call_preprocess")
-    state.preprocess = True
-    return add_stage(func, *args, outputs_count=state.outputs_count(interface), batch_size=batch_size,
-                     tag="Preprocess")
+# the 1.x stages in the order register_method must call them, and how their errors name each one
+_STAGES = ("preprocess", "servable", "postprocess")
+_STAGE_INTERFACES = {"preprocess": "call_preprocess or call_preprocess_pipeline", "servable": "call_servable",
+                     "postprocess": "call_postprocess or call_postprocess_pipeline"}
 
 
-def _postprocess(interface: str, func, args, batch_size):
+def _enter(interface: str, stage: str):
+    """The recorder and legacy state for a call of `stage`, once the 1.x order allows it: each stage at most once,
+    none after a later one."""
     recorder, state = _legacy(interface)
-    if state.postprocess:
-        _check_failed(recorder, "call_postprocess or call_postprocess_pipeline should not be invoked more than once")
-    state.postprocess = True
+    if getattr(state, stage):
+        _check_failed(recorder, f"{_STAGE_INTERFACES[stage]} should not be invoked more than once")
+    for later in _STAGES[_STAGES.index(stage) + 1:]:
+        if getattr(state, later):
+            _check_failed(recorder, f"{_STAGE_INTERFACES[later]} should be invoked after call_{stage}")
+    return recorder, state
+
+
+def _process(interface: str, stage: str, func, args, batch_size):
+    """A preprocess or postprocess stage of the 1.x interfaces."""
+    _, state = _enter(interface, stage)
+    setattr(state, stage, True)
     return add_stage(func, *args, outputs_count=state.outputs_count(interface), batch_size=batch_size,
-                     tag="Postprocess")
+                     tag=stage.capitalize())
 
 
 @deprecated(_ADD_STAGE)
 def call_preprocess(preprocess_fun, *args):
     """Deprecated: use `add_stage(preprocess_fun, *args, outputs_count=...)`. Called once per instance."""
-    return _preprocess("call_preprocess", preprocess_fun, args, None)
+    return _process("call_preprocess", "preprocess", preprocess_fun, args, None)
 
 
 @deprecated(_ADD_STAGE)
 def call_preprocess_pipeline(preprocess_fun, *args):
     """Deprecated: use `add_stage(preprocess_fun, *args, outputs_count=..., batch_size=0)`."""
-    return _preprocess("call_preprocess_pipeline", preprocess_fun, args, 0)
+    return _process("call_preprocess_pipeline", "preprocess", preprocess_fun, args, 0)
 
 
 @deprecated(_ADD_STAGE)
 def call_servable(*args):
     """Deprecated: use `add_stage(model, *args, outputs_count=...)` with the model of `declare_model`."""
-    recorder, state = _legacy("call_servable")
-    if state.servable:
-        _check_failed(recorder, "call_servable should not be invoked more than once")
-    if state.postprocess:
-        _check_failed(recorder, "call_postprocess or call_postprocess_pipeline should be invoked after call_servable")
+    recorder, state = _enter("call_servable", "servable")
     models = recorder.servable.models
     if not models:
         raise RuntimeError("There is no model declared, you can use declare_model to declare models")
@@ -91,10 +90,10 @@ def call_servable(*args):
 @deprecated(_ADD_STAGE)
 def call_postprocess(postprocess_fun, *args):
     """Deprecated: use `add_stage(postprocess_fun, *args, outputs_count=...)`. Called once per instance."""
-    return _postprocess("call_postprocess", postprocess_fun, args, None)
+    return _process("call_postprocess", "postprocess", postprocess_fun, args, None)
 
 
 @deprecated(_ADD_STAGE)
 def call_postprocess_pipeline(postprocess_fun, *args):
     """Deprecated: use `add_stage(postprocess_fun, *args, outputs_count=..., batch_size=0)`."""
-    return _postprocess("call_postprocess_pipeline", postprocess_fun, args, 0)
+    return _process("call_postprocess_pipeline", "postprocess", postprocess_fun, args, 0)
