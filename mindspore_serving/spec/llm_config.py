@@ -6,6 +6,8 @@ Sections (relative paths are relative to the YAML file's own directory):
       config: <model YAML with `model:` and `export:` sections>      (required)
       checkpoint: <.ckpt>            weights the graphs are exported from (null: seeded random init)
       graphs: [<dir of rank 0>, ...] exported MindIR graphs + manifest.json, one directory per rank
+      tensor_parallel: <int>         ranks the model is sharded over (default: the number of graph directories);
+                                     > 1 runs the agents as a MindSpore cluster, one rank per agent
       tokenizer: <tokenizer.json>    any Hugging Face tokenizer.json
       chat_template: <str>           Python format string with {messages} rendered per message by
                                      `chat_message` (see README)
@@ -22,6 +24,14 @@ Sections (relative paths are relative to the YAML file's own directory):
       device_ids: [0]                one agent per rank, rank r on device_ids[r]
       host: 127.0.0.1
       start_port: 7100               rank r listens on host:start_port+r; 0 = free ports, agents started by the worker
+      rank_hosts: [h0, h1, ...]      optional, one host per rank: rank r listens on rank_hosts[r]:start_port+r. The
+                                     worker starts the ranks on its own host (`host`); the others are started on
+                                     their host with `start_agent.py --rank_start K` (needs start_port and
+                                     scheduler_address)
+      scheduler_address: host:port   the cluster scheduler of a tensor-parallel group (default: a free port on
+                                     `host`); it runs beside rank 0
+      heartbeat_interval: 1.0        seconds between the worker's pings of each rank
+      heartbeat_misses: 3            unanswered pings after which a rank counts as lost (the group is restarted)
       cpu_affinity: null | auto | [[cores of rank 0], ...]
                                      CPU cores each agent process is bound to. auto: on a CPU device, rank r gets an
                                      equal share of the cores but one (left to the master and the worker), the
@@ -82,6 +92,7 @@ class ModelSection:
     tokenizer: str
     chat_template: str = DEFAULT_CHAT_TEMPLATE
     chat_message: str = DEFAULT_CHAT_MESSAGE
+    tensor_parallel: int = 1
 
 
 @dataclass(frozen=True)
@@ -91,13 +102,29 @@ class AgentSection:
     host: str = "127.0.0.1"
     start_port: int = 0
     cpu_affinity: Union[None, str, Tuple[Tuple[int, ...], ...]] = None
+    rank_hosts: Optional[Tuple[str, ...]] = None
+    scheduler_address: Optional[str] = None
+    heartbeat_interval: float = 1.0
+    heartbeat_misses: int = 3
+
+    def host_of(self, rank: int) -> str:
+        return self.rank_hosts[rank] if self.rank_hosts else self.host
 
     def address(self, rank: int) -> str:
-        return f"{self.host}:{self.start_port + rank}"
+        return f"{self.host_of(rank)}:{self.start_port + rank}"
 
     @property
     def num_ranks(self) -> int:
         return len(self.device_ids)
+
+    def ranks_on(self, host: str) -> List[int]:
+        """The ranks that run on `host`."""
+        return [rank for rank in range(self.num_ranks) if self.host_of(rank) == host]
+
+    @property
+    def local_ranks(self) -> List[int]:
+        """The ranks the worker starts itself: those on its own host."""
+        return self.ranks_on(self.host)
 
     def cpus_of(self, rank: int, device: str, cpu_count: Optional[int] = None) -> Optional[List[int]]:
         """The cores rank `rank`'s agent binds to on `device`, or None (no binding).
@@ -143,7 +170,7 @@ _ENGINE_EXTRA = ("max_queue_size", "request_timeout", "stats_interval")
 
 
 def _model_section(base: str, data: Mapping, num_ranks: int) -> ModelSection:
-    known = ("config", "checkpoint", "graphs", "tokenizer", "chat_template", "chat_message")
+    known = ("config", "checkpoint", "graphs", "tokenizer", "chat_template", "chat_message", "tensor_parallel")
     _reject_unknown("model", data, known)
     if "config" not in data:
         raise ConfigError("'model.config' is missing; point it at the model YAML (sections model: and export:)")
@@ -155,6 +182,12 @@ def _model_section(base: str, data: Mapping, num_ranks: int) -> ModelSection:
     if len(graphs) not in (1, num_ranks):
         raise ConfigError(f"'model.graphs' lists {len(graphs)} directories but 'agents.device_ids' has {num_ranks} "
                           f"ranks; give one directory, or one per rank")
+    tp = data.get("tensor_parallel", len(graphs))
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ConfigError(f"'model.tensor_parallel' must be an int >= 1, got {tp!r}")
+    if tp > 1 and not len(graphs) == tp == num_ranks:
+        raise ConfigError(f"'model.tensor_parallel' is {tp}: list one graph directory per rank in 'model.graphs' "
+                          f"(has {len(graphs)}) and one device per rank in 'agents.device_ids' (has {num_ranks})")
     checkpoint = data.get("checkpoint")
     template = data.get("chat_template", DEFAULT_CHAT_TEMPLATE)
     message = data.get("chat_message", DEFAULT_CHAT_MESSAGE)
@@ -168,7 +201,7 @@ def _model_section(base: str, data: Mapping, num_ranks: int) -> ModelSection:
         checkpoint=_path(base, "model", "checkpoint", checkpoint) if checkpoint is not None else None,
         graphs=tuple(_path(base, "model", "graphs", g, must_exist=False) for g in graphs),
         tokenizer=_path(base, "model", "tokenizer", data.get("tokenizer")),
-        chat_template=template, chat_message=message)
+        chat_template=template, chat_message=message, tensor_parallel=tp)
 
 
 def _agent_section(data: Mapping) -> AgentSection:
@@ -189,7 +222,32 @@ def _agent_section(data: Mapping) -> AgentSection:
     port = data.get("start_port", 0)
     if isinstance(port, bool) or not isinstance(port, int) or not (port == 0 or 1 <= port <= 65535 - len(ids)):
         raise ConfigError(f"'agents.start_port' must be 0 (free ports) or a port in [1, {65535 - len(ids)}], got {port!r}")
-    return AgentSection(device_type, tuple(ids), host, port, _cpu_affinity(data.get("cpu_affinity"), len(ids)))
+    rank_hosts = data.get("rank_hosts")
+    if rank_hosts is not None:
+        if (not isinstance(rank_hosts, list) or len(rank_hosts) != len(ids)
+                or any(not isinstance(h, str) or not h for h in rank_hosts)):
+            raise ConfigError(f"'agents.rank_hosts' must list one host per rank ({len(ids)}), got {rank_hosts!r}")
+        if set(rank_hosts) != {host} and not port:
+            raise ConfigError("'agents.rank_hosts' puts ranks on other hosts: set 'agents.start_port' (the worker "
+                              "must know where they listen) and 'agents.scheduler_address'")
+        rank_hosts = tuple(rank_hosts)
+    scheduler = data.get("scheduler_address")
+    if scheduler is not None:
+        name, sep, sched_port = str(scheduler).rpartition(":")
+        if not isinstance(scheduler, str) or not sep or not name or not sched_port.isdigit() \
+                or not 1 <= int(sched_port) <= 65535:
+            raise ConfigError(f"'agents.scheduler_address' must be host:port, got {scheduler!r}")
+    elif rank_hosts is not None and set(rank_hosts) != {host}:
+        raise ConfigError("'agents.rank_hosts' puts ranks on other hosts: set 'agents.scheduler_address' "
+                          "(host:port of the cluster scheduler, on the host of rank 0) for them to join")
+    interval = data.get("heartbeat_interval", 1.0)
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0:
+        raise ConfigError(f"'agents.heartbeat_interval' must be a number of seconds > 0, got {interval!r}")
+    misses = data.get("heartbeat_misses", 3)
+    if isinstance(misses, bool) or not isinstance(misses, int) or misses < 1:
+        raise ConfigError(f"'agents.heartbeat_misses' must be an int >= 1, got {misses!r}")
+    return AgentSection(device_type, tuple(ids), host, port, _cpu_affinity(data.get("cpu_affinity"), len(ids)),
+                        rank_hosts, scheduler, float(interval), misses)
 
 
 def _cpu_affinity(value, num_ranks: int):

@@ -9,6 +9,11 @@ B decode rows and R prefill rows of L tokens in one call (`LlamaModel.construct_
 Without --checkpoint the weights are a seeded random init (--seed). --jobs N compiles the buckets in N processes
 (default min(2, cores): a bucket costs seconds of graph compilation).
 
+Tensor parallelism: `--tensor_parallel N --out DIR` writes `DIR/rank_0 ... DIR/rank_{N-1}`, each rank's graphs holding
+its shard of the weights and ending its row-parallel layers in an AllReduce (model.py). The N ranks run as a
+MindSpore cluster (common/ms_cluster.py) of N processes started here, each exporting its own graphs; each
+manifest names its rank ("tensor_parallel") and its cache holds num_kv_heads / N heads.
+
 The graph inputs are those of `LlamaModel.construct` (see model.py). MAXB = max_seq_len // block_size in
 every graph. With `export.num_blocks` unset (the default) the caches' first dimension is dynamic and the
 runner picks num_blocks when it loads the graphs; a number fixes it in the graphs.
@@ -17,6 +22,8 @@ import argparse
 import json
 import multiprocessing
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -26,10 +33,11 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor
 
+from mindspore_serving.common import ms_cluster
 from mindspore_serving.common.ms_device import select_device
 
-from .config import ModelFile, load_config
-from .model import LlamaModel, MixedStep, build_model, save_weights
+from .config import ModelFile, load_config, save_config
+from .model import LlamaModel, MixedStep, build_model, check_tensor_parallel, save_weights, shard_model
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
@@ -69,12 +77,12 @@ def cache_input_names(num_layers: int) -> List[str]:
     return names
 
 
-def example_inputs(cfg: ModelFile, spec: GraphSpec):
+def example_inputs(cfg: ModelFile, spec: GraphSpec, tp: int = 1):
     """Inputs of one bucket, shaped for export: every pad token writes into scratch slot 0."""
     m, ex = cfg.model, cfg.export
     maxb = ex.max_blocks_per_seq(m)
     b, l = spec.batch, spec.length
-    cache_shape = [ex.num_blocks, ex.block_size, m.num_kv_heads, m.head_dim]
+    cache_shape = [ex.num_blocks, ex.block_size, m.num_kv_heads // tp, m.head_dim]
     if ex.num_blocks is None:
         cache = Tensor(shape=[None] + cache_shape[1:], dtype=ms.float32)
     else:
@@ -98,7 +106,7 @@ def _export_specs(cfg: ModelFile, out_dir: str, specs: List[GraphSpec], model: L
     for spec in specs:
         start = time.perf_counter()
         path = os.path.join(out_dir, spec.file)
-        ms.export(mixed if spec.phase == "mixed" else model, *example_inputs(cfg, spec),
+        ms.export(mixed if spec.phase == "mixed" else model, *example_inputs(cfg, spec, model.tp),
                   file_name=path[:-len(".mindir")], file_format="MINDIR")
         log(f"exported {spec.file} in {time.perf_counter() - start:.2f}s")
 
@@ -111,19 +119,22 @@ def _export_worker(cfg_dict: dict, out_dir: str, specs: List[GraphSpec], checkpo
 
 
 def export_graphs(cfg: ModelFile, out_dir: str, model: Optional[LlamaModel] = None, checkpoint: str = None,
-                  seed: int = 0, jobs: int = 1, device: str = "CPU", log=print) -> dict:
+                  seed: int = 0, jobs: int = 1, device: str = "CPU", log=print, tensor_parallel=(1, 0)) -> dict:
     """Exports every bucket of `cfg` into out_dir and returns the manifest (also written to out_dir).
 
     Compiling a graph costs seconds of one core per bucket, so `jobs` > 1 spreads the buckets over that many
     spawned processes, which load the same weights from a checkpoint (a temporary one for an in-memory model).
+    `tensor_parallel` = (size, rank) > (1, 0) exports that rank's shard; the process must be that rank of a
+    cluster (see `export_tensor_parallel`, which runs all ranks).
     """
     os.makedirs(out_dir, exist_ok=True)
     specs = graph_specs(cfg)
-    jobs = max(1, min(jobs, len(specs)))
+    tp, tp_rank = tensor_parallel
+    jobs = 1 if tp > 1 else max(1, min(jobs, len(specs)))
     if jobs == 1:
         if model is None:
             model = build_model(cfg.model, seed=seed, checkpoint=checkpoint)
-        _export_specs(cfg, out_dir, specs, model, log)
+        _export_specs(cfg, out_dir, specs, shard_model(model, tp, tp_rank), log)
     else:
         with tempfile.TemporaryDirectory() as tmp:
             weights = checkpoint
@@ -145,9 +156,10 @@ def export_graphs(cfg: ModelFile, out_dir: str, model: Optional[LlamaModel] = No
         "max_seq_len": m.max_seq_len,
         "vocab_size": m.vocab_size,
         "num_blocks": ex.num_blocks,  # None: chosen by the runner at load time
-        "cache": {"num_layers": m.num_layers, "num_kv_heads": m.num_kv_heads, "head_dim": m.head_dim,
+        "tensor_parallel": {"size": tp, "rank": tp_rank},
+        "cache": {"num_layers": m.num_layers, "num_kv_heads": m.num_kv_heads // tp, "head_dim": m.head_dim,
                   "dtype": "float32",
-                  "shape": [ex.num_blocks if ex.num_blocks else -1, ex.block_size, m.num_kv_heads, m.head_dim]},
+                  "shape": [ex.num_blocks if ex.num_blocks else -1, ex.block_size, m.num_kv_heads // tp, m.head_dim]},
         "inputs": GRAPH_INPUTS + cache_input_names(m.num_layers),
         "output": "logits float32 [batch, vocab] of token query_lens[b]-1 of each row",
         "mixed_inputs": MIXED_INPUTS + cache_input_names(m.num_layers),
@@ -161,6 +173,56 @@ def export_graphs(cfg: ModelFile, out_dir: str, model: Optional[LlamaModel] = No
     return manifest
 
 
+def rank_dirs(out_dir: str, tp: int) -> List[str]:
+    """The graph directories of a tensor-parallel export into out_dir."""
+    return [os.path.join(out_dir, f"rank_{r}") for r in range(tp)]
+
+
+def export_tensor_parallel(cfg: ModelFile, out_dirs: List[str], checkpoint: str = None, seed: int = 0,
+                           device: str = "CPU", timeout: float = 3600.0) -> List[dict]:
+    """Exports a `len(out_dirs)`-way tensor-parallel model, rank r into out_dirs[r]: starts a MindSpore cluster of
+    one process per rank (and its scheduler), each running this module's main for its rank, and returns the
+    manifests. Raises RuntimeError naming the rank that failed."""
+    tp = len(out_dirs)
+    check_tensor_parallel(cfg.model, tp)
+    with tempfile.TemporaryDirectory() as tmp:
+        config = os.path.join(tmp, "model.yaml")
+        save_config(cfg, config)
+        address = ms_cluster.ClusterAddress("127.0.0.1", ms_cluster.free_port("127.0.0.1"), tp)
+        scheduler = ms_cluster.start_scheduler(address, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        ranks = []
+        try:
+            for rank, out_dir in enumerate(out_dirs):
+                argv = [sys.executable, "-m", __spec__.name, f"--config={config}", f"--out={out_dir}",
+                        f"--tensor_parallel={tp}", f"--seed={seed}", f"--device={device}", "--cluster_rank"]
+                if checkpoint:
+                    argv.append(f"--checkpoint={checkpoint}")
+                ranks.append(subprocess.Popen(argv, env=ms_cluster.rank_env(address, rank), stdin=subprocess.DEVNULL))
+            deadline = time.monotonic() + timeout
+            while any(p.poll() is None for p in ranks):
+                failed = [r for r, p in enumerate(ranks) if p.poll() not in (None, 0)]
+                if failed:
+                    raise RuntimeError(f"tensor-parallel export: rank {failed[0]} exited with code "
+                                       f"{ranks[failed[0]].returncode}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"tensor-parallel export did not finish within {timeout:.0f} s")
+                time.sleep(0.2)
+            failed = [r for r, p in enumerate(ranks) if p.returncode != 0]
+            if failed:
+                raise RuntimeError(f"tensor-parallel export: rank {failed[0]} exited with code "
+                                   f"{ranks[failed[0]].returncode}")
+        finally:
+            for process in ranks + [scheduler]:
+                if process.poll() is None:
+                    process.kill()
+                process.wait()
+    manifests = []
+    for out_dir in out_dirs:
+        with open(os.path.join(out_dir, MANIFEST), encoding="utf-8") as f:
+            manifests.append(json.load(f))
+    return manifests
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="model YAML (sections model: and export:)")
@@ -170,10 +232,25 @@ def main(argv=None):
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                         help="processes compiling graphs in parallel (default: min(2, cores))")
     parser.add_argument("--device", default="CPU", help="MindSpore device target (CPU, GPU, Ascend)")
+    parser.add_argument("--tensor_parallel", type=int, default=1,
+                        help="ranks to shard the model over (writes OUT/rank_0 ... OUT/rank_{N-1})")
+    parser.add_argument("--cluster_rank", action="store_true", help=argparse.SUPPRESS)  # one rank of the above
     args = parser.parse_args(argv)
-    select_device(args.device)
     cfg = load_config(args.config)
     start = time.perf_counter()
+    if args.cluster_rank:
+        select_device(args.device)
+        rank = ms_cluster.join_cluster()
+        export_graphs(cfg, args.out, checkpoint=args.checkpoint, seed=args.seed, device=args.device,
+                      tensor_parallel=(args.tensor_parallel, rank), log=lambda msg: print(f"rank {rank}: {msg}"))
+        return
+    if args.tensor_parallel > 1:
+        manifests = export_tensor_parallel(cfg, rank_dirs(args.out, args.tensor_parallel), args.checkpoint,
+                                           args.seed, args.device)
+        print(f"exported {len(manifests)} x {len(manifests[0]['graphs'])} graphs to {args.out}/rank_* in "
+              f"{time.perf_counter() - start:.1f}s")
+        return
+    select_device(args.device)
     manifest = export_graphs(cfg, args.out, checkpoint=args.checkpoint, seed=args.seed, jobs=args.jobs,
                              device=args.device)
     print(f"exported {len(manifest['graphs'])} graphs to {args.out} in {time.perf_counter() - start:.1f}s")

@@ -77,23 +77,41 @@ def apply_rotary(x, cos, sin):
 
 
 class DecoderLayer(nn.Cell):
-    """Pre-norm attention (GQA, RoPE) and SwiGLU MLP blocks with residuals; weights are [out, in]."""
+    """Pre-norm attention (GQA, RoPE) and SwiGLU MLP blocks with residuals; weights are [out, in].
 
-    def __init__(self, cfg: LlamaConfig):
+    With tensor parallelism (`tp` > 1, Megatron-style) the layer holds rank `tp_rank`'s shard: its num_heads / tp
+    query heads and num_kv_heads / tp key/value heads (q/k/v column-parallel), its intermediate_size / tp MLP
+    columns (gate/up column-parallel), and the matching input columns of o and down (row-parallel), whose partial
+    products are summed over the ranks by an AllReduce. Norms are replicated.
+    """
+
+    def __init__(self, cfg: LlamaConfig, tp: int = 1):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.num_heads, self.num_kv_heads = cfg.num_heads // tp, cfg.num_kv_heads // tp
+        self.head_dim = cfg.head_dim
         self.group = cfg.num_heads // cfg.num_kv_heads
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
         self.eps = cfg.rms_norm_eps
         std, out_std = cfg.initializer_range, cfg.initializer_range / math.sqrt(2 * cfg.num_layers)
-        hidden, kv_size = cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim
+        hidden, kv_size = cfg.hidden_size, self.num_kv_heads * cfg.head_dim
+        intermediate = cfg.intermediate_size // tp
         self.input_norm = _ones(hidden)
-        self.q_proj = _weight(std, (cfg.num_heads * cfg.head_dim, hidden))
+        self.q_proj = _weight(std, (self.num_heads * cfg.head_dim, hidden))
         self.kv_proj = _weight(std, (2 * kv_size, hidden))                  # rows: k, then v
-        self.o_proj = _weight(out_std, (hidden, cfg.num_heads * cfg.head_dim))
+        self.o_proj = _weight(out_std, (hidden, self.num_heads * cfg.head_dim))
         self.post_attn_norm = _ones(hidden)
-        self.gate_up_proj = _weight(std, (2 * cfg.intermediate_size, hidden))  # rows: gate, then up
-        self.down_proj = _weight(out_std, (hidden, cfg.intermediate_size))
+        self.gate_up_proj = _weight(std, (2 * intermediate, hidden))  # rows: gate, then up
+        self.down_proj = _weight(out_std, (hidden, intermediate))
+        self.tp = tp
+        # NOTE: created only with tp > 1: an AllReduce needs mindspore.communication.init() (a cluster) first
+        self.all_reduce = ops.AllReduce() if tp > 1 else None
+
+    def row_parallel(self, x, weight):
+        """linear(x, weight) summed over the tensor-parallel ranks (each holds some input columns of weight)."""
+        out = linear(x, weight)
+        if self.tp > 1:
+            out = self.all_reduce(out)
+        return out
 
     def qkv(self, x, cos, sin):
         """x [B, L, hidden] -> q [B, L, H, D], k and v [B, L, KVH, D] (q and k rotated)."""
@@ -122,9 +140,9 @@ class DecoderLayer(nn.Cell):
 
     def residual_mlp(self, x, attn):
         """x + o_proj(attn), then the residual SwiGLU MLP; x [B, L, hidden], attn [B, L, H * D]."""
-        x = x + linear(attn, self.o_proj)
+        x = x + self.row_parallel(attn, self.o_proj)
         gate, up = _split2(linear(rms_norm(x, self.post_attn_norm, self.eps), self.gate_up_proj))
-        return x + linear(ops.silu(gate) * up, self.down_proj)
+        return x + self.row_parallel(ops.silu(gate) * up, self.down_proj)
 
     def attend_mlp(self, x, q, k, v, mask_bias):
         """Residual attention of q over k, v (see `attend`), then the residual MLP."""
@@ -176,17 +194,24 @@ class DecoderLayer(nn.Cell):
 
 
 class LlamaModel(nn.Cell):
-    """The decoder. `construct` is the paged step exported to MindIR; `forward_full` trains and checks it."""
+    """The decoder. `construct` is the paged step exported to MindIR; `forward_full` trains and checks it.
 
-    def __init__(self, cfg: LlamaConfig):
+    `tp` > 1 builds one tensor-parallel rank's shard (see DecoderLayer; `shard_model` fills it from the whole
+    model): its KV caches hold num_kv_heads / tp heads. The embedding and the lm head are replicated, so every
+    rank computes the whole logits.
+    """
+
+    def __init__(self, cfg: LlamaConfig, tp: int = 1):
         super().__init__()
+        check_tensor_parallel(cfg, tp)
         self.cfg = cfg
+        self.tp = tp
         self.vocab_size = cfg.vocab_size
         self.num_layers = cfg.num_layers
         self.group = cfg.num_heads // cfg.num_kv_heads
         self.eps = cfg.rms_norm_eps
         self.embed_tokens = _weight(cfg.initializer_range, (cfg.vocab_size, cfg.hidden_size))
-        self.layers = nn.CellList([DecoderLayer(cfg) for _ in range(cfg.num_layers)])
+        self.layers = nn.CellList([DecoderLayer(cfg, tp) for _ in range(cfg.num_layers)])
         self.norm = _ones(cfg.hidden_size)
         self.tied = cfg.tie_word_embeddings
         if not self.tied:
@@ -283,6 +308,52 @@ class MixedStep(nn.Cell):
                   prefill_tables, slot_mapping, prefill_lens, *kv_caches):
         return self.model.construct_mixed(decode_ids, decode_positions, decode_tables, prefill_ids,
                                           prefill_positions, prefill_tables, slot_mapping, prefill_lens, *kv_caches)
+
+
+def check_tensor_parallel(cfg: LlamaConfig, tp: int):
+    """Raises ValueError unless the model's heads, KV heads and MLP width split evenly over `tp` ranks."""
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ValueError(f"tensor_parallel must be an int >= 1, got {tp!r}")
+    for name in ("num_heads", "num_kv_heads", "intermediate_size"):
+        if getattr(cfg, name) % tp:
+            raise ValueError(f"tensor_parallel={tp} does not divide the model's {name}={getattr(cfg, name)}; "
+                             f"use a divisor of num_kv_heads ({cfg.num_kv_heads})")
+
+
+def _rows(weight: np.ndarray, parts: int, rank: int) -> np.ndarray:
+    """Rank `rank`'s block of `weight`'s rows cut in `parts` equal blocks."""
+    size = weight.shape[0] // parts
+    return weight[rank * size:(rank + 1) * size]
+
+
+def shard_weights(cfg: LlamaConfig, weights: dict, tp: int, rank: int) -> dict:
+    """The parameters (name -> array, names of `LlamaModel.parameters_and_names`) of tensor-parallel rank `rank`
+    of `tp`, cut from the whole model's: q, k, v, gate and up by output rows, o and down by input columns."""
+    check_tensor_parallel(cfg, tp)
+    out = {}
+    for name, value in weights.items():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf == "q_proj":
+            value = _rows(value, tp, rank)
+        elif leaf in ("kv_proj", "gate_up_proj"):  # two stacked matrices: shard each
+            first, second = np.split(value, 2, axis=0)
+            value = np.concatenate([_rows(first, tp, rank), _rows(second, tp, rank)], axis=0)
+        elif leaf in ("o_proj", "down_proj"):
+            value = _rows(value.T, tp, rank).T
+        out[name] = np.ascontiguousarray(value)
+    return out
+
+
+def shard_model(model: LlamaModel, tp: int, rank: int) -> LlamaModel:
+    """A tensor-parallel rank's model holding its shard of `model`'s weights (tp == 1: `model` itself)."""
+    if tp == 1:
+        return model
+    whole = {name: p.asnumpy() for name, p in model.parameters_and_names()}
+    shard = LlamaModel(model.cfg, tp)
+    params = dict(shard.parameters_and_names())
+    for name, value in shard_weights(model.cfg, whole, tp, rank).items():
+        params[name].set_data(Tensor(value))
+    return shard
 
 
 def checkpoint_params(model: LlamaModel):

@@ -1,0 +1,98 @@
+"""MindSpore's dynamic cluster: the environment of its processes, its scheduler process, and joining it.
+
+A cluster is one scheduler process (`MS_ROLE=MS_SCHED`) and N rank processes (`MS_ROLE=MS_WORKER`,
+`MS_NODE_ID=r`), all with `MS_SCHED_HOST`, `MS_SCHED_PORT` and `MS_WORKER_NUM=N`. Each rank calls
+`mindspore.communication.init()`, which returns once every rank has reached the scheduler; collectives
+(AllReduce, also inside loaded MindIR graphs) then run between the ranks over TCP on CPU, HCCL on Ascend and NCCL
+on GPU. The scheduler may run on another host. A rank that dies is noticed by the scheduler only after its node
+timeout (about 30 s), while the other ranks block in their next collective: whoever runs a cluster watches its
+ranks itself and stops them all when one is lost.
+
+`start_scheduler` runs `python -m mindspore_serving.common.ms_cluster` with the scheduler's variables.
+"""
+import argparse
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+from mindspore_serving.common.child_process import child_env
+
+SCHEDULER_MODULE = "mindspore_serving.common.ms_cluster"
+
+
+@dataclass(frozen=True)
+class ClusterAddress:
+    """Where a cluster's scheduler listens and how many ranks the cluster has."""
+    host: str
+    port: int
+    ranks: int
+
+    def env(self, rank: Optional[int] = None) -> Dict[str, str]:
+        """The variables of a rank's process (`rank` given) or of the scheduler's (None)."""
+        env = {"MS_SCHED_HOST": self.host, "MS_SCHED_PORT": str(self.port), "MS_WORKER_NUM": str(self.ranks)}
+        if rank is None:
+            env["MS_ROLE"] = "MS_SCHED"
+        else:
+            env.update(MS_ROLE="MS_WORKER", MS_NODE_ID=str(rank))
+        return env
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def parse_address(address: str, ranks: int) -> ClusterAddress:
+    """'host:port' -> ClusterAddress; ValueError names what is wrong."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"cluster scheduler address '{address}' must be host:port with a port in [1, 65535]")
+    return ClusterAddress(host, int(port), ranks)
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def start_scheduler(address: ClusterAddress, **popen_kwargs) -> subprocess.Popen:
+    """Starts the cluster's scheduler process; it runs until the ranks finish or it is stopped."""
+    env = child_env()
+    env.update(address.env())
+    return subprocess.Popen([sys.executable, "-m", SCHEDULER_MODULE], env=env, stdin=subprocess.DEVNULL,
+                            **popen_kwargs)
+
+
+def rank_env(address: ClusterAddress, rank: int) -> Dict[str, str]:
+    """A child environment for rank `rank` of the cluster."""
+    env = child_env()
+    env.update(address.env(rank))
+    return env
+
+
+def is_cluster_rank() -> bool:
+    """True in a process started as a cluster rank (rank_env)."""
+    return os.environ.get("MS_ROLE") == "MS_WORKER"
+
+
+def join_cluster() -> int:
+    """`mindspore.communication.init()` in a rank process; returns this process's rank. Blocks until every rank
+    has reached the scheduler."""
+    from mindspore.communication import init, get_rank  # lazy: MindSpore loads only in processes that run models
+    init()
+    return get_rank()
+
+
+def _run_scheduler() -> int:
+    if os.environ.get("MS_ROLE") != "MS_SCHED":
+        sys.exit("the cluster scheduler needs MS_ROLE=MS_SCHED, MS_SCHED_HOST, MS_SCHED_PORT and MS_WORKER_NUM")
+    from mindspore.communication import init  # lazy: MindSpore loads only in the scheduler process itself
+    init()  # serves the cluster until its ranks finalize or it is killed
+    return 0
+
+
+if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
+    sys.exit(_run_scheduler())
