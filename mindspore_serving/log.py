@@ -71,3 +71,10 @@ def error(msg, *args, **kwargs):
 
 def exception(msg, *args, **kwargs):
     _logger.error(msg, *args, exc_info=True, stacklevel=2, **kwargs)
+
+
+def flush():
+    """Flushes every handler (before a process leaves with os._exit)."""
+    for handler in _logger.handlers:
+        handler.flush()
+    sys.stderr.flush()

@@ -150,9 +150,13 @@ class GraphRunner(MultiStepRunner):
         num_blocks: KV-cache blocks to allocate, block 0 being the scratch block (so >= 2).
         block_size: optional check against the exported block size (it cannot be changed here).
         warmup: run every graph once at load time (compiles it), so the first real step is fast.
+        tensor_parallel: (size, rank) this process runs as; checked against the export's. A rank of a
+            tensor-parallel export must run in a cluster of that size (its graphs all-reduce), and every rank must
+            make the same graph calls in the same order: the calls depend only on the steps, which every rank gets.
     """
 
-    def __init__(self, manifest_dir: str, num_blocks: int, block_size: Optional[int] = None, warmup: bool = True):
+    def __init__(self, manifest_dir: str, num_blocks: int, block_size: Optional[int] = None, warmup: bool = True,
+                 tensor_parallel: Optional[Tuple[int, int]] = None):
         path = os.path.join(manifest_dir, MANIFEST)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{path} not found: export the model first "
@@ -164,6 +168,13 @@ class GraphRunner(MultiStepRunner):
             raise ValueError(f"{path}: manifest format_version {version!r} is not supported "
                              f"(supported: {SUPPORTED_MANIFEST_VERSIONS}); re-export the model")
         self.manifest = manifest
+        exported = manifest.get("tensor_parallel", {"size": 1, "rank": 0})
+        self.tensor_parallel = (int(exported["size"]), int(exported["rank"]))
+        if tensor_parallel is not None and tuple(tensor_parallel) != self.tensor_parallel:
+            raise ValueError(f"{path}: the graphs are rank {self.tensor_parallel[1]} of a {self.tensor_parallel[0]}-way "
+                             f"tensor-parallel export, this process runs rank {tensor_parallel[1]} of "
+                             f"{tensor_parallel[0]}; list the rank directories in order in model.graphs and set "
+                             f"model.tensor_parallel to the export's")
         self.block_size = int(manifest["block_size"])
         if block_size is not None and block_size != self.block_size:
             raise ValueError(f"block_size={block_size} differs from the exported block_size={self.block_size}; "

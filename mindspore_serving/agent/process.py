@@ -20,6 +20,7 @@ from concurrent import futures  # noqa: E402
 import grpc  # noqa: E402
 
 from mindspore_serving import log  # noqa: E402
+from mindspore_serving.common import ms_cluster  # noqa: E402
 from mindspore_serving.common.cpu_affinity import bind_process  # noqa: E402
 from mindspore_serving.common.ms_device import resolve_device, select_device  # noqa: E402
 from mindspore_serving.ipc import agent as protocol  # noqa: E402
@@ -91,12 +92,24 @@ class AgentServicer(agent_pb2_grpc.LlmAgentServicer):
         self.on_detach(f"worker pid {request.worker_pid} detached")
 
 
-def _build_runner(graphs_dir: str, num_blocks: int, block_size: int, device_type: str, device_id: int):
+def _build_runner(graphs_dir: str, num_blocks: int, block_size: int, device_type: str, device_id: int,
+                  rank: int, tensor_parallel: int):
     # lazy: MindSpore loads only once the process is bound to its cores (agents.cpu_affinity), so that every
     # thread its runtime starts inherits the binding
     from mindspore_serving.agent.graph_runner import GraphRunner  # pylint: disable=import-outside-toplevel
     select_device(device_type, device_id)
-    return GraphRunner(graphs_dir, num_blocks=num_blocks, block_size=block_size)
+    if tensor_parallel > 1:
+        if not ms_cluster.is_cluster_rank():
+            raise RuntimeError(f"model.tensor_parallel is {tensor_parallel}: the agent must run as a cluster rank "
+                               "(start it with start_agent.py)")
+        started = time.perf_counter()
+        cluster_rank = ms_cluster.join_cluster()
+        if cluster_rank != rank:
+            raise RuntimeError(f"agent rank {rank} joined the cluster as rank {cluster_rank}")
+        log.info(f"agent rank {rank}: joined the cluster of {tensor_parallel} ranks in "
+                 f"{time.perf_counter() - started:.1f} s")
+    return GraphRunner(graphs_dir, num_blocks=num_blocks, block_size=block_size,
+                       tensor_parallel=(tensor_parallel, rank))
 
 
 def run_agent(config_path: str, rank: int, address: str, startup_fd: int, parent_pid: int):
@@ -115,7 +128,7 @@ def run_agent(config_path: str, rank: int, address: str, startup_fd: int, parent
             log.info(f"agent rank {rank}: bound to CPU core(s) {cpus} (agents.cpu_affinity)")
         started = time.perf_counter()
         runner = _build_runner(graphs, config.engine.num_blocks, config.engine.block_size, device,
-                               config.agents.device_ids[rank])
+                               config.agents.device_ids[rank], rank, config.model.tensor_parallel)
         log.info(f"agent rank {rank}: graphs of {graphs} loaded and warmed up in {time.perf_counter() - started:.1f} s")
 
         def detach(reason):
@@ -153,6 +166,12 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        return run_agent(args.config, args.rank, args.address, args.startup_fd, args.parent_pid)
+        code = run_agent(args.config, args.rank, args.address, args.startup_fd, args.parent_pid)
     finally:
         os.close(args.startup_fd)
+    if ms_cluster.is_cluster_rank():
+        # a step of a broken cluster may still block a thread in a collective, and MindSpore's exit handlers
+        # wait for the other ranks: leave without them
+        log.flush()
+        os._exit(code)
+    return code

@@ -15,12 +15,16 @@ import os
 import socket
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from typing import Dict, Optional
 
 from mindspore_serving.common.child_process import child_env
 
 SCHEDULER_MODULE = "mindspore_serving.common.ms_cluster"
+_PARENT_PID_VAR = "MS_SERVING_SCHEDULER_PARENT"
+_PARENT_CHECK_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -57,12 +61,31 @@ def free_port(host: str) -> int:
         return sock.getsockname()[1]
 
 
-def start_scheduler(address: ClusterAddress, **popen_kwargs) -> subprocess.Popen:
-    """Starts the cluster's scheduler process; it runs until the ranks finish or it is stopped."""
+def start_scheduler(address: ClusterAddress, timeout: float = 60.0, **popen_kwargs) -> subprocess.Popen:
+    """Starts the cluster's scheduler process and returns once it listens (a rank that finds no scheduler
+    backs off for many seconds before it tries again); it runs until the ranks finish, it is stopped, or this
+    process is gone. Its own MindSpore log is kept to errors (GLOG_v=3) unless MS_SERVING_SCHEDULER_GLOG_v says
+    otherwise: it reports the cluster's health every few seconds."""
     env = child_env()
     env.update(address.env())
-    return subprocess.Popen([sys.executable, "-m", SCHEDULER_MODULE], env=env, stdin=subprocess.DEVNULL,
-                            **popen_kwargs)
+    env[_PARENT_PID_VAR] = str(os.getpid())
+    env["GLOG_v"] = os.environ.get("MS_SERVING_SCHEDULER_GLOG_v", "3")
+    process = subprocess.Popen([sys.executable, "-m", SCHEDULER_MODULE], env=env, stdin=subprocess.DEVNULL,
+                               **popen_kwargs)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((address.host, address.port), timeout=1.0):
+                return process
+        except OSError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            process.wait()
+            raise RuntimeError(f"the cluster scheduler did not listen on {address} "
+                               + (f"(it exited with code {process.returncode})" if process.returncode is not None
+                                  else f"within {timeout:.0f} s"))
+        time.sleep(0.05)
 
 
 def rank_env(address: ClusterAddress, rank: int) -> Dict[str, str]:
@@ -88,9 +111,23 @@ def join_cluster() -> int:
 def _run_scheduler() -> int:
     if os.environ.get("MS_ROLE") != "MS_SCHED":
         sys.exit("the cluster scheduler needs MS_ROLE=MS_SCHED, MS_SCHED_HOST, MS_SCHED_PORT and MS_WORKER_NUM")
-    from mindspore.communication import init  # lazy: MindSpore loads only in the scheduler process itself
-    init()  # serves the cluster until its ranks finalize or it is killed
-    return 0
+    parent = int(os.environ.get(_PARENT_PID_VAR, "0"))
+    done = threading.Event()
+
+    def serve():
+        from mindspore.communication import init  # lazy: MindSpore loads only in the scheduler process itself
+        try:
+            init()  # serves the cluster until its ranks finalize
+        finally:
+            done.set()
+
+    threading.Thread(target=serve, name="cluster-scheduler", daemon=True).start()
+    while not done.wait(_PARENT_CHECK_SECONDS):
+        if parent and os.getppid() != parent:
+            break
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # MindSpore's exit handlers wait for ranks that may be gone
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ Sections (relative paths are relative to the YAML file's own directory):
 Every error names the field and how to fix it.
 """
 import dataclasses
+import json
 import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
@@ -160,6 +161,20 @@ class LlmServingConfig:
 
     def model_file(self):
         return load_config(self.model.config)
+
+    def stale_graphs(self) -> Optional[str]:
+        """Why the exported graphs no longer match the model config (buckets, network or tensor parallelism
+        changed), or None."""
+        wanted = self.model_file().to_dict()
+        for rank, graphs_dir in enumerate(self.model.graphs):
+            with open(os.path.join(graphs_dir, "manifest.json"), encoding="utf-8") as stream:
+                manifest = json.load(stream)
+            if manifest.get("model") != wanted["model"] or manifest.get("export") != wanted["export"]:
+                return f"{graphs_dir} was exported with another model config"
+            if manifest.get("tensor_parallel", {"size": 1, "rank": 0}) != {"size": self.model.tensor_parallel,
+                                                                           "rank": rank}:
+                return f"{graphs_dir} is not rank {rank} of a {self.model.tensor_parallel}-way export"
+        return None
 
     def with_agent_port(self, start_port: int) -> "LlmServingConfig":
         agents = dataclasses.replace(self.agents, start_port=start_port)

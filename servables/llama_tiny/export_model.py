@@ -3,7 +3,6 @@
 The weights come from the committed checkpoint (mindspore_serving/models/llama/tiny/llama_tiny.ckpt, made by
 `python -m mindspore_serving.models.llama.train`); one MindIR per (phase, batch bucket, length bucket).
 """
-import json
 import os
 import sys
 
@@ -18,15 +17,7 @@ def stale():
     """Why the exported graphs no longer match the model config (buckets or network changed), or None."""
     sys.path.insert(0, ROOT)
     from mindspore_serving.spec.llm_config import load_serving_config
-    from mindspore_serving.models.llama.config import load_config
-    config = load_serving_config(CONFIG)
-    wanted = load_config(config.model.config).to_dict()
-    for graphs_dir in config.model.graphs:
-        with open(os.path.join(graphs_dir, "manifest.json"), encoding="utf-8") as stream:
-            manifest = json.load(stream)
-        if manifest.get("model") != wanted["model"] or manifest.get("export") != wanted["export"]:
-            return f"{graphs_dir} was exported with another model config"
-    return None
+    return load_serving_config(CONFIG).stale_graphs()
 
 
 def main():

@@ -15,24 +15,36 @@ from mindspore_serving.proto import agent_pb2, agent_pb2_grpc
 CONNECT_TIMEOUT = 5.0
 
 
+class AgentLost(RuntimeError):
+    """A rank of the agent group died or stopped answering: the steps in flight cannot complete."""
+
+
 class AgentRunner(MultiStepRunner, StepSubmitter):
-    """ModelRunner over agent processes. Rank 0 returns the logits; every rank runs the step.
+    """ModelRunner over agent processes. Rank 0 returns the logits; every rank runs the step (the worker sends
+    each step to every rank itself: a relay through rank 0 would add a hop to every step).
 
     It attaches to each agent with a stream held open for its whole life, so an agent exits when this
-    worker does; `on_agent_lost(rank, reason)` is called when an agent goes away.
+    worker does, and pings each one every `heartbeat_interval` s: a rank whose stream ends, or that misses
+    `heartbeat_misses` pings in a row (a hung process), is lost. Then every step in flight fails at once with
+    AgentLost (the other ranks of a cluster would block in their next collective) and `on_agent_lost(rank,
+    reason)` is called once.
     """
 
-    def __init__(self, addresses: Sequence[str], on_agent_lost: Optional[Callable[[int, str], None]] = None):
+    def __init__(self, addresses: Sequence[str], on_agent_lost: Optional[Callable[[int, str], None]] = None,
+                 heartbeat_interval: float = 1.0, heartbeat_misses: int = 3, connect_timeout: float = CONNECT_TIMEOUT):
         self.addresses = list(addresses)
         self.on_agent_lost = on_agent_lost
         self._closing = threading.Event()
+        self._lost_lock = threading.Lock()
+        self.lost: Optional[str] = None     # why the group is lost, once it is
+        self._in_flight: "set[_StepCall]" = set()
         self._step_ids = itertools.count(1)
         self._last_step_id = 0
         self._encoder = protocol.StepEncoder()
         self.channels = [grpc.insecure_channel(a, options=protocol.AGENT_CHANNEL_OPTIONS) for a in self.addresses]
         for address, channel in zip(self.addresses, self.channels):
             try:
-                grpc.channel_ready_future(channel).result(timeout=CONNECT_TIMEOUT)
+                grpc.channel_ready_future(channel).result(timeout=connect_timeout)
             except grpc.FutureTimeoutError:
                 self.close()
                 raise RuntimeError(f"no LLM agent answers at {address}; start it with start_agent.py") from None
@@ -52,6 +64,8 @@ class AgentRunner(MultiStepRunner, StepSubmitter):
         for rank, call in enumerate(self._attachments):
             next(call)  # the agent has registered this worker
             threading.Thread(target=self._watch, args=(rank, call), name=f"agent-watch-{rank}", daemon=True).start()
+        threading.Thread(target=self._heartbeat, args=(heartbeat_interval, heartbeat_misses),
+                         name="agent-heartbeat", daemon=True).start()
 
     def _watch(self, rank: int, call):
         reason = "its stream ended"
@@ -60,10 +74,40 @@ class AgentRunner(MultiStepRunner, StepSubmitter):
                 pass
         except grpc.RpcError as err:
             reason = f"{err.code().name}: {err.details()}"
-        if not self._closing.is_set():
-            log.error(f"LLM agent rank {rank} at {self.addresses[rank]} is gone ({reason})")
-            if self.on_agent_lost is not None:
-                self.on_agent_lost(rank, reason)
+        self._lose(rank, f"LLM agent rank {rank} at {self.addresses[rank]} is gone ({reason})")
+
+    def _heartbeat(self, interval: float, misses: int):
+        """Pings every rank each `interval` s (Info, answered beside a running step); a rank that misses `misses`
+        pings in a row is lost."""
+        missed = [0] * len(self.stubs)
+        request = agent_pb2.AgentInfoRequest()
+        while not self._closing.wait(interval):
+            pings = [stub.Info.future(request, timeout=interval) for stub in self.stubs]
+            for rank, ping in enumerate(pings):
+                try:
+                    ping.result()
+                    missed[rank] = 0
+                except grpc.RpcError:
+                    missed[rank] += 1
+                    if missed[rank] >= misses:
+                        self._lose(rank, f"LLM agent rank {rank} at {self.addresses[rank]} is not responding "
+                                         f"({misses} heartbeats of {interval:g} s missed)")
+                        return
+            if self.lost is not None:
+                return
+
+    def _lose(self, rank: int, reason: str):
+        """The group cannot go on: fails every step in flight and every later one with `reason`."""
+        with self._lost_lock:
+            if self._closing.is_set() or self.lost is not None:
+                return
+            self.lost = reason
+            in_flight, self._in_flight = list(self._in_flight), set()
+        log.error(reason)
+        for call in in_flight:
+            call.abort(reason)
+        if self.on_agent_lost is not None:
+            self.on_agent_lost(rank, reason)
 
     def run(self, seqs: List[SeqStep]) -> np.ndarray:
         return self.submit(seqs).result()
@@ -78,9 +122,20 @@ class AgentRunner(MultiStepRunner, StepSubmitter):
         logprobs) of a greedy step; raises when any rank failed. Called from one thread (the engine's)."""
         step_id = next(self._step_ids)
         request = self._encoder.encode(step_id, seqs, greedy_steps, self._last_step_id, prev_rows)
-        call = _StepCall([stub.Step.future(request) for stub in self.stubs], greedy_steps, self._encoder.reset)
+        call = _StepCall(greedy_steps, self._finished)
+        with self._lost_lock:
+            if self.lost is not None:
+                raise AgentLost(self.lost)
+            self._in_flight.add(call)
+        call.start([stub.Step.future(request) for stub in self.stubs])
         self._last_step_id = step_id  # sent: the next step runs after it
         return call
+
+    def _finished(self, call: "_StepCall", failed: bool):
+        with self._lost_lock:
+            self._in_flight.discard(call)
+        if failed:
+            self._encoder.reset()
 
     def close(self):
         self._closing.set()
@@ -91,23 +146,58 @@ class AgentRunner(MultiStepRunner, StepSubmitter):
 
 
 class _StepCall:
-    """A step sent to every rank; `result()` waits for the replies. A failed step calls `on_failure` (a rank
-    may not have kept that step's block tables)."""
+    """A step sent to every rank; `result()` waits until every rank replied, or raises as soon as one rank failed
+    or the group was lost (`abort`): the other ranks of a cluster may never reply. `on_finished(call, failed)`
+    runs once (after a failure a rank may not have kept that step's block tables)."""
 
-    def __init__(self, calls, greedy_steps: int, on_failure: Callable[[], None]):
-        self.calls = calls
+    def __init__(self, greedy_steps: int, on_finished: Callable[["_StepCall", bool], None]):
         self.greedy_steps = greedy_steps
-        self.on_failure = on_failure
+        self.on_finished = on_finished
+        self.calls = []
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._failure: Optional[BaseException] = None
+
+    def start(self, calls):
+        self.calls = calls
+        self._pending = len(calls)
+        for rank, call in enumerate(calls):
+            call.add_done_callback(lambda future, rank=rank: self._reply(rank, future))
+
+    def _reply(self, rank: int, future):
+        with self._lock:
+            self._pending -= 1
+            if self._failure is None:
+                if future.cancelled():
+                    self._failure = AgentLost(f"the step to agent rank {rank} was cancelled")
+                elif future.exception() is not None:
+                    err = future.exception()
+                    self._failure = AgentLost(f"agent rank {rank} did not answer the step ({err.code().name}: "
+                                              f"{err.details()})")
+                elif rank > 0 and future.result().error:  # rank 0's error is raised by its decoding
+                    self._failure = RuntimeError(f"agent rank {rank} step failed: {future.result().error}")
+            if self._pending == 0 or self._failure is not None:
+                self._done.set()
+
+    def abort(self, reason: str):
+        with self._lock:
+            if self._failure is None:
+                self._failure = AgentLost(reason)
+            self._done.set()
 
     def result(self):
+        self._done.wait()
+        if self._failure is not None:
+            for call in self.calls:
+                call.cancel()
+            self.on_finished(self, True)
+            raise self._failure
+        reply = self.calls[0].result()
         try:
-            replies = [call.result() for call in self.calls]
-            for rank, reply in enumerate(replies[1:], start=1):
-                if reply.error:
-                    raise RuntimeError(f"agent rank {rank} step failed: {reply.error}")
-            if self.greedy_steps:
-                return protocol.decode_greedy(replies[0], self.greedy_steps)
-            return protocol.decode_logits(replies[0])
+            out = protocol.decode_greedy(reply, self.greedy_steps) if self.greedy_steps else protocol.decode_logits(reply)
         except BaseException:
-            self.on_failure()
+            self.on_finished(self, True)
             raise
+        self.on_finished(self, False)
+        return out

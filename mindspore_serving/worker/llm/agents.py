@@ -2,18 +2,19 @@
 
 Each agent is `python -m mindspore_serving.agent.start_agent` with a pipe on which it writes one
 AgentStartupEvent (ipc/agent.py): ready once its graphs are loaded and warmed up and it listens, or failed with
-its reason.
+its reason. A tensor-parallel group (model.tensor_parallel > 1) is a MindSpore cluster: the host of rank 0 also
+runs the cluster's scheduler, and every rank process gets the cluster's environment (common/ms_cluster.py).
 """
 import os
 import select
-import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
-from typing import List, Optional
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence
 
 from mindspore_serving import log
+from mindspore_serving.common import ms_cluster
 from mindspore_serving.common.child_process import child_env
 from mindspore_serving.ipc import agent as protocol
 
@@ -24,14 +25,19 @@ _POLL_SECONDS = 0.2
 
 @dataclass
 class AgentGroup:
-    """The agent processes of one LLM servable."""
+    """The agent processes this process started for an LLM servable: `ranks[i]` runs in `processes[i]`;
+    `addresses` are those of every rank of the servable (some may run on other hosts)."""
     addresses: List[str]
     processes: List[subprocess.Popen]
+    ranks: List[int] = field(default_factory=list)
+    scheduler: Optional[subprocess.Popen] = None  # the cluster's scheduler, when this host holds rank 0
 
     def alive(self) -> bool:
         return all(p.poll() is None for p in self.processes)
 
     def stop(self, timeout: float = 10.0):
+        """Stops every rank (and the scheduler). A rank blocked in a collective of a broken cluster does not
+        answer SIGTERM: it is killed after `timeout`; the scheduler is killed at once."""
         for process in self.processes:
             if process.poll() is None:
                 process.terminate()
@@ -42,28 +48,38 @@ class AgentGroup:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+        if self.scheduler is not None and self.scheduler.poll() is None:
+            self.scheduler.kill()
+            self.scheduler.wait()
 
 
 def agent_addresses(config) -> List[str]:
     agents = config.agents
     if agents.start_port:
         return [agents.address(rank) for rank in range(agents.num_ranks)]
-    return [f"{agents.host}:{_free_port(agents.host)}" for _ in range(agents.num_ranks)]
+    return [f"{agents.host}:{ms_cluster.free_port(agents.host)}" for _ in range(agents.num_ranks)]
 
 
-def _spawn(config_path: str, rank: int, address: str) -> "tuple[subprocess.Popen, int]":
+def cluster_address(config) -> Optional[ms_cluster.ClusterAddress]:
+    """The scheduler of the servable's cluster (None without tensor parallelism): agents.scheduler_address, or a
+    free port on the worker's host."""
+    if config.model.tensor_parallel == 1:
+        return None
+    agents = config.agents
+    if agents.scheduler_address:
+        return ms_cluster.parse_address(agents.scheduler_address, agents.num_ranks)
+    return ms_cluster.ClusterAddress(agents.host, ms_cluster.free_port(agents.host), agents.num_ranks)
+
+
+def _spawn(config_path: str, rank: int, address: str,
+           cluster: Optional[ms_cluster.ClusterAddress]) -> "tuple[subprocess.Popen, int]":
     read_fd, write_fd = os.pipe()
+    env = child_env() if cluster is None else ms_cluster.rank_env(cluster, rank)
     try:
         process = subprocess.Popen(
             [sys.executable, "-m", AGENT_MODULE, f"--config={config_path}", f"--rank={rank}", f"--address={address}",
              f"--startup_fd={write_fd}", f"--parent_pid={os.getpid()}"],
-            pass_fds=(write_fd,), env=child_env(), stdin=subprocess.DEVNULL)
+            pass_fds=(write_fd,), env=env, stdin=subprocess.DEVNULL)
     except BaseException:
         os.close(read_fd)
         raise
@@ -72,21 +88,32 @@ def _spawn(config_path: str, rank: int, address: str) -> "tuple[subprocess.Popen
     return process, read_fd
 
 
-def startup_agents(config, addresses: Optional[List[str]] = None) -> AgentGroup:
-    """Starts one agent per rank and blocks until all are ready (models loaded, warmed up, listening).
+def startup_agents(config, addresses: Optional[List[str]] = None, ranks: Optional[Sequence[int]] = None,
+                   cluster: Optional[ms_cluster.ClusterAddress] = None) -> AgentGroup:
+    """Starts the agents of `ranks` (default: every rank) and blocks until all are ready (models loaded, warmed
+    up, listening). With tensor parallelism the ranks form a cluster at `cluster` (default: `cluster_address`),
+    whose scheduler starts here when rank 0 is among `ranks`; a rank is ready only once every rank of the
+    cluster joined, those on other hosts included.
 
     A rank that fails or exits before it is ready stops the others and raises RuntimeError with its reason.
     """
     addresses = addresses or agent_addresses(config)
+    ranks = list(range(len(addresses)) if ranks is None else ranks)
+    if cluster is None:
+        cluster = cluster_address(config)
     processes, pipes = [], {}
-    group = AgentGroup(addresses, processes)
+    group = AgentGroup(addresses, processes, ranks)
     try:
-        for rank, address in enumerate(addresses):
-            process, read_fd = _spawn(config.path, rank, address)
+        if cluster is not None and 0 in ranks:
+            group.scheduler = ms_cluster.start_scheduler(cluster, stdout=subprocess.DEVNULL)
+            log.info(f"cluster scheduler (pid {group.scheduler.pid}) of {cluster.ranks} ranks on {cluster}")
+        for rank in ranks:
+            process, read_fd = _spawn(config.path, rank, addresses[rank], cluster)
             processes.append(process)
             pipes[read_fd] = (rank, protocol.StartupEventReader())
-            log.info(f"agent rank {rank} (pid {process.pid}) starting on {address}")
-        _wait_ready(processes, pipes)
+            log.info(f"agent rank {rank} (pid {process.pid}) starting on {addresses[rank]}"
+                     + (f", joining the cluster at {cluster}" if cluster is not None else ""))
+        _wait_ready(processes, ranks, pipes, group.scheduler)
     except BaseException:
         group.stop()
         raise
@@ -96,7 +123,8 @@ def startup_agents(config, addresses: Optional[List[str]] = None) -> AgentGroup:
     return group
 
 
-def _wait_ready(processes: List[subprocess.Popen], pipes: dict):
+def _wait_ready(processes: List[subprocess.Popen], ranks: List[int], pipes: dict,
+                scheduler: Optional[subprocess.Popen]):
     ready = set()
     deadline = time.monotonic() + START_TIMEOUT
     open_fds = set(pipes)
@@ -113,9 +141,12 @@ def _wait_ready(processes: List[subprocess.Popen], pipes: dict):
                     raise RuntimeError(f"agent rank {event.rank} failed to start: {event.failed_reason}")
                 ready.add(event.rank)
                 log.info(f"agent rank {event.rank} is ready (pid {event.ready_pid})")
-        dead = [rank for rank, p in enumerate(processes) if p.poll() is not None and rank not in ready]
+        dead = [(rank, p) for rank, p in zip(ranks, processes) if p.poll() is not None and rank not in ready]
         if dead and not readable:
-            raise RuntimeError(f"agent rank {dead[0]} exited with code {processes[dead[0]].returncode} "
+            raise RuntimeError(f"agent rank {dead[0][0]} exited with code {dead[0][1].returncode} "
                                f"before it was ready")
+        if scheduler is not None and scheduler.poll() is not None:
+            raise RuntimeError(f"the cluster scheduler exited with code {scheduler.returncode} before the agents "
+                               f"were ready")
         if time.monotonic() > deadline:
             raise RuntimeError(f"agents not ready within {START_TIMEOUT} s")

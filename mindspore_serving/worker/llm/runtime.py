@@ -15,10 +15,12 @@ from mindspore_serving.llm.sampling_params import SamplingParams
 from mindspore_serving.models.llama.tokenizer import TextTokenizer
 from mindspore_serving.proto import llm_worker_pb2_grpc
 from mindspore_serving.spec.llm import GENERATE_METHOD, LLM_EXTENSION
-from mindspore_serving.worker.llm.agent_client import AgentRunner
-from mindspore_serving.worker.llm.agents import startup_agents
+from mindspore_serving.worker.llm.agent_client import CONNECT_TIMEOUT, AgentRunner
+from mindspore_serving.worker.llm.agents import START_TIMEOUT, agent_addresses, startup_agents
 from mindspore_serving.worker.llm.session_service import LlmWorkerServicer
 from mindspore_serving.worker.method_runner import InstanceError
+
+ATTACH_PROBE_TIMEOUT = 1.0  # seconds to find agents already running on fixed ports
 
 
 class LlmRuntime:
@@ -30,29 +32,37 @@ class LlmRuntime:
         self.on_fatal = on_fatal
         self.agents = None
         self.servicer = None
-        if self.config.agents.start_port:
-            addresses = [self.config.agents.address(r) for r in range(self.config.agents.num_ranks)]
-            try:
-                self.runner = AgentRunner(addresses, self._agent_lost)
-                log.info(f"attached to the running agents at {addresses}")
-            except RuntimeError as err:
-                log.info(f"no running agents ({err}); starting them")
-                self.runner = None
-        else:
-            self.runner = None
-        if self.runner is None:
-            self.agents = startup_agents(self.config)
-            self.runner = AgentRunner(self.agents.addresses, self._agent_lost)
+        self.runner = self._attach_or_start()
         self.tokenizer = TextTokenizer.from_file(self.config.model.tokenizer)
         engine = LLMEngine(self.runner, self.tokenizer, self.config.engine, eos_token_id=self.tokenizer.eos_id)
         self.loop = EngineLoop(engine, self.config.max_queue_size, self.config.request_timeout,
                                name=f"{spec.name}-engine", stats_interval=self.config.stats_interval)
 
+    def _attach_or_start(self) -> AgentRunner:
+        """Attaches to the agents of the configuration: to running ones when they listen on fixed ports (started
+        by start_agent.py), else to those it starts, the ranks on this host (ranks on other hosts are started
+        there with start_agent.py --rank_start and join the cluster)."""
+        agents = self.config.agents
+        options = dict(heartbeat_interval=agents.heartbeat_interval, heartbeat_misses=agents.heartbeat_misses)
+        if agents.start_port:
+            addresses = agent_addresses(self.config)
+            try:
+                runner = AgentRunner(addresses, self._agent_lost, connect_timeout=ATTACH_PROBE_TIMEOUT, **options)
+                log.info(f"attached to the running agents at {addresses}")
+                return runner
+            except RuntimeError as err:
+                log.info(f"no running agents ({err}); starting them")
+        self.agents = startup_agents(self.config, ranks=agents.local_ranks)
+        remote = len(agents.local_ranks) < agents.num_ranks
+        # ranks on other hosts finish loading with the local ones (they all warm up in lockstep), give or take
+        return AgentRunner(self.agents.addresses, self._agent_lost,
+                           connect_timeout=START_TIMEOUT if remote else CONNECT_TIMEOUT, **options)
+
     def _agent_lost(self, rank: int, reason: str):
-        message = f"LLM agent rank {rank} is gone ({reason})"
-        self.loop.close(message)
+        if getattr(self, "loop", None) is not None:  # lost while it started: the start-up fails anyway
+            self.loop.close(reason)
         if self.on_fatal is not None:
-            self.on_fatal(message)
+            self.on_fatal(reason)
 
     def add_servicers(self, server):
         """The generation streams (LlmWorker) beside WorkerService."""
