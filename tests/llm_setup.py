@@ -1,17 +1,20 @@
 """The bundled tiny LLaMA for tests: its configuration with absolute paths and chosen agent ports."""
+import functools
 import os
 
 import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "config", "llama_tiny.yaml")
+TP2_CONFIG = os.path.join(ROOT, "config", "llama_tiny_tp2.yaml")
 
 
-def bundled_config():
-    """config/llama_tiny.yaml as a dict, its paths made absolute (so that a copy works from anywhere)."""
-    with open(CONFIG, encoding="utf-8") as stream:
+def bundled_config(path=CONFIG):
+    """config/llama_tiny.yaml (or another bundled LLM YAML) as a dict, its paths made absolute (so that a copy
+    works from anywhere)."""
+    with open(path, encoding="utf-8") as stream:
         data = yaml.safe_load(stream)
-    base = os.path.dirname(CONFIG)
+    base = os.path.dirname(path)
     model = data["model"]
     for key in ("config", "checkpoint", "tokenizer"):
         model[key] = os.path.normpath(os.path.join(base, model[key]))
@@ -19,14 +22,14 @@ def bundled_config():
     return data
 
 
-def write_config(directory, start_port=0, agents=None, data=None, **engine):
+def write_config(directory, start_port=0, agents=None, data=None, name="llm.yaml", **engine):
     """A copy of config/llama_tiny.yaml (or of `data`) in `directory` with absolute paths, `start_port`, agents
     overrides (a dict) and engine overrides."""
     data = data if data is not None else bundled_config()
     data["agents"]["start_port"] = start_port
     data["agents"].update(agents or {})
     data["engine"].update(engine)
-    path = os.path.join(str(directory), "llm.yaml")
+    path = os.path.join(str(directory), name)
     with open(path, "w", encoding="utf-8") as stream:
         yaml.safe_dump(data, stream)
     return path
@@ -40,3 +43,21 @@ def write_servable(directory, config_path, name="llama_tiny"):
         stream.write("from mindspore_serving.server import register\n"
                      f"register.declare_llm(config_file={config_path!r})\n")
     return os.path.dirname(servable)
+
+
+@functools.lru_cache(maxsize=None)
+def offline_engine(config_path):
+    """The graphs of rank 0 of `config_path` driven in-process by the engine (a single-rank model)."""
+    from mindspore_serving.agent.graph_runner import GraphRunner
+    from mindspore_serving.llm import LLMEngine
+    from mindspore_serving.spec.llm_config import load_serving_config
+    from mindspore_serving.models.llama.tokenizer import TextTokenizer
+    config = load_serving_config(config_path)
+    tokenizer = TextTokenizer.from_file(config.model.tokenizer)
+    runner = GraphRunner(config.model.graphs[0], num_blocks=config.engine.num_blocks)
+    return LLMEngine(runner, tokenizer, config.engine, eos_token_id=tokenizer.eos_id)
+
+
+def offline_greedy(config_path, prompt, max_new_tokens):
+    """One request alone, in-process on the graphs of `config_path`."""
+    return offline_engine(config_path).generate([prompt], {"temperature": 0.0, "max_new_tokens": max_new_tokens})[0]

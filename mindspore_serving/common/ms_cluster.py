@@ -72,19 +72,27 @@ def start_scheduler(address: ClusterAddress, timeout: float = 60.0, **popen_kwar
     env["GLOG_v"] = os.environ.get("MS_SERVING_SCHEDULER_GLOG_v", "3")
     process = subprocess.Popen([sys.executable, "-m", SCHEDULER_MODULE], env=env, stdin=subprocess.DEVNULL,
                                **popen_kwargs)
+    if not wait_listening(address, timeout, gone=lambda: process.poll() is not None):
+        process.kill()
+        process.wait()
+        raise RuntimeError(f"the cluster scheduler did not listen on {address} "
+                           + (f"(it exited with code {process.returncode})" if process.returncode is not None
+                              else f"within {timeout:.0f} s"))
+    return process
+
+
+def wait_listening(address: ClusterAddress, timeout: float, gone=lambda: False) -> bool:
+    """Waits until the scheduler at `address` accepts connections (True), `timeout` passed or `gone()` (False).
+    Ranks are started only then: one that finds no scheduler backs off for many seconds."""
     deadline = time.monotonic() + timeout
     while True:
         try:
             with socket.create_connection((address.host, address.port), timeout=1.0):
-                return process
+                return True
         except OSError:
             pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            process.wait()
-            raise RuntimeError(f"the cluster scheduler did not listen on {address} "
-                               + (f"(it exited with code {process.returncode})" if process.returncode is not None
-                                  else f"within {timeout:.0f} s"))
+        if gone() or time.monotonic() > deadline:
+            return False
         time.sleep(0.05)
 
 

@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 from mindspore_serving.client import Client
-from llm_setup import write_config, write_servable
+from llm_setup import offline_greedy, write_config, write_servable
 from serving_process import start_server
-from test_llm_servable import offline_greedy
 
 PROMPT = "And the king of"
 N = 12

@@ -1,5 +1,4 @@
 """The LLM servable end to end: start_agent.py, and serving_server.py whose worker drives agents over gRPC."""
-import functools
 import os
 import signal
 
@@ -8,7 +7,7 @@ import psutil
 import pytest
 
 from mindspore_serving.client import Client
-from llm_setup import write_config, write_servable
+from llm_setup import offline_greedy, write_config, write_servable
 from serving_process import ROOT, ServingProcess, free_port, start_server
 
 PROMPT = "And God said"
@@ -60,24 +59,6 @@ def llm_server(tmp_path_factory):
         yield proc, grpc_addr, rest_addr, config
     finally:
         proc.close()
-
-
-@functools.lru_cache(maxsize=None)
-def offline_engine(config_path):
-    """The same graphs driven in-process by the engine."""
-    from mindspore_serving.agent.graph_runner import GraphRunner
-    from mindspore_serving.llm import LLMEngine
-    from mindspore_serving.spec.llm_config import load_serving_config
-    from mindspore_serving.models.llama.tokenizer import TextTokenizer
-    config = load_serving_config(config_path)
-    tokenizer = TextTokenizer.from_file(config.model.tokenizer)
-    runner = GraphRunner(config.model.graphs[0], num_blocks=config.engine.num_blocks)
-    return LLMEngine(runner, tokenizer, config.engine, eos_token_id=tokenizer.eos_id)
-
-
-def offline_greedy(config_path, prompt, max_new_tokens):
-    """One request alone, in-process on the same graphs."""
-    return offline_engine(config_path).generate([prompt], {"temperature": 0.0, "max_new_tokens": max_new_tokens})[0]
 
 
 def test_generate_over_grpc_matches_offline_greedy(llm_server):

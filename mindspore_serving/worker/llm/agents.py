@@ -107,6 +107,10 @@ def startup_agents(config, addresses: Optional[List[str]] = None, ranks: Optiona
         if cluster is not None and 0 in ranks:
             group.scheduler = ms_cluster.start_scheduler(cluster, stdout=subprocess.DEVNULL)
             log.info(f"cluster scheduler (pid {group.scheduler.pid}) of {cluster.ranks} ranks on {cluster}")
+        elif cluster is not None:
+            log.info(f"waiting for the cluster scheduler at {cluster} (it starts with rank 0)")
+            if not ms_cluster.wait_listening(cluster, START_TIMEOUT):
+                raise RuntimeError(f"no cluster scheduler listens on {cluster} within {START_TIMEOUT:.0f} s")
         for rank in ranks:
             process, read_fd = _spawn(config.path, rank, addresses[rank], cluster)
             processes.append(process)

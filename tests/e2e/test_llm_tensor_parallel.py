@@ -1,0 +1,163 @@
+"""The tiny LLaMA split over two tensor-parallel agents that form a MindSpore cluster (config/llama_tiny_tp2.yaml).
+
+Its logits equal the single-rank model's, its greedy outputs under continuous batching equal each request alone on
+one rank, and the group survives the loss of a rank: here rank 1 plays a second host (bound to 127.0.0.2, started
+by start_agent.py --rank_start 1), is killed mid-stream, and both hosts start their ranks again.
+"""
+import socket
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from mindspore_serving.client import Client
+from llm_setup import TP2_CONFIG, bundled_config, offline_greedy, write_config, write_servable
+from serving_process import ROOT, ServingProcess, free_port, start_server
+
+PROMPT = "And God said"
+ATOL = 1e-4
+SECOND_HOST = "127.0.0.2"
+
+
+@pytest.fixture(scope="module")
+def tp1_config(tmp_path_factory):
+    return write_config(tmp_path_factory.mktemp("tp1"), start_port=0)
+
+
+def tp2_config(directory, **agents):
+    return write_config(directory, start_port=agents.pop("start_port", 0), agents=agents,
+                        data=bundled_config(TP2_CONFIG), name="tp2.yaml")
+
+
+def tokens(seed, n):
+    return np.random.default_rng(seed).integers(3, 2000, n).tolist()
+
+
+def test_tensor_parallel_logits_equal_the_single_rank_model(tmp_path, tp1_config):
+    # lazy: MindSpore loads in the test process only for the tests that run a model in it
+    from mindspore_serving.agent.graph_runner import GraphRunner
+    from mindspore_serving.llm.model_io import SeqStep
+    from mindspore_serving.spec.llm_config import load_serving_config
+    from mindspore_serving.worker.llm.agent_client import AgentRunner
+    from mindspore_serving.worker.llm.agents import startup_agents
+
+    config = load_serving_config(tp2_config(tmp_path))
+    reference = GraphRunner(load_serving_config(tp1_config).model.graphs[0], num_blocks=config.engine.num_blocks)
+    group = startup_agents(config)
+    runner = None
+    try:
+        runner = AgentRunner(group.addresses)
+        a, b, c = tokens(0, 20), tokens(1, 150), tokens(2, 70)
+        steps = [
+            [SeqStep(a, 0, [1, 2])],                                    # prefill
+            [SeqStep(b, 0, list(range(3, 13)))],                        # longer than the largest bucket: chunks
+            [SeqStep([a[-1]], 20, [1, 2]), SeqStep([b[-1]], 150, list(range(3, 13)))],  # decode
+            [SeqStep(c[:40], 0, [13, 14, 15, 16, 17])],                 # chunked prefill: a first chunk ...
+            [SeqStep([a[0]], 21, [1, 2]), SeqStep(c[40:], 40, [13, 14, 15, 16, 17])],  # ... the rest beside a decode
+        ]
+        for i, seqs in enumerate(steps):
+            np.testing.assert_allclose(runner.run(seqs), reference.run(seqs), rtol=0, atol=ATOL, err_msg=f"step {i}")
+        greedy = [SeqStep([a[1]], 22, [1, 2]), SeqStep([c[0]], 70, [13, 14, 15, 16, 17])]
+        got_tokens, got_logprobs = runner.run_greedy(greedy, 4)  # multi-step rounds run in the agents
+        want_tokens, want_logprobs = reference.run_greedy(greedy, 4)
+        assert got_tokens.tolist() == want_tokens.tolist()
+        np.testing.assert_allclose(got_logprobs, want_logprobs, rtol=0, atol=ATOL)
+    finally:
+        if runner is not None:
+            runner.close()
+        group.stop()
+
+
+@pytest.fixture(scope="module")
+def tp2_server(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tp2")
+    servables = write_servable(directory, tp2_config(directory), name="llama_tiny_tp2")
+    proc, grpc_addr, rest_addr = start_server(directory, servables=("llama_tiny_tp2",),
+                                              extra_args=["--servable_directory", servables])
+    try:
+        yield grpc_addr
+    finally:
+        proc.close()
+
+
+def test_concurrent_greedy_requests_on_two_ranks_equal_each_alone_on_one(tp2_server, tp1_config):
+    client = Client(tp2_server, "llama_tiny_tp2", "generate")
+    words = ["light", "waters", "firmament", "earth", "seed", "night", "day", "heaven"]
+    requests = [(f"{PROMPT} {words[i % 8]}" + " and the" * (i % 3), 4 + (7 * i) % 29) for i in range(16)]
+    futures = [client.infer_async({"prompt": prompt, "max_new_tokens": np.int32(n), "temperature": np.float32(0.0)})
+               for prompt, n in requests]
+    for (prompt, n), future in zip(requests, futures):
+        got = future.result()[0]
+        expected = offline_greedy(tp1_config, prompt, n)
+        assert got["token_ids"].tolist() == expected.token_ids, prompt
+        assert got["finish_reason"] == expected.finish_reason.value
+
+
+def _ports_for_two_hosts():
+    """A port p free on 127.0.0.1 with p + 1 free on the second host (rank r listens on start_port + r)."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as sock:
+            try:
+                sock.bind((SECOND_HOST, port + 1))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no pair of free ports")
+
+
+def _agents_of(process, rank):
+    return [p for p in psutil.Process(process.proc.pid).children(recursive=True)
+            if "mindspore_serving.agent.start_agent" in " ".join(p.cmdline()) and f"--rank={rank}" in p.cmdline()]
+
+
+def test_a_rank_on_a_second_host_joins_and_its_loss_fails_streams_fast_then_the_group_recovers(tmp_path, tp1_config):
+    config = tp2_config(tmp_path, start_port=_ports_for_two_hosts(), rank_hosts=["127.0.0.1", SECOND_HOST],
+                        scheduler_address=f"127.0.0.1:{free_port()}")
+    servables = write_servable(tmp_path, config, name="llama_tiny_tp2")
+    second_host = ServingProcess([f"{ROOT}/start_agent.py", "--config", config, "--rank_start", "1"], str(tmp_path))
+    server = None
+    try:
+        server, grpc_addr, _ = start_server(tmp_path, servables=("llama_tiny_tp2",), rest=False,
+                                            extra_args=["--servable_directory", servables], env={"GLOG_v": "1"})
+        second_host.wait_for("all agents started", timeout=60)
+        assert f"{SECOND_HOST}:" in second_host.output()
+        (remote,) = _agents_of(second_host, 1)
+        listening = [c.laddr.ip for c in remote.net_connections(kind="tcp") if c.status == "LISTEN"]
+        assert any(ip.endswith(SECOND_HOST) for ip in listening), listening  # gRPC may show it IPv4-mapped
+        client = Client(grpc_addr, "llama_tiny_tp2", "generate")
+        expected = offline_greedy(tp1_config, PROMPT, 8)
+        request = {"prompt": PROMPT, "max_new_tokens": np.int32(8), "temperature": np.float32(0.0)}
+        assert client.infer(request)[0]["token_ids"].tolist() == expected.token_ids
+
+        streams = [client.infer_stream({"prompt": f"{PROMPT} {i}", "max_new_tokens": np.int32(200),
+                                        "ignore_eos": True}) for i in range(3)]
+        for stream in streams:
+            assert "token_id" in next(stream)
+        ended = {}
+
+        def drain(i, stream):
+            events = list(stream)
+            ended[i] = (time.monotonic(), events[-1] if events else None)
+
+        readers = [threading.Thread(target=drain, args=(i, s)) for i, s in enumerate(streams)]
+        for reader in readers:
+            reader.start()
+        killed_at = time.monotonic()
+        remote.kill()
+        for reader in readers:
+            reader.join(30)
+        assert len(ended) == 3
+        for at, last in ended.values():
+            assert at - killed_at < 5.0
+            assert "error" in last and "rank 1" in last["error"], last
+
+        # the worker restarts the group on its host; the second host starts its rank again and joins
+        server.wait_for("Register success", count=2, timeout=240)
+        assert client.infer(request)[0]["token_ids"].tolist() == expected.token_ids
+    finally:
+        if server is not None:
+            server.close()
+        second_host.close()
