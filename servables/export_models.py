@@ -15,7 +15,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SERVABLES = ["add", "add_sub", "matmul", "lenet", "llama_tiny", "llama_tiny_tp2"]
+SERVABLES = ["add", "add_sub", "matmul", "lenet", "llama_tiny", "llama_tiny_tp2", "matmul_distributed"]
 
 
 def load_module(name, path):

@@ -18,6 +18,7 @@ STOP_GRACE = 10.0
 MAX_QUICK_RESTARTS = 5      # restarts allowed within RESTART_WINDOW before a worker is given up
 RESTART_WINDOW = 60.0
 WORKER_MODULE = "mindspore_serving.worker.start_worker"  # what operators look for in `ps`
+DISTRIBUTED_WORKER_MODULE = "mindspore_serving.worker.distributed.start_distributed_worker"
 
 
 @dataclass
@@ -32,14 +33,55 @@ class WorkerPlan:
     dec_key: Optional[bytes]
     dec_mode: str
     owns_device: bool = True
+    # a distributed servable's worker (server.distributed.start_servable) when rank_table_json_file is set
+    rank_table_json_file: str = ""
+    distributed_address: str = ""
+    wait_agents_time_in_seconds: int = 0
+
+    @property
+    def distributed(self) -> bool:
+        return bool(self.rank_table_json_file)
+
+    @property
+    def restartable(self) -> bool:
+        """A distributed worker is never restarted: its agents are bound to it."""
+        return not self.distributed
 
     @property
     def key(self) -> str:
+        if self.distributed:
+            return f"{self.servable_name}/v{self.version_number}/distributed"
         return f"{self.servable_name}/v{self.version_number}/device{self.device_id}"
 
     @property
     def log_path(self) -> str:
+        if self.distributed:
+            return os.path.join(LOG_DIR, f"log_{self.servable_name}_distributed.log")
         return os.path.join(LOG_DIR, f"log_{self.servable_name}_device{self.device_id}_version{self.version_number}.log")
+
+    @property
+    def start_timeout(self) -> float:
+        """A distributed worker waits for its agents as long as the user asked (0: forever)."""
+        if self.distributed:
+            return self.wait_agents_time_in_seconds + START_TIMEOUT if self.wait_agents_time_in_seconds else float("inf")
+        return START_TIMEOUT
+
+    def command(self, master_address: str) -> List[str]:
+        if self.distributed:
+            return [sys.executable, "-m", DISTRIBUTED_WORKER_MODULE, f"--servable_directory={self.servable_directory}",
+                    f"--servable_name={self.servable_name}", f"--version_number={self.version_number}",
+                    f"--rank_table_json_file={self.rank_table_json_file}",
+                    f"--distributed_address={self.distributed_address}",
+                    f"--wait_agents_time_in_seconds={self.wait_agents_time_in_seconds}",
+                    f"--master_address={master_address}", f"--worker_key={self.key}"]
+        cmd = [sys.executable, "-m", WORKER_MODULE, f"--servable_directory={self.servable_directory}",
+               f"--servable_name={self.servable_name}", f"--version_number={self.version_number}",
+               f"--device_type={self.device_type or 'none'}", f"--device_id={self.device_id}",
+               f"--num_parallel_workers={self.num_parallel_workers}", f"--master_address={master_address}",
+               f"--worker_key={self.key}", f"--dec_mode={self.dec_mode}"]
+        if self.dec_key:
+            cmd.append("--read_dec_key")
+        return cmd
 
 
 @dataclass
@@ -71,13 +113,7 @@ class WorkerProcesses:
         plan = worker.plan
         os.makedirs(LOG_DIR, exist_ok=True)
         log_file = open(plan.log_path, "w" if worker.starts == 0 else "a")
-        cmd = [sys.executable, "-m", WORKER_MODULE, f"--servable_directory={plan.servable_directory}",
-               f"--servable_name={plan.servable_name}", f"--version_number={plan.version_number}",
-               f"--device_type={plan.device_type or 'none'}", f"--device_id={plan.device_id}",
-               f"--num_parallel_workers={plan.num_parallel_workers}", f"--master_address={self.master_address}",
-               f"--worker_key={plan.key}", f"--dec_mode={plan.dec_mode}"]
-        if plan.dec_key:
-            cmd.append("--read_dec_key")
+        cmd = plan.command(self.master_address)
         worker.registered.clear()
         worker.failure = None
         worker.expected_exit = False
@@ -101,8 +137,9 @@ class WorkerProcesses:
                 new.append(worker)
         for worker in new:
             self.spawn(worker)
-        deadline = time.monotonic() + START_TIMEOUT
+        start = time.monotonic()
         for worker in new:
+            deadline = start + worker.plan.start_timeout
             while not worker.registered.wait(0.05):
                 if worker.failure is not None:
                     raise RuntimeError(f"Fail to start workers: {{servable name:{worker.plan.servable_name}, "
@@ -115,7 +152,8 @@ class WorkerProcesses:
                     raise RuntimeError("Fail to start workers because of signal SIGINT or SIGTERM")
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"Fail to start workers: {{servable name:{worker.plan.servable_name}, "
-                                       f"device id:{worker.plan.device_id}, no registration within {START_TIMEOUT} s}}")
+                                       f"device id:{worker.plan.device_id}, no registration within "
+                                       f"{worker.plan.start_timeout} s}}")
         self.ensure_monitor()
 
     # ---- notices from workers (called from the control service) ----
@@ -171,6 +209,10 @@ class WorkerProcesses:
             return
         if worker.expected_exit:
             log.warning(f"worker {plan.key} exited (code {code})")
+            return
+        if not plan.restartable:
+            log.error(f"worker {plan.key} exited (code {code}); a distributed worker is not restarted, "
+                      f"see {plan.log_path}")
             return
         now = time.monotonic()
         worker.restart_times = [t for t in worker.restart_times if now - t < RESTART_WINDOW] + [now]

@@ -5,7 +5,8 @@ from mindspore_serving.frontends.restful_server import RestfulFrontend
 from mindspore_serving.master.master import get_master, install_signal_handlers, stop_master
 from mindspore_serving.master.worker_processes import WorkerPlan
 from mindspore_serving.server.ssl_config import SSLConfig
-from mindspore_serving.server.start_config import check_servable_configs, merge_config
+from mindspore_serving.server.start_config import (DistributedStartConfig, check_servable_configs,
+                                                   check_servable_location, merge_config)
 
 _GRPC, _RESTFUL = "grpc", "restful"
 
@@ -13,6 +14,15 @@ _GRPC, _RESTFUL = "grpc", "restful"
 def _plans(configs):
     plans = []
     for config in configs:
+        if isinstance(config, DistributedStartConfig):
+            check_servable_location(config.servable_directory, config.servable_name)
+            plans.append(WorkerPlan(servable_directory=config.servable_directory, servable_name=config.servable_name,
+                                    version_number=config.version_number, device_type=None, device_id=0,
+                                    num_parallel_workers=0, dec_key=None, dec_mode="AES-GCM",
+                                    rank_table_json_file=config.rank_table_json_file,
+                                    distributed_address=config.distributed_address,
+                                    wait_agents_time_in_seconds=config.wait_agents_time_in_seconds))
+            continue
         device_ids = tuple(config.device_ids) or (0,)
         for device_id in device_ids:
             plans.append(WorkerPlan(servable_directory=config.servable_directory, servable_name=config.servable_name,
@@ -28,7 +38,7 @@ def start_servables(servable_configs):
     Raises RuntimeError("Fail to start workers: ...") with the worker's reason when one fails; everything
     started so far is stopped then.
     """
-    configs = merge_config(check_servable_configs(servable_configs))
+    configs = merge_config(check_servable_configs(servable_configs, (DistributedStartConfig,)))
     master = get_master()
     install_signal_handlers()
     try:

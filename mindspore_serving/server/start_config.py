@@ -209,3 +209,24 @@ def _check_device_reuse(configs, allow_reuse_device):
                 raise RuntimeError(f"Ascend 910 device id {device_id} is used repeatedly in servable "
                                    f"{config.servable_name}")
             used.add(device_id)
+
+
+class DistributedStartConfig:
+    """How to start a distributed servable (`server.distributed.start_servable`): one worker that waits for the
+    rank agents listed in the rank table. Checked as MindSpore Serving checks it; relative paths are resolved
+    against the directory of the running script."""
+
+    def __init__(self, servable_directory, servable_name, rank_table_json_file, version_number=1,
+                 distributed_address="0.0.0.0:6200", wait_agents_time_in_seconds=0):
+        check_type.check_str("servable_directory", servable_directory)
+        check_type.check_str("servable_name", servable_name)
+        check_type.check_int("version_number", version_number, 0)
+        check_type.check_str("rank_table_json_file", rank_table_json_file)
+        check_type.check_str("distributed_address", distributed_address)
+        check_type.check_int("wait_agents_time_in_seconds", wait_agents_time_in_seconds, 0)
+        self.servable_directory = check_type.get_abs_path(servable_directory)
+        self.servable_name = servable_name
+        self.version_number = version_number or 1
+        self.rank_table_json_file = check_type.get_abs_path(rank_table_json_file)
+        self.distributed_address = distributed_address
+        self.wait_agents_time_in_seconds = wait_agents_time_in_seconds

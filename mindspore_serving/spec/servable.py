@@ -63,6 +63,14 @@ class MethodSpec:
         return all(stage.kind == STAGE_MODEL for stage in self.stages)
 
 
+@dataclass(frozen=True)
+class DistributedSpec:
+    """`server.distributed.declare_servable`: the model (keyed by the servable name) runs on rank agents."""
+    rank_size: int
+    stage_size: int
+    enable_pipeline_infer: bool = False
+
+
 @dataclass
 class ServableSpec:
     name: str
@@ -72,3 +80,4 @@ class ServableSpec:
     extension: Any = None
     # set by server.distributed.declare_servable; declare_model then refuses to declare models
     distributed: bool = False
+    distributed_spec: Optional[DistributedSpec] = None

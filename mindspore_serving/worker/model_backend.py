@@ -11,10 +11,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from mindspore_serving import log
-
-# mind_ir.proto TensorProto.DataType -> numpy
-_MINDIR_DTYPES = {1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32, 7: np.int64,
-                  9: np.bool_, 10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64, 17: np.float64}
+from mindspore_serving.common.mindir_info import read_mindir_input_infos
 
 _KMSI_NAMES = {np.dtype(np.bool_): "kMSI_Bool", np.dtype(np.int8): "kMSI_Int8", np.dtype(np.uint8): "kMSI_Uint8",
                np.dtype(np.int16): "kMSI_Int16", np.dtype(np.uint16): "kMSI_Uint16",
@@ -51,19 +48,8 @@ class TensorInfo:
 
 def read_mindir_inputs(path: str) -> Optional[List[TensorInfo]]:
     """Input shapes and dtypes recorded in a MindIR file; None when the file cannot be parsed (e.g. encrypted)."""
-    from mindspore.train import mind_ir_pb2  # lazy: see the module docstring
-    model = mind_ir_pb2.ModelProto()
-    try:
-        with open(path, "rb") as stream:
-            model.ParseFromString(stream.read())
-    except Exception as err:
-        log.info(f"cannot read input information from '{path}': {err}")
-        return None
-    infos = []
-    for graph_input in model.graph.input:
-        tensor = graph_input.tensor[0]
-        infos.append(TensorInfo(tuple(int(d) for d in tensor.dims), np.dtype(_MINDIR_DTYPES.get(tensor.data_type, np.float32))))
-    return infos
+    infos = read_mindir_input_infos(path)
+    return None if infos is None else [TensorInfo(shape, dtype) for shape, dtype in infos]
 
 
 class Subgraph:

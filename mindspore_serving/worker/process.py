@@ -62,17 +62,22 @@ class Worker:
         except grpc.RpcError as err:
             log.error(f"cannot tell the master that the worker failed: {err}")
 
-    def start(self):
+    def load(self):
+        """The servable's runtime and its resolved version."""
         args = self.args
         dec_key = bytes.fromhex(sys.stdin.readline().strip()) if args.read_dec_key else None
-        self.runtime, version = load_servable(args.servable_directory, args.servable_name, args.version_number,
-                                              args.device_type, args.device_id, args.num_parallel_workers,
-                                              dec_key, args.dec_mode, on_fatal=self.fail)
+        return load_servable(args.servable_directory, args.servable_name, args.version_number,
+                             args.device_type, args.device_id, args.num_parallel_workers,
+                             dec_key, args.dec_mode, on_fatal=self.fail)
+
+    def start(self):
+        args = self.args
+        self.runtime, version = self.load()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=128, thread_name_prefix="worker-rpc"),
                                   options=ipc.INTERNAL_CHANNEL_OPTIONS)
         internal_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(self.runtime, self.request_exit), self.server)
         self.runtime.add_servicers(self.server)
-        self.address = ipc.worker_address(args.servable_name, f"device{args.device_id}")
+        self.address = ipc.worker_address(args.servable_name, self.device_label)
         self.server.add_insecure_port(self.address)
         self.server.start()
         spec = self.runtime.spec
@@ -87,6 +92,10 @@ class Worker:
             raise RuntimeError(reply.error.error_msg.decode())
         print(f"Serving: Start servable success, servable directory: '{args.servable_directory}', "
               f"servable name: '{spec.name}', version number: {version}", flush=True)
+
+    @property
+    def device_label(self) -> str:
+        return f"device{self.args.device_id}"
 
     def request_exit(self, reason: str):
         log.info(f"worker exits: {reason}")
@@ -119,9 +128,9 @@ class Worker:
             self.runtime.close()
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    worker = Worker(args)
+def main(argv=None, worker_class=Worker, parse=parse_args):
+    args = parse(argv)
+    worker = worker_class(args)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda num, _frame: worker.request_exit(f"signal {signal.Signals(num).name}"))
     os.environ["SERVING_DEVICE_ID"] = str(args.device_id)

@@ -27,11 +27,16 @@ def batch_wait_seconds() -> float:
 
 class ServableRuntime:
     def __init__(self, spec: ServableSpec, version_dir: str, num_parallel_workers: int = 0,
-                 dec_key: Optional[bytes] = None, dec_mode: str = "AES-GCM", batch_wait: Optional[float] = None):
+                 dec_key: Optional[bytes] = None, dec_mode: str = "AES-GCM", batch_wait: Optional[float] = None,
+                 models: Optional[Dict[str, LoadedModel]] = None):
+        """`models`, when given, are the servable's models already loaded (e.g. run by a distributed servable's
+        rank agents); otherwise each declared model is loaded from `version_dir`."""
         self.spec = spec
         self.batch_wait = batch_wait_seconds() if batch_wait is None else batch_wait
-        self.models: Dict[str, LoadedModel] = {}
+        self.models: Dict[str, LoadedModel] = dict(models or {})
         for key, model_spec in spec.models.items():
+            if key in self.models:
+                continue
             try:
                 self.models[key] = LoadedModel(model_spec, version_dir, dec_key, dec_mode)
             except Exception as err:

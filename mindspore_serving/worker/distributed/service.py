@@ -1,0 +1,51 @@
+"""DistributedWorker: what the distributed worker serves to `startup_agents` and to the rank agents."""
+from mindspore_serving import log
+from mindspore_serving.ipc import distributed as protocol
+from mindspore_serving.proto import distributed_pb2 as dpb
+from mindspore_serving.proto import distributed_pb2_grpc as dpb_grpc
+from mindspore_serving.proto import ms_service_pb2 as pb
+from mindspore_serving.spec.servable import ModelSpec
+from mindspore_serving.worker.distributed.agent_group import AgentGroup
+
+
+def _error(message: str) -> pb.ErrorMsg:
+    return pb.ErrorMsg(error_code=1, error_msg=message.encode())
+
+
+class DistributedWorkerServicer(dpb_grpc.DistributedWorkerServicer):
+    def __init__(self, group: AgentGroup, model_spec: ModelSpec, rank_table_content: str):
+        self.group = group
+        self.model_spec = model_spec
+        self.rank_table_content = rank_table_content
+
+    def AcquireConfig(self, request, context):
+        if request.protocol_version != protocol.DISTRIBUTED_PROTOCOL_VERSION:
+            return dpb.AgentConfig(error=_error(
+                f"agent protocol version {request.protocol_version} does not match the worker's "
+                f"{protocol.DISTRIBUTED_PROTOCOL_VERSION}"))
+        group = self.group
+        return dpb.AgentConfig(
+            rank_table_content=self.rank_table_content,
+            rank_list=[dpb.RankInfo(ip=rank.ip, device_id=rank.device_id) for rank in group.rank_list],
+            servable_name=self.model_spec.model_key, with_batch_dim=self.model_spec.with_batch_dim,
+            without_batch_dim_inputs=list(self.model_spec.without_batch_dim_inputs),
+            rank_size=group.rank_size, stage_size=group.stage_size, scheduler_address=group.scheduler_address)
+
+    def PublishScheduler(self, request, context):
+        log.info(f"the agents' cluster scheduler listens on {request.scheduler_address}")
+        self.group.scheduler_address = request.scheduler_address
+        return dpb.Reply()
+
+    def RegisterAgent(self, request, context):
+        reason = self.group.register(request)
+        return dpb.Reply(error=_error(reason)) if reason else dpb.Reply()
+
+    def AgentFailed(self, request, context):
+        log.error(f"agents on {request.agent_ip} failed to start: {request.reason}")
+        self.group.fail(f"agents on {request.agent_ip} failed to start: {request.reason}")
+        return dpb.Reply()
+
+    def AgentExit(self, request, context):
+        log.error(f"agents on {request.agent_ip} exited: {request.reason}")
+        self.group.fail(f"agents on {request.agent_ip} exited: {request.reason}")
+        return dpb.Reply()
