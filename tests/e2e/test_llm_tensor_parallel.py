@@ -4,6 +4,7 @@ Its logits equal the single-rank model's, its greedy outputs under continuous ba
 one rank, and the group survives the loss of a rank: here rank 1 plays a second host (bound to 127.0.0.2, started
 by start_agent.py --rank_start 1), is killed mid-stream, and both hosts start their ranks again.
 """
+import signal
 import socket
 import threading
 import time
@@ -161,3 +162,21 @@ def test_a_rank_on_a_second_host_joins_and_its_loss_fails_streams_fast_then_the_
         if server is not None:
             server.close()
         second_host.close()
+
+
+def test_start_agent_runs_the_scheduler_and_every_rank_and_sigterm_stops_them_all(tmp_path):
+    port = free_port()
+    config = tp2_config(tmp_path, start_port=port, scheduler_address=f"127.0.0.1:{free_port()}")
+    proc = ServingProcess([f"{ROOT}/start_agent.py", "--config", config], str(tmp_path))
+    try:
+        proc.wait_for("all agents started", timeout=120)
+        children = psutil.Process(proc.proc.pid).children(recursive=True)
+        commands = [" ".join(p.cmdline()) for p in children]
+        assert sum("mindspore_serving.agent.start_agent" in c for c in commands) == 2
+        assert sum("mindspore_serving.common.ms_cluster" in c for c in commands) == 1
+        proc.proc.send_signal(signal.SIGTERM)
+        assert proc.wait_exit(60) == 0
+        _, alive = psutil.wait_procs(children, timeout=30)
+        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        proc.close()
