@@ -13,25 +13,26 @@ VERSION_DIR = os.path.join(HERE, "1")
 MODEL_FILES = [os.path.join("rank_0", "manifest.json")]
 
 
-def stale():
+def stale(config_path=CONFIG):
     """Why the exported graphs no longer match the model config (buckets or network changed), or None."""
     sys.path.insert(0, ROOT)
     from mindspore_serving.spec.llm_config import load_serving_config
-    return load_serving_config(CONFIG).stale_graphs()
+    return load_serving_config(config_path).stale_graphs()
 
 
-def main():
+def main(config_path=CONFIG):
+    """Exports the graphs of every rank of the LLM configuration `config_path` (a cluster of ranks when the model
+    is tensor-parallel); returns their manifests."""
     sys.path.insert(0, ROOT)
     from mindspore_serving.spec.llm_config import load_serving_config
     from mindspore_serving.models.llama.config import load_config
-    from mindspore_serving.models.llama.export import export_graphs
-    config = load_serving_config(CONFIG)
+    from mindspore_serving.models.llama.export import export_graphs, export_tensor_parallel
+    config = load_serving_config(config_path)
     model_file = load_config(config.model.config)
-    manifests = []
-    for graphs_dir in config.model.graphs:
-        manifests.append(export_graphs(model_file, graphs_dir, checkpoint=config.model.checkpoint,
-                                       jobs=min(2, os.cpu_count() or 1)))
-    return manifests
+    if config.model.tensor_parallel > 1:
+        return export_tensor_parallel(model_file, list(config.model.graphs), checkpoint=config.model.checkpoint)
+    return [export_graphs(model_file, graphs_dir, checkpoint=config.model.checkpoint, jobs=min(2, os.cpu_count() or 1))
+            for graphs_dir in config.model.graphs]
 
 
 if __name__ == "__main__":

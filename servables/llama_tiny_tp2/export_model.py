@@ -4,8 +4,8 @@ and 1/rank_1/.
 The weights come from the committed checkpoint, as for llama_tiny; the two ranks run as a MindSpore cluster while
 they export (models/llama/export.py, export_tensor_parallel).
 """
+import importlib.util
 import os
-import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -14,21 +14,22 @@ VERSION_DIR = os.path.join(HERE, "1")
 MODEL_FILES = [os.path.join("rank_0", "manifest.json"), os.path.join("rank_1", "manifest.json")]
 
 
+def _single_rank_exporter():
+    """servables/llama_tiny/export_model.py, which exports any LLM configuration's ranks."""
+    spec = importlib.util.spec_from_file_location("_llama_tiny_export_model",
+                                                  os.path.join(ROOT, "servables", "llama_tiny", "export_model.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def stale():
-    """Why the exported graphs no longer match the model config (buckets or network changed), or None."""
-    sys.path.insert(0, ROOT)
-    from mindspore_serving.spec.llm_config import load_serving_config
-    return load_serving_config(CONFIG).stale_graphs()
+    """Why the exported graphs no longer match the model config, or None."""
+    return _single_rank_exporter().stale(CONFIG)
 
 
 def main():
-    sys.path.insert(0, ROOT)
-    from mindspore_serving.spec.llm_config import load_serving_config
-    from mindspore_serving.models.llama.config import load_config
-    from mindspore_serving.models.llama.export import export_tensor_parallel
-    config = load_serving_config(CONFIG)
-    return export_tensor_parallel(load_config(config.model.config), list(config.model.graphs),
-                                  checkpoint=config.model.checkpoint)
+    return _single_rank_exporter().main(CONFIG)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,14 @@ def _one_rank(path: str, ip: str, device: dict, rank_holder: dict, expected_rank
     return RankConfig(ip, device_id)
 
 
+def _required(obj, name: str, get, path: str):
+    """obj[name] read by `get` (_array or _string); RuntimeError when it is empty."""
+    value = get(obj, name)
+    if not value:
+        raise RuntimeError(f"{name} attr is empty in{path}")
+    return value
+
+
 def parse_rank_table(content: str, path: str) -> List[RankConfig]:
     """The ranks of a rank table's text (`path` only names the file in errors); RuntimeError when invalid."""
     try:
@@ -57,32 +65,15 @@ def parse_rank_table(content: str, path: str) -> List[RankConfig]:
         raise RuntimeError(f"{path} is not json object")
     ranks: List[RankConfig] = []
     if "group_list" in table:
-        groups = _array(table, "group_list")
-        if not groups:
-            raise RuntimeError(f"group_list attr is empty in{path}")
-        for group in groups:
-            instances = _array(group, "instance_list")
-            if not instances:
-                raise RuntimeError(f"instance_list attr is empty in{path}")
-            for instance in instances:
-                ip = _string(instance, "server_id")
-                if not ip:
-                    raise RuntimeError(f"server_id attr is empty in{path}")
-                devices = _array(instance, "devices")
-                if not devices:
-                    raise RuntimeError(f"devices attr is empty in{path}")
+        for group in _required(table, "group_list", _array, path):
+            for instance in _required(group, "instance_list", _array, path):
+                ip = _required(instance, "server_id", _string, path)
+                devices = _required(instance, "devices", _array, path)
                 ranks.append(_one_rank(path, ip, devices[0], instance, len(ranks)))
         return ranks
-    servers = _array(table, "server_list")
-    if not servers:
-        raise RuntimeError(f"server_list attr is empty in{path}")
-    for server in servers:
-        ip = _string(server, "server_id")
-        if not ip:
-            raise RuntimeError(f"server_id attr is empty in{path}")
-        devices = _array(server, "device")
-        if not devices:
-            raise RuntimeError(f"device attr is empty in{path}")
+    for server in _required(table, "server_list", _array, path):
+        ip = _required(server, "server_id", _string, path)
+        devices = _required(server, "device", _array, path)
         for device in devices:
             ranks.append(_one_rank(path, ip, device, device, len(ranks)))
     return ranks
