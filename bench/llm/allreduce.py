@@ -92,7 +92,6 @@ def measure(cpus_per_rank, batches=(1, 8, 16), hidden: int = 128, calls: int = 2
     """Per batch, for graphs of 1 and of `chain` AllReduces: the median over rounds and ranks (and min, max) of ms
     per call of the AllReduce graph, of the plain graph and of their difference (the AllReduces' own cost); plus each
     rank's raw rounds."""
-    import numpy as np
     sys.path.insert(0, ROOT)
     from mindspore_serving.common import ms_cluster
     ranks = len(cpus_per_rank)

@@ -81,7 +81,6 @@ def summary(values: List[float]) -> Dict[str, float]:
 def start_group(config, name: str):
     """startup_agents on free ports (a fixed agents.start_port may be taken on a shared machine) and an
     AgentRunner on them."""
-    from mindspore_serving.worker.llm.agent_client import AgentRunner
     from mindspore_serving.worker.llm.agents import startup_agents
     host = config.agents.host
     addresses = [f"{host}:{free_port(host)}" for _ in range(config.agents.num_ranks)]
@@ -119,7 +118,6 @@ def run(tp1_path: str, tp_path: str, rounds: int, steps: int, context: int, allr
             groups.append(group)
             runner = AgentRunner(group.addresses)
             runners.append(runner)
-            block_size = runner.block_size
             tables = [list(range(1 + i * blocks_per_seq, 1 + (i + 1) * blocks_per_seq)) for i in range(max(batches))]
             assert tables[-1][-1] < runner.num_blocks
             setups.append(Setup(name, runner, None, tables, context, group))
