@@ -108,7 +108,10 @@ def run(tp1_path: str, tp_path: str, rounds: int, steps: int, context: int, allr
     inproc_cpus = tp1.agents.cpus_of(0, "CPU")
     results = {"configs": {"tp1": tp1_path, f"tp{n}": tp_path}, "tensor_parallel": n, "batches": batches,
                "context_tokens": context, "steps_per_round": steps, "rounds": rounds, "cores": all_cores,
-               "inproc_cpu_affinity": inproc_cpus}
+               "inproc_cpu_affinity": inproc_cpus,
+               # the cores each agent binds itself to (agents.cpu_affinity), as they are started from this process
+               "agent_cpu_affinity": {"agents tp1": [tp1.agents.cpus_of(0, "CPU")],
+                                      f"agents tp{n}": [tpn.agents.cpus_of(r, "CPU") for r in range(n)]}}
 
     setups, groups, runners = [], [], []
     try:
@@ -205,6 +208,8 @@ def report(results: dict):
         ratio = (results["decode_step_ms"][f"agents tp{n}"][b]["median"]
                  / results["decode_step_ms"]["agents tp1"][b]["median"])
         print(f"{b:>6} " + " ".join(f"{c:>24}" for c in cells) + f" {ratio:>10.2f}")
+    cores = "; ".join(f"{k}: {v}" for k, v in results["agent_cpu_affinity"].items())
+    print(f"agent cores: {cores}; in-process tp1: {results['inproc_cpu_affinity']}")
     diffs = ", ".join(f"{k} {v:.1e}" for k, v in results["max_abs_logit_diff_vs_in_process"].items())
     print(f"max |logits - in-process tp1|: {diffs}")
 
