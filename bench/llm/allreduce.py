@@ -14,6 +14,7 @@ what a rank waits for a slower peer inside a real step.
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -84,6 +85,7 @@ def rank_main(args) -> int:
                         timed(*graphs[(batch, count, reduce)], args.calls))
         result["batches"][str(batch)] = rounds
     print(RESULT_PREFIX + json.dumps(result), flush=True)
+    shutil.rmtree(directory, ignore_errors=True)
     return 0
 
 
