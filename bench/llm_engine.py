@@ -7,6 +7,12 @@
     occupancy, and served throughput as a fraction of the engine limit at the same occupancy.
 
     python bench/llm_engine.py [--requests 64] [--steps 30] [--out bench/results/llm_engine.json]
+
+With --tensor_parallel N (bench/llm/tensor_parallel.py) it measures instead, in one run, TP=1 against TP=N: decode
+step time at batch 1, 8 and 16 through agents for both (and in-process TP=1 for reference), the AllReduce share of a
+TP=N step (microbenchmark estimate), KV-cache bytes and agent RSS per rank:
+
+    python bench/llm_engine.py --tensor_parallel 2 [--rounds 5] [--steps 20] [--out bench/results/llm_engine_tp.json]
 """
 import argparse
 import bisect
@@ -18,6 +24,7 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "bench")
 sys.path.insert(0, ROOT)
 
 from mindspore_serving.llm import LLMEngine, SchedulerConfig  # noqa: E402
@@ -134,10 +141,22 @@ def main():
     parser.add_argument("--config", default=os.path.join(ROOT, "config", "llama_tiny.yaml"))
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--steps", type=int, default=20, help="timed decode steps per round and bucket for the limit")
-    parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "llm_engine.json"))
+    parser.add_argument("--out", default=None,
+                        help="default bench/results/llm_engine.json, with --tensor_parallel llm_engine_tp.json")
     parser.add_argument("--no-bind", action="store_true",
                         help="do not bind to the cores of the config's agents.cpu_affinity (default: bind, as the agent)")
+    tp = parser.add_argument_group("tensor parallelism (--tensor_parallel N)")
+    tp.add_argument("--tensor_parallel", type=int, default=1, metavar="N",
+                    help="compare TP=1 (--config) with TP=N (--tp_config) through agents instead of the engine run")
+    tp.add_argument("--tp_config", default=None,
+                    help="config of the TP=N servable (default for N=2: config/llama_tiny_tp2.yaml)")
+    tp.add_argument("--rounds", type=int, default=5, help="rounds of --steps decode steps per setup and batch")
+    tp.add_argument("--context", type=int, default=64, help="prompt tokens prefilled before the decode steps")
+    tp.add_argument("--allreduce_calls", type=int, default=200, help="timed calls per round of the AllReduce graph")
     args = parser.parse_args()
+    if args.tensor_parallel != 1:
+        return main_tensor_parallel(args)
+    args.out = args.out or os.path.join(ROOT, "bench", "results", "llm_engine.json")
     config = load_serving_config(args.config)
     cpus = None if args.no_bind else bind_like_agent(config)
 
@@ -188,6 +207,26 @@ def main():
     with open(args.out, "w", encoding="utf-8") as stream:
         json.dump(results, stream, indent=1)
     print(f"wrote {args.out}")
+
+
+def main_tensor_parallel(args):
+    sys.path.insert(0, BENCH)
+    from llm import tensor_parallel  # bench/llm/tensor_parallel.py; loaded only for this mode
+    tp_config = args.tp_config
+    if tp_config is None:
+        if args.tensor_parallel != 2:
+            sys.exit("--tp_config is needed for --tensor_parallel other than 2")
+        tp_config = os.path.join(ROOT, "config", "llama_tiny_tp2.yaml")
+    declared = load_serving_config(tp_config).model.tensor_parallel
+    if declared != args.tensor_parallel:
+        sys.exit(f"{tp_config} has tensor_parallel {declared}, not {args.tensor_parallel}")
+    results = tensor_parallel.run(args.config, tp_config, args.rounds, args.steps, args.context, args.allreduce_calls)
+    tensor_parallel.report(results)
+    out = args.out or os.path.join(ROOT, "bench", "results", "llm_engine_tp.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w", encoding="utf-8") as stream:
+        json.dump(results, stream, indent=1)
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
