@@ -90,6 +90,14 @@ class ServingProcess:
         self._output.close()
 
 
+def assert_sigterm_stops_all(proc: "ServingProcess", children, timeout: float = 60.0):
+    """SIGTERM to `proc`: it exits with code 0 and every process of `children` is gone (zombies aside)."""
+    proc.proc.send_signal(signal.SIGTERM)
+    assert proc.wait_exit(timeout) == 0
+    _, alive = psutil.wait_procs(children, timeout=30)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+
+
 def start_server(tmp_path, servables=("add",), extra_args=(), env=None, rest=True):
     """serving_server.py on free ports; returns (process, grpc address, rest address)."""
     grpc_addr = f"127.0.0.1:{free_port()}"

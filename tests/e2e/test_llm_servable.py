@@ -1,6 +1,5 @@
 """The LLM servable end to end: start_agent.py, and serving_server.py whose worker drives agents over gRPC."""
 import os
-import signal
 
 import numpy as np
 import psutil
@@ -8,7 +7,7 @@ import pytest
 
 from mindspore_serving.client import Client
 from llm_setup import offline_greedy, write_config, write_servable
-from serving_process import ROOT, ServingProcess, free_port, start_server
+from serving_process import ROOT, ServingProcess, assert_sigterm_stops_all, free_port, start_server
 
 PROMPT = "And God said"
 
@@ -26,10 +25,7 @@ def test_start_agent_script_reports_ready_and_stops(tmp_path):
         (agent,) = [p for p in agents if "mindspore_serving.agent.start_agent" in p.cmdline()]
         assert agent.cpu_affinity() == expected
         assert {tuple(os.sched_getaffinity(t.id)) for t in agent.threads()} == {tuple(expected)}
-        proc.proc.send_signal(signal.SIGTERM)
-        assert proc.wait_exit(60) == 0
-        gone, alive = psutil.wait_procs(agents, timeout=30)
-        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+        assert_sigterm_stops_all(proc, agents)
     finally:
         proc.close()
 

@@ -4,7 +4,6 @@ Its logits equal the single-rank model's, its greedy outputs under continuous ba
 one rank, and the group survives the loss of a rank: here rank 1 plays a second host (bound to 127.0.0.2, started
 by start_agent.py --rank_start 1), is killed mid-stream, and both hosts start their ranks again.
 """
-import signal
 import socket
 import threading
 import time
@@ -15,7 +14,7 @@ import pytest
 
 from mindspore_serving.client import Client
 from llm_setup import TP2_CONFIG, bundled_config, offline_greedy, write_config, write_servable
-from serving_process import ROOT, ServingProcess, free_port, start_server
+from serving_process import ROOT, ServingProcess, assert_sigterm_stops_all, free_port, start_server
 
 PROMPT = "And God said"
 ATOL = 1e-4
@@ -174,9 +173,6 @@ def test_start_agent_runs_the_scheduler_and_every_rank_and_sigterm_stops_them_al
         commands = [" ".join(p.cmdline()) for p in children]
         assert sum("mindspore_serving.agent.start_agent" in c for c in commands) == 2
         assert sum("mindspore_serving.common.ms_cluster" in c for c in commands) == 1
-        proc.proc.send_signal(signal.SIGTERM)
-        assert proc.wait_exit(60) == 0
-        _, alive = psutil.wait_procs(children, timeout=30)
-        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+        assert_sigterm_stops_all(proc, children)
     finally:
         proc.close()
