@@ -8,7 +8,10 @@ together in one WorkerPredictRequest (a call to a worker costs far more than an 
   is likely to come: clients just answered that have not sent again, or a burst still being read (see
   _WorkerQueue._settle_delay; a lone request never waits);
 - a worker with a call in flight gets another one only when a full call (MAX_CALL_INSTANCES, a multiple of
-  its batch size) is queued; otherwise the queue is sent when the call returns.
+  its batch size) is queued; otherwise the queue is sent when the call returns;
+- a worker that batches continuously itself (an LLM servable: requests join and leave its running batch at every
+  step) gets every request at once, in a call of its own: holding a short request back behind a long one, or
+  in the same call, would make it wait for the long one to finish.
 The worker runs the instances of a call together (so they share model batches) and answers them in order;
 the answers are split back to their requests. A lost worker fails every request of its calls at once.
 """
@@ -24,6 +27,7 @@ from mindspore_serving.common import errors
 from mindspore_serving.common.tensor_codec import check_instance, check_tensor
 from mindspore_serving.master.worker_registry import WorkerRecord, WorkerRegistry, request_repr
 from mindspore_serving.proto import internal_pb2
+from mindspore_serving.spec.llm import LLM_EXTENSION
 
 DEFAULT_MAX_ENQUEUED_REQUESTS = 10000
 MAX_CALLS_IN_FLIGHT = 2    # per worker and method; the second only carries a full call
@@ -67,6 +71,7 @@ class _WorkerQueue:
         self.dispatcher = dispatcher
         self.worker = worker
         self.clock = dispatcher.clock
+        self.continuous = LLM_EXTENSION in worker.extensions  # the worker batches continuously (see the module)
         self.batch_size = max(1, worker.batch_size)
         self.max_instances = max(self.batch_size, MAX_CALL_INSTANCES // self.batch_size * self.batch_size)
         self.pending: "collections.deque[_Chunk]" = collections.deque()
@@ -98,6 +103,8 @@ class _WorkerQueue:
         self._schedule()
 
     def _may_send(self) -> bool:
+        if self.continuous:
+            return bool(self.pending)
         if not self.pending or self.in_flight >= MAX_CALLS_IN_FLIGHT:
             return False
         # an idle worker takes whatever is there; a busy one only full calls
@@ -116,7 +123,7 @@ class _WorkerQueue:
         their next request once answered), at most `owed_limit` (SETTLE_SECONDS, or twice as long as they took
         to come back last time, up to SETTLE_MAX_SECONDS); or while chunks keep arriving turn after turn (a
         burst being read), at most SETTLE_SECONDS. A lone request never waits."""
-        if self.batch_size == 1 or self.in_flight or self.pending_count >= self.batch_size:
+        if self.continuous or self.batch_size == 1 or self.in_flight or self.pending_count >= self.batch_size:
             self.settle_until = None
             return None
         now = self.clock.now()
@@ -145,7 +152,7 @@ class _WorkerQueue:
         self.scheduled = False
         self.arrived = False
         while self._may_send():
-            limit = self.max_instances
+            limit = 1 if self.continuous else self.max_instances  # continuous: one request's chunk per call
             chunks, count, nbytes = [], 0, 0
             while self.pending and (not chunks or (count + len(self.pending[0].instances) <= limit
                                                    and nbytes + self.pending[0].nbytes <= MAX_CALL_BYTES)):
@@ -185,10 +192,11 @@ class _WorkerQueue:
                             f"{err.details()}")
             else:
                 log.warning(f"request {request_id} to worker pid {worker.pid} failed: {err}")
+            what = worker.lost_reason or f"the worker (pid {worker.pid}) stopped while handling it"
             for item in chunks:
                 error = errors.WorkerUnavailable(
                     f"Request {request_repr(item.spec.name, item.spec.method_name, item.spec.version_number)}, "
-                    f"servable is not available: the worker (pid {worker.pid}) stopped while handling it")
+                    f"servable is not available: {what}")
                 _set_result(item.future, [error] * len(item.instances))
             return
         except asyncio.CancelledError:

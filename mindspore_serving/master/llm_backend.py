@@ -128,8 +128,11 @@ class MasterLlmBackend:
         params = SamplingParams.from_dict(request.params)  # a bad value fails here, before any worker sees it
         worker = self.registry.pick(candidates)
         request_id = request.request_id or f"gen-{next(self._ids)}"
-        lost = errors.WorkerUnavailable(f"Model {request.model} is not available: the worker (pid {worker.pid}) "
-                                        f"stopped while generating")
+
+        def lost():
+            what = worker.lost_reason or f"the worker (pid {worker.pid}) stopped while generating"
+            return errors.WorkerUnavailable(f"Model {request.model} is not available: {what}")
+
         session = self._session(worker)
         worker.outstanding += 1
         stream_id: Optional[int] = None
@@ -139,12 +142,12 @@ class MasterLlmBackend:
                 stream_id = await session.open(request_id, params, request)
             except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as err:
                 log.warning(f"generation on worker pid {worker.pid} could not start: {err}")
-                raise lost from None
+                raise lost() from None
             while True:
                 event = await session.next_event(stream_id)
                 if event is _LOST:
                     done = True
-                    raise lost
+                    raise lost()
                 done = event.WhichOneof("event") != "token"
                 decoded = llm_session.read_event(event)  # an error event raises its ServingError
                 yield decoded

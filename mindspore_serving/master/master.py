@@ -12,6 +12,7 @@ from mindspore_serving import log
 from mindspore_serving.ipc import master_worker as ipc
 from mindspore_serving.master.control_service import MasterControlServicer
 from mindspore_serving.master.dispatcher import DEFAULT_MAX_ENQUEUED_REQUESTS, Dispatcher
+from mindspore_serving.master.heartbeat import HeartbeatSettings, WorkerHeartbeat
 from mindspore_serving.master.llm_backend import MasterLlmBackend
 from mindspore_serving.master.worker_processes import WorkerPlan, WorkerProcess, WorkerProcesses
 from mindspore_serving.master.worker_registry import WorkerRegistry
@@ -19,7 +20,7 @@ from mindspore_serving.proto import internal_pb2_grpc
 
 DRAIN_TIMEOUT = 10.0
 
-_settings = {"max_enqueued_requests": DEFAULT_MAX_ENQUEUED_REQUESTS}
+_settings = {"max_enqueued_requests": DEFAULT_MAX_ENQUEUED_REQUESTS, "heartbeat": HeartbeatSettings()}
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -48,6 +49,8 @@ class Master:
         self.frontends = {}  # "grpc" / "restful" -> object with async stop(grace)
         self.stopped = threading.Event()
         self._control_server = self.run(self._start_control_server())
+        self.heartbeat = WorkerHeartbeat(self.registry, _settings["heartbeat"], self._on_worker_unresponsive)
+        self.loop.call_soon_threadsafe(self.heartbeat.start)
         print(f"Serving: Master server start success, listening on {self.address}", flush=True)
 
     def run(self, coro, timeout: Optional[float] = None):
@@ -72,6 +75,10 @@ class Master:
             if record.channel is not None and not self.loop.is_closed():
                 asyncio.run_coroutine_threadsafe(record.channel.close(), self.loop)
 
+    def _on_worker_unresponsive(self, record, reason: str):
+        """A hung worker is treated as a dead one: killed, so that its requests fail and it is restarted."""
+        self.processes.kill(record.key, record.pid, reason)
+
     def _on_all_workers_exited(self):
         stop_master()
 
@@ -86,6 +93,7 @@ class Master:
             except Exception as err:
                 log.error(f"stopping the {name} server failed: {err}")
         self.frontends.clear()
+        self.run(self.heartbeat.stop())
         self.processes.stop()
         for record in self.registry.clear():
             if record.channel is not None:
@@ -107,6 +115,17 @@ def set_max_enqueued_requests(max_enqueued_requests: int):
 
 def get_max_enqueued_requests() -> int:
     return _settings["max_enqueued_requests"]
+
+
+def set_heartbeat(interval: float, misses: int):
+    """How often the master pings each worker and after how many missed pings it gives one up (now and for a
+    master started later)."""
+    settings = _settings["heartbeat"]
+    settings.interval, settings.misses = float(interval), int(misses)
+
+
+def get_heartbeat() -> HeartbeatSettings:
+    return _settings["heartbeat"]
 
 
 _master: Optional[Master] = None

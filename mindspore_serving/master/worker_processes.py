@@ -171,6 +171,18 @@ class WorkerProcesses:
         if worker is not None:
             worker.failure = message
 
+    def kill(self, key: str, pid: int, reason: str):
+        """Kills worker `key` if it still runs as `pid` (a hung worker); the monitor then handles its death."""
+        worker = self.find(key)
+        process = worker.process if worker is not None else None
+        if process is None or process.pid != pid or process.poll() is not None:
+            return
+        log.warning(f"killing worker {key} (pid {pid}): {reason}")
+        try:
+            process.kill()
+        except ProcessLookupError:
+            pass
+
     def mark_exiting(self, key: str):
         worker = self.find(key)
         if worker is not None:

@@ -21,6 +21,7 @@ class WorkerRecord:
     channel: Any = None
     outstanding: int = 0                       # instances queued or sent and not yet answered
     served: int = 0                            # request chunks answered since registration
+    lost_reason: Optional[str] = None          # why the master gave up on it (not responding), once it did
     queues: Dict[str, Any] = field(default_factory=dict, repr=False)  # method -> the dispatcher's queue
     _input_names: Dict[str, List[str]] = field(default_factory=dict, repr=False)
 

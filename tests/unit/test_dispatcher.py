@@ -274,6 +274,33 @@ def test_a_busy_worker_gets_only_full_calls_and_an_idle_one_what_is_there(monkey
     assert [y_of(answer[0]) for answer in answers] == [0, 10, 20, 30, 40, 50]
 
 
+def test_a_worker_that_batches_continuously_gets_each_request_at_once_in_a_call_of_its_own():
+    """An LLM worker batches requests itself, step by step: a short request sent while a long one runs must not
+    wait for it (head-of-line blocking), neither in the queue nor in the same call."""
+    from mindspore_serving.spec.llm import LLM_EXTENSION
+    registry = WorkerRegistry()
+    calls = []
+    record = add_worker(registry, "llm", 1, calls, batch_size=16, hold=True)
+    record.extensions[LLM_EXTENSION] = "{}"
+    dispatcher = dispatcher_of(registry)
+
+    async def scenario():
+        long = asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(1)))
+        await until(lambda: len(calls) == 1)
+        shorts = [asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(x))) for x in (2, 3, 4)]
+        await until(lambda: len(calls) == 4)  # each goes while the long call is still in flight
+        for call in calls[1:]:
+            call["release"].set()
+        answers = await asyncio.gather(*shorts)
+        assert not long.done()
+        calls[0]["release"].set()
+        return answers, await long
+
+    answers, long_answer = asyncio.run(scenario())
+    assert [call["xs"] for call in calls] == [[1], [2], [3], [4]]
+    assert [y_of(answer[0]) for answer in answers] == [20, 30, 40] and y_of(long_answer[0]) == 10
+
+
 def test_a_partial_batch_for_an_idle_worker_waits_while_chunks_keep_arriving():
     registry = WorkerRegistry()
     calls = []

@@ -12,3 +12,13 @@ def set_max_enqueued_requests(max_enqueued_requests):
 
 def get_max_enqueued_requests() -> int:
     return master.get_max_enqueued_requests()
+
+
+def set_heartbeat(interval_seconds=1.0, max_missed=3):
+    """How often the master pings each worker (default every 1 s) and after how many missed pings in a row it
+    gives one up (default 3): a worker that stops answering then has its requests failed with "... is not
+    responding" and is killed and restarted, within interval_seconds * (max_missed + 1)."""
+    if isinstance(interval_seconds, bool) or not isinstance(interval_seconds, (int, float)) or interval_seconds <= 0:
+        raise RuntimeError(f"Parameter 'interval_seconds' should be a number > 0, but actually {interval_seconds!r}")
+    check_int("max_missed", max_missed, 1)
+    master.set_heartbeat(interval_seconds, max_missed)

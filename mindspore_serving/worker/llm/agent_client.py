@@ -2,6 +2,7 @@
 import itertools
 import os
 import threading
+import time
 from typing import Callable, List, Optional, Sequence
 
 import grpc
@@ -78,10 +79,13 @@ class AgentRunner(MultiStepRunner, StepSubmitter):
 
     def _heartbeat(self, interval: float, misses: int):
         """Pings every rank each `interval` s (Info, answered beside a running step); a rank that misses `misses`
-        pings in a row is lost."""
+        pings in a row is lost. A ping that times out takes the cycle's whole interval, so a hung rank is lost
+        about (misses + 1) * interval after it stopped."""
         missed = [0] * len(self.stubs)
         request = agent_pb2.AgentInfoRequest()
-        while not self._closing.wait(interval):
+        wait = interval
+        while not self._closing.wait(wait):
+            started = time.monotonic()
             pings = [stub.Info.future(request, timeout=interval) for stub in self.stubs]
             for rank, ping in enumerate(pings):
                 try:
@@ -95,6 +99,7 @@ class AgentRunner(MultiStepRunner, StepSubmitter):
                         return
             if self.lost is not None:
                 return
+            wait = max(0.0, interval - (time.monotonic() - started))
 
     def _lose(self, rank: int, reason: str):
         """The group cannot go on: fails every step in flight and every later one with `reason`."""

@@ -124,4 +124,5 @@ class LlmRuntime:
         self.loop.close()
         self.runner.close()
         if self.agents is not None:
-            self.agents.stop()
+            # a lost group has a dead, hung or blocked rank: no use waiting for it to stop by itself
+            self.agents.stop(timeout=0.0 if self.runner.lost else 10.0)
