@@ -32,7 +32,8 @@ class MSServiceServicer(ms_service_pb2_grpc.MSServiceServicer):
     async def Predict(self, request, context):
         spec = request.servable_spec
         try:
-            results = await self.dispatcher.predict(spec, request.instances)
+            # the client's deadline bounds the calls to the workers too (None: the master's default)
+            results = await self.dispatcher.predict(spec, request.instances, timeout=context.time_remaining())
         except errors.ServingError as err:
             return replies.error_reply(spec, err)
         except Exception as err:

@@ -30,6 +30,7 @@ from mindspore_serving.proto import internal_pb2
 from mindspore_serving.spec.llm import LLM_EXTENSION
 
 DEFAULT_MAX_ENQUEUED_REQUESTS = 10000
+DEFAULT_REQUEST_TIMEOUT = 300.0  # seconds a request without a deadline of its own (REST) may take; 0: none
 MAX_CALLS_IN_FLIGHT = 2    # per worker and method; the second only carries a full call
 MAX_CALL_INSTANCES = 64    # instances in one call (at least one batch of the worker)
 MAX_CALL_BYTES = 64 << 20  # serialized instances in one call (a larger chunk still goes, alone)
@@ -54,14 +55,16 @@ class LoopClock:
 
 
 class _Chunk:
-    """Instances of one public request bound for one worker call, and the future of their answers."""
-    __slots__ = ("spec", "instances", "future", "nbytes")
+    """Instances of one public request bound for one worker call, the future of their answers and the request's
+    deadline (clock time, or None)."""
+    __slots__ = ("spec", "instances", "future", "nbytes", "deadline")
 
-    def __init__(self, spec, instances: Sequence, future: "asyncio.Future"):
+    def __init__(self, spec, instances: Sequence, future: "asyncio.Future", deadline: Optional[float] = None):
         self.spec = spec
         self.instances = instances
         self.future = future
         self.nbytes = sum(instance.ByteSize() for instance in instances)
+        self.deadline = deadline
 
 
 class _WorkerQueue:
@@ -184,8 +187,11 @@ class _WorkerQueue:
         for item in chunks:
             instances.extend(item.instances)
         request.request_sizes.extend([len(item.instances) for item in chunks])
+        # the call lasts as long as the latest of its requests may: none is cut before its own deadline
+        deadlines = [item.deadline for item in chunks]
+        timeout = None if None in deadlines else max(0.001, max(deadlines) - self.clock.now())
         try:
-            reply = await worker.stub.Predict(request)
+            reply = await worker.stub.Predict(request, timeout=timeout)
         except _CONNECTION_ERRORS as err:
             if isinstance(err, grpc.aio.AioRpcError):
                 log.warning(f"request {request_id} to worker pid {worker.pid} failed: {err.code().name} "
@@ -258,40 +264,53 @@ class Dispatcher:
         self.registry = registry
         self.clock = clock if clock is not None else LoopClock()
         self.max_enqueued_requests = DEFAULT_MAX_ENQUEUED_REQUESTS
+        self.request_timeout = DEFAULT_REQUEST_TIMEOUT
         self.enqueued = 0
         self._ids = itertools.count(1)
 
-    async def predict(self, spec, instances: Sequence) -> list:
-        """Answers every instance of a request; raises ServingError for a request-wide failure."""
+    async def predict(self, spec, instances: Sequence, timeout: Optional[float] = None) -> list:
+        """Answers every instance of a request; raises ServingError for a request-wide failure.
+
+        `timeout`: the seconds the request may take (a gRPC client's deadline); None: `request_timeout` (0: none).
+        The calls to workers carry the deadline; past it the request fails with "deadline ... exceeded"."""
         if not instances:
             raise errors.InvalidInputs("Instances count of request cannot be 0")
         if self.enqueued >= self.max_enqueued_requests:
             raise errors.ServingError(errors.FAILED, f"Serving Error: enqueued requests count exceeds the limit "
                                                      f"{self.max_enqueued_requests}")
+        if timeout is None:
+            timeout = self.request_timeout or None
         self.enqueued += 1
         try:
-            return await self._predict(spec, instances)
+            if timeout is None:
+                return await self._predict(spec, instances, None)
+            try:
+                return await asyncio.wait_for(self._predict(spec, instances, self.clock.now() + timeout), timeout)
+            except asyncio.TimeoutError:
+                raise errors.Failed(f"Request {request_repr(spec.name, spec.method_name, spec.version_number)}, "
+                                    f"deadline of {timeout:g} s exceeded") from None
         finally:
             self.enqueued -= 1
 
-    async def _predict(self, spec, instances: Sequence) -> list:
+    async def _predict(self, spec, instances: Sequence, deadline: Optional[float]) -> list:
         candidates = self.registry.candidates(spec.name, spec.method_name, spec.version_number)
         input_names = candidates[0].input_names(spec.method_name)
         reasons = [check_instance(instance.items, input_names, spec.name, spec.method_name, check_tensor)
                    for instance in instances]
         batch = max(w.batch_size for w in candidates) if len(candidates) > 1 else candidates[0].batch_size
         if len(instances) <= batch and not any(reasons):  # the common case: one chunk, all instances valid
-            return await self._enqueue(spec, candidates, instances)
+            return await self._enqueue(spec, candidates, instances, deadline)
         results: list = [errors.InvalidInputs(reason) if reason else None for reason in reasons]
         valid = [index for index, reason in enumerate(reasons) if reason is None]
         parts = [valid[start:start + batch] for start in range(0, len(valid), max(1, batch))]
-        futures = [self._enqueue(spec, candidates, [instances[i] for i in part]) for part in parts]
+        futures = [self._enqueue(spec, candidates, [instances[i] for i in part], deadline) for part in parts]
         for part, answers in zip(parts, await asyncio.gather(*futures)):
             for index, answer in zip(part, answers):
                 results[index] = answer
         return results
 
-    def _enqueue(self, spec, candidates: List[WorkerRecord], instances: Sequence) -> "asyncio.Future":
+    def _enqueue(self, spec, candidates: List[WorkerRecord], instances: Sequence,
+                 deadline: Optional[float] = None) -> "asyncio.Future":
         """Queues one chunk for the least busy worker; the future gets one answer per instance."""
         worker = self.registry.pick(candidates)
         queue = worker.queues.get(spec.method_name)
@@ -299,6 +318,6 @@ class Dispatcher:
             queue = worker.queues[spec.method_name] = _WorkerQueue(self, worker)
         future = asyncio.get_running_loop().create_future()
         worker.outstanding += len(instances)
-        queue.put(_Chunk(spec, instances, future))
+        queue.put(_Chunk(spec, instances, future, deadline))
         return future
 

@@ -94,9 +94,13 @@ class WorkerSession:
         self._call.cancel()
 
 
+DEFAULT_TOKEN_TIMEOUT = 60.0  # seconds a generation may go without an event (a token) before it fails; 0: none
+
+
 class MasterLlmBackend:
-    def __init__(self, registry: WorkerRegistry):
+    def __init__(self, registry: WorkerRegistry, token_timeout: float = DEFAULT_TOKEN_TIMEOUT):
         self.registry = registry
+        self.token_timeout = token_timeout
         self._ids = itertools.count(1)
         self._sessions: Dict[tuple, WorkerSession] = {}  # (worker key, pid) -> its session
 
@@ -144,7 +148,13 @@ class MasterLlmBackend:
                 log.warning(f"generation on worker pid {worker.pid} could not start: {err}")
                 raise lost() from None
             while True:
-                event = await session.next_event(stream_id)
+                try:
+                    event = await asyncio.wait_for(session.next_event(stream_id), self.token_timeout or None)
+                except asyncio.TimeoutError:
+                    log.error(f"generation {request_id} on worker pid {worker.pid}: no token for "
+                              f"{self.token_timeout:g} s; aborting it")
+                    raise errors.WorkerUnavailable(f"Model {request.model} is not available: no token for "
+                                                   f"{self.token_timeout:g} s") from None
                 if event is _LOST:
                     done = True
                     raise lost()

@@ -11,16 +11,17 @@ import grpc
 from mindspore_serving import log
 from mindspore_serving.ipc import master_worker as ipc
 from mindspore_serving.master.control_service import MasterControlServicer
-from mindspore_serving.master.dispatcher import DEFAULT_MAX_ENQUEUED_REQUESTS, Dispatcher
+from mindspore_serving.master.dispatcher import DEFAULT_MAX_ENQUEUED_REQUESTS, DEFAULT_REQUEST_TIMEOUT, Dispatcher
 from mindspore_serving.master.heartbeat import HeartbeatSettings, WorkerHeartbeat
-from mindspore_serving.master.llm_backend import MasterLlmBackend
+from mindspore_serving.master.llm_backend import DEFAULT_TOKEN_TIMEOUT, MasterLlmBackend
 from mindspore_serving.master.worker_processes import WorkerPlan, WorkerProcess, WorkerProcesses
 from mindspore_serving.master.worker_registry import WorkerRegistry
 from mindspore_serving.proto import internal_pb2_grpc
 
 DRAIN_TIMEOUT = 10.0
 
-_settings = {"max_enqueued_requests": DEFAULT_MAX_ENQUEUED_REQUESTS, "heartbeat": HeartbeatSettings()}
+_settings = {"max_enqueued_requests": DEFAULT_MAX_ENQUEUED_REQUESTS, "heartbeat": HeartbeatSettings(),
+             "request_timeout": DEFAULT_REQUEST_TIMEOUT, "llm_token_timeout": DEFAULT_TOKEN_TIMEOUT}
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -42,8 +43,9 @@ class Master:
         self._thread.start()
         self.registry = WorkerRegistry()
         self.dispatcher = Dispatcher(self.registry)
-        self.llm_backend = MasterLlmBackend(self.registry)
+        self.llm_backend = MasterLlmBackend(self.registry, _settings["llm_token_timeout"])
         self.dispatcher.max_enqueued_requests = _settings["max_enqueued_requests"]
+        self.dispatcher.request_timeout = _settings["request_timeout"]
         self.address = ipc.master_address()
         self.processes = WorkerProcesses(self.address, self._on_worker_death, self._on_all_workers_exited)
         self.frontends = {}  # "grpc" / "restful" -> object with async stop(grace)
@@ -115,6 +117,22 @@ def set_max_enqueued_requests(max_enqueued_requests: int):
 
 def get_max_enqueued_requests() -> int:
     return _settings["max_enqueued_requests"]
+
+
+def set_request_timeout(seconds: float):
+    """How long a request without a deadline of its own (RESTful) may take, 0 for no limit (now and later)."""
+    _settings["request_timeout"] = float(seconds)
+    master = get_master(create=False)
+    if master is not None:
+        master.dispatcher.request_timeout = float(seconds)
+
+
+def set_llm_token_timeout(seconds: float):
+    """How long an LLM generation may go without a token before it ends with an error (0: no limit)."""
+    _settings["llm_token_timeout"] = float(seconds)
+    master = get_master(create=False)
+    if master is not None:
+        master.llm_backend.token_timeout = float(seconds)
 
 
 def set_heartbeat(interval: float, misses: int):

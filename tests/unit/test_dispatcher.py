@@ -27,11 +27,11 @@ class FakeWorkerStub:
         self.hold = hold
         self.raise_error = raise_error
 
-    async def Predict(self, request):  # pylint: disable=invalid-name
+    async def Predict(self, request, timeout=None):  # pylint: disable=invalid-name
         xs = [int(tensor_to_value(instance.items["x"])[0]) for instance in request.request.instances]
         released = asyncio.Event()
         call = {"worker": self.name, "xs": xs, "spec": request.request.servable_spec, "request_id": request.request_id,
-                "sizes": list(request.request_sizes), "release": released, "returned": False}
+                "sizes": list(request.request_sizes), "release": released, "returned": False, "timeout": timeout}
         self.calls.append(call)
         try:
             if self.hold:
@@ -299,6 +299,26 @@ def test_a_worker_that_batches_continuously_gets_each_request_at_once_in_a_call_
     answers, long_answer = asyncio.run(scenario())
     assert [call["xs"] for call in calls] == [[1], [2], [3], [4]]
     assert [y_of(answer[0]) for answer in answers] == [20, 30, 40] and y_of(long_answer[0]) == 10
+
+
+def test_a_request_past_its_deadline_fails_and_its_worker_call_carries_the_deadline():
+    registry = WorkerRegistry()
+    calls = []
+    add_worker(registry, "w", 1, calls, batch_size=1, hold=True)
+    dispatcher = dispatcher_of(registry)
+    dispatcher.request_timeout = 0.05  # the default of requests without a deadline of their own
+
+    async def scenario():
+        with pytest.raises(errors.Failed, match=r"servable\(add\) method\(m\) , deadline of 0.05 s exceeded"):
+            await dispatcher.predict(spec_of(), instances_of(1))
+        with pytest.raises(errors.Failed, match="deadline of 0.02 s exceeded"):
+            await dispatcher.predict(spec_of(), instances_of(2), timeout=0.02)  # a gRPC client's own; it expires
+        calls[0]["release"].set()                                               # queued behind the held call
+        await until(lambda: calls[0]["returned"])
+
+    asyncio.run(scenario())
+    assert [call["timeout"] for call in calls] == [pytest.approx(0.05)]  # the expired request never left
+    assert dispatcher.enqueued == 0
 
 
 def test_a_partial_batch_for_an_idle_worker_waits_while_chunks_keep_arriving():

@@ -172,6 +172,25 @@ def test_a_lost_session_fails_its_generations_with_worker_unavailable():
     assert run(scenario) == "Model tiny is not available: the worker (pid 4242) stopped while generating"
 
 
+def test_a_generation_without_a_token_for_the_token_timeout_fails_and_is_aborted_in_the_worker():
+    async def scenario(backend, worker):
+        backend.token_timeout = 0.05
+        events = backend.stream(REQUEST)
+        first = asyncio.ensure_future(events.__anext__())
+        command = await worker.command()
+        worker.send(command.stream_id, token(11, "a", 0))
+        await first
+        with pytest.raises(errors.WorkerUnavailable) as info:
+            await events.__anext__()  # the worker says nothing more
+        abort = await worker.command()
+        worker.batches.put_nowait(_END)
+        return info.value.message, command.stream_id, abort
+
+    message, stream_id, abort = run(scenario)
+    assert message == "Model tiny is not available: no token for 0.05 s"
+    assert abort.stream_id == stream_id and abort.WhichOneof("command") == "abort"
+
+
 def test_bad_parameters_fail_in_the_master_with_the_engine_s_message():
     async def scenario(backend, worker):
         bad = GenerationRequest(model="tiny", prompt="Hi", params={"top_p": 1.5})

@@ -22,3 +22,21 @@ def set_heartbeat(interval_seconds=1.0, max_missed=3):
         raise RuntimeError(f"Parameter 'interval_seconds' should be a number > 0, but actually {interval_seconds!r}")
     check_int("max_missed", max_missed, 1)
     master.set_heartbeat(interval_seconds, max_missed)
+
+
+def set_request_timeout(seconds=300):
+    """How long a request that carries no deadline of its own (RESTful; a gRPC client's deadline is used as it
+    is) may take before it fails with "deadline of <n> s exceeded"; the calls to the workers carry the same
+    deadline. 0 means no limit. Default 300 s."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
+        raise RuntimeError(f"Parameter 'seconds' should be a number >= 0, but actually {seconds!r}")
+    master.set_request_timeout(seconds)
+
+
+def set_llm_token_timeout(seconds=60):
+    """How long a language-model generation may go without producing a token (the first one included, so a long
+    queue counts) before it ends with an error event / a 503 answer and is aborted in its worker. 0 means no
+    limit. Default 60 s."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
+        raise RuntimeError(f"Parameter 'seconds' should be a number >= 0, but actually {seconds!r}")
+    master.set_llm_token_timeout(seconds)
