@@ -1,5 +1,6 @@
 """An LLM servable inside a worker: the engine loop over agents, behind the same interface as ServableRuntime."""
 import os
+import socket
 from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -23,6 +24,16 @@ from mindspore_serving.worker.method_runner import InstanceError
 ATTACH_PROBE_TIMEOUT = 1.0  # seconds to find agents already running on fixed ports
 
 
+def _listening(host: str, port: int) -> bool:
+    """Something accepts connections on host:port (a refused connection answers at once, where a gRPC probe
+    waits for its timeout)."""
+    try:
+        with socket.create_connection((host, port), timeout=ATTACH_PROBE_TIMEOUT):
+            return True
+    except OSError:
+        return False
+
+
 class LlmRuntime:
     def __init__(self, spec, config_file: str, device_type: str, device_id: int,
                  on_fatal: Optional[Callable[[str], None]] = None):
@@ -44,7 +55,7 @@ class LlmRuntime:
         there with start_agent.py --rank_start and join the cluster)."""
         agents = self.config.agents
         options = dict(heartbeat_interval=agents.heartbeat_interval, heartbeat_misses=agents.heartbeat_misses)
-        if agents.start_port:
+        if agents.start_port and _listening(agents.host_of(0), agents.start_port):
             addresses = agent_addresses(self.config)
             try:
                 runner = AgentRunner(addresses, self._agent_lost, connect_timeout=ATTACH_PROBE_TIMEOUT, **options)
