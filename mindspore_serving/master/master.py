@@ -25,6 +25,8 @@ STOP_MARGIN = 4.0
 """What stopping the front ends may take beyond the grace period: cut requests answer, the servers close."""
 EXIT_MARGIN = 5.0
 """Every process of the server is gone at most this long after the grace period ended."""
+MASTER_EXIT_S = 1.5
+"""What the master keeps for its own exit after the workers have gone."""
 WORKER_STOP_MIN = 1.0
 """Workers always get at least this long to exit cleanly before they are killed."""
 
@@ -99,9 +101,9 @@ class Master:
             except Exception as err:
                 log.error(f"stopping the front ends failed: {describe(err)}")
         self.frontends.clear()
-        # the workers' requests were answered or cut: they only need the time left to exit (the loop and the
-        # control service take the last second)
-        self.processes.stop(max(WORKER_STOP_MIN, exit_deadline - time.monotonic() - 1.0))
+        # the workers' requests were answered or cut: they only get the time left to exit, less the master's own
+        # exit (about 0.5 s, most of it the interpreter unloading MindSpore)
+        self.processes.stop(max(WORKER_STOP_MIN, exit_deadline - time.monotonic() - MASTER_EXIT_S))
         for record in self.registry.clear():
             if record.channel is not None:
                 self.run(record.channel.close())
