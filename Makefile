@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup models serve test lint unit e2e bench proto clean
+.PHONY: setup models serve test lint unit e2e faults bench proto clean
 
 $(STAMP): requirements.txt requirements-dev.txt setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,9 @@ unit: setup
 
 e2e: models
 	$(PY) -m pytest tests/e2e
+
+faults: models
+	$(PY) -m pytest tests/faults
 
 bench: models
 	$(PY) bench/classic.py

@@ -1,8 +1,10 @@
 """Serves the bundled servables: gRPC on 127.0.0.1:5500 and RESTful on 127.0.0.1:1500 by default.
 
     python serving_server.py [--grpc 127.0.0.1:5500] [--rest 127.0.0.1:1500] [--servables add,lenet] [--device_type CPU]
+                             [--grace 10]
 
-Ctrl-C or SIGTERM stops the front ends, lets requests in flight finish and ends every worker.
+Ctrl-C or SIGTERM stops both front ends at once (new requests are refused), gives requests in flight --grace
+seconds to finish, answers those still running with an unavailable error, then ends every worker.
 """
 import argparse
 import os
@@ -22,7 +24,10 @@ def main():
     parser.add_argument("--servable_directory", default=SERVABLE_DIR, help="directory holding the servables")
     parser.add_argument("--device_type", default=None, help="CPU, GPU or Ascend (default: the best available)")
     parser.add_argument("--device_ids", default="0", help="comma-separated device ids")
+    parser.add_argument("--grace", type=float, default=10.0,
+                        help="seconds requests in flight get to finish on SIGTERM/Ctrl-C (default 10)")
     args = parser.parse_args()
+    server.master.context.set_stop_grace(args.grace)
 
     device_ids = tuple(int(x) for x in args.device_ids.split(",") if x.strip())
     configs = [server.ServableStartConfig(servable_directory=args.servable_directory, servable_name=name, device_ids=device_ids,

@@ -11,6 +11,7 @@ session (`ipc/llm_session.py`). Raise the class that names the failure.
     Overloaded           overloaded              FAILED
     ServableUnavailable  not_found               SERVABLE_UNAVAILABLE
     WorkerUnavailable    unavailable             WORKER_UNAVAILABLE
+    ServerStopping       unavailable             WORKER_UNAVAILABLE (gRPC UNAVAILABLE)
     Failed               generation              FAILED
     SystemError_         generation              SYSTEM_ERROR
     GenerationFailed     generation              FAILED
@@ -88,6 +89,11 @@ class SystemError_(_CodedError):  # pylint: disable=invalid-name,redefined-built
 class WorkerUnavailable(_CodedError):
     CODE = WORKER_UNAVAILABLE
     KIND = Kind.UNAVAILABLE
+
+
+class ServerStopping(WorkerUnavailable):
+    """The server is stopping: it refuses new requests, and cuts those still running when its grace period
+    ends (frontends/drain.py). Unlike a lost worker, it ends a gRPC call with status UNAVAILABLE."""
 
 
 class ServableUnavailable(_CodedError):

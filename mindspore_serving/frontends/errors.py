@@ -14,6 +14,7 @@ the middle of a stream (the status is already 200 there).
     overloaded   429 overloaded              429 requests, rate_limit_exceeded              RESOURCE_EXHAUSTED
     not_found    404 not_found               404 invalid_request_error, model_not_found     OK + ErrorMsg
     unavailable  503 unavailable             503 server_error, service_unavailable          OK + ErrorMsg
+                                                                                   (ServerStopping: UNAVAILABLE)
     generation   424 generation              500 server_error                               OK + ErrorMsg
     incomplete   500 incomplete_generation   500 server_error, incomplete_generation        OK + ErrorMsg
     internal     500 internal                500 server_error                               OK + ErrorMsg
@@ -87,9 +88,11 @@ def classic_error(error: BaseException) -> errors.ServingError:
 
 def grpc_error(error: BaseException) -> Tuple[grpc.StatusCode, ms_service_pb2.ErrorMsg]:
     """The gRPC status that ends a call failing with `error`, and the ErrorMsg its reply carries when the status
-    is OK. Overloaded ends the call with RESOURCE_EXHAUSTED, gRPC clients' back-pressure signal; any other
-    error is a reply. An unexpected exception is a SYSTEM_ERROR that names it."""
+    is OK. Overloaded ends the call with RESOURCE_EXHAUSTED, gRPC clients' back-pressure signal, and a stopping
+    server with UNAVAILABLE; any other error is a reply. An unexpected exception is a SYSTEM_ERROR that names it."""
     error = classic_error(error)
     if error.KIND is Kind.OVERLOADED:
         return grpc.StatusCode.RESOURCE_EXHAUSTED, error_msg(error)
+    if isinstance(error, errors.ServerStopping):  # clients retry UNAVAILABLE on another server
+        return grpc.StatusCode.UNAVAILABLE, error_msg(error)
     return grpc.StatusCode.OK, error_msg(error)

@@ -1,45 +1,70 @@
 """The public gRPC front end: MSService.Predict, wire-compatible with MindSpore Serving."""
+import asyncio
+import collections
+from typing import Counter, Optional
+
 import grpc
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
 from mindspore_serving.frontends import replies
 from mindspore_serving.frontends.address import check_address, check_max_msg_mb_size, check_unix_address
+from mindspore_serving.frontends.drain import CUT_ANSWER_S, Drain, GuardedBackend, GuardedDispatcher
 from mindspore_serving.frontends.errors import grpc_error
 from mindspore_serving.frontends.grpc_llm import predict_stream
 from mindspore_serving.proto import ms_service_pb2_grpc
 
 
 class MSServiceServicer(ms_service_pb2_grpc.MSServiceServicer):
-    """Converts and delegates; the gRPC status is always OK and errors travel in error_msg."""
+    """Converts and delegates; the gRPC status is OK and errors travel in error_msg, except back-pressure
+    (RESOURCE_EXHAUSTED) and a stopping server (UNAVAILABLE)."""
 
-    def __init__(self, dispatcher, llm_backend=None):
-        self.dispatcher = dispatcher
-        self.llm_backend = llm_backend
+    def __init__(self, dispatcher, llm_backend=None, drain: Optional[Drain] = None):
+        self.drain = drain or Drain()
+        self.dispatcher = GuardedDispatcher(dispatcher, self.drain)
+        self.llm_backend = None if llm_backend is None else GuardedBackend(llm_backend, self.drain)
 
     async def PredictStream(self, request, context):
         """Token streaming for LLM servables (see frontends/grpc_llm.py)."""
+        if not self.drain.accepting:
+            await _abort(context, self.drain.refusal())
         if self.llm_backend is None:
             yield replies.error_reply(request.servable_spec, errors.ServableUnavailable("streaming is not available"))
             return
+        kind = f"gRPC PredictStream {request.servable_spec.name}"
+        self.drain.enter(kind)
         try:
             async for reply in predict_stream(self.llm_backend, request):
                 yield reply
         except errors.ServingError as err:  # one that ends the call with a status rather than a reply
-            status, _ = grpc_error(err)
-            await context.abort(status, err.message)
+            await _abort(context, err)
+        finally:
+            self.drain.leave(kind)
 
     async def Predict(self, request, context):
         spec = request.servable_spec
+        if not self.drain.accepting:
+            await _abort(context, self.drain.refusal())
+        kind = f"gRPC Predict {spec.name}.{spec.method_name}"
+        self.drain.enter(kind)
         try:
             # the client's deadline bounds the calls to the workers too (None: the master's default)
             results = await self.dispatcher.predict(spec, request.instances, timeout=context.time_remaining())
+        except errors.ServerStopping as err:
+            await _abort(context, err)
         except errors.ServingError as err:
             return replies.error_reply(spec, err)
         except Exception as err:
             log.exception("Predict failed")
             return replies.error_reply(spec, err)
+        finally:
+            self.drain.leave(kind)
         return replies.predict_reply(spec, results)
+
+
+async def _abort(context, error: errors.ServingError):
+    status, _ = grpc_error(error)
+    await context.abort(status, error.message)
 
 
 def _credentials(ssl_config):
@@ -69,6 +94,7 @@ class GrpcFrontend:
         self.dispatcher = dispatcher
         self.extra_servicers = extra_servicers
         self.llm_backend = llm_backend
+        self.drain = Drain()
         self.server = None
 
     async def start(self):
@@ -76,7 +102,8 @@ class GrpcFrontend:
                    ("grpc.max_receive_message_length", self.max_bytes),
                    ("grpc.so_reuseport", 0)]
         server = grpc.aio.server(options=options)
-        ms_service_pb2_grpc.add_MSServiceServicer_to_server(MSServiceServicer(self.dispatcher, self.llm_backend), server)
+        ms_service_pb2_grpc.add_MSServiceServicer_to_server(MSServiceServicer(self.dispatcher, self.llm_backend, self.drain),
+                                                          server)
         for add in self.extra_servicers:
             add(server)
         failed = RuntimeError(f"Serving Error: Serving gRPC server start failed, create server failed, "
@@ -93,7 +120,20 @@ class GrpcFrontend:
         await server.start()
         self.server = server
 
-    async def stop(self, grace: float):
-        if self.server is not None:
-            await self.server.stop(grace)
+    def stop_accepting(self):
+        """New calls on open connections fail with UNAVAILABLE from now on (`stop` closes the port)."""
+        self.drain.accepting = False
+
+    async def stop(self, grace: float) -> Counter:
+        """Refuses new calls at once (the port closes; new calls on open connections: UNAVAILABLE), lets those in
+        flight finish within `grace` seconds, then cuts the rest (UNAVAILABLE); returns the calls cut, by kind."""
+        if self.server is None:
+            return collections.Counter()
+        self.stop_accepting()
+        stopping = asyncio.ensure_future(self.server.stop(grace + CUT_ANSWER_S))  # closes the port now
+        try:
+            cut = await self.drain.finish(grace)
+        finally:
+            await stopping
             self.server = None
+        return cut

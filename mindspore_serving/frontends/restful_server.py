@@ -5,8 +5,10 @@ and is the hot path); everything else (the OpenAPI page, health, and routes adde
 goes to a FastAPI app.
 """
 import asyncio
+import collections
 import socket
 import ssl
+from typing import Counter, Optional
 
 import uvicorn
 from fastapi import Body, FastAPI
@@ -15,7 +17,9 @@ from mindspore_serving import log
 from mindspore_serving.common import errors
 from mindspore_serving.common.tensor_codec import instances_to_proto, proto_to_instance
 from mindspore_serving.frontends import restful_codec
-from mindspore_serving.frontends.llm import build_llm_router, mindspore_generate_stream
+from mindspore_serving.frontends.drain import CUT_ANSWER_S, Drain, GuardedBackend, GuardedDispatcher, refusal_reply
+from mindspore_serving.frontends.errors import Protocol
+from mindspore_serving.frontends.llm import build_llm_router, mindspore_generate_stream, sse
 from mindspore_serving.frontends.address import check_address, check_max_msg_mb_size
 from mindspore_serving.proto import ms_service_pb2
 
@@ -51,10 +55,12 @@ def build_docs_app(llm_backend=None) -> FastAPI:
 
 
 class RestfulApp:
-    """ASGI entry: classic predict calls are handled here, the rest by the FastAPI app."""
+    """ASGI entry: classic predict calls are handled here, the rest by the FastAPI app. Every HTTP request is
+    counted in `drain` while it runs, and refused with 503 once the server is stopping."""
 
-    def __init__(self, dispatcher, max_bytes: int, fallback, llm_backend=None):
-        self.dispatcher = dispatcher
+    def __init__(self, dispatcher, max_bytes: int, fallback, llm_backend=None, drain: Optional[Drain] = None):
+        self.drain = drain or Drain()
+        self.dispatcher = GuardedDispatcher(dispatcher, self.drain)
         self.max_bytes = max_bytes
         self.fallback = fallback
         self.llm_backend = llm_backend
@@ -64,10 +70,32 @@ class RestfulApp:
         path = scope["path"]
         return "model" in path and ":" in path and not path.startswith(("/models/", "/v1/", "/docs", "/openapi"))
 
+    def protocol_of(self, scope) -> Protocol:
+        if self.is_classic(scope):
+            return Protocol.MINDSPORE
+        if scope["path"].startswith("/v1/"):
+            return Protocol.OPENAI
+        return Protocol.TGI  # TGI's routes and MindSpore LLM-serving's, which copies TGI's errors
+
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not self.is_classic(scope):
+        if scope["type"] != "http":
             await self.fallback(scope, receive, send)
             return
+        if not self.drain.accepting:
+            status, payload = refusal_reply(self.protocol_of(scope), self.drain.refusal())
+            await _send_json(send, status, sse.dumps(payload))
+            return
+        kind = f"RESTful {scope['method']} {scope['path']}"
+        self.drain.enter(kind)
+        try:
+            if self.is_classic(scope):
+                await self._classic(scope, receive, send)
+            else:
+                await self.fallback(scope, receive, send)
+        finally:
+            self.drain.leave(kind)
+
+    async def _classic(self, scope, receive, send):
         body = await self._read_body(receive)
         if body is not None and self.llm_backend is not None and scope["method"] == "POST":
             name = _stream_target(scope["path"])
@@ -79,9 +107,7 @@ class RestfulApp:
             reply = restful_codec.encode_error(errors.InvalidInputs(f"http message is bigger than {self.max_bytes}"))
         else:
             reply = await self.handle(scope["method"], scope["path"], body)
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": _JSON_HEADERS + [(b"content-length", str(len(reply)).encode())]})
-        await send({"type": "http.response.body", "body": reply})
+        await _send_json(send, 200, reply)
 
     async def _read_body(self, receive):
         """The request body, or None once it grows beyond the limit (the rest is not read)."""
@@ -113,6 +139,12 @@ class RestfulApp:
         return restful_codec.encode_reply(
             [result if isinstance(result, errors.ServingError) else proto_to_instance(result, copy=False)
              for result in results])
+
+
+async def _send_json(send, status: int, body: bytes):
+    await send({"type": "http.response.start", "status": status,
+                "headers": _JSON_HEADERS + [(b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _stream_target(path: str):
@@ -175,8 +207,11 @@ class RestfulFrontend:
         self.host, self.port = check_address(address, "RESTful server")
         _check_ssl(ssl_config)
         self.address = address
+        self.drain = Drain()
+        if llm_backend is not None:
+            llm_backend = GuardedBackend(llm_backend, self.drain)
         self.app = RestfulApp(dispatcher, max_msg_mb_size * 1024 * 1024, app or build_docs_app(llm_backend),
-                              llm_backend)
+                              llm_backend, self.drain)
         self.config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning",
                                      timeout_keep_alive=100, access_log=False, lifespan="off",
                                      **_ssl_context_kwargs(ssl_config))
@@ -201,13 +236,30 @@ class RestfulFrontend:
             await asyncio.sleep(0.01)
         self.server = server
 
-    async def stop(self, grace: float):
-        if self.server is None:
-            return
-        self.server.should_exit = True
+    def stop_accepting(self):
+        """Closes the port; new requests on open connections get 503 in their protocol's shape from now on."""
+        self.drain.accepting = False
+        if self.server is not None:
+            for listener in self.server.servers:
+                listener.close()
+            self.server.should_exit = True  # uvicorn closes idle connections, then waits for its tasks
+
+    async def stop(self, grace: float) -> Counter:
+        """Refuses new requests at once (`stop_accepting`), lets those in flight finish within `grace` seconds,
+        then cuts the rest with the protocol's unavailable error; returns the requests cut, by kind."""
+        server = self.server
+        if server is None:
+            return collections.Counter()
+        self.stop_accepting()
         try:
-            await asyncio.wait_for(self._task, timeout=grace)
-        except asyncio.TimeoutError:
-            self.server.force_exit = True
-            await self._task
-        self.server = None
+            cut = await self.drain.finish(grace)
+        finally:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), CUT_ANSWER_S)
+            except asyncio.TimeoutError:
+                log.warning(f"RESTful server: {len(server.server_state.tasks)} connection(s) still busy "
+                            f"{CUT_ANSWER_S:g} s after the cut; closing them")
+                server.force_exit = True
+                await self._task
+            self.server = None
+        return cut

@@ -1,9 +1,11 @@
 """The master: one asyncio loop (in its own thread) hosting the control service, the front ends and the
 calls to workers, plus the worker processes it owns. Public `server.*` functions drive it."""
 import asyncio
+import collections
 import os
 import signal
 import threading
+import time
 from typing import List, Optional
 
 import grpc
@@ -18,10 +20,20 @@ from mindspore_serving.master.worker_processes import WorkerPlan, WorkerProcess,
 from mindspore_serving.master.worker_registry import WorkerRegistry
 from mindspore_serving.proto import internal_pb2_grpc
 
-DRAIN_TIMEOUT = 10.0
+DEFAULT_STOP_GRACE = 10.0
+"""Seconds the front ends give requests in flight to finish when the server stops."""
+STOP_MARGIN = 4.0
+"""What stopping the front ends may take beyond the grace period: cut requests answer, the servers close."""
+EXIT_MARGIN = 5.0
+"""Every process of the server is gone at most this long after the grace period ended."""
+MASTER_EXIT_S = 1.5
+"""What the master keeps for its own exit after the workers have gone."""
+WORKER_STOP_MIN = 1.0
+"""Workers always get at least this long to exit cleanly before they are killed."""
 
-_settings = {"max_enqueued_requests": DEFAULT_MAX_ENQUEUED_REQUESTS, "heartbeat": HeartbeatSettings(),
-             "request_timeout": DEFAULT_REQUEST_TIMEOUT, "llm_token_timeout": DEFAULT_TOKEN_TIMEOUT}
+_settings = {"max_enqueued_requests": DEFAULT_MAX_ENQUEUED_REQUESTS, "stop_grace": DEFAULT_STOP_GRACE,
+             "heartbeat": HeartbeatSettings(), "request_timeout": DEFAULT_REQUEST_TIMEOUT,
+             "llm_token_timeout": DEFAULT_TOKEN_TIMEOUT}
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -48,7 +60,8 @@ class Master:
         self.dispatcher.request_timeout = _settings["request_timeout"]
         self.address = ipc.master_address()
         self.processes = WorkerProcesses(self.address, self._on_worker_death, self._on_all_workers_exited)
-        self.frontends = {}  # "grpc" / "restful" -> object with async stop(grace)
+        # "grpc" / "restful" -> object with stop_accepting() and async stop(grace) -> Counter of requests cut
+        self.frontends = {}
         self.stopped = threading.Event()
         self._control_server = self.run(self._start_control_server())
         self.heartbeat = WorkerHeartbeat(self.registry, _settings["heartbeat"], self._on_worker_unresponsive)
@@ -84,19 +97,24 @@ class Master:
     def _on_all_workers_exited(self):
         stop_master()
 
-    def stop(self):
-        """Stops the front ends (letting requests in flight finish), the workers and the loop."""
+    def stop(self, grace: Optional[float] = None):
+        """Stops the front ends (one drain: all refuse new requests at once, and requests in flight have `grace`
+        seconds to finish, default the stop_grace setting), then the workers and the loop."""
         if self.stopped.is_set():
             return
         self.stopped.set()
-        for name, frontend in list(self.frontends.items()):
+        grace = _settings["stop_grace"] if grace is None else grace
+        exit_deadline = time.monotonic() + grace + EXIT_MARGIN
+        if self.frontends:
             try:
-                self.run(frontend.stop(DRAIN_TIMEOUT), timeout=DRAIN_TIMEOUT + 5)
+                self.run(self._stop_frontends(grace), timeout=grace + STOP_MARGIN)
             except Exception as err:
-                log.error(f"stopping the {name} server failed: {err}")
+                log.error(f"stopping the front ends failed: {describe(err)}")
         self.frontends.clear()
         self.run(self.heartbeat.stop())
-        self.processes.stop()
+        # the workers' requests were answered or cut: they only get the time left to exit, less the master's own
+        # exit (about 0.5 s, most of it the interpreter unloading MindSpore)
+        self.processes.stop(max(WORKER_STOP_MIN, exit_deadline - time.monotonic() - MASTER_EXIT_S))
         for record in self.registry.clear():
             if record.channel is not None:
                 self.run(record.channel.close())
@@ -105,6 +123,42 @@ class Master:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
         self.loop.close()
+
+    async def _stop_frontends(self, grace: float):
+        names = list(self.frontends)
+        for name in names:  # all at once: no front end serves new requests while another drains
+            self.frontends[name].stop_accepting()
+        log.warning(f"Serving: the front ends ({', '.join(names)}) refuse new requests; requests in flight have "
+                    f"{grace:g} s to finish")
+        started = self.loop.time()
+        results = await asyncio.gather(*(self.frontends[name].stop(grace) for name in names),
+                                       return_exceptions=True)
+        cut = collections.Counter()
+        for name, result in zip(names, results):
+            if isinstance(result, BaseException):
+                log.error(f"stopping the {name} server failed: {describe(result)}")
+            elif result:
+                cut.update(result)
+        if cut:
+            log.warning(f"Serving: the grace period of {grace:g} s ended with {sum(cut.values())} request(s) still "
+                        f"running, answered with an unavailable error: "
+                        + ", ".join(f"{count} {kind}" for kind, count in sorted(cut.items())))
+        else:
+            log.info(f"Serving: the front ends drained in {self.loop.time() - started:.2f} s")
+
+
+def describe(error: BaseException) -> str:
+    """An exception's text for a log line, naming its type when its text is empty (as a timeout's is)."""
+    return str(error) or repr(error)
+
+
+def set_stop_grace(seconds: float):
+    """Seconds requests in flight get to finish when the server stops (SIGTERM, SIGINT, server.stop())."""
+    _settings["stop_grace"] = float(seconds)
+
+
+def get_stop_grace() -> float:
+    return _settings["stop_grace"]
 
 
 def set_max_enqueued_requests(max_enqueued_requests: int):
@@ -158,12 +212,12 @@ def get_master(create: bool = True) -> Optional[Master]:
         return _master
 
 
-def stop_master():
+def stop_master(grace: Optional[float] = None):
     global _master
     with _master_lock:
         master, _master = _master, None
     if master is not None:
-        master.stop()
+        master.stop(grace)
 
 
 def install_signal_handlers():

@@ -239,8 +239,8 @@ class WorkerProcesses:
             log.error(f"cannot restart worker {plan.key}: {err}")
 
     # ---- stop ----
-    def stop(self):
-        """Asks every worker to exit (SIGTERM), then kills the ones still alive after the grace period."""
+    def stop(self, grace: float = STOP_GRACE):
+        """Asks every worker to exit (SIGTERM), then kills the ones still alive after `grace` seconds."""
         self._stop.set()
         with self._lock:
             workers = list(self.workers.values())
@@ -251,12 +251,12 @@ class WorkerProcesses:
                 process.send_signal(signal.SIGTERM)
             except ProcessLookupError:
                 pass
-        deadline = time.monotonic() + STOP_GRACE
+        deadline = time.monotonic() + grace
         for process in alive:
             try:
                 process.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.warning(f"worker pid {process.pid} did not exit in {STOP_GRACE} s; killing it")
+                log.warning(f"worker pid {process.pid} did not exit in {grace:g} s; killing it")
                 process.kill()
                 process.wait()
         if self._monitor is not None and self._monitor is not threading.current_thread():

@@ -4,6 +4,7 @@ from mindspore_serving.frontends.grpc_server import GrpcFrontend
 from mindspore_serving.frontends.restful_server import RestfulFrontend
 from mindspore_serving.master.master import get_master, install_signal_handlers, stop_master
 from mindspore_serving.master.worker_processes import WorkerPlan
+from mindspore_serving.server.master.context import check_grace
 from mindspore_serving.server.ssl_config import SSLConfig
 from mindspore_serving.server.start_config import (DistributedStartConfig, check_servable_configs,
                                                    check_servable_location, merge_config)
@@ -75,6 +76,11 @@ def start_restful_server(address, max_msg_mb_size=100, ssl_config=None):
     _start_frontend(_RESTFUL, "RESTful server", RestfulFrontend, address, max_msg_mb_size, ssl_config)
 
 
-def stop():
-    """Stops the front ends, the workers and the master; start_servables may be called again afterwards."""
-    stop_master()
+def stop(grace=None):
+    """Stops the front ends, the workers and the master; start_servables may be called again afterwards.
+
+    The front ends refuse new requests at once and give requests in flight `grace` seconds to finish (default:
+    `server.master.context.set_stop_grace`, 10 s); those still running then get an unavailable error."""
+    if grace is not None:
+        check_grace(grace)
+    stop_master(grace)

@@ -14,12 +14,36 @@ def get_max_enqueued_requests() -> int:
     return master.get_max_enqueued_requests()
 
 
+def _check_seconds(name: str, value, low: float = 0.0, high: float = float("inf"), low_open: bool = False):
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not value <= high
+            or (value <= low if low_open else value < low)):
+        bound = f"> {low:g}" if low_open else f">= {low:g}"
+        if high != float("inf"):
+            bound = f"in [{low:g}, {high:g}]"
+        raise RuntimeError(f"Parameter '{name}' should be a number of seconds {bound}, but actually {value!r}")
+
+
+def check_grace(grace):
+    _check_seconds("grace", grace, 0, 3600)
+
+
+def set_stop_grace(grace):
+    """Sets how many seconds requests in flight get to finish when the server stops (SIGTERM, SIGINT or
+    server.stop(); default 10). New requests are refused at once; those still running at the end get an
+    unavailable error."""
+    check_grace(grace)
+    master.set_stop_grace(grace)
+
+
+def get_stop_grace() -> float:
+    return master.get_stop_grace()
+
+
 def set_heartbeat(interval_seconds=1.0, max_missed=3):
     """How often the master pings each worker (default every 1 s) and after how many missed pings in a row it
     gives one up (default 3): a worker that stops answering then has its requests failed with "... is not
     responding" and is killed and restarted, within interval_seconds * (max_missed + 1)."""
-    if isinstance(interval_seconds, bool) or not isinstance(interval_seconds, (int, float)) or interval_seconds <= 0:
-        raise RuntimeError(f"Parameter 'interval_seconds' should be a number > 0, but actually {interval_seconds!r}")
+    _check_seconds("interval_seconds", interval_seconds, low_open=True)
     check_int("max_missed", max_missed, 1)
     master.set_heartbeat(interval_seconds, max_missed)
 
@@ -28,8 +52,7 @@ def set_request_timeout(seconds=300):
     """How long a request that carries no deadline of its own (RESTful; a gRPC client's deadline is used as it
     is) may take before it fails with "deadline of <n> s exceeded"; the calls to the workers carry the same
     deadline. 0 means no limit. Default 300 s."""
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
-        raise RuntimeError(f"Parameter 'seconds' should be a number >= 0, but actually {seconds!r}")
+    _check_seconds("seconds", seconds)
     master.set_request_timeout(seconds)
 
 
@@ -37,6 +60,5 @@ def set_llm_token_timeout(seconds=60):
     """How long a language-model generation may go without producing a token (the first one included, so a long
     queue counts) before it ends with an error event / a 503 answer and is aborted in its worker. 0 means no
     limit. Default 60 s."""
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
-        raise RuntimeError(f"Parameter 'seconds' should be a number >= 0, but actually {seconds!r}")
+    _check_seconds("seconds", seconds)
     master.set_llm_token_timeout(seconds)
