@@ -130,8 +130,8 @@ class GuardedDispatcher:
         self._dispatcher = dispatcher
         self._drain = drain
 
-    async def predict(self, spec, instances):
-        return await self._drain.guard(self._dispatcher.predict(spec, instances))
+    async def predict(self, spec, instances, timeout=None):
+        return await self._drain.guard(self._dispatcher.predict(spec, instances, timeout=timeout))
 
     def __getattr__(self, name):
         return getattr(self._dispatcher, name)
