@@ -9,5 +9,5 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if os.sep + "e2e" + os.sep in str(item.fspath):
+        if any(os.sep + tier + os.sep in str(item.fspath) for tier in ("e2e", "faults")):  # real processes
             item.add_marker(pytest.mark.e2e)
