@@ -248,7 +248,8 @@ def check_instance(items, input_names: Sequence[str], servable_name: str, method
 
     `items` maps input names to values (an Instance's `items`, or a decoded instance). The master passes
     `check_tensor` as `check_item` to refuse malformed tensors before routing; the worker checks only that
-    every input is there, since what reaches it has passed the master's check."""
+    every input is there, since what reaches it has passed the master's check. Items the method does not
+    declare are ignored, as MindSpore Serving ignores them (its master looks up only the declared names)."""
     for name in input_names:
         if name not in items:
             return f"Cannot find input {name} in instance input , servable {servable_name}, method {method_name}"

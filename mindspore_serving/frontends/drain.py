@@ -131,7 +131,9 @@ class GuardedDispatcher:
         self._drain = drain
 
     async def predict(self, spec, instances, timeout=None):
-        return await self._drain.guard(self._dispatcher.predict(spec, instances, timeout=timeout))
+        call = (self._dispatcher.predict(spec, instances) if timeout is None
+                else self._dispatcher.predict(spec, instances, timeout=timeout))
+        return await self._drain.guard(call)
 
     def __getattr__(self, name):
         return getattr(self._dispatcher, name)

@@ -5,25 +5,30 @@ turn them into what each wire expects:
 
     grpc_error(error)            gRPC status code, and the MindSpore ErrorMsg of the reply
     http_error(protocol, error)  HTTP status and JSON body in the protocol's own shape
+    http_error_headers(error)    the headers that go with it (Retry-After when the client should retry)
 
 The same HTTP body is used for a reply before a stream starts (with the status) and for an error event in
 the middle of a stream (the status is already 200 there).
 
-    kind         TGI / LLM-serving           OpenAI (type, code)                            gRPC
-    validation   422 validation              400 invalid_request_error                      OK + ErrorMsg
-    overloaded   429 overloaded              429 requests, rate_limit_exceeded              RESOURCE_EXHAUSTED
-    not_found    404 not_found               404 invalid_request_error, model_not_found     OK + ErrorMsg
-    unavailable  503 unavailable             503 server_error, service_unavailable          OK + ErrorMsg
-                                                                                   (ServerStopping: UNAVAILABLE)
-    generation   424 generation              500 server_error                               OK + ErrorMsg
-    incomplete   500 incomplete_generation   500 server_error, incomplete_generation        OK + ErrorMsg
-    internal     500 internal                500 server_error                               OK + ErrorMsg
+    kind         TGI / LLM-serving           OpenAI (type, code)                         MindSpore  gRPC
+    validation   422 validation              400 invalid_request_error                   200        OK + ErrorMsg
+    overloaded   429 overloaded              429 requests, rate_limit_exceeded           200        RESOURCE_EXHAUSTED
+    not_found    404 not_found               404 invalid_request_error, model_not_found  200        OK + ErrorMsg
+    unavailable  503 unavailable             503 server_error, service_unavailable       503        UNAVAILABLE
+    generation   424 generation              500 server_error                            200        OK + ErrorMsg
+    incomplete   500 incomplete_generation   500 server_error, incomplete_generation     200        OK + ErrorMsg
+    internal     500 internal                500 server_error                            200        OK + ErrorMsg
 
-MindSpore Serving's classic RESTful protocol always answers HTTP 200 with `{"error_msg": ...}`, also for each
-failed instance of a reply. `classic_error` names an unexpected exception as the classic protocols do.
+not_found is only for a name that is not served at all; a servable that is served but has no live worker or
+agent at the moment (dead, hung, restarting, stopping) is unavailable: every protocol answers "retry later",
+HTTP 503 with `Retry-After: RETRY_AFTER_S` and gRPC UNAVAILABLE.
+
+MindSpore Serving's classic RESTful protocol answers HTTP 200 with `{"error_msg": ...}`, also for each failed
+instance of a reply; only a request-wide unavailable error is a 503 (with the same body). `classic_error` names
+an unexpected exception as the classic protocols do.
 """
 import enum
-from typing import Tuple
+from typing import Dict, Tuple
 
 import grpc
 
@@ -40,6 +45,9 @@ class Protocol(enum.Enum):
     MINDSPORE = "mindspore"
     """MindSpore Serving's classic RESTful protocol."""
 
+
+RETRY_AFTER_S = 1
+"""Seconds an unavailable answer tells the client to wait (a restarting worker is back within a few)."""
 
 # kind -> (HTTP status, message prefix); TGI's error_type is the kind's own value
 _TGI = {
@@ -64,6 +72,16 @@ _OPENAI = {
 }
 
 
+# kind -> HTTP status of MindSpore's classic protocol (200 for every other kind)
+_MINDSPORE = {Kind.UNAVAILABLE: 503}
+
+# kind -> gRPC status that ends the call (OK for every other kind: the reply carries the ErrorMsg)
+_GRPC = {
+    Kind.OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Kind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+}
+
+
 def http_error(protocol: Protocol, error: BaseException) -> Tuple[int, dict]:
     """(HTTP status, JSON body) of `error` in `protocol`'s shape."""
     kind = errors.kind_of(error)
@@ -75,7 +93,15 @@ def http_error(protocol: Protocol, error: BaseException) -> Tuple[int, dict]:
         status, error_type, code = _OPENAI[kind]
         return status, {"error": {"message": message, "type": error_type, "param": getattr(error, "param", None),
                                   "code": code}}
-    return 200, {"error_msg": message}
+    return _MINDSPORE.get(kind, 200), {"error_msg": message}
+
+
+def http_error_headers(error: BaseException) -> Dict[str, str]:
+    """The headers of an error reply, the same in every protocol: Retry-After when the servable is unavailable
+    for now (a client that honours it, as OpenAI's and TGI's do, retries after that many seconds)."""
+    if errors.kind_of(error) is Kind.UNAVAILABLE:
+        return {"retry-after": str(RETRY_AFTER_S)}
+    return {}
 
 
 def classic_error(error: BaseException) -> errors.ServingError:
@@ -88,11 +114,8 @@ def classic_error(error: BaseException) -> errors.ServingError:
 
 def grpc_error(error: BaseException) -> Tuple[grpc.StatusCode, ms_service_pb2.ErrorMsg]:
     """The gRPC status that ends a call failing with `error`, and the ErrorMsg its reply carries when the status
-    is OK. Overloaded ends the call with RESOURCE_EXHAUSTED, gRPC clients' back-pressure signal, and a stopping
-    server with UNAVAILABLE; any other error is a reply. An unexpected exception is a SYSTEM_ERROR that names it."""
+    is OK. Overloaded ends the call with RESOURCE_EXHAUSTED, gRPC clients' back-pressure signal, and unavailable
+    with UNAVAILABLE, their "retry later" (what gRPC retry policies retry on); any other error is a reply. An
+    unexpected exception is a SYSTEM_ERROR that names it."""
     error = classic_error(error)
-    if error.KIND is Kind.OVERLOADED:
-        return grpc.StatusCode.RESOURCE_EXHAUSTED, error_msg(error)
-    if isinstance(error, errors.ServerStopping):  # clients retry UNAVAILABLE on another server
-        return grpc.StatusCode.UNAVAILABLE, error_msg(error)
-    return grpc.StatusCode.OK, error_msg(error)
+    return _GRPC.get(error.KIND, grpc.StatusCode.OK), error_msg(error)

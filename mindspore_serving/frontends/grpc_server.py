@@ -4,6 +4,7 @@ import collections
 from typing import Counter, Optional
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
@@ -12,12 +13,15 @@ from mindspore_serving.frontends.address import check_address, check_max_msg_mb_
 from mindspore_serving.frontends.drain import CUT_ANSWER_S, Drain, GuardedBackend, GuardedDispatcher
 from mindspore_serving.frontends.errors import grpc_error
 from mindspore_serving.frontends.grpc_llm import predict_stream
-from mindspore_serving.proto import ms_service_pb2_grpc
+from mindspore_serving.proto import ms_service_pb2, ms_service_pb2_grpc
+
+SERVICE_NAME = "mindspore.serving.proto.MSService"
 
 
 class MSServiceServicer(ms_service_pb2_grpc.MSServiceServicer):
-    """Converts and delegates; the gRPC status is OK and errors travel in error_msg, except back-pressure
-    (RESOURCE_EXHAUSTED) and a stopping server (UNAVAILABLE)."""
+    """Converts and delegates. Errors travel in error_msg with status OK, as in MindSpore Serving, except those
+    that frontends/errors.py ends with a status: back-pressure (RESOURCE_EXHAUSTED) and a request-wide unavailable
+    error, a stopping server's included (UNAVAILABLE: retry later)."""
 
     def __init__(self, dispatcher, llm_backend=None, drain: Optional[Drain] = None):
         self.drain = drain or Drain()
@@ -50,21 +54,62 @@ class MSServiceServicer(ms_service_pb2_grpc.MSServiceServicer):
         try:
             # the client's deadline bounds the calls to the workers too (None: the master's default)
             results = await self.dispatcher.predict(spec, request.instances, timeout=context.time_remaining())
-        except errors.ServerStopping as err:
-            await _abort(context, err)
-        except errors.ServingError as err:
-            return replies.error_reply(spec, err)
+        except errors.ServingError as err:  # a stopping server's cut included: UNAVAILABLE below
+            results = err
         except Exception as err:
             log.exception("Predict failed")
             return replies.error_reply(spec, err)
         finally:
             self.drain.leave(kind)
+        failure = replies.global_error(results)  # the request failed as a whole
+        if failure is not None and grpc_error(failure)[0] is not grpc.StatusCode.OK:
+            await context.abort(grpc_error(failure)[0], failure.message)
+        if isinstance(results, errors.ServingError):
+            return replies.error_reply(spec, results)
         return replies.predict_reply(spec, results)
 
 
 async def _abort(context, error: errors.ServingError):
     status, _ = grpc_error(error)
     await context.abort(status, error.message)
+
+
+def _decode(raw: bytes) -> "ms_service_pb2.PredictRequest":
+    """The PredictRequest in `raw`; InvalidInputs when it is not one (the client's fault, not the server's)."""
+    try:
+        return ms_service_pb2.PredictRequest.FromString(raw)
+    except DecodeError as err:
+        raise errors.InvalidInputs(f"the request is not a valid mindspore.serving.proto.PredictRequest "
+                                   f"({len(raw)} bytes): {err}") from None
+
+
+def add_servicer(servicer: MSServiceServicer, server):
+    """Registers MSService like the generated `add_MSServiceServicer_to_server`, but decodes requests itself:
+    gRPC's own decoding would end a malformed request with UNKNOWN "Unexpected DecodeError"; here it ends with
+    INVALID_ARGUMENT and a message that says so."""
+
+    async def predict(raw, context):
+        try:
+            request = _decode(raw)
+        except errors.InvalidInputs as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, err.message)
+        return await servicer.Predict(request, context)
+
+    async def predict_stream(raw, context):
+        try:
+            request = _decode(raw)
+        except errors.InvalidInputs as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, err.message)
+        async for reply in servicer.PredictStream(request, context):
+            yield reply
+
+    serialize = ms_service_pb2.PredictReply.SerializeToString
+    handlers = {
+        "Predict": grpc.unary_unary_rpc_method_handler(predict, response_serializer=serialize),
+        "PredictStream": grpc.unary_stream_rpc_method_handler(predict_stream, response_serializer=serialize),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
 def _credentials(ssl_config):
@@ -102,8 +147,7 @@ class GrpcFrontend:
                    ("grpc.max_receive_message_length", self.max_bytes),
                    ("grpc.so_reuseport", 0)]
         server = grpc.aio.server(options=options)
-        ms_service_pb2_grpc.add_MSServiceServicer_to_server(MSServiceServicer(self.dispatcher, self.llm_backend, self.drain),
-                                                          server)
+        add_servicer(MSServiceServicer(self.dispatcher, self.llm_backend, self.drain), server)
         for add in self.extra_servicers:
             add(server)
         failed = RuntimeError(f"Serving Error: Serving gRPC server start failed, create server failed, "

@@ -467,6 +467,11 @@ def encode_error(error: BaseException) -> bytes:
         return orjson.dumps({key: text.encode("utf-8", "replace").decode("utf-8") for key, text in body.items()})
 
 
+def encode_results(results) -> bytes:
+    """The reply body for `results`: one exception that failed the whole request, or per-instance results."""
+    return encode_error(results) if isinstance(results, BaseException) else encode_reply(results)
+
+
 def encode_reply(results) -> bytes:
     """The reply body for per-instance results (dicts of outputs or errors) or one global error: a top-level
     error_msg for a global error or when every instance failed with the same error, else one entry per

@@ -18,7 +18,8 @@ from mindspore_serving.common import errors
 from mindspore_serving.common.tensor_codec import instances_to_proto, proto_to_instance
 from mindspore_serving.frontends import restful_codec
 from mindspore_serving.frontends.drain import CUT_ANSWER_S, Drain, GuardedBackend, GuardedDispatcher, refusal_reply
-from mindspore_serving.frontends.errors import Protocol
+from mindspore_serving.frontends.errors import Protocol, classic_error, http_error, http_error_headers
+from mindspore_serving.frontends.replies import global_error
 from mindspore_serving.frontends.llm import build_llm_router, mindspore_generate_stream, sse
 from mindspore_serving.frontends.address import check_address, check_max_msg_mb_size
 from mindspore_serving.proto import ms_service_pb2
@@ -103,11 +104,17 @@ class RestfulApp:
                 response = await mindspore_generate_stream(self.llm_backend, name, body)
                 await response(scope, receive, send)
                 return
+        status, headers = 200, []
         if body is None:
             reply = restful_codec.encode_error(errors.InvalidInputs(f"http message is bigger than {self.max_bytes}"))
         else:
-            reply = await self.handle(scope["method"], scope["path"], body)
-        await _send_json(send, 200, reply)
+            results = await self.handle(scope["method"], scope["path"], body)
+            reply = restful_codec.encode_results(results)
+            failure = global_error(results)
+            if failure is not None:  # 200, or 503 + Retry-After while the servable is unavailable
+                status, _ = http_error(Protocol.MINDSPORE, failure)
+                headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in http_error_headers(failure).items()]
+        await _send_json(send, status, reply, headers)
 
     async def _read_body(self, receive):
         """The request body, or None once it grows beyond the limit (the rest is not read)."""
@@ -124,7 +131,8 @@ class RestfulApp:
             if not message.get("more_body", False):
                 return b"".join(chunks)
 
-    async def handle(self, http_method: str, path: str, body: bytes) -> bytes:
+    async def handle(self, http_method: str, path: str, body: bytes):
+        """The request's results: per instance its outputs or a ServingError, or one exception for the whole."""
         try:
             name, method, version, instances = restful_codec.parse_request(path, body, self.max_bytes, http_method)
             spec = ms_service_pb2.ServableSpec(name=name, method_name=method, version_number=version)
@@ -132,18 +140,17 @@ class RestfulApp:
             instances_to_proto(instances, request.instances)
             results = await self.dispatcher.predict(spec, request.instances)
         except errors.ServingError as err:
-            return restful_codec.encode_error(err)
+            return err
         except Exception as err:
             log.exception("RESTful request failed")
-            return restful_codec.encode_error(err)
-        return restful_codec.encode_reply(
-            [result if isinstance(result, errors.ServingError) else proto_to_instance(result, copy=False)
-             for result in results])
+            return classic_error(err)
+        return [result if isinstance(result, errors.ServingError) else proto_to_instance(result, copy=False)
+                for result in results]
 
 
-async def _send_json(send, status: int, body: bytes):
+async def _send_json(send, status: int, body: bytes, headers=()):
     await send({"type": "http.response.start", "status": status,
-                "headers": _JSON_HEADERS + [(b"content-length", str(len(body)).encode())]})
+                "headers": _JSON_HEADERS + list(headers) + [(b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
 
 

@@ -187,8 +187,14 @@ def output_events(output, index: int, special_ids=frozenset()) -> List[pb.Genera
         events.append(pb.GenerateEvent(token=pb.Token(id=token_id, text=texts[position], logprob=logprob,
                                                       special=token_id in special_ids, index=index + position)))
     if output.finished:
-        events.append(error_event(errors.GenerationFailed(output.error)) if output.error else final_event(output))
+        events.append(error_event(_output_error(output)) if output.error else final_event(output))
     return events
+
+def _output_error(output) -> errors.ServingError:
+    """The error a failed RequestOutput ends with: its kind's class (a lost agent is unavailable), a generation
+    failure otherwise."""
+    kind = getattr(output, "error_kind", Kind.GENERATION)
+    return errors.GenerationFailed(output.error) if kind is Kind.GENERATION else errors.error_of_kind(kind, output.error)
 
 # ------------------------------------------------------------------------------------ events, master side
 

@@ -17,6 +17,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from mindspore_serving.common.errors import Kind
 from mindspore_serving.llm.config import SchedulerConfig
 from mindspore_serving.llm.detokenizer import IncrementalDetokenizer
 from mindspore_serving.llm.engine_core import EngineCore, EngineCoreOutput, StepListener, StepStats
@@ -76,6 +77,8 @@ class RequestOutput:
     new_top_logprobs: List[List[Tuple[int, float]]] = field(default_factory=list)
     metrics: Optional[RequestMetrics] = None
     error: Optional[str] = None
+    error_kind: Kind = Kind.GENERATION
+    """What kind of failure `error` is (common/errors.py): a lost agent is unavailable, not a model failure."""
 
 
 class _Tracked:
@@ -224,7 +227,7 @@ class LLMEngine:
             token_ids=list(request.output_token_ids),
             text=tracked.text, finished=finished, finish_reason=reason, new_logprobs=list(out.new_logprobs),
             logprobs=list(tracked.logprobs), new_top_logprobs=list(out.new_top_logprobs),
-            metrics=_metrics(request), error=out.error)
+            metrics=_metrics(request), error=out.error, error_kind=out.error_kind)
 
     def _finish_for_stop_string(self, request: Request) -> None:
         if not request.finished:

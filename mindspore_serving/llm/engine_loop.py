@@ -121,6 +121,7 @@ class EngineLoop:
         self._dirty: Set[OutputSink] = set()  # sinks with items not yet flushed (loop thread only)
         self._closed = threading.Event()
         self.failure: Optional[str] = None
+        self.closed_reason = "the LLM engine is stopped"
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -130,7 +131,7 @@ class EngineLoop:
         """Queues a request (a prompt str or a list of token ids); raises errors.Overloaded when too many wait.
         With `sink`, its outputs go to the sink (see the module docstring), `tag` being its key there."""
         if self._closed.is_set():
-            raise errors.ServableUnavailable(f"the LLM engine is stopped{': ' + self.failure if self.failure else ''}")
+            raise errors.WorkerUnavailable(self.closed_reason)
         with self._ids_lock:
             limit = self.engine_capacity()
             if self._admitted >= limit:
@@ -152,11 +153,14 @@ class EngineLoop:
         self._commands.put(_Abort(request_id))
 
     def close(self, reason: str = "the LLM engine is stopping"):
+        """Stops the loop; every request not finished yet fails with `reason`, an unavailable error (its worker
+        is stopping or restarting: a client may retry)."""
         if not self._closed.is_set():
+            self.closed_reason = reason
             self._closed.set()
             self._commands.put(None)
             self._thread.join(timeout=10)
-            self._fail_all(errors.ServableUnavailable(reason))
+            self._fail_all(errors.WorkerUnavailable(reason))
 
     # ---- the loop thread ----
     def _run(self):
@@ -176,6 +180,7 @@ class EngineLoop:
         except Exception as err:  # the engine itself broke: every request gets the reason
             log.exception("LLM engine loop failed")
             self.failure = f"{type(err).__name__}: {err}"
+            self.closed_reason = f"the LLM engine is stopped: {self.failure}"
             self._closed.set()
             self._fail_all(errors.ServingError(errors.SYSTEM_ERROR, f"LLM engine failed: {self.failure}"))
 

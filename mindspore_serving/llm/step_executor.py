@@ -11,7 +11,9 @@ the config and what the runner declares it can do (model_io):
   runner always has the next step queued while the engine does its own work.
 
 A failing model step does not stop the engine: the requests of that step finish with reason "error" and every
-other request goes on.
+other request goes on. A runner that fails with a ServingError says what kind of failure it is (a lost agent is
+unavailable: retry later); the requests carry that kind and message, any other exception is a generation
+failure "model step failed: ...".
 """
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -20,6 +22,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from mindspore_serving import log
+from mindspore_serving.common import errors
+from mindspore_serving.common.errors import Kind
 from mindspore_serving.llm.config import SchedulerConfig
 from mindspore_serving.llm.model_io import PLACEHOLDER, ModelRunner, MultiStepRunner, StepSubmitter
 from mindspore_serving.llm.request import FinishReason, RequestStatus
@@ -40,6 +44,8 @@ class EngineCoreOutput:
     finished: bool = False
     finish_reason: Optional[FinishReason] = None
     error: Optional[str] = None
+    error_kind: Kind = Kind.GENERATION
+    """What kind of failure `error` is (common/errors.py), which decides the client's answer."""
 
 
 StepRecorder = Callable[[SchedulerOutput, List[EngineCoreOutput], float, float, float, int], None]
@@ -113,7 +119,7 @@ class StepExecutor:
             # NOTE: a failed step fails its own requests, not the engine.
             log.exception(f"LLM step {plan.step_id} failed for requests {plan.request_ids}: {err}")
             t2 = self._timer()
-            outputs = self._fail(plan, f"model step failed: {type(err).__name__}: {err}")
+            outputs = self._fail(plan, *_step_failure(err))
         else:
             t2 = self._timer()
             outputs = self._update_steps(plan, tokens, logprobs) if greedy else self._update(plan, sampled)
@@ -171,7 +177,7 @@ class StepExecutor:
                                             delta.finished, delta.finish_reason))
         return outputs
 
-    def _fail(self, plan: SchedulerOutput, message: str) -> List[EngineCoreOutput]:
+    def _fail(self, plan: SchedulerOutput, message: str, kind: Kind = Kind.GENERATION) -> List[EngineCoreOutput]:
         outputs = []
         for request_id in plan.request_ids:
             request = self.scheduler.get_request(request_id)
@@ -180,7 +186,7 @@ class StepExecutor:
             request.error = message
             self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ERROR)
             outputs.append(EngineCoreOutput(request_id, finished=True, finish_reason=FinishReason.ERROR,
-                                            error=message))
+                                            error=message, error_kind=kind))
         return outputs
 
 
@@ -274,6 +280,13 @@ class AsyncStepExecutor(StepExecutor):
         arriving = (1 < scheduler.num_running < scheduler.config.max_num_seqs
                     and scheduler.clock() - scheduler.last_arrival_time < ARRIVAL_WINDOW_S)
         return 1 if arriving else self.num_scheduler_steps
+
+
+def _step_failure(err: Exception) -> Tuple[str, Kind]:
+    """(message, kind) of the requests of a failed step: a ServingError's own, else a generation failure."""
+    if isinstance(err, errors.ServingError):
+        return err.message, err.KIND
+    return f"model step failed: {type(err).__name__}: {err}", Kind.GENERATION
 
 
 def _prev_rows(plan: SchedulerOutput, in_flight: Optional[_Submitted]) -> List[int]:

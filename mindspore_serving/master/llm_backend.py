@@ -7,7 +7,7 @@ generation on it fails with "worker stopped"; the next request opens a new sessi
 """
 import asyncio
 import itertools
-from typing import AsyncIterator, Dict, List, Optional
+from typing import AsyncIterator, Dict, List, Optional, Set
 
 import grpc
 
@@ -22,6 +22,10 @@ from mindspore_serving.proto import llm_worker_pb2_grpc
 from mindspore_serving.spec.llm import GENERATE_METHOD, LLM_EXTENSION
 
 _LOST = object()
+
+
+def _restarting(model: str) -> str:
+    return f"Model {model} is not available: its worker is restarting"
 
 
 class WorkerSession:
@@ -103,6 +107,7 @@ class MasterLlmBackend:
         self.token_timeout = token_timeout
         self._ids = itertools.count(1)
         self._sessions: Dict[tuple, WorkerSession] = {}  # (worker key, pid) -> its session
+        self._known: Set[str] = set()  # every LLM servable a worker has registered, live or not now
 
     def models(self) -> List[ModelInfo]:
         infos = {}
@@ -112,7 +117,12 @@ class MasterLlmBackend:
                 infos[record.servable_name] = ModelInfo(record.servable_name, data["max_model_len"],
                                                         data["max_num_seqs"], data["max_queue_size"],
                                                         data["vocab_size"], data.get("device", "CPU"))
+        self._known.update(infos)
         return list(infos.values())
+
+    def unavailable_models(self) -> Dict[str, str]:
+        live = {info.name for info in self.models()}
+        return {name: _restarting(name) for name in sorted(self._known - live)}
 
     def _session(self, worker) -> WorkerSession:
         key = (worker.key, worker.pid)
@@ -125,10 +135,16 @@ class MasterLlmBackend:
         return session
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
-        candidates = [w for w in self.registry.candidates(request.model, GENERATE_METHOD, 0)
-                      if llm_session.read_facts(w.extensions.get(LLM_EXTENSION)) is not None]
+        try:
+            candidates = [w for w in self.registry.candidates(request.model, GENERATE_METHOD, 0)
+                          if llm_session.read_facts(w.extensions.get(LLM_EXTENSION)) is not None]
+        except errors.ServableUnavailable:
+            if request.model in self._known:  # served, but its worker is gone for now: retry later
+                raise errors.WorkerUnavailable(_restarting(request.model)) from None
+            raise
         if not candidates:
             raise errors.ServableUnavailable(f"Model {request.model} is not a language model")
+        self._known.add(request.model)
         params = SamplingParams.from_dict(request.params)  # a bad value fails here, before any worker sees it
         worker = self.registry.pick(candidates)
         request_id = request.request_id or f"gen-{next(self._ids)}"

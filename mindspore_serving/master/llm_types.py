@@ -5,7 +5,9 @@ The master implements it by forwarding to the LLM servable's worker; tests imple
 Errors are `mindspore_serving.common.errors.ServingError` subclasses:
 - `InvalidInputs`: bad request (HTTP 400/422, protocol-specific error shapes);
 - `Overloaded`: too many requests queued (HTTP 429, gRPC RESOURCE_EXHAUSTED);
-- `ServableUnavailable` / `WorkerUnavailable`: unknown model or the model is down (HTTP 404 / 503);
+- `ServableUnavailable`: a model this server does not serve (HTTP 404);
+- `WorkerUnavailable`: a model it serves that is down for now (worker or agent dead, restarting: HTTP 503 with
+  Retry-After, gRPC UNAVAILABLE);
 - anything else: HTTP 500.
 Cancelling the consuming task (e.g. the HTTP client went away) must abort the request in the engine.
 """
@@ -53,6 +55,11 @@ class ModelInfo:
 class LlmBackend(Protocol):
     def models(self) -> List[ModelInfo]:
         """The LLM servables being served (empty while none is up)."""
+        ...
+
+    def unavailable_models(self) -> Dict[str, str]:
+        """The LLM servables this server serves that have no live worker at the moment (dead, restarting),
+        each with the message that says so: a request for one is unavailable (retry later), not unknown."""
         ...
 
     def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:

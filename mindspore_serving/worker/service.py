@@ -54,8 +54,8 @@ class WorkerServicer(internal_pb2_grpc.WorkerServiceServicer):
         for result in results:
             instance = reply.instances.add()
             error = reply.error_msg.add()
-            if isinstance(result, BaseException):
-                error.error_code = errors.INVALID_INPUTS
+            if isinstance(result, BaseException):  # a ServingError keeps its code (e.g. WORKER_UNAVAILABLE)
+                error.error_code = result.code if isinstance(result, errors.ServingError) else errors.INVALID_INPUTS
                 error.error_msg = str(result).encode()
                 continue
             try:

@@ -121,4 +121,4 @@ def test_refusals_are_503_in_each_protocols_shape_and_grpc_unavailable():
     assert status == 503 and body["error"]["code"] == "service_unavailable"
     assert refusal_reply(Protocol.TGI, refusal) == (503, {"error": refusal.message, "error_type": "unavailable"})
     assert grpc_error(refusal)[0].name == "UNAVAILABLE"
-    assert grpc_error(errors.WorkerUnavailable("gone"))[0].name == "OK"  # a lost worker stays a classic reply
+    assert grpc_error(errors.WorkerUnavailable("gone"))[0].name == "UNAVAILABLE"  # as every unavailable error

@@ -2,6 +2,7 @@
 keep-alive comments, the per-request timing log line, and the one error -> HTTP mapping table."""
 import asyncio
 
+import grpc
 import orjson
 import pytest
 from fastapi import FastAPI, Request
@@ -12,7 +13,7 @@ from mindspore_serving.common import errors
 from mindspore_serving.frontends.llm import build_llm_router, mindspore_generate_stream
 from mindspore_serving.master.llm_types import Overloaded
 from mindspore_serving.common.errors import GenerationFailed, IncompleteGeneration, InvalidParam
-from mindspore_serving.frontends.errors import Protocol, http_error
+from mindspore_serving.frontends.errors import RETRY_AFTER_S, Protocol, grpc_error, http_error, http_error_headers
 from mindspore_serving.frontends.llm.testing import FakeLlmBackend, call_asgi, parse_sse
 from mindspore_serving.llm.errors import InvalidRequestError
 
@@ -141,23 +142,33 @@ def test_timing_is_logged_per_request(monkeypatch):
     assert "failed (queue is full)" in failed
 
 
-@pytest.mark.parametrize("error, tgi, openai", [
-    (InvalidParam("bad", "top_k"), (422, "validation"), (400, "invalid_request_error", None)),
-    (InvalidRequestError("bad"), (422, "validation"), (400, "invalid_request_error", None)),
-    (Overloaded("full"), (429, "overloaded"), (429, "requests", "rate_limit_exceeded")),
-    (errors.ServableUnavailable("gone"), (404, "not_found"), (404, "invalid_request_error", "model_not_found")),
-    (errors.WorkerUnavailable("down"), (503, "unavailable"), (503, "server_error", "service_unavailable")),
-    (errors.Failed("oops"), (424, "generation"), (500, "server_error", None)),
-    (errors.SystemError_("oops"), (424, "generation"), (500, "server_error", None)),
-    (GenerationFailed("oops"), (424, "generation"), (500, "server_error", None)),
-    (IncompleteGeneration("cut"), (500, "incomplete_generation"), (500, "server_error", "incomplete_generation")),
-    (KeyError("bug"), (500, "internal"), (500, "server_error", None)),
+OK, EXHAUSTED, UNAVAILABLE = grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.parametrize("error, tgi, openai, mindspore, grpc_status", [
+    (InvalidParam("bad", "top_k"), (422, "validation"), (400, "invalid_request_error", None), 200, OK),
+    (InvalidRequestError("bad"), (422, "validation"), (400, "invalid_request_error", None), 200, OK),
+    (Overloaded("full"), (429, "overloaded"), (429, "requests", "rate_limit_exceeded"), 200, EXHAUSTED),
+    (errors.ServableUnavailable("gone"), (404, "not_found"), (404, "invalid_request_error", "model_not_found"),
+     200, OK),
+    (errors.WorkerUnavailable("down"), (503, "unavailable"), (503, "server_error", "service_unavailable"),
+     503, UNAVAILABLE),
+    (errors.Failed("oops"), (424, "generation"), (500, "server_error", None), 200, OK),
+    (errors.SystemError_("oops"), (424, "generation"), (500, "server_error", None), 200, OK),
+    (GenerationFailed("oops"), (424, "generation"), (500, "server_error", None), 200, OK),
+    (IncompleteGeneration("cut"), (500, "incomplete_generation"), (500, "server_error", "incomplete_generation"),
+     200, OK),
+    (KeyError("bug"), (500, "internal"), (500, "server_error", None), 200, OK),
 ])
-def test_error_mapping_table(error, tgi, openai):
+def test_error_mapping_table(error, tgi, openai, mindspore, grpc_status):
     status, body = http_error(Protocol.TGI, error)
     assert (status, body["error_type"]) == tgi
     status, body = http_error(Protocol.OPENAI, error)
     assert (status, body["error"]["type"], body["error"]["code"]) == openai
     assert body["error"]["param"] == getattr(error, "param", None)
     status, body = http_error(Protocol.MINDSPORE, error)
-    assert status == 200 and list(body) == ["error_msg"]
+    assert status == mindspore and list(body) == ["error_msg"]
+    assert grpc_error(error)[0] is grpc_status
+    # "retry later" is one answer: Retry-After goes with every 503, and only with it
+    retry = {"retry-after": str(RETRY_AFTER_S)} if tgi[0] == 503 else {}
+    assert http_error_headers(error) == retry

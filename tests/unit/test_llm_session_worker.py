@@ -32,6 +32,7 @@ class FakeRuntime:
 
     def __init__(self):
         self.tokenizer = SimpleNamespace(special_ids=frozenset({EOS}))
+        self.spec = SimpleNamespace(name="tiny")
         self.config = SimpleNamespace(model=SimpleNamespace(chat_template="<{messages}>", chat_message="{role}:{content};"))
         self.submitted = queue.Queue()
         self.refuse = None
@@ -149,7 +150,7 @@ def test_chat_messages_become_the_prompt_through_the_template(master):
 @pytest.mark.parametrize("refusal,kind", [
     (errors.Overloaded("Model is overloaded: full"), pb.ERROR_KIND_OVERLOADED),
     (errors.InvalidInputs("prompt is empty"), pb.ERROR_KIND_VALIDATION),
-    (errors.ServableUnavailable("the LLM engine is stopped"), pb.ERROR_KIND_NOT_FOUND),
+    (errors.WorkerUnavailable("the LLM engine is stopped"), pb.ERROR_KIND_UNAVAILABLE),
 ])
 def test_a_refused_submit_is_an_error_event_of_its_kind(master, refusal, kind):
     master.runtime.refuse = refusal

@@ -64,11 +64,10 @@ def parse_body(body: bytes, model: Type[Model], unknown_field: str = "unknown fi
 
 
 def served_model(backend: LlmBackend, name: Optional[str]) -> ModelInfo:
-    """The ModelInfo of `name`, or of the only model served when `name` is None."""
+    """The ModelInfo of `name`, or of the only model served when `name` is None. A model this server serves
+    whose worker is down for now is unavailable (503, retry later); only a name it does not serve is unknown."""
     models = backend.models()
-    if not models:
-        raise errors.WorkerUnavailable("no language model is being served at the moment")
-    if name is None:
+    if models and name is None:
         if len(models) > 1:
             raise InvalidParam(f"several language models are served ({', '.join(m.name for m in models)}); this "
                                f"route serves one: start the server with a default model, or use "
@@ -77,8 +76,15 @@ def served_model(backend: LlmBackend, name: Optional[str]) -> ModelInfo:
     for info in models:
         if info.name == name:
             return info
+    down = backend.unavailable_models()
+    if name in down:
+        raise errors.WorkerUnavailable(down[name])
+    if name is None and down:
+        raise errors.WorkerUnavailable(next(iter(down.values())))
+    if not models and not down:
+        raise errors.WorkerUnavailable("no language model is being served at the moment")
     raise errors.ServableUnavailable(f"The model `{name}` does not exist; served language models: "
-                                     f"{', '.join(m.name for m in models)}")
+                                     f"{', '.join([m.name for m in models] + list(down))}")
 
 
 def sampling_params(**values) -> Dict[str, object]:

@@ -17,7 +17,7 @@ from starlette.types import Receive, Scope, Send
 from mindspore_serving import log
 from mindspore_serving.frontends.llm import sse
 from mindspore_serving.common.errors import Kind, kind_of
-from mindspore_serving.frontends.errors import Protocol, http_error
+from mindspore_serving.frontends.errors import Protocol, http_error, http_error_headers
 from mindspore_serving.frontends.llm.generation import Generation
 
 Headers = Dict[str, str]
@@ -50,7 +50,8 @@ def error_response(protocol: Protocol, exc: BaseException) -> Response:
     """A plain reply for an error found before any generation started."""
     log_failure(protocol, exc)
     status, payload = http_error(protocol, exc)
-    return Response(sse.dumps(payload), status_code=status, media_type=sse.JSON_MEDIA_TYPE)
+    return Response(sse.dumps(payload), status_code=status, media_type=sse.JSON_MEDIA_TYPE,
+                    headers=http_error_headers(exc))
 
 
 class WatchedResponse(Response):
@@ -96,7 +97,7 @@ def json_reply(generation: Generation, protocol: Protocol,
             except Exception as exc:  # the protocol's error reply, whatever failed
                 log_failure(protocol, exc)
                 status, payload = http_error(protocol, exc)
-                await send_json(send, status, payload)
+                await send_json(send, status, payload, http_error_headers(exc))
                 return
         finally:
             await generation.close()
@@ -118,7 +119,7 @@ def stream_reply(generation: Generation, protocol: Protocol, chunks: Callable[[]
             except Exception as exc:
                 log_failure(protocol, exc)
                 status, payload = http_error(protocol, exc)
-                await send_json(send, status, payload)
+                await send_json(send, status, payload, http_error_headers(exc))
                 return
             raw = _raw_headers({**sse.SSE_HEADERS, **(headers or {})}, media_type)
             await send({"type": "http.response.start", "status": 200, "headers": raw})

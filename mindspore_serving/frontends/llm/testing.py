@@ -35,6 +35,8 @@ class FakeLlmBackend:
     def __init__(self, models: Optional[Sequence[ModelInfo]] = None,
                  reply: Sequence[str] = ("Hello", ",", " world", "!")):
         self.served: List[ModelInfo] = list(models) if models is not None else [DEFAULT_MODEL]
+        self.down: Dict[str, str] = {}
+        """Models served but down for now (name -> why), as a master whose worker is restarting reports them."""
         self.reply = list(reply)
         self.requests: List[GenerationRequest] = []
         self.outcomes: Dict[str, str] = {}
@@ -50,6 +52,9 @@ class FakeLlmBackend:
 
     def models(self) -> List[ModelInfo]:
         return list(self.served)
+
+    def unavailable_models(self) -> Dict[str, str]:
+        return dict(self.down)
 
     def stream(self, request: GenerationRequest):
         return self._stream(request)

@@ -9,6 +9,7 @@ import grpc
 import numpy as np
 
 from mindspore_serving import log
+from mindspore_serving.common import errors
 from mindspore_serving.ipc import agent as protocol
 from mindspore_serving.llm.model_io import MultiStepRunner, SeqStep, StepSubmitter
 from mindspore_serving.proto import agent_pb2, agent_pb2_grpc
@@ -16,8 +17,10 @@ from mindspore_serving.proto import agent_pb2, agent_pb2_grpc
 CONNECT_TIMEOUT = 5.0
 
 
-class AgentLost(RuntimeError):
-    """A rank of the agent group died or stopped answering: the steps in flight cannot complete."""
+class AgentLost(errors.WorkerUnavailable, RuntimeError):
+    """A rank of the agent group died or stopped answering: the steps in flight cannot complete. It is the
+    unavailable kind: the worker restarts with new agents, so its requests are worth retrying (HTTP 503, gRPC
+    UNAVAILABLE); the message names the model, the rank and what happened, never a gRPC object."""
 
 
 class AgentRunner(MultiStepRunner, StepSubmitter):
@@ -32,8 +35,10 @@ class AgentRunner(MultiStepRunner, StepSubmitter):
     """
 
     def __init__(self, addresses: Sequence[str], on_agent_lost: Optional[Callable[[int, str], None]] = None,
-                 heartbeat_interval: float = 1.0, heartbeat_misses: int = 3, connect_timeout: float = CONNECT_TIMEOUT):
+                 heartbeat_interval: float = 1.0, heartbeat_misses: int = 3, connect_timeout: float = CONNECT_TIMEOUT,
+                 model_name: str = "the model"):
         self.addresses = list(addresses)
+        self.model_name = model_name
         self.on_agent_lost = on_agent_lost
         self._closing = threading.Event()
         self._lost_lock = threading.Lock()
@@ -75,7 +80,7 @@ class AgentRunner(MultiStepRunner, StepSubmitter):
                 pass
         except grpc.RpcError as err:
             reason = f"{err.code().name}: {err.details()}"
-        self._lose(rank, f"LLM agent rank {rank} at {self.addresses[rank]} is gone ({reason})")
+        self._lose(rank, f"LLM agent rank {rank} of {self.model_name} is gone ({self.addresses[rank]}: {reason})")
 
     def _heartbeat(self, interval: float, misses: int):
         """Pings every rank each `interval` s (Info, answered beside a running step); a rank that misses `misses`
@@ -94,8 +99,8 @@ class AgentRunner(MultiStepRunner, StepSubmitter):
                 except grpc.RpcError:
                     missed[rank] += 1
                     if missed[rank] >= misses:
-                        self._lose(rank, f"LLM agent rank {rank} at {self.addresses[rank]} is not responding "
-                                         f"({misses} heartbeats of {interval:g} s missed)")
+                        self._lose(rank, f"LLM agent rank {rank} of {self.model_name} is not responding "
+                                         f"({self.addresses[rank]}: {misses} heartbeats of {interval:g} s missed)")
                         return
             if self.lost is not None:
                 return
@@ -127,7 +132,7 @@ class AgentRunner(MultiStepRunner, StepSubmitter):
         logprobs) of a greedy step; raises when any rank failed. Called from one thread (the engine's)."""
         step_id = next(self._step_ids)
         request = self._encoder.encode(step_id, seqs, greedy_steps, self._last_step_id, prev_rows)
-        call = _StepCall(greedy_steps, self._finished)
+        call = _StepCall(greedy_steps, self._finished, self.model_name)
         with self._lost_lock:
             if self.lost is not None:
                 raise AgentLost(self.lost)
@@ -155,8 +160,10 @@ class _StepCall:
     or the group was lost (`abort`): the other ranks of a cluster may never reply. `on_finished(call, failed)`
     runs once (after a failure a rank may not have kept that step's block tables)."""
 
-    def __init__(self, greedy_steps: int, on_finished: Callable[["_StepCall", bool], None]):
+    def __init__(self, greedy_steps: int, on_finished: Callable[["_StepCall", bool], None],
+                 model_name: str = "the model"):
         self.greedy_steps = greedy_steps
+        self.model_name = model_name
         self.on_finished = on_finished
         self.calls = []
         self._done = threading.Event()
@@ -175,11 +182,10 @@ class _StepCall:
             self._pending -= 1
             if self._failure is None:
                 if future.cancelled():
-                    self._failure = AgentLost(f"the step to agent rank {rank} was cancelled")
+                    self._failure = AgentLost(f"the step to LLM agent rank {rank} of {self.model_name} was cancelled")
                 elif future.exception() is not None:
-                    err = future.exception()
-                    self._failure = AgentLost(f"agent rank {rank} did not answer the step ({err.code().name}: "
-                                              f"{err.details()})")
+                    self._failure = AgentLost(f"LLM agent rank {rank} of {self.model_name} did not answer the step "
+                                              f"({_rpc_failure(future.exception())})")
                 elif rank > 0 and future.result().error:  # rank 0's error is raised by its decoding
                     self._failure = RuntimeError(f"agent rank {rank} step failed: {future.result().error}")
             if self._pending == 0 or self._failure is not None:
@@ -198,7 +204,12 @@ class _StepCall:
                 call.cancel()
             self.on_finished(self, True)
             raise self._failure
-        reply = self.calls[0].result()
+        try:
+            reply = self.calls[0].result()
+        except (grpc.RpcError, grpc.FutureCancelledError) as err:  # never hand a gRPC object to the engine
+            self.on_finished(self, True)
+            raise AgentLost(f"LLM agent rank 0 of {self.model_name} did not answer the step "
+                            f"({_rpc_failure(err)})") from None
         try:
             out = protocol.decode_greedy(reply, self.greedy_steps) if self.greedy_steps else protocol.decode_logits(reply)
         except BaseException:
@@ -206,3 +217,11 @@ class _StepCall:
             raise
         self.on_finished(self, False)
         return out
+
+
+def _rpc_failure(err: BaseException) -> str:
+    """What a failed call says, as text ("UNAVAILABLE: Socket closed"); str() of a gRPC error is its repr."""
+    code, details = getattr(err, "code", None), getattr(err, "details", None)
+    if callable(code) and callable(details):
+        return f"{code().name}: {details()}"
+    return type(err).__name__

@@ -1,5 +1,4 @@
 """An LLM servable inside a worker: the engine loop over agents, behind the same interface as ServableRuntime."""
-import os
 import socket
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -54,7 +53,8 @@ class LlmRuntime:
         by start_agent.py), else to those it starts, the ranks on this host (ranks on other hosts are started
         there with start_agent.py --rank_start and join the cluster)."""
         agents = self.config.agents
-        options = dict(heartbeat_interval=agents.heartbeat_interval, heartbeat_misses=agents.heartbeat_misses)
+        options = dict(heartbeat_interval=agents.heartbeat_interval, heartbeat_misses=agents.heartbeat_misses,
+                       model_name=self.spec.name)
         if agents.start_port and _listening(agents.host_of(0), agents.start_port):
             addresses = agent_addresses(self.config)
             try:
@@ -71,7 +71,8 @@ class LlmRuntime:
 
     def _agent_lost(self, rank: int, reason: str):
         if getattr(self, "loop", None) is not None:  # lost while it started: the start-up fails anyway
-            self.loop.close(reason)
+            # the worker exits and the master restarts it with new agents: its requests may be retried
+            self.loop.close(f"{reason}; the worker of {self.spec.name} is restarting")
         if self.on_fatal is not None:
             self.on_fatal(reason)
 
@@ -115,15 +116,20 @@ class LlmRuntime:
         results = []
         for stream in streams:
             if isinstance(stream, BaseException):
-                results.append(InstanceError(stream.message))
+                results.append(stream if isinstance(stream, errors.WorkerUnavailable) else InstanceError(stream.message))
                 continue
             try:
                 out = stream.result()
+            except errors.WorkerUnavailable as err:  # keeps its code: the classic reply says "retry later"
+                results.append(err)
+                continue
             except errors.ServingError as err:
                 results.append(InstanceError(err.message))
                 continue
             if out.error:
-                results.append(InstanceError(out.error))
+                error_kind = out.error_kind
+                results.append(InstanceError(out.error) if error_kind is errors.Kind.GENERATION
+                               else errors.error_of_kind(error_kind, out.error))
                 continue
             results.append({"text": out.text, "token_ids": np.asarray(out.token_ids, np.int32),
                             "finish_reason": out.finish_reason.value,

@@ -78,7 +78,7 @@ class _Session:
                 if self._closed:
                     return
                 if self._ending:
-                    raise errors.ServableUnavailable("the worker is stopping")
+                    raise errors.WorkerUnavailable(f"the worker of {self.runtime.spec.name} is stopping")
                 self._live[stream_id] = self.runtime.submit(prompt, params, request.request_id or None,
                                                             sink=self, tag=stream_id)
         except (errors.ServingError, ValueError) as err:
