@@ -177,11 +177,8 @@ class WorkerProcesses:
         process = worker.process if worker is not None else None
         if process is None or process.pid != pid or process.poll() is not None:
             return
-        log.warning(f"killing worker {key} (pid {pid}): {reason}")
-        try:
-            process.kill()
-        except ProcessLookupError:
-            pass
+        log.warning(f"killing worker {key} (pid {pid}) and the processes it started: {reason}")
+        _kill_group(process)
 
     def mark_exiting(self, key: str):
         worker = self.find(key)
@@ -215,6 +212,7 @@ class WorkerProcesses:
     def _handle_death(self, worker: WorkerProcess):
         plan = worker.plan
         code = worker.process.returncode
+        _kill_group(worker.process)  # what it started (LLM agents) goes with it, even if stopped or hung
         worker.process = None
         self.on_death(worker)
         if self._stop.is_set():
@@ -257,8 +255,21 @@ class WorkerProcesses:
                 process.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 log.warning(f"worker pid {process.pid} did not exit in {grace:g} s; killing it")
-                process.kill()
+                _kill_group(process)
                 process.wait()
         if self._monitor is not None and self._monitor is not threading.current_thread():
             self._monitor.join(timeout=5)
         self._monitor = None
+
+
+def _kill_group(process: subprocess.Popen):
+    """SIGKILL to a worker's process group: the worker (started in a session of its own) and every process it
+    started that did not leave the group (its LLM agents and their cluster scheduler). A stopped process dies
+    too, where one waiting to notice its parent's death never would."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # the group is gone already
+        try:
+            process.kill()
+        except ProcessLookupError:
+            pass
