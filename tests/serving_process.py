@@ -90,6 +90,20 @@ class ServingProcess:
         self._output.close()
 
 
+def wait_recovered(check, timeout: float) -> float:
+    """Polls `check()` (exceptions count as not yet) until it is true; returns the seconds it took, or fails after
+    `timeout` (a restarting service has no readiness signal the client sees)."""
+    started = time.monotonic()
+    while time.monotonic() < started + timeout:
+        try:
+            if check():
+                return time.monotonic() - started
+        except Exception:  # not back yet
+            pass
+        time.sleep(0.2)  # ok-sleep: polling a restarting service with a deadline
+    raise AssertionError(f"the service did not recover within {timeout} s")
+
+
 def assert_sigterm_stops_all(proc: "ServingProcess", children, timeout: float = 60.0):
     """SIGTERM to `proc`: it exits with code 0 and every process of `children` is gone (zombies aside)."""
     proc.proc.send_signal(signal.SIGTERM)

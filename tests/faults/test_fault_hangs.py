@@ -18,7 +18,7 @@ import requests
 
 from mindspore_serving.client import Client
 from llm_setup import write_config, write_servable
-from serving_process import ROOT, assert_sigterm_stops_all, start_server
+from serving_process import ROOT, assert_sigterm_stops_all, start_server, wait_recovered
 
 ANSWER_BOUND_S = 5.0     # every request in flight is answered within this after the fault
 RECOVERY_BOUND_S = 90.0  # the service answers again within this (a worker or agent group restarts on 2 busy cores)
@@ -89,19 +89,6 @@ def _under_fault(calls, victim, sig):
     return {name: (at - fault_at, result) for name, (at, result) in answers.items()}
 
 
-def _recovers(check):
-    deadline = time.monotonic() + RECOVERY_BOUND_S
-    started = time.monotonic()
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return time.monotonic() - started
-        except Exception:  # not back yet
-            pass
-        time.sleep(0.2)  # ok-sleep: polling a restarting service with a deadline
-    raise AssertionError(f"the service did not recover within {RECOVERY_BOUND_S} s")
-
-
 def _add_works(rest):
     status, body = _add_rest(rest)
     return status == 200 and "instances" in body
@@ -124,7 +111,7 @@ def test_a_classic_worker_that_hangs_or_dies_under_load_fails_its_requests_fast_
     for name, (after, result) in answers.items():
         assert after < ANSWER_BOUND_S, (name, after, result)
         assert not isinstance(result, BaseException), (name, result)
-    _recovers(lambda: _add_works(rest))
+    wait_recovered(lambda: _add_works(rest), RECOVERY_BOUND_S)
     if sig == signal.SIGSTOP:
         assert not victim.is_running() or victim.status() == psutil.STATUS_ZOMBIE  # killed, not left stopped
 
@@ -148,5 +135,5 @@ def test_an_llm_agent_that_hangs_or_dies_ends_every_stream_fast_and_the_group_co
         assert status == 200 and "error" in events[-1], events[-1:]
     assert "error" in answers["grpc_stream"][1][-1]
     assert "error" in json.dumps(answers["classic_rest"][1])
-    _recovers(lambda: _llm_works(rest))
+    wait_recovered(lambda: _llm_works(rest), RECOVERY_BOUND_S)
     _add_works(rest)  # the other servable never noticed

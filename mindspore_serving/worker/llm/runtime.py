@@ -1,5 +1,7 @@
 """An LLM servable inside a worker: the engine loop over agents, behind the same interface as ServableRuntime."""
 import socket
+import threading
+import time
 from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -21,6 +23,8 @@ from mindspore_serving.worker.llm.session_service import LlmWorkerServicer
 from mindspore_serving.worker.method_runner import InstanceError
 
 ATTACH_PROBE_TIMEOUT = 1.0  # seconds to find agents already running on fixed ports
+MAX_AGENT_RESTARTS = 3      # agent groups restarted in this worker within AGENT_RESTART_WINDOW before it gives up
+AGENT_RESTART_WINDOW = 60.0
 
 
 def _listening(host: str, port: int) -> bool:
@@ -42,11 +46,17 @@ class LlmRuntime:
         self.on_fatal = on_fatal
         self.agents = None
         self.servicer = None
-        self.runner = self._attach_or_start()
+        self.loop = None
+        self._closing = threading.Event()
+        self._restarts: List[float] = []
         self.tokenizer = TextTokenizer.from_file(self.config.model.tokenizer)
+        self.runner = self._attach_or_start()
+        self.loop = self._new_loop()
+
+    def _new_loop(self) -> EngineLoop:
         engine = LLMEngine(self.runner, self.tokenizer, self.config.engine, eos_token_id=self.tokenizer.eos_id)
-        self.loop = EngineLoop(engine, self.config.max_queue_size, self.config.request_timeout,
-                               name=f"{spec.name}-engine", stats_interval=self.config.stats_interval)
+        return EngineLoop(engine, self.config.max_queue_size, self.config.request_timeout,
+                          name=f"{self.spec.name}-engine", stats_interval=self.config.stats_interval)
 
     def _attach_or_start(self) -> AgentRunner:
         """Attaches to the agents of the configuration: to running ones when they listen on fixed ports (started
@@ -70,9 +80,43 @@ class LlmRuntime:
                            connect_timeout=START_TIMEOUT if remote else CONNECT_TIMEOUT, **options)
 
     def _agent_lost(self, rank: int, reason: str):
-        if getattr(self, "loop", None) is not None:  # lost while it started: the start-up fails anyway
-            # the worker exits and the master restarts it with new agents: its requests may be retried
-            self.loop.close(f"{reason}; the worker of {self.spec.name} is restarting")
+        """A rank is gone or hung: the requests in flight fail (unavailable: they may be retried) and a new agent
+        group is started in this worker, which stays registered (its requests meanwhile are answered
+        unavailable); only what died is reloaded. Too many restarts in a row end the worker instead."""
+        if self.loop is None:  # lost while it started: the start-up fails anyway
+            return
+        self.loop.close(f"{reason}; the agents of {self.spec.name} are restarting")
+        now = time.monotonic()
+        self._restarts = [t for t in self._restarts if now - t < AGENT_RESTART_WINDOW] + [now]
+        if len(self._restarts) > MAX_AGENT_RESTARTS:
+            self._fatal(f"{reason}; the agents were restarted {MAX_AGENT_RESTARTS} times within "
+                        f"{AGENT_RESTART_WINDOW:.0f} s")
+            return
+        threading.Thread(target=self._restart_agents, args=(reason,), name="agent-restart", daemon=True).start()
+
+    def _restart_agents(self, reason: str):
+        started = time.monotonic()
+        self.runner.close()
+        if self.agents is not None:
+            self.agents.stop(timeout=0.0)  # a rank of a lost group may be dead, hung or blocked in a collective
+            self.agents = None
+        if self._closing.is_set():
+            return
+        log.warning(f"restarting the agents of {self.spec.name} ({reason})")
+        try:
+            self.runner = self._attach_or_start()
+        except Exception as err:  # the worker exits; the master restarts it
+            self._fatal(f"restarting the agents of {self.spec.name} failed: {err}")
+            return
+        if self._closing.is_set():  # the worker stopped meanwhile: what started here stops too
+            self.runner.close()
+            if self.agents is not None:
+                self.agents.stop()
+            return
+        self.loop = self._new_loop()
+        log.warning(f"the agents of {self.spec.name} are back after {time.monotonic() - started:.1f} s")
+
+    def _fatal(self, reason: str):
         if self.on_fatal is not None:
             self.on_fatal(reason)
 
@@ -138,6 +182,7 @@ class LlmRuntime:
         return results
 
     def close(self):
+        self._closing.set()
         self.loop.close()
         self.runner.close()
         if self.agents is not None:
