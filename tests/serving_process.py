@@ -90,6 +90,16 @@ class ServingProcess:
         self._output.close()
 
 
+def wait_until(predicate, timeout, what):
+    """Polls `predicate()` until it holds; fails naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)  # ok-sleep: polling with a deadline
+    raise AssertionError(f"{what} not reached within {timeout} s")
+
+
 def wait_recovered(check, timeout: float) -> float:
     """Polls `check()` (exceptions count as not yet) until it is true; returns the seconds it took, or fails after
     `timeout` (a restarting service has no readiness signal the client sees)."""

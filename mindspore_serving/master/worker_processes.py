@@ -10,6 +10,7 @@ from typing import Callable, Dict, List, Optional
 
 from mindspore_serving import log
 from mindspore_serving.common.child_process import child_env
+from mindspore_serving.common.restart_budget import RestartBudget
 
 LOG_DIR = "serving_logs"
 MONITOR_INTERVAL = 0.05
@@ -91,7 +92,7 @@ class WorkerProcess:
     registered: threading.Event = field(default_factory=threading.Event)
     failure: Optional[str] = None
     starts: int = 0
-    restart_times: List[float] = field(default_factory=list)
+    restarts: RestartBudget = field(default_factory=lambda: RestartBudget(MAX_QUICK_RESTARTS, RESTART_WINDOW))
     expected_exit: bool = False
 
 
@@ -224,9 +225,7 @@ class WorkerProcesses:
             log.error(f"worker {plan.key} exited (code {code}); a distributed worker is not restarted, "
                       f"see {plan.log_path}")
             return
-        now = time.monotonic()
-        worker.restart_times = [t for t in worker.restart_times if now - t < RESTART_WINDOW] + [now]
-        if len(worker.restart_times) > MAX_QUICK_RESTARTS:
+        if not worker.restarts.spend():
             log.error(f"worker {plan.key} died {MAX_QUICK_RESTARTS} times within {RESTART_WINDOW:.0f} s; "
                       f"it is not restarted again, see {plan.log_path}")
             return

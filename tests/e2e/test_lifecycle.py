@@ -6,10 +6,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import psutil
-import pytest
 
 from mindspore_serving.client import Client
-from serving_process import ROOT, ServingProcess, free_port, start_server
+from serving_process import ROOT, ServingProcess, free_port, start_server, wait_until
 
 TEST_SERVABLES = os.path.join(ROOT, "tests", "servables")
 
@@ -17,15 +16,6 @@ TEST_SERVABLES = os.path.join(ROOT, "tests", "servables")
 def workers_of(proc):
     return [p for p in psutil.Process(proc.proc.pid).children(recursive=True)
             if any("start_worker" in part for part in p.cmdline())]
-
-
-def wait_until(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)  # ok-sleep: polling with a deadline
-    raise AssertionError(f"{what} not reached within {timeout} s")
 
 
 def test_killed_worker_fails_in_flight_requests_and_is_restarted(tmp_path):

@@ -10,26 +10,16 @@ import time
 
 import numpy as np
 import psutil
-import pytest
 import requests
 
 from mindspore_serving.client import Client
 from llm_setup import write_config, write_servable
-from serving_process import ROOT, start_server
+from serving_process import ROOT, start_server, wait_until
 
 SLOW_SERVABLE = os.path.join(ROOT, "tests", "servables", "slow")
 PROMPT = "And the king of"
 REFUSED_MARK = "refuse new requests"
 EXIT_MARGIN_S = 5.0
-
-
-def wait_until(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)  # ok-sleep: polling with a deadline
-    raise AssertionError(f"{what} not reached within {timeout} s")
 
 
 class Background:

@@ -11,6 +11,7 @@ from mindspore_serving.llm.model_io import PLACEHOLDER, SeqStep, run_greedy_step
 from mindspore_serving.llm.testing import FakeModelRunner
 from mindspore_serving.proto import agent_pb2
 from mindspore_serving.worker.llm.agent_client import AgentLost, _StepCall
+from grpc_fakes import FakeFuture
 
 
 def make_runner():
@@ -150,34 +151,10 @@ def test_the_agent_runs_a_step_on_the_tables_it_kept():
     assert runner.calls[-1][0] == decode
 
 
-class _Future:
-    """A finished (or never finishing) gRPC future as _StepCall sees it."""
-
-    def __init__(self, reply=None, error=None, done=True):
-        self.reply, self.error, self.done = reply, error, done
-        self.cancelled_by_caller = False
-
-    def add_done_callback(self, callback):
-        if self.done:
-            callback(self)
-
-    def cancelled(self):
-        return False
-
-    def exception(self):
-        return self.error
-
-    def result(self):
-        return self.reply
-
-    def cancel(self):
-        self.cancelled_by_caller = True
-
-
 def test_a_failed_step_makes_the_worker_send_whole_tables_again():
     failures = []
     call = _StepCall(0, lambda _call, failed: failures.append(failed))
-    call.start([_Future(agent_pb2.StepReply(step_id=1)), _Future(agent_pb2.StepReply(step_id=1, error="boom"))])
+    call.start([FakeFuture(agent_pb2.StepReply(step_id=1)), FakeFuture(agent_pb2.StepReply(step_id=1, error="boom"))])
     with pytest.raises(RuntimeError, match="agent rank 1 step failed: boom"):
         call.result()
     assert failures == [True]
@@ -186,9 +163,9 @@ def test_a_failed_step_makes_the_worker_send_whole_tables_again():
 def test_a_step_fails_at_once_when_one_rank_fails_while_another_never_answers():
     """A rank of a broken cluster blocks in its collective: the step must not wait for it."""
     failures = []
-    blocked = _Future(done=False)
+    blocked = FakeFuture(done=False)
     call = _StepCall(0, lambda _call, failed: failures.append(failed))
-    call.start([blocked, _Future(agent_pb2.StepReply(step_id=1, error="rank gone"))])
+    call.start([blocked, FakeFuture(agent_pb2.StepReply(step_id=1, error="rank gone"))])
     with pytest.raises(RuntimeError, match="rank gone"):
         call.result()
     assert failures == [True] and blocked.cancelled_by_caller
@@ -196,7 +173,7 @@ def test_a_step_fails_at_once_when_one_rank_fails_while_another_never_answers():
 
 def test_an_aborted_step_raises_the_reason_the_group_was_lost():
     call = _StepCall(0, lambda _call, failed: None)
-    call.start([_Future(done=False), _Future(done=False)])
+    call.start([FakeFuture(done=False), FakeFuture(done=False)])
     call.abort("LLM agent rank 1 is not responding")
     with pytest.raises(AgentLost, match="rank 1 is not responding"):
         call.result()

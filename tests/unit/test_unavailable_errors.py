@@ -29,6 +29,7 @@ from mindspore_serving.master.worker_registry import WorkerRecord, WorkerRegistr
 from mindspore_serving.proto import agent_pb2, ms_service_pb2, ms_service_pb2_grpc
 from mindspore_serving.spec.llm import GENERATE_METHOD, LLM_EXTENSION
 from mindspore_serving.worker.llm.agent_client import AgentLost, _StepCall
+from grpc_fakes import FakeFuture
 from test_llm_step_executor import ScriptedRunner, add, make_executor
 
 LOST = "LLM agent rank 1 of llama_tiny is gone (127.0.0.1:7101: UNAVAILABLE: Socket closed)"
@@ -47,28 +48,6 @@ class _RpcError(grpc.RpcError):
         return "<_MultiThreadedRendezvous of RPC that terminated with: status = StatusCode.UNAVAILABLE>"
 
 
-class _Future:
-    def __init__(self, reply=None, error=None, raise_on_result=None):
-        self.reply, self.error, self.raise_on_result = reply, error, raise_on_result
-
-    def add_done_callback(self, callback):
-        callback(self)
-
-    def cancelled(self):
-        return False
-
-    def exception(self):
-        return self.error
-
-    def result(self):
-        if self.raise_on_result is not None:
-            raise self.raise_on_result
-        return self.reply
-
-    def cancel(self):
-        pass
-
-
 def assert_no_repr(text):
     assert "<" not in text and "Rendezvous" not in text and "model step failed" not in text
 
@@ -85,7 +64,7 @@ def test_agent_lost_is_an_unavailable_error():
 
 def test_a_rank_that_fails_the_step_call_is_named_without_the_grpc_object():
     call = _StepCall(0, lambda _call, failed: None, "llama_tiny")
-    call.start([_Future(agent_pb2.StepReply(step_id=1)), _Future(error=_RpcError())])
+    call.start([FakeFuture(agent_pb2.StepReply(step_id=1)), FakeFuture(error=_RpcError())])
     with pytest.raises(AgentLost) as info:
         call.result()
     assert info.value.message == "LLM agent rank 1 of llama_tiny did not answer the step (UNAVAILABLE: Socket closed)"
@@ -94,7 +73,7 @@ def test_a_rank_that_fails_the_step_call_is_named_without_the_grpc_object():
 def test_rank_zero_failing_only_when_its_result_is_read_is_still_an_agent_lost():
     failures = []
     call = _StepCall(0, lambda _call, failed: failures.append(failed), "llama_tiny")
-    call.start([_Future(raise_on_result=_RpcError())])
+    call.start([FakeFuture(raise_on_result=_RpcError())])
     with pytest.raises(AgentLost) as info:
         call.result()
     assert info.value.message == "LLM agent rank 0 of llama_tiny did not answer the step (UNAVAILABLE: Socket closed)"

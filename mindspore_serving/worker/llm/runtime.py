@@ -8,6 +8,7 @@ import numpy as np
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
+from mindspore_serving.common.restart_budget import RestartBudget
 from mindspore_serving.ipc.llm_session import registration_facts
 from mindspore_serving.llm.engine import LLMEngine
 from mindspore_serving.llm.engine_loop import EngineLoop
@@ -48,7 +49,7 @@ class LlmRuntime:
         self.servicer = None
         self.loop = None
         self._closing = threading.Event()
-        self._restarts: List[float] = []
+        self._restarts = RestartBudget(MAX_AGENT_RESTARTS, AGENT_RESTART_WINDOW)
         self.tokenizer = TextTokenizer.from_file(self.config.model.tokenizer)
         self.runner = self._attach_or_start()
         self.loop = self._new_loop()
@@ -86,9 +87,7 @@ class LlmRuntime:
         if self.loop is None:  # lost while it started: the start-up fails anyway
             return
         self.loop.close(f"{reason}; the agents of {self.spec.name} are restarting")
-        now = time.monotonic()
-        self._restarts = [t for t in self._restarts if now - t < AGENT_RESTART_WINDOW] + [now]
-        if len(self._restarts) > MAX_AGENT_RESTARTS:
+        if not self._restarts.spend():
             self._fatal(f"{reason}; the agents were restarted {MAX_AGENT_RESTARTS} times within "
                         f"{AGENT_RESTART_WINDOW:.0f} s")
             return
