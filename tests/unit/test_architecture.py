@@ -72,3 +72,12 @@ def test_every_import_inside_a_function_gives_its_reason():
             if "#" not in line and not above.startswith("#"):
                 missing.append(f"{os.path.relpath(path, ROOT)}:{lineno}: {line.strip()}")
     assert not missing, "imports inside functions without a reason comment:\n" + "\n".join(sorted(set(missing)))
+
+
+def test_test_modules_have_unique_names():
+    """pytest imports test modules by their base name (the test folders are not packages): two files of one name in
+    different folders stop the whole run at collection."""
+    tests = os.path.join(ROOT, "tests")
+    names = [name for _, _, files in os.walk(tests) for name in files
+             if name.startswith("test_") and name.endswith(".py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
