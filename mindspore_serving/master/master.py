@@ -16,6 +16,8 @@ from mindspore_serving.master.control_service import MasterControlServicer
 from mindspore_serving.master.dispatcher import DEFAULT_MAX_ENQUEUED_REQUESTS, DEFAULT_REQUEST_TIMEOUT, Dispatcher
 from mindspore_serving.master.heartbeat import HeartbeatSettings, WorkerHeartbeat
 from mindspore_serving.master.llm_backend import DEFAULT_TOKEN_TIMEOUT, MasterLlmBackend
+from mindspore_serving.master.readiness import IDLE, SERVING, STARTING, STOPPING, Readiness
+from mindspore_serving.master.readiness import readiness as server_readiness
 from mindspore_serving.master.worker_processes import WorkerPlan, WorkerProcess, WorkerProcesses
 from mindspore_serving.master.worker_registry import WorkerRegistry
 from mindspore_serving.proto import internal_pb2_grpc
@@ -63,6 +65,7 @@ class Master:
         # "grpc" / "restful" -> object with stop_accepting() and async stop(grace) -> Counter of requests cut
         self.frontends = {}
         self.stopped = threading.Event()
+        self.phase = IDLE  # STARTING while start_servables runs, then SERVING (stop: STOPPING)
         self._control_server = self.run(self._start_control_server())
         self.heartbeat = WorkerHeartbeat(self.registry, _settings["heartbeat"], self._on_worker_unresponsive)
         self.loop.call_soon_threadsafe(self.heartbeat.start)
@@ -81,7 +84,14 @@ class Master:
         return server
 
     def start_workers(self, plans: List[WorkerPlan]):
+        self.phase = STARTING
         self.processes.start(plans)
+        self.phase = SERVING
+
+    def readiness(self) -> Readiness:
+        """Whether the server can serve every configured servable now, and why not (any thread)."""
+        phase = STOPPING if self.stopped.is_set() else self.phase
+        return server_readiness(phase, self.processes.planned(), self.registry.all())
 
     def _on_worker_death(self, worker: WorkerProcess):
         record = self.registry.remove(worker.plan.key)
