@@ -83,9 +83,9 @@ def _model_ready(state: Readiness, name: str, version: int) -> JSONResponse:
         return JSONResponse({"error": f"{label} is not found"}, status_code=404)
     if not ready:
         servable = state.servables[name]
-        why = servable.reason or f"no worker serves version {version}"
-        return JSONResponse({"error": f"{label} is not ready: {servable.state}" + (f" ({why})" if why else "")},
-                            status_code=400)
+        why = (f"{servable.state} ({servable.reason})" if not servable.ready
+               else f"no worker serves it (ready versions: {', '.join(map(str, servable.versions))})")
+        return JSONResponse({"error": f"{label} is not ready: {why}"}, status_code=400)
     return JSONResponse({"name": name, "ready": True})
 
 
