@@ -172,17 +172,26 @@ class GrpcFrontend:
         self.drain.accepting = False
 
     async def stop(self, grace: float) -> Counter:
+        """`drain_requests(grace)`, then `close()`; returns the calls cut, by kind."""
+        try:
+            return await self.drain_requests(grace)
+        finally:
+            await self.close()
+
+    async def drain_requests(self, grace: float) -> Counter:
         """Refuses new calls at once (UNAVAILABLE), lets those in flight finish within `grace` seconds, then cuts
-        the rest (UNAVAILABLE) and closes the port; returns the calls cut, by kind."""
+        the rest (UNAVAILABLE); returns the calls cut, by kind. The port stays open (health) until `close`."""
         if self.server is None:
             return collections.Counter()
         self.stop_accepting()
-        cut = None
-        try:
-            cut = await self.drain.finish(grace)
-        finally:
-            self.health.close()
-            # the calls cut had CUT_ANSWER_S to answer already; otherwise only answers being written are left
-            await self.server.stop(0 if cut is None or cut else CUT_ANSWER_S)
-            self.server = None
-        return cut
+        return await self.drain.finish(grace)
+
+    async def close(self):
+        """Ends the health Watch streams and closes the port; calls still running CUT_ANSWER_S later are
+        cancelled (the drain has cut them already)."""
+        if self.server is None:
+            return
+        self.health.close()
+        # calls still running were cut and had their CUT_ANSWER_S already; otherwise only answers being written
+        await self.server.stop(0 if self.drain.running() else CUT_ANSWER_S)
+        self.server = None

@@ -258,23 +258,32 @@ class RestfulFrontend:
             self.server.should_exit = True  # uvicorn closes idle connections, then waits for its tasks
 
     async def stop(self, grace: float) -> Counter:
+        """`drain(grace)`, then `close()`; returns the requests cut, by kind."""
+        try:
+            return await self.drain_requests(grace)
+        finally:
+            await self.close()
+
+    async def drain_requests(self, grace: float) -> Counter:
         """Refuses new requests at once (`stop_accepting`), lets those in flight finish within `grace` seconds,
-        then cuts the rest with the protocol's unavailable error and closes the port; returns the requests cut, by
-        kind."""
-        server = self.server
-        if server is None:
+        then cuts the rest with the protocol's unavailable error; returns the requests cut, by kind. The port
+        stays open (probes) until `close`."""
+        if self.server is None:
             return collections.Counter()
         self.stop_accepting()
+        return await self.drain.finish(grace)
+
+    async def close(self):
+        """Closes the port and the connections (those still busy CUT_ANSWER_S later are closed by force)."""
+        server = self.server
+        if server is None:
+            return
+        self._close_port()
         try:
-            cut = await self.drain.finish(grace)
-        finally:
-            self._close_port()
-            try:
-                await asyncio.wait_for(asyncio.shield(self._task), CUT_ANSWER_S)
-            except asyncio.TimeoutError:
-                log.warning(f"RESTful server: {len(server.server_state.tasks)} connection(s) still busy "
-                            f"{CUT_ANSWER_S:g} s after the cut; closing them")
-                server.force_exit = True
-                await self._task
-            self.server = None
-        return cut
+            await asyncio.wait_for(asyncio.shield(self._task), CUT_ANSWER_S)
+        except asyncio.TimeoutError:
+            log.warning(f"RESTful server: {len(server.server_state.tasks)} connection(s) still busy "
+                        f"{CUT_ANSWER_S:g} s after the cut; closing them")
+            server.force_exit = True
+            await self._task
+        self.server = None

@@ -62,7 +62,8 @@ class Master:
         self.dispatcher.request_timeout = _settings["request_timeout"]
         self.address = ipc.master_address()
         self.processes = WorkerProcesses(self.address, self._on_worker_death, self._on_all_workers_exited)
-        # "grpc" / "restful" -> object with stop_accepting() and async stop(grace) -> Counter of requests cut
+        # "grpc" / "restful" -> object with stop_accepting(), async drain_requests(grace) -> Counter of requests cut,
+        # and async close() (its port stays open until then, for the probes)
         self.frontends = {}
         self.stopped = threading.Event()
         self.phase = IDLE  # STARTING while start_servables runs, then SERVING (stop: STOPPING)
@@ -141,8 +142,13 @@ class Master:
         log.warning(f"Serving: the front ends ({', '.join(names)}) refuse new requests; requests in flight have "
                     f"{grace:g} s to finish")
         started = self.loop.time()
-        results = await asyncio.gather(*(self.frontends[name].stop(grace) for name in names),
+        results = await asyncio.gather(*(self.frontends[name].drain_requests(grace) for name in names),
                                        return_exceptions=True)
+        # the ports close together once every front end drained: until then probes see live and not ready
+        closed = await asyncio.gather(*(self.frontends[name].close() for name in names), return_exceptions=True)
+        for name, failure in zip(names, closed):
+            if isinstance(failure, BaseException):
+                log.error(f"closing the {name} server failed: {describe(failure)}")
         cut = collections.Counter()
         for name, result in zip(names, results):
             if isinstance(result, BaseException):
