@@ -1,5 +1,4 @@
 """The public gRPC front end: MSService.Predict, wire-compatible with MindSpore Serving."""
-import asyncio
 import collections
 from typing import Counter, Optional
 
@@ -13,6 +12,7 @@ from mindspore_serving.frontends.address import check_address, check_max_msg_mb_
 from mindspore_serving.frontends.drain import CUT_ANSWER_S, Drain, GuardedBackend, GuardedDispatcher
 from mindspore_serving.frontends.errors import grpc_error
 from mindspore_serving.frontends.grpc_llm import predict_stream
+from mindspore_serving.frontends.health import HealthServicer, always_ready
 from mindspore_serving.proto import ms_service_pb2, ms_service_pb2_grpc
 
 SERVICE_NAME = "mindspore.serving.proto.MSService"
@@ -127,7 +127,7 @@ def _credentials(ssl_config):
 
 class GrpcFrontend:
     def __init__(self, address: str, max_msg_mb_size: int, ssl_config, dispatcher, extra_servicers=(),
-                 llm_backend=None):
+                 llm_backend=None, readiness=None):
         check_max_msg_mb_size(max_msg_mb_size)
         if address.startswith("unix:"):
             check_unix_address(address)
@@ -140,6 +140,7 @@ class GrpcFrontend:
         self.extra_servicers = extra_servicers
         self.llm_backend = llm_backend
         self.drain = Drain()
+        self.health = HealthServicer(readiness or always_ready)  # grpc.health.v1, following the master's readiness
         self.server = None
 
     async def start(self):
@@ -148,6 +149,7 @@ class GrpcFrontend:
                    ("grpc.so_reuseport", 0)]
         server = grpc.aio.server(options=options)
         add_servicer(MSServiceServicer(self.dispatcher, self.llm_backend, self.drain), server)
+        self.health.add_to_server(server)
         for add in self.extra_servicers:
             add(server)
         failed = RuntimeError(f"Serving Error: Serving gRPC server start failed, create server failed, "
@@ -165,19 +167,31 @@ class GrpcFrontend:
         self.server = server
 
     def stop_accepting(self):
-        """New calls on open connections fail with UNAVAILABLE from now on (`stop` closes the port)."""
+        """New calls fail with UNAVAILABLE from now on; grpc.health.v1 still answers (NOT_SERVING) until `stop`
+        closes the port at the end of the grace period."""
         self.drain.accepting = False
 
     async def stop(self, grace: float) -> Counter:
-        """Refuses new calls at once (the port closes; new calls on open connections: UNAVAILABLE), lets those in
-        flight finish within `grace` seconds, then cuts the rest (UNAVAILABLE); returns the calls cut, by kind."""
+        """`drain_requests(grace)`, then `close()`; returns the calls cut, by kind."""
+        try:
+            return await self.drain_requests(grace)
+        finally:
+            await self.close()
+
+    async def drain_requests(self, grace: float) -> Counter:
+        """Refuses new calls at once (UNAVAILABLE), lets those in flight finish within `grace` seconds, then cuts
+        the rest (UNAVAILABLE); returns the calls cut, by kind. The port stays open (health) until `close`."""
         if self.server is None:
             return collections.Counter()
         self.stop_accepting()
-        stopping = asyncio.ensure_future(self.server.stop(grace + CUT_ANSWER_S))  # closes the port now
-        try:
-            cut = await self.drain.finish(grace)
-        finally:
-            await stopping
-            self.server = None
-        return cut
+        return await self.drain.finish(grace)
+
+    async def close(self):
+        """Ends the health Watch streams and closes the port; calls still running CUT_ANSWER_S later are
+        cancelled (the drain has cut them already)."""
+        if self.server is None:
+            return
+        self.health.close()
+        # calls still running were cut and had their CUT_ANSWER_S already; otherwise only answers being written
+        await self.server.stop(0 if self.drain.running() else CUT_ANSWER_S)
+        self.server = None

@@ -19,6 +19,7 @@ from mindspore_serving.common.tensor_codec import instances_to_proto, proto_to_i
 from mindspore_serving.frontends import restful_codec
 from mindspore_serving.frontends.drain import CUT_ANSWER_S, Drain, GuardedBackend, GuardedDispatcher, refusal_reply
 from mindspore_serving.frontends.errors import Protocol, classic_error, http_error, http_error_headers
+from mindspore_serving.frontends.health import always_ready, build_health_router, is_probe
 from mindspore_serving.frontends.replies import global_error
 from mindspore_serving.frontends.llm import build_llm_router, mindspore_generate_stream, sse
 from mindspore_serving.frontends.address import check_address, check_max_msg_mb_size
@@ -28,10 +29,12 @@ _JSON_HEADERS = [(b"content-type", restful_codec.CONTENT_TYPE.encode())]
 GENERATE_STREAM = "generate_stream"
 
 
-def build_docs_app(llm_backend=None) -> FastAPI:
-    """The FastAPI app: documents the classic route and serves the rest (with the LLM protocols when given a
-    backend: OpenAI, TGI and MindSpore LLM-serving routes)."""
+def build_docs_app(llm_backend=None, readiness=None) -> FastAPI:
+    """The FastAPI app: documents the classic route and serves the rest: the health and readiness probes (from
+    `readiness()`, the master's; ready when not given), and the LLM protocols when given a backend (OpenAI, TGI
+    and MindSpore LLM-serving routes)."""
     app = FastAPI(title="MindSpore Serving", description="RESTful access to served models")
+    app.include_router(build_health_router(readiness or always_ready))
     if llm_backend is not None:
         app.include_router(build_llm_router(llm_backend, health_route=False))
 
@@ -48,16 +51,13 @@ def build_docs_app(llm_backend=None) -> FastAPI:
     async def _predict_version_doc(servable_name: str, version: int, method_name: str, body: dict = Body(...)):
         """As the route without version; version 0 means the newest."""
 
-    @app.get("/health", summary="Liveness of the server")
-    async def _health():
-        return {"status": "ok"}
-
     return app
 
 
 class RestfulApp:
     """ASGI entry: classic predict calls are handled here, the rest by the FastAPI app. Every HTTP request is
-    counted in `drain` while it runs, and refused with 503 once the server is stopping."""
+    counted in `drain` while it runs, and refused with 503 once the server is stopping (probes aside: they are
+    answered throughout and not counted)."""
 
     def __init__(self, dispatcher, max_bytes: int, fallback, llm_backend=None, drain: Optional[Drain] = None):
         self.drain = drain or Drain()
@@ -80,6 +80,9 @@ class RestfulApp:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
+            await self.fallback(scope, receive, send)
+            return
+        if is_probe(scope["path"]):
             await self.fallback(scope, receive, send)
             return
         if not self.drain.accepting:
@@ -207,7 +210,7 @@ def _with_tcp_proto(sock: socket.socket) -> socket.socket:
 
 class RestfulFrontend:
     def __init__(self, address: str, max_msg_mb_size: int, ssl_config, dispatcher, app: FastAPI = None,
-                 llm_backend=None):
+                 llm_backend=None, readiness=None):
         check_max_msg_mb_size(max_msg_mb_size)
         if address.startswith("unix:"):
             raise RuntimeError("Serving Error: RESTful server does not support binding to unix domain socket")
@@ -217,7 +220,7 @@ class RestfulFrontend:
         self.drain = Drain()
         if llm_backend is not None:
             llm_backend = GuardedBackend(llm_backend, self.drain)
-        self.app = RestfulApp(dispatcher, max_msg_mb_size * 1024 * 1024, app or build_docs_app(llm_backend),
+        self.app = RestfulApp(dispatcher, max_msg_mb_size * 1024 * 1024, app or build_docs_app(llm_backend, readiness),
                               llm_backend, self.drain)
         self.config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning",
                                      timeout_keep_alive=100, access_log=False, lifespan="off",
@@ -244,29 +247,43 @@ class RestfulFrontend:
         self.server = server
 
     def stop_accepting(self):
-        """Closes the port; new requests on open connections get 503 in their protocol's shape from now on."""
+        """New requests get 503 in their protocol's shape from now on; the port stays open until the grace period
+        ends, so that probes still see the server live (and not ready)."""
         self.drain.accepting = False
+
+    def _close_port(self):
         if self.server is not None:
             for listener in self.server.servers:
                 listener.close()
             self.server.should_exit = True  # uvicorn closes idle connections, then waits for its tasks
 
     async def stop(self, grace: float) -> Counter:
+        """`drain(grace)`, then `close()`; returns the requests cut, by kind."""
+        try:
+            return await self.drain_requests(grace)
+        finally:
+            await self.close()
+
+    async def drain_requests(self, grace: float) -> Counter:
         """Refuses new requests at once (`stop_accepting`), lets those in flight finish within `grace` seconds,
-        then cuts the rest with the protocol's unavailable error; returns the requests cut, by kind."""
-        server = self.server
-        if server is None:
+        then cuts the rest with the protocol's unavailable error; returns the requests cut, by kind. The port
+        stays open (probes) until `close`."""
+        if self.server is None:
             return collections.Counter()
         self.stop_accepting()
+        return await self.drain.finish(grace)
+
+    async def close(self):
+        """Closes the port and the connections (those still busy CUT_ANSWER_S later are closed by force)."""
+        server = self.server
+        if server is None:
+            return
+        self._close_port()
         try:
-            cut = await self.drain.finish(grace)
-        finally:
-            try:
-                await asyncio.wait_for(asyncio.shield(self._task), CUT_ANSWER_S)
-            except asyncio.TimeoutError:
-                log.warning(f"RESTful server: {len(server.server_state.tasks)} connection(s) still busy "
-                            f"{CUT_ANSWER_S:g} s after the cut; closing them")
-                server.force_exit = True
-                await self._task
-            self.server = None
-        return cut
+            await asyncio.wait_for(asyncio.shield(self._task), CUT_ANSWER_S)
+        except asyncio.TimeoutError:
+            log.warning(f"RESTful server: {len(server.server_state.tasks)} connection(s) still busy "
+                        f"{CUT_ANSWER_S:g} s after the cut; closing them")
+            server.force_exit = True
+            await self._task
+        self.server = None

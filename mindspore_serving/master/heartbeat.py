@@ -5,6 +5,8 @@ its requests would wait for ever. Like MindSpore Serving, the master pings every
 seconds (WorkerService.Ping, answered by the worker's RPC threads beside any running request); after `misses`
 pings in a row go unanswered within `interval`, the worker counts as not responding and `on_unresponsive(record,
 reason)` is called once for it (the master then kills it: its requests fail, and it is restarted).
+Each answer also says whether the worker can serve now (`PingReply.not_ready`, kept on its record for the
+master's readiness): an LLM worker stays registered while its agents restart, but is not ready meanwhile.
 """
 import asyncio
 from dataclasses import dataclass
@@ -73,8 +75,9 @@ class WorkerHeartbeat:
     async def _ping(self, record: WorkerRecord):
         key = (record.key, record.pid)
         try:
-            await record.stub.Ping(internal_pb2.Empty(), timeout=self.settings.interval)
+            reply = await record.stub.Ping(internal_pb2.Empty(), timeout=self.settings.interval)
             self._missed.pop(key, None)
+            record.not_ready = reply.not_ready  # an LLM worker's agents restarting: alive, but not ready
             return
         except grpc.aio.AioRpcError as err:
             if err.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):

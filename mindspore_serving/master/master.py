@@ -16,6 +16,8 @@ from mindspore_serving.master.control_service import MasterControlServicer
 from mindspore_serving.master.dispatcher import DEFAULT_MAX_ENQUEUED_REQUESTS, DEFAULT_REQUEST_TIMEOUT, Dispatcher
 from mindspore_serving.master.heartbeat import HeartbeatSettings, WorkerHeartbeat
 from mindspore_serving.master.llm_backend import DEFAULT_TOKEN_TIMEOUT, MasterLlmBackend
+from mindspore_serving.master.readiness import IDLE, SERVING, STARTING, STOPPING, Readiness
+from mindspore_serving.master.readiness import readiness as server_readiness
 from mindspore_serving.master.worker_processes import WorkerPlan, WorkerProcess, WorkerProcesses
 from mindspore_serving.master.worker_registry import WorkerRegistry
 from mindspore_serving.proto import internal_pb2_grpc
@@ -60,9 +62,11 @@ class Master:
         self.dispatcher.request_timeout = _settings["request_timeout"]
         self.address = ipc.master_address()
         self.processes = WorkerProcesses(self.address, self._on_worker_death, self._on_all_workers_exited)
-        # "grpc" / "restful" -> object with stop_accepting() and async stop(grace) -> Counter of requests cut
+        # "grpc" / "restful" -> object with stop_accepting(), async drain_requests(grace) -> Counter of requests cut,
+        # and async close() (its port stays open until then, for the probes)
         self.frontends = {}
         self.stopped = threading.Event()
+        self.phase = IDLE  # STARTING while start_servables runs, then SERVING (stop: STOPPING)
         self._control_server = self.run(self._start_control_server())
         self.heartbeat = WorkerHeartbeat(self.registry, _settings["heartbeat"], self._on_worker_unresponsive)
         self.loop.call_soon_threadsafe(self.heartbeat.start)
@@ -81,7 +85,14 @@ class Master:
         return server
 
     def start_workers(self, plans: List[WorkerPlan]):
+        self.phase = STARTING
         self.processes.start(plans)
+        self.phase = SERVING
+
+    def readiness(self) -> Readiness:
+        """Whether the server can serve every configured servable now, and why not (any thread)."""
+        phase = STOPPING if self.stopped.is_set() else self.phase
+        return server_readiness(phase, self.processes.planned(), self.registry.all())
 
     def _on_worker_death(self, worker: WorkerProcess):
         record = self.registry.remove(worker.plan.key)
@@ -131,8 +142,13 @@ class Master:
         log.warning(f"Serving: the front ends ({', '.join(names)}) refuse new requests; requests in flight have "
                     f"{grace:g} s to finish")
         started = self.loop.time()
-        results = await asyncio.gather(*(self.frontends[name].stop(grace) for name in names),
+        results = await asyncio.gather(*(self.frontends[name].drain_requests(grace) for name in names),
                                        return_exceptions=True)
+        # the ports close together once every front end drained: until then probes see live and not ready
+        closed = await asyncio.gather(*(self.frontends[name].close() for name in names), return_exceptions=True)
+        for name, failure in zip(names, closed):
+            if isinstance(failure, BaseException):
+                log.error(f"closing the {name} server failed: {describe(failure)}")
         cut = collections.Counter()
         for name, result in zip(names, results):
             if isinstance(result, BaseException):

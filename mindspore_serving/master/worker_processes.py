@@ -11,6 +11,7 @@ from typing import Callable, Dict, List, Optional
 from mindspore_serving import log
 from mindspore_serving.common.child_process import child_env
 from mindspore_serving.common.restart_budget import RestartBudget
+from mindspore_serving.master.readiness import PlannedWorker
 
 LOG_DIR = "serving_logs"
 MONITOR_INTERVAL = 0.05
@@ -156,6 +157,14 @@ class WorkerProcesses:
                                        f"device id:{worker.plan.device_id}, no registration within "
                                        f"{worker.plan.start_timeout} s}}")
         self.ensure_monitor()
+
+    def planned(self) -> List[PlannedWorker]:
+        """The workers this master runs, for its readiness (a worker given up has no process any more)."""
+        with self._lock:
+            workers = list(self.workers.values())
+        return [PlannedWorker(key=w.plan.key, servable_name=w.plan.servable_name,
+                              running=w.process is not None or w.starts == 0,
+                              starts=w.starts) for w in workers]
 
     # ---- notices from workers (called from the control service) ----
     def find(self, key: str) -> Optional[WorkerProcess]:

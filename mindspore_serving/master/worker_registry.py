@@ -22,6 +22,7 @@ class WorkerRecord:
     outstanding: int = 0                       # instances queued or sent and not yet answered
     served: int = 0                            # request chunks answered since registration
     lost_reason: Optional[str] = None          # why the master gave up on it (not responding), once it did
+    not_ready: str = ""                        # why it cannot serve now though alive (its last heartbeat's answer)
     queues: Dict[str, Any] = field(default_factory=dict, repr=False)  # method -> the dispatcher's queue
     _input_names: Dict[str, List[str]] = field(default_factory=dict, repr=False)
 

@@ -205,7 +205,7 @@ class WorkerServiceStub:
         self.Ping = channel.unary_unary(
                 '/mindspore_serving.internal.WorkerService/Ping',
                 request_serializer=internal__pb2.Empty.SerializeToString,
-                response_deserializer=internal__pb2.Empty.FromString,
+                response_deserializer=internal__pb2.PingReply.FromString,
                 _registered_method=True)
 
 
@@ -246,7 +246,7 @@ def add_WorkerServiceServicer_to_server(servicer, server):
             'Ping': grpc.unary_unary_rpc_method_handler(
                     servicer.Ping,
                     request_deserializer=internal__pb2.Empty.FromString,
-                    response_serializer=internal__pb2.Empty.SerializeToString,
+                    response_serializer=internal__pb2.PingReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -329,7 +329,7 @@ class WorkerService:
             target,
             '/mindspore_serving.internal.WorkerService/Ping',
             internal__pb2.Empty.SerializeToString,
-            internal__pb2.Empty.FromString,
+            internal__pb2.PingReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -60,7 +60,8 @@ def _start_frontend(kind: str, label: str, frontend_class, address, max_msg_mb_s
     master = get_master()
     if kind in master.frontends:
         raise RuntimeError(f"Serving Error: {label} is already running")
-    frontend = frontend_class(address, max_msg_mb_size, ssl_config, master.dispatcher, llm_backend=master.llm_backend)
+    frontend = frontend_class(address, max_msg_mb_size, ssl_config, master.dispatcher, llm_backend=master.llm_backend,
+                              readiness=master.readiness)
     master.run(frontend.start())
     master.frontends[kind] = frontend
     print(f"Serving: {label} start success, listening on {address}", flush=True)

@@ -59,6 +59,10 @@ class ServableRuntime:
     def add_servicers(self, server):
         """gRPC services this runtime adds to its worker's server besides WorkerService (none)."""
 
+    def not_ready(self) -> str:
+        """Why this runtime cannot serve now though its worker is registered: never, once loaded."""
+        return ""
+
     def end_streams(self, timeout: float):
         """Called before the worker's server stops; classic servables keep no long-lived streams."""
 

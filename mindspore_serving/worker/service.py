@@ -75,4 +75,5 @@ class WorkerServicer(internal_pb2_grpc.WorkerServiceServicer):
         return internal_pb2.Empty()
 
     def Ping(self, request, context):
-        return internal_pb2.Empty()
+        """The heartbeat; its answer carries why the worker cannot serve now, if it cannot (the master's readiness)."""
+        return internal_pb2.PingReply(not_ready=self.runtime.not_ready())

@@ -7,6 +7,7 @@ import pytest
 
 from mindspore_serving.master.heartbeat import HeartbeatSettings, WorkerHeartbeat
 from mindspore_serving.master.worker_registry import WorkerRecord, WorkerRegistry
+from mindspore_serving.proto import internal_pb2
 
 
 class _Unanswered(grpc.aio.AioRpcError):
@@ -19,6 +20,7 @@ class FakeStub:
         self.hung = False
         self.refuses = False
         self.pings = 0
+        self.not_ready = ""
 
     async def Ping(self, request, timeout):  # pylint: disable=invalid-name
         self.pings += 1
@@ -27,6 +29,7 @@ class FakeStub:
             raise _Unanswered(grpc.StatusCode.DEADLINE_EXCEEDED)
         if self.refuses:
             raise _Unanswered(grpc.StatusCode.INTERNAL)
+        return internal_pb2.PingReply(not_ready=self.not_ready)
 
 
 def worker(registry, key):
@@ -60,3 +63,27 @@ def test_a_hung_worker_is_given_up_once_after_its_misses_and_the_others_are_left
     assert f"pid {hung.pid}) is not responding ({misses} heartbeats" in given_up[0][1]
     assert hung.lost_reason == given_up[0][1] and fine.lost_reason is None and erring.lost_reason is None
     assert hung.stub.pings <= pings + 1  # at most one started before it was given up, none after
+
+
+def test_each_answer_says_whether_the_worker_can_serve_now():
+    registry = WorkerRegistry()
+    llm = worker(registry, "llm")
+    settings = HeartbeatSettings(interval=0.01, misses=3)
+
+    async def until_pinged(pings):
+        while llm.stub.pings < pings:
+            await asyncio.sleep(0.005)
+
+    async def scenario():
+        heartbeat = WorkerHeartbeat(registry, settings, lambda record, reason: None)
+        heartbeat.start()
+        llm.stub.not_ready = "the agents of llm are restarting"
+        await until_pinged(2)
+        restarting = llm.not_ready
+        llm.stub.not_ready = ""
+        await until_pinged(llm.stub.pings + 2)
+        await heartbeat.stop()
+        return restarting
+
+    assert asyncio.run(scenario()) == "the agents of llm are restarting"
+    assert llm.not_ready == ""

@@ -25,7 +25,7 @@ def test_uvloop_by_default_and_asyncio_on_request(monkeypatch):
 
 class _Worker(internal_pb2_grpc.WorkerServiceServicer):
     async def Ping(self, request, context):  # pylint: disable=invalid-name
-        return internal_pb2.Empty()
+        return internal_pb2.PingReply()
 
 
 def test_grpc_aio_server_and_client_on_the_master_loop(tmp_path):

@@ -50,6 +50,7 @@ class LlmRuntime:
         self.loop = None
         self._closing = threading.Event()
         self._restarts = RestartBudget(MAX_AGENT_RESTARTS, AGENT_RESTART_WINDOW)
+        self._restarting: str = ""  # why the agents are restarting, while they are
         self.tokenizer = TextTokenizer.from_file(self.config.model.tokenizer)
         self.runner = self._attach_or_start()
         self.loop = self._new_loop()
@@ -86,7 +87,8 @@ class LlmRuntime:
         unavailable); only what died is reloaded. Too many restarts in a row end the worker instead."""
         if self.loop is None:  # lost while it started: the start-up fails anyway
             return
-        self.loop.close(f"{reason}; the agents of {self.spec.name} are restarting")
+        self._restarting = f"{reason}; the agents of {self.spec.name} are restarting"
+        self.loop.close(self._restarting)
         if not self._restarts.spend():
             self._fatal(f"{reason}; the agents were restarted {MAX_AGENT_RESTARTS} times within "
                         f"{AGENT_RESTART_WINDOW:.0f} s")
@@ -113,6 +115,7 @@ class LlmRuntime:
                 self.agents.stop()
             return
         self.loop = self._new_loop()
+        self._restarting = ""
         log.warning(f"the agents of {self.spec.name} are back after {time.monotonic() - started:.1f} s")
 
     def _fatal(self, reason: str):
@@ -123,6 +126,10 @@ class LlmRuntime:
         """The generation streams (LlmWorker) beside WorkerService."""
         self.servicer = LlmWorkerServicer(self)
         llm_worker_pb2_grpc.add_LlmWorkerServicer_to_server(self.servicer, server)
+
+    def not_ready(self) -> str:
+        """Why the servable cannot serve now though the worker is registered: its agents are restarting."""
+        return self._restarting
 
     def end_streams(self, timeout: float):
         """Lets the master's sessions end once their requests are done (at most `timeout` s), so that the

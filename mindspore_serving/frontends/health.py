@@ -1,0 +1,144 @@
+"""Liveness and readiness probes on both front ends, answered from the master's readiness (master/readiness.py).
+
+REST (answered while the server drains too, and never counted as requests in flight):
+
+    GET /health                               live: 200 {"status": "ok"} whenever the master answers
+    GET /ready                                200 or 503, the body says why: {"ready", "phase", "servables", ...}
+    GET /v2/health/live                       KServe v2: 200 {"live": true}
+    GET /v2/health/ready                      KServe v2: 200 {"ready": true}, or 400 {"error": <why not>}
+    GET /v2/models/<name>[/versions/<v>]/ready  KServe v2: 200, 400 {"error"} when not ready, 404 when unknown
+
+gRPC: grpc.health.v1.Health on the public port. The service "" (and MSService's name) is SERVING when the
+server is ready; a servable's name is SERVING when that servable is; another name is NOT_FOUND (Watch:
+SERVICE_UNKNOWN). Watch streams send each change, polled every WATCH_INTERVAL seconds.
+"""
+import asyncio
+from typing import Callable
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from mindspore_serving.master.readiness import SERVING, Readiness
+
+WATCH_INTERVAL = 0.2
+PROBE_PATHS = frozenset(("/health", "/ready", "/v2/health/live", "/v2/health/ready"))
+GRPC_SERVICE_NAMES = ("", "mindspore.serving.proto.MSService")  # the whole server
+
+ReadinessSource = Callable[[], Readiness]
+
+
+def always_ready() -> Readiness:
+    """The readiness of a front end started without a master (tests): always ready."""
+    return Readiness(True, SERVING)
+
+
+def is_probe(path: str) -> bool:
+    """A probe route: answered even while the server drains (a load balancer must see live, not ready)."""
+    return path in PROBE_PATHS or (path.startswith("/v2/models/") and path.endswith("/ready"))
+
+
+def build_health_router(readiness: ReadinessSource) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health", summary="Liveness: 200 whenever the server answers")
+    async def _health():
+        return {"status": "ok"}
+
+    @router.get("/ready", summary="Readiness: 200 when every servable can serve, else 503; the body says why")
+    async def _ready():
+        state = readiness()
+        return JSONResponse(state.to_json(), status_code=200 if state.ready else 503)
+
+    @router.get("/v2/health/live", summary="KServe v2 server liveness")
+    async def _v2_live():
+        return {"live": True}
+
+    @router.get("/v2/health/ready", summary="KServe v2 server readiness: 200, or 400 when not ready")
+    async def _v2_ready():
+        state = readiness()
+        if state.ready:
+            return {"ready": True}
+        return JSONResponse({"error": state.reason}, status_code=400)
+
+    @router.get("/v2/models/{name}/ready", summary="KServe v2 model readiness: 200, 400 when not ready, 404 unknown")
+    async def _v2_model_ready(name: str):
+        return _model_ready(readiness(), name, 0)
+
+    @router.get("/v2/models/{name}/versions/{version}/ready", summary="KServe v2 readiness of one model version")
+    async def _v2_model_version_ready(name: str, version: str):
+        if not version.isdigit():
+            return JSONResponse({"error": f"Request model {name} version {version}: the version is not an unsigned "
+                                          f"integer"}, status_code=400)
+        return _model_ready(readiness(), name, int(version))
+
+    return router
+
+
+def _model_ready(state: Readiness, name: str, version: int) -> JSONResponse:
+    ready = state.model_ready(name, version)
+    label = f"model {name}" + (f" version {version}" if version else "")
+    if ready is None:
+        return JSONResponse({"error": f"{label} is not found"}, status_code=404)
+    if not ready:
+        servable = state.servables[name]
+        why = (f"{servable.state} ({servable.reason})" if not servable.ready
+               else f"no worker serves it (ready versions: {', '.join(map(str, servable.versions))})")
+        return JSONResponse({"error": f"{label} is not ready: {why}"}, status_code=400)
+    return JSONResponse({"name": name, "ready": True})
+
+
+_Status = health_pb2.HealthCheckResponse.ServingStatus
+
+
+def grpc_status(state: Readiness, service: str):
+    """The grpc.health.v1 status of `service` ("" or MSService: the server; a servable's name: that servable),
+    None for an unknown service."""
+    if service in GRPC_SERVICE_NAMES:
+        ready = state.ready
+    else:
+        ready = state.model_ready(service)
+        if ready is None:
+            return None
+    return _Status.SERVING if ready else _Status.NOT_SERVING
+
+
+class HealthServicer(health_pb2_grpc.HealthServicer):
+    """grpc.health.v1.Health, whose statuses follow the master's readiness (computed on each call)."""
+
+    def __init__(self, readiness: ReadinessSource):
+        self.readiness = readiness
+        self._closed = asyncio.Event()
+
+    def add_to_server(self, server):
+        health_pb2_grpc.add_HealthServicer_to_server(self, server)
+
+    def close(self):
+        """Ends the Watch streams (the server stops after its drain)."""
+        self._closed.set()
+
+    async def Check(self, request, context):  # pylint: disable=invalid-name
+        status = grpc_status(self.readiness(), request.service)
+        if status is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
+        return health_pb2.HealthCheckResponse(status=status)
+
+    async def List(self, request, context):  # pylint: disable=invalid-name
+        state = self.readiness()
+        names = list(GRPC_SERVICE_NAMES) + list(state.servables)
+        return health_pb2.HealthListResponse(statuses={
+            name: health_pb2.HealthCheckResponse(status=grpc_status(state, name)) for name in names})
+
+    async def Watch(self, request, context):  # pylint: disable=invalid-name
+        last = None
+        while not self._closed.is_set():
+            status = grpc_status(self.readiness(), request.service)
+            status = _Status.SERVICE_UNKNOWN if status is None else status
+            if status != last:
+                last = status
+                yield health_pb2.HealthCheckResponse(status=status)
+            try:
+                await asyncio.wait_for(self._closed.wait(), WATCH_INTERVAL)
+            except asyncio.TimeoutError:
+                pass
