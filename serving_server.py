@@ -1,7 +1,7 @@
 """Serves the bundled servables: gRPC on 127.0.0.1:5500 and RESTful on 127.0.0.1:1500 by default.
 
     python serving_server.py [--grpc 127.0.0.1:5500] [--rest 127.0.0.1:1500] [--servables add,lenet] [--device_type CPU]
-                             [--grace 10]
+                             [--grace 10] [--metrics 127.0.0.1:9090]
 
 Ctrl-C or SIGTERM stops both front ends at once (new requests are refused), gives requests in flight --grace
 seconds to finish, answers those still running with an unavailable error, then ends every worker.
@@ -26,6 +26,8 @@ def main():
     parser.add_argument("--device_ids", default="0", help="comma-separated device ids")
     parser.add_argument("--grace", type=float, default=10.0,
                         help="seconds requests in flight get to finish on SIGTERM/Ctrl-C (default 10)")
+    parser.add_argument("--metrics", default="", help="ip:port of a separate Prometheus /metrics port (the RESTful "
+                                                      "port serves /metrics too)")
     args = parser.parse_args()
     server.master.context.set_stop_grace(args.grace)
 
@@ -38,6 +40,8 @@ def main():
         server.start_grpc_server(args.grpc)
     if args.rest:
         server.start_restful_server(args.rest)
+    if args.metrics:
+        server.start_metrics_server(args.metrics)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ import ssl
 from typing import Counter, Optional
 
 import uvicorn
-from fastapi import Body, FastAPI
+from fastapi import Body, FastAPI, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
@@ -52,6 +53,14 @@ def build_docs_app(llm_backend=None, readiness=None) -> FastAPI:
         """As the route without version; version 0 means the newest."""
 
     return app
+
+
+def add_metrics_route(app: FastAPI, collector) -> None:
+    """GET /metrics: one scrape of the master's metrics, workers' included (master/metrics.py)."""
+
+    @app.get("/metrics", summary="Prometheus metrics", include_in_schema=False)
+    async def _metrics():
+        return Response(await collector.render(), media_type=CONTENT_TYPE_LATEST)
 
 
 class RestfulApp:
@@ -210,7 +219,7 @@ def _with_tcp_proto(sock: socket.socket) -> socket.socket:
 
 class RestfulFrontend:
     def __init__(self, address: str, max_msg_mb_size: int, ssl_config, dispatcher, app: FastAPI = None,
-                 llm_backend=None, readiness=None):
+                 llm_backend=None, readiness=None, metrics=None):
         check_max_msg_mb_size(max_msg_mb_size)
         if address.startswith("unix:"):
             raise RuntimeError("Serving Error: RESTful server does not support binding to unix domain socket")
@@ -220,8 +229,10 @@ class RestfulFrontend:
         self.drain = Drain()
         if llm_backend is not None:
             llm_backend = GuardedBackend(llm_backend, self.drain)
-        self.app = RestfulApp(dispatcher, max_msg_mb_size * 1024 * 1024, app or build_docs_app(llm_backend, readiness),
-                              llm_backend, self.drain)
+        app = app or build_docs_app(llm_backend, readiness)
+        if metrics is not None:
+            add_metrics_route(app, metrics)
+        self.app = RestfulApp(dispatcher, max_msg_mb_size * 1024 * 1024, app, llm_backend, self.drain)
         self.config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning",
                                      timeout_keep_alive=100, access_log=False, lifespan="off",
                                      **_ssl_context_kwargs(ssl_config))

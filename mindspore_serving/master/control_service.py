@@ -25,6 +25,7 @@ class MasterControlServicer(internal_pb2_grpc.MasterControlServicer):
                               servable_name=request.servable_name, version_number=request.version_number,
                               batch_size=max(1, request.batch_size),
                               methods={m.name: m for m in request.methods}, extensions=dict(request.extensions),
+                              device_id=request.device_id,
                               stub=internal_pb2_grpc.WorkerServiceStub(channel), channel=channel)
         old = self.registry.add(record)
         if old is not None and old.channel is not None:

@@ -24,7 +24,9 @@ import grpc
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
+from mindspore_serving.common.metrics import SERVER_ERROR, outcome_of_answers, outcome_of_code
 from mindspore_serving.common.tensor_codec import check_instance, check_tensor
+from mindspore_serving.master.metrics import MasterMetrics
 from mindspore_serving.master.worker_registry import WorkerRecord, WorkerRegistry, request_repr
 from mindspore_serving.proto import internal_pb2
 from mindspore_serving.spec.llm import LLM_EXTENSION
@@ -57,7 +59,7 @@ class LoopClock:
 class _Chunk:
     """Instances of one public request bound for one worker call, the future of their answers and the request's
     deadline (clock time, or None)."""
-    __slots__ = ("spec", "instances", "future", "nbytes", "deadline")
+    __slots__ = ("spec", "instances", "future", "nbytes", "deadline", "queued_at")
 
     def __init__(self, spec, instances: Sequence, future: "asyncio.Future", deadline: Optional[float] = None):
         self.spec = spec
@@ -65,13 +67,15 @@ class _Chunk:
         self.future = future
         self.nbytes = sum(instance.ByteSize() for instance in instances)
         self.deadline = deadline
+        self.queued_at = 0.0
 
 
 class _WorkerQueue:
     """Chunks waiting for one worker and method, and that worker's calls in flight for it."""
 
-    def __init__(self, dispatcher: "Dispatcher", worker: WorkerRecord):
+    def __init__(self, dispatcher: "Dispatcher", worker: WorkerRecord, method_name: str = ""):
         self.dispatcher = dispatcher
+        self.stats = dispatcher.metrics.method(worker.servable_name, worker.version_number, method_name)
         self.worker = worker
         self.clock = dispatcher.clock
         self.continuous = LLM_EXTENSION in worker.extensions  # the worker batches continuously (see the module)
@@ -90,6 +94,7 @@ class _WorkerQueue:
         self.tasks = set()          # the calls in flight (a task needs a reference until it is done)
 
     def put(self, item: _Chunk):
+        item.queued_at = self.clock.now()
         self.pending.append(item)
         self.pending_count += len(item.instances)
         self.arrived = True
@@ -184,8 +189,10 @@ class _WorkerQueue:
         spec.method_name = first.method_name
         spec.version_number = worker.version_number
         instances = request.request.instances
+        now, queue_time = self.clock.now(), self.stats.queue
         for item in chunks:
             instances.extend(item.instances)
+            queue_time.observe(now - item.queued_at)
         request.request_sizes.extend([len(item.instances) for item in chunks])
         # the call lasts as long as the latest of its requests may: none is cut before its own deadline
         deadlines = [item.deadline for item in chunks]
@@ -260,8 +267,9 @@ def _split_reply(worker: WorkerRecord, reply, chunks: List[_Chunk], count: int):
 
 
 class Dispatcher:
-    def __init__(self, registry: WorkerRegistry, clock=None):
+    def __init__(self, registry: WorkerRegistry, clock=None, metrics: Optional[MasterMetrics] = None):
         self.registry = registry
+        self.metrics = metrics if metrics is not None else MasterMetrics()
         self.clock = clock if clock is not None else LoopClock()
         self.max_enqueued_requests = DEFAULT_MAX_ENQUEUED_REQUESTS
         self.request_timeout = DEFAULT_REQUEST_TIMEOUT
@@ -276,24 +284,40 @@ class Dispatcher:
         if not instances:
             raise errors.InvalidInputs("Instances count of request cannot be 0")
         if self.enqueued >= self.max_enqueued_requests:
+            self.metrics.rejected += 1
             raise errors.ServingError(errors.FAILED, f"Serving Error: enqueued requests count exceeds the limit "
                                                      f"{self.max_enqueued_requests}")
         if timeout is None:
             timeout = self.request_timeout or None
+        # an unknown servable or method is refused before it is counted: clients do not make new label values
+        candidates = self.registry.candidates(spec.name, spec.method_name, spec.version_number)
+        stats = self.metrics.method(spec.name, candidates[0].version_number, spec.method_name)
+        started = self.clock.now()
+        outcome = SERVER_ERROR
         self.enqueued += 1
         try:
             if timeout is None:
-                return await self._predict(spec, instances, None)
-            try:
-                return await asyncio.wait_for(self._predict(spec, instances, self.clock.now() + timeout), timeout)
-            except asyncio.TimeoutError:
-                raise errors.Failed(f"Request {request_repr(spec.name, spec.method_name, spec.version_number)}, "
-                                    f"deadline of {timeout:g} s exceeded") from None
+                answers = await self._predict(spec, candidates, instances, None)
+            else:
+                try:
+                    answers = await asyncio.wait_for(
+                        self._predict(spec, candidates, instances, self.clock.now() + timeout), timeout)
+                except asyncio.TimeoutError:
+                    raise errors.Failed(f"Request {request_repr(spec.name, spec.method_name, spec.version_number)}, "
+                                        f"deadline of {timeout:g} s exceeded") from None
+            outcome = outcome_of_answers(answers)
+            return answers
+        except errors.ServingError as err:
+            outcome = outcome_of_code(err.code)
+            raise
         finally:
             self.enqueued -= 1
+            stats.outcomes[outcome] += 1
+            stats.latency.observe(self.clock.now() - started)
+            stats.instances.observe(len(instances))
 
-    async def _predict(self, spec, instances: Sequence, deadline: Optional[float]) -> list:
-        candidates = self.registry.candidates(spec.name, spec.method_name, spec.version_number)
+    async def _predict(self, spec, candidates: List[WorkerRecord], instances: Sequence,
+                       deadline: Optional[float]) -> list:
         input_names = candidates[0].input_names(spec.method_name)
         reasons = [check_instance(instance.items, input_names, spec.name, spec.method_name, check_tensor)
                    for instance in instances]
@@ -315,7 +339,7 @@ class Dispatcher:
         worker = self.registry.pick(candidates)
         queue = worker.queues.get(spec.method_name)
         if queue is None:
-            queue = worker.queues[spec.method_name] = _WorkerQueue(self, worker)
+            queue = worker.queues[spec.method_name] = _WorkerQueue(self, worker, spec.method_name)
         future = asyncio.get_running_loop().create_future()
         worker.outstanding += len(instances)
         queue.put(_Chunk(spec, instances, future, deadline))

@@ -15,6 +15,7 @@ from mindspore_serving import log
 from mindspore_serving.common import errors
 from mindspore_serving.ipc import llm_session
 from mindspore_serving.llm.sampling_params import SamplingParams
+from mindspore_serving.master.metrics import MasterMetrics
 from mindspore_serving.master.llm_types import FinalEvent, GenerationEvent, GenerationRequest, ModelInfo
 from mindspore_serving.master.worker_registry import WorkerRegistry
 from mindspore_serving.proto import llm_worker_pb2 as pb
@@ -102,8 +103,10 @@ DEFAULT_TOKEN_TIMEOUT = 60.0  # seconds a generation may go without an event (a 
 
 
 class MasterLlmBackend:
-    def __init__(self, registry: WorkerRegistry, token_timeout: float = DEFAULT_TOKEN_TIMEOUT):
+    def __init__(self, registry: WorkerRegistry, token_timeout: float = DEFAULT_TOKEN_TIMEOUT,
+                 metrics: Optional[MasterMetrics] = None):
         self.registry = registry
+        self.metrics = metrics if metrics is not None else MasterMetrics()
         self.token_timeout = token_timeout
         self._ids = itertools.count(1)
         self._sessions: Dict[tuple, WorkerSession] = {}  # (worker key, pid) -> its session
@@ -157,6 +160,11 @@ class MasterLlmBackend:
         worker.outstanding += 1
         stream_id: Optional[int] = None
         done = False
+        stats = self.metrics.llm_model(request.model)
+        clock = asyncio.get_running_loop().time
+        started = last = clock()
+        first = True
+        finish_reason = "error"
         try:
             try:
                 stream_id = await session.open(request_id, params, request)
@@ -176,10 +184,20 @@ class MasterLlmBackend:
                     raise lost()
                 done = event.WhichOneof("event") != "token"
                 decoded = llm_session.read_event(event)  # an error event raises its ServingError
+                now = clock()
+                if isinstance(decoded, FinalEvent):
+                    finish_reason = decoded.finish_reason
+                    stats.prompt_tokens += decoded.prompt_tokens
+                    stats.generation_tokens += decoded.completion_tokens
+                else:
+                    (stats.ttft if first else stats.tpot).observe(now - last)
+                    first, last = False, now
                 yield decoded
                 if isinstance(decoded, FinalEvent):
                     return
         finally:
+            stats.finished[finish_reason if done else "abort"] += 1
+            stats.e2e.observe(clock() - started)
             worker.outstanding -= 1
             if stream_id is not None:
                 session.finish(stream_id, aborted=not done)

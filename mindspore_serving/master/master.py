@@ -9,12 +9,14 @@ import time
 from typing import List, Optional
 
 import grpc
+from prometheus_client import CollectorRegistry, start_http_server
 
 from mindspore_serving import log
 from mindspore_serving.ipc import master_worker as ipc
 from mindspore_serving.master.control_service import MasterControlServicer
 from mindspore_serving.master.dispatcher import DEFAULT_MAX_ENQUEUED_REQUESTS, DEFAULT_REQUEST_TIMEOUT, Dispatcher
 from mindspore_serving.master.heartbeat import HeartbeatSettings, WorkerHeartbeat
+from mindspore_serving.master.metrics import MasterMetrics, MetricsCollector
 from mindspore_serving.master.llm_backend import DEFAULT_TOKEN_TIMEOUT, MasterLlmBackend
 from mindspore_serving.master.readiness import IDLE, SERVING, STARTING, STOPPING, Readiness
 from mindspore_serving.master.readiness import readiness as server_readiness
@@ -56,12 +58,16 @@ class Master:
         self._thread = threading.Thread(target=self.loop.run_forever, name="serving-loop", daemon=True)
         self._thread.start()
         self.registry = WorkerRegistry()
-        self.dispatcher = Dispatcher(self.registry)
-        self.llm_backend = MasterLlmBackend(self.registry, _settings["llm_token_timeout"])
+        self.metrics = MasterMetrics()
+        self.dispatcher = Dispatcher(self.registry, metrics=self.metrics)
+        self.llm_backend = MasterLlmBackend(self.registry, _settings["llm_token_timeout"], self.metrics)
         self.dispatcher.max_enqueued_requests = _settings["max_enqueued_requests"]
         self.dispatcher.request_timeout = _settings["request_timeout"]
         self.address = ipc.master_address()
         self.processes = WorkerProcesses(self.address, self._on_worker_death, self._on_all_workers_exited)
+        self.metrics_collector = MetricsCollector(self.metrics, self.dispatcher, self.registry, self.processes,
+                                                  self.loop)
+        self.metrics_server = None  # (http server, thread) of start_metrics_server, if any
         # "grpc" / "restful" -> object with stop_accepting(), async drain_requests(grace) -> Counter of requests cut,
         # and async close() (its port stays open until then, for the probes)
         self.frontends = {}
@@ -83,6 +89,14 @@ class Master:
         server.add_insecure_port(self.address)
         await server.start()
         return server
+
+    def start_metrics_server(self, host: str, port: int):
+        """Serves GET /metrics on a port of its own (prometheus-client's HTTP server, in its threads)."""
+        if self.metrics_server is not None:
+            raise RuntimeError("Serving Error: the metrics server is already running")
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self.metrics_collector)
+        self.metrics_server = start_http_server(port, addr=host, registry=registry)
 
     def start_workers(self, plans: List[WorkerPlan]):
         self.phase = STARTING
@@ -122,6 +136,10 @@ class Master:
             except Exception as err:
                 log.error(f"stopping the front ends failed: {describe(err)}")
         self.frontends.clear()
+        if self.metrics_server is not None:
+            self.metrics_server[0].shutdown()
+            self.metrics_server[0].server_close()
+            self.metrics_server = None
         self.run(self.heartbeat.stop())
         # the workers' requests were answered or cut: they only get the time left to exit, less the master's own
         # exit (about 0.5 s, most of it the interpreter unloading MindSpore)

@@ -95,6 +95,7 @@ class WorkerProcess:
     starts: int = 0
     restarts: RestartBudget = field(default_factory=lambda: RestartBudget(MAX_QUICK_RESTARTS, RESTART_WINDOW))
     expected_exit: bool = False
+    restarted: int = 0   # times the master restarted it after it died
 
 
 class WorkerProcesses:
@@ -181,6 +182,11 @@ class WorkerProcesses:
         if worker is not None:
             worker.failure = message
 
+    def restart_counts(self) -> list:
+        """[(key, (plan, restarts))] of every worker this master runs."""
+        with self._lock:
+            return [(key, (worker.plan, worker.restarted)) for key, worker in self.workers.items()]
+
     def kill(self, key: str, pid: int, reason: str):
         """Kills worker `key` if it still runs as `pid` (a hung worker); the monitor then handles its death."""
         worker = self.find(key)
@@ -241,6 +247,7 @@ class WorkerProcesses:
         log.warning(f"worker {plan.key} died unexpectedly (exit code {code}); restarting it")
         try:
             self.spawn(worker)
+            worker.restarted += 1
         except OSError as err:
             log.error(f"cannot restart worker {plan.key}: {err}")
 

@@ -17,6 +17,7 @@ class WorkerRecord:
     batch_size: int
     methods: Dict[str, Any]                    # method name -> MethodSignature
     extensions: Dict[str, str] = field(default_factory=dict)
+    device_id: int = 0
     stub: Any = None
     channel: Any = None
     outstanding: int = 0                       # instances queued or sent and not yet answered

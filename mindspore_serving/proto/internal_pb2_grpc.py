@@ -207,6 +207,11 @@ class WorkerServiceStub:
                 request_serializer=internal__pb2.Empty.SerializeToString,
                 response_deserializer=internal__pb2.PingReply.FromString,
                 _registered_method=True)
+        self.Metrics = channel.unary_unary(
+                '/mindspore_serving.internal.WorkerService/Metrics',
+                request_serializer=internal__pb2.Empty.SerializeToString,
+                response_deserializer=internal__pb2.MetricsReply.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -230,6 +235,12 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Metrics(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -247,6 +258,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.Ping,
                     request_deserializer=internal__pb2.Empty.FromString,
                     response_serializer=internal__pb2.PingReply.SerializeToString,
+            ),
+            'Metrics': grpc.unary_unary_rpc_method_handler(
+                    servicer.Metrics,
+                    request_deserializer=internal__pb2.Empty.FromString,
+                    response_serializer=internal__pb2.MetricsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -330,6 +346,33 @@ class WorkerService:
             '/mindspore_serving.internal.WorkerService/Ping',
             internal__pb2.Empty.SerializeToString,
             internal__pb2.PingReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Metrics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mindspore_serving.internal.WorkerService/Metrics',
+            internal__pb2.Empty.SerializeToString,
+            internal__pb2.MetricsReply.FromString,
             options,
             channel_credentials,
             insecure,

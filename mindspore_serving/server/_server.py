@@ -1,5 +1,6 @@
 """start_servables / start_grpc_server / start_restful_server / stop on top of the master."""
 from mindspore_serving import log
+from mindspore_serving.frontends.address import check_address
 from mindspore_serving.frontends.grpc_server import GrpcFrontend
 from mindspore_serving.frontends.restful_server import RestfulFrontend
 from mindspore_serving.master.master import get_master, install_signal_handlers, stop_master
@@ -55,13 +56,14 @@ def _check_ssl_config(ssl_config):
         raise RuntimeError("The type of ssl_config should be type of SSLConfig")
 
 
-def _start_frontend(kind: str, label: str, frontend_class, address, max_msg_mb_size, ssl_config):
+def _start_frontend(kind: str, label: str, frontend_class, address, max_msg_mb_size, ssl_config, **extra):
     _check_ssl_config(ssl_config)
     master = get_master()
     if kind in master.frontends:
         raise RuntimeError(f"Serving Error: {label} is already running")
     frontend = frontend_class(address, max_msg_mb_size, ssl_config, master.dispatcher, llm_backend=master.llm_backend,
-                              readiness=master.readiness)
+                              readiness=master.readiness,
+                              **{name: getattr(master, attribute) for name, attribute in extra.items()})
     master.run(frontend.start())
     master.frontends[kind] = frontend
     print(f"Serving: {label} start success, listening on {address}", flush=True)
@@ -74,7 +76,15 @@ def start_grpc_server(address, max_msg_mb_size=100, ssl_config=None):
 
 def start_restful_server(address, max_msg_mb_size=100, ssl_config=None):
     """Serves the RESTful API on `ip:port`; request bodies up to `max_msg_mb_size` MiB."""
-    _start_frontend(_RESTFUL, "RESTful server", RestfulFrontend, address, max_msg_mb_size, ssl_config)
+    _start_frontend(_RESTFUL, "RESTful server", RestfulFrontend, address, max_msg_mb_size, ssl_config,
+                    metrics="metrics_collector")
+
+
+def start_metrics_server(address):
+    """Serves Prometheus metrics (`GET /metrics`) on `ip:port` besides the RESTful port's `/metrics`."""
+    host, port = check_address(address, "metrics server")
+    get_master().start_metrics_server(host, port)
+    print(f"Serving: metrics server start success, listening on {address}", flush=True)
 
 
 def stop(grace=None):

@@ -1,12 +1,14 @@
 """Threads that run batches: one per model subgraph and one per batched Python stage."""
 import queue
 import threading
+import time
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
 from mindspore_serving import log
 from mindspore_serving.worker.batching import SENTINEL, ExpectedCounter, collect_batch, merge_inputs, split_outputs
+from mindspore_serving.worker.metrics import WORKER_METRICS
 from mindspore_serving.worker.model_backend import LoadedModel
 from mindspore_serving.worker.stage_values import check_model_inputs, normalize_outputs, shape_to_model
 
@@ -60,6 +62,8 @@ class ModelExecutor(_BatchLoop):
         self.instance_infos = model.instance_inputs(subgraph)
         self.no_batch_inputs = tuple(model.spec.without_batch_dim_inputs)
         self._graph_lock = threading.Lock()  # one graph call at a time, whichever thread makes it
+        self.stats = WORKER_METRICS.model(model.spec.model_key if len(model.subgraphs) == 1
+                                          else f"{model.spec.model_key}:{subgraph}")
         super().__init__(f"model-{model.spec.model_key}-{subgraph}", model.batch_size, max_wait)
         # A model whose batches hold one instance has nothing to wait for: the caller's thread runs it at once,
         # which saves two thread hand-offs per instance; instances still run one at a time, in submit order.
@@ -86,13 +90,18 @@ class ModelExecutor(_BatchLoop):
             self._run_locked(items)
 
     def _run_locked(self, items: List[_Item]):
+        started = time.perf_counter()
         try:
             instances = [shape_to_model(item.inputs, self.instance_infos) for item in items]
             if self.model.spec.with_batch_dim:
                 outputs = self.graph.run(merge_inputs(instances, self.batch_size, self.no_batch_inputs))
                 results = split_outputs(outputs, len(items))
-            else:
+                self.stats.record(len(items), self.batch_size - len(items), time.perf_counter() - started)
+            else:  # one graph call per instance
                 results = [tuple(self.graph.run(instance)) for instance in instances]
+                each = (time.perf_counter() - started) / len(items)
+                for _ in items:
+                    self.stats.record(1, 0, each)
         except Exception as err:  # the graph failed: every instance of this batch gets the reason
             log.exception(f"model {self.model.spec.model_key} subgraph {self.subgraph} failed")
             for item in items:

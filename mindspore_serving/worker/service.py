@@ -6,6 +6,7 @@ from mindspore_serving.common import errors
 from mindspore_serving.common.tensor_codec import proto_to_instances, value_to_tensor
 from mindspore_serving.proto import internal_pb2, internal_pb2_grpc
 from mindspore_serving.worker.method_runner import InstanceError
+from mindspore_serving.worker.metrics import WORKER_METRICS
 
 
 def _request_groups(request) -> list:
@@ -77,3 +78,12 @@ class WorkerServicer(internal_pb2_grpc.WorkerServiceServicer):
     def Ping(self, request, context):
         """The heartbeat; its answer carries why the worker cannot serve now, if it cannot (the master's readiness)."""
         return internal_pb2.PingReply(not_ready=self.runtime.not_ready())
+
+    def Metrics(self, request, context):
+        """This worker's samples; the master labels them with the worker's servable, version and device."""
+        reply = internal_pb2.MetricsReply()
+        reply.samples.extend(WORKER_METRICS.samples())
+        runtime_samples = getattr(self.runtime, "metric_samples", None)
+        if runtime_samples is not None:
+            reply.samples.extend(runtime_samples())
+        return reply

@@ -8,6 +8,7 @@ import numpy as np
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
+from mindspore_serving.common import metrics as m
 from mindspore_serving.common.restart_budget import RestartBudget
 from mindspore_serving.ipc.llm_session import registration_facts
 from mindspore_serving.llm.engine import LLMEngine
@@ -51,11 +52,17 @@ class LlmRuntime:
         self._closing = threading.Event()
         self._restarts = RestartBudget(MAX_AGENT_RESTARTS, AGENT_RESTART_WINDOW)
         self._restarting: str = ""  # why the agents are restarting, while they are
+        self._retired = {"preempted": 0, "queries": 0, "hits": 0}  # counts of engine loops replaced
         self.tokenizer = TextTokenizer.from_file(self.config.model.tokenizer)
         self.runner = self._attach_or_start()
         self.loop = self._new_loop()
 
     def _new_loop(self) -> EngineLoop:
+        if self.loop is not None:  # counters go on across agent restarts
+            core = self.loop.engine.core
+            self._retired["preempted"] += self.loop.report.totals.preempted
+            self._retired["queries"] += core.scheduler.block_manager.prefix_cache_queries
+            self._retired["hits"] += core.scheduler.block_manager.prefix_cache_hits
         engine = LLMEngine(self.runner, self.tokenizer, self.config.engine, eos_token_id=self.tokenizer.eos_id)
         return EngineLoop(engine, self.config.max_queue_size, self.config.request_timeout,
                           name=f"{self.spec.name}-engine", stats_interval=self.config.stats_interval)
@@ -146,6 +153,23 @@ class LlmRuntime:
             model_id=self.spec.name, max_model_len=self.config.engine.max_model_len,
             max_num_seqs=self.config.engine.max_num_seqs, max_queue_size=self.config.max_queue_size,
             vocab_size=self.runner.vocab_size, device=self.runner.device, config=self.config.path)}
+
+    def metric_samples(self) -> list:
+        """The engine's state and counters for a scrape (read from the engine thread's objects as they are)."""
+        loop = self.loop
+        if loop is None:
+            return []
+        scheduler = loop.engine.core.scheduler
+        blocks = scheduler.block_manager
+        total = blocks.num_usable_blocks
+        values = {
+            "num_requests_running": scheduler.num_running, "num_requests_waiting": scheduler.num_waiting,
+            "kv_cache_usage_perc": blocks.usage, "kv_cache_blocks_used": total - blocks.num_free_blocks,
+            "kv_cache_blocks_total": total,
+            "num_preemptions": self._retired["preempted"] + loop.report.totals.preempted,
+            "prefix_cache_queries": self._retired["queries"] + blocks.prefix_cache_queries,
+            "prefix_cache_hits": self._retired["hits"] + blocks.prefix_cache_hits}
+        return [m.sample(m.L + name, {}, value) for name, value in values.items()]
 
     def submit(self, prompt, params: SamplingParams, request_id: Optional[str] = None, sink=None, tag=None):
         return self.loop.submit(prompt, params, request_id, sink, tag)

@@ -1,0 +1,181 @@
+"""The master's metrics: its own bookkeeping (requests per servable method, LLM requests) and, at scrape time,
+each worker's samples pulled over the control channel, written out by prometheus-client.
+
+One scrape: `MetricsCollector.render()` (the RESTful `GET /metrics`, on the master loop) or `collect()` (the
+separate metrics port's thread, prometheus-client's own server) asks every registered worker for its samples
+(`WorkerService.Metrics`, all at once, SCRAPE_TIMEOUT each; a worker that does not answer is left out of this
+scrape), adds the worker's servable, version and device labels and builds one family per name of
+`common.metrics.FAMILIES`.
+"""
+import asyncio
+from collections import defaultdict
+from typing import Dict, List, Tuple
+
+import grpc
+from prometheus_client import generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from mindspore_serving import log
+from mindspore_serving.common import metrics as m
+from mindspore_serving.proto import internal_pb2
+from mindspore_serving.spec.llm import LLM_EXTENSION
+
+SCRAPE_TIMEOUT = 2.0  # seconds a worker has to answer a scrape
+
+
+class MethodStats:
+    """One servable version's method, updated in place by the dispatcher."""
+    __slots__ = ("outcomes", "latency", "queue", "instances")
+
+    def __init__(self):
+        self.outcomes = {m.SUCCESS: 0, m.CLIENT_ERROR: 0, m.SERVER_ERROR: 0}
+        self.latency = m.histogram(m.P + "request_duration_seconds")
+        self.queue = m.histogram(m.P + "request_queue_seconds")
+        self.instances = m.histogram(m.P + "request_instances")
+
+
+class LlmStats:
+    """One LLM servable's requests, updated in place by the LLM backend."""
+    __slots__ = ("prompt_tokens", "generation_tokens", "finished", "ttft", "tpot", "e2e")
+
+    def __init__(self):
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.finished: Dict[str, int] = defaultdict(int)  # finish reason -> requests
+        self.ttft = m.histogram(m.L + "time_to_first_token_seconds")
+        self.tpot = m.histogram(m.L + "time_per_output_token_seconds")
+        self.e2e = m.histogram(m.L + "e2e_request_latency_seconds")
+
+
+class MasterMetrics:
+    def __init__(self):
+        self.methods: Dict[Tuple[str, int, str], MethodStats] = {}
+        self.llm: Dict[str, LlmStats] = {}
+        self.rejected = 0
+
+    def method(self, servable: str, version: int, method: str) -> MethodStats:
+        key = (servable, version, method)
+        stats = self.methods.get(key)
+        if stats is None:
+            stats = self.methods[key] = MethodStats()
+        return stats
+
+    def llm_model(self, name: str) -> LlmStats:
+        stats = self.llm.get(name)
+        if stats is None:
+            stats = self.llm[name] = LlmStats()
+        return stats
+
+
+class _Families:
+    """What generate_latest needs: an object whose collect() yields the families."""
+
+    def __init__(self, families):
+        self._families = families
+
+    def collect(self):
+        return self._families
+
+
+class MetricsCollector:
+    def __init__(self, metrics: MasterMetrics, dispatcher, registry, processes, loop):
+        self.metrics = metrics
+        self.dispatcher = dispatcher
+        self.registry = registry
+        self.processes = processes
+        self.loop = loop
+
+    async def gather(self) -> List[tuple]:
+        """(worker record, its MetricsReply) of every worker that answered."""
+        records = self.registry.all()
+        replies = await asyncio.gather(*(r.stub.Metrics(internal_pb2.Empty(), timeout=SCRAPE_TIMEOUT)
+                                         for r in records if r.stub is not None), return_exceptions=True)
+        answered = []
+        for record, reply in zip([r for r in records if r.stub is not None], replies):
+            if isinstance(reply, grpc.aio.AioRpcError):
+                if reply.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    log.info(f"worker pid {record.pid} gave no metrics: {reply.code().name} {reply.details()}")
+            elif isinstance(reply, BaseException):
+                log.info(f"worker pid {record.pid} gave no metrics: {reply!r}")
+            else:
+                answered.append((record, reply))
+        return answered
+
+    async def render(self) -> bytes:
+        """The exposition text of one scrape (on the master loop)."""
+        return generate_latest(_Families(self.families(await self.gather())))
+
+    def collect(self):
+        """prometheus-client's collector interface, for a registry served from another thread."""
+        workers = asyncio.run_coroutine_threadsafe(self.gather(), self.loop).result(SCRAPE_TIMEOUT + 1)
+        return self.families(workers)
+
+    def families(self, workers: List[tuple]) -> list:
+        points: Dict[str, list] = defaultdict(list)  # name -> [(label values, number or Histogram)]
+        self._master_points(points)
+        for record, reply in workers:
+            base = {"servable": record.servable_name, "model_name": record.servable_name,
+                    "version": str(record.version_number), "device": str(record.device_id)}
+            for sample in reply.samples:
+                family = m.FAMILIES.get(sample.name)
+                if family is None:
+                    continue
+                labels = tuple(sample.labels.get(name, base.get(name, "")) for name in family.labels)
+                points[sample.name].append((labels, m.histogram_of(sample) if family.kind == m.HISTOGRAM
+                                            else sample.value))
+        return [_family(name, m.FAMILIES[name], points[name]) for name in m.FAMILIES if name in points]
+
+    def _master_points(self, points: Dict[str, list]):
+        for (servable, version, method), stats in list(self.metrics.methods.items()):
+            labels = (servable, str(version), method)
+            for outcome, count in stats.outcomes.items():
+                points[m.P + "requests"].append((labels + (outcome,), count))
+            points[m.P + "request_duration_seconds"].append((labels, stats.latency))
+            points[m.P + "request_queue_seconds"].append((labels, stats.queue))
+            points[m.P + "request_instances"].append((labels, stats.instances))
+        points[m.P + "enqueued_requests"].append(((), self.dispatcher.enqueued))
+        points[m.P + "max_enqueued_requests"].append(((), self.dispatcher.max_enqueued_requests))
+        points[m.P + "rejected_requests"].append(((), self.metrics.rejected))
+        alive: Dict[tuple, int] = defaultdict(int)
+        versions = {}
+        for record in self.registry.all():
+            alive[(record.servable_name, str(record.version_number))] += 1
+            versions[record.key] = record.version_number
+            if LLM_EXTENSION in record.extensions:
+                in_flight = record.outstanding
+            else:
+                in_flight = sum(queue.in_flight for queue in list(record.queues.values()))
+            points[m.P + "worker_calls_in_flight"].append(((record.servable_name, str(record.version_number),
+                                                            str(record.device_id)), in_flight))
+        for labels, count in alive.items():
+            points[m.P + "workers_alive"].append((labels, count))
+        for key, restarts in self.processes.restart_counts():
+            plan = restarts[0]
+            version = versions.get(key, plan.version_number)
+            points[m.P + "worker_restarts"].append(((plan.servable_name, str(version), str(plan.device_id)),
+                                                    restarts[1]))
+        for name, stats in list(self.metrics.llm.items()):
+            points[m.L + "prompt_tokens"].append(((name,), stats.prompt_tokens))
+            points[m.L + "generation_tokens"].append(((name,), stats.generation_tokens))
+            for reason, count in list(stats.finished.items()):
+                points[m.L + "request_success"].append(((name, reason), count))
+            points[m.L + "time_to_first_token_seconds"].append(((name,), stats.ttft))
+            points[m.L + "time_per_output_token_seconds"].append(((name,), stats.tpot))
+            points[m.L + "e2e_request_latency_seconds"].append(((name,), stats.e2e))
+
+
+def _family(name: str, family: m.Family, points: list):
+    labels = list(family.labels)
+    if family.kind == m.COUNTER:
+        metric = CounterMetricFamily(name, family.help, labels=labels)
+        for values, value in points:
+            metric.add_metric(list(values), value)
+    elif family.kind == m.GAUGE:
+        metric = GaugeMetricFamily(name, family.help, labels=labels)
+        for values, value in points:
+            metric.add_metric(list(values), value)
+    else:
+        metric = HistogramMetricFamily(name, family.help, labels=labels)
+        for values, hist in points:
+            metric.add_metric(list(values), hist.cumulative(), hist.sum)
+    return metric
