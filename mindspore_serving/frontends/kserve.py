@@ -144,7 +144,7 @@ async def _infer_rest(kserve: KServe, params: dict, headers: dict, body: bytes):
         except ValueError:
             raise errors.InvalidInputs(f"Inference-Header-Content-Length '{length}' is not a number") from None
     tensors, outputs, request = codec.parse_rest_request(model.name, body, length)
-    binary_default = bool(codec._parameter(request.get("parameters"), "binary_data_output", False))
+    binary_default = bool(codec.parameter(request.get("parameters"), "binary_data_output", False))
     out = await kserve.infer(model, number, tensors, [name for name, _ in outputs])
     wanted = dict(outputs)
     binary = {t.name: (wanted.get(t.name) if wanted.get(t.name) is not None else binary_default) for t in out}

@@ -346,7 +346,8 @@ def instances_to_tensors(model: V2Model, outputs: Sequence[dict], requested: Opt
 
 # ------------------------------------------------------------------------------------------------ REST JSON
 
-def _parameter(parameters, key, default=None):
+def parameter(parameters, key, default=None):
+    """A request or tensor `parameters` entry (None when `parameters` is not an object)."""
     if not isinstance(parameters, dict):
         return default
     return parameters.get(key, default)
@@ -379,7 +380,7 @@ def parse_rest_request(model: str, body: bytes, header_length: Optional[int]
         if not isinstance(datatype, str) or not isinstance(shape, list) or \
                 not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
             raise _invalid(model, f"input '{name}' needs a 'datatype' string and a 'shape' list of integers")
-        size = _parameter(item.get("parameters"), "binary_data_size")
+        size = parameter(item.get("parameters"), "binary_data_size")
         if size is not None:
             if not isinstance(size, int) or size < 0 or offset + size > len(binary):
                 raise _invalid(model, f"input '{name}': binary_data_size {size} runs past the "
@@ -396,7 +397,7 @@ def parse_rest_request(model: str, body: bytes, header_length: Optional[int]
     for item in request.get("outputs") or []:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise _invalid(model, "every requested output needs a 'name'")
-        outputs.append((item["name"], _parameter(item.get("parameters"), "binary_data")))
+        outputs.append((item["name"], parameter(item.get("parameters"), "binary_data")))
     return tensors, outputs, request
 
 
