@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup models serve test lint unit e2e faults bench proto clean
+.PHONY: setup clients models serve test lint unit e2e faults bench proto clean
 
 $(STAMP): requirements.txt requirements-dev.txt setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,6 +15,17 @@ $(STAMP): requirements.txt requirements-dev.txt setup.py
 
 setup: $(STAMP)
 
+# The Triton client of the KServe v2 e2e tests, in a virtualenv of its own (see requirements-clients.txt)
+CLIENTS_VENV := .venv-clients
+CLIENTS_STAMP := $(CLIENTS_VENV)/.installed
+
+$(CLIENTS_STAMP): requirements-clients.txt
+	test -x $(CLIENTS_VENV)/bin/python || $(PYTHON) -m venv $(CLIENTS_VENV)
+	$(CLIENTS_VENV)/bin/python -m pip install -q -r requirements-clients.txt
+	touch $(CLIENTS_STAMP)
+
+clients: $(CLIENTS_STAMP)
+
 models: setup
 	$(PY) servables/export_models.py
 
@@ -24,13 +35,13 @@ serve: models
 lint: setup
 	$(VENV)/bin/lint-imports --no-logo
 
-test: models lint
+test: models lint clients
 	$(PY) -m pytest tests
 
 unit: setup
 	$(PY) -m pytest tests/unit
 
-e2e: models
+e2e: models clients
 	$(PY) -m pytest tests/e2e
 
 faults: models

@@ -19,6 +19,10 @@ the middle of a stream (the status is already 200 there).
     incomplete   500 incomplete_generation   500 server_error, incomplete_generation     200        OK + ErrorMsg
     internal     500 internal                500 server_error                            200        OK + ErrorMsg
 
+KServe v2 (REST `/v2/...` and gRPC `inference.GRPCInferenceService`) answers `{"error": "..."}` with 400, 429,
+404, 503 or 500, and gRPC INVALID_ARGUMENT, RESOURCE_EXHAUSTED, NOT_FOUND, UNAVAILABLE or INTERNAL, by the
+same kinds.
+
 not_found is only for a name that is not served at all; a servable that is served but has no live worker or
 agent at the moment (dead, hung, restarting, stopping) is unavailable: every protocol answers "retry later",
 HTTP 503 with `Retry-After: RETRY_AFTER_S` and gRPC UNAVAILABLE.
@@ -44,6 +48,8 @@ class Protocol(enum.Enum):
     OPENAI = "openai"
     MINDSPORE = "mindspore"
     """MindSpore Serving's classic RESTful protocol."""
+    KSERVE = "kserve"
+    """The KServe v2 / Triton inference protocol: `{"error": "..."}` with the kind's HTTP status."""
 
 
 RETRY_AFTER_S = 1
@@ -72,6 +78,17 @@ _OPENAI = {
 }
 
 
+# kind -> (HTTP status, gRPC status) of the KServe v2 protocol
+_KSERVE = {
+    Kind.VALIDATION: (400, grpc.StatusCode.INVALID_ARGUMENT),
+    Kind.OVERLOADED: (429, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    Kind.NOT_FOUND: (404, grpc.StatusCode.NOT_FOUND),
+    Kind.UNAVAILABLE: (503, grpc.StatusCode.UNAVAILABLE),
+    Kind.GENERATION: (500, grpc.StatusCode.INTERNAL),
+    Kind.INCOMPLETE: (500, grpc.StatusCode.INTERNAL),
+    Kind.INTERNAL: (500, grpc.StatusCode.INTERNAL),
+}
+
 # kind -> HTTP status of MindSpore's classic protocol (200 for every other kind)
 _MINDSPORE = {Kind.UNAVAILABLE: 503}
 
@@ -93,7 +110,14 @@ def http_error(protocol: Protocol, error: BaseException) -> Tuple[int, dict]:
         status, error_type, code = _OPENAI[kind]
         return status, {"error": {"message": message, "type": error_type, "param": getattr(error, "param", None),
                                   "code": code}}
+    if protocol is Protocol.KSERVE:
+        return _KSERVE[kind][0], {"error": message}
     return _MINDSPORE.get(kind, 200), {"error_msg": message}
+
+
+def kserve_grpc_status(error: BaseException) -> grpc.StatusCode:
+    """The status that ends a KServe v2 gRPC call failing with `error` (the v2 protocol has no error replies)."""
+    return _KSERVE[errors.kind_of(error)][1]
 
 
 def http_error_headers(error: BaseException) -> Dict[str, str]:

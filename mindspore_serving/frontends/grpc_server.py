@@ -13,6 +13,7 @@ from mindspore_serving.frontends.drain import CUT_ANSWER_S, Drain, GuardedBacken
 from mindspore_serving.frontends.errors import grpc_error
 from mindspore_serving.frontends.grpc_llm import predict_stream
 from mindspore_serving.frontends.health import HealthServicer, always_ready
+from mindspore_serving.frontends.kserve import add_kserve_servicer
 from mindspore_serving.proto import ms_service_pb2, ms_service_pb2_grpc
 
 SERVICE_NAME = "mindspore.serving.proto.MSService"
@@ -150,6 +151,7 @@ class GrpcFrontend:
         server = grpc.aio.server(options=options)
         add_servicer(MSServiceServicer(self.dispatcher, self.llm_backend, self.drain), server)
         self.health.add_to_server(server)
+        add_kserve_servicer(GuardedDispatcher(self.dispatcher, self.drain), server)  # KServe v2 / Triton
         for add in self.extra_servicers:
             add(server)
         failed = RuntimeError(f"Serving Error: Serving gRPC server start failed, create server failed, "

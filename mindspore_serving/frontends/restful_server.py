@@ -17,7 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from mindspore_serving import log
 from mindspore_serving.common import errors
 from mindspore_serving.common.tensor_codec import instances_to_proto, proto_to_instance
-from mindspore_serving.frontends import restful_codec
+from mindspore_serving.frontends import kserve, restful_codec
 from mindspore_serving.frontends.drain import CUT_ANSWER_S, Drain, GuardedBackend, GuardedDispatcher, refusal_reply
 from mindspore_serving.frontends.errors import Protocol, classic_error, http_error, http_error_headers
 from mindspore_serving.frontends.health import always_ready, build_health_router, is_probe
@@ -74,6 +74,7 @@ class RestfulApp:
         self.max_bytes = max_bytes
         self.fallback = fallback
         self.llm_backend = llm_backend
+        self.kserve = kserve.KServe(self.dispatcher)
 
     @staticmethod
     def is_classic(scope) -> bool:
@@ -83,6 +84,8 @@ class RestfulApp:
     def protocol_of(self, scope) -> Protocol:
         if self.is_classic(scope):
             return Protocol.MINDSPORE
+        if scope["path"] == "/v2" or scope["path"].startswith("/v2/"):
+            return Protocol.KSERVE
         if scope["path"].startswith("/v1/"):
             return Protocol.OPENAI
         return Protocol.TGI  # TGI's routes and MindSpore LLM-serving's, which copies TGI's errors
@@ -101,7 +104,10 @@ class RestfulApp:
         kind = f"RESTful {scope['method']} {scope['path']}"
         self.drain.enter(kind)
         try:
-            if self.is_classic(scope):
+            v2_route = kserve.route_of(scope["method"], scope["path"])
+            if v2_route is not None:
+                await self._kserve(scope, receive, send, *v2_route)
+            elif self.is_classic(scope):
                 await self._classic(scope, receive, send)
             else:
                 await self.fallback(scope, receive, send)
@@ -127,6 +133,18 @@ class RestfulApp:
                 status, _ = http_error(Protocol.MINDSPORE, failure)
                 headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in http_error_headers(failure).items()]
         await _send_json(send, status, reply, headers)
+
+    async def _kserve(self, scope, receive, send, route: str, params: dict):
+        body = await self._read_body(receive)
+        if body is None:
+            status, headers, reply = kserve.handle_error(
+                errors.InvalidInputs(f"http message is bigger than {self.max_bytes}"))
+        else:
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
+            status, headers, reply = await kserve.handle_rest(self.kserve, route, params, headers, body)
+        await send({"type": "http.response.start", "status": status,
+                    "headers": headers + [(b"content-length", str(len(reply)).encode())]})
+        await send({"type": "http.response.body", "body": reply})
 
     async def _read_body(self, receive):
         """The request body, or None once it grows beyond the limit (the rest is not read)."""

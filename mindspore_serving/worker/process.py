@@ -24,6 +24,7 @@ from mindspore_serving.ipc import master_worker as ipc  # noqa: E402
 from mindspore_serving.proto import internal_pb2, internal_pb2_grpc  # noqa: E402
 from mindspore_serving.worker.servable_loader import load_servable  # noqa: E402
 from mindspore_serving.worker.service import WorkerServicer  # noqa: E402
+from mindspore_serving.worker.signatures import method_signature  # noqa: E402
 
 PARENT_CHECK_SECONDS = 0.1
 
@@ -81,8 +82,13 @@ class Worker:
         self.server.add_insecure_port(self.address)
         self.server.start()
         spec = self.runtime.spec
-        methods = [internal_pb2.MethodSignature(name=m.name, input_names=m.input_names, output_names=m.output_names,
-                                                only_model_stage=m.only_model_stage) for m in spec.methods.values()]
+        methods = []
+        for m in spec.methods.values():
+            inputs, outputs, batched = method_signature(m, getattr(self.runtime, "models", {}))
+            methods.append(internal_pb2.MethodSignature(name=m.name, input_names=m.input_names,
+                                                        output_names=m.output_names,
+                                                        only_model_stage=m.only_model_stage, inputs=inputs,
+                                                        outputs=outputs, batched=batched))
         reply = self.master.Register(internal_pb2.RegisterRequest(
             protocol_version=ipc.PROTOCOL_VERSION, worker_pid=os.getpid(), address=self.address,
             servable_name=spec.name, version_number=version, batch_size=self.runtime.batch_size, methods=methods,
