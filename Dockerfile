@@ -44,6 +44,7 @@ ENV PATH=/app/.venv/bin:$PATH
 
 EXPOSE 5500 1500
 
+# For `docker run` only (Kubernetes uses its own probes); it assumes the RESTful port stays 1500.
 HEALTHCHECK --start-period=300s --interval=30s --timeout=5s \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:1500/health', timeout=4)"]
 
