@@ -81,3 +81,5 @@ class ServableSpec:
     # set by server.distributed.declare_servable; declare_model then refuses to declare models
     distributed: bool = False
     distributed_spec: Optional[DistributedSpec] = None
+    # set by register.enable_warmup(generate=True): methods without a warm-up file are warmed up with zeros
+    warmup_generate: bool = False

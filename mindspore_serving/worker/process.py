@@ -25,6 +25,7 @@ from mindspore_serving.proto import internal_pb2, internal_pb2_grpc  # noqa: E40
 from mindspore_serving.worker.servable_loader import load_servable  # noqa: E402
 from mindspore_serving.worker.service import WorkerServicer  # noqa: E402
 from mindspore_serving.worker.signatures import method_signature  # noqa: E402
+from mindspore_serving.worker.warmup import warm_up  # noqa: E402
 
 PARENT_CHECK_SECONDS = 0.1
 
@@ -74,6 +75,8 @@ class Worker:
     def start(self):
         args = self.args
         self.runtime, version = self.load()
+        # before registering: the master counts a registered worker as ready
+        warm_up(self.runtime, os.path.join(args.servable_directory, args.servable_name))
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=128, thread_name_prefix="worker-rpc"),
                                   options=ipc.INTERNAL_CHANNEL_OPTIONS)
         internal_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(self.runtime, self.request_exit), self.server)

@@ -51,6 +51,19 @@ def _output_info(models, method: MethodSpec, ref: TensorRef):
     return info
 
 
+def input_infos(method: MethodSpec, models) -> List[Optional[object]]:
+    """The instance TensorInfo of each method input that goes straight to a model stage, None for the others
+    (or when the models cannot tell)."""
+    infos = []
+    for index in range(len(method.input_names)):
+        try:
+            infos.append(_input_info(models, method, index))
+        except Exception as err:  # pylint: disable=broad-except
+            log.info(f"method {method.name}: no signature for input {index}: {err}")
+            infos.append(None)
+    return infos
+
+
 def method_signature(method: MethodSpec, models) -> Tuple[List, List, bool]:
     """(input TensorSignatures, output TensorSignatures, batched) of a method of a servable whose loaded models
     are `models` (model key -> LoadedModel). Anything the models cannot tell (e.g. a distributed servable's

@@ -19,8 +19,9 @@ from mindspore_serving.server.register.deprecated import (AclOptions, GpuOptions
 from mindspore_serving.server.register.llm import declare_llm
 from mindspore_serving.server.register.method import add_stage, register_method
 from mindspore_serving.server.register.model import Model, declare_model
+from mindspore_serving.server.register.warmup import enable_warmup
 
 __all__ = ["declare_model", "declare_llm", "Model", "Context", "CPUDeviceInfo", "GPUDeviceInfo", "AscendDeviceInfo",
-           "register_method", "add_stage",
+           "register_method", "add_stage", "enable_warmup",
            "declare_servable", "call_preprocess", "call_preprocess_pipeline", "call_servable", "call_postprocess",
            "call_postprocess_pipeline", "AclOptions", "GpuOptions"]
