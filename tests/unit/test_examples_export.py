@@ -181,6 +181,10 @@ class StubRegister(types.ModuleType):
         super().__init__("mindspore_serving.server.register")
         self.servable, self.runner = servable, runner
         self.models, self.methods, self._stages = [], {}, None
+        self.warmup_generate = False
+
+    def enable_warmup(self, generate=True):
+        self.warmup_generate = generate
 
     def declare_model(self, model_file, model_format, with_batch_dim=True, options=None,
                       without_batch_dim_inputs=None, context=None, config_file=None):
@@ -262,6 +266,7 @@ def test_add_servable_config(ms, monkeypatch):
     assert [(m.files, m.with_batch_dim) for m in register.models] == [(["tensor_add.mindir"], False)]
     assert {n: (m["inputs"], m["outputs"]) for n, m in register.methods.items()} == {
         "add_common": (["x1", "x2"], ["y"]), "add_cast": (["x1", "x2"], ["y"])}
+    assert register.warmup_generate
     rng = np.random.default_rng(5)
     x1, x2 = rand(rng, 2, 2), rand(rng, 2, 2)
     (y,) = call_method(register, "add_common", x1, x2)
