@@ -1,14 +1,19 @@
-"""start_servables / start_grpc_server / start_restful_server / stop on top of the master."""
+"""start_servables / load_servable / unload_servable / start_grpc_server / start_restful_server / stop on top of the
+master."""
+import os
+
 from mindspore_serving import log
 from mindspore_serving.frontends.address import check_address
 from mindspore_serving.frontends.grpc_server import GrpcFrontend
 from mindspore_serving.frontends.restful_server import RestfulFrontend
 from mindspore_serving.master.master import get_master, install_signal_handlers, stop_master
+from mindspore_serving.master.readiness import SERVING
 from mindspore_serving.master.worker_processes import WorkerPlan
 from mindspore_serving.server.master.context import check_grace
 from mindspore_serving.server.ssl_config import SSLConfig
-from mindspore_serving.server.start_config import (DistributedStartConfig, check_servable_configs,
-                                                   check_servable_location, merge_config)
+from mindspore_serving.common import errors
+from mindspore_serving.server.start_config import (DistributedStartConfig, ServableStartConfig,
+                                                   check_servable_configs, check_servable_location, merge_config)
 
 _GRPC, _RESTFUL = "grpc", "restful"
 
@@ -43,12 +48,65 @@ def start_servables(servable_configs):
     configs = merge_config(check_servable_configs(servable_configs, (DistributedStartConfig,)))
     master = get_master()
     install_signal_handlers()
+    _enable_model_control(master, configs)
     try:
         master.start_workers(_plans(configs))
     except BaseException:
         stop()
         raise
     log.info("all workers have registered")
+
+
+def _enable_model_control(master, configs):
+    """Lets the front ends load servables by name from the servable directory of `configs` (the first
+    ServableStartConfig's), on the devices of the running workers of that servable, else of that config."""
+    template = next((c for c in configs if isinstance(c, ServableStartConfig)), None)
+    if template is None or master.model_control.plans_for is not None:
+        return
+
+    def plans_for(name: str, version: int):
+        if not os.path.isdir(os.path.join(template.servable_directory, name)):
+            raise FileNotFoundError(f"servable '{name}' is not in the servable directory "
+                                    f"{template.servable_directory}")
+        running = [w.plan for w in master.processes.of_servable(name)]
+        device_ids = tuple(sorted({p.device_id for p in running})) or template.device_ids
+        device_type = running[0].device_type if running else template.device_type
+        config = ServableStartConfig(template.servable_directory, name, device_ids=device_ids,
+                                     version_number=version,
+                                     device_type=None if device_type in (None, "none") else device_type,
+                                     num_parallel_workers=template.num_parallel_workers)
+        return _plans(merge_config([config]))
+
+    master.model_control.plans_for = plans_for
+
+
+def load_servable(config):
+    """Loads a servable (a ServableStartConfig) while the server serves, and blocks until its workers have
+    registered. Workers of the same servable, version and device that served before then drain and stop (a
+    reload); other versions keep serving. Raises RuntimeError with the reason when it fails, and then what
+    served before is untouched."""
+    if not isinstance(config, ServableStartConfig):
+        raise RuntimeError(f"Parameter 'config' should be ServableStartConfig, but actually {type(config)}")
+    master = get_master()
+    install_signal_handlers()
+    (config,) = merge_config([config])
+    _enable_model_control(master, [config])
+    try:
+        master.model_control.load(_plans([config]))
+    except errors.ServingError as err:
+        raise RuntimeError(err.message) from None
+    master.phase = SERVING  # a server may start with no servable and load them all
+
+
+def unload_servable(servable_name, version_number=0):
+    """Stops serving a servable (one version of it; 0: every version): its workers leave the routing, their
+    requests in flight finish (within the stop grace), then they exit. Raises RuntimeError when it is not
+    loaded."""
+    master = get_master()
+    try:
+        master.model_control.unload(servable_name, version_number)
+    except errors.ServingError as err:
+        raise RuntimeError(err.message) from None
 
 
 def _check_ssl_config(ssl_config):
@@ -71,13 +129,14 @@ def _start_frontend(kind: str, label: str, frontend_class, address, max_msg_mb_s
 
 def start_grpc_server(address, max_msg_mb_size=100, ssl_config=None):
     """Serves MSService on `ip:port` or `unix:<path>`; messages up to `max_msg_mb_size` MiB each way."""
-    _start_frontend(_GRPC, "Serving gRPC server", GrpcFrontend, address, max_msg_mb_size, ssl_config)
+    _start_frontend(_GRPC, "Serving gRPC server", GrpcFrontend, address, max_msg_mb_size, ssl_config,
+                    model_control="model_control")
 
 
 def start_restful_server(address, max_msg_mb_size=100, ssl_config=None):
     """Serves the RESTful API on `ip:port`; request bodies up to `max_msg_mb_size` MiB."""
     _start_frontend(_RESTFUL, "RESTful server", RestfulFrontend, address, max_msg_mb_size, ssl_config,
-                    metrics="metrics_collector")
+                    metrics="metrics_collector", model_control="model_control")
 
 
 def start_metrics_server(address):
