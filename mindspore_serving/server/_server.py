@@ -10,8 +10,9 @@ from mindspore_serving.master.master import get_master, install_signal_handlers,
 from mindspore_serving.master.readiness import SERVING
 from mindspore_serving.master.worker_processes import WorkerPlan
 from mindspore_serving.server.master.context import check_grace
+from mindspore_serving.server.model_repository import DEFAULT_POLL_INTERVAL, RepositoryPoller, parse_policies
 from mindspore_serving.server.ssl_config import SSLConfig
-from mindspore_serving.common import errors
+from mindspore_serving.common import check_type, errors
 from mindspore_serving.server.start_config import (DistributedStartConfig, ServableStartConfig,
                                                    check_servable_configs, check_servable_location, merge_config)
 
@@ -109,6 +110,39 @@ def unload_servable(servable_name, version_number=0):
         raise RuntimeError(err.message) from None
 
 
+_pollers = []
+
+
+def start_model_control_poll(servable_directory, servable_names=None, version_policy="latest:1", device_ids=(0,),
+                             device_type=None, interval=DEFAULT_POLL_INTERVAL):
+    """Serves what `servable_directory` holds and follows it: every `interval` seconds, version folders added or
+    removed and changed servable_config.py files are loaded, unloaded and reloaded (`server.model_repository`).
+
+    `version_policy` is `latest:N`, `all` or `specific:V1,V2`, and `;`-separated `name=policy` items override it
+    per servable. The directory's servables (only `servable_names`, when given) are loaded before this returns;
+    a load that fails is logged, and retried once the servable's files change."""
+    default, per_servable = parse_policies(version_policy)
+    directory = check_type.get_abs_path(check_type.check_str("servable_directory", servable_directory))
+    device_ids = tuple(device_ids) or (0,)
+
+    def load(name: str, version: int):
+        if get_master(create=False) is None and _pollers:
+            raise RuntimeError("the server stopped")
+        load_servable(ServableStartConfig(directory, name, device_ids=device_ids, version_number=version,
+                                          device_type=device_type))
+
+    def unload(name: str, version: int):
+        if get_master(create=False) is not None:
+            unload_servable(name, version)
+
+    poller = RepositoryPoller(directory, list(servable_names) if servable_names else None,
+                              lambda name: per_servable.get(name, default), load, unload, interval)
+    poller.poll_once()
+    _pollers.append(poller)
+    poller.start()
+    return poller
+
+
 def _check_ssl_config(ssl_config):
     if ssl_config is not None and not isinstance(ssl_config, SSLConfig):
         raise RuntimeError("The type of ssl_config should be type of SSLConfig")
@@ -153,4 +187,6 @@ def stop(grace=None):
     `server.master.context.set_stop_grace`, 10 s); those still running then get an unavailable error."""
     if grace is not None:
         check_grace(grace)
+    while _pollers:
+        _pollers.pop().stop()
     stop_master(grace)

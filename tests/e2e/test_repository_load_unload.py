@@ -1,9 +1,11 @@
-"""Model control end to end, in-process: server.load_servable / unload_servable, KServe v2's repository
-load/unload over REST and gRPC, bad input, and a version switch with no failed request under load."""
+"""Model control end to end: in-process, server.load_servable / unload_servable, KServe v2's repository
+load/unload over REST and gRPC, bad input, and a version switch with no failed request under load; and
+serving_server.py --model_control poll following version folders."""
 import os
 import shutil
 import signal
 import threading
+import time
 
 import grpc
 import pytest
@@ -12,7 +14,7 @@ import requests
 from mindspore_serving import server
 from mindspore_serving.proto import grpc_predict_v2_pb2 as v2
 from mindspore_serving.proto import grpc_predict_v2_pb2_grpc as v2_grpc
-from serving_process import SERVABLES, free_port
+from serving_process import SERVABLES, free_port, start_server, wait_until
 
 INFER = {"inputs": [{"name": "x1", "datatype": "FP32", "shape": [2, 2], "data": [1, 2, 3, 4]},
                     {"name": "x2", "datatype": "FP32", "shape": [2, 2], "data": [1, 1, 1, 1]}]}
@@ -157,3 +159,27 @@ def test_python_api_reload_and_unload(serving):
     reply = requests.post(base + "/v2/repository/models/add/load", timeout=120)  # the newest version: 1
     assert reply.status_code == 200, reply.text
     assert infer(base).json()["outputs"][0]["data"] == [2, 3, 4, 5]
+
+
+def test_poll_mode_follows_version_folders(tmp_path):
+    repository = str(tmp_path / "repository")
+    copy_add(repository)
+    proc, _, rest = start_server(tmp_path, servables=(), env={"GLOG_v": "1"},
+                                 extra_args=("--servable_directory", repository, "--model_control", "poll"))
+    base = f"http://{rest}"
+    try:
+        assert index(base) == [("add.add_cast", "1"), ("add.add_common", "1")]
+        staging = os.path.join(repository, "add", "staging")  # not a version: renamed into place at once
+        shutil.copytree(os.path.join(SERVABLES, "add", "1"), staging)
+        added = time.monotonic()
+        os.rename(staging, os.path.join(repository, "add", "2"))
+        proc.wait_for("model control: loading servable add version 2", timeout=2)
+        assert time.monotonic() - added < 2
+        wait_until(lambda: index(base) == [("add.add_cast", "2"), ("add.add_common", "2")], 60, "version 2 alone")
+        assert infer(base).json()["model_version"] == "2"
+        shutil.rmtree(os.path.join(repository, "add", "2"))  # latest:1 falls back to version 1
+        wait_until(lambda: index(base) == [("add.add_cast", "1"), ("add.add_common", "1")], 60, "version 1 again")
+        shutil.rmtree(os.path.join(repository, "add"))
+        wait_until(lambda: index(base) == [], 60, "nothing served")
+    finally:
+        proc.close()
