@@ -6,7 +6,7 @@ and delegates to the dispatcher; errors map in frontends/errors.py (Protocol.KSE
     GET  /v2/models/<model>[/versions/<v>]               model metadata
     POST /v2/models/<model>[/versions/<v>]/infer         inference (JSON, and the binary-data extension)
     POST /v2/repository/index                            the models served
-    POST /v2/repository/models/<model>/load | unload     model control (master/model_control.py), in a thread
+    POST /v2/repository/models/<servable>/load | unload  model control (master/model_control.py), in a thread
 
 The health routes (`/v2/health/...`, `/v2/models/<model>/ready`) are not handled here.
 """
