@@ -2,6 +2,7 @@
 
     python serving_server.py [--grpc 127.0.0.1:5500] [--rest 127.0.0.1:1500] [--servables add,lenet] [--device_type CPU]
                              [--grace 10] [--metrics 127.0.0.1:9090]
+                             [--model_control poll [--version_policy latest:1] [--poll_interval 0.5]]
 
 Ctrl-C or SIGTERM stops both front ends at once (new requests are refused), gives requests in flight --grace
 seconds to finish, answers those still running with an unavailable error, then ends every worker.
@@ -20,7 +21,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--grpc", default="127.0.0.1:5500", help="gRPC address, ip:port or unix:<path>")
     parser.add_argument("--rest", default="127.0.0.1:1500", help="RESTful address, ip:port ('' to disable)")
-    parser.add_argument("--servables", default=",".join(DEFAULT_SERVABLES), help="comma-separated servable names")
+    parser.add_argument("--servables", default=None,
+                        help=f"comma-separated servable names (default: {','.join(DEFAULT_SERVABLES)}; with "
+                             f"--model_control poll, every servable of the directory)")
     parser.add_argument("--servable_directory", default=SERVABLE_DIR, help="directory holding the servables")
     parser.add_argument("--device_type", default=None, help="CPU, GPU or Ascend (default: the best available)")
     parser.add_argument("--device_ids", default="0", help="comma-separated device ids")
@@ -28,14 +31,26 @@ def main():
                         help="seconds requests in flight get to finish on SIGTERM/Ctrl-C (default 10)")
     parser.add_argument("--metrics", default="", help="ip:port of a separate Prometheus /metrics port (the RESTful "
                                                       "port serves /metrics too)")
+    parser.add_argument("--model_control", choices=("none", "poll"), default="none",
+                        help="poll: watch the servable directory, loading and unloading versions as folders come and "
+                             "go and reloading a changed servable_config.py")
+    parser.add_argument("--version_policy", default="latest:1",
+                        help="with --model_control poll: latest:N, all or specific:V1,V2; ';'-separated name=policy "
+                             "items set one servable's (default latest:1)")
+    parser.add_argument("--poll_interval", type=float, default=0.5, help="seconds between two scans (default 0.5)")
     args = parser.parse_args()
     server.master.context.set_stop_grace(args.grace)
 
     device_ids = tuple(int(x) for x in args.device_ids.split(",") if x.strip())
-    configs = [server.ServableStartConfig(servable_directory=args.servable_directory, servable_name=name, device_ids=device_ids,
-                                          device_type=args.device_type)
-               for name in args.servables.split(",") if name.strip()]
-    server.start_servables(configs)
+    if args.model_control == "poll":
+        names = [name for name in (args.servables or "").split(",") if name.strip()]
+        server.start_model_control_poll(args.servable_directory, names, args.version_policy, device_ids,
+                                        args.device_type, args.poll_interval)
+    else:
+        configs = [server.ServableStartConfig(servable_directory=args.servable_directory, servable_name=name,
+                                              device_ids=device_ids, device_type=args.device_type)
+                   for name in (args.servables or ",".join(DEFAULT_SERVABLES)).split(",") if name.strip()]
+        server.start_servables(configs)
     if args.grpc:
         server.start_grpc_server(args.grpc)
     if args.rest:

@@ -128,7 +128,7 @@ def _credentials(ssl_config):
 
 class GrpcFrontend:
     def __init__(self, address: str, max_msg_mb_size: int, ssl_config, dispatcher, extra_servicers=(),
-                 llm_backend=None, readiness=None):
+                 llm_backend=None, readiness=None, model_control=None):
         check_max_msg_mb_size(max_msg_mb_size)
         if address.startswith("unix:"):
             check_unix_address(address)
@@ -140,6 +140,7 @@ class GrpcFrontend:
         self.dispatcher = dispatcher
         self.extra_servicers = extra_servicers
         self.llm_backend = llm_backend
+        self.model_control = model_control
         self.drain = Drain()
         self.health = HealthServicer(readiness or always_ready)  # grpc.health.v1, following the master's readiness
         self.server = None
@@ -151,7 +152,7 @@ class GrpcFrontend:
         server = grpc.aio.server(options=options)
         add_servicer(MSServiceServicer(self.dispatcher, self.llm_backend, self.drain), server)
         self.health.add_to_server(server)
-        add_kserve_servicer(GuardedDispatcher(self.dispatcher, self.drain), server)  # KServe v2 / Triton
+        add_kserve_servicer(GuardedDispatcher(self.dispatcher, self.drain), server, self.model_control)  # KServe v2 / Triton
         for add in self.extra_servicers:
             add(server)
         failed = RuntimeError(f"Serving Error: Serving gRPC server start failed, create server failed, "

@@ -6,36 +6,37 @@ and delegates to the dispatcher; errors map in frontends/errors.py (Protocol.KSE
     GET  /v2/models/<model>[/versions/<v>]               model metadata
     POST /v2/models/<model>[/versions/<v>]/infer         inference (JSON, and the binary-data extension)
     POST /v2/repository/index                            the models served
-    POST /v2/repository/models/<model>/load | unload     501: model control is not supported
+    POST /v2/repository/models/<servable>/load | unload  model control (master/model_control.py), in a thread
 
 The health routes (`/v2/health/...`, `/v2/models/<model>/ready`) are not handled here.
 """
+import asyncio
 import json
 import re
 from typing import List, Optional, Sequence, Tuple
 
-import grpc
 
 from mindspore_serving import __version__, log
 from mindspore_serving.common import errors
 from mindspore_serving.common.tensor_codec import proto_to_instance, value_to_tensor
 from mindspore_serving.frontends import kserve_codec as codec
 from mindspore_serving.frontends.errors import Protocol, http_error, kserve_grpc_status
+from mindspore_serving.master.model_control import check_servable_name
 from mindspore_serving.proto import grpc_predict_v2_pb2 as v2
 from mindspore_serving.proto import grpc_predict_v2_pb2_grpc as v2_grpc
 from mindspore_serving.proto import ms_service_pb2
 
 SERVER_NAME = "mindspore_serving"
 EXTENSIONS = ["binary_tensor_data", "model_repository"]
-UNLOAD_TEXT = ("model control is not supported: the models served are those the server was started with "
-               "(server.start_servables)")
+NO_CONTROL_TEXT = "model control is not enabled on this server"
 
 
 class KServe:
     """The protocol's operations on the master's dispatcher (and its worker registry)."""
 
-    def __init__(self, dispatcher):
+    def __init__(self, dispatcher, model_control=None):
         self.dispatcher = dispatcher
+        self.model_control = model_control
 
     def _workers(self):
         return self.dispatcher.registry.all()
@@ -62,6 +63,23 @@ class KServe:
         return [{"name": model.name, "version": model.version, "state": "READY", "reason": ""}
                 for _, model in sorted(codec.catalog(self._workers()).items())]
 
+    async def load(self, name: str, parameters: dict):
+        """Loads servable `name` (parameter `version`: one version, else the newest) off the event loop."""
+        check_servable_name(name)
+        version = version_parameter(parameters)
+        await asyncio.get_running_loop().run_in_executor(None, self._control().load_by_name, name, version)
+
+    async def unload(self, name: str, parameters: dict):
+        """Unloads servable `name` (parameter `version`: that version only) once its requests drained."""
+        check_servable_name(name)
+        version = version_parameter(parameters)
+        await asyncio.get_running_loop().run_in_executor(None, self._control().unload, name, version)
+
+    def _control(self):
+        if self.model_control is None:
+            raise errors.InvalidInputs(NO_CONTROL_TEXT)
+        return self.model_control
+
     def resolve(self, name: str, version: str = ""):
         return codec.resolve(self._workers(), name, version)
 
@@ -82,6 +100,16 @@ class KServe:
         return codec.instances_to_tensors(model, [proto_to_instance(r, copy=False) for r in results], requested)
 
 
+def version_parameter(parameters: dict) -> int:
+    """The `version` parameter of a load or unload request (a number, or its text), 0 when absent."""
+    value = (parameters or {}).get("version", 0)
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise errors.InvalidInputs(f"parameter 'version' must be a version number >= 0, got {value!r}")
+    return value
+
+
 # ------------------------------------------------------------------------------------------------ REST
 
 _MODEL = r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?"
@@ -89,7 +117,7 @@ _ROUTES = [("GET", re.compile(r"/v2/?"), "server"),
            ("GET", re.compile(_MODEL + "/?"), "metadata"),
            ("POST", re.compile(_MODEL + "/infer"), "infer"),
            ("POST", re.compile(r"/v2/repository/index"), "index"),
-           ("POST", re.compile(r"/v2/repository/models/(?P<name>[^/]+)/(?:load|unload)"), "control")]
+           ("POST", re.compile(r"/v2/repository/models/(?P<name>[^/]+)/(?P<action>load|unload)"), "control")]
 
 
 def route_of(method: str, path: str) -> Optional[Tuple[str, dict]]:
@@ -126,13 +154,32 @@ async def handle_rest(kserve: KServe, route: str, params: dict, headers: dict, b
         if route == "index":
             return _json(200, kserve.repository_index())
         if route == "control":
-            return _json(501, {"error": UNLOAD_TEXT})
+            parameters = _control_parameters(body)
+            if params["action"] == "load":
+                await kserve.load(params["name"], parameters)
+            else:
+                await kserve.unload(params["name"], parameters)
+            return _json(200, {})
         return await _infer_rest(kserve, params, headers, body)
     except errors.ServingError as err:
         return handle_error(err)
     except Exception as err:  # pylint: disable=broad-except
         log.exception("KServe v2 request failed")
         return handle_error(errors.SystemError_(f"Serving Error: {err}"))
+
+
+def _control_parameters(body: bytes) -> dict:
+    """The `parameters` object of a repository load/unload body (which may be empty)."""
+    if not body.strip():
+        return {}
+    try:
+        request = json.loads(body)
+    except ValueError as err:
+        raise errors.InvalidInputs(f"the request body is not JSON: {err}") from None
+    parameters = request.get("parameters", {}) if isinstance(request, dict) else None
+    if not isinstance(parameters, dict):
+        raise errors.InvalidInputs("the request body must be a JSON object with an object 'parameters'")
+    return parameters
 
 
 async def _infer_rest(kserve: KServe, params: dict, headers: dict, body: bytes):
@@ -203,11 +250,28 @@ class GRPCInferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
         return reply
 
     async def RepositoryModelLoad(self, request, context):
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, UNLOAD_TEXT)
+        await self._control(self.kserve.load, request, context)
+        return v2.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request, context):
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, UNLOAD_TEXT)
+        await self._control(self.kserve.unload, request, context)
+        return v2.RepositoryModelUnloadResponse()
+
+    @staticmethod
+    async def _control(operation, request, context):
+        parameters = {key: getattr(value, value.WhichOneof("parameter_choice") or "string_param")
+                      for key, value in request.parameters.items()}
+        try:
+            await operation(request.model_name, parameters)
+            return
+        except errors.ServingError as err:
+            error = err
+        except Exception as err:  # pylint: disable=broad-except
+            log.exception("KServe v2 repository control failed")
+            error = errors.SystemError_(f"Serving Error: {err}")
+        await context.abort(kserve_grpc_status(error), error.message)
 
 
-def add_kserve_servicer(dispatcher, server):
-    v2_grpc.add_GRPCInferenceServiceServicer_to_server(GRPCInferenceServicer(KServe(dispatcher)), server)
+def add_kserve_servicer(dispatcher, server, model_control=None):
+    v2_grpc.add_GRPCInferenceServiceServicer_to_server(GRPCInferenceServicer(KServe(dispatcher, model_control)),
+                                                       server)

@@ -68,13 +68,14 @@ class RestfulApp:
     counted in `drain` while it runs, and refused with 503 once the server is stopping (probes aside: they are
     answered throughout and not counted)."""
 
-    def __init__(self, dispatcher, max_bytes: int, fallback, llm_backend=None, drain: Optional[Drain] = None):
+    def __init__(self, dispatcher, max_bytes: int, fallback, llm_backend=None, drain: Optional[Drain] = None,
+                 model_control=None):
         self.drain = drain or Drain()
         self.dispatcher = GuardedDispatcher(dispatcher, self.drain)
         self.max_bytes = max_bytes
         self.fallback = fallback
         self.llm_backend = llm_backend
-        self.kserve = kserve.KServe(self.dispatcher)
+        self.kserve = kserve.KServe(self.dispatcher, model_control)
 
     @staticmethod
     def is_classic(scope) -> bool:
@@ -237,7 +238,7 @@ def _with_tcp_proto(sock: socket.socket) -> socket.socket:
 
 class RestfulFrontend:
     def __init__(self, address: str, max_msg_mb_size: int, ssl_config, dispatcher, app: FastAPI = None,
-                 llm_backend=None, readiness=None, metrics=None):
+                 llm_backend=None, readiness=None, metrics=None, model_control=None):
         check_max_msg_mb_size(max_msg_mb_size)
         if address.startswith("unix:"):
             raise RuntimeError("Serving Error: RESTful server does not support binding to unix domain socket")
@@ -250,7 +251,7 @@ class RestfulFrontend:
         app = app or build_docs_app(llm_backend, readiness)
         if metrics is not None:
             add_metrics_route(app, metrics)
-        self.app = RestfulApp(dispatcher, max_msg_mb_size * 1024 * 1024, app, llm_backend, self.drain)
+        self.app = RestfulApp(dispatcher, max_msg_mb_size * 1024 * 1024, app, llm_backend, self.drain, model_control)
         self.config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning",
                                      timeout_keep_alive=100, access_log=False, lifespan="off",
                                      **_ssl_context_kwargs(ssl_config))

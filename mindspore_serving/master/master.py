@@ -18,6 +18,7 @@ from mindspore_serving.master.dispatcher import DEFAULT_MAX_ENQUEUED_REQUESTS, D
 from mindspore_serving.master.heartbeat import HeartbeatSettings, WorkerHeartbeat
 from mindspore_serving.master.metrics import MasterMetrics, MetricsCollector
 from mindspore_serving.master.llm_backend import DEFAULT_TOKEN_TIMEOUT, MasterLlmBackend
+from mindspore_serving.master.model_control import ModelControl
 from mindspore_serving.master.readiness import IDLE, SERVING, STARTING, STOPPING, Readiness
 from mindspore_serving.master.readiness import readiness as server_readiness
 from mindspore_serving.master.worker_processes import WorkerPlan, WorkerProcess, WorkerProcesses
@@ -67,6 +68,7 @@ class Master:
         self.processes = WorkerProcesses(self.address, self._on_worker_death, self._on_all_workers_exited)
         self.metrics_collector = MetricsCollector(self.metrics, self.dispatcher, self.registry, self.processes,
                                                   self.loop)
+        self.model_control = ModelControl(self.processes, self.registry, get_stop_grace, self._close_channel)
         self.metrics_server = None  # (http server, thread) of start_metrics_server, if any
         # "grpc" / "restful" -> object with stop_accepting(), async drain_requests(grace) -> Counter of requests cut,
         # and async close() (its port stays open until then, for the probes)
@@ -114,6 +116,10 @@ class Master:
             log.warning(f"worker {worker.plan.key} (pid {record.pid}) is gone; its requests in flight fail")
             if record.channel is not None and not self.loop.is_closed():
                 asyncio.run_coroutine_threadsafe(record.channel.close(), self.loop)
+
+    def _close_channel(self, channel):
+        if not self.loop.is_closed():
+            asyncio.run_coroutine_threadsafe(channel.close(), self.loop)
 
     def _on_worker_unresponsive(self, record, reason: str):
         """A hung worker is treated as a dead one: killed, so that its requests fail and it is restarted."""

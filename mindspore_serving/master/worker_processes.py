@@ -39,6 +39,9 @@ class WorkerPlan:
     rank_table_json_file: str = ""
     distributed_address: str = ""
     wait_agents_time_in_seconds: int = 0
+    # >0 for a worker loaded beside a running one of the same servable, version and device (a reload): its key
+    # differs, so that both can be registered while the old one drains
+    generation: int = 0
 
     @property
     def distributed(self) -> bool:
@@ -53,7 +56,8 @@ class WorkerPlan:
     def key(self) -> str:
         if self.distributed:
             return f"{self.servable_name}/v{self.version_number}/distributed"
-        return f"{self.servable_name}/v{self.version_number}/device{self.device_id}"
+        suffix = f"/g{self.generation}" if self.generation else ""
+        return f"{self.servable_name}/v{self.version_number}/device{self.device_id}{suffix}"
 
     @property
     def log_path(self) -> str:
@@ -158,6 +162,48 @@ class WorkerProcesses:
                                        f"device id:{worker.plan.device_id}, no registration within "
                                        f"{worker.plan.start_timeout} s}}")
         self.ensure_monitor()
+
+    def load(self, plans: List[WorkerPlan]):
+        """Starts more workers while the others serve and blocks until they have registered; when one fails,
+        every worker of this call is killed and forgotten before the error is raised (the others are untouched)."""
+        try:
+            self.start(plans)
+        except BaseException:
+            keys = {plan.key for plan in plans}
+            for worker in self.detach(keys):
+                if worker.process is not None:
+                    _kill_group(worker.process)
+                    worker.process.wait()
+            raise
+
+    def of_servable(self, servable_name: str) -> List[WorkerProcess]:
+        with self._lock:
+            return [w for w in self.workers.values() if w.plan.servable_name == servable_name]
+
+    def detach(self, keys) -> List[WorkerProcess]:
+        """Forgets workers `keys` (an unload): the monitor neither restarts them nor counts them any more."""
+        with self._lock:
+            detached = [self.workers.pop(key) for key in list(keys) if key in self.workers]
+        for worker in detached:
+            worker.expected_exit = True
+        return detached
+
+    @staticmethod
+    def terminate(worker: WorkerProcess, grace: float):
+        """SIGTERM to a detached worker, SIGKILL to its process group when it is still alive after `grace` s."""
+        process = worker.process
+        if process is None:
+            return
+        try:
+            process.send_signal(signal.SIGTERM)
+            process.wait(grace)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            log.warning(f"worker {worker.plan.key} (pid {process.pid}) did not exit in {grace:g} s; killing it")
+        _kill_group(process)  # what it started goes with it
+        process.wait()
+        worker.process = None
 
     def planned(self) -> List[PlannedWorker]:
         """The workers this master runs, for its readiness (a worker given up has no process any more)."""

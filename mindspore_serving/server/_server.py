@@ -1,14 +1,20 @@
-"""start_servables / start_grpc_server / start_restful_server / stop on top of the master."""
+"""start_servables / load_servable / unload_servable / start_grpc_server / start_restful_server / stop on top of the
+master."""
+import os
+
 from mindspore_serving import log
 from mindspore_serving.frontends.address import check_address
 from mindspore_serving.frontends.grpc_server import GrpcFrontend
 from mindspore_serving.frontends.restful_server import RestfulFrontend
 from mindspore_serving.master.master import get_master, install_signal_handlers, stop_master
+from mindspore_serving.master.readiness import SERVING
 from mindspore_serving.master.worker_processes import WorkerPlan
 from mindspore_serving.server.master.context import check_grace
+from mindspore_serving.server.model_repository import DEFAULT_POLL_INTERVAL, RepositoryPoller, parse_policies
 from mindspore_serving.server.ssl_config import SSLConfig
-from mindspore_serving.server.start_config import (DistributedStartConfig, check_servable_configs,
-                                                   check_servable_location, merge_config)
+from mindspore_serving.common import check_type, errors
+from mindspore_serving.server.start_config import (DistributedStartConfig, ServableStartConfig,
+                                                   check_servable_configs, check_servable_location, merge_config)
 
 _GRPC, _RESTFUL = "grpc", "restful"
 
@@ -43,12 +49,98 @@ def start_servables(servable_configs):
     configs = merge_config(check_servable_configs(servable_configs, (DistributedStartConfig,)))
     master = get_master()
     install_signal_handlers()
+    _enable_model_control(master, configs)
     try:
         master.start_workers(_plans(configs))
     except BaseException:
         stop()
         raise
     log.info("all workers have registered")
+
+
+def _enable_model_control(master, configs):
+    """Lets the front ends load servables by name from the servable directory of `configs` (the first
+    ServableStartConfig's), on the devices of the running workers of that servable, else of that config."""
+    template = next((c for c in configs if isinstance(c, ServableStartConfig)), None)
+    if template is None or master.model_control.plans_for is not None:
+        return
+
+    def plans_for(name: str, version: int):
+        if not os.path.isdir(os.path.join(template.servable_directory, name)):
+            raise FileNotFoundError(f"servable '{name}' is not in the servable directory "
+                                    f"{template.servable_directory}")
+        running = [w.plan for w in master.processes.of_servable(name)]
+        device_ids = tuple(sorted({p.device_id for p in running})) or template.device_ids
+        device_type = running[0].device_type if running else template.device_type
+        config = ServableStartConfig(template.servable_directory, name, device_ids=device_ids,
+                                     version_number=version,
+                                     device_type=None if device_type in (None, "none") else device_type,
+                                     num_parallel_workers=template.num_parallel_workers)
+        return _plans(merge_config([config]))
+
+    master.model_control.plans_for = plans_for
+
+
+def load_servable(config):
+    """Loads a servable (a ServableStartConfig) while the server serves, and blocks until its workers have
+    registered. Workers of the same servable, version and device that served before then drain and stop (a
+    reload); other versions keep serving. Raises RuntimeError with the reason when it fails, and then what
+    served before is untouched."""
+    if not isinstance(config, ServableStartConfig):
+        raise RuntimeError(f"Parameter 'config' should be ServableStartConfig, but actually {type(config)}")
+    master = get_master()
+    install_signal_handlers()
+    (config,) = merge_config([config])
+    _enable_model_control(master, [config])
+    try:
+        master.model_control.load(_plans([config]))
+    except errors.ServingError as err:
+        raise RuntimeError(err.message) from None
+    master.phase = SERVING  # a server may start with no servable and load them all
+
+
+def unload_servable(servable_name, version_number=0):
+    """Stops serving a servable (one version of it; 0: every version): its workers leave the routing, their
+    requests in flight finish (within the stop grace), then they exit. Raises RuntimeError when it is not
+    loaded."""
+    master = get_master()
+    try:
+        master.model_control.unload(servable_name, version_number)
+    except errors.ServingError as err:
+        raise RuntimeError(err.message) from None
+
+
+_pollers = []
+
+
+def start_model_control_poll(servable_directory, servable_names=None, version_policy="latest:1", device_ids=(0,),
+                             device_type=None, interval=DEFAULT_POLL_INTERVAL):
+    """Serves what `servable_directory` holds and follows it: every `interval` seconds, version folders added or
+    removed and changed servable_config.py files are loaded, unloaded and reloaded (`server.model_repository`).
+
+    `version_policy` is `latest:N`, `all` or `specific:V1,V2`, and `;`-separated `name=policy` items override it
+    per servable. The directory's servables (only `servable_names`, when given) are loaded before this returns;
+    a load that fails is logged, and retried once the servable's files change."""
+    default, per_servable = parse_policies(version_policy)
+    directory = check_type.get_abs_path(check_type.check_str("servable_directory", servable_directory))
+    device_ids = tuple(device_ids) or (0,)
+
+    def load(name: str, version: int):
+        if get_master(create=False) is None and _pollers:
+            raise RuntimeError("the server stopped")
+        load_servable(ServableStartConfig(directory, name, device_ids=device_ids, version_number=version,
+                                          device_type=device_type))
+
+    def unload(name: str, version: int):
+        if get_master(create=False) is not None:
+            unload_servable(name, version)
+
+    poller = RepositoryPoller(directory, list(servable_names) if servable_names else None,
+                              lambda name: per_servable.get(name, default), load, unload, interval)
+    poller.poll_once()
+    _pollers.append(poller)
+    poller.start()
+    return poller
 
 
 def _check_ssl_config(ssl_config):
@@ -71,13 +163,14 @@ def _start_frontend(kind: str, label: str, frontend_class, address, max_msg_mb_s
 
 def start_grpc_server(address, max_msg_mb_size=100, ssl_config=None):
     """Serves MSService on `ip:port` or `unix:<path>`; messages up to `max_msg_mb_size` MiB each way."""
-    _start_frontend(_GRPC, "Serving gRPC server", GrpcFrontend, address, max_msg_mb_size, ssl_config)
+    _start_frontend(_GRPC, "Serving gRPC server", GrpcFrontend, address, max_msg_mb_size, ssl_config,
+                    model_control="model_control")
 
 
 def start_restful_server(address, max_msg_mb_size=100, ssl_config=None):
     """Serves the RESTful API on `ip:port`; request bodies up to `max_msg_mb_size` MiB."""
     _start_frontend(_RESTFUL, "RESTful server", RestfulFrontend, address, max_msg_mb_size, ssl_config,
-                    metrics="metrics_collector")
+                    metrics="metrics_collector", model_control="model_control")
 
 
 def start_metrics_server(address):
@@ -94,4 +187,6 @@ def stop(grace=None):
     `server.master.context.set_stop_grace`, 10 s); those still running then get an unavailable error."""
     if grace is not None:
         check_grace(grace)
+    while _pollers:
+        _pollers.pop().stop()
     stop_master(grace)

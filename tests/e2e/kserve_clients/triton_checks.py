@@ -131,8 +131,10 @@ def check_bad_inputs(args):
     expect(err.status() == "404", (err.status(), err.message()))
     err = failure(lambda: grpc.infer("missing", add_inputs(grpcclient)))
     expect(err.status() == "StatusCode.NOT_FOUND", err.status())
-    err = failure(lambda: grpc.load_model("add"))
-    expect(err.status() == "StatusCode.UNIMPLEMENTED", err.status())
+    err = failure(lambda: grpc.load_model("missing"))
+    expect(err.status() == "StatusCode.NOT_FOUND" and "missing" in err.message(), (err.status(), err.message()))
+    err = failure(lambda: http.unload_model("missing"))
+    expect(err.status() == "400" and "not loaded" in err.message(), (err.status(), err.message()))
 
 
 CHECKS = {name[len("check_"):]: function for name, function in globals().items() if name.startswith("check_")}
