@@ -11,6 +11,7 @@ and delegates to the dispatcher; errors map in frontends/errors.py (Protocol.KSE
 The health routes (`/v2/health/...`, `/v2/models/<model>/ready`) are not handled here.
 """
 import asyncio
+import threading
 import json
 import re
 from typing import List, Optional, Sequence, Tuple
@@ -67,13 +68,13 @@ class KServe:
         """Loads servable `name` (parameter `version`: one version, else the newest) off the event loop."""
         check_servable_name(name)
         version = version_parameter(parameters)
-        await asyncio.get_running_loop().run_in_executor(None, self._control().load_by_name, name, version)
+        await _in_thread(self._control().load_by_name, name, version)
 
     async def unload(self, name: str, parameters: dict):
         """Unloads servable `name` (parameter `version`: that version only) once its requests drained."""
         check_servable_name(name)
         version = version_parameter(parameters)
-        await asyncio.get_running_loop().run_in_executor(None, self._control().unload, name, version)
+        await _in_thread(self._control().unload, name, version)
 
     def _control(self):
         if self.model_control is None:
@@ -275,3 +276,22 @@ class GRPCInferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
 def add_kserve_servicer(dispatcher, server, model_control=None):
     v2_grpc.add_GRPCInferenceServiceServicer_to_server(GRPCInferenceServicer(KServe(dispatcher, model_control)),
                                                        server)
+
+
+async def _in_thread(function, *args):
+    """`function(*args)` in a thread of its own, awaited from the event loop. Not an executor: serving_server.py's
+    main thread returns once the server runs, and from then on Python refuses new executor work ("cannot schedule
+    new futures after interpreter shutdown")."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def run():
+        try:
+            result = function(*args)
+        except BaseException as err:  # handed to the awaiting coroutine
+            loop.call_soon_threadsafe(lambda error=err: future.done() or future.set_exception(error))
+        else:
+            loop.call_soon_threadsafe(lambda: future.done() or future.set_result(result))
+
+    threading.Thread(target=run, name=f"model-control-{function.__name__}", daemon=True).start()
+    return await future
