@@ -77,6 +77,8 @@ def build_health_router(readiness: ReadinessSource) -> APIRouter:
 
 
 def _model_ready(state: Readiness, name: str, version: int) -> JSONResponse:
+    if name not in state.servables and "." in name:  # a v2 model `<servable>.<method>` is as ready as its servable
+        name = name.rsplit(".", 1)[0]
     ready = state.model_ready(name, version)
     label = f"model {name}" + (f" version {version}" if version else "")
     if ready is None:

@@ -27,7 +27,7 @@ def server(tmp_path_factory):
         proc.close()
 
 
-@pytest.mark.parametrize("check", ["metadata", "http_infer", "async_http", "grpc_infer", "bad_inputs"])
+@pytest.mark.parametrize("check", ["metadata", "http_infer", "async_http", "grpc_infer", "bad_inputs", "repository"])
 def test_triton_client(server, check, tmp_path):
     grpc_addr, rest_addr = server
     env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}

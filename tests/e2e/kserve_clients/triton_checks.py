@@ -137,6 +137,23 @@ def check_bad_inputs(args):
     expect(err.status() == "400" and "not loaded" in err.message(), (err.status(), err.message()))
 
 
+def check_repository(args):
+    """A load/unload round trip through the Triton clients (run last: lenet is reloaded)."""
+    http = httpclient.InferenceServerClient(args.http)
+    grpc = grpcclient.InferenceServerClient(args.grpc)
+    http.unload_model("lenet")
+    names = {model["name"] for model in http.get_model_repository_index()}
+    expect(names == {"add.add_common", "add.add_cast"}, names)
+    expect(not grpc.is_model_ready("lenet.classify_top1"), "unloaded lenet is not ready")
+    grpc.load_model("lenet")
+    expect(grpc.is_model_ready("lenet.classify_top1"), "lenet back (gRPC)")
+    expect(http.is_model_ready("lenet.classify_top1"), "lenet back (HTTP)")
+    image = httpclient.InferInput("image", [2], "BYTES")
+    image.set_data_from_numpy(images(args))
+    labels = http.infer("lenet.classify_top1_batch", [image]).as_numpy("label")
+    expect(list(labels) == [b"7", b"2"], labels)
+
+
 CHECKS = {name[len("check_"):]: function for name, function in globals().items() if name.startswith("check_")}
 
 
