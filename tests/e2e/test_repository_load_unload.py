@@ -107,41 +107,55 @@ def test_bad_input_leaves_serving_untouched(serving):
     assert requests.get(base + "/ready", timeout=5).status_code == 200
 
 
+class ClientsUnderLoad:
+    """Four clients that loop v2 infer requests on add.add_common until stopped: the versions that answered, and
+    every failure."""
+
+    def __init__(self, base):
+        self.base, self.seen, self.failures, self.stop = base, [], [], threading.Event()
+        self.threads = [threading.Thread(target=self._client) for _ in range(4)]
+
+    def _client(self):
+        with requests.Session() as session:
+            while not self.stop.is_set():
+                reply = session.post(self.base + "/v2/models/add.add_common/infer", json=INFER, timeout=30)
+                if reply.status_code == 200 and reply.json()["outputs"][0]["data"] == [2, 3, 4, 5]:
+                    self.seen.append(reply.json()["model_version"])
+                else:
+                    self.failures.append((reply.status_code, reply.text))
+
+    def more(self, count):
+        """Waits until `count` more answers came (or a failure)."""
+        target = len(self.seen) + count
+        while len(self.seen) < target and not self.failures:
+            threading.Event().wait(0.02)
+
+    def __enter__(self):
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_):
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(60)
+
+
 def test_version_switch_under_load_fails_no_request(serving):
     repository, base, grpc_addr = serving
     add_version(repository, 2)
-    seen, failures, stop = [], [], threading.Event()
-
-    def client():
-        with requests.Session() as session:
-            while not stop.is_set():
-                reply = session.post(base + "/v2/models/add.add_common/infer", json=INFER, timeout=30)
-                if reply.status_code == 200 and reply.json()["outputs"][0]["data"] == [2, 3, 4, 5]:
-                    seen.append(reply.json()["model_version"])
-                else:
-                    failures.append((reply.status_code, reply.text))
-
-    clients = [threading.Thread(target=client) for _ in range(4)]
-    for thread in clients:
-        thread.start()
-    try:
+    with ClientsUnderLoad(base) as load:
         reply = requests.post(base + "/v2/repository/models/add/load", json={"parameters": {"version": 2}},
                               timeout=120)
         assert reply.status_code == 200, reply.text
-        before_unload = len(seen)
+        before_unload = len(load.seen)
         with grpc.insecure_channel(grpc_addr) as channel:
             stub = v2_grpc.GRPCInferenceServiceStub(channel)
             stub.RepositoryModelUnload(v2.RepositoryModelUnloadRequest(
                 model_name="add", parameters={"version": v2.ModelRepositoryParameter(int64_param=1)}), timeout=60)
-        after_unload = len(seen)
-        while len(seen) < after_unload + 20 and not failures:
-            threading.Event().wait(0.02)
-    finally:
-        stop.set()
-        for thread in clients:
-            thread.join(60)
-    assert not failures, failures[:3]
-    assert seen[0] == "1" and seen[-1] == "2" and before_unload > 0, (seen[:3], seen[-3:])
+        load.more(20)
+    assert not load.failures, load.failures[:3]
+    assert load.seen[0] == "1" and load.seen[-1] == "2" and before_unload > 0, (load.seen[:3], load.seen[-3:])
     assert index(base) == [("add.add_cast", "2"), ("add.add_common", "2")]
     assert infer(base, "1").status_code == 404
 
@@ -171,11 +185,17 @@ def test_poll_mode_follows_version_folders(tmp_path):
         assert index(base) == [("add.add_cast", "1"), ("add.add_common", "1")]
         staging = os.path.join(repository, "add", "staging")  # not a version: renamed into place at once
         shutil.copytree(os.path.join(SERVABLES, "add", "1"), staging)
-        added = time.monotonic()
-        os.rename(staging, os.path.join(repository, "add", "2"))
-        proc.wait_for("model control: loading servable add version 2", timeout=2)
-        assert time.monotonic() - added < 2
-        wait_until(lambda: index(base) == [("add.add_cast", "2"), ("add.add_common", "2")], 60, "version 2 alone")
+        with ClientsUnderLoad(base) as load:  # the switch fails no request
+            load.more(10)
+            added = time.monotonic()
+            os.rename(staging, os.path.join(repository, "add", "2"))
+            proc.wait_for("model control: loading servable add version 2", timeout=2)
+            assert time.monotonic() - added < 2
+            wait_until(lambda: index(base) == [("add.add_cast", "2"), ("add.add_common", "2")], 60,
+                       "version 2 alone")
+            load.more(20)
+        assert not load.failures, load.failures[:3]
+        assert load.seen[0] == "1" and load.seen[-1] == "2", (load.seen[:3], load.seen[-3:])
         assert infer(base).json()["model_version"] == "2"
         shutil.rmtree(os.path.join(repository, "add", "2"))  # latest:1 falls back to version 1
         wait_until(lambda: index(base) == [("add.add_cast", "1"), ("add.add_common", "1")], 60, "version 1 again")
