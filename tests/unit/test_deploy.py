@@ -242,6 +242,8 @@ def test_hpa_scales_the_deployment_on_the_documented_metrics():
     assert [r["name"]["as"] for r in rules] == pods_metrics
     exposed = [re.search(r'__name__="([^"]+)"', r["seriesQuery"]).group(1) for r in rules]
     assert exposed == ["mindspore_serving_enqueued_requests", "mindspore_serving:num_requests_waiting"]
+    from mindspore_serving.common.metrics import FAMILIES, GAUGE
+    assert all(FAMILIES[name].kind == GAUGE for name in exposed)  # what GET /metrics really exposes
     readme = _read("README.md")
     assert all(name in readme for name in exposed + pods_metrics)
 
