@@ -166,3 +166,15 @@ class GuardedBackend:
 
     def __getattr__(self, name):
         return getattr(self._backend, name)
+
+
+class DrainingFrontend:
+    """A front end that stops in two steps, `drain_requests(grace)` then `close()` (the master drains every front
+    end before it closes any, so that the probes answer during the whole drain)."""
+
+    async def stop(self, grace: float) -> "collections.Counter":
+        """`drain_requests(grace)`, then `close()`; returns the requests cut, by kind."""
+        try:
+            return await self.drain_requests(grace)
+        finally:
+            await self.close()

@@ -9,7 +9,7 @@ from mindspore_serving import log
 from mindspore_serving.common import errors
 from mindspore_serving.frontends import replies
 from mindspore_serving.frontends.address import check_address, check_max_msg_mb_size, check_unix_address
-from mindspore_serving.frontends.drain import CUT_ANSWER_S, Drain, GuardedBackend, GuardedDispatcher
+from mindspore_serving.frontends.drain import CUT_ANSWER_S, Drain, DrainingFrontend, GuardedBackend, GuardedDispatcher
 from mindspore_serving.frontends.errors import grpc_error
 from mindspore_serving.frontends.grpc_llm import predict_stream
 from mindspore_serving.frontends.health import HealthServicer, always_ready
@@ -126,7 +126,7 @@ def _credentials(ssl_config):
         raise RuntimeError(f"Serving Error: load ssl config failed: {err}") from err
 
 
-class GrpcFrontend:
+class GrpcFrontend(DrainingFrontend):
     def __init__(self, address: str, max_msg_mb_size: int, ssl_config, dispatcher, extra_servicers=(),
                  llm_backend=None, readiness=None, model_control=None):
         check_max_msg_mb_size(max_msg_mb_size)
@@ -173,13 +173,6 @@ class GrpcFrontend:
         """New calls fail with UNAVAILABLE from now on; grpc.health.v1 still answers (NOT_SERVING) until `stop`
         closes the port at the end of the grace period."""
         self.drain.accepting = False
-
-    async def stop(self, grace: float) -> Counter:
-        """`drain_requests(grace)`, then `close()`; returns the calls cut, by kind."""
-        try:
-            return await self.drain_requests(grace)
-        finally:
-            await self.close()
 
     async def drain_requests(self, grace: float) -> Counter:
         """Refuses new calls at once (UNAVAILABLE), lets those in flight finish within `grace` seconds, then cuts

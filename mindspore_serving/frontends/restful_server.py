@@ -18,7 +18,8 @@ from mindspore_serving import log
 from mindspore_serving.common import errors
 from mindspore_serving.common.tensor_codec import instances_to_proto, proto_to_instance
 from mindspore_serving.frontends import kserve, restful_codec
-from mindspore_serving.frontends.drain import CUT_ANSWER_S, Drain, GuardedBackend, GuardedDispatcher, refusal_reply
+from mindspore_serving.frontends.drain import (CUT_ANSWER_S, Drain, DrainingFrontend, GuardedBackend, GuardedDispatcher,
+                                               refusal_reply)
 from mindspore_serving.frontends.errors import Protocol, classic_error, http_error, http_error_headers
 from mindspore_serving.frontends.health import always_ready, build_health_router, is_probe
 from mindspore_serving.frontends.replies import global_error
@@ -236,7 +237,7 @@ def _with_tcp_proto(sock: socket.socket) -> socket.socket:
     return sock
 
 
-class RestfulFrontend:
+class RestfulFrontend(DrainingFrontend):
     def __init__(self, address: str, max_msg_mb_size: int, ssl_config, dispatcher, app: FastAPI = None,
                  llm_backend=None, readiness=None, metrics=None, model_control=None):
         check_max_msg_mb_size(max_msg_mb_size)
@@ -286,13 +287,6 @@ class RestfulFrontend:
             for listener in self.server.servers:
                 listener.close()
             self.server.should_exit = True  # uvicorn closes idle connections, then waits for its tasks
-
-    async def stop(self, grace: float) -> Counter:
-        """`drain(grace)`, then `close()`; returns the requests cut, by kind."""
-        try:
-            return await self.drain_requests(grace)
-        finally:
-            await self.close()
 
     async def drain_requests(self, grace: float) -> Counter:
         """Refuses new requests at once (`stop_accepting`), lets those in flight finish within `grace` seconds,

@@ -165,24 +165,27 @@ class RepositoryPoller:
             key = (change.servable, change.version)
             if change.action == "load":
                 signature = _signature_of(snapshot, change)
-                log.info(f"model control: loading servable {change.servable} version {change.version}")
-                try:
-                    self.load(change.servable, change.version)
-                except Exception as err:  # pylint: disable=broad-except
-                    log.error(f"model control: loading servable {change.servable} version {change.version} "
-                              f"failed: {err}")
+                if self._apply(change, self.load):
+                    self._failed.pop(key, None)
+                    self.served[key] = signature
+                else:
                     self._failed[key] = signature
-                    continue
-                self._failed.pop(key, None)
-                self.served[key] = signature
             else:
-                log.info(f"model control: unloading servable {change.servable} version {change.version}")
-                try:
-                    self.unload(change.servable, change.version)
-                except Exception as err:  # pylint: disable=broad-except
-                    log.error(f"model control: unloading servable {change.servable} version {change.version} "
-                              f"failed: {err}")
+                self._apply(change, self.unload)
                 self.served.pop(key, None)
+
+    @staticmethod
+    def _apply(change, action) -> bool:
+        """Runs `action(servable, version)` for `change`, logging it; False when it failed (logged with why)."""
+        what = f"servable {change.servable} version {change.version}"
+        verb = "loading" if change.action == "load" else "unloading"
+        log.info(f"model control: {verb} {what}")
+        try:
+            action(change.servable, change.version)
+        except Exception as err:  # pylint: disable=broad-except
+            log.error(f"model control: {verb} {what} failed: {err}")
+            return False
+        return True
 
     def start(self):
         self._thread = threading.Thread(target=self._run, name="serving-model-control", daemon=True)
