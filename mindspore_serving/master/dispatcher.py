@@ -299,10 +299,10 @@ class Dispatcher:
             if timeout is None:
                 answers = await self._predict(spec, candidates, instances, None)
             else:
-                try:
-                    answers = await asyncio.wait_for(
-                        self._predict(spec, candidates, instances, self.clock.now() + timeout), timeout)
-                except asyncio.TimeoutError:
+                try:  # a timeout scope, not wait_for: no extra task per request
+                    async with asyncio.timeout(timeout):
+                        answers = await self._predict(spec, candidates, instances, self.clock.now() + timeout)
+                except TimeoutError:
                     raise errors.Failed(f"Request {request_repr(spec.name, spec.method_name, spec.version_number)}, "
                                         f"deadline of {timeout:g} s exceeded") from None
             outcome = outcome_of_answers(answers)
