@@ -17,6 +17,9 @@ from mindspore_serving.worker.distributed.agent_group import RankAgent, check_ag
 from mindspore_serving.worker.distributed.rank_table import (RankConfig, check_rank_config, parse_rank_table,
                                                              stage_ranks)
 from mindspore_serving.worker.model_backend import TensorInfo
+from serving_process import free_port
+
+WORKER_ADDRESS = f"127.0.0.1:{free_port()}"  # only checked, never dialled: still a port nothing else holds
 
 _ids = itertools.count()
 
@@ -137,14 +140,14 @@ def test_declare_servable_errors(tmp_path, registry, body, message):
 # ---------------------------------------------------------------- startup_agents
 
 def test_startup_args():
-    assert check_startup_args("127.0.0.1:6200", ["a", "b"], None, 7000, None, "AES-GCM") == (("a", "b"), None)
+    assert check_startup_args(WORKER_ADDRESS, ["a", "b"], None, 7000, None, "AES-GCM") == (("a", "b"), None)
     for port in (0, 65529):
         with raises("Parameter 'agent_start_port' should be in range [1,65528]"):
-            check_startup_args("127.0.0.1:6200", ["a"], None, port, None, "AES-GCM")
+            check_startup_args(WORKER_ADDRESS, ["a"], None, port, None, "AES-GCM")
     with raises("Parameter 'dec_key' length 3 expected to be 16, 24 or 32"):
-        check_startup_args("127.0.0.1:6200", ["a"], None, 7000, b"abc", "AES-GCM")
+        check_startup_args(WORKER_ADDRESS, ["a"], None, 7000, b"abc", "AES-GCM")
     with raises("Parameter 'dec_mode' expected to be 'AES-GCM' or 'AES-CBC'"):
-        check_startup_args("127.0.0.1:6200", ["a"], None, 7000, None, "XTS")
+        check_startup_args(WORKER_ADDRESS, ["a"], None, 7000, None, "XTS")
 
 
 def test_agent_ip_and_rank_start_go_together():

@@ -30,9 +30,10 @@ from mindspore_serving.proto import agent_pb2, ms_service_pb2, ms_service_pb2_gr
 from mindspore_serving.spec.llm import GENERATE_METHOD, LLM_EXTENSION
 from mindspore_serving.worker.llm.agent_client import AgentLost, _StepCall
 from grpc_fakes import FakeFuture
+from serving_process import free_port
 from test_llm_step_executor import ScriptedRunner, add, make_executor
 
-LOST = "LLM agent rank 1 of llama_tiny is gone (127.0.0.1:7101: UNAVAILABLE: Socket closed)"
+LOST = f"LLM agent rank 1 of llama_tiny is gone (127.0.0.1:{free_port()}: UNAVAILABLE: Socket closed)"
 
 
 class _RpcError(grpc.RpcError):
