@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Dict, Optional
 
 from mindspore_serving.common.child_process import child_env
+from mindspore_serving.common.net import accepts_connections
 
 SCHEDULER_MODULE = "mindspore_serving.common.ms_cluster"
 _PARENT_PID_VAR = "MS_SERVING_SCHEDULER_PARENT"
@@ -86,11 +87,8 @@ def wait_listening(address: ClusterAddress, timeout: float, gone=lambda: False) 
     Ranks are started only then: one that finds no scheduler backs off for many seconds."""
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            with socket.create_connection((address.host, address.port), timeout=1.0):
-                return True
-        except OSError:
-            pass
+        if accepts_connections(address.host, address.port, timeout=1.0):
+            return True
         if gone() or time.monotonic() > deadline:
             return False
         time.sleep(0.05)

@@ -1,5 +1,4 @@
 """An LLM servable inside a worker: the engine loop over agents, behind the same interface as ServableRuntime."""
-import socket
 import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence
@@ -9,6 +8,7 @@ import numpy as np
 from mindspore_serving import log
 from mindspore_serving.common import errors
 from mindspore_serving.common import metrics as m
+from mindspore_serving.common.net import accepts_connections
 from mindspore_serving.common.restart_budget import RestartBudget
 from mindspore_serving.ipc.llm_session import registration_facts
 from mindspore_serving.llm.engine import LLMEngine
@@ -27,16 +27,6 @@ from mindspore_serving.worker.method_runner import InstanceError
 ATTACH_PROBE_TIMEOUT = 1.0  # seconds to find agents already running on fixed ports
 MAX_AGENT_RESTARTS = 3      # agent groups restarted in this worker within AGENT_RESTART_WINDOW before it gives up
 AGENT_RESTART_WINDOW = 60.0
-
-
-def _listening(host: str, port: int) -> bool:
-    """Something accepts connections on host:port (a refused connection answers at once, where a gRPC probe
-    waits for its timeout)."""
-    try:
-        with socket.create_connection((host, port), timeout=ATTACH_PROBE_TIMEOUT):
-            return True
-    except OSError:
-        return False
 
 
 class LlmRuntime:
@@ -74,7 +64,7 @@ class LlmRuntime:
         agents = self.config.agents
         options = dict(heartbeat_interval=agents.heartbeat_interval, heartbeat_misses=agents.heartbeat_misses,
                        model_name=self.spec.name)
-        if agents.start_port and _listening(agents.host_of(0), agents.start_port):
+        if agents.start_port and accepts_connections(agents.host_of(0), agents.start_port, ATTACH_PROBE_TIMEOUT):
             addresses = agent_addresses(self.config)
             try:
                 runner = AgentRunner(addresses, self._agent_lost, connect_timeout=ATTACH_PROBE_TIMEOUT, **options)
