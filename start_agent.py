@@ -56,6 +56,7 @@ def main():
     parser.add_argument("--scheduler_address", default="",
                         help="host:port of the cluster scheduler (default: agents.scheduler_address)")
     args = parser.parse_args()
+    log.get_level()  # a bad log variable raises its ValueError before anything starts
     config = load_serving_config(args.config)
     if not config.agents.start_port:
         sys.exit("agents.start_port is 0 in the configuration: standalone agents need fixed ports for the worker "

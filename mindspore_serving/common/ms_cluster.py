@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, Optional
 
+from mindspore_serving import log
 from mindspore_serving.common.child_process import child_env
 from mindspore_serving.common.net import accepts_connections
 
@@ -66,10 +67,12 @@ def start_scheduler(address: ClusterAddress, timeout: float = 60.0, **popen_kwar
     """Starts the cluster's scheduler process and returns once it listens (a rank that finds no scheduler
     backs off for many seconds before it tries again); it runs until the ranks finish, it is stopped, or this
     process is gone. Its own MindSpore log is kept to errors (GLOG_v=3) unless MS_SERVING_SCHEDULER_GLOG_v says
-    otherwise: it reports the cluster's health every few seconds."""
+    otherwise: it reports the cluster's health every few seconds. This package's log in it keeps this process's
+    level (MS_SUBMODULE_LOG_v's SERVING entry)."""
     env = child_env()
     env.update(address.env())
     env[_PARENT_PID_VAR] = str(os.getpid())
+    env["MS_SUBMODULE_LOG_v"] = log.pinned_submodule_config()
     env["GLOG_v"] = os.environ.get("MS_SERVING_SCHEDULER_GLOG_v", "3")
     process = subprocess.Popen([sys.executable, "-m", SCHEDULER_MODULE], env=env, stdin=subprocess.DEVNULL,
                                **popen_kwargs)

@@ -55,6 +55,7 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 class Master:
     def __init__(self):
+        log.get_level()  # a bad log variable (GLOG_v, GLOG_log_dir...) raises its ValueError before anything starts
         self.loop = new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="serving-loop", daemon=True)
         self._thread.start()

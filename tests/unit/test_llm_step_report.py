@@ -2,6 +2,7 @@
 import logging
 import re
 
+from mindspore_serving import log
 from mindspore_serving.llm import LLMEngine, SchedulerConfig
 from mindspore_serving.llm.engine_core import StepStats
 from mindspore_serving.llm.engine_loop import EngineLoop
@@ -58,6 +59,7 @@ def test_engine_loop_logs_a_line_when_it_goes_idle(caplog):
     runner = FakeModelRunner(num_blocks=64, block_size=4, max_seq_len=64, vocab_size=97)
     config = SchedulerConfig.for_runner(runner, max_num_seqs=4, max_num_batched_tokens=64)
     loop = EngineLoop(LLMEngine(runner, scheduler_config=config), stats_interval=60.0)
+    log.get_level()  # the logger is set up at its first use: before caplog changes its level
     logger = logging.getLogger("mindspore_serving")
     logger.addHandler(caplog.handler)
     try:

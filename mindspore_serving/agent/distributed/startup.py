@@ -151,6 +151,7 @@ def _install_signal_handlers(group: AgentGroupProcesses):
 def startup_agents(distributed_address, model_files, group_config_files=None, agent_start_port=7000, agent_ip=None,
                    rank_start=None, dec_key=None, dec_mode="AES-GCM"):
     """See server.distributed.startup_agents."""
+    log.get_level()  # a bad log variable raises its ValueError before anything starts
     model_files, _ = check_startup_args(distributed_address, model_files, group_config_files, agent_start_port,
                                         dec_key, dec_mode)
     if (agent_ip is None) != (rank_start is None):
