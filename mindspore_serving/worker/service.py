@@ -68,7 +68,7 @@ class WorkerServicer(internal_pb2_grpc.WorkerServiceServicer):
                 error.error_code = errors.FAILED
                 error.error_msg = f"convert output failed: {err}".encode()
         log.info(f"Method {spec.method_name} WorkerRequestHandle Time Cost # "
-                 f"{(time.perf_counter() - started) * 1000:.3f} ms")
+                 f"{(time.perf_counter() - started) * 1000:.3f} ms ---------------------")
         return reply
 
     def Exit(self, request, context):
