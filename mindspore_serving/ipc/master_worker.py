@@ -11,16 +11,17 @@ INTERNAL_CHANNEL_OPTIONS = [
 _MAX_NAME = 90
 
 
-def _short(name: str) -> str:
-    """Unix socket paths are limited: long names keep their first and last 40 characters."""
-    return name if len(name) <= _MAX_NAME else name[:40] + "___" + name[-40:]
+def _short(address: str) -> str:
+    """Unix socket paths are limited: an address over 90 characters keeps its first and last 40, joined by '___'
+    (as MindSpore Serving's workers shorten theirs)."""
+    return address if len(address) <= _MAX_NAME else address[:40] + "___" + address[-40:]
 
 
 def socket_address(name: str) -> str:
     os.makedirs(SOCKET_DIR, exist_ok=True)
     # relative to the working directory that the master and its workers share: unix socket paths are short-lived
     # and limited to about 100 characters
-    return "unix:" + os.path.join(SOCKET_DIR, _short(name))
+    return _short(f"unix:{SOCKET_DIR}/{name}")
 
 
 def master_address() -> str:
