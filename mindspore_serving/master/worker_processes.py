@@ -32,7 +32,7 @@ class WorkerPlan:
     device_type: Optional[str]
     device_id: int
     num_parallel_workers: int
-    dec_key: Optional[bytes]
+    dec_key: Optional[bytes] = field(repr=False)  # never in a log line
     dec_mode: str
     owns_device: bool = True
     # a distributed servable's worker (server.distributed.start_servable) when rank_table_json_file is set

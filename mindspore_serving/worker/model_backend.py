@@ -46,9 +46,11 @@ class TensorInfo:
         return all(dim >= 0 for dim in self.shape)
 
 
-def read_mindir_inputs(path: str) -> Optional[List[TensorInfo]]:
-    """Input shapes and dtypes recorded in a MindIR file; None when the file cannot be parsed (e.g. encrypted)."""
-    infos = read_mindir_input_infos(path)
+def read_mindir_inputs(path: str, dec_key: Optional[bytes] = None,
+                       dec_mode: str = "AES-GCM") -> Optional[List[TensorInfo]]:
+    """Input shapes and dtypes recorded in a MindIR file (decrypted with `dec_key` when it is encrypted); None when
+    the file cannot be read or parsed."""
+    infos = read_mindir_input_infos(path, dec_key, dec_mode)
     return None if infos is None else [TensorInfo(shape, dtype) for shape, dtype in infos]
 
 
@@ -65,7 +67,7 @@ class Subgraph:
         self.cell = nn.GraphCell(ms.load(path, **kwargs))
         self._phases = {}  # input signature -> compiled phase, for the fast call
         self._runner = compiled_runner()
-        self.inputs = read_mindir_inputs(path)
+        self.inputs = read_mindir_inputs(path, dec_key, dec_mode)
         if self.inputs is None:
             raise RuntimeError(f"cannot read the inputs of model file '{path}'")
         self.outputs = self._probe_outputs()

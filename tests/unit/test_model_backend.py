@@ -122,3 +122,49 @@ def test_a_failing_fast_call_falls_back_to_the_public_call(add_graph, public_cal
     x1, x2 = pairs(1)[0]
     np.testing.assert_array_equal(add_graph.run([x1, x2])[0], x1 + x2)
     assert len(public_calls) == 1
+
+
+# ---------------------------------------------------------------- encrypted MindIR (export(..., enc_key=...))
+
+KEY = b"0123456789abcdef0123456789abcdef"
+
+
+def export_encrypted(ms, directory, enc_mode):
+    """The add model of servables/add exported with `enc_key=KEY`: not a parseable protobuf any more."""
+    import importlib.util
+    import sys
+    name = "_test_model_backend_add_export"
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "servables", "add", "export_model.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # MindSpore's graph parser looks modules up by name
+        spec.loader.exec_module(module)
+    x = ms.Tensor(np.ones((2, 2), np.float32))
+    base = os.path.join(str(directory), "tensor_add")
+    ms.export(module._build_net(), x, x, file_name=base, file_format="MINDIR", enc_key=KEY, enc_mode=enc_mode)
+    return base + ".mindir"
+
+
+@pytest.mark.parametrize("mode", ["AES-GCM", "AES-CBC"])
+def test_an_encrypted_model_loads_with_its_key(ms, tmp_path, mode):
+    from mindspore_serving.common.mindir_info import read_mindir_input_infos
+    from mindspore_serving.worker.model_backend import Subgraph
+    path = export_encrypted(ms, tmp_path, mode)
+    assert read_mindir_input_infos(path) is None  # without the key it is no protobuf
+    graph = Subgraph(path, KEY, mode)
+    assert [(info.shape, info.dtype) for info in graph.inputs] == [((2, 2), np.float32)] * 2
+    assert [(info.shape, info.dtype) for info in graph.outputs] == [((2, 2), np.float32)]
+    x = np.arange(4, dtype=np.float32).reshape(2, 2)
+    np.testing.assert_array_equal(graph.run([x, x])[0], x * 2)
+
+
+def test_a_wrong_key_fails_with_mindspore_s_reason(ms, tmp_path):
+    from mindspore_serving.worker.model_backend import Subgraph
+    path = export_encrypted(ms, tmp_path, "AES-GCM")
+    with pytest.raises(RuntimeError, match="Load MindIR failed. The file may be encrypted and decrypt failed, you can "
+                                           "check whether the values of the arguments 'dec_key' and 'dec_mode' are "
+                                           "the same as when exported MindIR file, or check the file integrity."):
+        Subgraph(path, b"x" * 32, "AES-GCM")
+    with pytest.raises(RuntimeError, match="Load MindIR failed"):
+        Subgraph(path, KEY, "AES-CBC")

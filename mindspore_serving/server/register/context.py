@@ -23,6 +23,29 @@ class ModelContext:
     enable_parallel: int = -1
     device_list: List[Dict[str, str]] = field(default_factory=list)
 
+    def as_string(self) -> str:
+        """The options that were set, as MindSpore Serving prints them in "Load model failed, ... model context: "
+        (a map in key order, lists in brackets, no quotes), e.g. `{device infos: [{device_type: cpu}], thread num: 2}`;
+        `{}` when none was set."""
+        items = {}
+        if self.thread_num > -1:
+            items["thread num"] = str(self.thread_num)
+        if self.thread_affinity_core_list:
+            items["thread affinity core list"] = _as_list(self.thread_affinity_core_list)
+        if self.enable_parallel > -1:
+            items["enable parallel"] = str(self.enable_parallel)
+        if self.device_list:
+            items["device infos"] = _as_list(_as_map(info) for info in self.device_list)
+        return _as_map(items)
+
+
+def _as_map(items: Dict[str, str]) -> str:
+    return "{" + ", ".join(f"{key}: {items[key]}" for key in sorted(items)) + "}"
+
+
+def _as_list(items) -> str:
+    return "[" + ", ".join(str(item) for item in items) + "]"
+
 
 class DeviceInfoContext:
     """Base of the device infos; `context_map` holds the options that were set plus "device_type"."""
