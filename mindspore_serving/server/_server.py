@@ -13,7 +13,7 @@ from mindspore_serving.server.master.context import check_grace
 from mindspore_serving.server.model_repository import DEFAULT_POLL_INTERVAL, RepositoryPoller, parse_policies
 from mindspore_serving.server.ssl_config import SSLConfig
 from mindspore_serving.common import check_type, errors
-from mindspore_serving.server.start_config import (DistributedStartConfig, ServableStartConfig,
+from mindspore_serving.server.start_config import (DistributedStartConfig, ServableStartConfig, check_device_types,
                                                    check_servable_configs, check_servable_location, merge_config)
 
 _GRPC, _RESTFUL = "grpc", "restful"
@@ -46,7 +46,9 @@ def start_servables(servable_configs):
     Raises RuntimeError("Fail to start workers: ...") with the worker's reason when one fails; everything
     started so far is stopped then.
     """
-    configs = merge_config(check_servable_configs(servable_configs, (DistributedStartConfig,)))
+    configs = check_servable_configs(servable_configs, (DistributedStartConfig,))
+    check_device_types(configs)
+    configs = merge_config(configs)
     master = get_master()
     install_signal_handlers()
     _enable_model_control(master, configs)
@@ -90,6 +92,7 @@ def load_servable(config):
         raise RuntimeError(f"Parameter 'config' should be ServableStartConfig, but actually {type(config)}")
     master = get_master()
     install_signal_handlers()
+    check_device_types([config])
     (config,) = merge_config([config])
     _enable_model_control(master, [config])
     try:
