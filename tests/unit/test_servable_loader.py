@@ -244,3 +244,22 @@ def test_load_with_a_missing_version(tmp_path):
     (servable / "1").mkdir()
     with pytest.raises(RuntimeError, match=r"specified version number: 3, servable directory: "):
         load_servable(str(tmp_path), name, 3, "cpu", 0)
+
+
+def test_load_failure_names_files_context_and_reason(tmp_path):
+    pytest.importorskip("mindspore")
+    name = unique_name()
+    servable = write_config(tmp_path, name, """
+        context = register.Context(thread_num=2)
+        model = register.declare_model(["net.mindir", "net2.mindir"], "MindIR", context=context)
+
+        @register.register_method(output_names="y")
+        def predict(x):
+            return register.add_stage(model, x, outputs_count=1)
+    """)
+    (servable / "1").mkdir()
+    with pytest.raises(RuntimeError) as info:
+        load_servable(str(tmp_path), name, 1, "cpu", 0)
+    assert str(info.value) == (f"Load model failed, servable directory: '{tmp_path}', servable name: '{name}', model "
+                               f"file: '[net.mindir, net2.mindir]', version number 1,model context: {{thread num: 2}}, "
+                               f"load error details: model file '{servable / '1' / 'net.mindir'}' not exist")
