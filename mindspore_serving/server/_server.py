@@ -4,7 +4,7 @@ import os
 
 from mindspore_serving import log
 from mindspore_serving.frontends.address import check_address
-from mindspore_serving.frontends.grpc_server import GrpcFrontend
+from mindspore_serving.frontends.grpc_server import GrpcFrontend, read_ssl_files
 from mindspore_serving.frontends.restful_server import RestfulFrontend
 from mindspore_serving.master.master import get_master, install_signal_handlers, stop_master
 from mindspore_serving.master.readiness import SERVING
@@ -146,13 +146,7 @@ def start_model_control_poll(servable_directory, servable_names=None, version_po
     return poller
 
 
-def _check_ssl_config(ssl_config):
-    if ssl_config is not None and not isinstance(ssl_config, SSLConfig):
-        raise RuntimeError("The type of ssl_config should be type of SSLConfig")
-
-
 def _start_frontend(kind: str, label: str, frontend_class, address, max_msg_mb_size, ssl_config, **extra):
-    _check_ssl_config(ssl_config)
     master = get_master()
     if kind in master.frontends:
         raise RuntimeError(f"Serving Error: {label} is already running")
@@ -166,12 +160,18 @@ def _start_frontend(kind: str, label: str, frontend_class, address, max_msg_mb_s
 
 def start_grpc_server(address, max_msg_mb_size=100, ssl_config=None):
     """Serves MSService on `ip:port` or `unix:<path>`; messages up to `max_msg_mb_size` MiB each way."""
+    if ssl_config is not None:
+        if not isinstance(ssl_config, SSLConfig):
+            raise RuntimeError("The type of ssl_config should be type of SSLConfig")
+        read_ssl_files(ssl_config)  # as MindSpore Serving: an unreadable file fails before anything else
     _start_frontend(_GRPC, "Serving gRPC server", GrpcFrontend, address, max_msg_mb_size, ssl_config,
                     model_control="model_control")
 
 
 def start_restful_server(address, max_msg_mb_size=100, ssl_config=None):
     """Serves the RESTful API on `ip:port`; request bodies up to `max_msg_mb_size` MiB."""
+    if ssl_config is not None and not isinstance(ssl_config, SSLConfig):
+        raise RuntimeError("The type of ssl_config should be class of SSLConfig")  # sic: gRPC's says "type of"
     _start_frontend(_RESTFUL, "RESTful server", RestfulFrontend, address, max_msg_mb_size, ssl_config,
                     metrics="metrics_collector", model_control="model_control")
 
