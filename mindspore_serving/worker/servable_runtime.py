@@ -91,10 +91,12 @@ class ServableRuntime:
                 graph = model.subgraphs[subgraph]
                 if inputs != len(graph.inputs):
                     raise RuntimeError(f"The inputs count {inputs} in register_method not equal to the count "
-                                       f"{len(graph.inputs)} defined in model")
+                                       f"{len(graph.inputs)} defined in model, model info: {key}, subgraph: "
+                                       f"{subgraph}")
                 if graph.outputs and outputs != len(graph.outputs):
                     raise RuntimeError(f"The outputs count {outputs} in register_method not equal to the count "
-                                       f"{len(graph.outputs)} defined in model")
+                                       f"{len(graph.outputs)} defined in model, model info: {key}, subgraph: "
+                                       f"{subgraph}")
 
     def _method_batch_size(self, method, stage) -> int:
         if stage.batch_size:
