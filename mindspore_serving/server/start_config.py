@@ -127,7 +127,7 @@ def check_servable_location(servable_directory: str, servable_name: str):
                            f"'{servable_directory}', servable name '{servable_name}'")
     config_file = os.path.join(config_dir, SERVABLE_CONFIG_FILE)
     if not os.path.isfile(config_file):
-        raise RuntimeError(f"Check servable config failed, file '{config_file}' not exist, servable directory "
+        raise RuntimeError(f"Check servable config failed, file '{config_file}' not exist,  servable directory "
                            f"'{servable_directory}', servable name '{servable_name}'")
 
 
