@@ -74,10 +74,13 @@ def _enable_model_control(master, configs):
         running = [w.plan for w in master.processes.of_servable(name)]
         device_ids = tuple(sorted({p.device_id for p in running})) or template.device_ids
         device_type = running[0].device_type if running else template.device_type
+        same = name == template.servable_name  # an encrypted servable reloads with its key
         config = ServableStartConfig(template.servable_directory, name, device_ids=device_ids,
                                      version_number=version,
                                      device_type=None if device_type in (None, "none") else device_type,
-                                     num_parallel_workers=template.num_parallel_workers)
+                                     num_parallel_workers=template.num_parallel_workers,
+                                     dec_key=template.dec_key if same else None,
+                                     dec_mode=template.dec_mode if same else "AES-GCM")
         return _plans(merge_config([config]))
 
     master.model_control.plans_for = plans_for

@@ -379,3 +379,18 @@ def test_probe_runs_mindspore_in_a_child(monkeypatch):
     monkeypatch.setattr(ms_device, "_probed", None)
     available = ms_device.probe_available_devices()
     assert available[-1] == "CPU" and set(available) <= {"Ascend", "GPU", "CPU"}
+
+
+def test_model_control_reloads_an_encrypted_servable_with_its_key(tmp_path):
+    from types import SimpleNamespace
+    from mindspore_serving.server import _server
+    directory = make_servable(tmp_path, name="enc")
+    make_servable(tmp_path, name="plain")
+    master = SimpleNamespace(model_control=SimpleNamespace(plans_for=None),
+                             processes=SimpleNamespace(of_servable=lambda name: []))
+    _server._enable_model_control(master, [config(directory, name="enc", device_ids=0, dec_key=b"k" * 16,
+                                                  dec_mode="AES-CBC")])
+    (plan,) = master.model_control.plans_for("enc", 1)
+    assert (plan.dec_key, plan.dec_mode, plan.device_id) == (b"k" * 16, "AES-CBC", 0)
+    (plan,) = master.model_control.plans_for("plain", 1)
+    assert (plan.dec_key, plan.dec_mode) == (None, "AES-GCM")
