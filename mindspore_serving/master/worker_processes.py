@@ -265,7 +265,8 @@ class WorkerProcesses:
                 if worker.starts == 1 and not worker.registered.is_set():
                     continue  # a first start is judged by start(), which reports why it failed
                 self._handle_death(worker)
-            if workers and all(w.process is None for w in workers) and not self._stop.is_set():
+            # a worker being started (starts == 0) has no process yet but is not gone
+            if workers and all(w.process is None and w.starts for w in workers) and not self._stop.is_set():
                 log.error("Serving server begin to exit: all worker processes that occupy devices have exited")
                 self._stop.set()
                 threading.Thread(target=self.on_all_exited, name="serving-exit").start()
