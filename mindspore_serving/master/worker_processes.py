@@ -150,7 +150,7 @@ class WorkerProcesses:
             while not worker.registered.wait(0.05):
                 if worker.failure is not None:
                     raise RuntimeError(f"Fail to start workers: {{servable name:{worker.plan.servable_name}, "
-                                       f"device id:{worker.plan.device_id}, {worker.failure}}}")
+                                       f"device id:{worker.plan.device_id}, <{worker.failure}>}}")
                 if worker.process.poll() is not None:
                     raise RuntimeError(f"Fail to start workers because of death of one worker "
                                        f"(servable {worker.plan.servable_name}, device id {worker.plan.device_id}, "
@@ -159,8 +159,8 @@ class WorkerProcesses:
                     raise RuntimeError("Fail to start workers because of signal SIGINT or SIGTERM")
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"Fail to start workers: {{servable name:{worker.plan.servable_name}, "
-                                       f"device id:{worker.plan.device_id}, no registration within "
-                                       f"{worker.plan.start_timeout} s}}")
+                                       f"device id:{worker.plan.device_id}, <no registration within "
+                                       f"{worker.plan.start_timeout} s>}}")
         self.ensure_monitor()
 
     def load(self, plans: List[WorkerPlan]):

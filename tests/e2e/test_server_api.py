@@ -73,7 +73,7 @@ def test_front_end_errors(serving):
 
 def test_start_servables_reports_worker_failure(serving):
     config = server.ServableStartConfig(servable_directory=TEST_SERVABLES, servable_name="broken", device_ids=0)
-    with pytest.raises(RuntimeError, match=r"Fail to start workers: \{servable name:broken, device id:0, "
+    with pytest.raises(RuntimeError, match=r"Fail to start workers: \{servable name:broken, device id:0, <"
                                            r"import broken.servable_config failed"):
         serving.start_servables(config)
 
