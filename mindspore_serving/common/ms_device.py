@@ -1,10 +1,16 @@
 """Choosing MindSpore's device: what this build offers, the name a servable asks for, and selecting it once per
 process (tolerating a runtime that already runs on it)."""
+import subprocess
+import sys
 from typing import List, Optional
 
 from mindspore_serving import log
+from mindspore_serving.common.child_process import child_env
 
 _DEVICE_NAMES = {"cpu": "CPU", "gpu": "GPU", "ascend": "Ascend"}
+# how MindSpore Serving names the device types in "supported device type: ..."
+_SERVING_NAMES = {"Ascend": "Ascend", "GPU": "Gpu", "CPU": "Cpu"}
+_PROBE_PREFIX = "#available_devices="
 
 
 def select_device(target: str = "CPU", device_id=None):
@@ -35,13 +41,54 @@ def available_devices() -> List[str]:
     return found
 
 
-def resolve_device(device_type: Optional[str], servable_name: str = "") -> str:
-    """'cpu'/'gpu'/'ascend' (any case) to MindSpore's name; None or 'none' picks the best available."""
-    available = available_devices()
+_probed: Optional[List[str]] = None
+
+
+def probe_available_devices() -> List[str]:
+    """`available_devices()` answered by a child process, once per process: the master never loads MindSpore."""
+    global _probed
+    if _probed is None:
+        code = ("from mindspore_serving.common.ms_device import available_devices; "
+                f"print({_PROBE_PREFIX!r} + ','.join(available_devices()) + '#')")
+        try:
+            done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(),
+                                  timeout=300, check=False)
+            output = done.stdout
+        except (OSError, subprocess.SubprocessError) as err:
+            log.error(f"cannot ask MindSpore for its devices: {err}")
+            output = ""
+        start = output.find(_PROBE_PREFIX)
+        if start < 0:
+            raise RuntimeError("Failed to get device type")
+        start += len(_PROBE_PREFIX)
+        _probed = output[start:output.find("#", start)].split(",")
+    return list(_probed)
+
+
+def supported_device_text(available: List[str]) -> str:
+    """MindSpore Serving's "None or 'Cpu'" / "None, 'Gpu' or 'Cpu'" for the device types of `available`."""
+    default = _SERVING_NAMES[available[0]]
+    if "CPU" in available and default != "Cpu":
+        return f"None, '{default}' or 'Cpu'"
+    return f"None or '{default}'"
+
+
+def check_device_type(device_type: Optional[str], servable_name: str, available: List[str]):
+    """Raises MindSpore Serving's error when `device_type` ('ascend', 'gpu', 'cpu' or 'none') is not in
+    `available`."""
     if device_type is None or device_type.lower() == "none":
-        return available[0]
+        return
     name = _DEVICE_NAMES.get(device_type.lower())
     if name is None or name not in available:
         raise RuntimeError(f"The device type '{device_type}' of servable name {servable_name} is inconsistent with "
-                           f"current running environment, supported device type: {available}")
-    return name
+                           f"current running environment, supported device type: "
+                           f"{supported_device_text(available)}")
+
+
+def resolve_device(device_type: Optional[str], servable_name: str = "") -> str:
+    """'cpu'/'gpu'/'ascend' (any case) to MindSpore's name; None or 'none' picks the best available."""
+    available = available_devices()
+    check_device_type(device_type, servable_name, available)
+    if device_type is None or device_type.lower() == "none":
+        return available[0]
+    return _DEVICE_NAMES[device_type.lower()]

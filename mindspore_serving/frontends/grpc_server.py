@@ -113,16 +113,25 @@ def add_servicer(servicer: MSServiceServicer, server):
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
-def _credentials(ssl_config):
+def read_ssl_files(ssl_config):
+    """(private key, certificate chain, root certificates or None) read from the PEM files of a server
+    SSLConfig, the clients' CA only with verify_client, as MindSpore Serving reads them. A file that cannot be read
+    raises open()'s own error; contents gRPC cannot use fail the server's start."""
     def read(path):
         with open(path, "rb") as stream:
             return stream.read()
+    certificate = read(ssl_config.certificate)
+    private_key = read(ssl_config.private_key)
+    root = read(ssl_config.custom_ca) if ssl_config.verify_client else None
+    return private_key, certificate, root
+
+
+def _credentials(ssl_config):
+    private_key, certificate, root = read_ssl_files(ssl_config)
     try:
-        root = read(ssl_config.custom_ca) if ssl_config.custom_ca else None
-        return grpc.ssl_server_credentials([(read(ssl_config.private_key), read(ssl_config.certificate))],
-                                           root_certificates=root,
+        return grpc.ssl_server_credentials([(private_key, certificate)], root_certificates=root,
                                            require_client_auth=bool(ssl_config.verify_client))
-    except (OSError, ValueError, TypeError) as err:
+    except (ValueError, TypeError) as err:
         raise RuntimeError(f"Serving Error: load ssl config failed: {err}") from err
 
 

@@ -207,23 +207,28 @@ def _ssl_context_kwargs(ssl_config):
 
 
 def _check_ssl(ssl_config):
-    """Loads the files once so that bad certificates fail start-up with MindSpore Serving's messages."""
+    """Loads the files once, in MindSpore Serving's order, so that bad ones fail start-up with its messages: the
+    clients' CA (with verify_client), the certificate chain, the private key, then whether they match."""
     if ssl_config is None:
         return
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    try:
-        context.load_cert_chain(ssl_config.certificate, ssl_config.private_key)
-    except FileNotFoundError as err:
-        missing = ssl_config.private_key if err.filename == ssl_config.private_key else ssl_config.certificate
-        raise RuntimeError(f"Serving Error: load certificate_chain from {missing} failed") from err
-    except ssl.SSLError as err:
-        raise RuntimeError(f"Serving Error: private_key is not consistent with certificate "
-                           f"{ssl_config.certificate}: {err}") from err
     if ssl_config.verify_client and ssl_config.custom_ca:
         try:
-            context.load_verify_locations(ssl_config.custom_ca)
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(ssl_config.custom_ca)
         except (OSError, ssl.SSLError) as err:
-            raise RuntimeError(f"Serving Error: load custom_ca from {ssl_config.custom_ca} failed") from err
+            raise RuntimeError(f"Serving Error: load root certificate from {ssl_config.custom_ca} failed") from err
+    try:  # the certificates of the chain parse (its key is checked with the private key below)
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(ssl_config.certificate)
+    except (OSError, ssl.SSLError) as err:
+        raise RuntimeError(f"Serving Error: load certificate_chain from {ssl_config.certificate} failed") from err
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(ssl_config.certificate, ssl_config.private_key)
+    except ssl.SSLError as err:
+        if getattr(err, "reason", None) == "KEY_VALUES_MISMATCH":
+            raise RuntimeError(f"Serving Error: private_key is not consistent with certificate "
+                               f"{ssl_config.certificate}") from err
+        raise RuntimeError(f"Serving Error: load private_key from {ssl_config.private_key} failed") from err
+    except OSError as err:
+        raise RuntimeError(f"Serving Error: load private_key from {ssl_config.private_key} failed") from err
 
 
 def _with_tcp_proto(sock: socket.socket) -> socket.socket:
@@ -241,10 +246,10 @@ class RestfulFrontend(DrainingFrontend):
     def __init__(self, address: str, max_msg_mb_size: int, ssl_config, dispatcher, app: FastAPI = None,
                  llm_backend=None, readiness=None, metrics=None, model_control=None):
         check_max_msg_mb_size(max_msg_mb_size)
+        _check_ssl(ssl_config)  # before the address, as MindSpore Serving sets TLS up before binding
         if address.startswith("unix:"):
             raise RuntimeError("Serving Error: RESTful server does not support binding to unix domain socket")
         self.host, self.port = check_address(address, "RESTful server")
-        _check_ssl(ssl_config)
         self.address = address
         self.drain = Drain()
         if llm_backend is not None:

@@ -67,6 +67,7 @@ class Master:
         self.dispatcher.request_timeout = _settings["request_timeout"]
         self.address = ipc.master_address()
         self.processes = WorkerProcesses(self.address, self._on_worker_death, self._on_all_workers_exited)
+        self.registry.expected = self._has_planned_workers
         self.metrics_collector = MetricsCollector(self.metrics, self.dispatcher, self.registry, self.processes,
                                                   self.loop)
         self.model_control = ModelControl(self.processes, self.registry, get_stop_grace, self._close_channel)
@@ -110,6 +111,11 @@ class Master:
         """Whether the server can serve every configured servable now, and why not (any thread)."""
         phase = STOPPING if self.stopped.is_set() else self.phase
         return server_readiness(phase, self.processes.planned(), self.registry.all())
+
+    def _has_planned_workers(self, servable_name: str, version_number: int) -> bool:
+        """Whether this master runs workers of the servable (of that version; 0: any), registered or not."""
+        return any(version_number in (0, worker.plan.version_number)
+                   for worker in self.processes.of_servable(servable_name))
 
     def _on_worker_death(self, worker: WorkerProcess):
         record = self.registry.remove(worker.plan.key)

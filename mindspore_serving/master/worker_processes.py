@@ -32,7 +32,7 @@ class WorkerPlan:
     device_type: Optional[str]
     device_id: int
     num_parallel_workers: int
-    dec_key: Optional[bytes]
+    dec_key: Optional[bytes] = field(repr=False)  # never in a log line
     dec_mode: str
     owns_device: bool = True
     # a distributed servable's worker (server.distributed.start_servable) when rank_table_json_file is set
@@ -150,7 +150,7 @@ class WorkerProcesses:
             while not worker.registered.wait(0.05):
                 if worker.failure is not None:
                     raise RuntimeError(f"Fail to start workers: {{servable name:{worker.plan.servable_name}, "
-                                       f"device id:{worker.plan.device_id}, {worker.failure}}}")
+                                       f"device id:{worker.plan.device_id}, <{worker.failure}>}}")
                 if worker.process.poll() is not None:
                     raise RuntimeError(f"Fail to start workers because of death of one worker "
                                        f"(servable {worker.plan.servable_name}, device id {worker.plan.device_id}, "
@@ -159,8 +159,8 @@ class WorkerProcesses:
                     raise RuntimeError("Fail to start workers because of signal SIGINT or SIGTERM")
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"Fail to start workers: {{servable name:{worker.plan.servable_name}, "
-                                       f"device id:{worker.plan.device_id}, no registration within "
-                                       f"{worker.plan.start_timeout} s}}")
+                                       f"device id:{worker.plan.device_id}, <no registration within "
+                                       f"{worker.plan.start_timeout} s>}}")
         self.ensure_monitor()
 
     def load(self, plans: List[WorkerPlan]):
@@ -265,7 +265,8 @@ class WorkerProcesses:
                 if worker.starts == 1 and not worker.registered.is_set():
                     continue  # a first start is judged by start(), which reports why it failed
                 self._handle_death(worker)
-            if workers and all(w.process is None for w in workers) and not self._stop.is_set():
+            # a worker being started (starts == 0) has no process yet but is not gone
+            if workers and all(w.process is None and w.starts for w in workers) and not self._stop.is_set():
                 log.error("Serving server begin to exit: all worker processes that occupy devices have exited")
                 self._stop.set()
                 threading.Thread(target=self.on_all_exited, name="serving-exit").start()

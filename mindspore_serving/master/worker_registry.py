@@ -2,7 +2,7 @@
 import itertools
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from mindspore_serving.common import errors
 
@@ -49,6 +49,9 @@ class WorkerRegistry:
         self._turn = itertools.count()
         # (servable, method, version) -> candidates; emptied whenever a worker comes or goes
         self._candidates: Dict[tuple, List[WorkerRecord]] = {}
+        # (servable name, version; 0: any) -> whether workers of it are planned though none is registered now
+        # (dead, restarting): then a request is unavailable ("retry later"), not of an unknown servable
+        self.expected: Callable[[str, int], bool] = lambda _name, _version: False
 
     def add(self, record: WorkerRecord) -> Optional[WorkerRecord]:
         """Registers a worker; returns the record it replaces (same key), if any."""
@@ -103,6 +106,8 @@ class WorkerRegistry:
             else:
                 matching = [w for w in same_name if w.version_number == version_number]
         if not matching:
+            if self.expected(servable_name, version_number):
+                raise errors.WorkerUnavailable(f"Request {repr_}, servable is not available")
             raise errors.ServableUnavailable(f"Request {repr_}, servable is not available")
         with_method = [w for w in matching if method_name in w.methods]
         if not with_method:

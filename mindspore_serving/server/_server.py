@@ -4,7 +4,7 @@ import os
 
 from mindspore_serving import log
 from mindspore_serving.frontends.address import check_address
-from mindspore_serving.frontends.grpc_server import GrpcFrontend
+from mindspore_serving.frontends.grpc_server import GrpcFrontend, read_ssl_files
 from mindspore_serving.frontends.restful_server import RestfulFrontend
 from mindspore_serving.master.master import get_master, install_signal_handlers, stop_master
 from mindspore_serving.master.readiness import SERVING
@@ -13,7 +13,7 @@ from mindspore_serving.server.master.context import check_grace
 from mindspore_serving.server.model_repository import DEFAULT_POLL_INTERVAL, RepositoryPoller, parse_policies
 from mindspore_serving.server.ssl_config import SSLConfig
 from mindspore_serving.common import check_type, errors
-from mindspore_serving.server.start_config import (DistributedStartConfig, ServableStartConfig,
+from mindspore_serving.server.start_config import (DistributedStartConfig, ServableStartConfig, check_device_types,
                                                    check_servable_configs, check_servable_location, merge_config)
 
 _GRPC, _RESTFUL = "grpc", "restful"
@@ -46,7 +46,9 @@ def start_servables(servable_configs):
     Raises RuntimeError("Fail to start workers: ...") with the worker's reason when one fails; everything
     started so far is stopped then.
     """
-    configs = merge_config(check_servable_configs(servable_configs, (DistributedStartConfig,)))
+    configs = check_servable_configs(servable_configs, (DistributedStartConfig,))
+    check_device_types(configs)
+    configs = merge_config(configs)
     master = get_master()
     install_signal_handlers()
     _enable_model_control(master, configs)
@@ -72,10 +74,13 @@ def _enable_model_control(master, configs):
         running = [w.plan for w in master.processes.of_servable(name)]
         device_ids = tuple(sorted({p.device_id for p in running})) or template.device_ids
         device_type = running[0].device_type if running else template.device_type
+        same = name == template.servable_name  # an encrypted servable reloads with its key
         config = ServableStartConfig(template.servable_directory, name, device_ids=device_ids,
                                      version_number=version,
                                      device_type=None if device_type in (None, "none") else device_type,
-                                     num_parallel_workers=template.num_parallel_workers)
+                                     num_parallel_workers=template.num_parallel_workers,
+                                     dec_key=template.dec_key if same else None,
+                                     dec_mode=template.dec_mode if same else "AES-GCM")
         return _plans(merge_config([config]))
 
     master.model_control.plans_for = plans_for
@@ -90,6 +95,7 @@ def load_servable(config):
         raise RuntimeError(f"Parameter 'config' should be ServableStartConfig, but actually {type(config)}")
     master = get_master()
     install_signal_handlers()
+    check_device_types([config])
     (config,) = merge_config([config])
     _enable_model_control(master, [config])
     try:
@@ -143,13 +149,7 @@ def start_model_control_poll(servable_directory, servable_names=None, version_po
     return poller
 
 
-def _check_ssl_config(ssl_config):
-    if ssl_config is not None and not isinstance(ssl_config, SSLConfig):
-        raise RuntimeError("The type of ssl_config should be type of SSLConfig")
-
-
 def _start_frontend(kind: str, label: str, frontend_class, address, max_msg_mb_size, ssl_config, **extra):
-    _check_ssl_config(ssl_config)
     master = get_master()
     if kind in master.frontends:
         raise RuntimeError(f"Serving Error: {label} is already running")
@@ -163,12 +163,18 @@ def _start_frontend(kind: str, label: str, frontend_class, address, max_msg_mb_s
 
 def start_grpc_server(address, max_msg_mb_size=100, ssl_config=None):
     """Serves MSService on `ip:port` or `unix:<path>`; messages up to `max_msg_mb_size` MiB each way."""
+    if ssl_config is not None:
+        if not isinstance(ssl_config, SSLConfig):
+            raise RuntimeError("The type of ssl_config should be type of SSLConfig")
+        read_ssl_files(ssl_config)  # as MindSpore Serving: an unreadable file fails before anything else
     _start_frontend(_GRPC, "Serving gRPC server", GrpcFrontend, address, max_msg_mb_size, ssl_config,
                     model_control="model_control")
 
 
 def start_restful_server(address, max_msg_mb_size=100, ssl_config=None):
     """Serves the RESTful API on `ip:port`; request bodies up to `max_msg_mb_size` MiB."""
+    if ssl_config is not None and not isinstance(ssl_config, SSLConfig):
+        raise RuntimeError("The type of ssl_config should be class of SSLConfig")  # sic: gRPC's says "type of"
     _start_frontend(_RESTFUL, "RESTful server", RestfulFrontend, address, max_msg_mb_size, ssl_config,
                     metrics="metrics_collector", model_control="model_control")
 

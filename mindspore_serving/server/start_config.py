@@ -6,7 +6,7 @@ from typing import Callable, List, Optional, Sequence
 
 from mindspore_serving import log
 from mindspore_serving.common import check_type
-from mindspore_serving.common.ms_device import available_devices
+from mindspore_serving.common import ms_device
 
 SERVABLE_CONFIG_FILE = "servable_config.py"
 DEVICE_TYPES = ("ascend", "gpu", "cpu")
@@ -127,7 +127,7 @@ def check_servable_location(servable_directory: str, servable_name: str):
                            f"'{servable_directory}', servable name '{servable_name}'")
     config_file = os.path.join(config_dir, SERVABLE_CONFIG_FILE)
     if not os.path.isfile(config_file):
-        raise RuntimeError(f"Check servable config failed, file '{config_file}' not exist, servable directory "
+        raise RuntimeError(f"Check servable config failed, file '{config_file}' not exist,  servable directory "
                            f"'{servable_directory}', servable name '{servable_name}'")
 
 
@@ -149,11 +149,21 @@ def check_servable_configs(servable_configs, config_types: Sequence[type] = ()) 
     return list(servable_configs)
 
 
+def check_device_types(configs):
+    """Raises MindSpore Serving's error for a config whose device_type this MindSpore cannot run ("The device type
+    '<t>' of servable name <n> is inconsistent with current running environment, supported device type: ...").
+    CPU is always there; asking for GPU or Ascend asks MindSpore, in a child process (the master never loads it)."""
+    for config in configs:
+        if isinstance(config, ServableStartConfig) and config.device_type not in ("none", "cpu"):
+            ms_device.check_device_type(config.device_type, config.servable_name, ms_device.probe_available_devices())
+
+
 def device_share_allowed(device_type: str) -> bool:
-    """Whether several workers may use one device id: on GPU and CPU yes, on Ascend (910) no."""
+    """Whether several workers may use one device id: on GPU and CPU yes, on Ascend (910) no. For device_type
+    'none' the answer is the one of the best device MindSpore has."""
     device_type = (device_type or "none").lower()
     if device_type == "none":
-        device_type = available_devices()[0].lower()
+        device_type = ms_device.probe_available_devices()[0].lower()
     return device_type != "ascend"
 
 
@@ -164,50 +174,51 @@ def merge_config(configs, allow_reuse_device: Optional[Callable[[str], bool]] = 
     * version 0 becomes the newest version directory (0 when there is none);
     * configs of the same (name, version) merge: device_ids are unioned, num_parallel_workers takes the max,
       and their dec_key and dec_mode must be equal;
-    * a device id used twice is refused unless `allow_reuse_device(device_type)` (default
-      `device_share_allowed`) says the device can be shared.
+    * a device id used twice by the merged configs is refused unless `allow_reuse_device(device_type)`
+      (default `device_share_allowed`) says the device can be shared.
 
-    Items that are not ServableStartConfig are returned unchanged after the merged ones.
+    The merged configs come grouped by servable name, in the order the names first appear; items that are not
+    ServableStartConfig are returned unchanged after them.
     """
     allow_reuse_device = allow_reuse_device or device_share_allowed
+    groups = {}  # servable name -> {version: merged config}
     directories = {}
-    merged = {}
     others = []
     for config in configs:
         if not isinstance(config, ServableStartConfig):
             others.append(config)
             continue
         name, directory = config.servable_name, config.servable_directory
-        if name in directories and directories[name] != directory:
+        if name not in groups:
+            check_servable_location(directory, name)
+            groups[name], directories[name] = {}, directory
+        elif directories[name] != directory:
             raise RuntimeError(f"The servable directory of servable name {name} is different in multiple "
-                               f"configurations, servable directory: {directories[name]} and {directory}")
-        directories[name] = directory
-        check_servable_location(directory, name)
+                               f"configurations, servable directory: {directory} and {directories[name]}")
+        versions = groups[name]
         version = resolve_version(directory, name, config.version_number)
-        key = (name, version)
-        old = merged.get(key)
+        old = versions.get(version)
         if old is None:
-            merged[key] = config._replace(version_number=version)  # pylint: disable=protected-access
+            versions[version] = config._replace(version_number=version)  # pylint: disable=protected-access
             continue
         if old.dec_key != config.dec_key or old.dec_mode != config.dec_mode:
             raise RuntimeError(f"The dec key or dec mode of servable name {name} is different in multiple "
                                f"configurations.")
         device_ids = old.device_ids + tuple(item for item in config.device_ids if item not in old.device_ids)
-        merged[key] = old._replace(  # pylint: disable=protected-access
+        versions[version] = old._replace(  # pylint: disable=protected-access
             device_ids=device_ids, num_parallel_workers=max(old.num_parallel_workers, config.num_parallel_workers))
-    _check_device_reuse(configs, allow_reuse_device)
-    return list(merged.values()) + others
+    merged = [config for versions in groups.values() for config in versions.values()]
+    _check_device_reuse(merged, allow_reuse_device)
+    return merged + others
 
 
 def _check_device_reuse(configs, allow_reuse_device):
     used = set()
     for config in configs:
-        if not isinstance(config, ServableStartConfig):
-            continue
         for device_id in config.device_ids:
             if device_id in used and not allow_reuse_device(config.device_type):
                 raise RuntimeError(f"Ascend 910 device id {device_id} is used repeatedly in servable "
-                                   f"{config.servable_name}")
+                                       f"{config.servable_name}")
             used.add(device_id)
 
 

@@ -46,9 +46,11 @@ class TensorInfo:
         return all(dim >= 0 for dim in self.shape)
 
 
-def read_mindir_inputs(path: str) -> Optional[List[TensorInfo]]:
-    """Input shapes and dtypes recorded in a MindIR file; None when the file cannot be parsed (e.g. encrypted)."""
-    infos = read_mindir_input_infos(path)
+def read_mindir_inputs(path: str, dec_key: Optional[bytes] = None,
+                       dec_mode: str = "AES-GCM") -> Optional[List[TensorInfo]]:
+    """Input shapes and dtypes recorded in a MindIR file (decrypted with `dec_key` when it is encrypted); None when
+    the file cannot be read or parsed."""
+    infos = read_mindir_input_infos(path, dec_key, dec_mode)
     return None if infos is None else [TensorInfo(shape, dtype) for shape, dtype in infos]
 
 
@@ -65,7 +67,7 @@ class Subgraph:
         self.cell = nn.GraphCell(ms.load(path, **kwargs))
         self._phases = {}  # input signature -> compiled phase, for the fast call
         self._runner = compiled_runner()
-        self.inputs = read_mindir_inputs(path)
+        self.inputs = read_mindir_inputs(path, dec_key, dec_mode)
         if self.inputs is None:
             raise RuntimeError(f"cannot read the inputs of model file '{path}'")
         self.outputs = self._probe_outputs()
@@ -162,6 +164,11 @@ def compiled_runner() -> _CompiledRunner:
     return _runner
 
 
+def _as_list(values) -> str:
+    """A shape or index list as MindSpore Serving prints it: [2, 3]."""
+    return "[" + ", ".join(str(value) for value in values) + "]"
+
+
 class LoadedModel:
     """A declared model: one or more subgraphs sharing a batch size."""
 
@@ -173,29 +180,39 @@ class LoadedModel:
         self.device_target = ms.get_context("device_target")  # "CPU", "GPU" or "Ascend"
 
     def _check_batch_size(self) -> int:
+        """The batch size of the model (1 without a batch dim); every subgraph must have the same."""
         if not self.spec.with_batch_dim:
             return 1
-        sizes = set()
-        for graph in self.subgraphs:
-            for index, info in enumerate(graph.inputs):
-                if index in self.spec.without_batch_dim_inputs:
+        batch = 0
+        for index, graph in enumerate(self.subgraphs):
+            size = self._subgraph_batch_size(graph)
+            if batch and size != batch:
+                raise RuntimeError(f"Expect batch size to be same, last batch size: {batch}, subgraph {index} batch "
+                                   f"size: {size}")
+            batch = size
+        return batch
+
+    def _subgraph_batch_size(self, graph) -> int:
+        """dim 0 shared by the inputs (but without_batch_dim_inputs) and outputs, checked in MindSpore Serving's
+        words; 1 when no tensor has a batch dim."""
+        excluded = self.spec.without_batch_dim_inputs
+        batch = 0
+        for kind, infos in (("input", graph.inputs), ("output", graph.outputs)):
+            for index, info in enumerate(infos):
+                if kind == "input" and index in excluded:
                     continue
                 if not info.shape:
-                    raise RuntimeError(f"The shape of model input {index} cannot be empty, "
-                                       f"when with_batch_dim is true, model: {self.spec.model_key}")
-                sizes.add(info.shape[0])
-            for index, info in enumerate(graph.outputs):
-                if not info.shape:
-                    raise RuntimeError(f"The shape of model output {index} cannot be empty, "
-                                       f"when with_batch_dim is true, model: {self.spec.model_key}")
-                sizes.add(info.shape[0])
-        if len(sizes) > 1:
-            raise RuntimeError(f"The dim 0 of model inputs and outputs {sorted(sizes)} does not match current batch size, "
-                               f"model: {self.spec.model_key}")
-        batch = sizes.pop() if sizes else 1
-        if batch <= 0:
-            raise RuntimeError("Invalid batch size 0")
-        return batch
+                    tail = (f", when with_batch_dim is true and without_batch_dim_inputs is {_as_list(excluded)}"
+                            if kind == "input" else "")
+                    raise RuntimeError(f"The shape of model {kind} {index} cannot be empty{tail}")
+                if info.shape[0] <= 0:
+                    raise RuntimeError(f"The shape of model {kind} {index} is invalid, shape: {_as_list(info.shape)}")
+                if batch == 0:
+                    batch = info.shape[0]
+                elif info.shape[0] != batch:
+                    raise RuntimeError(f"The shape {_as_list(info.shape)} of model {kind} {index} does not match "
+                                       f"current batch size {batch}")
+        return batch or 1
 
     def instance_inputs(self, subgraph: int) -> List[TensorInfo]:
         """Shape and dtype that one instance must provide for each input of a subgraph."""

@@ -30,15 +30,16 @@ def import_servable_config(servable_directory: str, servable_name: str):
 
 
 def resolve_version(servable_directory: str, servable_name: str, version_number: int, has_models: bool) -> int:
+    """The version to load (0: the newest). Declared models need a numeric version directory, the one asked for."""
     servable_path = os.path.join(servable_directory, servable_name)
     if not has_models:
         return version_number or 1
-    if version_number == 0:
-        version_number = newest_version_number(servable_path)
-        if version_number == 0:
-            raise RuntimeError(f"There is no valid version directory of models while there are models declared in "
-                               f"servable_config.py, servable directory: '{servable_directory}', "
-                               f"servable name: '{servable_name}'")
+    newest = newest_version_number(servable_path)
+    if newest == 0:
+        raise RuntimeError(f"There is no valid version directory of models while there are models declared in "
+                           f"servable_config.py, servable directory: {servable_directory}, "
+                           f"servable name: {servable_name}")
+    version_number = version_number or newest
     if not os.path.isdir(os.path.join(servable_path, str(version_number))):
         raise RuntimeError(f"Start servable failed: There is no specified version directory of models, specified "
                            f"version number: {version_number}, servable directory: '{servable_directory}', "

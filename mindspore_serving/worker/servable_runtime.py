@@ -25,6 +25,15 @@ def batch_wait_seconds() -> float:
     return max(0.0, value) / 1000.0
 
 
+def _load_failed_text(servable_name: str, model_spec, version_dir: str, err: Exception) -> str:
+    """MindSpore Serving's words for a model that did not load; `err` (e.g. mindspore.load's "Load MindIR
+    failed. The file may be encrypted and decrypt failed, ...") is the reason."""
+    context = model_spec.context.model_context.as_string() if model_spec.context is not None else "{}"
+    return (f"Load model failed, servable directory: '{os.path.dirname(os.path.dirname(version_dir))}', "
+            f"servable name: '{servable_name}', model file: '[{', '.join(model_spec.model_files)}]', version number "
+            f"{os.path.basename(version_dir)},model context: {context}, load error details: {err}")
+
+
 class ServableRuntime:
     def __init__(self, spec: ServableSpec, version_dir: str, num_parallel_workers: int = 0,
                  dec_key: Optional[bytes] = None, dec_mode: str = "AES-GCM", batch_wait: Optional[float] = None,
@@ -40,9 +49,7 @@ class ServableRuntime:
             try:
                 self.models[key] = LoadedModel(model_spec, version_dir, dec_key, dec_mode)
             except Exception as err:
-                raise RuntimeError(f"Load model failed, servable directory: '{os.path.dirname(os.path.dirname(version_dir))}', "
-                                   f"servable name: '{spec.name}', model file: '{list(model_spec.model_files)}', "
-                                   f"version number: {os.path.basename(version_dir)}, load error details: {err}") from err
+                raise RuntimeError(_load_failed_text(spec.name, model_spec, version_dir, err)) from err
         self._check_io_counts()
         self.pool = ThreadPoolExecutor(max(1, num_parallel_workers), thread_name_prefix=f"{spec.name}-stage")
         self.executors: Dict[Tuple[str, int], ModelExecutor] = {
@@ -84,10 +91,12 @@ class ServableRuntime:
                 graph = model.subgraphs[subgraph]
                 if inputs != len(graph.inputs):
                     raise RuntimeError(f"The inputs count {inputs} in register_method not equal to the count "
-                                       f"{len(graph.inputs)} defined in model")
+                                       f"{len(graph.inputs)} defined in model, model info: {key}, subgraph: "
+                                       f"{subgraph}")
                 if graph.outputs and outputs != len(graph.outputs):
                     raise RuntimeError(f"The outputs count {outputs} in register_method not equal to the count "
-                                       f"{len(graph.outputs)} defined in model")
+                                       f"{len(graph.outputs)} defined in model, model info: {key}, subgraph: "
+                                       f"{subgraph}")
 
     def _method_batch_size(self, method, stage) -> int:
         if stage.batch_size:

@@ -75,8 +75,8 @@ def test_broken_servable_fails_start_with_reason(tmp_path):
         code = proc.wait_exit(120)
         out = proc.output()
         assert code != 0
-        assert "Fail to start workers: {servable name:broken, device id:0, import broken.servable_config failed, " \
-               "this servable is broken on purpose}" in out
+        assert "Fail to start workers: {servable name:broken, device id:0, <import broken.servable_config failed, " \
+               "this servable is broken on purpose>}" in out
     finally:
         proc.close()
 

@@ -67,13 +67,13 @@ def test_front_end_errors(serving):
         serving.start_restful_server("127.0.0.1")
     with pytest.raises(RuntimeError, match="RESTful server start failed, bind to the socket address"):
         serving.start_restful_server(address)  # the gRPC server holds this port
-    with pytest.raises(RuntimeError, match="The type of ssl_config should be type of SSLConfig"):
+    with pytest.raises(RuntimeError, match="The type of ssl_config should be class of SSLConfig"):
         serving.start_restful_server(f"127.0.0.1:{free_port()}", ssl_config="x")
 
 
 def test_start_servables_reports_worker_failure(serving):
     config = server.ServableStartConfig(servable_directory=TEST_SERVABLES, servable_name="broken", device_ids=0)
-    with pytest.raises(RuntimeError, match=r"Fail to start workers: \{servable name:broken, device id:0, "
+    with pytest.raises(RuntimeError, match=r"Fail to start workers: \{servable name:broken, device id:0, <"
                                            r"import broken.servable_config failed"):
         serving.start_servables(config)
 
@@ -168,6 +168,17 @@ def test_tls_grpc_and_restful_with_client_verification(serving, tmp_path):
                                   custom_ca=certs["ca.crt"], verify_client=True)
     serving.start_servables(add_config())
     grpc_addr, rest_addr = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    garbage = tmp_path / "garbage.key"
+    garbage.write_text("not a key\n")
+    bad_key = server.SSLConfig(certificate=certs["server.crt"], private_key=str(garbage))
+    with pytest.raises(RuntimeError) as info:
+        serving.start_restful_server(rest_addr, ssl_config=bad_key)
+    assert str(info.value) == f"Serving Error: load private_key from {garbage} failed"
+    for key in (str(garbage), certs["server.crt"]):  # MindSpore Serving's gRPC server reports any bad key so
+        with pytest.raises(RuntimeError) as info:
+            serving.start_grpc_server(grpc_addr, ssl_config=server.SSLConfig(certs["server.crt"], key))
+        assert str(info.value) == f"Serving Error: Serving gRPC server start failed, create server failed, address " \
+                                  f"{grpc_addr}"
     serving.start_grpc_server(grpc_addr, ssl_config=ssl_config)
     serving.start_restful_server(rest_addr, ssl_config=ssl_config)
     client_ssl = ClientSSLConfig(certificate=certs["client.crt"], private_key=certs["client.key"],

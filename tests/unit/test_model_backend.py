@@ -122,3 +122,105 @@ def test_a_failing_fast_call_falls_back_to_the_public_call(add_graph, public_cal
     x1, x2 = pairs(1)[0]
     np.testing.assert_array_equal(add_graph.run([x1, x2])[0], x1 + x2)
     assert len(public_calls) == 1
+
+
+# ---------------------------------------------------------------- encrypted MindIR (export(..., enc_key=...))
+
+KEY = b"0123456789abcdef0123456789abcdef"
+
+
+def export_encrypted(ms, directory, enc_mode):
+    """The add model of servables/add exported with `enc_key=KEY`: not a parseable protobuf any more."""
+    import importlib.util
+    import sys
+    name = "_test_model_backend_add_export"
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "servables", "add", "export_model.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # MindSpore's graph parser looks modules up by name
+        spec.loader.exec_module(module)
+    x = ms.Tensor(np.ones((2, 2), np.float32))
+    base = os.path.join(str(directory), "tensor_add")
+    ms.export(module._build_net(), x, x, file_name=base, file_format="MINDIR", enc_key=KEY, enc_mode=enc_mode)
+    return base + ".mindir"
+
+
+@pytest.mark.parametrize("mode", ["AES-GCM", "AES-CBC"])
+def test_an_encrypted_model_loads_with_its_key(ms, tmp_path, mode):
+    from mindspore_serving.common.mindir_info import read_mindir_input_infos
+    from mindspore_serving.worker.model_backend import Subgraph
+    path = export_encrypted(ms, tmp_path, mode)
+    assert read_mindir_input_infos(path) is None  # without the key it is no protobuf
+    graph = Subgraph(path, KEY, mode)
+    assert [(info.shape, info.dtype) for info in graph.inputs] == [((2, 2), np.float32)] * 2
+    assert [(info.shape, info.dtype) for info in graph.outputs] == [((2, 2), np.float32)]
+    x = np.arange(4, dtype=np.float32).reshape(2, 2)
+    np.testing.assert_array_equal(graph.run([x, x])[0], x * 2)
+
+
+def test_a_wrong_key_fails_with_mindspore_s_reason(ms, tmp_path):
+    from mindspore_serving.worker.model_backend import Subgraph
+    path = export_encrypted(ms, tmp_path, "AES-GCM")
+    with pytest.raises(RuntimeError, match="Load MindIR failed. The file may be encrypted and decrypt failed, you can "
+                                           "check whether the values of the arguments 'dec_key' and 'dec_mode' are "
+                                           "the same as when exported MindIR file, or check the file integrity."):
+        Subgraph(path, b"x" * 32, "AES-GCM")
+    with pytest.raises(RuntimeError, match="Load MindIR failed"):
+        Subgraph(path, KEY, "AES-CBC")
+
+
+# ---------------------------------------------------------------- batch size of a loaded model (no MindSpore needed)
+
+
+class _Graph:
+    def __init__(self, inputs, outputs):
+        from mindspore_serving.worker.model_backend import TensorInfo
+        self.inputs = [TensorInfo(tuple(shape), np.dtype(np.float32)) for shape in inputs]
+        self.outputs = [TensorInfo(tuple(shape), np.dtype(np.float32)) for shape in outputs]
+
+
+def _model(graphs, with_batch_dim=True, without_batch_dim_inputs=()):
+    from mindspore_serving.spec.servable import ModelSpec
+    from mindspore_serving.worker.model_backend import LoadedModel
+    model = LoadedModel.__new__(LoadedModel)  # the graphs as loading would have given them
+    model.spec = ModelSpec("m.mindir", ("m.mindir",), "MindIR", with_batch_dim, tuple(without_batch_dim_inputs))
+    model.subgraphs = graphs
+    return model
+
+
+def test_batch_size_checks_have_mindspore_serving_s_texts():
+    assert _model([_Graph([[4, 3], [4]], [[4, 2]])])._check_batch_size() == 4
+    assert _model([_Graph([[4, 3], []], [[4]])], without_batch_dim_inputs=[1])._check_batch_size() == 4
+    assert _model([_Graph([[], [7]], [[]])], with_batch_dim=False)._check_batch_size() == 1
+    cases = [
+        (_model([_Graph([[4, 3], []], [[4]])], without_batch_dim_inputs=[0]),
+         "The shape of model input 1 cannot be empty, when with_batch_dim is true and without_batch_dim_inputs is [0]"),
+        (_model([_Graph([[4, 3]], [[]])]), "The shape of model output 0 cannot be empty"),
+        (_model([_Graph([[4, 3], [2, 3]], [[4]])]), "The shape [2, 3] of model input 1 does not match current batch size 4"),
+        (_model([_Graph([[4, 3]], [[4], [3, 1]])]), "The shape [3, 1] of model output 1 does not match current batch size 4"),
+        (_model([_Graph([[-1, 3]], [[4]])]), "The shape of model input 0 is invalid, shape: [-1, 3]"),
+        (_model([_Graph([[4, 3]], [[4]]), _Graph([[2, 3]], [[2]])]),
+         "Expect batch size to be same, last batch size: 4, subgraph 1 batch size: 2"),
+    ]
+    for model, text in cases:
+        with pytest.raises(RuntimeError) as info:
+            model._check_batch_size()
+        assert str(info.value) == text
+
+
+def test_io_counts_of_register_method_must_match_the_model():
+    from mindspore_serving.worker.servable_runtime import ServableRuntime
+    model = _model([_Graph([[4, 3], [4, 3]], [[4], [4]])])
+    runtime = ServableRuntime.__new__(ServableRuntime)
+    runtime.models = {"m.mindir": model}
+    model.spec.io_counts[0] = (3, 2)
+    with pytest.raises(RuntimeError) as info:
+        runtime._check_io_counts()
+    assert str(info.value) == ("The inputs count 3 in register_method not equal to the count 2 defined in model, model "
+                               "info: m.mindir, subgraph: 0")
+    model.spec.io_counts[0] = (2, 3)
+    with pytest.raises(RuntimeError) as info:
+        runtime._check_io_counts()
+    assert str(info.value) == ("The outputs count 3 in register_method not equal to the count 2 defined in model, "
+                               "model info: m.mindir, subgraph: 0")

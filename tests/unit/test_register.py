@@ -248,11 +248,17 @@ def test_declare_model_formats_and_options(tmp_path, warnings):
 
 
 def test_declare_model_conflicts(tmp_path):
-    with raises("Declare model [a.mindir] failed, the same model has already been declared"):
+    # MindSpore Serving checks the files first: declaring a model twice reports its file as used
+    with raises("Declare model [a.mindir] failed, model file 'a.mindir' has already been used"):
         load(tmp_path, """
             register.declare_model("a.mindir", "MindIR")
             register.declare_model("a.mindir", "MindIR")
         """, name="same")
+    with raises("Declare model [tensor_add.mindir] failed, model file 'tensor_add.mindir' has already been used"):
+        load(tmp_path, """
+            register.declare_model(["tensor_add.mindir", "tensor_sub.mindir"], "MindIR")
+            register.declare_model("tensor_add.mindir", "MindIR")
+        """, name="subgraph")
     with raises("Declare model [b.mindir, a.mindir] failed, model file 'a.mindir' has already been used"):
         load(tmp_path, """
             register.declare_model("a.mindir", "MindIR")
@@ -360,7 +366,12 @@ def test_add_stage_parameters(tmp_path):
         ("register.add_stage(fun, x, 1, outputs_count=1)", placeholder),
         ("register.add_stage(fun, np.ones(2), outputs_count=1)", placeholder),
         ("register.add_stage(1, x, outputs_count=1)",
-         "must be function or Model returned by declare_model, now is <class 'int'>"),
+         "Check failed in method 'm', the parameter 'stage' of add_stage must be function or Model returned by "
+         "declare_model, now is <class 'int'>"),
+        ("register.add_stage(register.Model('other.mindir', 'svc', 1), x, outputs_count=1)",
+         "Check failed in method 'm', the parameter 'stage' of add_stage must be function or Model returned by "
+         "declare_model, and ensure that interface 'declare_model' can take effect when importing servable_config.py "
+         "by the serving server"),
         ("register.add_stage(fun, x, outputs_count=0)", "Parameter 'outputs_count' should be >= 1"),
         ("register.add_stage(fun, x, outputs_count='1')", "Parameter 'outputs_count' should be int"),
         ("register.add_stage(fun, x, outputs_count=1, batch_size=-1)", "Parameter 'batch_size' should be >= 0"),
@@ -412,12 +423,14 @@ def test_stage_function_reuse(tmp_path):
     with raises("Stage function 'outputs.fun' outputs count 2 not match last registered count 1, method name "
                 "'second'"):
         load(tmp_path, base.format("register.add_stage(fun, x1, x2, outputs_count=2)[0]"), name="outputs")
-    with raises("parameter 'batch_size' in multiple 'add_stage' should be enabled or disabled consistently"):
+    with raises("Failed to add stage function batch.fun: parameter 'batch_size' in multiple 'add_stage' should be "
+                "enabled or disabled consistently"):
         load(tmp_path, base.format("register.add_stage(fun, x1, x2, outputs_count=1, batch_size=0)"), name="batch")
 
 
 def test_stage_function_reuse_within_one_method(tmp_path):
-    with raises("parameter 'batch_size' in multiple 'add_stage' should be enabled or disabled consistently"):
+    with raises("Failed to add stage function svc.fun: parameter 'batch_size' in multiple 'add_stage' should be "
+                "enabled or disabled consistently"):
         load(tmp_path, """
             def fun(x):
                 return x
@@ -637,32 +650,67 @@ def test_legacy_pipeline(tmp_path, warnings):
                 f"'mindspore_serving.server.register.add_stage' instead.") in warnings
 
 
+def _complex(interface):
+    return (f"Failed to parse method 'm', complex statements such as conditions and loops are not supported in "
+            f"register_method when the interface '{interface}' is used, use 'add_stage' to replace '{interface}'")
+
+
 @pytest.mark.parametrize("body, text", [
     ("y = register.call_servable(x1, x2)\n    x1 = register.call_preprocess(preprocess1, x1)\n    return y",
      "Check failed in method 'm', call_servable should be invoked after call_preprocess"),
+    ("y = register.call_servable(x1, x2)\n    x1 = register.call_preprocess_pipeline(preprocess1, x1)\n    return y",
+     "Check failed in method 'm', call_servable should be invoked after call_preprocess_pipeline"),
     ("x1 = register.call_preprocess(preprocess1, x1)\n    x1 = register.call_preprocess_pipeline(preprocess1, x1)\n"
      "    return register.call_servable(x1, x2)",
-     "call_preprocess or call_preprocess_pipeline should not be invoked more than once"),
+     "Check failed in method 'm', call_preprocess or call_preprocess_pipeline should not be invoked more than once"),
+    ("x1 = register.call_preprocess_pipeline(preprocess1, x1)\n    x1 = register.call_preprocess(preprocess1, x1)\n"
+     "    return register.call_servable(x1, x2)",
+     "Check failed in method 'm', call_preprocess or call_preprocess_pipeline should not be invoked more than once"),
     ("y = register.call_servable(x1, x2)\n    y = register.call_servable(x1, x2)\n    return y",
      "Check failed in method 'm', call_servable should not be invoked more than once"),
     ("y = register.call_postprocess(postprocess, x1)\n    y = register.call_servable(x1, x2)\n    return y",
-     "call_postprocess or call_postprocess_pipeline should be invoked after call_servable"),
+     "Check failed in method 'm', call_postprocess or call_postprocess_pipeline should be invoked after call_servable"),
+    ("y = register.call_postprocess_pipeline(postprocess, x1)\n    y = register.call_servable(x1, x2)\n    return y",
+     "Check failed in method 'm', call_postprocess or call_postprocess_pipeline should be invoked after call_servable"),
     ("y = register.call_postprocess(postprocess, x2)\n    x1 = register.call_preprocess(preprocess1, x1)\n"
      "    y = register.call_servable(x1, x2)\n    return y",
-     "call_postprocess or call_postprocess_pipeline should be invoked after call_preprocess"),
+     "Check failed in method 'm', call_postprocess or call_postprocess_pipeline should be invoked after "
+     "call_preprocess"),
+    ("y = register.call_postprocess_pipeline(postprocess, x2)\n"
+     "    x1 = register.call_preprocess_pipeline(preprocess1, x1)\n    y = register.call_servable(x1, x2)\n    return y",
+     "Check failed in method 'm', call_postprocess or call_postprocess_pipeline should be invoked after "
+     "call_preprocess_pipeline"),
     ("y = register.call_servable(x1, x2)\n    y = register.call_postprocess(postprocess, y)\n"
      "    y = register.call_postprocess_pipeline(postprocess, y)\n    return y",
-     "call_postprocess or call_postprocess_pipeline should not be invoked more than once"),
-    ("x1 = register.call_preprocess(preprocess1, x1)\n    return x1",
+     "Check failed in method 'm', call_postprocess or call_postprocess_pipeline should not be invoked more than once"),
+    ("x1 = register.call_preprocess(preprocess1, x1)\n    y = register.call_postprocess(postprocess, x1)\n    return y",
      "Not find the invoke of 'call_servable'"),
-    ("if True:\n        x1 = register.call_preprocess(preprocess1, x1)\n    return register.call_servable(x1, x2)",
-     "complex statements such as conditions and loops are not supported in register_method when the interface "
-     "'call_preprocess, call_servable' is used, use 'add_stage' to replace 'call_preprocess, call_servable'"),
-    ("for _ in range(1):\n        y = register.call_servable(x1, x2)\n    return y",
-     "complex statements such as conditions and loops are not supported in register_method when the interface "
-     "'call_servable' is used"),
-    ("x1 = register.add_stage(preprocess1, x1, outputs_count=1)\n    return register.call_servable(x1, x2)",
-     "complex statements such as conditions and loops are not supported"),
+    # a call_* only inside a condition: the call itself fails, naming its interface
+    ("if True:\n        y = register.call_servable(x1, x2)\n        return y\n    return x1", _complex("call_servable")),
+    ("if True:\n        y = register.call_preprocess(preprocess1, x1)\n        return y\n    return x1",
+     _complex("call_preprocess")),
+    ("if True:\n        y = register.call_preprocess_pipeline(preprocess1, x1)\n        return y\n    return x1",
+     _complex("call_preprocess_pipeline")),
+    ("if True:\n        y = register.call_postprocess(postprocess, x1)\n        return y\n    return x1",
+     _complex("call_postprocess")),
+    ("if True:\n        y = register.call_postprocess_pipeline(postprocess, x1)\n        return y\n    return x1",
+     _complex("call_postprocess_pipeline")),
+    # top-level call_* beside a condition: the parse fails, naming the top-level calls
+    ("y = register.call_preprocess(preprocess1, x1)\n    if True:\n        y = register.call_postprocess(postprocess, y)"
+     "\n        return y\n    return y", _complex("call_preprocess")),
+    ("if True:\n        y = register.call_postprocess(postprocess, x1)\n        return y\n"
+     "    y = register.call_preprocess(preprocess1, x1)\n    return y", _complex("call_preprocess")),
+    ("for _ in range(1):\n        y = register.call_servable(x1, x2)\n    return y", _complex("call_servable")),
+    # mixed with add_stage
+    ("y = register.call_preprocess(preprocess1, x1)\n    y = register.call_servable(y, x2)\n"
+     "    y = register.call_postprocess(postprocess, y)\n    y = register.add_stage(preprocess1, y, outputs_count=1)\n"
+     "    return y", _complex("call_preprocess;call_servable;call_postprocess")),
+    ("y = register.add_stage(preprocess1, x1, outputs_count=1)\n    y = register.call_preprocess(preprocess1, y)\n"
+     "    y = register.call_servable(y, x2)\n    return y", _complex("call_preprocess;call_servable")),
+    ("if True:\n        y = register.call_postprocess(postprocess, x1)\n        return y\n"
+     "    y = register.add_stage(preprocess1, x1, outputs_count=1)\n    return y", _complex("call_postprocess")),
+    ("y = register.call_preprocess(preprocess1)\n    return register.call_servable(y, x2)",
+     "Invalid 'call_preprocess' invoke args"),
 ])
 def test_legacy_order_and_statement_checks(tmp_path, warnings, body, text):
     with raises(text):
@@ -671,15 +719,59 @@ def test_legacy_order_and_statement_checks(tmp_path, warnings, body, text):
                                 f"def m(x1, x2):\n    {body}\n")
 
 
+def test_legacy_complex_statement_names_the_code(tmp_path, warnings):
+    with pytest.raises(RuntimeError) as info:
+        load(tmp_path, LEGACY + textwrap.dedent("""
+            @register.register_method(output_names='y')
+            def m(x1, x2):
+                y = register.call_servable(x1, x2)
+                if True:
+                    y = x1
+                return y
+        """))
+    lines = (tmp_path / "svc" / "servable_config.py").read_text().split("\n")
+    line = lines.index("    if True:") + 1
+    assert str(info.value) == (_complex("call_servable") + f", code <class 'ast.If'>: line {line}~{line + 1} in m, "
+                                                           f"code: \n    if True:\n        y = x1\n")
+
+
+def test_legacy_stage_count_must_match_the_source(tmp_path, warnings):
+    with raises("Failed to parse method m, the number of stages obtained through the AST 1 is inconsistent with the "
+                "running result 2. Condition and loop statements are not supported in methods currently."):
+        load(tmp_path, LEGACY + textwrap.dedent("""
+            def helper(x):
+                return register.add_stage(postprocess, x, outputs_count=1)
+
+            @register.register_method(output_names='y')
+            def m(x1, x2):
+                y = register.call_servable(x1, x2)
+                helper(y)
+                return y
+        """))
+
+
+def test_legacy_call_from_a_helper_is_refused(tmp_path, warnings):
+    with raises(_complex("call_servable")):
+        load(tmp_path, LEGACY + textwrap.dedent("""
+            def helper(x1, x2):
+                return register.call_servable(x1, x2)
+
+            @register.register_method(output_names='y')
+            def m(x1, x2):
+                return helper(x1, x2)
+        """))
+
+
 def test_legacy_call_servable_without_model(tmp_path, warnings):
-    with raises("There is no model declared, you can use declare_model to declare models"):
+    with raises("There is no model declared, you can use declare_model to declare models."):
         load(tmp_path, """
             @register.register_method(output_names="y")
             def m(x1, x2):
                 return register.call_servable(x1, x2)
         """)
     reset_registry()
-    with raises("'call_servable' can only be used when one model is declared"):
+    with raises("There are more than one servable declared when the interface 'call_servable' is used, use "
+                "'add_stage' to replace 'call_servable'"):
         load(tmp_path, """
             a = register.declare_model("a.mindir", "MindIR")
             b = register.declare_model("b.mindir", "MindIR")

@@ -73,3 +73,57 @@ def test_keep_alive_requests_are_answered_without_the_delayed_ack_wait(frontend)
         conn.close()
     # with Nagle on, each keep-alive reply (headers and body written separately) waited ~40 ms for an ACK
     assert statistics.median(times[2:]) < 0.02
+
+
+# ---------------------------------------------------------------- TLS files, checked in MindSpore Serving's order
+
+
+def _self_signed(directory, name):
+    import subprocess
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", f"{name}.key", "-out", f"{name}.crt", "-days", "1", "-subj", "/CN=localhost"],
+                   cwd=directory, check=True, capture_output=True)
+    return str(directory / f"{name}.crt"), str(directory / f"{name}.key")
+
+
+def test_bad_tls_files_fail_with_mindspore_serving_s_texts(tmp_path):
+    from mindspore_serving.frontends.restful_server import _check_ssl
+    from mindspore_serving.server import SSLConfig
+    cert, key = _self_signed(tmp_path, "a")
+    _, other_key = _self_signed(tmp_path, "b")
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a pem file\n")
+    missing = str(tmp_path / "missing.pem")
+    _check_ssl(SSLConfig(cert, key))
+    _check_ssl(SSLConfig(cert, key, custom_ca=cert, verify_client=True))
+    cases = [
+        (SSLConfig(cert, str(garbage)), f"Serving Error: load private_key from {garbage} failed"),
+        (SSLConfig(cert, missing), f"Serving Error: load private_key from {missing} failed"),
+        (SSLConfig(cert, cert), f"Serving Error: load private_key from {cert} failed"),
+        (SSLConfig(str(garbage), key), f"Serving Error: load certificate_chain from {garbage} failed"),
+        (SSLConfig(key, key), f"Serving Error: load certificate_chain from {key} failed"),
+        (SSLConfig(missing, str(garbage)), f"Serving Error: load certificate_chain from {missing} failed"),
+        (SSLConfig(cert, other_key), f"Serving Error: private_key is not consistent with certificate {cert}"),
+        (SSLConfig(cert, key, custom_ca=str(garbage), verify_client=True),
+         f"Serving Error: load root certificate from {garbage} failed"),
+    ]
+    for ssl_config, text in cases:
+        with pytest.raises(RuntimeError) as info:
+            _check_ssl(ssl_config)
+        assert str(info.value) == text
+    # TLS is set up before the address is looked at
+    with pytest.raises(RuntimeError, match=f"^Serving Error: load private_key from {garbage} failed$"):
+        RestfulFrontend("unix:/tmp/x", 100, SSLConfig(cert, str(garbage)), EchoDispatcher())
+
+
+def test_server_api_ssl_config_checks(tmp_path):
+    from mindspore_serving import server
+    cert, _ = _self_signed(tmp_path, "a")
+    with pytest.raises(RuntimeError, match="^The type of ssl_config should be class of SSLConfig$"):
+        server.start_restful_server(f"127.0.0.1:{free_port()}", ssl_config="x")
+    with pytest.raises(RuntimeError, match="^The type of ssl_config should be type of SSLConfig$"):
+        server.start_grpc_server(f"127.0.0.1:{free_port()}", ssl_config="x")
+    # the gRPC server's files are read first, by open(), whose error comes out as it is
+    with pytest.raises(FileNotFoundError, match="missing.pem"):
+        server.start_grpc_server(f"127.0.0.1:{free_port()}",
+                                 ssl_config=server.SSLConfig(cert, str(tmp_path / "missing.pem")))

@@ -87,7 +87,10 @@ def test_models_without_any_version_directory(tmp_path):
     with pytest.raises(RuntimeError) as info:
         resolve_version(str(tmp_path), "svc", 0, has_models=True)
     assert str(info.value) == (f"There is no valid version directory of models while there are models declared in "
-                               f"servable_config.py, servable directory: '{tmp_path}', servable name: 'svc'")
+                               f"servable_config.py, servable directory: {tmp_path}, servable name: svc")
+    # MindSpore Serving looks for any version directory before the one asked for
+    with pytest.raises(RuntimeError, match="There is no valid version directory of models"):
+        resolve_version(str(tmp_path), "svc", 2, has_models=True)
 
 
 def test_missing_specified_version_directory(tmp_path):
@@ -101,6 +104,9 @@ def test_missing_specified_version_directory(tmp_path):
 def test_a_file_named_like_the_version_is_not_a_version_directory(tmp_path):
     (tmp_path / "svc").mkdir()
     (tmp_path / "svc" / "1").write_text("not a directory")
+    with pytest.raises(RuntimeError, match="There is no valid version directory of models"):
+        resolve_version(str(tmp_path), "svc", 1, has_models=True)
+    (tmp_path / "svc" / "2").mkdir()
     with pytest.raises(RuntimeError, match="specified version number: 1,"):
         resolve_version(str(tmp_path), "svc", 1, has_models=True)
 
@@ -223,7 +229,7 @@ def test_load_with_models_but_no_version_directory(tmp_path):
     with pytest.raises(RuntimeError) as info:
         load_servable(str(tmp_path), name, 0, "cpu", 0)
     assert str(info.value) == (f"There is no valid version directory of models while there are models declared in "
-                               f"servable_config.py, servable directory: '{tmp_path}', servable name: '{name}'")
+                               f"servable_config.py, servable directory: {tmp_path}, servable name: {name}")
 
 
 def test_load_with_a_missing_version(tmp_path):
@@ -238,3 +244,22 @@ def test_load_with_a_missing_version(tmp_path):
     (servable / "1").mkdir()
     with pytest.raises(RuntimeError, match=r"specified version number: 3, servable directory: "):
         load_servable(str(tmp_path), name, 3, "cpu", 0)
+
+
+def test_load_failure_names_files_context_and_reason(tmp_path):
+    pytest.importorskip("mindspore")
+    name = unique_name()
+    servable = write_config(tmp_path, name, """
+        context = register.Context(thread_num=2)
+        model = register.declare_model(["net.mindir", "net2.mindir"], "MindIR", context=context)
+
+        @register.register_method(output_names="y")
+        def predict(x):
+            return register.add_stage(model, x, outputs_count=1)
+    """)
+    (servable / "1").mkdir()
+    with pytest.raises(RuntimeError) as info:
+        load_servable(str(tmp_path), name, 1, "cpu", 0)
+    assert str(info.value) == (f"Load model failed, servable directory: '{tmp_path}', servable name: '{name}', model "
+                               f"file: '[net.mindir, net2.mindir]', version number 1,model context: {{thread num: 2}}, "
+                               f"load error details: model file '{servable / '1' / 'net.mindir'}' not exist")

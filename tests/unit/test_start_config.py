@@ -222,11 +222,12 @@ def test_merge_directory_conflict(tmp_path):
 def test_merge_missing_directory_and_config_file(tmp_path):
     directory = str(tmp_path)
     with raises(f"Check servable config failed, directory '{os.path.join(os.path.realpath(directory), 'add')}' "
-                f"not exist"):
+                f"not exist, servable directory '{os.path.realpath(directory)}', servable name 'add'"):
         merge_config([config(directory)])
     make_servable(tmp_path, config=False)
-    with raises(f"Check servable config failed, file "
-                f"'{os.path.join(os.path.realpath(directory), 'add', 'servable_config.py')}' not exist"):
+    real = os.path.realpath(directory)
+    with raises(f"Check servable config failed, file '{os.path.join(real, 'add', 'servable_config.py')}' not exist,"
+                f"  servable directory '{real}', servable name 'add'"):  # two spaces, as MindSpore Serving has them
         merge_config([config(directory)])
 
 
@@ -263,3 +264,133 @@ def test_merge_passes_other_configs_through(tmp_path):
     other = object()
     merged = merge_config([other, config(directory, device_ids=0)])
     assert merged[-1] is other and merged[0].servable_name == "add"
+
+
+def test_merge_checks_device_reuse_after_merging(tmp_path):
+    """MindSpore Serving merges first: the same device in two configs of one servable version is one worker."""
+    directory = make_servable(tmp_path, versions=(1,))
+    merged = merge_config([config(directory, device_ids=2, version_number=0),
+                           config(directory, device_ids=2, version_number=1)], allow_reuse_device=never_share)
+    assert [(cfg.version_number, cfg.device_ids) for cfg in merged] == [(1, (2,))]
+
+
+def test_merge_groups_by_servable_name(tmp_path):
+    directory = make_servable(tmp_path, versions=(1, 2))
+    make_servable(tmp_path, name="add2")
+    merged = merge_config([config(directory, device_ids=(1, 3), version_number=1),
+                           config(directory, name="add2", device_ids=0),
+                           config(directory, device_ids=(4, 5), version_number=1),
+                           config(directory, device_ids=6, version_number=2)], allow_reuse_device=never_share)
+    assert [(cfg.servable_name, cfg.version_number, cfg.device_ids) for cfg in merged] == [
+        ("add", 1, (1, 3, 4, 5)), ("add", 2, (6,)), ("add2", 1, (0,))]
+
+
+def test_merge_directory_conflict_names_both_directories(tmp_path):
+    first = make_servable(tmp_path / "one")
+    second = make_servable(tmp_path / "two")
+    with raises(f"The servable directory of servable name add is different in multiple configurations, servable "
+                f"directory: {os.path.realpath(second)} and {os.path.realpath(first)}"):
+        merge_config([config(first, device_ids=0), config(second, device_ids=1)])
+
+
+@pytest.fixture
+def devices(monkeypatch):
+    """What MindSpore offers, as the master's probe would say (MindSpore Serving's UT stub has
+    SERVING_ENABLE_GPU_DEVICE / SERVING_ENABLE_CPU_DEVICE for the same)."""
+    from mindspore_serving.common import ms_device
+    found = ["CPU"]
+    asked = []
+
+    def probe():
+        asked.append(True)
+        return list(found)
+
+    monkeypatch.setattr(ms_device, "probe_available_devices", probe)
+    return found, asked
+
+
+def test_device_type_must_be_available(tmp_path, devices):
+    found, asked = devices
+    from mindspore_serving import server
+    directory = make_servable(tmp_path)
+    start_config.check_device_types([config(directory, device_type="CPU"), config(directory)])
+    assert not asked  # CPU is always there and 'none' takes the best: MindSpore is not asked
+    with raises("The device type 'ascend' of servable name add is inconsistent with current running environment, "
+                "supported device type: None or 'Cpu'"):
+        server.start_servables(config(directory, device_ids=0, device_type="Ascend"))
+    found[:] = ["GPU", "CPU"]
+    with raises("The device type 'ascend' of servable name add is inconsistent with current running environment, "
+                "supported device type: None, 'Gpu' or 'Cpu'"):
+        server.start_servables([config(directory, device_ids=0, device_type="Ascend"),
+                                config(directory, device_ids=1, device_type="Ascend")])
+    start_config.check_device_types([config(directory, device_type="gpu")])
+    found[:] = ["Ascend", "CPU"]
+    with raises("The device type 'gpu' of servable name add is inconsistent with current running environment, "
+                "supported device type: None, 'Ascend' or 'Cpu'"):
+        start_config.check_device_types([config(directory, device_type="GPU")])
+
+
+def test_device_reuse_follows_the_device(tmp_path, devices):
+    found, _ = devices
+    directory = make_servable(tmp_path)
+    make_servable(tmp_path, name="add_x")
+    same_device = [config(directory, device_ids=0), config(directory, name="add_x", device_ids=0)]
+    assert len(merge_config(same_device)) == 2  # CPU: shared
+    found[:] = ["GPU", "CPU"]
+    assert len(merge_config(same_device)) == 2
+    found[:] = ["Ascend", "CPU"]
+    with raises("Ascend 910 device id 0 is used repeatedly in servable add_x"):
+        merge_config(same_device)
+    assert len(merge_config([config(directory, device_ids=0, device_type="CPU"),
+                             config(directory, name="add_x", device_ids=0, device_type="CPU")])) == 2
+
+
+def test_worker_side_device_check_has_the_same_text(monkeypatch):
+    from mindspore_serving.common import ms_device
+    monkeypatch.setattr(ms_device, "available_devices", lambda: ["CPU"])
+    assert ms_device.resolve_device("none") == "CPU"
+    assert ms_device.resolve_device("cpu") == "CPU"
+    with raises("The device type 'gpu' of servable name add is inconsistent with current running environment, "
+                "supported device type: None or 'Cpu'"):
+        ms_device.resolve_device("gpu", "add")
+
+
+def test_probe_asks_a_child_process_once(monkeypatch):
+    from mindspore_serving.common import ms_device
+    runs = []
+
+    class Done:
+        stdout = "noise\n#available_devices=GPU,CPU#\n"
+
+    monkeypatch.setattr(ms_device, "_probed", None)
+    monkeypatch.setattr(ms_device.subprocess, "run", lambda cmd, **kwargs: runs.append(cmd) or Done())
+    assert ms_device.probe_available_devices() == ["GPU", "CPU"]
+    assert ms_device.probe_available_devices() == ["GPU", "CPU"]
+    assert len(runs) == 1 and runs[0][0] == sys.executable
+    Done.stdout = "Traceback ..."
+    monkeypatch.setattr(ms_device, "_probed", None)
+    with raises("Failed to get device type"):
+        ms_device.probe_available_devices()
+
+
+def test_probe_runs_mindspore_in_a_child(monkeypatch):
+    from mindspore_serving.common import ms_device
+    pytest.importorskip("mindspore")
+    monkeypatch.setattr(ms_device, "_probed", None)
+    available = ms_device.probe_available_devices()
+    assert available[-1] == "CPU" and set(available) <= {"Ascend", "GPU", "CPU"}
+
+
+def test_model_control_reloads_an_encrypted_servable_with_its_key(tmp_path):
+    from types import SimpleNamespace
+    from mindspore_serving.server import _server
+    directory = make_servable(tmp_path, name="enc")
+    make_servable(tmp_path, name="plain")
+    master = SimpleNamespace(model_control=SimpleNamespace(plans_for=None),
+                             processes=SimpleNamespace(of_servable=lambda name: []))
+    _server._enable_model_control(master, [config(directory, name="enc", device_ids=0, dec_key=b"k" * 16,
+                                                  dec_mode="AES-CBC")])
+    (plan,) = master.model_control.plans_for("enc", 1)
+    assert (plan.dec_key, plan.dec_mode, plan.device_id) == (b"k" * 16, "AES-CBC", 0)
+    (plan,) = master.model_control.plans_for("plain", 1)
+    assert (plan.dec_key, plan.dec_mode) == (None, "AES-GCM")

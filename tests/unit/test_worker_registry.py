@@ -76,6 +76,22 @@ def test_empty_registry_has_no_servable():
     assert str(info.value) == "Request servable(add) method(add_common) , servable is not available"
 
 
+def test_a_planned_servable_without_a_live_worker_is_unavailable_not_unknown():
+    """Its worker died and is being restarted: the client is told to retry (gRPC UNAVAILABLE), with the same text."""
+    registry = registry_of(record("other", servable="sub"))
+    registry.expected = lambda name, version: name == "add" and version in (0, 1)
+    for version, text in ((0, "Request servable(add) method(add_common) , servable is not available"),
+                          (1, "Request servable(add) method(add_common)  version(1) , servable is not available")):
+        with pytest.raises(errors.WorkerUnavailable) as info:
+            registry.candidates("add", "add_common", version)
+        assert str(info.value) == text
+        assert info.value.code == errors.WORKER_UNAVAILABLE
+    with pytest.raises(errors.ServableUnavailable):  # a version this master does not run
+        registry.candidates("add", "add_common", 2)
+    with pytest.raises(errors.ServableUnavailable):
+        registry.candidates("nope", "add_common", 0)
+
+
 def test_newest_version_without_the_method_is_method_not_available():
     # version 0 routes to the newest version only, even when an older one has the method
     registry = registry_of(record("old", version=1, methods=("legacy",)), record("new", version=2, methods=("fresh",)))

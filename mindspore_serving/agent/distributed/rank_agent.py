@@ -36,7 +36,7 @@ class RankGraph:
         from mindspore import nn  # lazy: as above
         kwargs = {"dec_key": dec_key, "dec_mode": dec_mode} if dec_key else {}
         self.cell = nn.GraphCell(ms.load(path, **kwargs))
-        self.inputs = read_mindir_input_infos(path)
+        self.inputs = read_mindir_input_infos(path, dec_key, dec_mode)
         if self.inputs is None:
             raise RuntimeError(f"cannot read the inputs of model file '{path}'")
         # every rank runs this once at start-up, so collectives inside the graph find their peers

@@ -1,16 +1,39 @@
-"""Reads a register_method function's source to support the 1.x `call_*` interfaces.
+"""Reads a register_method function's source to support the 1.x `call_*` interfaces, as MindSpore Serving does.
 
 Those interfaces do not say how many outputs a stage has; it comes from the assignment they appear in
 (`x, y = register.call_preprocess(fun, a)` -> 2 outputs). They therefore only work in straight-line
-methods: one statement per call, no conditions, loops or add_stage.
+methods: one top-level statement per call, no conditions, loops or add_stage beside them.
+
+MindSpore Serving reads only assignments; `return register.call_servable(x)` and a bare
+`register.call_servable(x)` statement are read here too (with len(output_names) and 1 outputs).
 """
 import ast
 import inspect
 import textwrap
-from typing import Dict, List, Optional
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
 
-LEGACY_NAMES = ("call_preprocess", "call_preprocess_pipeline", "call_servable", "call_postprocess",
-                "call_postprocess_pipeline")
+CALL_SERVABLE = "call_servable"
+_STAGE_CALLS = ("call_preprocess", "call_postprocess", "call_preprocess_pipeline", "call_postprocess_pipeline")
+LEGACY_NAMES = _STAGE_CALLS + (CALL_SERVABLE,)
+
+
+@dataclass
+class LegacyMeta:
+    """The call_* calls found in a method's source: {interface name: outputs count of each call, in order}.
+    `source_known` is False when the source could not be read (then any call is accepted with 1 output)."""
+    counts: Dict[str, List[int]] = field(default_factory=dict)
+    source_known: bool = True
+
+    @property
+    def calls(self) -> int:
+        return sum(len(counts) for counts in self.counts.values())
+
+
+def complex_statements_text(method_name: str, names: str) -> str:
+    return (f"Failed to parse method '{method_name}', complex statements such as conditions and loops are not "
+            f"supported in register_method when the interface '{names}' is used, use 'add_stage' to replace "
+            f"'{names}'")
 
 
 def _code_names(code) -> set:
@@ -37,71 +60,84 @@ def _called_name(node) -> Optional[str]:
     return None
 
 
-def _legacy_names_in(tree) -> List[str]:
-    calls = sorted((node.lineno, node.col_offset, _called_name(node)) for node in ast.walk(tree)
-                   if _called_name(node) in LEGACY_NAMES)
-    found = []
-    for _, _, name in calls:
-        if name not in found:
-            found.append(name)
-    return found
-
-
-def _function_def(func):
+def _function_def(func) -> Tuple[Optional[ast.FunctionDef], List[str], int]:
+    """The function's AST, its source lines and the number of the file line before its first one."""
     try:
+        _, start = inspect.findsource(func)
         source = textwrap.dedent(inspect.getsource(func))
         tree = ast.parse(source)
     except (OSError, TypeError, SyntaxError):
-        return None
+        return None, [], 0
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            return node
-    return None
+            return node, source.split("\n"), start
+    return None, [], 0
 
 
-def parse_legacy_calls(func, method_name: str, output_names_count: int) -> Optional[Dict[str, List[int]]]:
-    """For a method using the call_* interfaces: {interface name: outputs count of each call, in order}.
+def _node_info(func, node, lines: List[str], start: int) -> str:
+    """MindSpore Serving's "line <n>[~<m>] in <function>, code: \\n<the statement's lines>"."""
+    end = getattr(node, "end_lineno", None) or node.lineno
+    code = "".join(lines[line - 1] + "\n" for line in range(node.lineno, end + 1))
+    first, last = node.lineno + start, end + start
+    where = f"{first}~{last}" if first != last else f"{first}"
+    return f"line {where} in {getattr(func, '__name__', func)}, code: \n" + code
 
-    Returns None when the method does not use them. Raises RuntimeError for complex statements or
-    when call_servable is missing.
+
+def _legacy_call(statement, output_names_count: int) -> Tuple[Optional[str], Optional[int], bool]:
+    """(interface, outputs count, is other code) of one top-level statement of the method."""
+    if isinstance(statement, (ast.Return, ast.Expr)):  # MindSpore Serving skips these; its calls are read here
+        name = _called_name(statement.value)
+        if name not in LEGACY_NAMES:
+            return None, None, False
+        return name, output_names_count if isinstance(statement, ast.Return) else 1, False
+    if not isinstance(statement, ast.Assign):
+        return None, None, True
+    target = statement.targets[0]
+    if isinstance(target, ast.Name):
+        outputs_count = 1
+    elif isinstance(target, ast.Tuple):
+        outputs_count = len(target.elts)
+    else:
+        return None, None, False
+    call = statement.value
+    if not isinstance(call, ast.Call):
+        return None, None, False
+    name = _called_name(call)
+    if name is None or name not in LEGACY_NAMES:
+        return None, None, True
+    return name, outputs_count, False
+
+
+def parse_legacy_calls(func, method_name: str, output_names_count: int) -> Optional[LegacyMeta]:
+    """The call_* calls of a method's top-level statements; None when the method does not use them.
+
+    Raises RuntimeError, in MindSpore Serving's words, when such a call comes with other statements (conditions,
+    loops, add_stage, ...), when a call has no inputs, or when call_servable is missing.
     """
     if not uses_legacy_interface(func):
         return None
-    func_def = _function_def(func)
+    func_def, lines, start = _function_def(func)
     if func_def is None:  # source unavailable: order checks still apply, outputs count defaults to 1
-        return {}
-    names = _legacy_names_in(func_def)
-    if not names:
-        return None
-    meta: Dict[str, List[int]] = {}
-    complex_found = False
-    for index, statement in enumerate(func_def.body):
-        if index == 0 and isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
-            continue  # docstring
-        if isinstance(statement, ast.Return):
-            called = _called_name(statement.value)
-            if called in LEGACY_NAMES:
-                meta.setdefault(called, []).append(output_names_count)
-            elif statement.value is not None and not isinstance(statement.value, (ast.Name, ast.Tuple, ast.List)):
-                complex_found = True
+        return LegacyMeta(source_known=False)
+    meta = LegacyMeta()
+    names = []
+    other = None
+    for statement in func_def.body:
+        name, outputs_count, is_other = _legacy_call(statement, output_names_count)
+        if is_other:
+            other = other or statement
+        if name is None:
             continue
-        if isinstance(statement, ast.Expr) and _called_name(statement.value) in LEGACY_NAMES:
-            meta.setdefault(_called_name(statement.value), []).append(1)
-            continue
-        if isinstance(statement, ast.Assign) and len(statement.targets) == 1 \
-                and _called_name(statement.value) in LEGACY_NAMES:
-            target = statement.targets[0]
-            if isinstance(target, ast.Name):
-                meta.setdefault(_called_name(statement.value), []).append(1)
-                continue
-            if isinstance(target, (ast.Tuple, ast.List)):
-                meta.setdefault(_called_name(statement.value), []).append(len(target.elts))
-                continue
-        complex_found = True
-    if complex_found:
-        joined = ", ".join(names)
-        raise RuntimeError(f"complex statements such as conditions and loops are not supported in register_method "
-                           f"when the interface '{joined}' is used, use 'add_stage' to replace '{joined}'")
-    if "call_servable" not in names:
-        raise RuntimeError(f"Not find the invoke of 'call_servable' in method '{method_name}'")
+        call = statement.value
+        inputs_count = len(call.args) - (1 if name in _STAGE_CALLS else 0)
+        if inputs_count <= 0:
+            raise RuntimeError(f"Invalid '{name}' invoke args")
+        meta.counts.setdefault(name, []).append(outputs_count)
+        names.append(name)
+    if names and other is not None:
+        joined = ";".join(names)
+        raise RuntimeError(f"{complex_statements_text(method_name, joined)}, code {type(other)}: "
+                           f"{_node_info(func, other, lines, start)}")
+    if names and CALL_SERVABLE not in meta.counts:
+        raise RuntimeError(f"Not find the invoke of '{CALL_SERVABLE}'")
     return meta

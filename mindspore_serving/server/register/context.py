@@ -23,6 +23,29 @@ class ModelContext:
     enable_parallel: int = -1
     device_list: List[Dict[str, str]] = field(default_factory=list)
 
+    def as_string(self) -> str:
+        """The options that were set, as MindSpore Serving prints them in "Load model failed, ... model context: "
+        (a map in key order, lists in brackets, no quotes), e.g. `{device infos: [{device_type: cpu}], thread num: 2}`;
+        `{}` when none was set."""
+        items = {}
+        if self.thread_num > -1:
+            items["thread num"] = str(self.thread_num)
+        if self.thread_affinity_core_list:
+            items["thread affinity core list"] = _as_list(self.thread_affinity_core_list)
+        if self.enable_parallel > -1:
+            items["enable parallel"] = str(self.enable_parallel)
+        if self.device_list:
+            items["device infos"] = _as_list(_as_map(info) for info in self.device_list)
+        return _as_map(items)
+
+
+def _as_map(items: Dict[str, str]) -> str:
+    return "{" + ", ".join(f"{key}: {items[key]}" for key in sorted(items)) + "}"
+
+
+def _as_list(items) -> str:
+    return "[" + ", ".join(str(item) for item in items) + "]"
+
 
 class DeviceInfoContext:
     """Base of the device infos; `context_map` holds the options that were set plus "device_type"."""
@@ -45,11 +68,15 @@ class DeviceInfoContext:
         context_map["device_type"] = self.device_type
         return context_map
 
-    def _set_choice(self, key: str, value, choices):
+    def _set_choice(self, key: str, value, choices, text: str = ""):
+        """Sets option `key` to one of `choices`; `text` is MindSpore Serving's error for another value, with
+        `{value}` in it (by default "<Device> device info '<key>' can only be 'a', 'b'. given '<value>'")."""
         check_type.check_str(key, value)
         if value not in choices:
-            allowed = ", ".join(f"'{item}'" for item in choices)
-            raise RuntimeError(f"{self._label.capitalize()} device info '{key}' can only be {allowed}. given '{value}'")
+            if not text:
+                allowed = ", ".join(f"'{item}'" for item in choices)
+                text = f"{self._label.capitalize()} device info '{key}' can only be {allowed}. given '{{value}}'"
+            raise RuntimeError(text.format(value=value))
         self._options[key] = value
 
     def _set_text(self, key: str, value):
@@ -82,19 +109,32 @@ class AscendDeviceInfo(DeviceInfoContext):
     op_select_impl_mode, fusion_switch_config_path, buffer_optimize_mode."""
     device_type = "ascend"
     _label = "ascend"
+    # option -> (values, MindSpore Serving's error for another value; its output_type text names
+    # op_select_impl_mode, as the original does)
     _CHOICES = {
-        "input_format": ("ND", "NCHW", "NHWC", "CHWN", "NC1HWC0", "NHWC1C0"),
-        "output_type": ("FP32", "FP16", "UINT8"),
-        "precision_mode": ("force_fp16", "allow_fp32_to_fp16", "must_keep_origin_dtype", "allow_mix_precision"),
-        "op_select_impl_mode": ("high_performance", "high_precision"),
-        "buffer_optimize_mode": ("l1_optimize", "l2_optimize", "off_optimize", "l1_and_l2_optimize"),
+        "input_format": (("ND", "NCHW", "NHWC", "CHWN", "NC1HWC0", "NHWC1C0"),
+                         "Ascend device info 'input_format' can only be 'ND', 'NCHW', 'NHWC', 'CHWN', 'NC1HWC0', or "
+                         "'NHWC1C0', actually given '{value}'"),
+        "output_type": (("FP32", "FP16", "UINT8"),
+                        "Ascend device info 'op_select_impl_mode' can only be 'FP32'(default), 'FP16' or 'UINT8', "
+                        "actually given '{value}'"),
+        "precision_mode": (("force_fp16", "allow_fp32_to_fp16", "must_keep_origin_dtype", "allow_mix_precision"),
+                           "Ascend device info 'precision_mode' can only be 'force_fp16'(default), "
+                           "'allow_fp32_to_fp16' 'must_keep_origin_dtype' or 'allow_mix_precision', actually given "
+                           "'{value}'"),
+        "op_select_impl_mode": (("high_performance", "high_precision"),
+                                "Ascend device info 'op_select_impl_mode' can only be 'high_performance'(default) or "
+                                "'high_precision', actually given '{value}'"),
+        "buffer_optimize_mode": (("l1_optimize", "l2_optimize", "off_optimize", "l1_and_l2_optimize"),
+                                 "Ascend device info 'buffer_optimize_mode' can only be 'off_optimize'(default), "
+                                 "'l1_optimize', 'l2_optimize' or 'l1_and_l2_optimize', actually given '{value}'"),
     }
     _TEXTS = ("insert_op_cfg_path", "input_shape", "fusion_switch_config_path")
 
     def __init__(self, **kwargs):
         super().__init__()
-        setters = {key: (lambda value, key=key, choices=choices: self._set_choice(key, value, choices))
-                   for key, choices in self._CHOICES.items()}
+        setters = {key: (lambda value, key=key, choice=choice: self._set_choice(key, value, *choice))
+                   for key, choice in self._CHOICES.items()}
         setters.update({key: (lambda value, key=key: self._set_text(key, value)) for key in self._TEXTS})
         self._set_options(kwargs, setters, "Set ascend device info failed, unsupported parameter")
 
@@ -126,8 +166,8 @@ class Context:
     def append_device_info(self, device_info):
         """Adds the options of one device type (CPUDeviceInfo, GPUDeviceInfo or AscendDeviceInfo)."""
         if not isinstance(device_info, DeviceInfoContext):
-            raise RuntimeError(f"Parameter 'device_info' should be CPUDeviceInfo, GPUDeviceInfo or AscendDeviceInfo, "
-                               f"but actually {type(device_info)}")
+            raise RuntimeError(f"Parameter 'device_info' should instance of CPUDeviceInfo, GPUDeviceInfo, or "
+                               f"AscendDeviceInfo, but actually {type(device_info)}")
         info_map = device_info._as_context_map()  # pylint: disable=protected-access
         device_type = info_map["device_type"]
         if device_type in self.device_types:

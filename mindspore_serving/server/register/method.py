@@ -9,7 +9,7 @@ from typing import Dict, List, Optional, Tuple
 from mindspore_serving import log
 from mindspore_serving.common import check_type
 from mindspore_serving.spec import registry
-from mindspore_serving.server.register._legacy_ast import parse_legacy_calls
+from mindspore_serving.server.register._legacy_ast import LegacyMeta, complex_statements_text, parse_legacy_calls
 from mindspore_serving.server.register.model import Model
 from mindspore_serving.server.register.placeholder import _TensorDef
 from mindspore_serving.spec.servable import (BUILTIN_STAGE_NAMES, STAGE_BUILTIN, STAGE_FUNCTION, STAGE_MODEL, MethodSpec,
@@ -19,18 +19,24 @@ from mindspore_serving.spec.servable import (BUILTIN_STAGE_NAMES, STAGE_BUILTIN,
 class _LegacyState:
     """What the 1.x call_* interfaces did so far in the method being recorded."""
 
-    def __init__(self, meta: Dict[str, List[int]]):
+    def __init__(self, meta: LegacyMeta, method_name: str):
         self.meta = meta
+        self.method_name = method_name
         self.invoked: Dict[str, int] = {}
         self.preprocess = False
         self.servable = False
         self.postprocess = False
 
     def outputs_count(self, name: str) -> int:
+        """The outputs count of this call of `name`, from the assignment it appears in."""
         index = self.invoked.get(name, 0)
         self.invoked[name] = index + 1
-        counts = self.meta.get(name, [])
-        return counts[index] if index < len(counts) else 1
+        counts = self.meta.counts.get(name, [])
+        if index < len(counts):
+            return counts[index]
+        if self.meta.source_known:  # called where the method's top-level statements do not show it
+            raise RuntimeError(complex_statements_text(self.method_name, name))
+        return 1
 
 
 class _MethodRecorder:
@@ -124,14 +130,18 @@ def register_method(output_names):
             raise RuntimeError("register_method cannot be used inside another method registered by register_method")
         meta = parse_legacy_calls(func, method_name, len(output_names))
         method = MethodSpec(name=method_name, input_names=input_names, output_names=list(output_names))
-        recorder = _MethodRecorder(servable, method, _LegacyState(meta) if meta is not None else None)
+        recorder = _MethodRecorder(servable, method, _LegacyState(meta, method_name) if meta is not None else None)
         _recorder = recorder
         try:
             returned = func(*[_TensorDef(0, index, recorder) for index in range(len(input_names))])
         finally:
             _recorder = None
+        if meta is not None and meta.calls and meta.source_known and meta.calls != len(method.stages):
+            raise RuntimeError(f"Failed to parse method {method_name}, the number of stages obtained through the AST "
+                               f"{meta.calls} is inconsistent with the running result {len(method.stages)}. "
+                               f"Condition and loop statements are not supported in methods currently.")
         if recorder.legacy is not None and not recorder.legacy.servable:
-            raise RuntimeError(f"Not find the invoke of 'call_servable' in method '{method_name}'")
+            raise RuntimeError("Not find the invoke of 'call_servable'")
         method.outputs = _output_refs(returned, recorder)
         if len(method.outputs) != len(output_names):
             raise RuntimeError(f"Method return output size {len(method.outputs)} not match registered "
@@ -182,8 +192,8 @@ def _function_stage(recorder: _MethodRecorder, func, inputs_count: int, outputs_
             raise RuntimeError(f"Stage function '{key}' outputs count {outputs_count} not match last registered "
                                f"count {last_outputs}, method name '{method_name}'")
         if last_batch != (batch_size is not None):
-            raise RuntimeError("parameter 'batch_size' in multiple 'add_stage' should be enabled or disabled "
-                               "consistently")
+            raise RuntimeError(f"Failed to add stage function {key}: parameter 'batch_size' in multiple 'add_stage' "
+                               f"should be enabled or disabled consistently")
     recorder.functions[key] = (inputs_count, outputs_count, batch_size is not None)
     return StageSpec(kind=STAGE_FUNCTION, tag=f"Function '{key}'", inputs=[], outputs_count=outputs_count,
                      batch_size=batch_size, function=func, function_key=key)
@@ -193,7 +203,9 @@ def _model_stage(recorder: _MethodRecorder, model: Model, inputs_count: int, out
                  batch_size: Optional[int]) -> StageSpec:
     model_spec = recorder.servable.models.get(model.model_key)
     if model_spec is None:
-        raise RuntimeError(f"The model {model.model_key} is not declared in servable {recorder.servable.name}")
+        raise RuntimeError(f"Check failed in method '{recorder.method.name}', the parameter 'stage' of add_stage must "
+                           f"be function or Model returned by declare_model, and ensure that interface "
+                           f"'declare_model' can take effect when importing servable_config.py by the serving server")
     subgraph = 0
     old = model_spec.io_counts.get(subgraph)
     if old is not None:
@@ -273,8 +285,8 @@ def add_stage(stage, *args, outputs_count, batch_size=None, tag=None):
     elif inspect.isfunction(stage) or inspect.ismethod(stage) or inspect.isbuiltin(stage):
         spec = _function_stage(recorder, stage, len(args), outputs_count, batch_size)
     else:
-        raise RuntimeError(f"The parameter 'stage' of add_stage must be function or Model returned by "
-                           f"declare_model, now is {type(stage)}")
+        raise RuntimeError(f"Check failed in method '{recorder.method.name}', the parameter 'stage' of add_stage must "
+                           f"be function or Model returned by declare_model, now is {type(stage)}")
     spec.inputs = [item.ref for item in args]
     if tag is not None:
         spec.tag = tag

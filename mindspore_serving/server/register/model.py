@@ -177,11 +177,8 @@ def declare_model(model_file, model_format, with_batch_dim=True, options=None, w
     if spec.distributed:
         raise RuntimeError("Declare model failed, servable has already been declared as distributed servable")
     model_key = ";".join(model_files)
-    if model_key in spec.models:
-        raise RuntimeError(f"Declare model {_format_files(model_files)} failed, the same model has already been "
-                           f"declared")
     used_files = {name for model in spec.models.values() for name in model.model_files}
-    for name in model_files:
+    for name in model_files:  # declaring the same model again is reported so too, as MindSpore Serving does
         if name in used_files:
             raise RuntimeError(f"Declare model {_format_files(model_files)} failed, model file '{name}' has already "
                                f"been used")

@@ -2,30 +2,27 @@
 from mindspore_serving.server.register._deprecation import deprecated
 from mindspore_serving.server.register.context import AscendDeviceInfo, Context, GPUDeviceInfo
 
-_ACL_OPTIONS = ("insert_op_cfg_path", "input_format", "input_shape", "output_type", "precision_mode",
-                "op_select_impl_mode")
+_OPTIONS_DEPRECATED_VERSION = "1.6.0"
 
 
 class AclOptions:
-    """Deprecated: use `Context` with `AscendDeviceInfo`. Accepts the AscendDeviceInfo keys of 1.x:
-    insert_op_cfg_path, input_format, input_shape, output_type, precision_mode, op_select_impl_mode."""
+    """Deprecated: use `Context` with `AscendDeviceInfo`. Accepts the AscendDeviceInfo options (insert_op_cfg_path,
+    input_format, input_shape, output_type, precision_mode, op_select_impl_mode, fusion_switch_config_path,
+    buffer_optimize_mode), with the same errors."""
 
-    @deprecated("mindspore_serving.server.register.AscendDeviceInfo")
+    @deprecated("mindspore_serving.server.register.AscendDeviceInfo", _OPTIONS_DEPRECATED_VERSION)
     def __init__(self, **kwargs):
-        for key in kwargs:
-            if key not in _ACL_OPTIONS:
-                raise RuntimeError(f"Set acl option failed, unsupported option {key}")
+        device_info = AscendDeviceInfo(**kwargs)
         self.context = Context()
-        self.context.append_device_info(AscendDeviceInfo(**kwargs))
+        self.context.append_device_info(device_info)
 
 
 class GpuOptions:
-    """Deprecated: use `Context` with `GPUDeviceInfo`. Accepts precision_mode ('origin' or 'fp16')."""
+    """Deprecated: use `Context` with `GPUDeviceInfo`. Accepts precision_mode ('origin' or 'fp16'), with
+    GPUDeviceInfo's errors."""
 
-    @deprecated("mindspore_serving.server.register.GPUDeviceInfo")
+    @deprecated("mindspore_serving.server.register.GPUDeviceInfo", _OPTIONS_DEPRECATED_VERSION)
     def __init__(self, **kwargs):
-        for key in kwargs:
-            if key != "precision_mode":
-                raise RuntimeError(f"Set gpu option failed, unsupported option {key}")
+        device_info = GPUDeviceInfo(**kwargs)
         self.context = Context()
-        self.context.append_device_info(GPUDeviceInfo(**kwargs))
+        self.context.append_device_info(device_info)
