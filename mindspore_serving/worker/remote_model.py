@@ -104,6 +104,7 @@ class RemoteModelExecutor(_BatchLoop):
         self.output_infos = model.instance_outputs(subgraph)
         self._call = call
         self._namer = namer
+        self._told = False  # logged how its calls travel
         self._request_head = internal_pb2.CallModelRequest(servable_name=servable_name, version_number=version_number,
                                                            model_key=model.spec.model_key, subgraph=subgraph)
         super().__init__(f"remote-{model.spec.model_key}-{subgraph}",
@@ -122,6 +123,10 @@ class RemoteModelExecutor(_BatchLoop):
         try:
             block = shm_tensors.encode_call([item.inputs for item in items], self.output_infos, request.instances,
                                             self._namer)
+            if not self._told:
+                self._told = True
+                log.info(f"model {self.model.spec.model_key} subgraph {self.subgraph} runs in a worker owning it; "
+                         f"the tensors of its calls travel " + ("in shared memory" if block else "in the messages"))
             reply = self._call(request)
             results = self._answers(reply, len(items), block)
         except Exception as err:  # the call could not be made: every instance gets the reason
