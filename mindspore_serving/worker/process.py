@@ -29,6 +29,10 @@ from mindspore_serving.worker.signatures import method_signature  # noqa: E402
 from mindspore_serving.worker.warmup import warm_up  # noqa: E402
 
 PARENT_CHECK_SECONDS = 0.1
+GIL_SWITCH_SECONDS = 0.0005
+"""How long a thread may hold the GIL while another waits for it (Python's default: 5 ms). A Python stage holds it
+for its whole run; the threads that move requests along (gRPC, model batches, the model calls of extra workers)
+each need it for a moment, and would wait that long for every one of those moments."""
 
 
 def parse_args(argv=None):
@@ -142,6 +146,7 @@ class Worker:
 
 def main(argv=None, worker_class=Worker, parse=parse_args):
     args = parse(argv)
+    sys.setswitchinterval(GIL_SWITCH_SECONDS)
     worker = worker_class(args)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda num, _frame: worker.request_exit(f"signal {signal.Signals(num).name}"))
