@@ -69,7 +69,8 @@ class WorkerServicer(internal_pb2_grpc.WorkerServiceServicer):
                 instance.Clear()
                 error.error_code = errors.FAILED
                 error.error_msg = f"convert output failed: {err}".encode()
-        cost = f"Method {spec.method_name} WorkerRequestHandle Time Cost # {(time.perf_counter() - started) * 1000:.3f} ms"
+        cost = (f"Method {spec.method_name} WorkerRequestHandle Time Cost # "
+                f"{(time.perf_counter() - started) * 1000:.3f} ms")
         for _ in groups:  # once per public request of the call, as MindSpore Serving logs it
             log.info(cost)
         return reply

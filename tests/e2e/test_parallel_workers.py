@@ -86,7 +86,8 @@ def loads_mindspore(process) -> bool:
 
 
 def blocks_of(proc):
-    return [name for name in os.listdir(shm_tensors.SHM_DIR) if name.startswith(shm_tensors.block_prefix(proc.proc.pid))]
+    prefix = shm_tensors.block_prefix(proc.proc.pid)
+    return [name for name in os.listdir(shm_tensors.SHM_DIR) if name.startswith(prefix)]
 
 
 def test_extra_workers_start_beside_the_device_workers_except_for_model_only_servables(serving):
