@@ -11,7 +11,8 @@ Lifetime: the caller creates the block and unlinks it once the call is answered,
 (`CallBlock.release`). The serving worker maps it only while it serves the call: it copies the inputs out, writes
 the outputs in and closes it before it replies (`AttachedBlocks`), so no view outlives its mapping. A caller
 killed during a call leaves its block behind; the master removes a dead worker's blocks and, when it stops, all of
-its workers' (`remove_blocks`): block names are `mss_<master pid>_<caller pid>_<n>`.
+its workers' (`remove_blocks`); a master killed outright leaves them to the next master that starts
+(`remove_orphan_blocks`): block names are `mss_<master pid>_<caller pid>_<n>`.
 
 Without shared memory (no /dev/shm, or it is full) the tensors travel in `Tensor.data`, as in every other message.
 """
@@ -59,6 +60,30 @@ def remove_blocks(master_pid: int, owner_pid: Optional[int] = None) -> int:
     if removed:
         log.warning(f"removed {removed} shared memory block(s) {prefix}* of model calls that were never answered")
     return removed
+
+
+def remove_orphan_blocks() -> int:
+    """Unlinks the blocks of masters that no longer run (killed before they could remove them); how many."""
+    try:
+        names = [name for name in os.listdir(SHM_DIR) if name.startswith(PREFIX)]
+    except OSError:
+        return 0
+    dead = set()
+    for name in names:
+        master = name[len(PREFIX):].split("_", 1)[0]
+        if master.isdigit() and not _running(int(master)):
+            dead.add(int(master))
+    return sum(remove_blocks(master) for master in dead)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
 
 
 def _aligned(size: int) -> int:

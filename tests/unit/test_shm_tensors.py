@@ -8,7 +8,7 @@ from mindspore_serving.ipc import shm_tensors
 from mindspore_serving.proto import internal_pb2
 from mindspore_serving.worker.model_backend import TensorInfo
 
-MASTER_PID = 999_999_001  # not a real master: the blocks of this test are easy to tell apart
+MASTER_PID = os.getpid()  # a running "master": no master starting meanwhile takes its blocks for orphans
 
 
 def blocks_left():
@@ -117,3 +117,19 @@ def test_the_master_removes_the_blocks_of_a_dead_worker_only(namer):
     assert blocks_left() == [kept.name]
     kept.memory.close()
     assert shm_tensors.remove_blocks(MASTER_PID) == 1  # when the master stops: everything of its workers
+
+
+def test_blocks_of_masters_that_no_longer_run_are_removed_by_the_next_master():
+    dead_master = 999_999_003  # above the kernel's pid limit: never running
+    orphan = shm_tensors.BlockNamer(dead_master)
+    live = shm_tensors.BlockNamer(os.getpid())
+    blocks = [shm_tensors.CallBlock(orphan(), 64), shm_tensors.CallBlock(live(), 64)]
+    for block in blocks:
+        block.memory.close()
+    try:
+        assert shm_tensors.remove_orphan_blocks() >= 1
+        left = os.listdir(shm_tensors.SHM_DIR)
+        assert blocks[0].name not in left and blocks[1].name in left
+    finally:
+        shm_tensors.remove_blocks(dead_master)
+        shm_tensors.remove_blocks(os.getpid())
