@@ -148,9 +148,9 @@ class WorkerProcesses:
         self.on_all_exited = on_all_exited
         self.workers: Dict[str, WorkerProcess] = {}
         self._lock = threading.Lock()
-        shm_tensors.remove_orphan_blocks()  # of a master killed before it could
         self._stop = threading.Event()
         self._monitor: Optional[threading.Thread] = None
+        shm_tensors.remove_orphan_blocks()  # model-call memory of a master killed before it could remove it
 
     # ---- start ----
     def spawn(self, worker: WorkerProcess):
