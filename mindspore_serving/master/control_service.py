@@ -1,4 +1,5 @@
-"""MasterControl: workers register, report start-up failures and say goodbye here."""
+"""MasterControl: workers register, report start-up failures and say goodbye here; extra workers learn their
+servable's model shapes and have their model calls forwarded to a worker that owns the models."""
 import grpc
 
 from mindspore_serving import log
@@ -6,6 +7,8 @@ from mindspore_serving.common import errors
 from mindspore_serving.ipc import master_worker as ipc
 from mindspore_serving.master.worker_registry import WorkerRecord, WorkerRegistry
 from mindspore_serving.proto import internal_pb2, internal_pb2_grpc
+
+_CONNECTION_ERRORS = (grpc.aio.AioRpcError, grpc.aio.UsageError)  # UsageError: the channel is already closed
 
 
 class MasterControlServicer(internal_pb2_grpc.MasterControlServicer):
@@ -26,11 +29,14 @@ class MasterControlServicer(internal_pb2_grpc.MasterControlServicer):
                               batch_size=max(1, request.batch_size),
                               methods={m.name: m for m in request.methods}, extensions=dict(request.extensions),
                               device_id=request.device_id,
+                              extra_index=request.extra_index if request.extra else None,
+                              owns_device=request.owns_device, model_infos=dict(request.model_infos),
                               stub=internal_pb2_grpc.WorkerServiceStub(channel), channel=channel)
         old = self.registry.add(record)
         if old is not None and old.channel is not None:
             await old.channel.close()
-        self.processes.mark_registered(request.worker_key)
+        python_stages = not request.extensions and not all(m.only_model_stage for m in request.methods)
+        self.processes.mark_registered(request.worker_key, python_stages)
         log.info(f"Register success: worker address: {request.address}, servable name: {request.servable_name}, "
                  f"version number: {request.version_number}, pid: {request.worker_pid}")
         return reply
@@ -47,3 +53,40 @@ class MasterControlServicer(internal_pb2_grpc.MasterControlServicer):
         if record is not None and record.channel is not None:
             await record.channel.close()
         return internal_pb2.Empty()
+
+    async def GetModelInfo(self, request, context):
+        """The shapes of a servable version's models, as a worker that loaded them registered them."""
+        reply = internal_pb2.GetModelInfoReply()
+        owners = self.registry.model_owners(request.servable_name, request.version_number)
+        if not owners:
+            reply.error.error_code = errors.FAILED
+            reply.error.error_msg = (f"Servable '{request.servable_name}' has models declared by declare_model, but "
+                                     f"parameter 'device_ids' of ServableStartConfig is not set in Serving startup "
+                                     f"script when the device target is not CPU").encode()
+            return reply
+        for key, info in owners[0].model_infos.items():
+            reply.model_infos[key].CopyFrom(info)
+        return reply
+
+    async def CallModel(self, request, context):
+        """An extra worker's model call, run by the least busy worker that owns the servable version's models.
+        Its tensors are in shared memory: only their places pass through here."""
+        owners = self.registry.model_owners(request.servable_name, request.version_number)
+        if not owners:
+            return _call_failed(errors.WORKER_UNAVAILABLE,
+                                f"no worker of servable {request.servable_name} version {request.version_number} "
+                                f"runs model {request.model_key} now")
+        owner = self.registry.pick(owners)
+        try:
+            return await owner.stub.CallModel(request, timeout=context.time_remaining())
+        except _CONNECTION_ERRORS as err:
+            details = f"{err.code().name} {err.details()}" if isinstance(err, grpc.aio.AioRpcError) else str(err)
+            return _call_failed(errors.WORKER_UNAVAILABLE,
+                                f"the worker (pid {owner.pid}) running model {request.model_key} did not answer: "
+                                f"{details}")
+
+
+def _call_failed(code: int, message: str) -> internal_pb2.CallModelReply:
+    reply = internal_pb2.CallModelReply()
+    reply.error_msg.add(error_code=code, error_msg=message.encode())
+    return reply

@@ -121,6 +121,7 @@ class Master:
         record = self.registry.remove(worker.plan.key)
         if record is not None:
             log.warning(f"worker {worker.plan.key} (pid {record.pid}) is gone; its requests in flight fail")
+            ipc.remove_socket(record.address)  # a killed worker could not
             if record.channel is not None and not self.loop.is_closed():
                 asyncio.run_coroutine_threadsafe(record.channel.close(), self.loop)
 

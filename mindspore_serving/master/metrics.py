@@ -115,7 +115,7 @@ class MetricsCollector:
         self._master_points(points)
         for record, reply in workers:
             base = {"servable": record.servable_name, "model_name": record.servable_name,
-                    "version": str(record.version_number), "device": str(record.device_id)}
+                    "version": str(record.version_number), "device": record.device_label}
             for sample in reply.samples:
                 family = m.FAMILIES.get(sample.name)
                 if family is None:
@@ -146,13 +146,13 @@ class MetricsCollector:
             else:
                 in_flight = sum(queue.in_flight for queue in list(record.queues.values()))
             points[m.P + "worker_calls_in_flight"].append(((record.servable_name, str(record.version_number),
-                                                            str(record.device_id)), in_flight))
+                                                            record.device_label), in_flight))
         for labels, count in alive.items():
             points[m.P + "workers_alive"].append((labels, count))
         for key, restarts in self.processes.restart_counts():
             plan = restarts[0]
             version = versions.get(key, plan.version_number)
-            points[m.P + "worker_restarts"].append(((plan.servable_name, str(version), str(plan.device_id)),
+            points[m.P + "worker_restarts"].append(((plan.servable_name, str(version), plan.device_label),
                                                     restarts[1]))
         for name, stats in list(self.metrics.llm.items()):
             points[m.L + "prompt_tokens"].append(((name,), stats.prompt_tokens))

@@ -117,5 +117,4 @@ class ModelControl:
 
 
 def _same_slot(old: WorkerPlan, new: WorkerPlan) -> bool:
-    return (old.servable_name, old.version_number, old.device_id) == \
-        (new.servable_name, new.version_number, new.device_id)
+    return (old.servable_name, old.version_number, old.slot) == (new.servable_name, new.version_number, new.slot)

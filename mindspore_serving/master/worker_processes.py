@@ -11,6 +11,7 @@ from typing import Callable, Dict, List, Optional
 from mindspore_serving import log
 from mindspore_serving.common.child_process import child_env
 from mindspore_serving.common.restart_budget import RestartBudget
+from mindspore_serving.ipc import shm_tensors
 from mindspore_serving.master.readiness import PlannedWorker
 
 LOG_DIR = "serving_logs"
@@ -20,6 +21,7 @@ STOP_GRACE = 10.0
 MAX_QUICK_RESTARTS = 5      # restarts allowed within RESTART_WINDOW before a worker is given up
 RESTART_WINDOW = 60.0
 WORKER_MODULE = "mindspore_serving.worker.start_worker"  # what operators look for in `ps`
+EXTRA_WORKER_MODULE = "mindspore_serving.worker.start_extra_worker"
 DISTRIBUTED_WORKER_MODULE = "mindspore_serving.worker.distributed.start_distributed_worker"
 
 
@@ -31,10 +33,12 @@ class WorkerPlan:
     version_number: int
     device_type: Optional[str]
     device_id: int
-    num_parallel_workers: int
     dec_key: Optional[bytes] = field(repr=False)  # never in a log line
     dec_mode: str
-    owns_device: bool = True
+    # an extra worker (num_parallel_workers beyond the device ids): it runs the servable's Python stages and calls
+    # the models of its device workers; with no device ids at all it loads them itself and owns a device
+    extra_index: Optional[int] = None
+    device_ids_empty: bool = False
     # a distributed servable's worker (server.distributed.start_servable) when rank_table_json_file is set
     rank_table_json_file: str = ""
     distributed_address: str = ""
@@ -48,6 +52,32 @@ class WorkerPlan:
         return bool(self.rank_table_json_file)
 
     @property
+    def extra(self) -> bool:
+        return self.extra_index is not None
+
+    @property
+    def owns_device(self) -> bool:
+        """Whether it counts among the workers that occupy devices: the master exits when none of them is left."""
+        return not self.extra or self.device_ids_empty
+
+    @property
+    def slot(self) -> str:
+        """What it serves of its servable version: `device<id>`, `extra<i>` or `distributed`."""
+        if self.distributed:
+            return "distributed"
+        return f"extra{self.extra_index}" if self.extra else f"device{self.device_id}"
+
+    @property
+    def device_label(self) -> str:
+        """The `device` label of its metrics: `extra<i>` for an extra worker, else its device id."""
+        return f"extra{self.extra_index}" if self.extra else str(self.device_id)
+
+    @property
+    def where(self) -> str:
+        """The worker in start-up errors: `device id:<d>` or `extra:<i>`."""
+        return f"extra:{self.extra_index}" if self.extra else f"device id:{self.device_id}"
+
+    @property
     def restartable(self) -> bool:
         """A distributed worker is never restarted: its agents are bound to it."""
         return not self.distributed
@@ -57,13 +87,13 @@ class WorkerPlan:
         if self.distributed:
             return f"{self.servable_name}/v{self.version_number}/distributed"
         suffix = f"/g{self.generation}" if self.generation else ""
-        return f"{self.servable_name}/v{self.version_number}/device{self.device_id}{suffix}"
+        return f"{self.servable_name}/v{self.version_number}/{self.slot}{suffix}"
 
     @property
     def log_path(self) -> str:
         if self.distributed:
             return os.path.join(LOG_DIR, f"log_{self.servable_name}_distributed.log")
-        return os.path.join(LOG_DIR, f"log_{self.servable_name}_device{self.device_id}_version{self.version_number}.log")
+        return os.path.join(LOG_DIR, f"log_{self.servable_name}_{self.slot}_version{self.version_number}.log")
 
     @property
     def start_timeout(self) -> float:
@@ -80,11 +110,16 @@ class WorkerPlan:
                     f"--distributed_address={self.distributed_address}",
                     f"--wait_agents_time_in_seconds={self.wait_agents_time_in_seconds}",
                     f"--master_address={master_address}", f"--worker_key={self.key}"]
-        cmd = [sys.executable, "-m", WORKER_MODULE, f"--servable_directory={self.servable_directory}",
-               f"--servable_name={self.servable_name}", f"--version_number={self.version_number}",
-               f"--device_type={self.device_type or 'none'}", f"--device_id={self.device_id}",
-               f"--num_parallel_workers={self.num_parallel_workers}", f"--master_address={master_address}",
-               f"--worker_key={self.key}", f"--dec_mode={self.dec_mode}"]
+        cmd = [sys.executable, "-m", EXTRA_WORKER_MODULE if self.extra else WORKER_MODULE,
+               f"--servable_directory={self.servable_directory}", f"--servable_name={self.servable_name}",
+               f"--version_number={self.version_number}", f"--device_type={self.device_type or 'none'}"]
+        if self.extra:
+            cmd.append(f"--extra_index={self.extra_index}")
+            if self.device_ids_empty:
+                cmd.append("--device_ids_empty")
+        else:
+            cmd.append(f"--device_id={self.device_id}")
+        cmd += [f"--master_address={master_address}", f"--worker_key={self.key}", f"--dec_mode={self.dec_mode}"]
         if self.dec_key:
             cmd.append("--read_dec_key")
         return cmd
@@ -100,6 +135,7 @@ class WorkerProcess:
     restarts: RestartBudget = field(default_factory=lambda: RestartBudget(MAX_QUICK_RESTARTS, RESTART_WINDOW))
     expected_exit: bool = False
     restarted: int = 0   # times the master restarted it after it died
+    python_stages: bool = True  # as registered: some method has a stage that is not a model (extra workers help)
 
 
 class WorkerProcesses:
@@ -114,6 +150,7 @@ class WorkerProcesses:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._monitor: Optional[threading.Thread] = None
+        shm_tensors.remove_orphan_blocks()  # model-call memory of a master killed before it could remove it
 
     # ---- start ----
     def spawn(self, worker: WorkerProcess):
@@ -135,7 +172,26 @@ class WorkerProcesses:
         log.info(f"started worker {plan.key} pid {worker.process.pid}, log {plan.log_path}")
 
     def start(self, plans: List[WorkerPlan]):
-        """Starts the workers and blocks until all have registered; raises with the reason otherwise."""
+        """Starts the workers and blocks until all have registered; raises with the reason otherwise.
+
+        As in MindSpore Serving, the extra workers start once the device workers have registered, and none starts
+        for a servable version whose device workers have only model stages: an extra worker would only forward."""
+        self._start_and_wait([plan for plan in plans if not plan.extra])
+        self._start_and_wait(self._useful_extras([plan for plan in plans if plan.extra]))
+        self.ensure_monitor()
+
+    def _useful_extras(self, plans: List[WorkerPlan]) -> List[WorkerPlan]:
+        with self._lock:
+            model_only = {(w.plan.servable_name, w.plan.version_number) for w in self.workers.values()
+                          if not w.plan.extra and w.registered.is_set() and not w.python_stages}
+        skipped = sorted({plan.servable_name for plan in plans
+                          if (plan.servable_name, plan.version_number) in model_only})
+        for name in skipped:
+            log.warning(f"There is no need to startup additional worker processes, all stages are models, "
+                        f"servable: {name}")
+        return [plan for plan in plans if (plan.servable_name, plan.version_number) not in model_only]
+
+    def _start_and_wait(self, plans: List[WorkerPlan]):
         new = []
         with self._lock:
             for plan in plans:
@@ -146,22 +202,21 @@ class WorkerProcesses:
             self.spawn(worker)
         start = time.monotonic()
         for worker in new:
-            deadline = start + worker.plan.start_timeout
+            plan = worker.plan
+            deadline = start + plan.start_timeout
             while not worker.registered.wait(0.05):
                 if worker.failure is not None:
-                    raise RuntimeError(f"Fail to start workers: {{servable name:{worker.plan.servable_name}, "
-                                       f"device id:{worker.plan.device_id}, <{worker.failure}>}}")
+                    raise RuntimeError(f"Fail to start workers: {{servable name:{plan.servable_name}, "
+                                       f"{plan.where}, <{worker.failure}>}}")
                 if worker.process.poll() is not None:
                     raise RuntimeError(f"Fail to start workers because of death of one worker "
-                                       f"(servable {worker.plan.servable_name}, device id {worker.plan.device_id}, "
-                                       f"exit code {worker.process.returncode}, see {worker.plan.log_path})")
+                                       f"(servable {plan.servable_name}, {plan.where}, "
+                                       f"exit code {worker.process.returncode}, see {plan.log_path})")
                 if self._stop.is_set():
                     raise RuntimeError("Fail to start workers because of signal SIGINT or SIGTERM")
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"Fail to start workers: {{servable name:{worker.plan.servable_name}, "
-                                       f"device id:{worker.plan.device_id}, <no registration within "
-                                       f"{worker.plan.start_timeout} s>}}")
-        self.ensure_monitor()
+                    raise RuntimeError(f"Fail to start workers: {{servable name:{plan.servable_name}, "
+                                       f"{plan.where}, <no registration within {plan.start_timeout} s>}}")
 
     def load(self, plans: List[WorkerPlan]):
         """Starts more workers while the others serve and blocks until they have registered; when one fails,
@@ -204,6 +259,7 @@ class WorkerProcesses:
         _kill_group(process)  # what it started goes with it
         process.wait()
         worker.process = None
+        _remove_call_blocks(worker.plan, process.pid)
 
     def planned(self) -> List[PlannedWorker]:
         """The workers this master runs, for its readiness (a worker given up has no process any more)."""
@@ -218,9 +274,10 @@ class WorkerProcesses:
         with self._lock:
             return self.workers.get(key)
 
-    def mark_registered(self, key: str):
+    def mark_registered(self, key: str, python_stages: bool = True):
         worker = self.find(key)
         if worker is not None:
+            worker.python_stages = python_stages
             worker.registered.set()
 
     def mark_failed(self, key: str, message: str):
@@ -265,8 +322,7 @@ class WorkerProcesses:
                 if worker.starts == 1 and not worker.registered.is_set():
                     continue  # a first start is judged by start(), which reports why it failed
                 self._handle_death(worker)
-            # a worker being started (starts == 0) has no process yet but is not gone
-            if workers and all(w.process is None and w.starts for w in workers) and not self._stop.is_set():
+            if device_owners_gone(workers) and not self._stop.is_set():
                 log.error("Serving server begin to exit: all worker processes that occupy devices have exited")
                 self._stop.set()
                 threading.Thread(target=self.on_all_exited, name="serving-exit").start()
@@ -276,6 +332,7 @@ class WorkerProcesses:
         plan = worker.plan
         code = worker.process.returncode
         _kill_group(worker.process)  # what it started (LLM agents) goes with it, even if stopped or hung
+        _remove_call_blocks(plan, worker.process.pid)
         worker.process = None
         self.on_death(worker)
         if self._stop.is_set():
@@ -322,6 +379,21 @@ class WorkerProcesses:
         if self._monitor is not None and self._monitor is not threading.current_thread():
             self._monitor.join(timeout=5)
         self._monitor = None
+        shm_tensors.remove_blocks(os.getpid())  # what killed extra workers left
+
+
+def device_owners_gone(workers: List[WorkerProcess]) -> bool:
+    """Whether no worker that occupies a device runs any more (then the server exits). Extra workers that call
+    other workers' models do not count, unless no worker owns a device."""
+    owners = [w for w in workers if w.plan.owns_device] or workers
+    # a worker being started (starts == 0) has no process yet but is not gone
+    return bool(owners) and all(w.process is None and w.starts for w in owners)
+
+
+def _remove_call_blocks(plan: WorkerPlan, pid: int):
+    """The shared memory of the model calls an extra worker was making when it died (it unlinks its own)."""
+    if plan.extra:
+        shm_tensors.remove_blocks(os.getpid(), pid)
 
 
 def _kill_group(process: subprocess.Popen):

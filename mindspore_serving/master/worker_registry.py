@@ -18,6 +18,9 @@ class WorkerRecord:
     methods: Dict[str, Any]                    # method name -> MethodSignature
     extensions: Dict[str, str] = field(default_factory=dict)
     device_id: int = 0
+    extra_index: Optional[int] = None          # an extra worker's number (num_parallel_workers)
+    owns_device: bool = True                   # it runs its models itself: extra workers' model calls may go to it
+    model_infos: Any = None                    # its models' shapes (internal ModelInfo by key), when it owns them
     stub: Any = None
     channel: Any = None
     outstanding: int = 0                       # instances queued or sent and not yet answered
@@ -26,6 +29,11 @@ class WorkerRecord:
     not_ready: str = ""                        # why it cannot serve now though alive (its last heartbeat's answer)
     queues: Dict[str, Any] = field(default_factory=dict, repr=False)  # method -> the dispatcher's queue
     _input_names: Dict[str, List[str]] = field(default_factory=dict, repr=False)
+
+    @property
+    def device_label(self) -> str:
+        """`extra<i>` for an extra worker, else its device id."""
+        return str(self.device_id) if self.extra_index is None else f"extra{self.extra_index}"
 
     def input_names(self, method_name: str) -> List[str]:
         """The input names of a method, read once from its signature."""
@@ -116,6 +124,12 @@ class WorkerRegistry:
             if cache is self._candidates:  # no worker came or went meanwhile
                 cache[key] = with_method
         return with_method
+
+    def model_owners(self, servable_name: str, version_number: int) -> List[WorkerRecord]:
+        """The workers of a servable version that run its models themselves (where extra workers' calls go)."""
+        with self._lock:
+            return [w for w in self._workers.values() if w.owns_device and w.servable_name == servable_name
+                    and w.version_number == version_number]
 
     def pick(self, candidates: List[WorkerRecord]) -> WorkerRecord:
         """The worker with the least outstanding work; ties rotate."""

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from . import ms_service_pb2 as ms__service__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0einternal.proto\x12\x1amindspore_serving.internal\x1a\x10ms_service.proto\"\xf0\x01\n\x0fMethodSignature\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0binput_names\x18\x02 \x03(\t\x12\x14\n\x0coutput_names\x18\x03 \x03(\t\x12\x18\n\x10only_model_stage\x18\x04 \x01(\x08\x12;\n\x06inputs\x18\x05 \x03(\x0b\x32+.mindspore_serving.internal.TensorSignature\x12<\n\x07outputs\x18\x06 \x03(\x0b\x32+.mindspore_serving.internal.TensorSignature\x12\x0f\n\x07\x62\x61tched\x18\x07 \x01(\x08\"o\n\x0fTensorSignature\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x30\n\x05\x64type\x18\x02 \x01(\x0e\x32!.mindspore.serving.proto.DataType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\r\n\x05known\x18\x04 \x01(\x08\"\x91\x03\n\x0fRegisterRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x12\n\nworker_pid\x18\x02 \x01(\x03\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x15\n\rservable_name\x18\x04 \x01(\t\x12\x16\n\x0eversion_number\x18\x05 \x01(\x04\x12\x12\n\nbatch_size\x18\x06 \x01(\r\x12<\n\x07methods\x18\x07 \x03(\x0b\x32+.mindspore_serving.internal.MethodSignature\x12\x13\n\x0b\x64\x65vice_type\x18\x08 \x01(\t\x12\x11\n\tdevice_id\x18\t \x01(\x03\x12\x12\n\nworker_key\x18\n \x01(\t\x12O\n\nextensions\x18\x0b \x03(\x0b\x32;.mindspore_serving.internal.RegisterRequest.ExtensionsEntry\x1a\x31\n\x0f\x45xtensionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"A\n\rRegisterReply\x12\x30\n\x05\x65rror\x18\x01 \x01(\x0b\x32!.mindspore.serving.proto.ErrorMsg\"P\n\x13NotifyFailedRequest\x12\x12\n\nworker_pid\x18\x01 \x01(\x03\x12\x12\n\nworker_key\x18\x02 \x01(\t\x12\x11\n\terror_msg\x18\x03 \x01(\t\"E\n\x0b\x45xitRequest\x12\x12\n\nworker_pid\x18\x01 \x01(\x03\x12\x12\n\nworker_key\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x07\n\x05\x45mpty\"\x1e\n\tPingReply\x12\x11\n\tnot_ready\x18\x01 \x01(\t\"{\n\x14WorkerPredictRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x38\n\x07request\x18\x02 \x01(\x0b\x32\'.mindspore.serving.proto.PredictRequest\x12\x15\n\rrequest_sizes\x18\x03 \x03(\r\"\x94\x01\n\x12WorkerPredictReply\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x34\n\tinstances\x18\x02 \x03(\x0b\x32!.mindspore.serving.proto.Instance\x12\x34\n\terror_msg\x18\x03 \x03(\x0b\x32!.mindspore.serving.proto.ErrorMsg\"\xc4\x01\n\x0cMetricSample\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x44\n\x06labels\x18\x02 \x03(\x0b\x32\x34.mindspore_serving.internal.MetricSample.LabelsEntry\x12\r\n\x05value\x18\x03 \x01(\x01\x12\x15\n\rbucket_counts\x18\x04 \x03(\x04\x12\x0b\n\x03sum\x18\x05 \x01(\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"I\n\x0cMetricsReply\x12\x39\n\x07samples\x18\x01 \x03(\x0b\x32(.mindspore_serving.internal.MetricSample2\xab\x02\n\rMasterControl\x12\x62\n\x08Register\x12+.mindspore_serving.internal.RegisterRequest\x1a).mindspore_serving.internal.RegisterReply\x12\x62\n\x0cNotifyFailed\x12/.mindspore_serving.internal.NotifyFailedRequest\x1a!.mindspore_serving.internal.Empty\x12R\n\x04\x45xit\x12\'.mindspore_serving.internal.ExitRequest\x1a!.mindspore_serving.internal.Empty2\xf4\x02\n\rWorkerService\x12k\n\x07Predict\x12\x30.mindspore_serving.internal.WorkerPredictRequest\x1a..mindspore_serving.internal.WorkerPredictReply\x12L\n\x04\x45xit\x12!.mindspore_serving.internal.Empty\x1a!.mindspore_serving.internal.Empty\x12P\n\x04Ping\x12!.mindspore_serving.internal.Empty\x1a%.mindspore_serving.internal.PingReply\x12V\n\x07Metrics\x12!.mindspore_serving.internal.Empty\x1a(.mindspore_serving.internal.MetricsReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0einternal.proto\x12\x1amindspore_serving.internal\x1a\x10ms_service.proto\"\xf0\x01\n\x0fMethodSignature\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0binput_names\x18\x02 \x03(\t\x12\x14\n\x0coutput_names\x18\x03 \x03(\t\x12\x18\n\x10only_model_stage\x18\x04 \x01(\x08\x12;\n\x06inputs\x18\x05 \x03(\x0b\x32+.mindspore_serving.internal.TensorSignature\x12<\n\x07outputs\x18\x06 \x03(\x0b\x32+.mindspore_serving.internal.TensorSignature\x12\x0f\n\x07\x62\x61tched\x18\x07 \x01(\x08\"o\n\x0fTensorSignature\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x30\n\x05\x64type\x18\x02 \x01(\x0e\x32!.mindspore.serving.proto.DataType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\r\n\x05known\x18\x04 \x01(\x08\"\xf6\x04\n\x0fRegisterRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x12\n\nworker_pid\x18\x02 \x01(\x03\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x15\n\rservable_name\x18\x04 \x01(\t\x12\x16\n\x0eversion_number\x18\x05 \x01(\x04\x12\x12\n\nbatch_size\x18\x06 \x01(\r\x12<\n\x07methods\x18\x07 \x03(\x0b\x32+.mindspore_serving.internal.MethodSignature\x12\x13\n\x0b\x64\x65vice_type\x18\x08 \x01(\t\x12\x11\n\tdevice_id\x18\t \x01(\x03\x12\x12\n\nworker_key\x18\n \x01(\t\x12O\n\nextensions\x18\x0b \x03(\x0b\x32;.mindspore_serving.internal.RegisterRequest.ExtensionsEntry\x12\x13\n\x0bowns_device\x18\x0c \x01(\x08\x12\r\n\x05\x65xtra\x18\r \x01(\x08\x12\x13\n\x0b\x65xtra_index\x18\x0e \x01(\r\x12P\n\x0bmodel_infos\x18\x0f \x03(\x0b\x32;.mindspore_serving.internal.RegisterRequest.ModelInfosEntry\x1a\x31\n\x0f\x45xtensionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1aX\n\x0fModelInfosEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x34\n\x05value\x18\x02 \x01(\x0b\x32%.mindspore_serving.internal.ModelInfo:\x02\x38\x01\"a\n\tModelInfo\x12\x12\n\nbatch_size\x18\x01 \x01(\r\x12@\n\x0esubgraph_infos\x18\x02 \x03(\x0b\x32(.mindspore_serving.internal.SubgraphInfo\"y\n\x0cSubgraphInfo\x12\x33\n\x06inputs\x18\x01 \x03(\x0b\x32#.mindspore.serving.proto.TensorInfo\x12\x34\n\x07outputs\x18\x02 \x03(\x0b\x32#.mindspore.serving.proto.TensorInfo\"D\n\x13GetModelInfoRequest\x12\x15\n\rservable_name\x18\x01 \x01(\t\x12\x16\n\x0eversion_number\x18\x02 \x01(\x04\"\xf3\x01\n\x11GetModelInfoReply\x12\x30\n\x05\x65rror\x18\x01 \x01(\x0b\x32!.mindspore.serving.proto.ErrorMsg\x12R\n\x0bmodel_infos\x18\x02 \x03(\x0b\x32=.mindspore_serving.internal.GetModelInfoReply.ModelInfosEntry\x1aX\n\x0fModelInfosEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x34\n\x05value\x18\x02 \x01(\x0b\x32%.mindspore_serving.internal.ModelInfo:\x02\x38\x01\"\x9c\x01\n\x10\x43\x61llModelRequest\x12\x15\n\rservable_name\x18\x01 \x01(\t\x12\x16\n\x0eversion_number\x18\x02 \x01(\x04\x12\x11\n\tmodel_key\x18\x03 \x01(\t\x12\x10\n\x08subgraph\x18\x04 \x01(\r\x12\x34\n\tinstances\x18\x05 \x03(\x0b\x32!.mindspore.serving.proto.Instance\"|\n\x0e\x43\x61llModelReply\x12\x34\n\tinstances\x18\x01 \x03(\x0b\x32!.mindspore.serving.proto.Instance\x12\x34\n\terror_msg\x18\x02 \x03(\x0b\x32!.mindspore.serving.proto.ErrorMsg\"A\n\rRegisterReply\x12\x30\n\x05\x65rror\x18\x01 \x01(\x0b\x32!.mindspore.serving.proto.ErrorMsg\"P\n\x13NotifyFailedRequest\x12\x12\n\nworker_pid\x18\x01 \x01(\x03\x12\x12\n\nworker_key\x18\x02 \x01(\t\x12\x11\n\terror_msg\x18\x03 \x01(\t\"E\n\x0b\x45xitRequest\x12\x12\n\nworker_pid\x18\x01 \x01(\x03\x12\x12\n\nworker_key\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x07\n\x05\x45mpty\"\x1e\n\tPingReply\x12\x11\n\tnot_ready\x18\x01 \x01(\t\"{\n\x14WorkerPredictRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x38\n\x07request\x18\x02 \x01(\x0b\x32\'.mindspore.serving.proto.PredictRequest\x12\x15\n\rrequest_sizes\x18\x03 \x03(\r\"\x94\x01\n\x12WorkerPredictReply\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x34\n\tinstances\x18\x02 \x03(\x0b\x32!.mindspore.serving.proto.Instance\x12\x34\n\terror_msg\x18\x03 \x03(\x0b\x32!.mindspore.serving.proto.ErrorMsg\"\xc4\x01\n\x0cMetricSample\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x44\n\x06labels\x18\x02 \x03(\x0b\x32\x34.mindspore_serving.internal.MetricSample.LabelsEntry\x12\r\n\x05value\x18\x03 \x01(\x01\x12\x15\n\rbucket_counts\x18\x04 \x03(\x04\x12\x0b\n\x03sum\x18\x05 \x01(\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"I\n\x0cMetricsReply\x12\x39\n\x07samples\x18\x01 \x03(\x0b\x32(.mindspore_serving.internal.MetricSample2\x82\x04\n\rMasterControl\x12\x62\n\x08Register\x12+.mindspore_serving.internal.RegisterRequest\x1a).mindspore_serving.internal.RegisterReply\x12\x62\n\x0cNotifyFailed\x12/.mindspore_serving.internal.NotifyFailedRequest\x1a!.mindspore_serving.internal.Empty\x12R\n\x04\x45xit\x12\'.mindspore_serving.internal.ExitRequest\x1a!.mindspore_serving.internal.Empty\x12n\n\x0cGetModelInfo\x12/.mindspore_serving.internal.GetModelInfoRequest\x1a-.mindspore_serving.internal.GetModelInfoReply\x12\x65\n\tCallModel\x12,.mindspore_serving.internal.CallModelRequest\x1a*.mindspore_serving.internal.CallModelReply2\xdb\x03\n\rWorkerService\x12k\n\x07Predict\x12\x30.mindspore_serving.internal.WorkerPredictRequest\x1a..mindspore_serving.internal.WorkerPredictReply\x12L\n\x04\x45xit\x12!.mindspore_serving.internal.Empty\x1a!.mindspore_serving.internal.Empty\x12P\n\x04Ping\x12!.mindspore_serving.internal.Empty\x1a%.mindspore_serving.internal.PingReply\x12V\n\x07Metrics\x12!.mindspore_serving.internal.Empty\x1a(.mindspore_serving.internal.MetricsReply\x12\x65\n\tCallModel\x12,.mindspore_serving.internal.CallModelRequest\x1a*.mindspore_serving.internal.CallModelReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,6 +34,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_REGISTERREQUEST_EXTENSIONSENTRY']._loaded_options = None
   _globals['_REGISTERREQUEST_EXTENSIONSENTRY']._serialized_options = b'8\001'
+  _globals['_REGISTERREQUEST_MODELINFOSENTRY']._loaded_options = None
+  _globals['_REGISTERREQUEST_MODELINFOSENTRY']._serialized_options = b'8\001'
+  _globals['_GETMODELINFOREPLY_MODELINFOSENTRY']._loaded_options = None
+  _globals['_GETMODELINFOREPLY_MODELINFOSENTRY']._serialized_options = b'8\001'
   _globals['_METRICSAMPLE_LABELSENTRY']._loaded_options = None
   _globals['_METRICSAMPLE_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_METHODSIGNATURE']._serialized_start=65
@@ -41,31 +45,47 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TENSORSIGNATURE']._serialized_start=307
   _globals['_TENSORSIGNATURE']._serialized_end=418
   _globals['_REGISTERREQUEST']._serialized_start=421
-  _globals['_REGISTERREQUEST']._serialized_end=822
-  _globals['_REGISTERREQUEST_EXTENSIONSENTRY']._serialized_start=773
-  _globals['_REGISTERREQUEST_EXTENSIONSENTRY']._serialized_end=822
-  _globals['_REGISTERREPLY']._serialized_start=824
-  _globals['_REGISTERREPLY']._serialized_end=889
-  _globals['_NOTIFYFAILEDREQUEST']._serialized_start=891
-  _globals['_NOTIFYFAILEDREQUEST']._serialized_end=971
-  _globals['_EXITREQUEST']._serialized_start=973
-  _globals['_EXITREQUEST']._serialized_end=1042
-  _globals['_EMPTY']._serialized_start=1044
-  _globals['_EMPTY']._serialized_end=1051
-  _globals['_PINGREPLY']._serialized_start=1053
-  _globals['_PINGREPLY']._serialized_end=1083
-  _globals['_WORKERPREDICTREQUEST']._serialized_start=1085
-  _globals['_WORKERPREDICTREQUEST']._serialized_end=1208
-  _globals['_WORKERPREDICTREPLY']._serialized_start=1211
-  _globals['_WORKERPREDICTREPLY']._serialized_end=1359
-  _globals['_METRICSAMPLE']._serialized_start=1362
-  _globals['_METRICSAMPLE']._serialized_end=1558
-  _globals['_METRICSAMPLE_LABELSENTRY']._serialized_start=1513
-  _globals['_METRICSAMPLE_LABELSENTRY']._serialized_end=1558
-  _globals['_METRICSREPLY']._serialized_start=1560
-  _globals['_METRICSREPLY']._serialized_end=1633
-  _globals['_MASTERCONTROL']._serialized_start=1636
-  _globals['_MASTERCONTROL']._serialized_end=1935
-  _globals['_WORKERSERVICE']._serialized_start=1938
-  _globals['_WORKERSERVICE']._serialized_end=2310
+  _globals['_REGISTERREQUEST']._serialized_end=1051
+  _globals['_REGISTERREQUEST_EXTENSIONSENTRY']._serialized_start=912
+  _globals['_REGISTERREQUEST_EXTENSIONSENTRY']._serialized_end=961
+  _globals['_REGISTERREQUEST_MODELINFOSENTRY']._serialized_start=963
+  _globals['_REGISTERREQUEST_MODELINFOSENTRY']._serialized_end=1051
+  _globals['_MODELINFO']._serialized_start=1053
+  _globals['_MODELINFO']._serialized_end=1150
+  _globals['_SUBGRAPHINFO']._serialized_start=1152
+  _globals['_SUBGRAPHINFO']._serialized_end=1273
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1275
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1343
+  _globals['_GETMODELINFOREPLY']._serialized_start=1346
+  _globals['_GETMODELINFOREPLY']._serialized_end=1589
+  _globals['_GETMODELINFOREPLY_MODELINFOSENTRY']._serialized_start=963
+  _globals['_GETMODELINFOREPLY_MODELINFOSENTRY']._serialized_end=1051
+  _globals['_CALLMODELREQUEST']._serialized_start=1592
+  _globals['_CALLMODELREQUEST']._serialized_end=1748
+  _globals['_CALLMODELREPLY']._serialized_start=1750
+  _globals['_CALLMODELREPLY']._serialized_end=1874
+  _globals['_REGISTERREPLY']._serialized_start=1876
+  _globals['_REGISTERREPLY']._serialized_end=1941
+  _globals['_NOTIFYFAILEDREQUEST']._serialized_start=1943
+  _globals['_NOTIFYFAILEDREQUEST']._serialized_end=2023
+  _globals['_EXITREQUEST']._serialized_start=2025
+  _globals['_EXITREQUEST']._serialized_end=2094
+  _globals['_EMPTY']._serialized_start=2096
+  _globals['_EMPTY']._serialized_end=2103
+  _globals['_PINGREPLY']._serialized_start=2105
+  _globals['_PINGREPLY']._serialized_end=2135
+  _globals['_WORKERPREDICTREQUEST']._serialized_start=2137
+  _globals['_WORKERPREDICTREQUEST']._serialized_end=2260
+  _globals['_WORKERPREDICTREPLY']._serialized_start=2263
+  _globals['_WORKERPREDICTREPLY']._serialized_end=2411
+  _globals['_METRICSAMPLE']._serialized_start=2414
+  _globals['_METRICSAMPLE']._serialized_end=2610
+  _globals['_METRICSAMPLE_LABELSENTRY']._serialized_start=2565
+  _globals['_METRICSAMPLE_LABELSENTRY']._serialized_end=2610
+  _globals['_METRICSREPLY']._serialized_start=2612
+  _globals['_METRICSREPLY']._serialized_end=2685
+  _globals['_MASTERCONTROL']._serialized_start=2688
+  _globals['_MASTERCONTROL']._serialized_end=3202
+  _globals['_WORKERSERVICE']._serialized_start=3205
+  _globals['_WORKERSERVICE']._serialized_end=3680
 # @@protoc_insertion_point(module_scope)

@@ -49,6 +49,16 @@ class MasterControlStub:
                 request_serializer=internal__pb2.ExitRequest.SerializeToString,
                 response_deserializer=internal__pb2.Empty.FromString,
                 _registered_method=True)
+        self.GetModelInfo = channel.unary_unary(
+                '/mindspore_serving.internal.MasterControl/GetModelInfo',
+                request_serializer=internal__pb2.GetModelInfoRequest.SerializeToString,
+                response_deserializer=internal__pb2.GetModelInfoReply.FromString,
+                _registered_method=True)
+        self.CallModel = channel.unary_unary(
+                '/mindspore_serving.internal.MasterControl/CallModel',
+                request_serializer=internal__pb2.CallModelRequest.SerializeToString,
+                response_deserializer=internal__pb2.CallModelReply.FromString,
+                _registered_method=True)
 
 
 class MasterControlServicer:
@@ -72,6 +82,20 @@ class MasterControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetModelInfo(self, request, context):
+        """extra worker start-up
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CallModel(self, request, context):
+        """extra worker -> a worker owning the models
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -89,6 +113,16 @@ def add_MasterControlServicer_to_server(servicer, server):
                     servicer.Exit,
                     request_deserializer=internal__pb2.ExitRequest.FromString,
                     response_serializer=internal__pb2.Empty.SerializeToString,
+            ),
+            'GetModelInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetModelInfo,
+                    request_deserializer=internal__pb2.GetModelInfoRequest.FromString,
+                    response_serializer=internal__pb2.GetModelInfoReply.SerializeToString,
+            ),
+            'CallModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.CallModel,
+                    request_deserializer=internal__pb2.CallModelRequest.FromString,
+                    response_serializer=internal__pb2.CallModelReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -182,6 +216,60 @@ class MasterControl:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def GetModelInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mindspore_serving.internal.MasterControl/GetModelInfo',
+            internal__pb2.GetModelInfoRequest.SerializeToString,
+            internal__pb2.GetModelInfoReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CallModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mindspore_serving.internal.MasterControl/CallModel',
+            internal__pb2.CallModelRequest.SerializeToString,
+            internal__pb2.CallModelReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class WorkerServiceStub:
     """Missing associated documentation comment in .proto file."""
@@ -212,6 +300,11 @@ class WorkerServiceStub:
                 request_serializer=internal__pb2.Empty.SerializeToString,
                 response_deserializer=internal__pb2.MetricsReply.FromString,
                 _registered_method=True)
+        self.CallModel = channel.unary_unary(
+                '/mindspore_serving.internal.WorkerService/CallModel',
+                request_serializer=internal__pb2.CallModelRequest.SerializeToString,
+                response_deserializer=internal__pb2.CallModelReply.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -241,6 +334,13 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CallModel(self, request, context):
+        """forwarded by the master
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -263,6 +363,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.Metrics,
                     request_deserializer=internal__pb2.Empty.FromString,
                     response_serializer=internal__pb2.MetricsReply.SerializeToString,
+            ),
+            'CallModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.CallModel,
+                    request_deserializer=internal__pb2.CallModelRequest.FromString,
+                    response_serializer=internal__pb2.CallModelReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -373,6 +478,33 @@ class WorkerService:
             '/mindspore_serving.internal.WorkerService/Metrics',
             internal__pb2.Empty.SerializeToString,
             internal__pb2.MetricsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CallModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mindspore_serving.internal.WorkerService/CallModel',
+            internal__pb2.CallModelRequest.SerializeToString,
+            internal__pb2.CallModelReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -26,22 +26,26 @@ def _plans(configs):
             check_servable_location(config.servable_directory, config.servable_name)
             plans.append(WorkerPlan(servable_directory=config.servable_directory, servable_name=config.servable_name,
                                     version_number=config.version_number, device_type=None, device_id=0,
-                                    num_parallel_workers=0, dec_key=None, dec_mode="AES-GCM",
+                                    dec_key=None, dec_mode="AES-GCM",
                                     rank_table_json_file=config.rank_table_json_file,
                                     distributed_address=config.distributed_address,
                                     wait_agents_time_in_seconds=config.wait_agents_time_in_seconds))
             continue
-        device_ids = tuple(config.device_ids) or (0,)
-        for device_id in device_ids:
-            plans.append(WorkerPlan(servable_directory=config.servable_directory, servable_name=config.servable_name,
-                                    version_number=config.version_number, device_type=config.device_type,
-                                    device_id=device_id, num_parallel_workers=config.num_parallel_workers,
-                                    dec_key=config.dec_key, dec_mode=config.dec_mode))
+        common = dict(servable_directory=config.servable_directory, servable_name=config.servable_name,
+                      version_number=config.version_number, device_type=config.device_type, dec_key=config.dec_key,
+                      dec_mode=config.dec_mode)
+        for device_id in config.device_ids:
+            plans.append(WorkerPlan(device_id=device_id, **common))
+        # extra workers run the Python stages too (worker/extra_worker.py); without device ids they are the only
+        # workers (num_parallel_workers is at least 1 then)
+        for index in range(config.num_parallel_workers - len(config.device_ids)):
+            plans.append(WorkerPlan(device_id=0, extra_index=index, device_ids_empty=not config.device_ids, **common))
     return plans
 
 
 def start_servables(servable_configs):
-    """Starts one worker per servable per device id and blocks until all have registered.
+    """Starts one worker per servable per device id, then its extra workers (num_parallel_workers beyond the
+    device ids), and blocks until all have registered.
 
     Raises RuntimeError("Fail to start workers: ...") with the worker's reason when one fails; everything
     started so far is stopped then.
@@ -72,7 +76,7 @@ def _enable_model_control(master, configs):
             raise FileNotFoundError(f"servable '{name}' is not in the servable directory "
                                     f"{template.servable_directory}")
         running = [w.plan for w in master.processes.of_servable(name)]
-        device_ids = tuple(sorted({p.device_id for p in running})) or template.device_ids
+        device_ids = tuple(sorted({p.device_id for p in running if not p.extra})) or template.device_ids
         device_type = running[0].device_type if running else template.device_type
         same = name == template.servable_name  # an encrypted servable reloads with its key
         config = ServableStartConfig(template.servable_directory, name, device_ids=device_ids,

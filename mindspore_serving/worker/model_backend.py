@@ -4,6 +4,7 @@ MindSpore is imported where a model is loaded or run, not at module import: the 
 (and their tests) use TensorInfo and kmsi_name without paying MindSpore's start-up.
 """
 import os
+import threading
 from dataclasses import dataclass
 from functools import cached_property
 from typing import List, Optional, Sequence
@@ -54,6 +55,11 @@ def read_mindir_inputs(path: str, dec_key: Optional[bytes] = None,
     return None if infos is None else [TensorInfo(shape, dtype) for shape, dtype in infos]
 
 
+# MindSpore's graph executor is one per process, and two threads running graphs at once can deadlock in it (seen
+# with two models of one servable, each run from its own thread): a worker runs one graph at a time.
+_GRAPH_LOCK = threading.Lock()
+
+
 class Subgraph:
     """One loaded graph: its GraphCell and the shapes and dtypes of its inputs and outputs."""
 
@@ -85,20 +91,21 @@ class Subgraph:
         signature = tuple((array.shape, array.dtype.str) for array in arrays)
         # from_numpy shares the arrays' memory (they live until the call returns); Tensor() would copy them
         tensors = [Tensor.from_numpy(array) for array in arrays]
-        compiled = self._phases.get(signature)
-        result = None
-        if compiled is not None:
-            try:
-                result = self._runner(self.cell, tensors, compiled)
-            except Exception as err:  # let the public call decide (and raise its own error if the graph fails)
-                log.warning(f"fast call of '{self.path}' failed, using GraphCell's call: {err}")
-                self._phases.pop(signature, None)
-        if result is None:
-            result = self.cell(*tensors)
-            self._remember_phase(signature)
-        if not isinstance(result, (tuple, list)):
-            result = (result,)
-        return [out.asnumpy() for out in result]
+        with _GRAPH_LOCK:
+            compiled = self._phases.get(signature)
+            result = None
+            if compiled is not None:
+                try:
+                    result = self._runner(self.cell, tensors, compiled)
+                except Exception as err:  # let the public call decide (and raise its own error if the graph fails)
+                    log.warning(f"fast call of '{self.path}' failed, using GraphCell's call: {err}")
+                    self._phases.pop(signature, None)
+            if result is None:
+                result = self.cell(*tensors)
+                self._remember_phase(signature)
+            if not isinstance(result, (tuple, list)):
+                result = (result,)
+            return [out.asnumpy() for out in result]
 
     def _remember_phase(self, signature: tuple):
         if len(self._phases) >= _MAX_PHASES:
@@ -221,3 +228,10 @@ class LoadedModel:
             batched = self.spec.with_batch_dim and index not in self.spec.without_batch_dim_inputs
             infos.append(TensorInfo(info.shape[1:] if batched else info.shape, info.dtype))
         return infos
+
+    def instance_outputs(self, subgraph: int) -> List[TensorInfo]:
+        """Shape and dtype of each output of a subgraph for one instance (none when they depend on the inputs)."""
+        outputs = self.subgraphs[subgraph].outputs
+        if not self.spec.with_batch_dim:
+            return list(outputs)
+        return [TensorInfo(tuple(info.shape[1:]), info.dtype) for info in outputs]

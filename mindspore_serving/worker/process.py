@@ -22,12 +22,17 @@ import grpc  # noqa: E402
 from mindspore_serving import log  # noqa: E402
 from mindspore_serving.ipc import master_worker as ipc  # noqa: E402
 from mindspore_serving.proto import internal_pb2, internal_pb2_grpc  # noqa: E402
+from mindspore_serving.worker.remote_model import model_infos  # noqa: E402
 from mindspore_serving.worker.servable_loader import load_servable  # noqa: E402
 from mindspore_serving.worker.service import WorkerServicer  # noqa: E402
 from mindspore_serving.worker.signatures import method_signature  # noqa: E402
 from mindspore_serving.worker.warmup import warm_up  # noqa: E402
 
 PARENT_CHECK_SECONDS = 0.1
+GIL_SWITCH_SECONDS = 0.0005
+"""How long a thread may hold the GIL while another waits for it (Python's default: 5 ms). A Python stage holds it
+for its whole run; the threads that move requests along (gRPC, model batches, the model calls of extra workers)
+each need it for a moment, and would wait that long for every one of those moments."""
 
 
 def parse_args(argv=None):
@@ -37,7 +42,6 @@ def parse_args(argv=None):
     parser.add_argument("--version_number", type=int, default=0)
     parser.add_argument("--device_type", default="none")
     parser.add_argument("--device_id", type=int, default=0)
-    parser.add_argument("--num_parallel_workers", type=int, default=0)
     parser.add_argument("--master_address", required=True)
     parser.add_argument("--worker_key", required=True)
     parser.add_argument("--dec_mode", default="AES-GCM")
@@ -69,8 +73,7 @@ class Worker:
         args = self.args
         dec_key = bytes.fromhex(sys.stdin.readline().strip()) if args.read_dec_key else None
         return load_servable(args.servable_directory, args.servable_name, args.version_number,
-                             args.device_type, args.device_id, args.num_parallel_workers,
-                             dec_key, args.dec_mode, on_fatal=self.fail)
+                             args.device_type, args.device_id, dec_key, args.dec_mode, on_fatal=self.fail)
 
     def start(self):
         args = self.args
@@ -96,7 +99,7 @@ class Worker:
             protocol_version=ipc.PROTOCOL_VERSION, worker_pid=os.getpid(), address=self.address,
             servable_name=spec.name, version_number=version, batch_size=self.runtime.batch_size, methods=methods,
             device_type=self.runtime.device_type, device_id=args.device_id, worker_key=args.worker_key,
-            extensions=self.runtime.extensions()), timeout=30)
+            extensions=self.runtime.extensions(), **self.registration()), timeout=30)
         if reply.error.error_code:
             raise RuntimeError(reply.error.error_msg.decode())
         print(f"Serving: Start servable success, servable directory: '{args.servable_directory}', "
@@ -105,6 +108,10 @@ class Worker:
     @property
     def device_label(self) -> str:
         return f"device{self.args.device_id}"
+
+    def registration(self) -> dict:
+        """RegisterRequest fields that say how this worker runs its models: itself (extra workers may call them)."""
+        return {"owns_device": True, "model_infos": model_infos(getattr(self.runtime, "models", {}))}
 
     def request_exit(self, reason: str):
         log.info(f"worker exits: {reason}")
@@ -139,6 +146,7 @@ class Worker:
 
 def main(argv=None, worker_class=Worker, parse=parse_args):
     args = parse(argv)
+    sys.setswitchinterval(GIL_SWITCH_SECONDS)
     worker = worker_class(args)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda num, _frame: worker.request_exit(f"signal {signal.Signals(num).name}"))

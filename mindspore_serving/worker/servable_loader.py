@@ -48,8 +48,8 @@ def resolve_version(servable_directory: str, servable_name: str, version_number:
 
 
 def load_servable(servable_directory: str, servable_name: str, version_number: int, device_type: Optional[str],
-                  device_id: int, num_parallel_workers: int = 0, dec_key: Optional[bytes] = None,
-                  dec_mode: str = "AES-GCM", on_fatal=None) -> Tuple[ServableRuntime, int]:
+                  device_id: int, dec_key: Optional[bytes] = None, dec_mode: str = "AES-GCM",
+                  on_fatal=None) -> Tuple[ServableRuntime, int]:
     """The servable's runtime and its resolved version; `on_fatal(reason)` is called when an LLM servable
     loses its agents."""
     spec = import_servable_config(servable_directory, servable_name)
@@ -64,6 +64,6 @@ def load_servable(servable_directory: str, servable_name: str, version_number: i
     select_device(device, device_id)
     log.info(f"loading servable {servable_name} version {version} on {device} device {device_id}")
     version_dir = os.path.join(servable_directory, servable_name, str(version))
-    runtime = ServableRuntime(spec, version_dir, num_parallel_workers, dec_key, dec_mode)
+    runtime = ServableRuntime(spec, version_dir, dec_key, dec_mode)
     runtime.device_type = device
     return runtime, version

@@ -1,7 +1,7 @@
 """A servable inside a worker: its loaded models, batch executors and method runners."""
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from mindspore_serving import log
 from mindspore_serving.spec.model_call import call_prefix, set_model_call_handler
@@ -35,11 +35,15 @@ def _load_failed_text(servable_name: str, model_spec, version_dir: str, err: Exc
 
 
 class ServableRuntime:
-    def __init__(self, spec: ServableSpec, version_dir: str, num_parallel_workers: int = 0,
-                 dec_key: Optional[bytes] = None, dec_mode: str = "AES-GCM", batch_wait: Optional[float] = None,
-                 models: Optional[Dict[str, LoadedModel]] = None):
+    def __init__(self, spec: ServableSpec, version_dir: str, dec_key: Optional[bytes] = None,
+                 dec_mode: str = "AES-GCM", batch_wait: Optional[float] = None,
+                 models: Optional[Dict[str, LoadedModel]] = None, make_executor: Callable = ModelExecutor):
         """`models`, when given, are the servable's models already loaded (e.g. run by a distributed servable's
-        rank agents); otherwise each declared model is loaded from `version_dir`."""
+        rank agents, or by another worker for an extra worker); otherwise each declared model is loaded from
+        `version_dir`. `make_executor(model, subgraph, batch_wait)` makes the executor of each model subgraph.
+
+        Python stages run one at a time in one thread of the worker (as in MindSpore Serving, where they run in
+        the worker's main thread): a servable's Python work spreads over processes, its extra workers."""
         self.spec = spec
         self.batch_wait = batch_wait_seconds() if batch_wait is None else batch_wait
         self.models: Dict[str, LoadedModel] = dict(models or {})
@@ -51,9 +55,9 @@ class ServableRuntime:
             except Exception as err:
                 raise RuntimeError(_load_failed_text(spec.name, model_spec, version_dir, err)) from err
         self._check_io_counts()
-        self.pool = ThreadPoolExecutor(max(1, num_parallel_workers), thread_name_prefix=f"{spec.name}-stage")
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix=f"{spec.name}-stage")
         self.executors: Dict[Tuple[str, int], ModelExecutor] = {
-            (key, index): ModelExecutor(model, index, self.batch_wait)
+            (key, index): make_executor(model, index, self.batch_wait)
             for key, model in self.models.items() for index in range(len(model.subgraphs))}
         self._batchers: List[FunctionBatcher] = []
         self.methods = {name: MethodRunner(spec.name, method, [self._build_stage(method, stage)
@@ -142,8 +146,32 @@ class ServableRuntime:
             reason = check_model_inputs(instance, executor.instance_infos)
             if reason is not None:
                 raise RuntimeError(prefix + reason)
+        executor.expected.announce(len(instances))  # they arrive together: one batch when they fit
         futures = [executor.submit(tuple(instance)) for instance in instances]
         return [future.result() for future in futures]
+
+    def run_model(self, model_key: str, subgraph: int, instances: Sequence[tuple]) -> list:
+        """Runs a model call forwarded from an extra worker: per instance, its outputs or the exception it failed
+        with. The instances join the same batches as this worker's own. RuntimeError when there is no such model."""
+        executor = self.executors.get((model_key, subgraph))
+        if executor is None:
+            raise RuntimeError(f"model {model_key} subgraph {subgraph} is not loaded by this worker")
+        results: list = [None] * len(instances)
+        checked = []
+        for index, instance in enumerate(instances):
+            reason = executor.check(instance)
+            if reason is None:
+                checked.append(index)
+            else:
+                results[index] = RuntimeError(reason)
+        executor.expected.announce(len(checked))
+        futures = [(index, executor.submit(tuple(instances[index]))) for index in checked]
+        for index, future in futures:
+            try:
+                results[index] = future.result()
+            except Exception as err:
+                results[index] = err
+        return results
 
     def predict(self, method_name: str, instances: Sequence[dict]) -> list:
         runner = self.methods.get(method_name)

@@ -7,6 +7,7 @@ from mindspore_serving.common.tensor_codec import proto_to_instances, value_to_t
 from mindspore_serving.proto import internal_pb2, internal_pb2_grpc
 from mindspore_serving.worker.method_runner import InstanceError
 from mindspore_serving.worker.metrics import WORKER_METRICS
+from mindspore_serving.worker.remote_model import serve_model_call
 
 
 def _request_groups(request) -> list:
@@ -35,7 +36,8 @@ class WorkerServicer(internal_pb2_grpc.WorkerServiceServicer):
         results: list = [None] * len(instances_pb)
         runnable, instances = [], []
         # decoded request by request: an instance that cannot be decoded fails the instances of its own request
-        for start, end in _request_groups(request):
+        groups = _request_groups(request)
+        for start, end in groups:
             try:
                 decoded = proto_to_instances(instances_pb[start:end])
             except Exception as err:
@@ -67,9 +69,15 @@ class WorkerServicer(internal_pb2_grpc.WorkerServiceServicer):
                 instance.Clear()
                 error.error_code = errors.FAILED
                 error.error_msg = f"convert output failed: {err}".encode()
-        log.info(f"Method {spec.method_name} WorkerRequestHandle Time Cost # "
-                 f"{(time.perf_counter() - started) * 1000:.3f} ms ---------------------")
+        cost = (f"Method {spec.method_name} WorkerRequestHandle Time Cost # "
+                f"{(time.perf_counter() - started) * 1000:.3f} ms ---------------------")
+        for _ in groups:  # once per public request of the call, as MindSpore Serving logs it
+            log.info(cost)
         return reply
+
+    def CallModel(self, request, context):
+        """A model call of an extra worker, forwarded by the master: it joins this worker's model batches."""
+        return serve_model_call(self.runtime, request)
 
     def Exit(self, request, context):
         self.request_exit("the master asked the worker to exit")

@@ -89,7 +89,8 @@ def test_ready_only_after_start_up_and_again_after_a_killed_worker_restarted(tmp
         assert requests.get(probes.url + "/v2/models/add/ready", timeout=5).status_code == 200
         assert requests.get(probes.url + "/v2/models/nope/ready", timeout=5).status_code == 404
 
-        (worker,) = workers_of(proc, "mindspore_serving.worker.start_worker")
+        # without device_ids the servable's worker is an extra worker that loads the models on CPU
+        (worker,) = workers_of(proc, "mindspore_serving.worker.start_extra_worker")
         probes.seen.clear()
         worker.kill()
         wait_until(lambda: probes.poll("add")[1] is False, 30, "not ready after the kill")

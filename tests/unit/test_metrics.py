@@ -34,11 +34,11 @@ def test_families_from_master_and_worker_samples():
     worker = WorkerMetrics()
     worker.model("lenet.mindir").record(2, 0, 0.01)
     worker.model("lenet.mindir").record(1, 1, 0.01)
-    record = SimpleNamespace(servable_name="lenet", version_number=1, device_id=0, pid=7, key="k", extensions={},
-                             queues={}, outstanding=0, stub=None)
+    record = SimpleNamespace(servable_name="lenet", version_number=1, device_label="0", pid=7, key="k",
+                             extensions={}, queues={}, outstanding=0, stub=None)
     registry = SimpleNamespace(all=lambda: [record])
     processes = SimpleNamespace(restart_counts=lambda: [("k", (SimpleNamespace(servable_name="lenet", version_number=0,
-                                                                                device_id=0), 2))])
+                                                                                device_label="0"), 2))])
     dispatcher = SimpleNamespace(enqueued=0, max_enqueued_requests=10)
     collector = MetricsCollector(metrics, dispatcher, registry, processes, loop=None)
     reply = SimpleNamespace(samples=worker.samples())

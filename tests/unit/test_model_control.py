@@ -129,7 +129,7 @@ class FakeProcesses:
 
 
 def plan(version=1, device=0):
-    return WorkerPlan("/s", "add", version, None, device, 0, None, "AES-GCM")
+    return WorkerPlan("/s", "add", version, None, device, None, "AES-GCM")
 
 
 def record(key, outstanding=0):

@@ -21,8 +21,19 @@ def protobuf_implementation_of(module, env_value):
     return out.stdout.strip().splitlines()[-1]
 
 
-@pytest.mark.parametrize("module", ["mindspore_serving.worker.process", "mindspore_serving.agent.process"])
+@pytest.mark.parametrize("module", ["mindspore_serving.worker.process", "mindspore_serving.worker.extra_worker",
+                                    "mindspore_serving.agent.process"])
 def test_workers_and_agents_ignore_the_pure_python_protobuf_that_mindspore_sets_in_their_parent(module):
     default = protobuf_implementation_of(module, None)
     assert protobuf_implementation_of(module, "python") == default
     assert default != "python"
+
+
+def test_an_extra_worker_imports_no_mindspore_to_call_another_workers_models():
+    code = ("import sys\n"
+            "import mindspore_serving.worker.extra_worker\n"
+            "from mindspore_serving.server import register\n"
+            "print('mindspore' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False"

@@ -31,7 +31,7 @@ def parse_args(argv=None):
     parser.add_argument("--master_address", required=True)
     parser.add_argument("--worker_key", required=True)
     args = parser.parse_args(argv)
-    args.device_id, args.device_type, args.num_parallel_workers = 0, "none", 0
+    args.device_id, args.device_type = 0, "none"
     args.read_dec_key, args.dec_mode = False, "AES-GCM"
     return args
 
