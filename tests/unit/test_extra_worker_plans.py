@@ -51,9 +51,8 @@ def test_extra_worker_socket_names():
     assert ipc.worker_address("add", "version1_extra0") == \
         f"unix:{ipc.SOCKET_DIR}/serving_worker_add_version1_extra0_{pid}"
     long_name = "n" * 80
-    name = ipc.worker_address(long_name, "version1_extra0")[len(f"unix:{ipc.SOCKET_DIR}/"):]
-    full = f"serving_worker_{long_name}_version1_extra0_{pid}"
-    assert name == full[:40] + "___" + full[-40:]
+    full = f"unix:{ipc.SOCKET_DIR}/serving_worker_{long_name}_version1_extra0_{pid}"
+    assert ipc.worker_address(long_name, "version1_extra0") == full[:40] + "___" + full[-40:]
 
 
 def test_the_extra_worker_loads_models_itself_only_on_cpu():
@@ -69,7 +68,7 @@ def test_the_extra_worker_loads_models_itself_only_on_cpu():
 
 def worker(plan, running=True, registered=False, python_stages=True):
     process = SimpleNamespace(pid=1) if running else None
-    item = WorkerProcess(plan, process=process, python_stages=python_stages)
+    item = WorkerProcess(plan, process=process, python_stages=python_stages, starts=1)
     if registered:
         item.registered.set()
     return item
@@ -84,6 +83,8 @@ def test_the_server_exits_when_no_worker_owning_a_device_runs():
     assert not device_owners_gone([worker(only_extras[0], running=False), worker(only_extras[1])])
     assert device_owners_gone([worker(p, running=False) for p in only_extras])
     assert not device_owners_gone([])
+    being_started = WorkerProcess(device)  # added, not spawned yet: no process, but not gone
+    assert not device_owners_gone([being_started])
 
 
 def test_no_extra_worker_for_a_servable_whose_device_workers_have_only_model_stages(monkeypatch):

@@ -7,7 +7,7 @@ from mindspore_serving.master.worker_processes import WorkerPlan
 
 def plan(name, **kwargs):
     return WorkerPlan(servable_directory="/s", servable_name=name, version_number=2, device_type=None, device_id=1,
-                      num_parallel_workers=0, dec_key=None, dec_mode="AES-GCM", **kwargs)
+                      dec_key=None, dec_mode="AES-GCM", **kwargs)
 
 
 def test_socket_addresses(tmp_path, monkeypatch):
@@ -35,3 +35,4 @@ def test_worker_log_files():
     assert plan("add").log_path == os.path.join("serving_logs", "log_add_device1_version2.log")
     assert plan("dist", rank_table_json_file="r.json").log_path == os.path.join("serving_logs",
                                                                                   "log_dist_distributed.log")
+    assert plan("add", extra_index=0).log_path == os.path.join("serving_logs", "log_add_extra0_version2.log")
