@@ -48,7 +48,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, BENCH)
 
 import loadgen  # noqa: E402  (bench/loadgen.py)
-from run_output import log, write_report  # noqa: E402  (bench/run_output.py)
+from run_output import log, note_other_load, write_report  # noqa: E402  (bench/run_output.py)
 from serving_process import ServingProcess, free_port  # noqa: E402  (tests/serving_process.py)
 
 BENCH_SERVABLES = os.path.join(BENCH, "servables")
@@ -478,10 +478,8 @@ def main(argv=None) -> int:
         print()
         print(batching_table(report["batching"]))
     print()
-    others = [row["other_cores"] for row in rows + report["batching"].get("served", [])]
-    if others and sum(others) / len(others) > 0.3:
-        log(f"note: other processes used {sum(others) / len(others):.2f} of {os.cpu_count()} cores on average during "
-            f"the measurements (column 'other cores'): absolute numbers are depressed, compare rows of one run")
+    note_other_load([row["other_cores"] for row in rows + report["batching"].get("served", [])],
+                    " (column 'other cores')")
     log(f"wrote {args.out} (wall {report['meta']['wall_s']} s)")
     return 0
 

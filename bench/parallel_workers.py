@@ -48,7 +48,7 @@ sys.path.insert(0, BENCH)
 
 import loadgen  # noqa: E402  (bench/loadgen.py)
 from classic import CpuMeter, Server, grpc_call  # noqa: E402  (bench/classic.py)
-from run_output import log, write_report  # noqa: E402  (bench/run_output.py)
+from run_output import log, note_other_load, write_report  # noqa: E402  (bench/run_output.py)
 from serving_process import free_port  # noqa: E402  (tests/serving_process.py)
 
 SERVABLE = "py_heavy"
@@ -273,10 +273,7 @@ def main(argv=None) -> int:
         verdict = "meets" if ratio["median"] >= TARGET_RATIO else "misses"
         print(f"instances/s {name}: {ratio['median']:.2f}x, median of rounds {ratio['rounds']} ({verdict} the "
               f"{TARGET_RATIO}x target)")
-    others = [row["other_cores"] for row in rows]
-    if others and sum(others) / len(others) > 0.3:
-        log(f"note: other processes used {sum(others) / len(others):.2f} of {os.cpu_count()} cores on average during "
-            f"the measurements: absolute numbers are depressed, compare rows of one run")
+    note_other_load([row["other_cores"] for row in rows])
     log(f"wrote {args.out} (wall {report['meta']['wall_s']} s)")
     return 0
 

@@ -16,3 +16,10 @@ def write_report(report: dict, started: float, path: str, indent: int):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as stream:
         json.dump(report, stream, indent=indent)
+
+
+def note_other_load(others, what: str = ""):
+    """Warns when other processes took a fair share of the cores during the measurements (`others`: cores each)."""
+    if others and sum(others) / len(others) > 0.3:
+        log(f"note: other processes used {sum(others) / len(others):.2f} of {os.cpu_count()} cores on average during "
+            f"the measurements{what}: absolute numbers are depressed, compare rows of one run")

@@ -15,7 +15,6 @@ from mindspore_serving.common.native_protobuf import prefer_native_protobuf
 prefer_native_protobuf()  # before protobuf is imported (see the module)
 
 # pylint: disable=wrong-import-position
-import argparse  # noqa: E402
 import functools  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
@@ -32,17 +31,9 @@ GET_MODEL_INFO_TIMEOUT = 30.0
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description="MindSpore Serving extra worker")
-    parser.add_argument("--servable_directory", required=True)
-    parser.add_argument("--servable_name", required=True)
-    parser.add_argument("--version_number", type=int, default=0)
-    parser.add_argument("--device_type", default="none")
+    parser = process.servable_arguments("MindSpore Serving extra worker")
     parser.add_argument("--device_ids_empty", action="store_true", help="the servable has no device workers")
     parser.add_argument("--extra_index", type=int, required=True)
-    parser.add_argument("--master_address", required=True)
-    parser.add_argument("--worker_key", required=True)
-    parser.add_argument("--dec_mode", default="AES-GCM")
-    parser.add_argument("--read_dec_key", action="store_true", help="read a hex decryption key from stdin")
     args = parser.parse_args(argv)
     args.device_id = 0
     return args

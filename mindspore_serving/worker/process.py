@@ -35,17 +35,23 @@ for its whole run; the threads that move requests along (gRPC, model batches, th
 each need it for a moment, and would wait that long for every one of those moments."""
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description="MindSpore Serving worker")
+def servable_arguments(description: str) -> argparse.ArgumentParser:
+    """The arguments every worker kind takes: the servable, its device type, the master and the model key."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--servable_directory", required=True)
     parser.add_argument("--servable_name", required=True)
     parser.add_argument("--version_number", type=int, default=0)
     parser.add_argument("--device_type", default="none")
-    parser.add_argument("--device_id", type=int, default=0)
     parser.add_argument("--master_address", required=True)
     parser.add_argument("--worker_key", required=True)
     parser.add_argument("--dec_mode", default="AES-GCM")
     parser.add_argument("--read_dec_key", action="store_true", help="read a hex decryption key from stdin")
+    return parser
+
+
+def parse_args(argv=None):
+    parser = servable_arguments("MindSpore Serving worker")
+    parser.add_argument("--device_id", type=int, default=0)
     return parser.parse_args(argv)
 
 

@@ -9,10 +9,13 @@ Shapes: x float32 [BATCH, IN] -> Dense(IN, HIDDEN)+ReLU -> Dense(HIDDEN, HIDDEN)
 Its cost grows slowly with the batch size (a batch of 64 costs a few times a batch of 1: the weights are read
 once per call), which is what makes cross-request batching pay.
 """
-import argparse
 import os
+import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from mindir_export import command_line, export_checked  # noqa: E402  (bench/servables/mindir_export.py)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VERSION_DIR = os.path.join(HERE, "1")
@@ -63,27 +66,8 @@ def main(force: bool = False):
     if not force and not missing():
         print(f"{MODEL_PATH}: up to date")
         return [MODEL_PATH]
-    import mindspore as ms
-    from mindspore_serving.common.ms_device import select_device
-    select_device("CPU")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    os.makedirs(VERSION_DIR, exist_ok=True)
-    base = os.path.join(VERSION_DIR, MODEL_NAME)
-    if os.path.exists(MODEL_PATH):
-        os.chmod(MODEL_PATH, 0o644)
-        os.remove(MODEL_PATH)
-    ms.export(_build_net(), ms.Tensor(np.zeros((BATCH, IN), np.float32)), file_name=base, file_format="MINDIR")
-    os.chmod(MODEL_PATH, 0o644)  # MindSpore writes it read-only for the owner
-
-    net = ms.nn.GraphCell(ms.load(MODEL_PATH))
-    x = np.random.default_rng(1).standard_normal((BATCH, IN)).astype(np.float32)
-    y = net(ms.Tensor(x)).asnumpy()
-    np.testing.assert_allclose(y, numpy_forward(x), rtol=1e-3, atol=1e-3)
-    print(f"exported {MODEL_PATH}")
-    return [MODEL_PATH]
+    return export_checked(_build_net, numpy_forward, MODEL_PATH, (BATCH, IN), 1e-3)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--force", action="store_true", help="re-export even if the file exists")
-    main(parser.parse_args().force)
+    command_line(main, __doc__)

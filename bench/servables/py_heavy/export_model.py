@@ -8,10 +8,13 @@ it back and comparing with numpy. The weights are fixed (seeded), so every expor
 Shapes: x float32 [BATCH, IN] -> Dense(IN, OUT) -> y float32 [BATCH, OUT]. The model is cheap on purpose: the
 servable's cost is its Python pre-processing (servable_config.py).
 """
-import argparse
 import os
+import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from mindir_export import command_line, export_checked  # noqa: E402  (bench/servables/mindir_export.py)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VERSION_DIR = os.path.join(HERE, "1")
@@ -38,33 +41,19 @@ def missing() -> bool:
     return not os.path.isfile(MODEL_PATH)
 
 
+def _build_net():
+    import mindspore as ms
+    from mindspore import nn
+    weight, bias = _weights()
+    return nn.Dense(IN, OUT, weight_init=ms.Tensor(weight), bias_init=ms.Tensor(bias))
+
+
 def main(force: bool = False):
     if not force and not missing():
         print(f"{MODEL_PATH}: up to date")
         return [MODEL_PATH]
-    import mindspore as ms
-    from mindspore import nn
-    from mindspore_serving.common.ms_device import select_device
-    select_device("CPU")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    os.makedirs(VERSION_DIR, exist_ok=True)
-    if os.path.exists(MODEL_PATH):
-        os.chmod(MODEL_PATH, 0o644)
-        os.remove(MODEL_PATH)
-    weight, bias = _weights()
-    net = nn.Dense(IN, OUT, weight_init=ms.Tensor(weight), bias_init=ms.Tensor(bias))
-    ms.export(net, ms.Tensor(np.zeros((BATCH, IN), np.float32)), file_name=os.path.join(VERSION_DIR, MODEL_NAME),
-              file_format="MINDIR")
-    os.chmod(MODEL_PATH, 0o644)  # MindSpore writes it read-only for the owner
-
-    graph = ms.nn.GraphCell(ms.load(MODEL_PATH))
-    x = np.random.default_rng(1).standard_normal((BATCH, IN)).astype(np.float32)
-    np.testing.assert_allclose(graph(ms.Tensor(x)).asnumpy(), numpy_forward(x), rtol=1e-4, atol=1e-4)
-    print(f"exported {MODEL_PATH}")
-    return [MODEL_PATH]
+    return export_checked(_build_net, numpy_forward, MODEL_PATH, (BATCH, IN), 1e-4)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--force", action="store_true", help="re-export even if the file exists")
-    main(parser.parse_args().force)
+    command_line(main, __doc__)
