@@ -58,7 +58,8 @@ DEFAULT_OUT = os.path.join(BENCH, "results", "parallel_workers.json")
 TARGET_RATIO = 1.7
 SERVER_SCRIPT = """import sys
 from mindspore_serving import server
-server.start_servables(server.ServableStartConfig(sys.argv[2], "py_heavy", device_ids=0,
+device_type = None if sys.argv[4] == "none" else sys.argv[4]
+server.start_servables(server.ServableStartConfig(sys.argv[2], "py_heavy", device_ids=0, device_type=device_type,
                                                   num_parallel_workers=int(sys.argv[3])))
 server.start_grpc_server(sys.argv[1])
 """
@@ -78,6 +79,9 @@ def parse_args(argv=None):
                         help="...for at most this many seconds, then measure anyway (default 60)")
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"JSON report (default {DEFAULT_OUT})")
     parser.add_argument("--keep-logs", action="store_true", help="keep the servers' working directories")
+    parser.add_argument("--device_type", choices=("none", "cpu"), default="none",
+                        help="none (default): the extra worker's model calls go through the master to the device "
+                             "worker; cpu: as in MindSpore Serving, an extra worker on CPU loads the models itself")
     args = parser.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
     args.workers = [int(w) for w in args.workers.split(",") if w.strip()]
@@ -102,9 +106,9 @@ def ensure_model(export_model):
 class ParallelServer(Server):
     """The servable on device 0 with `workers` num_parallel_workers, run by `script` (SERVER_SCRIPT)."""
 
-    def __init__(self, script: str, workers: int):
+    def __init__(self, script: str, workers: int, device_type: str = "none"):
         self.grpc = f"127.0.0.1:{free_port()}"
-        super().__init__(f"npw{workers}", [script, self.grpc, SERVABLES, str(workers)],
+        super().__init__(f"npw{workers}", [script, self.grpc, SERVABLES, str(workers), device_type],
                          ready_text="gRPC server start success",
                          env={"PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))})
 
@@ -216,6 +220,7 @@ def main(argv=None) -> int:
     report = {"meta": {"started": datetime.datetime.now().isoformat(timespec="seconds"), "cpu_count": os.cpu_count(),
                        "loadavg_start": os.getloadavg(), "duration_s": args.duration, "warmup_s": args.warmup,
                        "load_generator": tools, "servable": f"bench/servables/{SERVABLE}",
+                       "device_type": args.device_type,
                        "python_stage": "about 5 ms of pure Python per instance (servable_config.py ROUNDS)"},
               "results": [], "ratios": {}}
     request = request_bytes()
@@ -225,7 +230,7 @@ def main(argv=None) -> int:
     servers: Dict[int, ParallelServer] = {}
     try:
         for workers in args.workers:  # all started first: idle, one costs only its heartbeats while another runs
-            servers[workers] = ParallelServer(script, workers)
+            servers[workers] = ParallelServer(script, workers, args.device_type)
         goods = {}
         for workers, server in servers.items():
             server.wait_ready(lambda server=server: check_reply(server.grpc, request, export_model))
