@@ -1,6 +1,8 @@
 """The master <-> worker boundary (internal.proto): protocol version, socket paths, channel options."""
 import os
 
+import grpc
+
 PROTOCOL_VERSION = 1
 SOCKET_DIR = "unix_socket_files"
 MAX_INTERNAL_MSG_BYTES = 512 * 1024 * 1024
@@ -9,6 +11,8 @@ INTERNAL_CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_INTERNAL_MSG_BYTES),
 ]
 _MAX_NAME = 90
+# what a master's call to a worker raises when the worker is gone (UsageError: its channel is already closed)
+CONNECTION_ERRORS = (grpc.aio.AioRpcError, grpc.aio.UsageError)
 
 
 def _short(address: str) -> str:

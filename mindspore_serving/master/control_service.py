@@ -8,8 +8,6 @@ from mindspore_serving.ipc import master_worker as ipc
 from mindspore_serving.master.worker_registry import WorkerRecord, WorkerRegistry
 from mindspore_serving.proto import internal_pb2, internal_pb2_grpc
 
-_CONNECTION_ERRORS = (grpc.aio.AioRpcError, grpc.aio.UsageError)  # UsageError: the channel is already closed
-
 
 class MasterControlServicer(internal_pb2_grpc.MasterControlServicer):
     def __init__(self, registry: WorkerRegistry, processes):
@@ -79,7 +77,7 @@ class MasterControlServicer(internal_pb2_grpc.MasterControlServicer):
         owner = self.registry.pick(owners)
         try:
             return await owner.stub.CallModel(request, timeout=context.time_remaining())
-        except _CONNECTION_ERRORS as err:
+        except ipc.CONNECTION_ERRORS as err:
             details = f"{err.code().name} {err.details()}" if isinstance(err, grpc.aio.AioRpcError) else str(err)
             return _call_failed(errors.WORKER_UNAVAILABLE,
                                 f"the worker (pid {owner.pid}) running model {request.model_key} did not answer: "

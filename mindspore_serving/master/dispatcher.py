@@ -26,6 +26,7 @@ from mindspore_serving import log
 from mindspore_serving.common import errors
 from mindspore_serving.common.metrics import SERVER_ERROR, outcome_of_answers, outcome_of_code
 from mindspore_serving.common.tensor_codec import check_instance, check_tensor
+from mindspore_serving.ipc import master_worker as ipc
 from mindspore_serving.master.metrics import MasterMetrics
 from mindspore_serving.master.worker_registry import WorkerRecord, WorkerRegistry, request_repr
 from mindspore_serving.proto import internal_pb2
@@ -39,7 +40,6 @@ MAX_CALL_BYTES = 64 << 20  # serialized instances in one call (a larger chunk st
 SETTLE_SECONDS = 0.02      # how long a partial batch for an idle worker may wait for more (see _settle_delay)
 SETTLE_MAX_SECONDS = 0.1   # ... at most, when answered clients took that long to come back last time
 
-_CONNECTION_ERRORS = (grpc.aio.AioRpcError, grpc.aio.UsageError)  # UsageError: the channel is already closed
 
 
 class LoopClock:
@@ -199,7 +199,7 @@ class _WorkerQueue:
         timeout = None if None in deadlines else max(0.001, max(deadlines) - self.clock.now())
         try:
             reply = await worker.stub.Predict(request, timeout=timeout)
-        except _CONNECTION_ERRORS as err:
+        except ipc.CONNECTION_ERRORS as err:
             if isinstance(err, grpc.aio.AioRpcError):
                 log.warning(f"request {request_id} to worker pid {worker.pid} failed: {err.code().name} "
                             f"{err.details()}")
