@@ -10,7 +10,6 @@ from mindspore_serving.worker.executors import FunctionBatcher, ModelExecutor
 from mindspore_serving.worker.method_runner import (BUILTIN_STAGES, BatchFunctionStage, FunctionStage, MethodRunner,
                                                      ModelStage)
 from mindspore_serving.worker.model_backend import LoadedModel
-from mindspore_serving.worker.stage_values import check_model_inputs
 
 DEFAULT_BATCH_WAIT_MS = 2.0
 
@@ -32,6 +31,12 @@ def _load_failed_text(servable_name: str, model_spec, version_dir: str, err: Exc
     return (f"Load model failed, servable directory: '{os.path.dirname(os.path.dirname(version_dir))}', "
             f"servable name: '{servable_name}', model file: '[{', '.join(model_spec.model_files)}]', version number "
             f"{os.path.basename(version_dir)},model context: {context}, load error details: {err}")
+
+
+def _submit_together(executor, instances: Sequence[Sequence]) -> list:
+    """Submits instances that arrive together (one batch when they fit); their futures in order."""
+    executor.expected.announce(len(instances))
+    return [executor.submit(tuple(instance)) for instance in instances]
 
 
 class ServableRuntime:
@@ -143,12 +148,10 @@ class ServableRuntime:
             if len(instance) != executor.inputs_count:
                 raise RuntimeError(prefix + f"The inputs count {len(instance)} of instance {index} is not equal to "
                                             f"the inputs count {executor.inputs_count} of the model")
-            reason = check_model_inputs(instance, executor.instance_infos)
+            reason = executor.check(instance)
             if reason is not None:
                 raise RuntimeError(prefix + reason)
-        executor.expected.announce(len(instances))  # they arrive together: one batch when they fit
-        futures = [executor.submit(tuple(instance)) for instance in instances]
-        return [future.result() for future in futures]
+        return [future.result() for future in _submit_together(executor, instances)]
 
     def run_model(self, model_key: str, subgraph: int, instances: Sequence[tuple]) -> list:
         """Runs a model call forwarded from an extra worker: per instance, its outputs or the exception it failed
@@ -164,9 +167,8 @@ class ServableRuntime:
                 checked.append(index)
             else:
                 results[index] = RuntimeError(reason)
-        executor.expected.announce(len(checked))
-        futures = [(index, executor.submit(tuple(instances[index]))) for index in checked]
-        for index, future in futures:
+        futures = _submit_together(executor, [instances[index] for index in checked])
+        for index, future in zip(checked, futures):
             try:
                 results[index] = future.result()
             except Exception as err:
