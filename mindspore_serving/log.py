@@ -314,6 +314,11 @@ def _glog_level(level: int):
     return _LEVEL_GLOG.get(level)
 
 
+def info_enabled() -> bool:
+    """Whether INFO records are written: for lines that cost something to build on a hot path."""
+    return _get_logger().isEnabledFor(logging.INFO)
+
+
 def debug(msg, *args, **kwargs):
     _get_logger().debug(msg, *args, **kwargs)
 
