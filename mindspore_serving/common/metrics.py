@@ -144,6 +144,11 @@ def histogram_of(message: "internal_pb2.MetricSample") -> Histogram:
     return hist
 
 
+def device_label(device_id: int, extra_index: Optional[int]) -> str:
+    """The `device` label of a worker's metrics: `extra<i>` for an extra worker, else its device id."""
+    return str(device_id) if extra_index is None else f"extra{extra_index}"
+
+
 def outcome_of_code(code: int) -> str:
     """A request error's outcome: the client's fault (bad input, unknown method) or the server's."""
     return CLIENT_ERROR if code in (errors.INVALID_INPUTS, errors.SERVABLE_UNAVAILABLE) else SERVER_ERROR

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
 from mindspore_serving import log
+from mindspore_serving.common import metrics
 from mindspore_serving.common.child_process import child_env
 from mindspore_serving.common.restart_budget import RestartBudget
 from mindspore_serving.ipc import shm_tensors
@@ -69,8 +70,7 @@ class WorkerPlan:
 
     @property
     def device_label(self) -> str:
-        """The `device` label of its metrics: `extra<i>` for an extra worker, else its device id."""
-        return f"extra{self.extra_index}" if self.extra else str(self.device_id)
+        return metrics.device_label(self.device_id, self.extra_index)
 
     @property
     def where(self) -> str:

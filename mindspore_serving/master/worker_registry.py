@@ -4,7 +4,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
-from mindspore_serving.common import errors
+from mindspore_serving.common import errors, metrics
 
 
 @dataclass
@@ -32,8 +32,7 @@ class WorkerRecord:
 
     @property
     def device_label(self) -> str:
-        """`extra<i>` for an extra worker, else its device id."""
-        return str(self.device_id) if self.extra_index is None else f"extra{self.extra_index}"
+        return metrics.device_label(self.device_id, self.extra_index)
 
     def input_names(self, method_name: str) -> List[str]:
         """The input names of a method, read once from its signature."""
