@@ -9,6 +9,11 @@ together in one WorkerPredictRequest (a call to a worker costs far more than an 
   _WorkerQueue._settle_delay; a lone request never waits);
 - a worker with a call in flight gets another one only when a full call (MAX_CALL_INSTANCES, a multiple of
   its batch size) is queued; otherwise the queue is sent when the call returns;
+- except for a method with Python stages, which its worker runs one call at a time in one thread: such a worker
+  keeps two calls in flight. An idle one gets what is queued as two calls (halves), a busy one a second call with
+  what is queued (after the same settle wait). The Python stages of one call then run while the other's model
+  stage, answers and returning clients are on their way, instead of the thread idling through them; calls get
+  smaller, which costs little next to the Python work;
 - a worker that batches continuously itself (an LLM servable: requests join and leave its running batch at every
   step) gets every request at once, in a call of its own: holding a short request back behind a long one, or
   in the same call, would make it wait for the long one to finish.
@@ -79,6 +84,9 @@ class _WorkerQueue:
         self.worker = worker
         self.clock = dispatcher.clock
         self.continuous = LLM_EXTENSION in worker.extensions  # the worker batches continuously (see the module)
+        signature = worker.methods.get(method_name)
+        # its Python stages run one call at a time: a second call keeps them busy while the first is elsewhere
+        self.pipelined = not self.continuous and signature is not None and not signature.only_model_stage
         self.batch_size = max(1, worker.batch_size)
         self.max_instances = max(self.batch_size, MAX_CALL_INSTANCES // self.batch_size * self.batch_size)
         self.pending: "collections.deque[_Chunk]" = collections.deque()
@@ -115,8 +123,8 @@ class _WorkerQueue:
             return bool(self.pending)
         if not self.pending or self.in_flight >= MAX_CALLS_IN_FLIGHT:
             return False
-        # an idle worker takes whatever is there; a busy one only full calls
-        return self.in_flight == 0 or self.pending_count >= self.max_instances
+        # an idle worker takes whatever is there; a busy one only full calls (pipelined: a second call)
+        return self.in_flight == 0 or self.pipelined or self.pending_count >= self.max_instances
 
     def _schedule(self):
         if not self.scheduled and self._may_send():
@@ -131,7 +139,8 @@ class _WorkerQueue:
         their next request once answered), at most `owed_limit` (SETTLE_SECONDS, or twice as long as they took
         to come back last time, up to SETTLE_MAX_SECONDS); or while chunks keep arriving turn after turn (a
         burst being read), at most SETTLE_SECONDS. A lone request never waits."""
-        if self.continuous or self.batch_size == 1 or self.in_flight or self.pending_count >= self.batch_size:
+        if self.continuous or self.batch_size == 1 or (self.in_flight and not self.pipelined) \
+                or self.pending_count >= self.batch_size:
             self.settle_until = None
             return None
         now = self.clock.now()
@@ -161,6 +170,8 @@ class _WorkerQueue:
         self.arrived = False
         while self._may_send():
             limit = 1 if self.continuous else self.max_instances  # continuous: one request's chunk per call
+            if self.pipelined and self.in_flight == 0 and self.pending_count > 1:
+                limit = min(limit, (self.pending_count + 1) // 2)  # two calls: the second's Python follows the first's
             chunks, count, nbytes = [], 0, 0
             while self.pending and (not chunks or (count + len(self.pending[0].instances) <= limit
                                                    and nbytes + self.pending[0].nbytes <= MAX_CALL_BYTES)):

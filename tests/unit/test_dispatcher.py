@@ -52,8 +52,10 @@ class FakeWorkerStub:
         return reply
 
 
-def add_worker(registry, name, pid, calls, batch_size=2, version=1, input_names=("x",), **stub_options):
-    method = internal_pb2.MethodSignature(name="m", input_names=list(input_names), output_names=["y"])
+def add_worker(registry, name, pid, calls, batch_size=2, version=1, input_names=("x",), python_stages=False,
+               **stub_options):
+    method = internal_pb2.MethodSignature(name="m", input_names=list(input_names), output_names=["y"],
+                                          only_model_stage=not python_stages)
     record = WorkerRecord(key=name, pid=pid, address=f"unix:{name}", servable_name="add", version_number=version,
                           batch_size=batch_size, methods={"m": method},
                           stub=FakeWorkerStub(name, calls, **stub_options))
@@ -627,3 +629,32 @@ def test_a_call_carries_at_most_max_call_bytes_but_a_large_chunk_still_goes(monk
     answers = asyncio.run(scenario())
     assert [call["xs"] for call in calls] == [[1, 2], [3], [4, 5, 6]]
     assert [[y_of(a) for a in answer] for answer in answers] == [[10], [20], [30], [40, 50, 60]]
+
+
+def test_a_worker_with_python_stages_keeps_two_calls_in_flight():
+    """Its Python stages run one call at a time: an idle worker gets what is queued as two calls, a busy one a
+    second call with whatever is queued, and a third waits for one of them."""
+    registry = WorkerRegistry()
+    calls = []
+    worker = add_worker(registry, "w", 1, calls, batch_size=1, hold=True, python_stages=True)
+    dispatcher = dispatcher_of(registry)
+
+    async def scenario():
+        tasks = [asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(x))) for x in range(5)]
+        await until(lambda: settled(dispatcher, tasks, calls))
+        idle_split = [call["xs"] for call in calls]
+        tasks += [asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(x))) for x in (5, 6)]
+        await until(lambda: settled(dispatcher, tasks, calls))
+        waiting = (len(calls), worker.outstanding)
+        calls[0]["release"].set()
+        await until(lambda: len(calls) == 3)  # one returned: what waited goes at once, not only as a full call
+        for call in calls:
+            call["release"].set()
+        return idle_split, waiting, await asyncio.gather(*tasks)
+
+    idle_split, waiting, answers = asyncio.run(scenario())
+    assert idle_split == [[0, 1, 2], [3, 4]]
+    assert waiting == (2, 7)
+    assert [call["xs"] for call in calls] == [[0, 1, 2], [3, 4], [5, 6]]
+    assert [y_of(answer[0]) for answer in answers] == [x * 10 for x in range(7)]
+    assert worker.outstanding == 0
