@@ -29,7 +29,7 @@ from mindspore_serving.worker.signatures import method_signature  # noqa: E402
 from mindspore_serving.worker.warmup import warm_up  # noqa: E402
 
 PARENT_CHECK_SECONDS = 0.1
-GIL_SWITCH_SECONDS = 0.0005
+GIL_SWITCH_SECONDS = 0.0001
 """How long a thread may hold the GIL while another waits for it (Python's default: 5 ms). A Python stage holds it
 for its whole run; the threads that move requests along (gRPC, model batches, the model calls of extra workers)
 each need it for a moment, and would wait that long for every one of those moments."""
