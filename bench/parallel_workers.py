@@ -1,7 +1,7 @@
 """num_parallel_workers benchmark: a servable whose Python pre-processing dominates, served by its device worker
 alone and with an extra worker process beside it.
 
-    .venv/bin/python bench/parallel_workers.py              # about 5 minutes
+    .venv/bin/python bench/parallel_workers.py              # about 7 minutes
     .venv/bin/python bench/parallel_workers.py --rounds 1 --duration 5 --concurrency 4,16 --out /tmp/x.json
 
 What it does, all on 127.0.0.1, every server started (and killed at the end, even on error) by this script:
@@ -20,10 +20,14 @@ The machine's other load ("other" cores in the table) takes cores from the serve
 
 The Python stage holds the GIL: one process runs at most ~200 instances/s of it however many threads it has, and
 the extra worker is what lets a second core do it. Its model calls go through the master to the device worker
-(tensors in shared memory), which batches them with its own. That costs little CPU (a few percent per instance)
-but time: with both cores running Python stages, each hand-off (the master forwarding the call, the device worker's
-threads answering it between its own stages) waits for a core, and the extra worker idles meanwhile (about 8 ms per
-call at 16 clients, against ~40 ms of Python per call). More clients make larger calls, which hide more of it.
+(tensors in shared memory), which batches them with its own. Each worker gets two calls in flight from the master
+(master/dispatcher.py), so that its stage thread runs one call's Python while the other's model call and answers
+travel; with both workers busy the servers then use ~1.9 of the 2 cores. What the extra worker costs is CPU: the
+model-call hop, and calls half as large (more calls per instance), add ~10% of CPU per instance.
+
+A shared host also runs the same work at different speeds from minute to minute (the npw=0 device worker's CPU
+per instance, ~5.3 ms on a quiet host, has varied from 5.1 to 8.9 ms between measurements of one run): only the
+median over rounds means much.
 """
 import argparse
 import datetime
@@ -69,7 +73,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per measurement (default 10)")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds of load before each (default 2)")
-    parser.add_argument("--concurrency", default="8,16,32", help="comma-separated client counts (default 8,16,32)")
+    parser.add_argument("--concurrency", default="8,16,32,64", help="comma-separated client counts (default 8,16,32,64)")
     parser.add_argument("--workers", default="0,2", help="num_parallel_workers values (default 0,2)")
     parser.add_argument("--rounds", type=int, default=3, help="measurements of each server, alternating (default 3)")
     parser.add_argument("--loadgen", choices=("auto", "native", "python"), default="auto")
