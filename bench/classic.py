@@ -8,14 +8,21 @@ efficiency on a model whose cost grows slowly with the batch size.
 What it does, all on 127.0.0.1, every server started (and killed at the end, even on error) by this script:
 1. starts `serving_server.py --servables add` (ours), the mosec peer (bench/peers/mosec_add.py: one worker,
    max_batch_size 8, max_wait_time 5 ms), the FastAPI peer (bench/peers/fastapi_add.py: `async def` route,
-   uvicorn + uvloop + httptools) and `serving_server.py --servable_directory bench/servables --servables
-   dense_batch`, checks that each answers x1 + x2 correctly;
+   uvicorn + uvloop + httptools), `serving_server.py --servable_directory bench/servables --servables
+   dense_batch` and the mosec dense peer (bench/peers/mosec_dense.py: the same MindIR through GraphCell, dynamic
+   batching up to 64, max_wait_time 10 ms), and checks each one's answer;
 2. for each concurrency, drives ours over REST and gRPC, mosec and FastAPI over REST for --duration seconds
    (closed loop: wrk for HTTP, h2load for gRPC; Python asyncio fallbacks, see bench/loadgen.py) and records
-   requests/s, p50/p99 latency, bad replies and the CPU time the server used per request;
+   requests/s, p50/p99 latency, bad replies and the CPU time the server used per request (master and worker
+   apart); then the bare loop of the same `add` GraphCell in-process (bench/model_direct.py --model add), which
+   ours is compared with (calls/s, and p50 latency over one call);
 3. batching: the dense_batch model's own best throughput (its MindIR called in-process with full batches of
-   64, bench/model_direct.py), then the served throughput of single-instance requests at concurrency 64;
-4. prints a table and writes JSON (default bench/results/classic.json).
+   64, bench/model_direct.py) on all cores and bound to one core, then ours (gRPC and REST) and the mosec peer
+   (REST) at 64 clients with single-instance requests. Ours is compared with the whole-machine limit and with
+   the limit on the cores its worker can use: all cores less those the master and the load generator used
+   during the run, the limit there interpolated between the one-core and the all-core runs;
+4. records the resident memory of each of our processes, prints tables and writes JSON (default
+   bench/results/classic.json).
 
 All processes share this machine's cores with the load generator (and with whatever else runs): the JSON records
 the CPU used by others during each measurement ("other_cores") so noisy runs can be spotted.
@@ -106,14 +113,39 @@ class Server:
             self.processes = []
 
     def cpu_seconds(self) -> float:
-        total = 0.0
+        return sum(self.cpu_by_role().values())
+
+    def role(self, proc: psutil.Process) -> str:
+        """master (the process this benchmark started), worker (a serving worker) or the process's name."""
+        if proc.pid == self.pid:
+            return "master"
+        try:
+            cmdline = " ".join(proc.cmdline())
+            return "worker" if "mindspore_serving.worker" in cmdline else proc.name()
+        except psutil.Error:
+            return "gone"
+
+    def cpu_by_role(self) -> Dict[str, float]:
+        seconds: Dict[str, float] = {}
         for proc in self.processes:
             try:
                 times = proc.cpu_times()
-                total += times.user + times.system
             except psutil.NoSuchProcess:
-                pass
-        return total
+                continue
+            role = self.role(proc)
+            seconds[role] = seconds.get(role, 0.0) + times.user + times.system
+        return seconds
+
+    def resident_mb(self) -> List[dict]:
+        """Resident memory of each process of the tree now (MB), with its role and command."""
+        found = []
+        for proc in self.processes:
+            try:
+                found.append({"role": self.role(proc), "pid": proc.pid, "rss_mb": round(proc.memory_info().rss / 2**20, 1),
+                              "command": " ".join(proc.cmdline())[:160]})
+            except psutil.Error:
+                continue
+        return found
 
     def stop(self, keep_dir: bool = False):
         self.proc.close(grace=8)  # SIGTERM, then SIGKILL of whatever of the tree is left
@@ -189,16 +221,24 @@ def dense_requests():
     return body, grpc_request
 
 
-def check_grpc_dense(address: str, request: bytes) -> bytes:
-    from mindspore_serving.common.tensor_codec import reply_to_results
+def _check_dense(results):
     sys.path.insert(0, os.path.dirname(DENSE_EXPORT))
     import export_model
-    reply = grpc_call(address, request)
-    results = reply_to_results(reply)
     expected = export_model.numpy_forward(dense_input()[None, :])[0]
     if not isinstance(results, list) or not np.allclose(results[0]["y"], expected, rtol=1e-3, atol=1e-3):
-        raise AssertionError(f"wrong dense_batch result: {results}")
+        raise AssertionError(f"wrong dense_batch result: {str(results)[:300]}")
+
+
+def check_grpc_dense(address: str, request: bytes) -> bytes:
+    from mindspore_serving.common.tensor_codec import reply_to_results
+    reply = grpc_call(address, request)
+    _check_dense(reply_to_results(reply))
     return reply.SerializeToString()
+
+
+def check_dense_reply(data: bytes):
+    """A REST reply (ours or the mosec peer's) to dense_requests()' body."""
+    _check_dense([{"y": np.asarray(item["y"], np.float32)} for item in json.loads(data)["instances"]])
 
 
 # ---------------------------------------------------------------------------------------------- meter
@@ -213,7 +253,8 @@ class CpuMeter:
         self.server.refresh()
         self.t0 = time.perf_counter()
         self.busy0 = self._busy()
-        self.server0 = self.server.cpu_seconds()
+        self.roles0 = self.server.cpu_by_role()
+        self.server0 = sum(self.roles0.values())
         self.children0 = self._children()
         self.self0 = time.process_time()
         return self
@@ -221,7 +262,9 @@ class CpuMeter:
     def __exit__(self, *exc):
         self.elapsed = time.perf_counter() - self.t0
         self.busy = self._busy() - self.busy0
-        self.server_cpu = self.server.cpu_seconds() - self.server0
+        roles = self.server.cpu_by_role()
+        self.role_cpu = {role: value - self.roles0.get(role, 0.0) for role, value in roles.items()}
+        self.server_cpu = sum(roles.values()) - self.server0
         self.loadgen_cpu = self._children() - self.children0 + time.process_time() - self.self0
         return False
 
@@ -240,7 +283,10 @@ class CpuMeter:
         return {"server_cores": round(self.server_cpu / self.elapsed, 2),
                 "loadgen_cores": round(self.loadgen_cpu / self.elapsed, 2),
                 "other_cores": round(max(0.0, other) / self.elapsed, 2),
-                "server_cpu_us_per_req": round(self.server_cpu / requests * 1e6, 1) if requests else None}
+                "server_cpu_us_per_req": round(self.server_cpu / requests * 1e6, 1) if requests else None,
+                "cores_by_role": {role: round(value / self.elapsed, 2) for role, value in sorted(self.role_cpu.items())},
+                "cpu_us_per_req_by_role": {role: round(value / requests * 1e6, 1) if requests else None
+                                           for role, value in sorted(self.role_cpu.items())}}
 
 
 def measure(kind: str, server: Server, target, body: bytes, concurrency: int, seconds: float, warmup: float,
@@ -265,7 +311,8 @@ COLUMNS = [("server", "server", "{}"), ("protocol", "protocol", "{}"), ("concurr
            ("rps", "req/s", "{:.0f}"), ("p50_ms", "p50 ms", "{:.2f}"), ("p99_ms", "p99 ms", "{:.2f}"),
            ("bad", "bad", "{}"), ("server_cpu_us_per_req", "srv CPU us/req", "{:.0f}"),
            ("other_cores", "other cores", "{:.2f}"), ("ratio_mosec", "ours/mosec", "{:.2f}"),
-           ("ratio_fastapi", "ours/FastAPI", "{:.2f}")]
+           ("ratio_fastapi", "ours/FastAPI", "{:.2f}"), ("ratio_bare", "ours/bare loop", "{:.2f}"),
+           ("p50_over_bare_ms", "p50 - bare call ms", "{:.2f}")]
 
 
 def fmt(value, pattern: str) -> str:
@@ -296,16 +343,33 @@ def add_ratios(rows: List[dict]):
 
 
 def batching_table(batching: dict) -> str:
-    direct = batching.get("direct") or {}
+    direct, one = batching.get("direct") or {}, batching.get("direct_one_core") or {}
     lines = [f"direct (in-process GraphCell, batch {direct.get('batch')}): "
-             f"{fmt(direct.get('instances_per_s'), '{:.0f}')} instances/s, "
-             f"{fmt(direct.get('ms_per_batch_mean'), '{:.2f}')} ms per batch",
-             "| protocol | conc | instances/s | p50 ms | p99 ms | bad | fraction of direct |",
-             "|---|---|---|---|---|---|---|"]
+             f"{fmt(direct.get('instances_per_s'), '{:.0f}')} instances/s on {direct.get('cores')} cores "
+             f"({fmt(direct.get('ms_per_batch_mean'), '{:.2f}')} ms per batch), "
+             f"{fmt(one.get('instances_per_s'), '{:.0f}')} on one core",
+             "| server | protocol | conc | instances/s | p50 ms | p99 ms | bad | cores: master / worker / load gen "
+             "| of direct | worker's cores | of the limit on them | ours/mosec |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in batching.get("served", []):
-        lines.append(f"| {row['protocol']} | {row['concurrency']} | {fmt(row['rps'], '{:.0f}')} | "
-                     f"{fmt(row['p50_ms'], '{:.2f}')} | {fmt(row['p99_ms'], '{:.2f}')} | {row['bad']} | "
-                     f"{fmt(row.get('fraction_of_direct'), '{:.3f}')} |")
+        roles = row.get("cores_by_role", {})
+        cores = (f"{fmt(roles.get('master'), '{:.2f}')} / {fmt(roles.get('worker'), '{:.2f}')} / "
+                 f"{fmt(row.get('loadgen_cores'), '{:.2f}')}" if row["server"] == "ours"
+                 else f"{fmt(row.get('server_cores'), '{:.2f}')} (all) / {fmt(row.get('loadgen_cores'), '{:.2f}')}")
+        lines.append(f"| {row['server']} | {row['protocol']} | {row['concurrency']} | {fmt(row['rps'], '{:.0f}')} | "
+                     f"{fmt(row['p50_ms'], '{:.2f}')} | {fmt(row['p99_ms'], '{:.2f}')} | {row['bad']} | {cores} | "
+                     f"{fmt(row.get('fraction_of_direct'), '{:.3f}')} | "
+                     f"{fmt(row.get('worker_cores_available'), '{:.2f}')} | "
+                     f"{fmt(row.get('fraction_of_available_limit'), '{:.3f}')} | "
+                     f"{fmt(row.get('ratio_mosec'), '{:.2f}')} |")
+    return "\n".join(lines)
+
+
+def memory_table(memory: Dict[str, List[dict]]) -> str:
+    lines = ["| server | process | resident MB |", "|---|---|---|"]
+    for server, processes in memory.items():
+        for proc in processes:
+            lines.append(f"| {server} | {proc['role']} (pid {proc['pid']}) | {proc['rss_mb']:.0f} |")
     return "\n".join(lines)
 
 
@@ -371,13 +435,65 @@ def ensure_dense_model():
         subprocess.run([sys.executable, DENSE_EXPORT], check=True, stdout=subprocess.DEVNULL)
 
 
-def run_direct(seconds: float, warmup: float) -> dict:
-    proc = subprocess.run([sys.executable, os.path.join(BENCH, "model_direct.py"), "--seconds", f"{seconds:g}",
-                           "--warmup", f"{warmup:g}"], capture_output=True, text=True, timeout=seconds + warmup + 180)
+def run_direct(seconds: float, warmup: float, model: str = "dense", cores: int = 0) -> dict:
+    """bench/model_direct.py in a subprocess: the model called in-process back to back (on `cores` cores; 0: all)."""
+    proc = subprocess.run([sys.executable, os.path.join(BENCH, "model_direct.py"), "--model", model, "--cores",
+                           str(cores), "--seconds", f"{seconds:g}", "--warmup", f"{warmup:g}"],
+                          capture_output=True, text=True, timeout=seconds + warmup + 180)
     line = next((l for l in proc.stdout.splitlines() if l.startswith("DIRECT_JSON ")), None)
     if proc.returncode != 0 or line is None:
         raise RuntimeError(f"model_direct.py failed: {proc.stdout[-2000:]} {proc.stderr[-2000:]}")
     return json.loads(line[len("DIRECT_JSON "):])
+
+
+def limit_on(cores: float, one: dict, whole: dict) -> float:
+    """The model's in-process instances/s on `cores` cores (between 1 and all of them), interpolated linearly
+    between the runs bound to one core and on all cores."""
+    all_cores = whole["cores"]
+    if all_cores <= 1:
+        return whole["instances_per_s"]
+    share = min(max(cores, 1.0), all_cores)
+    return one["instances_per_s"] + (share - 1.0) * (whole["instances_per_s"] - one["instances_per_s"]) / (all_cores - 1)
+
+
+def measure_dense(dense: "OurServer", peer: Optional["HttpPeer"], args, workdir: str) -> dict:
+    """dense_batch at 64 clients, single-instance requests: ours over gRPC and REST, the mosec peer over REST, and
+    the model's in-process limit, on the whole machine and on the cores our worker can use while the master and
+    the load generator run (the cores left over by them during our REST run; see limit_on)."""
+    body, request = dense_requests()
+    good = check_grpc_dense(dense.grpc, request)
+    log("batching: direct model throughput (all cores, then one core)")
+    seconds, warmup = max(2.0, args.duration), 0.5 if args.quick else 1.0
+    whole = run_direct(seconds, warmup)
+    one = run_direct(seconds, warmup, cores=1)
+    log(f"direct: {whole['instances_per_s']:.0f} instances/s on {whole['cores']} cores "
+        f"({whole['ms_per_batch_mean']:.2f} ms per batch, {whole['cpu_cores_used']} cores busy), "
+        f"{one['instances_per_s']:.0f} on one core")
+    result = {"model": f"bench/servables/{DENSE} (x [512] -> y [16], batch 64, 512-2048-2048-16 dense stack)",
+              "direct": whole, "direct_one_core": one, "served": []}
+    targets = [("ours", "rest", dense, f"http://{dense.rest}/model/{DENSE}:predict", body, b""),
+               ("ours", "grpc", dense, dense.grpc, request, good)]
+    if peer is not None:
+        targets.append(("mosec", "rest", peer, peer.url, body, b""))
+    for name, kind, server, target, payload, good_reply in targets:
+        row = {"server": name, "protocol": kind, "servable": DENSE}
+        row.update(measure(kind, server, target, payload, 64, args.duration, max(args.warmup, 1.0), workdir,
+                           args.loadgen, good_reply))
+        row["fraction_of_direct"] = round(row["rps"] / whole["instances_per_s"], 4)
+        if name == "ours":
+            roles = row["cores_by_role"]
+            row["worker_cores_available"] = round(whole["cores"] - roles.get("master", 0.0) - row["loadgen_cores"], 2)
+            row["limit_on_available_cores"] = round(limit_on(row["worker_cores_available"], one, whole), 1)
+            row["fraction_of_available_limit"] = round(row["rps"] / row["limit_on_available_cores"], 4)
+        result["served"].append(row)
+        log(f"dense {name} {kind} c=64: {row['rps']:.0f} instances/s = {row['fraction_of_direct']:.3f} of direct"
+            + (f", {row['fraction_of_available_limit']:.3f} of the limit on the {row['worker_cores_available']} "
+               f"cores left to the worker" if name == "ours" else ""))
+    mosec = next((row["rps"] for row in result["served"] if row["server"] == "mosec"), None)
+    for row in result["served"]:
+        if row["server"] == "ours" and mosec:
+            row["ratio_mosec"] = round(row["rps"] / mosec, 3)
+    return result
 
 
 def main(argv=None) -> int:
@@ -413,10 +529,15 @@ def main(argv=None) -> int:
             fastapi = HttpPeer("fastapi", "fastapi_add.py", "/model/add:add_common")
             peers = [mosec, fastapi]
             servers.extend(peers)
-        dense = None
+        dense = dense_peer = None
         if not args.skip_batching:
             dense = OurServer("dense", DENSE, BENCH_SERVABLES)
             servers.append(dense)
+            if not args.skip_peers:
+                dense_peer = HttpPeer("mosec_dense", "mosec_dense.py", "/inference",
+                                      ["--address", "127.0.0.1", "--log-level", "warning", "--timeout", "10000",
+                                       "--path", os.path.join("{workdir}", "ipc")])
+                servers.append(dense_peer)
 
         ours_url = f"http://{ours.rest}/model/add:add_common"
         add_request = add_grpc_request()
@@ -427,7 +548,9 @@ def main(argv=None) -> int:
         if dense is not None:
             dense_body, dense_request = dense_requests()
             dense.wait_ready(lambda: http_post(f"http://{dense.rest}/model/{DENSE}:predict", dense_body))
-            good_dense_reply = check_grpc_dense(dense.grpc, dense_request)
+            check_grpc_dense(dense.grpc, dense_request)
+            if dense_peer is not None:
+                dense_peer.wait_ready(lambda: check_dense_reply(http_post(dense_peer.url, dense_body)))
         log(f"servers ready in {time.time() - started:.1f} s; load generators: {tools}")
 
         for concurrency in args.concurrency:
@@ -444,22 +567,18 @@ def main(argv=None) -> int:
                     f"other {row['other_cores']} cores")
         add_ratios(rows)
 
+        log("add: the bare GraphCell loop")
+        bare = run_direct(max(2.0, args.duration), 0.5 if args.quick else 1.0, "add")
+        report["add_bare_loop"] = bare
+        log(f"bare add loop: {bare['instances_per_s']:.0f} calls/s, p50 {bare['ms_per_batch_p50']:.3f} ms per call")
+        for row in rows:
+            if row["server"] == "ours":
+                row["ratio_bare"] = round(row["rps"] / bare["instances_per_s"], 3)
+                row["p50_over_bare_ms"] = round(row["p50_ms"] - bare["ms_per_batch_p50"], 3)
+
         if dense is not None:
-            log("batching: direct model throughput")
-            direct = run_direct(max(2.0, args.duration), 0.5 if args.quick else 1.0)
-            report["batching"] = {"model": f"bench/servables/{DENSE} (x [512] -> y [16], batch 64, 512-2048-2048-16 "
-                                           f"dense stack)", "direct": direct, "served": []}
-            log(f"direct: {direct['instances_per_s']:.0f} instances/s ({direct['ms_per_batch_mean']:.2f} ms per batch)")
-            kinds = [("grpc", dense.grpc, dense_request, good_dense_reply)]
-            if not args.quick:
-                kinds.append(("rest", f"http://{dense.rest}/model/{DENSE}:predict", dense_body, b""))
-            for kind, target, body, good in kinds:
-                row = {"server": "ours", "protocol": kind, "servable": DENSE}
-                row.update(measure(kind, dense, target, body, 64, args.duration, max(args.warmup, 1.0), workdir,
-                                   args.loadgen, good))
-                row["fraction_of_direct"] = round(row["rps"] / direct["instances_per_s"], 4)
-                report["batching"]["served"].append(row)
-                log(f"served {kind} c=64: {row['rps']:.0f} instances/s = {row['fraction_of_direct']:.3f} of direct")
+            report["batching"] = measure_dense(dense, dense_peer, args, workdir)
+        report["memory_mb"] = {server.name: server.resident_mb() for server in servers if isinstance(server, OurServer)}
     finally:
         for server in reversed(servers):
             try:
@@ -477,6 +596,9 @@ def main(argv=None) -> int:
     if report["batching"]:
         print()
         print(batching_table(report["batching"]))
+    if report.get("memory_mb"):
+        print()
+        print(memory_table(report["memory_mb"]))
     print()
     note_other_load([row["other_cores"] for row in rows + report["batching"].get("served", [])],
                     " (column 'other cores')")
