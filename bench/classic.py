@@ -141,7 +141,8 @@ class Server:
         found = []
         for proc in self.processes:
             try:
-                found.append({"role": self.role(proc), "pid": proc.pid, "rss_mb": round(proc.memory_info().rss / 2**20, 1),
+                rss_mb = round(proc.memory_info().rss / 2**20, 1)
+                found.append({"role": self.role(proc), "pid": proc.pid, "rss_mb": rss_mb,
                               "command": " ".join(proc.cmdline())[:160]})
             except psutil.Error:
                 continue
@@ -284,7 +285,8 @@ class CpuMeter:
                 "loadgen_cores": round(self.loadgen_cpu / self.elapsed, 2),
                 "other_cores": round(max(0.0, other) / self.elapsed, 2),
                 "server_cpu_us_per_req": round(self.server_cpu / requests * 1e6, 1) if requests else None,
-                "cores_by_role": {role: round(value / self.elapsed, 2) for role, value in sorted(self.role_cpu.items())},
+                "cores_by_role": {role: round(value / self.elapsed, 2)
+                                  for role, value in sorted(self.role_cpu.items())},
                 "cpu_us_per_req_by_role": {role: round(value / requests * 1e6, 1) if requests else None
                                            for role, value in sorted(self.role_cpu.items())}}
 
@@ -453,7 +455,8 @@ def limit_on(cores: float, one: dict, whole: dict) -> float:
     if all_cores <= 1:
         return whole["instances_per_s"]
     share = min(max(cores, 1.0), all_cores)
-    return one["instances_per_s"] + (share - 1.0) * (whole["instances_per_s"] - one["instances_per_s"]) / (all_cores - 1)
+    gain = (whole["instances_per_s"] - one["instances_per_s"]) / (all_cores - 1)
+    return one["instances_per_s"] + (share - 1.0) * gain
 
 
 def measure_dense(dense: "OurServer", peer: Optional["HttpPeer"], args, workdir: str) -> dict:

@@ -88,7 +88,8 @@ def main():
     parser.add_argument("--model", choices=("dense", "add"), default="dense")
     parser.add_argument("--cores", type=int, default=0, help="bind to this many cores (default: all allowed)")
     parser.add_argument("--op_threads", type=int, default=0, help="MindSpore's CPU kernel threads (default: its own)")
-    parser.add_argument("--dispatch_threads", type=int, default=0, help="MindSpore's runtime threads (default: its own)")
+    parser.add_argument("--dispatch_threads", type=int, default=0,
+                        help="MindSpore's runtime threads (default: its own)")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--warmup", type=float, default=1.0)
     args = parser.parse_args()

@@ -47,6 +47,10 @@ def test_master_and_worker_follow_glog_v_and_write_their_own_files(tmp_path):
         assert len(costs) == 2
         assert all(re.fullmatch(r"Method add_common WorkerRequestHandle Time Cost # \d+\.\d+ ms -+", msg)
                    for msg in costs)
+        cores = len(os.sched_getaffinity(worker.pid))
+        threads = {msg for _, path, msg in records(worker_log, worker.pid)
+                   if path == "mindspore_serving/worker/cpu_threads.py"}
+        assert f"servable add: MindSpore CPU kernel threads {cores} (the cores this worker may use)" in threads
 
         # GLOG_logtostderr=0: one mindspore_serving.log.<pid> per process in GLOG_log_dir, at GLOG_v's level
         own = sorted(name for name in os.listdir(log_dir) if name.startswith("mindspore_serving.log."))
