@@ -12,7 +12,9 @@ import os
 import sys
 
 import numpy as np
-from mosec import Server, Worker
+from mosec import Worker
+
+from mosec_common import flatten, replies, serve  # bench/peers/mosec_common.py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "servables", "dense_batch"))
@@ -35,8 +37,8 @@ class DenseWorker(Worker):
         self.net = nn.GraphCell(ms.load(export_model.MODEL_PATH))
 
     def forward(self, data: list) -> list:
-        counts = [len(body["instances"]) for body in data]
-        rows = [instance["x"] for body in data for instance in body["instances"]]
+        instances, counts = flatten(data)
+        rows = [instance["x"] for instance in instances]
         outputs = []
         for start in range(0, len(rows), MAX_BATCH_SIZE):
             chunk = rows[start:start + MAX_BATCH_SIZE]
@@ -44,14 +46,8 @@ class DenseWorker(Worker):
             batch[:len(chunk)] = np.asarray(chunk, np.float32)
             batch[len(chunk):] = batch[0]
             outputs.extend(self.net(self.tensor(batch)).asnumpy()[:len(chunk)].tolist())
-        replies, start = [], 0
-        for count in counts:
-            replies.append({"instances": [{"y": value} for value in outputs[start:start + count]]})
-            start += count
-        return replies
+        return replies(outputs, counts)
 
 
 if __name__ == "__main__":
-    server = Server()  # reads --address, --port, --log-level, --timeout ... from the command line
-    server.append_worker(DenseWorker, num=1, max_batch_size=MAX_BATCH_SIZE, max_wait_time=MAX_WAIT_MS)
-    server.run()
+    serve(DenseWorker, MAX_BATCH_SIZE, MAX_WAIT_MS)
