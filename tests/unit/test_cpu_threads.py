@@ -25,5 +25,5 @@ def test_a_context_thread_num_wins_and_the_largest_of_several(monkeypatch):
 
 
 def test_thread_num_is_checked_when_declared():
-    with pytest.raises(Exception):
+    with pytest.raises(RuntimeError, match="Parameter 'thread_num' should be >= 1"):
         register.Context(thread_num=0)

@@ -658,3 +658,32 @@ def test_a_worker_with_python_stages_keeps_two_calls_in_flight():
     assert [call["xs"] for call in calls] == [[0, 1, 2], [3, 4], [5, 6]]
     assert [y_of(answer[0]) for answer in answers] == [x * 10 for x in range(7)]
     assert worker.outstanding == 0
+
+
+def test_the_second_call_of_a_worker_with_python_stages_waits_for_the_clients_just_answered():
+    """With a batched model the second call waits, as an idle worker's would, for the clients of the call that just
+    returned: they come back one by one and travel together."""
+    registry = WorkerRegistry()
+    calls = []
+    worker = add_worker(registry, "w", 1, calls, batch_size=4, hold=True, python_stages=True)
+    clock = FakeClock()
+    dispatcher = dispatcher_of(registry, clock)
+
+    async def scenario():
+        tasks = [asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(x))) for x in range(4)]
+        await until(lambda: settled(dispatcher, tasks, calls))
+        calls[0]["release"].set()
+        await until(lambda: calls[0]["returned"] and worker.queues["m"].in_flight == 1)
+        tasks.append(asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(10))))
+        await until(lambda: worker.queues["m"].timer is not None)
+        early = len(calls)  # the first client back waits for the other one
+        tasks.append(asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(11))))
+        await until(lambda: len(calls) == 3)
+        for call in calls:
+            call["release"].set()
+        await asyncio.gather(*tasks)
+        return early
+
+    assert asyncio.run(scenario()) == 2
+    assert [call["xs"] for call in calls] == [[0, 1], [2, 3], [10, 11]]
+    assert not clock.pending()
