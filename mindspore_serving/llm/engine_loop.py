@@ -182,7 +182,11 @@ class EngineLoop:
             self.failure = f"{type(err).__name__}: {err}"
             self.closed_reason = f"the LLM engine is stopped: {self.failure}"
             self._closed.set()
-            self._fail_all(errors.ServingError(errors.SYSTEM_ERROR, f"LLM engine failed: {self.failure}"))
+            if isinstance(err, errors.WorkerUnavailable):
+                # e.g. its model runner lost an agent before the worker closed this loop: still "retry later"
+                self._fail_all(errors.WorkerUnavailable(str(err)))
+            else:
+                self._fail_all(errors.ServingError(errors.SYSTEM_ERROR, f"LLM engine failed: {self.failure}"))
 
     def _drain(self, block: bool) -> bool:
         """Applies queued commands; returns False when the loop must end."""

@@ -159,3 +159,24 @@ def test_a_request_arrives_when_it_is_submitted_not_when_the_loop_takes_it(runne
         assert metrics.arrival_time == 100.0 and metrics.queue_time >= 0
     finally:
         loop.close()
+
+
+@pytest.mark.parametrize("failure, kind, text", [
+    (errors.WorkerUnavailable("LLM agent rank 0 of m is gone"), errors.WorkerUnavailable,
+     r"^LLM agent rank 0 of m is gone$"),
+    (RuntimeError("boom"), errors.ServingError, r"^LLM engine failed: RuntimeError: boom$"),
+])
+def test_a_broken_step_fails_the_requests_keeping_an_unavailable_reason(runner, monkeypatch, failure, kind, text):
+    """A model runner that lost its agent before the worker closed the loop still means "retry later"; anything
+    else is the engine's failure."""
+    loop = make_loop(runner)
+    try:
+        def broken():
+            raise failure
+        monkeypatch.setattr(loop.engine, "step", broken)
+        stream = loop.submit([1, 2], GREEDY)
+        with pytest.raises(kind, match=text) as info:
+            stream.result()
+        assert isinstance(info.value, errors.WorkerUnavailable) == isinstance(failure, errors.WorkerUnavailable)
+    finally:
+        loop.close()
