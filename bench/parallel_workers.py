@@ -116,6 +116,16 @@ class ParallelServer(Server):
                          ready_text="gRPC server start success",
                          env={"PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))})
 
+    def role(self, proc: psutil.Process) -> str:
+        """master, device worker or extra worker (the CPU meter's split of this server's CPU)."""
+        role = super().role(proc)
+        if role != "worker":
+            return role
+        try:
+            return "extra worker" if "start_extra_worker" in " ".join(proc.cmdline()) else "device worker"
+        except psutil.Error:
+            return "gone"
+
 
 def request_bytes() -> bytes:
     """A Predict request with one instance."""
@@ -135,30 +145,6 @@ def check_reply(address: str, request: bytes, export_model) -> bytes:
     if not isinstance(results, list) or not np.allclose(results[0]["y"], expected, rtol=1e-4, atol=1e-4):
         raise AssertionError(f"wrong {SERVABLE} result: {results}")
     return reply.SerializeToString()
-
-
-def role_of(process: psutil.Process) -> str:
-    try:
-        cmdline = " ".join(process.cmdline())
-    except psutil.NoSuchProcess:
-        return "gone"
-    if "start_extra_worker" in cmdline:
-        return "extra worker"
-    if "start_worker" in cmdline:
-        return "device worker"
-    return "master" if "server.py" in cmdline else "other"
-
-
-def cpu_by_role(server: Server) -> Dict[str, float]:
-    seconds: Dict[str, float] = {}
-    for process in server.processes:
-        try:
-            times = process.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        role = role_of(process)
-        seconds[role] = seconds.get(role, 0.0) + times.user + times.system
-    return seconds
 
 
 def other_cores(servers, seconds: float = 1.0) -> float:
@@ -184,15 +170,13 @@ def wait_for_quiet(servers, limit: float, patience: float) -> float:
 def measure(server: ParallelServer, request: bytes, good: bytes, concurrency: int, args, workdir: str) -> dict:
     if args.warmup > 0:
         loadgen.run_grpc(server.grpc, request, good, concurrency, args.warmup, workdir, args.loadgen)
-    before = cpu_by_role(server)
     with CpuMeter(server) as meter:
         result = loadgen.run_grpc(server.grpc, request, good, concurrency, args.duration, workdir, args.loadgen)
-    after = cpu_by_role(server)
     row = result.to_dict()
     row.update(meter.summary(result.requests))
     row["instances_per_s"] = row["rps"]  # single-instance requests
-    row["cpu_us_per_instance_by_role"] = {role: round((after[role] - before.get(role, 0.0)) / result.requests * 1e6)
-                                          for role in after if result.requests}
+    row["cpu_us_per_instance_by_role"] = {role: round(value) for role, value in
+                                          row["cpu_us_per_req_by_role"].items()} if result.requests else {}
     return row
 
 
