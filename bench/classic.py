@@ -404,7 +404,7 @@ def parse_args(argv=None):
     parser.add_argument("--concurrency", default=None,
                         help="comma-separated client counts (default 1,8,64; quick 1,64)")
     parser.add_argument("--quick", action="store_true",
-                        help="short run (about a minute): 2 s points, c=1,64, batching over gRPC only")
+                        help="short run (about a minute): 2 s points, c=1,64")
     parser.add_argument("--skip-peers", action="store_true", help="only our server (no mosec, no FastAPI)")
     parser.add_argument("--skip-batching", action="store_true", help="no batching-efficiency part")
     parser.add_argument("--loadgen", choices=("auto", "native", "python"), default="auto",
@@ -459,12 +459,12 @@ def limit_on(cores: float, one: dict, whole: dict) -> float:
     return one["instances_per_s"] + (share - 1.0) * gain
 
 
-def measure_dense(dense: "OurServer", peer: Optional["HttpPeer"], args, workdir: str) -> dict:
-    """dense_batch at 64 clients, single-instance requests: ours over gRPC and REST, the mosec peer over REST, and
-    the model's in-process limit, on the whole machine and on the cores our worker can use while the master and
-    the load generator run (the cores left over by them during our REST run; see limit_on)."""
-    body, request = dense_requests()
-    good = check_grpc_dense(dense.grpc, request)
+def measure_dense(dense: "OurServer", peer: Optional["HttpPeer"], requests: tuple, args, workdir: str) -> dict:
+    """dense_batch at 64 clients, single-instance requests (`requests`: REST body, gRPC request, its good reply):
+    ours over gRPC and REST, the mosec peer over REST, and the model's in-process limit, on the whole machine and on
+    the cores our worker can use while the master and the load generator run (those they left over during each of
+    our runs; see limit_on)."""
+    body, request, good = requests
     log("batching: direct model throughput (all cores, then one core)")
     seconds, warmup = max(2.0, args.duration), 0.5 if args.quick else 1.0
     whole = run_direct(seconds, warmup)
@@ -551,7 +551,7 @@ def main(argv=None) -> int:
         if dense is not None:
             dense_body, dense_request = dense_requests()
             dense.wait_ready(lambda: http_post(f"http://{dense.rest}/model/{DENSE}:predict", dense_body))
-            check_grpc_dense(dense.grpc, dense_request)
+            good_dense_reply = check_grpc_dense(dense.grpc, dense_request)
             if dense_peer is not None:
                 dense_peer.wait_ready(lambda: check_dense_reply(http_post(dense_peer.url, dense_body)))
         log(f"servers ready in {time.time() - started:.1f} s; load generators: {tools}")
@@ -580,7 +580,8 @@ def main(argv=None) -> int:
                 row["p50_over_bare_ms"] = round(row["p50_ms"] - bare["ms_per_batch_p50"], 3)
 
         if dense is not None:
-            report["batching"] = measure_dense(dense, dense_peer, args, workdir)
+            report["batching"] = measure_dense(dense, dense_peer, (dense_body, dense_request, good_dense_reply), args,
+                                               workdir)
         report["memory_mb"] = {server.name: server.resident_mb() for server in servers if isinstance(server, OurServer)}
     finally:
         for server in reversed(servers):
