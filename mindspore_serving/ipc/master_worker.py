@@ -11,8 +11,15 @@ INTERNAL_CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_INTERNAL_MSG_BYTES),
 ]
 _MAX_NAME = 90
+
+
+class WorkerConnectionError(ConnectionError):
+    """A worker's Predict socket (predict_socket.py) cannot be reached, or closed before the reply (the worker
+    stopped or died), or the call ran out of time."""
+
+
 # what a master's call to a worker raises when the worker is gone (UsageError: its channel is already closed)
-CONNECTION_ERRORS = (grpc.aio.AioRpcError, grpc.aio.UsageError)
+CONNECTION_ERRORS = (grpc.aio.AioRpcError, grpc.aio.UsageError, WorkerConnectionError)
 
 
 def _short(address: str) -> str:
@@ -26,6 +33,12 @@ def socket_address(name: str) -> str:
     # relative to the working directory that the master and its workers share: unix socket paths are short-lived
     # and limited to about 100 characters
     return _short(f"unix:{SOCKET_DIR}/{name}")
+
+
+def predict_address(grpc_address: str) -> str:
+    """Where a worker answers the master's Predict calls (predict_socket.py): beside its gRPC socket (a shortened
+    address stays within the unix socket path limit with the suffix)."""
+    return grpc_address + ".predict"
 
 
 def master_address() -> str:

@@ -5,6 +5,7 @@ import grpc
 from mindspore_serving import log
 from mindspore_serving.common import errors
 from mindspore_serving.ipc import master_worker as ipc
+from mindspore_serving.ipc.predict_socket import PredictChannel
 from mindspore_serving.master.worker_registry import WorkerRecord, WorkerRegistry
 from mindspore_serving.proto import internal_pb2, internal_pb2_grpc
 
@@ -29,10 +30,11 @@ class MasterControlServicer(internal_pb2_grpc.MasterControlServicer):
                               device_id=request.device_id,
                               extra_index=request.extra_index if request.extra else None,
                               owns_device=request.owns_device, model_infos=dict(request.model_infos),
-                              stub=internal_pb2_grpc.WorkerServiceStub(channel), channel=channel)
+                              stub=internal_pb2_grpc.WorkerServiceStub(channel), channel=channel,
+                              predict=PredictChannel(request.predict_address) if request.predict_address else None)
         old = self.registry.add(record)
-        if old is not None and old.channel is not None:
-            await old.channel.close()
+        if old is not None:
+            await old.close_channels()
         python_stages = not request.extensions and not all(m.only_model_stage for m in request.methods)
         self.processes.mark_registered(request.worker_key, python_stages)
         log.info(f"Register success: worker address: {request.address}, servable name: {request.servable_name}, "
@@ -48,8 +50,8 @@ class MasterControlServicer(internal_pb2_grpc.MasterControlServicer):
         log.info(f"worker {request.worker_key} (pid {request.worker_pid}) is exiting: {request.reason}")
         self.processes.mark_exiting(request.worker_key)
         record = self.registry.remove(request.worker_key, request.worker_pid)
-        if record is not None and record.channel is not None:
-            await record.channel.close()
+        if record is not None:
+            await record.close_channels()
         return internal_pb2.Empty()
 
     async def GetModelInfo(self, request, context):

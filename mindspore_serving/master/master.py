@@ -70,7 +70,7 @@ class Master:
         self.registry.expected = self._has_planned_workers
         self.metrics_collector = MetricsCollector(self.metrics, self.dispatcher, self.registry, self.processes,
                                                   self.loop)
-        self.model_control = ModelControl(self.processes, self.registry, get_stop_grace, self._close_channel)
+        self.model_control = ModelControl(self.processes, self.registry, get_stop_grace, self._close_channels)
         self.metrics_server = None  # (http server, thread) of start_metrics_server, if any
         # "grpc" / "restful" -> object with stop_accepting(), async drain_requests(grace) -> Counter of requests cut,
         # and async close() (its port stays open until then, for the probes)
@@ -122,12 +122,13 @@ class Master:
         if record is not None:
             log.warning(f"worker {worker.plan.key} (pid {record.pid}) is gone; its requests in flight fail")
             ipc.remove_socket(record.address)  # a killed worker could not
-            if record.channel is not None and not self.loop.is_closed():
-                asyncio.run_coroutine_threadsafe(record.channel.close(), self.loop)
+            if record.predict is not None:
+                ipc.remove_socket(ipc.predict_address(record.address))
+            self._close_channels(record)
 
-    def _close_channel(self, channel):
+    def _close_channels(self, record):
         if not self.loop.is_closed():
-            asyncio.run_coroutine_threadsafe(channel.close(), self.loop)
+            asyncio.run_coroutine_threadsafe(record.close_channels(), self.loop)
 
     def _on_worker_unresponsive(self, record, reason: str):
         """A hung worker is treated as a dead one: killed, so that its requests fail and it is restarted."""
@@ -159,8 +160,7 @@ class Master:
         # exit (about 0.5 s, most of it the interpreter unloading MindSpore)
         self.processes.stop(max(WORKER_STOP_MIN, exit_deadline - time.monotonic() - MASTER_EXIT_S))
         for record in self.registry.clear():
-            if record.channel is not None:
-                self.run(record.channel.close())
+            self.run(record.close_channels())
         self.run(self._control_server.stop(1))
         ipc.remove_socket(self.address)
         self.loop.call_soon_threadsafe(self.loop.stop)

@@ -37,11 +37,11 @@ class ModelControl:
     """Loads and unloads servables on a running master."""
 
     def __init__(self, processes: WorkerProcesses, registry: WorkerRegistry, grace: Callable[[], float],
-                 close_channel: Callable[[object], None]):
+                 close_channels: Callable[[object], None]):
         self.processes = processes
         self.registry = registry
         self.grace = grace
-        self.close_channel = close_channel
+        self.close_channels = close_channels
         self._lock = threading.Lock()
         # set by the server: (servable name, version, device plans of running workers) -> worker plans; raises
         # FileNotFoundError for an unknown servable and another error for a malformed one
@@ -112,8 +112,7 @@ class ModelControl:
         for worker in workers:
             self.processes.terminate(worker, EXIT_GRACE)
         for record in records:
-            if record.channel is not None:
-                self.close_channel(record.channel)
+            self.close_channels(record)
 
 
 def _same_slot(old: WorkerPlan, new: WorkerPlan) -> bool:

@@ -23,6 +23,7 @@ class WorkerRecord:
     model_infos: Any = None                    # its models' shapes (internal ModelInfo by key), when it owns them
     stub: Any = None
     channel: Any = None
+    predict: Any = None                        # its Predict socket (ipc/predict_socket.py), if it offers one
     outstanding: int = 0                       # instances queued or sent and not yet answered
     served: int = 0                            # request chunks answered since registration
     lost_reason: Optional[str] = None          # why the master gave up on it (not responding), once it did
@@ -33,6 +34,13 @@ class WorkerRecord:
     @property
     def device_label(self) -> str:
         return metrics.device_label(self.device_id, self.extra_index)
+
+    async def close_channels(self):
+        """Closes the master's connections to this worker (on the master's loop)."""
+        if self.predict is not None:
+            self.predict.close()
+        if self.channel is not None:
+            await self.channel.close()
 
     def input_names(self, method_name: str) -> List[str]:
         """The input names of a method, read once from its signature."""

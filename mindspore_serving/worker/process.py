@@ -21,6 +21,7 @@ import grpc  # noqa: E402
 
 from mindspore_serving import log  # noqa: E402
 from mindspore_serving.ipc import master_worker as ipc  # noqa: E402
+from mindspore_serving.ipc.predict_socket import PredictSocketServer  # noqa: E402
 from mindspore_serving.proto import internal_pb2, internal_pb2_grpc  # noqa: E402
 from mindspore_serving.worker.remote_model import model_infos  # noqa: E402
 from mindspore_serving.worker.servable_loader import load_servable  # noqa: E402
@@ -63,6 +64,7 @@ class Worker:
         self.master = internal_pb2_grpc.MasterControlStub(
             grpc.insecure_channel(args.master_address, options=ipc.INTERNAL_CHANNEL_OPTIONS))
         self.server = None
+        self.predict_server = None
         self.runtime = None
         self.address = ""
         self.failed = False
@@ -88,11 +90,15 @@ class Worker:
         warm_up(self.runtime, os.path.join(args.servable_directory, args.servable_name))
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=128, thread_name_prefix="worker-rpc"),
                                   options=ipc.INTERNAL_CHANNEL_OPTIONS)
-        internal_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(self.runtime, self.request_exit), self.server)
+        servicer = WorkerServicer(self.runtime, self.request_exit)
+        internal_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, self.server)
         self.runtime.add_servicers(self.server)
         self.address = ipc.worker_address(args.servable_name, self.device_label)
         self.server.add_insecure_port(self.address)
         self.server.start()
+        predict_address = ipc.predict_address(self.address)
+        ipc.remove_socket(predict_address)  # left by a killed process of the same pid
+        self.predict_server = PredictSocketServer(predict_address, lambda request: servicer.Predict(request, None))
         spec = self.runtime.spec
         methods = []
         for m in spec.methods.values():
@@ -105,7 +111,7 @@ class Worker:
             protocol_version=ipc.PROTOCOL_VERSION, worker_pid=os.getpid(), address=self.address,
             servable_name=spec.name, version_number=version, batch_size=self.runtime.batch_size, methods=methods,
             device_type=self.runtime.device_type, device_id=args.device_id, worker_key=args.worker_key,
-            extensions=self.runtime.extensions(), **self.registration()), timeout=30)
+            extensions=self.runtime.extensions(), predict_address=predict_address, **self.registration()), timeout=30)
         if reply.error.error_code:
             raise RuntimeError(reply.error.error_msg.decode())
         print(f"Serving: Start servable success, servable directory: '{args.servable_directory}', "
@@ -141,6 +147,9 @@ class Worker:
                                                           reason="worker stopping"), timeout=2)
             except grpc.RpcError:
                 pass
+        if self.predict_server is not None:
+            self.predict_server.stop(grace=3)
+            ipc.remove_socket(ipc.predict_address(self.address))
         if self.server is not None:
             if self.runtime is not None:
                 self.runtime.end_streams(timeout=3)

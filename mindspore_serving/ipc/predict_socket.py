@@ -1,0 +1,223 @@
+"""The master's Predict calls to a worker over a plain unix socket: both ends of that wire.
+
+A call through the worker's gRPC server costs ~0.5 ms and ~0.6 ms of CPU on this path (the master's grpc.aio
+poller thread, then the worker's poller and pool threads), against ~0.06 ms and ~0.07 ms for the same bytes framed
+on a socket. So `WorkerPredictRequest`/`WorkerPredictReply` (internal.proto) travel here as frames: a 4-byte
+little-endian length, then the serialized message. Every other worker call (heartbeat, metrics, exit, model calls)
+stays on gRPC.
+
+A connection carries one call at a time. The master keeps idle connections for reuse and opens another when all
+are busy (a worker has at most a few calls in flight); the worker answers each connection on a thread of its own.
+A call that fails, times out or is cancelled closes its connection: a late reply can never answer the next call.
+"""
+import asyncio
+import socket
+import struct
+import threading
+from typing import Callable, List, Optional
+
+from mindspore_serving import log
+from mindspore_serving.ipc.master_worker import MAX_INTERNAL_MSG_BYTES, WorkerConnectionError
+from mindspore_serving.proto import internal_pb2
+
+HEADER = struct.Struct("<I")
+_SMALL_FRAME = 64 * 1024  # header and payload in one write below this size; two writes (no copy) above
+
+
+def socket_path(address: str) -> str:
+    return address[len("unix:"):] if address.startswith("unix:") else address
+
+
+def frame_size(header: bytes) -> int:
+    size, = HEADER.unpack(header)
+    if size > MAX_INTERNAL_MSG_BYTES:
+        raise WorkerConnectionError(f"a frame of {size} bytes exceeds the limit of {MAX_INTERNAL_MSG_BYTES}")
+    return size
+
+
+def _send_frame(sock: socket.socket, payload: bytes):
+    if len(payload) < _SMALL_FRAME:
+        sock.sendall(HEADER.pack(len(payload)) + payload)
+    else:
+        sock.sendall(HEADER.pack(len(payload)))
+        sock.sendall(payload)
+
+
+class PredictSocketServer:
+    """The worker's end: answers each frame with `handle(request) -> reply` (internal_pb2 messages)."""
+
+    def __init__(self, address: str, handle: Callable):
+        self.path = socket_path(address)
+        self.handle = handle
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(self.path)
+        self._listener.listen(64)
+        self._lock = threading.Lock()
+        self._connections: List[socket.socket] = []
+        self._threads: List[threading.Thread] = []
+        self._closed = False
+        self._acceptor = threading.Thread(target=self._accept, name="predict-accept", daemon=True)
+        self._acceptor.start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:  # the listener was closed: the worker is stopping
+                return
+            with self._lock:
+                if self._closed:
+                    conn.close()
+                    return
+                thread = threading.Thread(target=self._serve, args=(conn,), name="predict-conn", daemon=True)
+                self._connections.append(conn)
+                self._threads.append(thread)
+            thread.start()
+
+    def _serve(self, conn: socket.socket):
+        reader = conn.makefile("rb")
+        try:
+            while True:
+                header = reader.read(HEADER.size)
+                if len(header) < HEADER.size:
+                    return  # the master closed the connection, or the worker is stopping
+                payload = reader.read(frame_size(header))
+                request = internal_pb2.WorkerPredictRequest.FromString(payload)
+                _send_frame(conn, self.handle(request).SerializeToString())
+        except (OSError, WorkerConnectionError) as err:
+            if not self._closed:
+                log.warning(f"Predict connection from the master ended: {err}")
+        except Exception:  # a frame that is not a request: the master sees the connection close
+            log.exception("Predict connection from the master failed")
+        finally:
+            reader.close()
+            conn.close()
+            with self._lock:
+                self._connections.remove(conn)
+                self._threads.remove(threading.current_thread())
+
+    def stop(self, grace: float):
+        """No new connections or calls; calls being answered get up to `grace` seconds to send their replies."""
+        with self._lock:
+            self._closed = True
+            connections, threads = list(self._connections), list(self._threads)
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+        for conn in connections:
+            try:
+                conn.shutdown(socket.SHUT_RD)  # the reader stops after the call it is answering
+            except OSError:
+                pass
+        for thread in threads:
+            thread.join(timeout=grace)
+
+
+class _Connection(asyncio.Protocol):
+    """One connection of the master's end: a call at a time, its reply read as it arrives."""
+
+    def __init__(self, on_lost: Callable):
+        self.transport: Optional[asyncio.Transport] = None
+        self.buffer = bytearray()
+        self.size: Optional[int] = None
+        self.waiter: Optional[asyncio.Future] = None
+        self.lost: Optional[str] = None
+        self.on_lost = on_lost
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def data_received(self, data):
+        self.buffer += data
+        if self.size is None:
+            if len(self.buffer) < HEADER.size:
+                return
+            try:
+                self.size = frame_size(self.buffer[:HEADER.size])
+            except WorkerConnectionError as err:
+                self._fail(str(err))
+                self.transport.close()
+                return
+        end = HEADER.size + self.size
+        if len(self.buffer) < end:
+            return
+        payload = bytes(self.buffer[HEADER.size:end])
+        del self.buffer[:end]
+        self.size = None
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(payload)
+
+    def connection_lost(self, exc):
+        self._fail(f"the worker closed the connection{f': {exc}' if exc else ''}")
+        self.on_lost(self)
+
+    def _fail(self, reason: str):
+        self.lost = self.lost or reason
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(WorkerConnectionError(reason))
+
+    async def call(self, payload: bytes) -> bytes:
+        if self.lost is not None:
+            raise WorkerConnectionError(self.lost)
+        self.waiter = asyncio.get_running_loop().create_future()
+        if len(payload) < _SMALL_FRAME:
+            self.transport.write(HEADER.pack(len(payload)) + payload)
+        else:
+            self.transport.writelines([HEADER.pack(len(payload)), payload])
+        return await self.waiter
+
+    def close(self):
+        if self.transport is not None:
+            self.transport.close()
+
+
+class PredictChannel:
+    """The master's end for one worker: `await call(request, timeout)` returns its WorkerPredictReply or raises
+    WorkerConnectionError (the worker is gone or stopping, or the call ran out of time)."""
+
+    def __init__(self, address: str):
+        self.path = socket_path(address)
+        self._idle: List[_Connection] = []
+        self._closed = False
+
+    async def _connect(self) -> _Connection:
+        if self._closed:
+            raise WorkerConnectionError("the master closed its connections to this worker")
+        try:
+            _, conn = await asyncio.get_running_loop().create_unix_connection(
+                lambda: _Connection(self._forget), self.path)
+        except OSError as err:
+            raise WorkerConnectionError(f"cannot connect to {self.path}: {err}") from None
+        return conn
+
+    def _forget(self, conn: _Connection):
+        if conn in self._idle:
+            self._idle.remove(conn)
+
+    async def call(self, request, timeout: Optional[float] = None):
+        conn = self._idle.pop() if self._idle else await self._connect()
+        try:
+            async with asyncio.timeout(timeout):
+                payload = await conn.call(request.SerializeToString())
+        except TimeoutError:
+            conn.close()
+            raise WorkerConnectionError(f"no reply within {timeout:g} s") from None
+        except BaseException:
+            conn.close()
+            raise
+        if self._closed or conn.lost is not None:
+            conn.close()
+        else:
+            self._idle.append(conn)
+        return internal_pb2.WorkerPredictReply.FromString(payload)
+
+    def close(self):
+        """Closes the idle connections; those of calls in flight close when their calls end."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()

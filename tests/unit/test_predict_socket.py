@@ -1,0 +1,130 @@
+"""The master's Predict calls over the worker's unix socket (ipc/predict_socket.py): both real ends in one
+process, a thread per connection on the worker's side and an asyncio channel on the master's."""
+import asyncio
+import os
+import shutil
+import tempfile
+import threading
+
+import pytest
+
+from mindspore_serving.ipc.master_worker import CONNECTION_ERRORS, WorkerConnectionError
+from mindspore_serving.ipc.predict_socket import PredictChannel, PredictSocketServer
+from mindspore_serving.proto import internal_pb2
+
+
+@pytest.fixture(name="address")
+def _address():
+    folder = tempfile.mkdtemp(prefix="ps", dir="/tmp")  # unix socket paths are short
+    yield "unix:" + os.path.join(folder, "worker.predict")
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def echo(request):
+    """The reply names the request and, as an instance error, the size of the first instance's input bytes."""
+    reply = internal_pb2.WorkerPredictReply(request_id=request.request_id)
+    error = reply.error_msg.add()
+    error.error_msg = str(sum(len(t.data) for t in request.request.instances[0].items.values())).encode()
+    return reply
+
+
+def request_of(request_id: str, nbytes: int = 4):
+    request = internal_pb2.WorkerPredictRequest(request_id=request_id)
+    request.request.instances.add().items["x"].data = b"\1" * nbytes
+    return request
+
+
+def test_calls_get_their_own_replies_small_and_large_one_after_another_and_together(address):
+    server = PredictSocketServer(address, echo)
+    channel = PredictChannel(address)
+
+    async def scenario():
+        first = await channel.call(request_of("a"))
+        large = await channel.call(request_of("b", 3 << 20))  # several socket reads
+        together = await asyncio.gather(*[channel.call(request_of(f"c{i}", i + 1)) for i in range(4)])
+        channel.close()
+        return first, large, together
+
+    try:
+        first, large, together = asyncio.run(scenario())
+    finally:
+        server.stop(grace=1)
+    assert (first.request_id, first.error_msg[0].error_msg) == ("a", b"4")
+    assert (large.request_id, large.error_msg[0].error_msg) == ("b", str(3 << 20).encode())
+    assert [(r.request_id, r.error_msg[0].error_msg) for r in together] == [(f"c{i}", str(i + 1).encode())
+                                                                             for i in range(4)]
+
+
+def test_a_call_out_of_time_fails_and_its_late_reply_never_answers_the_next_call(address):
+    release = threading.Event()
+
+    def slow_first(request):
+        if request.request_id == "slow":
+            release.wait(5)
+        return echo(request)
+
+    server = PredictSocketServer(address, slow_first)
+    channel = PredictChannel(address)
+
+    async def scenario():
+        with pytest.raises(WorkerConnectionError, match="no reply within 0.05 s"):
+            await channel.call(request_of("slow"), timeout=0.05)
+        release.set()
+        reply = await channel.call(request_of("next"))
+        channel.close()
+        return reply
+
+    try:
+        reply = asyncio.run(scenario())
+    finally:
+        server.stop(grace=1)
+    assert reply.request_id == "next"
+
+
+def test_a_stopped_or_missing_worker_is_a_connection_error(address):
+    server = PredictSocketServer(address, echo)
+    channel = PredictChannel(address)
+    entered, release = threading.Event(), threading.Event()
+
+    def hold(request):
+        entered.set()
+        release.wait(5)
+        return echo(request)
+
+    async def scenario():
+        await channel.call(request_of("a"))  # an idle connection stays
+        server.handle = hold
+        call = asyncio.ensure_future(channel.call(request_of("in flight")))
+        await asyncio.get_running_loop().run_in_executor(None, entered.wait, 5)
+        stopper = threading.Thread(target=server.stop, args=(5,))
+        stopper.start()  # the call being answered still gets its reply
+        release.set()
+        answered = await call
+        stopper.join()
+        with pytest.raises(CONNECTION_ERRORS):  # gone: the idle connection was closed, new ones are refused
+            await channel.call(request_of("b"))
+        with pytest.raises(WorkerConnectionError, match="cannot connect"):
+            await PredictChannel(address + ".missing").call(request_of("c"))
+        channel.close()
+        return answered
+
+    try:
+        answered = asyncio.run(scenario())
+    finally:
+        server.stop(grace=1)
+    assert answered.request_id == "in flight"
+
+
+def test_a_frame_that_is_not_a_request_closes_the_connection(address):
+    server = PredictSocketServer(address, echo)
+
+    async def scenario():
+        reader, writer = await asyncio.open_unix_connection(address[len("unix:"):])
+        writer.write(b"\3\0\0\0\xff\xff\xff")
+        await writer.drain()
+        return await reader.read()
+
+    try:
+        assert asyncio.run(scenario()) == b""
+    finally:
+        server.stop(grace=1)
