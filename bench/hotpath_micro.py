@@ -64,11 +64,16 @@ def master_rows(n: int, rows: list):
            lambda: restful_codec.encode_reply([proto_to_instance(reply_instance, copy=False)]), n, rows)
 
     class Stub:
-        async def Predict(self, _request):
-            return worker_reply
+        async def Predict(self, request, timeout=None):
+            reply = internal_pb2.WorkerPredictReply(request_id=request.request_id)
+            for _ in request.request.instances:
+                reply.instances.add().CopyFrom(reply_instance)
+                reply.error_msg.add()
+            return reply
 
     class Signature:
         input_names = ["x1", "x2"]
+        only_model_stage = True
 
     registry = WorkerRegistry()
     registry.add(WorkerRecord(key="add/v1", pid=1, address="", servable_name="add", version_number=1, batch_size=1,
@@ -93,6 +98,29 @@ def master_rows(n: int, rows: list):
     loop.run_until_complete(gathered(n))
     t1, c1 = time.perf_counter(), time.process_time()
     rows.append(("master: same, n concurrent tasks (asyncio task overhead)", (t1 - t0) / n * 1e6, (c1 - c0) / n * 1e6))
+
+    from mindspore_serving.frontends.restful_server import RestfulApp
+    app = RestfulApp(dispatcher, 1 << 26, fallback=None)
+    scope = {"type": "http", "method": "POST", "path": PATH, "headers": []}
+
+    async def one_request():
+        async def receive():
+            return {"type": "http.request", "body": BODY, "more_body": False}
+
+        async def send(_message):
+            pass
+
+        await app(scope, receive, send)
+
+    async def app_gathered(count):
+        await asyncio.gather(*[one_request() for _ in range(count)])
+
+    for _ in range(2):
+        c0, t0 = time.process_time(), time.perf_counter()
+        loop.run_until_complete(app_gathered(n))
+        t1, c1 = time.perf_counter(), time.process_time()
+    rows.append(("master REST: the whole ASGI app, n concurrent (no uvicorn)", (t1 - t0) / n * 1e6,
+                 (c1 - c0) / n * 1e6))
     loop.close()
     results = [reply_instance]
     timeit("master gRPC: predict_reply", lambda: predict_reply(spec, results), n, rows)

@@ -1,10 +1,11 @@
 """Profile our server's hot paths under load: CPU per request in the master and the worker, py-spy profiles of both,
 and the cost of a bare master -> worker gRPC hop.
 
-    .venv/bin/python bench/profile_ours.py [--seconds 6] [--concurrency 64] [--out bench/results/profile]
+    .venv/bin/python bench/profile_ours.py [--servable add|dense_batch] [--seconds 6] [--concurrency 64]
+                                           [--out bench/results/profile]
 
-Starts `serving_server.py --servables add` on free 127.0.0.1 ports and, for REST then gRPC, drives it with
-wrk / h2load (bench/loadgen.py) while `py-spy record --gil --nonblocking` samples the master and the worker
+Starts `serving_server.py --servables add` (or bench/servables' dense_batch, batch 64) on free 127.0.0.1 ports
+and, for REST then gRPC, drives it with wrk / h2load (bench/loadgen.py) while `py-spy record --gil --nonblocking` samples the master and the worker
 (only the thread holding the GIL: Python CPU). Then measures WorkerService.Ping (an empty unary RPC) from a
 grpc.aio client at the same concurrency: the CPU of one master -> worker hop without any work.
 Writes the raw py-spy files and a summary (bench/pyspy_summary.py) under --out. Needs py-spy
@@ -41,11 +42,27 @@ def cpu(proc: psutil.Process) -> float:
     return times.user + times.system
 
 
-def drive(kind, server, concurrency, seconds, workdir, add_request, good_reply):
+def drive(kind, server, concurrency, seconds, workdir, target):
+    url, body, grpc_request, good_reply = target
     if kind == "rest":
-        return loadgen.run_http(f"http://{server.rest}/model/add:add_common", classic.ADD_BODY, concurrency, seconds,
-                                workdir)
-    return loadgen.run_grpc(server.grpc, add_request, good_reply, concurrency, seconds, workdir)
+        return loadgen.run_http(url, body, concurrency, seconds, workdir)
+    return loadgen.run_grpc(server.grpc, grpc_request, good_reply, concurrency, seconds, workdir)
+
+
+def start(servable: str):
+    """The server and what to send it: (REST url, REST body, gRPC request, its good reply)."""
+    if servable == "add":
+        server = classic.OurServer("ours", "add")
+        url = f"http://{server.rest}/model/add:add_common"
+        server.wait_ready(lambda: classic.check_add_reply(classic.http_post(url, classic.ADD_BODY)))
+        request = classic.add_grpc_request()
+        return server, (url, classic.ADD_BODY, request, classic.check_grpc_add(server.grpc, request))
+    classic.ensure_dense_model()
+    server = classic.OurServer("ours", classic.DENSE, classic.BENCH_SERVABLES)
+    url = f"http://{server.rest}/model/{classic.DENSE}:predict"
+    body, request = classic.dense_requests()
+    server.wait_ready(lambda: classic.check_dense_reply(classic.http_post(url, body)))
+    return server, (url, body, request, classic.check_grpc_dense(server.grpc, request))
 
 
 async def _ping(address: str, concurrency: int, seconds: float, worker: psutil.Process) -> dict:
@@ -72,6 +89,7 @@ async def _ping(address: str, concurrency: int, seconds: float, worker: psutil.P
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--servable", choices=["add", classic.DENSE], default="add")
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--out", default=os.path.join(BENCH, "results", "profile"))
@@ -79,18 +97,14 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     spy = pyspy_summary.py_spy()
     workdir = loadgen.scratch_dir()
-    server = classic.OurServer("ours", "add")
+    server, target = start(args.servable)
     lines = []
     try:
-        url = f"http://{server.rest}/model/add:add_common"
-        server.wait_ready(lambda: classic.check_add_reply(classic.http_post(url, classic.ADD_BODY)))
-        add_request = classic.add_grpc_request()
-        good_reply = classic.check_grpc_add(server.grpc, add_request)
         server.refresh()
         master = server.processes[0]
         worker = next(p for p in server.processes[1:] if "start_worker" in " ".join(p.cmdline()))
         for kind in ("rest", "grpc"):
-            drive(kind, server, args.concurrency, 1, workdir, add_request, good_reply)  # warm up
+            drive(kind, server, args.concurrency, 1, workdir, target)  # warm up
             spies = []
             if spy:
                 for role, proc in (("master", master), ("worker", worker)):
@@ -100,7 +114,7 @@ def main(argv=None):
                          "--gil", "--nonblocking", "-f", "raw", "-o", path],
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
             m0, w0 = cpu(master), cpu(worker)
-            result = drive(kind, server, args.concurrency, args.seconds, workdir, add_request, good_reply)
+            result = drive(kind, server, args.concurrency, args.seconds, workdir, target)
             m1, w1 = cpu(master), cpu(worker)
             for _, _, proc in spies:
                 proc.wait(30)
@@ -114,7 +128,7 @@ def main(argv=None):
                     lines.append(f"-- {kind} {role} (GIL-holding samples)")
                     lines.append(pyspy_summary.summarise(pyspy_summary.load(path), 15, FOCUS[role]))
         address = "unix:" + glob.glob(os.path.join(server.workdir, "unix_socket_files",
-                                                   f"serving_worker_add_*_{worker.pid}"))[0]
+                                                   f"serving_worker_{args.servable}_*_{worker.pid}"))[0]
         ping = asyncio.run(_ping(address, args.concurrency, min(args.seconds, 4.0), worker))
         lines.append(f"== bare master->worker hop (WorkerService.Ping, grpc.aio client -> sync server, "
                      f"c={args.concurrency}): {ping}")

@@ -102,8 +102,6 @@ def merge_inputs(instances: Sequence[Sequence[np.ndarray]], batch_size: int,
 
 
 def split_outputs(outputs: Sequence[np.ndarray], count: int) -> List[tuple]:
-    """Splits batched outputs along dimension 0 into `count` per-instance output tuples."""
-    for output in outputs:
-        if output.ndim == 0 or output.shape[0] < count:
-            raise ValueError(f"Model output shape {list(output.shape)} cannot be split into {count} instances")
+    """Splits batched outputs (checked: ModelExecutor's run) along dimension 0 into `count` per-instance output
+    tuples."""
     return [tuple(np.ascontiguousarray(output[slot]) for output in outputs) for slot in range(count)]

@@ -6,6 +6,8 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
+import numpy as np
+
 from mindspore_serving import log
 from mindspore_serving.worker.batching import SENTINEL, ExpectedCounter, collect_batch, merge_inputs, split_outputs
 from mindspore_serving.worker.metrics import WORKER_METRICS
@@ -89,14 +91,28 @@ class ModelExecutor(_BatchLoop):
         with self._graph_lock:
             self._run_locked(items)
 
+    def run_merged(self, batch: List[np.ndarray], count: int) -> list:
+        """Runs inputs already merged into a full batch whose first `count` rows are instances (the others pad);
+        the outputs, batch first. Raises what the graph raises."""
+        with self._graph_lock:
+            return self._run_batch(batch, count, time.perf_counter())
+
+    def _run_batch(self, batch: List[np.ndarray], count: int, started: float) -> list:
+        outputs = self.graph.run(batch)
+        for output in outputs:
+            if output.ndim == 0 or output.shape[0] < count:
+                raise ValueError(f"Model output shape {list(output.shape)} cannot be split into {count} instances")
+        self.stats.record(count, self.batch_size - count, time.perf_counter() - started)
+        return outputs
+
     def _run_locked(self, items: List[_Item]):
         started = time.perf_counter()
         try:
             instances = [shape_to_model(item.inputs, self.instance_infos) for item in items]
             if self.model.spec.with_batch_dim:
-                outputs = self.graph.run(merge_inputs(instances, self.batch_size, self.no_batch_inputs))
+                outputs = self._run_batch(merge_inputs(instances, self.batch_size, self.no_batch_inputs), len(items),
+                                          started)
                 results = split_outputs(outputs, len(items))
-                self.stats.record(len(items), self.batch_size - len(items), time.perf_counter() - started)
             else:  # one graph call per instance
                 results = [tuple(self.graph.run(instance)) for instance in instances]
                 each = (time.perf_counter() - started) / len(items)

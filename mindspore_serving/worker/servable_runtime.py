@@ -6,6 +6,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from mindspore_serving import log
 from mindspore_serving.spec.model_call import call_prefix, set_model_call_handler
 from mindspore_serving.spec.servable import STAGE_BUILTIN, STAGE_FUNCTION, STAGE_MODEL, ServableSpec
+from mindspore_serving.worker.direct_batch import DirectBatch
 from mindspore_serving.worker.executors import FunctionBatcher, ModelExecutor
 from mindspore_serving.worker.method_runner import (BUILTIN_STAGES, BatchFunctionStage, FunctionStage, MethodRunner,
                                                      ModelStage)
@@ -68,6 +69,13 @@ class ServableRuntime:
         self.methods = {name: MethodRunner(spec.name, method, [self._build_stage(method, stage)
                                                                 for stage in method.stages])
                         for name, method in spec.methods.items()}
+        self.direct: Dict[str, DirectBatch] = {}  # model-only methods that may skip MethodRunner
+        for name, runner in self.methods.items():
+            executor = runner.stages[0].executor if len(runner.stages) == 1 and \
+                isinstance(runner.stages[0], ModelStage) and isinstance(runner.stages[0].executor, ModelExecutor) \
+                else None
+            if DirectBatch.applies(runner.method, executor):
+                self.direct[name] = DirectBatch(runner.method, executor)
         self._install_model_call()
 
     device_type = "CPU"
@@ -174,6 +182,12 @@ class ServableRuntime:
             except Exception as err:
                 results[index] = err
         return results
+
+    def predict_direct(self, method_name: str, instances_pb: Sequence) -> Optional[list]:
+        """A model-only method's answers computed from the request's Instance messages as they are
+        (direct_batch.py), or None when the call needs the general path (`predict` on decoded instances)."""
+        direct = self.direct.get(method_name)
+        return None if direct is None else direct.run(instances_pb)
 
     def predict(self, method_name: str, instances: Sequence[dict]) -> list:
         runner = self.methods.get(method_name)

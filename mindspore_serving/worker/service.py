@@ -33,27 +33,45 @@ class WorkerServicer(internal_pb2_grpc.WorkerServiceServicer):
         reply = internal_pb2.WorkerPredictReply(request_id=request.request_id)
         spec = request.request.servable_spec
         instances_pb = request.request.instances
+        groups = _request_groups(request)
+        direct = getattr(self.runtime, "predict_direct", None)
+        results = direct(spec.method_name, instances_pb) if direct is not None and instances_pb else None
+        if results is None:
+            results = self._predict(request.request_id, spec.method_name, instances_pb, groups)
+        self._encode(results, reply)
+        if log.info_enabled():  # built per call only when it is written (GLOG_v <= 1)
+            cost = (f"Method {spec.method_name} WorkerRequestHandle Time Cost # "
+                    f"{(time.perf_counter() - started) * 1000:.3f} ms ---------------------")
+            for _ in groups:  # once per public request of the call, as MindSpore Serving logs it
+                log.info(cost)
+        return reply
+
+    def _predict(self, request_id: str, method_name: str, instances_pb, groups: list) -> list:
+        """The general path: instances decoded, then the method's stages (MethodRunner)."""
         results: list = [None] * len(instances_pb)
         runnable, instances = [], []
         # decoded request by request: an instance that cannot be decoded fails the instances of its own request
-        groups = _request_groups(request)
         for start, end in groups:
             try:
                 decoded = proto_to_instances(instances_pb[start:end])
             except Exception as err:
-                log.exception(f"request {request.request_id} of method {spec.method_name} failed")
+                log.exception(f"request {request_id} of method {method_name} failed")
                 results[start:end] = [InstanceError(str(err))] * (end - start)
                 continue
             runnable.extend(range(start, end))
             instances.extend(decoded)
         if instances:
             try:  # all instances together, so that they share model batches
-                answers = self.runtime.predict(spec.method_name, instances)
+                answers = self.runtime.predict(method_name, instances)
             except Exception as err:  # one path for anything the method could not even start with
-                log.exception(f"request {request.request_id} of method {spec.method_name} failed")
+                log.exception(f"request {request_id} of method {method_name} failed")
                 answers = [InstanceError(str(err))] * len(instances)
             for index, answer in zip(runnable, answers):
                 results[index] = answer
+        return results
+
+    @staticmethod
+    def _encode(results: list, reply):
         for result in results:
             instance = reply.instances.add()
             error = reply.error_msg.add()
@@ -69,12 +87,6 @@ class WorkerServicer(internal_pb2_grpc.WorkerServiceServicer):
                 instance.Clear()
                 error.error_code = errors.FAILED
                 error.error_msg = f"convert output failed: {err}".encode()
-        if log.info_enabled():  # built per call only when it is written (GLOG_v <= 1)
-            cost = (f"Method {spec.method_name} WorkerRequestHandle Time Cost # "
-                    f"{(time.perf_counter() - started) * 1000:.3f} ms ---------------------")
-            for _ in groups:  # once per public request of the call, as MindSpore Serving logs it
-                log.info(cost)
-        return reply
 
     def CallModel(self, request, context):
         """A model call of an extra worker, forwarded by the master: it joins this worker's model batches."""

@@ -1,0 +1,88 @@
+"""Model-only methods run straight from the request's bytes.
+
+A method whose only stage is one model with a batch dimension (`return register.add_stage(model, x, ...)`) needs
+no per-instance work in Python: the inputs of all the call's instances are joined into the model's batch arrays
+in one copy each (no numpy object per instance, no thread hand-off per instance), the graph runs on full
+batches, and each instance's outputs are rows of the batched outputs. On the bench's `dense_batch` this cuts the
+worker's time per 64-instance call from ~2.5 ms over the graph call to ~0.5 ms.
+
+Only when every instance feeds the model exactly (every input present, the model's dtype and byte size, as the
+general path accepts them); otherwise, or when the graph fails, the call takes the general path
+(MethodRunner), which gives each instance its own answer or error text. Only on CPU: a device context may be
+bound to the thread of the model's executor.
+"""
+import sys
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from mindspore_serving.common.tensor_codec import NUMPY_TO_PROTO
+from mindspore_serving.spec.servable import MethodSpec
+from mindspore_serving.worker.executors import ModelExecutor
+
+
+class DirectBatch:
+    def __init__(self, method: MethodSpec, executor: ModelExecutor):
+        stage = method.stages[0]
+        self.executor = executor
+        self.batch_size = executor.batch_size
+        self.input_names = [method.input_names[ref.output_index] for ref in stage.inputs]
+        self.infos = executor.instance_infos
+        self.codes = [NUMPY_TO_PROTO[np.dtype(info.dtype)] for info in self.infos]
+        self.outputs = [(name, ref.output_index) for name, ref in zip(method.output_names, method.outputs)]
+
+    @staticmethod
+    def applies(method: MethodSpec, executor: Optional[ModelExecutor]) -> bool:
+        """Whether `method` (whose one stage runs on `executor`, None when it is not a model stage) can run here."""
+        if executor is None or len(method.stages) != 1 or sys.byteorder != "little":
+            return False
+        stage, model = method.stages[0], executor.model
+        return (getattr(model, "device_target", "CPU") == "CPU" and model.spec.with_batch_dim
+                and not executor.no_batch_inputs and len(stage.inputs) == executor.inputs_count
+                and all(ref.stage_index == 0 for ref in stage.inputs)
+                and all(ref.stage_index == 1 for ref in method.outputs)
+                and all(info.is_static and np.dtype(info.dtype) in NUMPY_TO_PROTO for info in executor.instance_infos))
+
+    def _inputs(self, instances_pb: Sequence) -> Optional[List[np.ndarray]]:
+        """The model inputs of all instances, batch first; None when one instance does not feed the model exactly."""
+        count, arrays = len(instances_pb), []
+        for name, info, code in zip(self.input_names, self.infos, self.codes):
+            size, parts = info.nbytes, []
+            for instance in instances_pb:
+                tensor = instance.items.get(name)
+                if tensor is None or tensor.dtype != code:
+                    return None
+                data = tensor.data
+                if len(data) != size:  # also a tensor in shared memory (no data)
+                    return None
+                parts.append(data)
+            arrays.append(np.frombuffer(b"".join(parts), info.dtype).reshape((count,) + tuple(info.shape)))
+        return arrays
+
+    def run(self, instances_pb: Sequence) -> Optional[list]:
+        """Per instance a dict of output name -> value, as MethodRunner answers; None: take the general path."""
+        inputs = self._inputs(instances_pb)
+        if inputs is None:
+            return None
+        count, answers = len(instances_pb), []
+        for start in range(0, count, self.batch_size):
+            size = min(self.batch_size, count - start)
+            try:
+                outputs = self.executor.run_merged([_batch(array[start:start + size], self.batch_size)
+                                                    for array in inputs], size)
+            except Exception:  # the general path runs it again and words the error per instance
+                return None
+            # rows as split_outputs gives them (ascontiguousarray: a 0-d row becomes shape [1])
+            answers.extend({name: np.ascontiguousarray(outputs[index][slot]) for name, index in self.outputs}
+                           for slot in range(size))
+        return answers
+
+
+def _batch(rows: np.ndarray, batch_size: int) -> np.ndarray:
+    """`rows` padded to `batch_size` with copies of the first (as merge_inputs pads); contiguous."""
+    if len(rows) == batch_size:
+        return np.ascontiguousarray(rows)
+    batch = np.empty((batch_size,) + rows.shape[1:], rows.dtype)
+    batch[:len(rows)] = rows
+    batch[len(rows):] = rows[0]
+    return batch
