@@ -5,9 +5,10 @@ and the cost of a bare master -> worker gRPC hop.
                                            [--out bench/results/profile]
 
 Starts `serving_server.py --servables add` (or bench/servables' dense_batch, batch 64) on free 127.0.0.1 ports
-and, for REST then gRPC, drives it with wrk / h2load (bench/loadgen.py) while `py-spy record --gil --nonblocking` samples the master and the worker
-(only the thread holding the GIL: Python CPU). Then measures WorkerService.Ping (an empty unary RPC) from a
-grpc.aio client at the same concurrency: the CPU of one master -> worker hop without any work.
+and, for REST then gRPC, drives it with wrk / h2load (bench/loadgen.py) while `py-spy record --gil --nonblocking`
+samples the master and the worker (only the thread holding the GIL: Python CPU). Then measures WorkerService.Ping
+(an empty unary RPC) from a grpc.aio client at the same concurrency: the CPU of one gRPC hop to the worker without
+any work (Predict calls take the worker's framed socket instead: ipc/predict_socket.py).
 Writes the raw py-spy files and a summary (bench/pyspy_summary.py) under --out. Needs py-spy
 (requirements-bench.txt); without it only the CPU numbers are printed.
 """
