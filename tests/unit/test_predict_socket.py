@@ -34,21 +34,31 @@ def request_of(request_id: str, nbytes: int = 4):
     return request
 
 
-def test_calls_get_their_own_replies_small_and_large_one_after_another_and_together(address):
-    server = PredictSocketServer(address, echo)
+def serve_and_run(address, handle, scenario):
+    """`await scenario(server, channel)` against a worker's end answering with `handle`; both ends closed after."""
+    server = PredictSocketServer(address, handle)
     channel = PredictChannel(address)
 
-    async def scenario():
+    async def run():
+        try:
+            return await scenario(server, channel)
+        finally:
+            channel.close()
+
+    try:
+        return asyncio.run(run())
+    finally:
+        server.stop(grace=1)
+
+
+def test_calls_get_their_own_replies_small_and_large_one_after_another_and_together(address):
+    async def scenario(_server, channel):
         first = await channel.call(request_of("a"))
         large = await channel.call(request_of("b", 3 << 20))  # several socket reads
         together = await asyncio.gather(*[channel.call(request_of(f"c{i}", i + 1)) for i in range(4)])
-        channel.close()
         return first, large, together
 
-    try:
-        first, large, together = asyncio.run(scenario())
-    finally:
-        server.stop(grace=1)
+    first, large, together = serve_and_run(address, echo, scenario)
     assert (first.request_id, first.error_msg[0].error_msg) == ("a", b"4")
     assert (large.request_id, large.error_msg[0].error_msg) == ("b", str(3 << 20).encode())
     assert [(r.request_id, r.error_msg[0].error_msg) for r in together] == [(f"c{i}", str(i + 1).encode())
@@ -63,27 +73,16 @@ def test_a_call_out_of_time_fails_and_its_late_reply_never_answers_the_next_call
             release.wait(5)
         return echo(request)
 
-    server = PredictSocketServer(address, slow_first)
-    channel = PredictChannel(address)
-
-    async def scenario():
+    async def scenario(_server, channel):
         with pytest.raises(WorkerConnectionError, match="no reply within 0.05 s"):
             await channel.call(request_of("slow"), timeout=0.05)
         release.set()
-        reply = await channel.call(request_of("next"))
-        channel.close()
-        return reply
+        return await channel.call(request_of("next"))
 
-    try:
-        reply = asyncio.run(scenario())
-    finally:
-        server.stop(grace=1)
-    assert reply.request_id == "next"
+    assert serve_and_run(address, slow_first, scenario).request_id == "next"
 
 
 def test_a_stopped_or_missing_worker_is_a_connection_error(address):
-    server = PredictSocketServer(address, echo)
-    channel = PredictChannel(address)
     entered, release = threading.Event(), threading.Event()
 
     def hold(request):
@@ -91,7 +90,7 @@ def test_a_stopped_or_missing_worker_is_a_connection_error(address):
         release.wait(5)
         return echo(request)
 
-    async def scenario():
+    async def scenario(server, channel):
         await channel.call(request_of("a"))  # an idle connection stays
         server.handle = hold
         call = asyncio.ensure_future(channel.call(request_of("in flight")))
@@ -105,14 +104,9 @@ def test_a_stopped_or_missing_worker_is_a_connection_error(address):
             await channel.call(request_of("b"))
         with pytest.raises(WorkerConnectionError, match="cannot connect"):
             await PredictChannel(address + ".missing").call(request_of("c"))
-        channel.close()
         return answered
 
-    try:
-        answered = asyncio.run(scenario())
-    finally:
-        server.stop(grace=1)
-    assert answered.request_id == "in flight"
+    assert serve_and_run(address, echo, scenario).request_id == "in flight"
 
 
 def test_a_frame_that_is_not_a_request_closes_the_connection(address):
