@@ -97,6 +97,14 @@ class ModelExecutor(_BatchLoop):
         with self._graph_lock:
             return self._run_batch(batch, count, time.perf_counter())
 
+    def run_instance(self, inputs: List[np.ndarray]) -> list:
+        """Runs one instance of a model without a batch dimension; its outputs. Raises what the graph raises."""
+        with self._graph_lock:
+            started = time.perf_counter()
+            outputs = self.graph.run(inputs)
+            self.stats.record(1, 0, time.perf_counter() - started)
+        return outputs
+
     def _run_batch(self, batch: List[np.ndarray], count: int, started: float) -> list:
         outputs = self.graph.run(batch)
         for output in outputs:

@@ -11,7 +11,7 @@ from mindspore_serving.worker.executors import ModelExecutor
 from mindspore_serving.worker.method_runner import MethodRunner, ModelStage
 from mindspore_serving.worker.model_backend import TensorInfo
 from mindspore_serving.worker.service import WorkerServicer
-from tests.unit.test_method_runner import FakeLoadedModel, function_spec, method, model_spec, ref
+from stage_fakes import FakeLoadedModel, function_spec, method, model_spec, ref
 
 INFOS = [TensorInfo((2,), np.dtype(np.float32)), TensorInfo((), np.dtype(np.int32))]
 
@@ -29,8 +29,9 @@ def model_method():
 class Runtime:
     """What WorkerServicer needs: the general path (MethodRunner) and the direct one over the same executor."""
 
-    def __init__(self, batch_size=4, function=double_and_total):
+    def __init__(self, batch_size=4, function=double_and_total, with_batch_dim=True):
         self.model = FakeLoadedModel(batch_size, INFOS, function)
+        self.model.spec.with_batch_dim = with_batch_dim
         self.executor = ModelExecutor(self.model, 0, max_wait=5.0)
         spec = model_method()
         self.runner = MethodRunner("svc", spec, [ModelStage(self.executor)])
@@ -124,7 +125,25 @@ def test_a_failing_graph_is_answered_by_the_general_path_with_its_error_text():
                        "model predict failed: graph broke"] * 2
 
 
-def test_only_one_model_stage_with_a_batch_dimension_on_cpu_goes_direct():
+@pytest.mark.timeout(60)
+def test_a_model_without_a_batch_dimension_runs_once_per_instance_and_answers_as_the_general_path():
+    def each(x, k):
+        return x * 2, x.sum() + k
+
+    direct, general = Runtime(1, each, with_batch_dim=False), Runtime(1, each, with_batch_dim=False)
+    try:
+        direct_reply = WorkerServicer(direct, None).Predict(request_of(instances(3)), None)
+        general.predict_direct = lambda *_: None
+        general_reply = WorkerServicer(general, None).Predict(request_of(instances(3)), None)
+    finally:
+        direct.close()
+        general.close()
+    assert direct.general_calls == 0 and len(direct.model.subgraphs[0].calls) == 3
+    assert answers_of(direct_reply) == answers_of(general_reply) == [
+        {"total": 2 * i + 1 + 10 * i, "double": [2 * i, 2 * i + 2]} for i in range(3)]
+
+
+def test_only_a_method_of_one_model_stage_on_cpu_goes_direct():
     model = FakeLoadedModel(4, INFOS, double_and_total)
     executor = ModelExecutor(model, 0, max_wait=5.0)
     try:
@@ -133,9 +152,6 @@ def test_only_one_model_stage_with_a_batch_dimension_on_cpu_goes_direct():
         with_python = method("p", ["a", "b"], ["y"], [function_spec(np.negative, ref(0)),
                                                       model_spec("fake.mindir", ref(1), ref(0, 1))], [ref(2)])
         assert not DirectBatch.applies(with_python, executor)
-        model.spec.with_batch_dim = False
-        assert not DirectBatch.applies(model_method(), executor)
-        model.spec.with_batch_dim = True
         model.device_target = "Ascend"
         assert not DirectBatch.applies(model_method(), executor)
     finally:

@@ -14,13 +14,13 @@ import pytest
 
 from mindspore_serving.spec import model_call as model_module
 from mindspore_serving.spec.registry import get_servable_spec, reset_registry
-from mindspore_serving.spec.servable import (STAGE_BUILTIN, STAGE_FUNCTION, STAGE_MODEL, MethodSpec, ModelSpec,
-                                                    StageSpec, TensorRef)
+from mindspore_serving.spec.servable import STAGE_BUILTIN, STAGE_MODEL, StageSpec
 from mindspore_serving.worker.batching import ExpectedCounter
 from mindspore_serving.worker.executors import FunctionBatcher, ModelExecutor
 from mindspore_serving.worker.method_runner import (ArgmaxStage, BatchFunctionStage, FunctionStage, InstanceError,
                                                      MethodRunner, ModelStage)
 from mindspore_serving.worker.model_backend import TensorInfo
+from stage_fakes import FakeLoadedModel, function_spec, method, model_spec, ref
 
 _module_ids = itertools.count()
 
@@ -72,26 +72,6 @@ class FakeModelExecutor:
         self.submitted.append(inputs)
         self.expected.arrived()
         return InlineExecutor().submit(lambda: tuple(self.function(*inputs)))
-
-
-def ref(stage, index=0):
-    return TensorRef(stage, index)
-
-
-def function_spec(function, *inputs, outputs_count=1, tag=None, batch_size=None):
-    key = f"svc.{function.__name__}"
-    return StageSpec(kind=STAGE_FUNCTION, tag=tag or f"Function '{key}'", inputs=list(inputs),
-                     outputs_count=outputs_count, batch_size=batch_size, function=function, function_key=key)
-
-
-def model_spec(model_key, *inputs, outputs_count=1):
-    return StageSpec(kind=STAGE_MODEL, tag=f"Model '{model_key}'", inputs=list(inputs), outputs_count=outputs_count,
-                     model_key=model_key)
-
-
-def method(name, input_names, output_names, stages, outputs):
-    return MethodSpec(name=name, input_names=list(input_names), output_names=list(output_names), stages=list(stages),
-                      outputs=list(outputs))
 
 
 def errors_of(results):
@@ -330,29 +310,6 @@ def test_a_model_failure_retracts_the_later_model_stages():
     assert model_b.submitted == []
     assert model_b.expected.events == [("announce", 2), ("retract", 1), ("retract", 1)]
     assert model_a.expected.balance() == 0 and model_b.expected.balance() == 0
-
-
-class FakeGraph:
-    def __init__(self, function):
-        self.function = function
-        self.calls = []
-
-    def run(self, inputs):
-        self.calls.append([np.array(value) for value in inputs])
-        return self.function(*inputs)
-
-
-class FakeLoadedModel:
-    """The attributes of LoadedModel that ModelExecutor reads."""
-
-    def __init__(self, batch_size, infos, function):
-        self.spec = ModelSpec(model_key="fake.mindir", model_files=("fake.mindir",), model_format="MindIR")
-        self.subgraphs = [FakeGraph(function)]
-        self.batch_size = batch_size
-        self._infos = infos
-
-    def instance_inputs(self, subgraph):
-        return self._infos
 
 
 @pytest.mark.timeout(60)
