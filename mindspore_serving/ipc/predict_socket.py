@@ -14,6 +14,7 @@ import asyncio
 import socket
 import struct
 import threading
+import time
 from typing import Callable, List, Optional
 
 from mindspore_serving import log
@@ -111,8 +112,9 @@ class PredictSocketServer:
                 conn.shutdown(socket.SHUT_RD)  # the reader stops after the call it is answering
             except OSError:
                 pass
+        deadline = time.monotonic() + grace
         for thread in threads:
-            thread.join(timeout=grace)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 class _Connection(asyncio.Protocol):

@@ -4,8 +4,8 @@ A method whose only stage is one model (`return register.add_stage(model, x, ...
 in Python: the inputs of all the call's instances are joined into arrays in one copy each (no numpy object per
 instance, no thread hand-off per instance). With a batch dimension the graph runs on full batches and each
 instance's outputs are rows of the batched outputs; without one it runs once per instance, from views of those
-arrays. On the bench's `dense_batch` this cuts the
-worker's time per 64-instance call from ~2.5 ms over the graph call to ~1 ms.
+arrays. On the bench's `dense_batch` this cuts the worker's time per 64-instance call from ~2.5 ms over the graph
+call to ~1 ms.
 
 Only when every instance feeds the model exactly (every input present, the model's dtype and byte size, as the
 general path accepts them); otherwise, or when the graph fails, the call takes the general path
