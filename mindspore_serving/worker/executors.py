@@ -100,9 +100,12 @@ class ModelExecutor(_BatchLoop):
     def run_instance(self, inputs: List[np.ndarray]) -> list:
         """Runs one instance of a model without a batch dimension; its outputs. Raises what the graph raises."""
         with self._graph_lock:
-            started = time.perf_counter()
-            outputs = self.graph.run(inputs)
-            self.stats.record(1, 0, time.perf_counter() - started)
+            return self._run_one(inputs)
+
+    def _run_one(self, inputs) -> list:
+        started = time.perf_counter()
+        outputs = self.graph.run(inputs)
+        self.stats.record(1, 0, time.perf_counter() - started)
         return outputs
 
     def _run_batch(self, batch: List[np.ndarray], count: int, started: float) -> list:
@@ -122,10 +125,7 @@ class ModelExecutor(_BatchLoop):
                                           started)
                 results = split_outputs(outputs, len(items))
             else:  # one graph call per instance
-                results = [tuple(self.graph.run(instance)) for instance in instances]
-                each = (time.perf_counter() - started) / len(items)
-                for _ in items:
-                    self.stats.record(1, 0, each)
+                results = [tuple(self._run_one(instance)) for instance in instances]
         except Exception as err:  # the graph failed: every instance of this batch gets the reason
             log.exception(f"model {self.model.spec.model_key} subgraph {self.subgraph} failed")
             for item in items:
