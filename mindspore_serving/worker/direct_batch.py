@@ -21,6 +21,7 @@ from mindspore_serving import log
 from mindspore_serving.common.tensor_codec import NUMPY_TO_PROTO
 from mindspore_serving.spec.servable import MethodSpec
 from mindspore_serving.worker.executors import ModelExecutor
+from mindspore_serving.worker.method_runner import MethodRunner, ModelStage
 
 
 class DirectBatch:
@@ -34,10 +35,18 @@ class DirectBatch:
         self.codes = [NUMPY_TO_PROTO[np.dtype(info.dtype)] for info in self.infos]
         self.outputs = [(name, ref.output_index) for name, ref in zip(method.output_names, method.outputs)]
 
+    @classmethod
+    def of(cls, runner: MethodRunner) -> Optional["DirectBatch"]:
+        """The direct path of a method runner's method, or None when the method cannot take it."""
+        stages = runner.stages
+        executor = stages[0].executor if len(stages) == 1 and isinstance(stages[0], ModelStage) else None
+        return cls(runner.method, executor) if cls.applies(runner.method, executor) else None
+
     @staticmethod
-    def applies(method: MethodSpec, executor: Optional[ModelExecutor]) -> bool:
-        """Whether `method` (whose one stage runs on `executor`, None when it is not a model stage) can run here."""
-        if executor is None or len(method.stages) != 1 or sys.byteorder != "little":
+    def applies(method: MethodSpec, executor) -> bool:
+        """Whether `method` (whose one stage runs on `executor`, None when it is not a model stage) can run here:
+        `executor` must run its model in this worker (a ModelExecutor, not an extra worker's remote one)."""
+        if not isinstance(executor, ModelExecutor) or len(method.stages) != 1 or sys.byteorder != "little":
             return False
         stage, model = method.stages[0], executor.model
         return (getattr(model, "device_target", "CPU") == "CPU" and not executor.no_batch_inputs

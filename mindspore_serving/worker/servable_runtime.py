@@ -69,13 +69,9 @@ class ServableRuntime:
         self.methods = {name: MethodRunner(spec.name, method, [self._build_stage(method, stage)
                                                                 for stage in method.stages])
                         for name, method in spec.methods.items()}
-        self.direct: Dict[str, DirectBatch] = {}  # model-only methods that may skip MethodRunner
-        for name, runner in self.methods.items():
-            executor = runner.stages[0].executor if len(runner.stages) == 1 and \
-                isinstance(runner.stages[0], ModelStage) and isinstance(runner.stages[0].executor, ModelExecutor) \
-                else None
-            if DirectBatch.applies(runner.method, executor):
-                self.direct[name] = DirectBatch(runner.method, executor)
+        # model-only methods that may skip MethodRunner
+        self.direct = {name: direct for name, runner in self.methods.items()
+                       if (direct := DirectBatch.of(runner)) is not None}
         self._install_model_call()
 
     device_type = "CPU"

@@ -35,8 +35,8 @@ class Runtime:
         self.executor = ModelExecutor(self.model, 0, max_wait=5.0)
         spec = model_method()
         self.runner = MethodRunner("svc", spec, [ModelStage(self.executor)])
-        assert DirectBatch.applies(spec, self.executor)
-        self.direct = DirectBatch(spec, self.executor)
+        self.direct = DirectBatch.of(self.runner)
+        assert self.direct is not None
         self.general_calls = 0
 
     def predict(self, method_name, instances):
