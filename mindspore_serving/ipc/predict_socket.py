@@ -123,7 +123,6 @@ class _Connection(asyncio.Protocol):
     def __init__(self, on_lost: Callable):
         self.transport: Optional[asyncio.Transport] = None
         self.buffer = bytearray()
-        self.size: Optional[int] = None
         self.waiter: Optional[asyncio.Future] = None
         self.lost: Optional[str] = None
         self.on_lost = on_lost
@@ -133,21 +132,18 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data):
         self.buffer += data
-        if self.size is None:
-            if len(self.buffer) < HEADER.size:
-                return
-            try:
-                self.size = frame_size(self.buffer[:HEADER.size])
-            except WorkerConnectionError as err:
-                self._fail(str(err))
-                self.transport.close()
-                return
-        end = HEADER.size + self.size
+        if len(self.buffer) < HEADER.size:
+            return
+        try:
+            end = HEADER.size + frame_size(self.buffer[:HEADER.size])
+        except WorkerConnectionError as err:
+            self._fail(str(err))
+            self.transport.close()
+            return
         if len(self.buffer) < end:
             return
         payload = bytes(self.buffer[HEADER.size:end])
         del self.buffer[:end]
-        self.size = None
         waiter, self.waiter = self.waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(payload)
