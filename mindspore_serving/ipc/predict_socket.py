@@ -18,7 +18,7 @@ import time
 from typing import Callable, List, Optional
 
 from mindspore_serving import log
-from mindspore_serving.ipc.master_worker import MAX_INTERNAL_MSG_BYTES, WorkerConnectionError
+from mindspore_serving.ipc.master_worker import MAX_INTERNAL_MSG_BYTES, WorkerConnectionError, remove_socket
 from mindspore_serving.proto import internal_pb2
 
 HEADER = struct.Struct("<I")
@@ -45,11 +45,14 @@ def _send_frame(sock: socket.socket, payload: bytes):
 
 
 class PredictSocketServer:
-    """The worker's end: answers each frame with `handle(request) -> reply` (internal_pb2 messages)."""
+    """The worker's end: answers each frame with `handle(request) -> reply` (internal_pb2 messages). It owns its
+    socket file: one left by a killed process of the same pid is replaced, and `stop` removes it."""
 
     def __init__(self, address: str, handle: Callable):
+        self.address = address
         self.path = socket_path(address)
         self.handle = handle
+        remove_socket(address)
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(self.path)
         self._listener.listen(64)
@@ -107,6 +110,7 @@ class PredictSocketServer:
         except OSError:
             pass
         self._listener.close()
+        remove_socket(self.address)
         for conn in connections:
             try:
                 conn.shutdown(socket.SHUT_RD)  # the reader stops after the call it is answering

@@ -96,9 +96,8 @@ class Worker:
         self.address = ipc.worker_address(args.servable_name, self.device_label)
         self.server.add_insecure_port(self.address)
         self.server.start()
-        predict_address = ipc.predict_address(self.address)
-        ipc.remove_socket(predict_address)  # left by a killed process of the same pid
-        self.predict_server = PredictSocketServer(predict_address, lambda request: servicer.Predict(request, None))
+        self.predict_server = PredictSocketServer(ipc.predict_address(self.address),
+                                                  lambda request: servicer.Predict(request, None))
         spec = self.runtime.spec
         methods = []
         for m in spec.methods.values():
@@ -111,7 +110,8 @@ class Worker:
             protocol_version=ipc.PROTOCOL_VERSION, worker_pid=os.getpid(), address=self.address,
             servable_name=spec.name, version_number=version, batch_size=self.runtime.batch_size, methods=methods,
             device_type=self.runtime.device_type, device_id=args.device_id, worker_key=args.worker_key,
-            extensions=self.runtime.extensions(), predict_address=predict_address, **self.registration()), timeout=30)
+            extensions=self.runtime.extensions(), predict_address=self.predict_server.address,
+            **self.registration()), timeout=30)
         if reply.error.error_code:
             raise RuntimeError(reply.error.error_msg.decode())
         print(f"Serving: Start servable success, servable directory: '{args.servable_directory}', "
@@ -149,7 +149,6 @@ class Worker:
                 pass
         if self.predict_server is not None:
             self.predict_server.stop(grace=3)
-            ipc.remove_socket(ipc.predict_address(self.address))
         if self.server is not None:
             if self.runtime is not None:
                 self.runtime.end_streams(timeout=3)

@@ -107,6 +107,17 @@ def test_a_stopped_or_missing_worker_is_a_connection_error(address):
         return answered
 
     assert serve_and_run(address, echo, scenario).request_id == "in flight"
+    assert not os.path.exists(address[len("unix:"):])  # the stopped worker removed its socket file
+
+
+def test_a_socket_file_left_by_a_killed_worker_is_replaced(address):
+    with open(address[len("unix:"):], "w", encoding="utf-8"):
+        pass
+
+    async def scenario(_server, channel):
+        return await channel.call(request_of("a"))
+
+    assert serve_and_run(address, echo, scenario).request_id == "a"
 
 
 def test_a_frame_that_is_not_a_request_closes_the_connection(address):
