@@ -12,6 +12,7 @@ import grpc
 from prometheus_client import CollectorRegistry, start_http_server
 
 from mindspore_serving import log
+from mindspore_serving.common import gc_tuning
 from mindspore_serving.ipc import master_worker as ipc
 from mindspore_serving.master.control_service import MasterControlServicer
 from mindspore_serving.master.dispatcher import DEFAULT_MAX_ENQUEUED_REQUESTS, DEFAULT_REQUEST_TIMEOUT, Dispatcher
@@ -106,6 +107,7 @@ class Master:
         self.phase = STARTING
         self.processes.start(plans)
         self.phase = SERVING
+        gc_tuning.settle()
 
     def readiness(self) -> Readiness:
         """Whether the server can serve every configured servable now, and why not (any thread)."""

@@ -20,6 +20,7 @@ from concurrent import futures  # noqa: E402
 import grpc  # noqa: E402
 
 from mindspore_serving import log  # noqa: E402
+from mindspore_serving.common import gc_tuning  # noqa: E402
 from mindspore_serving.ipc import master_worker as ipc  # noqa: E402
 from mindspore_serving.ipc.predict_socket import PredictSocketServer  # noqa: E402
 from mindspore_serving.proto import internal_pb2, internal_pb2_grpc  # noqa: E402
@@ -106,6 +107,7 @@ class Worker:
                                                         output_names=m.output_names,
                                                         only_model_stage=m.only_model_stage, inputs=inputs,
                                                         outputs=outputs, batched=batched))
+        gc_tuning.settle()  # what it loaded stays for its lifetime: out of the collector's way before requests come
         reply = self.master.Register(internal_pb2.RegisterRequest(
             protocol_version=ipc.PROTOCOL_VERSION, worker_pid=os.getpid(), address=self.address,
             servable_name=spec.name, version_number=version, batch_size=self.runtime.batch_size, methods=methods,
