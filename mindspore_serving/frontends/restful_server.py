@@ -21,6 +21,7 @@ from mindspore_serving.frontends import kserve, restful_codec
 from mindspore_serving.frontends.drain import (CUT_ANSWER_S, Drain, DrainingFrontend, GuardedBackend, GuardedDispatcher,
                                                refusal_reply)
 from mindspore_serving.frontends.errors import Protocol, classic_error, http_error, http_error_headers
+from mindspore_serving.frontends.http_protocol import CorkedHttpToolsProtocol
 from mindspore_serving.frontends.health import always_ready, build_health_router, is_probe
 from mindspore_serving.frontends.replies import global_error
 from mindspore_serving.frontends.llm import build_llm_router, mindspore_generate_stream, sse
@@ -260,6 +261,7 @@ class RestfulFrontend(DrainingFrontend):
         self.app = RestfulApp(dispatcher, max_msg_mb_size * 1024 * 1024, app, llm_backend, self.drain, model_control)
         self.config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning",
                                      timeout_keep_alive=100, access_log=False, lifespan="off",
+                                     http=CorkedHttpToolsProtocol,
                                      **_ssl_context_kwargs(ssl_config))
         self.server = None
         self._task = None

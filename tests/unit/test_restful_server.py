@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from mindspore_serving.common.tensor_codec import instance_to_proto, tensor_to_value
+from mindspore_serving.frontends.http_protocol import CorkedTransport
 from mindspore_serving.frontends.restful_server import RestfulFrontend, _with_tcp_proto
 
 
@@ -37,7 +38,7 @@ def frontend():
     server = RestfulFrontend(f"127.0.0.1:{port}", 100, None, EchoDispatcher())
     asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
     try:
-        yield port
+        yield server
     finally:
         asyncio.run_coroutine_threadsafe(server.stop(5), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
@@ -58,7 +59,7 @@ def test_listening_socket_gets_its_tcp_protocol():
 @pytest.mark.timeout(60)
 def test_keep_alive_requests_are_answered_without_the_delayed_ack_wait(frontend):
     body = json.dumps({"instances": [{"x1": [[1.0, 2.0]], "x2": [[3.0, 4.0]]}]})
-    conn = http.client.HTTPConnection("127.0.0.1", frontend, timeout=10)
+    conn = http.client.HTTPConnection("127.0.0.1", frontend.port, timeout=10)
     times = []
     try:
         for _ in range(12):
@@ -73,6 +74,57 @@ def test_keep_alive_requests_are_answered_without_the_delayed_ack_wait(frontend)
         conn.close()
     # with Nagle on, each keep-alive reply (headers and body written separately) waited ~40 ms for an ACK
     assert statistics.median(times[2:]) < 0.02
+
+
+def test_connections_write_through_a_corked_transport(frontend):
+    """Each reply's head and body leave in one send (http_protocol.py)."""
+    conn = http.client.HTTPConnection("127.0.0.1", frontend.port, timeout=10)
+    try:
+        conn.request("POST", "/model/add:add_common", json.dumps({"instances": [{"x1": [1.0], "x2": [2.0]}]}))
+        reply = conn.getresponse()
+        assert reply.status == 200 and json.loads(reply.read())["instances"][0]["y"] == [3.0]
+        connections = list(frontend.server.server_state.connections)
+        assert connections and all(isinstance(c.transport, CorkedTransport) for c in connections)
+    finally:
+        conn.close()
+
+
+class RecordingTransport:
+    def __init__(self):
+        self.sent, self.closed = [], False
+
+    def writelines(self, chunks):
+        self.sent.append(b"".join(chunks))
+
+    def is_closing(self):
+        return self.closed
+
+    def close(self):
+        self.closed = True
+
+    def get_extra_info(self, name, default=None):
+        return ("127.0.0.1", 1) if name == "peername" else default
+
+
+def test_corked_transport_sends_one_turn_s_writes_together_and_flushes_before_closing():
+    loop = asyncio.new_event_loop()
+    try:
+        inner = RecordingTransport()
+        corked = CorkedTransport(inner, loop)
+        corked.write(b"head ")
+        corked.write(b"")
+        corked.write(b"body")
+        assert inner.sent == []  # nothing leaves within the turn
+        loop.run_until_complete(asyncio.sleep(0))
+        assert inner.sent == [b"head body"]
+        corked.write(b"last")
+        corked.close()  # what is gathered leaves before the close
+        assert inner.sent == [b"head body", b"last"] and inner.closed
+        loop.run_until_complete(asyncio.sleep(0))  # the scheduled flush finds nothing more
+        assert inner.sent == [b"head body", b"last"]
+        assert corked.get_extra_info("peername") == ("127.0.0.1", 1) and corked.is_closing()
+    finally:
+        loop.close()
 
 
 # ---------------------------------------------------------------- TLS files, checked in MindSpore Serving's order
