@@ -22,8 +22,10 @@ the answers are split back to their requests. A lost worker fails every request 
 """
 import asyncio
 import collections
+import functools
 import itertools
-from typing import List, Optional, Sequence
+import time
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import grpc
 
@@ -48,12 +50,10 @@ SETTLE_MAX_SECONDS = 0.1   # ... at most, when answered clients took that long t
 
 
 class LoopClock:
-    """The dispatcher's time: the running event loop's clock and timers. Tests pass a clock they move by hand,
+    """The dispatcher's time: the event loop's clock and timers. Tests pass a clock they move by hand,
     so that the batching window and the settle logic never depend on elapsed time."""
 
-    @staticmethod
-    def now() -> float:
-        return asyncio.get_running_loop().time()
+    now = staticmethod(time.monotonic)  # the clock of asyncio's and uvloop's loops (uvloop's is cached per turn)
 
     @staticmethod
     def call_later(delay: float, callback) -> "asyncio.TimerHandle":
@@ -252,6 +252,15 @@ class _WorkerQueue:
                     item.future.set_exception(err)
 
 
+def _merge_parts(reasons: List[Optional[str]], parts: List[List[int]], part_answers: List[list]) -> list:
+    """The answers of a request cut into parts, in its order; invalid instances (a reason) get InvalidInputs."""
+    results: list = [errors.InvalidInputs(reason) if reason else None for reason in reasons]
+    for part, answers in zip(parts, part_answers):
+        for index, answer in zip(part, answers):
+            results[index] = answer
+    return results
+
+
 def _set_result(future: "asyncio.Future", result):
     if not future.done():  # a cancelled request no longer waits for its answers
         future.set_result(result)
@@ -309,15 +318,11 @@ class Dispatcher:
         outcome = SERVER_ERROR
         self.enqueued += 1
         try:
-            if timeout is None:
-                answers = await self._predict(spec, candidates, instances, None)
-            else:
-                try:  # a timeout scope, not wait_for: no extra task per request
-                    async with asyncio.timeout(timeout):
-                        answers = await self._predict(spec, candidates, instances, self.clock.now() + timeout)
-                except TimeoutError:
-                    raise errors.Failed(f"Request {request_repr(spec.name, spec.method_name, spec.version_number)}, "
-                                        f"deadline of {timeout:g} s exceeded") from None
+            pending, merge = self._answers(spec, candidates, instances,
+                                           None if timeout is None else self.clock.now() + timeout)
+            answers = await (pending if timeout is None else self._within(pending, timeout, spec))
+            if merge is not None:
+                answers = merge(answers)
             outcome = outcome_of_answers(answers)
             return answers
         except errors.ServingError as err:
@@ -329,22 +334,41 @@ class Dispatcher:
             stats.latency.observe(self.clock.now() - started)
             stats.instances.observe(len(instances))
 
-    async def _predict(self, spec, candidates: List[WorkerRecord], instances: Sequence,
-                       deadline: Optional[float]) -> list:
+    async def _within(self, pending: "asyncio.Future", timeout: float, spec):
+        """What `pending` gives, or errors.Failed once `timeout` seconds have passed: then `pending` is cancelled
+        (and with it the request's chunks: those still queued never leave). One timer on the dispatcher's clock."""
+        expired = []
+
+        def expire():
+            expired.append(True)
+            pending.cancel()
+
+        timer = self.clock.call_later(timeout, expire)
+        try:
+            return await pending
+        except asyncio.CancelledError:
+            if not expired:  # the request itself was cancelled
+                raise
+            raise errors.Failed(f"Request {request_repr(spec.name, spec.method_name, spec.version_number)}, "
+                                f"deadline of {timeout:g} s exceeded") from None
+        finally:
+            timer.cancel()
+
+    def _answers(self, spec, candidates: List[WorkerRecord], instances: Sequence,
+                 deadline: Optional[float]) -> Tuple["asyncio.Future", Optional[Callable[[list], list]]]:
+        """Queues the request: invalid instances get their error, the rest go to workers in chunks of at most a
+        batch. Returns a future of the answers and, when the request was cut, the function that puts the chunks'
+        answers (a list per chunk) back in the request's order."""
         input_names = candidates[0].input_names(spec.method_name)
         reasons = [check_instance(instance.items, input_names, spec.name, spec.method_name, check_tensor)
                    for instance in instances]
         batch = max(w.batch_size for w in candidates) if len(candidates) > 1 else candidates[0].batch_size
         if len(instances) <= batch and not any(reasons):  # the common case: one chunk, all instances valid
-            return await self._enqueue(spec, candidates, instances, deadline)
-        results: list = [errors.InvalidInputs(reason) if reason else None for reason in reasons]
+            return self._enqueue(spec, candidates, instances, deadline), None
         valid = [index for index, reason in enumerate(reasons) if reason is None]
         parts = [valid[start:start + batch] for start in range(0, len(valid), max(1, batch))]
         futures = [self._enqueue(spec, candidates, [instances[i] for i in part], deadline) for part in parts]
-        for part, answers in zip(parts, await asyncio.gather(*futures)):
-            for index, answer in zip(part, answers):
-                results[index] = answer
-        return results
+        return asyncio.gather(*futures), functools.partial(_merge_parts, reasons, parts)
 
     def _enqueue(self, spec, candidates: List[WorkerRecord], instances: Sequence,
                  deadline: Optional[float] = None) -> "asyncio.Future":

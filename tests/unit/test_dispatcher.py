@@ -109,7 +109,9 @@ class FakeClock:
 
 
 def dispatcher_of(registry, clock=None):
-    return Dispatcher(registry, clock=clock or FakeClock())
+    dispatcher = Dispatcher(registry, clock=clock or FakeClock())
+    dispatcher.request_timeout = 0  # no deadline timers among the clock's unless a test sets a deadline
+    return dispatcher
 
 
 async def until(condition, turns=1000):
@@ -307,20 +309,59 @@ def test_a_request_past_its_deadline_fails_and_its_worker_call_carries_the_deadl
     registry = WorkerRegistry()
     calls = []
     add_worker(registry, "w", 1, calls, batch_size=1, hold=True)
-    dispatcher = dispatcher_of(registry)
+    clock = FakeClock()
+    dispatcher = dispatcher_of(registry, clock)
     dispatcher.request_timeout = 0.05  # the default of requests without a deadline of their own
 
     async def scenario():
-        with pytest.raises(errors.Failed, match=r"servable\(add\) method\(m\) , deadline of 0.05 s exceeded"):
-            await dispatcher.predict(spec_of(), instances_of(1))
+        held = asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(1)))
+        await until(lambda: settled(dispatcher, [held], calls) and calls)
+        queued = asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(2), timeout=0.02))  # a gRPC
+        await until(lambda: settled(dispatcher, [held, queued], calls))  # client's own, queued behind the held call
+        clock.advance(0.02)
         with pytest.raises(errors.Failed, match="deadline of 0.02 s exceeded"):
-            await dispatcher.predict(spec_of(), instances_of(2), timeout=0.02)  # a gRPC client's own; it expires
-        calls[0]["release"].set()                                               # queued behind the held call
+            await queued
+        assert not held.done()
+        clock.advance(0.03)
+        with pytest.raises(errors.Failed, match=r"servable\(add\) method\(m\) , deadline of 0.05 s exceeded"):
+            await held
+        calls[0]["release"].set()
         await until(lambda: calls[0]["returned"])
+        await until(lambda: not any(queue.tasks for queue in registry.all()[0].queues.values()))
 
     asyncio.run(scenario())
     assert [call["timeout"] for call in calls] == [pytest.approx(0.05)]  # the expired request never left
     assert dispatcher.enqueued == 0
+
+
+def test_a_request_cut_into_chunks_fails_whole_at_its_deadline_and_a_cancelled_one_stays_cancelled():
+    registry = WorkerRegistry()
+    calls = []
+    worker = add_worker(registry, "w", 1, calls, batch_size=1, hold=True)
+    clock = FakeClock()
+    dispatcher = dispatcher_of(registry, clock)
+
+    async def scenario():
+        held = asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(9)))  # the worker is busy with it
+        await until(lambda: settled(dispatcher, [held], calls) and calls)
+        cut = asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(1, 2, 3), timeout=0.5))
+        await until(lambda: settled(dispatcher, [held, cut], calls))
+        clock.advance(0.5)
+        with pytest.raises(errors.Failed, match="deadline of 0.5 s exceeded"):
+            await cut
+        cancelled = asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(4), timeout=0.5))
+        await until(lambda: settled(dispatcher, [held, cancelled], calls))
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        assert not clock.pending()  # its deadline timer went with it
+        calls[0]["release"].set()
+        await until(lambda: calls[0]["returned"] and not worker.queues["m"].tasks)
+        return await held
+
+    assert y_of(asyncio.run(scenario())[0]) == 90
+    assert [call["xs"] for call in calls] == [[9]]  # the chunks still queued never left
+    assert dispatcher.enqueued == 0 and worker.outstanding == 0
 
 
 def test_a_partial_batch_for_an_idle_worker_waits_while_chunks_keep_arriving():
