@@ -314,8 +314,6 @@ def _plain_array(value: list):
     dtype = _FAST_KINDS.get(kind)
     if dtype is None or set(map(type, leaves)) != {kind}:
         return None
-    if kind is bool:
-        return np.array(value, dtype)
     with np.errstate(over="ignore"):  # beyond float32's range: inf, as the reference
         return np.array(value, dtype)
 

@@ -31,7 +31,7 @@ class CorkedTransport:
     def flush(self) -> None:
         if self._pending:
             pending, self._pending = self._pending, []
-            if not self._transport.is_closing():
+            if not self._transport.is_closing():  # a connection closed meanwhile takes nothing more, as uvicorn's
                 self._transport.writelines(pending)
 
     def close(self) -> None:

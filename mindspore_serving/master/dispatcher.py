@@ -50,10 +50,12 @@ SETTLE_MAX_SECONDS = 0.1   # ... at most, when answered clients took that long t
 
 
 class LoopClock:
-    """The dispatcher's time: the event loop's clock and timers. Tests pass a clock they move by hand,
-    so that the batching window and the settle logic never depend on elapsed time."""
+    """The dispatcher's time: the monotonic clock and the event loop's timers. Tests pass a clock they move by hand,
+    so that the batching window, the settle logic and the deadlines never depend on elapsed time."""
 
-    now = staticmethod(time.monotonic)  # the clock of asyncio's and uvloop's loops (uvloop's is cached per turn)
+    # the clock the event loops read (uvloop's loop.time() is the same one, in ms as of its turn's start); timers
+    # take delays, so the two mix
+    now = staticmethod(time.monotonic)
 
     @staticmethod
     def call_later(delay: float, callback) -> "asyncio.TimerHandle":

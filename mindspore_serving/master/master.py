@@ -106,6 +106,10 @@ class Master:
     def start_workers(self, plans: List[WorkerPlan]):
         self.phase = STARTING
         self.processes.start(plans)
+        self.now_serving()
+
+    def now_serving(self):
+        """The server serves from now on; the collector is settled over what starting it loaded (gc_tuning)."""
         self.phase = SERVING
         gc_tuning.settle()
 

@@ -7,7 +7,6 @@ from mindspore_serving.frontends.address import check_address
 from mindspore_serving.frontends.grpc_server import GrpcFrontend, read_ssl_files
 from mindspore_serving.frontends.restful_server import RestfulFrontend
 from mindspore_serving.master.master import get_master, install_signal_handlers, stop_master
-from mindspore_serving.master.readiness import SERVING
 from mindspore_serving.master.worker_processes import WorkerPlan
 from mindspore_serving.server.master.context import check_grace
 from mindspore_serving.server.model_repository import DEFAULT_POLL_INTERVAL, RepositoryPoller, parse_policies
@@ -106,7 +105,7 @@ def load_servable(config):
         master.model_control.load(_plans([config]))
     except errors.ServingError as err:
         raise RuntimeError(err.message) from None
-    master.phase = SERVING  # a server may start with no servable and load them all
+    master.now_serving()  # a server may start with no servable and load them all
 
 
 def unload_servable(servable_name, version_number=0):

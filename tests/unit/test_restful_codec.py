@@ -158,6 +158,30 @@ def test_json_arrays():
     assert isinstance(value, ShapedStr) and value == "abc" and value.dims == (1, 1)
 
 
+def test_float_and_bool_arrays_read_whole_match_the_general_walk():
+    """Flat lists and lists of equal rows of floats or bools are read in one numpy call; the same values in a
+    deeper nesting take the general walk: both give the same arrays."""
+    for flat, nested in [([1.5, -2.0, 1e300], [[[1.5], [-2.0], [1e300]]]), ([True, False], [[[True], [False]]])]:
+        value = parse_value(flat)
+        assert value.dtype == (np.bool_ if isinstance(flat[0], bool) else np.float32) and value.flags.writeable
+        np.testing.assert_array_equal(value, parse_value(nested).reshape(-1))
+    value = parse_value([[1.0, 2.0], [3.0, 4.0]])
+    assert value.dtype == np.float32 and value.shape == (2, 2) and value[1, 0] == 3.0
+    assert parse_value([1e300])[0] == np.inf  # beyond float32: inf, as the reference
+
+
+@pytest.mark.parametrize("value,text", [
+    ([[1.0, 2.0], [3.0]], "invalid json array: json size is 1, the dim 1 expected to be 2"),
+    ([[1.0, 2.0], 3.0], "invalid json array: json type is not array"),
+    ([[1.0, 2.0], [3.0, 4]], "json array, elements type is not equal"),
+    ([[True, False], [True, 0.5]], "json array, elements type is not equal"),
+    ([1.0, [2.0]], "json array, data should be number, bool, string or bytes"),
+    ([1.0, None], "json array, data should be number, bool, string or bytes"),
+])
+def test_float_array_errors_are_worded_by_the_general_walk(value, text):
+    assert value_error(value) == PREFIX + text
+
+
 @pytest.mark.parametrize("value,text", [
     ([], "json array, shape is empty"),
     ([[]], "json array, data type is unknown"),
