@@ -35,6 +35,11 @@ def socket_address(name: str) -> str:
     return _short(f"unix:{SOCKET_DIR}/{name}")
 
 
+def socket_path(address: str) -> str:
+    """The file of a `unix:` address (any other address as it is)."""
+    return address[len("unix:"):] if address.startswith("unix:") else address
+
+
 def predict_address(grpc_address: str) -> str:
     """Where a worker answers the master's Predict calls (predict_socket.py): beside its gRPC socket (a shortened
     address stays within the unix socket path limit with the suffix)."""
@@ -52,6 +57,6 @@ def worker_address(servable_name: str, device_label: str) -> str:
 def remove_socket(address: str):
     if address.startswith("unix:"):
         try:
-            os.unlink(address[len("unix:"):])
+            os.unlink(socket_path(address))
         except FileNotFoundError:
             pass

@@ -18,15 +18,12 @@ import time
 from typing import Callable, List, Optional
 
 from mindspore_serving import log
-from mindspore_serving.ipc.master_worker import MAX_INTERNAL_MSG_BYTES, WorkerConnectionError, remove_socket
+from mindspore_serving.ipc.master_worker import (MAX_INTERNAL_MSG_BYTES, WorkerConnectionError, remove_socket,
+                                                 socket_path)
 from mindspore_serving.proto import internal_pb2
 
 HEADER = struct.Struct("<I")
 _SMALL_FRAME = 64 * 1024  # header and payload in one write below this size; two writes (no copy) above
-
-
-def socket_path(address: str) -> str:
-    return address[len("unix:"):] if address.startswith("unix:") else address
 
 
 def frame_size(header: bytes) -> int:
@@ -36,12 +33,10 @@ def frame_size(header: bytes) -> int:
     return size
 
 
-def _send_frame(sock: socket.socket, payload: bytes):
-    if len(payload) < _SMALL_FRAME:
-        sock.sendall(HEADER.pack(len(payload)) + payload)
-    else:
-        sock.sendall(HEADER.pack(len(payload)))
-        sock.sendall(payload)
+def frame(payload: bytes) -> List[bytes]:
+    """The parts to write for one frame: header and payload joined below _SMALL_FRAME, apart above it (no copy)."""
+    header = HEADER.pack(len(payload))
+    return [header + payload] if len(payload) < _SMALL_FRAME else [header, payload]
 
 
 class PredictSocketServer:
@@ -87,7 +82,8 @@ class PredictSocketServer:
                     return  # the master closed the connection, or the worker is stopping
                 payload = reader.read(frame_size(header))
                 request = internal_pb2.WorkerPredictRequest.FromString(payload)
-                _send_frame(conn, self.handle(request).SerializeToString())
+                for part in frame(self.handle(request).SerializeToString()):
+                    conn.sendall(part)
         except (OSError, WorkerConnectionError) as err:
             if not self._closed:
                 log.warning(f"Predict connection from the master ended: {err}")
@@ -166,10 +162,7 @@ class _Connection(asyncio.Protocol):
         if self.lost is not None:
             raise WorkerConnectionError(self.lost)
         self.waiter = asyncio.get_running_loop().create_future()
-        if len(payload) < _SMALL_FRAME:
-            self.transport.write(HEADER.pack(len(payload)) + payload)
-        else:
-            self.transport.writelines([HEADER.pack(len(payload)), payload])
+        self.transport.writelines(frame(payload))
         return await self.waiter
 
     def close(self):

@@ -20,6 +20,7 @@ import numpy as np
 from mindspore_serving import log
 from mindspore_serving.common.tensor_codec import NUMPY_TO_PROTO
 from mindspore_serving.spec.servable import MethodSpec
+from mindspore_serving.worker.batching import split_outputs
 from mindspore_serving.worker.executors import ModelExecutor
 from mindspore_serving.worker.method_runner import MethodRunner, ModelStage
 
@@ -88,9 +89,7 @@ class DirectBatch:
             size = min(self.batch_size, count - start)
             outputs = self.executor.run_merged([_batch(array[start:start + size], self.batch_size)
                                                 for array in inputs], size)
-            # rows as split_outputs gives them (ascontiguousarray: a 0-d row becomes shape [1])
-            answers.extend({name: np.ascontiguousarray(outputs[index][slot]) for name, index in self.outputs}
-                           for slot in range(size))
+            answers.extend({name: row[index] for name, index in self.outputs} for row in split_outputs(outputs, size))
         return answers
 
     def _run_each(self, inputs: List[np.ndarray]) -> list:
