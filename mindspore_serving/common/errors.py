@@ -96,6 +96,16 @@ class ServerStopping(WorkerUnavailable):
     ends (frontends/drain.py). Unlike a lost worker, it ends a gRPC call with status UNAVAILABLE."""
 
 
+STOP_CUT = "cut: the server's grace period ended"
+"""The message of the cancellation with which a stopping server cuts a request's task (frontends/drain.py), so
+that code the cancellation passes through tells the cut (a server error) from a client going away."""
+
+
+def cut_by_stop(cancelled: BaseException) -> bool:
+    """Whether a CancelledError is the stopping server's cut rather than the client's cancellation."""
+    return cancelled.args[:1] == (STOP_CUT,)
+
+
 class ServableUnavailable(_CodedError):
     CODE = SERVABLE_UNAVAILABLE
     KIND = Kind.NOT_FOUND

@@ -28,8 +28,8 @@ MODEL_LABELS = WORKER_LABELS + ("model",)
 LLM_LABELS = ("model_name",)
 LLM_ENGINE_LABELS = ("model_name", "version", "device")
 
-# outcomes of a classic request
-SUCCESS, CLIENT_ERROR, SERVER_ERROR = "success", "client_error", "server_error"
+# outcomes of a classic request; cancelled: its client went away (a gRPC cancellation) before it was answered
+SUCCESS, CLIENT_ERROR, SERVER_ERROR, CANCELLED = "success", "client_error", "server_error", "cancelled"
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,8 @@ P = "mindspore_serving_"
 L = "mindspore_serving:"  # vLLM's names, under our prefix
 FAMILIES: Dict[str, Family] = {
     # master, per servable, version and method (classic requests: REST and gRPC Predict)
-    P + "requests": Family(COUNTER, "Requests answered, by outcome (success, client_error, server_error)",
+    P + "requests": Family(COUNTER, "Requests ended, by outcome (success, client_error, server_error, "
+                                     "cancelled: the client went away first)",
                            SERVABLE_LABELS + ("outcome",)),
     P + "request_duration_seconds": Family(HISTOGRAM, "Request latency in the master, from dispatch to answer",
                                            SERVABLE_LABELS, LATENCY_BUCKETS),

@@ -90,7 +90,7 @@ class Drain:
         self._cut_error = errors.ServerStopping(message)
         for task in self._guarded:
             self._cut_tasks.add(task)
-            task.cancel()
+            task.cancel(errors.STOP_CUT)
         return self.running()
 
     async def guard(self, awaitable):

@@ -31,7 +31,7 @@ import grpc
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
-from mindspore_serving.common.metrics import SERVER_ERROR, outcome_of_answers, outcome_of_code
+from mindspore_serving.common.metrics import CANCELLED, SERVER_ERROR, outcome_of_answers, outcome_of_code
 from mindspore_serving.common.tensor_codec import check_instance, check_tensor
 from mindspore_serving.ipc import master_worker as ipc
 from mindspore_serving.master.metrics import MasterMetrics
@@ -329,6 +329,10 @@ class Dispatcher:
             return answers
         except errors.ServingError as err:
             outcome = outcome_of_code(err.code)
+            raise
+        except asyncio.CancelledError as err:  # the client went away, or the stopping server cut the request
+            if not errors.cut_by_stop(err):
+                outcome = CANCELLED
             raise
         finally:
             self.enqueued -= 1

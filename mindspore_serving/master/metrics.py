@@ -28,7 +28,7 @@ class MethodStats:
     __slots__ = ("outcomes", "latency", "queue", "instances")
 
     def __init__(self):
-        self.outcomes = {m.SUCCESS: 0, m.CLIENT_ERROR: 0, m.SERVER_ERROR: 0}
+        self.outcomes = {m.SUCCESS: 0, m.CLIENT_ERROR: 0, m.SERVER_ERROR: 0, m.CANCELLED: 0}
         self.latency = m.histogram(m.P + "request_duration_seconds")
         self.queue = m.histogram(m.P + "request_queue_seconds")
         self.instances = m.histogram(m.P + "request_instances")

@@ -481,6 +481,40 @@ def test_a_cancelled_request_leaves_the_queue(monkeypatch):
     assert worker.outstanding == 0 and enqueued == 0
 
 
+def test_a_request_whose_client_goes_away_counts_as_cancelled_and_one_cut_by_the_stop_as_a_server_error():
+    from mindspore_serving.frontends.drain import Drain, GuardedDispatcher
+    registry = WorkerRegistry()
+    calls = []
+    worker = add_worker(registry, "w", 1, calls, batch_size=1, hold=True)
+    dispatcher = dispatcher_of(registry)
+    drain = Drain()
+    guarded = GuardedDispatcher(dispatcher, drain)
+
+    async def scenario():
+        # one instance (its call's own future) and three (chunks joined by a gather): both ways a request waits
+        left = [asyncio.ensure_future(guarded.predict(spec_of(), instances_of(*xs))) for xs in ((1,), (2, 3, 4))]
+        await until(lambda: settled(dispatcher, left, calls))
+        for task in left:
+            task.cancel()
+        for task in left:
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        stopped = [asyncio.ensure_future(guarded.predict(spec_of(), instances_of(*xs))) for xs in ((5,), (6, 7))]
+        await until(lambda: settled(dispatcher, stopped, calls))
+        drain.cut("stopping")
+        for task in stopped:
+            with pytest.raises(errors.ServerStopping, match="stopping"):
+                await task
+        for call in calls:
+            call["release"].set()
+        await until(lambda: not worker.outstanding)
+
+    asyncio.run(scenario())
+    assert dispatcher.metrics.method("add", 1, "m").outcomes == {"success": 0, "client_error": 0, "server_error": 2,
+                                                                  "cancelled": 2}
+    assert dispatcher.enqueued == 0
+
+
 # ---------------------------------------------------------------- checks before sending
 
 
