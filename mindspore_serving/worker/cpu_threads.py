@@ -1,14 +1,20 @@
-"""How many threads MindSpore's CPU kernels use in a worker, chosen deliberately rather than left to MindSpore's
-default of 25 (whatever the machine).
+"""Where and on how many threads MindSpore's CPU kernels run in a worker, chosen deliberately rather than left to
+MindSpore's default of 25 threads (whatever the machine) on every core.
 
-A servable sets it with `register.Context(thread_num=n)` on a declared model (MindSpore Serving's inference
-thread count; with several models the largest applies: MindSpore has one CPU kernel pool per process, set once).
-Otherwise it is the number of cores this worker may run on (its CPU affinity). Only on CPU.
+- Cores: `register.Context(thread_affinity_core_list=[...])` on a declared model binds the worker to those cores
+  (with several models, the union). The whole process is bound: a graph call runs its kernels in the calling
+  thread as well as in MindSpore's own threads. Unset: the worker runs where the master may.
+- Threads: `register.Context(thread_num=n)` (MindSpore Serving's inference thread count; with several models the
+  largest applies: MindSpore has one CPU kernel pool per process, set once). Otherwise the number of cores this
+  worker may run on (its CPU affinity, after the binding above).
+
+Only on CPU.
 """
 import os
-from typing import Iterable, Optional, Tuple
+from typing import Iterable, List, Optional, Set, Tuple
 
 from mindspore_serving import log
+from mindspore_serving.common.cpu_affinity import bind_threads
 
 
 def declared_thread_num(model_specs: Iterable) -> Optional[int]:
@@ -18,11 +24,41 @@ def declared_thread_num(model_specs: Iterable) -> Optional[int]:
     return max(found) if found else None  # an unset thread_num is -1
 
 
-def allowed_cores() -> int:
+def declared_cores(model_specs: Iterable) -> Optional[List[int]]:
+    """The cores the models' contexts bind them to (the union of their thread_affinity_core_list), sorted; None
+    when no model sets one."""
+    cores: Set[int] = set()
+    for spec in model_specs:
+        if spec.context is not None:
+            cores.update(getattr(spec.context.model_context, "thread_affinity_core_list", None) or ())
+    return sorted(cores) if cores else None
+
+
+def allowed_core_ids() -> Set[int]:
     try:
-        return len(os.sched_getaffinity(0))
+        return set(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # no affinity on this platform
-        return os.cpu_count() or 1
+        return set(range(os.cpu_count() or 1))
+
+
+def allowed_cores() -> int:
+    return len(allowed_core_ids())
+
+
+def apply_cpu_affinity(model_specs: Iterable, servable_name: str):
+    """Binds this worker's threads, those running and those to come, to the cores its models' contexts list.
+    Raises RuntimeError for a core the worker may not run on (absent, or outside the cores it was started on)."""
+    cores = declared_cores(model_specs)
+    if cores is None:
+        return
+    allowed = allowed_core_ids()
+    missing = [core for core in cores if core not in allowed]
+    if missing:
+        raise RuntimeError(f"servable {servable_name}: thread_affinity_core_list {cores} names core(s) "
+                           f"{missing} this worker cannot run on (its cores: {sorted(allowed)})")
+    bind_threads(cores)
+    log.info(f"servable {servable_name}: worker bound to CPU core(s) {cores} (register.Context("
+             f"thread_affinity_core_list))")
 
 
 def choose_cpu_threads(model_specs: Iterable) -> Tuple[int, str]:

@@ -8,7 +8,7 @@ from mindspore_serving import log
 from mindspore_serving.spec.llm import LlmDeclaration
 from mindspore_serving.spec.registry import get_servable_spec
 from mindspore_serving.common.ms_device import resolve_device, select_device
-from mindspore_serving.worker.cpu_threads import apply_cpu_threads
+from mindspore_serving.worker.cpu_threads import apply_cpu_affinity, apply_cpu_threads
 from mindspore_serving.worker.llm.runtime import LlmRuntime
 from mindspore_serving.worker.servable_runtime import ServableRuntime
 
@@ -64,6 +64,7 @@ def load_servable(servable_directory: str, servable_name: str, version_number: i
     device = resolve_device(device_type, servable_name)
     select_device(device, device_id)
     if device == "CPU":
+        apply_cpu_affinity(spec.models.values(), servable_name)  # first: the thread count follows the cores
         apply_cpu_threads(spec.models.values(), servable_name)
     log.info(f"loading servable {servable_name} version {version} on {device} device {device_id}")
     version_dir = os.path.join(servable_directory, servable_name, str(version))

@@ -3,7 +3,7 @@
 One server for the module (GLOG_v=1):
 * add_sub and matmul: device_ids=0, num_parallel_workers=2: a device worker and one extra worker each; the extra
   workers call the device workers' models through the master (add_sub: model stages; matmul: Model.call);
-* add_only (add's model, only a model stage): no extra worker, a warning;
+* add_only (add's model, only a model stage, bound to one core by its model context): no extra worker, a warning;
 * add without device_ids: one extra worker that loads the model on CPU itself.
 """
 import os
@@ -32,7 +32,8 @@ server.start_grpc_server(sys.argv[1])
 """
 ADD_ONLY = '''from mindspore_serving.server import register
 
-tensor_add = register.declare_model(model_file="tensor_add.mindir", model_format="MindIR", with_batch_dim=False)
+tensor_add = register.declare_model(model_file="tensor_add.mindir", model_format="MindIR", with_batch_dim=False,
+                                    context=register.Context(thread_affinity_core_list=[{core}]))
 
 
 @register.register_method(output_names=["y"])
@@ -41,6 +42,7 @@ def add_common(x1, x2):
     return y
 '''
 X = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+CORE = min(os.sched_getaffinity(0))
 HANDLED = "WorkerRequestHandle Time Cost # "
 
 
@@ -50,7 +52,7 @@ def serving(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("parallel_workers")
     local = cwd / "servables"
     os.makedirs(local / "add_only" / "1")
-    (local / "add_only" / "servable_config.py").write_text(ADD_ONLY)
+    (local / "add_only" / "servable_config.py").write_text(ADD_ONLY.format(core=CORE))
     shutil.copy(os.path.join(SERVABLES, "add", "1", "tensor_add.mindir"), local / "add_only" / "1")
     (cwd / "server.py").write_text(SCRIPT)
     grpc_addr = f"127.0.0.1:{free_port()}"
@@ -146,6 +148,19 @@ def test_model_only_servable_and_the_servable_without_device_ids_serve(serving):
     (result,) = Client(grpc_addr, "add", "add_cast").infer({"x1": X.astype(np.int32), "x2": X})
     np.testing.assert_array_equal(result["y"], X * 2)
     assert "Method add_cast " + HANDLED in log_of(cwd, "log_add_extra0_version1.log")
+
+
+def test_a_model_context_binds_its_worker_and_every_thread_of_it_to_its_cores(serving):
+    proc, grpc_addr, cwd = serving
+    (worker,) = workers(proc, DEVICE_MODULE, "add_only")
+    affinities = {os.sched_getaffinity(thread.id) == {CORE} for thread in worker.threads()}
+    assert affinities == {True}, f"every thread of the add_only worker, MindSpore's included, runs on core {CORE}"
+    log = log_of(cwd, "log_add_only_device0_version1.log")
+    assert (f"servable add_only: worker bound to CPU core(s) [{CORE}] (register.Context(thread_affinity_core_list))"
+            in log)
+    assert "servable add_only: MindSpore CPU kernel threads 1 (the cores this worker may use)" in log
+    (result,) = Client(grpc_addr, "add_only", "add_common").infer({"x1": X, "x2": X})
+    np.testing.assert_array_equal(result["y"], X * 2)
 
 
 def test_a_killed_extra_worker_is_restarted_and_the_server_keeps_serving(serving):

@@ -263,3 +263,23 @@ def test_load_failure_names_files_context_and_reason(tmp_path):
     assert str(info.value) == (f"Load model failed, servable directory: '{tmp_path}', servable name: '{name}', model "
                                f"file: '[net.mindir, net2.mindir]', version number 1,model context: {{thread num: 2}}, "
                                f"load error details: model file '{servable / '1' / 'net.mindir'}' not exist")
+
+
+def test_a_model_context_naming_a_core_the_worker_cannot_use_fails_the_load(tmp_path):
+    pytest.importorskip("mindspore")
+    name = unique_name()
+    affinity = os.sched_getaffinity(0)
+    core = min(affinity)
+    servable = write_config(tmp_path, name, f"""
+        model = register.declare_model("net.mindir", "MindIR",
+                                       context=register.Context(thread_affinity_core_list=[{core}, 4096]))
+
+        @register.register_method(output_names="y")
+        def predict(x):
+            return register.add_stage(model, x, outputs_count=1)
+    """)
+    (servable / "1").mkdir()
+    with pytest.raises(RuntimeError, match=rf"servable {name}: thread_affinity_core_list \[{core}, 4096\] names "
+                                           rf"core\(s\) \[4096\] this worker cannot run on \(its cores: \["):
+        load_servable(str(tmp_path), name, 1, "cpu", 0)
+    assert os.sched_getaffinity(0) == affinity  # nothing was bound
