@@ -5,6 +5,7 @@ MindSpore is imported where a model is loaded or run, not at module import: the 
 """
 import os
 import threading
+import time
 from dataclasses import dataclass
 from functools import cached_property
 from typing import List, Optional, Sequence
@@ -84,6 +85,19 @@ class Subgraph:
             return []
         zeros = [np.zeros(info.shape, info.dtype) for info in self.inputs]
         return [TensorInfo(out.shape, out.dtype) for out in self.run(zeros)]
+
+    def settle(self, calls: int, budget_s: float) -> int:
+        """Runs the graph on zeros (its full input shapes) `calls` times, or until `budget_s` seconds have passed;
+        returns the calls made (none when an input's shape is not static)."""
+        if not all(info.is_static for info in self.inputs):
+            return 0
+        zeros = [np.zeros(info.shape, info.dtype) for info in self.inputs]
+        deadline = time.perf_counter() + budget_s
+        for made in range(1, calls + 1):
+            self.run(zeros)
+            if time.perf_counter() >= deadline:
+                return made
+        return calls
 
     def run(self, inputs: Sequence[np.ndarray]) -> List[np.ndarray]:
         from mindspore import Tensor  # lazy: see the module docstring

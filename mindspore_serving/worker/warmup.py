@@ -11,6 +11,15 @@ Two sources, per method:
 
 Any error (a file that cannot be read, an unknown method, input names that differ from the method's, an
 instance that fails) raises `WarmupError`, which fails the worker's start-up with the reason.
+
+Then, always, every graph the worker runs on CPU is settled (`settle_graphs`): MindSpore makes two choices by
+timing a graph's first calls, and keeps them for the process's life. Its CPU kernels try splitting their work over
+1, 2, 4... threads for 5 calls each and keep the fastest; its graph scheduler times calls 31-40 on its actor
+threads and 41-50 in the calling thread and keeps the faster. Timed during the first requests, under load, those
+choices are a draw: of 18 `add` workers started under 64 clients, 4 split a 4-element add over two threads and
+spent 110-170 us of CPU per request (the caller spinning in `sched_yield` for its partner) instead of 45-60. So
+the worker makes those calls itself, on zeros, before it registers: SETTLE_CALLS per graph, at most
+SETTLE_SECONDS each (a graph slow enough to hit that bound has work enough that the choices are clear).
 """
 import os
 import time
@@ -23,9 +32,12 @@ from mindspore_serving.common import errors
 from mindspore_serving.common.restful_instances import load_json, parse_instances
 from mindspore_serving.common.tensor_codec import is_error
 from mindspore_serving.spec.servable import ServableSpec
+from mindspore_serving.worker.model_backend import LoadedModel
 from mindspore_serving.worker.signatures import input_infos
 
 WARMUP_DIR = "warmup"
+SETTLE_CALLS = 50  # MindSpore's last timed call is its graph scheduler's 50th execution
+SETTLE_SECONDS = 2.0
 WARMUP_SUFFIX = ".json"
 MAX_FILE_BYTES = 1 << 30
 
@@ -122,3 +134,23 @@ def warm_up(runtime, servable_path: str):
     plan = warmup_plan(servable_path, runtime.spec, getattr(runtime, "models", {}))
     if plan:
         run_warmup(runtime, plan)
+    settle_graphs(getattr(runtime, "models", {}))
+
+
+def settle_graphs(models: Dict[str, LoadedModel]):
+    """Runs each graph that this worker runs on CPU on zeros, SETTLE_CALLS times or for SETTLE_SECONDS, so that
+    MindSpore times its choices while nothing else runs (see the module docstring). Models whose inputs are not
+    static are left as they are, and so are models run elsewhere (an extra worker's, a distributed servable's)."""
+    for key, model in models.items():
+        if not isinstance(model, LoadedModel) or model.device_target != "CPU":
+            continue
+        for index, graph in enumerate(model.subgraphs):
+            started = time.perf_counter()
+            try:
+                calls = graph.settle(SETTLE_CALLS, SETTLE_SECONDS)
+            except Exception as err:  # it ran on zeros at load; a failure here only costs the settling
+                log.warning(f"model {key} graph {index} was not settled: {err}")
+                continue
+            if calls:
+                log.info(f"model {key} graph {index} settled: {calls} calls on zeros in "
+                         f"{(time.perf_counter() - started) * 1000:.1f} ms")

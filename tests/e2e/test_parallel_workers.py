@@ -150,6 +150,13 @@ def test_model_only_servable_and_the_servable_without_device_ids_serve(serving):
     assert "Method add_cast " + HANDLED in log_of(cwd, "log_add_extra0_version1.log")
 
 
+def test_a_worker_settles_its_graphs_before_it_registers(serving):
+    _, _, cwd = serving
+    log = log_of(cwd, "log_add_only_device0_version1.log")
+    settled, registered = log.find(" graph 0 settled: 50 calls on zeros in "), log.find("Start servable success")
+    assert 0 <= settled < registered, log[-3000:]
+
+
 def test_a_model_context_binds_its_worker_and_every_thread_of_it_to_its_cores(serving):
     proc, grpc_addr, cwd = serving
     (worker,) = workers(proc, DEVICE_MODULE, "add_only")

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from mindspore_serving.spec.servable import STAGE_FUNCTION, STAGE_MODEL, MethodSpec, ServableSpec, StageSpec, TensorRef
-from mindspore_serving.worker.model_backend import TensorInfo
+from mindspore_serving.worker import warmup
+from mindspore_serving.worker.model_backend import LoadedModel, TensorInfo
 from mindspore_serving.worker.warmup import (WarmupError, generated_instances, read_warmup_files, run_warmup,
-                                             warm_up, warmup_plan)
+                                             settle_graphs, warm_up, warmup_plan)
 
 
 class FakeModel:
@@ -148,3 +149,44 @@ def test_llm_servables_refuse_a_warmup_folder(tmp_path):
     write(tmp_path, "generate.json", {"instances": [{"prompt": "hi"}]})
     with pytest.raises(WarmupError, match="not supported for LLM servables"):
         warm_up(FakeRuntime(spec), str(tmp_path))
+
+
+class FakeGraph:
+    def __init__(self, name, settled, calls=50, error=None):
+        self.name, self.settled, self.calls, self.error = name, settled, calls, error
+
+    def settle(self, calls, budget_s):
+        if self.error is not None:
+            raise self.error
+        self.settled.append((self.name, calls, budget_s))
+        return self.calls
+
+
+def loaded_model(device_target, graphs):
+    model = LoadedModel.__new__(LoadedModel)  # its graphs are fakes: nothing is loaded
+    model.device_target, model.subgraphs = device_target, graphs
+    return model
+
+
+def test_every_graph_run_here_on_cpu_is_settled_and_the_others_are_left(caplog):
+    settled = []
+    models = {"cpu": loaded_model("CPU", [FakeGraph("a", settled), FakeGraph("b", settled, error=RuntimeError("x")),
+                                          FakeGraph("c", settled, calls=0)]),
+              "gpu": loaded_model("GPU", [FakeGraph("d", settled)]),
+              "elsewhere": FakeModel([])}  # an extra worker's model, run by its device worker
+    with caplog.at_level("INFO", logger="mindspore_serving"):
+        settle_graphs(models)
+    assert settled == [("a", warmup.SETTLE_CALLS, warmup.SETTLE_SECONDS), ("c", warmup.SETTLE_CALLS,
+                                                                           warmup.SETTLE_SECONDS)]
+    assert "model cpu graph 0 settled: 50 calls on zeros in" in caplog.text
+    assert "model cpu graph 1 was not settled: x" in caplog.text
+    assert "graph 2" not in caplog.text  # dynamic shapes: no call made, nothing to say
+
+
+def test_warm_up_settles_the_graphs_after_the_plan(tmp_path, monkeypatch):
+    order = []
+    monkeypatch.setattr(warmup, "run_warmup", lambda runtime, plan: order.append("plan"))
+    monkeypatch.setattr(warmup, "settle_graphs", lambda models: order.append(("settle", models)))
+    write(tmp_path, "add.json", {"instances": [{"x1": 1.0, "x2": 2.0}]})
+    warm_up(FakeRuntime(make_spec()), str(tmp_path))
+    assert order == ["plan", ("settle", MODELS)]
