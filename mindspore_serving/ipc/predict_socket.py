@@ -9,8 +9,18 @@ stays on gRPC.
 A connection carries one call at a time. The master keeps idle connections for reuse and opens another when all
 are busy (a worker has at most a few calls in flight); the worker answers each connection on a thread of its own.
 A call that fails, times out or is cancelled closes its connection: a late reply can never answer the next call.
+
+Having answered, a connection's thread polls for the next frame for up to `spin_s` seconds before it blocks,
+when no other call is being answered (then spinning would only take the GIL from it). Waking a thread blocked on a
+socket costs ~100 us on a small virtual machine (an idle vCPU, then cold caches), which a client that sends its
+next request at once pays on every call. Measured with `add` (medians of three alternating rounds, 2 cores): at
+one client p50 0.397 ms without, 0.320 ms with 300 us and 0.312 ms with 600 us; at 8 clients 6.7k, 7.9k and 8.2k
+requests/s; at 64 clients 11.4k, 11.0k and 11.3k (calls overlap there: hardly any polling). The price is the
+worker's CPU between calls: at one client 187 against ~330 us per request. The worker's default is 500 us
+(MS_SERVING_WORKER_SPIN_US).
 """
 import asyncio
+import select
 import socket
 import struct
 import threading
@@ -39,14 +49,19 @@ def frame(payload: bytes) -> List[bytes]:
     return [header + payload] if len(payload) < _SMALL_FRAME else [header, payload]
 
 
+DEFAULT_SPIN_S = 0.0005
+
+
 class PredictSocketServer:
-    """The worker's end: answers each frame with `handle(request) -> reply` (internal_pb2 messages). It owns its
+    """The worker's end: answers each frame with `handle(request) -> reply` (internal_pb2 messages); an idle
+    connection polls `spin_s` seconds for its next frame before it blocks (0: it blocks at once). It owns its
     socket file: one left by a killed process of the same pid is replaced, and `stop` removes it."""
 
-    def __init__(self, address: str, handle: Callable):
+    def __init__(self, address: str, handle: Callable, spin_s: float = 0.0):
         self.address = address
         self.path = socket_path(address)
         self.handle = handle
+        self.spin_s = spin_s
         remove_socket(address)
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(self.path)
@@ -55,6 +70,7 @@ class PredictSocketServer:
         self._connections: List[socket.socket] = []
         self._threads: List[threading.Thread] = []
         self._closed = False
+        self._answering = 0  # calls being answered, on all connections
         self._acceptor = threading.Thread(target=self._accept, name="predict-accept", daemon=True)
         self._acceptor.start()
 
@@ -75,15 +91,27 @@ class PredictSocketServer:
 
     def _serve(self, conn: socket.socket):
         reader = conn.makefile("rb")
+        poller = None
+        if self.spin_s > 0:
+            poller = select.poll()
+            poller.register(conn, select.POLLIN)
         try:
             while True:
+                if poller is not None and not self._answering:
+                    spin_until_readable(poller, self.spin_s)
                 header = reader.read(HEADER.size)
                 if len(header) < HEADER.size:
                     return  # the master closed the connection, or the worker is stopping
                 payload = reader.read(frame_size(header))
-                request = internal_pb2.WorkerPredictRequest.FromString(payload)
-                for part in frame(self.handle(request).SerializeToString()):
-                    conn.sendall(part)
+                with self._lock:
+                    self._answering += 1
+                try:
+                    request = internal_pb2.WorkerPredictRequest.FromString(payload)
+                    for part in frame(self.handle(request).SerializeToString()):
+                        conn.sendall(part)
+                finally:
+                    with self._lock:
+                        self._answering -= 1
         except (OSError, WorkerConnectionError) as err:
             if not self._closed:
                 log.warning(f"Predict connection from the master ended: {err}")
@@ -115,6 +143,16 @@ class PredictSocketServer:
         deadline = time.monotonic() + grace
         for thread in threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
+def spin_until_readable(poller: "select.poll", seconds: float) -> bool:
+    """Polls without sleeping until the polled connection has data (or is closed) or `seconds` have passed;
+    whether it has."""
+    end = time.perf_counter() + seconds
+    while not poller.poll(0):
+        if time.perf_counter() >= end:
+            return False
+    return True
 
 
 class _Connection(asyncio.Protocol):

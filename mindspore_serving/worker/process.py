@@ -10,11 +10,9 @@ prefer_native_protobuf()  # before protobuf is imported (see the module)
 # pylint: disable=wrong-import-position
 import os  # noqa: E402
 import argparse  # noqa: E402
-import importlib  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
-import time  # noqa: E402
 from concurrent import futures  # noqa: E402
 
 import grpc  # noqa: E402
@@ -22,7 +20,7 @@ import grpc  # noqa: E402
 from mindspore_serving import log  # noqa: E402
 from mindspore_serving.common import gc_tuning  # noqa: E402
 from mindspore_serving.ipc import master_worker as ipc  # noqa: E402
-from mindspore_serving.ipc.predict_socket import PredictSocketServer  # noqa: E402
+from mindspore_serving.ipc.predict_socket import DEFAULT_SPIN_S, PredictSocketServer  # noqa: E402
 from mindspore_serving.proto import internal_pb2, internal_pb2_grpc  # noqa: E402
 from mindspore_serving.worker.remote_model import model_infos  # noqa: E402
 from mindspore_serving.worker.servable_loader import load_servable  # noqa: E402
@@ -35,6 +33,22 @@ GIL_SWITCH_SECONDS = 0.0001
 """How long a thread may hold the GIL while another waits for it (Python's default: 5 ms). A Python stage holds it
 for its whole run; the threads that move requests along (gRPC, model batches, the model calls of extra workers)
 each need it for a moment, and would wait that long for every one of those moments."""
+
+
+SPIN_VARIABLE = "MS_SERVING_WORKER_SPIN_US"
+
+
+def predict_spin_seconds() -> float:
+    """How long an idle connection of the Predict socket polls for its next call before it blocks
+    (MS_SERVING_WORKER_SPIN_US, microseconds; 0: never; see ipc/predict_socket.py)."""
+    text = os.environ.get(SPIN_VARIABLE)
+    if text is None:
+        return DEFAULT_SPIN_S
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{SPIN_VARIABLE} should be a number of microseconds, but got '{text}'") from None
+    return max(0.0, value) / 1e6
 
 
 def servable_arguments(description: str) -> argparse.ArgumentParser:
@@ -98,7 +112,8 @@ class Worker:
         self.server.add_insecure_port(self.address)
         self.server.start()
         self.predict_server = PredictSocketServer(ipc.predict_address(self.address),
-                                                  lambda request: servicer.Predict(request, None))
+                                                  lambda request: servicer.Predict(request, None),
+                                                  spin_s=predict_spin_seconds())
         spec = self.runtime.spec
         methods = []
         for m in spec.methods.values():

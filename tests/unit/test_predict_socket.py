@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from mindspore_serving.ipc.master_worker import CONNECTION_ERRORS, WorkerConnectionError
+from mindspore_serving.ipc import predict_socket
 from mindspore_serving.ipc.predict_socket import PredictChannel, PredictSocketServer
 from mindspore_serving.proto import internal_pb2
 
@@ -34,9 +35,9 @@ def request_of(request_id: str, nbytes: int = 4):
     return request
 
 
-def serve_and_run(address, handle, scenario):
+def serve_and_run(address, handle, scenario, spin_s=0.0):
     """`await scenario(server, channel)` against a worker's end answering with `handle`; both ends closed after."""
-    server = PredictSocketServer(address, handle)
+    server = PredictSocketServer(address, handle, spin_s)
     channel = PredictChannel(address)
 
     async def run():
@@ -51,14 +52,15 @@ def serve_and_run(address, handle, scenario):
         server.stop(grace=1)
 
 
-def test_calls_get_their_own_replies_small_and_large_one_after_another_and_together(address):
+@pytest.mark.parametrize("spin_s", [0.0, 0.001])
+def test_calls_get_their_own_replies_small_and_large_one_after_another_and_together(address, spin_s):
     async def scenario(_server, channel):
         first = await channel.call(request_of("a"))
         large = await channel.call(request_of("b", 3 << 20))  # several socket reads
         together = await asyncio.gather(*[channel.call(request_of(f"c{i}", i + 1)) for i in range(4)])
         return first, large, together
 
-    first, large, together = serve_and_run(address, echo, scenario)
+    first, large, together = serve_and_run(address, echo, scenario, spin_s)
     assert (first.request_id, first.error_msg[0].error_msg) == ("a", b"4")
     assert (large.request_id, large.error_msg[0].error_msg) == ("b", str(3 << 20).encode())
     assert [(r.request_id, r.error_msg[0].error_msg) for r in together] == [(f"c{i}", str(i + 1).encode())
@@ -133,3 +135,62 @@ def test_a_frame_that_is_not_a_request_closes_the_connection(address):
         assert asyncio.run(scenario()) == b""
     finally:
         server.stop(grace=1)
+
+
+def test_an_idle_connection_polls_before_it_blocks_but_not_while_another_call_is_answered(address, monkeypatch):
+    spins = []
+    spin = predict_socket.spin_until_readable
+
+    def recording(poller, seconds):
+        spins.append((threading.current_thread().ident, seconds))
+        return spin(poller, seconds)
+
+    monkeypatch.setattr(predict_socket, "spin_until_readable", recording)
+    entered, release = threading.Event(), threading.Event()
+
+    def handle(request):
+        if request.request_id == "held":
+            entered.set()
+            release.wait(5)
+        return echo(request)
+
+    async def scenario(_server, channel):
+        await channel.call(request_of("a"))
+        await channel.call(request_of("b"))
+        first_connection = set(spins)
+        held = asyncio.ensure_future(channel.call(request_of("held")))
+        await asyncio.get_running_loop().run_in_executor(None, entered.wait, 5)
+        other = await channel.call(request_of("c"))  # on a second connection, while "held" is answered
+        release.set()
+        return first_connection, (await held).request_id, other.request_id
+
+    first_connection, held, other = serve_and_run(address, handle, scenario, spin_s=0.05)
+    assert (held, other) == ("held", "c")
+    (thread, seconds), = first_connection
+    assert seconds == 0.05 and len(spins) >= 3  # before "a", "b" and "held" at least
+    assert {ident for ident, _ in spins} == {thread}  # the second connection never spun: a call was being answered
+
+
+def test_polling_ends_when_data_arrives_or_the_time_is_up():
+    import select
+    import socket
+    left, right = socket.socketpair()
+    with left, right:
+        poller = select.poll()
+        poller.register(left, select.POLLIN)
+        assert predict_socket.spin_until_readable(poller, 0.001) is False
+        right.sendall(b"x")
+        assert predict_socket.spin_until_readable(poller, 60.0) is True
+
+
+def test_the_worker_reads_its_polling_time_from_the_environment(monkeypatch):
+    from mindspore_serving.worker.process import SPIN_VARIABLE, predict_spin_seconds
+    monkeypatch.delenv(SPIN_VARIABLE, raising=False)
+    assert predict_spin_seconds() == predict_socket.DEFAULT_SPIN_S == 0.0005
+    for text, seconds in (("0", 0.0), ("250", 0.00025), ("-3", 0.0)):
+        monkeypatch.setenv(SPIN_VARIABLE, text)
+        assert predict_spin_seconds() == seconds
+    monkeypatch.setenv(SPIN_VARIABLE, "fast")
+    with pytest.raises(ValueError, match="MS_SERVING_WORKER_SPIN_US should be a number of microseconds, but got "
+                                         "'fast'"):
+        predict_spin_seconds()
