@@ -65,13 +65,11 @@ class Subgraph:
     """One loaded graph: its GraphCell and the shapes and dtypes of its inputs and outputs."""
 
     def __init__(self, path: str, dec_key: Optional[bytes] = None, dec_mode: str = "AES-GCM"):
-        import mindspore as ms  # lazy: see the module docstring
-        from mindspore import nn  # lazy: see the module docstring
         if not os.path.isfile(path):
             raise RuntimeError(f"model file '{path}' not exist")
-        kwargs = {"dec_key": dec_key, "dec_mode": dec_mode} if dec_key else {}
         self.path = path
-        self.cell = nn.GraphCell(ms.load(path, **kwargs))
+        self._load_kwargs = {"dec_key": dec_key, "dec_mode": dec_mode} if dec_key else {}
+        self.cell = self._load_cell()
         self._phases = {}  # input signature -> compiled phase, for the fast call
         self._runner = compiled_runner()
         self.inputs = read_mindir_inputs(path, dec_key, dec_mode)
@@ -79,19 +77,36 @@ class Subgraph:
             raise RuntimeError(f"cannot read the inputs of model file '{path}'")
         self.outputs = self._probe_outputs()
 
+    def _load_cell(self):
+        import mindspore as ms  # lazy: see the module docstring
+        from mindspore import nn  # lazy: see the module docstring
+        return nn.GraphCell(ms.load(self.path, **self._load_kwargs))
+
+    def reload(self):
+        """Loads the graph afresh (it compiles at its next call): new kernels, whose choices MindSpore makes again."""
+        cell = self._load_cell()
+        with _GRAPH_LOCK:
+            self.cell, self._phases = cell, {}
+
     def _probe_outputs(self) -> List[TensorInfo]:
         """Runs the graph once on zeros: warms it up and reveals the output shapes and dtypes."""
-        if not all(info.is_static for info in self.inputs):
+        zeros = self.zeros()
+        if zeros is None:
             return []
-        zeros = [np.zeros(info.shape, info.dtype) for info in self.inputs]
         return [TensorInfo(out.shape, out.dtype) for out in self.run(zeros)]
+
+    def zeros(self) -> Optional[List[np.ndarray]]:
+        """Zeros of the graph's full input shapes; None when one of them is not static."""
+        if not all(info.is_static for info in self.inputs):
+            return None
+        return [np.zeros(info.shape, info.dtype) for info in self.inputs]
 
     def settle(self, calls: int, budget_s: float) -> int:
         """Runs the graph on zeros (its full input shapes) `calls` times, or until `budget_s` seconds have passed;
         returns the calls made (none when an input's shape is not static)."""
-        if not all(info.is_static for info in self.inputs):
+        zeros = self.zeros()
+        if zeros is None:
             return 0
-        zeros = [np.zeros(info.shape, info.dtype) for info in self.inputs]
         deadline = time.perf_counter() + budget_s
         for made in range(1, calls + 1):
             self.run(zeros)
