@@ -26,6 +26,7 @@ from mindspore_serving.worker.remote_model import model_infos  # noqa: E402
 from mindspore_serving.worker.servable_loader import load_servable  # noqa: E402
 from mindspore_serving.worker.service import WorkerServicer  # noqa: E402
 from mindspore_serving.worker.signatures import method_signature  # noqa: E402
+from mindspore_serving.worker.settling import settle_graphs  # noqa: E402
 from mindspore_serving.worker.warmup import warm_up  # noqa: E402
 
 PARENT_CHECK_SECONDS = 0.1
@@ -103,6 +104,7 @@ class Worker:
         self.runtime, version = self.load()
         # before registering: the master counts a registered worker as ready
         warm_up(self.runtime, os.path.join(args.servable_directory, args.servable_name))
+        settle_graphs(getattr(self.runtime, "models", {}))
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=128, thread_name_prefix="worker-rpc"),
                                   options=ipc.INTERNAL_CHANNEL_OPTIONS)
         servicer = WorkerServicer(self.runtime, self.request_exit)
