@@ -19,6 +19,7 @@ import grpc  # noqa: E402
 
 from mindspore_serving import log  # noqa: E402
 from mindspore_serving.common import gc_tuning  # noqa: E402
+from mindspore_serving.common.env_durations import duration_seconds  # noqa: E402
 from mindspore_serving.ipc import master_worker as ipc  # noqa: E402
 from mindspore_serving.ipc.predict_socket import DEFAULT_SPIN_S, PredictSocketServer  # noqa: E402
 from mindspore_serving.proto import internal_pb2, internal_pb2_grpc  # noqa: E402
@@ -42,14 +43,7 @@ SPIN_VARIABLE = "MS_SERVING_WORKER_SPIN_US"
 def predict_spin_seconds() -> float:
     """How long an idle connection of the Predict socket polls for its next call before it blocks
     (MS_SERVING_WORKER_SPIN_US, microseconds; 0: never; see ipc/predict_socket.py)."""
-    text = os.environ.get(SPIN_VARIABLE)
-    if text is None:
-        return DEFAULT_SPIN_S
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{SPIN_VARIABLE} should be a number of microseconds, but got '{text}'") from None
-    return max(0.0, value) / 1e6
+    return duration_seconds(SPIN_VARIABLE, DEFAULT_SPIN_S, "microseconds")
 
 
 def servable_arguments(description: str) -> argparse.ArgumentParser:

@@ -4,6 +4,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from mindspore_serving import log
+from mindspore_serving.common.env_durations import duration_seconds
 from mindspore_serving.spec.model_call import call_prefix, set_model_call_handler
 from mindspore_serving.spec.servable import STAGE_BUILTIN, STAGE_FUNCTION, STAGE_MODEL, ServableSpec
 from mindspore_serving.worker.direct_batch import DirectBatch
@@ -17,12 +18,7 @@ DEFAULT_BATCH_WAIT_MS = 2.0
 
 def batch_wait_seconds() -> float:
     """How long a batch waits for instances that are known to be on their way (MS_SERVING_BATCH_WAIT_MS)."""
-    text = os.environ.get("MS_SERVING_BATCH_WAIT_MS", str(DEFAULT_BATCH_WAIT_MS))
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"MS_SERVING_BATCH_WAIT_MS should be a number of milliseconds, but got '{text}'") from None
-    return max(0.0, value) / 1000.0
+    return duration_seconds("MS_SERVING_BATCH_WAIT_MS", DEFAULT_BATCH_WAIT_MS / 1000.0, "milliseconds")
 
 
 def _load_failed_text(servable_name: str, model_spec, version_dir: str, err: Exception) -> str:
