@@ -90,21 +90,21 @@ class Subgraph:
 
     def _probe_outputs(self) -> List[TensorInfo]:
         """Runs the graph once on zeros: warms it up and reveals the output shapes and dtypes."""
-        zeros = self.zeros()
+        zeros = self._zeros()
         if zeros is None:
             return []
         return [TensorInfo(out.shape, out.dtype) for out in self.run(zeros)]
 
-    def zeros(self) -> Optional[List[np.ndarray]]:
+    def _zeros(self) -> Optional[List[np.ndarray]]:
         """Zeros of the graph's full input shapes; None when one of them is not static."""
         if not all(info.is_static for info in self.inputs):
             return None
         return [np.zeros(info.shape, info.dtype) for info in self.inputs]
 
-    def settle(self, calls: int, budget_s: float) -> int:
+    def run_on_zeros(self, calls: int, budget_s: float) -> int:
         """Runs the graph on zeros (its full input shapes) `calls` times, or until `budget_s` seconds have passed;
         returns the calls made (none when an input's shape is not static)."""
-        zeros = self.zeros()
+        zeros = self._zeros()
         if zeros is None:
             return 0
         deadline = time.perf_counter() + budget_s

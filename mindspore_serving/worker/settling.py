@@ -15,6 +15,7 @@ checked: when MindSpore's own threads work during its calls (more than SPLIT_US_
 a small graph run in the calling thread leaves them idle), it is loaded afresh, which makes new kernels that
 choose again, and settled again, up to SETTLE_ATTEMPTS times. With the check, 0 of 22 such workers ended split.
 """
+import math
 import os
 import time
 from typing import Dict, Optional
@@ -50,7 +51,7 @@ def settle_graphs(models: Dict[str, LoadedModel]):
 def _settle_graph(name: str, graph):
     for attempt in range(1, SETTLE_ATTEMPTS + 1):
         started = time.perf_counter()
-        calls = graph.settle(SETTLE_CALLS, SETTLE_SECONDS)
+        calls = graph.run_on_zeros(SETTLE_CALLS, SETTLE_SECONDS)
         if not calls:
             return  # dynamic shapes: nothing to run
         split = split_cpu_per_call(graph)
@@ -71,18 +72,16 @@ def _settle_graph(name: str, graph):
 def split_cpu_per_call(graph) -> Optional[float]:
     """For a small graph (a call under SMALL_GRAPH_S): the CPU (us) MindSpore's own threads use per call of it, over
     CHECK_CALLS calls on zeros. None for a larger graph, or where /proc cannot tell."""
-    zeros = graph.zeros()
     before = helper_cpu_ns()
-    if zeros is None or before is None:
+    if before is None:
         return None
     started = time.perf_counter()
-    for _ in range(CHECK_CALLS):
-        graph.run(zeros)
-    per_call = (time.perf_counter() - started) / CHECK_CALLS
+    calls = graph.run_on_zeros(CHECK_CALLS, math.inf)
+    per_call = (time.perf_counter() - started) / max(calls, 1)
     after = helper_cpu_ns()
-    if after is None or per_call >= SMALL_GRAPH_S:
+    if not calls or after is None or per_call >= SMALL_GRAPH_S:
         return None
-    return (after - before) / CHECK_CALLS / 1000
+    return (after - before) / calls / 1000
 
 
 def helper_cpu_ns() -> Optional[int]:

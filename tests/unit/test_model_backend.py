@@ -226,7 +226,7 @@ def test_io_counts_of_register_method_must_match_the_model():
                                "model info: m.mindir, subgraph: 0")
 
 
-def test_settle_runs_the_graph_on_zeros_the_calls_asked_within_the_budget(add_graph, monkeypatch):
+def test_the_graph_runs_on_zeros_the_calls_asked_within_the_budget(add_graph, monkeypatch):
     from mindspore_serving.worker.model_backend import TensorInfo
     seen = []
     run = add_graph.run
@@ -236,8 +236,8 @@ def test_settle_runs_the_graph_on_zeros_the_calls_asked_within_the_budget(add_gr
         return run(inputs)
 
     monkeypatch.setattr(add_graph, "run", counting)
-    assert add_graph.settle(7, 60.0) == 7
+    assert add_graph.run_on_zeros(7, 60.0) == 7
     assert seen == [[((2, 2), np.float32, 0.0)] * 2] * 7
-    assert add_graph.settle(7, 0.0) == 1  # the budget is checked after each call
+    assert add_graph.run_on_zeros(7, 0.0) == 1  # the budget is checked after each call
     add_graph.inputs = [TensorInfo((-1, 2), np.dtype(np.float32))] * 2
-    assert add_graph.settle(7, 60.0) == 0 and len(seen) == 8  # a dynamic shape: nothing to run
+    assert add_graph.run_on_zeros(7, 60.0) == 0 and len(seen) == 8  # a dynamic shape: nothing to run
