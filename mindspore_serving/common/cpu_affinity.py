@@ -1,6 +1,15 @@
-"""Binding a process's threads to CPU cores (agents and the benchmarks' in-process engines)."""
+"""The CPU cores a process may run on, and binding its threads to some of them (agents, workers whose models'
+contexts name cores, the benchmarks' in-process engines)."""
 import os
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
+
+
+def allowed_cpus() -> List[int]:
+    """The cores this process may run on (its affinity), sorted; every core where the platform has no affinity."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
 
 
 def bind_threads(cpus) -> None:

@@ -47,6 +47,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import yaml
 
+from mindspore_serving.common.cpu_affinity import allowed_cpus
 from mindspore_serving.llm.config import SchedulerConfig
 from mindspore_serving.models.llama.config import load_config
 
@@ -140,7 +141,7 @@ class AgentSection:
             return list(self.cpu_affinity[rank])
         if device.upper() != "CPU":
             return None
-        cores = sorted(os.sched_getaffinity(0)) if cpu_count is None else list(range(cpu_count))
+        cores = allowed_cpus() if cpu_count is None else list(range(cpu_count))
         if len(cores) <= self.num_ranks:
             return [cores[rank % len(cores)]]
         share = (len(cores) - 1) // self.num_ranks

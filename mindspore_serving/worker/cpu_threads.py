@@ -10,11 +10,10 @@ MindSpore's default of 25 threads (whatever the machine) on every core.
 
 Only on CPU.
 """
-import os
 from typing import Iterable, List, Optional, Set, Tuple
 
 from mindspore_serving import log
-from mindspore_serving.common.cpu_affinity import bind_threads
+from mindspore_serving.common.cpu_affinity import allowed_cpus, bind_threads
 
 
 def declared_thread_num(model_specs: Iterable) -> Optional[int]:
@@ -34,15 +33,8 @@ def declared_cores(model_specs: Iterable) -> Optional[List[int]]:
     return sorted(cores) if cores else None
 
 
-def allowed_core_ids() -> Set[int]:
-    try:
-        return set(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # no affinity on this platform
-        return set(range(os.cpu_count() or 1))
-
-
 def allowed_cores() -> int:
-    return len(allowed_core_ids())
+    return len(allowed_cpus())
 
 
 def apply_cpu_affinity(model_specs: Iterable, servable_name: str):
@@ -51,11 +43,11 @@ def apply_cpu_affinity(model_specs: Iterable, servable_name: str):
     cores = declared_cores(model_specs)
     if cores is None:
         return
-    allowed = allowed_core_ids()
+    allowed = allowed_cpus()
     missing = [core for core in cores if core not in allowed]
     if missing:
         raise RuntimeError(f"servable {servable_name}: thread_affinity_core_list {cores} names core(s) "
-                           f"{missing} this worker cannot run on (its cores: {sorted(allowed)})")
+                           f"{missing} this worker cannot run on (its cores: {allowed})")
     bind_threads(cores)
     log.info(f"servable {servable_name}: worker bound to CPU core(s) {cores} (register.Context("
              f"thread_affinity_core_list))")
