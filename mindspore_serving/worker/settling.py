@@ -54,10 +54,11 @@ def _settle_graph(name: str, graph):
         calls = graph.run_on_zeros(SETTLE_CALLS, SETTLE_SECONDS)
         if not calls:
             return  # dynamic shapes: nothing to run
-        split = split_cpu_per_call(graph)
-        took = (time.perf_counter() - started) * 1000
+        took = time.perf_counter() - started
+        # only a small graph is checked: the check's calls would lengthen a large one's start-up for nothing
+        split = split_cpu_per_call(graph) if took / calls < SMALL_GRAPH_S else None
         if split is None or split <= SPLIT_US_PER_CALL:
-            log.info(f"{name} settled: {calls} calls on zeros in {took:.1f} ms")
+            log.info(f"{name} settled: {calls} calls on zeros in {took * 1000:.1f} ms")
             return
         if attempt == SETTLE_ATTEMPTS:
             log.warning(f"{name}: MindSpore still runs its kernels split over its threads ({split:.0f} us of their "

@@ -80,6 +80,21 @@ def test_a_small_graph_whose_kernels_run_split_is_loaded_afresh_and_settled_agai
     assert last_words in said[-1][1] and said[-1][0] == ("warning" if reloads == 2 else "info")
 
 
+def test_a_graph_that_settles_slowly_is_not_checked(said, monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(settling.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(settling, "split_cpu_per_call", lambda graph: pytest.fail("a large graph was checked"))
+
+    class SlowGraph(FakeGraph):
+        def run_on_zeros(self, calls, budget_s):
+            clock[0] += calls * settling.SMALL_GRAPH_S  # each call as long as a small graph's limit
+            return super().run_on_zeros(calls, budget_s)
+
+    settled = []
+    settle_graphs({"m": loaded_model("CPU", [SlowGraph("a", settled)])})
+    assert len(settled) == 1 and said == [("info", "model m graph 0 settled: 50 calls on zeros in 50.0 ms")]
+
+
 class CountingGraph:
     """Each call takes `call_s` (a fake clock) and makes MindSpore's threads work `helper_ns` (a fake counter)."""
 
