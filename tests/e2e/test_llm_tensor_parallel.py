@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from mindspore_serving.client import Client
+from mindspore_serving.common.cluster_registration import MAX_RESTARTS
 from llm_setup import TP2_CONFIG, bundled_config, offline_greedy, write_config, write_servable
 from serving_process import ROOT, ServingProcess, assert_sigterm_stops_all, free_port, start_server, wait_recovered
 
@@ -173,5 +174,24 @@ def test_start_agent_runs_the_scheduler_and_every_rank_and_sigterm_stops_them_al
         assert sum("mindspore_serving.agent.start_agent" in c for c in commands) == 2
         assert sum("mindspore_serving.common.ms_cluster" in c for c in commands) == 1
         assert_sigterm_stops_all(proc, children)
+    finally:
+        proc.close()
+
+
+def test_a_rank_that_does_not_register_in_time_is_started_again_then_the_start_fails_naming_it(tmp_path):
+    # MindSpore's rank client can keep failing to connect to the scheduler for minutes; its starter restarts such a
+    # rank. A timeout shorter than MindSpore's import makes every start of a rank count as stuck.
+    config = tp2_config(tmp_path, start_port=free_port(), scheduler_address=f"127.0.0.1:{free_port()}")
+    proc = ServingProcess([f"{ROOT}/start_agent.py", "--config", config], str(tmp_path),
+                          env={"MS_SERVING_CLUSTER_REGISTER_TIMEOUT": "0.3"})
+    try:
+        assert proc.wait_exit(60) != 0
+        out = proc.output()
+        assert out.count("did not register with the cluster scheduler") >= MAX_RESTARTS + 1, out[-3000:]
+        assert out.count("starting it again") >= MAX_RESTARTS  # each rank's; the first to run out ends the start
+        assert f"it was started {MAX_RESTARTS + 1} times" in out
+        assert "MS_SERVING_CLUSTER_REGISTER_TIMEOUT" in out
+        assert not [p for p in psutil.process_iter(["cmdline"])
+                    if config in " ".join(p.info["cmdline"] or []) and p.pid != proc.proc.pid]
     finally:
         proc.close()

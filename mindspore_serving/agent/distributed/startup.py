@@ -15,14 +15,14 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import grpc
 
 from mindspore_serving import log
 from mindspore_serving.agent.distributed.startup_checks import (check_startup_args, resolve_model_files,
                                                                 select_local_ranks)
-from mindspore_serving.common import check_type
+from mindspore_serving.common import check_type, cluster_registration
 from mindspore_serving.common.ms_cluster import ClusterAddress, free_port, parse_address, rank_env, start_scheduler
 from mindspore_serving.ipc import distributed as protocol
 from mindspore_serving.proto import distributed_pb2 as dpb
@@ -113,13 +113,22 @@ class AgentGroupProcesses:
         log.warning(f"agents on {self.agent_ip} stopped: {reason}")
 
 
-def _wait_ready(group: AgentGroupProcesses, ready_fds: List[int]):
+def _wait_ready(group: AgentGroupProcesses, ready_fds: List[int], restart_stuck):
+    """Waits for every rank's ready line; `restart_stuck()` restarts the ranks stuck joining the cluster (it may
+    replace entries of `ready_fds` and group.ranks)."""
     pending = {fd: index for index, fd in enumerate(ready_fds)}
     buffers = {fd: b"" for fd in ready_fds}
     deadline = time.monotonic() + START_WAIT_SECONDS
     while pending:
         if group.stop_event.is_set():
             raise RuntimeError("Fail to start agents because of Ctrl+C")
+        before = list(ready_fds)
+        restart_stuck()
+        for index, (old, new) in enumerate(zip(before, ready_fds)):
+            if old != new and old in pending:
+                del pending[old]
+                pending[new] = index
+                buffers[new] = b""
         readable, _, _ = select.select(list(pending), [], [], MONITOR_INTERVAL)
         for fd in readable:
             chunk = os.read(fd, 4096)
@@ -168,10 +177,13 @@ def startup_agents(distributed_address, model_files, group_config_files=None, ag
                f"{local_ranks}, model files: {paths}")
     try:
         cluster = _cluster_address(group, config, local_ranks, local_ip)
-        for index, (rank_id, path) in enumerate(zip(local_ranks, paths)):
+        registrations = cluster_registration.watching(cluster)
+
+        def spawn(index: int) -> Tuple[subprocess.Popen, int]:
+            rank_id = local_ranks[index]
             read_fd, write_fd = os.pipe()
             cmd = [sys.executable, "-m", RANK_AGENT_MODULE, f"--rank_id={rank_id}",
-                   f"--device_id={config.rank_list[rank_id].device_id}", f"--model_file={path}",
+                   f"--device_id={config.rank_list[rank_id].device_id}", f"--model_file={paths[index]}",
                    f"--agent_address={local_ip}:{agent_start_port + index}",
                    f"--distributed_address={distributed_address}", f"--ready_fd={write_fd}", f"--dec_mode={dec_mode}"]
             if dec_key:
@@ -182,9 +194,23 @@ def startup_agents(distributed_address, model_files, group_config_files=None, ag
             if dec_key:  # the key travels through a pipe, never on the command line
                 process.stdin.write(dec_key.hex().encode() + b"\n")
                 process.stdin.close()
+            return process, read_fd
+
+        for index, rank_id in enumerate(local_ranks):
+            process, read_fd = spawn(index)
             group.ranks.append(process)
             ready_fds.append(read_fd)
-        _wait_ready(group, ready_fds)
+            registrations.started(rank_id, process.pid)
+
+        def restart(rank_id: int) -> int:
+            index = local_ranks.index(rank_id)
+            group.ranks[index].kill()
+            group.ranks[index].wait()
+            os.close(ready_fds[index])
+            group.ranks[index], ready_fds[index] = spawn(index)
+            return group.ranks[index].pid
+
+        _wait_ready(group, ready_fds, lambda: registrations.restart_stuck(restart))
     except BaseException as err:
         log.error(f"Failed to start agents, {summary}: {err}")
         print(f"Failed to start agents, {summary}", flush=True)

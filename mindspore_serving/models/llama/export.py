@@ -33,7 +33,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor
 
-from mindspore_serving.common import ms_cluster
+from mindspore_serving.common import cluster_registration, ms_cluster
 from mindspore_serving.common.ms_device import select_device
 
 from .config import ModelFile, load_config, save_config
@@ -191,15 +191,28 @@ def export_tensor_parallel(cfg: ModelFile, out_dirs: List[str], checkpoint: str 
         address = ms_cluster.ClusterAddress("127.0.0.1", ms_cluster.free_port("127.0.0.1"), tp)
         scheduler = ms_cluster.start_scheduler(address, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         ranks = []
+        registrations = cluster_registration.watching(address)
+
+        def spawn(rank: int) -> subprocess.Popen:
+            argv = [sys.executable, "-m", __spec__.name, f"--config={config}", f"--out={out_dirs[rank]}",
+                    f"--tensor_parallel={tp}", f"--seed={seed}", f"--device={device}", "--cluster_rank"]
+            if checkpoint:
+                argv.append(f"--checkpoint={checkpoint}")
+            return subprocess.Popen(argv, env=ms_cluster.rank_env(address, rank), stdin=subprocess.DEVNULL)
+
+        def restart(rank: int) -> int:
+            ranks[rank].kill()
+            ranks[rank].wait()
+            ranks[rank] = spawn(rank)
+            return ranks[rank].pid
+
         try:
-            for rank, out_dir in enumerate(out_dirs):
-                argv = [sys.executable, "-m", __spec__.name, f"--config={config}", f"--out={out_dir}",
-                        f"--tensor_parallel={tp}", f"--seed={seed}", f"--device={device}", "--cluster_rank"]
-                if checkpoint:
-                    argv.append(f"--checkpoint={checkpoint}")
-                ranks.append(subprocess.Popen(argv, env=ms_cluster.rank_env(address, rank), stdin=subprocess.DEVNULL))
+            for rank in range(tp):
+                ranks.append(spawn(rank))
+                registrations.started(rank, ranks[rank].pid)
             deadline = time.monotonic() + timeout
             while any(p.poll() is None for p in ranks):
+                registrations.restart_stuck(restart)
                 failed = [r for r, p in enumerate(ranks) if p.poll() not in (None, 0)]
                 if failed:
                     raise RuntimeError(f"tensor-parallel export: rank {failed[0]} exited with code "

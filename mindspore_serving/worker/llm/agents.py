@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
 from mindspore_serving import log
-from mindspore_serving.common import ms_cluster
+from mindspore_serving.common import cluster_registration, ms_cluster
 from mindspore_serving.common.child_process import child_env
 from mindspore_serving.ipc import agent as protocol
 
@@ -111,13 +111,20 @@ def startup_agents(config, addresses: Optional[List[str]] = None, ranks: Optiona
             log.info(f"waiting for the cluster scheduler at {cluster} (it starts with rank 0)")
             if not ms_cluster.wait_listening(cluster, START_TIMEOUT):
                 raise RuntimeError(f"no cluster scheduler listens on {cluster} within {START_TIMEOUT:.0f} s")
-        for rank in ranks:
+        registrations = cluster_registration.watching(cluster)
+
+        def spawn(rank: int) -> subprocess.Popen:
             process, read_fd = _spawn(config.path, rank, addresses[rank], cluster)
-            processes.append(process)
             pipes[read_fd] = (rank, protocol.StartupEventReader())
             log.info(f"agent rank {rank} (pid {process.pid}) starting on {addresses[rank]}"
                      + (f", joining the cluster at {cluster}" if cluster is not None else ""))
-        _wait_ready(processes, ranks, pipes, group.scheduler)
+            return process
+
+        for rank in ranks:
+            processes.append(spawn(rank))
+            if registrations is not None:
+                registrations.started(rank, processes[-1].pid)
+        _wait_ready(processes, ranks, pipes, group.scheduler, registrations, spawn)
     except BaseException:
         group.stop()
         raise
@@ -128,11 +135,27 @@ def startup_agents(config, addresses: Optional[List[str]] = None, ranks: Optiona
 
 
 def _wait_ready(processes: List[subprocess.Popen], ranks: List[int], pipes: dict,
-                scheduler: Optional[subprocess.Popen]):
+                scheduler: Optional[subprocess.Popen],
+                registrations: Optional[cluster_registration.RankRegistrations], spawn):
     ready = set()
     deadline = time.monotonic() + START_TIMEOUT
     open_fds = set(pipes)
+
+    def restart(rank: int) -> int:
+        index = ranks.index(rank)
+        processes[index].kill()
+        processes[index].wait()
+        for read_fd in [fd for fd, (r, _) in pipes.items() if r == rank]:
+            del pipes[read_fd]
+            open_fds.discard(read_fd)
+            os.close(read_fd)
+        processes[index] = spawn(rank)
+        open_fds.update(fd for fd, (r, _) in pipes.items() if r == rank)
+        return processes[index].pid
+
     while len(ready) < len(processes):
+        if registrations is not None:
+            registrations.restart_stuck(restart)
         readable, _, _ = select.select(list(open_fds), [], [], _POLL_SECONDS)
         for read_fd in readable:
             rank, reader = pipes[read_fd]
