@@ -99,10 +99,11 @@ class RankRegistrations:
                 stuck.append(rank)
         return stuck
 
-    def restart_stuck(self, restart: Callable[[int], int]):
+    def restart_stuck(self, restart: Callable[[int], int]) -> List[int]:
         """Calls `restart(rank)`, which stops the rank's process and starts a new one and returns its pid, for each
-        stuck rank; raises RuntimeError for a rank stuck after MAX_RESTARTS restarts."""
-        for rank in self.stuck():
+        stuck rank, and returns those ranks; raises RuntimeError for a rank stuck after MAX_RESTARTS restarts."""
+        stuck = self.stuck()
+        for rank in stuck:
             reason = (f"cluster rank {rank} did not register with the cluster scheduler at {self.host}:{self.port} "
                       f"within {self.timeout:g} s of its start ({TIMEOUT_VAR}): MindSpore's client keeps failing to "
                       "connect")
@@ -112,6 +113,7 @@ class RankRegistrations:
             log.warning(f"{reason}; starting it again")
             self._restarts[rank] = restarts + 1
             self.started(rank, restart(rank))
+        return stuck
 
 
 def watching(address) -> Optional[RankRegistrations]:

@@ -120,3 +120,76 @@ def test_connection_ports_reads_a_real_process():
     finally:
         client.close()
         server.close()
+
+
+def test_the_distributed_starter_waits_on_the_ready_pipe_of_a_restarted_rank():
+    import os
+    from mindspore_serving.agent.distributed import startup
+    from mindspore_serving.ipc import distributed as protocol
+
+    group = startup.AgentGroupProcesses("127.0.0.1:1", "127.0.0.1")
+    first, second = os.pipe(), os.pipe()
+    ready_fds = [first[0], second[0]]
+    replacement = os.pipe()
+    calls = []
+
+    def restart_stuck():
+        calls.append(1)
+        if len(calls) > 1:
+            return []
+        os.close(first[1])  # the stuck process is gone: its pipe ends without a ready line
+        os.close(ready_fds[0])
+        ready_fds[0] = replacement[0]
+        os.write(replacement[1], protocol.READY_LINE)
+        return [0]
+
+    os.write(second[1], protocol.READY_LINE)
+    try:
+        startup._wait_ready(group, ready_fds, restart_stuck)
+    finally:
+        for fd in (second[0], second[1], replacement[0], replacement[1]):
+            os.close(fd)
+    assert len(calls) >= 1
+
+
+class FakeProcess:
+    def __init__(self, pid):
+        self.pid = pid
+        self.killed = False
+
+    def poll(self):
+        return -9 if self.killed else None
+
+    def kill(self):
+        self.killed = True
+
+    def wait(self, timeout=None):
+        return -9
+
+
+def test_the_llm_starter_replaces_a_stuck_rank_and_reads_the_new_ones_pipe():
+    import os
+    from mindspore_serving.ipc import agent as protocol
+    from mindspore_serving.worker.llm import agents
+
+    stuck_read, stuck_write = os.pipe()
+    processes = [FakeProcess(100)]
+    pipes = {stuck_read: (0, protocol.StartupEventReader())}
+    registrations, clock = tracker({}, timeout=0.0)
+    registrations.started(0, 100)
+    writers = [stuck_write]
+
+    def spawn(rank):
+        read_fd, write_fd = os.pipe()
+        writers.append(write_fd)
+        protocol.write_startup_event(write_fd, rank, ready_pid=200)
+        pipes[read_fd] = (rank, protocol.StartupEventReader())
+        return FakeProcess(200)
+
+    try:
+        agents._wait_ready(processes, [0], pipes, None, registrations, spawn)
+    finally:
+        for fd in writers + list(pipes):
+            os.close(fd)
+    assert processes[0].pid == 200 and not processes[0].killed
+    assert len(pipes) == 1  # the stuck one's pipe was closed (its number may be the new one's)

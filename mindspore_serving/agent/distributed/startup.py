@@ -114,21 +114,18 @@ class AgentGroupProcesses:
 
 
 def _wait_ready(group: AgentGroupProcesses, ready_fds: List[int], restart_stuck):
-    """Waits for every rank's ready line; `restart_stuck()` restarts the ranks stuck joining the cluster (it may
-    replace entries of `ready_fds` and group.ranks)."""
+    """Waits for every rank's ready line. `restart_stuck()` restarts the ranks stuck joining the cluster and returns
+    their indexes, whose entries of `ready_fds` and group.ranks it replaced."""
     pending = {fd: index for index, fd in enumerate(ready_fds)}
     buffers = {fd: b"" for fd in ready_fds}
     deadline = time.monotonic() + START_WAIT_SECONDS
     while pending:
         if group.stop_event.is_set():
             raise RuntimeError("Fail to start agents because of Ctrl+C")
-        before = list(ready_fds)
-        restart_stuck()
-        for index, (old, new) in enumerate(zip(before, ready_fds)):
-            if old != new and old in pending:
-                del pending[old]
-                pending[new] = index
-                buffers[new] = b""
+        for index in restart_stuck():
+            pending = {fd: i for fd, i in pending.items() if i != index}
+            pending[ready_fds[index]] = index
+            buffers[ready_fds[index]] = b""
         readable, _, _ = select.select(list(pending), [], [], MONITOR_INTERVAL)
         for fd in readable:
             chunk = os.read(fd, 4096)
@@ -210,7 +207,8 @@ def startup_agents(distributed_address, model_files, group_config_files=None, ag
             group.ranks[index], ready_fds[index] = spawn(index)
             return group.ranks[index].pid
 
-        _wait_ready(group, ready_fds, lambda: registrations.restart_stuck(restart))
+        _wait_ready(group, ready_fds,
+                    lambda: [local_ranks.index(rank) for rank in registrations.restart_stuck(restart)])
     except BaseException as err:
         log.error(f"Failed to start agents, {summary}: {err}")
         print(f"Failed to start agents, {summary}", flush=True)
