@@ -5,8 +5,8 @@ _PER_SECOND = {"seconds": 1.0, "milliseconds": 1e3, "microseconds": 1e6}
 
 
 def duration_seconds(variable: str, default_s: float, unit: str) -> float:
-    """Seconds from `variable`, written in `unit` ("seconds", "milliseconds" or "microseconds"); `default_s` when it is unset,
-    0 for a negative value. Raises ValueError naming the variable for a value that is not a number."""
+    """Seconds from `variable`, written in `unit` ("seconds", "milliseconds" or "microseconds"); `default_s` when it
+    is unset, 0 for a negative value. Raises ValueError naming the variable for a value that is not a number."""
     text = os.environ.get(variable)
     if text is None:
         return default_s
