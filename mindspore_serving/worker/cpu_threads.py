@@ -33,10 +33,6 @@ def declared_cores(model_specs: Iterable) -> Optional[List[int]]:
     return sorted(cores) if cores else None
 
 
-def allowed_cores() -> int:
-    return len(allowed_cpus())
-
-
 def apply_cpu_affinity(model_specs: Iterable, servable_name: str):
     """Binds this worker's threads, those running and those to come, to the cores its models' contexts list.
     Raises RuntimeError for a core the worker may not run on (absent, or outside the cores it was started on)."""
@@ -58,7 +54,7 @@ def choose_cpu_threads(model_specs: Iterable) -> Tuple[int, str]:
     declared = declared_thread_num(model_specs)
     if declared is not None:
         return declared, "register.Context(thread_num)"
-    return allowed_cores(), "the cores this worker may use"
+    return len(allowed_cpus()), "the cores this worker may use"
 
 
 def apply_cpu_threads(model_specs: Iterable, servable_name: str):
