@@ -38,6 +38,7 @@ import platform
 import resource
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -73,12 +74,13 @@ ADD_BODY = json.dumps({"instances": [{"x1": X1.tolist(), "x2": X2.tolist()}]}, s
 class Server:
     """A process tree started by the benchmark; stop() ends all of it (SIGTERM, then SIGKILL)."""
 
-    def __init__(self, name: str, args: List[str], ready_text: Optional[str] = None, env: Optional[dict] = None):
+    def __init__(self, name: str, args: List[str], ready_text: Optional[str] = None, env: Optional[dict] = None,
+                 python: Optional[str] = None):
         self.name = name
         self.workdir = tempfile.mkdtemp(prefix=f"ms_bench_{name}_")
         self.ready_text = ready_text
         args = [arg.replace("{workdir}", self.workdir) for arg in args]
-        self.proc = ServingProcess(args, self.workdir, env)
+        self.proc = ServingProcess(args, self.workdir, env, python)
         self.processes: List[psutil.Process] = []
 
     @property
@@ -163,6 +165,35 @@ class OurServer(Server):
         if servable_directory:
             args += ["--servable_directory", servable_directory]
         super().__init__(name, args, ready_text="RESTful server start success")
+
+
+ORIG_SETUP = os.path.join(BENCH, "peers", "orig_ms_setup.py")
+ORIG_SERVE = os.path.join(BENCH, "peers", "orig_ms_serve.py")
+
+
+def orig_python() -> Optional[str]:
+    """The python of the original MindSpore Serving's venv when bench/peers/orig_ms_setup.py built it, else None."""
+    check = subprocess.run([sys.executable, ORIG_SETUP, "--check"], capture_output=True)
+    if check.returncode != 0:
+        return None
+    base = os.environ.get("ORIG_MS_BASE") or os.path.join(os.environ.get("TMPDIR") or tempfile.gettempdir(),
+                                                          "orig-ms")
+    return os.path.join(base, "venv", "bin", "python")
+
+
+class OrigServer(Server):
+    """The original MindSpore Serving 2.0.2 (bench/peers/orig_ms_serve.py) serving add and dense_batch; its C++
+    master is the process started here, its workers (one per servable, running Lite) are the children."""
+
+    def __init__(self, python: str):
+        self.grpc = f"127.0.0.1:{free_port()}"
+        self.rest = f"127.0.0.1:{free_port()}"
+        super().__init__("original", [ORIG_SERVE, "--grpc-port", self.grpc.split(":")[1], "--rest-port",
+                                      self.rest.split(":")[1], "--run-dir", "{workdir}"], ready_text="ORIG_MS_READY",
+                         python=python)
+
+    def role(self, proc: psutil.Process) -> str:
+        return "master" if proc.pid == self.pid else "worker"
 
 
 class HttpPeer(Server):
@@ -405,7 +436,14 @@ def parse_args(argv=None):
                         help="comma-separated client counts (default 1,8,64; quick 1,64)")
     parser.add_argument("--quick", action="store_true",
                         help="short run (about a minute): 2 s points, c=1,64")
-    parser.add_argument("--skip-peers", action="store_true", help="only our server (no mosec, no FastAPI)")
+    parser.add_argument("--skip-peers", action="store_true", help="only our server (no peer at all)")
+    parser.add_argument("--peers", default="original,mosec,fastapi",
+                        help="comma-separated peers: original (MindSpore Serving 2.0.2, when "
+                             "bench/peers/orig_ms_setup.py built it), mosec, fastapi (default: all)")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="alternated rounds of ours against the original (each server's median is kept)")
+    parser.add_argument("--original-concurrency", default="1,64",
+                        help="client counts of the comparison with the original (default 1,64)")
     parser.add_argument("--skip-batching", action="store_true", help="no batching-efficiency part")
     parser.add_argument("--loadgen", choices=("auto", "native", "python"), default="auto",
                         help="auto: wrk/h2load when installed, else Python; native: require them; "
@@ -418,6 +456,13 @@ def parse_args(argv=None):
     args.warmup = args.warmup if args.warmup is not None else (0.0 if args.quick else 1.0)
     text = args.concurrency or ("1,64" if args.quick else "1,8,64")
     args.concurrency = [int(c) for c in text.split(",") if c.strip()]
+    args.peers = set() if args.skip_peers else {peer.strip() for peer in args.peers.split(",") if peer.strip()}
+    unknown = args.peers - {"original", "mosec", "fastapi"}
+    if unknown:
+        parser.error(f"unknown peers: {', '.join(sorted(unknown))}")
+    args.original_concurrency = [int(c) for c in args.original_concurrency.split(",") if c.strip()]
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     if not args.concurrency or min(args.concurrency) < 1 or max(args.concurrency) > 1024:
         parser.error("--concurrency takes numbers between 1 and 1024")
     if args.duration <= 0 or args.duration > 120:
@@ -499,6 +544,66 @@ def measure_dense(dense: "OurServer", peer: Optional["HttpPeer"], requests: tupl
     return result
 
 
+ORIG_COLUMNS = ["point", "ours req/s", "original req/s", "ours / original", "ours p50 ms", "original p50 ms",
+                "ours CPU us/req master / worker", "original CPU us/req master / worker"]
+
+
+def point_targets(server: Server, servable: str, body: bytes, request: bytes, good: bytes) -> tuple:
+    """(server, target per protocol, payload per protocol, good gRPC reply) of one servable on one server."""
+    method = "add:add_common" if servable == "add" else f"{DENSE}:predict"
+    return server, {"rest": f"http://{server.rest}/model/{method}", "grpc": server.grpc}, \
+        {"rest": body, "grpc": request}, good
+
+
+def measure_versus_original(points: List[tuple], servers: dict, args, workdir: str) -> dict:
+    """Ours against the original MindSpore Serving on each point (protocol, servable, clients), in `args.rounds`
+    rounds that alternate which server goes first; each server's median over the rounds. `servers`: name ->
+    {servable: (server, target per protocol, body per protocol, good gRPC reply)}."""
+    rounds: Dict[tuple, Dict[str, List[dict]]] = {}
+    for index in range(args.rounds):
+        for number, (protocol, servable, concurrency) in enumerate(points):
+            order = ["ours", "original"] if (index + number) % 2 == 0 else ["original", "ours"]
+            for name in order:
+                server, targets, bodies, good = servers[name][servable]
+                row = measure(protocol, server, targets[protocol], bodies[protocol], concurrency, args.duration,
+                              args.warmup, workdir, args.loadgen, good if protocol == "grpc" else b"")
+                rounds.setdefault((protocol, servable, concurrency), {}).setdefault(name, []).append(row)
+                log(f"round {index + 1} {name:8s} {protocol:4s} {servable:11s} c={concurrency:<3d} "
+                    f"{row['rps']:9.1f} req/s  p50 {row['p50_ms']:.2f} ms  bad {row['bad']}  "
+                    f"other {row['other_cores']} cores")
+    result = {"rounds": args.rounds, "duration_s": args.duration, "points": []}
+    for (protocol, servable, concurrency), by_server in rounds.items():
+        point = {"protocol": protocol, "servable": servable, "concurrency": concurrency}
+        for name, rows in by_server.items():
+            rows = sorted(rows, key=lambda row: row["rps"])
+            middle = rows[(len(rows) - 1) // 2] if len(rows) % 2 else None
+            point[name] = {"rps": statistics.median(row["rps"] for row in rows),
+                           "p50_ms": statistics.median(row["p50_ms"] for row in rows),
+                           "bad": sum(row["bad"] for row in rows),
+                           "cpu_us_per_req_by_role": (middle or rows[-1])["cpu_us_per_req_by_role"],
+                           "rounds": rows}
+        point["ratio"] = round(point["ours"]["rps"] / point["original"]["rps"], 3) if point["original"]["rps"] \
+            else None
+        result["points"].append(point)
+    return result
+
+
+def original_table(versus: dict) -> str:
+    lines = ["| " + " | ".join(ORIG_COLUMNS) + " |", "|" + "|".join("---" for _ in ORIG_COLUMNS) + "|"]
+    for point in versus["points"]:
+        ours, orig = point["ours"], point["original"]
+
+        def cpu(side):
+            roles = side["cpu_us_per_req_by_role"]
+            return f"{fmt(roles.get('master'), '{:.0f}')} / {fmt(roles.get('worker'), '{:.0f}')}"
+
+        lines.append(f"| {point['protocol'].upper() if point['protocol'] == 'rest' else 'gRPC'} "
+                     f"`{point['servable']}` c={point['concurrency']} | {ours['rps']:,.0f} | {orig['rps']:,.0f} | "
+                     f"{fmt(point['ratio'], '{:.2f}')} | {ours['p50_ms']:.2f} | {orig['p50_ms']:.2f} | {cpu(ours)} | "
+                     f"{cpu(orig)} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     for signum in (signal.SIGTERM, signal.SIGHUP):
@@ -525,22 +630,30 @@ def main(argv=None) -> int:
         ours = OurServer("ours", "add")
         servers.append(ours)
         peers: List[HttpPeer] = []
-        if not args.skip_peers:
-            mosec = HttpPeer("mosec", "mosec_add.py", "/inference",
-                             ["--address", "127.0.0.1", "--log-level", "warning", "--timeout", "10000",
-                              "--path", os.path.join("{workdir}", "ipc")])  # its sockets go away with the workdir
-            fastapi = HttpPeer("fastapi", "fastapi_add.py", "/model/add:add_common")
-            peers = [mosec, fastapi]
-            servers.extend(peers)
-        dense = dense_peer = None
+        if "mosec" in args.peers:
+            peers.append(HttpPeer("mosec", "mosec_add.py", "/inference",
+                                  ["--address", "127.0.0.1", "--log-level", "warning", "--timeout", "10000",
+                                   "--path", os.path.join("{workdir}", "ipc")]))  # its sockets go with the workdir
+        if "fastapi" in args.peers:
+            peers.append(HttpPeer("fastapi", "fastapi_add.py", "/model/add:add_common"))
+        servers.extend(peers)
+        dense = dense_peer = original = None
         if not args.skip_batching:
             dense = OurServer("dense", DENSE, BENCH_SERVABLES)
             servers.append(dense)
-            if not args.skip_peers:
+            if "mosec" in args.peers:
                 dense_peer = HttpPeer("mosec_dense", "mosec_dense.py", "/inference",
                                       ["--address", "127.0.0.1", "--log-level", "warning", "--timeout", "10000",
                                        "--path", os.path.join("{workdir}", "ipc")])
                 servers.append(dense_peer)
+        if "original" in args.peers:
+            python = orig_python()
+            if python is None:
+                log("the original MindSpore Serving is not built: run bench/peers/orig_ms_setup.py to compare with "
+                    "it (skipped)")
+            else:
+                original = OrigServer(python)
+                servers.append(original)
 
         ours_url = f"http://{ours.rest}/model/add:add_common"
         add_request = add_grpc_request()
@@ -554,6 +667,13 @@ def main(argv=None) -> int:
             good_dense_reply = check_grpc_dense(dense.grpc, dense_request)
             if dense_peer is not None:
                 dense_peer.wait_ready(lambda: check_dense_reply(http_post(dense_peer.url, dense_body)))
+        if original is not None:
+            original.wait_ready(lambda: check_add_reply(http_post(f"http://{original.rest}/model/add:add_common",
+                                                                  ADD_BODY)))
+            original_add_reply = check_grpc_add(original.grpc, add_request)
+            if dense is not None:
+                check_dense_reply(http_post(f"http://{original.rest}/model/{DENSE}:predict", dense_body))
+                original_dense_reply = check_grpc_dense(original.grpc, dense_request)
         log(f"servers ready in {time.time() - started:.1f} s; load generators: {tools}")
 
         for concurrency in args.concurrency:
@@ -579,6 +699,20 @@ def main(argv=None) -> int:
                 row["ratio_bare"] = round(row["rps"] / bare["instances_per_s"], 3)
                 row["p50_over_bare_ms"] = round(row["p50_ms"] - bare["ms_per_batch_p50"], 3)
 
+        if original is not None:
+            servables = {"add": (ADD_BODY, add_request)}
+            if dense is not None:
+                servables[DENSE] = (dense_body, dense_request)
+            sides = {"ours": {"add": (ours, good_add_reply)}, "original": {"add": (original, original_add_reply)}}
+            if dense is not None:
+                sides["ours"][DENSE] = (dense, good_dense_reply)
+                sides["original"][DENSE] = (original, original_dense_reply)
+            targets = {name: {servable: point_targets(server, servable, *servables[servable], good)
+                              for servable, (server, good) in side.items()} for name, side in sides.items()}
+            points = [(protocol, servable, concurrency) for servable in servables for protocol in ("rest", "grpc")
+                      for concurrency in args.original_concurrency]
+            log(f"versus the original: {len(points)} points, {args.rounds} alternated rounds")
+            report["original"] = measure_versus_original(points, targets, args, workdir)
         if dense is not None:
             report["batching"] = measure_dense(dense, dense_peer, (dense_body, dense_request, good_dense_reply), args,
                                                workdir)
@@ -600,6 +734,9 @@ def main(argv=None) -> int:
     if report["batching"]:
         print()
         print(batching_table(report["batching"]))
+    if report.get("original"):
+        print()
+        print(original_table(report["original"]))
     if report.get("memory_mb"):
         print()
         print(memory_table(report["memory_mb"]))

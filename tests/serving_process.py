@@ -34,12 +34,12 @@ def kill_tree(pid: int, sig=signal.SIGKILL):
 class ServingProcess:
     """A Python script run in its own working directory, watched through its output file."""
 
-    def __init__(self, args: List[str], cwd: str, env: Optional[dict] = None):
+    def __init__(self, args: List[str], cwd: str, env: Optional[dict] = None, python: Optional[str] = None):
         self.cwd = cwd
         self.output_path = os.path.join(cwd, "server_output.log")
         self._output = open(self.output_path, "wb")
         full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
-        self.proc = subprocess.Popen([sys.executable] + args, cwd=cwd, stdout=self._output,
+        self.proc = subprocess.Popen([python or sys.executable] + args, cwd=cwd, stdout=self._output,
                                      stderr=subprocess.STDOUT, env=full_env)
         self.descendants: List[psutil.Process] = []
 
