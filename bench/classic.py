@@ -173,12 +173,8 @@ ORIG_SERVE = os.path.join(BENCH, "peers", "orig_ms_serve.py")
 
 def orig_python() -> Optional[str]:
     """The python of the original MindSpore Serving's venv when bench/peers/orig_ms_setup.py built it, else None."""
-    check = subprocess.run([sys.executable, ORIG_SETUP, "--check"], capture_output=True)
-    if check.returncode != 0:
-        return None
-    base = os.environ.get("ORIG_MS_BASE") or os.path.join(os.environ.get("TMPDIR") or tempfile.gettempdir(),
-                                                          "orig-ms")
-    return os.path.join(base, "venv", "bin", "python")
+    check = subprocess.run([sys.executable, ORIG_SETUP, "--check"], capture_output=True, text=True)
+    return check.stdout.strip() if check.returncode == 0 else None
 
 
 class OrigServer(Server):
@@ -576,11 +572,10 @@ def measure_versus_original(points: List[tuple], servers: dict, args, workdir: s
         point = {"protocol": protocol, "servable": servable, "concurrency": concurrency}
         for name, rows in by_server.items():
             rows = sorted(rows, key=lambda row: row["rps"])
-            middle = rows[(len(rows) - 1) // 2] if len(rows) % 2 else None
             point[name] = {"rps": statistics.median(row["rps"] for row in rows),
                            "p50_ms": statistics.median(row["p50_ms"] for row in rows),
                            "bad": sum(row["bad"] for row in rows),
-                           "cpu_us_per_req_by_role": (middle or rows[-1])["cpu_us_per_req_by_role"],
+                           "cpu_us_per_req_by_role": rows[len(rows) // 2]["cpu_us_per_req_by_role"],
                            "rounds": rows}
         point["ratio"] = round(point["ours"]["rps"] / point["original"]["rps"], 3) if point["original"]["rps"] \
             else None
@@ -700,17 +695,15 @@ def main(argv=None) -> int:
                 row["p50_over_bare_ms"] = round(row["p50_ms"] - bare["ms_per_batch_p50"], 3)
 
         if original is not None:
-            servables = {"add": (ADD_BODY, add_request)}
+            targets = {"ours": {"add": point_targets(ours, "add", ADD_BODY, add_request, good_add_reply)},
+                       "original": {"add": point_targets(original, "add", ADD_BODY, add_request,
+                                                         original_add_reply)}}
             if dense is not None:
-                servables[DENSE] = (dense_body, dense_request)
-            sides = {"ours": {"add": (ours, good_add_reply)}, "original": {"add": (original, original_add_reply)}}
-            if dense is not None:
-                sides["ours"][DENSE] = (dense, good_dense_reply)
-                sides["original"][DENSE] = (original, original_dense_reply)
-            targets = {name: {servable: point_targets(server, servable, *servables[servable], good)
-                              for servable, (server, good) in side.items()} for name, side in sides.items()}
-            points = [(protocol, servable, concurrency) for servable in servables for protocol in ("rest", "grpc")
-                      for concurrency in args.original_concurrency]
+                targets["ours"][DENSE] = point_targets(dense, DENSE, dense_body, dense_request, good_dense_reply)
+                targets["original"][DENSE] = point_targets(original, DENSE, dense_body, dense_request,
+                                                           original_dense_reply)
+            points = [(protocol, servable, concurrency) for servable in targets["ours"]
+                      for protocol in ("rest", "grpc") for concurrency in args.original_concurrency]
             log(f"versus the original: {len(points)} points, {args.rounds} alternated rounds")
             report["original"] = measure_versus_original(points, targets, args, workdir)
         if dense is not None:

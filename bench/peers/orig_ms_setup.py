@@ -2,7 +2,7 @@
 for bench/classic.py to measure beside ours, all from PyPI, under ORIG_MS_BASE (default ${TMPDIR:-/tmp}/orig-ms).
 
     python bench/peers/orig_ms_setup.py          # about 2 minutes and 1.1 GB of downloads the first time
-    python bench/peers/orig_ms_setup.py --check  # exit 0 when the build is complete, 1 when not (no changes)
+    python bench/peers/orig_ms_setup.py --check  # prints its python and exits 0 when the build is complete
 
 Each step is skipped when its result is there, so a second run takes a second. What it builds, and why:
 - BASE/venv: CPython 3.9 (pyenv's, or PY39=...) with mindspore-serving 2.0.2, grpcio 1.47.0 (the wheel's cap),
@@ -165,7 +165,10 @@ def main():
     parser.add_argument("--check", action="store_true", help="only say whether the build is complete")
     args = parser.parse_args()
     if args.check:
-        sys.exit(0 if complete() else 1)
+        if not complete():
+            sys.exit(1)
+        print(PYTHON)
+        return
     os.makedirs(BASE, exist_ok=True)
     for ok, build in ((serving_venv_ok, build_serving_venv), (lite_ok, fetch_lite), (stub_ok, build_stub),
                       (models_ok, export_models)):
