@@ -1,7 +1,7 @@
 """Serves the bundled servables: gRPC on 127.0.0.1:5500 and RESTful on 127.0.0.1:1500 by default.
 
     python serving_server.py [--grpc 127.0.0.1:5500] [--rest 127.0.0.1:1500] [--servables add,lenet] [--device_type CPU]
-                             [--grace 10] [--metrics 127.0.0.1:9090]
+                             [--grace 10] [--metrics 127.0.0.1:9090] [--frontend_processes 1]
                              [--model_control poll [--version_policy latest:1] [--poll_interval 0.5]]
 
 Ctrl-C or SIGTERM stops both front ends at once (new requests are refused), gives requests in flight --grace
@@ -31,6 +31,9 @@ def main():
                         help="seconds requests in flight get to finish on SIGTERM/Ctrl-C (default 10)")
     parser.add_argument("--metrics", default="", help="ip:port of a separate Prometheus /metrics port (the RESTful "
                                                       "port serves /metrics too)")
+    parser.add_argument("--frontend_processes", type=int, default=1,
+                        help="processes serving the gRPC and RESTful ports (default 1: the master alone); more "
+                             "spread the requests' CPU work over cores (SO_REUSEPORT)")
     parser.add_argument("--model_control", choices=("none", "poll"), default="none",
                         help="poll: watch the servable directory, loading and unloading versions as folders come and "
                              "go and reloading a changed servable_config.py")
@@ -40,6 +43,7 @@ def main():
     parser.add_argument("--poll_interval", type=float, default=0.5, help="seconds between two scans (default 0.5)")
     args = parser.parse_args()
     server.master.context.set_stop_grace(args.grace)
+    server.master.context.set_frontend_processes(args.frontend_processes)
 
     device_ids = tuple(int(x) for x in args.device_ids.split(",") if x.strip())
     if args.model_control == "poll":

@@ -123,6 +123,8 @@ class Server:
             return "master"
         try:
             cmdline = " ".join(proc.cmdline())
+            if "mindspore_serving.frontend_process" in cmdline:
+                return "frontend"
             return "worker" if "mindspore_serving.worker" in cmdline else proc.name()
         except psutil.Error:
             return "gone"
@@ -157,11 +159,13 @@ class Server:
 
 
 class OurServer(Server):
-    def __init__(self, name: str, servables: str, servable_directory: Optional[str] = None):
+    def __init__(self, name: str, servables: str, servable_directory: Optional[str] = None,
+                 frontend_processes: int = 1):
         self.grpc = f"127.0.0.1:{free_port()}"
         self.rest = f"127.0.0.1:{free_port()}"
+        self.frontend_processes = frontend_processes
         args = [os.path.join(ROOT, "serving_server.py"), "--grpc", self.grpc, "--rest", self.rest,
-                "--servables", servables]
+                "--servables", servables, "--frontend_processes", str(frontend_processes)]
         if servable_directory:
             args += ["--servable_directory", servable_directory]
         super().__init__(name, args, ready_text="RESTful server start success")
@@ -438,6 +442,9 @@ def parse_args(argv=None):
                              "bench/peers/orig_ms_setup.py built it), mosec, fastapi (default: all)")
     parser.add_argument("--rounds", type=int, default=2,
                         help="alternated rounds of ours against the original (each server's median is kept)")
+    parser.add_argument("--frontend-processes", default="1",
+                        help="comma-separated front-end process counts of ours measured against the original "
+                             "(default 1; e.g. 1,2: both, alternated in the same rounds)")
     parser.add_argument("--original-concurrency", default="1,64",
                         help="client counts of the comparison with the original (default 1,64)")
     parser.add_argument("--skip-batching", action="store_true", help="no batching-efficiency part")
@@ -457,6 +464,7 @@ def parse_args(argv=None):
     if unknown:
         parser.error(f"unknown peers: {', '.join(sorted(unknown))}")
     args.original_concurrency = [int(c) for c in args.original_concurrency.split(",") if c.strip()]
+    args.frontend_processes = [int(c) for c in args.frontend_processes.split(",") if c.strip()]
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     if not args.concurrency or min(args.concurrency) < 1 or max(args.concurrency) > 1024:
@@ -541,7 +549,7 @@ def measure_dense(dense: "OurServer", peer: Optional["HttpPeer"], requests: tupl
 
 
 ORIG_COLUMNS = ["point", "ours req/s", "original req/s", "ours / original", "ours p50 ms", "original p50 ms",
-                "ours CPU us/req master / worker", "original CPU us/req master / worker"]
+                "ours CPU us/req front ends / worker", "original CPU us/req master / worker"]
 
 
 def point_targets(server: Server, servable: str, body: bytes, request: bytes, good: bytes) -> tuple:
@@ -551,15 +559,21 @@ def point_targets(server: Server, servable: str, body: bytes, request: bytes, go
         {"rest": body, "grpc": request}, good
 
 
+def ours_name(frontend_processes: int) -> str:
+    return "ours" if frontend_processes == 1 else f"ours_fp{frontend_processes}"
+
+
 def measure_versus_original(points: List[tuple], servers: dict, args, workdir: str) -> dict:
-    """Ours against the original MindSpore Serving on each point (protocol, servable, clients), in `args.rounds`
-    rounds that alternate which server goes first; each server's median over the rounds. `servers`: name ->
-    {servable: (server, target per protocol, body per protocol, good gRPC reply)}."""
+    """Ours (one server per front-end process count) against the original MindSpore Serving on each point
+    (protocol, servable, clients), in `args.rounds` rounds that rotate which server goes first; each server's
+    median over the rounds. `servers`: name -> {servable: (server, target per protocol, body per protocol, good
+    gRPC reply)}."""
+    names = list(servers)
     rounds: Dict[tuple, Dict[str, List[dict]]] = {}
     for index in range(args.rounds):
         for number, (protocol, servable, concurrency) in enumerate(points):
-            order = ["ours", "original"] if (index + number) % 2 == 0 else ["original", "ours"]
-            for name in order:
+            shift = (index + number) % len(names)
+            for name in names[shift:] + names[:shift]:
                 server, targets, bodies, good = servers[name][servable]
                 row = measure(protocol, server, targets[protocol], bodies[protocol], concurrency, args.duration,
                               args.warmup, workdir, args.loadgen, good if protocol == "grpc" else b"")
@@ -567,7 +581,7 @@ def measure_versus_original(points: List[tuple], servers: dict, args, workdir: s
                 log(f"round {index + 1} {name:8s} {protocol:4s} {servable:11s} c={concurrency:<3d} "
                     f"{row['rps']:9.1f} req/s  p50 {row['p50_ms']:.2f} ms  bad {row['bad']}  "
                     f"other {row['other_cores']} cores")
-    result = {"rounds": args.rounds, "duration_s": args.duration, "points": []}
+    result = {"rounds": args.rounds, "duration_s": args.duration, "servers": names, "points": []}
     for (protocol, servable, concurrency), by_server in rounds.items():
         point = {"protocol": protocol, "servable": servable, "concurrency": concurrency}
         for name, rows in by_server.items():
@@ -577,25 +591,33 @@ def measure_versus_original(points: List[tuple], servers: dict, args, workdir: s
                            "bad": sum(row["bad"] for row in rows),
                            "cpu_us_per_req_by_role": rows[len(rows) // 2]["cpu_us_per_req_by_role"],
                            "rounds": rows}
-        point["ratio"] = round(point["ours"]["rps"] / point["original"]["rps"], 3) if point["original"]["rps"] \
-            else None
+        for name in names:
+            if name != "original":
+                point[name]["ratio"] = round(point[name]["rps"] / point["original"]["rps"], 3) \
+                    if point["original"]["rps"] else None
         result["points"].append(point)
     return result
 
 
 def original_table(versus: dict) -> str:
     lines = ["| " + " | ".join(ORIG_COLUMNS) + " |", "|" + "|".join("---" for _ in ORIG_COLUMNS) + "|"]
+
+    def cpu(side):
+        roles = side["cpu_us_per_req_by_role"]
+        front = roles.get("master", 0.0) + roles.get("frontend", 0.0)
+        return f"{fmt(front, '{:.0f}')} / {fmt(roles.get('worker'), '{:.0f}')}"
+
     for point in versus["points"]:
-        ours, orig = point["ours"], point["original"]
-
-        def cpu(side):
-            roles = side["cpu_us_per_req_by_role"]
-            return f"{fmt(roles.get('master'), '{:.0f}')} / {fmt(roles.get('worker'), '{:.0f}')}"
-
-        lines.append(f"| {point['protocol'].upper() if point['protocol'] == 'rest' else 'gRPC'} "
-                     f"`{point['servable']}` c={point['concurrency']} | {ours['rps']:,.0f} | {orig['rps']:,.0f} | "
-                     f"{fmt(point['ratio'], '{:.2f}')} | {ours['p50_ms']:.2f} | {orig['p50_ms']:.2f} | {cpu(ours)} | "
-                     f"{cpu(orig)} |")
+        orig = point["original"]
+        for name in versus.get("servers", ["ours", "original"]):
+            if name == "original":
+                continue
+            ours = point[name]
+            front_ends = "" if name == "ours" else f" ({name[len('ours_fp'):]} front ends)"
+            lines.append(f"| {point['protocol'].upper() if point['protocol'] == 'rest' else 'gRPC'} "
+                         f"`{point['servable']}` c={point['concurrency']}{front_ends} | {ours['rps']:,.0f} | "
+                         f"{orig['rps']:,.0f} | {fmt(ours['ratio'], '{:.2f}')} | {ours['p50_ms']:.2f} | "
+                         f"{orig['p50_ms']:.2f} | {cpu(ours)} | {cpu(orig)} |")
     return "\n".join(lines)
 
 
@@ -641,7 +663,14 @@ def main(argv=None) -> int:
                                       ["--address", "127.0.0.1", "--log-level", "warning", "--timeout", "10000",
                                        "--path", os.path.join("{workdir}", "ipc")])
                 servers.append(dense_peer)
+        variants = {}  # front-end process count > 1 -> (add server, dense server), measured against the original
         if "original" in args.peers:
+            for count in args.frontend_processes:
+                if count > 1:
+                    variants[count] = (OurServer(ours_name(count), "add", frontend_processes=count),
+                                       None if args.skip_batching else
+                                       OurServer(f"dense_fp{count}", DENSE, BENCH_SERVABLES, count))
+                    servers.extend(server for server in variants[count] if server is not None)
             python = orig_python()
             if python is None:
                 log("the original MindSpore Serving is not built: run bench/peers/orig_ms_setup.py to compare with "
@@ -695,14 +724,27 @@ def main(argv=None) -> int:
                 row["p50_over_bare_ms"] = round(row["p50_ms"] - bare["ms_per_batch_p50"], 3)
 
         if original is not None:
-            targets = {"ours": {"add": point_targets(ours, "add", ADD_BODY, add_request, good_add_reply)},
-                       "original": {"add": point_targets(original, "add", ADD_BODY, add_request,
+            targets = {"original": {"add": point_targets(original, "add", ADD_BODY, add_request,
                                                          original_add_reply)}}
             if dense is not None:
-                targets["ours"][DENSE] = point_targets(dense, DENSE, dense_body, dense_request, good_dense_reply)
                 targets["original"][DENSE] = point_targets(original, DENSE, dense_body, dense_request,
                                                            original_dense_reply)
-            points = [(protocol, servable, concurrency) for servable in targets["ours"]
+            ours_variants = {1: (ours, dense)} if 1 in args.frontend_processes else {}
+            ours_variants.update(variants)
+            for count, (add_server, dense_server) in sorted(ours_variants.items()):
+                name = ours_name(count)
+                if add_server is not ours:
+                    add_server.wait_ready(lambda s=add_server: check_add_reply(
+                        http_post(f"http://{s.rest}/model/add:add_common", ADD_BODY)))
+                targets[name] = {"add": point_targets(add_server, "add", ADD_BODY, add_request, good_add_reply)}
+                if dense_server is not None:
+                    if dense_server is not dense:
+                        dense_server.wait_ready(lambda s=dense_server: check_dense_reply(
+                            http_post(f"http://{s.rest}/model/{DENSE}:predict", dense_body)))
+                    targets[name][DENSE] = point_targets(dense_server, DENSE, dense_body, dense_request,
+                                                         good_dense_reply)
+            targets["original"] = targets.pop("original")  # last in the first round's order
+            points = [(protocol, servable, concurrency) for servable in targets["original"]
                       for protocol in ("rest", "grpc") for concurrency in args.original_concurrency]
             log(f"versus the original: {len(points)} points, {args.rounds} alternated rounds")
             report["original"] = measure_versus_original(points, targets, args, workdir)

@@ -56,6 +56,8 @@ FAMILIES: Dict[str, Family] = {
     P + "enqueued_requests": Family(GAUGE, "Requests the master holds now", ()),
     P + "max_enqueued_requests": Family(GAUGE, "The limit of requests the master holds", ()),
     P + "rejected_requests": Family(COUNTER, "Requests refused because the enqueued limit was reached", ()),
+    P + "frontend_requests": Family(COUNTER, "Requests (classic, KServe, LLM) a front end ended: 0 is the master, "
+                                             "1.. its front-end processes", ("frontend",)),
     P + "workers_alive": Family(GAUGE, "Workers registered and serving", ("servable", "version")),
     P + "worker_restarts": Family(COUNTER, "Times the master restarted a worker that died", WORKER_LABELS),
     P + "worker_calls_in_flight": Family(GAUGE, "Calls (LLM: generations) sent to a worker and not answered yet",
@@ -134,6 +136,14 @@ def sample(name: str, labels: Dict[str, str], value: float = 0.0,
         message.bucket_counts.extend(hist.counts)
         message.sum = hist.sum
     return message
+
+
+def add_histograms(first: Histogram, second: Histogram) -> Histogram:
+    """A histogram of both (same buckets): the same metric of two processes, in one series."""
+    total = Histogram(first.bounds)
+    total.counts = [a + b for a, b in zip(first.counts, second.counts)]
+    total.sum = first.sum + second.sum
+    return total
 
 
 def histogram_of(message: "internal_pb2.MetricSample") -> Histogram:

@@ -137,7 +137,7 @@ def _credentials(ssl_config):
 
 class GrpcFrontend(DrainingFrontend):
     def __init__(self, address: str, max_msg_mb_size: int, ssl_config, dispatcher, extra_servicers=(),
-                 llm_backend=None, readiness=None, model_control=None):
+                 llm_backend=None, readiness=None, model_control=None, reuse_port: bool = False):
         check_max_msg_mb_size(max_msg_mb_size)
         if address.startswith("unix:"):
             check_unix_address(address)
@@ -150,6 +150,7 @@ class GrpcFrontend(DrainingFrontend):
         self.extra_servicers = extra_servicers
         self.llm_backend = llm_backend
         self.model_control = model_control
+        self.reuse_port = reuse_port  # the port is shared with front-end processes (SO_REUSEPORT)
         self.drain = Drain()
         self.health = HealthServicer(readiness or always_ready)  # grpc.health.v1, following the master's readiness
         self.server = None
@@ -157,7 +158,7 @@ class GrpcFrontend(DrainingFrontend):
     async def start(self):
         options = [("grpc.max_send_message_length", self.max_bytes),
                    ("grpc.max_receive_message_length", self.max_bytes),
-                   ("grpc.so_reuseport", 0)]
+                   ("grpc.so_reuseport", int(self.reuse_port))]
         server = grpc.aio.server(options=options)
         add_servicer(MSServiceServicer(self.dispatcher, self.llm_backend, self.drain), server)
         self.health.add_to_server(server)

@@ -245,13 +245,14 @@ def _with_tcp_proto(sock: socket.socket) -> socket.socket:
 
 class RestfulFrontend(DrainingFrontend):
     def __init__(self, address: str, max_msg_mb_size: int, ssl_config, dispatcher, app: FastAPI = None,
-                 llm_backend=None, readiness=None, metrics=None, model_control=None):
+                 llm_backend=None, readiness=None, metrics=None, model_control=None, reuse_port: bool = False):
         check_max_msg_mb_size(max_msg_mb_size)
         _check_ssl(ssl_config)  # before the address, as MindSpore Serving sets TLS up before binding
         if address.startswith("unix:"):
             raise RuntimeError("Serving Error: RESTful server does not support binding to unix domain socket")
         self.host, self.port = check_address(address, "RESTful server")
         self.address = address
+        self.reuse_port = reuse_port  # the port is shared with front-end processes (SO_REUSEPORT)
         self.drain = Drain()
         if llm_backend is not None:
             llm_backend = GuardedBackend(llm_backend, self.drain)
@@ -271,7 +272,7 @@ class RestfulFrontend(DrainingFrontend):
         server.install_signal_handlers = lambda: None  # the master owns signals
         try:
             self.config.load()
-            sockets = [_with_tcp_proto(self.config.bind_socket())]
+            sockets = [self._bind_shared() if self.reuse_port else _with_tcp_proto(self.config.bind_socket())]
         except (OSError, SystemExit) as err:
             raise RuntimeError(f"Serving Error: RESTful server start failed, bind to the socket address "
                                f"{self.address} failed") from err
@@ -283,6 +284,21 @@ class RestfulFrontend(DrainingFrontend):
                                    f"{self.address} failed")
             await asyncio.sleep(0.01)
         self.server = server
+
+    def _bind_shared(self) -> socket.socket:
+        """The listening socket, with SO_REUSEPORT: every front-end process binds the same port."""
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((self.host, self.port))
+            sock.listen(2048)
+        except OSError:
+            sock.close()
+            raise
+        sock.set_inheritable(False)
+        return sock
 
     def stop_accepting(self):
         """New requests get 503 in their protocol's shape from now on; the port stays open until the grace period

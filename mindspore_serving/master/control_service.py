@@ -10,6 +10,21 @@ from mindspore_serving.master.worker_registry import WorkerRecord, WorkerRegistr
 from mindspore_serving.proto import internal_pb2, internal_pb2_grpc
 
 
+def worker_record(request: internal_pb2.RegisterRequest) -> WorkerRecord:
+    """The record of a registering worker, with channels of this process to it (gRPC and its Predict socket)."""
+    channel = grpc.aio.insecure_channel(request.address, options=ipc.INTERNAL_CHANNEL_OPTIONS)
+    return WorkerRecord(key=request.worker_key, pid=request.worker_pid, address=request.address,
+                        servable_name=request.servable_name, version_number=request.version_number,
+                        batch_size=max(1, request.batch_size),
+                        methods={m.name: m for m in request.methods}, extensions=dict(request.extensions),
+                        device_id=request.device_id,
+                        extra_index=request.extra_index if request.extra else None,
+                        owns_device=request.owns_device, model_infos=dict(request.model_infos),
+                        stub=internal_pb2_grpc.WorkerServiceStub(channel), channel=channel,
+                        predict=PredictChannel(request.predict_address) if request.predict_address else None,
+                        registration=request)
+
+
 class MasterControlServicer(internal_pb2_grpc.MasterControlServicer):
     def __init__(self, registry: WorkerRegistry, processes):
         self.registry = registry
@@ -22,16 +37,7 @@ class MasterControlServicer(internal_pb2_grpc.MasterControlServicer):
             reply.error.error_msg = (f"worker protocol version {request.protocol_version} does not match master "
                                      f"protocol version {ipc.PROTOCOL_VERSION}").encode()
             return reply
-        channel = grpc.aio.insecure_channel(request.address, options=ipc.INTERNAL_CHANNEL_OPTIONS)
-        record = WorkerRecord(key=request.worker_key, pid=request.worker_pid, address=request.address,
-                              servable_name=request.servable_name, version_number=request.version_number,
-                              batch_size=max(1, request.batch_size),
-                              methods={m.name: m for m in request.methods}, extensions=dict(request.extensions),
-                              device_id=request.device_id,
-                              extra_index=request.extra_index if request.extra else None,
-                              owns_device=request.owns_device, model_infos=dict(request.model_infos),
-                              stub=internal_pb2_grpc.WorkerServiceStub(channel), channel=channel,
-                              predict=PredictChannel(request.predict_address) if request.predict_address else None)
+        record = worker_record(request)
         old = self.registry.add(record)
         if old is not None:
             await old.close_channels()

@@ -15,6 +15,7 @@ from mindspore_serving import log
 from mindspore_serving.common import gc_tuning
 from mindspore_serving.ipc import master_worker as ipc
 from mindspore_serving.master.control_service import MasterControlServicer
+from mindspore_serving.master.frontend_processes import FrontendProcesses, MasterFrontendServicer
 from mindspore_serving.master.dispatcher import DEFAULT_MAX_ENQUEUED_REQUESTS, DEFAULT_REQUEST_TIMEOUT, Dispatcher
 from mindspore_serving.master.heartbeat import HeartbeatSettings, WorkerHeartbeat
 from mindspore_serving.master.metrics import MasterMetrics, MetricsCollector
@@ -24,7 +25,7 @@ from mindspore_serving.master.readiness import IDLE, SERVING, STARTING, STOPPING
 from mindspore_serving.master.readiness import readiness as server_readiness
 from mindspore_serving.master.worker_processes import WorkerPlan, WorkerProcess, WorkerProcesses
 from mindspore_serving.master.worker_registry import WorkerRegistry
-from mindspore_serving.proto import internal_pb2_grpc
+from mindspore_serving.proto import frontend_pb2_grpc, internal_pb2_grpc
 
 DEFAULT_STOP_GRACE = 10.0
 """Seconds the front ends give requests in flight to finish when the server stops."""
@@ -39,7 +40,7 @@ WORKER_STOP_MIN = 1.0
 
 _settings = {"max_enqueued_requests": DEFAULT_MAX_ENQUEUED_REQUESTS, "stop_grace": DEFAULT_STOP_GRACE,
              "heartbeat": HeartbeatSettings(), "request_timeout": DEFAULT_REQUEST_TIMEOUT,
-             "llm_token_timeout": DEFAULT_TOKEN_TIMEOUT}
+             "llm_token_timeout": DEFAULT_TOKEN_TIMEOUT, "frontend_processes": 1}
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -76,6 +77,7 @@ class Master:
         # "grpc" / "restful" -> object with stop_accepting(), async drain_requests(grace) -> Counter of requests cut,
         # and async close() (its port stays open until then, for the probes)
         self.frontends = {}
+        self.frontend_processes: Optional[FrontendProcesses] = None  # with frontend_processes > 1, once serving
         self.stopped = threading.Event()
         self.phase = IDLE  # STARTING while start_servables runs, then SERVING (stop: STOPPING)
         self._control_server = self.run(self._start_control_server())
@@ -91,9 +93,35 @@ class Master:
         server = grpc.aio.server(options=ipc.INTERNAL_CHANNEL_OPTIONS)
         internal_pb2_grpc.add_MasterControlServicer_to_server(MasterControlServicer(self.registry, self.processes),
                                                               server)
+        frontend_pb2_grpc.add_MasterFrontendServicer_to_server(MasterFrontendServicer(self), server)
         server.add_insecure_port(self.address)
         await server.start()
         return server
+
+    def frontend_count(self) -> int:
+        """How many processes serve the public ports (the master included)."""
+        return _settings["frontend_processes"]
+
+    def ensure_frontend_processes(self) -> Optional[FrontendProcesses]:
+        """The front-end processes, started on the first public server (None with frontend_processes 1)."""
+        if self.frontend_processes is None and _settings["frontend_processes"] > 1:
+            processes = FrontendProcesses(_settings["frontend_processes"], self.address, self.loop, self.registry,
+                                          self.readiness, self._frontend_settings)
+            self.frontend_processes = processes
+            try:
+                processes.start()
+            except BaseException:
+                processes.terminate()
+                self.frontend_processes = None
+                raise
+            self.metrics_collector.frontend_processes = processes
+            self.frontends["front-end processes"] = processes
+        return self.frontend_processes
+
+    def _frontend_settings(self) -> dict:
+        return {"request_timeout": self.dispatcher.request_timeout,
+                "max_enqueued_requests": self.dispatcher.max_enqueued_requests,
+                "llm_token_timeout": self.llm_backend.token_timeout}
 
     def start_metrics_server(self, host: str, port: int):
         """Serves GET /metrics on a port of its own (prometheus-client's HTTP server, in its threads)."""
@@ -157,6 +185,8 @@ class Master:
             except Exception as err:
                 log.error(f"stopping the front ends failed: {describe(err)}")
         self.frontends.clear()
+        if self.frontend_processes is not None:
+            self.frontend_processes.terminate()  # what the drain did not end (a failed or timed-out stop)
         if self.metrics_server is not None:
             self.metrics_server[0].shutdown()
             self.metrics_server[0].server_close()
@@ -204,6 +234,15 @@ class Master:
 def describe(error: BaseException) -> str:
     """An exception's text for a log line, naming its type when its text is empty (as a timeout's is)."""
     return str(error) or repr(error)
+
+
+def set_frontend_processes(count: int):
+    """How many processes serve the public ports (1: the master alone), for the servers started from now on."""
+    _settings["frontend_processes"] = int(count)
+
+
+def get_frontend_processes() -> int:
+    return _settings["frontend_processes"]
 
 
 def set_stop_grace(seconds: float):

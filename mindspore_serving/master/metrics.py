@@ -9,7 +9,7 @@ scrape), adds the worker's servable, version and device labels and builds one fa
 """
 import asyncio
 from collections import defaultdict
-from typing import Dict, List, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import grpc
 from prometheus_client import generate_latest
@@ -84,9 +84,13 @@ class MetricsCollector:
         self.registry = registry
         self.processes = processes
         self.loop = loop
+        self.frontend_processes = None  # FrontendProcesses, once the master runs some
 
-    async def gather(self) -> List[tuple]:
-        """(worker record, its MetricsReply) of every worker that answered."""
+    async def gather(self) -> Tuple[List[tuple], list]:
+        """(worker record, its MetricsReply) of every worker that answered, and the MetricsReply of every
+        front-end process that did."""
+        frontends = self.frontend_processes
+        pending = asyncio.ensure_future(frontends.metrics(SCRAPE_TIMEOUT)) if frontends is not None else None
         records = self.registry.all()
         replies = await asyncio.gather(*(r.stub.Metrics(internal_pb2.Empty(), timeout=SCRAPE_TIMEOUT)
                                          for r in records if r.stub is not None), return_exceptions=True)
@@ -99,43 +103,32 @@ class MetricsCollector:
                 log.info(f"worker pid {record.pid} gave no metrics: {reply!r}")
             else:
                 answered.append((record, reply))
-        return answered
+        return answered, (await pending if pending is not None else [])
 
     async def render(self) -> bytes:
         """The exposition text of one scrape (on the master loop)."""
-        return generate_latest(_Families(self.families(await self.gather())))
+        return generate_latest(_Families(self.families(*await self.gather())))
 
     def collect(self):
         """prometheus-client's collector interface, for a registry served from another thread."""
-        workers = asyncio.run_coroutine_threadsafe(self.gather(), self.loop).result(SCRAPE_TIMEOUT + 1)
-        return self.families(workers)
+        workers, frontends = asyncio.run_coroutine_threadsafe(self.gather(), self.loop).result(SCRAPE_TIMEOUT + 1)
+        return self.families(workers, frontends)
 
-    def families(self, workers: List[tuple]) -> list:
+    def families(self, workers: List[tuple], frontends: Sequence = ()) -> list:
+        """The families of one scrape: the master's own points, each worker's samples (with its servable,
+        version and device labels) and each front-end process's (MetricsReply), the same series summed."""
         points: Dict[str, list] = defaultdict(list)  # name -> [(label values, number or Histogram)]
         self._master_points(points)
         for record, reply in workers:
-            base = {"servable": record.servable_name, "model_name": record.servable_name,
-                    "version": str(record.version_number), "device": record.device_label}
-            for sample in reply.samples:
-                family = m.FAMILIES.get(sample.name)
-                if family is None:
-                    continue
-                labels = tuple(sample.labels.get(name, base.get(name, "")) for name in family.labels)
-                points[sample.name].append((labels, m.histogram_of(sample) if family.kind == m.HISTOGRAM
-                                            else sample.value))
-        return [_family(name, m.FAMILIES[name], points[name]) for name in m.FAMILIES if name in points]
+            _add_samples(points, reply.samples, {"servable": record.servable_name, "model_name": record.servable_name,
+                                                 "version": str(record.version_number), "device": record.device_label})
+        for reply in frontends:
+            _add_samples(points, reply.samples, {})
+        return [_family(name, m.FAMILIES[name], _summed(points[name])) for name in m.FAMILIES if name in points]
 
     def _master_points(self, points: Dict[str, list]):
-        for (servable, version, method), stats in list(self.metrics.methods.items()):
-            labels = (servable, str(version), method)
-            for outcome, count in stats.outcomes.items():
-                points[m.P + "requests"].append((labels + (outcome,), count))
-            points[m.P + "request_duration_seconds"].append((labels, stats.latency))
-            points[m.P + "request_queue_seconds"].append((labels, stats.queue))
-            points[m.P + "request_instances"].append((labels, stats.instances))
-        points[m.P + "enqueued_requests"].append(((), self.dispatcher.enqueued))
+        _add_samples(points, frontend_samples(self.metrics, self.dispatcher, 0), {})
         points[m.P + "max_enqueued_requests"].append(((), self.dispatcher.max_enqueued_requests))
-        points[m.P + "rejected_requests"].append(((), self.metrics.rejected))
         alive: Dict[tuple, int] = defaultdict(int)
         versions = {}
         for record in self.registry.all():
@@ -154,14 +147,57 @@ class MetricsCollector:
             version = versions.get(key, plan.version_number)
             points[m.P + "worker_restarts"].append(((plan.servable_name, str(version), plan.device_label),
                                                     restarts[1]))
-        for name, stats in list(self.metrics.llm.items()):
-            points[m.L + "prompt_tokens"].append(((name,), stats.prompt_tokens))
-            points[m.L + "generation_tokens"].append(((name,), stats.generation_tokens))
-            for reason, count in list(stats.finished.items()):
-                points[m.L + "request_success"].append(((name, reason), count))
-            points[m.L + "time_to_first_token_seconds"].append(((name,), stats.ttft))
-            points[m.L + "time_per_output_token_seconds"].append(((name,), stats.tpot))
-            points[m.L + "e2e_request_latency_seconds"].append(((name,), stats.e2e))
+
+
+def frontend_samples(metrics: MasterMetrics, dispatcher, index: int) -> List:
+    """What one front end (the master: 0, a front-end process: its index) counted: its requests per servable
+    method, what it holds and refused, its LLM requests; as MetricSamples (a front-end process's Metrics answer)."""
+    out, total = [], 0
+    for (servable, version, method), stats in list(metrics.methods.items()):
+        labels = {"servable": servable, "version": str(version), "method": method}
+        for outcome, count in stats.outcomes.items():
+            out.append(m.sample(m.P + "requests", dict(labels, outcome=outcome), count))
+            total += count
+        out.append(m.sample(m.P + "request_duration_seconds", labels, hist=stats.latency))
+        out.append(m.sample(m.P + "request_queue_seconds", labels, hist=stats.queue))
+        out.append(m.sample(m.P + "request_instances", labels, hist=stats.instances))
+    out.append(m.sample(m.P + "enqueued_requests", {}, dispatcher.enqueued))
+    out.append(m.sample(m.P + "rejected_requests", {}, metrics.rejected))
+    for name, stats in list(metrics.llm.items()):
+        total += sum(stats.finished.values())
+        labels = {"model_name": name}
+        out.append(m.sample(m.L + "prompt_tokens", labels, stats.prompt_tokens))
+        out.append(m.sample(m.L + "generation_tokens", labels, stats.generation_tokens))
+        for reason, count in list(stats.finished.items()):
+            out.append(m.sample(m.L + "request_success", dict(labels, finished_reason=reason), count))
+        out.append(m.sample(m.L + "time_to_first_token_seconds", labels, hist=stats.ttft))
+        out.append(m.sample(m.L + "time_per_output_token_seconds", labels, hist=stats.tpot))
+        out.append(m.sample(m.L + "e2e_request_latency_seconds", labels, hist=stats.e2e))
+    out.append(m.sample(m.P + "frontend_requests", {"frontend": str(index)}, total))
+    return out
+
+
+def _add_samples(points: Dict[str, list], samples, base: Dict[str, str]):
+    """Adds MetricSamples to `points`; a label a sample lacks comes from `base`."""
+    for sample in samples:
+        family = m.FAMILIES.get(sample.name)
+        if family is None:
+            continue
+        labels = tuple(sample.labels.get(name, base.get(name, "")) for name in family.labels)
+        points[sample.name].append((labels, m.histogram_of(sample) if family.kind == m.HISTOGRAM else sample.value))
+
+
+def _summed(points: list) -> list:
+    """One point per label values: those several processes reported are added up."""
+    merged: Dict[tuple, object] = {}
+    for labels, value in points:
+        if labels not in merged:
+            merged[labels] = value
+        elif isinstance(value, m.Histogram):
+            merged[labels] = m.add_histograms(merged[labels], value)
+        else:
+            merged[labels] += value
+    return list(merged.items())
 
 
 def _family(name: str, family: m.Family, points: list):

@@ -136,3 +136,14 @@ def readiness(phase: str, planned: Sequence[PlannedWorker], records: Sequence) -
                                         tuple(states))
     ready = phase == SERVING and all(s.ready for s in servables.values())
     return Readiness(ready, phase, servables)
+
+
+def readiness_from_json(data: dict) -> Readiness:
+    """The Readiness whose `to_json()` is `data` (how the master tells its front-end processes)."""
+    servables = {}
+    for name, servable in data.get("servables", {}).items():
+        workers = tuple(WorkerState(w["key"], w["state"], w.get("reason", ""), w.get("pid"), w.get("version"))
+                        for w in servable.get("workers", ()))
+        servables[name] = ServableState(name, servable["ready"], servable["state"], list(servable["versions"]),
+                                        workers)
+    return Readiness(data["ready"], data["phase"], servables, data.get("live", True))

@@ -227,7 +227,7 @@ class WorkerProcesses:
             keys = {plan.key for plan in plans}
             for worker in self.detach(keys):
                 if worker.process is not None:
-                    _kill_group(worker.process)
+                    kill_group(worker.process)
                     worker.process.wait()
             raise
 
@@ -256,7 +256,7 @@ class WorkerProcesses:
             pass
         except subprocess.TimeoutExpired:
             log.warning(f"worker {worker.plan.key} (pid {process.pid}) did not exit in {grace:g} s; killing it")
-        _kill_group(process)  # what it started goes with it
+        kill_group(process)  # what it started goes with it
         process.wait()
         worker.process = None
         _remove_call_blocks(worker.plan, process.pid)
@@ -297,7 +297,7 @@ class WorkerProcesses:
         if process is None or process.pid != pid or process.poll() is not None:
             return
         log.warning(f"killing worker {key} (pid {pid}) and the processes it started: {reason}")
-        _kill_group(process)
+        kill_group(process)
 
     def mark_exiting(self, key: str):
         worker = self.find(key)
@@ -331,7 +331,7 @@ class WorkerProcesses:
     def _handle_death(self, worker: WorkerProcess):
         plan = worker.plan
         code = worker.process.returncode
-        _kill_group(worker.process)  # what it started (LLM agents) goes with it, even if stopped or hung
+        kill_group(worker.process)  # what it started (LLM agents) goes with it, even if stopped or hung
         _remove_call_blocks(plan, worker.process.pid)
         worker.process = None
         self.on_death(worker)
@@ -374,7 +374,7 @@ class WorkerProcesses:
                 process.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 log.warning(f"worker pid {process.pid} did not exit in {grace:g} s; killing it")
-                _kill_group(process)
+                kill_group(process)
                 process.wait()
         if self._monitor is not None and self._monitor is not threading.current_thread():
             self._monitor.join(timeout=5)
@@ -396,7 +396,7 @@ def _remove_call_blocks(plan: WorkerPlan, pid: int):
         shm_tensors.remove_blocks(os.getpid(), pid)
 
 
-def _kill_group(process: subprocess.Popen):
+def kill_group(process: subprocess.Popen):
     """SIGKILL to a worker's process group: the worker (started in a session of its own) and every process it
     started that did not leave the group (its LLM agents and their cluster scheduler). A stopped process dies
     too, where one waiting to notice its parent's death never would."""

@@ -28,6 +28,7 @@ class WorkerRecord:
     served: int = 0                            # request chunks answered since registration
     lost_reason: Optional[str] = None          # why the master gave up on it (not responding), once it did
     not_ready: str = ""                        # why it cannot serve now though alive (its last heartbeat's answer)
+    registration: Any = field(default=None, repr=False)  # its RegisterRequest (front-end processes get a copy)
     queues: Dict[str, Any] = field(default_factory=dict, repr=False)  # method -> the dispatcher's queue
     _input_names: Dict[str, List[str]] = field(default_factory=dict, repr=False)
 
@@ -64,6 +65,8 @@ class WorkerRegistry:
         self._turn = itertools.count()
         # (servable, method, version) -> candidates; emptied whenever a worker comes or goes
         self._candidates: Dict[tuple, List[WorkerRecord]] = {}
+        # called with ("added", record) / ("removed", record) after every change (front-end processes follow them)
+        self.listeners: List[Callable[[str, WorkerRecord], None]] = []
         # (servable name, version; 0: any) -> whether workers of it are planned though none is registered now
         # (dead, restarting): then a request is unavailable ("retry later"), not of an unknown servable
         self.expected: Callable[[str, int], bool] = lambda _name, _version: False
@@ -74,7 +77,8 @@ class WorkerRegistry:
             old = self._workers.get(record.key)
             self._workers[record.key] = record
             self._candidates = {}
-            return old
+        self._tell("added", record)
+        return old
 
     def remove(self, key: str, pid: Optional[int] = None) -> Optional[WorkerRecord]:
         with self._lock:
@@ -82,7 +86,9 @@ class WorkerRegistry:
             if record is None or (pid is not None and record.pid != pid):
                 return None
             self._candidates = {}
-            return self._workers.pop(key)
+            record = self._workers.pop(key)
+        self._tell("removed", record)
+        return record
 
     def get(self, key: str) -> Optional[WorkerRecord]:
         with self._lock:
@@ -97,7 +103,13 @@ class WorkerRegistry:
             records = list(self._workers.values())
             self._workers.clear()
             self._candidates = {}
-            return records
+        for record in records:
+            self._tell("removed", record)
+        return records
+
+    def _tell(self, change: str, record: WorkerRecord):
+        for listener in list(self.listeners):
+            listener(change, record)
 
     def servable_versions(self, servable_name: str) -> List[int]:
         with self._lock:

@@ -12,6 +12,7 @@ from mindspore_serving.server.master.context import check_grace
 from mindspore_serving.server.model_repository import DEFAULT_POLL_INTERVAL, RepositoryPoller, parse_policies
 from mindspore_serving.server.ssl_config import SSLConfig
 from mindspore_serving.common import check_type, errors
+from mindspore_serving.proto import frontend_pb2
 from mindspore_serving.server.start_config import (DistributedStartConfig, ServableStartConfig, check_device_types,
                                                    check_servable_configs, check_servable_location, merge_config)
 
@@ -156,12 +157,35 @@ def _start_frontend(kind: str, label: str, frontend_class, address, max_msg_mb_s
     master = get_master()
     if kind in master.frontends:
         raise RuntimeError(f"Serving Error: {label} is already running")
+    # with front-end processes the port is shared (SO_REUSEPORT); a unix socket is served by the master alone
+    shared = master.frontend_count() > 1 and not str(address).startswith("unix:")
     frontend = frontend_class(address, max_msg_mb_size, ssl_config, master.dispatcher, llm_backend=master.llm_backend,
-                              readiness=master.readiness,
+                              readiness=master.readiness, reuse_port=shared,
                               **{name: getattr(master, attribute) for name, attribute in extra.items()})
     master.run(frontend.start())
     master.frontends[kind] = frontend
-    print(f"Serving: {label} start success, listening on {address}", flush=True)
+    if shared:
+        try:
+            processes = master.ensure_frontend_processes()
+            master.run(processes.start_server(_server_config(kind, address, max_msg_mb_size, ssl_config)))
+        except BaseException:
+            master.frontends.pop(kind, None)
+            master.run(frontend.close())
+            raise
+    print(f"Serving: {label} start success, listening on {address}"
+          + (f" ({master.frontend_count()} processes)" if shared else ""), flush=True)
+
+
+def _server_config(kind: str, address: str, max_msg_mb_size: int, ssl_config) -> frontend_pb2.ServerConfig:
+    """What a front-end process needs to open the same server."""
+    config = frontend_pb2.ServerConfig(kind=kind, address=address, max_msg_mb_size=max_msg_mb_size)
+    if ssl_config is not None:
+        config.tls = True
+        config.certificate = ssl_config.certificate
+        config.private_key = ssl_config.private_key
+        config.custom_ca = ssl_config.custom_ca or ""
+        config.verify_client = bool(ssl_config.verify_client)
+    return config
 
 
 def start_grpc_server(address, max_msg_mb_size=100, ssl_config=None):

@@ -6,7 +6,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mindspore_serving.common import errors
 from mindspore_serving.common import metrics as m
-from mindspore_serving.master.metrics import MasterMetrics, MetricsCollector, _Families
+from mindspore_serving.master.metrics import MasterMetrics, MetricsCollector, _Families, frontend_samples
 from mindspore_serving.worker.metrics import WorkerMetrics
 
 
@@ -54,3 +54,32 @@ def test_families_from_master_and_worker_samples():
     assert samples[(m.P + "model_batch_padding_total", lenet)] == 1
     assert samples[(m.P + "worker_restarts_total", (("device", "0"), ("servable", "lenet"), ("version", "1")))] == 2
     assert samples[(m.P + "workers_alive", (("servable", "lenet"), ("version", "1")))] == 1
+
+
+def test_front_end_processes_samples_add_up_with_the_masters():
+    """A front-end process's counts (MetricsReply of frontend_samples) join the master's: the same series summed,
+    histograms bucket by bucket, and one frontend_requests series per front end."""
+    def front_end(successes, latency):
+        metrics = MasterMetrics()
+        stats = metrics.method("add", 1, "add_common")
+        stats.outcomes[m.SUCCESS] += successes
+        stats.latency.observe(latency)
+        metrics.llm_model("llama").finished["length"] += 1
+        return metrics
+
+    dispatcher = SimpleNamespace(enqueued=1, max_enqueued_requests=10)
+    child = SimpleNamespace(samples=frontend_samples(front_end(5, 0.2), SimpleNamespace(enqueued=2), 1))
+    collector = MetricsCollector(front_end(3, 0.002), dispatcher, SimpleNamespace(all=list),
+                                 SimpleNamespace(restart_counts=list), loop=None)
+    text = generate_latest(_Families(collector.families([], [child]))).decode()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    labels = (("method", "add_common"), ("servable", "add"), ("version", "1"))
+    assert samples[(m.P + "requests_total", labels[:1] + (("outcome", "success"),) + labels[1:])] == 8
+    assert samples[(m.P + "request_duration_seconds_count", labels)] == 2
+    assert samples[(m.P + "request_duration_seconds_bucket", (("le", "0.0025"),) + labels)] == 1
+    assert samples[(m.P + "enqueued_requests", ())] == 3
+    assert samples[(m.P + "max_enqueued_requests", ())] == 10
+    assert samples[(m.L + "request_success_total", (("finished_reason", "length"), ("model_name", "llama")))] == 2
+    assert samples[(m.P + "frontend_requests_total", (("frontend", "0"),))] == 4
+    assert samples[(m.P + "frontend_requests_total", (("frontend", "1"),))] == 6

@@ -3,7 +3,8 @@ one registered worker that answers the heartbeat and can serve, and the master m
 import pytest
 
 from mindspore_serving.master.readiness import (IDLE, NOT_READY, NOT_RESPONDING, READY, RESTARTING, SERVING,
-                                                STARTING, STOPPED, STOPPING, PlannedWorker, readiness)
+                                                STARTING, STOPPED, STOPPING, PlannedWorker, readiness,
+                                                readiness_from_json)
 from mindspore_serving.master.worker_registry import WorkerRecord
 
 
@@ -82,3 +83,12 @@ def test_model_ready_by_version_and_unknown_names():
 def test_a_registered_worker_without_a_plan_still_counts():
     state = readiness(SERVING, [], [record("extra/v1/device0", "extra")])
     assert state.ready and state.servables["extra"].workers[0].key == "extra/v1/device0"
+
+
+def test_front_end_processes_get_the_same_readiness_from_its_json():
+    planned = [ADD, plan("lenet/v0/device0", "lenet", starts=2)]
+    for state in (readiness(SERVING, planned, [record("add/v0/device0", "add")]),
+                  readiness(SERVING, planned[:1], [record("add/v0/device0", "add", not_ready="agents restart")]),
+                  readiness(STOPPING, planned, [])):
+        copy = readiness_from_json(state.to_json())
+        assert copy == state and copy.reason == state.reason and copy.model_ready("add", 1) == state.model_ready("add", 1)

@@ -199,3 +199,16 @@ def test_record_input_names_are_read_once():
                        methods={"m": method})
     assert rec.input_names("m") == ["x1", "x2"]
     assert rec.input_names("m") is rec.input_names("m")
+
+
+def test_listeners_hear_every_registration_and_removal():
+    registry = WorkerRegistry()
+    heard = []
+    registry.listeners.append(lambda change, record: heard.append((change, record.key)))
+    first, second = record("a"), record("b")
+    registry.add(first)
+    registry.add(second)
+    registry.remove("a")
+    registry.remove("a")  # gone already: nothing to tell
+    registry.clear()
+    assert heard == [("added", "a"), ("added", "b"), ("removed", "a"), ("removed", "b")]

@@ -62,3 +62,17 @@ def set_llm_token_timeout(seconds=60):
     limit. Default 60 s."""
     _check_seconds("seconds", seconds)
     master.set_llm_token_timeout(seconds)
+
+
+def set_frontend_processes(count):
+    """How many processes serve the public gRPC and RESTful ports (default 1: the master alone). With more, the
+    master starts count-1 front-end processes when the first server starts; they open the same ports
+    (SO_REUSEPORT: the kernel spreads new connections over them), parse, check and batch the requests they accept
+    and call the workers directly, while the master keeps the control plane. Call it before start_grpc_server /
+    start_restful_server; a `unix:` gRPC address is served by the master alone."""
+    check_int("count", count, 1, 64)
+    master.set_frontend_processes(count)
+
+
+def get_frontend_processes() -> int:
+    return master.get_frontend_processes()
