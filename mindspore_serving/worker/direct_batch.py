@@ -84,13 +84,9 @@ class DirectBatch:
             return None
 
     def _run_batches(self, inputs: List[np.ndarray]) -> list:
-        count, answers = len(inputs[0]), []
-        for start in range(0, count, self.batch_size):
-            size = min(self.batch_size, count - start)
-            outputs = self.executor.run_merged([_batch(array[start:start + size], self.batch_size)
-                                                for array in inputs], size)
-            answers.extend({name: row[index] for name, index in self.outputs} for row in split_outputs(outputs, size))
-        return answers
+        # full batches, shared with the calls of other connections that wait for the graph (batch_combiner.py)
+        outputs = self.executor.combiner.run(inputs)
+        return [{name: row[index] for name, index in self.outputs} for row in split_outputs(outputs, len(inputs[0]))]
 
     def _run_each(self, inputs: List[np.ndarray]) -> list:
         answers = []
@@ -99,12 +95,3 @@ class DirectBatch:
             answers.append({name: outputs[index] for name, index in self.outputs})
         return answers
 
-
-def _batch(rows: np.ndarray, batch_size: int) -> np.ndarray:
-    """`rows` padded to `batch_size` with copies of the first (as merge_inputs pads); contiguous."""
-    if len(rows) == batch_size:
-        return np.ascontiguousarray(rows)
-    batch = np.empty((batch_size,) + rows.shape[1:], rows.dtype)
-    batch[:len(rows)] = rows
-    batch[len(rows):] = rows[0]
-    return batch

@@ -9,6 +9,7 @@ from typing import Callable, List, Optional, Sequence
 import numpy as np
 
 from mindspore_serving import log
+from mindspore_serving.worker.batch_combiner import BatchCombiner
 from mindspore_serving.worker.batching import SENTINEL, ExpectedCounter, collect_batch, merge_inputs, split_outputs
 from mindspore_serving.worker.metrics import WORKER_METRICS
 from mindspore_serving.worker.model_backend import LoadedModel
@@ -64,6 +65,7 @@ class ModelExecutor(_BatchLoop):
         self.instance_infos = model.instance_inputs(subgraph)
         self.no_batch_inputs = tuple(model.spec.without_batch_dim_inputs)
         self._graph_lock = threading.Lock()  # one graph call at a time, whichever thread makes it
+        self.combiner = BatchCombiner(self.run_merged, model.batch_size)  # direct calls share batches through it
         self.stats = WORKER_METRICS.model(model.spec.model_key if len(model.subgraphs) == 1
                                           else f"{model.spec.model_key}:{subgraph}")
         super().__init__(f"model-{model.spec.model_key}-{subgraph}", model.batch_size, max_wait)
