@@ -51,8 +51,10 @@ class RemoteModelControl:
         self.process = process
 
     def _ask(self, action: str, name: str, version: int):
-        call = self.process.master.ModelControl(pb.ModelControlRequest(action=action, name=name, version=version))
-        reply = asyncio.run_coroutine_threadsafe(call, self.process.loop).result()
+        async def ask():  # the call is made on the process's loop, where its channel lives
+            return await self.process.master.ModelControl(pb.ModelControlRequest(action=action, name=name,
+                                                                                 version=version))
+        reply = asyncio.run_coroutine_threadsafe(ask(), self.process.loop).result()
         if reply.error_code:
             raise errors.make_error(reply.error_code, reply.error_msg)
 

@@ -19,7 +19,8 @@ from mindspore_serving.client import Client
 from mindspore_serving.proto import grpc_predict_v2_pb2 as kserve_pb2
 from mindspore_serving.proto import grpc_predict_v2_pb2_grpc as kserve_grpc
 from llm_setup import write_config, write_servable
-from serving_process import ROOT, SERVABLES, start_server, wait_recovered, wait_until
+from certificates import make_certs
+from serving_process import ROOT, SERVABLES, free_port, start_server, wait_until
 
 SLOW_SERVABLE = os.path.join(ROOT, "tests", "servables", "slow")
 FRONTEND_MODULE = "mindspore_serving.frontend_process"
@@ -210,3 +211,65 @@ def test_sigterm_drains_every_front_end(server):
     assert exited_after < GRACE + 5, exited_after
     assert set(refused) <= {503, "closed"}, refused
     assert len(results) == len(threads) and all(events[-1] == "data: [DONE]" for events in results), results
+
+
+def test_tls_with_client_verification_through_every_front_end(tmp_path, monkeypatch):
+    """The server API in this process with two front ends: the front-end process opens the same TLS servers (its
+    certificate, key and client CA), and a client without a certificate is refused by both."""
+    from mindspore_serving import server  # pylint: disable=import-outside-toplevel
+    from mindspore_serving.client import SSLConfig as ClientSSLConfig  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.chdir(tmp_path)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    certs = make_certs(str(tmp_path))
+    ssl_config = server.SSLConfig(certificate=certs["server.crt"], private_key=certs["server.key"],
+                                  custom_ca=certs["ca.crt"], verify_client=True)
+    client_ssl = ClientSSLConfig(certificate=certs["client.crt"], private_key=certs["client.key"],
+                                 custom_ca=certs["ca.crt"])
+    grpc_addr, rest_addr = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    url, tls = f"https://{rest_addr}", dict(verify=certs["ca.crt"], cert=(certs["client.crt"], certs["client.key"]))
+
+    def answered_tls():
+        counts = {}
+        for line in requests.get(url + "/metrics", timeout=10, **tls).text.splitlines():
+            if line.startswith("mindspore_serving_frontend_requests_total{"):
+                counts[line.split('"')[1]] = float(line.rsplit(" ", 1)[1])
+        return counts
+
+    def until_both(call):
+        before, seen = answered_tls(), set()
+        for _ in range(TRIES):
+            call()
+            now = answered_tls()
+            seen |= {name for name, count in now.items() if count > before.get(name, 0)}
+            before = now
+            if seen >= {"0", "1"}:
+                return
+        raise AssertionError(f"only front ends {sorted(seen)} answered")
+
+    def rest_call():
+        assert requests.post(url + "/model/add:add_common", json=ADD_BODY, timeout=30, **tls).json() == ADD_ANSWER
+
+    def grpc_call():
+        result = Client(grpc_addr, "add", "add_common", ssl_config=client_ssl).infer(
+            {"x1": np.ones((2, 2), np.float32), "x2": np.ones((2, 2), np.float32)})
+        assert result[0]["y"].tolist() == [[2.0, 2.0], [2.0, 2.0]], result
+
+    try:
+        server.master.context.set_frontend_processes(2)
+        server.start_servables(server.ServableStartConfig(SERVABLES, "add", device_ids=0))
+        server.start_grpc_server(grpc_addr, ssl_config=ssl_config)
+        server.start_restful_server(rest_addr, ssl_config=ssl_config)
+        until_both(rest_call)
+        until_both(grpc_call)
+        no_cert = ClientSSLConfig(custom_ca=certs["ca.crt"])
+        for _ in range(8):  # wherever the connection lands
+            assert "Grpc Error" in Client(grpc_addr, "add", "add_common", ssl_config=no_cert).infer(
+                {"x1": np.ones((2, 2), np.float32), "x2": np.ones((2, 2), np.float32)})["error"]
+            with pytest.raises((requests.exceptions.SSLError, requests.exceptions.ConnectionError)):
+                requests.post(url + "/model/add:add_common", verify=certs["ca.crt"], json=ADD_BODY, timeout=10)
+    finally:
+        server.stop()
+        server.master.context.set_frontend_processes(1)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)

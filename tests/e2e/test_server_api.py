@@ -16,6 +16,7 @@ from mindspore_serving import server
 from mindspore_serving.client import Client
 from mindspore_serving.master.master import get_master
 from mindspore_serving.client import SSLConfig as ClientSSLConfig
+from certificates import make_certs
 from serving_process import ROOT, SERVABLES, free_port
 
 TEST_SERVABLES = os.path.join(ROOT, "tests", "servables")
@@ -144,22 +145,6 @@ def test_message_size_limits(serving):
     reply = requests.post(f"http://{rest_addr}/model/add:add_common", data=body).json()
     assert reply == {"error_msg": "http message is bigger than 1048576"}
     assert Client(grpc_addr, "add", "add_common").infer({"x1": X, "x2": X})[0]["y"].tolist() == (X * 2).tolist()
-
-
-def make_certs(directory):
-    def run(*args):
-        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
-        "-subj", "/CN=test-ca")
-    for name in ("server", "client"):
-        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
-            "-subj", f"/CN={name}" if name == "client" else "/CN=localhost")
-        with open(os.path.join(directory, f"{name}.ext"), "w") as ext:
-            ext.write("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext")
-    return {name: os.path.join(directory, name) for name in
-            ("ca.crt", "server.crt", "server.key", "client.crt", "client.key")}
 
 
 def test_tls_grpc_and_restful_with_client_verification(serving, tmp_path):

@@ -1,0 +1,82 @@
+"""What a front-end process asks the master (MasterFrontend over a real unix-socket gRPC channel): model control
+runs in the master and its errors come back with their code and text; a metrics scrape is the master's."""
+import asyncio
+import threading
+
+import grpc
+import pytest
+
+from mindspore_serving.common import errors
+from mindspore_serving.frontend_process.process import RemoteMetrics, RemoteModelControl
+from mindspore_serving.master.frontend_processes import MasterFrontendServicer
+from mindspore_serving.proto import frontend_pb2_grpc
+
+
+class FakeControl:
+    def __init__(self):
+        self.calls = []
+
+    def load_by_name(self, name, version=0):
+        self.calls.append(("load", name, version))
+        if name == "missing":
+            raise errors.ServableUnavailable(f"failed to load '{name}': not in the servable directory")
+
+    def unload(self, name, version=0):
+        self.calls.append(("unload", name, version))
+        raise errors.InvalidInputs(f"failed to unload servable {name}: it is not loaded")
+
+
+class FakeCollector:
+    async def render(self):
+        return b"# the master's scrape\n"
+
+
+class Master:
+    def __init__(self):
+        self.model_control, self.metrics_collector, self.frontend_processes = FakeControl(), FakeCollector(), None
+
+
+@pytest.fixture
+def process(tmp_path):
+    """A front-end process's side (its loop in a thread, its stub to the master) and the master's servicer."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    master = Master()
+    address = f"unix:{tmp_path}/master"
+
+    async def start():
+        server = grpc.aio.server()
+        frontend_pb2_grpc.add_MasterFrontendServicer_to_server(MasterFrontendServicer(master), server)
+        server.add_insecure_port(address)
+        await server.start()
+        return server, frontend_pb2_grpc.MasterFrontendStub(grpc.aio.insecure_channel(address))
+
+    server, stub = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
+
+    class Process:
+        pass
+
+    side = Process()
+    side.loop, side.master, side.control = loop, stub, master.model_control
+    try:
+        yield side
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+
+
+def test_model_control_runs_in_the_master_and_its_errors_come_back_as_they_were(process):
+    control = RemoteModelControl(process)
+    control.load_by_name("add", 2)
+    with pytest.raises(errors.ServableUnavailable, match="failed to load 'missing': not in the servable directory"):
+        control.load_by_name("missing")
+    with pytest.raises(errors.InvalidInputs, match="failed to unload servable add: it is not loaded"):
+        control.unload("add")
+    assert process.control.calls == [("load", "add", 2), ("load", "missing", 0), ("unload", "add", 0)]
+
+
+def test_a_metrics_scrape_is_the_masters(process):
+    text = asyncio.run_coroutine_threadsafe(RemoteMetrics(process).render(), process.loop).result(10)
+    assert text == b"# the master's scrape\n"
