@@ -52,22 +52,22 @@ def frontend_pids(proc):
             if FRONTEND_MODULE in " ".join(p.cmdline())]
 
 
-def answered(url):
+def answered(url, **tls):
     """Requests ended so far per front end (0: the master, 1: the front-end process)."""
     counts = {}
-    for line in requests.get(url + "/metrics", timeout=10).text.splitlines():
+    for line in requests.get(url + "/metrics", timeout=10, **tls).text.splitlines():
         if line.startswith("mindspore_serving_frontend_requests_total{"):
             counts[line.split('"')[1]] = float(line.rsplit(" ", 1)[1])
     return counts
 
 
-def reaches_both(url, call):
+def reaches_both(url, call, **tls):
     """Repeats `call()` (a request on a new connection, checking its own answer) until both front ends answered
     one of them."""
-    before, seen = answered(url), set()
+    before, seen = answered(url, **tls), set()
     for _ in range(TRIES):
         call()
-        now = answered(url)
+        now = answered(url, **tls)
         seen |= {name for name, count in now.items() if count > before.get(name, 0)}
         before = now
         if seen >= {"0", "1"}:
@@ -229,24 +229,6 @@ def test_tls_with_client_verification_through_every_front_end(tmp_path, monkeypa
     grpc_addr, rest_addr = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     url, tls = f"https://{rest_addr}", dict(verify=certs["ca.crt"], cert=(certs["client.crt"], certs["client.key"]))
 
-    def answered_tls():
-        counts = {}
-        for line in requests.get(url + "/metrics", timeout=10, **tls).text.splitlines():
-            if line.startswith("mindspore_serving_frontend_requests_total{"):
-                counts[line.split('"')[1]] = float(line.rsplit(" ", 1)[1])
-        return counts
-
-    def until_both(call):
-        before, seen = answered_tls(), set()
-        for _ in range(TRIES):
-            call()
-            now = answered_tls()
-            seen |= {name for name, count in now.items() if count > before.get(name, 0)}
-            before = now
-            if seen >= {"0", "1"}:
-                return
-        raise AssertionError(f"only front ends {sorted(seen)} answered")
-
     def rest_call():
         assert requests.post(url + "/model/add:add_common", json=ADD_BODY, timeout=30, **tls).json() == ADD_ANSWER
 
@@ -260,8 +242,8 @@ def test_tls_with_client_verification_through_every_front_end(tmp_path, monkeypa
         server.start_servables(server.ServableStartConfig(SERVABLES, "add", device_ids=0))
         server.start_grpc_server(grpc_addr, ssl_config=ssl_config)
         server.start_restful_server(rest_addr, ssl_config=ssl_config)
-        until_both(rest_call)
-        until_both(grpc_call)
+        reaches_both(url, rest_call, **tls)
+        reaches_both(url, grpc_call, **tls)
         no_cert = ClientSSLConfig(custom_ca=certs["ca.crt"])
         for _ in range(8):  # wherever the connection lands
             assert "Grpc Error" in Client(grpc_addr, "add", "add_common", ssl_config=no_cert).infer(

@@ -42,6 +42,17 @@ def until(predicate):
         time.sleep(0.001)  # ok-sleep: polling another thread's progress with a deadline
 
 
+def queued_behind_a_running_call(combiner, graph, results, *calls):
+    """Starts the first call, and each of the others from its own thread once the previous one waits in the queue;
+    the graph is still running the first call's batch when this returns."""
+    threads = [run_in_thread(combiner, calls[0][1], results, calls[0][0])]
+    assert graph.entered.wait(10)
+    for waiting, (name, inputs) in enumerate(calls[1:], 1):
+        threads.append(run_in_thread(combiner, inputs, results, name))
+        until(lambda count=waiting: len(combiner._queue) == count)
+    return threads
+
+
 def run_in_thread(combiner, inputs, results, name):
     def run():
         try:
@@ -64,11 +75,9 @@ def test_calls_that_wait_for_the_graph_share_its_next_batch():
     graph = Graph(block_first=True)
     combiner = BatchCombiner(graph, BATCH)
     results = {}
-    threads = [run_in_thread(combiner, rows(0, 4), results, "a")]
-    assert graph.entered.wait(10)  # a's batch runs; b and c come meanwhile, from two other connections
-    threads.append(run_in_thread(combiner, rows(100, 3), results, "b"))
-    threads.append(run_in_thread(combiner, rows(200, 4), results, "c"))
-    until(lambda: len(combiner._queue) == 2)
+    # a's batch runs; b and c come meanwhile, from two other connections
+    threads = queued_behind_a_running_call(combiner, graph, results, ("a", rows(0, 4)), ("b", rows(100, 3)),
+                                           ("c", rows(200, 4)))
     graph.release.set()
     for thread in threads:
         thread.join(10)
@@ -82,12 +91,8 @@ def test_a_call_spread_over_runs_shared_with_others_gets_all_its_rows():
     graph = Graph(block_first=True)
     combiner = BatchCombiner(graph, BATCH)
     results = {}
-    threads = [run_in_thread(combiner, rows(0, 2), results, "a")]
-    assert graph.entered.wait(10)
-    threads.append(run_in_thread(combiner, rows(100, 6), results, "b"))
-    until(lambda: len(combiner._queue) == 1)
-    threads.append(run_in_thread(combiner, rows(200, 5), results, "c"))
-    until(lambda: len(combiner._queue) == 2)
+    threads = queued_behind_a_running_call(combiner, graph, results, ("a", rows(0, 2)), ("b", rows(100, 6)),
+                                           ("c", rows(200, 5)))
     graph.release.set()
     for thread in threads:
         thread.join(10)
@@ -99,12 +104,9 @@ def test_a_failed_run_fails_the_calls_it_held_and_the_others_still_run():
     graph = Graph(block_first=True, fail_on=100, batch=4)
     combiner = BatchCombiner(graph, 4)
     results = {}
-    threads = [run_in_thread(combiner, rows(0, 4), results, "a")]
-    assert graph.entered.wait(10)
-    threads.append(run_in_thread(combiner, rows(100, 6), results, "b"))  # its first run fails: the rest is not run
-    until(lambda: len(combiner._queue) == 1)
-    threads.append(run_in_thread(combiner, rows(200, 2), results, "c"))
-    until(lambda: len(combiner._queue) == 2)
+    # b's first run fails: the rest of b is not run
+    threads = queued_behind_a_running_call(combiner, graph, results, ("a", rows(0, 4)), ("b", rows(100, 6)),
+                                           ("c", rows(200, 2)))
     graph.release.set()
     for thread in threads:
         thread.join(10)
