@@ -2,6 +2,7 @@
 
     python serving_server.py [--grpc 127.0.0.1:5500] [--rest 127.0.0.1:1500] [--servables add,lenet] [--device_type CPU]
                              [--grace 10] [--metrics 127.0.0.1:9090] [--frontend_processes 1]
+                             [--api_key KEY | --api_key_file PATH]
                              [--model_control poll [--version_policy latest:1] [--poll_interval 0.5]]
 
 Ctrl-C or SIGTERM stops both front ends at once (new requests are refused), gives requests in flight --grace
@@ -34,6 +35,10 @@ def main():
     parser.add_argument("--frontend_processes", type=int, default=1,
                         help="processes serving the gRPC and RESTful ports (default 1: the master alone); more "
                              "spread the requests' CPU work over cores (SO_REUSEPORT)")
+    parser.add_argument("--api_key", default=None,
+                        help="require this key on every request but the health probes (Authorization: Bearer <key>, "
+                             "or x-api-key); default: the environment's MS_SERVING_API_KEY")
+    parser.add_argument("--api_key_file", default=None, help="the same, read from this file's first line")
     parser.add_argument("--model_control", choices=("none", "poll"), default="none",
                         help="poll: watch the servable directory, loading and unloading versions as folders come and "
                              "go and reloading a changed servable_config.py")
@@ -44,6 +49,8 @@ def main():
     args = parser.parse_args()
     server.master.context.set_stop_grace(args.grace)
     server.master.context.set_frontend_processes(args.frontend_processes)
+    if args.api_key is not None or args.api_key_file is not None:
+        server.master.context.set_api_key(args.api_key, args.api_key_file)
 
     device_ids = tuple(int(x) for x in args.device_ids.split(",") if x.strip())
     if args.model_control == "poll":

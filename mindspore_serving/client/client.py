@@ -71,6 +71,8 @@ class Client:
         method_name (str): the method of the servable.
         version_number (int, optional): the servable version; 0 means the newest running one. Default: 0.
         ssl_config (SSLConfig, optional): TLS settings; None for a plain connection. Default: None.
+        api_key (str, optional): the key of a server started with `--api_key`, sent on every call as the
+            metadata `authorization: Bearer <key>`. Default: None.
 
     Messages up to 512 MiB are sent and received (the server accepts 100 MiB by default).
 
@@ -82,7 +84,7 @@ class Client:
         >>> client.infer([{"x1": x, "x2": x}])   # [{'y': array([[2., 2.], [2., 2.]], dtype=float32)}]
     """
 
-    def __init__(self, address, servable_name, method_name, version_number=0, ssl_config=None):
+    def __init__(self, address, servable_name, method_name, version_number=0, ssl_config=None, api_key=None):
         check_str("address", address)
         check_str("servable_name", servable_name)
         check_str("method_name", method_name)
@@ -91,6 +93,8 @@ class Client:
         self.servable_name = servable_name
         self.method_name = method_name
         self.version_number = version_number
+        # a server started with an API key wants it on every call (metadata `authorization: Bearer <key>`)
+        self.metadata = (("authorization", f"Bearer {check_str('api_key', api_key)}"),) if api_key is not None else None
 
         options = [("grpc.max_send_message_length", MAX_MSG_BYTES),
                    ("grpc.max_receive_message_length", MAX_MSG_BYTES)]
@@ -117,7 +121,7 @@ class Client:
         request failed. Raises RuntimeError for inputs that cannot be sent."""
         request = self._create_request(instances)
         try:
-            reply = self.stub.Predict(request)
+            reply = self.stub.Predict(request, metadata=self.metadata)
         except grpc.RpcError as err:
             return convert.rpc_error_result(err)
         return convert.parse_reply(reply)
@@ -126,7 +130,7 @@ class Client:
         """Like `infer`, but returns at once; call `.result()` on the returned object to wait for the outputs."""
         request = self._create_request(instances)
         try:
-            return ClientGrpcAsyncResult(self.stub.Predict.future(request))
+            return ClientGrpcAsyncResult(self.stub.Predict.future(request, metadata=self.metadata))
         except grpc.RpcError as err:
             return ClientGrpcAsyncError(convert.rpc_error_result(err))
 
@@ -140,7 +144,7 @@ class Client:
             if len(instance) != 1:
                 raise RuntimeError("infer_stream takes exactly one instance")
             instance = instance[0]
-        call = self.stub.PredictStream(self._create_request(instance))
+        call = self.stub.PredictStream(self._create_request(instance), metadata=self.metadata)
         try:
             for reply in call:
                 result = convert.parse_reply(reply)

@@ -40,6 +40,7 @@ class Kind(enum.Enum):
     GENERATION = "generation"
     INCOMPLETE = "incomplete_generation"
     INTERNAL = "internal"
+    UNAUTHENTICATED = "unauthenticated"
 
 
 class ServingError(Exception):
@@ -118,6 +119,11 @@ class Overloaded(Failed):
 
 class GenerationFailed(Failed):
     """The engine finished the request with reason "error" or "abort"."""
+
+
+class Unauthenticated(Failed):
+    """The request carries no API key, or not the server's (HTTP 401, gRPC UNAUTHENTICATED)."""
+    KIND = Kind.UNAUTHENTICATED
 
 
 class IncompleteGeneration(Failed):

@@ -18,10 +18,11 @@ the middle of a stream (the status is already 200 there).
     generation   424 generation              500 server_error                            200        OK + ErrorMsg
     incomplete   500 incomplete_generation   500 server_error, incomplete_generation     200        OK + ErrorMsg
     internal     500 internal                500 server_error                            200        OK + ErrorMsg
+    unauthent.   401 unauthenticated         401 invalid_request_error, invalid_api_key  401        UNAUTHENTICATED
 
 KServe v2 (REST `/v2/...` and gRPC `inference.GRPCInferenceService`) answers `{"error": "..."}` with 400, 429,
 404, 503 or 500, and gRPC INVALID_ARGUMENT, RESOURCE_EXHAUSTED, NOT_FOUND, UNAVAILABLE or INTERNAL, by the
-same kinds.
+same kinds (unauthenticated: 401 and UNAUTHENTICATED).
 
 not_found is only for a name that is not served at all; a servable that is served but has no live worker or
 agent at the moment (dead, hung, restarting, stopping) is unavailable: every protocol answers "retry later",
@@ -64,6 +65,7 @@ _TGI = {
     Kind.GENERATION: (424, "Request failed during generation: "),
     Kind.INCOMPLETE: (500, "Incomplete generation: "),
     Kind.INTERNAL: (500, ""),
+    Kind.UNAUTHENTICATED: (401, ""),
 }
 
 # kind -> (HTTP status, error.type, error.code)
@@ -75,6 +77,7 @@ _OPENAI = {
     Kind.GENERATION: (500, "server_error", None),
     Kind.INCOMPLETE: (500, "server_error", "incomplete_generation"),
     Kind.INTERNAL: (500, "server_error", None),
+    Kind.UNAUTHENTICATED: (401, "invalid_request_error", "invalid_api_key"),
 }
 
 
@@ -87,15 +90,17 @@ _KSERVE = {
     Kind.GENERATION: (500, grpc.StatusCode.INTERNAL),
     Kind.INCOMPLETE: (500, grpc.StatusCode.INTERNAL),
     Kind.INTERNAL: (500, grpc.StatusCode.INTERNAL),
+    Kind.UNAUTHENTICATED: (401, grpc.StatusCode.UNAUTHENTICATED),
 }
 
 # kind -> HTTP status of MindSpore's classic protocol (200 for every other kind)
-_MINDSPORE = {Kind.UNAVAILABLE: 503}
+_MINDSPORE = {Kind.UNAVAILABLE: 503, Kind.UNAUTHENTICATED: 401}
 
 # kind -> gRPC status that ends the call (OK for every other kind: the reply carries the ErrorMsg)
 _GRPC = {
     Kind.OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Kind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    Kind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
 }
 
 
@@ -125,6 +130,8 @@ def http_error_headers(error: BaseException) -> Dict[str, str]:
     for now (a client that honours it, as OpenAI's and TGI's do, retries after that many seconds)."""
     if errors.kind_of(error) is Kind.UNAVAILABLE:
         return {"retry-after": str(RETRY_AFTER_S)}
+    if errors.kind_of(error) is Kind.UNAUTHENTICATED:
+        return {"www-authenticate": "Bearer"}
     return {}
 
 

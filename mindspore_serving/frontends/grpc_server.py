@@ -8,6 +8,7 @@ from google.protobuf.message import DecodeError
 from mindspore_serving import log
 from mindspore_serving.common import errors
 from mindspore_serving.frontends import replies
+from mindspore_serving.frontends.auth import ApiKey, ApiKeyInterceptor
 from mindspore_serving.frontends.address import check_address, check_max_msg_mb_size, check_unix_address
 from mindspore_serving.frontends.drain import CUT_ANSWER_S, Drain, DrainingFrontend, GuardedBackend, GuardedDispatcher
 from mindspore_serving.frontends.errors import grpc_error
@@ -137,7 +138,8 @@ def _credentials(ssl_config):
 
 class GrpcFrontend(DrainingFrontend):
     def __init__(self, address: str, max_msg_mb_size: int, ssl_config, dispatcher, extra_servicers=(),
-                 llm_backend=None, readiness=None, model_control=None, reuse_port: bool = False):
+                 llm_backend=None, readiness=None, model_control=None, reuse_port: bool = False,
+                 api_key: Optional[str] = None):
         check_max_msg_mb_size(max_msg_mb_size)
         if address.startswith("unix:"):
             check_unix_address(address)
@@ -151,6 +153,7 @@ class GrpcFrontend(DrainingFrontend):
         self.llm_backend = llm_backend
         self.model_control = model_control
         self.reuse_port = reuse_port  # the port is shared with front-end processes (SO_REUSEPORT)
+        self.api_key = api_key        # every RPC but the probes needs it (frontends/auth.py)
         self.drain = Drain()
         self.health = HealthServicer(readiness or always_ready)  # grpc.health.v1, following the master's readiness
         self.server = None
@@ -159,7 +162,8 @@ class GrpcFrontend(DrainingFrontend):
         options = [("grpc.max_send_message_length", self.max_bytes),
                    ("grpc.max_receive_message_length", self.max_bytes),
                    ("grpc.so_reuseport", int(self.reuse_port))]
-        server = grpc.aio.server(options=options)
+        interceptors = [ApiKeyInterceptor(ApiKey(self.api_key))] if self.api_key else None
+        server = grpc.aio.server(options=options, interceptors=interceptors)
         add_servicer(MSServiceServicer(self.dispatcher, self.llm_backend, self.drain), server)
         self.health.add_to_server(server)
         add_kserve_servicer(GuardedDispatcher(self.dispatcher, self.drain), server, self.model_control)  # KServe v2 / Triton

@@ -18,6 +18,7 @@ from mindspore_serving import log
 from mindspore_serving.common import errors
 from mindspore_serving.common.tensor_codec import instances_to_proto, proto_to_instance
 from mindspore_serving.frontends import kserve, restful_codec
+from mindspore_serving.frontends.auth import ApiKey
 from mindspore_serving.frontends.drain import (CUT_ANSWER_S, Drain, DrainingFrontend, GuardedBackend, GuardedDispatcher,
                                                refusal_reply)
 from mindspore_serving.frontends.errors import Protocol, classic_error, http_error, http_error_headers
@@ -71,8 +72,9 @@ class RestfulApp:
     answered throughout and not counted)."""
 
     def __init__(self, dispatcher, max_bytes: int, fallback, llm_backend=None, drain: Optional[Drain] = None,
-                 model_control=None):
+                 model_control=None, api_key: Optional[str] = None):
         self.drain = drain or Drain()
+        self.api_key = ApiKey(api_key) if api_key else None  # every route but the probes needs it
         self.dispatcher = GuardedDispatcher(dispatcher, self.drain)
         self.max_bytes = max_bytes
         self.fallback = fallback
@@ -100,6 +102,13 @@ class RestfulApp:
         if is_probe(scope["path"]):
             await self.fallback(scope, receive, send)
             return
+        if self.api_key is not None:  # the probes above are open
+            failure = self.api_key.check_http(scope.get("headers", ()))
+            if failure is not None:
+                status, payload = http_error(self.protocol_of(scope), failure)
+                headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in http_error_headers(failure).items()]
+                await _send_json(send, status, sse.dumps(payload), headers)
+                return
         if not self.drain.accepting:
             status, payload = refusal_reply(self.protocol_of(scope), self.drain.refusal())
             await _send_json(send, status, sse.dumps(payload))
@@ -245,7 +254,8 @@ def _with_tcp_proto(sock: socket.socket) -> socket.socket:
 
 class RestfulFrontend(DrainingFrontend):
     def __init__(self, address: str, max_msg_mb_size: int, ssl_config, dispatcher, app: FastAPI = None,
-                 llm_backend=None, readiness=None, metrics=None, model_control=None, reuse_port: bool = False):
+                 llm_backend=None, readiness=None, metrics=None, model_control=None, reuse_port: bool = False,
+                 api_key: Optional[str] = None):
         check_max_msg_mb_size(max_msg_mb_size)
         _check_ssl(ssl_config)  # before the address, as MindSpore Serving sets TLS up before binding
         if address.startswith("unix:"):
@@ -259,7 +269,8 @@ class RestfulFrontend(DrainingFrontend):
         app = app or build_docs_app(llm_backend, readiness)
         if metrics is not None:
             add_metrics_route(app, metrics)
-        self.app = RestfulApp(dispatcher, max_msg_mb_size * 1024 * 1024, app, llm_backend, self.drain, model_control)
+        self.app = RestfulApp(dispatcher, max_msg_mb_size * 1024 * 1024, app, llm_backend, self.drain, model_control,
+                              api_key)
         self.config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning",
                                      timeout_keep_alive=100, access_log=False, lifespan="off",
                                      http=CorkedHttpToolsProtocol,

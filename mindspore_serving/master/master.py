@@ -40,7 +40,8 @@ WORKER_STOP_MIN = 1.0
 
 _settings = {"max_enqueued_requests": DEFAULT_MAX_ENQUEUED_REQUESTS, "stop_grace": DEFAULT_STOP_GRACE,
              "heartbeat": HeartbeatSettings(), "request_timeout": DEFAULT_REQUEST_TIMEOUT,
-             "llm_token_timeout": DEFAULT_TOKEN_TIMEOUT, "frontend_processes": 1}
+             "llm_token_timeout": DEFAULT_TOKEN_TIMEOUT, "frontend_processes": 1,
+             "api_key": os.environ.get("MS_SERVING_API_KEY") or None}
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -234,6 +235,15 @@ class Master:
 def describe(error: BaseException) -> str:
     """An exception's text for a log line, naming its type when its text is empty (as a timeout's is)."""
     return str(error) or repr(error)
+
+
+def set_api_key(key: Optional[str]):
+    """The key every public request but the probes needs (None: none), for the servers started from now on."""
+    _settings["api_key"] = key or None
+
+
+def get_api_key() -> Optional[str]:
+    return _settings["api_key"]
 
 
 def set_frontend_processes(count: int):

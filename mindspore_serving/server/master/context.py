@@ -1,5 +1,5 @@
 """Master settings that users change from serving_server.py."""
-from mindspore_serving.common.check_type import check_int
+from mindspore_serving.common.check_type import check_int, check_str
 from mindspore_serving.master import master
 
 
@@ -76,3 +76,26 @@ def set_frontend_processes(count):
 
 def get_frontend_processes() -> int:
     return master.get_frontend_processes()
+
+
+def set_api_key(key=None, key_file=None):
+    """Requires an API key on the gRPC and RESTful servers started from now on (default: the environment's
+    MS_SERVING_API_KEY, else none): every request but the health probes must carry `Authorization: Bearer <key>`
+    (REST also `x-api-key: <key>`; gRPC as metadata, `Client(..., api_key=key)`), or it gets 401 /
+    UNAUTHENTICATED. `key_file`: read the key from that file instead (its first line), as secrets are mounted.
+    None for both: no key."""
+    if key is not None and key_file is not None:
+        raise RuntimeError("Parameters 'key' and 'key_file' cannot both be set")
+    if key_file is not None:
+        try:
+            with open(check_str("key_file", key_file), encoding="utf-8") as stream:
+                key = stream.readline().strip()
+        except OSError as err:
+            raise RuntimeError(f"Serving Error: read the API key from {key_file} failed: {err.strerror}") from None
+        if not key:
+            raise RuntimeError(f"Serving Error: the API key file {key_file} is empty")
+    elif key is not None:
+        check_str("key", key)
+        if not key.strip() or key != key.strip():
+            raise RuntimeError("Parameter 'key' should be a non-empty string without surrounding spaces")
+    master.set_api_key(key)

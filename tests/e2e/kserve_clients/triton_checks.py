@@ -154,6 +154,26 @@ def check_repository(args):
     expect(list(labels) == [b"7", b"2"], labels)
 
 
+def check_api_key(args):
+    """A server started with --api_key: the clients' `headers=` carry it; without them, 401 / UNAUTHENTICATED."""
+    def headers():  # a new dict per call: the HTTP client adds its own entries to the one it is given
+        return {"authorization": f"Bearer {args.api_key}"}
+
+    http = httpclient.InferenceServerClient(args.http)
+    grpc = grpcclient.InferenceServerClient(args.grpc)
+    result = http.infer("add.add_common", add_inputs(httpclient), headers=headers())
+    expect(np.array_equal(result.as_numpy("y"), X1 + X2), result.as_numpy("y"))
+    result = grpc.infer("add.add_common", add_inputs(grpcclient), headers=headers())
+    expect(np.array_equal(result.as_numpy("y"), X1 + X2), result.as_numpy("y"))
+    expect(http.is_server_ready() and grpc.is_server_ready(), "the probes need no key")
+    err = failure(lambda: http.infer("add.add_common", add_inputs(httpclient)))
+    expect(err.status() == "401", (err.status(), err.message()))
+    err = failure(lambda: grpc.infer("add.add_common", add_inputs(grpcclient)))
+    expect(err.status() == "StatusCode.UNAUTHENTICATED", (err.status(), err.message()))
+    err = failure(lambda: grpc.get_model_metadata("add.add_common", headers={"authorization": "Bearer wrong"}))
+    expect(err.status() == "StatusCode.UNAUTHENTICATED", (err.status(), err.message()))
+
+
 CHECKS = {name[len("check_"):]: function for name, function in globals().items() if name.startswith("check_")}
 
 
@@ -162,6 +182,7 @@ def main():
     parser.add_argument("--http", required=True)
     parser.add_argument("--grpc", required=True)
     parser.add_argument("--images", required=True)
+    parser.add_argument("--api_key", default="")
     parser.add_argument("checks", nargs="+", choices=sorted(CHECKS))
     args = parser.parse_args()
     for name in args.checks:

@@ -1,0 +1,95 @@
+"""API-key authentication of the public front ends (`--api_key`, `server.master.context.set_api_key`).
+
+With a key set every REST route and every RPC needs it, except the health probes, which load balancers and
+Kubernetes call without credentials: REST `/health`, `/ready`, `/v2/health/live|ready` and
+`/v2/models/<m>[/versions/<v>]/ready`; gRPC `grpc.health.v1.Health` and KServe's `ServerLive`, `ServerReady` and
+`ModelReady`. REST takes `Authorization: Bearer <key>` (what the OpenAI and Hugging Face clients send) or
+`x-api-key: <key>`; gRPC the metadata `authorization: Bearer <key>` (MindSpore Serving's `Client(api_key=...)`,
+tritonclient's `headers=`). Keys are compared in constant time. A request without the key gets 401 in its
+protocol's error shape (frontends/errors.py) with `WWW-Authenticate: Bearer`, an RPC UNAUTHENTICATED; the reply
+never says what the key is, only that it is missing or wrong.
+"""
+import hmac
+from typing import Iterable, Optional, Tuple
+
+import grpc
+
+from mindspore_serving.common import errors
+
+OPEN_RPC_PREFIXES = ("/grpc.health.v1.Health/",)
+OPEN_RPCS = frozenset(f"/inference.GRPCInferenceService/{name}" for name in ("ServerLive", "ServerReady", "ModelReady"))
+MISSING = "Unauthorized: this server needs an API key (Authorization: Bearer <key>)"
+WRONG = "Unauthorized: the API key is not valid"
+
+
+class ApiKey:
+    def __init__(self, key: str):
+        if not key:
+            raise ValueError("an API key must not be empty")
+        self._key = key.encode()
+
+    def _matches(self, given: Optional[bytes]) -> bool:
+        return given is not None and hmac.compare_digest(given, self._key)
+
+    def check_http(self, headers: Iterable[Tuple[bytes, bytes]]) -> Optional[errors.Unauthenticated]:
+        """None when the request's headers carry the key, else the error to answer with."""
+        given = None
+        for name, value in headers:
+            name = name.lower()
+            if name == b"authorization":
+                scheme, _, token = value.partition(b" ")
+                if scheme.lower() == b"bearer":
+                    given = token.strip()
+            elif name == b"x-api-key" and given is None:
+                given = value.strip()
+        if self._matches(given):
+            return None
+        return errors.Unauthenticated(MISSING if given is None else WRONG)
+
+    def check_grpc(self, metadata) -> Optional[errors.Unauthenticated]:
+        given = None
+        for name, value in metadata or ():
+            if name.lower() == "authorization":
+                value = value.encode() if isinstance(value, str) else value
+                scheme, _, token = value.partition(b" ")
+                if scheme.lower() == b"bearer":
+                    given = token.strip()
+        if self._matches(given):
+            return None
+        return errors.Unauthenticated(MISSING if given is None else WRONG)
+
+
+class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
+    """Ends every RPC without the key with UNAUTHENTICATED, before its handler runs (the probes excepted)."""
+
+    def __init__(self, api_key: ApiKey):
+        self.api_key = api_key
+
+    async def intercept_service(self, continuation, handler_call_details):
+        method = handler_call_details.method
+        handler = await continuation(handler_call_details)
+        if handler is None or method in OPEN_RPCS or method.startswith(OPEN_RPC_PREFIXES):
+            return handler
+        failure = self.api_key.check_grpc(handler_call_details.invocation_metadata)
+        if failure is None:
+            return handler
+        return _refusing(handler, failure.message)
+
+
+def _refusing(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as `handler` that only ends the call with UNAUTHENTICATED."""
+    async def unary(_request, context):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    async def streaming(_request, context):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        yield  # pylint: disable=unreachable
+
+    options = dict(request_deserializer=None, response_serializer=None)
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(unary, **options)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(streaming, **options)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(unary, **options)
+    return grpc.stream_stream_rpc_method_handler(streaming, **options)

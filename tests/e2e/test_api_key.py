@@ -1,0 +1,148 @@
+"""`--api_key`: a real server (add and the tiny LLM, two front ends, so that the front-end process is checked too)
+wants the key on every route and RPC but the probes. Without it or with a wrong one, each protocol answers 401 in
+its own shape (gRPC UNAUTHENTICATED); with it, the real clients work unchanged: ours with `api_key=`, `openai`
+with `api_key=`, huggingface_hub with `token=`, plain HTTP with `Authorization: Bearer` or `x-api-key`."""
+import os
+import shutil
+import subprocess
+
+import grpc
+import numpy as np
+import pytest
+import requests
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from mindspore_serving.client import Client
+from mindspore_serving.proto import grpc_predict_v2_pb2 as kserve_pb2
+from mindspore_serving.proto import grpc_predict_v2_pb2_grpc as kserve_grpc
+from llm_setup import write_config, write_servable
+from serving_process import ROOT, SERVABLES, start_server
+
+KEY = "s3cret-key-for-tests"
+PROMPT = "And the king of"
+X = np.ones((2, 2), np.float32)
+ADD_BODY = {"instances": [{"x1": X.tolist(), "x2": X.tolist()}]}
+TRIES = 8  # each unauthenticated check, on new connections: both front ends see some
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("api_key")
+    key_file = directory / "key"
+    key_file.write_text(KEY + "\n")
+    servables = write_servable(directory, write_config(directory, start_port=0))
+    shutil.copytree(os.path.join(SERVABLES, "add"), os.path.join(servables, "add"))
+    proc, grpc_addr, rest_addr = start_server(
+        directory, servables=("add", "llama_tiny"),
+        extra_args=["--servable_directory", servables, "--frontend_processes", "2", "--api_key_file", str(key_file)])
+    try:
+        yield grpc_addr, f"http://{rest_addr}"
+    finally:
+        proc.close()
+
+
+@pytest.mark.parametrize("path, body, shape", [
+    ("/model/add:add_common", ADD_BODY, lambda body: set(body) == {"error_msg"}),
+    ("/v2/models/add.add_common/infer", {"inputs": []}, lambda body: set(body) == {"error"}),
+    ("/v1/completions", {"model": "llama_tiny", "prompt": PROMPT},
+     lambda body: body["error"]["code"] == "invalid_api_key" and body["error"]["type"] == "invalid_request_error"),
+    ("/generate", {"inputs": PROMPT}, lambda body: body["error_type"] == "unauthenticated"),
+])
+def test_rest_without_the_key_gets_401_in_its_protocols_shape(server, path, body, shape):
+    _, url = server
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"x-api-key": "wrong"}, {"Authorization": KEY}):
+        for _ in range(TRIES // 2):
+            reply = requests.post(url + path, json=body, headers=headers, timeout=30)
+            assert reply.status_code == 401 and reply.headers["www-authenticate"] == "Bearer", reply.text
+            assert shape(reply.json()), reply.text
+            assert KEY not in reply.text
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/v1/models", "/docs", "/openapi.json", "/v2", "/v2/repository/index"])
+def test_every_other_route_needs_the_key_too(server, path):
+    _, url = server
+    method = requests.post if path == "/v2/repository/index" else requests.get
+    assert method(url + path, timeout=30).status_code == 401
+    assert method(url + path, headers={"x-api-key": KEY}, timeout=30).status_code == 200
+
+
+def test_probes_are_open(server):
+    grpc_addr, url = server
+    for path in ("/health", "/ready", "/v2/health/live", "/v2/health/ready", "/v2/models/add.add_common/ready"):
+        assert requests.get(url + path, timeout=10).status_code == 200, path
+    with grpc.insecure_channel(grpc_addr) as channel:
+        status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10).status
+        assert status == health_pb2.HealthCheckResponse.SERVING
+        assert kserve_grpc.GRPCInferenceServiceStub(channel).ServerReady(kserve_pb2.ServerReadyRequest(),
+                                                                         timeout=10).ready
+
+
+def test_rest_with_the_key(server):
+    _, url = server
+    for headers in ({"Authorization": f"Bearer {KEY}"}, {"authorization": f"bearer {KEY}"}, {"X-API-Key": KEY}):
+        for _ in range(TRIES):
+            reply = requests.post(url + "/model/add:add_common", json=ADD_BODY, headers=headers, timeout=30)
+            assert reply.json() == {"instances": [{"y": (X * 2).tolist()}]}
+
+
+def test_grpc_client_with_and_without_the_key(server):
+    grpc_addr, _ = server
+    for _ in range(TRIES):
+        assert Client(grpc_addr, "add", "add_common").infer({"x1": X, "x2": X})["error"].startswith(
+            "Grpc Error, (16, 'unauthenticated')")
+        assert Client(grpc_addr, "add", "add_common", api_key="wrong").infer({"x1": X, "x2": X})["error"] == \
+            "Grpc Error, (16, 'unauthenticated'), Unauthorized: the API key is not valid"
+        result = Client(grpc_addr, "add", "add_common", api_key=KEY).infer({"x1": X, "x2": X})
+        np.testing.assert_array_equal(result[0]["y"], X * 2)
+    assert "error" in list(Client(grpc_addr, "llama_tiny", "generate").infer_stream(
+        {"prompt": PROMPT, "max_new_tokens": np.int32(2)}))[-1]
+    streamed = list(Client(grpc_addr, "llama_tiny", "generate", api_key=KEY).infer_stream(
+        {"prompt": PROMPT, "max_new_tokens": np.int32(2), "ignore_eos": np.bool_(True)}))
+    assert streamed[-1].get("finished"), streamed[-1]
+
+
+def test_kserve_grpc_needs_the_key_as_metadata(server):
+    grpc_addr, _ = server
+    request = kserve_pb2.ModelInferRequest(model_name="add.add_common")
+    for name in ("x1", "x2"):
+        request.inputs.add(name=name, datatype="FP32", shape=[2, 2]).contents.fp32_contents.extend([1, 2, 3, 4])
+    with grpc.insecure_channel(grpc_addr) as channel:
+        stub = kserve_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ModelInfer(request, timeout=30)
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        reply = stub.ModelInfer(request, metadata=(("authorization", f"Bearer {KEY}"),), timeout=30)
+        assert np.frombuffer(reply.raw_output_contents[0], np.float32).tolist() == [2, 4, 6, 8]
+
+
+def test_openai_and_huggingface_clients(server):
+    openai = pytest.importorskip("openai")
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    _, url = server
+    with openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=60) as client:
+        completion = client.completions.create(model="llama_tiny", prompt=PROMPT, max_tokens=3, temperature=0)
+        assert completion.usage.completion_tokens == 3
+    with openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0, timeout=60) as client:
+        with pytest.raises(openai.AuthenticationError):
+            client.models.list()
+    text = huggingface_hub.InferenceClient(model=url, token=KEY, timeout=60).text_generation(
+        PROMPT, max_new_tokens=3, return_full_text=False)
+    assert isinstance(text, str) and text
+    with pytest.raises(Exception) as info:  # huggingface_hub words a TGI error_type it does not know as UnknownError
+        huggingface_hub.InferenceClient(model=url, token="wrong", timeout=60).text_generation(PROMPT, max_new_tokens=3)
+    http_error = info.value if isinstance(info.value, huggingface_hub.errors.HfHubHTTPError) else info.value.__cause__
+    assert http_error.response.status_code == 401 and "API key is not valid" in str(info.value)
+
+
+def test_triton_clients_with_headers(server, tmp_path):
+    grpc_addr, url = server
+    client_python = os.path.join(ROOT, ".venv-clients", "bin", "python")
+    if not os.path.exists(client_python):
+        pytest.skip("the Triton client virtualenv .venv-clients is missing: run `make clients` (or `make test`)")
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    done = subprocess.run([client_python, os.path.join(ROOT, "tests", "e2e", "kserve_clients", "triton_checks.py"),
+                           "--http", url[len("http://"):], "--grpc", grpc_addr, "--api_key", KEY,
+                           "--images", os.path.join(SERVABLES, "lenet", "images"), "api_key"],
+                          cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+    output = done.stdout.decode(errors="replace")
+    assert done.returncode == 0 and "PASS api_key" in output, output
