@@ -13,6 +13,7 @@ import os
 import signal
 import threading
 import time
+from typing import Optional
 
 import grpc
 
@@ -90,7 +91,7 @@ class FrontendProcess(frontend_pb2_grpc.FrontendServiceServicer):
         self.address = ipc.socket_address(f"serving_frontend_{index}_{os.getpid()}")
         self.master = None
         self.frontends = {}
-        self.done = threading.Event()
+        self.done: Optional[asyncio.Event] = None  # set by Close (on the loop, once serving)
 
     # ---- FrontendService ----
     async def Update(self, request, context):
@@ -157,6 +158,7 @@ class FrontendProcess(frontend_pb2_grpc.FrontendServiceServicer):
 
     # ---- life ----
     async def serve(self):
+        self.done = asyncio.Event()
         server = grpc.aio.server(options=ipc.INTERNAL_CHANNEL_OPTIONS)
         frontend_pb2_grpc.add_FrontendServiceServicer_to_server(self, server)
         server.add_insecure_port(self.address)
@@ -166,8 +168,7 @@ class FrontendProcess(frontend_pb2_grpc.FrontendServiceServicer):
         await self.master.Register(pb.FrontendHello(index=self.index, pid=os.getpid(), address=self.address),
                                    timeout=60)
         log.info(f"front-end process {self.index} (pid {os.getpid()}) registered with the master")
-        while not self.done.is_set():
-            await asyncio.sleep(0.1)
+        await self.done.wait()
         await server.stop(0.5)
         ipc.remove_socket(self.address)
 

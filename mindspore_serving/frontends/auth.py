@@ -28,35 +28,34 @@ class ApiKey:
             raise ValueError("an API key must not be empty")
         self._key = key.encode()
 
-    def _matches(self, given: Optional[bytes]) -> bool:
-        return given is not None and hmac.compare_digest(given, self._key)
-
     def check_http(self, headers: Iterable[Tuple[bytes, bytes]]) -> Optional[errors.Unauthenticated]:
         """None when the request's headers carry the key, else the error to answer with."""
         given = None
         for name, value in headers:
             name = name.lower()
             if name == b"authorization":
-                scheme, _, token = value.partition(b" ")
-                if scheme.lower() == b"bearer":
-                    given = token.strip()
+                given = _bearer(value)
             elif name == b"x-api-key" and given is None:
                 given = value.strip()
-        if self._matches(given):
-            return None
-        return errors.Unauthenticated(MISSING if given is None else WRONG)
+        return self._verdict(given)
 
     def check_grpc(self, metadata) -> Optional[errors.Unauthenticated]:
         given = None
         for name, value in metadata or ():
             if name.lower() == "authorization":
-                value = value.encode() if isinstance(value, str) else value
-                scheme, _, token = value.partition(b" ")
-                if scheme.lower() == b"bearer":
-                    given = token.strip()
-        if self._matches(given):
+                given = _bearer(value.encode() if isinstance(value, str) else value)
+        return self._verdict(given)
+
+    def _verdict(self, given: Optional[bytes]) -> Optional[errors.Unauthenticated]:
+        if given is not None and hmac.compare_digest(given, self._key):
             return None
         return errors.Unauthenticated(MISSING if given is None else WRONG)
+
+
+def _bearer(value: bytes) -> Optional[bytes]:
+    """The token of an `Authorization: Bearer <token>` value; None for another scheme."""
+    scheme, _, token = value.partition(b" ")
+    return token.strip() if scheme.lower() == b"bearer" else None
 
 
 class ApiKeyInterceptor(grpc.aio.ServerInterceptor):

@@ -18,6 +18,7 @@ connections it held fail at once (reset), and the other front ends keep serving.
 """
 import asyncio
 import collections
+import json
 import subprocess
 import sys
 import threading
@@ -227,7 +228,7 @@ class FrontendProcesses:
     # ---- metrics ----
     async def metrics(self, timeout: float) -> list:
         """The MetricsReply of every process that answers within `timeout` seconds."""
-        children = [c for c in self.children.values() if c.registered.is_set() and c.stub is not None]
+        children = self._live()
         replies = await asyncio.gather(*(c.stub.Metrics(internal_pb2.Empty(), timeout=timeout) for c in children),
                                        return_exceptions=True)
         return [reply for reply in replies if not isinstance(reply, BaseException)]
@@ -291,7 +292,6 @@ async def _quietly(call):
 
 
 def _readiness_json(readiness) -> str:
-    import json  # pylint: disable=import-outside-toplevel
     return json.dumps(readiness.to_json(), sort_keys=True)
 
 
