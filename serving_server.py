@@ -3,7 +3,7 @@
     python serving_server.py [--grpc 127.0.0.1:5500] [--rest 127.0.0.1:1500] [--servables add,lenet] [--device_type CPU]
                              [--grace 10] [--metrics 127.0.0.1:9090] [--frontend_processes 1]
                              [--api_key KEY | --api_key_file PATH]
-                             [--model_control poll [--version_policy latest:1] [--poll_interval 0.5]]
+                             [--model_control none|explicit|poll [--version_policy latest:1] [--poll_interval 0.5]]
 
 Ctrl-C or SIGTERM stops both front ends at once (new requests are refused), gives requests in flight --grace
 seconds to finish, answers those still running with an unavailable error, then ends every worker.
@@ -39,9 +39,11 @@ def main():
                         help="require this key on every request but the health probes (Authorization: Bearer <key>, "
                              "or x-api-key); default: the environment's MS_SERVING_API_KEY")
     parser.add_argument("--api_key_file", default=None, help="the same, read from this file's first line")
-    parser.add_argument("--model_control", choices=("none", "poll"), default="none",
-                        help="poll: watch the servable directory, loading and unloading versions as folders come and "
-                             "go and reloading a changed servable_config.py")
+    parser.add_argument("--model_control", choices=("none", "explicit", "poll"), default="none",
+                        help="none (default): clients cannot load or unload servables (403 / PERMISSION_DENIED); "
+                             "explicit: KServe v2 repository load/unload on request; poll: watch the servable "
+                             "directory, loading and unloading versions as folders come and go and reloading a "
+                             "changed servable_config.py")
     parser.add_argument("--version_policy", default="latest:1",
                         help="with --model_control poll: latest:N, all or specific:V1,V2; ';'-separated name=policy "
                              "items set one servable's (default latest:1)")
@@ -53,6 +55,8 @@ def main():
         server.master.context.set_api_key(args.api_key, args.api_key_file)
 
     device_ids = tuple(int(x) for x in args.device_ids.split(",") if x.strip())
+    if args.model_control == "explicit":
+        server.master.context.set_model_control("explicit")
     if args.model_control == "poll":
         names = [name for name in (args.servables or "").split(",") if name.strip()]
         server.start_model_control_poll(args.servable_directory, names, args.version_policy, device_ids,

@@ -41,6 +41,7 @@ class Kind(enum.Enum):
     INCOMPLETE = "incomplete_generation"
     INTERNAL = "internal"
     UNAUTHENTICATED = "unauthenticated"
+    FORBIDDEN = "forbidden"
 
 
 class ServingError(Exception):
@@ -126,6 +127,11 @@ class Unauthenticated(Failed):
     KIND = Kind.UNAUTHENTICATED
 
 
+class Forbidden(Failed):
+    """The server does not allow this operation (model control off; HTTP 403, gRPC PERMISSION_DENIED)."""
+    KIND = Kind.FORBIDDEN
+
+
 class IncompleteGeneration(Failed):
     """A generation's event stream ended without its final event."""
     KIND = Kind.INCOMPLETE
@@ -134,7 +140,7 @@ class IncompleteGeneration(Failed):
 _BY_CODE = {cls.CODE: cls for cls in (Failed, InvalidInputs, SystemError_, WorkerUnavailable, ServableUnavailable)}
 # the class a kind becomes when only the kind crossed a process boundary
 _BY_KIND = {cls.KIND: cls for cls in (InvalidInputs, Overloaded, ServableUnavailable, WorkerUnavailable, Failed,
-                                      IncompleteGeneration)}
+                                      IncompleteGeneration, Unauthenticated, Forbidden)}
 
 
 def make_error(code: int, message: str) -> ServingError:

@@ -122,7 +122,8 @@ class FrontendProcess(frontend_pb2_grpc.FrontendServiceServicer):
     async def _start_server(self, config: pb.ServerConfig):
         ssl_config = SslFiles(config) if config.tls else None
         common = dict(llm_backend=self.llm_backend, readiness=lambda: self.state,
-                      model_control=RemoteModelControl(self), reuse_port=True, api_key=config.api_key or None)
+                      model_control=RemoteModelControl(self) if config.model_control else None, reuse_port=True,
+                      api_key=config.api_key or None)
         if config.kind == "grpc":
             frontend = GrpcFrontend(config.address, config.max_msg_mb_size, ssl_config, self.dispatcher, **common)
         else:

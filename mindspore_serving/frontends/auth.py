@@ -10,7 +10,8 @@ protocol's error shape (frontends/errors.py) with `WWW-Authenticate: Bearer`, an
 never says what the key is, only that it is missing or wrong.
 """
 import hmac
-from typing import Iterable, Optional, Tuple
+import ipaddress
+from typing import Callable, Iterable, Optional, Tuple
 
 import grpc
 
@@ -50,6 +51,22 @@ class ApiKey:
         if given is not None and hmac.compare_digest(given, self._key):
             return None
         return errors.Unauthenticated(MISSING if given is None else WRONG)
+
+
+def operator_check(api_key: Optional[str]) -> Callable[[dict], bool]:
+    """Whether an HTTP request (its ASGI scope) comes from an operator, who may see internals (/ready's worker
+    keys and pids): with a key, a request that carries it; without one, a request from this host (loopback)."""
+    if api_key:
+        key = ApiKey(api_key)
+        return lambda scope: key.check_http(scope.get("headers", ())) is None
+    return lambda scope: is_loopback((scope.get("client") or ("",))[0])
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _bearer(value: bytes) -> Optional[bytes]:

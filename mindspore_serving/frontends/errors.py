@@ -19,10 +19,11 @@ the middle of a stream (the status is already 200 there).
     incomplete   500 incomplete_generation   500 server_error, incomplete_generation     200        OK + ErrorMsg
     internal     500 internal                500 server_error                            200        OK + ErrorMsg
     unauthent.   401 unauthenticated         401 invalid_request_error, invalid_api_key  401        UNAUTHENTICATED
+    forbidden    403 forbidden               403 permission_error                        403        PERMISSION_DENIED
 
 KServe v2 (REST `/v2/...` and gRPC `inference.GRPCInferenceService`) answers `{"error": "..."}` with 400, 429,
 404, 503 or 500, and gRPC INVALID_ARGUMENT, RESOURCE_EXHAUSTED, NOT_FOUND, UNAVAILABLE or INTERNAL, by the
-same kinds (unauthenticated: 401 and UNAUTHENTICATED).
+same kinds (unauthenticated: 401 and UNAUTHENTICATED; forbidden: 403 and PERMISSION_DENIED).
 
 not_found is only for a name that is not served at all; a servable that is served but has no live worker or
 agent at the moment (dead, hung, restarting, stopping) is unavailable: every protocol answers "retry later",
@@ -66,6 +67,7 @@ _TGI = {
     Kind.INCOMPLETE: (500, "Incomplete generation: "),
     Kind.INTERNAL: (500, ""),
     Kind.UNAUTHENTICATED: (401, ""),
+    Kind.FORBIDDEN: (403, ""),
 }
 
 # kind -> (HTTP status, error.type, error.code)
@@ -78,6 +80,7 @@ _OPENAI = {
     Kind.INCOMPLETE: (500, "server_error", "incomplete_generation"),
     Kind.INTERNAL: (500, "server_error", None),
     Kind.UNAUTHENTICATED: (401, "invalid_request_error", "invalid_api_key"),
+    Kind.FORBIDDEN: (403, "permission_error", None),
 }
 
 
@@ -91,16 +94,18 @@ _KSERVE = {
     Kind.INCOMPLETE: (500, grpc.StatusCode.INTERNAL),
     Kind.INTERNAL: (500, grpc.StatusCode.INTERNAL),
     Kind.UNAUTHENTICATED: (401, grpc.StatusCode.UNAUTHENTICATED),
+    Kind.FORBIDDEN: (403, grpc.StatusCode.PERMISSION_DENIED),
 }
 
 # kind -> HTTP status of MindSpore's classic protocol (200 for every other kind)
-_MINDSPORE = {Kind.UNAVAILABLE: 503, Kind.UNAUTHENTICATED: 401}
+_MINDSPORE = {Kind.UNAVAILABLE: 503, Kind.UNAUTHENTICATED: 401, Kind.FORBIDDEN: 403}
 
 # kind -> gRPC status that ends the call (OK for every other kind: the reply carries the ErrorMsg)
 _GRPC = {
     Kind.OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Kind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     Kind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    Kind.FORBIDDEN: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 

@@ -3,7 +3,9 @@
 REST (answered while the server drains too, and never counted as requests in flight):
 
     GET /health                               live: 200 {"status": "ok"} whenever the master answers
-    GET /ready                                200 or 503, the body says why: {"ready", "phase", "servables", ...}
+    GET /ready                                200 or 503, the body says why: {"ready", "phase", "servables", ...};
+                                              each servable's workers (keys, pids) only for an operator
+                                              (frontends/auth.py `operator_check`)
     GET /v2/health/live                       KServe v2: 200 {"live": true}
     GET /v2/health/ready                      KServe v2: 200 {"ready": true}, or 400 {"error": <why not>}
     GET /v2/models/<name>[/versions/<v>]/ready  KServe v2: 200, 400 {"error"} when not ready, 404 when unknown
@@ -15,7 +17,7 @@ SERVICE_UNKNOWN). Watch streams send each change, polled every WATCH_INTERVAL se
 import asyncio
 from typing import Callable
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -39,7 +41,8 @@ def is_probe(path: str) -> bool:
     return path in PROBE_PATHS or (path.startswith("/v2/models/") and path.endswith("/ready"))
 
 
-def build_health_router(readiness: ReadinessSource) -> APIRouter:
+def build_health_router(readiness: ReadinessSource, operator: Callable[[dict], bool] = lambda _scope: True) -> APIRouter:
+    """The probe routes; `operator(scope)` says whether the caller may see /ready's worker details."""
     router = APIRouter()
 
     @router.get("/health", summary="Liveness: 200 whenever the server answers")
@@ -47,9 +50,9 @@ def build_health_router(readiness: ReadinessSource) -> APIRouter:
         return {"status": "ok"}
 
     @router.get("/ready", summary="Readiness: 200 when every servable can serve, else 503; the body says why")
-    async def _ready():
+    async def _ready(request: Request):
         state = readiness()
-        return JSONResponse(state.to_json(), status_code=200 if state.ready else 503)
+        return JSONResponse(state.to_json(details=operator(request.scope)), status_code=200 if state.ready else 503)
 
     @router.get("/v2/health/live", summary="KServe v2 server liveness")
     async def _v2_live():

@@ -22,14 +22,13 @@ from mindspore_serving.common import errors
 from mindspore_serving.common.tensor_codec import proto_to_instance, value_to_tensor
 from mindspore_serving.frontends import kserve_codec as codec
 from mindspore_serving.frontends.errors import Protocol, http_error, kserve_grpc_status
-from mindspore_serving.master.model_control import check_servable_name
+from mindspore_serving.master.model_control import NO_CONTROL_TEXT, check_servable_name
 from mindspore_serving.proto import grpc_predict_v2_pb2 as v2
 from mindspore_serving.proto import grpc_predict_v2_pb2_grpc as v2_grpc
 from mindspore_serving.proto import ms_service_pb2
 
 SERVER_NAME = "mindspore_serving"
 EXTENSIONS = ["binary_tensor_data", "model_repository"]
-NO_CONTROL_TEXT = "model control is not enabled on this server"
 
 
 class KServe:
@@ -78,7 +77,7 @@ class KServe:
 
     def _control(self):
         if self.model_control is None:
-            raise errors.InvalidInputs(NO_CONTROL_TEXT)
+            raise errors.Forbidden(NO_CONTROL_TEXT)
         return self.model_control
 
     def resolve(self, name: str, version: str = ""):

@@ -18,7 +18,7 @@ from mindspore_serving import log
 from mindspore_serving.common import errors
 from mindspore_serving.common.tensor_codec import instances_to_proto, proto_to_instance
 from mindspore_serving.frontends import kserve, restful_codec
-from mindspore_serving.frontends.auth import ApiKey
+from mindspore_serving.frontends.auth import ApiKey, operator_check
 from mindspore_serving.frontends.drain import (CUT_ANSWER_S, Drain, DrainingFrontend, GuardedBackend, GuardedDispatcher,
                                                refusal_reply)
 from mindspore_serving.frontends.errors import Protocol, classic_error, http_error, http_error_headers
@@ -33,12 +33,12 @@ _JSON_HEADERS = [(b"content-type", restful_codec.CONTENT_TYPE.encode())]
 GENERATE_STREAM = "generate_stream"
 
 
-def build_docs_app(llm_backend=None, readiness=None) -> FastAPI:
+def build_docs_app(llm_backend=None, readiness=None, api_key: Optional[str] = None) -> FastAPI:
     """The FastAPI app: documents the classic route and serves the rest: the health and readiness probes (from
     `readiness()`, the master's; ready when not given), and the LLM protocols when given a backend (OpenAI, TGI
     and MindSpore LLM-serving routes)."""
     app = FastAPI(title="MindSpore Serving", description="RESTful access to served models")
-    app.include_router(build_health_router(readiness or always_ready))
+    app.include_router(build_health_router(readiness or always_ready, operator_check(api_key)))
     if llm_backend is not None:
         app.include_router(build_llm_router(llm_backend, health_route=False))
 
@@ -266,7 +266,7 @@ class RestfulFrontend(DrainingFrontend):
         self.drain = Drain()
         if llm_backend is not None:
             llm_backend = GuardedBackend(llm_backend, self.drain)
-        app = app or build_docs_app(llm_backend, readiness)
+        app = app or build_docs_app(llm_backend, readiness, api_key)
         if metrics is not None:
             add_metrics_route(app, metrics)
         self.app = RestfulApp(dispatcher, max_msg_mb_size * 1024 * 1024, app, llm_backend, self.drain, model_control,

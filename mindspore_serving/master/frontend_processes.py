@@ -33,6 +33,7 @@ from mindspore_serving.common import errors
 from mindspore_serving.common.child_process import child_env
 from mindspore_serving.common.restart_budget import RestartBudget
 from mindspore_serving.ipc import master_worker as ipc
+from mindspore_serving.master.model_control import NO_CONTROL_TEXT
 from mindspore_serving.master.worker_processes import LOG_DIR, MONITOR_INTERVAL, kill_group
 from mindspore_serving.proto import frontend_pb2 as pb
 from mindspore_serving.proto import frontend_pb2_grpc, internal_pb2
@@ -313,6 +314,8 @@ class MasterFrontendServicer(frontend_pb2_grpc.MasterFrontendServicer):
         return internal_pb2.Empty()
 
     async def ModelControl(self, request, context):
+        if not self.master.model_control_open():
+            return pb.ModelControlReply(error_code=errors.Forbidden.CODE, error_msg=NO_CONTROL_TEXT)
         control = self.master.model_control
         action = control.load_by_name if request.action == "load" else control.unload
         try:

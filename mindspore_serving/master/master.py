@@ -41,7 +41,7 @@ WORKER_STOP_MIN = 1.0
 _settings = {"max_enqueued_requests": DEFAULT_MAX_ENQUEUED_REQUESTS, "stop_grace": DEFAULT_STOP_GRACE,
              "heartbeat": HeartbeatSettings(), "request_timeout": DEFAULT_REQUEST_TIMEOUT,
              "llm_token_timeout": DEFAULT_TOKEN_TIMEOUT, "frontend_processes": 1,
-             "api_key": os.environ.get("MS_SERVING_API_KEY") or None}
+             "api_key": os.environ.get("MS_SERVING_API_KEY") or None, "model_control": "none"}
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -102,6 +102,11 @@ class Master:
     def frontend_count(self) -> int:
         """How many processes serve the public ports (the master included)."""
         return _settings["frontend_processes"]
+
+    @staticmethod
+    def model_control_open() -> bool:
+        """Whether clients may load and unload servables (--model_control explicit)."""
+        return _settings["model_control"] == "explicit"
 
     def ensure_frontend_processes(self) -> Optional[FrontendProcesses]:
         """The front-end processes, started on the first public server (None with frontend_processes 1)."""
@@ -244,6 +249,20 @@ def set_api_key(key: Optional[str]):
 
 def get_api_key() -> Optional[str]:
     return _settings["api_key"]
+
+
+MODEL_CONTROL_MODES = ("none", "explicit", "poll")
+
+
+def set_model_control(mode: str):
+    """Whether the front ends offer model control (KServe v2 repository load/unload): "none" (the default: they
+    answer 403 / PERMISSION_DENIED), "explicit" (load and unload on request) or "poll" (the servable directory is
+    followed; requests to load or unload are refused, as Triton's poll mode does)."""
+    _settings["model_control"] = mode
+
+
+def get_model_control() -> str:
+    return _settings["model_control"]
 
 
 def set_frontend_processes(count: int):

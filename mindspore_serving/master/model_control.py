@@ -25,6 +25,8 @@ EXIT_GRACE = 5.0
 """Seconds a drained worker gets to exit after SIGTERM before its process group is killed."""
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
+NO_CONTROL_TEXT = "model control is off on this server (start it with --model_control explicit)"
+
 
 def check_servable_name(name: str):
     """Raises InvalidInputs for a name that cannot be a servable directory's (empty, a path, hidden)."""

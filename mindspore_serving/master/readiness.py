@@ -57,9 +57,11 @@ class ServableState:
     def reason(self) -> str:
         return "; ".join(f"{w.key}: {w.reason or w.state}" for w in self.workers if w.state != READY)
 
-    def to_json(self) -> dict:
-        return {"ready": self.ready, "state": self.state, "versions": list(self.versions),
-                "workers": [w.to_json() for w in self.workers]}
+    def to_json(self, details: bool = True) -> dict:
+        out = {"ready": self.ready, "state": self.state, "versions": list(self.versions)}
+        if details:
+            out["workers"] = [w.to_json() for w in self.workers]
+        return out
 
 
 @dataclass(frozen=True)
@@ -90,9 +92,10 @@ class Readiness:
             return None
         return servable.ready and (version == 0 or version in servable.versions)
 
-    def to_json(self) -> dict:
+    def to_json(self, details: bool = True) -> dict:
+        """The state as /ready shows it; without `details`, each servable's workers (keys, pids) are left out."""
         out = {"live": self.live, "ready": self.ready, "phase": self.phase,
-               "servables": {name: s.to_json() for name, s in self.servables.items()}}
+               "servables": {name: s.to_json(details) for name, s in self.servables.items()}}
         if not self.ready:
             out["reason"] = self.reason
         return out

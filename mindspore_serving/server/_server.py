@@ -6,7 +6,8 @@ from mindspore_serving import log
 from mindspore_serving.frontends.address import check_address
 from mindspore_serving.frontends.grpc_server import GrpcFrontend, read_ssl_files
 from mindspore_serving.frontends.restful_server import RestfulFrontend
-from mindspore_serving.master.master import get_api_key, get_master, install_signal_handlers, stop_master
+from mindspore_serving.master.master import (get_api_key, get_master, get_model_control, install_signal_handlers,
+                                             set_model_control, stop_master)
 from mindspore_serving.master.worker_processes import WorkerPlan
 from mindspore_serving.server.master.context import check_grace
 from mindspore_serving.server.model_repository import DEFAULT_POLL_INTERVAL, RepositoryPoller, parse_policies
@@ -132,6 +133,7 @@ def start_model_control_poll(servable_directory, servable_names=None, version_po
     per servable. The directory's servables (only `servable_names`, when given) are loaded before this returns;
     a load that fails is logged, and retried once the servable's files change."""
     default, per_servable = parse_policies(version_policy)
+    set_model_control("poll")  # the directory decides what is served: clients' load/unload requests are refused
     directory = check_type.get_abs_path(check_type.check_str("servable_directory", servable_directory))
     device_ids = tuple(device_ids) or (0,)
 
@@ -159,9 +161,11 @@ def _start_frontend(kind: str, label: str, frontend_class, address, max_msg_mb_s
         raise RuntimeError(f"Serving Error: {label} is already running")
     # with front-end processes the port is shared (SO_REUSEPORT); a unix socket is served by the master alone
     shared = master.frontend_count() > 1 and not str(address).startswith("unix:")
+    exposed = {name: getattr(master, attribute) for name, attribute in extra.items()}
+    if "model_control" in exposed and get_model_control() != "explicit":
+        exposed["model_control"] = None  # clients' load/unload requests get 403 / PERMISSION_DENIED
     frontend = frontend_class(address, max_msg_mb_size, ssl_config, master.dispatcher, llm_backend=master.llm_backend,
-                              readiness=master.readiness, reuse_port=shared, api_key=get_api_key(),
-                              **{name: getattr(master, attribute) for name, attribute in extra.items()})
+                              readiness=master.readiness, reuse_port=shared, api_key=get_api_key(), **exposed)
     master.run(frontend.start())
     master.frontends[kind] = frontend
     if shared:
@@ -179,7 +183,8 @@ def _start_frontend(kind: str, label: str, frontend_class, address, max_msg_mb_s
 def _server_config(kind: str, address: str, max_msg_mb_size: int, ssl_config) -> frontend_pb2.ServerConfig:
     """What a front-end process needs to open the same server."""
     config = frontend_pb2.ServerConfig(kind=kind, address=address, max_msg_mb_size=max_msg_mb_size,
-                                       api_key=get_api_key() or "")
+                                       api_key=get_api_key() or "",
+                                       model_control=get_model_control() == "explicit")
     if ssl_config is not None:
         config.tls = True
         config.certificate = ssl_config.certificate

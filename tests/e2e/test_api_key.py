@@ -146,3 +146,21 @@ def test_triton_clients_with_headers(server, tmp_path):
                           cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
     output = done.stdout.decode(errors="replace")
     assert done.returncode == 0 and "PASS api_key" in output, output
+
+
+def test_model_control_is_off_by_default(server):
+    """Started without --model_control explicit, no client can load or unload, with the key or not, on either
+    front end; the servable keeps serving."""
+    grpc_addr, url = server
+    headers = {"Authorization": f"Bearer {KEY}"}
+    for action in ("load", "unload") * (TRIES // 2):
+        reply = requests.post(f"{url}/v2/repository/models/add/{action}", headers=headers, timeout=30)
+        assert reply.status_code == 403 and "model control is off" in reply.json()["error"], reply.text
+    with grpc.insecure_channel(grpc_addr) as channel:
+        stub = kserve_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as failure:
+            stub.RepositoryModelUnload(kserve_pb2.RepositoryModelUnloadRequest(model_name="add"), timeout=30,
+                                       metadata=(("authorization", f"Bearer {KEY}"),))
+        assert failure.value.code() == grpc.StatusCode.PERMISSION_DENIED, failure.value.details()
+    reply = requests.post(url + "/model/add:add_common", json=ADD_BODY, headers=headers, timeout=30)
+    assert reply.json()["instances"][0]["y"] == (X + X).tolist(), reply.text

@@ -20,7 +20,8 @@ if not os.path.exists(CLIENT_PYTHON):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    proc, grpc_addr, rest_addr = start_server(tmp_path_factory.mktemp("kserve_v2"), servables=("add", "lenet"))
+    proc, grpc_addr, rest_addr = start_server(tmp_path_factory.mktemp("kserve_v2"), servables=("add", "lenet"),
+                                         extra_args=("--model_control", "explicit"))
     try:
         yield grpc_addr, rest_addr
     finally:

@@ -43,12 +43,14 @@ def serving(tmp_path, monkeypatch):
     copy_add(repository)
     rest, grpc_addr = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     try:
+        server.master.context.set_model_control("explicit")
         server.start_servables(server.ServableStartConfig(repository, "add", device_ids=0))
         server.start_restful_server(rest)
         server.start_grpc_server(grpc_addr)
         yield repository, f"http://{rest}", grpc_addr
     finally:
         server.stop()
+        server.master.context.set_model_control("none")
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
 
@@ -183,6 +185,8 @@ def test_poll_mode_follows_version_folders(tmp_path):
     base = f"http://{rest}"
     try:
         assert index(base) == [("add.add_cast", "1"), ("add.add_common", "1")]
+        refused = requests.post(base + "/v2/repository/models/add/unload", timeout=30)  # the directory decides
+        assert refused.status_code == 403 and "model control is off" in refused.json()["error"], refused.text
         staging = os.path.join(repository, "add", "staging")  # not a version: renamed into place at once
         shutil.copytree(os.path.join(SERVABLES, "add", "1"), staging)
         with ClientsUnderLoad(base) as load:  # the switch fails no request

@@ -34,6 +34,10 @@ class FakeCollector:
 class Master:
     def __init__(self):
         self.model_control, self.metrics_collector, self.frontend_processes = FakeControl(), FakeCollector(), None
+        self.control_open = True
+
+    def model_control_open(self):
+        return self.control_open
 
 
 @pytest.fixture
@@ -58,7 +62,7 @@ def process(tmp_path):
         pass
 
     side = Process()
-    side.loop, side.master, side.control = loop, stub, master.model_control
+    side.loop, side.master, side.control, side.master_object = loop, stub, master.model_control, master
     try:
         yield side
     finally:
@@ -80,3 +84,9 @@ def test_model_control_runs_in_the_master_and_its_errors_come_back_as_they_were(
 def test_a_metrics_scrape_is_the_masters(process):
     text = asyncio.run_coroutine_threadsafe(RemoteMetrics(process).render(), process.loop).result(10)
     assert text == b"# the master's scrape\n"
+
+
+def test_model_control_is_refused_in_the_master_when_off(process):
+    process.master_object.control_open = False
+    with pytest.raises(errors.ServingError, match="model control is off"):
+        RemoteModelControl(process).load_by_name("add", 0)

@@ -21,7 +21,7 @@ def state(phase=SERVING, registered=True, not_ready=""):
     return readiness(phase, [ADD], records)
 
 
-def get(app, path):
+def get(app, path, client=("127.0.0.1", 1), headers=()):
     """(status, JSON body) of `GET path` through the ASGI app."""
     sent = []
 
@@ -32,7 +32,7 @@ def get(app, path):
         sent.append(message)
 
     scope = {"type": "http", "method": "GET", "path": path, "raw_path": path.encode(), "query_string": b"",
-             "headers": [], "scheme": "http", "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1),
+             "headers": list(headers), "scheme": "http", "server": ("127.0.0.1", 80), "client": client,
              "http_version": "1.1", "root_path": "", "asgi": {"version": "3.0"}}
     asyncio.run(app(scope, receive, send))
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
@@ -116,3 +116,16 @@ def test_grpc_health_statuses_follow_readiness(current, expected):
     assert checks == expected and listed == expected
     assert aborted[0] is grpc.StatusCode.NOT_FOUND
     assert name(first.status) == "SERVICE_UNKNOWN" and rest == []
+
+
+def test_ready_shows_worker_details_to_operators_only():
+    app = app_with([state()])
+    _, local = get(app, "/ready")  # from loopback, with no API key set: an operator
+    assert local["servables"]["add"]["workers"][0]["pid"] == 9
+    remote_app = RestfulApp(dispatcher=None, max_bytes=1 << 20, fallback=build_docs_app(readiness=state))
+    status, remote = get(remote_app, "/ready", client=("10.1.2.3", 5))
+    assert status == 200 and remote["servables"]["add"] == {"ready": True, "state": "ready", "versions": [1]}
+    keyed = RestfulApp(dispatcher=None, max_bytes=1 << 20, fallback=build_docs_app(readiness=state, api_key="k"))
+    assert "workers" not in get(keyed, "/ready")[1]["servables"]["add"]  # loopback is not enough with a key
+    status, body = get(keyed, "/ready", headers=[(b"authorization", b"Bearer k")])
+    assert body["servables"]["add"]["workers"][0]["pid"] == 9

@@ -99,3 +99,16 @@ def set_api_key(key=None, key_file=None):
         if not key.strip() or key != key.strip():
             raise RuntimeError("Parameter 'key' should be a non-empty string without surrounding spaces")
     master.set_api_key(key)
+
+
+def set_model_control(mode="explicit"):
+    """Opens model control to the front ends started from now on: "explicit" lets clients load and unload
+    servables of the servable directory (KServe v2 `POST /v2/repository/models/<name>/load|unload`, gRPC
+    RepositoryModelLoad/Unload); "none" (the default) and "poll" (`server.start_model_control_poll`, which sets
+    it) refuse those requests with 403 / PERMISSION_DENIED. server.load_servable and unload_servable, called in
+    the server's own process, work in every mode."""
+    check_str("mode", mode)
+    if mode not in master.MODEL_CONTROL_MODES:
+        raise RuntimeError(f"Parameter 'mode' should be one of {', '.join(master.MODEL_CONTROL_MODES)}, "
+                           f"but actually {mode!r}")
+    master.set_model_control(mode)
