@@ -261,10 +261,6 @@ def set_model_control(mode: str):
     _settings["model_control"] = mode
 
 
-def get_model_control() -> str:
-    return _settings["model_control"]
-
-
 def set_frontend_processes(count: int):
     """How many processes serve the public ports (1: the master alone), for the servers started from now on."""
     _settings["frontend_processes"] = int(count)

@@ -6,8 +6,8 @@ from mindspore_serving import log
 from mindspore_serving.frontends.address import check_address
 from mindspore_serving.frontends.grpc_server import GrpcFrontend, read_ssl_files
 from mindspore_serving.frontends.restful_server import RestfulFrontend
-from mindspore_serving.master.master import (get_api_key, get_master, get_model_control, install_signal_handlers,
-                                             set_model_control, stop_master)
+from mindspore_serving.master.master import (get_api_key, get_master, install_signal_handlers, set_model_control,
+                                             stop_master)
 from mindspore_serving.master.worker_processes import WorkerPlan
 from mindspore_serving.server.master.context import check_grace
 from mindspore_serving.server.model_repository import DEFAULT_POLL_INTERVAL, RepositoryPoller, parse_policies
@@ -161,17 +161,19 @@ def _start_frontend(kind: str, label: str, frontend_class, address, max_msg_mb_s
         raise RuntimeError(f"Serving Error: {label} is already running")
     # with front-end processes the port is shared (SO_REUSEPORT); a unix socket is served by the master alone
     shared = master.frontend_count() > 1 and not str(address).startswith("unix:")
-    exposed = {name: getattr(master, attribute) for name, attribute in extra.items()}
-    if "model_control" in exposed and get_model_control() != "explicit":
-        exposed["model_control"] = None  # clients' load/unload requests get 403 / PERMISSION_DENIED
+    # without model control open to clients, their load/unload requests get 403 / PERMISSION_DENIED
+    model_control = master.model_control if master.model_control_open() else None
     frontend = frontend_class(address, max_msg_mb_size, ssl_config, master.dispatcher, llm_backend=master.llm_backend,
-                              readiness=master.readiness, reuse_port=shared, api_key=get_api_key(), **exposed)
+                              readiness=master.readiness, reuse_port=shared, api_key=get_api_key(),
+                              model_control=model_control,
+                              **{name: getattr(master, attribute) for name, attribute in extra.items()})
     master.run(frontend.start())
     master.frontends[kind] = frontend
     if shared:
         try:
             processes = master.ensure_frontend_processes()
-            master.run(processes.start_server(_server_config(kind, address, max_msg_mb_size, ssl_config)))
+            config = _server_config(kind, address, max_msg_mb_size, ssl_config, model_control is not None)
+            master.run(processes.start_server(config))
         except BaseException:
             master.frontends.pop(kind, None)
             master.run(frontend.close())
@@ -180,11 +182,12 @@ def _start_frontend(kind: str, label: str, frontend_class, address, max_msg_mb_s
           + (f" ({master.frontend_count()} processes)" if shared else ""), flush=True)
 
 
-def _server_config(kind: str, address: str, max_msg_mb_size: int, ssl_config) -> frontend_pb2.ServerConfig:
+def _server_config(kind: str, address: str, max_msg_mb_size: int, ssl_config,
+                   model_control: bool) -> frontend_pb2.ServerConfig:
     """What a front-end process needs to open the same server."""
     config = frontend_pb2.ServerConfig(kind=kind, address=address, max_msg_mb_size=max_msg_mb_size,
                                        api_key=get_api_key() or "",
-                                       model_control=get_model_control() == "explicit")
+                                       model_control=model_control)
     if ssl_config is not None:
         config.tls = True
         config.certificate = ssl_config.certificate
@@ -200,8 +203,7 @@ def start_grpc_server(address, max_msg_mb_size=100, ssl_config=None):
         if not isinstance(ssl_config, SSLConfig):
             raise RuntimeError("The type of ssl_config should be type of SSLConfig")
         read_ssl_files(ssl_config)  # as MindSpore Serving: an unreadable file fails before anything else
-    _start_frontend(_GRPC, "Serving gRPC server", GrpcFrontend, address, max_msg_mb_size, ssl_config,
-                    model_control="model_control")
+    _start_frontend(_GRPC, "Serving gRPC server", GrpcFrontend, address, max_msg_mb_size, ssl_config)
 
 
 def start_restful_server(address, max_msg_mb_size=100, ssl_config=None):
@@ -209,7 +211,7 @@ def start_restful_server(address, max_msg_mb_size=100, ssl_config=None):
     if ssl_config is not None and not isinstance(ssl_config, SSLConfig):
         raise RuntimeError("The type of ssl_config should be class of SSLConfig")  # sic: gRPC's says "type of"
     _start_frontend(_RESTFUL, "RESTful server", RestfulFrontend, address, max_msg_mb_size, ssl_config,
-                    metrics="metrics_collector", model_control="model_control")
+                    metrics="metrics_collector")
 
 
 def start_metrics_server(address):
