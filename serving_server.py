@@ -48,7 +48,28 @@ def main():
                         help="with --model_control poll: latest:N, all or specific:V1,V2; ';'-separated name=policy "
                              "items set one servable's (default latest:1)")
     parser.add_argument("--poll_interval", type=float, default=0.5, help="seconds between two scans (default 0.5)")
+    limits = parser.add_argument_group("limits", "what one client may hold of the server (413/429 or "
+                                                 "RESOURCE_EXHAUSTED beyond, with a text naming the flag)")
+    limits.add_argument("--llm_payload_limit", type=int, default=None, metavar="BYTES",
+                        help="body limit of the LLM routes: OpenAI, TGI, MindSpore LLM (default 2000000; the classic "
+                             "and KServe routes keep 100 MiB)")
+    limits.add_argument("--read_timeout", type=float, default=None, metavar="SECONDS",
+                        help="close a connection whose request head has not arrived, or whose body stalls, "
+                             "within this long (default 10)")
+    limits.add_argument("--max_connections", type=int, default=None, help="open RESTful connections (default 2048)")
+    limits.add_argument("--max_concurrent_rpcs", type=int, default=None, help="gRPC calls at once (default 2048)")
+    limits.add_argument("--max_watch_streams", type=int, default=None,
+                        help="open grpc.health.v1 Watch streams (default 1000)")
+    parser.add_argument("--max_enqueued_mb", type=int, default=None,
+                        help="MiB of requests the master holds at once, beyond which new ones are refused "
+                             "(default 1024)")
     args = parser.parse_args()
+    server.master.context.set_request_limits(llm_payload_bytes=args.llm_payload_limit,
+                                             read_timeout=args.read_timeout, max_connections=args.max_connections,
+                                             max_concurrent_rpcs=args.max_concurrent_rpcs,
+                                             max_watch_streams=args.max_watch_streams)
+    if args.max_enqueued_mb is not None:
+        server.master.context.set_max_enqueued_bytes(args.max_enqueued_mb << 20)
     server.master.context.set_stop_grace(args.grace)
     server.master.context.set_frontend_processes(args.frontend_processes)
     if args.api_key is not None or args.api_key_file is not None:

@@ -9,6 +9,7 @@ session (`ipc/llm_session.py`). Raise the class that names the failure.
     InvalidInputs        validation              INVALID_INPUTS
     InvalidParam         validation              INVALID_INPUTS (names the request field)
     Overloaded           overloaded              FAILED
+    PayloadTooLarge      payload_too_large       INVALID_INPUTS
     ServableUnavailable  not_found               SERVABLE_UNAVAILABLE
     WorkerUnavailable    unavailable             WORKER_UNAVAILABLE
     ServerStopping       unavailable             WORKER_UNAVAILABLE (gRPC UNAVAILABLE)
@@ -42,6 +43,7 @@ class Kind(enum.Enum):
     INTERNAL = "internal"
     UNAUTHENTICATED = "unauthenticated"
     FORBIDDEN = "forbidden"
+    TOO_LARGE = "payload_too_large"
 
 
 class ServingError(Exception):
@@ -118,6 +120,11 @@ class Overloaded(Failed):
     KIND = Kind.OVERLOADED
 
 
+class PayloadTooLarge(InvalidInputs):
+    """A request body beyond the route's limit (HTTP 413, gRPC RESOURCE_EXHAUSTED); the text names the limit."""
+    KIND = Kind.TOO_LARGE
+
+
 class GenerationFailed(Failed):
     """The engine finished the request with reason "error" or "abort"."""
 
@@ -140,7 +147,7 @@ class IncompleteGeneration(Failed):
 _BY_CODE = {cls.CODE: cls for cls in (Failed, InvalidInputs, SystemError_, WorkerUnavailable, ServableUnavailable)}
 # the class a kind becomes when only the kind crossed a process boundary
 _BY_KIND = {cls.KIND: cls for cls in (InvalidInputs, Overloaded, ServableUnavailable, WorkerUnavailable, Failed,
-                                      IncompleteGeneration, Unauthenticated, Forbidden)}
+                                      IncompleteGeneration, Unauthenticated, Forbidden, PayloadTooLarge)}
 
 
 def make_error(code: int, message: str) -> ServingError:

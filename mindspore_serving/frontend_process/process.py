@@ -19,6 +19,7 @@ import grpc
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
+from mindspore_serving.common.limits import Limits
 from mindspore_serving.frontends.grpc_server import GrpcFrontend
 from mindspore_serving.frontends.restful_server import RestfulFrontend
 from mindspore_serving.ipc import master_worker as ipc
@@ -107,6 +108,7 @@ class FrontendProcess(frontend_pb2_grpc.FrontendServiceServicer):
             self.state = readiness_from_json(json.loads(request.readiness_json))
         self.dispatcher.request_timeout = request.request_timeout
         self.dispatcher.max_enqueued_requests = request.max_enqueued_requests
+        self.dispatcher.max_enqueued_bytes = request.max_enqueued_bytes
         self.llm_backend.token_timeout = request.llm_token_timeout
         return internal_pb2.Empty()
 
@@ -123,7 +125,7 @@ class FrontendProcess(frontend_pb2_grpc.FrontendServiceServicer):
         ssl_config = SslFiles(config) if config.tls else None
         common = dict(llm_backend=self.llm_backend, readiness=lambda: self.state,
                       model_control=RemoteModelControl(self) if config.model_control else None, reuse_port=True,
-                      api_key=config.api_key or None)
+                      api_key=config.api_key or None, limits=Limits.from_proto(config.limits))
         if config.kind == "grpc":
             frontend = GrpcFrontend(config.address, config.max_msg_mb_size, ssl_config, self.dispatcher, **common)
         else:

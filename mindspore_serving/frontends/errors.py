@@ -20,10 +20,12 @@ the middle of a stream (the status is already 200 there).
     internal     500 internal                500 server_error                            200        OK + ErrorMsg
     unauthent.   401 unauthenticated         401 invalid_request_error, invalid_api_key  401        UNAUTHENTICATED
     forbidden    403 forbidden               403 permission_error                        403        PERMISSION_DENIED
+    too large    413 payload_too_large       413 invalid_request_error, payload_too_large 200       RESOURCE_EXHAUSTED
 
 KServe v2 (REST `/v2/...` and gRPC `inference.GRPCInferenceService`) answers `{"error": "..."}` with 400, 429,
 404, 503 or 500, and gRPC INVALID_ARGUMENT, RESOURCE_EXHAUSTED, NOT_FOUND, UNAVAILABLE or INTERNAL, by the
-same kinds (unauthenticated: 401 and UNAUTHENTICATED; forbidden: 403 and PERMISSION_DENIED).
+same kinds (unauthenticated: 401 and UNAUTHENTICATED; forbidden: 403 and PERMISSION_DENIED; too large: 413 and
+RESOURCE_EXHAUSTED).
 
 not_found is only for a name that is not served at all; a servable that is served but has no live worker or
 agent at the moment (dead, hung, restarting, stopping) is unavailable: every protocol answers "retry later",
@@ -68,6 +70,7 @@ _TGI = {
     Kind.INTERNAL: (500, ""),
     Kind.UNAUTHENTICATED: (401, ""),
     Kind.FORBIDDEN: (403, ""),
+    Kind.TOO_LARGE: (413, ""),
 }
 
 # kind -> (HTTP status, error.type, error.code)
@@ -81,6 +84,7 @@ _OPENAI = {
     Kind.INTERNAL: (500, "server_error", None),
     Kind.UNAUTHENTICATED: (401, "invalid_request_error", "invalid_api_key"),
     Kind.FORBIDDEN: (403, "permission_error", None),
+    Kind.TOO_LARGE: (413, "invalid_request_error", "payload_too_large"),
 }
 
 
@@ -95,6 +99,7 @@ _KSERVE = {
     Kind.INTERNAL: (500, grpc.StatusCode.INTERNAL),
     Kind.UNAUTHENTICATED: (401, grpc.StatusCode.UNAUTHENTICATED),
     Kind.FORBIDDEN: (403, grpc.StatusCode.PERMISSION_DENIED),
+    Kind.TOO_LARGE: (413, grpc.StatusCode.RESOURCE_EXHAUSTED),
 }
 
 # kind -> HTTP status of MindSpore's classic protocol (200 for every other kind)
@@ -106,6 +111,7 @@ _GRPC = {
     Kind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     Kind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
     Kind.FORBIDDEN: grpc.StatusCode.PERMISSION_DENIED,
+    Kind.TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 

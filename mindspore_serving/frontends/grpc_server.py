@@ -15,6 +15,7 @@ from mindspore_serving.frontends.errors import grpc_error
 from mindspore_serving.frontends.grpc_llm import predict_stream
 from mindspore_serving.frontends.health import HealthServicer, always_ready
 from mindspore_serving.frontends.kserve import add_kserve_servicer
+from mindspore_serving.common.limits import Limits
 from mindspore_serving.proto import ms_service_pb2, ms_service_pb2_grpc
 
 SERVICE_NAME = "mindspore.serving.proto.MSService"
@@ -139,7 +140,7 @@ def _credentials(ssl_config):
 class GrpcFrontend(DrainingFrontend):
     def __init__(self, address: str, max_msg_mb_size: int, ssl_config, dispatcher, extra_servicers=(),
                  llm_backend=None, readiness=None, model_control=None, reuse_port: bool = False,
-                 api_key: Optional[str] = None):
+                 api_key: Optional[str] = None, limits: Limits = Limits()):
         check_max_msg_mb_size(max_msg_mb_size)
         if address.startswith("unix:"):
             check_unix_address(address)
@@ -154,16 +155,21 @@ class GrpcFrontend(DrainingFrontend):
         self.model_control = model_control
         self.reuse_port = reuse_port  # the port is shared with front-end processes (SO_REUSEPORT)
         self.api_key = api_key        # every RPC but the probes needs it (frontends/auth.py)
+        self.limits = limits
         self.drain = Drain()
-        self.health = HealthServicer(readiness or always_ready)  # grpc.health.v1, following the master's readiness
+        # grpc.health.v1, following the master's readiness
+        self.health = HealthServicer(readiness or always_ready, limits.max_watch_streams)
         self.server = None
 
     async def start(self):
         options = [("grpc.max_send_message_length", self.max_bytes),
                    ("grpc.max_receive_message_length", self.max_bytes),
-                   ("grpc.so_reuseport", int(self.reuse_port))]
+                   ("grpc.so_reuseport", int(self.reuse_port)),
+                   ("grpc.max_concurrent_streams", self.limits.max_streams_per_conn)]
         interceptors = [ApiKeyInterceptor(ApiKey(self.api_key))] if self.api_key else None
-        server = grpc.aio.server(options=options, interceptors=interceptors)
+        # beyond max_concurrent_rpcs a call ends at once with RESOURCE_EXHAUSTED "Concurrent RPC limit exceeded!"
+        server = grpc.aio.server(options=options, interceptors=interceptors,
+                                 maximum_concurrent_rpcs=self.limits.max_concurrent_rpcs)
         add_servicer(MSServiceServicer(self.dispatcher, self.llm_backend, self.drain), server)
         self.health.add_to_server(server)
         add_kserve_servicer(GuardedDispatcher(self.dispatcher, self.drain), server, self.model_control)  # KServe v2 / Triton

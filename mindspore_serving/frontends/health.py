@@ -12,7 +12,9 @@ REST (answered while the server drains too, and never counted as requests in fli
 
 gRPC: grpc.health.v1.Health on the public port. The service "" (and MSService's name) is SERVING when the
 server is ready; a servable's name is SERVING when that servable is; another name is NOT_FOUND (Watch:
-SERVICE_UNKNOWN). Watch streams send each change, polled every WATCH_INTERVAL seconds.
+SERVICE_UNKNOWN). Watch streams send each change of their status: one task per front end reads the readiness
+every WATCH_INTERVAL seconds while any stream is open and wakes the streams when it changed, so that a thousand
+streams cost what one does; beyond `max_watch_streams` a new Watch ends with RESOURCE_EXHAUSTED.
 """
 import asyncio
 from typing import Callable
@@ -110,11 +112,17 @@ def grpc_status(state: Readiness, service: str):
 
 
 class HealthServicer(health_pb2_grpc.HealthServicer):
-    """grpc.health.v1.Health, whose statuses follow the master's readiness (computed on each call)."""
+    """grpc.health.v1.Health, whose statuses follow the master's readiness (Check and List compute it on each
+    call; Watch streams share one reader, `_follow`)."""
 
-    def __init__(self, readiness: ReadinessSource):
+    def __init__(self, readiness: ReadinessSource, max_watch_streams: int = 1000):
         self.readiness = readiness
+        self.max_watch_streams = max_watch_streams
         self._closed = asyncio.Event()
+        self._watchers = 0
+        self._state = None          # the readiness the streams last saw
+        self._changed = asyncio.Event()  # set (and replaced) when it changes
+        self._follower = None
 
     def add_to_server(self, server):
         health_pb2_grpc.add_HealthServicer_to_server(self, server)
@@ -122,6 +130,7 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
     def close(self):
         """Ends the Watch streams (the server stops after its drain)."""
         self._closed.set()
+        self._changed.set()
 
     async def Check(self, request, context):  # pylint: disable=invalid-name
         status = grpc_status(self.readiness(), request.service)
@@ -136,14 +145,35 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
             name: health_pb2.HealthCheckResponse(status=grpc_status(state, name)) for name in names})
 
     async def Watch(self, request, context):  # pylint: disable=invalid-name
-        last = None
-        while not self._closed.is_set():
-            status = grpc_status(self.readiness(), request.service)
-            status = _Status.SERVICE_UNKNOWN if status is None else status
-            if status != last:
-                last = status
-                yield health_pb2.HealthCheckResponse(status=status)
+        if self._watchers >= self.max_watch_streams:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"the server has reached its limit of {self.max_watch_streams} health Watch streams "
+                                f"(--max_watch_streams)")
+        self._watchers += 1
+        try:
+            if self._follower is None or self._follower.done():
+                self._state = self.readiness()
+                self._follower = asyncio.ensure_future(self._follow())
+            last = None
+            while not self._closed.is_set():
+                status = grpc_status(self._state, request.service)
+                status = _Status.SERVICE_UNKNOWN if status is None else status
+                if status != last:
+                    last = status
+                    yield health_pb2.HealthCheckResponse(status=status)
+                await self._changed.wait()
+        finally:
+            self._watchers -= 1
+
+    async def _follow(self):
+        """Reads the readiness every WATCH_INTERVAL seconds while streams are open; wakes them when it changed."""
+        while self._watchers and not self._closed.is_set():
             try:
                 await asyncio.wait_for(self._closed.wait(), WATCH_INTERVAL)
             except asyncio.TimeoutError:
                 pass
+            state = self.readiness()
+            if state != self._state:
+                self._state = state
+                changed, self._changed = self._changed, asyncio.Event()
+                changed.set()

@@ -22,7 +22,8 @@ from mindspore_serving.frontends.auth import ApiKey, operator_check
 from mindspore_serving.frontends.drain import (CUT_ANSWER_S, Drain, DrainingFrontend, GuardedBackend, GuardedDispatcher,
                                                refusal_reply)
 from mindspore_serving.frontends.errors import Protocol, classic_error, http_error, http_error_headers
-from mindspore_serving.frontends.http_protocol import CorkedHttpToolsProtocol
+from mindspore_serving.common.limits import Limits, payload_too_large
+from mindspore_serving.frontends.http_protocol import limited_protocol
 from mindspore_serving.frontends.health import always_ready, build_health_router, is_probe
 from mindspore_serving.frontends.replies import global_error
 from mindspore_serving.frontends.llm import build_llm_router, mindspore_generate_stream, sse
@@ -31,6 +32,7 @@ from mindspore_serving.proto import ms_service_pb2
 
 _JSON_HEADERS = [(b"content-type", restful_codec.CONTENT_TYPE.encode())]
 GENERATE_STREAM = "generate_stream"
+KEEP_ALIVE_S = 100  # how long an idle keep-alive connection stays open
 
 
 def build_docs_app(llm_backend=None, readiness=None, api_key: Optional[str] = None) -> FastAPI:
@@ -72,8 +74,9 @@ class RestfulApp:
     answered throughout and not counted)."""
 
     def __init__(self, dispatcher, max_bytes: int, fallback, llm_backend=None, drain: Optional[Drain] = None,
-                 model_control=None, api_key: Optional[str] = None):
+                 model_control=None, api_key: Optional[str] = None, limits: Limits = Limits()):
         self.drain = drain or Drain()
+        self.limits = limits
         self.api_key = ApiKey(api_key) if api_key else None  # every route but the probes needs it
         self.dispatcher = GuardedDispatcher(dispatcher, self.drain)
         self.max_bytes = max_bytes
@@ -121,57 +124,76 @@ class RestfulApp:
                 await self._kserve(scope, receive, send, *v2_route)
             elif self.is_classic(scope):
                 await self._classic(scope, receive, send)
-            else:
+            elif scope["method"] in ("GET", "HEAD"):
                 await self.fallback(scope, receive, send)
+            else:
+                await self._with_body(scope, receive, send)
         finally:
             self.drain.leave(kind)
 
+    async def refuse_connection(self, scope, receive, send):
+        """The answer to a request on a connection beyond the limit: overloaded in the route's shape, and the
+        connection is closed after it. Probes are answered (a full server is live, not dead)."""
+        if scope["type"] == "http" and is_probe(scope["path"]):
+            await self(scope, receive, send)
+            return
+        error = errors.Overloaded(f"the server has reached its limit of {self.limits.max_connections} open "
+                                  f"connections (--max_connections)")
+        status, payload = http_error(self.protocol_of(scope), error)
+        await _send_json(send, status, sse.dumps(payload), [(b"connection", b"close"), (b"retry-after", b"1")])
+
     async def _classic(self, scope, receive, send):
-        body = await self._read_body(receive)
-        if body is not None and self.llm_backend is not None and scope["method"] == "POST":
+        try:
+            body = await read_body(scope, receive, self.max_bytes)
+        except BodyTooLarge:  # MindSpore Serving's text, with its HTTP 200
+            error = errors.InvalidInputs(f"http message is bigger than {self.max_bytes}")
+            await _send_json(send, 200, restful_codec.encode_error(error))
+            return
+        if body is None:
+            return
+        if self.llm_backend is not None and scope["method"] == "POST":
             name = _stream_target(scope["path"])
             if name is not None:
                 response = await mindspore_generate_stream(self.llm_backend, name, body)
                 await response(scope, receive, send)
                 return
         status, headers = 200, []
-        if body is None:
-            reply = restful_codec.encode_error(errors.InvalidInputs(f"http message is bigger than {self.max_bytes}"))
-        else:
-            results = await self.handle(scope["method"], scope["path"], body)
-            reply = restful_codec.encode_results(results)
-            failure = global_error(results)
-            if failure is not None:  # 200, or 503 + Retry-After while the servable is unavailable
-                status, _ = http_error(Protocol.MINDSPORE, failure)
-                headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in http_error_headers(failure).items()]
+        results = await self.handle(scope["method"], scope["path"], body)
+        reply = restful_codec.encode_results(results)
+        failure = global_error(results)
+        if failure is not None:  # 200, or 503 + Retry-After while the servable is unavailable
+            status, _ = http_error(Protocol.MINDSPORE, failure)
+            headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in http_error_headers(failure).items()]
         await _send_json(send, status, reply, headers)
 
     async def _kserve(self, scope, receive, send, route: str, params: dict):
-        body = await self._read_body(receive)
-        if body is None:
-            status, headers, reply = kserve.handle_error(
-                errors.InvalidInputs(f"http message is bigger than {self.max_bytes}"))
+        try:
+            body = await read_body(scope, receive, self.max_bytes)
+        except BodyTooLarge as err:
+            status, headers, reply = kserve.handle_error(errors.PayloadTooLarge(
+                payload_too_large(err.size, self.max_bytes, "KServe", "max_msg_mb_size")))
         else:
+            if body is None:  # the client went away
+                return
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
             status, headers, reply = await kserve.handle_rest(self.kserve, route, params, headers, body)
         await send({"type": "http.response.start", "status": status,
                     "headers": headers + [(b"content-length", str(len(reply)).encode())]})
         await send({"type": "http.response.body", "body": reply})
 
-    async def _read_body(self, receive):
-        """The request body, or None once it grows beyond the limit (the rest is not read)."""
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return b""
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                return None
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
+    async def _with_body(self, scope, receive, send):
+        """A POST to the FastAPI app (the LLM routes): its body is read here, within the LLM payload limit, and
+        handed on whole."""
+        limit = self.limits.llm_payload_bytes
+        try:
+            body = await read_body(scope, receive, limit)
+        except BodyTooLarge as err:
+            error = errors.PayloadTooLarge(payload_too_large(err.size, limit, "request", "--llm_payload_limit"))
+            status, payload = http_error(self.protocol_of(scope), error)
+            await _send_json(send, status, sse.dumps(payload))
+            return
+        if body is not None:
+            await self.fallback(scope, replay(body, receive), send)
 
     async def handle(self, http_method: str, path: str, body: bytes):
         """The request's results: per instance its outputs or a ServingError, or one exception for the whole."""
@@ -188,6 +210,56 @@ class RestfulApp:
             return classic_error(err)
         return [result if isinstance(result, errors.ServingError) else proto_to_instance(result, copy=False)
                 for result in results]
+
+
+class BodyTooLarge(Exception):
+    """The request body is beyond the route's limit; `size` is its declared length, None when it was not declared
+    (chunked) and the limit was passed while reading."""
+
+    def __init__(self, size: Optional[int]):
+        super().__init__(size)
+        self.size = size
+
+
+def declared_length(scope) -> Optional[int]:
+    """The request's Content-Length, None without one (uvicorn's parser refuses a malformed one)."""
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def read_body(scope, receive, limit: int) -> Optional[bytes]:
+    """The request body; None when the client went away. BodyTooLarge without reading anything when the declared
+    length is beyond `limit`, or as soon as what arrived is: the rest is never read into memory (uvicorn drops it,
+    and closes a connection whose body stalls, frontends/http_protocol.py)."""
+    declared = declared_length(scope)
+    if declared is not None and declared > limit:
+        raise BodyTooLarge(declared)
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(None)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def replay(body: bytes, receive):
+    """An ASGI receive that gives `body` whole first, then what `receive` gives (the client's disconnect)."""
+    first = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def _receive():
+        return first.pop() if first else await receive()
+    return _receive
 
 
 async def _send_json(send, status: int, body: bytes, headers=()):
@@ -255,7 +327,7 @@ def _with_tcp_proto(sock: socket.socket) -> socket.socket:
 class RestfulFrontend(DrainingFrontend):
     def __init__(self, address: str, max_msg_mb_size: int, ssl_config, dispatcher, app: FastAPI = None,
                  llm_backend=None, readiness=None, metrics=None, model_control=None, reuse_port: bool = False,
-                 api_key: Optional[str] = None):
+                 api_key: Optional[str] = None, limits: Limits = Limits()):
         check_max_msg_mb_size(max_msg_mb_size)
         _check_ssl(ssl_config)  # before the address, as MindSpore Serving sets TLS up before binding
         if address.startswith("unix:"):
@@ -270,10 +342,11 @@ class RestfulFrontend(DrainingFrontend):
         if metrics is not None:
             add_metrics_route(app, metrics)
         self.app = RestfulApp(dispatcher, max_msg_mb_size * 1024 * 1024, app, llm_backend, self.drain, model_control,
-                              api_key)
+                              api_key, limits)
+        protocol = limited_protocol(limits.read_timeout, limits.max_connections, self.app.refuse_connection)
         self.config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning",
-                                     timeout_keep_alive=100, access_log=False, lifespan="off",
-                                     http=CorkedHttpToolsProtocol,
+                                     timeout_keep_alive=KEEP_ALIVE_S, access_log=False, lifespan="off",
+                                     http=protocol,
                                      **_ssl_context_kwargs(ssl_config))
         self.server = None
         self._task = None

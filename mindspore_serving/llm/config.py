@@ -44,6 +44,10 @@ class SchedulerConfig:
     max_model_len: int = 2048
     """Most tokens in one sequence, prompt plus generated. Must not exceed the runner's max_seq_len."""
 
+    max_prompt_chars: int = 0
+    """Longest text prompt, in characters, that the engine tokenizes (a longer one is refused before its
+    tokenization costs anything); 0: 32 characters per token of max_model_len."""
+
     block_size: int = 16
     """Tokens per KV-cache block. Must equal the model runner's block_size."""
 
@@ -97,6 +101,7 @@ class SchedulerConfig:
         _check_int("num_scheduler_steps", self.num_scheduler_steps, 1)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         _check_int("max_model_len", self.max_model_len, 2, "room for at least one prompt and one new token")
+        _check_int("max_prompt_chars", self.max_prompt_chars, 0)
         _check_int("block_size", self.block_size, 1)
         _check_int("num_blocks", self.num_blocks, 2, "block 0 is the reserved scratch block")
         _check_bool("enable_prefix_caching", self.enable_prefix_caching)

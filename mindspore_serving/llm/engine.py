@@ -272,6 +272,10 @@ class LLMEngine:
                 raise InvalidRequestError("prompt is empty; send at least one character")
             if self.tokenizer is None:
                 raise InvalidRequestError("this engine has no tokenizer; send prompt_token_ids instead of text")
+            char_limit = self.config.max_prompt_chars or 32 * self.config.max_model_len
+            if len(prompt) > char_limit:
+                raise InvalidRequestError(f"prompt has {len(prompt)} characters, more than this model takes "
+                                          f"({char_limit}, SchedulerConfig.max_prompt_chars); shorten the prompt")
             encoded = self.tokenizer.encode(prompt)
             token_ids = list(getattr(encoded, "ids", encoded))
             if not token_ids:
@@ -281,6 +285,8 @@ class LLMEngine:
             raise InvalidRequestError(f"prompt_token_ids must be a list of ints, got {type(prompt_token_ids).__name__}")
         if len(prompt_token_ids) == 0:
             raise InvalidRequestError("prompt_token_ids is empty; send at least one token")
+        if len(prompt_token_ids) >= self.config.max_model_len:  # refused before its ids are looked at one by one
+            self._check_lengths(len(prompt_token_ids), SamplingParams())
         token_ids = []
         for t in prompt_token_ids:
             if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < self.vocab_size:

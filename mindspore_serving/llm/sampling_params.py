@@ -13,6 +13,8 @@ from mindspore_serving.llm.errors import InvalidRequestError
 from mindspore_serving.llm.fields import check_known_fields
 
 _MAX_SEED = 2 ** 64 - 1
+MAX_STOP_STRINGS = 16   # the front ends take fewer (4, as TGI)
+MAX_STOP_LENGTH = 256   # characters of one stop string
 
 
 def _is_int(value) -> bool:
@@ -127,9 +129,14 @@ def _as_stop_strings(stop: Union[str, Sequence[str], None]) -> Tuple[str, ...]:
         stop = (stop,)
     if not isinstance(stop, (list, tuple)):
         raise InvalidRequestError(f"stop must be a string or a list of strings, got {type(stop).__name__}")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise InvalidRequestError(f"at most {MAX_STOP_STRINGS} stop strings are accepted, got {len(stop)}")
     for item in stop:
         if not isinstance(item, str) or not item:
             raise InvalidRequestError(f"stop strings must be non-empty strings, got {item!r}")
+        if len(item) > MAX_STOP_LENGTH:
+            raise InvalidRequestError(f"stop strings may have at most {MAX_STOP_LENGTH} characters, got one of "
+                                      f"{len(item)}")
     return tuple(stop)
 
 

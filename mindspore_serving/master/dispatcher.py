@@ -40,6 +40,7 @@ from mindspore_serving.proto import internal_pb2
 from mindspore_serving.spec.llm import LLM_EXTENSION
 
 DEFAULT_MAX_ENQUEUED_REQUESTS = 10000
+DEFAULT_MAX_ENQUEUED_BYTES = 1 << 30  # serialized instances of the requests held at once
 DEFAULT_REQUEST_TIMEOUT = 300.0  # seconds a request without a deadline of its own (REST) may take; 0: none
 MAX_CALLS_IN_FLIGHT = 2    # per worker and method; the second only carries a full call
 MAX_CALL_INSTANCES = 64    # instances in one call (at least one batch of the worker)
@@ -296,6 +297,8 @@ class Dispatcher:
         self.metrics = metrics if metrics is not None else MasterMetrics()
         self.clock = clock if clock is not None else LoopClock()
         self.max_enqueued_requests = DEFAULT_MAX_ENQUEUED_REQUESTS
+        self.max_enqueued_bytes = DEFAULT_MAX_ENQUEUED_BYTES
+        self.enqueued_bytes = 0
         self.request_timeout = DEFAULT_REQUEST_TIMEOUT
         self.enqueued = 0
         self._ids = itertools.count(1)
@@ -311,6 +314,11 @@ class Dispatcher:
             self.metrics.rejected += 1
             raise errors.ServingError(errors.FAILED, f"Serving Error: enqueued requests count exceeds the limit "
                                                      f"{self.max_enqueued_requests}")
+        nbytes = sum(instance.ByteSize() for instance in instances)
+        if self.enqueued and self.enqueued_bytes + nbytes > self.max_enqueued_bytes:  # one alone always goes
+            self.metrics.rejected += 1
+            raise errors.Overloaded(f"Serving Error: enqueued requests size exceeds the limit "
+                                    f"{self.max_enqueued_bytes} bytes (--max_enqueued_mb)")
         if timeout is None:
             timeout = self.request_timeout or None
         # an unknown servable or method is refused before it is counted: clients do not make new label values
@@ -319,6 +327,7 @@ class Dispatcher:
         started = self.clock.now()
         outcome = SERVER_ERROR
         self.enqueued += 1
+        self.enqueued_bytes += nbytes
         try:
             pending, merge = self._answers(spec, candidates, instances,
                                            None if timeout is None else self.clock.now() + timeout)
@@ -336,6 +345,7 @@ class Dispatcher:
             raise
         finally:
             self.enqueued -= 1
+            self.enqueued_bytes -= nbytes
             stats.outcomes[outcome] += 1
             stats.latency.observe(self.clock.now() - started)
             stats.instances.observe(len(instances))

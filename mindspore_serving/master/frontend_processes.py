@@ -75,7 +75,7 @@ class FrontendProcesses:
         self.loop = loop
         self.registry = registry
         self.readiness = readiness    # () -> Readiness
-        self.settings = settings      # () -> {"request_timeout", "max_enqueued_requests", "llm_token_timeout"}
+        self.settings = settings      # () -> {"request_timeout", "max_enqueued_requests", "max_enqueued_bytes", "llm_token_timeout"}
         self.children: Dict[int, FrontendChild] = {index: FrontendChild(index) for index in range(1, count)}
         self.servers: List[pb.ServerConfig] = []
         self._stopping = threading.Event()

@@ -13,10 +13,12 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from mindspore_serving import log
 from mindspore_serving.common import gc_tuning
+from mindspore_serving.common.limits import Limits
 from mindspore_serving.ipc import master_worker as ipc
 from mindspore_serving.master.control_service import MasterControlServicer
 from mindspore_serving.master.frontend_processes import FrontendProcesses, MasterFrontendServicer
-from mindspore_serving.master.dispatcher import DEFAULT_MAX_ENQUEUED_REQUESTS, DEFAULT_REQUEST_TIMEOUT, Dispatcher
+from mindspore_serving.master.dispatcher import (DEFAULT_MAX_ENQUEUED_BYTES, DEFAULT_MAX_ENQUEUED_REQUESTS,
+                                                 DEFAULT_REQUEST_TIMEOUT, Dispatcher)
 from mindspore_serving.master.heartbeat import HeartbeatSettings, WorkerHeartbeat
 from mindspore_serving.master.metrics import MasterMetrics, MetricsCollector
 from mindspore_serving.master.llm_backend import DEFAULT_TOKEN_TIMEOUT, MasterLlmBackend
@@ -38,10 +40,12 @@ MASTER_EXIT_S = 1.5
 WORKER_STOP_MIN = 1.0
 """Workers always get at least this long to exit cleanly before they are killed."""
 
-_settings = {"max_enqueued_requests": DEFAULT_MAX_ENQUEUED_REQUESTS, "stop_grace": DEFAULT_STOP_GRACE,
+_settings = {"max_enqueued_requests": DEFAULT_MAX_ENQUEUED_REQUESTS, "max_enqueued_bytes": DEFAULT_MAX_ENQUEUED_BYTES,
+             "stop_grace": DEFAULT_STOP_GRACE,
              "heartbeat": HeartbeatSettings(), "request_timeout": DEFAULT_REQUEST_TIMEOUT,
              "llm_token_timeout": DEFAULT_TOKEN_TIMEOUT, "frontend_processes": 1,
-             "api_key": os.environ.get("MS_SERVING_API_KEY") or None, "model_control": "none"}
+             "api_key": os.environ.get("MS_SERVING_API_KEY") or None, "model_control": "none",
+             "limits": Limits()}
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -67,6 +71,7 @@ class Master:
         self.dispatcher = Dispatcher(self.registry, metrics=self.metrics)
         self.llm_backend = MasterLlmBackend(self.registry, _settings["llm_token_timeout"], self.metrics)
         self.dispatcher.max_enqueued_requests = _settings["max_enqueued_requests"]
+        self.dispatcher.max_enqueued_bytes = _settings["max_enqueued_bytes"]
         self.dispatcher.request_timeout = _settings["request_timeout"]
         self.address = ipc.master_address()
         self.processes = WorkerProcesses(self.address, self._on_worker_death, self._on_all_workers_exited)
@@ -127,6 +132,7 @@ class Master:
     def _frontend_settings(self) -> dict:
         return {"request_timeout": self.dispatcher.request_timeout,
                 "max_enqueued_requests": self.dispatcher.max_enqueued_requests,
+                "max_enqueued_bytes": self.dispatcher.max_enqueued_bytes,
                 "llm_token_timeout": self.llm_backend.token_timeout}
 
     def start_metrics_server(self, host: str, port: int):
@@ -251,6 +257,15 @@ def get_api_key() -> Optional[str]:
     return _settings["api_key"]
 
 
+def set_request_limits(limits: Limits):
+    """What one client may hold of the servers started from now on (common/limits.py)."""
+    _settings["limits"] = limits
+
+
+def get_request_limits() -> Limits:
+    return _settings["limits"]
+
+
 MODEL_CONTROL_MODES = ("none", "explicit", "poll")
 
 
@@ -285,6 +300,14 @@ def set_max_enqueued_requests(max_enqueued_requests: int):
     master = get_master(create=False)
     if master is not None:
         master.dispatcher.max_enqueued_requests = max_enqueued_requests
+
+
+def set_max_enqueued_bytes(max_enqueued_bytes: int):
+    """The most bytes of requests (serialized instances) the master holds at once, now and later."""
+    _settings["max_enqueued_bytes"] = max_enqueued_bytes
+    master = get_master(create=False)
+    if master is not None:
+        master.dispatcher.max_enqueued_bytes = max_enqueued_bytes
 
 
 def get_max_enqueued_requests() -> int:

@@ -6,8 +6,8 @@ from mindspore_serving import log
 from mindspore_serving.frontends.address import check_address
 from mindspore_serving.frontends.grpc_server import GrpcFrontend, read_ssl_files
 from mindspore_serving.frontends.restful_server import RestfulFrontend
-from mindspore_serving.master.master import (get_api_key, get_master, install_signal_handlers, set_model_control,
-                                             stop_master)
+from mindspore_serving.master.master import (get_api_key, get_master, get_request_limits, install_signal_handlers,
+                                             set_model_control, stop_master)
 from mindspore_serving.master.worker_processes import WorkerPlan
 from mindspore_serving.server.master.context import check_grace
 from mindspore_serving.server.model_repository import DEFAULT_POLL_INTERVAL, RepositoryPoller, parse_policies
@@ -165,7 +165,7 @@ def _start_frontend(kind: str, label: str, frontend_class, address, max_msg_mb_s
     model_control = master.model_control if master.model_control_open() else None
     frontend = frontend_class(address, max_msg_mb_size, ssl_config, master.dispatcher, llm_backend=master.llm_backend,
                               readiness=master.readiness, reuse_port=shared, api_key=get_api_key(),
-                              model_control=model_control,
+                              model_control=model_control, limits=get_request_limits(),
                               **{name: getattr(master, attribute) for name, attribute in extra.items()})
     master.run(frontend.start())
     master.frontends[kind] = frontend
@@ -187,7 +187,7 @@ def _server_config(kind: str, address: str, max_msg_mb_size: int, ssl_config,
     """What a front-end process needs to open the same server."""
     config = frontend_pb2.ServerConfig(kind=kind, address=address, max_msg_mb_size=max_msg_mb_size,
                                        api_key=get_api_key() or "",
-                                       model_control=model_control)
+                                       model_control=model_control, limits=get_request_limits().to_proto())
     if ssl_config is not None:
         config.tls = True
         config.certificate = ssl_config.certificate

@@ -14,7 +14,7 @@ Sections (relative paths are relative to the YAML file's own directory):
     engine:                          the scheduler (mindspore_serving.llm.config.SchedulerConfig fields)
       max_num_seqs, max_num_batched_tokens, max_model_len, num_blocks, batching, enable_prefix_caching,
       enable_chunked_prefill, max_prefill_tokens_per_step, max_prefills_per_decode_step, num_scheduler_steps,
-      async_scheduling
+      async_scheduling, max_prompt_chars
       max_queue_size: <int>          requests waiting beyond the running ones before new ones are refused
       request_timeout: <seconds>     per-request deadline (0 = none)
       stats_interval: <seconds>      an INFO line of engine statistics this often while busy and when it goes

@@ -18,6 +18,8 @@ IMAGE_SIZE = 32
 MEAN = 0.5
 STD = 0.5
 LABELS = [str(digit) for digit in range(10)]
+MAX_PIXELS = 4096 * 4096  # the largest image decoded: a digit needs far less, and a decompression bomb more
+Image.MAX_IMAGE_PIXELS = MAX_PIXELS  # PIL refuses twice as many before decoding (DecompressionBombError)
 
 
 def _image_bytes(image):
@@ -34,6 +36,10 @@ def _image_bytes(image):
 def preprocess(image):
     """Decode the image, convert it to grayscale, resize it to 32x32 and normalise it -> float32 [1, 32, 32]."""
     with Image.open(io.BytesIO(_image_bytes(image))) as img:
+        width, height = img.size  # read from the header: nothing is decoded yet
+        if width * height > MAX_PIXELS:
+            raise ValueError(f"the image has {width}x{height} pixels, more than this servable decodes "
+                             f"({MAX_PIXELS} pixels)")
         gray = img.convert("L")
     if gray.size != (IMAGE_SIZE, IMAGE_SIZE):
         gray = gray.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BILINEAR)

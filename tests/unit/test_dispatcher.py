@@ -582,6 +582,28 @@ def test_enqueued_requests_limit():
     assert sum(len(call["xs"]) for call in calls) == 2  # the refused request never reached the worker
 
 
+def test_enqueued_bytes_limit_refuses_as_overloaded_but_a_request_alone_always_goes():
+    registry = WorkerRegistry()
+    calls = []
+    add_worker(registry, "w", 1, calls, hold=True)
+    dispatcher = dispatcher_of(registry)
+    one = sum(instance.ByteSize() for instance in instances_of(1))
+    dispatcher.max_enqueued_bytes = one  # a second request would pass it
+
+    async def scenario():
+        held = asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(1, 2)))  # alone: over, but goes
+        await until(lambda: calls)
+        with pytest.raises(errors.Overloaded) as info:
+            await dispatcher.predict(spec_of(), instances_of(3))
+        calls[0]["release"].set()
+        return info.value, await held
+
+    error, answers = asyncio.run(scenario())
+    assert str(error) == f"Serving Error: enqueued requests size exceeds the limit {one} bytes (--max_enqueued_mb)"
+    assert [y_of(answer) for answer in answers] == [10, 20]
+    assert dispatcher.enqueued_bytes == 0
+
+
 def test_enqueued_count_is_released_after_errors():
     registry = WorkerRegistry()
     dispatcher = dispatcher_of(registry)

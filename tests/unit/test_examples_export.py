@@ -331,6 +331,12 @@ def test_lenet_servable_config(ms, monkeypatch):
     big = io.BytesIO()
     Image.open(io.BytesIO(blobs[0])).convert("RGB").resize((64, 64)).save(big, format="JPEG")
     assert config.preprocess(big.getvalue()).shape == (1, 32, 32)
+    # a decompression bomb (a small PNG of 5000x5000 pixels) is refused from its header, before decoding
+    bomb = io.BytesIO()
+    Image.new("L", (5000, 5000)).save(bomb, format="PNG")
+    with pytest.warns(Image.DecompressionBombWarning), pytest.raises(  # PIL warns up to twice its limit
+            ValueError, match=r"5000x5000 pixels, more than this servable decodes \(16777216 pixels\)"):
+        config.preprocess(bomb.getvalue())
     assert config.postprocess_top1(np.eye(10, dtype=np.float32)[7]) == "7"
 
     for method in ("classify_top1", "classify_top1_batch"):

@@ -608,3 +608,16 @@ def test_logits_of_the_wrong_shape_fail_the_step():
     (out,) = engine.step()
     assert out.request_id == request_id and out.finish_reason is FinishReason.ERROR
     assert "returned logits of shape (2, 64) for 1 sequences" in out.error
+
+
+def test_a_prompt_beyond_the_character_limit_is_refused_before_it_is_tokenized():
+    class Untouchable:
+        def encode(self, text):
+            raise AssertionError(f"tokenized {len(text)} characters")
+
+    engine = make_engine(tokenizer=Untouchable(), max_prompt_chars=10)
+    with pytest.raises(InvalidRequestError, match=r"prompt has 11 characters, more than this model takes \(10, "):
+        engine.add_request("x" * 11, SamplingParams(max_new_tokens=1))
+    default = make_engine(tokenizer=Untouchable())
+    with pytest.raises(InvalidRequestError, match=f"more than this model takes \\({32 * MAX_LEN}, "):
+        default.add_request("x" * (32 * MAX_LEN + 1), SamplingParams(max_new_tokens=1))

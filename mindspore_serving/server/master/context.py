@@ -1,4 +1,6 @@
 """Master settings that users change from serving_server.py."""
+import dataclasses
+
 from mindspore_serving.common.check_type import check_int, check_str
 from mindspore_serving.master import master
 
@@ -8,6 +10,14 @@ def set_max_enqueued_requests(max_enqueued_requests):
     "Serving Error: enqueued requests count exceeds the limit <n>"."""
     check_int("max_enqueued_requests", max_enqueued_requests, 1)
     master.set_max_enqueued_requests(max_enqueued_requests)
+
+
+def set_max_enqueued_bytes(max_enqueued_bytes):
+    """Sets the most bytes of requests (their serialized instances) the master holds at once (default 1 GiB);
+    beyond it new requests are refused as overloaded (gRPC RESOURCE_EXHAUSTED, HTTP 429), a request alone always
+    goes (max_msg_mb_size bounds it)."""
+    check_int("max_enqueued_bytes", max_enqueued_bytes, 1)
+    master.set_max_enqueued_bytes(max_enqueued_bytes)
 
 
 def get_max_enqueued_requests() -> int:
@@ -76,6 +86,27 @@ def set_frontend_processes(count):
 
 def get_frontend_processes() -> int:
     return master.get_frontend_processes()
+
+
+def set_request_limits(llm_payload_bytes=None, read_timeout=None, max_connections=None, max_concurrent_rpcs=None,
+                       max_streams_per_conn=None, max_watch_streams=None):
+    """What one client may hold of the gRPC and RESTful servers started from now on; None keeps a setting as it
+    is. `llm_payload_bytes`: the body limit of the LLM routes (OpenAI, TGI, MindSpore LLM; default 2,000,000; the
+    classic and KServe routes keep the server's max_msg_mb_size), 413 beyond it. `read_timeout`: seconds a
+    connection may take to send its request head, or stall in its body, before it is closed (default 10).
+    `max_connections`: open RESTful connections beyond which requests are refused as overloaded (default 2048).
+    `max_concurrent_rpcs` (default 2048) and `max_streams_per_conn` (HTTP/2 streams of one connection, default
+    512): gRPC calls at once, RESOURCE_EXHAUSTED beyond. `max_watch_streams`: open grpc.health.v1 Watch streams
+    (default 1000), RESOURCE_EXHAUSTED beyond."""
+    given = {name: value for name, value in (
+        ("llm_payload_bytes", llm_payload_bytes), ("read_timeout", read_timeout), ("max_connections", max_connections),
+        ("max_concurrent_rpcs", max_concurrent_rpcs), ("max_streams_per_conn", max_streams_per_conn),
+        ("max_watch_streams", max_watch_streams)) if value is not None}
+    master.set_request_limits(dataclasses.replace(master.get_request_limits(), **given))
+
+
+def get_request_limits():
+    return master.get_request_limits()
 
 
 def set_api_key(key=None, key_file=None):

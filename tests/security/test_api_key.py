@@ -1,9 +1,8 @@
-"""`--api_key`: a real server (add and the tiny LLM, two front ends, so that the front-end process is checked too)
-wants the key on every route and RPC but the probes. Without it or with a wrong one, each protocol answers 401 in
-its own shape (gRPC UNAUTHENTICATED); with it, the real clients work unchanged: ours with `api_key=`, `openai`
+"""`--api_key`: the secured server (secured_server.py: add and the tiny LLM, two front ends, so that the front-end
+process is checked too) wants the key on every route and RPC but the probes. Without it or with a wrong one,
+each protocol answers 401 in its own shape (gRPC UNAUTHENTICATED); with it, the real clients work unchanged: ours with `api_key=`, `openai`
 with `api_key=`, huggingface_hub with `token=`, plain HTTP with `Authorization: Bearer` or `x-api-key`."""
 import os
-import shutil
 import subprocess
 
 import grpc
@@ -15,31 +14,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from mindspore_serving.client import Client
 from mindspore_serving.proto import grpc_predict_v2_pb2 as kserve_pb2
 from mindspore_serving.proto import grpc_predict_v2_pb2_grpc as kserve_grpc
-from llm_setup import write_config, write_servable
-from serving_process import ROOT, SERVABLES, start_server
+from serving_process import ROOT, SERVABLES
 
-KEY = "s3cret-key-for-tests"
-PROMPT = "And the king of"
-X = np.ones((2, 2), np.float32)
-ADD_BODY = {"instances": [{"x1": X.tolist(), "x2": X.tolist()}]}
-TRIES = 8  # each unauthenticated check, on new connections: both front ends see some
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("api_key")
-    key_file = directory / "key"
-    key_file.write_text(KEY + "\n")
-    servables = write_servable(directory, write_config(directory, start_port=0))
-    shutil.copytree(os.path.join(SERVABLES, "add"), os.path.join(servables, "add"))
-    proc, grpc_addr, rest_addr = start_server(
-        directory, servables=("add", "llama_tiny"),
-        extra_args=["--servable_directory", servables, "--frontend_processes", "2", "--api_key_file", str(key_file)])
-    try:
-        yield grpc_addr, f"http://{rest_addr}"
-    finally:
-        proc.close()
-
+from secured_server import ADD_BODY, KEY, PROMPT, TRIES, X
 
 @pytest.mark.parametrize("path, body, shape", [
     ("/model/add:add_common", ADD_BODY, lambda body: set(body) == {"error_msg"}),

@@ -1,0 +1,26 @@
+import os
+import shutil
+
+import pytest
+
+from llm_setup import write_config, write_servable
+from secured_server import KEY, READ_TIMEOUT
+from serving_process import SERVABLES, start_server
+
+
+@pytest.fixture(scope="package")
+def server(tmp_path_factory):
+    """(gRPC address, RESTful URL) of the secured server (secured_server.py)."""
+    directory = tmp_path_factory.mktemp("secured")
+    key_file = directory / "key"
+    key_file.write_text(KEY + "\n")
+    servables = write_servable(directory, write_config(directory, start_port=0))
+    shutil.copytree(os.path.join(SERVABLES, "add"), os.path.join(servables, "add"))
+    proc, grpc_addr, rest_addr = start_server(
+        directory, servables=("add", "llama_tiny"),
+        extra_args=["--servable_directory", servables, "--frontend_processes", "2", "--api_key_file", str(key_file),
+                    "--read_timeout", str(READ_TIMEOUT)])
+    try:
+        yield grpc_addr, f"http://{rest_addr}"
+    finally:
+        proc.close()

@@ -1,0 +1,130 @@
+"""Limits on every route of the secured server (secured_server.py), on both of its front ends: a body beyond its
+route's limit is refused from its declared length, before it is sent; a slowloris connection is closed within
+the read timeout while other clients are served; a thousand health Watch streams stay open while inference goes
+on; the LLM's stop strings and prompts are capped with texts that name the limit."""
+import asyncio
+import json
+import socket
+import time
+
+import grpc
+import numpy as np
+import pytest
+import requests
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from mindspore_serving.client import Client
+from secured_server import ADD_BODY, AUTH, KEY, PROMPT, READ_TIMEOUT, TRIES, X
+
+CLASSIC = 100 << 20   # max_msg_mb_size's default, in bytes
+LLM = 2_000_000       # --llm_payload_limit's default
+WATCH_STREAMS = 1000
+
+POST_ROUTES = [  # path, declared length beyond its limit, status, a check of the body
+    ("/model/add:add_common", CLASSIC + 1, 200, lambda body: body == {"error_msg": f"http message is bigger than {CLASSIC}"}),
+    ("/model/add/version/1:add_common", CLASSIC + 1, 200, lambda body: "bigger than" in body["error_msg"]),
+    ("/v2/models/add.add_common/infer", CLASSIC + 1, 413, lambda body: "max_msg_mb_size" in body["error"]),
+    ("/v2/repository/models/add/load", CLASSIC + 1, 413, lambda body: "max_msg_mb_size" in body["error"]),
+    ("/v1/completions", LLM + 1, 413, lambda body: body["error"]["code"] == "payload_too_large"),
+    ("/v1/chat/completions", LLM + 1, 413, lambda body: "--llm_payload_limit" in body["error"]["message"]),
+    ("/generate", LLM + 1, 413, lambda body: body["error_type"] == "payload_too_large"),
+    ("/generate_stream", LLM + 1, 413, lambda body: f"limit of {LLM} bytes" in body["error"]),
+    ("/", LLM + 1, 413, lambda body: body["error_type"] == "payload_too_large"),
+    ("/models/llama_tiny/generate", LLM + 1, 413, lambda body: body["error_type"] == "payload_too_large"),
+    ("/models/llama_tiny/generate_stream", LLM + 1, 413, lambda body: body["error_type"] == "payload_too_large"),
+]
+
+
+def _address(url: str):
+    host, port = url[len("http://"):].rsplit(":", 1)
+    return host, int(port)
+
+
+def _head(path: str, length: int, key: bool = True) -> bytes:
+    auth = f"Authorization: Bearer {KEY}\r\n" if key else ""
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\n"
+            f"Content-Length: {length}\r\n\r\n{{").encode()
+
+
+def _reply(sock: socket.socket):
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed before a reply: {data!r}"
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length"))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return int(head.split(b" ")[1]), json.loads(body)
+
+
+@pytest.mark.parametrize("path, length, status, check", POST_ROUTES, ids=[route[0] for route in POST_ROUTES])
+def test_an_oversized_body_is_refused_before_it_is_sent(server, path, length, status, check):
+    _, url = server
+    for _ in range(TRIES // 2):  # new connections: both front ends answer some
+        with socket.create_connection(_address(url), timeout=30) as sock:
+            sock.sendall(_head(path, length))  # one byte of the body, the rest never comes
+            got, body = _reply(sock)
+        assert got == status and check(body), body
+        with socket.create_connection(_address(url), timeout=30) as sock:
+            sock.sendall(_head(path, length, key=False))  # without the key: refused before anything else
+            assert _reply(sock)[0] == 401
+
+
+def test_a_slowloris_connection_is_closed_within_the_read_timeout_while_others_are_served(server):
+    _, url = server
+    slow = []
+    try:
+        for _ in range(2 * TRIES):
+            sock = socket.create_connection(_address(url), timeout=30)
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # and never the rest of its head
+            slow.append(sock)
+        started = time.monotonic()
+        for _ in range(TRIES):
+            reply = requests.post(url + "/model/add:add_common", json=ADD_BODY, headers=AUTH, timeout=30)
+            assert reply.json() == {"instances": [{"y": (X * 2).tolist()}]}
+        for sock in slow:
+            sock.settimeout(max(1.0, started + READ_TIMEOUT + 20 - time.monotonic()))
+            assert sock.recv(1) == b""  # closed by the server (a timeout here raises)
+    finally:
+        for sock in slow:
+            sock.close()
+
+
+def test_a_thousand_health_watch_streams_while_inference_goes_on(server):
+    grpc_addr, _ = server
+
+    async def scenario():
+        # four connections (channels of their own subchannel pool), each within max_streams_per_conn (512)
+        channels = [grpc.aio.insecure_channel(grpc_addr, options=[("grpc.use_local_subchannel_pool", 1)])
+                    for _ in range(4)]
+        calls = [health_pb2_grpc.HealthStub(channels[i % 4]).Watch(health_pb2.HealthCheckRequest())
+                 for i in range(WATCH_STREAMS)]
+        try:
+            firsts = await asyncio.wait_for(asyncio.gather(*(call.read() for call in calls)), 120)
+            assert {first.status for first in firsts} == {health_pb2.HealthCheckResponse.SERVING}
+            client = Client(grpc_addr, "add", "add_common", api_key=KEY)
+            loop = asyncio.get_running_loop()
+            for _ in range(TRIES):
+                result = await loop.run_in_executor(None, client.infer, {"x1": X, "x2": X})
+                np.testing.assert_array_equal(result[0]["y"], X * 2)
+        finally:
+            for call in calls:
+                call.cancel()
+            for channel in channels:
+                await channel.close()
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("body, text", [
+    ({"stop": ["x"] * 5}, "stop"),
+    ({"stop": ["x" * 257]}, "at most 256 characters"),
+    ({"prompt": "a" * 200_000}, "SchedulerConfig.max_prompt_chars"),
+])
+def test_llm_requests_beyond_the_engine_s_caps_are_refused(server, body, text):
+    _, url = server
+    request = {"model": "llama_tiny", "prompt": PROMPT, "max_tokens": 2, **body}
+    reply = requests.post(url + "/v1/completions", json=request, headers=AUTH, timeout=30)
+    assert reply.status_code == 400 and text in reply.json()["error"]["message"], reply.text
