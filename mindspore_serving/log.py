@@ -221,9 +221,25 @@ def _find_caller(stack_info=False, stacklevel=1):  # pylint: disable=unused-argu
 _INTERNAL_FILES.add(os.path.normcase(_find_caller.__code__.co_filename))
 
 
+def open_private(path: str, mode: str = "a"):
+    """A log file opened for writing ("w" or "a") that only its owner can read: created 0600, and made so if it
+    was there already (a log holds what clients sent)."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode == "a" else os.O_TRUNC)
+    fd = os.open(path, flags, stat.S_IREAD | stat.S_IWRITE)
+    try:
+        os.fchmod(fd, stat.S_IREAD | stat.S_IWRITE)
+        return os.fdopen(fd, mode, encoding="utf-8", errors="backslashreplace")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 class _RotatingFile(RotatingFileHandler):
     """Rotation as MindSpore Serving's: backups `<file>.1` (newest) .. `<file>.<backupCount>` are made read-only
-    (0400), the new file is 0600; an exclusive lock on the file is taken first."""
+    (0400), the new file is 0600; an exclusive lock on the file is taken first. The file is 0600 from the start."""
+
+    def _open(self):
+        return open_private(self.baseFilename, "a")
 
     def doRollover(self):
         if self.stream:

@@ -166,6 +166,7 @@ class FrontendProcess(frontend_pb2_grpc.FrontendServiceServicer):
         frontend_pb2_grpc.add_FrontendServiceServicer_to_server(self, server)
         server.add_insecure_port(self.address)
         await server.start()
+        ipc.restrict_socket(self.address)
         channel = grpc.aio.insecure_channel(self.master_address, options=ipc.INTERNAL_CHANNEL_OPTIONS)
         self.master = frontend_pb2_grpc.MasterFrontendStub(channel)
         await self.master.Register(pb.FrontendHello(index=self.index, pid=os.getpid(), address=self.address),

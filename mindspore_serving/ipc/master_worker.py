@@ -1,5 +1,6 @@
 """The master <-> worker boundary (internal.proto): protocol version, socket paths, channel options."""
 import os
+import stat
 
 import grpc
 
@@ -28,11 +29,38 @@ def _short(address: str) -> str:
     return address if len(address) <= _MAX_NAME else address[:40] + "___" + address[-40:]
 
 
+def private_directory(path: str) -> str:
+    """`path`, a directory only this user can enter (0700): made so, or created so. Refused when it is a link or
+    not a directory, or belongs to another user (who could then read, replace or bind its sockets)."""
+    try:
+        os.mkdir(path, stat.S_IRWXU)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    where = os.path.abspath(path)
+    if not stat.S_ISDIR(info.st_mode):
+        raise RuntimeError(f"Serving Error: the socket directory {where} is not a directory (a link or a file); "
+                           f"remove it, or start the server in another working directory")
+    if info.st_uid != os.geteuid():
+        raise RuntimeError(f"Serving Error: the socket directory {where} belongs to another user (uid "
+                           f"{info.st_uid}); remove it, or start the server in another working directory")
+    if stat.S_IMODE(info.st_mode) != stat.S_IRWXU:
+        os.chmod(path, stat.S_IRWXU)
+    return path
+
+
 def socket_address(name: str) -> str:
-    os.makedirs(SOCKET_DIR, exist_ok=True)
+    """A unix socket address in SOCKET_DIR, which only this user can enter (private_directory)."""
+    private_directory(SOCKET_DIR)
     # relative to the working directory that the master and its workers share: unix socket paths are short-lived
     # and limited to about 100 characters
     return _short(f"unix:{SOCKET_DIR}/{name}")
+
+
+def restrict_socket(address: str) -> None:
+    """Makes a bound unix socket owner-only (0600); its directory already keeps other users out."""
+    if address.startswith("unix:"):
+        os.chmod(socket_path(address), stat.S_IRUSR | stat.S_IWUSR)
 
 
 def socket_path(address: str) -> str:

@@ -20,8 +20,10 @@ worker's CPU between calls: at one client 187 against ~330 us per request. The w
 (MS_SERVING_WORKER_SPIN_US).
 """
 import asyncio
+import os
 import select
 import socket
+import stat
 import struct
 import threading
 import time
@@ -65,6 +67,7 @@ class PredictSocketServer:
         remove_socket(address)
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(self.path)
+        os.chmod(self.path, stat.S_IRUSR | stat.S_IWUSR)  # owner-only, as the gRPC sockets beside it
         self._listener.listen(64)
         self._lock = threading.Lock()
         self._connections: List[socket.socket] = []

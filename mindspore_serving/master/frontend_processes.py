@@ -106,7 +106,7 @@ class FrontendProcesses:
 
     def _spawn(self, child: FrontendChild):
         child.registered.clear()
-        with open(child.log_path, "w" if child.starts == 0 else "a") as log_file:
+        with log.open_private(child.log_path, "w" if child.starts == 0 else "a") as log_file:
             child.process = subprocess.Popen(
                 [sys.executable, "-m", FRONTEND_MODULE, f"--index={child.index}",
                  f"--master_address={self.master_address}"],

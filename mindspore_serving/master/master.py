@@ -102,6 +102,7 @@ class Master:
         frontend_pb2_grpc.add_MasterFrontendServicer_to_server(MasterFrontendServicer(self), server)
         server.add_insecure_port(self.address)
         await server.start()
+        ipc.restrict_socket(self.address)
         return server
 
     def frontend_count(self) -> int:

@@ -155,8 +155,8 @@ class WorkerProcesses:
     # ---- start ----
     def spawn(self, worker: WorkerProcess):
         plan = worker.plan
-        os.makedirs(LOG_DIR, exist_ok=True)
-        log_file = open(plan.log_path, "w" if worker.starts == 0 else "a")
+        os.makedirs(LOG_DIR, mode=0o700, exist_ok=True)
+        log_file = log.open_private(plan.log_path, "w" if worker.starts == 0 else "a")
         cmd = plan.command(self.master_address)
         worker.registered.clear()
         worker.failure = None

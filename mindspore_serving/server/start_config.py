@@ -228,7 +228,7 @@ class DistributedStartConfig:
     against the directory of the running script."""
 
     def __init__(self, servable_directory, servable_name, rank_table_json_file, version_number=1,
-                 distributed_address="0.0.0.0:6200", wait_agents_time_in_seconds=0):
+                 distributed_address="127.0.0.1:6200", wait_agents_time_in_seconds=0):
         check_type.check_str("servable_directory", servable_directory)
         check_type.check_str("servable_name", servable_name)
         check_type.check_int("version_number", version_number, 0)

@@ -107,6 +107,7 @@ class Worker:
         self.address = ipc.worker_address(args.servable_name, self.device_label)
         self.server.add_insecure_port(self.address)
         self.server.start()
+        ipc.restrict_socket(self.address)
         self.predict_server = PredictSocketServer(ipc.predict_address(self.address),
                                                   lambda request: servicer.Predict(request, None),
                                                   spin_s=predict_spin_seconds())

@@ -9,9 +9,15 @@ from serving_process import SERVABLES, start_server
 
 
 @pytest.fixture(scope="package")
-def server(tmp_path_factory):
+def server_directory(tmp_path_factory):
+    """The secured server's working directory (its sockets and logs)."""
+    return tmp_path_factory.mktemp("secured")
+
+
+@pytest.fixture(scope="package")
+def server(server_directory):
     """(gRPC address, RESTful URL) of the secured server (secured_server.py)."""
-    directory = tmp_path_factory.mktemp("secured")
+    directory = server_directory
     key_file = directory / "key"
     key_file.write_text(KEY + "\n")
     servables = write_servable(directory, write_config(directory, start_port=0))

@@ -5,7 +5,7 @@ from mindspore_serving.server.start_config import DistributedStartConfig
 
 
 def start_servable(servable_directory, servable_name, rank_table_json_file, version_number=1,
-                   distributed_address="0.0.0.0:6200", wait_agents_time_in_seconds=0):
+                   distributed_address="127.0.0.1:6200", wait_agents_time_in_seconds=0):
     r"""Starts the distributed servable `servable_name` of `servable_directory` and blocks until its rank agents
     (started by `startup_agents` on each machine) have all registered.
 
@@ -20,7 +20,9 @@ def start_servable(servable_directory, servable_name, rank_table_json_file, vers
         rank_table_json_file (str): the rank table: `server_list[].device[{device_id, device_ip, rank_id}]` (with
             `server_id` the machine's ip) or `group_list`.
         version_number (int): the version, >= 0 (0 means 1). Default 1.
-        distributed_address (str): `ip:port` where the worker waits for the agents. Default "0.0.0.0:6200".
+        distributed_address (str): `ip:port` where the worker waits for the agents. Default "127.0.0.1:6200":
+            this host only (MindSpore Serving's is "0.0.0.0:6200"); give an address the agents reach for agents on
+            other hosts.
         wait_agents_time_in_seconds (int): how long to wait for the agents, 0 (default) without limit.
 
     Raises:

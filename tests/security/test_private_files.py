@@ -1,0 +1,26 @@
+"""What the secured server (secured_server.py) leaves on disk: its socket directory only its user can enter, its
+sockets and every log file owner-only."""
+import os
+import stat
+
+import requests
+
+from secured_server import ADD_BODY, AUTH
+
+
+def test_sockets_and_logs_are_owner_only(server, server_directory):
+    _, url = server
+    assert requests.post(url + "/model/add:add_common", json=ADD_BODY, headers=AUTH, timeout=30).status_code == 200
+    sockets = server_directory / "unix_socket_files"
+    assert stat.S_IMODE(os.lstat(sockets).st_mode) == 0o700
+    names = os.listdir(sockets)
+    assert any(name.startswith("serving_master_") for name in names)
+    assert any(name.startswith("serving_worker_add_") for name in names)
+    assert any(name.startswith("serving_frontend_") for name in names)
+    for name in names:
+        mode = os.lstat(sockets / name).st_mode
+        assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600, (name, oct(mode))
+    logs = os.listdir(server_directory / "serving_logs")
+    assert any(name.startswith("log_add_") for name in logs) and "log_frontend_1.log" in logs, logs
+    for name in logs:
+        assert stat.S_IMODE(os.stat(server_directory / "serving_logs" / name).st_mode) == 0o600, name
