@@ -1,10 +1,15 @@
 # The bundled servables behind gRPC (5500) and RESTful (1500), models exported at build time.
 #
 #   docker build -t mindspore-serving .
-#   docker run --rm --stop-timeout 20 -p 5500:5500 -p 1500:1500 mindspore-serving
+#   openssl rand -hex 32 > api_key && chmod 644 api_key     # readable by the image's user (uid 10001)
+#   docker run --rm --stop-timeout 20 -p 5500:5500 -p 1500:1500 \
+#       -v "$PWD/api_key:/run/secrets/mindspore-serving/api_key:ro" mindspore-serving
 #
-# Arguments after the image name replace CMD (the listen addresses and --grace); keep 0.0.0.0 so that the
-# ports are reachable from outside the container. `docker stop` waits 10 s by default before SIGKILL: give it
+# The API key is read from a secret file, /run/secrets/mindspore-serving/api_key (Kubernetes: the Secret
+# mindspore-serving-api-key, deploy/deployment.yaml; docker: `-v "$PWD/api_key:/run/secrets/mindspore-serving/
+# api_key:ro"`, or a compose secret with that target); without it the server refuses to start.
+# Arguments after the image name replace CMD (the listen addresses, the key file and --grace); keep 0.0.0.0 so
+# that the ports are reachable from outside the container. `docker stop` waits 10 s by default before SIGKILL: give it
 # at least --grace + 5 s (--stop-timeout above) so that requests in flight can finish.
 FROM python:3.11-slim
 
@@ -49,4 +54,6 @@ HEALTHCHECK --start-period=300s --interval=30s --timeout=5s \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:1500/health', timeout=4)"]
 
 ENTRYPOINT ["tini", "--", "python", "serving_server.py"]
-CMD ["--grpc", "0.0.0.0:5500", "--rest", "0.0.0.0:1500", "--grace", "10"]
+# `--open_api metrics` lets a Prometheus scraper read /metrics without the key.
+CMD ["--grpc", "0.0.0.0:5500", "--rest", "0.0.0.0:1500", "--grace", "10", \
+     "--api_key_file", "/run/secrets/mindspore-serving/api_key", "--open_api", "metrics"]

@@ -39,6 +39,12 @@ def main():
                         help="require this key on every request but the health probes (Authorization: Bearer <key>, "
                              "or x-api-key); default: the environment's MS_SERVING_API_KEY")
     parser.add_argument("--api_key_file", default=None, help="the same, read from this file's first line")
+    parser.add_argument("--restricted_api", action="append", default=[], metavar="GROUPS=KEY",
+                        help="API groups (comma-separated) that need KEY instead of --api_key, e.g. "
+                             "model-repository,admin=ADMIN_KEY; repeatable. Groups: health, metadata, metrics, "
+                             "model-repository, admin (/docs, /openapi.json, /ready's details), inference")
+    parser.add_argument("--open_api", default="", metavar="GROUPS",
+                        help="API groups (comma-separated) that need no key, e.g. metrics for a Prometheus scraper")
     parser.add_argument("--model_control", choices=("none", "explicit", "poll"), default="none",
                         help="none (default): clients cannot load or unload servables (403 / PERMISSION_DENIED); "
                              "explicit: KServe v2 repository load/unload on request; poll: watch the servable "
@@ -74,6 +80,13 @@ def main():
     server.master.context.set_frontend_processes(args.frontend_processes)
     if args.api_key is not None or args.api_key_file is not None:
         server.master.context.set_api_key(args.api_key, args.api_key_file)
+    restricted = {}
+    for item in args.restricted_api:
+        groups, sep, key = item.partition("=")
+        if not sep:
+            parser.error(f"--restricted_api {item!r}: expected GROUPS=KEY")
+        restricted[groups] = key
+    server.master.context.set_api_groups(restricted, [g for g in args.open_api.split(",") if g.strip()])
 
     device_ids = tuple(int(x) for x in args.device_ids.split(",") if x.strip())
     if args.model_control == "explicit":

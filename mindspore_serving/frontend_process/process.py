@@ -20,6 +20,7 @@ import grpc
 from mindspore_serving import log
 from mindspore_serving.common import errors
 from mindspore_serving.common.limits import Limits
+from mindspore_serving.frontends.api_groups import Access
 from mindspore_serving.frontends.grpc_server import GrpcFrontend
 from mindspore_serving.frontends.restful_server import RestfulFrontend
 from mindspore_serving.ipc import master_worker as ipc
@@ -125,7 +126,8 @@ class FrontendProcess(frontend_pb2_grpc.FrontendServiceServicer):
         ssl_config = SslFiles(config) if config.tls else None
         common = dict(llm_backend=self.llm_backend, readiness=lambda: self.state,
                       model_control=RemoteModelControl(self) if config.model_control else None, reuse_port=True,
-                      api_key=config.api_key or None, limits=Limits.from_proto(config.limits))
+                      access=Access(config.api_key or None, dict(config.restricted_api), tuple(config.open_api)),
+                      limits=Limits.from_proto(config.limits))
         if config.kind == "grpc":
             frontend = GrpcFrontend(config.address, config.max_msg_mb_size, ssl_config, self.dispatcher, **common)
         else:

@@ -3,7 +3,7 @@
 With a key set every REST route and every RPC needs it, except the health probes, which load balancers and
 Kubernetes call without credentials: REST `/health`, `/ready`, `/v2/health/live|ready` and
 `/v2/models/<m>[/versions/<v>]/ready`; gRPC `grpc.health.v1.Health` and KServe's `ServerLive`, `ServerReady` and
-`ModelReady`. REST takes `Authorization: Bearer <key>` (what the OpenAI and Hugging Face clients send) or
+`ModelReady`; and the API groups opened or given keys of their own (api_groups.py). REST takes `Authorization: Bearer <key>` (what the OpenAI and Hugging Face clients send) or
 `x-api-key: <key>`; gRPC the metadata `authorization: Bearer <key>` (MindSpore Serving's `Client(api_key=...)`,
 tritonclient's `headers=`). Keys are compared in constant time. A request without the key gets 401 in its
 protocol's error shape (frontends/errors.py) with `WWW-Authenticate: Bearer`, an RPC UNAUTHENTICATED; the reply
@@ -11,14 +11,12 @@ never says what the key is, only that it is missing or wrong.
 """
 import hmac
 import ipaddress
-from typing import Callable, Iterable, Optional, Tuple
+from typing import Iterable, Optional, Tuple
 
 import grpc
 
 from mindspore_serving.common import errors
 
-OPEN_RPC_PREFIXES = ("/grpc.health.v1.Health/",)
-OPEN_RPCS = frozenset(f"/inference.GRPCInferenceService/{name}" for name in ("ServerLive", "ServerReady", "ModelReady"))
 MISSING = "Unauthorized: this server needs an API key (Authorization: Bearer <key>)"
 WRONG = "Unauthorized: the API key is not valid"
 
@@ -53,15 +51,6 @@ class ApiKey:
         return errors.Unauthenticated(MISSING if given is None else WRONG)
 
 
-def operator_check(api_key: Optional[str]) -> Callable[[dict], bool]:
-    """Whether an HTTP request (its ASGI scope) comes from an operator, who may see internals (/ready's worker
-    keys and pids): with a key, a request that carries it; without one, a request from this host (loopback)."""
-    if api_key:
-        key = ApiKey(api_key)
-        return lambda scope: key.check_http(scope.get("headers", ())) is None
-    return lambda scope: is_loopback((scope.get("client") or ("",))[0])
-
-
 def is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -76,17 +65,17 @@ def _bearer(value: bytes) -> Optional[bytes]:
 
 
 class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
-    """Ends every RPC without the key with UNAUTHENTICATED, before its handler runs (the probes excepted)."""
+    """Ends every RPC without the key its group needs with UNAUTHENTICATED, before its handler runs;
+    `access.check_grpc(method, metadata)` says (api_groups.Access)."""
 
-    def __init__(self, api_key: ApiKey):
-        self.api_key = api_key
+    def __init__(self, access):
+        self.access = access
 
     async def intercept_service(self, continuation, handler_call_details):
-        method = handler_call_details.method
         handler = await continuation(handler_call_details)
-        if handler is None or method in OPEN_RPCS or method.startswith(OPEN_RPC_PREFIXES):
+        if handler is None:
             return handler
-        failure = self.api_key.check_grpc(handler_call_details.invocation_metadata)
+        failure = self.access.check_grpc(handler_call_details.method, handler_call_details.invocation_metadata)
         if failure is None:
             return handler
         return _refusing(handler, failure.message)

@@ -8,7 +8,8 @@ from google.protobuf.message import DecodeError
 from mindspore_serving import log
 from mindspore_serving.common import errors
 from mindspore_serving.frontends import replies
-from mindspore_serving.frontends.auth import ApiKey, ApiKeyInterceptor
+from mindspore_serving.frontends.api_groups import Access
+from mindspore_serving.frontends.auth import ApiKeyInterceptor
 from mindspore_serving.frontends.address import check_address, check_max_msg_mb_size, check_unix_address
 from mindspore_serving.frontends.drain import CUT_ANSWER_S, Drain, DrainingFrontend, GuardedBackend, GuardedDispatcher
 from mindspore_serving.frontends.errors import grpc_error
@@ -140,7 +141,7 @@ def _credentials(ssl_config):
 class GrpcFrontend(DrainingFrontend):
     def __init__(self, address: str, max_msg_mb_size: int, ssl_config, dispatcher, extra_servicers=(),
                  llm_backend=None, readiness=None, model_control=None, reuse_port: bool = False,
-                 api_key: Optional[str] = None, limits: Limits = Limits()):
+                 api_key: Optional[str] = None, limits: Limits = Limits(), access: Optional[Access] = None):
         check_max_msg_mb_size(max_msg_mb_size)
         if address.startswith("unix:"):
             check_unix_address(address)
@@ -154,7 +155,7 @@ class GrpcFrontend(DrainingFrontend):
         self.llm_backend = llm_backend
         self.model_control = model_control
         self.reuse_port = reuse_port  # the port is shared with front-end processes (SO_REUSEPORT)
-        self.api_key = api_key        # every RPC but the probes needs it (frontends/auth.py)
+        self.access = access or Access(api_key)  # the key each RPC needs (api_groups.py)
         self.limits = limits
         self.drain = Drain()
         # grpc.health.v1, following the master's readiness
@@ -166,7 +167,7 @@ class GrpcFrontend(DrainingFrontend):
                    ("grpc.max_receive_message_length", self.max_bytes),
                    ("grpc.so_reuseport", int(self.reuse_port)),
                    ("grpc.max_concurrent_streams", self.limits.max_streams_per_conn)]
-        interceptors = [ApiKeyInterceptor(ApiKey(self.api_key))] if self.api_key else None
+        interceptors = [ApiKeyInterceptor(self.access)] if self.access.guarded else None
         # beyond max_concurrent_rpcs a call ends at once with RESOURCE_EXHAUSTED "Concurrent RPC limit exceeded!"
         server = grpc.aio.server(options=options, interceptors=interceptors,
                                  maximum_concurrent_rpcs=self.limits.max_concurrent_rpcs)

@@ -5,7 +5,7 @@ REST (answered while the server drains too, and never counted as requests in fli
     GET /health                               live: 200 {"status": "ok"} whenever the master answers
     GET /ready                                200 or 503, the body says why: {"ready", "phase", "servables", ...};
                                               each servable's workers (keys, pids) only for an operator
-                                              (frontends/auth.py `operator_check`)
+                                              (api_groups.py `Access.is_operator`)
     GET /v2/health/live                       KServe v2: 200 {"live": true}
     GET /v2/health/ready                      KServe v2: 200 {"ready": true}, or 400 {"error": <why not>}
     GET /v2/models/<name>[/versions/<v>]/ready  KServe v2: 200, 400 {"error"} when not ready, 404 when unknown

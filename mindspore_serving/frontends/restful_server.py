@@ -18,7 +18,7 @@ from mindspore_serving import log
 from mindspore_serving.common import errors
 from mindspore_serving.common.tensor_codec import instances_to_proto, proto_to_instance
 from mindspore_serving.frontends import kserve, restful_codec
-from mindspore_serving.frontends.auth import ApiKey, operator_check
+from mindspore_serving.frontends.api_groups import Access
 from mindspore_serving.frontends.drain import (CUT_ANSWER_S, Drain, DrainingFrontend, GuardedBackend, GuardedDispatcher,
                                                refusal_reply)
 from mindspore_serving.frontends.errors import Protocol, classic_error, http_error, http_error_headers
@@ -35,12 +35,12 @@ GENERATE_STREAM = "generate_stream"
 KEEP_ALIVE_S = 100  # how long an idle keep-alive connection stays open
 
 
-def build_docs_app(llm_backend=None, readiness=None, api_key: Optional[str] = None) -> FastAPI:
+def build_docs_app(llm_backend=None, readiness=None, access: Optional[Access] = None) -> FastAPI:
     """The FastAPI app: documents the classic route and serves the rest: the health and readiness probes (from
     `readiness()`, the master's; ready when not given), and the LLM protocols when given a backend (OpenAI, TGI
     and MindSpore LLM-serving routes)."""
     app = FastAPI(title="MindSpore Serving", description="RESTful access to served models")
-    app.include_router(build_health_router(readiness or always_ready, operator_check(api_key)))
+    app.include_router(build_health_router(readiness or always_ready, (access or Access()).is_operator))
     if llm_backend is not None:
         app.include_router(build_llm_router(llm_backend, health_route=False))
 
@@ -74,10 +74,11 @@ class RestfulApp:
     answered throughout and not counted)."""
 
     def __init__(self, dispatcher, max_bytes: int, fallback, llm_backend=None, drain: Optional[Drain] = None,
-                 model_control=None, api_key: Optional[str] = None, limits: Limits = Limits()):
+                 model_control=None, api_key: Optional[str] = None, limits: Limits = Limits(),
+                 access: Optional[Access] = None):
         self.drain = drain or Drain()
         self.limits = limits
-        self.api_key = ApiKey(api_key) if api_key else None  # every route but the probes needs it
+        self.access = access or Access(api_key)  # the key each route needs (api_groups.py)
         self.dispatcher = GuardedDispatcher(dispatcher, self.drain)
         self.max_bytes = max_bytes
         self.fallback = fallback
@@ -102,16 +103,16 @@ class RestfulApp:
         if scope["type"] != "http":
             await self.fallback(scope, receive, send)
             return
-        if is_probe(scope["path"]):
-            await self.fallback(scope, receive, send)
-            return
-        if self.api_key is not None:  # the probes above are open
-            failure = self.api_key.check_http(scope.get("headers", ()))
+        if self.access.guarded:
+            failure = self.access.check_http(scope["method"], scope["path"], scope.get("headers", ()))
             if failure is not None:
                 status, payload = http_error(self.protocol_of(scope), failure)
                 headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in http_error_headers(failure).items()]
                 await _send_json(send, status, sse.dumps(payload), headers)
                 return
+        if is_probe(scope["path"]):  # answered while the server drains, and not counted
+            await self.fallback(scope, receive, send)
+            return
         if not self.drain.accepting:
             status, payload = refusal_reply(self.protocol_of(scope), self.drain.refusal())
             await _send_json(send, status, sse.dumps(payload))
@@ -327,8 +328,9 @@ def _with_tcp_proto(sock: socket.socket) -> socket.socket:
 class RestfulFrontend(DrainingFrontend):
     def __init__(self, address: str, max_msg_mb_size: int, ssl_config, dispatcher, app: FastAPI = None,
                  llm_backend=None, readiness=None, metrics=None, model_control=None, reuse_port: bool = False,
-                 api_key: Optional[str] = None, limits: Limits = Limits()):
+                 api_key: Optional[str] = None, limits: Limits = Limits(), access: Optional[Access] = None):
         check_max_msg_mb_size(max_msg_mb_size)
+        access = access or Access(api_key)
         _check_ssl(ssl_config)  # before the address, as MindSpore Serving sets TLS up before binding
         if address.startswith("unix:"):
             raise RuntimeError("Serving Error: RESTful server does not support binding to unix domain socket")
@@ -338,11 +340,11 @@ class RestfulFrontend(DrainingFrontend):
         self.drain = Drain()
         if llm_backend is not None:
             llm_backend = GuardedBackend(llm_backend, self.drain)
-        app = app or build_docs_app(llm_backend, readiness, api_key)
+        app = app or build_docs_app(llm_backend, readiness, access)
         if metrics is not None:
             add_metrics_route(app, metrics)
         self.app = RestfulApp(dispatcher, max_msg_mb_size * 1024 * 1024, app, llm_backend, self.drain, model_control,
-                              api_key, limits)
+                              limits=limits, access=access)
         protocol = limited_protocol(limits.read_timeout, limits.max_connections, self.app.refuse_connection)
         self.config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning",
                                      timeout_keep_alive=KEEP_ALIVE_S, access_log=False, lifespan="off",

@@ -45,7 +45,7 @@ _settings = {"max_enqueued_requests": DEFAULT_MAX_ENQUEUED_REQUESTS, "max_enqueu
              "heartbeat": HeartbeatSettings(), "request_timeout": DEFAULT_REQUEST_TIMEOUT,
              "llm_token_timeout": DEFAULT_TOKEN_TIMEOUT, "frontend_processes": 1,
              "api_key": os.environ.get("MS_SERVING_API_KEY") or None, "model_control": "none",
-             "limits": Limits()}
+             "limits": Limits(), "restricted_api": {}, "open_api": ()}
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -256,6 +256,17 @@ def set_api_key(key: Optional[str]):
 
 def get_api_key() -> Optional[str]:
     return _settings["api_key"]
+
+
+def set_api_groups(restricted: dict, opened: tuple):
+    """API group -> the key it needs instead of the server's, and the groups that need none (api_groups.py)."""
+    _settings["restricted_api"] = dict(restricted)
+    _settings["open_api"] = tuple(opened)
+
+
+def get_api_groups() -> tuple:
+    """(restricted groups' keys, opened groups)."""
+    return dict(_settings["restricted_api"]), tuple(_settings["open_api"])
 
 
 def set_request_limits(limits: Limits):

@@ -6,8 +6,9 @@ from mindspore_serving import log
 from mindspore_serving.frontends.address import check_address
 from mindspore_serving.frontends.grpc_server import GrpcFrontend, read_ssl_files
 from mindspore_serving.frontends.restful_server import RestfulFrontend
-from mindspore_serving.master.master import (get_api_key, get_master, get_request_limits, install_signal_handlers,
-                                             set_model_control, stop_master)
+from mindspore_serving.frontends.api_groups import Access
+from mindspore_serving.master.master import (get_api_groups, get_api_key, get_master, get_request_limits,
+                                             install_signal_handlers, set_model_control, stop_master)
 from mindspore_serving.master.worker_processes import WorkerPlan
 from mindspore_serving.server.master.context import check_grace
 from mindspore_serving.server.model_repository import DEFAULT_POLL_INTERVAL, RepositoryPoller, parse_policies
@@ -164,7 +165,7 @@ def _start_frontend(kind: str, label: str, frontend_class, address, max_msg_mb_s
     # without model control open to clients, their load/unload requests get 403 / PERMISSION_DENIED
     model_control = master.model_control if master.model_control_open() else None
     frontend = frontend_class(address, max_msg_mb_size, ssl_config, master.dispatcher, llm_backend=master.llm_backend,
-                              readiness=master.readiness, reuse_port=shared, api_key=get_api_key(),
+                              readiness=master.readiness, reuse_port=shared, access=_access(),
                               model_control=model_control, limits=get_request_limits(),
                               **{name: getattr(master, attribute) for name, attribute in extra.items()})
     master.run(frontend.start())
@@ -182,12 +183,19 @@ def _start_frontend(kind: str, label: str, frontend_class, address, max_msg_mb_s
           + (f" ({master.frontend_count()} processes)" if shared else ""), flush=True)
 
 
+def _access() -> Access:
+    """The key each API group of the servers started now needs."""
+    restricted, opened = get_api_groups()
+    return Access(get_api_key(), restricted, opened)
+
+
 def _server_config(kind: str, address: str, max_msg_mb_size: int, ssl_config,
                    model_control: bool) -> frontend_pb2.ServerConfig:
     """What a front-end process needs to open the same server."""
     config = frontend_pb2.ServerConfig(kind=kind, address=address, max_msg_mb_size=max_msg_mb_size,
                                        api_key=get_api_key() or "",
-                                       model_control=model_control, limits=get_request_limits().to_proto())
+                                       model_control=model_control, limits=get_request_limits().to_proto(),
+                                       restricted_api=get_api_groups()[0], open_api=get_api_groups()[1])
     if ssl_config is not None:
         config.tls = True
         config.certificate = ssl_config.certificate

@@ -4,7 +4,7 @@ import shutil
 import pytest
 
 from llm_setup import write_config, write_servable
-from secured_server import KEY, READ_TIMEOUT
+from secured_server import ADMIN_KEY, KEY, READ_TIMEOUT
 from serving_process import SERVABLES, start_server
 
 
@@ -25,7 +25,8 @@ def server(server_directory):
     proc, grpc_addr, rest_addr = start_server(
         directory, servables=("add", "llama_tiny"),
         extra_args=["--servable_directory", servables, "--frontend_processes", "2", "--api_key_file", str(key_file),
-                    "--read_timeout", str(READ_TIMEOUT)])
+                    "--read_timeout", str(READ_TIMEOUT), "--restricted_api", f"model-repository,admin={ADMIN_KEY}",
+                    "--open_api", "metrics"])
     try:
         yield grpc_addr, f"http://{rest_addr}"
     finally:

@@ -16,7 +16,7 @@ from mindspore_serving.proto import grpc_predict_v2_pb2 as kserve_pb2
 from mindspore_serving.proto import grpc_predict_v2_pb2_grpc as kserve_grpc
 from serving_process import ROOT, SERVABLES
 
-from secured_server import ADD_BODY, KEY, PROMPT, TRIES, X
+from secured_server import ADD_BODY, ADMIN, ADMIN_KEY, KEY, PROMPT, TRIES, X
 
 @pytest.mark.parametrize("path, body, shape", [
     ("/model/add:add_common", ADD_BODY, lambda body: set(body) == {"error_msg"}),
@@ -35,12 +35,42 @@ def test_rest_without_the_key_gets_401_in_its_protocols_shape(server, path, body
             assert KEY not in reply.text
 
 
-@pytest.mark.parametrize("path", ["/metrics", "/v1/models", "/docs", "/openapi.json", "/v2", "/v2/repository/index"])
-def test_every_other_route_needs_the_key_too(server, path):
+@pytest.mark.parametrize("path", ["/v1/models", "/v1/models/llama_tiny", "/info", "/v2", "/v2/models/add.add_common"])
+def test_metadata_needs_the_key_too(server, path):
     _, url = server
-    method = requests.post if path == "/v2/repository/index" else requests.get
-    assert method(url + path, timeout=30).status_code == 401
-    assert method(url + path, headers={"x-api-key": KEY}, timeout=30).status_code == 200
+    assert requests.get(url + path, timeout=30).status_code == 401
+    assert requests.get(url + path, headers={"x-api-key": KEY}, timeout=30).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/docs", "/openapi.json", "/v2/repository/index"])
+def test_the_restricted_groups_need_their_own_key(server, path):
+    """--restricted_api model-repository,admin=ADMIN_KEY: the server's key is not enough there, nor is theirs
+    anywhere else."""
+    _, url = server
+    method = requests.post if path.startswith("/v2/repository") else requests.get
+    for _ in range(TRIES // 2):
+        for headers in ({}, {"x-api-key": KEY}):
+            reply = method(url + path, headers=headers, timeout=30)
+            assert reply.status_code == 401 and reply.headers["www-authenticate"] == "Bearer", reply.text
+        assert method(url + path, headers=ADMIN, timeout=30).status_code == 200
+    assert requests.post(url + "/model/add:add_common", json=ADD_BODY, headers=ADMIN, timeout=30).status_code == 401
+
+
+def test_the_opened_metrics_group_needs_no_key(server):
+    _, url = server
+    for _ in range(TRIES // 2):
+        reply = requests.get(url + "/metrics", timeout=30)
+        assert reply.status_code == 200 and "mindspore_serving" in reply.text
+
+
+def test_ready_shows_worker_details_to_the_admin_key_only(server):
+    _, url = server
+    for _ in range(TRIES // 2):
+        for headers in ({}, {"x-api-key": KEY}):
+            body = requests.get(url + "/ready", headers=headers, timeout=30).json()
+            assert "workers" not in body["servables"]["add"] and "pid" not in str(body), body
+        body = requests.get(url + "/ready", headers=ADMIN, timeout=30).json()
+        assert body["servables"]["add"]["workers"][0]["pid"] > 0, body
 
 
 def test_probes_are_open(server):
@@ -129,15 +159,17 @@ def test_model_control_is_off_by_default(server):
     """Started without --model_control explicit, no client can load or unload, with the key or not, on either
     front end; the servable keeps serving."""
     grpc_addr, url = server
-    headers = {"Authorization": f"Bearer {KEY}"}
     for action in ("load", "unload") * (TRIES // 2):
-        reply = requests.post(f"{url}/v2/repository/models/add/{action}", headers=headers, timeout=30)
+        reply = requests.post(f"{url}/v2/repository/models/add/{action}", headers=ADMIN, timeout=30)
         assert reply.status_code == 403 and "model control is off" in reply.json()["error"], reply.text
+        reply = requests.post(f"{url}/v2/repository/models/add/{action}", headers={"x-api-key": KEY}, timeout=30)
+        assert reply.status_code == 401, reply.text
     with grpc.insecure_channel(grpc_addr) as channel:
         stub = kserve_grpc.GRPCInferenceServiceStub(channel)
-        with pytest.raises(grpc.RpcError) as failure:
-            stub.RepositoryModelUnload(kserve_pb2.RepositoryModelUnloadRequest(model_name="add"), timeout=30,
-                                       metadata=(("authorization", f"Bearer {KEY}"),))
-        assert failure.value.code() == grpc.StatusCode.PERMISSION_DENIED, failure.value.details()
-    reply = requests.post(url + "/model/add:add_common", json=ADD_BODY, headers=headers, timeout=30)
+        request = kserve_pb2.RepositoryModelUnloadRequest(model_name="add")
+        for key, code in ((KEY, grpc.StatusCode.UNAUTHENTICATED), (ADMIN_KEY, grpc.StatusCode.PERMISSION_DENIED)):
+            with pytest.raises(grpc.RpcError) as failure:
+                stub.RepositoryModelUnload(request, timeout=30, metadata=(("authorization", f"Bearer {key}"),))
+            assert failure.value.code() == code, failure.value.details()
+    reply = requests.post(url + "/model/add:add_common", json=ADD_BODY, headers={"x-api-key": KEY}, timeout=30)
     assert reply.json()["instances"][0]["y"] == (X + X).tolist(), reply.text

@@ -14,7 +14,7 @@ import requests
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from mindspore_serving.client import Client
-from secured_server import ADD_BODY, AUTH, KEY, PROMPT, READ_TIMEOUT, TRIES, X
+from secured_server import ADD_BODY, ADMIN_KEY, AUTH, KEY, PROMPT, READ_TIMEOUT, TRIES, X
 
 CLASSIC = 100 << 20   # max_msg_mb_size's default, in bytes
 LLM = 2_000_000       # --llm_payload_limit's default
@@ -40,8 +40,8 @@ def _address(url: str):
     return host, int(port)
 
 
-def _head(path: str, length: int, key: bool = True) -> bytes:
-    auth = f"Authorization: Bearer {KEY}\r\n" if key else ""
+def _head(path: str, length: int, key=None) -> bytes:
+    auth = f"Authorization: Bearer {key}\r\n" if key else ""
     return (f"POST {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\n"
             f"Content-Length: {length}\r\n\r\n{{").encode()
 
@@ -65,11 +65,12 @@ def test_an_oversized_body_is_refused_before_it_is_sent(server, path, length, st
     _, url = server
     for _ in range(TRIES // 2):  # new connections: both front ends answer some
         with socket.create_connection(_address(url), timeout=30) as sock:
-            sock.sendall(_head(path, length))  # one byte of the body, the rest never comes
+            key = ADMIN_KEY if path.startswith("/v2/repository/") else KEY  # the group's key (secured_server.py)
+            sock.sendall(_head(path, length, key))  # one byte of the body, the rest never comes
             got, body = _reply(sock)
         assert got == status and check(body), body
         with socket.create_connection(_address(url), timeout=30) as sock:
-            sock.sendall(_head(path, length, key=False))  # without the key: refused before anything else
+            sock.sendall(_head(path, length))  # without the key: refused before anything else
             assert _reply(sock)[0] == 401
 
 

@@ -1,11 +1,13 @@
 """API-key checks (frontends/auth.py): which headers and metadata carry the key, what a missing or wrong one
 answers in each protocol, and that the probes stay open."""
 import asyncio
+import re
 
 import grpc
 import pytest
 
 from mindspore_serving.common import errors
+from mindspore_serving.frontends.api_groups import GROUPS, Access, grpc_group, http_group
 from mindspore_serving.frontends.auth import MISSING, WRONG, ApiKey, ApiKeyInterceptor
 from mindspore_serving.frontends.errors import Protocol, grpc_error, http_error, http_error_headers
 
@@ -63,7 +65,8 @@ def intercepted(method, metadata=(), kind="unary_unary"):
     async def continuation(_details):
         return handler
 
-    return handler, asyncio.run(ApiKeyInterceptor(KEY).intercept_service(continuation, Details(method, metadata)))
+    return handler, asyncio.run(ApiKeyInterceptor(Access("k3y")).intercept_service(continuation,
+                                                                                   Details(method, metadata)))
 
 
 @pytest.mark.parametrize("method", ["/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch",
@@ -93,3 +96,67 @@ def test_an_rpc_without_the_key_ends_unauthenticated_with_a_handler_of_its_shape
     assert info.value.args[0] == (grpc.StatusCode.UNAUTHENTICATED, MISSING)
     _, allowed = intercepted("/mindspore.serving.proto.MSService/Predict", (("authorization", "Bearer k3y"),), kind)
     assert getattr(allowed, kind)(None, None) == "served"
+
+
+@pytest.mark.parametrize("method, path, group", [
+    ("GET", "/health", "health"), ("GET", "/ready", "health"), ("GET", "/v2/health/live", "health"),
+    ("GET", "/v2/models/add/versions/1/ready", "health"),
+    ("GET", "/v2", "metadata"), ("GET", "/v2/models/add.add_common", "metadata"),
+    ("GET", "/v2/models/add/versions/2", "metadata"), ("GET", "/v1/models", "metadata"),
+    ("GET", "/v1/models/llama_tiny", "metadata"), ("GET", "/info", "metadata"),
+    ("GET", "/metrics", "metrics"),
+    ("POST", "/v2/repository/index", "model-repository"), ("POST", "/v2/repository/models/add/load", "model-repository"),
+    ("GET", "/docs", "admin"), ("GET", "/openapi.json", "admin"),
+    ("POST", "/model/add:add_common", "inference"), ("POST", "/v2/models/add/infer", "inference"),
+    ("POST", "/v1/completions", "inference"), ("POST", "/generate", "inference"), ("POST", "/v1/models", "inference"),
+])
+def test_http_groups(method, path, group):
+    assert http_group(method, path) == group
+
+
+@pytest.mark.parametrize("rpc, group", [
+    ("/grpc.health.v1.Health/Watch", "health"), ("/inference.GRPCInferenceService/ServerLive", "health"),
+    ("/inference.GRPCInferenceService/ModelMetadata", "metadata"),
+    ("/inference.GRPCInferenceService/ModelStatistics", "metrics"),
+    ("/inference.GRPCInferenceService/RepositoryModelUnload", "model-repository"),
+    ("/inference.GRPCInferenceService/ModelInfer", "inference"),
+    ("/mindspore.serving.proto.MSService/PredictStream", "inference"),
+])
+def test_grpc_groups(rpc, group):
+    assert grpc_group(rpc) == group
+
+
+def _bearer_of(key):
+    return [(b"authorization", b"Bearer " + key.encode())]
+
+
+def test_restricted_groups_need_their_own_key_and_opened_ones_none():
+    access = Access("main", restricted={"model-repository": "admin", "admin": "admin"}, opened=["metrics"])
+    assert access.check_http("POST", "/model/add:add_common", _bearer_of("main")) is None
+    assert access.check_http("POST", "/model/add:add_common", _bearer_of("admin")).message == WRONG
+    assert access.check_http("POST", "/v2/repository/models/add/load", _bearer_of("main")).message == WRONG
+    assert access.check_http("POST", "/v2/repository/models/add/load", _bearer_of("admin")) is None
+    assert access.check_http("GET", "/metrics", []) is None and access.check_http("GET", "/health", []) is None
+    assert access.check_grpc("/inference.GRPCInferenceService/RepositoryIndex", (("authorization", "Bearer main"),))
+    assert access.check_grpc("/inference.GRPCInferenceService/ModelStatistics", ()) is None
+    assert access.is_operator({"headers": _bearer_of("admin")})
+    assert not access.is_operator({"headers": _bearer_of("main"), "client": ("127.0.0.1", 1)})
+
+
+def test_without_any_key_only_a_restricted_group_is_guarded():
+    assert not Access().guarded
+    access = Access(restricted={"health": "probe-key"})
+    assert access.guarded and access.check_http("GET", "/ready", []).message == MISSING
+    assert access.check_http("POST", "/model/add:add_common", []) is None
+    assert Access().is_operator({"client": ("127.0.0.1", 5)}) and not Access().is_operator({"client": ("10.0.0.1", 5)})
+    assert Access(opened=["admin"]).is_operator({"client": ("10.0.0.1", 5)})
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(opened=["nope"]), "open_api: unknown API group 'nope'; the groups are " + ", ".join(GROUPS)),
+    (dict(restricted={"infer": "k"}), "restricted_api: unknown API group 'infer'"),
+    (dict(restricted={"metrics": "k"}, opened=["metrics"]), "metrics cannot be both restricted and open"),
+])
+def test_bad_group_settings(kwargs, message):
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        Access("k", **kwargs)

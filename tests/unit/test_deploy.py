@@ -156,7 +156,7 @@ def test_strict_validation_catches_a_misspelt_field():
 def test_kustomize_build_is_valid():
     out = subprocess.run(["kubectl", "kustomize", DEPLOY], capture_output=True, text=True, timeout=60, check=True)
     docs = [d for d in yaml.safe_load_all(out.stdout) if d]
-    assert sorted(d["kind"] for d in docs) == ["Deployment", "HorizontalPodAutoscaler", "Service"]
+    assert sorted(d["kind"] for d in docs) == ["Deployment", "HorizontalPodAutoscaler", "NetworkPolicy", "Service"]
     for doc in docs:
         kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
 
@@ -173,6 +173,28 @@ def test_container_args_match_the_service_and_the_dockerfile():
     assert service["spec"]["selector"] == _one("Deployment")["spec"]["selector"]["matchLabels"]
     assert {(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]} == \
         {("grpc", 5500, "grpc"), ("rest", 1500, "rest")}
+
+
+def test_the_api_key_comes_from_a_secret_in_kubernetes_and_docker():
+    flags = _flags(_container()["args"])
+    key_file = flags["--api_key_file"]
+    assert key_file == _flags(_exec_form([arg for word, arg in _dockerfile_instructions() if word == "CMD"][-1]))[
+        "--api_key_file"]
+    pod = _one("Deployment")["spec"]["template"]["spec"]
+    mount = next(m for m in _container()["volumeMounts"] if key_file.startswith(m["mountPath"] + "/"))
+    assert mount["readOnly"] is True
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert volume["secret"]["secretName"] == "mindspore-serving-api-key"
+    assert [item["path"] for item in volume["secret"]["items"]] == [os.path.basename(key_file)]
+    assert pod["automountServiceAccountToken"] is False
+
+
+def test_the_network_policy_opens_the_public_ports_only():
+    policy = _one("NetworkPolicy")["spec"]
+    assert policy["podSelector"]["matchLabels"] == _one("Deployment")["spec"]["selector"]["matchLabels"]
+    assert set(policy["policyTypes"]) == {"Ingress", "Egress"} and policy["egress"] == []
+    assert [sorted(p["port"] for p in rule["ports"]) for rule in policy["ingress"]] == [["grpc", "rest"]]
+    assert {p["name"] for p in _container()["ports"]} == {"grpc", "rest"}
 
 
 def _probes():

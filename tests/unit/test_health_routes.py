@@ -7,6 +7,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
+from mindspore_serving.frontends.api_groups import Access
 from mindspore_serving.frontends.health import HealthServicer
 from mindspore_serving.frontends.restful_server import RestfulApp, build_docs_app
 from mindspore_serving.master.readiness import SERVING, STOPPING, PlannedWorker, readiness
@@ -125,7 +126,7 @@ def test_ready_shows_worker_details_to_operators_only():
     remote_app = RestfulApp(dispatcher=None, max_bytes=1 << 20, fallback=build_docs_app(readiness=state))
     status, remote = get(remote_app, "/ready", client=("10.1.2.3", 5))
     assert status == 200 and remote["servables"]["add"] == {"ready": True, "state": "ready", "versions": [1]}
-    keyed = RestfulApp(dispatcher=None, max_bytes=1 << 20, fallback=build_docs_app(readiness=state, api_key="k"))
+    keyed = RestfulApp(dispatcher=None, max_bytes=1 << 20, fallback=build_docs_app(readiness=state, access=Access("k")))
     assert "workers" not in get(keyed, "/ready")[1]["servables"]["add"]  # loopback is not enough with a key
     status, body = get(keyed, "/ready", headers=[(b"authorization", b"Bearer k")])
     assert body["servables"]["add"]["workers"][0]["pid"] == 9

@@ -2,6 +2,7 @@
 import dataclasses
 
 from mindspore_serving.common.check_type import check_int, check_str
+from mindspore_serving.frontends.api_groups import Access, check_groups
 from mindspore_serving.master import master
 
 
@@ -130,6 +131,25 @@ def set_api_key(key=None, key_file=None):
         if not key.strip() or key != key.strip():
             raise RuntimeError("Parameter 'key' should be a non-empty string without surrounding spaces")
     master.set_api_key(key)
+
+
+def set_api_groups(restricted=None, opened=()):
+    """Keys per API group, Triton's `--http-restricted-api` way, for the servers started from now on. `restricted`:
+    {groups: key}, each a comma-separated list of groups that need that key instead of the server's (e.g.
+    {"model-repository,admin": admin_key}); `opened`: groups that need no key (e.g. ("metrics",) for a scraper).
+    The groups: health (open unless restricted), metadata, metrics, model-repository, admin (/docs, /openapi.json,
+    /ready's worker details), inference (see frontends/api_groups.py)."""
+    keys = {}
+    for groups, key in (restricted or {}).items():
+        check_str("key", key)
+        if not key.strip() or key != key.strip():
+            raise RuntimeError("the key of a restricted API group should be a non-empty string without surrounding "
+                               "spaces")
+        for group in check_groups((g.strip() for g in check_str("groups", groups).split(",")), "restricted_api"):
+            keys[group] = key
+    opened = check_groups(opened, "open_api")
+    Access(None, keys, opened)  # both at once are refused
+    master.set_api_groups(keys, opened)
 
 
 def set_model_control(mode="explicit"):
