@@ -9,8 +9,8 @@
 # mindspore-serving-api-key, deploy/deployment.yaml; docker: `-v "$PWD/api_key:/run/secrets/mindspore-serving/
 # api_key:ro"`, or a compose secret with that target); without it the server refuses to start.
 # Arguments after the image name replace CMD (the listen addresses, the key file and --grace); keep 0.0.0.0 so
-# that the ports are reachable from outside the container. `docker stop` waits 10 s by default before SIGKILL: give it
-# at least --grace + 5 s (--stop-timeout above) so that requests in flight can finish.
+# that the ports are reachable from outside the container. `docker stop` waits 10 s by default before SIGKILL:
+# give it at least --grace + 5 s (--stop-timeout above) so that requests in flight can finish.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
