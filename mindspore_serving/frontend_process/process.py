@@ -28,6 +28,7 @@ from mindspore_serving.master.control_service import worker_record
 from mindspore_serving.master.dispatcher import Dispatcher
 from mindspore_serving.master.llm_backend import MasterLlmBackend
 from mindspore_serving.master.master import new_event_loop
+from mindspore_serving.master.frontend_processes import frontend_key
 from mindspore_serving.master.metrics import MasterMetrics, frontend_samples
 from mindspore_serving.master.readiness import STARTING, Readiness, readiness_from_json
 from mindspore_serving.master.worker_registry import WorkerRegistry
@@ -55,8 +56,8 @@ class RemoteModelControl:
 
     def _ask(self, action: str, name: str, version: int):
         async def ask():  # the call is made on the process's loop, where its channel lives
-            return await self.process.master.ModelControl(pb.ModelControlRequest(action=action, name=name,
-                                                                                 version=version))
+            return await self.process.master.ModelControl(
+                pb.ModelControlRequest(action=action, name=name, version=version), metadata=self.process.credentials)
         reply = asyncio.run_coroutine_threadsafe(ask(), self.process.loop).result()
         if reply.error_code:
             raise errors.make_error(reply.error_code, reply.error_msg)
@@ -75,11 +76,12 @@ class RemoteMetrics:
         self.process = process
 
     async def render(self) -> bytes:
-        return (await self.process.master.Metrics(internal_pb2.Empty(), timeout=10)).text
+        return (await self.process.master.Metrics(internal_pb2.Empty(), timeout=10,
+                                                  metadata=self.process.credentials)).text
 
 
 class FrontendProcess(frontend_pb2_grpc.FrontendServiceServicer):
-    def __init__(self, index: int, master_address: str):
+    def __init__(self, index: int, master_address: str, secret: str = ""):
         self.index = index
         self.loop = None
         self.registry = WorkerRegistry()
@@ -92,6 +94,8 @@ class FrontendProcess(frontend_pb2_grpc.FrontendServiceServicer):
         self.master_address = master_address
         self.address = ipc.socket_address(f"serving_frontend_{index}_{os.getpid()}")
         self.master = None
+        # the secret the master gave this process, on every call to the master
+        self.credentials = ipc.peer_metadata(frontend_key(index), secret)
         self.frontends = {}
         self.done: Optional[asyncio.Event] = None  # set by Close (on the loop, once serving)
 
@@ -172,6 +176,7 @@ class FrontendProcess(frontend_pb2_grpc.FrontendServiceServicer):
         channel = grpc.aio.insecure_channel(self.master_address, options=ipc.INTERNAL_CHANNEL_OPTIONS)
         self.master = frontend_pb2_grpc.MasterFrontendStub(channel)
         await self.master.Register(pb.FrontendHello(index=self.index, pid=os.getpid(), address=self.address),
+                                   metadata=self.credentials,
                                    timeout=60)
         log.info(f"front-end process {self.index} (pid {os.getpid()}) registered with the master")
         await self.done.wait()
@@ -190,7 +195,7 @@ def main(index: int, master_address: str):
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, args=(os.getppid(),), name="parent-watch", daemon=True).start()
-    process = FrontendProcess(index, master_address)
+    process = FrontendProcess(index, master_address, ipc.read_secret())  # stdin's first line, from the master
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     process.loop = loop

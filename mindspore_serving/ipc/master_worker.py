@@ -1,6 +1,10 @@
 """The master <-> worker boundary (internal.proto): protocol version, socket paths, channel options."""
+import hmac
 import os
+import secrets
 import stat
+import sys
+from typing import Optional
 
 import grpc
 
@@ -80,6 +84,65 @@ def master_address() -> str:
 
 def worker_address(servable_name: str, device_label: str) -> str:
     return socket_address(f"serving_worker_{servable_name}_{device_label}_{os.getpid()}")
+
+
+# ---- who is calling: the master hands each child it starts a secret of its own, through the child's stdin (never
+# on the command line); the child sends it, with its key, on every call to the master, which refuses any other.
+
+PEER_KEY = "ms-serving-peer"        # metadata: the caller's key (a worker key, or "frontend/<index>")
+PEER_SECRET = "ms-serving-secret"   # metadata: the secret the master gave that child
+
+
+def new_secret() -> str:
+    return secrets.token_hex(32)
+
+
+def read_secret(stream=None) -> str:
+    """The secret of this child: the first line of its stdin ("" when it was given none)."""
+    return ((stream or sys.stdin).readline() or "").strip()
+
+
+def peer_metadata(key: str, secret: str) -> tuple:
+    return ((PEER_KEY, key), (PEER_SECRET, secret))
+
+
+def peer_of(metadata, secret_of) -> Optional[str]:
+    """The key of the child that made a call, when its metadata carry the secret `secret_of(key)` (None: a key the
+    master did not start); None for any other caller."""
+    values = {name: value for name, value in metadata or ()}
+    key, given = values.get(PEER_KEY), values.get(PEER_SECRET)
+    if not key or not given:
+        return None
+    expected = secret_of(key)
+    if not expected or not hmac.compare_digest(given.encode(), expected.encode()):
+        return None
+    return key
+
+
+class _PeerCredentials(grpc.UnaryUnaryClientInterceptor):
+    """Adds the child's key and secret to each unary call of a channel (sync gRPC)."""
+
+    def __init__(self, key: str, secret: str):
+        self.metadata = peer_metadata(key, secret)
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        return continuation(_Details(client_call_details, self.metadata), request)
+
+
+class _Details(grpc.ClientCallDetails):  # pylint: disable=too-few-public-methods
+    def __init__(self, details, metadata):
+        self.method = details.method
+        self.timeout = details.timeout
+        self.metadata = tuple(details.metadata or ()) + metadata
+        self.credentials = details.credentials
+        self.wait_for_ready = details.wait_for_ready
+        self.compression = details.compression
+
+
+def master_channel(master_address: str, key: str, secret: str) -> grpc.Channel:
+    """A channel to the master whose calls say which child makes them (sync gRPC)."""
+    channel = grpc.insecure_channel(master_address, options=INTERNAL_CHANNEL_OPTIONS)
+    return grpc.intercept_channel(channel, _PeerCredentials(key, secret))
 
 
 def remove_socket(address: str):

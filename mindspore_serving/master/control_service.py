@@ -1,5 +1,9 @@
 """MasterControl: workers register, report start-up failures and say goodbye here; extra workers learn their
-servable's model shapes and have their model calls forwarded to a worker that owns the models."""
+servable's model shapes and have their model calls forwarded to a worker that owns the models.
+
+Only workers this master started are heard: each call carries the caller's worker key and the secret the master
+gave that worker (ipc.peer_metadata); a call without them, or a Register, NotifyFailed or Exit about another
+worker's key, ends with PERMISSION_DENIED and changes nothing."""
 import grpc
 
 from mindspore_serving import log
@@ -30,7 +34,19 @@ class MasterControlServicer(internal_pb2_grpc.MasterControlServicer):
         self.registry = registry
         self.processes = processes
 
+    async def _check_caller(self, context, key=None) -> str:
+        """The key of the worker making this call; the call is refused unless it is one this master started (and,
+        given `key`, that one)."""
+        caller = ipc.peer_of(context.invocation_metadata(), self.processes.secret_of)
+        if caller is None or (key is not None and caller != key):
+            log.warning(f"refused a {'call' if key is None else 'notice about worker ' + repr(key)} on the master's "
+                        f"control socket: the caller is not a worker this master started"
+                        + (f" (it says {caller!r})" if caller else ""))
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "not a worker this master started")
+        return caller
+
     async def Register(self, request, context):
+        await self._check_caller(context, request.worker_key)
         reply = internal_pb2.RegisterReply()
         if request.protocol_version != ipc.PROTOCOL_VERSION:
             reply.error.error_code = errors.SYSTEM_ERROR
@@ -48,11 +64,13 @@ class MasterControlServicer(internal_pb2_grpc.MasterControlServicer):
         return reply
 
     async def NotifyFailed(self, request, context):
+        await self._check_caller(context, request.worker_key)
         log.error(f"worker {request.worker_key} (pid {request.worker_pid}) failed to start: {request.error_msg}")
         self.processes.mark_failed(request.worker_key, request.error_msg)
         return internal_pb2.Empty()
 
     async def Exit(self, request, context):
+        await self._check_caller(context, request.worker_key)
         log.info(f"worker {request.worker_key} (pid {request.worker_pid}) is exiting: {request.reason}")
         self.processes.mark_exiting(request.worker_key)
         record = self.registry.remove(request.worker_key, request.worker_pid)
@@ -62,6 +80,7 @@ class MasterControlServicer(internal_pb2_grpc.MasterControlServicer):
 
     async def GetModelInfo(self, request, context):
         """The shapes of a servable version's models, as a worker that loaded them registered them."""
+        await self._check_caller(context)
         reply = internal_pb2.GetModelInfoReply()
         owners = self.registry.model_owners(request.servable_name, request.version_number)
         if not owners:
@@ -77,6 +96,7 @@ class MasterControlServicer(internal_pb2_grpc.MasterControlServicer):
     async def CallModel(self, request, context):
         """An extra worker's model call, run by the least busy worker that owns the servable version's models.
         Its tensors are in shared memory: only their places pass through here."""
+        await self._check_caller(context)
         owners = self.registry.model_owners(request.servable_name, request.version_number)
         if not owners:
             return _call_failed(errors.WORKER_UNAVAILABLE,

@@ -53,6 +53,7 @@ class FrontendChild:
     registered: threading.Event = field(default_factory=threading.Event)
     pid: int = 0
     address: str = ""  # its FrontendService, once registered (a unix socket the master removes when it ends)
+    secret: str = field(default="", repr=False)  # what its calls to the master carry (ipc.peer_metadata)
     channel: Optional[grpc.aio.Channel] = None
     stub: Optional[frontend_pb2_grpc.FrontendServiceStub] = None
     updates: Optional[asyncio.Queue] = None  # FrontendUpdates to send in order (on the master loop)
@@ -110,8 +111,11 @@ class FrontendProcesses:
             child.process = subprocess.Popen(
                 [sys.executable, "-m", FRONTEND_MODULE, f"--index={child.index}",
                  f"--master_address={self.master_address}"],
-                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+                stdin=subprocess.PIPE, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
                 env=child_env())
+        child.secret = ipc.new_secret()  # through the pipe, never on the command line; new for each start
+        child.process.stdin.write(child.secret.encode() + b"\n")
+        child.process.stdin.close()
         child.starts += 1
         log.info(f"started front-end process {child.index} pid {child.process.pid}, log {child.log_path}")
 
@@ -296,13 +300,34 @@ def _readiness_json(readiness) -> str:
     return json.dumps(readiness.to_json(), sort_keys=True)
 
 
+def frontend_key(index: int) -> str:
+    """How front-end process `index` names itself in its calls to the master (ipc.peer_metadata)."""
+    return f"frontend/{index}"
+
+
 class MasterFrontendServicer(frontend_pb2_grpc.MasterFrontendServicer):
-    """What front-end processes ask the master: to register, model control, a metrics scrape."""
+    """What front-end processes ask the master: to register, model control, a metrics scrape. Only the processes
+    this master started are heard (their secret in each call's metadata); any other caller gets PERMISSION_DENIED."""
 
     def __init__(self, master):
         self.master = master
 
+    def _secret_of(self, key: str) -> str:
+        processes = self.master.frontend_processes
+        for child in (processes.children.values() if processes is not None else ()):
+            if frontend_key(child.index) == key:
+                return child.secret
+        return ""
+
+    async def _check_caller(self, context, index=None):
+        caller = ipc.peer_of(context.invocation_metadata(), self._secret_of)
+        if caller is None or (index is not None and caller != frontend_key(index)):
+            log.warning("refused a call on the master's front-end socket: the caller is not a front-end process "
+                        "this master started")
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "not a front-end process this master started")
+
     async def Register(self, request, context):
+        await self._check_caller(context, request.index)
         processes = self.master.frontend_processes
         if processes is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this master runs no front-end processes")
@@ -314,6 +339,7 @@ class MasterFrontendServicer(frontend_pb2_grpc.MasterFrontendServicer):
         return internal_pb2.Empty()
 
     async def ModelControl(self, request, context):
+        await self._check_caller(context)
         if not self.master.model_control_open():
             return pb.ModelControlReply(error_code=errors.Forbidden.CODE, error_msg=NO_CONTROL_TEXT)
         control = self.master.model_control
@@ -325,4 +351,5 @@ class MasterFrontendServicer(frontend_pb2_grpc.MasterFrontendServicer):
         return pb.ModelControlReply()
 
     async def Metrics(self, request, context):
+        await self._check_caller(context)
         return pb.MetricsText(text=await self.master.metrics_collector.render())

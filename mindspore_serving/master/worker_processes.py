@@ -12,6 +12,7 @@ from mindspore_serving import log
 from mindspore_serving.common import metrics
 from mindspore_serving.common.child_process import child_env
 from mindspore_serving.common.restart_budget import RestartBudget
+from mindspore_serving.ipc import master_worker as ipc
 from mindspore_serving.ipc import shm_tensors
 from mindspore_serving.master.readiness import PlannedWorker
 
@@ -136,6 +137,7 @@ class WorkerProcess:
     expected_exit: bool = False
     restarted: int = 0   # times the master restarted it after it died
     python_stages: bool = True  # as registered: some method has a stage that is not a model (extra workers help)
+    secret: str = field(default="", repr=False)  # what its calls to the master carry (ipc.peer_metadata)
 
 
 class WorkerProcesses:
@@ -161,13 +163,15 @@ class WorkerProcesses:
         worker.registered.clear()
         worker.failure = None
         worker.expected_exit = False
-        worker.process = subprocess.Popen(cmd, stdin=subprocess.PIPE if plan.dec_key else subprocess.DEVNULL,
-                                          stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
-                                          env=child_env())
+        worker.secret = ipc.new_secret()  # a new one for each start: a dead worker's no longer opens anything
+        worker.process = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log_file, stderr=subprocess.STDOUT,
+                                          start_new_session=True, env=child_env())
         log_file.close()
-        if plan.dec_key:  # the key travels through a pipe, never on the command line
+        # the secret, and the decryption key, travel through a pipe, never on the command line
+        worker.process.stdin.write(worker.secret.encode() + b"\n")
+        if plan.dec_key:
             worker.process.stdin.write(plan.dec_key.hex().encode() + b"\n")
-            worker.process.stdin.close()
+        worker.process.stdin.close()
         worker.starts += 1
         log.info(f"started worker {plan.key} pid {worker.process.pid}, log {plan.log_path}")
 
@@ -273,6 +277,11 @@ class WorkerProcesses:
     def find(self, key: str) -> Optional[WorkerProcess]:
         with self._lock:
             return self.workers.get(key)
+
+    def secret_of(self, key: str) -> str:
+        """The secret of the worker started under `key` ("" for a key this master did not start)."""
+        worker = self.find(key)
+        return worker.secret if worker is not None else ""
 
     def mark_registered(self, key: str, python_stages: bool = True):
         worker = self.find(key)

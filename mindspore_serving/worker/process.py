@@ -71,8 +71,9 @@ class Worker:
         self.args = args
         self.parent_pid = os.getppid()
         self.stopping = threading.Event()
+        # the secret the master gave this worker (main reads it): every call to the master carries it
         self.master = internal_pb2_grpc.MasterControlStub(
-            grpc.insecure_channel(args.master_address, options=ipc.INTERNAL_CHANNEL_OPTIONS))
+            ipc.master_channel(args.master_address, args.worker_key, getattr(args, "secret", "")))
         self.server = None
         self.predict_server = None
         self.runtime = None
@@ -174,6 +175,7 @@ class Worker:
 
 def main(argv=None, worker_class=Worker, parse=parse_args):
     args = parse(argv)
+    args.secret = ipc.read_secret()  # stdin's first line, from the master (a decryption key may follow)
     sys.setswitchinterval(GIL_SWITCH_SECONDS)
     worker = worker_class(args)
     for signum in (signal.SIGINT, signal.SIGTERM):

@@ -2,12 +2,14 @@
 runs in the master and its errors come back with their code and text; a metrics scrape is the master's."""
 import asyncio
 import threading
+from types import SimpleNamespace
 
 import grpc
 import pytest
 
 from mindspore_serving.common import errors
 from mindspore_serving.frontend_process.process import RemoteMetrics, RemoteModelControl
+from mindspore_serving.ipc import master_worker as ipc
 from mindspore_serving.master.frontend_processes import MasterFrontendServicer
 from mindspore_serving.proto import frontend_pb2_grpc
 
@@ -31,9 +33,14 @@ class FakeCollector:
         return b"# the master's scrape\n"
 
 
+SECRET = "f" * 64
+
+
 class Master:
     def __init__(self):
-        self.model_control, self.metrics_collector, self.frontend_processes = FakeControl(), FakeCollector(), None
+        child = SimpleNamespace(index=1, secret=SECRET)
+        self.model_control, self.metrics_collector = FakeControl(), FakeCollector()
+        self.frontend_processes = SimpleNamespace(children={1: child})
         self.control_open = True
 
     def model_control_open(self):
@@ -63,6 +70,7 @@ def process(tmp_path):
 
     side = Process()
     side.loop, side.master, side.control, side.master_object = loop, stub, master.model_control, master
+    side.credentials = ipc.peer_metadata("frontend/1", SECRET)
     try:
         yield side
     finally:
@@ -90,3 +98,12 @@ def test_model_control_is_refused_in_the_master_when_off(process):
     process.master_object.control_open = False
     with pytest.raises(errors.ServingError, match="model control is off"):
         RemoteModelControl(process).load_by_name("add", 0)
+
+
+def test_a_caller_without_a_front_end_process_s_secret_is_refused(process):
+    for credentials in ((), ipc.peer_metadata("frontend/1", "0" * 64), ipc.peer_metadata("frontend/2", SECRET)):
+        process.credentials = credentials
+        with pytest.raises(grpc.RpcError) as info:
+            asyncio.run_coroutine_threadsafe(RemoteMetrics(process).render(), process.loop).result(10)
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert not process.control.calls

@@ -3,12 +3,17 @@ import asyncio
 from types import SimpleNamespace
 
 import grpc
+import pytest
 
 from mindspore_serving.master.control_service import MasterControlServicer
 from mindspore_serving.master.worker_registry import WorkerRecord, WorkerRegistry
 from mindspore_serving.proto import internal_pb2
 
-CONTEXT = SimpleNamespace(time_remaining=lambda: None)
+SECRET = "s" * 64
+CALLER = "add/v1/extra0"
+CONTEXT = SimpleNamespace(time_remaining=lambda: None,
+                          invocation_metadata=lambda: (("ms-serving-peer", CALLER), ("ms-serving-secret", SECRET)))
+PROCESSES = SimpleNamespace(secret_of=lambda key: SECRET if key == CALLER else "")
 
 
 class FakeStub:
@@ -36,7 +41,7 @@ def servicer_of(*records):
     registry = WorkerRegistry()
     for item in records:
         registry.add(item)
-    return MasterControlServicer(registry, processes=None)
+    return MasterControlServicer(registry, processes=PROCESSES)
 
 
 def call(servicer, version=1):
@@ -72,3 +77,43 @@ def test_model_infos_come_from_a_worker_owning_the_models():
     assert reply.error.error_msg.decode() == (
         "Servable 'add' has models declared by declare_model, but parameter 'device_ids' of ServableStartConfig is "
         "not set in Serving startup script when the device target is not CPU")
+
+
+class Refusing:
+    def __init__(self, metadata):
+        self.metadata = metadata
+
+    def invocation_metadata(self):
+        return self.metadata
+
+    async def abort(self, code, details):
+        raise RuntimeError((code, details))
+
+
+@pytest.mark.parametrize("metadata", [
+    (),                                                                       # no credentials at all
+    (("ms-serving-peer", CALLER), ("ms-serving-secret", "t" * 64)),           # a wrong secret
+    (("ms-serving-peer", "add/v9/device0"), ("ms-serving-secret", SECRET)),   # a key the master did not start
+])
+def test_calls_from_anyone_but_a_started_worker_are_refused_and_change_nothing(metadata):
+    owner = record("add/v1/device0")
+    servicer = servicer_of(owner)
+    requests = [
+        ("Register", internal_pb2.RegisterRequest(worker_key="add/v1/device0", address="unix:evil", protocol_version=1)),
+        ("Exit", internal_pb2.ExitRequest(worker_key="add/v1/device0", worker_pid=1)),
+        ("NotifyFailed", internal_pb2.NotifyFailedRequest(worker_key="add/v1/device0")),
+        ("CallModel", internal_pb2.CallModelRequest(servable_name="add", version_number=1, model_key="net")),
+        ("GetModelInfo", internal_pb2.GetModelInfoRequest(servable_name="add", version_number=1)),
+    ]
+    for name, request in requests:
+        with pytest.raises(RuntimeError) as info:
+            asyncio.run(getattr(servicer, name)(request, Refusing(metadata)))
+        assert info.value.args[0] == (grpc.StatusCode.PERMISSION_DENIED, "not a worker this master started")
+    assert servicer.registry.get("add/v1/device0") is owner and not owner.stub.calls
+
+
+def test_a_worker_may_not_speak_for_another():
+    servicer = servicer_of(record("add/v1/device0"))
+    with pytest.raises(RuntimeError):  # the extra worker's own secret, but the device worker's key
+        asyncio.run(servicer.Exit(internal_pb2.ExitRequest(worker_key="add/v1/device0"), Refusing(
+            CONTEXT.invocation_metadata())))
