@@ -3,6 +3,10 @@
 Started as `python -m mindspore_serving.agent.start_agent --config ... --rank r ...` by the LLM worker or by
 start_agent.py. It reports readiness ("models loaded, warmed up, listening") as an AgentStartupEvent on the pipe
 its starter gave it, and exits when its parent process dies or when the worker that attached to it goes away.
+
+One worker at a time: Attach carries the group's secret (stdin's first line, from the starter; none when it gave
+none), as does every Step; a caller without it gets PERMISSION_DENIED, and a second Attach while one is held
+ALREADY_EXISTS, neither touching the attached worker's session.
 """
 from mindspore_serving.common.native_protobuf import prefer_native_protobuf
 
@@ -24,6 +28,7 @@ from mindspore_serving.common import ms_cluster  # noqa: E402
 from mindspore_serving.common.cpu_affinity import bind_process  # noqa: E402
 from mindspore_serving.common.ms_device import resolve_device, select_device  # noqa: E402
 from mindspore_serving.ipc import agent as protocol  # noqa: E402
+from mindspore_serving.ipc.master_worker import read_secret, remove_socket, restrict_socket  # noqa: E402
 from mindspore_serving.agent.steps import run_submitted  # noqa: E402
 from mindspore_serving.proto import agent_pb2, agent_pb2_grpc  # noqa: E402
 from mindspore_serving.spec.llm_config import load_serving_config  # noqa: E402
@@ -36,8 +41,10 @@ class AgentServicer(agent_pb2_grpc.LlmAgentServicer):
     """Runs Step requests one at a time, each after the step it names in `after_step_id` (the worker sends the
     next step while this one computes, async scheduling), filling placeholder tokens from the last greedy step."""
 
-    def __init__(self, runner, rank: int, device: str, on_detach):
+    def __init__(self, runner, rank: int, device: str, on_detach, secret: str = ""):
         self.runner = runner
+        self.secret = secret
+        self._attached = None               # the pid of the worker attached, once one is
         self.rank = rank
         self.device = device
         self.on_detach = on_detach
@@ -52,7 +59,15 @@ class AgentServicer(agent_pb2_grpc.LlmAgentServicer):
                                    max_seq_len=self.runner.max_seq_len, vocab_size=self.runner.vocab_size,
                                    device=self.device, pid=os.getpid())
 
+    def _check_secret(self, given: str, context, what: str):
+        if not protocol.secret_matches(self.secret, given):
+            log.warning(f"agent rank {self.rank}: refused a {what} without the agent group's secret")
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, "not the worker of this agent group")
+
     def Step(self, request, context):
+        if self.secret:
+            given = next((v for k, v in context.invocation_metadata() if k == protocol.SECRET_METADATA), "")
+            self._check_secret(given, context, "Step")
         with self._turn:
             try:
                 if not self._turn.wait_for(lambda: self._done_step >= request.after_step_id, ORDER_TIMEOUT):
@@ -80,6 +95,13 @@ class AgentServicer(agent_pb2_grpc.LlmAgentServicer):
         return result
 
     def Attach(self, request, context):
+        self._check_secret(request.secret, context, f"Attach (pid {request.worker_pid})")
+        with self._turn:
+            if self._attached is not None:
+                log.warning(f"agent rank {self.rank}: refused an Attach from pid {request.worker_pid}: worker pid "
+                            f"{self._attached} is attached")
+                context.abort(grpc.StatusCode.ALREADY_EXISTS, "another worker is attached to this agent")
+            self._attached = request.worker_pid
         log.info(f"agent rank {self.rank}: worker pid {request.worker_pid} attached")
         with self._turn:  # its steps count from 1
             self._done_step = 0
@@ -112,7 +134,7 @@ def _build_runner(graphs_dir: str, num_blocks: int, block_size: int, device_type
                        tensor_parallel=(tensor_parallel, rank))
 
 
-def run_agent(config_path: str, rank: int, address: str, startup_fd: int, parent_pid: int):
+def run_agent(config_path: str, rank: int, address: str, startup_fd: int, parent_pid: int, secret: str = ""):
     """Body of an agent process: loads rank `rank`'s graphs, serves LlmAgent on `address`, reports ready or failed
     on the pipe `startup_fd`, and runs until signalled, detached, or orphaned."""
     stopping = threading.Event()
@@ -136,10 +158,11 @@ def run_agent(config_path: str, rank: int, address: str, startup_fd: int, parent
             stopping.set()
 
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=protocol.AGENT_CHANNEL_OPTIONS)
-        agent_pb2_grpc.add_LlmAgentServicer_to_server(AgentServicer(runner, rank, device, detach), server)
+        agent_pb2_grpc.add_LlmAgentServicer_to_server(AgentServicer(runner, rank, device, detach, secret), server)
         if server.add_insecure_port(address) == 0:
             raise RuntimeError(f"agent rank {rank} cannot listen on {address}")
         server.start()
+        restrict_socket(address)
     except Exception as err:
         log.exception(f"agent rank {rank} failed to start")
         protocol.write_startup_event(startup_fd, rank, failed_reason=f"{type(err).__name__}: {err}")
@@ -150,6 +173,7 @@ def run_agent(config_path: str, rank: int, address: str, startup_fd: int, parent
             log.warning(f"agent rank {rank} exits: its parent process {parent_pid} is gone")
             break
     server.stop(grace=1).wait(3)
+    remove_socket(address)
     return 0
 
 
@@ -157,7 +181,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description="MindSpore Serving LLM agent (one device rank)")
     parser.add_argument("--config", required=True, help="LLM configuration YAML")
     parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--address", required=True, help="host:port to serve LlmAgent on")
+    parser.add_argument("--address", required=True, help="host:port or unix:<path> to serve LlmAgent on")
     parser.add_argument("--startup_fd", type=int, required=True, help="pipe for the AgentStartupEvent")
     parser.add_argument("--parent_pid", type=int, required=True, help="exit when this process is gone")
     return parser.parse_args(argv)
@@ -166,7 +190,8 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        code = run_agent(args.config, args.rank, args.address, args.startup_fd, args.parent_pid)
+        secret = read_secret()  # stdin's first line, from the starter ("" for none)
+        code = run_agent(args.config, args.rank, args.address, args.startup_fd, args.parent_pid, secret)
     finally:
         os.close(args.startup_fd)
     if ms_cluster.is_cluster_rank():

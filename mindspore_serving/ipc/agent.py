@@ -1,5 +1,6 @@
 """The LLM worker <-> agent boundary (agent.proto): start-up events on a pipe, then Step messages over gRPC
 (SeqStep lists in, logits or greedy tokens out). AGENT_PROTOCOL_VERSION guards both."""
+import hmac
 import os
 import struct
 from collections import OrderedDict
@@ -10,8 +11,17 @@ import numpy as np
 from mindspore_serving.llm.model_io import SeqStep
 from mindspore_serving.proto import agent_pb2
 
-AGENT_PROTOCOL_VERSION = 4
+AGENT_PROTOCOL_VERSION = 5
 MAX_AGENT_MSG_BYTES = 512 * 1024 * 1024
+SECRET_METADATA = "ms-serving-agent-secret"  # Step calls: the agent group's secret
+SECRET_ENV = "MS_SERVING_AGENT_SECRET"      # the secret of agents started by start_agent.py, and of their worker
+
+
+def secret_matches(expected: str, given: str) -> bool:
+    """Whether `given` is the agent group's secret (any is, when the group has none); constant time."""
+    return not expected or hmac.compare_digest(expected.encode(), (given or "").encode())
+
+
 AGENT_CHANNEL_OPTIONS = [("grpc.max_send_message_length", MAX_AGENT_MSG_BYTES),
                          ("grpc.max_receive_message_length", MAX_AGENT_MSG_BYTES)]
 

@@ -49,7 +49,7 @@ def test_tensor_parallel_logits_equal_the_single_rank_model(tmp_path, tp1_config
     group = startup_agents(config)
     runner = None
     try:
-        runner = AgentRunner(group.addresses)
+        runner = AgentRunner(group.addresses, secret=group.secret, expected_pids=group.pids())
         a, b, c = tokens(0, 20), tokens(1, 150), tokens(2, 70)
         steps = [
             [SeqStep(a, 0, [1, 2])],                                    # prefill

@@ -36,8 +36,10 @@ class AgentRunner(MultiStepRunner, StepSubmitter):
 
     def __init__(self, addresses: Sequence[str], on_agent_lost: Optional[Callable[[int, str], None]] = None,
                  heartbeat_interval: float = 1.0, heartbeat_misses: int = 3, connect_timeout: float = CONNECT_TIMEOUT,
-                 model_name: str = "the model"):
+                 model_name: str = "the model", secret: str = "", expected_pids: Optional[dict] = None):
         self.addresses = list(addresses)
+        self.secret = secret
+        self._step_metadata = ((protocol.SECRET_METADATA, secret),) if secret else None
         self.model_name = model_name
         self.on_agent_lost = on_agent_lost
         self._closing = threading.Event()
@@ -56,17 +58,24 @@ class AgentRunner(MultiStepRunner, StepSubmitter):
                 raise RuntimeError(f"no LLM agent answers at {address}; start it with start_agent.py") from None
         self.stubs = [agent_pb2_grpc.LlmAgentStub(channel) for channel in self.channels]
         infos = [stub.Info(agent_pb2.AgentInfoRequest(), timeout=CONNECT_TIMEOUT) for stub in self.stubs]
-        for info, address in zip(infos, self.addresses):
+        for rank, (info, address) in enumerate(zip(infos, self.addresses)):
             if info.protocol_version != protocol.AGENT_PROTOCOL_VERSION:
+                self.close()
                 raise RuntimeError(f"agent at {address} speaks protocol {info.protocol_version}, this worker "
                                    f"{protocol.AGENT_PROTOCOL_VERSION}")
+            expected = (expected_pids or {}).get(rank)
+            if expected is not None and info.pid != expected:  # another process took its address
+                self.close()
+                raise RuntimeError(f"the agent at {address} is pid {info.pid}, not the rank {rank} this worker "
+                                   f"started (pid {expected})")
         info = infos[0]
         self.block_size = info.block_size
         self.num_blocks = info.num_blocks
         self.max_seq_len = info.max_seq_len
         self.vocab_size = info.vocab_size
         self.device = info.device
-        self._attachments = [stub.Attach(agent_pb2.AttachRequest(worker_pid=os.getpid())) for stub in self.stubs]
+        self._attachments = [stub.Attach(agent_pb2.AttachRequest(worker_pid=os.getpid(), secret=secret))
+                             for stub in self.stubs]
         for rank, call in enumerate(self._attachments):
             next(call)  # the agent has registered this worker
             threading.Thread(target=self._watch, args=(rank, call), name=f"agent-watch-{rank}", daemon=True).start()
@@ -137,7 +146,7 @@ class AgentRunner(MultiStepRunner, StepSubmitter):
             if self.lost is not None:
                 raise AgentLost(self.lost)
             self._in_flight.add(call)
-        call.start([stub.Step.future(request) for stub in self.stubs])
+        call.start([stub.Step.future(request, metadata=self._step_metadata) for stub in self.stubs])
         self._last_step_id = step_id  # sent: the next step runs after it
         return call
 

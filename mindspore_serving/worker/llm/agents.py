@@ -5,6 +5,7 @@ AgentStartupEvent (ipc/agent.py): ready once its graphs are loaded and warmed up
 its reason. A tensor-parallel group (model.tensor_parallel > 1) is a MindSpore cluster: the host of rank 0 also
 runs the cluster's scheduler, and every rank process gets the cluster's environment (common/ms_cluster.py).
 """
+import itertools
 import os
 import select
 import subprocess
@@ -17,6 +18,7 @@ from mindspore_serving import log
 from mindspore_serving.common import cluster_registration, ms_cluster
 from mindspore_serving.common.child_process import child_env
 from mindspore_serving.ipc import agent as protocol
+from mindspore_serving.ipc import master_worker as ipc
 
 START_TIMEOUT = float(os.environ.get("MS_SERVING_AGENT_START_TIMEOUT", "600"))
 AGENT_MODULE = "mindspore_serving.agent.start_agent"
@@ -31,6 +33,11 @@ class AgentGroup:
     processes: List[subprocess.Popen]
     ranks: List[int] = field(default_factory=list)
     scheduler: Optional[subprocess.Popen] = None  # the cluster's scheduler, when this host holds rank 0
+    secret: str = field(default="", repr=False)   # what Attach and Step must carry ("" for none)
+
+    def pids(self) -> dict:
+        """rank -> pid of the agents this process started (the worker checks it reached them)."""
+        return {rank: process.pid for rank, process in zip(self.ranks, self.processes)}
 
     def alive(self) -> bool:
         return all(p.poll() is None for p in self.processes)
@@ -53,11 +60,26 @@ class AgentGroup:
             self.scheduler.wait()
 
 
+_GROUPS = itertools.count()
+
+
 def agent_addresses(config) -> List[str]:
+    """Where each rank listens: host:start_port+rank with fixed ports (agents other hosts or start_agent.py
+    start), else unix sockets in the private socket directory (the worker starts every rank on its own host)."""
     agents = config.agents
     if agents.start_port:
         return [agents.address(rank) for rank in range(agents.num_ranks)]
-    return [f"{agents.host}:{ms_cluster.free_port(agents.host)}" for _ in range(agents.num_ranks)]
+    group = next(_GROUPS)  # a restarted group gets sockets of its own: the old one's exit removes its files
+    return [ipc.socket_address(f"serving_agent_{os.getpid()}_{group}_{rank}") for rank in range(agents.num_ranks)]
+
+
+def group_secret(config) -> str:
+    """The secret of an agent group: MS_SERVING_AGENT_SECRET when set (agents on fixed ports, which start_agent.py
+    may start, need the same on both sides; without it they take any local worker), a new one for the agents a
+    worker starts on unix sockets."""
+    if os.environ.get(protocol.SECRET_ENV):
+        return os.environ[protocol.SECRET_ENV]
+    return "" if config.agents.start_port else ipc.new_secret()
 
 
 def cluster_address(config) -> Optional[ms_cluster.ClusterAddress]:
@@ -71,20 +93,22 @@ def cluster_address(config) -> Optional[ms_cluster.ClusterAddress]:
     return ms_cluster.ClusterAddress(agents.host, ms_cluster.free_port(agents.host), agents.num_ranks)
 
 
-def _spawn(config_path: str, rank: int, address: str,
-           cluster: Optional[ms_cluster.ClusterAddress]) -> "tuple[subprocess.Popen, int]":
+def _spawn(config_path: str, rank: int, address: str, cluster: Optional[ms_cluster.ClusterAddress],
+           secret: str) -> "tuple[subprocess.Popen, int]":
     read_fd, write_fd = os.pipe()
     env = child_env() if cluster is None else ms_cluster.rank_env(cluster, rank)
     try:
         process = subprocess.Popen(
             [sys.executable, "-m", AGENT_MODULE, f"--config={config_path}", f"--rank={rank}", f"--address={address}",
              f"--startup_fd={write_fd}", f"--parent_pid={os.getpid()}"],
-            pass_fds=(write_fd,), env=env, stdin=subprocess.DEVNULL)
+            pass_fds=(write_fd,), env=env, stdin=subprocess.PIPE)
     except BaseException:
         os.close(read_fd)
         raise
     finally:
         os.close(write_fd)
+    process.stdin.write(secret.encode() + b"\n")  # through the pipe, never on the command line
+    process.stdin.close()
     return process, read_fd
 
 
@@ -102,7 +126,10 @@ def startup_agents(config, addresses: Optional[List[str]] = None, ranks: Optiona
     if cluster is None:
         cluster = cluster_address(config)
     processes, pipes = [], {}
-    group = AgentGroup(addresses, processes, ranks)
+    group = AgentGroup(addresses, processes, ranks, secret=group_secret(config))
+    if not group.secret:
+        log.warning(f"the LLM agents on {', '.join(addresses[r] for r in ranks)} take any worker that reaches them: "
+                    f"set {protocol.SECRET_ENV} for them and their worker")
     try:
         if cluster is not None and 0 in ranks:
             group.scheduler = ms_cluster.start_scheduler(cluster, stdout=subprocess.DEVNULL)
@@ -114,7 +141,7 @@ def startup_agents(config, addresses: Optional[List[str]] = None, ranks: Optiona
         registrations = cluster_registration.watching(cluster)
 
         def spawn(rank: int) -> subprocess.Popen:
-            process, read_fd = _spawn(config.path, rank, addresses[rank], cluster)
+            process, read_fd = _spawn(config.path, rank, addresses[rank], cluster, group.secret)
             pipes[read_fd] = (rank, protocol.StartupEventReader())
             log.info(f"agent rank {rank} (pid {process.pid}) starting on {addresses[rank]}"
                      + (f", joining the cluster at {cluster}" if cluster is not None else ""))

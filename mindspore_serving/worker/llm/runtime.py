@@ -1,4 +1,5 @@
 """An LLM servable inside a worker: the engine loop over agents, behind the same interface as ServableRuntime."""
+import os
 import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence
@@ -10,6 +11,7 @@ from mindspore_serving.common import errors
 from mindspore_serving.common import metrics as m
 from mindspore_serving.common.net import accepts_connections
 from mindspore_serving.common.restart_budget import RestartBudget
+from mindspore_serving.ipc.agent import SECRET_ENV as AGENT_SECRET_ENV
 from mindspore_serving.ipc.llm_session import registration_facts
 from mindspore_serving.llm.engine import LLMEngine
 from mindspore_serving.llm.engine_loop import EngineLoop
@@ -67,7 +69,8 @@ class LlmRuntime:
         if agents.start_port and accepts_connections(agents.host_of(0), agents.start_port, ATTACH_PROBE_TIMEOUT):
             addresses = agent_addresses(self.config)
             try:
-                runner = AgentRunner(addresses, self._agent_lost, connect_timeout=ATTACH_PROBE_TIMEOUT, **options)
+                runner = AgentRunner(addresses, self._agent_lost, connect_timeout=ATTACH_PROBE_TIMEOUT,
+                                     secret=os.environ.get(AGENT_SECRET_ENV, ""), **options)
                 log.info(f"attached to the running agents at {addresses}")
                 return runner
             except RuntimeError as err:
@@ -76,7 +79,8 @@ class LlmRuntime:
         remote = len(agents.local_ranks) < agents.num_ranks
         # ranks on other hosts finish loading with the local ones (they all warm up in lockstep), give or take
         return AgentRunner(self.agents.addresses, self._agent_lost,
-                           connect_timeout=START_TIMEOUT if remote else CONNECT_TIMEOUT, **options)
+                           connect_timeout=START_TIMEOUT if remote else CONNECT_TIMEOUT, secret=self.agents.secret,
+                           expected_pids=self.agents.pids(), **options)
 
     def _agent_lost(self, rank: int, reason: str):
         """A rank is gone or hung: the requests in flight fail (unavailable: they may be retried) and a new agent
