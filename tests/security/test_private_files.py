@@ -17,6 +17,7 @@ def test_sockets_and_logs_are_owner_only(server, server_directory):
     assert any(name.startswith("serving_master_") for name in names)
     assert any(name.startswith("serving_worker_add_") for name in names)
     assert any(name.startswith("serving_frontend_") for name in names)
+    assert any(name.startswith("serving_agent_") for name in names)  # the LLM agent, on a unix socket too
     for name in names:
         mode = os.lstat(sockets / name).st_mode
         assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600, (name, oct(mode))

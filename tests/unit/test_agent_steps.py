@@ -177,3 +177,38 @@ def test_an_aborted_step_raises_the_reason_the_group_was_lost():
     call.abort("LLM agent rank 1 is not responding")
     with pytest.raises(AgentLost, match="rank 1 is not responding"):
         call.result()
+
+
+class AttachContext:
+    """A gRPC context: its metadata, abort raising, and the callback that ends an Attach stream."""
+
+    def __init__(self, metadata=()):
+        self.metadata, self.callbacks = metadata, []
+
+    def invocation_metadata(self):
+        return self.metadata
+
+    def add_callback(self, callback):
+        self.callbacks.append(callback)
+
+    def abort(self, code, details):
+        raise RuntimeError((code, details))
+
+
+def test_one_worker_with_the_group_s_secret_attaches_and_steps():
+    import grpc  # pylint: disable=import-outside-toplevel
+    agent = AgentServicer(make_runner(), rank=0, device="CPU", on_detach=lambda reason: None, secret="s3")
+    for given in ("", "wrong"):
+        with pytest.raises(RuntimeError) as info:
+            next(agent.Attach(agent_pb2.AttachRequest(worker_pid=7, secret=given), AttachContext()))
+        assert info.value.args[0] == (grpc.StatusCode.PERMISSION_DENIED, "not the worker of this agent group")
+    attached = agent.Attach(agent_pb2.AttachRequest(worker_pid=8, secret="s3"), AttachContext())
+    assert next(attached).message == "attached"
+    good = AttachContext(((protocol.SECRET_METADATA, "s3"),))
+    assert not agent.Step(encode(1, PROMPTS), good).error
+    with pytest.raises(RuntimeError) as info:  # a second worker, even with the secret: the session stays
+        next(agent.Attach(agent_pb2.AttachRequest(worker_pid=9, secret="s3"), AttachContext()))
+    assert info.value.args[0] == (grpc.StatusCode.ALREADY_EXISTS, "another worker is attached to this agent")
+    with pytest.raises(RuntimeError):
+        agent.Step(encode(2, PROMPTS, after_step_id=1), AttachContext(((protocol.SECRET_METADATA, "no"),)))
+    assert not agent.Step(encode(2, PROMPTS, after_step_id=1), good).error  # steps go on from where they were
