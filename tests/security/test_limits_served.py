@@ -3,7 +3,6 @@ route's limit is refused from its declared length, before it is sent; a slowlori
 the read timeout while other clients are served; a thousand health Watch streams stay open while inference goes
 on; the LLM's stop strings and prompts are capped with texts that name the limit."""
 import asyncio
-import json
 import socket
 import time
 
@@ -14,6 +13,7 @@ import requests
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from mindspore_serving.client import Client
+from raw_http import read_reply
 from secured_server import ADD_BODY, ADMIN_KEY, AUTH, KEY, PROMPT, READ_TIMEOUT, TRIES, X
 
 CLASSIC = 100 << 20   # max_msg_mb_size's default, in bytes
@@ -46,20 +46,6 @@ def _head(path: str, length: int, key=None) -> bytes:
             f"Content-Length: {length}\r\n\r\n{{").encode()
 
 
-def _reply(sock: socket.socket):
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, f"closed before a reply: {data!r}"
-        data += chunk
-    head, body = data.split(b"\r\n\r\n", 1)
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                  if line.lower().startswith(b"content-length"))
-    while len(body) < length:
-        body += sock.recv(65536)
-    return int(head.split(b" ")[1]), json.loads(body)
-
-
 @pytest.mark.parametrize("path, length, status, check", POST_ROUTES, ids=[route[0] for route in POST_ROUTES])
 def test_an_oversized_body_is_refused_before_it_is_sent(server, path, length, status, check):
     _, url = server
@@ -67,11 +53,11 @@ def test_an_oversized_body_is_refused_before_it_is_sent(server, path, length, st
         with socket.create_connection(_address(url), timeout=30) as sock:
             key = ADMIN_KEY if path.startswith("/v2/repository/") else KEY  # the group's key (secured_server.py)
             sock.sendall(_head(path, length, key))  # one byte of the body, the rest never comes
-            got, body = _reply(sock)
+            got, body = read_reply(sock)
         assert got == status and check(body), body
         with socket.create_connection(_address(url), timeout=30) as sock:
             sock.sendall(_head(path, length))  # without the key: refused before anything else
-            assert _reply(sock)[0] == 401
+            assert read_reply(sock)[0] == 401
 
 
 def test_a_slowloris_connection_is_closed_within_the_read_timeout_while_others_are_served(server):

@@ -20,6 +20,7 @@ from mindspore_serving.frontends.restful_server import BodyTooLarge, RestfulFron
 from mindspore_serving.llm.errors import InvalidRequestError
 from mindspore_serving.llm.sampling_params import MAX_STOP_LENGTH, MAX_STOP_STRINGS, SamplingParams
 from mindspore_serving.master.readiness import SERVING, Readiness
+from raw_http import closed_within, read_reply
 from test_restful_server import EchoDispatcher, free_port
 
 LLM_LIMIT = 1000
@@ -56,32 +57,6 @@ def _connect(port: int) -> socket.socket:
     return sock
 
 
-def _reply(sock: socket.socket) -> tuple:
-    """(status, JSON body) of one HTTP reply read from `sock` (Content-Length bodies only)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, f"closed before a reply: {data!r}"
-        data += chunk
-    head, body = data.split(b"\r\n\r\n", 1)
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
-    while len(body) < length:
-        body += sock.recv(65536)
-    return int(head.split(b" ")[1]), json.loads(body)
-
-
-def _closed_within(sock: socket.socket, seconds: float) -> bool:
-    sock.settimeout(seconds)
-    try:
-        while sock.recv(4096):
-            pass
-        return True
-    except ConnectionResetError:
-        return True
-    except socket.timeout:
-        return False
-
-
 @pytest.mark.parametrize("path, declared, status, check", [
     ("/v1/completions", 10 << 20, 413,
      lambda body: body["error"]["code"] == "payload_too_large" and "--llm_payload_limit" in body["error"]["message"]),
@@ -94,7 +69,7 @@ def test_a_declared_body_beyond_the_limit_is_refused_before_it_is_sent(frontend,
     with _connect(frontend.port) as sock:
         sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      f"Content-Length: {declared}\r\n\r\n{{".encode())
-        got, body = _reply(sock)  # answered while nearly all of the body is still to come
+        got, body = read_reply(sock)  # answered while nearly all of the body is still to come
     assert got == status and check(body), body
 
 
@@ -104,7 +79,7 @@ def test_a_chunked_body_is_refused_once_it_passes_the_limit(frontend):
         chunk = b"x" * 600
         for _ in range(2):
             sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-        got, body = _reply(sock)
+        got, body = read_reply(sock)
     assert got == 413 and body["error"]["type"] == "invalid_request_error", body
 
 
@@ -113,7 +88,7 @@ def test_a_body_within_the_limit_reaches_the_route(frontend):
         payload = json.dumps({"model": "m", "prompt": "p"}).encode()
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))
-        got, _ = _reply(sock)
+        got, _ = read_reply(sock)
     assert got == 404  # no LLM routes on this front end: the FastAPI app answered, with the body read
 
 
@@ -124,8 +99,8 @@ def test_a_slow_request_head_is_closed_while_other_clients_are_served(frontend):
     try:
         with _connect(frontend.port) as other:
             other.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-            assert _reply(other) == (200, {"status": "ok"})
-        assert _closed_within(slow, CLOSE_WITHIN) and _closed_within(idle, CLOSE_WITHIN)
+            assert read_reply(other) == (200, {"status": "ok"})
+        assert closed_within(slow, CLOSE_WITHIN) and closed_within(idle, CLOSE_WITHIN)
     finally:
         idle.close()
         slow.close()
@@ -134,14 +109,14 @@ def test_a_slow_request_head_is_closed_while_other_clients_are_served(frontend):
 def test_a_stalled_body_is_closed(frontend):
     with _connect(frontend.port) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"a\":")
-        assert _closed_within(sock, CLOSE_WITHIN)
+        assert closed_within(sock, CLOSE_WITHIN)
 
 
 def test_a_keep_alive_connection_is_not_cut_by_the_read_timeout(frontend):
     with _connect(frontend.port) as sock:
         for _ in range(2):
             sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-            assert _reply(sock) == (200, {"status": "ok"})
+            assert read_reply(sock) == (200, {"status": "ok"})
             time.sleep(READ_TIMEOUT * 2)  # idle between requests: the keep-alive timeout's business
 
 
@@ -152,12 +127,12 @@ def test_connections_beyond_the_limit_are_refused_in_the_route_s_shape_but_probe
         time.sleep(0.2)  # the server has accepted them
         with _connect(server.port) as sock:
             sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
-            status, body = _reply(sock)
+            status, body = read_reply(sock)
             assert status == 429 and "--max_connections" in body["error"]["message"], body
-            assert _closed_within(sock, CLOSE_WITHIN)
+            assert closed_within(sock, CLOSE_WITHIN)
         with _connect(server.port) as sock:
             sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-            assert _reply(sock) == (200, {"status": "ok"})
+            assert read_reply(sock) == (200, {"status": "ok"})
     finally:
         for sock in held:
             sock.close()
