@@ -14,6 +14,7 @@ The logger is set up from the environment at its first use (a bad value raises V
 """
 import logging
 import os
+import re
 import stat
 import sys
 import threading
@@ -181,8 +182,24 @@ def pinned_submodule_config(text: str = None) -> str:
 
 # ---- records ----
 
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def _escape(match) -> str:
+    char = match.group()
+    return {"\n": "\\n", "\r": "\\r"}.get(char, f"\\x{ord(char):02x}")
+
+
+def escape_controls(text: str) -> str:
+    """`text` on one line, with no terminal controls: newlines, carriage returns, ANSI escapes and the other control
+    characters (tabs aside) written as `\\n`, `\\r`, `\\x1b`... A message that quotes what a client sent cannot
+    forge log lines or recolour a terminal."""
+    return _CONTROL.sub(_escape, text)
+
+
 class _Formatter(logging.Formatter):
-    """MindSpore Serving's header; the time has milliseconds and microseconds (`.mmm.uuu`)."""
+    """MindSpore Serving's header; the time has milliseconds and microseconds (`.mmm.uuu`). The message is escaped
+    (escape_controls); a traceback after it keeps its lines."""
 
     def __init__(self):
         super().__init__("[%(levelname)s] %(sub_module)s(%(process)d:%(thread)d,%(processName)s):%(asctime)s "
@@ -198,6 +215,10 @@ class _Formatter(logging.Formatter):
         index = record.pathname.rfind("mindspore")
         record.filepath = record.pathname[index:] if index >= 0 else record.pathname
         record.sub_module = _SUBMODULE
+        message = record.getMessage()
+        escaped = escape_controls(message)
+        if escaped != message:
+            record.msg, record.args = escaped, None
         return super().format(record)
 
 

@@ -20,6 +20,8 @@ session (`ipc/llm_session.py`). Raise the class that names the failure.
     (any other exception: a bug)  internal
 """
 import enum
+import os
+import re
 
 OK = 0
 FAILED = 1
@@ -165,11 +167,24 @@ def kind_of(error: BaseException) -> Kind:
     return error.KIND if isinstance(error, ServingError) else Kind.INTERNAL
 
 
+_ROOTS = frozenset(name for name in os.listdir("/") if os.path.isdir("/" + name))
+_PATH = re.compile(r"(?<![\w.~:/-])/([\w.@+-]+)(?:/[\w.@+-]+)*/([\w.@+-]+)")
+_ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{6,}\b")
+
+
+def client_text(text: str) -> str:
+    """`text` as a client may see it: an absolute file path (one under a directory of this machine's root) is
+    cut to its last component, a memory address (`0x7f3a...`, in a repr) to `0x...`. URL paths are left alone."""
+    text = _PATH.sub(lambda m: m.group(2) if m.group(1) in _ROOTS else m.group(0), text)
+    return _ADDRESS.sub("0x...", text)
+
+
 def message_of(error: BaseException) -> str:
-    """The text a client sees: a ServingError's own message, or one that names an unexpected exception."""
+    """The text a client sees (client_text): a ServingError's own message, or one that names an unexpected
+    exception."""
     if isinstance(error, ServingError):
-        return error.message
-    return f"internal error: {type(error).__name__}: {error}"
+        return client_text(error.message)
+    return client_text(f"internal error: {type(error).__name__}: {error}")
 
 
 def as_serving_error(error) -> ServingError:

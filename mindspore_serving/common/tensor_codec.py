@@ -268,7 +268,7 @@ def is_error(result) -> bool:
 
 def error_msg(error: errors.ServingError, empty_text: str = "") -> pb.ErrorMsg:
     """The public ErrorMsg of `error`; `empty_text` stands in for an empty message."""
-    text = (error.message or empty_text).encode("utf-8", _UTF8_ERRORS)
+    text = errors.client_text(error.message or empty_text).encode("utf-8", _UTF8_ERRORS)
     return pb.ErrorMsg(error_code=error.code, error_msg=text)
 
 

@@ -67,7 +67,7 @@ class MSServiceServicer(ms_service_pb2_grpc.MSServiceServicer):
             self.drain.leave(kind)
         failure = replies.global_error(results)  # the request failed as a whole
         if failure is not None and grpc_error(failure)[0] is not grpc.StatusCode.OK:
-            await context.abort(grpc_error(failure)[0], failure.message)
+            await context.abort(grpc_error(failure)[0], errors.message_of(failure))
         if isinstance(results, errors.ServingError):
             return replies.error_reply(spec, results)
         return replies.predict_reply(spec, results)
@@ -75,7 +75,7 @@ class MSServiceServicer(ms_service_pb2_grpc.MSServiceServicer):
 
 async def _abort(context, error: errors.ServingError):
     status, _ = grpc_error(error)
-    await context.abort(status, error.message)
+    await context.abort(status, errors.message_of(error))
 
 
 def _decode(raw: bytes) -> "ms_service_pb2.PredictRequest":

@@ -227,7 +227,7 @@ class GRPCInferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
         try:
             return codec.metadata_to_grpc(self.kserve.model_metadata(request.name, request.version))
         except errors.ServingError as err:
-            await context.abort(kserve_grpc_status(err), err.message)
+            await context.abort(kserve_grpc_status(err), errors.message_of(err))
 
     async def ModelInfer(self, request, context):
         try:
@@ -241,7 +241,7 @@ class GRPCInferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
         except Exception as err:  # pylint: disable=broad-except
             log.exception("KServe v2 ModelInfer failed")
             error = errors.SystemError_(f"Serving Error: {err}")
-        await context.abort(kserve_grpc_status(error), error.message)
+        await context.abort(kserve_grpc_status(error), errors.message_of(error))
 
     async def RepositoryIndex(self, request, context):
         reply = v2.RepositoryIndexResponse()
@@ -269,7 +269,7 @@ class GRPCInferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
         except Exception as err:  # pylint: disable=broad-except
             log.exception("KServe v2 repository control failed")
             error = errors.SystemError_(f"Serving Error: {err}")
-        await context.abort(kserve_grpc_status(error), error.message)
+        await context.abort(kserve_grpc_status(error), errors.message_of(error))
 
 
 def add_kserve_servicer(dispatcher, server, model_control=None):

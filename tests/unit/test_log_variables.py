@@ -232,3 +232,15 @@ def test_the_cluster_scheduler_keeps_this_process_level_for_this_package(monkeyp
     ms_cluster.start_scheduler(ms_cluster.ClusterAddress("127.0.0.1", 1, 2))
     assert started["env"]["GLOG_v"] == "3"
     assert started["env"]["MS_SUBMODULE_LOG_v"] == f"{{PARSER:0,SERVING:{log.get_level()}}}"
+
+
+def test_control_characters_from_clients_cannot_forge_log_lines(tmp_path):
+    script = ("from mindspore_serving import log\n"
+              "log.warning('bad name %r and %s', 'x\\n[ERROR] forged', 'a\\x1b[31mred\\r\\tend')\n"
+              "try:\n    raise ValueError('boom')\nexcept ValueError:\n    log.exception('failed for %s', 'q\\nq')\n")
+    _, err = run_script(tmp_path, {}, script)
+    lines = err.splitlines()
+    assert HEADER.match(lines[0]).groups()[-1] == "bad name 'x\\n[ERROR] forged' and a\\x1b[31mred\\r\tend"
+    assert HEADER.match(lines[1]).groups()[-1] == "failed for q\\nq"
+    assert lines[2] == "Traceback (most recent call last):" and lines[-1] == "ValueError: boom"
+    assert not any(line.startswith("[ERROR] forged") for line in lines)
