@@ -12,6 +12,7 @@ The logger is set up from the environment at its first use (a bad value raises V
   per process, rotated at logger_maxBytes, default 50 MiB, keeping logger_backupCount files, default 30) and also
   sends records at GLOG_stderrthreshold (0-3 as GLOG_v, default 2) and above to stderr.
 """
+import contextvars
 import logging
 import os
 import re
@@ -182,6 +183,19 @@ def pinned_submodule_config(text: str = None) -> str:
 
 # ---- records ----
 
+_REQUEST_ID = contextvars.ContextVar("ms_serving_request_id", default=None)
+
+
+def bind_request_id(request_id: str) -> contextvars.Token:
+    """Lines logged from this context on (the request's task) end with ` [request <id>]`; `unbind_request_id`
+    with the token ends that."""
+    return _REQUEST_ID.set(request_id)
+
+
+def unbind_request_id(token: contextvars.Token) -> None:
+    _REQUEST_ID.reset(token)
+
+
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
@@ -199,7 +213,7 @@ def escape_controls(text: str) -> str:
 
 class _Formatter(logging.Formatter):
     """MindSpore Serving's header; the time has milliseconds and microseconds (`.mmm.uuu`). The message is escaped
-    (escape_controls); a traceback after it keeps its lines."""
+    (escape_controls) and, while a request is handled, names its id; a traceback after it keeps its lines."""
 
     def __init__(self):
         super().__init__("[%(levelname)s] %(sub_module)s(%(process)d:%(thread)d,%(processName)s):%(asctime)s "
@@ -217,6 +231,9 @@ class _Formatter(logging.Formatter):
         record.sub_module = _SUBMODULE
         message = record.getMessage()
         escaped = escape_controls(message)
+        request_id = _REQUEST_ID.get()
+        if request_id is not None:
+            escaped = f"{escaped} [request {request_id}]"
         if escaped != message:
             record.msg, record.args = escaped, None
         return super().format(record)

@@ -7,7 +7,7 @@ from google.protobuf.message import DecodeError
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
-from mindspore_serving.frontends import replies
+from mindspore_serving.frontends import replies, request_ids
 from mindspore_serving.frontends.api_groups import Access
 from mindspore_serving.frontends.auth import ApiKeyInterceptor
 from mindspore_serving.frontends.address import check_address, check_max_msg_mb_size, check_unix_address
@@ -34,6 +34,7 @@ class MSServiceServicer(ms_service_pb2_grpc.MSServiceServicer):
 
     async def PredictStream(self, request, context):
         """Token streaming for LLM servables (see frontends/grpc_llm.py)."""
+        request_ids.bind_grpc(context)
         if not self.drain.accepting:
             await _abort(context, self.drain.refusal())
         if self.llm_backend is None:
@@ -50,6 +51,7 @@ class MSServiceServicer(ms_service_pb2_grpc.MSServiceServicer):
             self.drain.leave(kind)
 
     async def Predict(self, request, context):
+        request_ids.bind_grpc(context)
         spec = request.servable_spec
         if not self.drain.accepting:
             await _abort(context, self.drain.refusal())

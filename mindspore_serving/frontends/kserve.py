@@ -20,7 +20,7 @@ from typing import List, Optional, Sequence, Tuple
 from mindspore_serving import __version__, log
 from mindspore_serving.common import errors
 from mindspore_serving.common.tensor_codec import proto_to_instance, value_to_tensor
-from mindspore_serving.frontends import kserve_codec as codec
+from mindspore_serving.frontends import kserve_codec as codec, request_ids
 from mindspore_serving.frontends.errors import Protocol, http_error, kserve_grpc_status
 from mindspore_serving.master.model_control import NO_CONTROL_TEXT, check_servable_name
 from mindspore_serving.proto import grpc_predict_v2_pb2 as v2
@@ -230,6 +230,7 @@ class GRPCInferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
             await context.abort(kserve_grpc_status(err), errors.message_of(err))
 
     async def ModelInfer(self, request, context):
+        request_ids.bind_grpc(context)
         try:
             model, number = self.kserve.resolve(request.model_name, request.model_version)
             tensors = codec.grpc_request_tensors(model.name, request)

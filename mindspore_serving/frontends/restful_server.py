@@ -17,7 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from mindspore_serving import log
 from mindspore_serving.common import errors
 from mindspore_serving.common.tensor_codec import instances_to_proto, proto_to_instance
-from mindspore_serving.frontends import kserve, restful_codec
+from mindspore_serving.frontends import kserve, request_ids, restful_codec
 from mindspore_serving.frontends.api_groups import Access
 from mindspore_serving.frontends.drain import (CUT_ANSWER_S, Drain, DrainingFrontend, GuardedBackend, GuardedDispatcher,
                                                refusal_reply)
@@ -103,6 +103,14 @@ class RestfulApp:
         if scope["type"] != "http":
             await self.fallback(scope, receive, send)
             return
+        request_id = request_ids.from_http(scope.get("headers", ()))
+        token = log.bind_request_id(request_id)
+        try:
+            await self._route(scope, receive, request_ids.with_request_id(send, request_id))
+        finally:
+            log.unbind_request_id(token)
+
+    async def _route(self, scope, receive, send):
         if self.access.guarded:
             failure = self.access.check_http(scope["method"], scope["path"], scope.get("headers", ()))
             if failure is not None:

@@ -244,3 +244,15 @@ def test_control_characters_from_clients_cannot_forge_log_lines(tmp_path):
     assert HEADER.match(lines[1]).groups()[-1] == "failed for q\\nq"
     assert lines[2] == "Traceback (most recent call last):" and lines[-1] == "ValueError: boom"
     assert not any(line.startswith("[ERROR] forged") for line in lines)
+
+
+def test_lines_logged_while_a_request_is_handled_name_its_id(tmp_path):
+    script = ("from mindspore_serving import log\n"
+              "token = log.bind_request_id('client-42')\n"
+              "log.warning('refused')\n"
+              "log.unbind_request_id(token)\n"
+              "log.warning('later')\n")
+    _, err = run_script(tmp_path, {}, script)
+    lines = err.splitlines()
+    assert HEADER.match(lines[0]).groups()[-1] == "refused [request client-42]"
+    assert HEADER.match(lines[1]).groups()[-1] == "later"
