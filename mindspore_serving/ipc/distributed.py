@@ -3,9 +3,17 @@
 The worker serves `DistributedWorker` on the user's distributed_address (TCP: agents may run on other hosts);
 `startup_agents` reads the config there, and each rank agent registers its address and tensor infos. The worker
 then calls `RankAgent.Predict` on every rank of a stage; each call has RANK_PREDICT_TIMEOUT.
-"""
-from typing import List, Sequence, Tuple
 
+With MS_SERVING_DISTRIBUTED_SECRET set (the same on every host of the servable), both services want it as the
+metadata `ms-serving-distributed-secret` of every call and refuse others with PERMISSION_DENIED: build the
+servers with `server()` and the channels with `channel()`.
+"""
+import collections
+import hmac
+import os
+from typing import List, Optional, Sequence, Tuple
+
+import grpc
 import numpy as np
 
 from mindspore_serving.common import tensor_codec
@@ -16,6 +24,9 @@ RANK_PREDICT_TIMEOUT = 10.0   # seconds the worker waits for one rank's result (
 MAX_MSG_BYTES = 512 * 1024 * 1024
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", MAX_MSG_BYTES),
                    ("grpc.max_receive_message_length", MAX_MSG_BYTES)]
+
+SECRET_ENV = "MS_SERVING_DISTRIBUTED_SECRET"
+SECRET_METADATA = "ms-serving-distributed-secret"
 
 READY_LINE = b"ready\n"       # a rank agent writes it on its start-up pipe once it has registered
 FAILED_PREFIX = b"failed: "   # ... or this, followed by the reason and a newline
@@ -36,3 +47,54 @@ def arrays_to_tensors(arrays: Sequence[np.ndarray], repeated_field):
 
 def tensors_to_arrays(tensors) -> List[np.ndarray]:
     return [tensor_codec.tensor_to_value(tensor) for tensor in tensors]
+
+
+def _secret() -> Optional[str]:
+    return os.environ.get(SECRET_ENV) or None
+
+
+class _CallDetails(collections.namedtuple("_CallDetails", ("method", "timeout", "metadata", "credentials",
+                                                             "wait_for_ready", "compression")),
+                   grpc.ClientCallDetails):
+    pass
+
+
+class _SendSecret(grpc.UnaryUnaryClientInterceptor):
+    def __init__(self, secret: str):
+        self._secret = secret
+
+    def intercept_unary_unary(self, continuation, details, request):
+        metadata = [*(details.metadata or ()), (SECRET_METADATA, self._secret)]
+        return continuation(_CallDetails(details.method, details.timeout, metadata, details.credentials,
+                                         getattr(details, "wait_for_ready", None),
+                                         getattr(details, "compression", None)), request)
+
+
+def _refuse(_request, context):
+    context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                  f"the call does not carry this servable's {SECRET_ENV} (metadata {SECRET_METADATA})")
+
+
+class _WantSecret(grpc.ServerInterceptor):
+    def __init__(self, secret: str):
+        self._secret = secret.encode()
+        self._refusal = grpc.unary_unary_rpc_method_handler(_refuse)
+
+    def intercept_service(self, continuation, details):
+        for key, value in details.invocation_metadata or ():
+            if key == SECRET_METADATA and hmac.compare_digest(str(value).encode(), self._secret):
+                return continuation(details)
+        return self._refusal
+
+
+def channel(address: str) -> grpc.Channel:
+    """A channel to a DistributedWorker or RankAgent service; it sends the secret when one is set."""
+    plain = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    secret = _secret()
+    return plain if secret is None else grpc.intercept_channel(plain, _SendSecret(secret))
+
+
+def server(executor) -> grpc.Server:
+    """A server for the DistributedWorker or RankAgent service; it wants the secret when one is set."""
+    secret = _secret()
+    return grpc.server(executor, options=CHANNEL_OPTIONS, interceptors=() if secret is None else (_WantSecret(secret),))

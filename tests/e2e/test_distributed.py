@@ -54,9 +54,10 @@ class Deployment:
     """A server running one distributed servable and the agent scripts of its ranks."""
 
     def __init__(self, tmp_path, servable_directory, servable, model_files, hosts=("127.0.0.1", "127.0.0.1"),
-                 agent_hosts=None, rest=False):
+                 agent_hosts=None, rest=False, env=None):
+        self.env = dict(ENV, **(env or {}))
         self.grpc = f"127.0.0.1:{free_port()}"
-        dist = f"127.0.0.1:{free_port()}"
+        self.dist = dist = f"127.0.0.1:{free_port()}"
         table = _rank_table(tmp_path / "rank_table.json", hosts)
         script = SERVER_SCRIPT + ("server.start_restful_server(sys.argv[6])\n" if rest else "")
         self.rest = f"127.0.0.1:{free_port()}" if rest else ""
@@ -80,7 +81,7 @@ class Deployment:
             raise
 
     def _start(self, args, cwd):
-        proc = ServingProcess(args, str(cwd), ENV)
+        proc = ServingProcess(args, str(cwd), self.env)
         self.procs.append(proc)
         return proc
 
@@ -125,11 +126,28 @@ def test_matmul_distributed_grpc_and_rest_equal_numpy(tmp_path, exported):
         deployment.close()
 
 
-def test_two_stage_pipeline_equals_one_stage_result(tmp_path, exported):
+def test_two_stage_pipeline_equals_one_stage_result_and_refuses_a_forged_rank(tmp_path, exported):
+    """With MS_SERVING_DISTRIBUTED_SECRET on both sides, a caller without it (a fake rank) is refused: it cannot
+    register, nor stop the group with a forged AgentExit."""
+    import grpc
+    from mindspore_serving.ipc import distributed as protocol
+    from mindspore_serving.proto import distributed_pb2 as dpb
+    from mindspore_serving.proto import distributed_pb2_grpc as dpb_grpc
+
     deployment = Deployment(tmp_path, PIPELINE_SERVABLES, "matmul_pipeline",
-                            _files("pipeline/stage0.mindir", "pipeline/stage1.mindir"))
+                            _files("pipeline/stage0.mindir", "pipeline/stage1.mindir"),
+                            env={protocol.SECRET_ENV: "shared-between-hosts"})
     try:
         x = np.random.default_rng(6).random((4, 8), dtype=np.float32)
+        result = _predict(deployment.grpc, "matmul_pipeline", x)
+        np.testing.assert_allclose(result[0]["y"], x @ exported, rtol=1e-5, atol=1e-5)
+        with grpc.insecure_channel(deployment.dist) as channel:
+            stub = dpb_grpc.DistributedWorkerStub(channel)
+            for call, request in ((stub.AgentExit, dpb.AgentNotice(agent_ip="127.0.0.1", reason="forged")),
+                                  (stub.RegisterAgent, dpb.RegisterAgentRequest(rank_id=0, address="127.0.0.1:1"))):
+                with pytest.raises(grpc.RpcError) as refused:
+                    call(request, timeout=30)
+                assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
         result = _predict(deployment.grpc, "matmul_pipeline", x)
         np.testing.assert_allclose(result[0]["y"], x @ exported, rtol=1e-5, atol=1e-5)
     finally:

@@ -13,7 +13,6 @@ import sys
 import threading
 from concurrent import futures
 
-import grpc
 import numpy as np
 
 from mindspore_serving import log
@@ -98,13 +97,12 @@ def _start(args, stop: threading.Event):
     if rank != args.rank_id:
         raise RuntimeError(f"the cluster gave rank {rank} to the agent of rank {args.rank_id}")
     graph = RankGraph(args.model_file, dec_key, args.dec_mode)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="rank-rpc"),
-                         options=protocol.CHANNEL_OPTIONS)
+    server = protocol.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="rank-rpc"))
     dpb_grpc.add_RankAgentServicer_to_server(RankAgentServicer(graph, args.rank_id, stop.set), server)
     if not server.add_insecure_port(args.agent_address):
         raise RuntimeError(f"cannot listen on agent address {args.agent_address}")
     server.start()
-    with grpc.insecure_channel(args.distributed_address, options=protocol.CHANNEL_OPTIONS) as channel:
+    with protocol.channel(args.distributed_address) as channel:
         reply = dpb_grpc.DistributedWorkerStub(channel).RegisterAgent(dpb.RegisterAgentRequest(
             protocol_version=protocol.DISTRIBUTED_PROTOCOL_VERSION, rank_id=args.rank_id, address=args.agent_address,
             inputs=protocol.tensor_infos_to_proto(graph.inputs), outputs=protocol.tensor_infos_to_proto(graph.outputs),

@@ -39,7 +39,7 @@ def acquire_config(distributed_address: str, need_scheduler: bool) -> dpb.AgentC
     """The worker's AgentConfig, retried while the worker is not up yet (and, with need_scheduler, until rank 0's
     machine published the scheduler's address)."""
     deadline = time.monotonic() + CONFIG_WAIT_SECONDS
-    with grpc.insecure_channel(distributed_address, options=protocol.CHANNEL_OPTIONS) as channel:
+    with protocol.channel(distributed_address) as channel:
         stub = dpb_grpc.DistributedWorkerStub(channel)
         while True:
             try:
@@ -59,7 +59,7 @@ def acquire_config(distributed_address: str, need_scheduler: bool) -> dpb.AgentC
 
 def _notify_worker(distributed_address: str, agent_ip: str, reason: str, failed: bool):
     try:
-        with grpc.insecure_channel(distributed_address, options=protocol.CHANNEL_OPTIONS) as channel:
+        with protocol.channel(distributed_address) as channel:
             stub = dpb_grpc.DistributedWorkerStub(channel)
             call = stub.AgentFailed if failed else stub.AgentExit
             call(dpb.AgentNotice(agent_ip=agent_ip, reason=reason), timeout=3)
@@ -231,7 +231,7 @@ def _cluster_address(group: AgentGroupProcesses, config: dpb.AgentConfig, local_
         return parse_address(config.scheduler_address, config.rank_size)
     cluster = ClusterAddress(local_ip, free_port(local_ip), config.rank_size)
     group.scheduler = start_scheduler(cluster)
-    with grpc.insecure_channel(group.distributed_address, options=protocol.CHANNEL_OPTIONS) as channel:
+    with protocol.channel(group.distributed_address) as channel:
         dpb_grpc.DistributedWorkerStub(channel).PublishScheduler(
             dpb.PublishSchedulerRequest(scheduler_address=str(cluster)), timeout=5)
     log.info(f"the cluster scheduler of the agents listens on {cluster}")

@@ -104,7 +104,7 @@ class AgentGroup:
             if request.rank_id in self.agents:
                 log.warning(f"rank_id {request.rank_id} has been registered")
                 return None
-            channel = grpc.insecure_channel(request.address, options=protocol.CHANNEL_OPTIONS)
+            channel = protocol.channel(request.address)
             infos = [[TensorInfo(shape, dtype) for shape, dtype in protocol.tensor_infos_from_proto(field)]
                      for field in (request.inputs, request.outputs)]
             self.agents[request.rank_id] = RankAgent(request.rank_id, request.address, infos[0], infos[1], channel,

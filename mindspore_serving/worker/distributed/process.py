@@ -7,7 +7,6 @@ import argparse
 import os
 from concurrent import futures
 
-import grpc
 
 from mindspore_serving import log
 from mindspore_serving.ipc import distributed as protocol
@@ -68,9 +67,8 @@ class DistributedWorker(worker_process.Worker):
         check_rank_config(ranks, declaration.rank_size, declaration.stage_size, args.rank_table_json_file)
         self.group = AgentGroup(ranks, declaration.rank_size, declaration.stage_size)
         self.group.on_failure = self._on_agents_failure
-        self.distributed_server = grpc.server(futures.ThreadPoolExecutor(max_workers=16,
-                                                                         thread_name_prefix="distributed-rpc"),
-                                              options=protocol.CHANNEL_OPTIONS)
+        self.distributed_server = protocol.server(futures.ThreadPoolExecutor(max_workers=16,
+                                                                             thread_name_prefix="distributed-rpc"))
         dpb_grpc.add_DistributedWorkerServicer_to_server(
             DistributedWorkerServicer(self.group, model_spec, content), self.distributed_server)
         try:
