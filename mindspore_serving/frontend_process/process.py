@@ -60,6 +60,9 @@ class RemoteModelControl:
                 pb.ModelControlRequest(action=action, name=name, version=version), metadata=self.process.credentials)
         reply = asyncio.run_coroutine_threadsafe(ask(), self.process.loop).result()
         if reply.error_code:
+            kinds = {kind.value: kind for kind in errors.Kind}
+            if reply.kind in kinds:
+                raise errors.error_of_kind(kinds[reply.kind], reply.error_msg)
             raise errors.make_error(reply.error_code, reply.error_msg)
 
     def load_by_name(self, name: str, version: int = 0):

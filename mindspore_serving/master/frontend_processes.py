@@ -341,13 +341,14 @@ class MasterFrontendServicer(frontend_pb2_grpc.MasterFrontendServicer):
     async def ModelControl(self, request, context):
         await self._check_caller(context)
         if not self.master.model_control_open():
-            return pb.ModelControlReply(error_code=errors.Forbidden.CODE, error_msg=NO_CONTROL_TEXT)
+            return pb.ModelControlReply(error_code=errors.Forbidden.CODE, error_msg=NO_CONTROL_TEXT,
+                                        kind=errors.Kind.FORBIDDEN.value)
         control = self.master.model_control
         action = control.load_by_name if request.action == "load" else control.unload
         try:
             await asyncio.get_running_loop().run_in_executor(None, action, request.name, request.version)
         except errors.ServingError as err:
-            return pb.ModelControlReply(error_code=err.code, error_msg=err.message)
+            return pb.ModelControlReply(error_code=err.code, error_msg=err.message, kind=errors.kind_of(err).value)
         return pb.ModelControlReply()
 
     async def Metrics(self, request, context):

@@ -96,7 +96,7 @@ def test_a_metrics_scrape_is_the_masters(process):
 
 def test_model_control_is_refused_in_the_master_when_off(process):
     process.master_object.control_open = False
-    with pytest.raises(errors.ServingError, match="model control is off"):
+    with pytest.raises(errors.Forbidden, match="model control is off"):  # 403 / PERMISSION_DENIED at the front end
         RemoteModelControl(process).load_by_name("add", 0)
 
 
