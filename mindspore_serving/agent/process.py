@@ -28,6 +28,7 @@ from mindspore_serving.common import ms_cluster  # noqa: E402
 from mindspore_serving.common.cpu_affinity import bind_process  # noqa: E402
 from mindspore_serving.common.ms_device import resolve_device, select_device  # noqa: E402
 from mindspore_serving.ipc import agent as protocol  # noqa: E402
+from mindspore_serving.ipc import internal_tls  # noqa: E402
 from mindspore_serving.ipc.master_worker import read_secret, remove_socket, restrict_socket  # noqa: E402
 from mindspore_serving.agent.steps import run_submitted  # noqa: E402
 from mindspore_serving.proto import agent_pb2, agent_pb2_grpc  # noqa: E402
@@ -159,7 +160,8 @@ def run_agent(config_path: str, rank: int, address: str, startup_fd: int, parent
 
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=protocol.AGENT_CHANNEL_OPTIONS)
         agent_pb2_grpc.add_LlmAgentServicer_to_server(AgentServicer(runner, rank, device, detach, secret), server)
-        if server.add_insecure_port(address) == 0:
+        # TCP (start_agent.py): mutual TLS when MS_SERVING_AGENT_TLS_* are set; a unix socket is private already
+        if internal_tls.add_port(server, address, internal_tls.from_env(internal_tls.AGENT_PREFIX)) == 0:
             raise RuntimeError(f"agent rank {rank} cannot listen on {address}")
         server.start()
         restrict_socket(address)

@@ -5,8 +5,9 @@ The worker serves `DistributedWorker` on the user's distributed_address (TCP: ag
 then calls `RankAgent.Predict` on every rank of a stage; each call has RANK_PREDICT_TIMEOUT.
 
 With MS_SERVING_DISTRIBUTED_SECRET set (the same on every host of the servable), both services want it as the
-metadata `ms-serving-distributed-secret` of every call and refuse others with PERMISSION_DENIED: build the
-servers with `server()` and the channels with `channel()`.
+metadata `ms-serving-distributed-secret` of every call and refuse others with PERMISSION_DENIED. With the
+MS_SERVING_DISTRIBUTED_TLS_* variables set (ipc.internal_tls), both sides speak mutual TLS. Build the servers with
+`server()` and `listen()`, the channels with `channel()`.
 """
 import collections
 import hmac
@@ -17,6 +18,7 @@ import grpc
 import numpy as np
 
 from mindspore_serving.common import tensor_codec
+from mindspore_serving.ipc import internal_tls
 from mindspore_serving.proto import distributed_pb2 as dpb
 
 DISTRIBUTED_PROTOCOL_VERSION = 1
@@ -89,7 +91,7 @@ class _WantSecret(grpc.ServerInterceptor):
 
 def channel(address: str) -> grpc.Channel:
     """A channel to a DistributedWorker or RankAgent service; it sends the secret when one is set."""
-    plain = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    plain = internal_tls.open_channel(address, CHANNEL_OPTIONS, internal_tls.from_env(internal_tls.DISTRIBUTED_PREFIX))
     secret = _secret()
     return plain if secret is None else grpc.intercept_channel(plain, _SendSecret(secret))
 
@@ -98,3 +100,9 @@ def server(executor) -> grpc.Server:
     """A server for the DistributedWorker or RankAgent service; it wants the secret when one is set."""
     secret = _secret()
     return grpc.server(executor, options=CHANNEL_OPTIONS, interceptors=() if secret is None else (_WantSecret(secret),))
+
+
+def listen(server_: grpc.Server, address: str) -> int:
+    """Adds `address` to a server of `server()`: with mutual TLS when the MS_SERVING_DISTRIBUTED_TLS_* variables are
+    set. Returns the port (0: it cannot listen there)."""
+    return internal_tls.add_port(server_, address, internal_tls.from_env(internal_tls.DISTRIBUTED_PREFIX))

@@ -45,6 +45,7 @@ class WorkerPlan:
     rank_table_json_file: str = ""
     distributed_address: str = ""
     wait_agents_time_in_seconds: int = 0
+    env: Dict[str, str] = field(default_factory=dict)  # added to the child's environment (a distributed worker's TLS)
     # >0 for a worker loaded beside a running one of the same servable, version and device (a reload): its key
     # differs, so that both can be registered while the old one drains
     generation: int = 0
@@ -165,7 +166,7 @@ class WorkerProcesses:
         worker.expected_exit = False
         worker.secret = ipc.new_secret()  # a new one for each start: a dead worker's no longer opens anything
         worker.process = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log_file, stderr=subprocess.STDOUT,
-                                          start_new_session=True, env=child_env())
+                                          start_new_session=True, env={**child_env(), **plan.env})
         log_file.close()
         # the secret, and the decryption key, travel through a pipe, never on the command line
         worker.process.stdin.write(worker.secret.encode() + b"\n")

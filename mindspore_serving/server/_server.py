@@ -31,7 +31,8 @@ def _plans(configs):
                                     dec_key=None, dec_mode="AES-GCM",
                                     rank_table_json_file=config.rank_table_json_file,
                                     distributed_address=config.distributed_address,
-                                    wait_agents_time_in_seconds=config.wait_agents_time_in_seconds))
+                                    wait_agents_time_in_seconds=config.wait_agents_time_in_seconds,
+                                    env=config.tls_env))
             continue
         common = dict(servable_directory=config.servable_directory, servable_name=config.servable_name,
                       version_number=config.version_number, device_type=config.device_type, dec_key=config.dec_key,

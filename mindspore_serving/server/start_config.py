@@ -7,6 +7,7 @@ from typing import Callable, List, Optional, Sequence
 from mindspore_serving import log
 from mindspore_serving.common import check_type
 from mindspore_serving.common import ms_device
+from mindspore_serving.ipc import internal_tls
 
 SERVABLE_CONFIG_FILE = "servable_config.py"
 DEVICE_TYPES = ("ascend", "gpu", "cpu")
@@ -228,7 +229,7 @@ class DistributedStartConfig:
     against the directory of the running script."""
 
     def __init__(self, servable_directory, servable_name, rank_table_json_file, version_number=1,
-                 distributed_address="127.0.0.1:6200", wait_agents_time_in_seconds=0):
+                 distributed_address="127.0.0.1:6200", wait_agents_time_in_seconds=0, ssl_config=None):
         check_type.check_str("servable_directory", servable_directory)
         check_type.check_str("servable_name", servable_name)
         check_type.check_int("version_number", version_number, 0)
@@ -241,3 +242,6 @@ class DistributedStartConfig:
         self.rank_table_json_file = check_type.get_abs_path(rank_table_json_file)
         self.distributed_address = distributed_address
         self.wait_agents_time_in_seconds = wait_agents_time_in_seconds
+        # the distributed worker's environment for mutual TLS with its agents (ipc.internal_tls)
+        self.tls_env = {} if ssl_config is None else internal_tls.ssl_config_env(internal_tls.DISTRIBUTED_PREFIX,
+                                                                                 ssl_config)

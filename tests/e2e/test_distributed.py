@@ -54,8 +54,10 @@ class Deployment:
     """A server running one distributed servable and the agent scripts of its ranks."""
 
     def __init__(self, tmp_path, servable_directory, servable, model_files, hosts=("127.0.0.1", "127.0.0.1"),
-                 agent_hosts=None, rest=False, env=None):
+                 agent_hosts=None, rest=False, env=None, host_envs=None):
+        """`host_envs`: each agent host's own additions to `env` (the server runs on the first host)."""
         self.env = dict(ENV, **(env or {}))
+        host_envs = host_envs or [{}] * len(agent_hosts or [None])
         self.grpc = f"127.0.0.1:{free_port()}"
         self.dist = dist = f"127.0.0.1:{free_port()}"
         table = _rank_table(tmp_path / "rank_table.json", hosts)
@@ -67,12 +69,13 @@ class Deployment:
         server_dir, agent_dir = tmp_path / "server", tmp_path / "agents"
         server_dir.mkdir()
         self.server = self._start([str(tmp_path / "server.py"), servable_directory, servable, table, dist, self.grpc,
-                                   self.rest], server_dir)
+                                   self.rest], server_dir, host_envs[0])
         try:
             for index, (files, extra) in enumerate(agent_hosts or [(model_files, [])]):
                 cwd = agent_dir / str(index)
                 cwd.mkdir(parents=True)
-                agent = self._start([str(tmp_path / "agent.py"), dist, str(free_port()), ",".join(files), *extra], cwd)
+                self._start([str(tmp_path / "agent.py"), dist, str(free_port()), ",".join(files), *extra], cwd,
+                            host_envs[index])
             for agent in self.procs[1:]:
                 agent.wait_for("Success to start agents", timeout=240)
             self.server.wait_for("gRPC server start success", timeout=240)
@@ -80,8 +83,8 @@ class Deployment:
             self.close()
             raise
 
-    def _start(self, args, cwd):
-        proc = ServingProcess(args, str(cwd), self.env)
+    def _start(self, args, cwd, host_env):
+        proc = ServingProcess(args, str(cwd), dict(self.env, **host_env))
         self.procs.append(proc)
         return proc
 
@@ -154,13 +157,30 @@ def test_two_stage_pipeline_equals_one_stage_result_and_refuses_a_forged_rank(tm
         deployment.close()
 
 
-def test_second_host_joins_with_agent_ip_and_rank_start(tmp_path, exported):
+def test_second_host_joins_with_agent_ip_and_rank_start_over_mutual_tls(tmp_path, exported):
+    """Each host has its own certificate (its IP as subjectAltName) of one CA: the worker and the agents speak
+    mutual TLS, and a caller without such a certificate cannot reach the worker's service."""
+    import grpc
+    from certificates import make_host_certs
+    from mindspore_serving.ipc import internal_tls
+    from mindspore_serving.proto import distributed_pb2 as dpb
+    from mindspore_serving.proto import distributed_pb2_grpc as dpb_grpc
+
     hosts = ("127.0.0.1", "127.0.0.2")
+    certs = make_host_certs(str(tmp_path), hosts)
+    host_envs = [dict(zip(internal_tls.variable_names(internal_tls.DISTRIBUTED_PREFIX), (*certs[ip], certs["ca"])))
+                 for ip in hosts]
     agent_hosts = [(_files("device0/matmul.mindir"), ["127.0.0.1", "0"]),
                    (_files("device1/matmul.mindir"), ["127.0.0.2", "1"])]
-    deployment = Deployment(tmp_path, SERVABLES, "matmul_distributed", None, hosts=hosts, agent_hosts=agent_hosts)
+    deployment = Deployment(tmp_path, SERVABLES, "matmul_distributed", None, hosts=hosts, agent_hosts=agent_hosts,
+                            host_envs=host_envs)
     try:
         x = np.random.default_rng(7).random((4, 8), dtype=np.float32)
+        result = _predict(deployment.grpc, "matmul_distributed", x)
+        np.testing.assert_allclose(result[0]["y"], x @ exported, rtol=1e-5, atol=1e-5)
+        with grpc.insecure_channel(deployment.dist) as channel, pytest.raises(grpc.RpcError) as refused:
+            dpb_grpc.DistributedWorkerStub(channel).AgentExit(dpb.AgentNotice(reason="forged"), timeout=10)
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
         result = _predict(deployment.grpc, "matmul_distributed", x)
         np.testing.assert_allclose(result[0]["y"], x @ exported, rtol=1e-5, atol=1e-5)
     finally:

@@ -2,18 +2,23 @@
 
 Its logits equal the single-rank model's, its greedy outputs under continuous batching equal each request alone on
 one rank, and the group survives the loss of a rank: here rank 1 plays a second host (bound to 127.0.0.2, started
-by start_agent.py --rank_start 1), is killed mid-stream, and both hosts start their ranks again.
+by start_agent.py --rank_start 1, speaking mutual TLS with the worker), is killed mid-stream, and both hosts start
+their ranks again.
 """
 import socket
 import threading
 import time
 
+import grpc
 import numpy as np
 import psutil
 import pytest
 
 from mindspore_serving.client import Client
 from mindspore_serving.common.cluster_registration import MAX_RESTARTS
+from mindspore_serving.ipc import internal_tls
+from mindspore_serving.proto import agent_pb2, agent_pb2_grpc
+from certificates import make_host_certs
 from llm_setup import TP2_CONFIG, bundled_config, offline_greedy, write_config, write_servable
 from serving_process import ROOT, ServingProcess, assert_sigterm_stops_all, free_port, start_server, wait_recovered
 
@@ -118,16 +123,27 @@ def test_a_rank_on_a_second_host_joins_and_its_loss_fails_streams_fast_then_the_
     config = tp2_config(tmp_path, start_port=_ports_for_two_hosts(), rank_hosts=["127.0.0.1", SECOND_HOST],
                         scheduler_address=f"127.0.0.1:{free_port()}")
     servables = write_servable(tmp_path, config, name="llama_tiny_tp2")
-    second_host = ServingProcess([f"{ROOT}/start_agent.py", "--config", config, "--rank_start", "1"], str(tmp_path))
+    # the hosts share the group's secret and speak mutual TLS, each with a certificate for its own IP
+    certs = make_host_certs(str(tmp_path), ["127.0.0.1", SECOND_HOST])
+    names = internal_tls.variable_names(internal_tls.AGENT_PREFIX)
+    envs = [dict(zip(names, (*certs[ip], certs["ca"])), MS_SERVING_AGENT_SECRET="between-hosts")
+            for ip in ("127.0.0.1", SECOND_HOST)]
+    second_host = ServingProcess([f"{ROOT}/start_agent.py", "--config", config, "--rank_start", "1"], str(tmp_path),
+                                 env=envs[1])
     server = None
     try:
         server, grpc_addr, _ = start_server(tmp_path, servables=("llama_tiny_tp2",), rest=False,
-                                            extra_args=["--servable_directory", servables], env={"GLOG_v": "1"})
+                                            extra_args=["--servable_directory", servables],
+                                            env=dict(envs[0], GLOG_v="1"))
         second_host.wait_for("all agents started", timeout=60)
         assert f"{SECOND_HOST}:" in second_host.output()
         (remote,) = _agents_of(second_host, 1)
-        listening = [c.laddr.ip for c in remote.net_connections(kind="tcp") if c.status == "LISTEN"]
-        assert any(ip.endswith(SECOND_HOST) for ip in listening), listening  # gRPC may show it IPv4-mapped
+        listening = [c for c in remote.net_connections(kind="tcp") if c.status == "LISTEN"]
+        assert any(c.laddr.ip.endswith(SECOND_HOST) for c in listening), listening  # may show it IPv4-mapped
+        with grpc.insecure_channel(f"{SECOND_HOST}:{listening[0].laddr.port}") as plain:
+            with pytest.raises(grpc.RpcError) as refused:  # a plaintext caller does not reach the agent
+                agent_pb2_grpc.LlmAgentStub(plain).Info(agent_pb2.AgentInfoRequest(), timeout=10)
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
         client = Client(grpc_addr, "llama_tiny_tp2", "generate")
         expected = offline_greedy(tp1_config, PROMPT, 8)
         request = {"prompt": PROMPT, "max_new_tokens": np.int32(8), "temperature": np.float32(0.0)}

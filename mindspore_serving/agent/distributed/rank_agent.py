@@ -99,7 +99,7 @@ def _start(args, stop: threading.Event):
     graph = RankGraph(args.model_file, dec_key, args.dec_mode)
     server = protocol.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="rank-rpc"))
     dpb_grpc.add_RankAgentServicer_to_server(RankAgentServicer(graph, args.rank_id, stop.set), server)
-    if not server.add_insecure_port(args.agent_address):
+    if not protocol.listen(server, args.agent_address):
         raise RuntimeError(f"cannot listen on agent address {args.agent_address}")
     server.start()
     with protocol.channel(args.distributed_address) as channel:

@@ -25,6 +25,7 @@ from mindspore_serving.agent.distributed.startup_checks import (check_startup_ar
 from mindspore_serving.common import check_type, cluster_registration
 from mindspore_serving.common.ms_cluster import ClusterAddress, free_port, parse_address, rank_env, start_scheduler
 from mindspore_serving.ipc import distributed as protocol
+from mindspore_serving.ipc import internal_tls
 from mindspore_serving.proto import distributed_pb2 as dpb
 from mindspore_serving.proto import distributed_pb2_grpc as dpb_grpc
 
@@ -155,9 +156,12 @@ def _install_signal_handlers(group: AgentGroupProcesses):
 
 
 def startup_agents(distributed_address, model_files, group_config_files=None, agent_start_port=7000, agent_ip=None,
-                   rank_start=None, dec_key=None, dec_mode="AES-GCM"):
+                   rank_start=None, dec_key=None, dec_mode="AES-GCM", ssl_config=None):
     """See server.distributed.startup_agents."""
     log.get_level()  # a bad log variable raises its ValueError before anything starts
+    if ssl_config is not None:  # this process's channels and, inherited, its ranks'
+        os.environ.update(internal_tls.ssl_config_env(internal_tls.DISTRIBUTED_PREFIX, ssl_config))
+    internal_tls.from_env(internal_tls.DISTRIBUTED_PREFIX)  # half a TLS setting fails before anything starts
     model_files, _ = check_startup_args(distributed_address, model_files, group_config_files, agent_start_port,
                                         dec_key, dec_mode)
     if (agent_ip is None) != (rank_start is None):

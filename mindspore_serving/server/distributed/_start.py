@@ -5,7 +5,7 @@ from mindspore_serving.server.start_config import DistributedStartConfig
 
 
 def start_servable(servable_directory, servable_name, rank_table_json_file, version_number=1,
-                   distributed_address="127.0.0.1:6200", wait_agents_time_in_seconds=0):
+                   distributed_address="127.0.0.1:6200", wait_agents_time_in_seconds=0, ssl_config=None):
     r"""Starts the distributed servable `servable_name` of `servable_directory` and blocks until its rank agents
     (started by `startup_agents` on each machine) have all registered.
 
@@ -24,17 +24,21 @@ def start_servable(servable_directory, servable_name, rank_table_json_file, vers
             this host only (MindSpore Serving's is "0.0.0.0:6200"); give an address the agents reach for agents on
             other hosts.
         wait_agents_time_in_seconds (int): how long to wait for the agents, 0 (default) without limit.
+        ssl_config (SSLConfig, optional): mutual TLS with the agents: this host's `certificate` and `private_key`
+            and, as `custom_ca`, the CA that signed every agent host's certificate (client certificates are always
+            required). The same as setting MS_SERVING_DISTRIBUTED_TLS_CERT, _KEY and _CA; the agents' hosts need
+            theirs (`startup_agents(ssl_config=...)`).
 
     Raises:
         RuntimeError: a parameter is invalid, or the worker failed ("Fail to start workers: ...").
     """
     config = DistributedStartConfig(servable_directory, servable_name, rank_table_json_file, version_number,
-                                    distributed_address, wait_agents_time_in_seconds)
+                                    distributed_address, wait_agents_time_in_seconds, ssl_config)
     start_servables(config)
 
 
 def startup_agents(distributed_address, model_files, group_config_files=None, agent_start_port=7000, agent_ip=None,
-                   rank_start=None, dec_key=None, dec_mode="AES-GCM"):
+                   rank_start=None, dec_key=None, dec_mode="AES-GCM", ssl_config=None):
     r"""Starts the rank agents of this machine for the distributed worker at `distributed_address`.
 
     It reads the rank table from the worker, takes the ranks of this machine (the first rank table ip it can
@@ -54,9 +58,12 @@ def startup_agents(distributed_address, model_files, group_config_files=None, ag
         rank_start (int, optional): a rank of this machine; must be given together with agent_ip.
         dec_key (bytes, optional): a 16, 24 or 32 byte key to decrypt the model files.
         dec_mode (str): 'AES-GCM' (default) or 'AES-CBC'.
+        ssl_config (SSLConfig, optional): mutual TLS with the distributed worker: this host's `certificate` and
+            `private_key` and, as `custom_ca`, the CA that signed every host's certificate. It sets
+            MS_SERVING_DISTRIBUTED_TLS_CERT, _KEY and _CA of this process, which the rank agents inherit.
 
     Raises:
         RuntimeError: a parameter is invalid, or the agents failed to start.
     """
     startup.startup_agents(distributed_address, model_files, group_config_files, agent_start_port, agent_ip,
-                           rank_start, dec_key, dec_mode)
+                           rank_start, dec_key, dec_mode, ssl_config)

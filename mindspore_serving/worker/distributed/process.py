@@ -72,10 +72,12 @@ class DistributedWorker(worker_process.Worker):
         dpb_grpc.add_DistributedWorkerServicer_to_server(
             DistributedWorkerServicer(self.group, model_spec, content), self.distributed_server)
         try:
-            self.distributed_server.add_insecure_port(args.distributed_address)
-        except RuntimeError as err:
+            port, reason = protocol.listen(self.distributed_server, args.distributed_address), "cannot listen there"
+        except RuntimeError as err:  # grpcio's bind failure, or an unusable MS_SERVING_DISTRIBUTED_TLS_* file
+            port, reason = 0, err
+        if not port:
             raise RuntimeError(f"Start distributed worker server failed, address {args.distributed_address}: "
-                               f"{err}") from None
+                               f"{reason}")
         self.distributed_server.start()
         print(f"Serving: distributed worker listening on {args.distributed_address}, waiting for "
               f"{declaration.rank_size} agents", flush=True)

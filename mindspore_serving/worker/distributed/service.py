@@ -1,4 +1,6 @@
 """DistributedWorker: what the distributed worker serves to `startup_agents` and to the rank agents."""
+import grpc
+
 from mindspore_serving import log
 from mindspore_serving.ipc import distributed as protocol
 from mindspore_serving.proto import distributed_pb2 as dpb
@@ -41,11 +43,18 @@ class DistributedWorkerServicer(dpb_grpc.DistributedWorkerServicer):
         return dpb.Reply(error=_error(reason)) if reason else dpb.Reply()
 
     def AgentFailed(self, request, context):
-        log.error(f"agents on {request.agent_ip} failed to start: {request.reason}")
-        self.group.fail(f"agents on {request.agent_ip} failed to start: {request.reason}")
+        self._agent_notice(request, context, "failed to start")
         return dpb.Reply()
 
     def AgentExit(self, request, context):
-        log.error(f"agents on {request.agent_ip} exited: {request.reason}")
-        self.group.fail(f"agents on {request.agent_ip} exited: {request.reason}")
+        self._agent_notice(request, context, "exited")
         return dpb.Reply()
+
+    def _agent_notice(self, request, context, what: str):
+        """Only a host of the rank table can stop the group."""
+        if request.agent_ip not in {rank.ip for rank in self.group.rank_list}:
+            log.warning(f"a notice that agents on {request.agent_ip!r} {what}, from {context.peer()}, is ignored: "
+                        f"that is no host of the rank table")
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"'{request.agent_ip}' is no host of the rank table")
+        log.error(f"agents on {request.agent_ip} {what}: {request.reason}")
+        self.group.fail(f"agents on {request.agent_ip} {what}: {request.reason}")

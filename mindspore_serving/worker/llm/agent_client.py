@@ -11,6 +11,7 @@ import numpy as np
 from mindspore_serving import log
 from mindspore_serving.common import errors
 from mindspore_serving.ipc import agent as protocol
+from mindspore_serving.ipc import internal_tls
 from mindspore_serving.llm.model_io import MultiStepRunner, SeqStep, StepSubmitter
 from mindspore_serving.proto import agent_pb2, agent_pb2_grpc
 
@@ -49,7 +50,8 @@ class AgentRunner(MultiStepRunner, StepSubmitter):
         self._step_ids = itertools.count(1)
         self._last_step_id = 0
         self._encoder = protocol.StepEncoder()
-        self.channels = [grpc.insecure_channel(a, options=protocol.AGENT_CHANNEL_OPTIONS) for a in self.addresses]
+        tls = internal_tls.from_env(internal_tls.AGENT_PREFIX)  # agents on TCP ports: mutual TLS when set
+        self.channels = [internal_tls.open_channel(a, protocol.AGENT_CHANNEL_OPTIONS, tls) for a in self.addresses]
         for address, channel in zip(self.addresses, self.channels):
             try:
                 grpc.channel_ready_future(channel).result(timeout=connect_timeout)

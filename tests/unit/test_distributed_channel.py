@@ -1,0 +1,165 @@
+"""The distributed worker's and rank agents' services (real gRPC here). With MS_SERVING_DISTRIBUTED_SECRET they
+refuse calls without it with PERMISSION_DENIED, and channels made by `protocol.channel` send it; with
+MS_SERVING_DISTRIBUTED_TLS_* (ipc.internal_tls) they speak mutual TLS and take only clients with a certificate of
+the group's CA."""
+from concurrent import futures
+
+import grpc
+import pytest
+
+from certificates import make_host_certs
+from mindspore_serving.ipc import distributed as protocol
+from mindspore_serving.ipc import internal_tls
+from mindspore_serving.proto import distributed_pb2 as dpb
+from mindspore_serving.proto import distributed_pb2_grpc as dpb_grpc
+from mindspore_serving.server import SSLConfig
+
+PREFIX = internal_tls.DISTRIBUTED_PREFIX
+CERT, KEY, CA = internal_tls.variable_names(PREFIX)
+
+
+class _Worker(dpb_grpc.DistributedWorkerServicer):
+    def __init__(self):
+        self.notices = []
+
+    def AgentExit(self, request, context):
+        self.notices.append(request.reason)
+        return dpb.Reply()
+
+
+@pytest.fixture
+def served(monkeypatch):
+    def serve(secret):
+        if secret is None:
+            monkeypatch.delenv(protocol.SECRET_ENV, raising=False)
+        else:
+            monkeypatch.setenv(protocol.SECRET_ENV, secret)
+        server = protocol.server(futures.ThreadPoolExecutor(max_workers=2))
+        worker = _Worker()
+        dpb_grpc.add_DistributedWorkerServicer_to_server(worker, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        servers.append(server)
+        return f"127.0.0.1:{port}", worker
+
+    servers = []
+    yield serve
+    for server in servers:
+        server.stop(0)
+
+
+def _exit(channel, reason="rank 1 lost"):
+    return dpb_grpc.DistributedWorkerStub(channel).AgentExit(dpb.AgentNotice(agent_ip="127.0.0.1", reason=reason),
+                                                             timeout=10)
+
+
+def test_calls_without_the_secret_are_refused_and_change_nothing(served, monkeypatch):
+    address, worker = served("shared-secret")
+    for metadata in ((), ((protocol.SECRET_METADATA, "wrong"),)):
+        with grpc.insecure_channel(address) as channel:
+            with pytest.raises(grpc.RpcError) as refused:
+                dpb_grpc.DistributedWorkerStub(channel).AgentExit(dpb.AgentNotice(reason="forged"), timeout=10,
+                                                                  metadata=metadata)
+        assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        assert protocol.SECRET_ENV in refused.value.details()
+    monkeypatch.setenv(protocol.SECRET_ENV, "another")
+    with protocol.channel(address) as channel, pytest.raises(grpc.RpcError):
+        _exit(channel, "forged")
+    assert worker.notices == []
+    monkeypatch.setenv(protocol.SECRET_ENV, "shared-secret")
+    with protocol.channel(address) as channel:
+        _exit(channel)
+    assert worker.notices == ["rank 1 lost"]
+
+
+def test_without_a_secret_the_services_are_open(served):
+    address, worker = served(None)
+    with protocol.channel(address) as channel:
+        _exit(channel)
+    assert worker.notices == ["rank 1 lost"]
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    directory = str(tmp_path_factory.mktemp("certs"))
+    return make_host_certs(directory, ["127.0.0.1"]), make_host_certs(directory, ["127.0.0.1"], ca="other")
+
+
+def _use(monkeypatch, paths, ip="127.0.0.1"):
+    monkeypatch.setenv(CERT, paths[ip][0])
+    monkeypatch.setenv(KEY, paths[ip][1])
+    monkeypatch.setenv(CA, paths["ca"])
+
+
+@pytest.fixture
+def tls_worker(certs, monkeypatch):
+    _use(monkeypatch, certs[0])
+    monkeypatch.delenv(protocol.SECRET_ENV, raising=False)
+    server = protocol.server(futures.ThreadPoolExecutor(max_workers=2))
+    worker = _Worker()
+    dpb_grpc.add_DistributedWorkerServicer_to_server(worker, server)
+    port = protocol.listen(server, "127.0.0.1:0")
+    server.start()
+    yield f"127.0.0.1:{port}", worker
+    server.stop(0)
+
+
+def test_a_host_with_the_group_s_certificate_gets_through(tls_worker):
+    address, worker = tls_worker
+    with protocol.channel(address) as channel:
+        _exit(channel, "rank 1 lost")
+    assert worker.notices == ["rank 1 lost"]
+
+
+def test_plaintext_no_certificate_or_another_ca_is_refused(tls_worker, certs, monkeypatch):
+    address, worker = tls_worker
+    own = internal_tls.from_env(PREFIX)
+    with open(certs[1]["127.0.0.1"][0], "rb") as cert, open(certs[1]["127.0.0.1"][1], "rb") as key:
+        foreign = grpc.ssl_channel_credentials(own.ca, key.read(), cert.read())  # trusts the server, wrong CA
+    callers = [grpc.insecure_channel(address),
+               grpc.secure_channel(address, grpc.ssl_channel_credentials(own.ca)),  # no client certificate
+               grpc.secure_channel(address, foreign)]
+    for channel in callers:
+        with channel, pytest.raises(grpc.RpcError) as refused:
+            _exit(channel, "forged")
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+    _use(monkeypatch, certs[1])  # a peer of another CA does not trust this server either
+    with protocol.channel(address) as channel, pytest.raises(grpc.RpcError):
+        _exit(channel, "forged")
+    assert worker.notices == []
+
+
+def test_half_a_setting_or_an_unreadable_file_is_an_error(certs, tmp_path):
+    paths = certs[0]
+    assert internal_tls.from_env(PREFIX, {}) is None
+    with pytest.raises(RuntimeError, match=f"{KEY}, {CA} not set"):
+        internal_tls.from_env(PREFIX, {CERT: paths["127.0.0.1"][0]})
+    with pytest.raises(RuntimeError, match=f"{CA}: cannot read"):
+        internal_tls.from_env(PREFIX, {CERT: paths["127.0.0.1"][0], KEY: paths["127.0.0.1"][1],
+                                       CA: str(tmp_path / "missing.crt")})
+    (tmp_path / "text.crt").write_text("not a certificate")
+    with pytest.raises(RuntimeError, match="not a PEM file"):
+        internal_tls.from_env(PREFIX, {CERT: paths["127.0.0.1"][0], KEY: paths["127.0.0.1"][1],
+                                       CA: str(tmp_path / "text.crt")})
+
+
+def test_an_ssl_config_stands_for_the_variables_and_needs_the_group_s_ca(certs):
+    cert, key = certs[0]["127.0.0.1"]
+    env = internal_tls.ssl_config_env(PREFIX, SSLConfig(cert, key, custom_ca=certs[0]["ca"], verify_client=True))
+    assert env == {CERT: cert, KEY: key, CA: certs[0]["ca"]}
+    with pytest.raises(RuntimeError, match="needs custom_ca"):
+        internal_tls.ssl_config_env(PREFIX, SSLConfig(cert, key))
+
+
+def test_unix_sockets_stay_plaintext(certs, monkeypatch, tmp_path):
+    _use(monkeypatch, certs[0])
+    tls = internal_tls.from_env(PREFIX)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    address = f"unix:{tmp_path}/agent.sock"
+    assert internal_tls.add_port(server, address, tls)
+    server.start()
+    try:
+        with internal_tls.open_channel(address, [], tls) as channel:
+            grpc.channel_ready_future(channel).result(timeout=5)
+    finally:
+        server.stop(0)
