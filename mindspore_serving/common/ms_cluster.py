@@ -9,6 +9,13 @@ timeout (about 30 s), while the other ranks block in their next collective: whoe
 ranks itself and stops them all when one is lost.
 
 `start_scheduler` runs `python -m mindspore_serving.common.ms_cluster` with the scheduler's variables.
+
+The cluster's own channel is plaintext and takes any node that registers, unless MindSpore's TLS is on: with
+MS_SERVING_CLUSTER_SSL_CONFIG naming MindSpore's SSL JSON (server_cert_path and client_cert_path as PKCS#12,
+ca_cert_path, crl_path, cipher_list, cert_expire_warning_time_in_day) and the two PKCS#12 passwords in
+MS_SERVING_CLUSTER_SERVER_PASSWORD and MS_SERVING_CLUSTER_CLIENT_PASSWORD, the scheduler and every rank call
+`mindspore.set_ps_context(enable_ssl=True, ...)` before `init()`: the scheduler and the ranks then speak mutual TLS,
+collectives included.
 """
 import argparse
 import os
@@ -69,6 +76,7 @@ def start_scheduler(address: ClusterAddress, timeout: float = 60.0, **popen_kwar
     process is gone. Its own MindSpore log is kept to errors (GLOG_v=3) unless MS_SERVING_SCHEDULER_GLOG_v says
     otherwise: it reports the cluster's health every few seconds. This package's log in it keeps this process's
     level (MS_SUBMODULE_LOG_v's SERVING entry)."""
+    cluster_ssl_settings()  # a TLS setting the scheduler could not use fails here, where it is seen
     env = child_env()
     env.update(address.env())
     env[_PARENT_PID_VAR] = str(os.getpid())
@@ -109,11 +117,43 @@ def is_cluster_rank() -> bool:
     return os.environ.get("MS_ROLE") == "MS_WORKER"
 
 
+SSL_CONFIG_ENV = "MS_SERVING_CLUSTER_SSL_CONFIG"
+SERVER_PASSWORD_ENV = "MS_SERVING_CLUSTER_SERVER_PASSWORD"
+CLIENT_PASSWORD_ENV = "MS_SERVING_CLUSTER_CLIENT_PASSWORD"
+
+
+def cluster_ssl_settings(environ=None) -> Optional[Dict[str, object]]:
+    """The `mindspore.set_ps_context` arguments that turn on TLS for the cluster's channel, None without
+    MS_SERVING_CLUSTER_SSL_CONFIG; RuntimeError when the file or a password is missing (MindSpore would refuse
+    it later, with less to go on)."""
+    environ = os.environ if environ is None else environ
+    path = environ.get(SSL_CONFIG_ENV, "")
+    if not path:
+        return None
+    if not os.path.isfile(path):
+        raise RuntimeError(f"{SSL_CONFIG_ENV}: no file '{path}'")
+    missing = [name for name in (SERVER_PASSWORD_ENV, CLIENT_PASSWORD_ENV) if not environ.get(name)]
+    if missing:
+        raise RuntimeError(f"{SSL_CONFIG_ENV} needs the PKCS#12 passwords in {' and '.join(missing)}")
+    return dict(enable_ssl=True, config_file_path=os.path.abspath(path),
+                client_password=environ[CLIENT_PASSWORD_ENV], server_password=environ[SERVER_PASSWORD_ENV])
+
+
+def _init_cluster():
+    """`mindspore.communication.init()`, with MindSpore's TLS on the cluster channel when it is configured."""
+    settings = cluster_ssl_settings()
+    import mindspore  # lazy: MindSpore loads only in the cluster's own processes
+    from mindspore.communication import init  # lazy: as above
+    if settings is not None:
+        mindspore.set_ps_context(**settings)
+    init()
+
+
 def join_cluster() -> int:
     """`mindspore.communication.init()` in a rank process; returns this process's rank. Blocks until every rank
     has reached the scheduler."""
-    from mindspore.communication import init, get_rank  # lazy: MindSpore loads only in processes that run models
-    init()
+    from mindspore.communication import get_rank  # lazy: MindSpore loads only in processes that run models
+    _init_cluster()
     return get_rank()
 
 
@@ -124,9 +164,8 @@ def _run_scheduler() -> int:
     done = threading.Event()
 
     def serve():
-        from mindspore.communication import init  # lazy: MindSpore loads only in the scheduler process itself
         try:
-            init()  # serves the cluster until its ranks finalize
+            _init_cluster()  # serves the cluster until its ranks finalize
         finally:
             done.set()
 

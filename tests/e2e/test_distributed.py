@@ -2,6 +2,8 @@
 graphs ending in an AllReduce, gRPC and REST clients."""
 import json
 import os
+import socket
+import ssl
 import subprocess
 import sys
 
@@ -159,17 +161,20 @@ def test_two_stage_pipeline_equals_one_stage_result_and_refuses_a_forged_rank(tm
 
 def test_second_host_joins_with_agent_ip_and_rank_start_over_mutual_tls(tmp_path, exported):
     """Each host has its own certificate (its IP as subjectAltName) of one CA: the worker and the agents speak
-    mutual TLS, and a caller without such a certificate cannot reach the worker's service."""
+    mutual TLS, and a caller without such a certificate cannot reach the worker's service. MindSpore's cluster
+    channel runs over its own TLS (MS_SERVING_CLUSTER_SSL_CONFIG): its scheduler answers a TLS handshake."""
     import grpc
-    from certificates import make_host_certs
+    import psutil
+    from certificates import make_cluster_ssl, make_host_certs
     from mindspore_serving.ipc import internal_tls
     from mindspore_serving.proto import distributed_pb2 as dpb
     from mindspore_serving.proto import distributed_pb2_grpc as dpb_grpc
 
     hosts = ("127.0.0.1", "127.0.0.2")
     certs = make_host_certs(str(tmp_path), hosts)
-    host_envs = [dict(zip(internal_tls.variable_names(internal_tls.DISTRIBUTED_PREFIX), (*certs[ip], certs["ca"])))
-                 for ip in hosts]
+    cluster_ssl = make_cluster_ssl(str(tmp_path), hosts)
+    host_envs = [dict(zip(internal_tls.variable_names(internal_tls.DISTRIBUTED_PREFIX), (*certs[ip], certs["ca"])),
+                      **cluster_ssl) for ip in hosts]
     agent_hosts = [(_files("device0/matmul.mindir"), ["127.0.0.1", "0"]),
                    (_files("device1/matmul.mindir"), ["127.0.0.2", "1"])]
     deployment = Deployment(tmp_path, SERVABLES, "matmul_distributed", None, hosts=hosts, agent_hosts=agent_hosts,
@@ -181,7 +186,21 @@ def test_second_host_joins_with_agent_ip_and_rank_start_over_mutual_tls(tmp_path
         with grpc.insecure_channel(deployment.dist) as channel, pytest.raises(grpc.RpcError) as refused:
             dpb_grpc.DistributedWorkerStub(channel).AgentExit(dpb.AgentNotice(reason="forged"), timeout=10)
         assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+        scheduler = next(p for p in psutil.Process(deployment.procs[1].proc.pid).children(recursive=True)
+                         if "mindspore_serving.common.ms_cluster" in " ".join(p.cmdline()))
+        port = next(c.laddr.port for c in scheduler.net_connections(kind="tcp") if c.status == "LISTEN")
+        with open(tmp_path / "cluster_server.pem") as pem:
+            assert _tls_certificate("127.0.0.1", port) == ssl.PEM_cert_to_DER_cert(pem.read())
         result = _predict(deployment.grpc, "matmul_distributed", x)
         np.testing.assert_allclose(result[0]["y"], x @ exported, rtol=1e-5, atol=1e-5)
     finally:
         deployment.close()
+
+
+def _tls_certificate(host, port):
+    """The certificate (DER) a TLS server at host:port presents: unverified, only whether it speaks TLS and as
+    whom."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    with socket.create_connection((host, port), timeout=10) as raw, context.wrap_socket(raw) as tls:
+        return tls.getpeercert(binary_form=True)

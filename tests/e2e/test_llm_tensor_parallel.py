@@ -2,8 +2,8 @@
 
 Its logits equal the single-rank model's, its greedy outputs under continuous batching equal each request alone on
 one rank, and the group survives the loss of a rank: here rank 1 plays a second host (bound to 127.0.0.2, started
-by start_agent.py --rank_start 1, speaking mutual TLS with the worker), is killed mid-stream, and both hosts start
-their ranks again.
+by start_agent.py --rank_start 1, speaking mutual TLS with the worker, and MindSpore's cluster channel over its own
+TLS), is killed mid-stream, and both hosts start their ranks again.
 """
 import socket
 import threading
@@ -18,7 +18,7 @@ from mindspore_serving.client import Client
 from mindspore_serving.common.cluster_registration import MAX_RESTARTS
 from mindspore_serving.ipc import internal_tls
 from mindspore_serving.proto import agent_pb2, agent_pb2_grpc
-from certificates import make_host_certs
+from certificates import make_cluster_ssl, make_host_certs
 from llm_setup import TP2_CONFIG, bundled_config, offline_greedy, write_config, write_servable
 from serving_process import ROOT, ServingProcess, assert_sigterm_stops_all, free_port, start_server, wait_recovered
 
@@ -126,7 +126,8 @@ def test_a_rank_on_a_second_host_joins_and_its_loss_fails_streams_fast_then_the_
     # the hosts share the group's secret and speak mutual TLS, each with a certificate for its own IP
     certs = make_host_certs(str(tmp_path), ["127.0.0.1", SECOND_HOST])
     names = internal_tls.variable_names(internal_tls.AGENT_PREFIX)
-    envs = [dict(zip(names, (*certs[ip], certs["ca"])), MS_SERVING_AGENT_SECRET="between-hosts")
+    cluster_ssl = make_cluster_ssl(str(tmp_path), ["127.0.0.1", SECOND_HOST])  # MindSpore's channel too
+    envs = [dict(zip(names, (*certs[ip], certs["ca"])), MS_SERVING_AGENT_SECRET="between-hosts", **cluster_ssl)
             for ip in ("127.0.0.1", SECOND_HOST)]
     second_host = ServingProcess([f"{ROOT}/start_agent.py", "--config", config, "--rank_start", "1"], str(tmp_path),
                                  env=envs[1])
