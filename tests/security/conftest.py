@@ -15,8 +15,8 @@ def server_directory(tmp_path_factory):
 
 
 @pytest.fixture(scope="package")
-def server(server_directory):
-    """(gRPC address, RESTful URL) of the secured server (secured_server.py)."""
+def secured(server_directory):
+    """(process, gRPC address, RESTful URL) of the secured server (secured_server.py)."""
     directory = server_directory
     key_file = directory / "key"
     key_file.write_text(KEY + "\n")
@@ -28,6 +28,17 @@ def server(server_directory):
                     "--read_timeout", str(READ_TIMEOUT), "--restricted_api", f"model-repository,admin={ADMIN_KEY}",
                     "--open_api", "metrics"])
     try:
-        yield grpc_addr, f"http://{rest_addr}"
+        yield proc, grpc_addr, f"http://{rest_addr}"
     finally:
         proc.close()
+
+
+@pytest.fixture(scope="package")
+def server(secured):
+    """(gRPC address, RESTful URL) of the secured server."""
+    return secured[1:]
+
+
+@pytest.fixture(scope="package")
+def server_process(secured):
+    return secured[0]
