@@ -136,6 +136,7 @@ class WorkerProcess:
     starts: int = 0
     restarts: RestartBudget = field(default_factory=lambda: RestartBudget(MAX_QUICK_RESTARTS, RESTART_WINDOW))
     expected_exit: bool = False
+    restarting: bool = False  # between its death and its new process: readiness says "restarting", not "stopped"
     restarted: int = 0   # times the master restarted it after it died
     python_stages: bool = True  # as registered: some method has a stage that is not a model (extra workers help)
     secret: str = field(default="", repr=False)  # what its calls to the master carry (ipc.peer_metadata)
@@ -271,7 +272,7 @@ class WorkerProcesses:
         with self._lock:
             workers = list(self.workers.values())
         return [PlannedWorker(key=w.plan.key, servable_name=w.plan.servable_name,
-                              running=w.process is not None or w.starts == 0,
+                              running=w.process is not None or w.starts == 0 or w.restarting,
                               starts=w.starts) for w in workers]
 
     # ---- notices from workers (called from the control service) ----
@@ -341,6 +342,13 @@ class WorkerProcesses:
     def _handle_death(self, worker: WorkerProcess):
         plan = worker.plan
         code = worker.process.returncode
+        worker.restarting = True  # until it is decided otherwise below
+        try:
+            self._restart_after_death(worker, plan, code)
+        finally:
+            worker.restarting = False
+
+    def _restart_after_death(self, worker: WorkerProcess, plan: WorkerPlan, code: Optional[int]):
         kill_group(worker.process)  # what it started (LLM agents) goes with it, even if stopped or hung
         _remove_call_blocks(plan, worker.process.pid)
         worker.process = None
