@@ -160,7 +160,7 @@ class Server:
 
 class OurServer(Server):
     def __init__(self, name: str, servables: str, servable_directory: Optional[str] = None,
-                 frontend_processes: int = 1):
+                 frontend_processes: int = 1, grpc_server: Optional[str] = None):
         self.grpc = f"127.0.0.1:{free_port()}"
         self.rest = f"127.0.0.1:{free_port()}"
         self.frontend_processes = frontend_processes
@@ -168,7 +168,9 @@ class OurServer(Server):
                 "--servables", servables, "--frontend_processes", str(frontend_processes)]
         if servable_directory:
             args += ["--servable_directory", servable_directory]
-        super().__init__(name, args, ready_text="RESTful server start success")
+        # the gRPC port's server (frontends/grpc_server.py): h2grpc by default, grpcio's when asked
+        env = {"MS_SERVING_GRPC_SERVER": grpc_server} if grpc_server else None
+        super().__init__(name, args, ready_text="RESTful server start success", env=env)
 
 
 ORIG_SETUP = os.path.join(BENCH, "peers", "orig_ms_setup.py")
@@ -445,6 +447,9 @@ def parse_args(argv=None):
     parser.add_argument("--frontend-processes", default="1",
                         help="comma-separated front-end process counts of ours measured against the original "
                              "(default 1; e.g. 1,2: both, alternated in the same rounds)")
+    parser.add_argument("--grpc-servers", default="h2grpc",
+                        help="comma-separated gRPC servers of ours measured against the original: h2grpc (ours, "
+                             "the default), grpcio (grpcio's aio server); the first is the one of every other part")
     parser.add_argument("--original-concurrency", default="1,64",
                         help="client counts of the comparison with the original (default 1,64)")
     parser.add_argument("--skip-batching", action="store_true", help="no batching-efficiency part")
@@ -465,6 +470,9 @@ def parse_args(argv=None):
         parser.error(f"unknown peers: {', '.join(sorted(unknown))}")
     args.original_concurrency = [int(c) for c in args.original_concurrency.split(",") if c.strip()]
     args.frontend_processes = [int(c) for c in args.frontend_processes.split(",") if c.strip()]
+    args.grpc_servers = [kind.strip() for kind in args.grpc_servers.split(",") if kind.strip()]
+    if not args.grpc_servers or set(args.grpc_servers) - {"h2grpc", "grpcio"}:
+        parser.error("--grpc-servers takes h2grpc and/or grpcio")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     if not args.concurrency or min(args.concurrency) < 1 or max(args.concurrency) > 1024:
@@ -559,8 +567,15 @@ def point_targets(server: Server, servable: str, body: bytes, request: bytes, go
         {"rest": body, "grpc": request}, good
 
 
-def ours_name(frontend_processes: int) -> str:
-    return "ours" if frontend_processes == 1 else f"ours_fp{frontend_processes}"
+def ours_name(frontend_processes: int, grpc_server: str = "") -> str:
+    return ("ours" if frontend_processes == 1 else f"ours_fp{frontend_processes}") + \
+        (f"_{grpc_server}" if grpc_server else "")
+
+
+def variant_label(name: str) -> str:
+    """What sets a variant of ours apart, for the tables: its front-end processes and its gRPC server."""
+    parts = name.split("_")[1:]
+    return "".join(f" ({part[2:]} front ends)" if part.startswith("fp") else f" ({part})" for part in parts)
 
 
 def measure_versus_original(points: List[tuple], servers: dict, args, workdir: str) -> dict:
@@ -613,7 +628,7 @@ def original_table(versus: dict) -> str:
             if name == "original":
                 continue
             ours = point[name]
-            front_ends = "" if name == "ours" else f" ({name[len('ours_fp'):]} front ends)"
+            front_ends = variant_label(name)
             lines.append(f"| {point['protocol'].upper() if point['protocol'] == 'rest' else 'gRPC'} "
                          f"`{point['servable']}` c={point['concurrency']}{front_ends} | {ours['rps']:,.0f} | "
                          f"{orig['rps']:,.0f} | {fmt(ours['ratio'], '{:.2f}')} | {ours['p50_ms']:.2f} | "
@@ -644,7 +659,7 @@ def main(argv=None) -> int:
         if not args.skip_batching:
             ensure_dense_model()
         log("starting servers")
-        ours = OurServer("ours", "add")
+        ours = OurServer("ours", "add", grpc_server=args.grpc_servers[0])
         servers.append(ours)
         peers: List[HttpPeer] = []
         if "mosec" in args.peers:
@@ -656,21 +671,25 @@ def main(argv=None) -> int:
         servers.extend(peers)
         dense = dense_peer = original = None
         if not args.skip_batching:
-            dense = OurServer("dense", DENSE, BENCH_SERVABLES)
+            dense = OurServer("dense", DENSE, BENCH_SERVABLES, grpc_server=args.grpc_servers[0])
             servers.append(dense)
             if "mosec" in args.peers:
                 dense_peer = HttpPeer("mosec_dense", "mosec_dense.py", "/inference",
                                       ["--address", "127.0.0.1", "--log-level", "warning", "--timeout", "10000",
                                        "--path", os.path.join("{workdir}", "ipc")])
                 servers.append(dense_peer)
-        variants = {}  # front-end process count > 1 -> (add server, dense server), measured against the original
+        variants = {}  # name -> (add server, dense server) of the other variants measured against the original
         if "original" in args.peers:
             for count in args.frontend_processes:
-                if count > 1:
-                    variants[count] = (OurServer(ours_name(count), "add", frontend_processes=count),
-                                       None if args.skip_batching else
-                                       OurServer(f"dense_fp{count}", DENSE, BENCH_SERVABLES, count))
-                    servers.extend(server for server in variants[count] if server is not None)
+                for index, kind in enumerate(args.grpc_servers):
+                    if count == 1 and index == 0:
+                        continue  # `ours` and `dense` themselves
+                    kind = kind if index else None
+                    name = ours_name(count, kind or "")
+                    variants[name] = (OurServer(name, "add", frontend_processes=count, grpc_server=kind),
+                                      None if args.skip_batching else
+                                      OurServer(f"dense{name[len('ours'):]}", DENSE, BENCH_SERVABLES, count, kind))
+                    servers.extend(server for server in variants[name] if server is not None)
             python = orig_python()
             if python is None:
                 log("the original MindSpore Serving is not built: run bench/peers/orig_ms_setup.py to compare with "
@@ -729,10 +748,9 @@ def main(argv=None) -> int:
             if dense is not None:
                 targets["original"][DENSE] = point_targets(original, DENSE, dense_body, dense_request,
                                                            original_dense_reply)
-            ours_variants = {1: (ours, dense)} if 1 in args.frontend_processes else {}
+            ours_variants = {"ours": (ours, dense)} if 1 in args.frontend_processes else {}
             ours_variants.update(variants)
-            for count, (add_server, dense_server) in sorted(ours_variants.items()):
-                name = ours_name(count)
+            for name, (add_server, dense_server) in ours_variants.items():
                 if add_server is not ours:
                     add_server.wait_ready(lambda s=add_server: check_add_reply(
                         http_post(f"http://{s.rest}/model/add:add_common", ADD_BODY)))

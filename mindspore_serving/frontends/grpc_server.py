@@ -1,5 +1,7 @@
 """The public gRPC front end: MSService.Predict, wire-compatible with MindSpore Serving."""
 import collections
+import os
+import ssl
 from typing import Counter, Optional
 
 import grpc
@@ -7,7 +9,7 @@ from google.protobuf.message import DecodeError
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
-from mindspore_serving.frontends import replies, request_ids
+from mindspore_serving.frontends import h2grpc, replies, request_ids
 from mindspore_serving.frontends.api_groups import Access
 from mindspore_serving.frontends.auth import ApiKeyInterceptor
 from mindspore_serving.frontends.address import check_address, check_max_msg_mb_size, check_unix_address
@@ -20,6 +22,7 @@ from mindspore_serving.common.limits import Limits
 from mindspore_serving.proto import ms_service_pb2, ms_service_pb2_grpc
 
 SERVICE_NAME = "mindspore.serving.proto.MSService"
+SERVER_KIND = os.environ.get("MS_SERVING_GRPC_SERVER", "h2grpc")  # or "grpcio"
 
 
 class MSServiceServicer(ms_service_pb2_grpc.MSServiceServicer):
@@ -131,12 +134,15 @@ def read_ssl_files(ssl_config):
     return private_key, certificate, root
 
 
-def _credentials(ssl_config):
+def _credentials(ssl_config, grpcio: bool):
     private_key, certificate, root = read_ssl_files(ssl_config)
     try:
+        if not grpcio:
+            return h2grpc.ssl_context(ssl_config.certificate, ssl_config.private_key, ssl_config.custom_ca,
+                                      bool(ssl_config.verify_client))
         return grpc.ssl_server_credentials([(private_key, certificate)], root_certificates=root,
                                            require_client_auth=bool(ssl_config.verify_client))
-    except (ValueError, TypeError) as err:
+    except (ValueError, TypeError, ssl.SSLError) as err:
         raise RuntimeError(f"Serving Error: load ssl config failed: {err}") from err
 
 
@@ -164,15 +170,25 @@ class GrpcFrontend(DrainingFrontend):
         self.health = HealthServicer(readiness or always_ready, limits.max_watch_streams)
         self.server = None
 
-    async def start(self):
-        options = [("grpc.max_send_message_length", self.max_bytes),
-                   ("grpc.max_receive_message_length", self.max_bytes),
-                   ("grpc.so_reuseport", int(self.reuse_port)),
-                   ("grpc.max_concurrent_streams", self.limits.max_streams_per_conn)]
-        interceptors = [ApiKeyInterceptor(self.access)] if self.access.guarded else None
+    def _new_server(self):
+        """The HTTP/2 server of this port: ours (h2grpc) unless MS_SERVING_GRPC_SERVER=grpcio asks for grpcio's."""
         # beyond max_concurrent_rpcs a call ends at once with RESOURCE_EXHAUSTED "Concurrent RPC limit exceeded!"
-        server = grpc.aio.server(options=options, interceptors=interceptors,
-                                 maximum_concurrent_rpcs=self.limits.max_concurrent_rpcs)
+        if SERVER_KIND == "grpcio":
+            options = [("grpc.max_send_message_length", self.max_bytes),
+                       ("grpc.max_receive_message_length", self.max_bytes),
+                       ("grpc.so_reuseport", int(self.reuse_port)),
+                       ("grpc.max_concurrent_streams", self.limits.max_streams_per_conn)]
+            interceptors = [ApiKeyInterceptor(self.access)] if self.access.guarded else None
+            return grpc.aio.server(options=options, interceptors=interceptors,
+                                   maximum_concurrent_rpcs=self.limits.max_concurrent_rpcs)
+        access = self.access
+        authorize = None if not access.guarded else \
+            lambda method, metadata: getattr(access.check_grpc(method, metadata), "message", None)
+        return h2grpc.Server(self.max_bytes, self.limits.max_concurrent_rpcs, self.limits.max_streams_per_conn,
+                             reuse_port=self.reuse_port, authorize=authorize)
+
+    async def start(self):
+        server = self._new_server()
         add_servicer(MSServiceServicer(self.dispatcher, self.llm_backend, self.drain), server)
         self.health.add_to_server(server)
         add_kserve_servicer(GuardedDispatcher(self.dispatcher, self.drain), server, self.model_control)  # KServe v2 / Triton
@@ -182,7 +198,7 @@ class GrpcFrontend(DrainingFrontend):
                               f"address {self.address}")
         try:
             if self.ssl_config is not None:
-                port = server.add_secure_port(self.address, _credentials(self.ssl_config))
+                port = server.add_secure_port(self.address, _credentials(self.ssl_config, SERVER_KIND == "grpcio"))
             else:
                 port = server.add_insecure_port(self.address)
         except RuntimeError as err:
