@@ -63,7 +63,11 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
     read_timeout: Optional[float] = None
     max_connections: Optional[int] = None
     refuse_app = None  # the ASGI app that answers a request beyond max_connections
+    # one timer per connection, created only when none is pending: arming a phase moves the deadline (a float),
+    # and the timer, when it fires early, waits for the deadline it finds
     _read_timer: Optional[asyncio.TimerHandle] = None
+    _read_deadline: Optional[float] = None
+    _read_what = ""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(CorkedTransport(transport, self.loop))
@@ -71,6 +75,9 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc) -> None:
         self._disarm()
+        if self._read_timer is not None:
+            self._read_timer.cancel()
+            self._read_timer = None
         super().connection_lost(exc)
 
     def on_message_begin(self) -> None:
@@ -99,17 +106,21 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
     def _arm(self, what: str) -> None:
         if self.read_timeout is None:
             return
-        self._disarm()
-        self._read_timer = self.loop.call_later(self.read_timeout, self._read_timed_out, what)
+        self._read_deadline = self.loop.time() + self.read_timeout
+        self._read_what = what
+        if self._read_timer is None:
+            self._read_timer = self.loop.call_at(self._read_deadline, self._read_timed_out)
 
     def _disarm(self) -> None:
-        if self._read_timer is not None:
-            self._read_timer.cancel()
-            self._read_timer = None
+        self._read_deadline = None  # a pending timer finds no deadline and ends
 
-    def _read_timed_out(self, what: str) -> None:
+    def _read_timed_out(self) -> None:
         self._read_timer = None
-        if self.transport.is_closing():
+        deadline, what = self._read_deadline, self._read_what
+        if deadline is None or self.transport.is_closing():
+            return
+        if deadline > self.loop.time():  # re-armed since: wait for the new deadline
+            self._read_timer = self.loop.call_at(deadline, self._read_timed_out)
             return
         if self.flow.read_paused:  # the server, not the client, is behind: the app has not taken the body yet
             self._arm(what)
