@@ -25,7 +25,8 @@ class PlannedWorker:
     key: str
     servable_name: str
     running: bool  # its process runs or is being started; False once it exited for good
-    starts: int    # how often it was started (a first start is `starting`, later ones `restarting`)
+    starts: int    # how often it was started, the start to come included while it is being restarted (a first
+    #               start is `starting`, later ones `restarting`)
 
 
 @dataclass(frozen=True)

@@ -273,7 +273,7 @@ class WorkerProcesses:
             workers = list(self.workers.values())
         return [PlannedWorker(key=w.plan.key, servable_name=w.plan.servable_name,
                               running=w.process is not None or w.starts == 0 or w.restarting,
-                              starts=w.starts) for w in workers]
+                              starts=w.starts + int(w.restarting)) for w in workers]
 
     # ---- notices from workers (called from the control service) ----
     def find(self, key: str) -> Optional[WorkerProcess]:

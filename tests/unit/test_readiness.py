@@ -92,3 +92,16 @@ def test_front_end_processes_get_the_same_readiness_from_its_json():
                   readiness(STOPPING, planned, [])):
         copy = readiness_from_json(state.to_json())
         assert copy == state and copy.reason == state.reason and copy.model_ready("add", 1) == state.model_ready("add", 1)
+
+
+def test_a_worker_between_its_death_and_its_new_process_is_restarting():
+    """WorkerProcesses' view of a worker whose death it is handling (no process yet, one start so far)."""
+    import threading
+    from types import SimpleNamespace
+    from mindspore_serving.master.worker_processes import WorkerProcesses
+    processes = WorkerProcesses.__new__(WorkerProcesses)  # without its start-up clean-up of shared memory
+    processes._lock = threading.Lock()
+    plan = SimpleNamespace(key="add/v1/device0", servable_name="add")
+    processes.workers = {plan.key: SimpleNamespace(plan=plan, process=None, starts=1, restarting=True)}
+    (planned,) = processes.planned()
+    assert planned.running and planned.starts == 2
