@@ -8,6 +8,7 @@ import grpc
 import pytest
 
 from certificates import make_certs
+from serving_process import wait_until
 from mindspore_serving.frontends import h2grpc
 
 SERVICE = "test.Echo"
@@ -184,22 +185,13 @@ def test_unix_socket_and_graceful_stop(served, tmp_path):
     with grpc.insecure_channel(server.address) as channel:
         running = channel.unary_unary(f"/{SERVICE}/Echo").future(b"in flight", timeout=10,
                                                                  metadata=(("x-sleep", "0.5"),))
-        assert _wait(lambda: server.server.active_calls == 1)
+        wait_until(lambda: server.server.active_calls == 1, 10, "the call running")
         stopping = asyncio.run_coroutine_threadsafe(server.server.stop(5), server.loop)
         assert running.result() == b"in flight"  # finished within the grace
         stopping.result(10)
         with pytest.raises(grpc.RpcError):
             _call(channel, "Echo", timeout=2)
 
-
-def _wait(predicate, seconds=10.0):
-    import time
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def _raw(address):

@@ -21,6 +21,7 @@ from mindspore_serving.llm.errors import InvalidRequestError
 from mindspore_serving.llm.sampling_params import MAX_STOP_LENGTH, MAX_STOP_STRINGS, SamplingParams
 from mindspore_serving.master.readiness import SERVING, Readiness
 from raw_http import closed_within, read_reply
+from serving_process import wait_until
 from test_restful_server import EchoDispatcher, free_port
 
 LLM_LIMIT = 1000
@@ -117,14 +118,14 @@ def test_a_keep_alive_connection_is_not_cut_by_the_read_timeout(frontend):
         for _ in range(2):
             sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
             assert read_reply(sock) == (200, {"status": "ok"})
-            time.sleep(READ_TIMEOUT * 2)  # idle between requests: the keep-alive timeout's business
+            time.sleep(READ_TIMEOUT * 2)  # ok-sleep: the idle time between requests is what the test is about
 
 
 def test_connections_beyond_the_limit_are_refused_in_the_route_s_shape_but_probes_answer():
     server, close = _serve(Limits(read_timeout=60, max_connections=2))
     held = [_connect(server.port) for _ in range(2)]
     try:
-        time.sleep(0.2)  # the server has accepted them
+        wait_until(lambda: len(server.server.server_state.connections) >= 2, 10, "both connections accepted")
         with _connect(server.port) as sock:
             sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
             status, body = read_reply(sock)
