@@ -134,12 +134,14 @@ def read_ssl_files(ssl_config):
     return private_key, certificate, root
 
 
-def _credentials(ssl_config, grpcio: bool):
-    private_key, certificate, root = read_ssl_files(ssl_config)
+def _credentials(ssl_config):
+    """The port's TLS for the server SERVER_KIND names: an ssl.SSLContext for h2grpc, which loads the PEM files
+    itself, grpcio's credentials from the files' contents otherwise."""
     try:
-        if not grpcio:
+        if SERVER_KIND != "grpcio":
             return h2grpc.ssl_context(ssl_config.certificate, ssl_config.private_key, ssl_config.custom_ca,
                                       bool(ssl_config.verify_client))
+        private_key, certificate, root = read_ssl_files(ssl_config)
         return grpc.ssl_server_credentials([(private_key, certificate)], root_certificates=root,
                                            require_client_auth=bool(ssl_config.verify_client))
     except (ValueError, TypeError, ssl.SSLError) as err:
@@ -198,7 +200,7 @@ class GrpcFrontend(DrainingFrontend):
                               f"address {self.address}")
         try:
             if self.ssl_config is not None:
-                port = server.add_secure_port(self.address, _credentials(self.ssl_config, SERVER_KIND == "grpcio"))
+                port = server.add_secure_port(self.address, _credentials(self.ssl_config))
             else:
                 port = server.add_insecure_port(self.address)
         except RuntimeError as err:

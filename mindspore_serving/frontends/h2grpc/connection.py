@@ -244,10 +244,10 @@ class Connection(asyncio.Protocol):
                 self._request_complete(stream)
             return
         headers = self.decoder.decode(block, raw=True)  # always decoded: the decoder's table must follow
-        if stream_id <= self.last_stream_id or not stream_id % 2:
-            if stream_id % 2 and stream_id <= self.last_stream_id:
-                return  # a stream we reset already
-            raise f.ConnectionError_(f.PROTOCOL_ERROR, f"stream id {stream_id} out of order")
+        if not stream_id % 2:
+            raise f.ConnectionError_(f.PROTOCOL_ERROR, f"stream id {stream_id} is not a client's")
+        if stream_id <= self.last_stream_id:
+            return  # a stream that ended or was reset already
         self.last_stream_id = stream_id
         if self.going_away or self.server.stopping:
             self.out.append(f.rst_stream(stream_id, f.REFUSED_STREAM))

@@ -101,17 +101,6 @@ def unpad(flags: int, payload: bytes, priority: bool = False) -> bytes:
     return payload[start:end]
 
 
-def data_frames(stream_id: int, data: bytes, max_frame: int, end_stream: bool = False) -> List[bytes]:
-    """`data` as DATA frames of at most `max_frame` bytes (one empty frame when `data` is empty)."""
-    if len(data) <= max_frame:
-        return [frame(DATA, END_STREAM if end_stream else 0, stream_id, data)]
-    view = memoryview(data)
-    chunks = [bytes(view[offset:offset + max_frame]) for offset in range(0, len(data), max_frame)]
-    frames = [frame(DATA, 0, stream_id, chunk) for chunk in chunks[:-1]]
-    frames.append(frame(DATA, END_STREAM if end_stream else 0, stream_id, chunks[-1]))
-    return frames
-
-
 def first_frame_is_settings(buffer: bytes) -> Optional[bool]:
     """After the preface a client's first frame must be SETTINGS: None until its header has arrived."""
     return None if len(buffer) < 9 else buffer[3] == SETTINGS

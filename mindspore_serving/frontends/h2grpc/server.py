@@ -154,7 +154,3 @@ class Server:
         for listener in self._listeners:
             await listener.wait_closed()
         self._listeners = []
-
-    async def wait_for_termination(self):
-        for listener in self._listeners:
-            await listener.wait_closed()

@@ -12,7 +12,6 @@ TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e
 _RESERVED = frozenset((b"content-type", b"te", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding",
                        b"grpc-message-type", b"connection", b"host"))
 RESPONSE_HEADERS = ((b":status", b"200"), (b"content-type", b"application/grpc"))
-_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class CallError(Exception):
@@ -100,7 +99,3 @@ def trailers(code: grpc.StatusCode, details: str, metadata: Sequence[Tuple[str, 
         else:
             fields.append((name, value.encode("latin-1") if isinstance(value, str) else value))
     return fields
-
-
-def status_code(number: int) -> grpc.StatusCode:
-    return _CODES.get(number, grpc.StatusCode.UNKNOWN)
