@@ -37,7 +37,7 @@ def served(monkeypatch):
         server = protocol.server(futures.ThreadPoolExecutor(max_workers=2))
         worker = _Worker()
         dpb_grpc.add_DistributedWorkerServicer_to_server(worker, server)
-        port = server.add_insecure_port("127.0.0.1:0")
+        port = protocol.listen(server, "127.0.0.1:0")  # with mutual TLS when the test set its variables
         server.start()
         servers.append(server)
         return f"127.0.0.1:{port}", worker
@@ -92,16 +92,9 @@ def _use(monkeypatch, paths, ip="127.0.0.1"):
 
 
 @pytest.fixture
-def tls_worker(certs, monkeypatch):
+def tls_worker(certs, monkeypatch, served):
     _use(monkeypatch, certs[0])
-    monkeypatch.delenv(protocol.SECRET_ENV, raising=False)
-    server = protocol.server(futures.ThreadPoolExecutor(max_workers=2))
-    worker = _Worker()
-    dpb_grpc.add_DistributedWorkerServicer_to_server(worker, server)
-    port = protocol.listen(server, "127.0.0.1:0")
-    server.start()
-    yield f"127.0.0.1:{port}", worker
-    server.stop(0)
+    return served(None)
 
 
 def test_a_host_with_the_group_s_certificate_gets_through(tls_worker):
