@@ -128,13 +128,14 @@ def test_mindspores_threads_are_found_by_name_in_proc():
     if not os.path.isdir("/proc/self/task"):
         pytest.skip("no /proc")
     before = settling.helper_cpu_ns()
-    named, done = threading.Event(), threading.Event()
-    thread = threading.Thread(target=lambda: (named.wait(5), sum(range(200_000)), done.wait(5)))
+    named, worked, done = threading.Event(), threading.Event(), threading.Event()
+    thread = threading.Thread(target=lambda: (named.wait(5), sum(range(200_000)), worked.set(), done.wait(5)))
     thread.start()
     try:
         with open(f"/proc/self/task/{thread.native_id}/comm", "w", encoding="utf-8") as stream:
             stream.write("KernelThread_9")  # the name MindSpore gives its kernel threads
         named.set()
+        assert worked.wait(5)  # the thread's CPU is counted once it has spent some, not when it was told to
         with open(f"/proc/self/task/{thread.native_id}/schedstat", encoding="utf-8") as stream:
             spent = int(stream.read().split()[0])
         assert spent > 0 and settling.helper_cpu_ns() >= before + spent
