@@ -69,11 +69,12 @@ class _Chunk:
     deadline (clock time, or None)."""
     __slots__ = ("spec", "instances", "future", "nbytes", "deadline", "queued_at")
 
-    def __init__(self, spec, instances: Sequence, future: "asyncio.Future", deadline: Optional[float] = None):
+    def __init__(self, spec, instances: Sequence, future: "asyncio.Future", deadline: Optional[float] = None,
+                 nbytes: Optional[int] = None):
         self.spec = spec
         self.instances = instances
         self.future = future
-        self.nbytes = sum(instance.ByteSize() for instance in instances)
+        self.nbytes = sum(instance.ByteSize() for instance in instances) if nbytes is None else nbytes
         self.deadline = deadline
         self.queued_at = 0.0
 
@@ -330,7 +331,7 @@ class Dispatcher:
         self.enqueued_bytes += nbytes
         try:
             pending, merge = self._answers(spec, candidates, instances,
-                                           None if timeout is None else self.clock.now() + timeout)
+                                           None if timeout is None else self.clock.now() + timeout, nbytes)
             answers = await (pending if timeout is None else self._within(pending, timeout, spec))
             if merge is not None:
                 answers = merge(answers)
@@ -371,7 +372,8 @@ class Dispatcher:
             timer.cancel()
 
     def _answers(self, spec, candidates: List[WorkerRecord], instances: Sequence,
-                 deadline: Optional[float]) -> Tuple["asyncio.Future", Optional[Callable[[list], list]]]:
+                 deadline: Optional[float], nbytes: Optional[int] = None
+                 ) -> Tuple["asyncio.Future", Optional[Callable[[list], list]]]:
         """Queues the request: invalid instances get their error, the rest go to workers in chunks of at most a
         batch. Returns a future of the answers and, when the request was cut, the function that puts the chunks'
         answers (a list per chunk) back in the request's order."""
@@ -380,21 +382,22 @@ class Dispatcher:
                    for instance in instances]
         batch = max(w.batch_size for w in candidates) if len(candidates) > 1 else candidates[0].batch_size
         if len(instances) <= batch and not any(reasons):  # the common case: one chunk, all instances valid
-            return self._enqueue(spec, candidates, instances, deadline), None
+            return self._enqueue(spec, candidates, instances, deadline, nbytes), None
         valid = [index for index, reason in enumerate(reasons) if reason is None]
         parts = [valid[start:start + batch] for start in range(0, len(valid), max(1, batch))]
         futures = [self._enqueue(spec, candidates, [instances[i] for i in part], deadline) for part in parts]
         return asyncio.gather(*futures), functools.partial(_merge_parts, reasons, parts)
 
     def _enqueue(self, spec, candidates: List[WorkerRecord], instances: Sequence,
-                 deadline: Optional[float] = None) -> "asyncio.Future":
-        """Queues one chunk for the least busy worker; the future gets one answer per instance."""
+                 deadline: Optional[float] = None, nbytes: Optional[int] = None) -> "asyncio.Future":
+        """Queues one chunk for the least busy worker; the future gets one answer per instance (`nbytes`: their
+        serialized size, when the caller knows it)."""
         worker = self.registry.pick(candidates)
         queue = worker.queues.get(spec.method_name)
         if queue is None:
             queue = worker.queues[spec.method_name] = _WorkerQueue(self, worker, spec.method_name)
         future = asyncio.get_running_loop().create_future()
         worker.outstanding += len(instances)
-        queue.put(_Chunk(spec, instances, future, deadline))
+        queue.put(_Chunk(spec, instances, future, deadline, nbytes))
         return future
 
