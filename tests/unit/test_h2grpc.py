@@ -227,3 +227,54 @@ def test_a_peer_that_breaks_the_protocol_is_closed_and_others_are_served(served)
                                                              for kind, _, _, payload in replies if kind == frames.GOAWAY]
     with grpc.insecure_channel(server.address) as channel:
         assert _call(channel, "Echo", b"fine") == b"fine"
+
+
+def _closing_blocks(sock, count: int):
+    """The decoded closing header blocks (END_STREAM) of `count` streams, read from a raw connection."""
+    import hpack
+    from mindspore_serving.frontends.h2grpc import frames
+    decoder, buffer, closing = hpack.Decoder(), b"", {}
+    while len(closing) < count:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed after {sorted(closing)}"
+        got, buffer = frames.cut(buffer + chunk, 1 << 20)
+        for kind, flags, stream_id, payload in got:
+            if kind == frames.HEADERS:
+                fields = dict(decoder.decode(payload))
+                if flags & frames.END_STREAM:
+                    closing[stream_id] = fields
+            elif kind == frames.GOAWAY:
+                closing["goaway"] = frames.u32(payload[4:8])
+    return closing
+
+
+def test_header_blocks_of_indexed_fields_only_are_read_from_the_table(served):
+    import hpack
+    from mindspore_serving.frontends.h2grpc import frames
+    server = served()
+    encoder = hpack.Encoder()
+    fields = [(":method", "POST"), (":scheme", "http"), (":path", f"/{SERVICE}/Echo"), (":authority", "x"),
+              ("content-type", "application/grpc"), ("te", "trailers"), ("x-fail", "from the table")]
+    first, again = encoder.encode(fields), encoder.encode(fields)
+    assert min(again) > 0x80 and len(again) == len(fields)  # one byte per field: what a repeating client sends
+    with _raw(server.address) as sock:
+        sent = frames.PREFACE + frames.settings([])
+        for stream_id, block in ((1, first), (3, again), (5, again)):
+            sent += frames.frame(frames.HEADERS, frames.END_HEADERS, stream_id, block)
+            sent += frames.frame(frames.DATA, frames.END_STREAM, stream_id, b"\x00\x00\x00\x00\x00")
+        sock.sendall(sent)
+        closing = _closing_blocks(sock, 3)
+        assert [closing[stream_id]["grpc-status"] for stream_id in (1, 3, 5)] == ["9"] * 3
+        assert {closing[stream_id]["grpc-message"] for stream_id in (1, 3, 5)} == {
+            "asked to fail: from the table %C3%BCn%C3%AFcode %25"}
+    with _raw(server.address) as sock:  # indexes repeated past the header list limit: a compression error
+        encoder = hpack.Encoder()
+        padded = fields[:-1] + [("x-pad", "p" * 3000)]
+        sent = frames.PREFACE + frames.settings([])
+        sent += frames.frame(frames.HEADERS, frames.END_HEADERS | frames.END_STREAM, 1, encoder.encode(padded))
+        pad_index = bytes((encoder.encode([("x-pad", "p" * 3000)])[0],))
+        sent += frames.frame(frames.HEADERS, frames.END_HEADERS | frames.END_STREAM, 3,
+                             encoder.encode(fields[:-1]) + pad_index * 6)
+        sock.sendall(sent)
+        assert _closing_blocks(sock, 2)["goaway"] == frames.COMPRESSION_ERROR
+

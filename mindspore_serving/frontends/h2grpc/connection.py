@@ -21,6 +21,8 @@ STREAM_WINDOW = 1 << 20          # what a client may send on one stream before w
 CONNECTION_WINDOW = 16 << 20     # ... and on the whole connection
 MAX_HEADER_LIST = 16 << 10       # request header fields, decoded
 MAX_HEADER_BLOCK = 64 << 10      # a request's header block, encoded (HEADERS and CONTINUATION frames)
+LINGER_S = 1.0                   # a failed connection reads and drops what the peer sends, at most this long
+INDEXED_BLOCKS = 32              # header blocks of indexed fields only, remembered per connection
 UNEXPECTED = "Unexpected error in RPC handling"
 
 
@@ -81,6 +83,7 @@ class Connection(asyncio.Protocol):
         self.buffer = b""
         self.preface = False
         self.decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
+        self.indexed: Dict[bytes, tuple] = {}  # block -> its fields, for blocks that leave the table as it is
         self.streams: Dict[int, Stream] = {}
         self.last_stream_id = 0
         self.send_window = f.DEFAULT_WINDOW
@@ -124,6 +127,8 @@ class Connection(asyncio.Protocol):
             self.transport.writelines(out)
 
     def data_received(self, data: bytes):
+        if self.closed:
+            return  # a connection failed: lingering until the peer closes
         try:
             self._receive(data)
         except f.ConnectionError_ as err:
@@ -158,7 +163,13 @@ class Connection(asyncio.Protocol):
         self.out.append(f.goaway(self.last_stream_id, code, why.encode()[:256]))
         self._flush()
         self.closed = True
-        self.transport.close()
+        if self.transport.can_write_eof():
+            # closed with bytes of the peer unread, the socket would be reset, and the GOAWAY could be lost on the
+            # way: what the peer still sends is read and dropped until it closes, or for LINGER_S
+            self.transport.write_eof()
+            self.loop.call_later(LINGER_S, self.transport.close)
+        else:
+            self.transport.close()
 
     # ---- frames ----
     def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes):
@@ -239,11 +250,11 @@ class Connection(asyncio.Protocol):
     def _headers(self, stream_id: int, flags: int, block: bytes):
         stream = self.streams.get(stream_id)
         if stream is not None:  # trailers of a request body
-            self.decoder.decode(block, raw=True)
+            self._decode(block)
             if flags & f.END_STREAM:
                 self._request_complete(stream)
             return
-        headers = self.decoder.decode(block, raw=True)  # always decoded: the decoder's table must follow
+        headers = self._decode(block)  # always decoded: the decoder's table must follow
         if not stream_id % 2:
             raise f.ConnectionError_(f.PROTOCOL_ERROR, f"stream id {stream_id} is not a client's")
         if stream_id <= self.last_stream_id:
@@ -259,6 +270,24 @@ class Connection(asyncio.Protocol):
         self.streams[stream_id] = stream
         if flags & f.END_STREAM:
             self._request_complete(stream)
+
+    def _decode(self, block: bytes) -> tuple:
+        """The fields of a header block. A client that repeats its headers sends, after the first call, a block
+        of indexed fields only (one byte each for indexes 1-126); such a block reads the table without changing
+        it, so its fields are looked up directly and remembered until a block that may change the table."""
+        headers = self.indexed.get(block)
+        if headers is not None:
+            return headers
+        if block and min(block) > 0x80 and max(block) < 0xff:
+            table = self.decoder.header_table
+            headers = tuple(table.get_by_index(byte & 0x7f) for byte in block)
+            if sum(len(name) + len(value) + 32 for name, value in headers) > MAX_HEADER_LIST:
+                raise hpack.OversizedHeaderListError(f"a header list over {MAX_HEADER_LIST} bytes")
+            if len(self.indexed) < INDEXED_BLOCKS:
+                self.indexed[block] = headers
+            return headers
+        self.indexed.clear()
+        return tuple(self.decoder.decode(block, raw=True))
 
     def _data(self, flags: int, stream_id: int, payload: bytes):
         self.unacked += len(payload)
