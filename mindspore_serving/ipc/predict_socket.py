@@ -27,7 +27,7 @@ import stat
 import struct
 import threading
 import time
-from typing import Callable, List, Optional
+from typing import Awaitable, Callable, List, Optional
 
 from mindspore_serving import log
 from mindspore_serving.ipc.master_worker import (MAX_INTERNAL_MSG_BYTES, WorkerConnectionError, remove_socket,
@@ -199,12 +199,14 @@ class _Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_exception(WorkerConnectionError(reason))
 
-    async def call(self, payload: bytes) -> bytes:
-        if self.lost is not None:
-            raise WorkerConnectionError(self.lost)
+    def send(self, payload: bytes) -> "asyncio.Future":
+        """Writes the request now; the future gets the reply's bytes."""
         self.waiter = asyncio.get_running_loop().create_future()
-        self.transport.writelines(frame(payload))
-        return await self.waiter
+        if self.lost is not None:
+            self.waiter.set_exception(WorkerConnectionError(self.lost))
+        else:
+            self.transport.writelines(frame(payload))
+        return self.waiter
 
     def close(self):
         if self.transport is not None:
@@ -234,11 +236,22 @@ class PredictChannel:
         if conn in self._idle:
             self._idle.remove(conn)
 
+    def begin(self, request, timeout: Optional[float] = None) -> Awaitable:
+        """The call of `call`, its request written at once when a connection is idle (a caller that has other work
+        for this event-loop turn sends first and awaits later); otherwise written once connected, on await."""
+        if not self._idle:
+            return self.call(request, timeout)
+        conn = self._idle.pop()
+        return self._reply(conn, conn.send(request.SerializeToString()), timeout)
+
     async def call(self, request, timeout: Optional[float] = None):
         conn = self._idle.pop() if self._idle else await self._connect()
+        return await self._reply(conn, conn.send(request.SerializeToString()), timeout)
+
+    async def _reply(self, conn: _Connection, sent: "asyncio.Future", timeout: Optional[float]):
         try:
             async with asyncio.timeout(timeout):
-                payload = await conn.call(request.SerializeToString())
+                payload = await sent
         except TimeoutError:
             conn.close()
             raise WorkerConnectionError(f"no reply within {timeout:g} s") from None

@@ -25,7 +25,7 @@ import collections
 import functools
 import itertools
 import time
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Awaitable, Callable, List, Optional, Sequence, Tuple
 
 import grpc
 
@@ -190,11 +190,14 @@ class _WorkerQueue:
                 nbytes += item.nbytes
             if chunks:
                 self.in_flight += 1
-                task = asyncio.ensure_future(self._call(chunks, count))
+                task = asyncio.ensure_future(self._call(chunks, count, *self._send(chunks)))
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)
 
-    async def _call(self, chunks: List[_Chunk], count: int):
+    def _send(self, chunks: List[_Chunk]) -> Tuple[str, Awaitable]:
+        """Sends the chunks to the worker as one call, now: the replies to earlier calls that this event-loop turn
+        also hands back (each resuming its request's task) would otherwise go first, the worker idle meanwhile.
+        Returns the call's id and what its reply is awaited with."""
         worker = self.worker
         first = chunks[0].spec
         request_id = f"{worker.pid}-{next(self.dispatcher._ids)}"
@@ -212,10 +215,14 @@ class _WorkerQueue:
         # the call lasts as long as the latest of its requests may: none is cut before its own deadline
         deadlines = [item.deadline for item in chunks]
         timeout = None if None in deadlines else max(0.001, max(deadlines) - self.clock.now())
+        # the worker's Predict socket when it offers one (ipc/predict_socket.py: a fraction of gRPC's cost)
+        call = worker.predict.begin if worker.predict is not None else worker.stub.Predict
+        return request_id, call(request, timeout=timeout)
+
+    async def _call(self, chunks: List[_Chunk], count: int, request_id: str, sent: Awaitable):
+        worker = self.worker
         try:
-            # the worker's Predict socket when it offers one (ipc/predict_socket.py: a fraction of gRPC's cost)
-            call = worker.predict.call if worker.predict is not None else worker.stub.Predict
-            reply = await call(request, timeout=timeout)
+            reply = await sent
         except ipc.CONNECTION_ERRORS as err:
             if isinstance(err, grpc.aio.AioRpcError):
                 log.warning(f"request {request_id} to worker pid {worker.pid} failed: {err.code().name} "

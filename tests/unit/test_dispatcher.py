@@ -784,3 +784,54 @@ def test_the_second_call_of_a_worker_with_python_stages_waits_for_the_clients_ju
     assert asyncio.run(scenario()) == 2
     assert [call["xs"] for call in calls] == [[0, 1], [2, 3], [10, 11]]
     assert not clock.pending()
+
+
+class FakePredictSocket:
+    """A worker's Predict socket as the dispatcher uses it: `begin` records the call at once (when it is written)
+    and returns the future of its reply, which the test sets."""
+
+    def __init__(self, events):
+        self.events = events
+        self.replies = []
+
+    def begin(self, request, timeout=None):
+        xs = [int(tensor_to_value(instance.items["x"])[0]) for instance in request.request.instances]
+        self.events.append(("sent", xs))
+        reply = asyncio.get_running_loop().create_future()
+        self.replies.append((request, reply))
+        return reply
+
+    def answer(self, index):
+        request, reply = self.replies[index]
+        answer = internal_pb2.WorkerPredictReply(request_id=request.request_id)
+        for instance in request.request.instances:
+            value_to_tensor(tensor_to_value(instance.items["x"]) * 10, answer.instances.add().items["y"])
+            answer.error_msg.add()
+        reply.set_result(answer)
+
+
+def test_the_next_call_leaves_before_the_answered_requests_resume():
+    """A call's reply hands its requests back in one event-loop turn; the call of the requests queued meanwhile is
+    written in that turn too, before those requests' tasks (each writing its client's reply) run, not after them:
+    the worker would sit idle behind them."""
+    registry, events = WorkerRegistry(), []
+    record = add_worker(registry, "w", 1, [], batch_size=1)
+    record.predict = FakePredictSocket(events)
+    dispatcher = dispatcher_of(registry)
+
+    async def request(x):
+        answers = await dispatcher.predict(spec_of(), instances_of(x))
+        events.append(("answered", y_of(answers[0])))
+
+    async def scenario():
+        first = asyncio.ensure_future(request(1))
+        await until(lambda: len(record.predict.replies) == 1)
+        second = [asyncio.ensure_future(request(x)) for x in (2, 3)]
+        await until(lambda: dispatcher.enqueued == 3)
+        record.predict.answer(0)
+        await until(lambda: len(record.predict.replies) == 2)
+        record.predict.answer(1)
+        await asyncio.gather(first, *second)
+
+    asyncio.run(scenario())
+    assert events == [("sent", [1]), ("sent", [2, 3]), ("answered", 10), ("answered", 20), ("answered", 30)]

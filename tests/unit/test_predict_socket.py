@@ -195,3 +195,20 @@ def test_the_worker_reads_its_polling_time_from_the_environment(monkeypatch):
     with pytest.raises(ValueError, match="MS_SERVING_WORKER_SPIN_US should be a number of microseconds, but got "
                                          "'fast'"):
         predict_spin_seconds()
+
+
+def test_begin_writes_the_request_at_once_on_an_idle_connection(address):
+    received = threading.Event()
+
+    def handle(request):
+        received.set()
+        return echo(request)
+
+    async def scenario(_server, channel):
+        await channel.call(request_of("first"))  # leaves an idle connection
+        received.clear()
+        pending = channel.begin(request_of("second"))
+        assert received.wait(5)  # the worker has it while this event loop has not run since
+        return (await pending).request_id
+
+    assert serve_and_run(address, handle, scenario) == "second"
