@@ -248,7 +248,7 @@ def _closing_blocks(sock, count: int):
     return closing
 
 
-def test_header_blocks_of_indexed_fields_only_are_read_from_the_table(served):
+def test_a_repeated_header_block_is_decoded_once_until_the_table_changes(served):
     import hpack
     from mindspore_serving.frontends.h2grpc import frames
     server = served()
@@ -264,10 +264,12 @@ def test_header_blocks_of_indexed_fields_only_are_read_from_the_table(served):
             sent += frames.frame(frames.DATA, frames.END_STREAM, stream_id, b"\x00\x00\x00\x00\x00")
         sock.sendall(sent)
         closing = _closing_blocks(sock, 3)
+        (connection,) = server.server.connections
+        assert list(connection.blocks) == [again]  # the first block added to the table: never remembered
         assert [closing[stream_id]["grpc-status"] for stream_id in (1, 3, 5)] == ["9"] * 3
         assert {closing[stream_id]["grpc-message"] for stream_id in (1, 3, 5)} == {
             "asked to fail: from the table %C3%BCn%C3%AFcode %25"}
-    with _raw(server.address) as sock:  # indexes repeated past the header list limit: a compression error
+    with _raw(server.address) as sock:  # a block past the header list limit: a compression error
         encoder = hpack.Encoder()
         padded = fields[:-1] + [("x-pad", "p" * 3000)]
         sent = frames.PREFACE + frames.settings([])

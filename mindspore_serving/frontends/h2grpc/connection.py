@@ -22,7 +22,7 @@ CONNECTION_WINDOW = 16 << 20     # ... and on the whole connection
 MAX_HEADER_LIST = 16 << 10       # request header fields, decoded
 MAX_HEADER_BLOCK = 64 << 10      # a request's header block, encoded (HEADERS and CONTINUATION frames)
 LINGER_S = 1.0                   # a failed connection reads and drops what the peer sends, at most this long
-INDEXED_BLOCKS = 32              # header blocks of indexed fields only, remembered per connection
+CACHED_BLOCKS = 32               # header blocks remembered per connection, with their fields
 UNEXPECTED = "Unexpected error in RPC handling"
 
 
@@ -83,7 +83,7 @@ class Connection(asyncio.Protocol):
         self.buffer = b""
         self.preface = False
         self.decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
-        self.indexed: Dict[bytes, tuple] = {}  # block -> its fields, for blocks that leave the table as it is
+        self.blocks: Dict[bytes, tuple] = {}  # block -> its fields, for blocks that leave the table as it is
         self.streams: Dict[int, Stream] = {}
         self.last_stream_id = 0
         self.send_window = f.DEFAULT_WINDOW
@@ -272,22 +272,23 @@ class Connection(asyncio.Protocol):
             self._request_complete(stream)
 
     def _decode(self, block: bytes) -> tuple:
-        """The fields of a header block. A client that repeats its headers sends, after the first call, a block
-        of indexed fields only (one byte each for indexes 1-126); such a block reads the table without changing
-        it, so its fields are looked up directly and remembered until a block that may change the table."""
-        headers = self.indexed.get(block)
+        """The fields of a header block. A client repeating its headers sends the same block call after call (its
+        fields indexed, or literals it does not index); a block whose decoding left the table as it was decodes
+        the same way until the table changes, so its fields are remembered until a block changes the table."""
+        headers = self.blocks.get(block)
         if headers is not None:
             return headers
-        if block and min(block) > 0x80 and max(block) < 0xff:
-            table = self.decoder.header_table
-            headers = tuple(table.get_by_index(byte & 0x7f) for byte in block)
-            if sum(len(name) + len(value) + 32 for name, value in headers) > MAX_HEADER_LIST:
-                raise hpack.OversizedHeaderListError(f"a header list over {MAX_HEADER_LIST} bytes")
-            if len(self.indexed) < INDEXED_BLOCKS:
-                self.indexed[block] = headers
-            return headers
-        self.indexed.clear()
-        return tuple(self.decoder.decode(block, raw=True))
+        table = self.decoder.header_table
+        entries = table.dynamic_entries
+        newest, count, size = entries[0] if entries else None, len(entries), table.maxsize
+        headers = tuple(self.decoder.decode(block, raw=True))
+        # an insertion puts a new tuple first; a size update changes maxsize
+        if (entries[0] if entries else None) is newest and len(entries) == count and table.maxsize == size:
+            if len(self.blocks) < CACHED_BLOCKS:
+                self.blocks[block] = headers
+        else:
+            self.blocks.clear()
+        return headers
 
     def _data(self, flags: int, stream_id: int, payload: bytes):
         self.unacked += len(payload)
