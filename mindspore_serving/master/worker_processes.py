@@ -378,8 +378,7 @@ class WorkerProcesses:
         """Asks every worker to exit (SIGTERM), then kills the ones still alive after `grace` seconds."""
         self._stop.set()
         with self._lock:
-            workers = list(self.workers.values())
-            self.workers.clear()
+            workers = list(self.workers.values())  # kept until they are gone: their Exit notices are heard
         alive = [w.process for w in workers if w.process is not None and w.process.poll() is None]
         for process in alive:
             try:
@@ -394,6 +393,8 @@ class WorkerProcesses:
                 log.warning(f"worker pid {process.pid} did not exit in {grace:g} s; killing it")
                 kill_group(process)
                 process.wait()
+        with self._lock:
+            self.workers.clear()
         if self._monitor is not None and self._monitor is not threading.current_thread():
             self._monitor.join(timeout=5)
         self._monitor = None

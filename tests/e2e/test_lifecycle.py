@@ -54,6 +54,7 @@ def test_sigterm_stops_server_and_workers(tmp_path):
     assert proc.wait_exit(30) == 0
     for worker in workers:
         wait_until(lambda: not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE, 15, "worker exit")
+    assert "refused" not in proc.output()  # the workers' exit notices are heard while the master stops
     proc.close()
 
 
