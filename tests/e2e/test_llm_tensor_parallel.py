@@ -41,20 +41,29 @@ def tokens(seed, n):
     return np.random.default_rng(seed).integers(3, 2000, n).tolist()
 
 
-def test_tensor_parallel_logits_equal_the_single_rank_model(tmp_path, tp1_config):
+def test_tensor_parallel_logits_equal_the_single_rank_model_and_sigterm_stops_the_group(tmp_path, tp1_config):
+    """The group as start_agent.py starts it (the cluster scheduler and every rank; a worker starts its own group
+    the same way, see tp2_server): its logits equal the single rank's, and SIGTERM stops every process of it."""
     # lazy: MindSpore loads in the test process only for the tests that run a model in it
     from mindspore_serving.agent.graph_runner import GraphRunner
     from mindspore_serving.llm.model_io import SeqStep
     from mindspore_serving.spec.llm_config import load_serving_config
     from mindspore_serving.worker.llm.agent_client import AgentRunner
-    from mindspore_serving.worker.llm.agents import startup_agents
+    from mindspore_serving.worker.llm.agents import agent_addresses
 
-    config = load_serving_config(tp2_config(tmp_path))
-    reference = GraphRunner(load_serving_config(tp1_config).model.graphs[0], num_blocks=config.engine.num_blocks)
-    group = startup_agents(config)
+    path = tp2_config(tmp_path, start_port=free_port(), scheduler_address=f"127.0.0.1:{free_port()}")
+    config = load_serving_config(path)
+    proc = ServingProcess([f"{ROOT}/start_agent.py", "--config", path], str(tmp_path),
+                          env={"MS_SERVING_AGENT_SECRET": "tp-test"})
     runner = None
     try:
-        runner = AgentRunner(group.addresses, secret=group.secret, expected_pids=group.pids())
+        reference = GraphRunner(load_serving_config(tp1_config).model.graphs[0], num_blocks=config.engine.num_blocks)
+        proc.wait_for("all agents started", timeout=120)
+        children = psutil.Process(proc.proc.pid).children(recursive=True)
+        commands = [" ".join(p.cmdline()) for p in children]
+        assert sum("mindspore_serving.agent.start_agent" in c for c in commands) == 2
+        assert sum("mindspore_serving.common.ms_cluster" in c for c in commands) == 1
+        runner = AgentRunner(agent_addresses(config), secret="tp-test")
         a, b, c = tokens(0, 20), tokens(1, 150), tokens(2, 70)
         steps = [
             [SeqStep(a, 0, [1, 2])],                                    # prefill
@@ -70,10 +79,11 @@ def test_tensor_parallel_logits_equal_the_single_rank_model(tmp_path, tp1_config
         want_tokens, want_logprobs = reference.run_greedy(greedy, 4)
         assert got_tokens.tolist() == want_tokens.tolist()
         np.testing.assert_allclose(got_logprobs, want_logprobs, rtol=0, atol=ATOL)
+        assert_sigterm_stops_all(proc, children)
     finally:
         if runner is not None:
             runner.close()
-        group.stop()
+        proc.close()
 
 
 @pytest.fixture(scope="module")
@@ -178,21 +188,6 @@ def test_a_rank_on_a_second_host_joins_and_its_loss_fails_streams_fast_then_the_
         if server is not None:
             server.close()
         second_host.close()
-
-
-def test_start_agent_runs_the_scheduler_and_every_rank_and_sigterm_stops_them_all(tmp_path):
-    port = free_port()
-    config = tp2_config(tmp_path, start_port=port, scheduler_address=f"127.0.0.1:{free_port()}")
-    proc = ServingProcess([f"{ROOT}/start_agent.py", "--config", config], str(tmp_path))
-    try:
-        proc.wait_for("all agents started", timeout=120)
-        children = psutil.Process(proc.proc.pid).children(recursive=True)
-        commands = [" ".join(p.cmdline()) for p in children]
-        assert sum("mindspore_serving.agent.start_agent" in c for c in commands) == 2
-        assert sum("mindspore_serving.common.ms_cluster" in c for c in commands) == 1
-        assert_sigterm_stops_all(proc, children)
-    finally:
-        proc.close()
 
 
 def test_a_rank_that_does_not_register_in_time_is_started_again_then_the_start_fails_naming_it(tmp_path):
