@@ -217,7 +217,12 @@ class _WorkerQueue:
         timeout = None if None in deadlines else max(0.001, max(deadlines) - self.clock.now())
         # the worker's Predict socket when it offers one (ipc/predict_socket.py: a fraction of gRPC's cost)
         call = worker.predict.begin if worker.predict is not None else worker.stub.Predict
-        return request_id, call(request, timeout=timeout)
+        try:
+            return request_id, call(request, timeout=timeout)
+        except Exception as err:  # raised where the reply is awaited (_call), which answers the chunks with it
+            failed = asyncio.get_running_loop().create_future()
+            failed.set_exception(err)
+            return request_id, failed
 
     async def _call(self, chunks: List[_Chunk], count: int, request_id: str, sent: Awaitable):
         worker = self.worker

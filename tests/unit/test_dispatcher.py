@@ -835,3 +835,30 @@ def test_the_next_call_leaves_before_the_answered_requests_resume():
 
     asyncio.run(scenario())
     assert events == [("sent", [1]), ("sent", [2, 3]), ("answered", 10), ("answered", 20), ("answered", 30)]
+
+
+def test_a_call_that_fails_as_it_is_sent_fails_its_requests_and_the_worker_takes_the_next():
+    registry, events = WorkerRegistry(), []
+    record = add_worker(registry, "w", 1, [], batch_size=1)
+    record.predict = FakePredictSocket(events)
+    sent = record.predict.begin
+    failures = [ValueError("cannot serialize")]
+
+    def begin(request, timeout=None):
+        if failures:
+            raise failures.pop()
+        return sent(request, timeout)
+
+    record.predict.begin = begin
+    dispatcher = dispatcher_of(registry)
+
+    async def scenario():
+        with pytest.raises(ValueError, match="cannot serialize"):
+            await dispatcher.predict(spec_of(), instances_of(1))
+        second = asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(2)))
+        await until(lambda: len(record.predict.replies) == 1)
+        record.predict.answer(0)
+        return [y_of(answer) for answer in await second]
+
+    assert asyncio.run(scenario()) == [20]
+    assert record.outstanding == 0
