@@ -684,8 +684,7 @@ def main(argv=None) -> int:
                 for index, kind in enumerate(args.grpc_servers):
                     if count == 1 and index == 0:
                         continue  # `ours` and `dense` themselves
-                    kind = kind if index else None
-                    name = ours_name(count, kind or "")
+                    name = ours_name(count, kind if index else "")  # the first server is the unnamed default
                     variants[name] = (OurServer(name, "add", frontend_processes=count, grpc_server=kind),
                                       None if args.skip_batching else
                                       OurServer(f"dense{name[len('ours'):]}", DENSE, BENCH_SERVABLES, count, kind))
