@@ -40,16 +40,22 @@ class FakeWorkerStub:
                 raise self.raise_error
         finally:
             call["returned"] = True
-        reply = internal_pb2.WorkerPredictReply(request_id=request.request_id)
-        for x in xs:
-            instance = reply.instances.add()
-            error = reply.error_msg.add()
-            if x < 0:
-                error.error_code = errors.INVALID_INPUTS
-                error.error_msg = f"negative input {x}".encode()
-            else:
-                value_to_tensor(np.array([x * 10], np.int32), instance.items["y"])
-        return reply
+        return reply_of(request)
+
+
+def reply_of(request) -> "internal_pb2.WorkerPredictReply":
+    """The fake worker's answer: y = x * 10 per instance, an error for negative x."""
+    reply = internal_pb2.WorkerPredictReply(request_id=request.request_id)
+    for item in request.request.instances:
+        x = int(tensor_to_value(item.items["x"])[0])
+        instance = reply.instances.add()
+        error = reply.error_msg.add()
+        if x < 0:
+            error.error_code = errors.INVALID_INPUTS
+            error.error_msg = f"negative input {x}".encode()
+        else:
+            value_to_tensor(np.array([x * 10], np.int32), instance.items["y"])
+    return reply
 
 
 def add_worker(registry, name, pid, calls, batch_size=2, version=1, input_names=("x",), python_stages=False,
@@ -803,11 +809,7 @@ class FakePredictSocket:
 
     def answer(self, index):
         request, reply = self.replies[index]
-        answer = internal_pb2.WorkerPredictReply(request_id=request.request_id)
-        for instance in request.request.instances:
-            value_to_tensor(tensor_to_value(instance.items["x"]) * 10, answer.instances.add().items["y"])
-            answer.error_msg.add()
-        reply.set_result(answer)
+        reply.set_result(reply_of(request))
 
 
 def test_the_next_call_leaves_before_the_answered_requests_resume():
