@@ -1,7 +1,7 @@
 # The bundled servables behind gRPC (5500) and RESTful (1500), models exported at build time.
 #
 #   docker build -t mindspore-serving .
-#   openssl rand -hex 32 > api_key && chmod 644 api_key     # readable by the image's user (uid 10001)
+#   openssl rand -hex 32 > api_key && chmod 600 api_key && sudo chown 10001 api_key  # the image's user only
 #   docker run --rm --stop-timeout 20 -p 5500:5500 -p 1500:1500 \
 #       -v "$PWD/api_key:/run/secrets/mindspore-serving/api_key:ro" mindspore-serving
 #

@@ -187,6 +187,10 @@ def test_the_api_key_comes_from_a_secret_in_kubernetes_and_docker():
     assert volume["secret"]["secretName"] == "mindspore-serving-api-key"
     assert [item["path"] for item in volume["secret"]["items"]] == [os.path.basename(key_file)]
     assert pod["automountServiceAccountToken"] is False
+    # The Secret's files belong to root and the pod's fsGroup: the server's user reads the key through its group
+    context = pod["securityContext"]
+    assert context["fsGroup"] == context["runAsUser"] != 0
+    assert volume["secret"]["defaultMode"] & 0o040 and not volume["secret"]["defaultMode"] & 0o007
 
 
 def test_the_network_policy_opens_the_public_ports_only():
