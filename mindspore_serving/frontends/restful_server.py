@@ -152,6 +152,15 @@ class RestfulApp:
         await _send_json(send, status, sse.dumps(payload), [(b"connection", b"close"), (b"retry-after", b"1")])
 
     async def _classic(self, scope, receive, send):
+        stream_of = None
+        if self.llm_backend is not None and scope["method"] == "POST":
+            stream_of = _stream_target(scope["path"])
+        if stream_of is not None:  # an LLM route
+            body = await self._llm_body(scope, receive, send)
+            if body is not None:
+                response = await mindspore_generate_stream(self.llm_backend, stream_of, body)
+                await response(scope, receive, send)
+            return
         try:
             body = await read_body(scope, receive, self.max_bytes)
         except BodyTooLarge:  # MindSpore Serving's text, with its HTTP 200
@@ -160,12 +169,6 @@ class RestfulApp:
             return
         if body is None:
             return
-        if self.llm_backend is not None and scope["method"] == "POST":
-            name = _stream_target(scope["path"])
-            if name is not None:
-                response = await mindspore_generate_stream(self.llm_backend, name, body)
-                await response(scope, receive, send)
-                return
         status, headers = 200, []
         results = await self.handle(scope["method"], scope["path"], body)
         reply = restful_codec.encode_results(results)
@@ -193,16 +196,21 @@ class RestfulApp:
     async def _with_body(self, scope, receive, send):
         """A POST to the FastAPI app (the LLM routes): its body is read here, within the LLM payload limit, and
         handed on whole."""
+        body = await self._llm_body(scope, receive, send)
+        if body is not None:
+            await self.fallback(scope, replay(body, receive), send)
+
+    async def _llm_body(self, scope, receive, send) -> Optional[bytes]:
+        """The body of a request to an LLM route, read within the LLM payload limit; None when it was refused
+        (413 in the route's shape) or the client went away."""
         limit = self.limits.llm_payload_bytes
         try:
-            body = await read_body(scope, receive, limit)
+            return await read_body(scope, receive, limit)
         except BodyTooLarge as err:
             error = errors.PayloadTooLarge(payload_too_large(err.size, limit, "request", "--llm_payload_limit"))
             status, payload = http_error(self.protocol_of(scope), error)
             await _send_json(send, status, sse.dumps(payload))
-            return
-        if body is not None:
-            await self.fallback(scope, replay(body, receive), send)
+            return None
 
     async def handle(self, http_method: str, path: str, body: bytes):
         """The request's results: per instance its outputs or a ServingError, or one exception for the whole."""

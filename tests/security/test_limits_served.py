@@ -32,6 +32,11 @@ POST_ROUTES = [  # path, declared length beyond its limit, status, a check of th
     ("/", LLM + 1, 413, lambda body: body["error_type"] == "payload_too_large"),
     ("/models/llama_tiny/generate", LLM + 1, 413, lambda body: body["error_type"] == "payload_too_large"),
     ("/models/llama_tiny/generate_stream", LLM + 1, 413, lambda body: body["error_type"] == "payload_too_large"),
+    ("/models/llama_tiny", LLM + 1, 413, lambda body: body["error_type"] == "payload_too_large"),
+    ("/model/llama_tiny:generate_stream", LLM + 1, 200, lambda body: "--llm_payload_limit" in body["error_msg"]),
+    ("/v2/models/add.add_common/versions/1/infer", CLASSIC + 1, 413, lambda body: "max_msg_mb_size" in body["error"]),
+    ("/v2/repository/index", CLASSIC + 1, 413, lambda body: "max_msg_mb_size" in body["error"]),
+    ("/v2/repository/models/add/unload", CLASSIC + 1, 413, lambda body: "max_msg_mb_size" in body["error"]),
 ]
 
 
