@@ -196,6 +196,11 @@ def unbind_request_id(token: contextvars.Token) -> None:
     _REQUEST_ID.reset(token)
 
 
+def current_request_id():
+    """The request id bound in this context (bind_request_id), or None."""
+    return _REQUEST_ID.get()
+
+
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 

@@ -23,6 +23,8 @@ import enum
 import os
 import re
 
+from mindspore_serving import log
+
 OK = 0
 FAILED = 1
 INVALID_INPUTS = 2
@@ -168,23 +170,45 @@ def kind_of(error: BaseException) -> Kind:
 
 
 _ROOTS = frozenset(name for name in os.listdir("/") if os.path.isdir("/" + name))
-_PATH = re.compile(r"(?<![\w.~:/-])/([\w.@+-]+)(?:/[\w.@+-]+)*/([\w.@+-]+)")
+_PATH = re.compile(r"(?<![\w.~:/-])/([\w.@+-]+)(?:/[\w.@+-]+)*")  # an absolute path; group 1: its first component
+_REPR = re.compile(r"<([^<>]*?) at 0x[0-9a-fA-F]+>")  # <_io.BytesIO object at 0x7f3a...>, <function f at 0x...>
 _ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{6,}\b")
 
 
+def _cut_path(match) -> str:
+    if match.group(1) not in _ROOTS:
+        return match.group(0)  # a URL path (/v2/models/add/infer, /ready), not a file's
+    return match.group(0).rsplit("/", 1)[1]
+
+
 def client_text(text: str) -> str:
-    """`text` as a client may see it: an absolute file path (one under a directory of this machine's root) is
-    cut to its last component, a memory address (`0x7f3a...`, in a repr) to `0x...`. URL paths are left alone."""
-    text = _PATH.sub(lambda m: m.group(2) if m.group(1) in _ROOTS else m.group(0), text)
-    return _ADDRESS.sub("0x...", text)
+    """`text` as a client may see it: an absolute file path (one under a directory of this machine's root, or that
+    directory itself) is cut to its last component, a repr with a memory address (`<_io.BytesIO object at
+    0x7f3a...>`) to the object's kind (`<_io.BytesIO object>`), any other address to `<address>`. URL paths are
+    left alone."""
+    if "/" in text:
+        text = _PATH.sub(_cut_path, text)
+    if "0x" in text:
+        text = _ADDRESS.sub("<address>", _REPR.sub(r"<\1>", text))
+    return text
+
+
+def internal_text() -> str:
+    """What a client is told of an unexpected exception (a bug): nothing of it, whose text may hold paths, reprs
+    or other requests' data, but the request's id (the one its reply carries), with which the server log's line
+    about it, traceback and all, is found."""
+    request_id = log.current_request_id()
+    if request_id is None:
+        return "internal error: see the server log"
+    return f"internal error (request {request_id}): see the server log"
 
 
 def message_of(error: BaseException) -> str:
-    """The text a client sees (client_text): a ServingError's own message, or one that names an unexpected
-    exception."""
+    """The text a client sees (client_text): a ServingError's own message, or for an unexpected exception the
+    generic internal_text (whoever catches it logs it)."""
     if isinstance(error, ServingError):
         return client_text(error.message)
-    return client_text(f"internal error: {type(error).__name__}: {error}")
+    return internal_text()
 
 
 def as_serving_error(error) -> ServingError:

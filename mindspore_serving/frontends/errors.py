@@ -33,7 +33,9 @@ HTTP 503 with `Retry-After: RETRY_AFTER_S` and gRPC UNAVAILABLE.
 
 MindSpore Serving's classic RESTful protocol answers HTTP 200 with `{"error_msg": ...}`, also for each failed
 instance of a reply; only a request-wide unavailable error is a 503 (with the same body). `classic_error` names
-an unexpected exception as the classic protocols do.
+an unexpected exception as the classic protocols do. An unexpected exception's own text never reaches a client
+(it may hold paths, reprs, other requests' data): its reply names the request id instead, and the front end that
+caught it logs it, traceback and all, on a line that ends with the same id.
 """
 import enum
 from typing import Dict, Tuple
@@ -148,10 +150,11 @@ def http_error_headers(error: BaseException) -> Dict[str, str]:
 
 def classic_error(error: BaseException) -> errors.ServingError:
     """`error` as MindSpore Serving's classic protocols (gRPC and the RESTful `/model/...` route) report it: a
-    ServingError as it is, an unexpected exception as a SYSTEM_ERROR "Serving Error: <exception>"."""
+    ServingError as it is, an unexpected exception as a SYSTEM_ERROR "Serving Error: internal error (request <id>):
+    see the server log" (errors.internal_text: the exception's own text stays in the log)."""
     if isinstance(error, errors.ServingError):
         return error
-    return errors.SystemError_(f"Serving Error: {error}")
+    return errors.SystemError_(f"Serving Error: {errors.internal_text()}")
 
 
 def grpc_error(error: BaseException) -> Tuple[grpc.StatusCode, ms_service_pb2.ErrorMsg]:

@@ -21,7 +21,7 @@ from mindspore_serving import __version__, log
 from mindspore_serving.common import errors
 from mindspore_serving.common.tensor_codec import proto_to_instance, value_to_tensor
 from mindspore_serving.frontends import kserve_codec as codec, request_ids
-from mindspore_serving.frontends.errors import Protocol, http_error, kserve_grpc_status
+from mindspore_serving.frontends.errors import Protocol, classic_error, http_error, kserve_grpc_status
 from mindspore_serving.master.model_control import NO_CONTROL_TEXT, check_servable_name
 from mindspore_serving.proto import grpc_predict_v2_pb2 as v2
 from mindspore_serving.proto import grpc_predict_v2_pb2_grpc as v2_grpc
@@ -165,7 +165,7 @@ async def handle_rest(kserve: KServe, route: str, params: dict, headers: dict, b
         return handle_error(err)
     except Exception as err:  # pylint: disable=broad-except
         log.exception("KServe v2 request failed")
-        return handle_error(errors.SystemError_(f"Serving Error: {err}"))
+        return handle_error(classic_error(err))
 
 
 def _control_parameters(body: bytes) -> dict:
@@ -241,7 +241,7 @@ class GRPCInferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
             error = err
         except Exception as err:  # pylint: disable=broad-except
             log.exception("KServe v2 ModelInfer failed")
-            error = errors.SystemError_(f"Serving Error: {err}")
+            error = classic_error(err)
         await context.abort(kserve_grpc_status(error), errors.message_of(error))
 
     async def RepositoryIndex(self, request, context):
@@ -269,7 +269,7 @@ class GRPCInferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
             error = err
         except Exception as err:  # pylint: disable=broad-except
             log.exception("KServe v2 repository control failed")
-            error = errors.SystemError_(f"Serving Error: {err}")
+            error = classic_error(err)
         await context.abort(kserve_grpc_status(error), errors.message_of(error))
 
 
