@@ -19,6 +19,7 @@ import grpc
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
+from mindspore_serving.common.change_signal import ChangeSignal
 from mindspore_serving.common.limits import Limits
 from mindspore_serving.frontends.api_groups import Access
 from mindspore_serving.frontends.grpc_server import GrpcFrontend
@@ -92,6 +93,7 @@ class FrontendProcess(frontend_pb2_grpc.FrontendServiceServicer):
         self.dispatcher = Dispatcher(self.registry, metrics=self.metrics)
         self.llm_backend = MasterLlmBackend(self.registry, metrics=self.metrics)
         self.state = Readiness(False, STARTING)
+        self.readiness_changes = ChangeSignal()  # bumped when the master tells a new readiness
         # a servable the master runs but whose workers are all gone now: "retry later", not an unknown servable
         self.registry.expected = lambda name, _version: name in self.state.servables
         self.master_address = master_address
@@ -114,6 +116,7 @@ class FrontendProcess(frontend_pb2_grpc.FrontendServiceServicer):
                 await old.close_channels()
         if request.readiness_json:
             self.state = readiness_from_json(json.loads(request.readiness_json))
+            self.readiness_changes.notify()
         self.dispatcher.request_timeout = request.request_timeout
         self.dispatcher.max_enqueued_requests = request.max_enqueued_requests
         self.dispatcher.max_enqueued_bytes = request.max_enqueued_bytes
@@ -136,7 +139,8 @@ class FrontendProcess(frontend_pb2_grpc.FrontendServiceServicer):
                       access=Access(config.api_key or None, dict(config.restricted_api), tuple(config.open_api)),
                       limits=Limits.from_proto(config.limits))
         if config.kind == "grpc":
-            frontend = GrpcFrontend(config.address, config.max_msg_mb_size, ssl_config, self.dispatcher, **common)
+            frontend = GrpcFrontend(config.address, config.max_msg_mb_size, ssl_config, self.dispatcher,
+                                    readiness_changes=self.readiness_changes, **common)
         else:
             frontend = RestfulFrontend(config.address, config.max_msg_mb_size, ssl_config, self.dispatcher,
                                        metrics=RemoteMetrics(self), **common)

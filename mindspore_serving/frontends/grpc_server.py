@@ -151,7 +151,8 @@ def _credentials(ssl_config):
 class GrpcFrontend(DrainingFrontend):
     def __init__(self, address: str, max_msg_mb_size: int, ssl_config, dispatcher, extra_servicers=(),
                  llm_backend=None, readiness=None, model_control=None, reuse_port: bool = False,
-                 api_key: Optional[str] = None, limits: Limits = Limits(), access: Optional[Access] = None):
+                 api_key: Optional[str] = None, limits: Limits = Limits(), access: Optional[Access] = None,
+                 readiness_changes=None):
         check_max_msg_mb_size(max_msg_mb_size)
         if address.startswith("unix:"):
             check_unix_address(address)
@@ -169,7 +170,7 @@ class GrpcFrontend(DrainingFrontend):
         self.limits = limits
         self.drain = Drain()
         # grpc.health.v1, following the master's readiness
-        self.health = HealthServicer(readiness or always_ready, limits.max_watch_streams)
+        self.health = HealthServicer(readiness or always_ready, limits.max_watch_streams, readiness_changes)
         self.server = None
 
     def _new_server(self):

@@ -12,21 +12,25 @@ REST (answered while the server drains too, and never counted as requests in fli
 
 gRPC: grpc.health.v1.Health on the public port. The service "" (and MSService's name) is SERVING when the
 server is ready; a servable's name is SERVING when that servable is; another name is NOT_FOUND (Watch:
-SERVICE_UNKNOWN). Watch streams send each change of their status: one task per front end reads the readiness
-every WATCH_INTERVAL seconds while any stream is open and wakes the streams when it changed, so that a thousand
-streams cost what one does; beyond `max_watch_streams` a new Watch ends with RESOURCE_EXHAUSTED.
+SERVICE_UNKNOWN). Watch streams send each change of their status: one task per front end, while any stream is
+open, reads the readiness when the master signals a change (`ChangeSignal`; at the latest every WATCH_FALLBACK
+seconds, and every WATCH_INTERVAL seconds for a front end given no signal) and wakes the streams when it
+changed, so that a thousand streams cost what one does; beyond `max_watch_streams` a new Watch ends with
+RESOURCE_EXHAUSTED.
 """
 import asyncio
-from typing import Callable
+from typing import Callable, Optional
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from mindspore_serving.common.change_signal import ChangeSignal
 from mindspore_serving.master.readiness import SERVING, Readiness
 
-WATCH_INTERVAL = 0.2
+WATCH_INTERVAL = 0.2   # how often Watch reads the readiness without a change signal
+WATCH_FALLBACK = 5.0   # ... and with one, in case a change went unsignalled
 PROBE_PATHS = frozenset(("/health", "/ready", "/v2/health/live", "/v2/health/ready"))
 GRPC_SERVICE_NAMES = ("", "mindspore.serving.proto.MSService")  # the whole server
 
@@ -115,8 +119,10 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
     """grpc.health.v1.Health, whose statuses follow the master's readiness (Check and List compute it on each
     call; Watch streams share one reader, `_follow`)."""
 
-    def __init__(self, readiness: ReadinessSource, max_watch_streams: int = 1000):
+    def __init__(self, readiness: ReadinessSource, max_watch_streams: int = 1000,
+                 changes: Optional[ChangeSignal] = None):
         self.readiness = readiness
+        self.changes = changes  # bumped where the readiness may have changed
         self.max_watch_streams = max_watch_streams
         self._closed = asyncio.Event()
         self._watchers = 0
@@ -131,6 +137,8 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
         """Ends the Watch streams (the server stops after its drain)."""
         self._closed.set()
         self._changed.set()
+        if self._follower is not None:
+            self._follower.cancel()
 
     async def Check(self, request, context):  # pylint: disable=invalid-name
         status = grpc_status(self.readiness(), request.service)
@@ -166,14 +174,18 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
             self._watchers -= 1
 
     async def _follow(self):
-        """Reads the readiness every WATCH_INTERVAL seconds while streams are open; wakes them when it changed."""
+        """Reads the readiness at each signalled change while streams are open; wakes them when it changed."""
+        seen = self.changes.version if self.changes is not None else 0
         while self._watchers and not self._closed.is_set():
-            try:
-                await asyncio.wait_for(self._closed.wait(), WATCH_INTERVAL)
-            except asyncio.TimeoutError:
-                pass
-            state = self.readiness()
+            state = self.readiness()  # read after `seen`: a change from now on is signalled anew
             if state != self._state:
                 self._state = state
                 changed, self._changed = self._changed, asyncio.Event()
                 changed.set()
+            if self.changes is not None:
+                seen = await self.changes.wait(seen, WATCH_FALLBACK)
+                continue
+            try:
+                await asyncio.wait_for(self._closed.wait(), WATCH_INTERVAL)
+            except asyncio.TimeoutError:
+                pass

@@ -7,7 +7,7 @@ listeners) and run the whole data plane for the connections they accept: parsing
 what they need (frontend.proto):
 - every worker registration and removal (the RegisterRequest, from which each builds its own channels), and the
   settings of the dispatcher;
-- the server's readiness whenever it changes (checked every READINESS_INTERVAL);
+- the server's readiness whenever it changes (the master's `ChangeSignal`);
 - the public servers to open (StartServer: replayed to a process that was restarted);
 - one drain when the server stops: the master's front ends and theirs refuse new requests at once, requests in
   flight have the grace period, then the processes end.
@@ -30,6 +30,7 @@ import grpc
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
+from mindspore_serving.common.change_signal import ChangeSignal
 from mindspore_serving.common.child_process import child_env
 from mindspore_serving.common.restart_budget import RestartBudget
 from mindspore_serving.ipc import master_worker as ipc
@@ -40,7 +41,8 @@ from mindspore_serving.proto import frontend_pb2_grpc, internal_pb2
 
 FRONTEND_MODULE = "mindspore_serving.frontend_process.start_frontend"
 START_TIMEOUT = 60.0        # seconds a front-end process has to register
-READINESS_INTERVAL = 0.1    # how often the master compares its readiness with what the processes were told
+READINESS_FALLBACK = 5.0    # the master compares its readiness with what the processes were told at each signalled
+#                             change, and at least this often in case a change went unsignalled
 CALL_TIMEOUT = 10.0         # an update or a server start the process must answer within
 MAX_QUICK_RESTARTS = 5
 RESTART_WINDOW = 60.0
@@ -71,11 +73,12 @@ class FrontendProcesses:
     """The master's front-end processes; also one of its front ends (stop_accepting / drain_requests / close)."""
 
     def __init__(self, count: int, master_address: str, loop: asyncio.AbstractEventLoop, registry,
-                 readiness: Callable, settings: Callable[[], dict]):
+                 readiness: Callable, settings: Callable[[], dict], readiness_changes: Optional[ChangeSignal] = None):
         self.master_address = master_address
         self.loop = loop
         self.registry = registry
         self.readiness = readiness    # () -> Readiness
+        self.readiness_changes = readiness_changes or ChangeSignal()  # bumped where the readiness may change
         self.settings = settings      # () -> {"request_timeout", "max_enqueued_requests", "max_enqueued_bytes", "llm_token_timeout"}
         self.children: Dict[int, FrontendChild] = {index: FrontendChild(index) for index in range(1, count)}
         self.servers: List[pb.ServerConfig] = []
@@ -179,14 +182,15 @@ class FrontendProcesses:
             self.loop.call_soon_threadsafe(self._tell, update)
 
     async def _follow_readiness(self):
+        seen = self.readiness_changes.version
         while not self._stopping.is_set():
-            text = _readiness_json(self.readiness())
+            text = _readiness_json(self.readiness())  # read after `seen`: a change from now on is signalled anew
             if text != self._told_readiness:
                 self._told_readiness = text
                 update = self._update()
                 update.readiness_json = text
                 self._tell(update)
-            await asyncio.sleep(READINESS_INTERVAL)
+            seen = await self.readiness_changes.wait(seen, READINESS_FALLBACK)
 
     # ---- servers ----
     async def start_server(self, config: pb.ServerConfig):

@@ -37,10 +37,11 @@ class WorkerHeartbeat:
     """Pings the registry's workers from the master's event loop (start() there, stop() to end)."""
 
     def __init__(self, registry: WorkerRegistry, settings: HeartbeatSettings,
-                 on_unresponsive: Callable[[WorkerRecord, str], None]):
+                 on_unresponsive: Callable[[WorkerRecord, str], None], on_change: Callable[[], None] = lambda: None):
         self.registry = registry
         self.settings = settings
         self.on_unresponsive = on_unresponsive
+        self.on_change = on_change  # a worker's readiness changed (its not_ready, or given up as hung)
         self._missed: Dict[tuple, int] = {}  # (key, pid) -> pings missed in a row
         self._task = None
         self._pings = set()  # pings in flight (a task needs a reference until it is done)
@@ -77,7 +78,9 @@ class WorkerHeartbeat:
         try:
             reply = await record.stub.Ping(internal_pb2.Empty(), timeout=self.settings.interval)
             self._missed.pop(key, None)
-            record.not_ready = reply.not_ready  # an LLM worker's agents restarting: alive, but not ready
+            if record.not_ready != reply.not_ready:  # an LLM worker's agents restarting: alive, but not ready
+                record.not_ready = reply.not_ready
+                self.on_change()
             return
         except grpc.aio.AioRpcError as err:
             if err.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
@@ -89,5 +92,6 @@ class WorkerHeartbeat:
             reason = (f"the worker of {record.servable_name} (pid {record.pid}) is not responding "
                       f"({missed} heartbeats of {self.settings.interval:g} s missed)")
             record.lost_reason = reason
+            self.on_change()
             log.error(reason)
             self.on_unresponsive(record, reason)

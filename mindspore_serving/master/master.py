@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from mindspore_serving import log
 from mindspore_serving.common import gc_tuning
+from mindspore_serving.common.change_signal import ChangeSignal
 from mindspore_serving.common.limits import Limits
 from mindspore_serving.ipc import master_worker as ipc
 from mindspore_serving.master.control_service import MasterControlServicer
@@ -67,6 +68,9 @@ class Master:
         self._thread = threading.Thread(target=self.loop.run_forever, name="serving-loop", daemon=True)
         self._thread.start()
         self.registry = WorkerRegistry()
+        # bumped wherever the readiness may change: its phase, the registry, worker processes, heartbeats
+        self.readiness_changes = ChangeSignal()
+        self.registry.listeners.append(lambda _change, _record: self.readiness_changes.notify())
         self.metrics = MasterMetrics()
         self.dispatcher = Dispatcher(self.registry, metrics=self.metrics)
         self.llm_backend = MasterLlmBackend(self.registry, _settings["llm_token_timeout"], self.metrics)
@@ -74,7 +78,8 @@ class Master:
         self.dispatcher.max_enqueued_bytes = _settings["max_enqueued_bytes"]
         self.dispatcher.request_timeout = _settings["request_timeout"]
         self.address = ipc.master_address()
-        self.processes = WorkerProcesses(self.address, self._on_worker_death, self._on_all_workers_exited)
+        self.processes = WorkerProcesses(self.address, self._on_worker_death, self._on_all_workers_exited,
+                                         on_change=self.readiness_changes.notify)
         self.registry.expected = self._has_planned_workers
         self.metrics_collector = MetricsCollector(self.metrics, self.dispatcher, self.registry, self.processes,
                                                   self.loop)
@@ -85,11 +90,21 @@ class Master:
         self.frontends = {}
         self.frontend_processes: Optional[FrontendProcesses] = None  # with frontend_processes > 1, once serving
         self.stopped = threading.Event()
-        self.phase = IDLE  # STARTING while start_servables runs, then SERVING (stop: STOPPING)
+        self._phase = IDLE  # STARTING while start_servables runs, then SERVING (stop: STOPPING)
         self._control_server = self.run(self._start_control_server())
-        self.heartbeat = WorkerHeartbeat(self.registry, _settings["heartbeat"], self._on_worker_unresponsive)
+        self.heartbeat = WorkerHeartbeat(self.registry, _settings["heartbeat"], self._on_worker_unresponsive,
+                                         on_change=self.readiness_changes.notify)
         self.loop.call_soon_threadsafe(self.heartbeat.start)
         print(f"Serving: Master server start success, listening on {self.address}", flush=True)
+
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    @phase.setter
+    def phase(self, phase: str):
+        self._phase = phase
+        self.readiness_changes.notify()
 
     def run(self, coro, timeout: Optional[float] = None):
         """Runs a coroutine on the master loop from any other thread and returns its result."""
@@ -118,7 +133,7 @@ class Master:
         """The front-end processes, started on the first public server (None with frontend_processes 1)."""
         if self.frontend_processes is None and _settings["frontend_processes"] > 1:
             processes = FrontendProcesses(_settings["frontend_processes"], self.address, self.loop, self.registry,
-                                          self.readiness, self._frontend_settings)
+                                          self.readiness, self._frontend_settings, self.readiness_changes)
             self.frontend_processes = processes
             try:
                 processes.start()
@@ -190,6 +205,7 @@ class Master:
         if self.stopped.is_set():
             return
         self.stopped.set()
+        self.readiness_changes.notify()
         grace = _settings["stop_grace"] if grace is None else grace
         exit_deadline = time.monotonic() + grace + EXIT_MARGIN
         if self.frontends:

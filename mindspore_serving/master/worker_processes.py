@@ -146,10 +146,11 @@ class WorkerProcesses:
     """The set of worker processes of one master."""
 
     def __init__(self, master_address: str, on_death: Callable[[WorkerProcess], None],
-                 on_all_exited: Callable[[], None]):
+                 on_all_exited: Callable[[], None], on_change: Callable[[], None] = lambda: None):
         self.master_address = master_address
         self.on_death = on_death
         self.on_all_exited = on_all_exited
+        self.on_change = on_change  # what planned() says may have changed (the master's readiness)
         self.workers: Dict[str, WorkerProcess] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -175,6 +176,7 @@ class WorkerProcesses:
             worker.process.stdin.write(plan.dec_key.hex().encode() + b"\n")
         worker.process.stdin.close()
         worker.starts += 1
+        self.on_change()
         log.info(f"started worker {plan.key} pid {worker.process.pid}, log {plan.log_path}")
 
     def start(self, plans: List[WorkerPlan]):
@@ -247,6 +249,7 @@ class WorkerProcesses:
             detached = [self.workers.pop(key) for key in list(keys) if key in self.workers]
         for worker in detached:
             worker.expected_exit = True
+        self.on_change()
         return detached
 
     @staticmethod
@@ -265,6 +268,7 @@ class WorkerProcesses:
         kill_group(process)  # what it started goes with it
         process.wait()
         worker.process = None
+        self.on_change()
         _remove_call_blocks(worker.plan, process.pid)
 
     def planned(self) -> List[PlannedWorker]:
@@ -343,10 +347,12 @@ class WorkerProcesses:
         plan = worker.plan
         code = worker.process.returncode
         worker.restarting = True  # until it is decided otherwise below
+        self.on_change()
         try:
             self._restart_after_death(worker, plan, code)
         finally:
             worker.restarting = False
+            self.on_change()
 
     def _restart_after_death(self, worker: WorkerProcess, plan: WorkerPlan, code: Optional[int]):
         kill_group(worker.process)  # what it started (LLM agents) goes with it, even if stopped or hung
@@ -395,6 +401,7 @@ class WorkerProcesses:
                 process.wait()
         with self._lock:
             self.workers.clear()
+        self.on_change()
         if self._monitor is not None and self._monitor is not threading.current_thread():
             self._monitor.join(timeout=5)
         self._monitor = None

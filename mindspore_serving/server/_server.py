@@ -212,7 +212,8 @@ def start_grpc_server(address, max_msg_mb_size=100, ssl_config=None):
         if not isinstance(ssl_config, SSLConfig):
             raise RuntimeError("The type of ssl_config should be type of SSLConfig")
         read_ssl_files(ssl_config)  # as MindSpore Serving: an unreadable file fails before anything else
-    _start_frontend(_GRPC, "Serving gRPC server", GrpcFrontend, address, max_msg_mb_size, ssl_config)
+    _start_frontend(_GRPC, "Serving gRPC server", GrpcFrontend, address, max_msg_mb_size, ssl_config,
+                    readiness_changes="readiness_changes")
 
 
 def start_restful_server(address, max_msg_mb_size=100, ssl_config=None):

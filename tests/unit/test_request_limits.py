@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from mindspore_serving.common import errors
+from mindspore_serving.common.change_signal import ChangeSignal
 from mindspore_serving.common.limits import Limits
 from mindspore_serving.frontends.errors import Protocol, grpc_error, http_error
 from mindspore_serving.frontends.health import HealthServicer
@@ -222,6 +223,53 @@ def test_health_watch_streams_are_capped_and_share_one_readiness_reader(monkeypa
             await stream.aclose()
         assert servicer._watchers == 0  # pylint: disable=protected-access
     asyncio.run(scenario())
+
+
+def test_health_watch_reads_the_readiness_only_when_a_change_is_signalled():
+    calls = []
+    state = {"ready": True}
+    changes = ChangeSignal()
+
+    def readiness():
+        calls.append(1)
+        return Readiness(state["ready"], SERVING)
+
+    async def scenario():
+        servicer = HealthServicer(readiness, max_watch_streams=10, changes=changes)
+        request = type("Request", (), {"service": ""})()
+        streams = [servicer.Watch(request, _Context()) for _ in range(10)]
+        assert {first.status for first in await asyncio.gather(*(s.__anext__() for s in streams))} == {1}
+        await asyncio.sleep(0.05)  # the reader's first read, as it starts
+        calls.clear()
+        await asyncio.sleep(0.3)  # a quiet spell is the point: without a signal nothing is read
+        assert not calls
+        state["ready"] = False
+        threading.Thread(target=changes.notify).start()  # the master signals from its own threads
+        seconds = await asyncio.wait_for(asyncio.gather(*(s.__anext__() for s in streams)), 2)
+        assert {second.status for second in seconds} == {2} and len(calls) == 1
+        servicer.close()
+        for stream in streams:
+            await stream.aclose()
+    asyncio.run(scenario())
+
+
+def test_a_change_signal_wakes_waiters_of_any_loop_and_times_out_without_one():
+    changes = ChangeSignal()
+
+    async def waits(seen, timeout):
+        return await changes.wait(seen, timeout)
+
+    assert asyncio.run(waits(changes.version, 0.01)) == 0  # no change: back after the timeout
+    assert not changes._waiters  # pylint: disable=protected-access
+    changes.notify()
+    assert asyncio.run(waits(0, 5)) == 1  # a change since `seen`: at once
+    woken = []
+    thread = threading.Thread(target=lambda: woken.append(asyncio.run(waits(1, 5))))
+    thread.start()
+    wait_until(lambda: changes._waiters, 5, "a waiter")  # pylint: disable=protected-access
+    changes.notify()
+    thread.join(5)
+    assert woken == [2]
 
 
 def test_stop_strings_are_capped_in_count_and_length():
