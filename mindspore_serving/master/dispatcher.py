@@ -65,18 +65,19 @@ class LoopClock:
 
 
 class _Chunk:
-    """Instances of one public request bound for one worker call, the future of their answers and the request's
-    deadline (clock time, or None)."""
-    __slots__ = ("spec", "instances", "future", "nbytes", "deadline", "queued_at")
+    """Instances of one public request bound for one worker call, the future of their answers, the request's
+    deadline (clock time, or None) and its id (the one its reply carries, "" when it has none)."""
+    __slots__ = ("spec", "instances", "future", "nbytes", "deadline", "queued_at", "request_id")
 
     def __init__(self, spec, instances: Sequence, future: "asyncio.Future", deadline: Optional[float] = None,
-                 nbytes: Optional[int] = None):
+                 nbytes: Optional[int] = None, request_id: str = ""):
         self.spec = spec
         self.instances = instances
         self.future = future
         self.nbytes = sum(instance.ByteSize() for instance in instances) if nbytes is None else nbytes
         self.deadline = deadline
         self.queued_at = 0.0
+        self.request_id = request_id
 
 
 class _WorkerQueue:
@@ -212,6 +213,7 @@ class _WorkerQueue:
             instances.extend(item.instances)
             queue_time.observe(now - item.queued_at)
         request.request_sizes.extend([len(item.instances) for item in chunks])
+        request.client_request_ids.extend([item.request_id for item in chunks])  # the worker's log lines name them
         # the call lasts as long as the latest of its requests may: none is cut before its own deadline
         deadlines = [item.deadline for item in chunks]
         timeout = None if None in deadlines else max(0.001, max(deadlines) - self.clock.now())
@@ -229,11 +231,11 @@ class _WorkerQueue:
         try:
             reply = await sent
         except ipc.CONNECTION_ERRORS as err:
-            if isinstance(err, grpc.aio.AioRpcError):
-                log.warning(f"request {request_id} to worker pid {worker.pid} failed: {err.code().name} "
-                            f"{err.details()}")
-            else:
-                log.warning(f"request {request_id} to worker pid {worker.pid} failed: {err}")
+            # this task runs in a copy of the context of the request that queued the first chunk: unbound there (only
+            # in this task), the line does not end with that request's id but names all of them
+            log.bind_request_id(None)
+            detail = f"{err.code().name} {err.details()}" if isinstance(err, grpc.aio.AioRpcError) else err
+            log.warning(f"call {request_id} to worker pid {worker.pid} failed ({_requests_of(chunks)}): {detail}")
             what = worker.lost_reason or f"the worker (pid {worker.pid}) stopped while handling it"
             for item in chunks:
                 error = errors.WorkerUnavailable(
@@ -266,6 +268,12 @@ class _WorkerQueue:
             for item in chunks:
                 if not item.future.done():
                     item.future.set_exception(err)
+
+
+def _requests_of(chunks: List[_Chunk]) -> str:
+    """The public requests of a call as a log line names them, by the ids their replies carry."""
+    ids = [item.request_id or "(no id)" for item in chunks]
+    return ("request " if len(ids) == 1 else "requests ") + ", ".join(ids)
 
 
 def _merge_parts(reasons: List[Optional[str]], parts: List[List[int]], part_answers: List[list]) -> list:
@@ -320,7 +328,9 @@ class Dispatcher:
         """Answers every instance of a request; raises ServingError for a request-wide failure.
 
         `timeout`: the seconds the request may take (a gRPC client's deadline); None: `request_timeout` (0: none).
-        The calls to workers carry the deadline; past it the request fails with "deadline ... exceeded"."""
+        The calls to workers carry the deadline; past it the request fails with "deadline ... exceeded". They
+        also carry the request's id, the one the front end bound to this task's log lines (log.bind_request_id),
+        so that the worker's lines about the request name it too."""
         if not instances:
             raise errors.InvalidInputs("Instances count of request cannot be 0")
         if self.enqueued >= self.max_enqueued_requests:
@@ -343,7 +353,8 @@ class Dispatcher:
         self.enqueued_bytes += nbytes
         try:
             pending, merge = self._answers(spec, candidates, instances,
-                                           None if timeout is None else self.clock.now() + timeout, nbytes)
+                                           None if timeout is None else self.clock.now() + timeout, nbytes,
+                                           log.current_request_id() or "")
             answers = await (pending if timeout is None else self._within(pending, timeout, spec))
             if merge is not None:
                 answers = merge(answers)
@@ -384,7 +395,7 @@ class Dispatcher:
             timer.cancel()
 
     def _answers(self, spec, candidates: List[WorkerRecord], instances: Sequence,
-                 deadline: Optional[float], nbytes: Optional[int] = None
+                 deadline: Optional[float], nbytes: Optional[int] = None, request_id: str = ""
                  ) -> Tuple["asyncio.Future", Optional[Callable[[list], list]]]:
         """Queues the request: invalid instances get their error, the rest go to workers in chunks of at most a
         batch. Returns a future of the answers and, when the request was cut, the function that puts the chunks'
@@ -394,22 +405,23 @@ class Dispatcher:
                    for instance in instances]
         batch = max(w.batch_size for w in candidates) if len(candidates) > 1 else candidates[0].batch_size
         if len(instances) <= batch and not any(reasons):  # the common case: one chunk, all instances valid
-            return self._enqueue(spec, candidates, instances, deadline, nbytes), None
+            return self._enqueue(spec, candidates, instances, deadline, nbytes, request_id), None
         valid = [index for index, reason in enumerate(reasons) if reason is None]
         parts = [valid[start:start + batch] for start in range(0, len(valid), max(1, batch))]
-        futures = [self._enqueue(spec, candidates, [instances[i] for i in part], deadline) for part in parts]
+        futures = [self._enqueue(spec, candidates, [instances[i] for i in part], deadline, request_id=request_id)
+                   for part in parts]
         return asyncio.gather(*futures), functools.partial(_merge_parts, reasons, parts)
 
-    def _enqueue(self, spec, candidates: List[WorkerRecord], instances: Sequence,
-                 deadline: Optional[float] = None, nbytes: Optional[int] = None) -> "asyncio.Future":
+    def _enqueue(self, spec, candidates: List[WorkerRecord], instances: Sequence, deadline: Optional[float] = None,
+                 nbytes: Optional[int] = None, request_id: str = "") -> "asyncio.Future":
         """Queues one chunk for the least busy worker; the future gets one answer per instance (`nbytes`: their
-        serialized size, when the caller knows it)."""
+        serialized size, when the caller knows it; `request_id`: the request's, for the worker's log)."""
         worker = self.registry.pick(candidates)
         queue = worker.queues.get(spec.method_name)
         if queue is None:
             queue = worker.queues[spec.method_name] = _WorkerQueue(self, worker, spec.method_name)
         future = asyncio.get_running_loop().create_future()
         worker.outstanding += len(instances)
-        queue.put(_Chunk(spec, instances, future, deadline, nbytes))
+        queue.put(_Chunk(spec, instances, future, deadline, nbytes, request_id))
         return future
 

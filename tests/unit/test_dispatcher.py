@@ -6,6 +6,7 @@ import grpc
 import numpy as np
 import pytest
 
+from mindspore_serving import log
 from mindspore_serving.common import errors
 from mindspore_serving.common.tensor_codec import instance_to_proto, tensor_to_value, value_to_tensor
 from mindspore_serving.frontends.replies import predict_reply
@@ -31,7 +32,8 @@ class FakeWorkerStub:
         xs = [int(tensor_to_value(instance.items["x"])[0]) for instance in request.request.instances]
         released = asyncio.Event()
         call = {"worker": self.name, "xs": xs, "spec": request.request.servable_spec, "request_id": request.request_id,
-                "sizes": list(request.request_sizes), "release": released, "returned": False, "timeout": timeout}
+                "sizes": list(request.request_sizes), "ids": list(request.client_request_ids), "release": released,
+                "returned": False, "timeout": timeout}
         self.calls.append(call)
         try:
             if self.hold:
@@ -213,6 +215,29 @@ def test_concurrent_requests_travel_in_one_call_and_get_their_own_answers():
     assert y_of(answers[2][0]) == 40
     assert isinstance(answers[3][0], errors.InvalidInputs) and answers[3][0].message == "negative input -5"
     assert worker.outstanding == 0 and worker.served == 5
+
+
+async def predict_as(dispatcher, request_id, xs):
+    """A request whose front end bound `request_id` to its task (None: none bound), as request_ids.py does."""
+    if request_id is not None:
+        log.bind_request_id(request_id)  # this task's own context: ends with it
+    return await dispatcher.predict(spec_of(), instances_of(*xs))
+
+
+def test_each_request_of_a_call_carries_the_id_its_front_end_bound():
+    registry = WorkerRegistry()
+    calls = []
+    add_worker(registry, "w", 1, calls, batch_size=1)
+    dispatcher = dispatcher_of(registry)
+
+    async def scenario():
+        return await asyncio.gather(predict_as(dispatcher, "req-a", [1]), predict_as(dispatcher, "req-b", [2, 3]),
+                                    predict_as(dispatcher, None, [4]))
+
+    answers = asyncio.run(scenario())
+    assert [[y_of(answer) for answer in request] for request in answers] == [[10], [20, 30], [40]]
+    assert [(call["sizes"], call["ids"]) for call in calls] == [([1, 1, 1, 1], ["req-a", "req-b", "req-b", ""])]
+    assert calls[0]["request_id"] == "1-1"  # the call's own id stays the dispatcher's
 
 
 def test_calls_in_flight_per_worker_are_limited_and_the_rest_waits_for_one_of_them(monkeypatch):
@@ -686,6 +711,21 @@ def test_a_lost_worker_fails_each_request_of_a_shared_call_with_its_own_text():
     assert [r.message for r in newest] == [f"Request servable(add) method(m) , {tail}"]
     assert [r.message for r in first] == [f"Request servable(add) method(m)  version(1) , {tail}"] * 2
     assert all(isinstance(r, errors.WorkerUnavailable) for r in newest + first)
+
+
+def test_a_lost_call_is_logged_with_the_ids_of_all_its_requests(monkeypatch):
+    lines = []
+    monkeypatch.setattr(log, "warning", lambda message: lines.append((message, log.current_request_id())))
+    registry = WorkerRegistry()
+    add_worker(registry, "dead", 9, [], batch_size=1, raise_error=unavailable())
+    dispatcher = dispatcher_of(registry)
+
+    async def scenario():
+        return await asyncio.gather(predict_as(dispatcher, "req-a", [1]), predict_as(dispatcher, "req-b", [2]))
+
+    asyncio.run(scenario())
+    # not bound to the first request's id (the call's task copies its context): the line names both
+    assert lines == [("call 9-1 to worker pid 9 failed (requests req-a, req-b): UNAVAILABLE Socket closed", None)]
 
 
 def test_a_closed_channel_counts_as_a_lost_worker():
