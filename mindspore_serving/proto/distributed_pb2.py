@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from . import ms_service_pb2 as ms__service__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11\x64istributed.proto\x12\x1dmindspore_serving.distributed\x1a\x10ms_service.proto\")\n\x08RankInfo\x12\n\n\x02ip\x18\x01 \x01(\t\x12\x11\n\tdevice_id\x18\x02 \x01(\r\"M\n\nTensorInfo\x12\r\n\x05shape\x18\x01 \x03(\x03\x12\x30\n\x05\x64type\x18\x02 \x01(\x0e\x32!.mindspore.serving.proto.DataType\"0\n\x14\x41\x63quireConfigRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\"\xaa\x02\n\x0b\x41gentConfig\x12\x30\n\x05\x65rror\x18\x01 \x01(\x0b\x32!.mindspore.serving.proto.ErrorMsg\x12\x1a\n\x12rank_table_content\x18\x02 \x01(\t\x12:\n\trank_list\x18\x03 \x03(\x0b\x32\'.mindspore_serving.distributed.RankInfo\x12\x15\n\rservable_name\x18\x04 \x01(\t\x12\x16\n\x0ewith_batch_dim\x18\x05 \x01(\x08\x12 \n\x18without_batch_dim_inputs\x18\x06 \x03(\r\x12\x11\n\trank_size\x18\x07 \x01(\r\x12\x12\n\nstage_size\x18\x08 \x01(\r\x12\x19\n\x11scheduler_address\x18\t \x01(\t\"4\n\x17PublishSchedulerRequest\x12\x19\n\x11scheduler_address\x18\x01 \x01(\t\"\xd6\x01\n\x14RegisterAgentRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0f\n\x07rank_id\x18\x02 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x39\n\x06inputs\x18\x04 \x03(\x0b\x32).mindspore_serving.distributed.TensorInfo\x12:\n\x07outputs\x18\x05 \x03(\x0b\x32).mindspore_serving.distributed.TensorInfo\x12\x0b\n\x03pid\x18\x06 \x01(\x03\"/\n\x0b\x41gentNotice\x12\x10\n\x08\x61gent_ip\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"9\n\x05Reply\x12\x30\n\x05\x65rror\x18\x01 \x01(\x0b\x32!.mindspore.serving.proto.ErrorMsg\"p\n\x12RankPredictRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12/\n\x06inputs\x18\x02 \x03(\x0b\x32\x1f.mindspore.serving.proto.Tensor\x12\x15\n\rreturn_result\x18\x03 \x01(\x08\"\x8a\x01\n\x10RankPredictReply\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x30\n\x05\x65rror\x18\x02 \x01(\x0b\x32!.mindspore.serving.proto.ErrorMsg\x12\x30\n\x07outputs\x18\x03 \x03(\x0b\x32\x1f.mindspore.serving.proto.Tensor\"\x1d\n\x0b\x45xitRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t2\xa3\x04\n\x11\x44istributedWorker\x12p\n\rAcquireConfig\x12\x33.mindspore_serving.distributed.AcquireConfigRequest\x1a*.mindspore_serving.distributed.AgentConfig\x12p\n\x10PublishScheduler\x12\x36.mindspore_serving.distributed.PublishSchedulerRequest\x1a$.mindspore_serving.distributed.Reply\x12j\n\rRegisterAgent\x12\x33.mindspore_serving.distributed.RegisterAgentRequest\x1a$.mindspore_serving.distributed.Reply\x12_\n\x0b\x41gentFailed\x12*.mindspore_serving.distributed.AgentNotice\x1a$.mindspore_serving.distributed.Reply\x12]\n\tAgentExit\x12*.mindspore_serving.distributed.AgentNotice\x1a$.mindspore_serving.distributed.Reply2\xd4\x01\n\tRankAgent\x12m\n\x07Predict\x12\x31.mindspore_serving.distributed.RankPredictRequest\x1a/.mindspore_serving.distributed.RankPredictReply\x12X\n\x04\x45xit\x12*.mindspore_serving.distributed.ExitRequest\x1a$.mindspore_serving.distributed.Replyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11\x64istributed.proto\x12\x1dmindspore_serving.distributed\x1a\x10ms_service.proto\")\n\x08RankInfo\x12\n\n\x02ip\x18\x01 \x01(\t\x12\x11\n\tdevice_id\x18\x02 \x01(\r\"M\n\nTensorInfo\x12\r\n\x05shape\x18\x01 \x03(\x03\x12\x30\n\x05\x64type\x18\x02 \x01(\x0e\x32!.mindspore.serving.proto.DataType\"0\n\x14\x41\x63quireConfigRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\"\xaa\x02\n\x0b\x41gentConfig\x12\x30\n\x05\x65rror\x18\x01 \x01(\x0b\x32!.mindspore.serving.proto.ErrorMsg\x12\x1a\n\x12rank_table_content\x18\x02 \x01(\t\x12:\n\trank_list\x18\x03 \x03(\x0b\x32\'.mindspore_serving.distributed.RankInfo\x12\x15\n\rservable_name\x18\x04 \x01(\t\x12\x16\n\x0ewith_batch_dim\x18\x05 \x01(\x08\x12 \n\x18without_batch_dim_inputs\x18\x06 \x03(\r\x12\x11\n\trank_size\x18\x07 \x01(\r\x12\x12\n\nstage_size\x18\x08 \x01(\r\x12\x19\n\x11scheduler_address\x18\t \x01(\t\"4\n\x17PublishSchedulerRequest\x12\x19\n\x11scheduler_address\x18\x01 \x01(\t\"\xea\x01\n\x14RegisterAgentRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0f\n\x07rank_id\x18\x02 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x39\n\x06inputs\x18\x04 \x03(\x0b\x32).mindspore_serving.distributed.TensorInfo\x12:\n\x07outputs\x18\x05 \x03(\x0b\x32).mindspore_serving.distributed.TensorInfo\x12\x0b\n\x03pid\x18\x06 \x01(\x03\x12\x12\n\ncall_token\x18\x07 \x01(\t\"\\\n\x12RegisterAgentReply\x12\x30\n\x05\x65rror\x18\x01 \x01(\x0b\x32!.mindspore.serving.proto.ErrorMsg\x12\x14\n\x0cnotice_token\x18\x02 \x01(\t\"E\n\x0b\x41gentNotice\x12\x10\n\x08\x61gent_ip\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x14\n\x0cnotice_token\x18\x03 \x01(\t\"9\n\x05Reply\x12\x30\n\x05\x65rror\x18\x01 \x01(\x0b\x32!.mindspore.serving.proto.ErrorMsg\"\x84\x01\n\x12RankPredictRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12/\n\x06inputs\x18\x02 \x03(\x0b\x32\x1f.mindspore.serving.proto.Tensor\x12\x15\n\rreturn_result\x18\x03 \x01(\x08\x12\x12\n\ncall_token\x18\x04 \x01(\t\"\x8a\x01\n\x10RankPredictReply\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x30\n\x05\x65rror\x18\x02 \x01(\x0b\x32!.mindspore.serving.proto.ErrorMsg\x12\x30\n\x07outputs\x18\x03 \x03(\x0b\x32\x1f.mindspore.serving.proto.Tensor\"1\n\x0b\x45xitRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x12\n\ncall_token\x18\x02 \x01(\t2\xb0\x04\n\x11\x44istributedWorker\x12p\n\rAcquireConfig\x12\x33.mindspore_serving.distributed.AcquireConfigRequest\x1a*.mindspore_serving.distributed.AgentConfig\x12p\n\x10PublishScheduler\x12\x36.mindspore_serving.distributed.PublishSchedulerRequest\x1a$.mindspore_serving.distributed.Reply\x12w\n\rRegisterAgent\x12\x33.mindspore_serving.distributed.RegisterAgentRequest\x1a\x31.mindspore_serving.distributed.RegisterAgentReply\x12_\n\x0b\x41gentFailed\x12*.mindspore_serving.distributed.AgentNotice\x1a$.mindspore_serving.distributed.Reply\x12]\n\tAgentExit\x12*.mindspore_serving.distributed.AgentNotice\x1a$.mindspore_serving.distributed.Reply2\xd4\x01\n\tRankAgent\x12m\n\x07Predict\x12\x31.mindspore_serving.distributed.RankPredictRequest\x1a/.mindspore_serving.distributed.RankPredictReply\x12X\n\x04\x45xit\x12*.mindspore_serving.distributed.ExitRequest\x1a$.mindspore_serving.distributed.Replyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,19 +43,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PUBLISHSCHEDULERREQUEST']._serialized_start=543
   _globals['_PUBLISHSCHEDULERREQUEST']._serialized_end=595
   _globals['_REGISTERAGENTREQUEST']._serialized_start=598
-  _globals['_REGISTERAGENTREQUEST']._serialized_end=812
-  _globals['_AGENTNOTICE']._serialized_start=814
-  _globals['_AGENTNOTICE']._serialized_end=861
-  _globals['_REPLY']._serialized_start=863
-  _globals['_REPLY']._serialized_end=920
-  _globals['_RANKPREDICTREQUEST']._serialized_start=922
-  _globals['_RANKPREDICTREQUEST']._serialized_end=1034
-  _globals['_RANKPREDICTREPLY']._serialized_start=1037
-  _globals['_RANKPREDICTREPLY']._serialized_end=1175
-  _globals['_EXITREQUEST']._serialized_start=1177
-  _globals['_EXITREQUEST']._serialized_end=1206
-  _globals['_DISTRIBUTEDWORKER']._serialized_start=1209
-  _globals['_DISTRIBUTEDWORKER']._serialized_end=1756
-  _globals['_RANKAGENT']._serialized_start=1759
-  _globals['_RANKAGENT']._serialized_end=1971
+  _globals['_REGISTERAGENTREQUEST']._serialized_end=832
+  _globals['_REGISTERAGENTREPLY']._serialized_start=834
+  _globals['_REGISTERAGENTREPLY']._serialized_end=926
+  _globals['_AGENTNOTICE']._serialized_start=928
+  _globals['_AGENTNOTICE']._serialized_end=997
+  _globals['_REPLY']._serialized_start=999
+  _globals['_REPLY']._serialized_end=1056
+  _globals['_RANKPREDICTREQUEST']._serialized_start=1059
+  _globals['_RANKPREDICTREQUEST']._serialized_end=1191
+  _globals['_RANKPREDICTREPLY']._serialized_start=1194
+  _globals['_RANKPREDICTREPLY']._serialized_end=1332
+  _globals['_EXITREQUEST']._serialized_start=1334
+  _globals['_EXITREQUEST']._serialized_end=1383
+  _globals['_DISTRIBUTEDWORKER']._serialized_start=1386
+  _globals['_DISTRIBUTEDWORKER']._serialized_end=1946
+  _globals['_RANKAGENT']._serialized_start=1949
+  _globals['_RANKAGENT']._serialized_end=2161
 # @@protoc_insertion_point(module_scope)

@@ -48,7 +48,7 @@ class DistributedWorkerStub:
         self.RegisterAgent = channel.unary_unary(
                 '/mindspore_serving.distributed.DistributedWorker/RegisterAgent',
                 request_serializer=distributed__pb2.RegisterAgentRequest.SerializeToString,
-                response_deserializer=distributed__pb2.Reply.FromString,
+                response_deserializer=distributed__pb2.RegisterAgentReply.FromString,
                 _registered_method=True)
         self.AgentFailed = channel.unary_unary(
                 '/mindspore_serving.distributed.DistributedWorker/AgentFailed',
@@ -85,14 +85,14 @@ class DistributedWorkerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def AgentFailed(self, request, context):
-        """a group failed to start
+        """a group failed to start (without a token: only while ranks register)
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def AgentExit(self, request, context):
-        """a started group lost a rank and stops
+        """a started group lost a rank and stops (needs a token)
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -114,7 +114,7 @@ def add_DistributedWorkerServicer_to_server(servicer, server):
             'RegisterAgent': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterAgent,
                     request_deserializer=distributed__pb2.RegisterAgentRequest.FromString,
-                    response_serializer=distributed__pb2.Reply.SerializeToString,
+                    response_serializer=distributed__pb2.RegisterAgentReply.SerializeToString,
             ),
             'AgentFailed': grpc.unary_unary_rpc_method_handler(
                     servicer.AgentFailed,
@@ -208,7 +208,7 @@ class DistributedWorker:
             target,
             '/mindspore_serving.distributed.DistributedWorker/RegisterAgent',
             distributed__pb2.RegisterAgentRequest.SerializeToString,
-            distributed__pb2.Reply.FromString,
+            distributed__pb2.RegisterAgentReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,18 +1,21 @@
 """The distributed worker's and rank agents' services (real gRPC here). With MS_SERVING_DISTRIBUTED_SECRET they
 refuse calls without it with PERMISSION_DENIED, and channels made by `protocol.channel` send it; with
 MS_SERVING_DISTRIBUTED_TLS_* (ipc.internal_tls) they speak mutual TLS and take only clients with a certificate of
-the group's CA."""
+the group's CA. Without either, a worker or rank agents listening beyond loopback log what is exposed."""
+import os
 from concurrent import futures
 
 import grpc
 import pytest
 
 from certificates import make_host_certs
+from mindspore_serving.agent.distributed import startup
 from mindspore_serving.ipc import distributed as protocol
 from mindspore_serving.ipc import internal_tls
 from mindspore_serving.proto import distributed_pb2 as dpb
 from mindspore_serving.proto import distributed_pb2_grpc as dpb_grpc
 from mindspore_serving.server import SSLConfig
+from mindspore_serving.worker.distributed import process
 
 PREFIX = internal_tls.DISTRIBUTED_PREFIX
 CERT, KEY, CA = internal_tls.variable_names(PREFIX)
@@ -21,9 +24,11 @@ CERT, KEY, CA = internal_tls.variable_names(PREFIX)
 class _Worker(dpb_grpc.DistributedWorkerServicer):
     def __init__(self):
         self.notices = []
+        self.tokens = []
 
     def AgentExit(self, request, context):
         self.notices.append(request.reason)
+        self.tokens.append(request.notice_token)
         return dpb.Reply()
 
 
@@ -77,6 +82,62 @@ def test_without_a_secret_the_services_are_open(served):
     with protocol.channel(address) as channel:
         _exit(channel)
     assert worker.notices == ["rank 1 lost"]
+
+
+def test_the_starter_keeps_its_ranks_notice_tokens_from_their_ready_lines_and_sends_one(served):
+    address, worker = served(None)
+    group = startup.AgentGroupProcesses(address, "127.0.0.1")
+    pipes = [os.pipe(), os.pipe()]
+    try:
+        os.write(pipes[0][1], protocol.ready_line("a" * 64)[:10])  # a line may come in pieces
+        os.write(pipes[1][1], protocol.ready_line("b" * 64))
+        os.write(pipes[0][1], protocol.ready_line("a" * 64)[10:])
+        startup._wait_ready(group, [pipes[0][0], pipes[1][0]], lambda: [])
+    finally:
+        for fd in (*pipes[0], *pipes[1]):
+            os.close(fd)
+    assert group.notice_tokens == {0: "a" * 64, 1: "b" * 64}
+    group.notify_worker("rank 1 lost", failed=False)
+    assert worker.notices == ["rank 1 lost"] and worker.tokens == ["a" * 64]
+    assert protocol.read_ready_line(protocol.READY_LINE) == "" and protocol.read_ready_line(b"ready abc") is None
+    assert protocol.read_ready_line(b"readyx\n") is None
+
+
+@pytest.fixture
+def logged(monkeypatch):
+    lines = []
+    for module in (process, startup):
+        monkeypatch.setattr(module.log, "warning", lines.append)
+    return lines
+
+
+def test_listening_beyond_loopback_without_secret_or_tls_is_logged_with_what_is_open_and_the_fix(logged,
+                                                                                                  monkeypatch):
+    monkeypatch.delenv(protocol.SECRET_ENV, raising=False)
+    for address in ("127.0.0.1:6200", "127.0.0.2:6200", "localhost:6200", "[::1]:6200", "unix:/tmp/worker.sock"):
+        assert protocol.exposure_warning(address, "it", "all") is None
+    process.warn_if_exposed("127.0.0.1:6200")
+    startup._warn_if_exposed("127.0.0.1", 7000, 2)
+    assert logged == []
+    process.warn_if_exposed("0.0.0.0:6200")
+    startup._warn_if_exposed("10.0.0.2", 7000, 2)
+    worker, agents = logged
+    assert worker.startswith("the distributed worker on 0.0.0.0:6200 can be reached beyond this host, and neither "
+                             f"{protocol.SECRET_ENV} nor {CERT}/{KEY}/{CA} is set: any process that reaches it "
+                             "can read the rank table")
+    assert agents.startswith("the rank agents on 10.0.0.2:7000-7001 can be reached beyond this host")
+    for text in (worker, agents):
+        assert f"Set {protocol.SECRET_ENV} to the same random value on every host" in text
+    for address in ("[2001:db8::1]:6200", "serving-host:6200"):
+        assert protocol.exposure_warning(address, "it", "all") is not None
+    monkeypatch.setenv(protocol.SECRET_ENV, "shared-secret")
+    assert protocol.exposure_warning("0.0.0.0:6200", "it", "all") is None
+
+
+def test_tls_alone_also_silences_the_warning(certs, monkeypatch):
+    monkeypatch.delenv(protocol.SECRET_ENV, raising=False)
+    _use(monkeypatch, certs[0])
+    assert protocol.exposure_warning("0.0.0.0:6200", "it", "all") is None
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,9 @@
 and serves RankAgent.Predict to the distributed worker.
 
 Started by `startup_agents` as `python -m mindspore_serving.agent.distributed.start_rank_agent ...` with the
-cluster's environment (ms_cluster.rank_env). It writes READY_LINE (or FAILED_PREFIX + reason) on the pipe its
-starter passed, and leaves with os._exit (MindSpore's exit handlers can block) when the worker says Exit, on
+cluster's environment (ms_cluster.rank_env). It writes its ready line with the notice token the worker gave it (or
+FAILED_PREFIX + reason) on the pipe its starter passed; it takes Predict and Exit only with the call token it
+registered with. It leaves with os._exit (MindSpore's exit handlers can block) when the worker says Exit, on
 SIGINT/SIGTERM, or when its starter is gone.
 """
 import argparse
@@ -13,6 +14,7 @@ import sys
 import threading
 from concurrent import futures
 
+import grpc
 import numpy as np
 
 from mindspore_serving import log
@@ -50,13 +52,24 @@ class RankGraph:
 
 
 class RankAgentServicer(dpb_grpc.RankAgentServicer):
-    def __init__(self, graph: RankGraph, rank_id: int, on_exit):
+    """Serves the worker this rank registered with: calls without the rank's call token are refused."""
+
+    def __init__(self, graph: RankGraph, rank_id: int, on_exit, call_token: str):
         self.graph = graph
         self.rank_id = rank_id
         self.on_exit = on_exit
+        self.call_token = call_token
         self._lock = threading.Lock()  # one graph call at a time: the worker sends batches in order
 
+    def _check_caller(self, request, context, call: str):
+        if not protocol.same_token(request.call_token, self.call_token):
+            log.warning(f"rank {self.rank_id}: a {call} call from {context.peer()} is refused: it does not carry "
+                        f"the call token this rank registered with")
+            context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                          f"rank {self.rank_id} takes calls only from the worker it registered with")
+
     def Predict(self, request, context):
+        self._check_caller(request, context, "Predict")
         try:
             inputs = protocol.tensors_to_arrays(request.inputs)
             with self._lock:
@@ -71,6 +84,7 @@ class RankAgentServicer(dpb_grpc.RankAgentServicer):
         return reply
 
     def Exit(self, request, context):
+        self._check_caller(request, context, "Exit")
         log.info(f"rank {self.rank_id} exits: {request.reason}")
         self.on_exit()
         return dpb.Reply()
@@ -90,6 +104,7 @@ def parse_args(argv=None):
 
 
 def _start(args, stop: threading.Event):
+    """Loads the graph, serves RankAgent and registers; returns the server and the worker's notice token."""
     dec_key = bytes.fromhex(sys.stdin.readline().strip()) if args.read_dec_key else None
     device = resolve_device(None)
     select_device(device, args.device_id)
@@ -97,8 +112,9 @@ def _start(args, stop: threading.Event):
     if rank != args.rank_id:
         raise RuntimeError(f"the cluster gave rank {rank} to the agent of rank {args.rank_id}")
     graph = RankGraph(args.model_file, dec_key, args.dec_mode)
+    call_token = protocol.new_token()
     server = protocol.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="rank-rpc"))
-    dpb_grpc.add_RankAgentServicer_to_server(RankAgentServicer(graph, args.rank_id, stop.set), server)
+    dpb_grpc.add_RankAgentServicer_to_server(RankAgentServicer(graph, args.rank_id, stop.set, call_token), server)
     if not protocol.listen(server, args.agent_address):
         raise RuntimeError(f"cannot listen on agent address {args.agent_address}")
     server.start()
@@ -106,10 +122,10 @@ def _start(args, stop: threading.Event):
         reply = dpb_grpc.DistributedWorkerStub(channel).RegisterAgent(dpb.RegisterAgentRequest(
             protocol_version=protocol.DISTRIBUTED_PROTOCOL_VERSION, rank_id=args.rank_id, address=args.agent_address,
             inputs=protocol.tensor_infos_to_proto(graph.inputs), outputs=protocol.tensor_infos_to_proto(graph.outputs),
-            pid=os.getpid()), timeout=30)
+            pid=os.getpid(), call_token=call_token), timeout=30)
     if reply.error.error_code:
         raise RuntimeError(f"register rank {args.rank_id} failed: {reply.error.error_msg.decode(errors='replace')}")
-    return server
+    return server, reply.notice_token
 
 
 def main(argv=None):
@@ -119,12 +135,12 @@ def main(argv=None):
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     try:
-        server = _start(args, stop)  # noqa: F841  (kept alive: a collected grpc.server stops serving)
+        server, notice_token = _start(args, stop)  # noqa: F841  (kept alive: a collected grpc.server stops serving)
     except Exception as err:  # reported to the starter, which stops the whole group
         log.exception(f"rank {args.rank_id} failed to start")
         os.write(args.ready_fd, protocol.FAILED_PREFIX + str(err).replace("\n", " ").encode() + b"\n")
         os._exit(1)
-    os.write(args.ready_fd, protocol.READY_LINE)
+    os.write(args.ready_fd, protocol.ready_line(notice_token))
     os.close(args.ready_fd)
     while not stop.wait(PARENT_CHECK_SECONDS):
         if os.getppid() != parent:

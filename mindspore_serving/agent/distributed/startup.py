@@ -3,7 +3,8 @@
 Runs in the user's serving_agent.py. It reads the config from the distributed worker (AcquireConfig), picks the
 local ranks, and starts the cluster: the machine with rank 0 starts the scheduler on its own ip and publishes
 its address to the worker, where the other machines' startup_agents read it. Then it starts the rank processes
-and waits until each wrote READY_LINE ("Child <i>: Receive success"). Afterwards a (non-daemon) monitor thread
+and waits until each wrote its ready line ("Child <i>: Receive success"), which carries the notice token the worker
+gave the rank: the notices this machine sends the worker carry one of them. Afterwards a (non-daemon) monitor thread
 keeps the process alive: when any rank process or the scheduler dies, or on SIGINT/SIGTERM, it tells the
 worker (AgentExit) and stops the whole group, since the other ranks would block in their next collective.
 """
@@ -15,7 +16,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import grpc
 
@@ -58,12 +59,12 @@ def acquire_config(distributed_address: str, need_scheduler: bool) -> dpb.AgentC
             time.sleep(0.2)  # ok-sleep: polling a peer with a deadline
 
 
-def _notify_worker(distributed_address: str, agent_ip: str, reason: str, failed: bool):
+def _notify_worker(distributed_address: str, agent_ip: str, reason: str, failed: bool, notice_token: str):
     try:
         with protocol.channel(distributed_address) as channel:
             stub = dpb_grpc.DistributedWorkerStub(channel)
             call = stub.AgentFailed if failed else stub.AgentExit
-            call(dpb.AgentNotice(agent_ip=agent_ip, reason=reason), timeout=3)
+            call(dpb.AgentNotice(agent_ip=agent_ip, reason=reason, notice_token=notice_token), timeout=3)
     except grpc.RpcError as err:
         log.warning(f"cannot tell the distributed worker {distributed_address} that the agents stop: {err.details()}")
 
@@ -76,6 +77,14 @@ class AgentGroupProcesses:
     ranks: List[subprocess.Popen] = field(default_factory=list)
     scheduler: Optional[subprocess.Popen] = None
     stop_event: threading.Event = field(default_factory=threading.Event)
+    notice_tokens: Dict[int, str] = field(default_factory=dict)  # index in `ranks` -> its ready line's token
+
+    def notice_token(self) -> str:
+        """A notice token of one of these ranks ("" while none registered)."""
+        return next((token for token in self.notice_tokens.values() if token), "")
+
+    def notify_worker(self, reason: str, failed: bool):
+        _notify_worker(self.distributed_address, self.agent_ip, reason, failed, self.notice_token())
 
     def all(self) -> List[subprocess.Popen]:
         return self.ranks + ([self.scheduler] if self.scheduler is not None else [])
@@ -109,7 +118,7 @@ class AgentGroupProcesses:
                 break
         else:
             reason = "agents stopped on signal"
-        _notify_worker(self.distributed_address, self.agent_ip, reason, failed=False)
+        self.notify_worker(reason, failed=False)
         self.kill_all()
         log.warning(f"agents on {self.agent_ip} stopped: {reason}")
 
@@ -127,12 +136,15 @@ def _wait_ready(group: AgentGroupProcesses, ready_fds: List[int], restart_stuck)
             pending = {fd: i for fd, i in pending.items() if i != index}
             pending[ready_fds[index]] = index
             buffers[ready_fds[index]] = b""
+            group.notice_tokens.pop(index, None)
         readable, _, _ = select.select(list(pending), [], [], MONITOR_INTERVAL)
         for fd in readable:
             chunk = os.read(fd, 4096)
             buffers[fd] += chunk
             index = pending[fd]
-            if buffers[fd].startswith(protocol.READY_LINE):
+            notice_token = protocol.read_ready_line(buffers[fd])
+            if notice_token is not None:
+                group.notice_tokens[index] = notice_token
                 print(f"Child {index}: Receive success", flush=True)
                 log.info(f"Child {index}: Receive success")
                 del pending[fd]
@@ -171,6 +183,7 @@ def startup_agents(distributed_address, model_files, group_config_files=None, ag
     local_ip, local_ranks = select_local_ranks(rank_ips, agent_ip, rank_start, agent_start_port)
     paths = resolve_model_files(model_files, local_ranks, check_type.script_directory())
     group = AgentGroupProcesses(distributed_address, local_ip)
+    _warn_if_exposed(local_ip, agent_start_port, len(local_ranks))
     _install_signal_handlers(group)
     ready_fds = []
     summary = (f"distributed worker_address: {distributed_address}, agent_ip: {local_ip}, agent_start_port: "
@@ -216,7 +229,7 @@ def startup_agents(distributed_address, model_files, group_config_files=None, ag
     except BaseException as err:
         log.error(f"Failed to start agents, {summary}: {err}")
         print(f"Failed to start agents, {summary}", flush=True)
-        _notify_worker(distributed_address, local_ip, str(err), failed=True)
+        group.notify_worker(str(err), failed=True)
         group.kill_all()
         raise
     finally:
@@ -225,6 +238,16 @@ def startup_agents(distributed_address, model_files, group_config_files=None, ag
     print(f"Success to start agents, {summary}", flush=True)
     threading.Thread(target=group.monitor, name="agents-monitor", daemon=False).start()
     return group
+
+
+def _warn_if_exposed(local_ip: str, agent_start_port: int, count: int):
+    ports = f"{agent_start_port}" if count == 1 else f"{agent_start_port}-{agent_start_port + count - 1}"
+    exposed = protocol.exposure_warning(
+        f"{local_ip}:{ports}", "the rank agents",
+        "their inputs, outputs and call tokens travel in plaintext, so a host that sees the traffic can read them "
+        "and call the ranks with those tokens")
+    if exposed:
+        log.warning(exposed)
 
 
 def _cluster_address(group: AgentGroupProcesses, config: dpb.AgentConfig, local_ranks: List[int],

@@ -26,6 +26,13 @@ class RankAgent:
     outputs: List[TensorInfo]
     channel: grpc.Channel
     stub: dpb_grpc.RankAgentStub
+    call_token: str = ""    # the rank's: this worker's calls to it carry it
+    notice_token: str = ""  # this worker's, for the rank: its starter's notices carry it
+    peer: str = ""          # where the registration came from
+
+
+class RegistrationRefused(RuntimeError):
+    """A RegisterAgent the group does not take; the text goes back to the agent."""
 
 
 def _describe(info: TensorInfo) -> str:
@@ -91,28 +98,49 @@ class AgentGroup:
         self.on_failure: Callable[[str], None] = lambda reason: None
 
     # ---- registration ----
-    def register(self, request: dpb.RegisterAgentRequest) -> Optional[str]:
-        """Records one rank; returns an error text when the registration is refused."""
+    def register(self, request: dpb.RegisterAgentRequest, peer: str = "") -> str:
+        """Records one rank and returns its notice token; RegistrationRefused says why not. A rank registers
+        once: a second registration of it is refused, since one of the two is not this servable's agent."""
         if request.protocol_version != protocol.DISTRIBUTED_PROTOCOL_VERSION:
-            return (f"agent protocol version {request.protocol_version} does not match the worker's "
-                    f"{protocol.DISTRIBUTED_PROTOCOL_VERSION}")
+            raise RegistrationRefused(f"agent protocol version {request.protocol_version} does not match the "
+                                      f"worker's {protocol.DISTRIBUTED_PROTOCOL_VERSION}")
+        if not request.call_token:
+            raise RegistrationRefused(f"the registration of rank {request.rank_id} carries no call token")
         with self._lock:
             if self.all_registered.is_set() or self.failed.is_set():
-                return "Distributed servable has ended up registration"
+                raise RegistrationRefused("Distributed servable has ended up registration")
             if request.rank_id >= self.rank_size:
-                return f"Invalid rank id {request.rank_id}, rank size {self.rank_size}"
-            if request.rank_id in self.agents:
-                log.warning(f"rank_id {request.rank_id} has been registered")
-                return None
+                raise RegistrationRefused(f"Invalid rank id {request.rank_id}, rank size {self.rank_size}")
+            first = self.agents.get(request.rank_id)
+            if first is not None:
+                log.error(f"rank {request.rank_id} registered again, address {request.address}, from {peer}: "
+                          f"refused; it registered first with address {first.address}, from {first.peer}. One of "
+                          f"them is not an agent of this servable")
+                raise RegistrationRefused(f"rank {request.rank_id} is already registered, with address "
+                                          f"{first.address}; a second registration of it is refused")
             channel = protocol.channel(request.address)
             infos = [[TensorInfo(shape, dtype) for shape, dtype in protocol.tensor_infos_from_proto(field)]
                      for field in (request.inputs, request.outputs)]
-            self.agents[request.rank_id] = RankAgent(request.rank_id, request.address, infos[0], infos[1], channel,
-                                                     dpb_grpc.RankAgentStub(channel))
-            log.info(f"Rank {request.rank_id} been registered, address {request.address}")
+            agent = RankAgent(request.rank_id, request.address, infos[0], infos[1], channel,
+                              dpb_grpc.RankAgentStub(channel), request.call_token, protocol.new_token(), peer)
+            self.agents[request.rank_id] = agent
+            log.info(f"Rank {request.rank_id} been registered, address {request.address}, from {peer}")
             if len(self.agents) >= self.rank_size:
                 self.all_registered.set()
+        return agent.notice_token
+
+    def notice_sender(self, notice_token: str) -> Optional[int]:
+        """The registered rank whose notice token this is; None when it is none's."""
+        with self._lock:
+            agents = list(self.agents.values())
+        for agent in agents:
+            if protocol.same_token(notice_token, agent.notice_token):
+                return agent.rank_id
         return None
+
+    def forming(self) -> bool:
+        """Whether ranks may still register (neither all of them did nor did the start fail)."""
+        return not self.all_registered.is_set() and not self.failed.is_set()
 
     def fail(self, reason: str):
         """The agents cannot serve (a group failed to start, or lost a rank): the worker stops."""
@@ -157,9 +185,11 @@ class AgentGroup:
         request_id = uuid.uuid4().hex
         futures = []
         for rank_id in ranks:
-            request = dpb.RankPredictRequest(request_id=request_id, return_result=rank_id == ranks[-1])
+            agent = self.agents[rank_id]
+            request = dpb.RankPredictRequest(request_id=request_id, return_result=rank_id == ranks[-1],
+                                             call_token=agent.call_token)
             protocol.arrays_to_tensors(values, request.inputs)
-            futures.append(self.agents[rank_id].stub.Predict.future(request, timeout=self.timeout))
+            futures.append(agent.stub.Predict.future(request, timeout=self.timeout))
         reply = None
         for rank_id, future in zip(ranks, futures):
             try:
@@ -179,7 +209,7 @@ class AgentGroup:
             agents = list(self.agents.values())
         for agent in agents:
             try:
-                agent.stub.Exit(dpb.ExitRequest(reason=reason), timeout=2)
+                agent.stub.Exit(dpb.ExitRequest(reason=reason, call_token=agent.call_token), timeout=2)
             except grpc.RpcError:
                 pass
             agent.channel.close()

@@ -47,6 +47,17 @@ def distributed_declaration(spec, servable_name: str):
     return spec.distributed_spec, spec.models[servable_name]
 
 
+def warn_if_exposed(distributed_address: str):
+    """Logs what is open to other hosts when the worker listens beyond this host with neither secret nor TLS."""
+    exposed = protocol.exposure_warning(
+        distributed_address, "the distributed worker",
+        "any process that reaches it can read the rank table, register as a rank before the real agent does "
+        "(which then fails to start), and end the start with a failure notice while ranks register; the tensors "
+        "and tokens it exchanges with the ranks travel in plaintext")
+    if exposed:
+        log.warning(exposed)
+
+
 class DistributedWorker(worker_process.Worker):
     def __init__(self, args):
         super().__init__(args)
@@ -79,6 +90,7 @@ class DistributedWorker(worker_process.Worker):
             raise RuntimeError(f"Start distributed worker server failed, address {args.distributed_address}: "
                                f"{reason}")
         self.distributed_server.start()
+        warn_if_exposed(args.distributed_address)
         print(f"Serving: distributed worker listening on {args.distributed_address}, waiting for "
               f"{declaration.rank_size} agents", flush=True)
         self.group.wait_ready(args.wait_agents_time_in_seconds, self.stopping)

@@ -7,7 +7,7 @@ from mindspore_serving.proto import distributed_pb2 as dpb
 from mindspore_serving.proto import distributed_pb2_grpc as dpb_grpc
 from mindspore_serving.proto import ms_service_pb2 as pb
 from mindspore_serving.spec.servable import ModelSpec
-from mindspore_serving.worker.distributed.agent_group import AgentGroup
+from mindspore_serving.worker.distributed.agent_group import AgentGroup, RegistrationRefused
 
 
 def _error(message: str) -> pb.ErrorMsg:
@@ -39,22 +39,40 @@ class DistributedWorkerServicer(dpb_grpc.DistributedWorkerServicer):
         return dpb.Reply()
 
     def RegisterAgent(self, request, context):
-        reason = self.group.register(request)
-        return dpb.Reply(error=_error(reason)) if reason else dpb.Reply()
+        try:
+            return dpb.RegisterAgentReply(notice_token=self.group.register(request, context.peer()))
+        except RegistrationRefused as err:
+            return dpb.RegisterAgentReply(error=_error(str(err)))
 
     def AgentFailed(self, request, context):
-        self._agent_notice(request, context, "failed to start")
+        self._agent_notice(request, context, "failed to start", ends_start=True)
         return dpb.Reply()
 
     def AgentExit(self, request, context):
-        self._agent_notice(request, context, "exited")
+        self._agent_notice(request, context, "exited", ends_start=False)
         return dpb.Reply()
 
-    def _agent_notice(self, request, context, what: str):
-        """Only a host of the rank table can stop the group."""
-        if request.agent_ip not in {rank.ip for rank in self.group.rank_list}:
-            log.warning(f"a notice that agents on {request.agent_ip!r} {what}, from {context.peer()}, is ignored: "
-                        f"that is no host of the rank table")
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"'{request.agent_ip}' is no host of the rank table")
-        log.error(f"agents on {request.agent_ip} {what}: {request.reason}")
+    def _agent_notice(self, request, context, what: str, ends_start: bool):
+        """A notice stops the group when it carries the notice token of a registered rank. Without one, only a
+        failure to start is heard, and only while ranks still register (its ranks may have failed before they
+        registered), from a host of the rank table; the rest is refused and changes nothing."""
+        rank_id = self.group.notice_sender(request.notice_token)
+        if rank_id is None:
+            refusal = self._tokenless_refusal(request, ends_start)
+            if refusal:
+                log.warning(f"a notice that agents on {request.agent_ip!r} {what}, from {context.peer()}, is "
+                            f"refused: {refusal}")
+                context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
+        sender = f"rank {rank_id}'s starter" if rank_id is not None else "a starter none of whose ranks registered"
+        log.error(f"agents on {request.agent_ip} {what} (notice of {sender}, from {context.peer()}): {request.reason}")
         self.group.fail(f"agents on {request.agent_ip} {what}: {request.reason}")
+
+    def _tokenless_refusal(self, request, ends_start: bool):
+        """Why a notice without a registered rank's notice token is refused; None: it is heard."""
+        if request.notice_token:
+            return "the notice token is no registered rank's"
+        if not ends_start or not self.group.forming():
+            return "the notice carries no notice token of a registered rank"
+        if request.agent_ip not in {rank.ip for rank in self.group.rank_list}:
+            return f"'{request.agent_ip}' is no host of the rank table"
+        return None
