@@ -2,13 +2,17 @@
 
 All alive instances of a request enter a stage together, so model and batched Python stages see
 them (and those of concurrent requests) in one batch. A failing instance gets its own error and
-leaves the pipeline; its neighbours go on.
+leaves the pipeline; its neighbours go on. A stage's exception reaches the client as MindSpore Serving
+reports it ("Call <stage> Failed, ... error msg: <exception>"), its text cut of paths and reprs
+(errors.client_text); the exception itself, traceback and all, is the InstanceError's `__cause__`, for the
+worker's log (worker/service.py logs it with the request's id).
 """
 from concurrent.futures import Executor, Future
 from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from mindspore_serving.common.errors import client_text
 from mindspore_serving.common.tensor_codec import check_instance
 from mindspore_serving.spec.servable import MethodSpec, StageSpec, TensorRef
 from mindspore_serving.worker.executors import FunctionBatcher, ModelExecutor
@@ -16,7 +20,8 @@ from mindspore_serving.worker.stage_values import normalize_outputs, to_model_in
 
 
 class InstanceError(Exception):
-    """An error that belongs to one instance; its text reaches the client unchanged."""
+    """An error that belongs to one instance; its text reaches the client unchanged. One a stage raised has that
+    exception as its `__cause__`."""
 
 
 class ModelStage:
@@ -90,11 +95,12 @@ class MethodRunner:
                                      if isinstance(stage, ModelStage)]
 
     def _stage_error(self, index: int, err: BaseException) -> str:
+        """The client's text of the exception a stage raised: MindSpore Serving's, without paths and reprs."""
         spec: StageSpec = self.method.stages[index - 1]
         if isinstance(err, InstanceError):
-            return str(err)
-        return (f"Call {spec.tag} Failed, method: '{self.method.name}', stage index(begin with 1): {index}, "
-                f"error msg: {err}")
+            return client_text(str(err))
+        return client_text(f"Call {spec.tag} Failed, method: '{self.method.name}', stage index(begin with 1): "
+                           f"{index}, error msg: {err}")
 
     def _retract_after(self, index: int):
         for later in self._model_stage_indexes:
@@ -106,6 +112,7 @@ class MethodRunner:
         count = len(instances)
         values: List[Dict[TensorRef, object]] = [{} for _ in range(count)]
         errors: List[Optional[str]] = [None] * count
+        causes: Dict[int, BaseException] = {}  # position -> the exception a stage raised for it
         input_names = self.method.input_names
         for position, instance in enumerate(instances):
             errors[position] = check_instance(instance, input_names, self.servable_name, self.method.name)
@@ -135,6 +142,7 @@ class MethodRunner:
                     outputs = future.result()
                 except Exception as err:
                     errors[position] = self._stage_error(index, err)
+                    causes[position] = err
                     self._retract_after(index)
                     continue
                 for output_index, value in enumerate(outputs):
@@ -143,7 +151,9 @@ class MethodRunner:
         results: List = []
         for position in range(count):
             if errors[position] is not None:
-                results.append(InstanceError(errors[position]))
+                error = InstanceError(errors[position])
+                error.__cause__ = causes.get(position)
+                results.append(error)
                 continue
             results.append({name: values[position][ref]
                             for name, ref in zip(self.method.output_names, self.method.outputs)})

@@ -4,6 +4,7 @@ Stages are real StageSpec/MethodSpec objects (built by hand or recorded from a s
 tmp_path) run by fake executors, or by a real ModelExecutor over a fake graph. No processes, no MindSpore.
 """
 import importlib.util
+import io
 import itertools
 import textwrap
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -178,6 +179,19 @@ def test_a_failing_instance_gets_its_own_error_and_the_others_go_on():
                                         "1): 1, error msg: one is not allowed", None]
     assert results[0]["y"].item() == 0
     assert results[2]["y"].item() == 20
+
+
+def test_a_stage_error_keeps_its_message_without_paths_or_reprs_and_its_exception_as_cause():
+    def parse(x):
+        raise TypeError(f"cannot read {io.BytesIO.__name__} from /usr/lib/servables/x.py: {io.BytesIO()!r}")
+
+    spec = method("m", ["x"], ["y"], [function_spec(parse, ref(0))], [ref(1)])
+    results = MethodRunner("svc", spec, [FunctionStage(parse, 1, InlineExecutor())]).run([{"x": np.array(0)}])
+    assert errors_of(results) == ["Call Function 'svc.parse' Failed, method: 'm', stage index(begin with 1): 1, "
+                                  "error msg: cannot read BytesIO from x.py: <_io.BytesIO object>"]
+    cause = results[0].__cause__
+    assert isinstance(cause, TypeError) and "/usr/lib/servables/x.py" in str(cause) and " at 0x" in str(cause)
+    assert cause.__traceback__ is not None  # the worker logs it, traceback and all
 
 
 def test_an_instance_failing_at_stage_1_never_reaches_stage_2():
