@@ -1,9 +1,10 @@
 """The secured server's internal sockets, attacked by a process of the same user (the directory and socket modes
 keep other users out: test_private_files.py): a fake worker cannot register in a servable's place or retire one,
 a fake worker cannot attach to the LLM agent, not even while a stream runs, and error replies name no absolute
-path of the server's."""
+path of the server's, no memory address and no repr of an object."""
 import json
 import os
+import re
 
 import grpc
 import numpy as np
@@ -16,7 +17,8 @@ from secured_server import ADD_BODY, ADMIN, AUTH, KEY, PROMPT, X
 
 
 def _socket(server_directory, prefix: str) -> str:
-    sockets = server_directory / "unix_socket_files"
+    (runtime,) = os.listdir(server_directory / "unix_socket_files")
+    sockets = server_directory / "unix_socket_files" / runtime
     (name,) = [n for n in os.listdir(sockets) if n.startswith(prefix) and not n.endswith(".predict")]
     return f"unix:{sockets / name}"
 
@@ -28,6 +30,7 @@ def _workers(url: str) -> dict:
 
 def _add_works(grpc_addr: str):
     result = Client(grpc_addr, "add", "add_common", api_key=KEY).infer({"x1": X, "x2": X})
+    print("RESULT", result)
     np.testing.assert_array_equal(result[0]["y"], X * 2)
 
 
@@ -71,14 +74,22 @@ def test_a_fake_worker_cannot_attach_to_the_agent_while_a_stream_runs(server, se
     assert sum(1 for event in events if event["choices"][0]["text"]) >= 40  # every token came, none lost
 
 
-def test_error_replies_name_no_absolute_path(server, server_directory):
+def test_error_replies_name_no_absolute_path_address_or_repr(server, server_directory):
     grpc_addr, url = server
     where = str(server_directory)
+    bad_add = {"instances": [{"x1": "not a tensor", "x2": {"b64": "!"}}, {"x1": X.tolist(), "x3": X.tolist()}]}
     texts = [requests.post(url + "/model/nope:predict", json=ADD_BODY, headers=AUTH, timeout=30).text,
+             requests.post(url + "/model/add:add_common", json=bad_add, headers=AUTH, timeout=30).text,
              requests.post(url + "/v2/models/nope/infer", json={"inputs": []}, headers=AUTH, timeout=30).text,
+             requests.post(url + "/v2/models/add/infer", json={"inputs": [{"name": "x1", "datatype": "FP32",
+                                                                          "shape": [2], "data": ["x", {}]}]},
+                           headers=AUTH, timeout=30).text,
              requests.post(url + "/v1/completions", json={"model": "nope", "prompt": "x"}, headers=AUTH,
                            timeout=30).text,
              requests.post(url + "/v2/repository/models/nope/load", headers=ADMIN, timeout=30).text]
     texts.append(str(Client(grpc_addr, "nope", "predict", api_key=KEY).infer({"x": X})))  # MindSpore's {"error"}
+    texts.append(str(Client(grpc_addr, "add", "add_common", api_key=KEY).infer({"x1": X, "x3": X})))
     for text in texts:
+        assert "error" in text, text
         assert where not in text and "/tmp/" not in text, text
+        assert not re.search(r"0x[0-9a-fA-F]{4,}", text) and "object at" not in text, text
