@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from mindspore_serving.client import Client
 from mindspore_serving.proto import grpc_predict_v2_pb2 as kserve_pb2
 from mindspore_serving.proto import grpc_predict_v2_pb2_grpc as kserve_grpc
+from mindspore_serving.proto import ms_service_pb2
 from serving_process import ROOT, SERVABLES
 
 from secured_server import ADD_BODY, ADMIN, ADMIN_KEY, KEY, PROMPT, TRIES, X
@@ -173,3 +174,34 @@ def test_model_control_is_off_by_default(server):
             assert failure.value.code() == code, failure.value.details()
     reply = requests.post(url + "/model/add:add_common", json=ADD_BODY, headers={"x-api-key": KEY}, timeout=30)
     assert reply.json()["instances"][0]["y"] == (X + X).tolist(), reply.text
+
+
+def _rpcs():
+    """(path, request, server-streaming) of every RPC of the public port but the probes."""
+    probes = {"ServerLive", "ServerReady", "ModelReady"}
+    rpcs = []
+    for module in (kserve_pb2, ms_service_pb2):
+        for service in module.DESCRIPTOR.services_by_name.values():
+            for method in service.methods:
+                if method.name not in probes:
+                    request = getattr(module, method.input_type.name)()
+                    rpcs.append((f"/{service.full_name}/{method.name}", request, method.server_streaming))
+    return rpcs
+
+
+@pytest.mark.parametrize("path, request_message, streaming", _rpcs(), ids=[rpc[0] for rpc in _rpcs()])
+def test_every_rpc_but_the_probes_needs_the_key(server, path, request_message, streaming):
+    grpc_addr, _ = server
+    # the model-repository group wants the admin key: the main key does not open it either
+    keys = [None, "wrong"] + ([KEY] if "/Repository" in path else [])
+    with grpc.insecure_channel(grpc_addr) as channel:
+        kind = channel.unary_stream if streaming else channel.unary_unary
+        call = kind(path, request_serializer=type(request_message).SerializeToString,
+                    response_deserializer=lambda data: data)
+        for key in keys:
+            metadata = None if key is None else (("authorization", f"Bearer {key}"),)
+            with pytest.raises(grpc.RpcError) as info:
+                reply = call(request_message, metadata=metadata, timeout=30)
+                if streaming:
+                    list(reply)
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED, (key, info.value)

@@ -8,6 +8,7 @@ import time
 
 import grpc
 import numpy as np
+import psutil
 import pytest
 import requests
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -85,8 +86,15 @@ def test_a_slowloris_connection_is_closed_within_the_read_timeout_while_others_a
             sock.close()
 
 
-def test_a_thousand_health_watch_streams_while_inference_goes_on(server):
+def _front_end_cpu(master: psutil.Process) -> float:
+    """CPU seconds spent so far by the master and its front-end processes."""
+    front_ends = [master] + [child for child in master.children() if "frontend" in " ".join(child.cmdline())]
+    return sum(sum(process.cpu_times()[:2]) for process in front_ends)
+
+
+def test_a_thousand_health_watch_streams_while_inference_goes_on(server, server_process):
     grpc_addr, _ = server
+    master = psutil.Process(server_process.proc.pid)
 
     async def scenario():
         # four connections (channels of their own subchannel pool), each within max_streams_per_conn (512)
@@ -97,6 +105,10 @@ def test_a_thousand_health_watch_streams_while_inference_goes_on(server):
         try:
             firsts = await asyncio.wait_for(asyncio.gather(*(call.read() for call in calls)), 120)
             assert {first.status for first in firsts} == {health_pb2.HealthCheckResponse.SERVING}
+            # open and idle, the streams cost the front ends nothing: no reader runs until the readiness changes
+            spent = _front_end_cpu(master)
+            await asyncio.sleep(1.0)  # the quiet second measured
+            assert _front_end_cpu(master) - spent < 0.3
             client = Client(grpc_addr, "add", "add_common", api_key=KEY)
             loop = asyncio.get_running_loop()
             for _ in range(TRIES):

@@ -1,7 +1,10 @@
 """API-key checks (frontends/auth.py): which headers and metadata carry the key, what a missing or wrong one
 answers in each protocol, and that the probes stay open."""
 import asyncio
+import os
 import re
+import subprocess
+import sys
 
 import grpc
 import pytest
@@ -160,3 +163,27 @@ def test_without_any_key_only_a_restricted_group_is_guarded():
 def test_bad_group_settings(kwargs, message):
     with pytest.raises(RuntimeError, match=re.escape(message)):
         Access("k", **kwargs)
+
+
+def test_the_key_comes_from_the_environment_a_file_or_the_call(tmp_path, monkeypatch):
+    code = "from mindspore_serving.master import master; print(master.get_api_key())"
+    env = {**os.environ, "MS_SERVING_API_KEY": "from-env"}
+    assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip() == "from-env"
+    from mindspore_serving.master import master  # pylint: disable=import-outside-toplevel
+    from mindspore_serving.server.master import context  # pylint: disable=import-outside-toplevel
+    monkeypatch.setitem(master._settings, "api_key", None)  # pylint: disable=protected-access
+    key_file = tmp_path / "key"
+    key_file.write_text("from-file\nignored\n")
+    context.set_api_key(key_file=str(key_file))
+    assert master.get_api_key() == "from-file"
+    context.set_api_key("from-call")
+    assert master.get_api_key() == "from-call"
+    key_file.write_text("\n")
+    for kwargs, message in [({"key_file": str(key_file)}, "is empty"),
+                            ({"key_file": str(tmp_path / "none")}, "read the API key from"),
+                            ({"key": " spaced "}, "without surrounding spaces"),
+                            ({"key": "a", "key_file": str(key_file)}, "cannot both be set")]:
+        with pytest.raises(RuntimeError, match=message):
+            context.set_api_key(**kwargs)
+    assert master.get_api_key() == "from-call"
