@@ -117,6 +117,7 @@ def test_stage_that_raises_fails_only_its_instance(served):
     assert result[0]["label"] == label_of(IMAGES[0])
     assert "Call Function 'lenet.preprocess' Failed, method: 'classify_top1', stage index(begin with 1): 1" \
         in result[1]["error"]
+    assert "<_io.BytesIO object>" in result[1]["error"] and " at 0x" not in result[1]["error"]  # PIL's repr, cut
     assert result[2]["label"] == label_of(IMAGES[0])
 
 
