@@ -100,6 +100,16 @@ def _predict(grpc_addr, servable, x):
     return Client(grpc_addr, servable, "predict").infer([{"x": x}])
 
 
+def _refused_exit_notice(address):
+    import grpc
+    from mindspore_serving.proto import distributed_pb2 as dpb
+    from mindspore_serving.proto import distributed_pb2_grpc as dpb_grpc
+    with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
+        dpb_grpc.DistributedWorkerStub(channel).AgentExit(dpb.AgentNotice(agent_ip="127.0.0.1", reason="forged"),
+                                                          timeout=30)
+    assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+
+
 def _files(*names):
     return [os.path.join(MODEL_DIR, name) for name in names]
 
@@ -122,7 +132,12 @@ def test_matmul_distributed_grpc_and_rest_equal_numpy(tmp_path, exported):
         # a wrong input shape is refused by the worker before it reaches the ranks
         bad = _predict(deployment.grpc, "matmul_distributed", np.ones((2, 8), np.float32))
         assert "error" in (bad if isinstance(bad, dict) else bad[0])
-        # losing a rank stops the agent group and then the worker; the master exits with it
+        # without the secret, an exit notice without a registered rank's notice token is refused all the same
+        _refused_exit_notice(deployment.dist)
+        np.testing.assert_allclose(_predict(deployment.grpc, "matmul_distributed", x)[0]["y"], x @ exported,
+                                   rtol=1e-5, atol=1e-5)
+        # losing a rank stops the agent group, whose notice (with a rank's token) stops the worker; the master
+        # exits with it
         deployment.procs[1].remember_children()
         rank = next(p for p in deployment.procs[1].descendants if "start_rank_agent" in " ".join(p.cmdline()))
         rank.kill()
