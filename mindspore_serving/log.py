@@ -20,6 +20,7 @@ import stat
 import sys
 import threading
 import time
+import traceback
 from logging.handlers import RotatingFileHandler
 
 try:
@@ -201,24 +202,57 @@ def current_request_id():
     return _REQUEST_ID.get()
 
 
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+# C0 controls but tab, DEL, C1 controls (NEL, 0x85, among them) and the Unicode line and paragraph separators
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def _escape(match) -> str:
     char = match.group()
-    return {"\n": "\\n", "\r": "\\r"}.get(char, f"\\x{ord(char):02x}")
+    code = ord(char)
+    return {"\n": "\\n", "\r": "\\r"}.get(char, f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
 
 
 def escape_controls(text: str) -> str:
-    """`text` on one line, with no terminal controls: newlines, carriage returns, ANSI escapes and the other control
-    characters (tabs aside) written as `\\n`, `\\r`, `\\x1b`... A message that quotes what a client sent cannot
-    forge log lines or recolour a terminal."""
+    """`text` on one line, with no terminal controls: newlines, carriage returns, ANSI escapes, the other control
+    characters (tabs aside, C1 ones included) and the Unicode line separators written as `\\n`, `\\r`, `\\x1b`,
+    `\\x85`, `\\u2028`... A message that quotes what a client sent cannot forge log lines or recolour a terminal."""
     return _CONTROL.sub(_escape, text)
+
+
+def _escape_lines(text: str) -> str:
+    """`text` with each of its lines escaped (escape_controls), its own newlines kept."""
+    return "\n".join(escape_controls(line) for line in text.split("\n"))
+
+
+def _escaped_only(format_exception_only):
+    def escaped(*args, **kwargs):
+        for text in format_exception_only(*args, **kwargs):
+            yield escape_controls(text[:-1]) + "\n" if text.endswith("\n") else escape_controls(text)
+    return escaped
+
+
+def format_exception(exc_info) -> str:
+    """The traceback of `exc_info` as `traceback` prints it, escaped: its frames keep their lines, but the text of
+    each exception (chained and grouped ones too) is one line, so that a newline or an ANSI escape in what an
+    exception quotes cannot forge a log line."""
+    top = traceback.TracebackException(*exc_info[:3])
+    pending, seen = [top], set()
+    while pending:
+        exception = pending.pop()
+        if id(exception) in seen:
+            continue
+        seen.add(id(exception))
+        # NOTE: format() asks each exception of the chain for its text: that exception's own method, escaped here
+        exception.format_exception_only = _escaped_only(exception.format_exception_only)
+        pending += [e for e in (exception.__cause__, exception.__context__) if e is not None]
+        pending += getattr(exception, "exceptions", None) or []
+    return _escape_lines("".join(top.format()).rstrip("\n"))
 
 
 class _Formatter(logging.Formatter):
     """MindSpore Serving's header; the time has milliseconds and microseconds (`.mmm.uuu`). The message is escaped
-    (escape_controls) and, while a request is handled, names its id; a traceback after it keeps its lines."""
+    (escape_controls) and, while a request is handled, names its id; a traceback after it keeps its lines, the
+    text of its exceptions escaped (format_exception)."""
 
     def __init__(self):
         super().__init__("[%(levelname)s] %(sub_module)s(%(process)d:%(thread)d,%(processName)s):%(asctime)s "
@@ -229,6 +263,12 @@ class _Formatter(logging.Formatter):
         micros = min(int(round((record.created - seconds) * 1_000_000)), 999_999)
         stamp = time.strftime(datefmt or "%Y-%m-%d-%H:%M:%S", self.converter(seconds))
         return stamp if datefmt else f"{stamp}.{micros // 1000:03d}.{micros % 1000:03d}"
+
+    def formatException(self, ei):
+        return format_exception(ei)
+
+    def formatStack(self, stack_info):
+        return _escape_lines(stack_info)
 
     def format(self, record):
         index = record.pathname.rfind("mindspore")
@@ -266,8 +306,8 @@ _INTERNAL_FILES.add(os.path.normcase(_find_caller.__code__.co_filename))
 
 def open_private(path: str, mode: str = "a"):
     """A log file opened for writing ("w" or "a") that only its owner can read: created 0600, and made so if it
-    was there already (a log holds what clients sent)."""
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode == "a" else os.O_TRUNC)
+    was there already (a log holds what clients sent). A link there is refused (OSError), never followed."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if mode == "a" else os.O_TRUNC)
     fd = os.open(path, flags, stat.S_IREAD | stat.S_IWRITE)
     try:
         os.fchmod(fd, stat.S_IREAD | stat.S_IWRITE)
@@ -288,7 +328,7 @@ class _RotatingFile(RotatingFileHandler):
         if self.stream:
             self.stream.close()
             self.stream = None
-        with open(self.baseFilename, "a") as stream:
+        with open_private(self.baseFilename, "a") as stream:
             if fcntl is not None:
                 fcntl.lockf(stream.fileno(), fcntl.LOCK_EX)
         for index in range(self.backupCount - 1, 0, -1):
@@ -304,8 +344,7 @@ class _RotatingFile(RotatingFileHandler):
             os.remove(first)
         os.chmod(self.baseFilename, stat.S_IREAD)
         self.rotate(self.baseFilename, first)
-        with open(self.baseFilename, "a"):
-            os.chmod(self.baseFilename, stat.S_IREAD | stat.S_IWRITE)
+        open_private(self.baseFilename, "a").close()  # 0600 from its creation on
         if not self.delay:
             self.stream = self._open()
 
