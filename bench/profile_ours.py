@@ -128,7 +128,7 @@ def main(argv=None):
                 if os.path.exists(path):
                     lines.append(f"-- {kind} {role} (GIL-holding samples)")
                     lines.append(pyspy_summary.summarise(pyspy_summary.load(path), 15, FOCUS[role]))
-        address = "unix:" + glob.glob(os.path.join(server.workdir, "unix_socket_files",
+        address = "unix:" + glob.glob(os.path.join(server.workdir, "unix_socket_files", "*",
                                                    f"serving_worker_{args.servable}_*_{worker.pid}"))[0]
         ping = asyncio.run(_ping(address, args.concurrency, min(args.seconds, 4.0), worker))
         lines.append(f"== bare master->worker hop (WorkerService.Ping, grpc.aio client -> sync server, "

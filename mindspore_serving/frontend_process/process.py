@@ -97,7 +97,8 @@ class FrontendProcess(frontend_pb2_grpc.FrontendServiceServicer):
         # a servable the master runs but whose workers are all gone now: "retry later", not an unknown servable
         self.registry.expected = lambda name, _version: name in self.state.servables
         self.master_address = master_address
-        self.address = ipc.socket_address(f"serving_frontend_{index}_{os.getpid()}")
+        self.address = ipc.socket_address(ipc.runtime_directory_of(master_address),
+                                          f"serving_frontend_{index}_{os.getpid()}")
         self.master = None
         # the secret the master gave this process, on every call to the master
         self.credentials = ipc.peer_metadata(frontend_key(index), secret)

@@ -2,14 +2,19 @@
 import hmac
 import os
 import secrets
+import shutil
+import socket
 import stat
 import sys
+import tempfile
 from typing import Optional
 
 import grpc
 
 PROTOCOL_VERSION = 1
 SOCKET_DIR = "unix_socket_files"
+"""Where each server makes its runtime directory (runtime_directory), relative to the working directory that the
+master and its children share: unix socket paths are limited to 107 bytes."""
 MAX_INTERNAL_MSG_BYTES = 512 * 1024 * 1024
 INTERNAL_CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_INTERNAL_MSG_BYTES),
@@ -27,38 +32,104 @@ class WorkerConnectionError(ConnectionError):
 CONNECTION_ERRORS = (grpc.aio.AioRpcError, grpc.aio.UsageError, WorkerConnectionError)
 
 
-def _short(address: str) -> str:
-    """Unix socket paths are limited: an address over 90 characters keeps its first and last 40, joined by '___'
-    (as MindSpore Serving's workers shorten theirs)."""
-    return address if len(address) <= _MAX_NAME else address[:40] + "___" + address[-40:]
+def _short(directory: str, name: str) -> str:
+    """The address of socket `name` in `directory`. Unix socket paths are limited: an address over 90 characters
+    keeps its directory and as much of the start and the end of its name as fits, joined by '___' (MindSpore
+    Serving's workers shorten theirs so)."""
+    address = f"unix:{directory}/{name}"
+    if len(address) <= _MAX_NAME:
+        return address
+    keep = max(8, (_MAX_NAME - len(address) + len(name) - 3) // 2)
+    return f"unix:{directory}/{name[:keep]}___{name[-keep:]}"
 
 
-def private_directory(path: str) -> str:
-    """`path`, a directory only this user can enter (0700): made so, or created so. Refused when it is a link or
-    not a directory, or belongs to another user (who could then read, replace or bind its sockets)."""
-    try:
-        os.mkdir(path, stat.S_IRWXU)
-    except FileExistsError:
-        pass
-    info = os.lstat(path)
+def private_directory(path: str, create: bool = True) -> str:
+    """`path`, a directory only this user can enter (0700): created so (`create`), or made so. Refused when it is
+    a link or not a directory, or belongs to another user (who could then read, replace or bind its files). The
+    checks and the chmod are made on one descriptor, which cannot be swapped for another directory in between."""
+    if create:
+        try:
+            os.mkdir(path, stat.S_IRWXU)
+        except FileExistsError:
+            pass
     where = os.path.abspath(path)
-    if not stat.S_ISDIR(info.st_mode):
-        raise RuntimeError(f"Serving Error: the socket directory {where} is not a directory (a link or a file); "
-                           f"remove it, or start the server in another working directory")
-    if info.st_uid != os.geteuid():
-        raise RuntimeError(f"Serving Error: the socket directory {where} belongs to another user (uid "
-                           f"{info.st_uid}); remove it, or start the server in another working directory")
-    if stat.S_IMODE(info.st_mode) != stat.S_IRWXU:
-        os.chmod(path, stat.S_IRWXU)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except NotADirectoryError:
+        raise RuntimeError(f"Serving Error: {where} is not a directory (a link or a file); remove it, or start the "
+                           f"server in another working directory") from None
+    except OSError as err:
+        raise RuntimeError(f"Serving Error: cannot open the directory {where}: {err.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != os.geteuid():
+            raise RuntimeError(f"Serving Error: the directory {where} belongs to another user (uid {info.st_uid}); "
+                               f"remove it, or start the server in another working directory")
+        if stat.S_IMODE(info.st_mode) != stat.S_IRWXU:
+            os.fchmod(fd, stat.S_IRWXU)
+    finally:
+        os.close(fd)
     return path
 
 
-def socket_address(name: str) -> str:
-    """A unix socket address in SOCKET_DIR, which only this user can enter (private_directory)."""
+def runtime_directory() -> str:
+    """A new directory of one server's own for its sockets, in SOCKET_DIR (made private first): unique, 0700 and
+    made atomically (tempfile.mkdtemp). Its name, `<master pid>_<8 random characters>`, is short and relative, as
+    socket paths must be. Directories that servers killed before they could remove theirs left are removed."""
     private_directory(SOCKET_DIR)
-    # relative to the working directory that the master and its workers share: unix socket paths are short-lived
-    # and limited to about 100 characters
-    return _short(f"unix:{SOCKET_DIR}/{name}")
+    _remove_stale_directories()
+    return os.path.relpath(tempfile.mkdtemp(prefix=f"{os.getpid()}_", dir=SOCKET_DIR))
+
+
+def runtime_directory_of(master_address: str) -> str:
+    """The runtime directory of the server whose master listens on `master_address` (its socket's directory),
+    where the master's children make their sockets; refused unless it is this user's and private."""
+    return private_directory(os.path.dirname(socket_path(master_address)), create=False)
+
+
+def remove_runtime_directory(master_address: str):
+    """Removes the master's runtime directory and what its processes left there (a killed worker's sockets)."""
+    shutil.rmtree(os.path.dirname(socket_path(master_address)), ignore_errors=True)
+
+
+def _remove_stale_directories():
+    """Removes the runtime directories of SOCKET_DIR whose master is not running and where no socket answers."""
+    for entry in os.scandir(SOCKET_DIR):
+        pid, separator, _ = entry.name.partition("_")
+        if not separator or not pid.isdigit() or not entry.is_dir(follow_symlinks=False) or _running(int(pid)):
+            continue
+        try:
+            sockets = [os.path.join(entry.path, name) for name in os.listdir(entry.path)]
+        except OSError:
+            continue
+        if not any(_answers(path) for path in sockets):
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: running
+        return True
+    return True
+
+
+def _answers(path: str) -> bool:
+    """Whether a unix socket at `path` accepts a connection (a server in another pid namespace may use it)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True
+
+
+def socket_address(directory: str, name: str) -> str:
+    """The address of unix socket `name` in a server's runtime directory (runtime_directory)."""
+    return _short(directory, name)
 
 
 def restrict_socket(address: str) -> None:
@@ -79,11 +150,12 @@ def predict_address(grpc_address: str) -> str:
 
 
 def master_address() -> str:
-    return socket_address(f"serving_master_{os.getpid()}")
+    """The master's socket, in a new runtime directory of its own (runtime_directory)."""
+    return socket_address(runtime_directory(), f"serving_master_{os.getpid()}")
 
 
-def worker_address(servable_name: str, device_label: str) -> str:
-    return socket_address(f"serving_worker_{servable_name}_{device_label}_{os.getpid()}")
+def worker_address(directory: str, servable_name: str, device_label: str) -> str:
+    return socket_address(directory, f"serving_worker_{servable_name}_{device_label}_{os.getpid()}")
 
 
 # ---- who is calling: the master hands each child it starts a secret of its own, through the child's stdin (never

@@ -227,7 +227,7 @@ class Master:
         for record in self.registry.clear():
             self.run(record.close_channels())
         self.run(self._control_server.stop(1))
-        ipc.remove_socket(self.address)
+        ipc.remove_runtime_directory(self.address)  # with what killed children left there
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
         self.loop.close()

@@ -160,7 +160,7 @@ class WorkerProcesses:
     # ---- start ----
     def spawn(self, worker: WorkerProcess):
         plan = worker.plan
-        os.makedirs(LOG_DIR, mode=0o700, exist_ok=True)
+        ipc.private_directory(LOG_DIR)  # 0700, this user's, not a link: the logs hold what clients sent
         log_file = log.open_private(plan.log_path, "w" if worker.starts == 0 else "a")
         cmd = plan.command(self.master_address)
         worker.registered.clear()

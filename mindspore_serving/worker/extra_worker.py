@@ -65,7 +65,8 @@ class ExtraWorker(process.Worker):
             self.owns_models = True
             device_type = "cpu" if spec.extension is None and args.device_type.lower() == "none" else args.device_type
             return load_servable(args.servable_directory, args.servable_name, args.version_number, device_type,
-                                 args.device_id, dec_key, args.dec_mode, on_fatal=self.fail)
+                                 args.device_id, dec_key, args.dec_mode, on_fatal=self.fail,
+                                 socket_directory=self.socket_directory)
         if spec.extension is not None:
             raise RuntimeError(f"servable {args.servable_name} is served by its device workers alone")
         version = resolve_version(args.servable_directory, args.servable_name, args.version_number, bool(spec.models))

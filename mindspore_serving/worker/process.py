@@ -78,6 +78,7 @@ class Worker:
         self.predict_server = None
         self.runtime = None
         self.address = ""
+        self.socket_directory = ""  # the master's runtime directory, where this worker's sockets go (start)
         self.failed = False
 
     def notify_failed(self, message: str):
@@ -92,10 +93,12 @@ class Worker:
         args = self.args
         dec_key = bytes.fromhex(sys.stdin.readline().strip()) if args.read_dec_key else None
         return load_servable(args.servable_directory, args.servable_name, args.version_number,
-                             args.device_type, args.device_id, dec_key, args.dec_mode, on_fatal=self.fail)
+                             args.device_type, args.device_id, dec_key, args.dec_mode, on_fatal=self.fail,
+                             socket_directory=self.socket_directory)
 
     def start(self):
         args = self.args
+        self.socket_directory = ipc.runtime_directory_of(args.master_address)
         self.runtime, version = self.load()
         # before registering: the master counts a registered worker as ready
         warm_up(self.runtime, os.path.join(args.servable_directory, args.servable_name))
@@ -105,7 +108,7 @@ class Worker:
         servicer = WorkerServicer(self.runtime, self.request_exit)
         internal_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, self.server)
         self.runtime.add_servicers(self.server)
-        self.address = ipc.worker_address(args.servable_name, self.device_label)
+        self.address = ipc.worker_address(self.socket_directory, args.servable_name, self.device_label)
         self.server.add_insecure_port(self.address)
         self.server.start()
         ipc.restrict_socket(self.address)

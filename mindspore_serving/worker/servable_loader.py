@@ -50,16 +50,16 @@ def resolve_version(servable_directory: str, servable_name: str, version_number:
 
 def load_servable(servable_directory: str, servable_name: str, version_number: int, device_type: Optional[str],
                   device_id: int, dec_key: Optional[bytes] = None, dec_mode: str = "AES-GCM",
-                  on_fatal=None) -> Tuple[ServableRuntime, int]:
+                  on_fatal=None, socket_directory: str = "") -> Tuple[ServableRuntime, int]:
     """The servable's runtime and its resolved version; `on_fatal(reason)` is called when an LLM servable
-    loses its agents."""
+    loses its agents, which listen in `socket_directory` (the server's runtime directory)."""
     spec = import_servable_config(servable_directory, servable_name)
     if spec is None or not spec.methods and spec.extension is None:
         raise RuntimeError("There is no method registered for servable")
     if isinstance(spec.extension, LlmDeclaration):
         version = version_number or 1
         device = resolve_device(device_type, servable_name)
-        return LlmRuntime(spec, spec.extension.config_file, device, device_id, on_fatal), version
+        return LlmRuntime(spec, spec.extension.config_file, device, device_id, on_fatal, socket_directory), version
     version = resolve_version(servable_directory, servable_name, version_number, bool(spec.models))
     device = resolve_device(device_type, servable_name)
     select_device(device, device_id)

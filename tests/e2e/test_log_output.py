@@ -38,9 +38,9 @@ def test_master_and_worker_follow_glog_v_and_write_their_own_files(tmp_path):
         # GLOG_stderrthreshold=1: INFO reaches the master's output and the worker's log in serving_logs too
         master = records(proc.output(), master_pid)
         assert ("INFO", "mindspore_serving/master/control_service.py") in {(lvl, path) for lvl, path, _ in master}
-        assert any(level == "INFO" and msg.startswith("Register success: worker address: unix:unix_socket_files/"
-                                                      f"serving_worker_add_device0_{worker.pid}")
-                   for level, _, msg in master)
+        registered = re.compile(rf"Register success: worker address: unix:unix_socket_files/{master_pid}_\w+/"
+                                rf"serving_worker_add_device0_{worker.pid},")
+        assert any(level == "INFO" and registered.match(msg) for level, _, msg in master)
         worker_log = (tmp_path / "serving_logs" / "log_add_device0_version1.log").read_text()
         costs = [msg for level, path, msg in records(worker_log, worker.pid)
                  if level == "INFO" and path == "mindspore_serving/worker/service.py"]

@@ -30,7 +30,6 @@ def _workers(url: str) -> dict:
 
 def _add_works(grpc_addr: str):
     result = Client(grpc_addr, "add", "add_common", api_key=KEY).infer({"x1": X, "x2": X})
-    print("RESULT", result)
     np.testing.assert_array_equal(result[0]["y"], X * 2)
 
 

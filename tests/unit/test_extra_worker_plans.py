@@ -48,11 +48,11 @@ def test_without_device_ids_the_extra_workers_are_the_servable_and_own_a_device(
 
 def test_extra_worker_socket_names():
     pid = os.getpid()
-    assert ipc.worker_address("add", "version1_extra0") == \
-        f"unix:{ipc.SOCKET_DIR}/serving_worker_add_version1_extra0_{pid}"
-    long_name = "n" * 80
-    full = f"unix:{ipc.SOCKET_DIR}/serving_worker_{long_name}_version1_extra0_{pid}"
-    assert ipc.worker_address(long_name, "version1_extra0") == full[:40] + "___" + full[-40:]
+    assert ipc.worker_address("sockets/1_abcdefgh", "add", "version1_extra0") == \
+        f"unix:sockets/1_abcdefgh/serving_worker_add_version1_extra0_{pid}"
+    address = ipc.worker_address("sockets/1_abcdefgh", "n" * 80, "version1_extra0")
+    assert address.startswith("unix:sockets/1_abcdefgh/serving_worker_nnn") and "___" in address
+    assert address.endswith(f"_version1_extra0_{pid}") and len(address) <= 90
 
 
 def test_the_extra_worker_loads_models_itself_only_on_cpu():

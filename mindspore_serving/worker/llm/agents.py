@@ -63,14 +63,18 @@ class AgentGroup:
 _GROUPS = itertools.count()
 
 
-def agent_addresses(config) -> List[str]:
+def agent_addresses(config, directory: str = "") -> List[str]:
     """Where each rank listens: host:start_port+rank with fixed ports (agents other hosts or start_agent.py
-    start), else unix sockets in the private socket directory (the worker starts every rank on its own host)."""
+    start), else unix sockets in `directory`, the server's runtime directory (the worker starts every rank on its
+    own host)."""
     agents = config.agents
     if agents.start_port:
         return [agents.address(rank) for rank in range(agents.num_ranks)]
+    if not directory:
+        raise ValueError("agents on unix sockets (agents.start_port 0) need the server's runtime directory")
     group = next(_GROUPS)  # a restarted group gets sockets of its own: the old one's exit removes its files
-    return [ipc.socket_address(f"serving_agent_{os.getpid()}_{group}_{rank}") for rank in range(agents.num_ranks)]
+    return [ipc.socket_address(directory, f"serving_agent_{os.getpid()}_{group}_{rank}")
+            for rank in range(agents.num_ranks)]
 
 
 def group_secret(config) -> str:
@@ -113,15 +117,15 @@ def _spawn(config_path: str, rank: int, address: str, cluster: Optional[ms_clust
 
 
 def startup_agents(config, addresses: Optional[List[str]] = None, ranks: Optional[Sequence[int]] = None,
-                   cluster: Optional[ms_cluster.ClusterAddress] = None) -> AgentGroup:
+                   cluster: Optional[ms_cluster.ClusterAddress] = None, directory: str = "") -> AgentGroup:
     """Starts the agents of `ranks` (default: every rank) and blocks until all are ready (models loaded, warmed
-    up, listening). With tensor parallelism the ranks form a cluster at `cluster` (default: `cluster_address`),
+    up, listening), at `addresses` (default: agent_addresses in `directory`). With tensor parallelism the ranks form a cluster at `cluster` (default: `cluster_address`),
     whose scheduler starts here when rank 0 is among `ranks`; a rank is ready only once every rank of the
     cluster joined, those on other hosts included.
 
     A rank that fails or exits before it is ready stops the others and raises RuntimeError with its reason.
     """
-    addresses = addresses or agent_addresses(config)
+    addresses = addresses or agent_addresses(config, directory)
     ranks = list(range(len(addresses)) if ranks is None else ranks)
     if cluster is None:
         cluster = cluster_address(config)

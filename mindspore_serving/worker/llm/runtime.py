@@ -33,8 +33,9 @@ AGENT_RESTART_WINDOW = 60.0
 
 class LlmRuntime:
     def __init__(self, spec, config_file: str, device_type: str, device_id: int,
-                 on_fatal: Optional[Callable[[str], None]] = None):
+                 on_fatal: Optional[Callable[[str], None]] = None, socket_directory: str = ""):
         self.spec = spec
+        self.socket_directory = socket_directory  # where the agents it starts listen (unless on fixed ports)
         self.device_type = device_type
         self.config: LlmServingConfig = load_serving_config(config_file)
         self.on_fatal = on_fatal
@@ -75,7 +76,7 @@ class LlmRuntime:
                 return runner
             except RuntimeError as err:
                 log.info(f"no running agents ({err}); starting them")
-        self.agents = startup_agents(self.config, ranks=agents.local_ranks)
+        self.agents = startup_agents(self.config, ranks=agents.local_ranks, directory=self.socket_directory)
         remote = len(agents.local_ranks) < agents.num_ranks
         # ranks on other hosts finish loading with the local ones (they all warm up in lockstep), give or take
         return AgentRunner(self.agents.addresses, self._agent_lost,
