@@ -14,9 +14,11 @@ A model YAML file has two sections (both dicts of the fields below)::
 Unknown keys are rejected (a typo must not silently fall back to a default).
 """
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+import numpy as np
 import yaml
 
 
@@ -62,14 +64,25 @@ def _check_buckets(obj, name: str, upper: Optional[int] = None, upper_name: str 
                          f"use buckets <= {upper}")
 
 
+ROPE_SCALING_KEYS = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
+"""The rope_scaling types implemented (`rope_inv_freq`) and the keys each one needs."""
+
+
 @dataclass(frozen=True)
 class LlamaConfig:
-    """Shape of a LLaMA-architecture decoder (RMSNorm, RoPE, SwiGLU, grouped-query attention)."""
+    """Shape of a LLaMA-architecture decoder (RMSNorm, RoPE, SwiGLU, grouped-query attention).
+
+    The fields after `pad_token_id` cover the LLaMA, Mistral and Qwen2/Qwen3 variants of the architecture; their
+    defaults are the plain LLaMA decoder, and `to_dict` leaves them out while they hold their defaults.
+    """
 
     vocab_size: int
     """Number of token ids (embedding rows and logits)."""
     hidden_size: int
-    """Width of the residual stream; a multiple of num_heads."""
+    """Width of the residual stream; a multiple of num_heads unless head_dim is given."""
     num_layers: int
     """Number of decoder blocks."""
     num_heads: int
@@ -94,20 +107,37 @@ class LlamaConfig:
     """End-of-sequence id, if the tokenizer has one."""
     pad_token_id: Optional[int] = None
     """Padding id, if the tokenizer has one."""
+    head_dim: Optional[int] = None
+    """Width of one attention head; None (read back as hidden_size // num_heads) unless given (Qwen3 and some
+    LLaMA/Mistral models have num_heads * head_dim != hidden_size)."""
+    qkv_bias: bool = False
+    """q, k and v projections have biases (Qwen2); o never has one."""
+    qk_norm: bool = False
+    """An RMSNorm (weight [head_dim], eps rms_norm_eps) over each head's q and k, before the rotary embedding
+    (Qwen3)."""
+    rope_scaling: Optional[Mapping[str, Any]] = None
+    """None, {"rope_type": "linear", "factor": f} or {"rope_type": "llama3", "factor", "low_freq_factor",
+    "high_freq_factor", "original_max_position_embeddings"}: how the rotary frequencies are rescaled."""
+    sliding_window: Optional[int] = None
+    """Attention window of the model (Mistral); it must cover max_seq_len, where it changes nothing."""
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
                      "intermediate_size", "max_seq_len"):
             _check_int(self, name)
-        if self.hidden_size % self.num_heads:
-            raise ValueError(f"LlamaConfig.hidden_size={self.hidden_size} is not a multiple of "
-                             f"num_heads={self.num_heads}; choose num_heads dividing hidden_size")
+        if self.head_dim is None:
+            if self.hidden_size % self.num_heads:
+                raise ValueError(f"LlamaConfig.hidden_size={self.hidden_size} is not a multiple of "
+                                 f"num_heads={self.num_heads}; choose num_heads dividing hidden_size or give "
+                                 "head_dim")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        _check_int(self, "head_dim")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"LlamaConfig.num_heads={self.num_heads} is not a multiple of "
                              f"num_kv_heads={self.num_kv_heads}; choose num_kv_heads dividing num_heads")
         if self.head_dim % 2:
-            raise ValueError(f"LlamaConfig head_dim = hidden_size/num_heads = {self.head_dim} is odd; rotary "
-                             "embeddings need an even head_dim")
+            raise ValueError(f"LlamaConfig head_dim={self.head_dim} is odd; rotary embeddings need an even "
+                             "head_dim")
         if not self.rope_theta > 0:
             raise ValueError(f"LlamaConfig.rope_theta must be > 0, got {self.rope_theta}")
         if not self.rms_norm_eps > 0:
@@ -118,17 +148,91 @@ class LlamaConfig:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and 0 <= value < self.vocab_size):
                 raise ValueError(f"LlamaConfig.{name}={value!r} must be an id in [0, vocab_size={self.vocab_size})")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        for name in ("qkv_bias", "qk_norm", "tie_word_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"LlamaConfig.{name} must be true or false, got {getattr(self, name)!r}")
+        _check_rope_scaling(self.rope_scaling)
+        if self.sliding_window is not None:
+            _check_int(self, "sliding_window")
+            if self.sliding_window < self.max_seq_len:
+                raise ValueError(f"LlamaConfig.sliding_window={self.sliding_window} is smaller than max_seq_len="
+                                 f"{self.max_seq_len}: sliding-window attention is not implemented; serve at most "
+                                 f"{self.sliding_window} tokens per sequence")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "LlamaConfig":
         return _from_mapping(cls, data, "LlamaConfig")
 
     def to_dict(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if self.head_dim == self.hidden_size // self.num_heads and not self.hidden_size % self.num_heads:
+            del d["head_dim"]
+        for name in ("qkv_bias", "qk_norm", "rope_scaling", "sliding_window"):
+            if d[name] == _FIELD_DEFAULTS[name]:
+                del d[name]
+        if d.get("rope_scaling") is not None:
+            d["rope_scaling"] = dict(d["rope_scaling"])
+        return d
+
+    def rope_inv_freq(self) -> np.ndarray:
+        """The rotary inverse frequencies float32 [head_dim // 2], computed as transformers does (float32, with
+        `rope_scaling` applied)."""
+        return rope_inv_freq(self.head_dim, self.rope_theta, self.rope_scaling)
+
+
+_FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(LlamaConfig)}
+
+
+def _check_rope_scaling(scaling):
+    if scaling is None:
+        return
+    if not isinstance(scaling, Mapping):
+        raise ValueError(f"LlamaConfig.rope_scaling must be null or a mapping, got {scaling!r}")
+    kind = scaling.get("rope_type")
+    if kind not in ROPE_SCALING_KEYS:
+        raise ValueError(f"LlamaConfig.rope_scaling rope_type={kind!r} is not supported; supported: null, "
+                         f"{sorted(ROPE_SCALING_KEYS)}")
+    needed = ("rope_type",) + ROPE_SCALING_KEYS[kind]
+    missing = [k for k in needed if k not in scaling]
+    unknown = sorted(set(scaling) - set(needed))
+    if missing or unknown:
+        raise ValueError(f"LlamaConfig.rope_scaling of rope_type {kind!r} needs exactly the keys {list(needed)}; "
+                         f"missing {missing}, unknown {unknown}")
+    for k in ROPE_SCALING_KEYS[kind]:
+        value = scaling[k]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"LlamaConfig.rope_scaling.{k} must be a number > 0, got {value!r}")
+    if kind == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
+        raise ValueError("LlamaConfig.rope_scaling: llama3 needs high_freq_factor > low_freq_factor, got "
+                         f"{scaling['high_freq_factor']} and {scaling['low_freq_factor']}")
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: Optional[Mapping[str, Any]] = None) -> np.ndarray:
+    """float32 [head_dim // 2] inverse frequencies of rotate-half RoPE, in float32 arithmetic as transformers'
+    `_compute_{default,linear_scaling,llama3}_rope_parameters` compute them.
+
+    linear divides every frequency by `factor`. llama3 keeps the frequencies whose wavelength 2*pi/f is shorter
+    than original_max_position_embeddings / high_freq_factor, divides by `factor` those whose wavelength is longer
+    than original_max_position_embeddings / low_freq_factor, and in between blends f / factor and f with weight
+    s = (original_max_position_embeddings / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor).
+    """
+    f32 = np.float32
+    exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(f32) / f32(head_dim)
+    inv_freq = (f32(1.0) / (f32(theta) ** exponent)).astype(f32)
+    if scaling is None:
+        return inv_freq
+    factor = f32(scaling["factor"])
+    if scaling["rope_type"] == "linear":
+        return (inv_freq / factor).astype(f32)
+    low, high = f32(scaling["low_freq_factor"]), f32(scaling["high_freq_factor"])
+    old_len = f32(scaling["original_max_position_embeddings"])
+    low_freq_wavelen, high_freq_wavelen = old_len / low, old_len / high
+    wavelen = f32(2 * math.pi) / inv_freq
+    scaled = np.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq).astype(f32)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (f32(1) - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
+    return np.where(medium, smoothed, scaled).astype(f32)
 
 
 @dataclass(frozen=True)

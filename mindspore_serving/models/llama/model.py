@@ -54,6 +54,10 @@ def _ones(dim):
     return Parameter(initializer("ones", (dim,), ms.float32))
 
 
+def _zeros(dim):
+    return Parameter(initializer("zeros", (dim,), ms.float32))
+
+
 def linear(x, weight):
     """x [..., in] @ weight[out, in].T -> [..., out]."""
     shape = x.shape
@@ -83,6 +87,10 @@ class DecoderLayer(nn.Cell):
     query heads and num_kv_heads / tp key/value heads (q/k/v column-parallel), its intermediate_size / tp MLP
     columns (gate/up column-parallel), and the matching input columns of o and down (row-parallel), whose partial
     products are summed over the ranks by an AllReduce. Norms are replicated.
+
+    Optional parts, present only when the config asks for them (so the plain model's parameters never change):
+    `q_bias` and `kv_bias` (rows: k, then v) with `cfg.qkv_bias`, sharded with their rows; `q_norm` and `k_norm`
+    (RMSNorm weights [head_dim] over each head of q and k, before RoPE) with `cfg.qk_norm`, replicated.
     """
 
     def __init__(self, cfg: LlamaConfig, tp: int = 1):
@@ -102,6 +110,13 @@ class DecoderLayer(nn.Cell):
         self.post_attn_norm = _ones(hidden)
         self.gate_up_proj = _weight(std, (2 * intermediate, hidden))  # rows: gate, then up
         self.down_proj = _weight(out_std, (hidden, intermediate))
+        self.qkv_bias, self.qk_norm = cfg.qkv_bias, cfg.qk_norm
+        if self.qkv_bias:
+            self.q_bias = _zeros(self.num_heads * cfg.head_dim)
+            self.kv_bias = _zeros(2 * kv_size)                              # k, then v
+        if self.qk_norm:
+            self.q_norm = _ones(cfg.head_dim)
+            self.k_norm = _ones(cfg.head_dim)
         self.tp = tp
         # NOTE: created only with tp > 1: an AllReduce needs mindspore.communication.init() (a cluster) first
         self.all_reduce = ops.AllReduce() if tp > 1 else None
@@ -117,10 +132,15 @@ class DecoderLayer(nn.Cell):
         """x [B, L, hidden] -> q [B, L, H, D], k and v [B, L, KVH, D] (q and k rotated)."""
         b, l = x.shape[0], x.shape[1]
         h = rms_norm(x, self.input_norm, self.eps)
-        q = linear(h, self.q_proj).reshape(b, l, self.num_heads, self.head_dim)
-        k, v = _split2(linear(h, self.kv_proj))
+        q, kv = linear(h, self.q_proj), linear(h, self.kv_proj)
+        if self.qkv_bias:
+            q, kv = q + self.q_bias, kv + self.kv_bias
+        k, v = _split2(kv)
+        q = q.reshape(b, l, self.num_heads, self.head_dim)
         k = k.reshape(b, l, self.num_kv_heads, self.head_dim)
         v = v.reshape(b, l, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
     def attend(self, q, k, v, mask_bias):
@@ -216,9 +236,7 @@ class LlamaModel(nn.Cell):
         self.tied = cfg.tie_word_embeddings
         if not self.tied:
             self.lm_head = _weight(cfg.initializer_range, (cfg.vocab_size, cfg.hidden_size))
-        half = cfg.head_dim // 2
-        inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(half, dtype=np.float64) / half))
-        self.inv_freq = Tensor(inv_freq.astype(np.float32))
+        self.inv_freq = Tensor(cfg.rope_inv_freq())
         # NOTE: constant tables sliced per use; ops.arange in PyNative mode trips a NumPy-1.x import warning
         self.position_table = Tensor(np.arange(cfg.max_seq_len, dtype=np.int32))
         self.one, self.zero = Tensor(1.0, ms.float32), Tensor(0.0, ms.float32)
@@ -314,10 +332,14 @@ def check_tensor_parallel(cfg: LlamaConfig, tp: int):
     """Raises ValueError unless the model's heads, KV heads and MLP width split evenly over `tp` ranks."""
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise ValueError(f"tensor_parallel must be an int >= 1, got {tp!r}")
-    for name in ("num_heads", "num_kv_heads", "intermediate_size"):
+    names = ("num_heads", "num_kv_heads", "intermediate_size")
+    for name in names:
         if getattr(cfg, name) % tp:
-            raise ValueError(f"tensor_parallel={tp} does not divide the model's {name}={getattr(cfg, name)}; "
-                             f"use a divisor of num_kv_heads ({cfg.num_kv_heads})")
+            common = math.gcd(*(getattr(cfg, n) for n in names))
+            valid = [d for d in range(1, common + 1) if common % d == 0]
+            raise ValueError(f"tensor_parallel={tp} does not divide the model's {name}={getattr(cfg, name)} "
+                             f"(num_heads={cfg.num_heads}, num_kv_heads={cfg.num_kv_heads}, intermediate_size="
+                             f"{cfg.intermediate_size}); valid tensor_parallel values: {valid}")
 
 
 def _rows(weight: np.ndarray, parts: int, rank: int) -> np.ndarray:
@@ -328,14 +350,15 @@ def _rows(weight: np.ndarray, parts: int, rank: int) -> np.ndarray:
 
 def shard_weights(cfg: LlamaConfig, weights: dict, tp: int, rank: int) -> dict:
     """The parameters (name -> array, names of `LlamaModel.parameters_and_names`) of tensor-parallel rank `rank`
-    of `tp`, cut from the whole model's: q, k, v, gate and up by output rows, o and down by input columns."""
+    of `tp`, cut from the whole model's: q, k, v (and their biases), gate and up by output rows, o and down by input
+    columns; norms (q_norm and k_norm included) are replicated."""
     check_tensor_parallel(cfg, tp)
     out = {}
     for name, value in weights.items():
         leaf = name.rsplit(".", 1)[-1]
-        if leaf == "q_proj":
+        if leaf in ("q_proj", "q_bias"):
             value = _rows(value, tp, rank)
-        elif leaf in ("kv_proj", "gate_up_proj"):  # two stacked matrices: shard each
+        elif leaf in ("kv_proj", "kv_bias", "gate_up_proj"):  # two stacked matrices: shard each
             first, second = np.split(value, 2, axis=0)
             value = np.concatenate([_rows(first, tp, rank), _rows(second, tp, rank)], axis=0)
         elif leaf in ("o_proj", "down_proj"):
