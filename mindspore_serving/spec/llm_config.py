@@ -23,7 +23,8 @@ Sections (relative paths are relative to the YAML file's own directory):
       device_type: CPU | GPU | Ascend | null (best available)
       device_ids: [0]                one agent per rank, rank r on device_ids[r]
       host: 127.0.0.1
-      start_port: 7100               rank r listens on host:start_port+r; 0 = free ports, agents started by the worker
+      start_port: 7100               rank r listens on host:start_port+r; 0 (default) = unix sockets in the
+                                     server's runtime directory, agents started by the worker
       rank_hosts: [h0, h1, ...]      optional, one host per rank: rank r listens on rank_hosts[r]:start_port+r. The
                                      worker starts the ranks on its own host (`host`); the others are started on
                                      their host with `start_agent.py --rank_start K` (needs start_port and

@@ -1,11 +1,7 @@
-import os
-import shutil
-
 import pytest
 
-from llm_setup import write_config, write_servable
 from secured_server import ADMIN_KEY, KEY, READ_TIMEOUT
-from serving_process import SERVABLES, start_server
+from serving_process import start_server
 
 
 @pytest.fixture(scope="package")
@@ -16,15 +12,14 @@ def server_directory(tmp_path_factory):
 
 @pytest.fixture(scope="package")
 def secured(server_directory):
-    """(process, gRPC address, RESTful URL) of the secured server (secured_server.py)."""
+    """(process, gRPC address, RESTful URL) of the secured server (secured_server.py): the bundled servables as
+    they ship (config/llama_tiny.yaml: the LLM agent on a unix socket the worker starts)."""
     directory = server_directory
     key_file = directory / "key"
     key_file.write_text(KEY + "\n")
-    servables = write_servable(directory, write_config(directory, start_port=0))
-    shutil.copytree(os.path.join(SERVABLES, "add"), os.path.join(servables, "add"))
     proc, grpc_addr, rest_addr = start_server(
         directory, servables=("add", "llama_tiny"),
-        extra_args=["--servable_directory", servables, "--frontend_processes", "2", "--api_key_file", str(key_file),
+        extra_args=["--frontend_processes", "2", "--api_key_file", str(key_file),
                     "--read_timeout", str(READ_TIMEOUT), "--restricted_api", f"model-repository,admin={ADMIN_KEY}",
                     "--open_api", "metrics"])
     try:

@@ -1,6 +1,7 @@
-"""What the secured server (secured_server.py) leaves open: its socket directory only its user can enter, its
-sockets and every log file owner-only, and no TCP port but its two public ones (every internal channel of a
-server on one host is a unix socket)."""
+"""What the secured server (secured_server.py), started with the shipped configurations, leaves open: its runtime
+directory of sockets, of its own, only its user can enter, its sockets and every log file owner-only, and no TCP
+port but its two public ones (every internal channel of a server on one host is a unix socket, the LLM agent's
+included)."""
 import os
 import stat
 
@@ -10,11 +11,16 @@ import requests
 from secured_server import ADD_BODY, AUTH
 
 
-def test_sockets_and_logs_are_owner_only(server, server_directory):
+def test_sockets_and_logs_are_owner_only(server, server_process, server_directory):
     _, url = server
     assert requests.post(url + "/model/add:add_common", json=ADD_BODY, headers=AUTH, timeout=30).status_code == 200
-    sockets = server_directory / "unix_socket_files"
-    assert stat.S_IMODE(os.lstat(sockets).st_mode) == 0o700
+    parent = server_directory / "unix_socket_files"
+    (runtime,) = os.listdir(parent)  # the server's own directory: nothing else in there
+    sockets = parent / runtime
+    assert runtime.startswith(f"{server_process.proc.pid}_")  # named after its master
+    for directory in (parent, sockets, server_directory / "serving_logs"):
+        info = os.lstat(directory)
+        assert stat.S_ISDIR(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o700, (directory, oct(info.st_mode))
     names = os.listdir(sockets)
     assert any(name.startswith("serving_master_") for name in names)
     assert any(name.startswith("serving_worker_add_") for name in names)
