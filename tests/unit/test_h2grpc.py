@@ -158,6 +158,17 @@ def test_authorization_and_the_concurrent_call_limit(served):
         assert [future.result() for future in slow] == [b"", b""]
 
 
+def test_calls_outlast_the_read_timeout_and_an_idle_connection_is_closed_then_reopened(served):
+    server = served(read_timeout=0.3, idle_timeout=0.5)
+    options = [("grpc.keepalive_time_ms", 100), ("grpc.keepalive_permit_without_calls", 1)]
+    with grpc.insecure_channel(server.address, options=options) as channel:
+        body = b"b" * (3 << 20)  # several windows' worth
+        assert _call(channel, "Echo", body, metadata=(("x-sleep", "0.8"),)) == body  # running: not stalled
+        assert list(channel.unary_stream(f"/{SERVICE}/Count")(b"3", timeout=10)) == [b"0", b"1", b"2"]
+        wait_until(lambda: not server.server.connections, 5, "the idle connection closed, pings or not")
+        assert _call(channel, "Echo", b"again") == b"again"  # the channel opens a new one
+
+
 def test_tls_with_client_certificates(served, tmp_path):
     certs = make_certs(str(tmp_path))
     context = h2grpc.ssl_context(certs["server.crt"], certs["server.key"], certs["ca.crt"], verify_client=True)

@@ -4,10 +4,22 @@ Writes of one event-loop turn leave together (one `writelines`), so the HEADERS,
 and the replies of calls finishing in the same turn, share a send. Inbound flow control keeps windows wide (a
 call's body is read whole anyway, bounded by the message limit); outbound flow control follows the peer's
 windows, a stream's DATA waiting for its WINDOW_UPDATE (a streaming handler waits with it).
+
+What a client may hold of a connection is bounded before its bodies arrive:
+- a call is admitted or refused when its HEADERS arrive (method, API key, calls at once, the connection limit):
+  a refused call is answered at once (trailers-only) and its body dropped unread, its bytes given back to the
+  connection's window;
+- a message whose 5-byte prefix declares more than the message limit is refused from the prefix;
+- the request bodies a connection holds, not yet handed to their calls, stay under the server's
+  `max_buffered_bytes`: beyond it the connection's window is withheld, and when the client can send no more the
+  newest bodies are refused until the rest fit (so a peer ignoring the windows holds no more);
+- one timer per connection closes it when its first call's HEADERS have not come within `read_timeout`, when a
+  body stalls that long (a call running, waiting on the server, is not stalled), or when it has had no stream
+  open for `idle_timeout`.
 """
 import asyncio
 import collections
-from typing import Deque, Dict, List, Optional
+from typing import Deque, Dict, List, Optional, Tuple
 
 import grpc
 import hpack
@@ -24,6 +36,7 @@ MAX_HEADER_BLOCK = 64 << 10      # a request's header block, encoded (HEADERS an
 LINGER_S = 1.0                   # a failed connection reads and drops what the peer sends, at most this long
 CACHED_BLOCKS = 32               # header blocks remembered per connection, with their fields
 UNEXPECTED = "Unexpected error in RPC handling"
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"  # still answered on a connection beyond the limit: a full server is live
 
 
 def _int(value: int, prefix_bits: int, first: int = 0) -> bytes:
@@ -57,27 +70,31 @@ RESPONSE_BLOCK = header_block(wire.RESPONSE_HEADERS)
 
 class Stream:
     __slots__ = ("id", "headers", "body", "receiving", "unacked", "send_window", "outbox", "trailers", "task",
-                 "refused", "writable", "answered")
+                 "refused", "writable", "answered", "handler", "metadata", "timeout", "last_read")
 
-    def __init__(self, stream_id: int, headers, send_window: int):
+    def __init__(self, stream_id: int, headers, send_window: int, now: float = 0.0):
         self.id = stream_id
         self.headers = headers
         self.body: List[bytes] = []
-        self.receiving = 0          # bytes of body so far
+        self.receiving = 0          # bytes of body held (counted in the connection's `buffered`)
         self.unacked = 0            # bytes received and not yet given back with WINDOW_UPDATE
         self.send_window = send_window
         self.outbox: Deque[bytes] = collections.deque()  # DATA payloads waiting for window
         self.trailers: Optional[bytes] = None            # the closing header block, after the outbox
         self.task: Optional[asyncio.Task] = None
-        self.refused = False        # answered already (an error before the handler): further DATA is dropped
+        self.refused = False        # answered already (an error before the handler)
         self.writable: Optional[asyncio.Event] = None    # a streaming handler waiting for window
         self.answered = False       # response headers sent
+        self.handler = None         # the method handler, metadata and grpc-timeout of an admitted call
+        self.metadata: tuple = ()
+        self.timeout: Optional[float] = None
+        self.last_read = now        # when its HEADERS or its last DATA arrived (loop time)
 
 
 class Connection(asyncio.Protocol):
-    def __init__(self, server):
+    def __init__(self, server, loop: Optional[asyncio.AbstractEventLoop] = None):
         self.server = server
-        self.loop = asyncio.get_event_loop()
+        self.loop = loop or asyncio.get_event_loop()
         self.transport = None
         self.peer = "unknown"
         self.buffer = b""
@@ -85,31 +102,47 @@ class Connection(asyncio.Protocol):
         self.decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
         self.blocks: Dict[bytes, tuple] = {}  # block -> its fields, for blocks that leave the table as it is
         self.streams: Dict[int, Stream] = {}
-        self.last_stream_id = 0
+        self.last_stream_id = 0     # 0: no call's HEADERS yet
         self.send_window = f.DEFAULT_WINDOW
         self.peer_initial_window = f.DEFAULT_WINDOW
         self.peer_max_frame = f.DEFAULT_MAX_FRAME
-        self.unacked = 0
+        self.unacked = 0            # bytes of DATA received and not yet given back to the connection's window
+        self.buffered = 0           # bytes of request bodies held, not yet handed to their calls
         self.continuing = None      # (stream id, flags, [fragments], size) while a header block spans frames
         self.out: List[bytes] = []
         self.flush_scheduled = False
         self.closed = False
         self.going_away = False
+        self.over_limit = False     # opened beyond the server's max_connections: its calls are refused
+        self.now = 0.0              # loop time of the read being handled
+        self.idle_since = 0.0       # loop time since which no stream is open
+        self.opened = 0.0
+        self.timer: Optional[asyncio.TimerHandle] = None
 
     # ---- transport ----
     def connection_made(self, transport):
         self.transport = transport
         self.peer = _peer(transport)
-        self.server.connections.add(self)
-        self.out.append(f.settings([(f.MAX_CONCURRENT_STREAMS, self.server.max_streams_per_connection),
+        server = self.server
+        self.over_limit = len(server.connections) >= server.max_connections
+        if self.over_limit:
+            server.note_over_limit()
+        server.connections.add(self)
+        self.out.append(f.settings([(f.MAX_CONCURRENT_STREAMS, server.max_streams_per_connection),
                                     (f.INITIAL_WINDOW_SIZE, STREAM_WINDOW),
                                     (f.MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST)]))
         self.out.append(f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW))
         self._flush()
+        self.opened = self.idle_since = self.now = self.loop.time()
+        if server.timer_period:
+            self.timer = self.loop.call_at(self.opened + server.timer_period, self._timed)
 
     def connection_lost(self, exc):
         self.closed = True
-        self.server.connections.discard(self)
+        self.server.connection_closed(self)
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         for stream in list(self.streams.values()):
             self._cancel(stream)
         self.streams.clear()
@@ -129,6 +162,7 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes):
         if self.closed:
             return  # a connection failed: lingering until the peer closes
+        self.now = self.loop.time()
         try:
             self._receive(data)
         except f.ConnectionError_ as err:
@@ -158,8 +192,10 @@ class Connection(asyncio.Protocol):
                 return
             self._frame(kind, flags, stream_id, payload)
 
-    def _fail(self, code: int, why: str):
-        log.warning(f"gRPC server: closing the HTTP/2 connection of {self.peer}: {why}")
+    def _fail(self, code: int, why: str, warn: bool = True):
+        """GOAWAY(code), then the connection is closed (after a linger that reads and drops what the peer sends)."""
+        if warn:
+            log.warning(f"gRPC server: closing the HTTP/2 connection of {self.peer}: {why}")
         self.out.append(f.goaway(self.last_stream_id, code, why.encode()[:256]))
         self._flush()
         self.closed = True
@@ -207,9 +243,11 @@ class Connection(asyncio.Protocol):
             if not flags & f.ACK:
                 self.out.append(f.frame(f.PING, f.ACK, 0, payload))
         elif kind == f.RST_STREAM:
-            stream = self.streams.pop(stream_id, None)
+            stream = self.streams.get(stream_id)
             if stream is not None:
                 self._cancel(stream)
+                self._release(stream)
+                self._finish(stream)
         elif kind == f.GOAWAY:
             self.going_away = True
         elif kind == f.PUSH_PROMISE:
@@ -251,7 +289,7 @@ class Connection(asyncio.Protocol):
         stream = self.streams.get(stream_id)
         if stream is not None:  # trailers of a request body
             self._decode(block)
-            if flags & f.END_STREAM:
+            if flags & f.END_STREAM and stream.task is None:
                 self._request_complete(stream)
             return
         headers = self._decode(block)  # always decoded: the decoder's table must follow
@@ -266,10 +304,35 @@ class Connection(asyncio.Protocol):
         if len(self.streams) >= self.server.max_streams_per_connection:
             self.out.append(f.rst_stream(stream_id, f.REFUSED_STREAM))
             return
-        stream = Stream(stream_id, headers, self.peer_initial_window)
+        stream = Stream(stream_id, headers, self.peer_initial_window, self.now)
         self.streams[stream_id] = stream
+        try:
+            self._admit(stream)
+        except wire.CallError as err:  # answered now: its body, if one comes, is dropped unread
+            self._refuse(stream, err, rest_unwanted=not flags & f.END_STREAM)
+            return
         if flags & f.END_STREAM:
             self._request_complete(stream)
+
+    def _admit(self, stream: Stream):
+        """Looks the call up and checks what its HEADERS decide, before any of its body is held: CallError for a
+        call refused (the checks and statuses of grpcio's server with our API-key interceptor)."""
+        server = self.server
+        path, metadata, timeout = _request_of(stream.headers)
+        if self.over_limit and path != HEALTH_CHECK:
+            raise wire.CallError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"the server has reached its limit of "
+                                 f"{server.max_connections} open connections (--max_connections)")
+        handler = server.handler(path, metadata)
+        if handler is None:
+            raise wire.CallError(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+        refusal = server.authorize(path, metadata)
+        if refusal is not None:
+            raise wire.CallError(grpc.StatusCode.UNAUTHENTICATED, refusal)
+        if handler.request_streaming:
+            raise wire.CallError(grpc.StatusCode.UNIMPLEMENTED, "client streaming is not served on this port")
+        if server.active_calls >= server.max_concurrent_rpcs:
+            raise wire.CallError(grpc.StatusCode.RESOURCE_EXHAUSTED, "Concurrent RPC limit exceeded!")
+        stream.handler, stream.metadata, stream.timeout = handler, metadata, timeout
 
     def _decode(self, block: bytes) -> tuple:
         """The fields of a header block. A client repeating its headers sends the same block call after call (its
@@ -292,31 +355,73 @@ class Connection(asyncio.Protocol):
 
     def _data(self, flags: int, stream_id: int, payload: bytes):
         self.unacked += len(payload)
-        if self.unacked >= CONNECTION_WINDOW // 2:
-            self.out.append(f.window_update(0, self.unacked))
-            self.unacked = 0
         stream = self.streams.get(stream_id)
-        if stream is None or stream.task is not None:
-            if stream_id > self.last_stream_id:
-                raise f.ConnectionError_(f.PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
-            return  # a stream already reset or answered: its data is dropped
+        if stream is not None and stream.task is None:
+            self._body(stream, flags, payload)
+        elif stream_id > self.last_stream_id:
+            raise f.ConnectionError_(f.PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
+        # else a stream already reset, refused or answered: its data is dropped
+        if self.unacked >= CONNECTION_WINDOW // 2:
+            if self.buffered > self.server.max_buffered_bytes and \
+                    self.unacked > CONNECTION_WINDOW - f.DEFAULT_MAX_FRAME:
+                self._shed_bodies()  # the client can send no more: whatever it sends, buffered stays bounded
+            self._give_back()
+
+    def _body(self, stream: Stream, flags: int, payload: bytes):
+        """A DATA frame of a request body being received."""
+        stream.unacked += len(payload)
         data = f.unpad(flags, payload)
-        if not stream.refused:
-            stream.receiving += len(data)
-            if stream.receiving > self.server.max_message_bytes + 5:
-                self._refuse(stream, wire.too_large(stream.receiving - 5, self.server.max_message_bytes))
-                self._write(f.rst_stream(stream_id, f.NO_ERROR))  # the rest of the body is not wanted
-                stream.body = []
+        stream.last_read = self.now
+        held = stream.receiving
+        received = held + len(data)
+        limit = self.server.max_message_bytes
+        if held < 5 <= received:  # the message's length prefix is whole: one over the limit is refused now
+            declared = wire.PREFIX.unpack_from(data if not held else b"".join(stream.body) + data)[1]
+            if declared > limit:
+                self._refuse(stream, wire.too_large(declared, limit), rest_unwanted=not flags & f.END_STREAM)
                 return
-            else:
-                stream.body.append(data)
+        if received > limit + 5:  # more than one message: never held past the limit
+            self._refuse(stream, wire.too_large(received - 5, limit), rest_unwanted=not flags & f.END_STREAM)
+            return
+        stream.body.append(data)
+        stream.receiving = received
+        self.buffered += len(data)
         if flags & f.END_STREAM:
             self._request_complete(stream)
-            return
-        stream.unacked += len(payload)
-        if stream.unacked >= STREAM_WINDOW // 2:
-            self.out.append(f.window_update(stream_id, stream.unacked))
+        elif stream.unacked >= STREAM_WINDOW // 2:
+            self.out.append(f.window_update(stream.id, stream.unacked))
             stream.unacked = 0
+
+    def _give_back(self):
+        """Returns the DATA received to the connection's window, unless the bodies held are over the limit."""
+        if self.unacked >= CONNECTION_WINDOW // 2 and self.buffered <= self.server.max_buffered_bytes:
+            self._write(f.window_update(0, self.unacked))
+            self.unacked = 0
+
+    def _shed_bodies(self):
+        """The window is withheld and the client can send no more: no held body can complete, so the newest are
+        refused until the rest fit under the limit, and the window opens again."""
+        limit = self.server.max_buffered_bytes
+        refusal = wire.CallError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                 f"the connection holds more than {limit} bytes of request bodies not yet complete")
+        shed = []
+        for stream in reversed(list(self.streams.values())):
+            if self.buffered <= limit:
+                break
+            if stream.task is None and stream.receiving:
+                shed.append(stream.id)
+                self._refuse(stream, refusal, rest_unwanted=True)
+        log.warning(f"gRPC server: {self.peer} sent more than {limit} bytes of request bodies that are not complete "
+                    f"on one connection: refused the calls of streams {shed}")
+
+    def _release(self, stream: Stream):
+        """Drops a stream's body from what the connection holds, and gives back the window it held up."""
+        if stream.receiving:
+            self.buffered -= stream.receiving
+            stream.receiving = 0
+            stream.body = []
+            if self.unacked >= CONNECTION_WINDOW // 2:
+                self._give_back()
 
     # ---- calls ----
     def _request_complete(self, stream: Stream):
@@ -324,37 +429,29 @@ class Connection(asyncio.Protocol):
             self._finish(stream)
             return
         server = self.server
+        body = stream.body
+        self._release(stream)
         try:
-            path, metadata, timeout = _request_of(stream.headers)
-            handler = server.handler(path, metadata)
-            if handler is None:
-                raise wire.CallError(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
-            refusal = server.authorize(path, metadata)
-            if refusal is not None:
-                raise wire.CallError(grpc.StatusCode.UNAUTHENTICATED, refusal)
-            if handler.request_streaming:
-                raise wire.CallError(grpc.StatusCode.UNIMPLEMENTED, "client streaming is not served on this port")
-            messages = wire.unprefixed(b"".join(stream.body), server.max_message_bytes)
+            messages = wire.unprefixed(b"".join(body), server.max_message_bytes)
             if len(messages) != 1:
                 raise wire.CallError(grpc.StatusCode.INTERNAL, f"a unary request has {len(messages)} messages")
             if server.active_calls >= server.max_concurrent_rpcs:
                 raise wire.CallError(grpc.StatusCode.RESOURCE_EXHAUSTED, "Concurrent RPC limit exceeded!")
         except wire.CallError as err:
             self._refuse(stream, err)
-            self._finish(stream)
             return
-        stream.body = []
+        handler = stream.handler
         request = messages[0]
         if handler.request_deserializer is not None:
             try:
                 request = handler.request_deserializer(request)
             except Exception:  # grpcio's answer to a request it cannot decode
                 self._refuse(stream, wire.CallError(grpc.StatusCode.INTERNAL, "Exception deserializing request!"))
-                self._finish(stream)
                 return
-        context = ServicerContext(metadata, timeout, self.peer)
+        context = ServicerContext(stream.metadata, stream.timeout, self.peer)
         server.active_calls += 1
         stream.task = self.loop.create_task(self._call(stream, handler, request, context))
+        timeout = stream.timeout
         if timeout is not None:
             deadline = self.loop.call_later(timeout, self._deadline, stream)
             stream.task.add_done_callback(lambda _: deadline.cancel())
@@ -411,10 +508,15 @@ class Connection(asyncio.Protocol):
             stream.answered = True
             self._write(f.frame(f.HEADERS, f.END_HEADERS, stream.id, RESPONSE_BLOCK))
 
-    def _refuse(self, stream: Stream, err: wire.CallError):
-        """Ends a call before its handler ran: a trailers-only response."""
+    def _refuse(self, stream: Stream, err: wire.CallError, rest_unwanted: bool = False):
+        """Ends a call before its handler ran: a trailers-only response, its body dropped; `rest_unwanted`: the
+        client has more of it to send, and is asked to stop (RST_STREAM NO_ERROR after the response)."""
         stream.refused = True
         self._close_with(stream, err.code, err.details, ())
+        self._release(stream)
+        self._finish(stream)
+        if rest_unwanted:
+            self._write(f.rst_stream(stream.id, f.NO_ERROR))
 
     def _close_with(self, stream: Stream, code: grpc.StatusCode, details: str, trailing):
         if self.streams.get(stream.id) is not stream or self.closed or stream.trailers is not None:
@@ -456,14 +558,63 @@ class Connection(asyncio.Protocol):
     def _finish(self, stream: Stream):
         if self.streams.get(stream.id) is stream:
             del self.streams[stream.id]
-            if self.server.stopping and not self.streams:
-                self.server.connection_idle(self)
+            if not self.streams:
+                if self.server.stopping:
+                    self.server.connection_idle(self)
+                elif self.over_limit:  # its answer given: closed, as a RESTful one beyond the limit is
+                    self.going_away = True
+                    self._fail(f.NO_ERROR, "over the connection limit", warn=False)
+                else:
+                    self.idle_since = self.loop.time()
 
     def _cancel(self, stream: Stream):
         if stream.task is not None and not stream.task.done():
             stream.task.cancel()
         if stream.writable is not None:
             stream.writable.set()
+
+    # ---- timeouts ----
+    def _timed(self):
+        """The connection's one timer: it fires at the earliest deadline it knows of, or a period later, and a
+        deadline set since (a new stream's, a body's latest read) is never earlier than that."""
+        self.timer = None
+        if self.closed:
+            return
+        why, stalled, next_at = self._expired(self.loop.time())
+        if why is not None:
+            (log.warning if stalled else log.info)(f"gRPC server: closing the HTTP/2 connection of {self.peer}: {why}")
+            self._fail(f.NO_ERROR, why, warn=False)
+        elif next_at is not None:
+            self.timer = self.loop.call_at(next_at, self._timed)
+
+    def _expired(self, now: float) -> Tuple[Optional[str], bool, Optional[float]]:
+        """(why the connection is closed now or None, whether the client stalled (else it was idle), when to look
+        again or None)."""
+        server = self.server
+        read, idle = server.read_timeout, server.idle_timeout
+        next_at = now + server.timer_period
+        if not self.streams:
+            if read and not self.last_stream_id:
+                due = self.opened + read
+                if now >= due:
+                    return f"no call within {read:g} s of its opening (--read_timeout)", True, None
+                next_at = min(next_at, due)
+            if idle:
+                due = self.idle_since + idle
+                if now >= due:
+                    return f"no call for {idle:g} s", False, None
+                next_at = min(next_at, due)
+        elif read:
+            withheld = self.buffered > server.max_buffered_bytes  # the server, not the client, is behind
+            for stream in self.streams.values():
+                if stream.task is None:  # its body still arriving
+                    due = stream.last_read + read
+                    if now < due:
+                        next_at = min(next_at, due)
+                    elif not withheld:
+                        return f"the request body of {_path(stream)} stalled for {read:g} s (--read_timeout)", \
+                            True, None
+        return None, False, next_at
 
     # ---- stopping ----
     def go_away(self):

@@ -1,6 +1,8 @@
 """The listening gRPC server: the part of grpc.aio.Server's interface the front end uses (handlers, ports, start,
-stop with grace), with the limits grpcio offers (message size, calls at once, streams per connection) and an
-authorization hook in place of an interceptor."""
+stop with grace), with the limits grpcio offers (message size, calls at once, streams per connection), an
+authorization hook in place of an interceptor, and what one client may hold of it: open connections, request
+bodies held per connection, the time to a connection's first call and between a body's reads, idle connections
+(connection.py applies them)."""
 import asyncio
 import os
 import socket
@@ -9,6 +11,7 @@ import stat
 from collections import namedtuple
 from typing import Callable, Dict, List, Optional, Tuple
 
+from mindspore_serving import log
 from mindspore_serving.frontends.h2grpc.connection import Connection
 
 BACKLOG = 1024
@@ -28,14 +31,33 @@ def ssl_context(certificate: str, private_key: str, custom_ca: Optional[str], ve
 
 
 class Server:
+    """`read_timeout`: seconds a connection may take to its first call's HEADERS, and a request body between two
+    reads; `idle_timeout`: seconds a connection may stay without a stream open (None: no limit);
+    `max_connections`: connections open at once, beyond which a connection's calls are refused
+    (RESOURCE_EXHAUSTED, health checks still answered) and it is closed after them; `max_buffered_bytes`: request
+    bodies one connection may hold before their calls start (at least one whole message; default
+    `buffered_bodies_limit`)."""
+
     def __init__(self, max_message_bytes: int, max_concurrent_rpcs: Optional[int] = None,
                  max_streams_per_connection: int = 100, reuse_port: bool = False,
-                 authorize: Optional[Callable[[str, tuple], Optional[str]]] = None):
+                 authorize: Optional[Callable[[str, tuple], Optional[str]]] = None,
+                 read_timeout: Optional[float] = None, idle_timeout: Optional[float] = None,
+                 max_connections: Optional[int] = None, max_buffered_bytes: Optional[int] = None):
         self.max_message_bytes = max_message_bytes
         self.max_concurrent_rpcs = max_concurrent_rpcs if max_concurrent_rpcs is not None else float("inf")
         self.max_streams_per_connection = max_streams_per_connection
         self.reuse_port = reuse_port
         self._authorize = authorize
+        self.read_timeout = read_timeout
+        self.idle_timeout = idle_timeout
+        self.timer_period = min((t for t in (read_timeout, idle_timeout) if t), default=None)  # connections' timer
+        self.max_connections = max_connections if max_connections is not None else float("inf")
+        self.max_buffered_bytes = buffered_bodies_limit(max_message_bytes) if max_buffered_bytes is None else \
+            max_buffered_bytes
+        if self.max_buffered_bytes < max_message_bytes + 5:
+            raise ValueError(f"max_buffered_bytes ({self.max_buffered_bytes}) must hold one whole message "
+                             f"(max_message_bytes {max_message_bytes} + 5)")
+        self._full_noted = False  # a connection beyond max_connections was logged, and none closed since
         self._generic: List = []
         self._methods: Dict[str, object] = {}
         self._sockets: List[Tuple[socket.socket, Optional[ssl.SSLContext]]] = []
@@ -121,11 +143,25 @@ class Server:
     async def start(self):
         loop = asyncio.get_running_loop()
         for sock, context in self._sockets:
+            # a TLS handshake counts against read_timeout too (the connection starts once it is done)
+            tls = {} if context is None else {"ssl": context, "ssl_handshake_timeout": self.read_timeout}
             if sock.family == socket.AF_UNIX:
-                listener = await loop.create_unix_server(lambda: Connection(self), sock=sock, ssl=context)
+                listener = await loop.create_unix_server(lambda: Connection(self), sock=sock, **tls)
             else:
-                listener = await loop.create_server(lambda: Connection(self), sock=sock, ssl=context)
+                listener = await loop.create_server(lambda: Connection(self), sock=sock, **tls)
             self._listeners.append(listener)
+
+    def note_over_limit(self):
+        """A connection opened beyond max_connections: logged once until connections close."""
+        if not self._full_noted:
+            self._full_noted = True
+            log.warning(f"gRPC server: {len(self.connections)} connections open, the limit (--max_connections): "
+                        f"the calls of further connections are refused")
+
+    def connection_closed(self, connection: Connection):
+        self.connections.discard(connection)
+        if len(self.connections) < self.max_connections:
+            self._full_noted = False
 
     def connection_idle(self, connection: Connection):
         connection.close()
@@ -154,3 +190,9 @@ class Server:
         for listener in self._listeners:
             await listener.wait_closed()
         self._listeners = []
+
+
+def buffered_bodies_limit(max_message_bytes: int) -> int:
+    """The request bodies one connection may hold by default: two whole messages, at least 64 MiB (calls of
+    small messages multiplexed on one connection)."""
+    return max(2 * (max_message_bytes + 5), 64 << 20)
