@@ -62,6 +62,9 @@ def main():
     limits.add_argument("--read_timeout", type=float, default=None, metavar="SECONDS",
                         help="close a connection whose request head has not arrived, or whose body stalls, "
                              "within this long (default 10)")
+    limits.add_argument("--idle_timeout", type=float, default=None, metavar="SECONDS",
+                        help="close a keep-alive connection without a request (gRPC: without an open call) "
+                             "after this long (default 100)")
     limits.add_argument("--max_connections", type=int, default=None, help="open RESTful connections (default 2048)")
     limits.add_argument("--max_concurrent_rpcs", type=int, default=None, help="gRPC calls at once (default 2048)")
     limits.add_argument("--max_watch_streams", type=int, default=None,
@@ -73,7 +76,8 @@ def main():
     server.master.context.set_request_limits(llm_payload_bytes=args.llm_payload_limit,
                                              read_timeout=args.read_timeout, max_connections=args.max_connections,
                                              max_concurrent_rpcs=args.max_concurrent_rpcs,
-                                             max_watch_streams=args.max_watch_streams)
+                                             max_watch_streams=args.max_watch_streams,
+                                             idle_timeout=args.idle_timeout)
     if args.max_enqueued_mb is not None:
         server.master.context.set_max_enqueued_bytes(args.max_enqueued_mb << 20)
     server.master.context.set_stop_grace(args.grace)

@@ -8,6 +8,8 @@
     max_concurrent_rpcs   2048        --max_concurrent_rpcs      gRPC RESOURCE_EXHAUSTED (gRPC's own text)
     max_streams_per_conn  512         (grpc.max_concurrent_streams: the rest wait for a free stream)
     max_watch_streams     1000        --max_watch_streams        grpc.health.v1 Watch: RESOURCE_EXHAUSTED
+    idle_timeout          100 s       --idle_timeout             a keep-alive connection without a request (REST)
+                                                                 or an open call (gRPC) that long is closed
 
 The classic and KServe routes and every gRPC message keep `max_msg_mb_size` (the servers' own argument, 100 MiB
 as in MindSpore Serving). The master holds one Limits for the servers it starts, and hands it to its front-end
@@ -27,6 +29,7 @@ class Limits:
     max_concurrent_rpcs: int = 2048
     max_streams_per_conn: int = 512
     max_watch_streams: int = 1000
+    idle_timeout: float = 100.0
 
     def __post_init__(self):
         check_int("llm_payload_bytes", self.llm_payload_bytes, 1)
@@ -34,10 +37,11 @@ class Limits:
         check_int("max_concurrent_rpcs", self.max_concurrent_rpcs, 1)
         check_int("max_streams_per_conn", self.max_streams_per_conn, 1)
         check_int("max_watch_streams", self.max_watch_streams, 0)
-        timeout = self.read_timeout
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 3600:
-            raise RuntimeError(f"Parameter 'read_timeout' should be a number of seconds in (0, 3600], but actually "
-                               f"{timeout!r}")
+        for name in ("read_timeout", "idle_timeout"):
+            timeout = getattr(self, name)
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 3600:
+                raise RuntimeError(f"Parameter '{name}' should be a number of seconds in (0, 3600], but actually "
+                                   f"{timeout!r}")
 
     def to_proto(self) -> frontend_pb2.Limits:
         return frontend_pb2.Limits(**dataclasses.asdict(self))

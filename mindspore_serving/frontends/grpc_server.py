@@ -18,13 +18,11 @@ from mindspore_serving.frontends.errors import grpc_error
 from mindspore_serving.frontends.grpc_llm import predict_stream
 from mindspore_serving.frontends.health import HealthServicer, always_ready
 from mindspore_serving.frontends.kserve import add_kserve_servicer
-from mindspore_serving.frontends.restful_server import KEEP_ALIVE_S
 from mindspore_serving.common.limits import Limits
 from mindspore_serving.proto import ms_service_pb2, ms_service_pb2_grpc
 
 SERVICE_NAME = "mindspore.serving.proto.MSService"
 SERVER_KIND = os.environ.get("MS_SERVING_GRPC_SERVER", "h2grpc")  # or "grpcio"
-IDLE_S = KEEP_ALIVE_S  # a connection without a call open is closed after this long, as a RESTful keep-alive one
 
 
 class MSServiceServicer(ms_service_pb2_grpc.MSServiceServicer):
@@ -179,15 +177,15 @@ class GrpcFrontend(DrainingFrontend):
         """The HTTP/2 server of this port: ours (h2grpc) unless MS_SERVING_GRPC_SERVER=grpcio asks for grpcio's."""
         # beyond max_concurrent_rpcs a call ends at once with RESOURCE_EXHAUSTED "Concurrent RPC limit exceeded!";
         # a connection is closed after read_timeout without its first call (grpcio: without its handshake) or a
-        # body's stall, or IDLE_S without a call; beyond max_connections h2grpc refuses a connection's calls and
-        # grpcio closes it
+        # body's stall, or idle_timeout without a call; beyond max_connections h2grpc refuses a connection's calls
+        # and grpcio closes it
         limits = self.limits
         if SERVER_KIND == "grpcio":
             options = [("grpc.max_send_message_length", self.max_bytes),
                        ("grpc.max_receive_message_length", self.max_bytes),
                        ("grpc.so_reuseport", int(self.reuse_port)),
                        ("grpc.max_concurrent_streams", limits.max_streams_per_conn),
-                       ("grpc.max_connection_idle_ms", int(IDLE_S * 1000)),
+                       ("grpc.max_connection_idle_ms", int(limits.idle_timeout * 1000)),
                        ("grpc.server_handshake_timeout_ms", int(limits.read_timeout * 1000)),
                        ("grpc.max_allowed_incoming_connections", limits.max_connections)]
             interceptors = [ApiKeyInterceptor(self.access)] if self.access.guarded else None
@@ -198,7 +196,7 @@ class GrpcFrontend(DrainingFrontend):
             lambda method, metadata: getattr(access.check_grpc(method, metadata), "message", None)
         return h2grpc.Server(self.max_bytes, limits.max_concurrent_rpcs, limits.max_streams_per_conn,
                              reuse_port=self.reuse_port, authorize=authorize, read_timeout=limits.read_timeout,
-                             idle_timeout=IDLE_S, max_connections=limits.max_connections)
+                             idle_timeout=limits.idle_timeout, max_connections=limits.max_connections)
 
     async def start(self):
         server = self._new_server()

@@ -32,7 +32,7 @@ from mindspore_serving.proto import ms_service_pb2
 
 _JSON_HEADERS = [(b"content-type", restful_codec.CONTENT_TYPE.encode())]
 GENERATE_STREAM = "generate_stream"
-KEEP_ALIVE_S = 100  # how long an idle keep-alive connection stays open
+VLLM_PATHS = frozenset(("/tokenize", "/detokenize"))  # vLLM's routes outside /v1/, with OpenAI's errors
 
 
 def build_docs_app(llm_backend=None, readiness=None, access: Optional[Access] = None) -> FastAPI:
@@ -95,7 +95,7 @@ class RestfulApp:
             return Protocol.MINDSPORE
         if scope["path"] == "/v2" or scope["path"].startswith("/v2/"):
             return Protocol.KSERVE
-        if scope["path"].startswith("/v1/"):
+        if scope["path"].startswith("/v1/") or scope["path"] in VLLM_PATHS:
             return Protocol.OPENAI
         return Protocol.TGI  # TGI's routes and MindSpore LLM-serving's, which copies TGI's errors
 
@@ -363,7 +363,7 @@ class RestfulFrontend(DrainingFrontend):
                               limits=limits, access=access)
         protocol = limited_protocol(limits.read_timeout, limits.max_connections, self.app.refuse_connection)
         self.config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning",
-                                     timeout_keep_alive=KEEP_ALIVE_S, access_log=False, lifespan="off",
+                                     timeout_keep_alive=limits.idle_timeout, access_log=False, lifespan="off",
                                      http=protocol,
                                      **_ssl_context_kwargs(ssl_config))
         self.server = None

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from . import internal_pb2 as internal__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0e\x66rontend.proto\x12\x1amindspore_serving.frontend\x1a\x0einternal.proto\"<\n\rFrontendHello\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0b\n\x03pid\x18\x02 \x01(\x03\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\"\xe4\x01\n\x0e\x46rontendUpdate\x12:\n\x05\x61\x64\x64\x65\x64\x18\x01 \x03(\x0b\x32+.mindspore_serving.internal.RegisterRequest\x12\x0f\n\x07removed\x18\x02 \x03(\t\x12\x16\n\x0ereadiness_json\x18\x03 \x01(\t\x12\x17\n\x0frequest_timeout\x18\x04 \x01(\x01\x12\x1d\n\x15max_enqueued_requests\x18\x05 \x01(\r\x12\x19\n\x11llm_token_timeout\x18\x06 \x01(\x01\x12\x1a\n\x12max_enqueued_bytes\x18\x07 \x01(\x04\"\xa0\x03\n\x0cServerConfig\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x17\n\x0fmax_msg_mb_size\x18\x03 \x01(\r\x12\x0b\n\x03tls\x18\x04 \x01(\x08\x12\x13\n\x0b\x63\x65rtificate\x18\x05 \x01(\t\x12\x13\n\x0bprivate_key\x18\x06 \x01(\t\x12\x11\n\tcustom_ca\x18\x07 \x01(\t\x12\x15\n\rverify_client\x18\x08 \x01(\x08\x12\x0f\n\x07\x61pi_key\x18\t \x01(\t\x12\x15\n\rmodel_control\x18\n \x01(\x08\x12\x32\n\x06limits\x18\x0b \x01(\x0b\x32\".mindspore_serving.frontend.Limits\x12S\n\x0erestricted_api\x18\x0c \x03(\x0b\x32;.mindspore_serving.frontend.ServerConfig.RestrictedApiEntry\x12\x10\n\x08open_api\x18\r \x03(\t\x1a\x34\n\x12RestrictedApiEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa8\x01\n\x06Limits\x12\x19\n\x11llm_payload_bytes\x18\x01 \x01(\x04\x12\x14\n\x0cread_timeout\x18\x02 \x01(\x01\x12\x17\n\x0fmax_connections\x18\x03 \x01(\r\x12\x1b\n\x13max_concurrent_rpcs\x18\x04 \x01(\r\x12\x1c\n\x14max_streams_per_conn\x18\x05 \x01(\r\x12\x19\n\x11max_watch_streams\x18\x06 \x01(\r\"!\n\x10StartServerReply\x12\r\n\x05\x65rror\x18\x01 \x01(\t\"\x1d\n\x0c\x44rainRequest\x12\r\n\x05grace\x18\x01 \x01(\x01\"v\n\nDrainReply\x12<\n\x03\x63ut\x18\x01 \x03(\x0b\x32/.mindspore_serving.frontend.DrainReply.CutEntry\x1a*\n\x08\x43utEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"D\n\x13ModelControlRequest\x12\x0e\n\x06\x61\x63tion\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\r\"H\n\x11ModelControlReply\x12\x12\n\nerror_code\x18\x01 \x01(\x05\x12\x11\n\terror_msg\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\"\x1b\n\x0bMetricsText\x12\x0c\n\x04text\x18\x01 \x01(\x0c\x32\xb1\x02\n\x0eMasterFrontend\x12X\n\x08Register\x12).mindspore_serving.frontend.FrontendHello\x1a!.mindspore_serving.internal.Empty\x12n\n\x0cModelControl\x12/.mindspore_serving.frontend.ModelControlRequest\x1a-.mindspore_serving.frontend.ModelControlReply\x12U\n\x07Metrics\x12!.mindspore_serving.internal.Empty\x1a\'.mindspore_serving.frontend.MetricsText2\xaa\x04\n\x0f\x46rontendService\x12W\n\x06Update\x12*.mindspore_serving.frontend.FrontendUpdate\x1a!.mindspore_serving.internal.Empty\x12\x65\n\x0bStartServer\x12(.mindspore_serving.frontend.ServerConfig\x1a,.mindspore_serving.frontend.StartServerReply\x12U\n\rStopAccepting\x12!.mindspore_serving.internal.Empty\x1a!.mindspore_serving.internal.Empty\x12Y\n\x05\x44rain\x12(.mindspore_serving.frontend.DrainRequest\x1a&.mindspore_serving.frontend.DrainReply\x12M\n\x05\x43lose\x12!.mindspore_serving.internal.Empty\x1a!.mindspore_serving.internal.Empty\x12V\n\x07Metrics\x12!.mindspore_serving.internal.Empty\x1a(.mindspore_serving.internal.MetricsReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0e\x66rontend.proto\x12\x1amindspore_serving.frontend\x1a\x0einternal.proto\"<\n\rFrontendHello\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0b\n\x03pid\x18\x02 \x01(\x03\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\"\xe4\x01\n\x0e\x46rontendUpdate\x12:\n\x05\x61\x64\x64\x65\x64\x18\x01 \x03(\x0b\x32+.mindspore_serving.internal.RegisterRequest\x12\x0f\n\x07removed\x18\x02 \x03(\t\x12\x16\n\x0ereadiness_json\x18\x03 \x01(\t\x12\x17\n\x0frequest_timeout\x18\x04 \x01(\x01\x12\x1d\n\x15max_enqueued_requests\x18\x05 \x01(\r\x12\x19\n\x11llm_token_timeout\x18\x06 \x01(\x01\x12\x1a\n\x12max_enqueued_bytes\x18\x07 \x01(\x04\"\xa0\x03\n\x0cServerConfig\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x17\n\x0fmax_msg_mb_size\x18\x03 \x01(\r\x12\x0b\n\x03tls\x18\x04 \x01(\x08\x12\x13\n\x0b\x63\x65rtificate\x18\x05 \x01(\t\x12\x13\n\x0bprivate_key\x18\x06 \x01(\t\x12\x11\n\tcustom_ca\x18\x07 \x01(\t\x12\x15\n\rverify_client\x18\x08 \x01(\x08\x12\x0f\n\x07\x61pi_key\x18\t \x01(\t\x12\x15\n\rmodel_control\x18\n \x01(\x08\x12\x32\n\x06limits\x18\x0b \x01(\x0b\x32\".mindspore_serving.frontend.Limits\x12S\n\x0erestricted_api\x18\x0c \x03(\x0b\x32;.mindspore_serving.frontend.ServerConfig.RestrictedApiEntry\x12\x10\n\x08open_api\x18\r \x03(\t\x1a\x34\n\x12RestrictedApiEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xbe\x01\n\x06Limits\x12\x19\n\x11llm_payload_bytes\x18\x01 \x01(\x04\x12\x14\n\x0cread_timeout\x18\x02 \x01(\x01\x12\x17\n\x0fmax_connections\x18\x03 \x01(\r\x12\x1b\n\x13max_concurrent_rpcs\x18\x04 \x01(\r\x12\x1c\n\x14max_streams_per_conn\x18\x05 \x01(\r\x12\x19\n\x11max_watch_streams\x18\x06 \x01(\r\x12\x14\n\x0cidle_timeout\x18\x07 \x01(\x01\"!\n\x10StartServerReply\x12\r\n\x05\x65rror\x18\x01 \x01(\t\"\x1d\n\x0c\x44rainRequest\x12\r\n\x05grace\x18\x01 \x01(\x01\"v\n\nDrainReply\x12<\n\x03\x63ut\x18\x01 \x03(\x0b\x32/.mindspore_serving.frontend.DrainReply.CutEntry\x1a*\n\x08\x43utEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"D\n\x13ModelControlRequest\x12\x0e\n\x06\x61\x63tion\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\r\"H\n\x11ModelControlReply\x12\x12\n\nerror_code\x18\x01 \x01(\x05\x12\x11\n\terror_msg\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\"\x1b\n\x0bMetricsText\x12\x0c\n\x04text\x18\x01 \x01(\x0c\x32\xb1\x02\n\x0eMasterFrontend\x12X\n\x08Register\x12).mindspore_serving.frontend.FrontendHello\x1a!.mindspore_serving.internal.Empty\x12n\n\x0cModelControl\x12/.mindspore_serving.frontend.ModelControlRequest\x1a-.mindspore_serving.frontend.ModelControlReply\x12U\n\x07Metrics\x12!.mindspore_serving.internal.Empty\x1a\'.mindspore_serving.frontend.MetricsText2\xaa\x04\n\x0f\x46rontendService\x12W\n\x06Update\x12*.mindspore_serving.frontend.FrontendUpdate\x1a!.mindspore_serving.internal.Empty\x12\x65\n\x0bStartServer\x12(.mindspore_serving.frontend.ServerConfig\x1a,.mindspore_serving.frontend.StartServerReply\x12U\n\rStopAccepting\x12!.mindspore_serving.internal.Empty\x1a!.mindspore_serving.internal.Empty\x12Y\n\x05\x44rain\x12(.mindspore_serving.frontend.DrainRequest\x1a&.mindspore_serving.frontend.DrainReply\x12M\n\x05\x43lose\x12!.mindspore_serving.internal.Empty\x1a!.mindspore_serving.internal.Empty\x12V\n\x07Metrics\x12!.mindspore_serving.internal.Empty\x1a(.mindspore_serving.internal.MetricsReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,23 +45,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SERVERCONFIG_RESTRICTEDAPIENTRY']._serialized_start=720
   _globals['_SERVERCONFIG_RESTRICTEDAPIENTRY']._serialized_end=772
   _globals['_LIMITS']._serialized_start=775
-  _globals['_LIMITS']._serialized_end=943
-  _globals['_STARTSERVERREPLY']._serialized_start=945
-  _globals['_STARTSERVERREPLY']._serialized_end=978
-  _globals['_DRAINREQUEST']._serialized_start=980
-  _globals['_DRAINREQUEST']._serialized_end=1009
-  _globals['_DRAINREPLY']._serialized_start=1011
-  _globals['_DRAINREPLY']._serialized_end=1129
-  _globals['_DRAINREPLY_CUTENTRY']._serialized_start=1087
-  _globals['_DRAINREPLY_CUTENTRY']._serialized_end=1129
-  _globals['_MODELCONTROLREQUEST']._serialized_start=1131
-  _globals['_MODELCONTROLREQUEST']._serialized_end=1199
-  _globals['_MODELCONTROLREPLY']._serialized_start=1201
-  _globals['_MODELCONTROLREPLY']._serialized_end=1273
-  _globals['_METRICSTEXT']._serialized_start=1275
-  _globals['_METRICSTEXT']._serialized_end=1302
-  _globals['_MASTERFRONTEND']._serialized_start=1305
-  _globals['_MASTERFRONTEND']._serialized_end=1610
-  _globals['_FRONTENDSERVICE']._serialized_start=1613
-  _globals['_FRONTENDSERVICE']._serialized_end=2167
+  _globals['_LIMITS']._serialized_end=965
+  _globals['_STARTSERVERREPLY']._serialized_start=967
+  _globals['_STARTSERVERREPLY']._serialized_end=1000
+  _globals['_DRAINREQUEST']._serialized_start=1002
+  _globals['_DRAINREQUEST']._serialized_end=1031
+  _globals['_DRAINREPLY']._serialized_start=1033
+  _globals['_DRAINREPLY']._serialized_end=1151
+  _globals['_DRAINREPLY_CUTENTRY']._serialized_start=1109
+  _globals['_DRAINREPLY_CUTENTRY']._serialized_end=1151
+  _globals['_MODELCONTROLREQUEST']._serialized_start=1153
+  _globals['_MODELCONTROLREQUEST']._serialized_end=1221
+  _globals['_MODELCONTROLREPLY']._serialized_start=1223
+  _globals['_MODELCONTROLREPLY']._serialized_end=1295
+  _globals['_METRICSTEXT']._serialized_start=1297
+  _globals['_METRICSTEXT']._serialized_end=1324
+  _globals['_MASTERFRONTEND']._serialized_start=1327
+  _globals['_MASTERFRONTEND']._serialized_end=1632
+  _globals['_FRONTENDSERVICE']._serialized_start=1635
+  _globals['_FRONTENDSERVICE']._serialized_end=2189
 # @@protoc_insertion_point(module_scope)

@@ -62,6 +62,8 @@ def _connect(port: int) -> socket.socket:
 @pytest.mark.parametrize("path, declared, status, check", [
     ("/v1/completions", 10 << 20, 413,
      lambda body: body["error"]["code"] == "payload_too_large" and "--llm_payload_limit" in body["error"]["message"]),
+    ("/tokenize", 10 << 20, 413,
+     lambda body: body["error"]["code"] == "payload_too_large" and "--llm_payload_limit" in body["error"]["message"]),
     ("/generate", 10 << 20, 413,
      lambda body: body["error_type"] == "payload_too_large" and f"limit of {LLM_LIMIT} bytes" in body["error"]),
     ("/v2/models/add/infer", 200 << 20, 413, lambda body: "max_msg_mb_size" in body["error"]),
@@ -177,9 +179,10 @@ def test_too_large_is_413_in_every_http_protocol_and_resource_exhausted_on_grpc(
 
 def test_limits_are_checked_and_travel_to_front_end_processes():
     limits = Limits(llm_payload_bytes=5, read_timeout=2.5, max_connections=3, max_concurrent_rpcs=4,
-                    max_streams_per_conn=6, max_watch_streams=0)
+                    max_streams_per_conn=6, max_watch_streams=0, idle_timeout=7.5)
     assert Limits.from_proto(limits.to_proto()) == limits
-    for bad in ({"read_timeout": 0}, {"read_timeout": True}, {"max_connections": 0}, {"llm_payload_bytes": -1}):
+    for bad in ({"read_timeout": 0}, {"read_timeout": True}, {"max_connections": 0}, {"llm_payload_bytes": -1},
+                {"idle_timeout": 0}, {"idle_timeout": 7200}):
         with pytest.raises(RuntimeError):
             Limits(**bad)
 

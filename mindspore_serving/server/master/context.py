@@ -90,7 +90,7 @@ def get_frontend_processes() -> int:
 
 
 def set_request_limits(llm_payload_bytes=None, read_timeout=None, max_connections=None, max_concurrent_rpcs=None,
-                       max_streams_per_conn=None, max_watch_streams=None):
+                       max_streams_per_conn=None, max_watch_streams=None, idle_timeout=None):
     """What one client may hold of the gRPC and RESTful servers started from now on; None keeps a setting as it
     is. `llm_payload_bytes`: the body limit of the LLM routes (OpenAI, TGI, MindSpore LLM; default 2,000,000; the
     classic and KServe routes keep the server's max_msg_mb_size), 413 beyond it. `read_timeout`: seconds a
@@ -98,11 +98,12 @@ def set_request_limits(llm_payload_bytes=None, read_timeout=None, max_connection
     `max_connections`: open RESTful connections beyond which requests are refused as overloaded (default 2048).
     `max_concurrent_rpcs` (default 2048) and `max_streams_per_conn` (HTTP/2 streams of one connection, default
     512): gRPC calls at once, RESOURCE_EXHAUSTED beyond. `max_watch_streams`: open grpc.health.v1 Watch streams
-    (default 1000), RESOURCE_EXHAUSTED beyond."""
+    (default 1000), RESOURCE_EXHAUSTED beyond. `idle_timeout`: seconds a keep-alive connection without a request
+    (gRPC: without an open call) stays open (default 100)."""
     given = {name: value for name, value in (
         ("llm_payload_bytes", llm_payload_bytes), ("read_timeout", read_timeout), ("max_connections", max_connections),
         ("max_concurrent_rpcs", max_concurrent_rpcs), ("max_streams_per_conn", max_streams_per_conn),
-        ("max_watch_streams", max_watch_streams)) if value is not None}
+        ("max_watch_streams", max_watch_streams), ("idle_timeout", idle_timeout)) if value is not None}
     master.set_request_limits(dataclasses.replace(master.get_request_limits(), **given))
 
 
