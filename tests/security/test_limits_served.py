@@ -125,7 +125,7 @@ def test_a_thousand_health_watch_streams_while_inference_goes_on(server, server_
 @pytest.mark.parametrize("body, text", [
     ({"stop": ["x"] * 5}, "stop"),
     ({"stop": ["x" * 257]}, "at most 256 characters"),
-    ({"prompt": "a" * 200_000}, "SchedulerConfig.max_prompt_chars"),
+    ({"prompt": "a" * 200_000}, "engine.max_prompt_chars"),
 ])
 def test_llm_requests_beyond_the_engine_s_caps_are_refused(server, body, text):
     _, url = server
