@@ -13,7 +13,7 @@ serving every other request. Not thread-safe: call it from one thread (a serving
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -23,11 +23,18 @@ from mindspore_serving.llm.detokenizer import IncrementalDetokenizer
 from mindspore_serving.llm.engine_core import EngineCore, EngineCoreOutput, StepListener, StepStats
 from mindspore_serving.llm.errors import InvalidRequestError
 from mindspore_serving.llm.model_io import ModelRunner
-from mindspore_serving.llm.request import FinishReason, Request, RequestStatus
+from mindspore_serving.llm.request import EosIds, FinishReason, Request, RequestStatus, eos_ids
 from mindspore_serving.llm.sampler import Sampler
 from mindspore_serving.llm.sampling_params import SamplingParams
 
 PromptIds = Sequence[int]
+
+
+class EncodedPrompt(NamedTuple):
+    """A prompt tokenized already (a chat after its template): the model gets `token_ids`, outputs report
+    `text`."""
+    text: str
+    token_ids: PromptIds
 
 
 @dataclass
@@ -95,17 +102,19 @@ class LLMEngine:
     """Generates text for many requests at once with continuous batching over a paged KV cache."""
 
     def __init__(self, model_runner: ModelRunner, tokenizer=None, scheduler_config: Optional[SchedulerConfig] = None,
-                 *, eos_token_id: Optional[int] = None, seed: Optional[int] = None,
+                 *, eos_token_id: EosIds = None, seed: Optional[int] = None,
                  clock: Callable[[], float] = time.monotonic):
         """`tokenizer`: a `tokenizers.Tokenizer` or any object with encode(text) (-> ids or an object with
-        .ids) and decode(ids); None serves token ids only. `eos_token_id`: default the tokenizer's
-        `eos_token_id` if it has one. `seed`: the generator shared by requests without their own seed."""
+        .ids) and decode(ids); None serves token ids only. `eos_token_id`: the id, or the ids (a request stops
+        on any of them), that end a generation; default the tokenizer's `eos_token_id` if it has one.
+        `seed`: the generator shared by requests without their own seed."""
         config = scheduler_config or SchedulerConfig.for_runner(model_runner)
         self.core = EngineCore(model_runner, config, Sampler(seed), clock)
         self.config = config
         self.tokenizer = tokenizer
         self.vocab_size = int(model_runner.vocab_size)
-        self.eos_token_id = eos_token_id if eos_token_id is not None else getattr(tokenizer, "eos_token_id", None)
+        self.eos_token_ids = eos_ids(eos_token_id if eos_token_id is not None
+                                     else getattr(tokenizer, "eos_token_id", None))
         self._clock = clock
         self._tracked: Dict[str, _Tracked] = {}
         self._ids = itertools.count()
@@ -114,7 +123,8 @@ class LLMEngine:
     def add_request(self, prompt: Optional[str] = None, params: Union[SamplingParams, dict, None] = None,
                     request_id: Optional[str] = None, *, prompt_token_ids: Optional[PromptIds] = None,
                     arrival_time: Optional[float] = None) -> str:
-        """Queues a request (text `prompt` or `prompt_token_ids`, exactly one) and returns its id.
+        """Queues a request (text `prompt`, or `prompt_token_ids`, or both: the ids of a text tokenized already,
+        such as a chat's after its template) and returns its id.
         Raises InvalidRequestError, leaving the engine unchanged, when the input is not acceptable."""
         params = self._check_params(params)
         request_id = self._check_request_id(request_id)
@@ -122,7 +132,7 @@ class LLMEngine:
         self._check_lengths(len(token_ids), params)
         request = Request(request_id, token_ids, params,
                           arrival_time=self._clock() if arrival_time is None else arrival_time,
-                          eos_token_id=self.eos_token_id, prompt=prompt)
+                          eos_token_id=self.eos_token_ids, prompt=prompt)
         detokenizer = None
         if self.tokenizer is not None:
             detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop,
@@ -263,13 +273,14 @@ class LLMEngine:
         return request_id
 
     def _prompt_ids(self, prompt: Optional[str], prompt_token_ids: Optional[PromptIds]) -> List[int]:
-        if (prompt is None) == (prompt_token_ids is None):
-            raise InvalidRequestError("give exactly one of prompt (text) or prompt_token_ids")
+        if prompt is None and prompt_token_ids is None:
+            raise InvalidRequestError("give a prompt (text) or prompt_token_ids")
         if prompt is not None:
             if not isinstance(prompt, str):
                 raise InvalidRequestError(f"prompt must be a string, got {type(prompt).__name__}")
             if not prompt:
                 raise InvalidRequestError("prompt is empty; send at least one character")
+        if prompt is not None and prompt_token_ids is None:
             if self.tokenizer is None:
                 raise InvalidRequestError("this engine has no tokenizer; send prompt_token_ids instead of text")
             char_limit = self.config.max_prompt_chars or 32 * self.config.max_model_len

@@ -22,7 +22,7 @@ from typing import Any, Dict, Iterator, Optional, Protocol, Set
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
-from mindspore_serving.llm.engine import LLMEngine, RequestOutput
+from mindspore_serving.llm.engine import EncodedPrompt, LLMEngine, RequestOutput
 from mindspore_serving.llm.errors import InvalidRequestError
 from mindspore_serving.llm.step_report import StepReport
 
@@ -128,7 +128,8 @@ class EngineLoop:
     # ---- called from any thread ----
     def submit(self, prompt, params=None, request_id: Optional[str] = None, sink: Optional[OutputSink] = None,
                tag: Any = None) -> RequestStream:
-        """Queues a request (a prompt str or a list of token ids); raises errors.Overloaded when too many wait.
+        """Queues a request (a prompt str, a list of token ids or an EncodedPrompt); raises errors.Overloaded
+        when too many wait.
         With `sink`, its outputs go to the sink (see the module docstring), `tag` being its key there."""
         if self._closed.is_set():
             raise errors.WorkerUnavailable(self.closed_reason)
@@ -209,6 +210,10 @@ class EngineLoop:
         try:
             if isinstance(command.prompt, str):
                 self.engine.add_request(command.prompt, command.params, request_id=command.request_id,
+                                        arrival_time=command.arrival_time)
+            elif isinstance(command.prompt, EncodedPrompt):
+                self.engine.add_request(command.prompt.text, command.params, request_id=command.request_id,
+                                        prompt_token_ids=list(command.prompt.token_ids),
                                         arrival_time=command.arrival_time)
             else:
                 self.engine.add_request(None, command.params, request_id=command.request_id,

@@ -11,11 +11,24 @@ The request owns its tokens (prompt + output), how many of them are in the KV ca
 never kept as a separate flag.
 """
 import enum
-from typing import List, Optional, Sequence
+from typing import FrozenSet, Iterable, List, Optional, Sequence, Union
 
 import numpy as np
 
 from mindspore_serving.llm.sampling_params import SamplingParams
+
+EosIds = Union[int, Iterable[int], None]
+"""One end-of-sequence id, several, or None (none)."""
+
+
+def eos_ids(value: EosIds) -> FrozenSet[int]:
+    if value is None:
+        return frozenset()
+    if isinstance(value, frozenset):
+        return value
+    if isinstance(value, (int, np.integer)):
+        return frozenset((int(value),))
+    return frozenset(int(i) for i in value)
 
 
 def inter_token_latency(first_token_time: Optional[float], last_token_time: Optional[float],
@@ -80,12 +93,13 @@ class Request:
     """A request inside the engine: tokens, KV bookkeeping, status and timing."""
 
     def __init__(self, request_id: str, prompt_token_ids: Sequence[int], sampling_params: SamplingParams,
-                 arrival_time: float, eos_token_id: Optional[int] = None, prompt: Optional[str] = None):
+                 arrival_time: float, eos_token_id: EosIds = None, prompt: Optional[str] = None):
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = tuple(int(t) for t in prompt_token_ids)
         self.sampling_params = sampling_params
-        self.eos_token_id = eos_token_id
+        self.eos_token_ids = eos_ids(eos_token_id)
+        """The ids that finish it with reason "eos" (a model may have several: LLaMA-3 has two)."""
         self.status = RequestStatus.WAITING
         self.error: Optional[str] = None
         self.seq_id = -1
@@ -171,7 +185,7 @@ class Request:
         """The finished status this request has reached after its last token, or None to go on."""
         params = self.sampling_params
         last = self.output_token_ids[-1]
-        if not params.ignore_eos and self.eos_token_id is not None and last == self.eos_token_id:
+        if not params.ignore_eos and last in self.eos_token_ids:
             return RequestStatus.FINISHED_EOS
         if last in params.stop_token_ids:
             return RequestStatus.FINISHED_STOP

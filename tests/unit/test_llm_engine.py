@@ -437,8 +437,8 @@ def test_seeded_sampling_is_independent_of_the_batch():
     (dict(prompt_token_ids=[3], params="greedy"), "params must be SamplingParams, a dict or None"),
     (dict(prompt_token_ids=[3], params=SamplingParams(stop=["x"])), "stop strings need a tokenizer"),
     (dict(prompt_token_ids=[3], params=SamplingParams(stop_token_ids=[VOCAB])), "outside the vocabulary"),
-    (dict(prompt="a", prompt_token_ids=[3]), "give exactly one of prompt (text) or prompt_token_ids"),
-    (dict(), "give exactly one of prompt (text) or prompt_token_ids"),
+    (dict(prompt="", prompt_token_ids=[3]), "prompt is empty"),
+    (dict(), "give a prompt (text) or prompt_token_ids"),
     (dict(prompt_token_ids=[3], request_id="busy"), "request_id 'busy' is already in use"),
     (dict(prompt_token_ids=[3], request_id=""), "request_id must be a non-empty string"),
 ])
@@ -621,3 +621,29 @@ def test_a_prompt_beyond_the_character_limit_is_refused_before_it_is_tokenized()
     default = make_engine(tokenizer=Untouchable())
     with pytest.raises(InvalidRequestError, match=f"more than this model takes \\({32 * MAX_LEN}, "):
         default.add_request("x" * (32 * MAX_LEN + 1), SamplingParams(max_new_tokens=1))
+
+
+@pytest.mark.parametrize("config", [dict(), dict(num_scheduler_steps=4), dict(async_scheduling=True)],
+                         ids=["continuous", "multi-step", "async"])
+def test_a_request_stops_on_any_of_several_eos_ids(config):
+    prompt = [5, 9, 14, 3]
+    free = reference_greedy(make_runner, prompt, 40)  # no eos: the tokens the fake model writes
+    first = {}
+    for position, token in enumerate(free):
+        first.setdefault(token, position)
+    early, late = sorted(first.items(), key=lambda item: item[1])[1:3]  # two tokens, each new where it appears
+    for eos, stop_at in (([late[0], early[0]], early[1]), ((late[0],), late[1]), (early[0], early[1])):
+        engine = make_engine(eos=eos, **config)
+        (out,) = engine.generate([prompt], SamplingParams(max_new_tokens=40, temperature=0))
+        assert (out.token_ids, out.finish_reason) == (free[:stop_at + 1], FinishReason.EOS), eos
+    ignored = make_engine(eos=[late[0], early[0]], **config).generate(
+        [prompt], SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True))[0]
+    assert (ignored.token_ids, ignored.finish_reason) == (free, FinishReason.LENGTH)
+
+
+def test_a_prompt_tokenized_already_keeps_its_text_and_its_ids():
+    engine = make_engine()
+    request_id = engine.add_request("<s>[user]hi", SamplingParams(max_new_tokens=2, temperature=0),
+                                    prompt_token_ids=[5, 9, 14])
+    outputs = [out for _ in range(10) for out in engine.step() if out.request_id == request_id]
+    assert (outputs[-1].prompt, outputs[-1].prompt_token_ids) == ("<s>[user]hi", [5, 9, 14])
