@@ -10,11 +10,16 @@ events it builds with `output_events` / `error_event` and the master reads with 
 - Finish reasons cross as an enum and become llm/request.py's FinishReason words again.
 - The worker announces LLM_SESSION_PROTOCOL_VERSION in its registration facts (`registration_facts`); the
   master opens sessions only with workers whose facts carry its own version (`read_facts`).
+- Chat messages cross with their role and text content; a message's other fields (tool_calls, name, a content
+  that is not text) cross as JSON for the chat template, and so do a /tokenize request's tools and documents.
+- Tokenize and Detokenize (POST /tokenize, /detokenize) are unary calls: `tokenize_request` /
+  `detokenize_request` on the master, `tokenize_reply` / `detokenize_reply` on the worker, read back with
+  `read_tokenize_reply` / `read_detokenize_reply`, which raise a failure's ServingError.
 """
 import functools
 import json
 from dataclasses import dataclass, fields
-from typing import Iterable, List, Optional, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 
 from mindspore_serving.common import errors
 from mindspore_serving.common.errors import Kind
@@ -22,7 +27,7 @@ from mindspore_serving.llm.request import FinishReason, inter_token_latency
 from mindspore_serving.llm.sampling_params import SamplingParams
 from mindspore_serving.proto import llm_worker_pb2 as pb
 
-LLM_SESSION_PROTOCOL_VERSION = 1
+LLM_SESSION_PROTOCOL_VERSION = 2
 _VERSION_FACT = "session_protocol"
 
 
@@ -63,6 +68,34 @@ class FinalEvent:
 
 GenerationEvent = Union[TokenEvent, FinalEvent]
 
+
+@dataclass
+class TokenizeRequest:
+    """POST /tokenize: a prompt, or chat messages (dicts as OpenAI and Hugging Face write them: role, content,
+    tool_calls, ...) through the model's chat template."""
+    model: str
+    prompt: Optional[str] = None
+    """Exactly one of prompt / messages is set."""
+    messages: Optional[List[Dict[str, Any]]] = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: Optional[bool] = None
+    """None: as a generation tokenizes (a prompt with the tokenizer's special tokens, a chat as its template
+    says)."""
+    tools: Optional[List[Any]] = None
+    documents: Optional[List[Any]] = None
+    chat_template_kwargs: Optional[Dict[str, Any]] = None
+    """More variables for the chat template."""
+    return_token_strs: bool = False
+
+
+@dataclass
+class Tokenized:
+    token_ids: List[int]
+    prompt: str
+    """The text tokenized (a chat's, after its template)."""
+    token_strs: Optional[List[str]] = None
+
 # ------------------------------------------------------------------------------------- registration facts
 
 
@@ -87,12 +120,14 @@ _DEFAULTS = SamplingParams()
 _REPEATED = ("stop", "stop_token_ids")
 
 
-def params_to_proto(params: SamplingParams) -> pb.SamplingParams:
-    """Only the fields that differ from the defaults are set."""
+def params_to_proto(params: SamplingParams, explicit: Iterable[str] = ()) -> pb.SamplingParams:
+    """Only the fields that differ from the defaults are set, and those in `explicit` (the request set them:
+    they win over the model's own defaults, see params_from_proto)."""
     message = pb.SamplingParams()
+    explicit = frozenset(explicit)
     for field in fields(SamplingParams):
         value = getattr(params, field.name)
-        if value == getattr(_DEFAULTS, field.name):
+        if value == getattr(_DEFAULTS, field.name) and field.name not in explicit:
             continue
         if field.name in _REPEATED:
             getattr(message, field.name).extend(value)
@@ -101,8 +136,9 @@ def params_to_proto(params: SamplingParams) -> pb.SamplingParams:
     return message
 
 
-def params_from_proto(message: pb.SamplingParams) -> SamplingParams:
-    values = {}
+def params_from_proto(message: pb.SamplingParams, defaults: Optional[Mapping[str, Any]] = None) -> SamplingParams:
+    """The request's params; a field it left unset takes `defaults` (the model's), then SamplingParams'."""
+    values = dict(defaults or {})
     for field in fields(SamplingParams):
         if field.name in _REPEATED:
             values[field.name] = tuple(getattr(message, field.name))
@@ -114,14 +150,39 @@ def params_from_proto(message: pb.SamplingParams) -> SamplingParams:
 
 
 def generate_command(stream_id: int, request_id: str, params: SamplingParams, prompt: Optional[str] = None,
-                     messages: Optional[Iterable] = None) -> pb.SessionCommand:
-    """A new generation of `prompt`, or of chat `messages` (objects with `role` and `content`)."""
-    request = pb.GenerateRequest(request_id=request_id, params=params_to_proto(params))
+                     messages: Optional[Iterable] = None, explicit: Iterable[str] = ()) -> pb.SessionCommand:
+    """A new generation of `prompt`, or of chat `messages` (objects with `role` and `content`, or dicts);
+    `explicit`: the sampling fields the request set itself."""
+    request = pb.GenerateRequest(request_id=request_id, params=params_to_proto(params, explicit))
     if messages is not None:
-        request.messages.extend(pb.ChatMessage(role=m.role, content=m.content) for m in messages)
+        request.messages.extend(chat_message(m) for m in messages)
     else:
         request.prompt = prompt or ""
     return pb.SessionCommand(stream_id=stream_id, generate=request)
+
+
+def chat_message(message) -> pb.ChatMessage:
+    """The wire form of a chat message: an object with `role` and `content`, or a dict of any fields."""
+    if not isinstance(message, Mapping):
+        return pb.ChatMessage(role=message.role, content=message.content)
+    extra = {k: v for k, v in message.items() if k != "role" and not (k == "content" and isinstance(v, str))}
+    content = message.get("content")  # a content that is not text (None, parts) crosses as it is, in extra
+    return pb.ChatMessage(role=str(message.get("role", "")), content=content if isinstance(content, str) else "",
+                          extra_json=_json(extra))
+
+
+def read_chat_messages(messages: Iterable[pb.ChatMessage]) -> List[Dict[str, Any]]:
+    """The messages as the chat template gets them: dicts with role, content and the message's other fields."""
+    return [{"role": m.role, "content": m.content, **(json.loads(m.extra_json) if m.extra_json else {})}
+            for m in messages]
+
+
+def _json(value) -> str:
+    return "" if value is None or value == {} else json.dumps(value, ensure_ascii=False)
+
+
+def _from_json(text: str):
+    return json.loads(text) if text else None
 
 
 def abort_command(stream_id: int) -> pb.SessionCommand:
@@ -151,12 +212,17 @@ _FINISH_REASONS = {
 _FINISH_REASON_OF = {wire: reason for reason, wire in _FINISH_REASONS.items()}
 
 
-def error_event(error: BaseException) -> pb.GenerateEvent:
-    """The event that fails a request with `error`. Outside the hierarchy, a ValueError is the request's fault
-    (validation) and anything else the worker's (a generation failure)."""
+def _error(error: BaseException) -> pb.Error:
+    """Outside the hierarchy, a ValueError is the request's fault (validation) and anything else the worker's
+    (a generation failure)."""
     if not isinstance(error, errors.ServingError):
         error = errors.InvalidInputs(str(error)) if isinstance(error, ValueError) else errors.SystemError_(str(error))
-    return pb.GenerateEvent(error=pb.Error(kind=_KINDS[error.KIND], message=error.message))
+    return pb.Error(kind=_KINDS[error.KIND], message=error.message)
+
+
+def error_event(error: BaseException) -> pb.GenerateEvent:
+    """The event that fails a request with `error`."""
+    return pb.GenerateEvent(error=_error(error))
 
 
 def final_event(output) -> pb.GenerateEvent:
@@ -210,4 +276,68 @@ def read_event(event: pb.GenerateEvent) -> GenerationEvent:
         timing = Timing(final.queue_time, final.time_to_first_token, final.inter_token_latency, final.e2e_latency)
         return FinalEvent(final.text, list(final.token_ids), _FINISH_REASON_OF.get(final.finish_reason, FinishReason.ERROR).value,
                           final.prompt_tokens, final.completion_tokens, timing, final.prompt)
-    raise errors.error_of_kind(_KIND_OF.get(event.error.kind, Kind.GENERATION), event.error.message)
+    raise _raised(event.error)
+
+
+def _raised(error: pb.Error) -> errors.ServingError:
+    return errors.error_of_kind(_KIND_OF.get(error.kind, Kind.GENERATION), error.message)
+
+# ---------------------------------------------------------------------------------- tokenize, detokenize
+
+
+def tokenize_request(request: TokenizeRequest) -> pb.TokenizeRequest:
+    message = pb.TokenizeRequest(add_generation_prompt=request.add_generation_prompt,
+                                 continue_final_message=request.continue_final_message,
+                                 tools_json=_json(request.tools), documents_json=_json(request.documents),
+                                 template_kwargs_json=_json(request.chat_template_kwargs),
+                                 return_token_strs=request.return_token_strs)
+    if request.add_special_tokens is not None:
+        message.add_special_tokens = request.add_special_tokens
+    if request.messages is not None:
+        message.messages.extend(chat_message(m) for m in request.messages)
+    else:
+        message.prompt = request.prompt or ""
+    return message
+
+
+def read_tokenize_request(message: pb.TokenizeRequest) -> TokenizeRequest:
+    """The worker's view (no model name: the worker serves one)."""
+    return TokenizeRequest(
+        model="", prompt=None if message.messages else message.prompt,
+        messages=read_chat_messages(message.messages) if message.messages else None,
+        add_generation_prompt=message.add_generation_prompt, continue_final_message=message.continue_final_message,
+        add_special_tokens=message.add_special_tokens if message.HasField("add_special_tokens") else None,
+        tools=_from_json(message.tools_json), documents=_from_json(message.documents_json),
+        chat_template_kwargs=_from_json(message.template_kwargs_json), return_token_strs=message.return_token_strs)
+
+
+def tokenize_reply(result: Union[Tokenized, BaseException]) -> pb.TokenizeReply:
+    if isinstance(result, BaseException):
+        return pb.TokenizeReply(error=_error(result))
+    reply = pb.TokenizeReply(prompt=result.prompt)
+    reply.token_ids.extend(result.token_ids)
+    if result.token_strs is not None:
+        reply.token_strs.extend(result.token_strs)
+    return reply
+
+
+def read_tokenize_reply(reply: pb.TokenizeReply, return_token_strs: bool = False) -> Tokenized:
+    if reply.HasField("error"):
+        raise _raised(reply.error)
+    return Tokenized(list(reply.token_ids), reply.prompt, list(reply.token_strs) if return_token_strs else None)
+
+
+def detokenize_request(token_ids: Iterable[int]) -> pb.DetokenizeRequest:
+    return pb.DetokenizeRequest(token_ids=list(token_ids))
+
+
+def detokenize_reply(result: Union[str, BaseException]) -> pb.DetokenizeReply:
+    if isinstance(result, BaseException):
+        return pb.DetokenizeReply(error=_error(result))
+    return pb.DetokenizeReply(prompt=result)
+
+
+def read_detokenize_reply(reply: pb.DetokenizeReply) -> str:
+    if reply.HasField("error"):
+        raise _raised(reply.error)
+    return reply.prompt

@@ -3,7 +3,8 @@
 Each worker gets one gRPC Session (llm_worker.proto) shared by every generation the master routes to it:
 a `generate` command per request, an `abort` when its client goes away, and one batch of events per engine
 step coming back, fanned out here to the per-request queues. When a worker dies its session breaks and every
-generation on it fails with "worker stopped"; the next request opens a new session.
+generation on it fails with "worker stopped"; the next request opens a new session. /tokenize and /detokenize
+are one unary call each to a worker (its tokenizer and chat template).
 """
 import asyncio
 import itertools
@@ -16,7 +17,8 @@ from mindspore_serving.common import errors
 from mindspore_serving.ipc import llm_session
 from mindspore_serving.llm.sampling_params import SamplingParams
 from mindspore_serving.master.metrics import MasterMetrics
-from mindspore_serving.master.llm_types import FinalEvent, GenerationEvent, GenerationRequest, ModelInfo
+from mindspore_serving.master.llm_types import (FinalEvent, GenerationEvent, GenerationRequest, ModelInfo,
+                                                Tokenized, TokenizeRequest)
 from mindspore_serving.master.worker_registry import WorkerRegistry
 from mindspore_serving.proto import llm_worker_pb2 as pb
 from mindspore_serving.proto import llm_worker_pb2_grpc
@@ -71,7 +73,7 @@ class WorkerSession:
         self._queues[stream_id] = asyncio.Queue()
         try:
             await self._write(llm_session.generate_command(stream_id, request_id, params, request.prompt,
-                                                           request.messages))
+                                                           request.messages, explicit=request.params))
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
             del self._queues[stream_id]
             self.closed = True
@@ -137,19 +139,42 @@ class MasterLlmBackend:
             session = self._sessions[key] = WorkerSession(worker)
         return session
 
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+    def _pick(self, model: str):
+        """A live LLM worker of `model`, the least busy."""
         try:
-            candidates = [w for w in self.registry.candidates(request.model, GENERATE_METHOD, 0)
+            candidates = [w for w in self.registry.candidates(model, GENERATE_METHOD, 0)
                           if llm_session.read_facts(w.extensions.get(LLM_EXTENSION)) is not None]
         except errors.ServableUnavailable:
-            if request.model in self._known:  # served, but its worker is gone for now: retry later
-                raise errors.WorkerUnavailable(_restarting(request.model)) from None
+            if model in self._known:  # served, but its worker is gone for now: retry later
+                raise errors.WorkerUnavailable(_restarting(model)) from None
             raise
         if not candidates:
-            raise errors.ServableUnavailable(f"Model {request.model} is not a language model")
-        self._known.add(request.model)
+            raise errors.ServableUnavailable(f"Model {model} is not a language model")
+        self._known.add(model)
+        return self.registry.pick(candidates)
+
+    async def _unary(self, model: str, rpc: str, message):
+        """One unary call (Tokenize, Detokenize) to a worker of `model`."""
+        worker = self._pick(model)
+        try:
+            return await getattr(llm_worker_pb2_grpc.LlmWorkerStub(worker.channel), rpc)(
+                message, timeout=self.token_timeout or None)
+        except grpc.aio.AioRpcError as err:
+            log.warning(f"LLM {rpc} on worker pid {worker.pid} failed: {err.code().name} {err.details()}")
+            raise errors.WorkerUnavailable(f"Model {model} is not available: {rpc} failed on its worker "
+                                           f"({err.code().name})") from None
+
+    async def tokenize(self, request: TokenizeRequest) -> Tokenized:
+        reply = await self._unary(request.model, "Tokenize", llm_session.tokenize_request(request))
+        return llm_session.read_tokenize_reply(reply, request.return_token_strs)
+
+    async def detokenize(self, model: str, token_ids: List[int]) -> str:
+        reply = await self._unary(model, "Detokenize", llm_session.detokenize_request(token_ids))
+        return llm_session.read_detokenize_reply(reply)
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        worker = self._pick(request.model)
         params = SamplingParams.from_dict(request.params)  # a bad value fails here, before any worker sees it
-        worker = self.registry.pick(candidates)
         request_id = request.request_id or f"gen-{next(self._ids)}"
 
         def lost():

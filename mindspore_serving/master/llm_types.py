@@ -1,5 +1,6 @@
 """What the LLM front ends (MindSpore Serving, MindSpore LLM-serving, TGI and OpenAI protocols) need from the
-serving system: a list of models and a stream of generation events per request.
+serving system: a list of models, a stream of generation events per request, and the model's tokenizer
+(/tokenize, /detokenize).
 
 The master implements it by forwarding to the LLM servable's worker; tests implement it with fakes.
 Errors are `mindspore_serving.common.errors.ServingError` subclasses:
@@ -17,6 +18,7 @@ from typing import AsyncIterator, Dict, List, Optional, Protocol
 from mindspore_serving.common import errors
 # the events are the LLM worker session's messages as the master reads them
 from mindspore_serving.ipc.llm_session import FinalEvent, GenerationEvent, Timing, TokenEvent  # noqa: F401
+from mindspore_serving.ipc.llm_session import Tokenized, TokenizeRequest  # noqa: F401
 
 
 Overloaded = errors.Overloaded  # the engine's queue is full; retry later
@@ -64,4 +66,14 @@ class LlmBackend(Protocol):
 
     def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         """TokenEvents as tokens are generated, then one FinalEvent; raises ServingError subclasses."""
+        ...
+
+    async def tokenize(self, request: TokenizeRequest) -> Tokenized:
+        """The token ids the model gets for a prompt, or for chat messages through its chat template (the very ids
+        a generation of the same input gets); raises ServingError subclasses (a template's refusal: InvalidInputs).
+        """
+        ...
+
+    async def detokenize(self, model: str, token_ids: List[int]) -> str:
+        """The text of `token_ids`, special tokens included."""
         ...

@@ -39,12 +39,34 @@ class LlmWorkerStub:
                 request_serializer=llm__worker__pb2.SessionCommand.SerializeToString,
                 response_deserializer=llm__worker__pb2.SessionBatch.FromString,
                 _registered_method=True)
+        self.Tokenize = channel.unary_unary(
+                '/mindspore_serving.llm_worker.LlmWorker/Tokenize',
+                request_serializer=llm__worker__pb2.TokenizeRequest.SerializeToString,
+                response_deserializer=llm__worker__pb2.TokenizeReply.FromString,
+                _registered_method=True)
+        self.Detokenize = channel.unary_unary(
+                '/mindspore_serving.llm_worker.LlmWorker/Detokenize',
+                request_serializer=llm__worker__pb2.DetokenizeRequest.SerializeToString,
+                response_deserializer=llm__worker__pb2.DetokenizeReply.FromString,
+                _registered_method=True)
 
 
 class LlmWorkerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Session(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Tokenize(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Detokenize(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -57,6 +79,16 @@ def add_LlmWorkerServicer_to_server(servicer, server):
                     servicer.Session,
                     request_deserializer=llm__worker__pb2.SessionCommand.FromString,
                     response_serializer=llm__worker__pb2.SessionBatch.SerializeToString,
+            ),
+            'Tokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tokenize,
+                    request_deserializer=llm__worker__pb2.TokenizeRequest.FromString,
+                    response_serializer=llm__worker__pb2.TokenizeReply.SerializeToString,
+            ),
+            'Detokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Detokenize,
+                    request_deserializer=llm__worker__pb2.DetokenizeRequest.FromString,
+                    response_serializer=llm__worker__pb2.DetokenizeReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +118,60 @@ class LlmWorker:
             '/mindspore_serving.llm_worker.LlmWorker/Session',
             llm__worker__pb2.SessionCommand.SerializeToString,
             llm__worker__pb2.SessionBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mindspore_serving.llm_worker.LlmWorker/Tokenize',
+            llm__worker__pb2.TokenizeRequest.SerializeToString,
+            llm__worker__pb2.TokenizeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Detokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mindspore_serving.llm_worker.LlmWorker/Detokenize',
+            llm__worker__pb2.DetokenizeRequest.SerializeToString,
+            llm__worker__pb2.DetokenizeReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -8,9 +8,14 @@ Sections (relative paths are relative to the YAML file's own directory):
       graphs: [<dir of rank 0>, ...] exported MindIR graphs + manifest.json, one directory per rank
       tensor_parallel: <int>         ranks the model is sharded over (default: the number of graph directories);
                                      > 1 runs the agents as a MindSpore cluster, one rank per agent
-      tokenizer: <tokenizer.json>    any Hugging Face tokenizer.json
-      chat_template: <str>           Python format string with {messages} rendered per message by
-                                     `chat_message` (see README)
+      tokenizer: <tokenizer.json>    any Hugging Face tokenizer.json (or its directory)
+      chat_template: <file.jinja>    the chat template (Jinja, Hugging Face's conventions), a file or the template
+                                     itself; default: the model's own, chat_template.jinja or tokenizer_config.json's
+                                     `chat_template` next to the tokenizer. Still read: the old Python format string
+                                     with {messages}, each message rendered by `chat_message` ({role}, {content})
+      generation_config: <file>      generation_config.json: eos_token_id (one or a list) and the default
+                                     temperature, top_p, top_k, repetition_penalty (a request's own values win);
+                                     default: generation_config.json next to the tokenizer, when there is one
     engine:                          the scheduler (mindspore_serving.llm.config.SchedulerConfig fields)
       max_num_seqs, max_num_batched_tokens, max_model_len, num_blocks, batching, enable_prefix_caching,
       enable_chunked_prefill, max_prefill_tokens_per_step, max_prefills_per_decode_step, num_scheduler_steps,
@@ -49,11 +54,14 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 import yaml
 
 from mindspore_serving.common.cpu_affinity import allowed_cpus
+from mindspore_serving.llm.chat_template import ChatTemplate
 from mindspore_serving.llm.config import SchedulerConfig
+from mindspore_serving.llm.generation_defaults import GenerationDefaults
 from mindspore_serving.models.llama.config import load_config
 
-DEFAULT_CHAT_TEMPLATE = "{messages}<|assistant|>\n"
-DEFAULT_CHAT_MESSAGE = "<|{role}|>\n{content}\n"
+LEGACY_CHAT_MESSAGE = "<|{role}|>\n{content}\n"
+"""The per-message format of an old-style chat_template given without `chat_message`."""
+GENERATION_CONFIG_FILE = "generation_config.json"
 
 
 class ConfigError(ValueError):
@@ -93,9 +101,15 @@ class ModelSection:
     checkpoint: Optional[str]
     graphs: Tuple[str, ...]
     tokenizer: str
-    chat_template: str = DEFAULT_CHAT_TEMPLATE
-    chat_message: str = DEFAULT_CHAT_MESSAGE
+    chat_template: Optional[str] = None
+    """The template text `model.chat_template` gives (Jinja; or the old format string when chat_message is set);
+    None: the model's own, next to the tokenizer."""
+    chat_message: Optional[str] = None
+    """Set only for an old-style chat_template (a Python format string): how each message is rendered."""
     tensor_parallel: int = 1
+    generation_config: Optional[str] = None
+    """The generation_config.json the defaults come from, or None."""
+    generation_defaults: GenerationDefaults = field(default_factory=GenerationDefaults, compare=False)
 
 
 @dataclass(frozen=True)
@@ -187,7 +201,8 @@ _ENGINE_EXTRA = ("max_queue_size", "request_timeout", "stats_interval")
 
 
 def _model_section(base: str, data: Mapping, num_ranks: int) -> ModelSection:
-    known = ("config", "checkpoint", "graphs", "tokenizer", "chat_template", "chat_message", "tensor_parallel")
+    known = ("config", "checkpoint", "graphs", "tokenizer", "chat_template", "chat_message", "tensor_parallel",
+             "generation_config")
     _reject_unknown("model", data, known)
     if "config" not in data:
         raise ConfigError("'model.config' is missing; point it at the model YAML (sections model: and export:)")
@@ -206,19 +221,70 @@ def _model_section(base: str, data: Mapping, num_ranks: int) -> ModelSection:
         raise ConfigError(f"'model.tensor_parallel' is {tp}: list one graph directory per rank in 'model.graphs' "
                           f"(has {len(graphs)}) and one device per rank in 'agents.device_ids' (has {num_ranks})")
     checkpoint = data.get("checkpoint")
-    template = data.get("chat_template", DEFAULT_CHAT_TEMPLATE)
-    message = data.get("chat_message", DEFAULT_CHAT_MESSAGE)
-    for name, value in (("chat_template", template), ("chat_message", message)):
-        if not isinstance(value, str):
-            raise ConfigError(f"'model.{name}' must be a string, got {value!r}")
-    if "{messages}" not in template:
-        raise ConfigError("'model.chat_template' must contain '{messages}', where the rendered messages go")
+    tokenizer = _path(base, "model", "tokenizer", data.get("tokenizer"))
+    template, message = _chat_template(base, data.get("chat_template"), data.get("chat_message"))
+    generation_config, defaults = _generation_config(base, data.get("generation_config"), tokenizer)
     return ModelSection(
         config=_path(base, "model", "config", data["config"]),
         checkpoint=_path(base, "model", "checkpoint", checkpoint) if checkpoint is not None else None,
         graphs=tuple(_path(base, "model", "graphs", g, must_exist=False) for g in graphs),
-        tokenizer=_path(base, "model", "tokenizer", data.get("tokenizer")),
-        chat_template=template, chat_message=message, tensor_parallel=tp)
+        tokenizer=tokenizer, chat_template=template, chat_message=message, tensor_parallel=tp,
+        generation_config=generation_config, generation_defaults=defaults)
+
+
+def _chat_template(base: str, value, message) -> Tuple[Optional[str], Optional[str]]:
+    """(template text, chat_message) of `model.chat_template`: a Jinja file or inline Jinja, or the old Python
+    format string with {messages} (then with chat_message, by default LEGACY_CHAT_MESSAGE)."""
+    if message is not None and not isinstance(message, str):
+        raise ConfigError(f"'model.chat_message' must be a string, got {message!r}")
+    if value is None:
+        if message is not None:
+            raise ConfigError("'model.chat_message' goes with an old-style 'model.chat_template' (a format string "
+                              "with {messages}); remove it, or give that template")
+        return None, None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"'model.chat_template' must be a template file or a template, got {value!r}")
+    is_jinja = "{{" in value or "{%" in value
+    if not is_jinja and "{messages}" in value:
+        return value, message if message is not None else LEGACY_CHAT_MESSAGE
+    if message is not None:
+        raise ConfigError("'model.chat_message' goes only with an old-style 'model.chat_template' (a format string "
+                          "with {messages}); a Jinja template renders the messages itself: remove chat_message")
+    where = "model.chat_template"
+    if not is_jinja:
+        path = _path(base, "model", "chat_template", value)
+        where = os.path.basename(path)
+        try:
+            with open(path, encoding="utf-8") as stream:
+                value = stream.read()
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"'model.chat_template': cannot read {where}: {err}") from None
+    try:
+        ChatTemplate(value)
+    except ValueError as err:
+        raise ConfigError(f"'model.chat_template' ({where}): {err}") from None
+    return value, None
+
+
+def _generation_config(base: str, value, tokenizer: str) -> Tuple[Optional[str], GenerationDefaults]:
+    """The generation_config.json of the model (named, or next to the tokenizer) and its defaults."""
+    if value is None:
+        directory = tokenizer if os.path.isdir(tokenizer) else os.path.dirname(tokenizer)
+        path = os.path.join(directory, GENERATION_CONFIG_FILE)
+        if not os.path.isfile(path):
+            return None, GenerationDefaults()
+    else:
+        path = _path(base, "model", "generation_config", value)
+    name = os.path.basename(path)
+    try:
+        with open(path, encoding="utf-8") as stream:
+            data = json.load(stream)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"'model.generation_config' ({name}) is not readable JSON: {err}") from None
+    try:
+        return path, GenerationDefaults.from_config(data)
+    except ValueError as err:
+        raise ConfigError(f"'model.generation_config' ({name}): {err}") from None
 
 
 def _agent_section(data: Mapping) -> AgentSection:

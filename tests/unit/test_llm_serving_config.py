@@ -1,4 +1,5 @@
 """The LLM servable's YAML configuration: the bundled file loads, every bad field is named, CPU binding rules."""
+import json
 import os
 
 import pytest
@@ -37,7 +38,15 @@ def test_bundled_config_loads():
     (lambda d: d["engine"].update(max_queue_size=0), "'engine.max_queue_size' must be an int >= 1"),
     (lambda d: d["engine"].update(request_timeout=-1), "'engine.request_timeout' must be a number of seconds"),
     (lambda d: d["engine"].update(stats_interval="often"), "'engine.stats_interval' must be a number of seconds"),
-    (lambda d: d["model"].update(chat_template="no placeholder"), "must contain '{messages}'"),
+    (lambda d: d["model"].update(chat_template="no_such.jinja"), r"'model.chat_template': '.*no_such.jinja' does "
+                                                                  r"not exist"),
+    (lambda d: d["model"].update(chat_template="{% for m in messages %}"), r"'model.chat_template' "
+                                                                           r"\(model.chat_template\): the chat "
+                                                                           r"template is not valid Jinja"),
+    (lambda d: d["model"].update(chat_template="{{ x }}", chat_message="{role}"), "'model.chat_message' goes only "
+                                                                                 "with an old-style"),
+    (lambda d: d["model"].update(chat_message="{role}"), "'model.chat_message' goes with an old-style"),
+    (lambda d: d["model"].update(generation_config="missing.json"), "'model.generation_config': .* does not exist"),
     (lambda d: d["model"].pop("config"), "'model.config' is missing"),
     (lambda d: d.update(extra={}), r"'<top level>' has unknown field\(s\) \['extra'\]"),
 ])
@@ -92,3 +101,30 @@ def test_stats_interval_and_agent_port_survive_replacement(tmp_path):
     config = load_serving_config(write(tmp_path, lambda d: d["engine"].update(stats_interval=0, request_timeout=5)))
     moved = config.with_agent_port(7300)
     assert (moved.stats_interval, moved.request_timeout, moved.agents.start_port) == (0.0, 5.0, 7300)
+
+
+def test_chat_template_forms(tmp_path):
+    (tmp_path / "chat.jinja").write_text("{{ bos_token }}{{ messages[0].content }}", encoding="utf-8")
+    model = load_serving_config(write(tmp_path, lambda d: d["model"].update(chat_template="chat.jinja"))).model
+    assert (model.chat_template, model.chat_message) == ("{{ bos_token }}{{ messages[0].content }}", None)
+    inline = load_serving_config(write(tmp_path, lambda d: d["model"].update(chat_template="{{ messages }}"))).model
+    assert (inline.chat_template, inline.chat_message) == ("{{ messages }}", None)
+    legacy = load_serving_config(write(tmp_path, lambda d: d["model"].update(chat_template="{messages}>"))).model
+    assert (legacy.chat_template, legacy.chat_message) == ("{messages}>", "<|{role}|>\n{content}\n")
+    assert load_serving_config(BUNDLED).model.chat_template is None  # the model's own, next to its tokenizer
+
+
+def test_generation_config_next_to_the_tokenizer_or_named(tmp_path):
+    tokenizer = bundled_config()["model"]["tokenizer"]
+    (tmp_path / "tokenizer.json").write_bytes(open(tokenizer, "rb").read())
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": [5, 7], "temperature": 0.6, "top_p": 0.9, "do_sample": True}), encoding="utf-8")
+    next_to = write(tmp_path, lambda d: d["model"].update(tokenizer=str(tmp_path / "tokenizer.json")))
+    model = load_serving_config(next_to).model
+    assert model.generation_config == str(tmp_path / "generation_config.json")
+    assert model.generation_defaults.sampling == {"temperature": 0.6, "top_p": 0.9}
+    assert model.generation_defaults.eos_token_ids == (5, 7)
+    (tmp_path / "bad.json").write_text(json.dumps({"top_p": 2}), encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"'model.generation_config' \(bad.json\): top_p must be in \(0, 1\]"):
+        load_serving_config(write(tmp_path, lambda d: d["model"].update(generation_config="bad.json")))
+    assert load_serving_config(BUNDLED).model.generation_defaults.eos_token_ids == ()

@@ -8,10 +8,12 @@ import pytest
 
 from mindspore_serving.common import errors
 from mindspore_serving.ipc import llm_session
-from mindspore_serving.llm.engine import RequestMetrics, RequestOutput
+from mindspore_serving.llm.engine import EncodedPrompt, RequestMetrics, RequestOutput
+from mindspore_serving.llm.generation_defaults import GenerationDefaults
 from mindspore_serving.llm.request import FinishReason
 from mindspore_serving.llm.sampling_params import SamplingParams
 from mindspore_serving.proto import llm_worker_pb2 as pb
+from mindspore_serving.worker.llm.prompts import Prompter
 from mindspore_serving.worker.llm.session_service import LlmWorkerServicer
 
 DEADLINE_S = 5.0
@@ -27,13 +29,35 @@ class FakeStream:
         self.aborted.set()
 
 
+class FakeTokenizer:
+    """One id per character (its code point), BOS (1) first with the special tokens."""
+    special_ids = frozenset({EOS})
+    special_tokens = {"bos_token": "<s>", "eos_token": "</s>"}
+    chat_template = None
+    vocab_size = 1000
+
+    @staticmethod
+    def encode(text, add_special_tokens=True):
+        return ([1] if add_special_tokens else []) + [ord(c) for c in text]
+
+    @staticmethod
+    def decode(ids, skip_special_tokens=True):
+        return "".join(chr(i) for i in ids)
+
+    @staticmethod
+    def id_to_token(token_id):
+        return chr(token_id)
+
+
 class FakeRuntime:
     """Records what the session submits; `refuse` makes the next submit raise, as a full engine does."""
 
-    def __init__(self):
-        self.tokenizer = SimpleNamespace(special_ids=frozenset({EOS}))
+    def __init__(self, chat_template="<{messages}>", chat_message="{role}:{content};", generation_defaults=None):
+        self.tokenizer = FakeTokenizer()
         self.spec = SimpleNamespace(name="tiny")
-        self.config = SimpleNamespace(model=SimpleNamespace(chat_template="<{messages}>", chat_message="{role}:{content};"))
+        self.generation_defaults = generation_defaults or GenerationDefaults()
+        model = SimpleNamespace(chat_template=chat_template, chat_message=chat_message)
+        self.prompter = Prompter(self.tokenizer, model, max_prompt_chars=200)
         self.submitted = queue.Queue()
         self.refuse = None
 
@@ -144,7 +168,7 @@ def test_a_generation_sends_its_tokens_then_its_final_event(master):
 def test_chat_messages_become_the_prompt_through_the_template(master):
     messages = [SimpleNamespace(role="user", content="hello"), SimpleNamespace(role="bot", content="hi")]
     prompt, *_ = start(master, messages=messages)
-    assert prompt == "<user:hello;bot:hi;>"
+    assert prompt == EncodedPrompt("<user:hello;bot:hi;>", [1] + [ord(c) for c in "<user:hello;bot:hi;>"])
 
 
 @pytest.mark.parametrize("refusal,kind", [
@@ -201,3 +225,73 @@ def test_ending_the_sessions_waits_for_running_requests(master):
     assert master.ended.wait(DEADLINE_S)
     ender.join(DEADLINE_S)
     assert not stream.aborted.is_set()
+
+
+JINJA = ("{% for m in messages %}{% if m.role == 'bot' and loop.first %}{{ raise_exception('start with the user') }}"
+         "{% endif %}{{ bos_token if loop.first }}[{{ m.role }}]{{ m.content }}{% endfor %}"
+         "{% if add_generation_prompt %}[bot]{% endif %}")
+
+
+def jinja_master(generation_defaults=None):
+    runtime = FakeRuntime(chat_template=JINJA, chat_message=None, generation_defaults=generation_defaults)
+    fake = FakeMaster(runtime)
+    fake.runtime = runtime
+    return fake
+
+
+def test_a_jinja_chat_is_tokenized_without_the_tokenizers_special_tokens():
+    fake = jinja_master()
+    try:
+        prompt, *_ = start(fake, messages=[SimpleNamespace(role="user", content="hi")])
+        assert prompt == EncodedPrompt("<s>[user]hi[bot]", [ord(c) for c in "<s>[user]hi[bot]"])
+    finally:
+        fake.leave()
+
+
+def test_a_template_refusal_is_a_validation_error_with_its_message():
+    fake = jinja_master()
+    try:
+        fake.send(llm_session.generate_command(2, "req-2", SamplingParams(),
+                                               messages=[SimpleNamespace(role="bot", content="hi")]))
+        (events,) = fake.reply().streams
+        assert [(e.error.kind, e.error.message) for e in events.events] == [
+            (pb.ERROR_KIND_VALIDATION, "start with the user")]
+    finally:
+        fake.leave()
+
+
+def test_the_models_defaults_fill_what_the_request_left_unset():
+    fake = jinja_master(GenerationDefaults.from_config({"temperature": 0.6, "top_p": 0.9, "top_k": 20}))
+    try:
+        _, params, *_ = start(fake, params=SamplingParams(max_new_tokens=3), prompt="Hi")
+        assert (params.max_new_tokens, params.temperature, params.top_p, params.top_k) == (3, 0.6, 0.9, 20)
+        # what a request sets wins, also when it is the engine's own default
+        fake.send(llm_session.generate_command(3, "req-3", SamplingParams(temperature=1.0, top_k=0), prompt="Hi",
+                                               explicit=("temperature", "top_k")))
+        _, params, *_ = fake.runtime.submitted.get(timeout=DEADLINE_S)
+        assert (params.temperature, params.top_p, params.top_k) == (1.0, 0.9, 0)
+    finally:
+        fake.leave()
+
+
+def test_tokenize_and_detokenize_answer_with_the_workers_tokenizer_and_template():
+    fake = jinja_master()
+    try:
+        chat = llm_session.TokenizeRequest("tiny", messages=[{"role": "user", "content": "hi"}],
+                                           return_token_strs=True)
+        tokenized = llm_session.read_tokenize_reply(
+            fake.servicer.Tokenize(llm_session.tokenize_request(chat), None), return_token_strs=True)
+        assert (tokenized.prompt, tokenized.token_ids) == ("<s>[user]hi[bot]", [ord(c) for c in "<s>[user]hi[bot]"])
+        assert "".join(tokenized.token_strs) == "<s>[user]hi[bot]"
+        plain = llm_session.TokenizeRequest("tiny", prompt="ab")
+        reply = fake.servicer.Tokenize(llm_session.tokenize_request(plain), None)
+        assert llm_session.read_tokenize_reply(reply).token_ids == [1, 97, 98]
+        refused = llm_session.TokenizeRequest("tiny", messages=[{"role": "bot", "content": "hi"}])
+        with pytest.raises(errors.InvalidInputs, match="^start with the user$"):
+            llm_session.read_tokenize_reply(fake.servicer.Tokenize(llm_session.tokenize_request(refused), None))
+        text = fake.servicer.Detokenize(llm_session.detokenize_request([104, 105]), None)
+        assert llm_session.read_detokenize_reply(text) == "hi"
+        with pytest.raises(errors.InvalidInputs, match=r"token id 5000 is not in this model's vocabulary \[0, 1000\)"):
+            llm_session.read_detokenize_reply(fake.servicer.Detokenize(llm_session.detokenize_request([5000]), None))
+    finally:
+        fake.leave()

@@ -5,16 +5,23 @@ bos_token_id/eos_token_id/pad_token_id), from a `tokenizer_config.json` next to 
 layout of a Hugging Face model directory), or from the tokenizer's own added special tokens with a common name
 (`</s>`, `<|endoftext|>`, `<eos>`, ...). A tokenizer without an eos token is accepted: eos_id is then None and
 generation stops on max_new_tokens or stop strings only.
+
+The same directory gives the model's chat template, as Hugging Face keeps it: `chat_template.jinja`, else
+tokenizer_config.json's `chat_template` (a string, or a list of named templates); and the special tokens'
+texts a template is given (`special_tokens`: bos_token, eos_token, ...).
 """
 import json
 import os
-from typing import Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
 from tokenizers import Tokenizer
 
 BOS_NAMES = ("<s>", "<|begin_of_text|>", "<bos>", "<|startoftext|>", "[CLS]")
 EOS_NAMES = ("</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>", "<|eot_id|>", "<|im_end|>", "[SEP]")
 PAD_NAMES = ("<pad>", "<|pad|>", "[PAD]", "<|padding|>")
+SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+"""tokenizer_config.json's special tokens, which HF hands to chat templates under these names."""
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
 
 def _token_name(value) -> Optional[str]:
@@ -30,7 +37,8 @@ class TextTokenizer:
     def __init__(self, tokenizer: Tokenizer, bos_id: Optional[int] = None, eos_id: Optional[int] = None,
                  pad_id: Optional[int] = None, config_dir: Optional[str] = None):
         self.tokenizer = tokenizer
-        names = self._names_from_config(config_dir) if config_dir else {}
+        config = self._read_config(config_dir) if config_dir else {}
+        names = {key: _token_name(config.get(key)) for key in SPECIAL_TOKEN_KEYS}
         added = tokenizer.get_added_tokens_decoder()
         special = {t.content for t in added.values() if t.special}
         self.special_ids = frozenset(token_id for token_id, t in added.items() if t.special)
@@ -41,6 +49,10 @@ class TextTokenizer:
         for name, value in (("bos_id", self.bos_id), ("eos_id", self.eos_id), ("pad_id", self.pad_id)):
             if value is not None and not 0 <= value < self.vocab_size:
                 raise ValueError(f"{name}={value} is outside the tokenizer's vocabulary of {self.vocab_size} ids")
+        self.special_tokens = self._special_tokens(names, config.get("additional_special_tokens"))
+        """The special tokens' texts by HF's names (bos_token, eos_token, ...), as chat templates get them."""
+        self.chat_template = self._chat_template(config_dir, config.get("chat_template"))
+        """The model's chat template: a string, HF's list of named templates, or None (the model has none)."""
 
     @classmethod
     def from_file(cls, path: str, bos_id: Optional[int] = None, eos_id: Optional[int] = None,
@@ -57,13 +69,39 @@ class TextTokenizer:
         return cls(tokenizer, bos_id, eos_id, pad_id, config_dir=os.path.dirname(os.path.abspath(path)))
 
     @staticmethod
-    def _names_from_config(directory: str) -> dict:
+    def _read_config(directory: str) -> dict:
         path = os.path.join(directory, "tokenizer_config.json")
         if not os.path.isfile(path):
             return {}
         with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-        return {key: _token_name(data.get(key)) for key in ("bos_token", "eos_token", "pad_token")}
+            try:
+                data = json.load(f)
+            except ValueError as err:
+                raise ValueError(f"tokenizer_config.json is not valid JSON: {err}") from None
+        if not isinstance(data, dict):
+            raise ValueError("tokenizer_config.json must hold a JSON object")
+        return data
+
+    def _special_tokens(self, names: Dict[str, Optional[str]], additional) -> Dict[str, Any]:
+        found = {"bos_token": self.bos_id, "eos_token": self.eos_id, "pad_token": self.pad_id}
+        tokens: Dict[str, Any] = {}
+        for key in SPECIAL_TOKEN_KEYS:
+            text = names.get(key)
+            if text is None and found.get(key) is not None:
+                text = self.tokenizer.id_to_token(found[key])
+            if text is not None:
+                tokens[key] = text
+        if isinstance(additional, list):
+            tokens["additional_special_tokens"] = [t for t in map(_token_name, additional) if t is not None]
+        return tokens
+
+    @staticmethod
+    def _chat_template(directory: Optional[str], configured):
+        path = os.path.join(directory, CHAT_TEMPLATE_FILE) if directory else None
+        if path and os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                return f.read()
+        return configured if isinstance(configured, (str, list)) else None
 
     def _find(self, configured: Optional[str], candidates: Iterable[str], special: set) -> Optional[int]:
         if configured is not None:

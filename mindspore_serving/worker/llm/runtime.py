@@ -23,6 +23,7 @@ from mindspore_serving.proto import llm_worker_pb2_grpc
 from mindspore_serving.spec.llm import GENERATE_METHOD, LLM_EXTENSION
 from mindspore_serving.worker.llm.agent_client import CONNECT_TIMEOUT, AgentRunner
 from mindspore_serving.worker.llm.agents import START_TIMEOUT, agent_addresses, startup_agents
+from mindspore_serving.worker.llm.prompts import Prompter
 from mindspore_serving.worker.llm.session_service import LlmWorkerServicer
 from mindspore_serving.worker.method_runner import InstanceError
 
@@ -47,6 +48,10 @@ class LlmRuntime:
         self._restarting: str = ""  # why the agents are restarting, while they are
         self._retired = {"preempted": 0, "queries": 0, "hits": 0}  # counts of engine loops replaced
         self.tokenizer = TextTokenizer.from_file(self.config.model.tokenizer)
+        self.generation_defaults = self.config.model.generation_defaults
+        engine = self.config.engine
+        self.prompter = Prompter(self.tokenizer, self.config.model,
+                                 engine.max_prompt_chars or 32 * engine.max_model_len)
         self.runner = self._attach_or_start()
         self.loop = self._new_loop()
 
@@ -56,7 +61,8 @@ class LlmRuntime:
             self._retired["preempted"] += self.loop.report.totals.preempted
             self._retired["queries"] += core.scheduler.block_manager.prefix_cache_queries
             self._retired["hits"] += core.scheduler.block_manager.prefix_cache_hits
-        engine = LLMEngine(self.runner, self.tokenizer, self.config.engine, eos_token_id=self.tokenizer.eos_id)
+        engine = LLMEngine(self.runner, self.tokenizer, self.config.engine,
+                           eos_token_id=self.generation_defaults.stop_ids(self.tokenizer.eos_id))
         return EngineLoop(engine, self.config.max_queue_size, self.config.request_timeout,
                           name=f"{self.spec.name}-engine", stats_interval=self.config.stats_interval)
 
@@ -176,7 +182,7 @@ class LlmRuntime:
         for instance in instances:
             try:
                 prompt = prompt_of(instance)
-                streams.append(self.loop.submit(prompt, sampling_params_of(instance)))
+                streams.append(self.loop.submit(prompt, self.generation_defaults.apply(sampling_params_of(instance))))
             except KeyError:
                 streams.append(errors.InvalidInputs(f"Cannot find input prompt (or inputs) in instance input , "
                                                     f"servable {self.spec.name}, method {method_name}"))

@@ -2,7 +2,9 @@
 
 A session carries every generation the master sends this worker: commands come in on a reader thread and go
 to the engine loop with the session as their output sink, and each engine step's outputs go back as one
-SessionBatch, so the cost per step does not grow with a thread wake-up and a gRPC message per token.
+SessionBatch, so the cost per step does not grow with a thread wake-up and a gRPC message per token. A chat's
+messages become its prompt through the runtime's Prompter (worker/llm/prompts.py), which also answers
+Tokenize and Detokenize.
 """
 import queue
 import threading
@@ -16,12 +18,6 @@ from mindspore_serving.common import errors
 from mindspore_serving.ipc import llm_session
 from mindspore_serving.proto import llm_worker_pb2 as pb
 from mindspore_serving.proto import llm_worker_pb2_grpc
-
-
-def render_chat(template: str, message_format: str, messages) -> str:
-    """The prompt of a chat: each message rendered with `message_format`, then put into `template`."""
-    rendered = "".join(message_format.format(role=m.role, content=m.content) for m in messages)
-    return template.format(messages=rendered)
 
 
 class _Session:
@@ -68,10 +64,9 @@ class _Session:
 
     def _generate(self, stream_id: int, request: pb.GenerateRequest):
         try:
-            params = llm_session.params_from_proto(request.params)
+            params = llm_session.params_from_proto(request.params, self.runtime.generation_defaults.sampling)
             if request.messages:
-                model = self.runtime.config.model
-                prompt = render_chat(model.chat_template, model.chat_message, request.messages)
+                prompt = self.runtime.prompter.chat(llm_session.read_chat_messages(request.messages))
             else:
                 prompt = request.prompt
             with self._lock:
@@ -139,6 +134,18 @@ class _Session:
             self.batches.put(None)
 
 
+def _answer(what: str, call):
+    """call()'s result, or the error to answer with: the request's own fault as it is, anything else logged
+    and answered without its text."""
+    try:
+        return call()
+    except (errors.ServingError, ValueError) as err:
+        return err
+    except Exception:  # pylint: disable=broad-except
+        log.exception(f"LLM {what} failed")
+        return errors.SystemError_(f"the worker failed to {what}; see its log")
+
+
 class LlmWorkerServicer(llm_worker_pb2_grpc.LlmWorkerServicer):
     def __init__(self, runtime):
         self.runtime = runtime
@@ -157,6 +164,14 @@ class LlmWorkerServicer(llm_worker_pb2_grpc.LlmWorkerServicer):
         finally:
             with self._lock:
                 self._sessions.remove(session)
+
+    def Tokenize(self, request: pb.TokenizeRequest, context) -> pb.TokenizeReply:
+        return llm_session.tokenize_reply(
+            _answer("tokenize", lambda: self.runtime.prompter.tokenize(llm_session.read_tokenize_request(request))))
+
+    def Detokenize(self, request: pb.DetokenizeRequest, context) -> pb.DetokenizeReply:
+        return llm_session.detokenize_reply(
+            _answer("detokenize", lambda: self.runtime.prompter.detokenize(list(request.token_ids))))
 
     def end_sessions(self, timeout: float):
         """Ends every session once its running requests are done; waits at most `timeout` seconds in all."""
