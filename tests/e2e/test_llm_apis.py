@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from mindspore_serving.client import Client
+from mindspore_serving.models.llama.tokenizer import TextTokenizer
+from mindspore_serving.spec.llm_config import load_serving_config
 from llm_setup import offline_greedy, write_config, write_servable
 from serving_process import start_server
 
@@ -101,6 +103,29 @@ def test_openai_client(server, expected):
         client.completions.create(model="nope", prompt=PROMPT, max_tokens=2)
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model="llama_tiny", prompt=PROMPT, max_tokens=2, top_p=2.0)
+
+
+def test_tokenize_and_detokenize_show_what_the_model_gets(server):
+    """/tokenize of chat messages gives the ids a chat completion's prompt has (the bundled template's), and
+    /detokenize turns them back into the template's text."""
+    _, url, config = server
+    serving = load_serving_config(config)
+    tokenizer = TextTokenizer.from_file(serving.model.tokenizer)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who was king?"}]
+    chat = requests.post(f"{url}/tokenize", timeout=60, json={"model": "llama_tiny", "messages": messages}).json()
+    text = "<s><|system|>\nBe brief.\n<|user|>\nWho was king?\n<|assistant|>\n"
+    assert chat["tokens"] == tokenizer.encode(text, add_special_tokens=False) and chat["tokens"][0] == 1
+    assert (chat["count"], chat["max_model_len"]) == (len(chat["tokens"]), serving.engine.max_model_len)
+    completion = requests.post(f"{url}/v1/chat/completions", timeout=60, json={
+        "model": "llama_tiny", "messages": messages, "max_tokens": 1}).json()
+    assert completion["usage"]["prompt_tokens"] == chat["count"]
+    prompt = requests.post(f"{url}/tokenize", timeout=60, json={"prompt": PROMPT}).json()
+    assert prompt["tokens"] == tokenizer.encode(PROMPT)
+    back = requests.post(f"{url}/detokenize", timeout=60, json={"model": "llama_tiny", "tokens": chat["tokens"]})
+    assert back.json() == {"prompt": tokenizer.decode(chat["tokens"], skip_special_tokens=False)}
+    assert back.json()["prompt"].startswith("<s>")
+    bad = requests.post(f"{url}/detokenize", timeout=60, json={"tokens": [10 ** 6]})
+    assert bad.status_code == 400 and "vocabulary" in bad.json()["error"]["message"]
 
 
 LONG = {"prompt": PROMPT, "max_tokens": 220, "temperature": 0, "model": "llama_tiny", "ignore_eos": True}

@@ -4,6 +4,7 @@
     mindspore_llm.py  MindSpore LLM-serving: /models/{model}[/generate|/generate_stream];
                       classic /model/{model}:generate_stream (mindspore_generate_stream)
     openai_api.py     OpenAI: /v1/completions, /v1/chat/completions, /v1/models
+    tokenize_api.py   vLLM: /tokenize, /detokenize (the model's tokenizer and chat template)
     schemas_*.py      request bodies and their mapping to engine parameters
     generation.py     one request's run: first event, timing, close (aborts), INFO log line
     responses.py      JSON / SSE responses that watch for client disconnects
@@ -23,6 +24,7 @@ from fastapi import APIRouter
 from mindspore_serving.master.llm_types import LlmBackend
 from mindspore_serving.frontends.llm.mindspore_llm import build_llm_serving_router, mindspore_generate_stream
 from mindspore_serving.frontends.llm.openai_api import build_openai_router
+from mindspore_serving.frontends.llm.tokenize_api import build_tokenize_router
 from mindspore_serving.frontends.llm.tgi import build_tgi_router
 
 __all__ = ["build_llm_router", "mindspore_generate_stream"]
@@ -38,6 +40,7 @@ def build_llm_router(backend: LlmBackend, default_model: Optional[str] = None, k
     """
     router = APIRouter()
     router.include_router(build_openai_router(backend, keep_alive_s))
+    router.include_router(build_tokenize_router(backend))
     router.include_router(build_llm_serving_router(backend, keep_alive_s))
     router.include_router(build_tgi_router(backend, default_model, keep_alive_s, health_route))
     return router

@@ -13,8 +13,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import orjson
 
 from mindspore_serving.common import errors
-from mindspore_serving.master.llm_types import (FinalEvent, GenerationRequest, ModelInfo, Timing,
-                                                     TokenEvent)
+from mindspore_serving.master.llm_types import (FinalEvent, GenerationRequest, ModelInfo, Timing, Tokenized,
+                                                TokenEvent, TokenizeRequest)
 from mindspore_serving.llm.sampling_params import SamplingParams
 
 EOS_TOKEN_ID = 2
@@ -23,8 +23,16 @@ TIMING = Timing(queue_time=0.001, time_to_first_token=0.002, inter_token_latency
 DEFAULT_MODEL = ModelInfo(name="llama_tiny", max_model_len=128, max_num_seqs=4, max_queue_size=8, vocab_size=100)
 
 
-def render_chat(messages) -> str:
-    return "".join(f"<|{m.role}|>\n{m.content}\n" for m in messages) + "<|assistant|>\n"
+def render_chat(messages, add_generation_prompt: bool = True) -> str:
+    """The fake's chat template (messages: objects with role and content, or dicts)."""
+    messages = [m if isinstance(m, dict) else {"role": m.role, "content": m.content} for m in messages]
+    text = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
+    return text + "<|assistant|>\n" if add_generation_prompt else text
+
+
+def fake_token_ids(text: str, add_special_tokens: bool) -> List[int]:
+    """The fake's tokenizer: one id per word (FIRST_TOKEN_ID + its length), BOS (1) first when asked."""
+    return ([1] if add_special_tokens else []) + [FIRST_TOKEN_ID + len(word) for word in text.split()]
 
 
 def logprob_of(position: int) -> float:
@@ -39,6 +47,7 @@ class FakeLlmBackend:
         """Models served but down for now (name -> why), as a master whose worker is restarting reports them."""
         self.reply = list(reply)
         self.requests: List[GenerationRequest] = []
+        self.tokenize_requests: List[TokenizeRequest] = []
         self.outcomes: Dict[str, str] = {}
         self.fail_before: Optional[BaseException] = None
         self.fail_after: Optional[Tuple[int, BaseException]] = None
@@ -58,6 +67,25 @@ class FakeLlmBackend:
 
     def stream(self, request: GenerationRequest):
         return self._stream(request)
+
+    async def tokenize(self, request: TokenizeRequest) -> Tokenized:
+        self.tokenize_requests.append(request)
+        if self.fail_before is not None:
+            raise self.fail_before
+        chat = request.messages is not None
+        text = render_chat(request.messages, request.add_generation_prompt) if chat else request.prompt
+        special = request.add_special_tokens if request.add_special_tokens is not None else not chat
+        ids = fake_token_ids(text, special)
+        return Tokenized(ids, text, [f"t{i}" for i in ids] if request.return_token_strs else None)
+
+    async def detokenize(self, model: str, token_ids: List[int]) -> str:
+        if self.fail_before is not None:
+            raise self.fail_before
+        vocab = next(m.vocab_size for m in self.served if m.name == model)
+        for token_id in token_ids:
+            if token_id >= vocab:
+                raise errors.InvalidInputs(f"token id {token_id} is not in this model's vocabulary [0, {vocab})")
+        return " ".join(f"t{i}" for i in token_ids)
 
     def _script(self, params: SamplingParams) -> Tuple[List[Tuple[int, str, bool]], str]:
         """(token id, text, special) of each token, and the finish reason, before stop strings."""
