@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup clients models serve test lint unit e2e faults bench proto clean
+.PHONY: setup clients models serve test lint unit e2e faults bench proto clean oracle-fixtures
 
 $(STAMP): requirements.txt requirements-dev.txt setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,12 @@ bench: models
 
 proto: setup
 	$(PY) mindspore_serving/proto/generate.py
+
+# Rebuilds tests/fixtures/hf with transformers as the oracle, in a virtualenv of its own (see requirements-oracle.txt)
+oracle-fixtures:
+	test -x .venv-oracle/bin/python || $(PYTHON) -m venv .venv-oracle
+	.venv-oracle/bin/python -m pip install -q -r requirements-oracle.txt
+	.venv-oracle/bin/python tests/fixtures/hf/make_fixtures.py
 
 clean:
 	rm -rf serving_logs unix_socket_files .pytest_cache
