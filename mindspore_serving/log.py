@@ -279,9 +279,15 @@ class _Formatter(logging.Formatter):
         request_id = _REQUEST_ID.get()
         if request_id is not None:
             escaped = f"{escaped} [request {request_id}]"
-        if escaped != message:
-            record.msg, record.args = escaped, None
-        return super().format(record)
+        if escaped == message:
+            return super().format(record)
+        # the record is formatted once per handler: its own message stays as logged
+        saved = record.msg, record.args
+        record.msg, record.args = escaped, None
+        try:
+            return super().format(record)
+        finally:
+            record.msg, record.args = saved
 
 
 _INTERNAL_FILES = {os.path.normcase(logging.Logger.callHandlers.__code__.co_filename)}

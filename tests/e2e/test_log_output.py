@@ -45,8 +45,9 @@ def test_master_and_worker_follow_glog_v_and_write_their_own_files(tmp_path):
         costs = [msg for level, path, msg in records(worker_log, worker.pid)
                  if level == "INFO" and path == "mindspore_serving/worker/service.py"]
         assert len(costs) == 2
-        assert all(re.fullmatch(r"Method add_common WorkerRequestHandle Time Cost # \d+\.\d+ ms -+", msg)
-                   for msg in costs)
+        # MindSpore Serving's line, then the public request's id (x-request-id of its reply)
+        cost = re.compile(r"Method add_common WorkerRequestHandle Time Cost # \d+\.\d+ ms -+ \[request [0-9a-f]{32}\]")
+        assert all(cost.fullmatch(msg) for msg in costs)
         cores = len(os.sched_getaffinity(worker.pid))
         threads = {msg for _, path, msg in records(worker_log, worker.pid)
                    if path == "mindspore_serving/worker/cpu_threads.py"}

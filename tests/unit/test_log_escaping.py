@@ -61,3 +61,15 @@ def test_the_formatter_escapes_what_log_exception_writes():
     lines = formatter.format(record).split("\n")
     assert lines[0].endswith("[mindspore_serving/w.py:3] failed q\\nq")
     assert lines[-1] == f"ValueError: {ESCAPED}"
+
+
+def test_each_handler_writes_the_request_id_once_and_the_record_keeps_its_message():
+    formatter = log._Formatter()  # pylint: disable=protected-access
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, "cost %s\n", ("1 ms",), None)
+    token = log.bind_request_id("abc")
+    try:
+        lines = [formatter.format(record) for _ in range(3)]  # a console, a file, a third handler
+    finally:
+        log.unbind_request_id(token)
+    assert all(line.endswith("] cost 1 ms\\n [request abc]") for line in lines), lines
+    assert (record.msg, record.args) == ("cost %s\n", ("1 ms",))
