@@ -12,6 +12,7 @@ setup(
     install_requires=[
         "mindspore>=2.10.0", "grpcio>=1.85.1", "grpcio-health-checking>=1.85.1", "protobuf>=7", "numpy>=2", "fastapi", "uvicorn",
         "orjson", "pydantic>=2", "pyyaml", "hpack>=4", "pillow", "psutil", "prometheus-client", "sse-starlette", "tokenizers",
+        "safetensors",
         "jinja2",
     ],
 )
