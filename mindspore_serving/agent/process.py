@@ -20,6 +20,7 @@ import signal  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from concurrent import futures  # noqa: E402
+from typing import Optional  # noqa: E402
 
 import grpc  # noqa: E402
 
@@ -135,9 +136,11 @@ def _build_runner(graphs_dir: str, num_blocks: int, block_size: int, device_type
                        tensor_parallel=(tensor_parallel, rank))
 
 
-def run_agent(config_path: str, rank: int, address: str, startup_fd: int, parent_pid: int, secret: str = ""):
+def run_agent(config_path: str, rank: int, address: str, startup_fd: int, parent_pid: int, secret: str = "",
+              num_blocks: Optional[int] = None):
     """Body of an agent process: loads rank `rank`'s graphs, serves LlmAgent on `address`, reports ready or failed
-    on the pipe `startup_fd`, and runs until signalled, detached, or orphaned."""
+    on the pipe `startup_fd`, and runs until signalled, detached, or orphaned. `num_blocks`: its KV-cache blocks,
+    when its starter measured them (engine.kv_cache_memory_fraction); default engine.num_blocks."""
     stopping = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stopping.set())
@@ -150,7 +153,7 @@ def run_agent(config_path: str, rank: int, address: str, startup_fd: int, parent
         if cpus is not None:
             log.info(f"agent rank {rank}: bound to CPU core(s) {cpus} (agents.cpu_affinity)")
         started = time.perf_counter()
-        runner = _build_runner(graphs, config.engine.num_blocks, config.engine.block_size, device,
+        runner = _build_runner(graphs, num_blocks or config.engine.num_blocks, config.engine.block_size, device,
                                config.agents.device_ids[rank], rank, config.model.tensor_parallel)
         log.info(f"agent rank {rank}: graphs of {graphs} loaded and warmed up in {time.perf_counter() - started:.1f} s")
 
@@ -186,6 +189,7 @@ def parse_args(argv=None):
     parser.add_argument("--address", required=True, help="host:port or unix:<path> to serve LlmAgent on")
     parser.add_argument("--startup_fd", type=int, required=True, help="pipe for the AgentStartupEvent")
     parser.add_argument("--parent_pid", type=int, required=True, help="exit when this process is gone")
+    parser.add_argument("--num_blocks", type=int, default=None, help="KV-cache blocks (default: engine.num_blocks)")
     return parser.parse_args(argv)
 
 
@@ -193,7 +197,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         secret = read_secret()  # stdin's first line, from the starter ("" for none)
-        code = run_agent(args.config, args.rank, args.address, args.startup_fd, args.parent_pid, secret)
+        code = run_agent(args.config, args.rank, args.address, args.startup_fd, args.parent_pid, secret,
+                         args.num_blocks)
     finally:
         os.close(args.startup_fd)
     if ms_cluster.is_cluster_rank():

@@ -20,6 +20,12 @@ Sections (relative paths are relative to the YAML file's own directory):
       max_num_seqs, max_num_batched_tokens, max_model_len, num_blocks, batching, enable_prefix_caching,
       enable_chunked_prefill, max_prefill_tokens_per_step, max_prefills_per_decode_step, num_scheduler_steps,
       async_scheduling, max_prompt_chars
+      kv_cache_memory: <bytes>       size the KV cache from a budget per rank instead of num_blocks: an int or
+                                     "2GiB", "512MiB", "1.5GB" (needs the graphs' manifest; too little for one
+                                     sequence of max_model_len is refused)
+      kv_cache_memory_fraction: <f>  or from this share (0-1] of the memory available to a rank, less its weights,
+                                     measured when the agents start (CPU: MemAvailable, shared by the host's
+                                     ranks). At most one of num_blocks, kv_cache_memory, kv_cache_memory_fraction
       max_queue_size: <int>          requests waiting beyond the running ones before new ones are refused
       request_timeout: <seconds>     per-request deadline (0 = none)
       stats_interval: <seconds>      an INFO line of engine statistics this often while busy and when it goes
@@ -57,6 +63,8 @@ from mindspore_serving.common.cpu_affinity import allowed_cpus
 from mindspore_serving.llm.chat_template import ChatTemplate
 from mindspore_serving.llm.config import SchedulerConfig
 from mindspore_serving.llm.generation_defaults import GenerationDefaults
+from mindspore_serving.llm.kv_budget import FRACTION, MEMORY, CacheGeometry, KvBudgetError, KvCacheBudget, \
+    choose_budget, min_blocks
 from mindspore_serving.models.llama.config import load_config
 
 LEGACY_CHAT_MESSAGE = "<|{role}|>\n{content}\n"
@@ -174,6 +182,10 @@ class LlmServingConfig:
     request_timeout: float = 0.0
     raw: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     stats_interval: float = 10.0
+    kv_cache: KvCacheBudget = field(default_factory=KvCacheBudget)
+    """How the KV cache is sized. kv_cache_memory: engine.num_blocks is what the budget holds (computed at load from
+    rank 0's manifest; before the graphs are exported, the least that holds one sequence). kv_cache_memory_fraction:
+    engine.num_blocks is that least until the agents' starter measures the memory (worker/llm/kv_cache.py)."""
 
     def model_file(self):
         return load_config(self.model.config)
@@ -197,7 +209,46 @@ class LlmServingConfig:
         return dataclasses.replace(self, agents=agents)
 
 
-_ENGINE_EXTRA = ("max_queue_size", "request_timeout", "stats_interval")
+_ENGINE_EXTRA = ("max_queue_size", "request_timeout", "stats_interval", MEMORY, FRACTION)
+
+
+def read_manifest(graphs_dir: str) -> Optional[Dict[str, Any]]:
+    """The manifest.json of an exported graph directory, or None when there is none yet."""
+    path = os.path.join(graphs_dir, "manifest.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as stream:
+        return json.load(stream)
+
+
+def _kv_cache(data: Mapping, kwargs: dict, graphs_dir: str) -> KvCacheBudget:
+    """The engine section's KV-cache budget; with a memory form, sets kwargs' num_blocks from it."""
+    try:
+        budget = choose_budget(data)
+    except KvBudgetError as err:
+        raise ConfigError(f"'engine': {err}") from None
+    if not budget.from_memory:
+        return budget
+    max_model_len = kwargs["max_model_len"]
+    if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 2:
+        return budget  # SchedulerConfig says what is wrong with it
+    # the least that holds one sequence: what SchedulerConfig checks until the budget is resolved
+    kwargs["num_blocks"] = min_blocks(max_model_len, kwargs["block_size"])
+    if budget.kind == FRACTION:  # measured when the agents start
+        return budget
+    try:
+        manifest = read_manifest(graphs_dir)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"'model.graphs': cannot read the manifest of {os.path.basename(graphs_dir)}: "
+                          f"{err}") from None
+    if manifest is not None:  # else not exported yet: the export reads this configuration too
+        try:
+            given = data[MEMORY]
+            kwargs["num_blocks"] = CacheGeometry.from_manifest(manifest).blocks(
+                max_model_len, int(budget.value), f"{budget.value} ({given})" if isinstance(given, str) else None)
+        except KvBudgetError as err:
+            raise ConfigError(f"'engine.{MEMORY}': {err}") from None
+    return budget
 
 
 def _model_section(base: str, data: Mapping, num_ranks: int) -> ModelSection:
@@ -344,7 +395,7 @@ def _cpu_affinity(value, num_ranks: int):
     return tuple(tuple(cores) for cores in value)
 
 
-def _engine_section(data: Mapping, max_seq_len: int, block_size: int):
+def _engine_section(data: Mapping, max_seq_len: int, block_size: int, graphs_dir: str):
     known = [f.name for f in fields(SchedulerConfig)] + list(_ENGINE_EXTRA)
     _reject_unknown("engine", data, known)
     kwargs = {k: v for k, v in data.items() if k not in _ENGINE_EXTRA}
@@ -356,6 +407,7 @@ def _engine_section(data: Mapping, max_seq_len: int, block_size: int):
     if kwargs["max_model_len"] > max_seq_len:
         raise ConfigError(f"'engine.max_model_len' {kwargs['max_model_len']} exceeds the model's max_seq_len "
                           f"{max_seq_len}; lower it")
+    kv_cache = _kv_cache(data, kwargs, graphs_dir)
     try:
         scheduler = SchedulerConfig(**kwargs)
     except (TypeError, ValueError) as err:
@@ -369,7 +421,7 @@ def _engine_section(data: Mapping, max_seq_len: int, block_size: int):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise ConfigError(f"'engine.{name}' must be a number of seconds >= 0 (0 = {zero}), got {value!r}")
         seconds[name] = float(value)
-    return scheduler, queue, seconds
+    return scheduler, queue, seconds, kv_cache
 
 
 def load_serving_config(path: str) -> LlmServingConfig:
@@ -391,7 +443,8 @@ def load_serving_config(path: str) -> LlmServingConfig:
         model_file = load_config(model.config)
     except ValueError as err:
         raise ConfigError(f"'model.config' ({model.config}): {err}") from None
-    engine, queue, seconds = _engine_section(_section(data, "engine", required=False),
-                                             model_file.model.max_seq_len, model_file.export.block_size)
+    engine, queue, seconds, kv_cache = _engine_section(_section(data, "engine", required=False),
+                                                       model_file.model.max_seq_len, model_file.export.block_size,
+                                                       model.graphs[0])
     return LlmServingConfig(path, model, engine, agents, queue, seconds["request_timeout"], dict(data),
-                            seconds["stats_interval"])
+                            seconds["stats_interval"], kv_cache)

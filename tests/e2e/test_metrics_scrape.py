@@ -101,5 +101,9 @@ def test_llm_request_tokens_and_latency(served):
     assert delta(L + "time_to_first_token_seconds_count") == 1
     assert delta(L + "e2e_request_latency_seconds_count") == 1
     assert delta(L + "request_success_total") == 1
-    assert value(after, L + "kv_cache_blocks_total", model_name="llama_tiny") > 0
+    blocks = value(after, L + "kv_cache_blocks_total", model_name="llama_tiny")
+    assert blocks > 0
+    assert value(after, L + "kv_cache_tokens_total", model_name="llama_tiny") == blocks * 16
+    # every block, the scratch one too: 4 layers, K and V, 16 tokens, 2 heads of 32, float32
+    assert value(after, L + "kv_cache_memory_bytes", model_name="llama_tiny") == (blocks + 1) * 4 * 2 * 16 * 2 * 32 * 4
     assert value(after, L + "num_requests_running", model_name="llama_tiny") == 0

@@ -72,7 +72,7 @@ class AgentRunner(MultiStepRunner, StepSubmitter):
                                    f"started (pid {expected})")
         info = infos[0]
         self.block_size = info.block_size
-        self.num_blocks = info.num_blocks
+        self.num_blocks = min(i.num_blocks for i in infos)  # ranks measured on different hosts may differ
         self.max_seq_len = info.max_seq_len
         self.vocab_size = info.vocab_size
         self.device = info.device

@@ -19,6 +19,7 @@ from mindspore_serving.common import cluster_registration, ms_cluster
 from mindspore_serving.common.child_process import child_env
 from mindspore_serving.ipc import agent as protocol
 from mindspore_serving.ipc import master_worker as ipc
+from mindspore_serving.worker.llm.kv_cache import measured_num_blocks
 
 START_TIMEOUT = float(os.environ.get("MS_SERVING_AGENT_START_TIMEOUT", "600"))
 AGENT_MODULE = "mindspore_serving.agent.start_agent"
@@ -98,13 +99,14 @@ def cluster_address(config) -> Optional[ms_cluster.ClusterAddress]:
 
 
 def _spawn(config_path: str, rank: int, address: str, cluster: Optional[ms_cluster.ClusterAddress],
-           secret: str) -> "tuple[subprocess.Popen, int]":
+           secret: str, num_blocks: Optional[int] = None) -> "tuple[subprocess.Popen, int]":
     read_fd, write_fd = os.pipe()
     env = child_env() if cluster is None else ms_cluster.rank_env(cluster, rank)
+    blocks = [] if num_blocks is None else [f"--num_blocks={num_blocks}"]
     try:
         process = subprocess.Popen(
             [sys.executable, "-m", AGENT_MODULE, f"--config={config_path}", f"--rank={rank}", f"--address={address}",
-             f"--startup_fd={write_fd}", f"--parent_pid={os.getpid()}"],
+             f"--startup_fd={write_fd}", f"--parent_pid={os.getpid()}"] + blocks,
             pass_fds=(write_fd,), env=env, stdin=subprocess.PIPE)
     except BaseException:
         os.close(read_fd)
@@ -124,9 +126,12 @@ def startup_agents(config, addresses: Optional[List[str]] = None, ranks: Optiona
     cluster joined, those on other hosts included.
 
     A rank that fails or exits before it is ready stops the others and raises RuntimeError with its reason.
+    With engine.kv_cache_memory_fraction the memory is measured once here, before any rank loads, and every rank
+    gets the blocks it holds (RuntimeError when it holds too little).
     """
     addresses = addresses or agent_addresses(config, directory)
     ranks = list(range(len(addresses)) if ranks is None else ranks)
+    num_blocks = measured_num_blocks(config, ranks)
     if cluster is None:
         cluster = cluster_address(config)
     processes, pipes = [], {}
@@ -145,7 +150,7 @@ def startup_agents(config, addresses: Optional[List[str]] = None, ranks: Optiona
         registrations = cluster_registration.watching(cluster)
 
         def spawn(rank: int) -> subprocess.Popen:
-            process, read_fd = _spawn(config.path, rank, addresses[rank], cluster, group.secret)
+            process, read_fd = _spawn(config.path, rank, addresses[rank], cluster, group.secret, num_blocks)
             pipes[read_fd] = (rank, protocol.StartupEventReader())
             log.info(f"agent rank {rank} (pid {process.pid}) starting on {addresses[rank]}"
                      + (f", joining the cluster at {cluster}" if cluster is not None else ""))

@@ -1,4 +1,5 @@
 """An LLM servable inside a worker: the engine loop over agents, behind the same interface as ServableRuntime."""
+import dataclasses
 import os
 import threading
 import time
@@ -13,8 +14,10 @@ from mindspore_serving.common.net import accepts_connections
 from mindspore_serving.common.restart_budget import RestartBudget
 from mindspore_serving.ipc.agent import SECRET_ENV as AGENT_SECRET_ENV
 from mindspore_serving.ipc.llm_session import registration_facts
+from mindspore_serving.llm.config import SchedulerConfig
 from mindspore_serving.llm.engine import LLMEngine
 from mindspore_serving.llm.engine_loop import EngineLoop
+from mindspore_serving.llm.kv_budget import KvCacheCapacity
 from mindspore_serving.spec.llm_config import LlmServingConfig, load_serving_config
 from mindspore_serving.llm.instance_params import prompt_of, sampling_params_of
 from mindspore_serving.llm.sampling_params import SamplingParams
@@ -23,6 +26,7 @@ from mindspore_serving.proto import llm_worker_pb2_grpc
 from mindspore_serving.spec.llm import GENERATE_METHOD, LLM_EXTENSION
 from mindspore_serving.worker.llm.agent_client import CONNECT_TIMEOUT, AgentRunner
 from mindspore_serving.worker.llm.agents import START_TIMEOUT, agent_addresses, startup_agents
+from mindspore_serving.worker.llm.kv_cache import capacity
 from mindspore_serving.worker.llm.prompts import Prompter
 from mindspore_serving.worker.llm.session_service import LlmWorkerServicer
 from mindspore_serving.worker.method_runner import InstanceError
@@ -47,6 +51,7 @@ class LlmRuntime:
         self._restarts = RestartBudget(MAX_AGENT_RESTARTS, AGENT_RESTART_WINDOW)
         self._restarting: str = ""  # why the agents are restarting, while they are
         self._retired = {"preempted": 0, "queries": 0, "hits": 0}  # counts of engine loops replaced
+        self.kv_cache: Optional[KvCacheCapacity] = None  # what the agents' KV cache holds, once attached
         self.tokenizer = TextTokenizer.from_file(self.config.model.tokenizer)
         self.generation_defaults = self.config.model.generation_defaults
         engine = self.config.engine
@@ -61,10 +66,22 @@ class LlmRuntime:
             self._retired["preempted"] += self.loop.report.totals.preempted
             self._retired["queries"] += core.scheduler.block_manager.prefix_cache_queries
             self._retired["hits"] += core.scheduler.block_manager.prefix_cache_hits
-        engine = LLMEngine(self.runner, self.tokenizer, self.config.engine,
+        scheduler = self._scheduler_config()
+        self.kv_cache = capacity(self.config, scheduler.num_blocks)
+        # printed as the worker's start-up line is: what fits is worth seeing at every log level
+        print(f"Serving: {self.spec.name}: {self.kv_cache.describe()}", flush=True)
+        engine = LLMEngine(self.runner, self.tokenizer, scheduler,
                            eos_token_id=self.generation_defaults.stop_ids(self.tokenizer.eos_id))
         return EngineLoop(engine, self.config.max_queue_size, self.config.request_timeout,
                           name=f"{self.spec.name}-engine", stats_interval=self.config.stats_interval)
+
+    def _scheduler_config(self) -> SchedulerConfig:
+        """The engine's config; with a memory budget (engine.kv_cache_memory[_fraction]), the KV-cache blocks are
+        those the agents hold: a fraction is measured by whoever started them."""
+        engine = self.config.engine
+        if self.config.kv_cache.from_memory and self.runner.num_blocks != engine.num_blocks:
+            engine = dataclasses.replace(engine, num_blocks=self.runner.num_blocks)
+        return engine
 
     def _attach_or_start(self) -> AgentRunner:
         """Attaches to the agents of the configuration: to running ones when they listen on fixed ports (started
@@ -166,10 +183,12 @@ class LlmRuntime:
         values = {
             "num_requests_running": scheduler.num_running, "num_requests_waiting": scheduler.num_waiting,
             "kv_cache_usage_perc": blocks.usage, "kv_cache_blocks_used": total - blocks.num_free_blocks,
-            "kv_cache_blocks_total": total,
+            "kv_cache_blocks_total": total, "kv_cache_tokens_total": total * blocks.block_size,
             "num_preemptions": self._retired["preempted"] + loop.report.totals.preempted,
             "prefix_cache_queries": self._retired["queries"] + blocks.prefix_cache_queries,
             "prefix_cache_hits": self._retired["hits"] + blocks.prefix_cache_hits}
+        if self.kv_cache is not None and self.kv_cache.block_bytes:
+            values["kv_cache_memory_bytes"] = self.kv_cache.memory_bytes
         return [m.sample(m.L + name, {}, value) for name, value in values.items()]
 
     def submit(self, prompt, params: SamplingParams, request_id: Optional[str] = None, sink=None, tag=None):
