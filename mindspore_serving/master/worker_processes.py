@@ -267,8 +267,7 @@ class WorkerProcesses:
             log.warning(f"worker {worker.plan.key} (pid {process.pid}) did not exit in {grace:g} s; killing it")
         kill_group(process)  # what it started goes with it
         process.wait()
-        worker.process = None
-        self.on_change()
+        worker.process = None  # a detached worker: planned() no longer shows it
         _remove_call_blocks(worker.plan, process.pid)
 
     def planned(self) -> List[PlannedWorker]:
