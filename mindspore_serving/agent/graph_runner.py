@@ -8,6 +8,9 @@ models/llama/model.py for the input list). This runner
   exported with: README.md, "The bundled model");
 * owns the KV caches, 2 * num_layers MindSpore Tensors of [num_blocks, block_size, num_kv_heads, head_dim],
   allocated once and updated in place by the graphs (no copy per step);
+* loads the weights once (agent/graph_weights.py) and passes the same Tensors to every graph after the caches: the
+  graphs hold no weights (manifest format 2), so the process holds each weight once whatever the number of graphs
+  (format 1 graphs, which embed their own copy, are still run, without weight inputs);
 * warms each graph up once, with inputs that only touch the scratch block 0;
 * in `run(seqs)` sends the one-token rows to the smallest decode bucket that fits and the others to prefill
   buckets (length bucket = smallest that holds the row, batch bucket = smallest that holds the group), splits
@@ -31,11 +34,12 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, Tensor
 
+from mindspore_serving.agent.graph_weights import load_graph_weights
 from mindspore_serving.llm.model_io import SCRATCH_BLOCK, MultiStepRunner, SeqStep, run_greedy_steps, slot_of
 from mindspore_serving.llm.sampler import greedy_with_logprobs
+from mindspore_serving.models.llama.manifest import EMBEDDED_WEIGHTS_VERSION, MANIFEST, MANIFEST_VERSION
 
-MANIFEST = "manifest.json"
-SUPPORTED_MANIFEST_VERSIONS = (1,)
+SUPPORTED_MANIFEST_VERSIONS = (EMBEDDED_WEIGHTS_VERSION, MANIFEST_VERSION)
 
 
 @dataclass
@@ -79,8 +83,9 @@ class _Bucket:
         self.query_lens.fill(1)
         return self.input_ids, self.positions, self.block_tables, self.slot_mapping, self.query_lens
 
-    def run(self, pieces: List[_Piece], caches: List[Tensor], block_size: int) -> np.ndarray:
-        """Logits [len(pieces), vocab]; rows past len(pieces) are padding (one token, scratch slot 0)."""
+    def run(self, pieces: List[_Piece], state: Sequence[Tensor], block_size: int) -> np.ndarray:
+        """Logits [len(pieces), vocab]; rows past len(pieces) are padding (one token, scratch slot 0). `state`: the
+        inputs after the step's (the caches, then the weights)."""
         ids, pos, tables, slots, qlens = self.reset(block_size)
         l = self.length
         for r, piece in enumerate(pieces):
@@ -90,7 +95,7 @@ class _Bucket:
             tables[r, :len(table)] = table
             slots[r * l:r * l + n] = [slot_of(table, p, block_size) for p in range(start, start + n)]
             qlens[r] = n
-        out = self.graph(Tensor(ids), Tensor(pos), Tensor(tables), Tensor(slots), Tensor(qlens), *caches)
+        out = self.graph(Tensor(ids), Tensor(pos), Tensor(tables), Tensor(slots), Tensor(qlens), *state)
         return out.asnumpy()[:len(pieces)]
 
 
@@ -114,8 +119,9 @@ class _MixedBucket:
         self.slot_mapping = np.zeros((b + r * l,), np.int32)
         self.prefill_lens = np.ones((r,), np.int32)
 
-    def run(self, decode: List[_Piece], prefill: List[_Piece], caches: List[Tensor], block_size: int) -> np.ndarray:
-        """Logits [batch + rows, vocab]: the decode rows, then the prefill rows (padding past the pieces given)."""
+    def run(self, decode: List[_Piece], prefill: List[_Piece], state: Sequence[Tensor], block_size: int) -> np.ndarray:
+        """Logits [batch + rows, vocab]: the decode rows, then the prefill rows (padding past the pieces given);
+        `state` as for `_Bucket.run`."""
         b, l = self.batch, self.length
         for buffer in (self.decode_ids, self.decode_positions, self.prefill_ids, self.prefill_positions):
             buffer.fill(0)
@@ -138,7 +144,7 @@ class _MixedBucket:
             self.prefill_lens[r] = n
         out = self.graph(Tensor(self.decode_ids), Tensor(self.decode_positions), Tensor(self.decode_tables),
                          Tensor(self.prefill_ids), Tensor(self.prefill_positions), Tensor(self.prefill_tables),
-                         Tensor(self.slot_mapping), Tensor(self.prefill_lens), *caches)
+                         Tensor(self.slot_mapping), Tensor(self.prefill_lens), *state)
         return out.asnumpy()
 
 
@@ -192,7 +198,9 @@ class GraphRunner(MultiStepRunner):
         cache = manifest["cache"]
         self.cache_shape = (num_blocks, self.block_size, cache["num_kv_heads"], cache["head_dim"])
         self.num_layers = int(cache["num_layers"])
+        self.weights: List[Tensor] = load_graph_weights(manifest_dir, manifest)
         self.kv_caches: List[Tensor] = []
+        self.state: Tuple[Tensor, ...] = ()  # every graph's inputs after the step's: the caches, then the weights
         self.reset_kv_caches()
 
         self.decode_buckets: Dict[int, _Bucket] = {}
@@ -228,9 +236,9 @@ class GraphRunner(MultiStepRunner):
         self.mixed_calls = 0  # of which mixed decode + prefill calls
         if warmup:
             for bucket in list(self.decode_buckets.values()) + list(self.prefill_buckets.values()):
-                bucket.run([], self.kv_caches, self.block_size)
+                bucket.run([], self.state, self.block_size)
             for mixed in self.mixed_buckets.values():
-                mixed.run([], [], self.kv_caches, self.block_size)
+                mixed.run([], [], self.state, self.block_size)
 
     # --- the ModelRunner protocol -------------------------------------------------------------------------
 
@@ -289,7 +297,7 @@ class GraphRunner(MultiStepRunner):
                 pos[r, 0] = seq.start_pos + step
                 slots[r] = slot_of(seq.block_table, seq.start_pos + step, size)
             logits = bucket.graph(Tensor(ids), Tensor(pos), Tensor(tables), Tensor(slots), Tensor(qlens),
-                                  *self.kv_caches).asnumpy()[:n]
+                                  *self.state).asnumpy()[:n]
             self.calls += 1
             tokens[:, step], logprobs[:, step] = greedy_with_logprobs(logits)
             ids[:n, 0] = tokens[:, step]
@@ -298,6 +306,7 @@ class GraphRunner(MultiStepRunner):
     def reset_kv_caches(self):
         """Fresh zeroed caches: key_cache_i, value_cache_i for each layer i (the graphs' input order)."""
         self.kv_caches = [Tensor(np.zeros(self.cache_shape, np.float32)) for _ in range(2 * self.num_layers)]
+        self.state = tuple(self.kv_caches) + tuple(self.weights)
 
     # --- internals ---------------------------------------------------------------------------------------
 
@@ -314,7 +323,7 @@ class GraphRunner(MultiStepRunner):
                              f"{self.max_blocks_per_seq}")
 
     def _call(self, bucket: _Bucket, pieces: List[_Piece], out: np.ndarray):
-        logits = bucket.run(pieces, self.kv_caches, self.block_size)
+        logits = bucket.run(pieces, self.state, self.block_size)
         self.calls += 1
         for piece, row in zip(pieces, logits):
             if piece.last:
@@ -337,7 +346,7 @@ class GraphRunner(MultiStepRunner):
         rows = self.mixed_rows[bisect.bisect_left(self.mixed_rows, len(chosen))]
         length = self.mixed_lengths[bisect.bisect_left(self.mixed_lengths, chosen[0][0])]
         pieces = [_Piece(i, seq.token_ids, seq.start_pos, seq.block_table, True) for _, i, seq in chosen]
-        logits = self.mixed_buckets[(batch, rows, length)].run(decode, pieces, self.kv_caches, self.block_size)
+        logits = self.mixed_buckets[(batch, rows, length)].run(decode, pieces, self.state, self.block_size)
         self.calls += 1
         self.mixed_calls += 1
         for r, piece in enumerate(decode):

@@ -1,7 +1,8 @@
 """Exports the prefill and decode graphs of the bundled tiny LLaMA (config/llama_tiny.yaml) into 1/rank_0/.
 
 The weights come from the committed checkpoint (mindspore_serving/models/llama/tiny/llama_tiny.ckpt, made by
-`python -m mindspore_serving.models.llama.train`); one MindIR per (phase, batch bucket, length bucket).
+`python -m mindspore_serving.models.llama.train`) and are written once, weights.safetensors; one MindIR per
+(phase, batch bucket, length bucket), taking them as inputs.
 """
 import os
 import sys
@@ -14,10 +15,17 @@ MODEL_FILES = [os.path.join("rank_0", "manifest.json")]
 
 
 def stale(config_path=CONFIG):
-    """Why the exported graphs no longer match the model config (buckets or network changed), or None."""
+    """Why the exported graphs no longer match the model config (buckets or network changed) or are of an older
+    export format, or None."""
     sys.path.insert(0, ROOT)
+    from mindspore_serving.models.llama.manifest import outdated_format
     from mindspore_serving.spec.llm_config import load_serving_config
-    return load_serving_config(config_path).stale_graphs()
+    config = load_serving_config(config_path)
+    for graphs_dir in config.model.graphs:
+        reason = outdated_format(graphs_dir)
+        if reason:
+            return reason
+    return config.stale_graphs()
 
 
 def main(config_path=CONFIG):

@@ -160,14 +160,14 @@ def forward_tp2(cfg, whole, input_ids):
     x = ops.gather(model.embed_tokens, Tensor(input_ids), 0)
     for i in range(cfg.num_layers):
         layers = [r.layers[i] for r in ranks]
-        x = x + sum(linear(lay.attend(*lay.qkv(x, cos, sin), mask), lay.o_proj) for lay in layers)
+        x = x + sum(linear(lay.attend(*lay.qkv(lay.weights(), x, cos, sin), mask), lay.o_proj) for lay in layers)
         partial = []
         for lay in layers:
             gate, up = ops.split(linear(rms_norm(x, lay.post_attn_norm, cfg.rms_norm_eps), lay.gate_up_proj),
                                  cfg.intermediate_size // tp, -1)
             partial.append(linear(ops.silu(gate) * up, lay.down_proj))
         x = x + sum(partial)
-    return model.logits(x.reshape(b * t, -1)).asnumpy().reshape(b, t, -1)
+    return model.logits(model.weights(), x.reshape(b * t, -1)).asnumpy().reshape(b, t, -1)
 
 
 @pytest.mark.parametrize("name", ["qwen2", "qwen3"])

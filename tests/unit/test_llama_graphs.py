@@ -1,15 +1,18 @@
 """The exported paged LLaMA graphs, run through GraphRunner, agree with the cache-free `forward_full`.
 
 A very small random model (2 layers, GQA with 2 query heads per kv head) is exported once per module to a
-temporary folder. Every comparison is on logits with atol 1e-4 (float32; the logits are O(1) thanks to a large
-init std). Covered: a prompt + several decode steps on non-contiguous blocks, a mixed-length batch with padding,
-chunked and prefix-cached prefill (start_pos > 0), prompts longer than the largest length bucket, batches larger
-than the largest bucket, and that padding only ever writes into the scratch block 0.
+temporary folder, its weights once beside the graphs, which take them as inputs. Every comparison is on logits
+with atol 1e-4 (float32; the logits are O(1) thanks to a large init std). Covered: a prompt + several decode steps
+on non-contiguous blocks, a mixed-length batch with padding, chunked and prefix-cached prefill (start_pos > 0),
+prompts longer than the largest length bucket, batches larger than the largest bucket, and that padding only ever
+writes into the scratch block 0.
 """
 import json
+import os
 
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 ms = pytest.importorskip("mindspore")
 from mindspore import Tensor  # noqa: E402
@@ -17,7 +20,7 @@ from mindspore import Tensor  # noqa: E402
 from mindspore_serving.agent.graph_runner import GraphRunner  # noqa: E402
 from mindspore_serving.llm.model_io import SeqStep  # noqa: E402
 from mindspore_serving.models.llama.config import ExportConfig, LlamaConfig, ModelFile  # noqa: E402
-from mindspore_serving.models.llama.export import export_graphs  # noqa: E402
+from mindspore_serving.models.llama.export import GraphSpec, example_inputs, export_graphs  # noqa: E402
 from mindspore_serving.models.llama.model import build_model  # noqa: E402
 
 ATOL = 1e-4
@@ -67,6 +70,45 @@ def test_manifest_lists_every_bucket(exported):
     assert manifest["max_blocks_per_seq"] == MAX_LEN // BLOCK
     assert manifest["inputs"][:5] == ["input_ids", "positions", "block_tables", "slot_mapping", "query_lens"]
     assert manifest["inputs"][5:] == ["key_cache_0", "value_cache_0", "key_cache_1", "value_cache_1"]
+
+
+def test_the_weights_are_stored_once_and_no_graph_holds_them(exported, runner):
+    """Manifest format 2: weights.safetensors holds the weights under the names the graphs take them in, and no
+    graph embeds any (a row of the random embedding is in none of the files); the runner loaded them once and
+    passes the same Tensors to every graph after the caches."""
+    out, model, manifest = exported
+    assert manifest["format_version"] == 2 and manifest["weights"]["file"] == "weights.safetensors"
+    assert manifest["weights"]["names"] == model.weight_names()
+    stored = load_file(os.path.join(out, "weights.safetensors"))
+    for name, weight in zip(model.weight_names(), model.weights()):
+        np.testing.assert_array_equal(stored[name], weight.asnumpy())
+    row = model.embed_tokens.asnumpy()[5].tobytes()
+    for graph in manifest["graphs"]:
+        with open(os.path.join(out, graph["file"]), "rb") as f:
+            assert row not in f.read(), graph["file"]
+    assert runner.state[len(runner.kv_caches):] == tuple(runner.weights)
+    assert len(runner.weights) == len(model.weight_names())
+
+
+def test_exports_that_embed_their_weights_still_run(exported, runner, tmp_path):
+    """A format 1 export (every graph embeds the weights: LlamaModel itself exported) runs without weight inputs
+    and computes the logits of the format 2 graphs."""
+    _, model, manifest = exported
+    specs = [GraphSpec("prefill", 1, 8), GraphSpec("decode", 1, 1)]
+    for spec in specs:
+        ms.export(model, *example_inputs(CFG, spec), file_name=str(tmp_path / spec.file[:-len(".mindir")]),
+                  file_format="MINDIR")
+    assert model.embed_tokens.asnumpy()[5].tobytes() in (tmp_path / "decode_b1.mindir").read_bytes()
+    old = {k: v for k, v in manifest.items() if k != "weights"}
+    old.update(format_version=1, graphs=[{"file": s.file, "phase": s.phase, "batch": s.batch, "length": s.length,
+                                          "rows": 1} for s in specs])
+    (tmp_path / "manifest.json").write_text(json.dumps(old))
+    embedded = GraphRunner(str(tmp_path), num_blocks=NUM_BLOCKS, warmup=False)
+    assert embedded.weights == [] and embedded.state == tuple(embedded.kv_caches)
+    tokens = tokens_of(40, 7)
+    runner.reset_kv_caches()
+    for steps in ([SeqStep(tokens, 0, [3])], [SeqStep([5], 7, [3])]):
+        assert_close(embedded.run(steps), runner.run(steps))
 
 
 def test_prefill_then_decode_on_non_contiguous_blocks(exported, runner):

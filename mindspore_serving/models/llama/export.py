@@ -2,21 +2,28 @@
 
     python -m mindspore_serving.models.llama.export --config <model.yaml> --out <dir> [--checkpoint <ckpt>]
 
-Writes `prefill_b{B}_l{L}.mindir` for every prefill batch x length bucket, `decode_b{B}.mindir` (L = 1) for
-every decode batch bucket, `mixed_b{B}_l{L}.mindir` (or `mixed_b{B}_r{R}_l{L}.mindir`) for every mixed bucket:
-B decode rows and R prefill rows of L tokens in one call (`LlamaModel.construct_mixed`), and `manifest.json`
-(graphs, buckets, graph inputs, cache layout, model config).
+Writes the weights once, `weights.safetensors`, then `prefill_b{B}_l{L}.mindir` for every prefill batch x length
+bucket, `decode_b{B}.mindir` (L = 1) for every decode batch bucket, `mixed_b{B}_l{L}.mindir` (or
+`mixed_b{B}_r{R}_l{L}.mindir`) for every mixed bucket: B decode rows and R prefill rows of L tokens in one call
+(`LlamaModel.construct_mixed`), and last `manifest.json` (graphs, buckets, graph inputs, weights, cache layout,
+model config), so that a directory with a manifest is a complete export.
 Without --checkpoint the weights are a seeded random init (--seed). --jobs N compiles the buckets in N processes
 (default min(2, cores): a bucket costs seconds of graph compilation).
 
-Tensor parallelism: `--tensor_parallel N --out DIR` writes `DIR/rank_0 ... DIR/rank_{N-1}`, each rank's graphs holding
-its shard of the weights and ending its row-parallel layers in an AllReduce (model.py). The N ranks run as a
-MindSpore cluster (common/ms_cluster.py) of N processes started here, each exporting its own graphs; each
-manifest names its rank ("tensor_parallel") and its cache holds num_kv_heads / N heads.
+Weights: no graph holds any. Every graph takes the weights as inputs after the caches (`PagedStep`, `MixedStep`
+in model.py), in the order the manifest lists under "weights" "names"; the runner loads weights.safetensors once
+and passes the same tensors to every graph, so files and memory hold each weight once whatever the number of
+buckets. Manifest format 2; format 1 graphs embedded their own copy of the weights.
 
-The graph inputs are those of `LlamaModel.construct` (see model.py). MAXB = max_seq_len // block_size in
-every graph. With `export.num_blocks` unset (the default) the caches' first dimension is dynamic and the
-runner picks num_blocks when it loads the graphs; a number fixes it in the graphs.
+Tensor parallelism: `--tensor_parallel N --out DIR` writes `DIR/rank_0 ... DIR/rank_{N-1}`, each rank's weights file
+holding its shard and its graphs ending its row-parallel layers in an AllReduce (model.py). This process shards
+and writes the weights; the N ranks then compile their graphs as a MindSpore cluster (common/ms_cluster.py) of N
+processes started here; each manifest names its rank ("tensor_parallel") and its cache holds num_kv_heads / N
+heads.
+
+The graph inputs are those of `LlamaModel.construct` (see model.py), then the weights. MAXB = max_seq_len //
+block_size in every graph. With `export.num_blocks` unset (the default) the caches' first dimension is dynamic and
+the runner picks num_blocks when it loads the graphs; a number fixes it in the graphs.
 """
 import argparse
 import json
@@ -27,20 +34,23 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Dict, List, Mapping, Optional
 
 import numpy as np
 import mindspore as ms
 from mindspore import Tensor
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from mindspore_serving.common import cluster_registration, ms_cluster
 from mindspore_serving.common.ms_device import select_device
 
 from .config import ModelFile, load_config, save_config
-from .model import LlamaModel, MixedStep, build_model, check_tensor_parallel, save_weights, shard_model
+from .model import LlamaModel, MixedStep, PagedStep, build_model, check_tensor_parallel, shard_weights, weight_names
 
-MANIFEST = "manifest.json"
-MANIFEST_VERSION = 1
+from .manifest import MANIFEST, MANIFEST_VERSION, WEIGHTS_FILE
+
+_SOURCE_KEY = "source"  # the weights file's metadata entry saying where the weights came from
 GRAPH_INPUTS = ["input_ids", "positions", "block_tables", "slot_mapping", "query_lens"]
 MIXED_INPUTS = ["decode_ids", "decode_positions", "decode_tables", "prefill_ids", "prefill_positions",
                 "prefill_tables", "slot_mapping", "prefill_lens"]
@@ -99,58 +109,130 @@ def example_inputs(cfg: ModelFile, spec: GraphSpec, tp: int = 1):
             Tensor(np.ones((b,), np.int32))] + [cache] * (2 * m.num_layers)
 
 
-def _export_specs(cfg: ModelFile, out_dir: str, specs: List[GraphSpec], model: LlamaModel, log) -> None:
+# --- weights --------------------------------------------------------------------------------------------------
+
+def model_weights(model: LlamaModel) -> Dict[str, np.ndarray]:
+    """The model's weights by name, in `weight_names` order."""
+    return {name: w.asnumpy() for name, w in zip(model.weight_names(), model.weights())}
+
+
+def source_weights(cfg: ModelFile, model: Optional[LlamaModel] = None, checkpoint: str = None, seed: int = 0):
+    """(the whole model's weights by name, what they are): `model`'s, else `checkpoint`'s, else a seeded init."""
+    if model is None:
+        model = build_model(cfg.model, seed=seed, checkpoint=checkpoint)
+        return model_weights(model), checkpoint or f"random(seed={seed})"
+    return model_weights(model), "in-memory model"
+
+
+def write_weights(cfg: ModelFile, out_dir: str, weights: Mapping[str, np.ndarray], source: str,
+                  tensor_parallel=(1, 0)) -> int:
+    """Writes rank `tensor_parallel[1]`'s shard of the whole model's `weights` (name -> array, every name of
+    `weight_names(cfg.model)`) to out_dir/WEIGHTS_FILE, `source` in its metadata; returns its bytes. The file is
+    written under a temporary name and renamed, so it is never seen half-written."""
+    names = weight_names(cfg.model)
+    missing, unexpected = sorted(set(names) - set(weights)), sorted(set(weights) - set(names))
+    if missing or unexpected:
+        raise ValueError(f"the weights do not match the model config: missing {missing[:5]}, unexpected "
+                         f"{unexpected[:5]}")
+    tp, rank = tensor_parallel
+    shard = shard_weights(cfg.model, weights, tp, rank) if tp > 1 else weights
+    tensors = {name: np.ascontiguousarray(shard[name], dtype=np.float32) for name in names}
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, WEIGHTS_FILE)
+    save_file(tensors, path + ".tmp", metadata={_SOURCE_KEY: source})
+    os.replace(path + ".tmp", path)
+    return os.path.getsize(path)
+
+
+def weight_placeholders(cfg: ModelFile, out_dir: str):
+    """(Tensors shaped as the weights of out_dir/WEIGHTS_FILE, without data, in `weight_names` order: the graphs'
+    weight inputs at export; the file's `source` metadata)."""
+    placeholders = []
+    with safe_open(os.path.join(out_dir, WEIGHTS_FILE), framework="numpy") as f:
+        stored = set(f.keys())
+        for name in weight_names(cfg.model):
+            if name not in stored:
+                raise ValueError(f"{WEIGHTS_FILE} in {out_dir} lacks {name}; export again")
+            placeholders.append(Tensor(shape=list(f.get_slice(name).get_shape()), dtype=ms.float32))
+        source = (f.metadata() or {}).get(_SOURCE_KEY, "")
+    return placeholders, source
+
+
+# --- graphs -----------------------------------------------------------------------------------------------------
+
+def _export_specs(cfg: ModelFile, out_dir: str, specs: List[GraphSpec], tp: int, log) -> None:
+    """Compiles `specs` into out_dir; every graph's weight inputs are shaped as out_dir's weights file."""
+    weights, _ = weight_placeholders(cfg, out_dir)
+    model = LlamaModel(cfg.model, tp, parameters=False)
     model.set_train(False)
-    mixed = MixedStep(model)
-    mixed.set_train(False)
+    cells = {"mixed": MixedStep(model), "paged": PagedStep(model)}
     for spec in specs:
         start = time.perf_counter()
         path = os.path.join(out_dir, spec.file)
-        ms.export(mixed if spec.phase == "mixed" else model, *example_inputs(cfg, spec, model.tp),
-                  file_name=path[:-len(".mindir")], file_format="MINDIR")
+        cell = cells["mixed" if spec.phase == "mixed" else "paged"]
+        ms.export(cell, *example_inputs(cfg, spec, tp), *weights, file_name=path[:-len(".mindir")],
+                  file_format="MINDIR")
         log(f"exported {spec.file} in {time.perf_counter() - start:.2f}s")
 
 
-def _export_worker(cfg_dict: dict, out_dir: str, specs: List[GraphSpec], checkpoint: str, device: str) -> None:
-    """Runs in a spawned process: builds the model from `checkpoint` and exports its share of the buckets."""
+def _export_worker(cfg_dict: dict, out_dir: str, specs: List[GraphSpec], device: str) -> None:
+    """Runs in a spawned process: compiles its share of the buckets (the graphs need only the weights' shapes)."""
     select_device(device)
-    cfg = ModelFile.from_dict(cfg_dict)
-    _export_specs(cfg, out_dir, specs, build_model(cfg.model, checkpoint=checkpoint), print)
+    _export_specs(ModelFile.from_dict(cfg_dict), out_dir, specs, 1, print)
 
 
 def export_graphs(cfg: ModelFile, out_dir: str, model: Optional[LlamaModel] = None, checkpoint: str = None,
-                  seed: int = 0, jobs: int = 1, device: str = "CPU", log=print, tensor_parallel=(1, 0)) -> dict:
-    """Exports every bucket of `cfg` into out_dir and returns the manifest (also written to out_dir).
+                  seed: int = 0, jobs: int = 1, device: str = "CPU", log=print,
+                  weights: Optional[Mapping[str, np.ndarray]] = None, source: str = "weights given") -> dict:
+    """Writes the weights and compiles every bucket of `cfg` into out_dir; returns the manifest (also written).
+
+    The weights are `weights` (name -> array, the names of `weight_names(cfg.model)`, `source` saying what they
+    are), else `model`'s, else `checkpoint`'s, else a seeded random init.
+    """
+    if weights is None:
+        weights, source = source_weights(cfg, model, checkpoint, seed)
+    remove_manifest(out_dir)
+    write_weights(cfg, out_dir, weights, source)
+    return compile_graphs(cfg, out_dir, jobs=jobs, device=device, log=log)
+
+
+def remove_manifest(out_dir: str) -> None:
+    """Drops out_dir's manifest before an export rewrites the directory: until the new one is written, the
+    directory is not a complete export."""
+    try:
+        os.remove(os.path.join(out_dir, MANIFEST))
+    except FileNotFoundError:
+        pass
+
+
+def compile_graphs(cfg: ModelFile, out_dir: str, jobs: int = 1, device: str = "CPU", log=print,
+                   tensor_parallel=(1, 0)) -> dict:
+    """Exports every bucket of `cfg` into out_dir, which holds the weights file (`write_weights`), and writes the
+    manifest last; returns it.
 
     Compiling a graph costs seconds of one core per bucket, so `jobs` > 1 spreads the buckets over that many
-    spawned processes, which load the same weights from a checkpoint (a temporary one for an in-memory model).
-    `tensor_parallel` = (size, rank) > (1, 0) exports that rank's shard; the process must be that rank of a
+    spawned processes (the graphs need only the weights' shapes, which they read from the weights file).
+    `tensor_parallel` = (size, rank) > (1, 0) compiles that rank's graphs; the process must be that rank of a
     cluster (see `export_tensor_parallel`, which runs all ranks).
     """
-    os.makedirs(out_dir, exist_ok=True)
     specs = graph_specs(cfg)
     tp, tp_rank = tensor_parallel
     jobs = 1 if tp > 1 else max(1, min(jobs, len(specs)))
     if jobs == 1:
-        if model is None:
-            model = build_model(cfg.model, seed=seed, checkpoint=checkpoint)
-        _export_specs(cfg, out_dir, specs, shard_model(model, tp, tp_rank), log)
+        _export_specs(cfg, out_dir, specs, tp, log)
     else:
-        with tempfile.TemporaryDirectory() as tmp:
-            weights = checkpoint
-            if model is not None or checkpoint is None:
-                weights = os.path.join(tmp, "weights.ckpt")
-                save_weights(model if model is not None else build_model(cfg.model, seed=seed), weights)
-            shares = [specs[i::jobs] for i in range(jobs)]
-            ctx = multiprocessing.get_context("spawn")
-            with ctx.Pool(jobs) as pool:
-                pool.starmap(_export_worker, [(cfg.to_dict(), out_dir, share, weights, device) for share in shares])
+        shares = [specs[i::jobs] for i in range(jobs)]
+        ctx = multiprocessing.get_context("spawn")
+        with ctx.Pool(jobs) as pool:
+            pool.starmap(_export_worker, [(cfg.to_dict(), out_dir, share, device) for share in shares])
+    _, source = weight_placeholders(cfg, out_dir)
     m, ex = cfg.model, cfg.export
     manifest = {
         "format_version": MANIFEST_VERSION,
         "model": m.to_dict(),
         "export": ex.to_dict(),
-        "weights": checkpoint or ("in-memory model" if model is not None else f"random(seed={seed})"),
+        "weights": {"file": WEIGHTS_FILE, "names": weight_names(m), "source": source,
+                    "bytes": os.path.getsize(os.path.join(out_dir, WEIGHTS_FILE))},
         "block_size": ex.block_size,
         "max_blocks_per_seq": ex.max_blocks_per_seq(m),
         "max_seq_len": m.max_seq_len,
@@ -160,6 +242,7 @@ def export_graphs(cfg: ModelFile, out_dir: str, model: Optional[LlamaModel] = No
         "cache": {"num_layers": m.num_layers, "num_kv_heads": m.num_kv_heads // tp, "head_dim": m.head_dim,
                   "dtype": "float32",
                   "shape": [ex.num_blocks if ex.num_blocks else -1, ex.block_size, m.num_kv_heads // tp, m.head_dim]},
+        # every graph's inputs: these (mixed graphs: mixed_inputs), then the tensors of weights.names in order
         "inputs": GRAPH_INPUTS + cache_input_names(m.num_layers),
         "output": "logits float32 [batch, vocab] of token query_lens[b]-1 of each row",
         "mixed_inputs": MIXED_INPUTS + cache_input_names(m.num_layers),
@@ -179,12 +262,21 @@ def rank_dirs(out_dir: str, tp: int) -> List[str]:
 
 
 def export_tensor_parallel(cfg: ModelFile, out_dirs: List[str], checkpoint: str = None, seed: int = 0,
-                           device: str = "CPU", timeout: float = 3600.0) -> List[dict]:
-    """Exports a `len(out_dirs)`-way tensor-parallel model, rank r into out_dirs[r]: starts a MindSpore cluster of
-    one process per rank (and its scheduler), each running this module's main for its rank, and returns the
-    manifests. Raises RuntimeError naming the rank that failed."""
+                           device: str = "CPU", timeout: float = 3600.0, model: Optional[LlamaModel] = None,
+                           weights: Optional[Mapping[str, np.ndarray]] = None,
+                           source: str = "weights given") -> List[dict]:
+    """Exports a `len(out_dirs)`-way tensor-parallel model, rank r into out_dirs[r], and returns the manifests:
+    writes each rank's shard of the weights (chosen as by `export_graphs`) here, then starts a MindSpore cluster of
+    one process per rank (and its scheduler), each compiling its rank's graphs (this module's main). Raises
+    RuntimeError naming the rank that failed."""
     tp = len(out_dirs)
     check_tensor_parallel(cfg.model, tp)
+    if weights is None:
+        weights, source = source_weights(cfg, model, checkpoint, seed)
+    for rank, out_dir in enumerate(out_dirs):
+        remove_manifest(out_dir)
+        write_weights(cfg, out_dir, weights, source, (tp, rank))
+    del weights
     with tempfile.TemporaryDirectory() as tmp:
         config = os.path.join(tmp, "model.yaml")
         save_config(cfg, config)
@@ -195,9 +287,7 @@ def export_tensor_parallel(cfg: ModelFile, out_dirs: List[str], checkpoint: str 
 
         def spawn(rank: int) -> subprocess.Popen:
             argv = [sys.executable, "-m", __spec__.name, f"--config={config}", f"--out={out_dirs[rank]}",
-                    f"--tensor_parallel={tp}", f"--seed={seed}", f"--device={device}", "--cluster_rank"]
-            if checkpoint:
-                argv.append(f"--checkpoint={checkpoint}")
+                    f"--tensor_parallel={tp}", f"--device={device}", "--cluster_rank"]
             return subprocess.Popen(argv, env=ms_cluster.rank_env(address, rank), stdin=subprocess.DEVNULL)
 
         def restart(rank: int) -> int:
@@ -247,15 +337,16 @@ def main(argv=None):
     parser.add_argument("--device", default="CPU", help="MindSpore device target (CPU, GPU, Ascend)")
     parser.add_argument("--tensor_parallel", type=int, default=1,
                         help="ranks to shard the model over (writes OUT/rank_0 ... OUT/rank_{N-1})")
-    parser.add_argument("--cluster_rank", action="store_true", help=argparse.SUPPRESS)  # one rank of the above
+    # one rank of the above: compiles the graphs of --out, where its weights were written
+    parser.add_argument("--cluster_rank", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
     start = time.perf_counter()
     if args.cluster_rank:
         select_device(args.device)
         rank = ms_cluster.join_cluster()
-        export_graphs(cfg, args.out, checkpoint=args.checkpoint, seed=args.seed, device=args.device,
-                      tensor_parallel=(args.tensor_parallel, rank), log=lambda msg: print(f"rank {rank}: {msg}"))
+        compile_graphs(cfg, args.out, device=args.device, tensor_parallel=(args.tensor_parallel, rank),
+                       log=lambda msg: print(f"rank {rank}: {msg}"))
         return
     if args.tensor_parallel > 1:
         manifests = export_tensor_parallel(cfg, rank_dirs(args.out, args.tensor_parallel), args.checkpoint,

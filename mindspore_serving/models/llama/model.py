@@ -1,5 +1,11 @@
 """A LLaMA-architecture decoder in MindSpore: RMSNorm, rotary embeddings on explicit positions, SwiGLU, GQA.
 
+The computations take their weights as arguments: a flat tuple in `LlamaModel.weight_names()` order (the embedding,
+each layer's `DecoderLayer.weight_names`, the final norm, the lm head when untied), which are also the parameter
+and checkpoint names. The model's own Parameters (`LlamaModel.weights()`) are one such tuple; the exported cells
+`PagedStep` and `MixedStep` take it as graph inputs instead, so an exported MindIR holds no weights and every bucket
+graph of a model uses the one copy its runner passes in.
+
 Two entry points share every weight and the attention code:
 
 * `LlamaModel.forward_full(input_ids [B, T]) -> logits [B, T, vocab]`: causal attention without a cache; used to
@@ -20,6 +26,7 @@ Two entry points share every weight and the attention code:
   gathers each row's blocks to [B, MAXB * block_size, kv_heads, head_dim] (key index j = position j), lets the
   query at position p see key j iff j <= p, and returns the logits float32 [B, vocab] of token query_lens[b] - 1
   of each row. block_size and MAXB are read from the input shapes, so one cell serves every bucket.
+  `PagedStep` exports it with the weights as inputs after the caches.
 """
 import math
 
@@ -44,6 +51,14 @@ _concat = ops.Concat(-1)
 _concat1 = ops.Concat(1)
 _transpose = ops.Transpose()
 _gather = ops.Gather()
+
+# A layer's weights, in the order of `DecoderLayer.weight_names` (its parameters' creation order): these, then the
+# q/k/v biases with cfg.qkv_bias, then the q/k norms with cfg.qk_norm. The layer functions read `w[_Q_PROJ]` etc.
+LAYER_WEIGHTS = ("input_norm", "q_proj", "kv_proj", "o_proj", "post_attn_norm", "gate_up_proj", "down_proj")
+QKV_BIAS_WEIGHTS = ("q_bias", "kv_bias")
+QK_NORM_WEIGHTS = ("q_norm", "k_norm")
+_INPUT_NORM, _Q_PROJ, _KV_PROJ, _O_PROJ, _POST_ATTN_NORM, _GATE_UP_PROJ, _DOWN_PROJ = range(len(LAYER_WEIGHTS))
+_Q_BIAS, _KV_BIAS = len(LAYER_WEIGHTS), len(LAYER_WEIGHTS) + 1
 
 
 def _weight(std, shape):
@@ -80,6 +95,20 @@ def apply_rotary(x, cos, sin):
     return _concat((x1 * cos - x2 * sin, x2 * cos + x1 * sin))
 
 
+def layer_weight_names(cfg: LlamaConfig) -> tuple:
+    """A decoder layer's weights, in the order its functions take them (`DecoderLayer.weights`)."""
+    return LAYER_WEIGHTS + (QKV_BIAS_WEIGHTS if cfg.qkv_bias else ()) + (QK_NORM_WEIGHTS if cfg.qk_norm else ())
+
+
+def weight_names(cfg: LlamaConfig) -> list:
+    """The model's weights in the order of its weights tuples (`LlamaModel.weights`, the exported graphs' weight
+    inputs): the names of `LlamaModel.parameters_and_names` (in another order) and of the checkpoints."""
+    names = ["embed_tokens"]
+    for i in range(cfg.num_layers):
+        names += [f"layers.{i}.{name}" for name in layer_weight_names(cfg)]
+    return names + ["norm"] + ([] if cfg.tie_word_embeddings else ["lm_head"])
+
+
 class DecoderLayer(nn.Cell):
     """Pre-norm attention (GQA, RoPE) and SwiGLU MLP blocks with residuals; weights are [out, in].
 
@@ -91,15 +120,28 @@ class DecoderLayer(nn.Cell):
     Optional parts, present only when the config asks for them (so the plain model's parameters never change):
     `q_bias` and `kv_bias` (rows: k, then v) with `cfg.qkv_bias`, sharded with their rows; `q_norm` and `k_norm`
     (RMSNorm weights [head_dim] over each head of q and k, before RoPE) with `cfg.qk_norm`, replicated.
+
+    The methods take the layer's weights as `w`, a tuple in `weight_names` order (`weights()`: its Parameters;
+    `parameters=False` builds the layer without any, for cells that take the weights as inputs).
     """
 
-    def __init__(self, cfg: LlamaConfig, tp: int = 1):
+    def __init__(self, cfg: LlamaConfig, tp: int = 1, parameters: bool = True):
         super().__init__()
         self.num_heads, self.num_kv_heads = cfg.num_heads // tp, cfg.num_kv_heads // tp
         self.head_dim = cfg.head_dim
         self.group = cfg.num_heads // cfg.num_kv_heads
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
         self.eps = cfg.rms_norm_eps
+        self.qkv_bias, self.qk_norm = cfg.qkv_bias, cfg.qk_norm
+        self.weight_names = layer_weight_names(cfg)
+        self.q_norm_at = len(self.weight_names) - len(QK_NORM_WEIGHTS)  # with qk_norm: q_norm, k_norm
+        self.tp = tp
+        # NOTE: created only with tp > 1: an AllReduce needs mindspore.communication.init() (a cluster) first
+        self.all_reduce = ops.AllReduce() if tp > 1 else None
+        if parameters:
+            self._create_parameters(cfg, tp)
+
+    def _create_parameters(self, cfg: LlamaConfig, tp: int):
         std, out_std = cfg.initializer_range, cfg.initializer_range / math.sqrt(2 * cfg.num_layers)
         hidden, kv_size = cfg.hidden_size, self.num_kv_heads * cfg.head_dim
         intermediate = cfg.intermediate_size // tp
@@ -110,16 +152,22 @@ class DecoderLayer(nn.Cell):
         self.post_attn_norm = _ones(hidden)
         self.gate_up_proj = _weight(std, (2 * intermediate, hidden))  # rows: gate, then up
         self.down_proj = _weight(out_std, (hidden, intermediate))
-        self.qkv_bias, self.qk_norm = cfg.qkv_bias, cfg.qk_norm
         if self.qkv_bias:
             self.q_bias = _zeros(self.num_heads * cfg.head_dim)
             self.kv_bias = _zeros(2 * kv_size)                              # k, then v
         if self.qk_norm:
             self.q_norm = _ones(cfg.head_dim)
             self.k_norm = _ones(cfg.head_dim)
-        self.tp = tp
-        # NOTE: created only with tp > 1: an AllReduce needs mindspore.communication.init() (a cluster) first
-        self.all_reduce = ops.AllReduce() if tp > 1 else None
+
+    def weights(self):
+        """The layer's Parameters in `weight_names` order."""
+        w = (self.input_norm, self.q_proj, self.kv_proj, self.o_proj, self.post_attn_norm, self.gate_up_proj,
+             self.down_proj)
+        if self.qkv_bias:
+            w = w + (self.q_bias, self.kv_bias)
+        if self.qk_norm:
+            w = w + (self.q_norm, self.k_norm)
+        return w
 
     def row_parallel(self, x, weight):
         """linear(x, weight) summed over the tensor-parallel ranks (each holds some input columns of weight)."""
@@ -128,19 +176,19 @@ class DecoderLayer(nn.Cell):
             out = self.all_reduce(out)
         return out
 
-    def qkv(self, x, cos, sin):
+    def qkv(self, w, x, cos, sin):
         """x [B, L, hidden] -> q [B, L, H, D], k and v [B, L, KVH, D] (q and k rotated)."""
         b, l = x.shape[0], x.shape[1]
-        h = rms_norm(x, self.input_norm, self.eps)
-        q, kv = linear(h, self.q_proj), linear(h, self.kv_proj)
+        h = rms_norm(x, w[_INPUT_NORM], self.eps)
+        q, kv = linear(h, w[_Q_PROJ]), linear(h, w[_KV_PROJ])
         if self.qkv_bias:
-            q, kv = q + self.q_bias, kv + self.kv_bias
+            q, kv = q + w[_Q_BIAS], kv + w[_KV_BIAS]
         k, v = _split2(kv)
         q = q.reshape(b, l, self.num_heads, self.head_dim)
         k = k.reshape(b, l, self.num_kv_heads, self.head_dim)
         v = v.reshape(b, l, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
-            q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
+            q, k = rms_norm(q, w[self.q_norm_at], self.eps), rms_norm(k, w[self.q_norm_at + 1], self.eps)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
     def attend(self, q, k, v, mask_bias):
@@ -158,19 +206,19 @@ class DecoderLayer(nn.Cell):
         out = _transpose(out.reshape(b, self.num_kv_heads, self.group, l, self.head_dim), (0, 3, 1, 2, 4))
         return out.reshape(b, l, self.num_heads * self.head_dim)
 
-    def residual_mlp(self, x, attn):
+    def residual_mlp(self, w, x, attn):
         """x + o_proj(attn), then the residual SwiGLU MLP; x [B, L, hidden], attn [B, L, H * D]."""
-        x = x + self.row_parallel(attn, self.o_proj)
-        gate, up = _split2(linear(rms_norm(x, self.post_attn_norm, self.eps), self.gate_up_proj))
-        return x + self.row_parallel(ops.silu(gate) * up, self.down_proj)
+        x = x + self.row_parallel(attn, w[_O_PROJ])
+        gate, up = _split2(linear(rms_norm(x, w[_POST_ATTN_NORM], self.eps), w[_GATE_UP_PROJ]))
+        return x + self.row_parallel(ops.silu(gate) * up, w[_DOWN_PROJ])
 
-    def attend_mlp(self, x, q, k, v, mask_bias):
+    def attend_mlp(self, w, x, q, k, v, mask_bias):
         """Residual attention of q over k, v (see `attend`), then the residual MLP."""
-        return self.residual_mlp(x, self.attend(q, k, v, mask_bias))
+        return self.residual_mlp(w, x, self.attend(q, k, v, mask_bias))
 
-    def forward_full(self, x, cos, sin, mask_bias):
-        q, k, v = self.qkv(x, cos, sin)
-        return self.attend_mlp(x, q, k, v, mask_bias)
+    def forward_full(self, w, x, cos, sin, mask_bias):
+        q, k, v = self.qkv(w, x, cos, sin)
+        return self.attend_mlp(w, x, q, k, v, mask_bias)
 
     @staticmethod
     def write_cache(k, v, write_idx, key_cache, value_cache):
@@ -188,21 +236,21 @@ class DecoderLayer(nn.Cell):
         shape = (block_tables.shape[0], block_tables.shape[1] * cache.shape[1], cache.shape[2], cache.shape[3])
         return _gather(cache, block_tables, 0).reshape(shape)
 
-    def forward_paged(self, x, cos, sin, mask_bias, block_tables, write_idx, key_cache, value_cache):
-        q, k, v = self.qkv(x, cos, sin)
+    def forward_paged(self, w, x, cos, sin, mask_bias, block_tables, write_idx, key_cache, value_cache):
+        q, k, v = self.qkv(w, x, cos, sin)
         key_cache, value_cache = self.write_cache(k, v, write_idx, key_cache, value_cache)
         keys = self.gather_context(key_cache, block_tables)
         values = self.gather_context(value_cache, block_tables)
-        return self.attend_mlp(x, q, keys, values, mask_bias)
+        return self.attend_mlp(w, x, q, keys, values, mask_bias)
 
-    def forward_mixed(self, x, cos, sin, decode_mask, prefill_mask, decode_tables, prefill_tables, write_idx,
+    def forward_mixed(self, w, x, cos, sin, decode_mask, prefill_mask, decode_tables, prefill_tables, write_idx,
                       key_cache, value_cache):
         """x [1, T, hidden]: Bd one-token decode rows (Bd = decode_tables' batch), then Bp prefill rows of
         Lp = (T - Bd) / Bp tokens each. Projections and the MLP run over all T tokens at once; attention per
         part."""
         bd, bp, t = decode_tables.shape[0], prefill_tables.shape[0], x.shape[1]
         lp = (t - bd) // bp
-        q, k, v = self.qkv(x, cos, sin)
+        q, k, v = self.qkv(w, x, cos, sin)
         key_cache, value_cache = self.write_cache(k, v, write_idx, key_cache, value_cache)
         q_decode = q[:, :bd].reshape(bd, 1, self.num_heads, self.head_dim)
         out_decode = self.attend(q_decode, self.gather_context(key_cache, decode_tables),
@@ -210,7 +258,7 @@ class DecoderLayer(nn.Cell):
         q_prefill = q[:, bd:t].reshape(bp, lp, self.num_heads, self.head_dim)
         out_prefill = self.attend(q_prefill, self.gather_context(key_cache, prefill_tables),
                                   self.gather_context(value_cache, prefill_tables), prefill_mask)
-        return self.residual_mlp(x, _concat1((out_decode.reshape(1, bd, -1), out_prefill.reshape(1, bp * lp, -1))))
+        return self.residual_mlp(w, x, _concat1((out_decode.reshape(1, bd, -1), out_prefill.reshape(1, bp * lp, -1))))
 
 
 class LlamaModel(nn.Cell):
@@ -219,9 +267,14 @@ class LlamaModel(nn.Cell):
     `tp` > 1 builds one tensor-parallel rank's shard (see DecoderLayer; `shard_model` fills it from the whole
     model): its KV caches hold num_kv_heads / tp heads. The embedding and the lm head are replicated, so every
     rank computes the whole logits.
+
+    `forward_full`, `construct` and `construct_mixed` compute with the model's Parameters; `paged_step` and
+    `mixed_step` are the same steps over a weights tuple given as an argument (see the module docstring).
+    `parameters=False` builds the model without Parameters (nothing to initialise), for `PagedStep` and
+    `MixedStep`, which take the weights as inputs.
     """
 
-    def __init__(self, cfg: LlamaConfig, tp: int = 1):
+    def __init__(self, cfg: LlamaConfig, tp: int = 1, parameters: bool = True):
         super().__init__()
         check_tensor_parallel(cfg, tp)
         self.cfg = cfg
@@ -230,28 +283,50 @@ class LlamaModel(nn.Cell):
         self.num_layers = cfg.num_layers
         self.group = cfg.num_heads // cfg.num_kv_heads
         self.eps = cfg.rms_norm_eps
-        self.embed_tokens = _weight(cfg.initializer_range, (cfg.vocab_size, cfg.hidden_size))
-        self.layers = nn.CellList([DecoderLayer(cfg, tp) for _ in range(cfg.num_layers)])
-        self.norm = _ones(cfg.hidden_size)
+        self.layers = nn.CellList([DecoderLayer(cfg, tp, parameters) for _ in range(cfg.num_layers)])
         self.tied = cfg.tie_word_embeddings
-        if not self.tied:
+        if parameters:
+            self.embed_tokens = _weight(cfg.initializer_range, (cfg.vocab_size, cfg.hidden_size))
+            self.norm = _ones(cfg.hidden_size)
+        if parameters and not self.tied:
             self.lm_head = _weight(cfg.initializer_range, (cfg.vocab_size, cfg.hidden_size))
         self.inv_freq = Tensor(cfg.rope_inv_freq())
         # NOTE: constant tables sliced per use; ops.arange in PyNative mode trips a NumPy-1.x import warning
         self.position_table = Tensor(np.arange(cfg.max_seq_len, dtype=np.int32))
         self.one, self.zero = Tensor(1.0, ms.float32), Tensor(0.0, ms.float32)
+        self.layer_width = len(self.layers[0].weight_names)  # weights per layer
+        self.norm_at = 1 + self.num_layers * self.layer_width
+
+    def weight_names(self):
+        """The names of the weights tuple, in order (`weight_names(cfg)`)."""
+        return weight_names(self.cfg)
+
+    def weights(self):
+        """The model's Parameters in `weight_names()` order."""
+        w = (self.embed_tokens,)
+        for layer in self.layers:
+            w = w + layer.weights()
+        w = w + (self.norm,)
+        if not self.tied:
+            w = w + (self.lm_head,)
+        return w
+
+    def layer_weights(self, weights, i):
+        """Layer i's part of a weights tuple."""
+        begin = 1 + i * self.layer_width
+        return weights[begin:begin + self.layer_width]
 
     def mask_bias(self, visible):
         """visible bool [B, L, S] -> additive bias [B, 1, group * L, S] laid out as `attend_mlp` reads it."""
         bias = (1.0 - visible.astype(ms.float32)) * NEG_INF
         return ops.tile(ops.expand_dims(bias, 1), (1, 1, self.group, 1))
 
-    def logits(self, h):
+    def logits(self, weights, h):
         """h [N, hidden] -> final norm -> [N, vocab]."""
-        h = rms_norm(h, self.norm, self.eps)
+        h = rms_norm(h, weights[self.norm_at], self.eps)
         if self.tied:
-            return _matmul_t(h, self.embed_tokens)
-        return _matmul_t(h, self.lm_head)
+            return _matmul_t(h, weights[0])
+        return _matmul_t(h, weights[self.norm_at + 1])
 
     def forward_full(self, input_ids):
         """input_ids int32 [B, T] -> logits float32 [B, T, vocab], causal, positions 0..T-1."""
@@ -261,17 +336,23 @@ class LlamaModel(nn.Cell):
         cos, sin = rotary_cos_sin(positions, self.inv_freq)
         visible = ops.expand_dims(keys, 0) <= ops.expand_dims(keys, 1)               # [T, T]
         mask_bias = self.mask_bias(ops.tile(ops.expand_dims(visible, 0), (b, 1, 1)))
+        weights = self.weights()
         if self.training:
             # NOTE: on CPU the backward of a one-hot matmul is far cheaper than that of gather (a scatter-add)
             onehot = ops.one_hot(input_ids.reshape(-1), self.vocab_size, self.one, self.zero)
-            x = ops.matmul(onehot, self.embed_tokens).reshape(b, t, -1)
+            x = ops.matmul(onehot, weights[0]).reshape(b, t, -1)
         else:
-            x = _gather(self.embed_tokens, input_ids, 0)
+            x = _gather(weights[0], input_ids, 0)
         for i in range(self.num_layers):
-            x = self.layers[i].forward_full(x, cos, sin, mask_bias)
-        return self.logits(x.reshape(b * t, -1)).reshape(b, t, self.vocab_size)
+            x = self.layers[i].forward_full(self.layer_weights(weights, i), x, cos, sin, mask_bias)
+        return self.logits(weights, x.reshape(b * t, -1)).reshape(b, t, self.vocab_size)
 
     def construct(self, input_ids, positions, block_tables, slot_mapping, query_lens, *kv_caches):
+        return self.paged_step(self.weights(), input_ids, positions, block_tables, slot_mapping, query_lens,
+                               kv_caches)
+
+    def paged_step(self, weights, input_ids, positions, block_tables, slot_mapping, query_lens, kv_caches):
+        """`construct` over `weights` (a tuple in `weight_names()` order) and the tuple `kv_caches`."""
         b, l = input_ids.shape
         block_size = kv_caches[0].shape[1]
         write_idx = ops.stack((slot_mapping // block_size, slot_mapping % block_size), axis=-1)
@@ -279,12 +360,12 @@ class LlamaModel(nn.Cell):
         keys = self.position_table[:block_tables.shape[1] * block_size]
         visible = ops.expand_dims(ops.expand_dims(keys, 0), 0) <= ops.expand_dims(positions, -1)  # [B, L, ctx]
         mask_bias = self.mask_bias(visible)
-        x = _gather(self.embed_tokens, input_ids, 0)
+        x = _gather(weights[0], input_ids, 0)
         for i in range(self.num_layers):
-            x = self.layers[i].forward_paged(x, cos, sin, mask_bias, block_tables, write_idx,
-                                             kv_caches[2 * i], kv_caches[2 * i + 1])
+            x = self.layers[i].forward_paged(self.layer_weights(weights, i), x, cos, sin, mask_bias, block_tables,
+                                             write_idx, kv_caches[2 * i], kv_caches[2 * i + 1])
         last = self.position_table[:b] * l + query_lens - 1
-        return self.logits(_gather(x.reshape(b * l, -1), last, 0))
+        return self.logits(weights, _gather(x.reshape(b * l, -1), last, 0))
 
     def construct_mixed(self, decode_ids, decode_positions, decode_tables, prefill_ids, prefill_positions,
                         prefill_tables, slot_mapping, prefill_lens, *kv_caches):
@@ -297,6 +378,12 @@ class LlamaModel(nn.Cell):
         Returns logits [Bd + Bp, vocab]: each decode row's, then each prefill row's last valid token's. Every
         row attends exactly as in `construct`, so the logits equal those of separate decode and prefill steps.
         """
+        return self.mixed_step(self.weights(), decode_ids, decode_positions, decode_tables, prefill_ids,
+                               prefill_positions, prefill_tables, slot_mapping, prefill_lens, kv_caches)
+
+    def mixed_step(self, weights, decode_ids, decode_positions, decode_tables, prefill_ids, prefill_positions,
+                   prefill_tables, slot_mapping, prefill_lens, kv_caches):
+        """`construct_mixed` over `weights` (a tuple in `weight_names()` order) and the tuple `kv_caches`."""
         bd, bp, lp = decode_ids.shape[0], prefill_ids.shape[0], prefill_ids.shape[1]
         block_size = kv_caches[0].shape[1]
         ids = _concat1((decode_ids.reshape(1, bd), prefill_ids.reshape(1, bp * lp)))
@@ -306,26 +393,45 @@ class LlamaModel(nn.Cell):
         keys = ops.expand_dims(ops.expand_dims(self.position_table[:decode_tables.shape[1] * block_size], 0), 0)
         decode_mask = self.mask_bias(keys <= ops.expand_dims(decode_positions, -1))      # [Bd, 1, G, ctx]
         prefill_mask = self.mask_bias(keys <= ops.expand_dims(prefill_positions, -1))    # [Bp, 1, G*Lp, ctx]
-        x = _gather(self.embed_tokens, ids, 0)
+        x = _gather(weights[0], ids, 0)
         for i in range(self.num_layers):
-            x = self.layers[i].forward_mixed(x, cos, sin, decode_mask, prefill_mask, decode_tables, prefill_tables,
-                                             write_idx, kv_caches[2 * i], kv_caches[2 * i + 1])
+            x = self.layers[i].forward_mixed(self.layer_weights(weights, i), x, cos, sin, decode_mask, prefill_mask,
+                                             decode_tables, prefill_tables, write_idx, kv_caches[2 * i],
+                                             kv_caches[2 * i + 1])
         last = _concat((self.position_table[:bd], bd + self.position_table[:bp] * lp + prefill_lens - 1))
-        return self.logits(_gather(x.reshape(bd + bp * lp, -1), last, 0))
+        return self.logits(weights, _gather(x.reshape(bd + bp * lp, -1), last, 0))
 
 
-class MixedStep(nn.Cell):
-    """The exported cell of a mixed step: decode rows and prefill rows in one graph (see
-    `LlamaModel.construct_mixed`)."""
+class PagedStep(nn.Cell):
+    """The exported cell of a paged step with the weights as graph inputs: `LlamaModel.construct`'s inputs (the
+    caches included), then the weights in `model.weight_names()` order. Its MindIR holds no weights."""
 
     def __init__(self, model: LlamaModel):
         super().__init__()
         self.model = model
+        self.num_caches = 2 * model.num_layers
+
+    def construct(self, input_ids, positions, block_tables, slot_mapping, query_lens, *caches_and_weights):
+        n = self.num_caches
+        return self.model.paged_step(caches_and_weights[n:], input_ids, positions, block_tables, slot_mapping,
+                                     query_lens, caches_and_weights[:n])
+
+
+class MixedStep(nn.Cell):
+    """The exported cell of a mixed step (decode rows and prefill rows in one graph, see
+    `LlamaModel.construct_mixed`) with the weights as graph inputs after the caches, as `PagedStep`."""
+
+    def __init__(self, model: LlamaModel):
+        super().__init__()
+        self.model = model
+        self.num_caches = 2 * model.num_layers
 
     def construct(self, decode_ids, decode_positions, decode_tables, prefill_ids, prefill_positions,
-                  prefill_tables, slot_mapping, prefill_lens, *kv_caches):
-        return self.model.construct_mixed(decode_ids, decode_positions, decode_tables, prefill_ids,
-                                          prefill_positions, prefill_tables, slot_mapping, prefill_lens, *kv_caches)
+                  prefill_tables, slot_mapping, prefill_lens, *caches_and_weights):
+        n = self.num_caches
+        return self.model.mixed_step(caches_and_weights[n:], decode_ids, decode_positions, decode_tables,
+                                     prefill_ids, prefill_positions, prefill_tables, slot_mapping, prefill_lens,
+                                     caches_and_weights[:n])
 
 
 def check_tensor_parallel(cfg: LlamaConfig, tp: int):
