@@ -335,9 +335,8 @@ class Dispatcher:
             raise errors.InvalidInputs("Instances count of request cannot be 0")
         if self.enqueued >= self.max_enqueued_requests:
             self.metrics.rejected += 1
-            # MindSpore Serving's text; overloaded: 429 where the protocol has one (set_max_enqueued_requests)
-            raise errors.Overloaded(f"Serving Error: enqueued requests count exceeds the limit "
-                                    f"{self.max_enqueued_requests}")
+            raise errors.ServingError(errors.FAILED, f"Serving Error: enqueued requests count exceeds the limit "
+                                                     f"{self.max_enqueued_requests}")
         nbytes = sum(instance.ByteSize() for instance in instances)
         if self.enqueued and self.enqueued_bytes + nbytes > self.max_enqueued_bytes:  # one alone always goes
             self.metrics.rejected += 1
