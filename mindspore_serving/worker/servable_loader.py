@@ -48,6 +48,17 @@ def resolve_version(servable_directory: str, servable_name: str, version_number:
     return version_number
 
 
+def _prepare_hf_model(settings) -> str:
+    """The LLM configuration of a servable declared with declare_llm(model_dir=...), its graphs exported first
+    when the model cache lacks them."""
+    from mindspore_serving.spec.hf_serving import HfModelError
+    from mindspore_serving.worker.llm import hf_model
+    try:
+        return hf_model.prepare(settings, log=log.info).config_file
+    except HfModelError as err:
+        raise RuntimeError(f"Start servable {settings.served_model_name} failed: {err}") from None
+
+
 def load_servable(servable_directory: str, servable_name: str, version_number: int, device_type: Optional[str],
                   device_id: int, dec_key: Optional[bytes] = None, dec_mode: str = "AES-GCM",
                   on_fatal=None, socket_directory: str = "") -> Tuple[ServableRuntime, int]:
@@ -59,7 +70,8 @@ def load_servable(servable_directory: str, servable_name: str, version_number: i
     if isinstance(spec.extension, LlmDeclaration):
         version = version_number or 1
         device = resolve_device(device_type, servable_name)
-        return LlmRuntime(spec, spec.extension.config_file, device, device_id, on_fatal, socket_directory), version
+        config_file = spec.extension.config_file or _prepare_hf_model(spec.extension.hf_model)
+        return LlmRuntime(spec, config_file, device, device_id, on_fatal, socket_directory), version
     version = resolve_version(servable_directory, servable_name, version_number, bool(spec.models))
     device = resolve_device(device_type, servable_name)
     select_device(device, device_id)

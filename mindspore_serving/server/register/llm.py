@@ -2,26 +2,43 @@
 import os
 
 from mindspore_serving.common.check_type import check_str
+from mindspore_serving.spec.hf_serving import HfModelError, HfModelSettings
 from mindspore_serving.spec.registry import get_or_create_servable_spec, servable_location
 from mindspore_serving.spec.llm import GENERATE_INPUTS, GENERATE_METHOD, GENERATE_OUTPUTS, LlmDeclaration
 from mindspore_serving.spec.servable import MethodSpec
 
 
-def declare_llm(config_file):
+def declare_llm(config_file=None, *, model_dir=None, tensor_parallel=1, max_model_len=None, kv_cache_memory=None,
+                model_cache=None, buckets=None):
     """Declares this servable as a large language model served by the continuous-batching engine.
 
-    `config_file` is the LLM configuration YAML (see config/llama_tiny.yaml), absolute or relative to the
-    servable's directory. The servable gets the method `generate`: each instance holds `prompt` (str) and
-    optional sampling fields (max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, do_sample,
-    ignore_eos, stop, stop_token_ids); it returns `text`, `token_ids`, `finish_reason`, `prompt_tokens` and
-    `completion_tokens`. Its worker starts (or attaches to) the agents that run the prefill and decode graphs.
+    Either `config_file`, the LLM configuration YAML (see config/llama_tiny.yaml), or `model_dir`, a Hugging Face
+    model directory (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM: config.json,
+    *.safetensors, tokenizer.json), both absolute or relative to the servable's directory. With `model_dir` the
+    worker does what `serving_server.py --model` does before it serves: the graphs are exported into
+    `model_cache` (default: model_cache/ in the server's working directory) unless an export of the same
+    checkpoint and settings is there, and the configuration served is written beside them (README, "Serving your
+    own model"); the model is served under this servable's name. `tensor_parallel` (ranks), `max_model_len`
+    (default: max_position_embeddings capped to 2048), `kv_cache_memory` (bytes per rank, or "2GiB") and
+    `buckets` (a dict of decode_batch_buckets, prefill_batch_buckets, prefill_len_buckets lists) are
+    serving_server.py's flags of the same names. An export costs seconds per graph in the worker's start
+    (MS_SERVING_WORKER_START_TIMEOUT, 600 s by default, bounds it); `serving_server.py --model DIR --prepare_only`
+    exports ahead.
+
+    The servable gets the method `generate`: each instance holds `prompt` (str) and optional sampling fields
+    (max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, do_sample, ignore_eos, stop,
+    stop_token_ids); it returns `text`, `token_ids`, `finish_reason`, `prompt_tokens` and `completion_tokens`.
+    Its worker starts (or attaches to) the agents that run the prefill and decode graphs.
 
     Example (servables/llama_tiny/servable_config.py)::
 
         from mindspore_serving.server import register
         register.declare_llm(config_file="../../config/llama_tiny.yaml")
+        # or: register.declare_llm(model_dir="/models/Qwen2.5-0.5B-Instruct", max_model_len=1024)
     """
-    check_str("config_file", config_file)
+    if (config_file is None) == (model_dir is None):
+        raise RuntimeError("Declare LLM failed, give either config_file (an LLM configuration YAML) or model_dir (a "
+                           "Hugging Face model directory)")
     directory, name = servable_location()
     spec = get_or_create_servable_spec(name)
     if spec.models or spec.methods:
@@ -29,9 +46,25 @@ def declare_llm(config_file):
                            f"servable is declared by declare_llm alone")
     if spec.extension is not None:
         raise RuntimeError(f"Declare LLM failed, servable {name} has already been declared as an LLM")
-    path = config_file if os.path.isabs(config_file) else os.path.normpath(os.path.join(directory, name, config_file))
-    if not os.path.isfile(path):
-        raise RuntimeError(f"Declare LLM failed, config file '{path}' not exist")
-    spec.extension = LlmDeclaration(path)
+    here = os.path.join(directory, name)
+    if model_dir is not None:
+        check_str("model_dir", model_dir)
+        if model_cache is not None:
+            check_str("model_cache", model_cache)
+        try:
+            settings = HfModelSettings.create(
+                os.path.normpath(os.path.join(here, model_dir)), name,
+                os.path.join(here, model_cache) if model_cache is not None else os.path.abspath("model_cache"),
+                buckets, tensor_parallel=tensor_parallel, max_model_len=max_model_len,
+                kv_cache_memory=kv_cache_memory)
+        except HfModelError as err:
+            raise RuntimeError(f"Declare LLM failed, servable {name}: {err}") from None
+        spec.extension = LlmDeclaration(None, settings)
+    else:
+        check_str("config_file", config_file)
+        path = os.path.normpath(os.path.join(here, config_file))  # an absolute config_file stays as it is
+        if not os.path.isfile(path):
+            raise RuntimeError(f"Declare LLM failed, config file '{path}' not exist")
+        spec.extension = LlmDeclaration(path)
     spec.methods[GENERATE_METHOD] = MethodSpec(name=GENERATE_METHOD, input_names=list(GENERATE_INPUTS),
                                                output_names=list(GENERATE_OUTPUTS))

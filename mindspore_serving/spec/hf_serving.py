@@ -1,0 +1,271 @@
+"""Serving a Hugging Face model directory, as plain data: the settings asked for, the graphs they need, the key of
+those graphs in the model cache, and the LLM configuration served from them. No file I/O here: the worker's
+`llm/hf_model.py` reads the directory, exports and writes what these functions compute.
+
+    settings = HfModelSettings(model_dir, "qwen2", tensor_parallel=2)   # serving_server.py --model, declare_llm
+    max_len = served_max_model_len(settings, config_json)               # min(max_position_embeddings, 2048)
+    model_file = export_model_file(settings, llama_config, max_len)     # the network + the buckets to compile
+    key = cache_key(file_digests, model_file, settings.tensor_parallel) # content + export settings
+    llm = llm_config(settings, model_file, max_len, tokenizer, generation_config)   # the YAML's content
+
+The graphs: block size 16; decode batches 1, 2, 4, 8, 16; prefill batches 1, 2, 4; prefill lengths 16, 32, ...
+up to max_model_len, at most 512 (longer prompts are computed in chunks of the largest); no mixed graphs. Each
+of those three lists can be given instead. The graphs hold max_model_len rounded up to the block size.
+"""
+import dataclasses
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
+
+from mindspore_serving.llm.kv_budget import CacheGeometry, KvBudgetError, min_blocks, parse_size
+from mindspore_serving.models.llama.config import ExportConfig, LlamaConfig, ModelFile
+from mindspore_serving.models.llama.manifest import MANIFEST_VERSION
+
+BLOCK_SIZE = 16
+DEFAULT_MAX_MODEL_LEN = 2048
+"""The default max model length is max_position_embeddings capped to this: what a CPU host serves in reasonable
+memory and time (the KV cache and the prefill work grow with it)."""
+DEFAULT_DECODE_BATCHES = (1, 2, 4, 8, 16)
+DEFAULT_PREFILL_BATCHES = (1, 2, 4)
+MIN_PREFILL_LEN, MAX_PREFILL_LEN = 16, 512
+DEFAULT_SEQUENCES_IN_CACHE = 4
+"""Without a KV-cache budget the cache holds this many sequences of max_model_len (engine.num_blocks)."""
+BUCKET_FIELDS = ("decode_batch_buckets", "prefill_batch_buckets", "prefill_len_buckets")
+"""The buckets a user may choose instead of the defaults (ExportConfig's names)."""
+KEY_FILES = ("config.json", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json")
+"""The files of the directory whose content keys the graphs (when present), besides every weights file."""
+LLM_CONFIG_FILE = "llm.yaml"
+MODEL_CONFIG_FILE = "model.yaml"
+GRAPHS_DIR = "graphs"
+SERVABLES_DIR = "servables"
+MARKER_FILE = "export.json"
+"""Written last in a cache directory: the export there is complete (it holds the key)."""
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
+class HfModelError(ValueError):
+    """A model directory or a setting that cannot be served; the message says which and how to fix it."""
+
+
+def _positive_int(name: str, value, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise HfModelError(f"{name} must be an int >= {low}, got {value!r}")
+    return value
+
+
+def default_served_name(model_dir: str) -> str:
+    """The name a model directory is served under by default: its own name, with every character but letters,
+    digits, '_' and '-' made '_' (servable names are Python package names' parts)."""
+    base = os.path.basename(os.path.normpath(model_dir))
+    name = re.sub(r"[^A-Za-z0-9_-]", "_", base).lstrip("_-")
+    return name or "model"
+
+
+@dataclass(frozen=True)
+class HfModelSettings:
+    """What serving a Hugging Face model directory was asked for (serving_server.py --model and its flags,
+    `register.declare_llm(model_dir=...)`). Validated when built; errors name the setting."""
+
+    model_dir: str
+    """Absolute path of the directory (config.json, *.safetensors, tokenizer.json, ...)."""
+    served_model_name: str
+    """The servable name clients use (letters, digits, '_', '-')."""
+    model_cache: str
+    """Absolute path of the directory holding one cache directory per (name, key)."""
+    tensor_parallel: int = 1
+    max_model_len: Optional[int] = None
+    """None: max_position_embeddings capped to DEFAULT_MAX_MODEL_LEN."""
+    kv_cache_memory: Union[None, int, str] = None
+    """KV-cache bytes per rank (engine.kv_cache_memory); None: engine.num_blocks for DEFAULT_SEQUENCES_IN_CACHE."""
+    buckets: Tuple[Tuple[str, Tuple[int, ...]], ...] = ()
+    """(field of BUCKET_FIELDS, sizes) chosen instead of the defaults."""
+    device_type: Optional[str] = None
+    """The agents' device (None: the best available); the graphs are exported on it (None: CPU)."""
+    device_ids: Tuple[int, ...] = ()
+    """The agents' device ids, one per rank (empty: 0 .. tensor_parallel - 1)."""
+
+    def __post_init__(self):
+        if not isinstance(self.model_dir, str) or not self.model_dir:
+            raise HfModelError(f"the model directory must be a path, got {self.model_dir!r}")
+        if not isinstance(self.served_model_name, str) or not _NAME.fullmatch(self.served_model_name):
+            raise HfModelError(f"served model name {self.served_model_name!r} is not valid: use letters, digits, "
+                               f"'_' and '-', starting with a letter or digit")
+        _positive_int("tensor_parallel", self.tensor_parallel)
+        if self.max_model_len is not None:
+            _positive_int("max_model_len", self.max_model_len, 2)
+        if self.kv_cache_memory is not None:
+            try:
+                parse_size(self.kv_cache_memory, "kv_cache_memory")
+            except KvBudgetError as err:
+                raise HfModelError(str(err)) from None
+        buckets = dict(self.buckets)
+        unknown = sorted(set(buckets) - set(BUCKET_FIELDS))
+        if unknown or len(buckets) != len(self.buckets):
+            raise HfModelError(f"buckets: unknown or repeated field(s) {unknown or list(buckets)}; valid fields are "
+                               f"{list(BUCKET_FIELDS)}")
+        for name, sizes in self.buckets:
+            if not isinstance(sizes, tuple) or not sizes or sorted(set(sizes)) != list(sizes) or any(
+                    isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
+                raise HfModelError(f"{name} must be increasing positive ints, got {sizes!r}")
+        if self.device_ids and len(self.device_ids) != self.tensor_parallel:
+            raise HfModelError(f"{len(self.device_ids)} device id(s) {list(self.device_ids)} for tensor_parallel="
+                               f"{self.tensor_parallel}: give one device id per rank")
+
+    @classmethod
+    def create(cls, model_dir: str, served_model_name: Optional[str] = None, model_cache: str = "model_cache",
+               buckets: Optional[Mapping[str, Any]] = None, **settings) -> "HfModelSettings":
+        """Settings from a user's values: paths as given (the caller makes them absolute), `buckets` a mapping of
+        BUCKET_FIELDS to lists, the name defaulting to the directory's (`default_served_name`)."""
+        if buckets is not None and not isinstance(buckets, Mapping):
+            raise HfModelError(f"buckets must map {list(BUCKET_FIELDS)} to lists of sizes, got {buckets!r}")
+        pairs = tuple((name, tuple(sizes) if isinstance(sizes, (list, tuple)) else sizes)
+                      for name, sizes in (buckets or {}).items())
+        return cls(model_dir=model_dir, served_model_name=served_model_name or default_served_name(model_dir),
+                   model_cache=model_cache, buckets=pairs, **settings)
+
+
+def served_max_model_len(settings: HfModelSettings, max_position_embeddings: Optional[int]) -> int:
+    """The max model length served: the one asked for, which may not exceed max_position_embeddings, or
+    max_position_embeddings capped to DEFAULT_MAX_MODEL_LEN."""
+    if settings.max_model_len is None:
+        return min(max_position_embeddings or DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN)
+    if max_position_embeddings is not None and settings.max_model_len > max_position_embeddings:
+        raise HfModelError(f"max_model_len {settings.max_model_len} exceeds the model's max_position_embeddings "
+                           f"{max_position_embeddings}; lower it")
+    return settings.max_model_len
+
+
+def graph_len(max_model_len: int) -> int:
+    """The graphs' max_seq_len: max_model_len rounded up to the block size."""
+    return -(-max_model_len // BLOCK_SIZE) * BLOCK_SIZE
+
+
+def _powers_of_two(low: int, high: int) -> Tuple[int, ...]:
+    sizes, size = [], low
+    while size <= high:
+        sizes.append(size)
+        size *= 2
+    return tuple(sizes)
+
+
+def default_buckets(max_model_len: int) -> Dict[str, Tuple[int, ...]]:
+    """The buckets compiled unless chosen: see the module's docstring."""
+    top = min(graph_len(max_model_len), MAX_PREFILL_LEN)
+    return {"decode_batch_buckets": DEFAULT_DECODE_BATCHES, "prefill_batch_buckets": DEFAULT_PREFILL_BATCHES,
+            "prefill_len_buckets": _powers_of_two(MIN_PREFILL_LEN, top) or (top,)}
+
+
+def check_tensor_parallel(cfg: LlamaConfig, tp: int):
+    """HfModelError unless the query heads, KV heads and MLP width split evenly over `tp` ranks (as the sharding
+    of models/llama/model.py needs)."""
+    sizes = {"num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
+             "intermediate_size": cfg.intermediate_size}
+    for name, size in sizes.items():
+        if size % tp:
+            valid = [d for d in range(1, cfg.num_kv_heads + 1)
+                     if all(s % d == 0 for s in sizes.values())]
+            raise HfModelError(f"tensor_parallel={tp} does not divide the model's {name}={size} "
+                               f"({', '.join(f'{k}={v}' for k, v in sizes.items())}); valid tensor_parallel "
+                               f"values: {valid}")
+
+
+def export_model_file(settings: HfModelSettings, cfg: LlamaConfig, max_model_len: int) -> ModelFile:
+    """The network of `cfg` holding graph_len(max_model_len) tokens, and the buckets to compile."""
+    check_tensor_parallel(cfg, settings.tensor_parallel)
+    buckets = {**default_buckets(max_model_len), **dict(settings.buckets)}
+    try:
+        model = dataclasses.replace(cfg, max_seq_len=graph_len(max_model_len))
+        return ModelFile(model, ExportConfig(block_size=BLOCK_SIZE, **buckets))
+    except ValueError as err:
+        raise HfModelError(str(err)) from None
+
+
+def cache_geometry(model_file: ModelFile, tp: int) -> CacheGeometry:
+    m = model_file.model
+    return CacheGeometry(m.num_layers, m.num_kv_heads // tp, m.head_dim, model_file.export.block_size)
+
+
+def check_kv_cache_memory(settings: HfModelSettings, model_file: ModelFile, max_model_len: int) -> Optional[int]:
+    """The KV-cache blocks of settings.kv_cache_memory (None without one); HfModelError when it cannot hold one
+    sequence of max_model_len."""
+    if settings.kv_cache_memory is None:
+        return None
+    given = settings.kv_cache_memory
+    budget = parse_size(given, "kv_cache_memory")
+    try:
+        return cache_geometry(model_file, settings.tensor_parallel).blocks(
+            max_model_len, budget, f"{budget} ({given})" if isinstance(given, str) else None)
+    except KvBudgetError as err:
+        raise HfModelError(f"kv_cache_memory: {err}") from None
+
+
+def cache_key(file_digests: Mapping[str, str], model_file: ModelFile, tp: int) -> str:
+    """Hex key of the graphs: the content of the directory's files (name -> sha256), the network and buckets
+    (max_seq_len and block size included), the tensor parallelism and the exporter's manifest format (graphs of
+another format are exported again). The served name, the
+    engine and the agents are not in it: they are read from llm.yaml at every start."""
+    data = {"format": MANIFEST_VERSION, "files": dict(sorted(file_digests.items())), "model_file": model_file.to_dict(),
+            "tensor_parallel": tp}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def cache_dir_name(name: str, key: str) -> str:
+    return f"{name}-{key[:16]}"
+
+
+def rank_dirs(tp: int) -> Tuple[str, ...]:
+    """The graph directories of the ranks, relative to the cache directory."""
+    return tuple(f"{GRAPHS_DIR}/rank_{rank}" for rank in range(tp))
+
+
+def default_num_blocks(max_model_len: int) -> int:
+    """KV-cache blocks of DEFAULT_SEQUENCES_IN_CACHE sequences of max_model_len, plus the scratch block."""
+    return DEFAULT_SEQUENCES_IN_CACHE * (min_blocks(max_model_len, BLOCK_SIZE) - 1) + 1
+
+
+def llm_config(settings: HfModelSettings, model_file: ModelFile, max_model_len: int, tokenizer: str,
+               generation_config: Optional[str]) -> Dict[str, Any]:
+    """The LLM configuration (the YAML's content, README "LLM configuration") of the exported graphs; paths of
+    the cache directory relative to it, `tokenizer` and `generation_config` as given. The chat template is the
+    model's own (next to the tokenizer). The engine runs as the bundled model's does: continuous batching, prefix
+    caching, chunked prefill, rounds of 4 greedy steps, async scheduling."""
+    ex = model_file.export
+    max_num_seqs = ex.decode_batch_buckets[-1]
+    model = {"config": MODEL_CONFIG_FILE, "graphs": list(rank_dirs(settings.tensor_parallel)),
+             "tensor_parallel": settings.tensor_parallel, "tokenizer": tokenizer}
+    if generation_config is not None:
+        model["generation_config"] = generation_config
+    engine = {"batching": "continuous", "max_model_len": max_model_len, "max_num_seqs": max_num_seqs,
+              # a whole prefill chunk of the largest length bucket beside a full decode batch
+              "max_num_batched_tokens": ex.prefill_len_buckets[-1] + max_num_seqs}
+    if settings.kv_cache_memory is not None:
+        engine["kv_cache_memory"] = settings.kv_cache_memory
+    else:
+        engine["num_blocks"] = default_num_blocks(max_model_len)
+    engine.update({"enable_prefix_caching": True, "enable_chunked_prefill": True, "num_scheduler_steps": 4,
+                   "async_scheduling": True, "max_queue_size": 256, "request_timeout": 0})
+    agents = {"device_type": settings.device_type,
+              "device_ids": list(settings.device_ids or range(settings.tensor_parallel)),
+              "host": "127.0.0.1", "start_port": 0, "cpu_affinity": "auto"}
+    return {"model": model, "engine": engine, "agents": agents}
+
+
+def llm_config_header(settings: HfModelSettings) -> str:
+    """The comment that opens the written llm.yaml."""
+    return (f"# The LLM configuration serving {settings.served_model_name} (README, \"LLM configuration\"), written\n"
+            f"# from the Hugging Face directory {settings.model_dir!r}\n"
+            f"# at every start of serving_server.py --model (or register.declare_llm(model_dir=...)): to keep your\n"
+            f"# edits, copy this directory's llm.yaml and serve it with register.declare_llm(config_file=...).\n"
+            f"# The weights are in each graphs/rank_*/weights.safetensors; model.checkpoint is not used.\n")
+
+
+def servable_config_source(settings: HfModelSettings) -> str:
+    """servable_config.py of the written servable `<cache>/servables/<name>/`: declares the LLM of llm.yaml."""
+    return (f'"""Servable `{settings.served_model_name}`: a Hugging Face model served from the LLM configuration '
+            f'../../{LLM_CONFIG_FILE}\n(written with this file by serving_server.py --model)."""\n'
+            f"# model directory: {settings.model_dir!r}\n"
+            "from mindspore_serving.server import register\n\n"
+            f"register.declare_llm(config_file=\"../../{LLM_CONFIG_FILE}\")\n")

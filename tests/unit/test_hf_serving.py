@@ -1,0 +1,224 @@
+"""Serving a Hugging Face directory: the settings, buckets and key (spec/hf_serving.py), and the model cache and its
+refusals (worker/llm/hf_model.py) with the exporting process replaced by one that writes the manifests only.
+
+A directory is exported once per key: the same checkpoint and settings are served from the first export, a changed
+weights byte or export setting exports again, an interrupted export (no marker) exports again. A missing file, a bad
+checkpoint, heads that tensor parallelism does not divide and a KV budget too small for one sequence are refused
+before anything is exported. tests/e2e/test_hf_serving.py serves the fixtures for real.
+"""
+import json
+import os
+import shutil
+
+import pytest
+import yaml
+
+from mindspore_serving.server import register
+from mindspore_serving.spec import hf_serving as plan
+from mindspore_serving.spec.hf_serving import HfModelError, HfModelSettings
+from mindspore_serving.spec.llm import LlmDeclaration
+from mindspore_serving.spec.llm_config import load_serving_config
+from mindspore_serving.spec.registry import get_servable_spec, reset_registry
+from mindspore_serving.worker.llm import hf_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FIXTURES = os.path.join(ROOT, "tests", "fixtures", "hf")
+
+
+@pytest.fixture
+def exports(monkeypatch):
+    """The exporting processes run (their argv); each writes only the manifests of its ranks."""
+    runs = []
+
+    def fake(argv, name):
+        args = dict(a[2:].split("=", 1) for a in argv if a.startswith("--"))
+        model_file = yaml.safe_load(open(args["config"], encoding="utf-8"))
+        m, tp = model_file["model"], int(args["tensor_parallel"])
+        for rank in range(tp):
+            os.makedirs(os.path.join(args["out"], f"rank_{rank}"))
+            manifest = {"block_size": 16, "cache": {"num_layers": m["num_layers"], "num_kv_heads": m["num_kv_heads"]
+                                                    // tp, "head_dim": m.get("head_dim", 16)}}
+            with open(os.path.join(args["out"], f"rank_{rank}", "manifest.json"), "w", encoding="utf-8") as f:
+                json.dump(manifest, f)
+        runs.append(args)
+
+    monkeypatch.setattr(hf_model, "run_export", fake)
+    return runs
+
+
+@pytest.fixture
+def qwen2(tmp_path):
+    """A copy of the qwen2 fixture (its files may be changed)."""
+    return shutil.copytree(os.path.join(FIXTURES, "qwen2"), str(tmp_path / "Qwen2.5-tiny"))
+
+
+def settings(model_dir, cache, **values):
+    return HfModelSettings.create(model_dir, model_cache=str(cache), **values)
+
+
+def test_names_lengths_and_buckets():
+    assert plan.default_served_name("/models/Qwen2.5-0.5B-Instruct/") == "Qwen2_5-0_5B-Instruct"
+    base = settings("/m/llama", "/c")
+    assert base.served_model_name == "llama"
+    assert plan.served_max_model_len(base, 131072) == 2048 and plan.served_max_model_len(base, 1024) == 1024
+    assert plan.served_max_model_len(base, None) == 2048
+    with pytest.raises(HfModelError, match="max_model_len 4096 exceeds the model's max_position_embeddings 1024"):
+        plan.served_max_model_len(settings("/m/x", "/c", max_model_len=4096), 1024)
+    assert plan.default_buckets(2048) == {"decode_batch_buckets": (1, 2, 4, 8, 16), "prefill_batch_buckets": (1, 2, 4),
+                                          "prefill_len_buckets": (16, 32, 64, 128, 256, 512)}
+    assert plan.default_buckets(100)["prefill_len_buckets"] == (16, 32, 64)   # the graphs hold 112 tokens
+    assert plan.default_buckets(10)["prefill_len_buckets"] == (16,)
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"served_model_name": "a/b"}, "served model name 'a/b' is not valid"),
+    ({"tensor_parallel": 0}, "tensor_parallel must be an int >= 1"),
+    ({"max_model_len": 1}, "max_model_len must be an int >= 2"),
+    ({"kv_cache_memory": "2 parsecs"}, "kv_cache_memory '2 parsecs' is not a size"),
+    ({"buckets": {"decode_batch": [1]}}, r"unknown or repeated field\(s\) \['decode_batch'\]"),
+    ({"buckets": {"prefill_len_buckets": [32, 16]}}, "prefill_len_buckets must be increasing positive ints"),
+    ({"tensor_parallel": 2, "device_ids": (0,)}, r"1 device id\(s\) \[0\] for tensor_parallel=2"),
+])
+def test_bad_settings_are_named(values, message):
+    with pytest.raises(HfModelError, match=message):
+        settings("/m/llama", "/c", **values)
+
+
+def test_an_export_is_used_until_its_content_or_settings_change(qwen2, tmp_path, exports):
+    cache = tmp_path / "cache"
+    lines = []
+    first = hf_model.prepare(settings(qwen2, cache, max_model_len=128), lines.append)
+    assert first.exported and first.name == "Qwen2_5-tiny" and len(exports) == 1
+    assert os.path.basename(first.cache_dir).startswith("Qwen2_5-tiny-")
+    assert lines[0] == f"Qwen2_5-tiny: exporting 17 graphs into {first.cache_dir} (max_model_len 128)"
+    config = load_serving_config(first.config_file)
+    assert config.model.graphs == (os.path.join(first.cache_dir, "graphs", "rank_0"),)
+    assert config.model.tokenizer == os.path.join(qwen2, "tokenizer.json")
+    assert config.model.generation_config == os.path.join(qwen2, "generation_config.json")
+    assert config.engine.max_model_len == 128 and config.engine.max_num_seqs == 16
+    assert config.engine.num_blocks == 4 * 8 + 1 and config.model_file().model.max_seq_len == 128
+    with open(os.path.join(first.servable_directory, first.name, "servable_config.py"), encoding="utf-8") as f:
+        assert 'register.declare_llm(config_file="../../llm.yaml")' in f.read()
+
+    lines.clear()
+    again = hf_model.prepare(settings(qwen2, cache, max_model_len=128), lines.append)
+    assert not again.exported and again.cache_dir == first.cache_dir and len(exports) == 1
+    assert lines[0] == f"Qwen2_5-tiny: using the graphs exported at {first.cache_dir}"
+    # the engine's settings are not the graphs': the same export, another configuration
+    budget = hf_model.prepare(settings(qwen2, cache, max_model_len=120, kv_cache_memory="1MiB"), lines.append)
+    assert budget.cache_dir == first.cache_dir and len(exports) == 1
+    assert load_serving_config(budget.config_file).engine.num_blocks == (1 << 20) // (2 * 2 * 16 * 2 * 16 * 4)
+
+    changed = [settings(qwen2, cache, max_model_len=256), settings(qwen2, cache, max_model_len=128, buckets={
+        "decode_batch_buckets": [1, 2]}), settings(qwen2, cache, max_model_len=128, tensor_parallel=2)]
+    for count, each in enumerate(changed, start=2):
+        assert hf_model.prepare(each, lines.append).exported and len(exports) == count
+    assert exports[-1]["tensor_parallel"] == "2"
+    with open(os.path.join(qwen2, "model.safetensors"), "r+b") as stream:  # one byte of a weight
+        stream.seek(-1, os.SEEK_END)
+        last = stream.read(1)
+        stream.seek(-1, os.SEEK_END)
+        stream.write(bytes([last[0] ^ 1]))
+    assert hf_model.prepare(settings(qwen2, cache, max_model_len=128), lines.append).exported
+
+    os.remove(os.path.join(first.cache_dir, plan.MARKER_FILE))  # as an interrupted export leaves it
+    with open(os.path.join(qwen2, "model.safetensors"), "r+b") as stream:
+        stream.seek(-1, os.SEEK_END)
+        stream.write(last)
+    assert hf_model.prepare(settings(qwen2, cache, max_model_len=128), lines.append).cache_dir == first.cache_dir
+    assert len(exports) == 6
+
+
+def test_config_json_eos_ids_stand_in_for_a_missing_generation_config(qwen2, tmp_path, exports):
+    os.remove(os.path.join(qwen2, "generation_config.json"))
+    prepared = hf_model.prepare(settings(qwen2, tmp_path / "cache", max_model_len=64), print)
+    config = load_serving_config(prepared.config_file)
+    assert config.model.generation_config == os.path.join(prepared.cache_dir, "generation_config.json")
+    assert config.model.generation_defaults.eos_token_ids == (511,)
+
+
+def _drop(name):
+    return lambda d: os.remove(os.path.join(d, name))
+
+
+def _truncate(name):
+    def truncate(d):
+        path = os.path.join(d, name)
+        os.truncate(path, os.path.getsize(path) - 100)
+    return truncate
+
+
+def _edit_config(**fields):
+    def edit(d):
+        path = os.path.join(d, "config.json")
+        data = json.load(open(path, encoding="utf-8"))
+        data.update(fields)
+        json.dump(data, open(path, "w", encoding="utf-8"))
+    return edit
+
+
+@pytest.mark.parametrize("change, values, message", [
+    (_drop("config.json"), {}, "the model directory has no config.json"),
+    (_drop("model.safetensors"), {}, r"the model directory has no \*.safetensors weights"),
+    (_drop("tokenizer.json"), {}, "the model directory has no tokenizer.json"),
+    (_edit_config(hidden_size=32), {}, r"tensor model.embed_tokens.weight has shape \[512, 64\], config.json implies "
+                                       r"\[512, 32\]"),
+    (_edit_config(intermediate_size=96), {}, r"tensor model.layers.0.mlp.down_proj.weight has shape \[64, 128\], "
+                                             r"config.json implies \[64, 96\]"),
+    (_truncate("model.safetensors"), {}, r"model.safetensors: tensor .* does not fit its data offsets; the file is "
+                                         r"truncated or corrupt"),
+    (_edit_config(architectures=["GPT2LMHeadModel"]), {}, "architecture 'GPT2LMHeadModel' is not supported"),
+    (_edit_config(hidden_act="gelu"), {}, 'hidden_act="gelu" is not supported'),
+    (lambda d: None, {"tensor_parallel": 4}, r"tensor_parallel=4 does not divide the model's num_key_value_heads=2 "
+                                             r".*valid tensor_parallel values: \[1, 2\]"),
+    (lambda d: None, {"kv_cache_memory": "16KiB"}, r"kv_cache_memory: too little memory for even one sequence: "
+                                                   r"\d+ bytes needed for max_model_len=1024, kv_cache_memory is "
+                                                   r"16384 \(16KiB\)"),
+    (lambda d: None, {"max_model_len": 2048}, "max_model_len 2048 exceeds the model's max_position_embeddings 1024"),
+])
+def test_refusals_come_before_any_export(qwen2, tmp_path, exports, change, values, message):
+    change(qwen2)
+    with pytest.raises(HfModelError, match=message):
+        hf_model.prepare(settings(qwen2, tmp_path / "cache", **values), print)
+    assert not exports
+
+
+def test_a_failing_export_says_why(qwen2, tmp_path, monkeypatch):
+    monkeypatch.setattr(hf_model, "EXPORT_MODULE", "mindspore_serving.no_such_module")
+    with pytest.raises(HfModelError, match="exporting Qwen2_5-tiny failed: the exporting process exited with code 1"):
+        hf_model.prepare(settings(qwen2, tmp_path / "cache", max_model_len=64), print)
+
+
+@pytest.fixture
+def registry():
+    reset_registry()
+    yield
+    reset_registry()
+
+
+def _declare(tmp_path, source, name="chat"):
+    directory = tmp_path / name
+    directory.mkdir()
+    (directory / "servable_config.py").write_text("from mindspore_serving.server import register\n" + source)
+    exec(compile(source, str(directory / "servable_config.py"), "exec"), {"register": register})
+    return get_servable_spec(name)
+
+
+def test_declare_llm_records_a_model_directory(tmp_path, registry):
+    spec = _declare(tmp_path, "register.declare_llm(model_dir='models/qwen', tensor_parallel=2, max_model_len=512, "
+                              "kv_cache_memory='1GiB', buckets={'decode_batch_buckets': [1, 4]})\n")
+    assert spec.extension == LlmDeclaration(None, HfModelSettings(
+        model_dir=str(tmp_path / "chat" / "models" / "qwen"), served_model_name="chat",
+        model_cache=os.path.abspath("model_cache"), tensor_parallel=2, max_model_len=512, kv_cache_memory="1GiB",
+        buckets=(("decode_batch_buckets", (1, 4)),)))
+    assert list(spec.methods) == ["generate"]
+
+
+@pytest.mark.parametrize("source, message", [
+    ("register.declare_llm()\n", "give either config_file"),
+    ("register.declare_llm(config_file='a.yaml', model_dir='m')\n", "give either config_file"),
+    ("register.declare_llm(model_dir='m', tensor_parallel=0)\n", "servable chat: tensor_parallel must be an int"),
+])
+def test_declare_llm_refusals(tmp_path, registry, source, message):
+    with pytest.raises(RuntimeError, match=f"Declare LLM failed, {message}"):
+        _declare(tmp_path, source)
