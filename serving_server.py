@@ -1,15 +1,24 @@
-"""Serves the bundled servables: gRPC on 127.0.0.1:5500 and RESTful on 127.0.0.1:1500 by default.
+"""Serves the bundled servables, or a Hugging Face model directory: gRPC on 127.0.0.1:5500 and RESTful on
+127.0.0.1:1500 by default.
 
     python serving_server.py [--grpc 127.0.0.1:5500] [--rest 127.0.0.1:1500] [--servables add,lenet] [--device_type CPU]
                              [--grace 10] [--metrics 127.0.0.1:9090] [--frontend_processes 1]
                              [--api_key KEY | --api_key_file PATH]
                              [--model_control none|explicit|poll [--version_policy latest:1] [--poll_interval 0.5]]
+    python serving_server.py --model <hf_dir> [--served_model_name NAME] [--tensor_parallel N] [--max_model_len L]
+                             [--kv_cache_memory 2GiB] [--model_cache DIR] [--prepare_only] [...]
+
+--model (repeatable) serves a LLaMA, Mistral, Qwen2 or Qwen3 directory of Hugging Face's layout under NAME (default:
+the directory's name) on every LLM API. Its graphs are exported into --model_cache when missing there (a line per
+graph), keyed by the checkpoint's content and the export settings; the LLM configuration served from is written
+beside them, and its path printed (README, "Serving your own model").
 
 Ctrl-C or SIGTERM stops both front ends at once (new requests are refused), gives requests in flight --grace
 seconds to finish, answers those still running with an unavailable error, then ends every worker.
 """
 import argparse
 import os
+import sys
 
 from mindspore_serving import server
 
@@ -72,7 +81,11 @@ def main():
     parser.add_argument("--max_enqueued_mb", type=int, default=None,
                         help="MiB of requests the master holds at once, beyond which new ones are refused "
                              "(default 1024)")
+    _add_model_arguments(parser)
     args = parser.parse_args()
+    hf_servables = _prepare_models(parser, args)
+    if args.prepare_only:
+        return
     server.master.context.set_request_limits(llm_payload_bytes=args.llm_payload_limit,
                                              read_timeout=args.read_timeout, max_connections=args.max_connections,
                                              max_concurrent_rpcs=args.max_concurrent_rpcs,
@@ -100,9 +113,12 @@ def main():
         server.start_model_control_poll(args.servable_directory, names, args.version_policy, device_ids,
                                         args.device_type, args.poll_interval)
     else:
+        names = args.servables if args.servables is not None or hf_servables else ",".join(DEFAULT_SERVABLES)
         configs = [server.ServableStartConfig(servable_directory=args.servable_directory, servable_name=name,
                                               device_ids=device_ids, device_type=args.device_type)
-                   for name in (args.servables or ",".join(DEFAULT_SERVABLES)).split(",") if name.strip()]
+                   for name in (names or "").split(",") if name.strip()]
+        configs += [server.ServableStartConfig(servable_directory=directory, servable_name=name, device_ids=(0,),
+                                               device_type=args.device_type) for directory, name in hf_servables]
         server.start_servables(configs)
     if args.grpc:
         server.start_grpc_server(args.grpc)
@@ -110,6 +126,91 @@ def main():
         server.start_restful_server(args.rest)
     if args.metrics:
         server.start_metrics_server(args.metrics)
+
+
+def _add_model_arguments(parser):
+    group = parser.add_argument_group(
+        "serving a Hugging Face model directory",
+        "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM: config.json, *.safetensors "
+        "(float32, float16, bfloat16; sharded or not), tokenizer.json")
+    group.add_argument("--model", action="append", default=[], metavar="DIR",
+                       help="serve this model directory (repeatable); the bundled servables are then served only "
+                            "when --servables names them")
+    group.add_argument("--served_model_name", action="append", default=[], metavar="NAME",
+                       help="the name of each --model on every API, in their order (default: the directory's name, "
+                            "characters other than letters, digits, '_' and '-' made '_')")
+    group.add_argument("--tensor_parallel", type=int, default=1, metavar="N",
+                       help="ranks each model is sharded over, one agent process each (default 1); N must divide "
+                            "the attention heads and KV heads")
+    group.add_argument("--max_model_len", type=int, default=None, metavar="L",
+                       help="most tokens of a sequence, prompt and output (default: the model's "
+                            "max_position_embeddings capped to 2048, which a CPU host serves in reasonable memory "
+                            "and time; it may not exceed max_position_embeddings)")
+    group.add_argument("--kv_cache_memory", default=None, metavar="SIZE",
+                       help="KV-cache memory per rank, e.g. 2GiB or 512MiB (default: room for 4 sequences of "
+                            "max_model_len); too little for one sequence is refused")
+    group.add_argument("--model_cache", default="model_cache", metavar="DIR",
+                       help="where the exported graphs and the written configurations go, one directory per model "
+                            "and export settings (default: ./model_cache); the model directory may be read-only")
+    group.add_argument("--decode_batch_buckets", default=None, metavar="B1,B2,...",
+                       help="batch sizes of the decode graphs (default 1,2,4,8,16; the largest is max_num_seqs)")
+    group.add_argument("--prefill_batch_buckets", default=None, metavar="B1,B2,...",
+                       help="batch sizes of the prefill graphs (default 1,2,4)")
+    group.add_argument("--prefill_len_buckets", default=None, metavar="L1,L2,...",
+                       help="prompt lengths of the prefill graphs (default 16, 32, ... up to max_model_len, at "
+                            "most 512; longer prompts are computed in chunks)")
+    group.add_argument("--prepare_only", action="store_true",
+                       help="export the graphs and write the configurations of --model, then exit")
+
+
+def _prepare_models(parser, args):
+    """Exports (when missing) and configures every --model; returns their (servable directory, name) pairs."""
+    if not args.model:
+        if args.prepare_only or args.served_model_name:
+            parser.error("--prepare_only and --served_model_name go with --model")
+        return []
+    if args.served_model_name and len(args.served_model_name) != len(args.model):
+        parser.error(f"--served_model_name is given {len(args.served_model_name)} time(s) for {len(args.model)} "
+                     f"--model: give one name per model, or none")
+    if args.model_control == "poll":
+        parser.error("--model serves with --model_control none or explicit, not poll")
+    from mindspore_serving.spec.hf_serving import BUCKET_FIELDS, HfModelError, HfModelSettings
+    from mindspore_serving.worker.llm import hf_model
+    buckets = {}
+    for field in BUCKET_FIELDS:
+        value = getattr(args, field)
+        if value is not None:
+            try:
+                buckets[field] = [int(size) for size in value.split(",") if size.strip()]
+            except ValueError:
+                parser.error(f"--{field} {value!r}: expected comma-separated ints")
+    ids = tuple(int(x) for x in args.device_ids.split(",") if x.strip())
+    agent_ids = ids if len(ids) == args.tensor_parallel else ()
+    if not agent_ids and ids != (0,):
+        parser.error(f"--device_ids {args.device_ids} with --model: give one device id per rank "
+                     f"(--tensor_parallel {args.tensor_parallel})")
+    models = []
+    for index, model_dir in enumerate(args.model):
+        name = args.served_model_name[index] if args.served_model_name else None
+        try:
+            models.append(HfModelSettings.create(
+                os.path.abspath(model_dir), name, os.path.abspath(args.model_cache), buckets,
+                tensor_parallel=args.tensor_parallel, max_model_len=args.max_model_len,
+                kv_cache_memory=args.kv_cache_memory, device_type=args.device_type, device_ids=agent_ids))
+        except HfModelError as err:
+            sys.exit(f"serving_server.py: --model {model_dir}: {err}")
+    names = [settings.served_model_name for settings in models]
+    if len(set(names)) != len(names):
+        parser.error(f"several --model would be served under one name ({', '.join(names)}); name them with "
+                     f"--served_model_name")
+    servables = []
+    for model_dir, settings in zip(args.model, models):
+        try:
+            prepared = hf_model.prepare(settings, log=lambda line: print(line, flush=True))
+        except HfModelError as err:
+            sys.exit(f"serving_server.py: --model {model_dir}: {err}")
+        servables.append((prepared.servable_directory, prepared.name))
+    return servables
 
 
 if __name__ == "__main__":
