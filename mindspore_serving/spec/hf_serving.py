@@ -22,6 +22,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 from mindspore_serving.llm.kv_budget import CacheGeometry, KvBudgetError, min_blocks, parse_size
 from mindspore_serving.models.llama.config import ExportConfig, LlamaConfig, ModelFile
+from mindspore_serving.models.llama.config import check_tensor_parallel as check_sharding
 from mindspore_serving.models.llama.manifest import MANIFEST_VERSION
 
 BLOCK_SIZE = 16
@@ -161,15 +162,10 @@ def default_buckets(max_model_len: int) -> Dict[str, Tuple[int, ...]]:
 def check_tensor_parallel(cfg: LlamaConfig, tp: int):
     """HfModelError unless the query heads, KV heads and MLP width split evenly over `tp` ranks (as the sharding
     of models/llama/model.py needs)."""
-    sizes = {"num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
-             "intermediate_size": cfg.intermediate_size}
-    for name, size in sizes.items():
-        if size % tp:
-            valid = [d for d in range(1, cfg.num_kv_heads + 1)
-                     if all(s % d == 0 for s in sizes.values())]
-            raise HfModelError(f"tensor_parallel={tp} does not divide the model's {name}={size} "
-                               f"({', '.join(f'{k}={v}' for k, v in sizes.items())}); valid tensor_parallel "
-                               f"values: {valid}")
+    try:
+        check_sharding(cfg, tp, {"num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads"})
+    except ValueError as err:
+        raise HfModelError(str(err)) from None
 
 
 def export_model_file(settings: HfModelSettings, cfg: LlamaConfig, max_model_len: int) -> ModelFile:

@@ -331,3 +331,19 @@ def load_config(path: str) -> ModelFile:
 def save_config(cfg: ModelFile, path: str):
     with open(path, "w", encoding="utf-8") as f:
         yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
+
+
+def check_tensor_parallel(cfg: LlamaConfig, tp: int, field_names: Optional[Mapping[str, str]] = None):
+    """Raises ValueError unless the model's heads, KV heads and MLP width split evenly over `tp` ranks; the message
+    names the fields as `field_names` says (e.g. a Hugging Face config.json's names), else as LlamaConfig does."""
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ValueError(f"tensor_parallel must be an int >= 1, got {tp!r}")
+    sizes = {(field_names or {}).get(name, name): getattr(cfg, name)
+             for name in ("num_heads", "num_kv_heads", "intermediate_size")}
+    for name, size in sizes.items():
+        if size % tp:
+            common = math.gcd(*sizes.values())
+            valid = [d for d in range(1, common + 1) if common % d == 0]
+            raise ValueError(f"tensor_parallel={tp} does not divide the model's {name}={size} "
+                             f"({', '.join(f'{k}={v}' for k, v in sizes.items())}); valid tensor_parallel values: "
+                             f"{valid}")

@@ -35,7 +35,7 @@ import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
 from mindspore.common.initializer import Normal, initializer
 
-from .config import LlamaConfig
+from .config import LlamaConfig, check_tensor_parallel  # noqa: F401  (export.py's import)
 
 NEG_INF = -1e9
 
@@ -432,20 +432,6 @@ class MixedStep(nn.Cell):
         return self.model.mixed_step(caches_and_weights[n:], decode_ids, decode_positions, decode_tables,
                                      prefill_ids, prefill_positions, prefill_tables, slot_mapping, prefill_lens,
                                      caches_and_weights[:n])
-
-
-def check_tensor_parallel(cfg: LlamaConfig, tp: int):
-    """Raises ValueError unless the model's heads, KV heads and MLP width split evenly over `tp` ranks."""
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-        raise ValueError(f"tensor_parallel must be an int >= 1, got {tp!r}")
-    names = ("num_heads", "num_kv_heads", "intermediate_size")
-    for name in names:
-        if getattr(cfg, name) % tp:
-            common = math.gcd(*(getattr(cfg, n) for n in names))
-            valid = [d for d in range(1, common + 1) if common % d == 0]
-            raise ValueError(f"tensor_parallel={tp} does not divide the model's {name}={getattr(cfg, name)} "
-                             f"(num_heads={cfg.num_heads}, num_kv_heads={cfg.num_kv_heads}, intermediate_size="
-                             f"{cfg.intermediate_size}); valid tensor_parallel values: {valid}")
 
 
 def _rows(weight: np.ndarray, parts: int, rank: int) -> np.ndarray:
