@@ -7,18 +7,14 @@ from starlette.testclient import TestClient
 from mindspore_serving.common import errors
 from mindspore_serving.frontends.llm import build_llm_router, mindspore_generate_stream
 from mindspore_serving.master.llm_types import Overloaded
-from mindspore_serving.frontends.llm.testing import FakeLlmBackend, parse_sse
+from mindspore_serving.frontends.llm.testing import parse_sse
+from llm_http_app import backend_fixture  # noqa: F401  (the fixture)
 
 TOKENS = [{"id": 10, "logprob": -0.25, "special": False, "text": "Hello"},
           {"id": 11, "logprob": -0.5, "special": False, "text": ","},
           {"id": 12, "logprob": -0.75, "special": False, "text": " world"},
           {"id": 13, "logprob": -1.0, "special": False, "text": "!"},
           {"id": 2, "logprob": -1.25, "special": True, "text": ""}]
-
-
-@pytest.fixture(name="backend")
-def _backend():
-    return FakeLlmBackend()
 
 
 @pytest.fixture(name="client")

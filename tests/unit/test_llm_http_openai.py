@@ -1,29 +1,14 @@
 """OpenAI routes of the LLM front end against a fake backend: /v1/models, /v1/completions,
 /v1/chat/completions, streamed and not, usage, logprobs, and OpenAI's error shape and statuses."""
 import pytest
-from fastapi import FastAPI
-from starlette.testclient import TestClient
 
 from mindspore_serving.common import errors
-from mindspore_serving.frontends.llm import build_llm_router
 from mindspore_serving.master.llm_types import ChatMessage, Overloaded
-from mindspore_serving.frontends.llm.testing import FakeLlmBackend, parse_sse
+from mindspore_serving.frontends.llm.testing import parse_sse
+from llm_http_app import backend_fixture, client_fixture  # noqa: F401  (the fixtures)
 
 MODEL = "llama_tiny"
 USAGE = {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7}
-
-
-@pytest.fixture(name="backend")
-def _backend():
-    return FakeLlmBackend()
-
-
-@pytest.fixture(name="client")
-def _client(backend):
-    app = FastAPI()
-    app.include_router(build_llm_router(backend))
-    with TestClient(app) as client:
-        yield client
 
 
 def _without_ids(payload: dict) -> dict:

@@ -8,25 +8,13 @@ from mindspore_serving.common import errors
 from mindspore_serving.frontends.llm import build_llm_router
 from mindspore_serving.master.llm_types import FinalEvent, ModelInfo, Overloaded
 from mindspore_serving.frontends.llm.testing import DEFAULT_MODEL, FakeLlmBackend, parse_sse
+from llm_http_app import backend_fixture, client_fixture  # noqa: F401  (the fixtures)
 
 TOKENS = [{"id": 10, "text": "Hello", "logprob": -0.25, "special": False},
           {"id": 11, "text": ",", "logprob": -0.5, "special": False},
           {"id": 12, "text": " world", "logprob": -0.75, "special": False},
           {"id": 13, "text": "!", "logprob": -1.0, "special": False},
           {"id": 2, "text": "", "logprob": -1.25, "special": True}]
-
-
-@pytest.fixture(name="backend")
-def _backend():
-    return FakeLlmBackend()
-
-
-@pytest.fixture(name="client")
-def _client(backend):
-    app = FastAPI()
-    app.include_router(build_llm_router(backend))
-    with TestClient(app) as client:
-        yield client
 
 
 def test_generate_with_details(client, backend):

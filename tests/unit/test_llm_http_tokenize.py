@@ -1,30 +1,15 @@
 """vLLM's /tokenize and /detokenize against a fake backend: both body forms, what reaches the backend, the reply
 shapes, and OpenAI's error shape and statuses (a chat template's refusal is a 400 with its message)."""
 import pytest
-from fastapi import FastAPI
-from starlette.testclient import TestClient
 
 from mindspore_serving.common import errors
 from mindspore_serving.frontends import api_groups
 from mindspore_serving.frontends.errors import Protocol
-from mindspore_serving.frontends.llm import build_llm_router
-from mindspore_serving.frontends.llm.testing import FakeLlmBackend, fake_token_ids
+from mindspore_serving.frontends.llm.testing import fake_token_ids
 from mindspore_serving.frontends.restful_server import RestfulApp
+from llm_http_app import backend_fixture, client_fixture  # noqa: F401  (the fixtures)
 
 MODEL = "llama_tiny"
-
-
-@pytest.fixture(name="backend")
-def _backend():
-    return FakeLlmBackend()
-
-
-@pytest.fixture(name="client")
-def _client(backend):
-    app = FastAPI()
-    app.include_router(build_llm_router(backend))
-    with TestClient(app) as client:
-        yield client
 
 
 def test_tokenize_a_prompt(client, backend):
