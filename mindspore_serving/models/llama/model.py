@@ -264,8 +264,8 @@ class DecoderLayer(nn.Cell):
 class LlamaModel(nn.Cell):
     """The decoder. `construct` is the paged step exported to MindIR; `forward_full` trains and checks it.
 
-    `tp` > 1 builds one tensor-parallel rank's shard (see DecoderLayer; `shard_model` fills it from the whole
-    model): its KV caches hold num_kv_heads / tp heads. The embedding and the lm head are replicated, so every
+    `tp` > 1 builds one tensor-parallel rank's shard (see DecoderLayer; `shard_weights` cuts its weights from the
+    whole model's): its KV caches hold num_kv_heads / tp heads. The embedding and the lm head are replicated, so every
     rank computes the whole logits.
 
     `forward_full`, `construct` and `construct_mixed` compute with the model's Parameters; `paged_step` and
@@ -457,18 +457,6 @@ def shard_weights(cfg: LlamaConfig, weights: dict, tp: int, rank: int) -> dict:
             value = _rows(value.T, tp, rank).T
         out[name] = np.ascontiguousarray(value)
     return out
-
-
-def shard_model(model: LlamaModel, tp: int, rank: int) -> LlamaModel:
-    """A tensor-parallel rank's model holding its shard of `model`'s weights (tp == 1: `model` itself)."""
-    if tp == 1:
-        return model
-    whole = {name: p.asnumpy() for name, p in model.parameters_and_names()}
-    shard = LlamaModel(model.cfg, tp)
-    params = dict(shard.parameters_and_names())
-    for name, value in shard_weights(model.cfg, whole, tp, rank).items():
-        params[name].set_data(Tensor(value))
-    return shard
 
 
 def checkpoint_params(model: LlamaModel):
