@@ -51,8 +51,8 @@ def resolve_version(servable_directory: str, servable_name: str, version_number:
 def _prepare_hf_model(settings) -> str:
     """The LLM configuration of a servable declared with declare_llm(model_dir=...), its graphs exported first
     when the model cache lacks them."""
-    from mindspore_serving.spec.hf_serving import HfModelError
-    from mindspore_serving.worker.llm import hf_model
+    from mindspore_serving.spec.hf_serving import HfModelError  # only servables declared with model_dir need them
+    from mindspore_serving.worker.llm import hf_model  # as above
     try:
         return hf_model.prepare(settings, log=log.info).config_file
     except HfModelError as err:

@@ -24,8 +24,8 @@ def export_hf(model_dir: str, cfg: ModelFile, out: str, tp: int = 1, jobs: int =
               source: str = "") -> List[dict]:
     """Exports `model_dir`'s weights with the network and buckets of `cfg` into out/rank_*; returns the manifests.
     Raises ValueError (UnsupportedModelError) when the checkpoint does not match the network."""
-    from mindspore_serving.common.ms_device import select_device
-    from mindspore_serving.models.llama import export
+    from mindspore_serving.common.ms_device import select_device  # MindSpore: only in the export's own process
+    from mindspore_serving.models.llama import export  # MindSpore, as above
     weights = load_hf_weights(model_dir, cfg.model)
     source = source or f"hf:{os.path.basename(os.path.normpath(model_dir))}"
     dirs = export.rank_dirs(out, tp)
