@@ -286,7 +286,8 @@ class LLMEngine:
             char_limit = self.config.max_prompt_chars or 32 * self.config.max_model_len
             if len(prompt) > char_limit:
                 raise InvalidRequestError(f"prompt has {len(prompt)} characters, more than this model takes "
-                                          f"({char_limit}, engine.max_prompt_chars in the LLM config); shorten the prompt")
+                                          f"({char_limit}, engine.max_prompt_chars in the LLM config); shorten the "
+                                          f"prompt")
             encoded = self.tokenizer.encode(prompt)
             token_ids = list(getattr(encoded, "ids", encoded))
             if not token_ids:

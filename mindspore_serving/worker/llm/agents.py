@@ -121,9 +121,9 @@ def _spawn(config_path: str, rank: int, address: str, cluster: Optional[ms_clust
 def startup_agents(config, addresses: Optional[List[str]] = None, ranks: Optional[Sequence[int]] = None,
                    cluster: Optional[ms_cluster.ClusterAddress] = None, directory: str = "") -> AgentGroup:
     """Starts the agents of `ranks` (default: every rank) and blocks until all are ready (models loaded, warmed
-    up, listening), at `addresses` (default: agent_addresses in `directory`). With tensor parallelism the ranks form a cluster at `cluster` (default: `cluster_address`),
-    whose scheduler starts here when rank 0 is among `ranks`; a rank is ready only once every rank of the
-    cluster joined, those on other hosts included.
+    up, listening), at `addresses` (default: agent_addresses in `directory`). With tensor parallelism the ranks
+    form a cluster at `cluster` (default: `cluster_address`), whose scheduler starts here when rank 0 is among
+    `ranks`; a rank is ready only once every rank of the cluster joined, those on other hosts included.
 
     A rank that fails or exits before it is ready stops the others and raises RuntimeError with its reason.
     With engine.kv_cache_memory_fraction the memory is measured once here, before any rank loads, and every rank
