@@ -135,10 +135,10 @@ class Served:
         rest = f"127.0.0.1:{free_port()}"
         command = [os.path.join(ROOT, "serving_server.py"), "--grpc", f"127.0.0.1:{free_port()}", "--rest", rest,
                    "--model", self.model_dir, "--served_model_name", NAME, "--model_cache", self.cache,
-                   "--max_model_len", str(self.args.max_model_len), "--kv_cache_memory", self.args.kv_cache_memory,
-                   "--decode_batch_buckets", self.args.decode_batch_buckets,
-                   "--prefill_batch_buckets", self.args.prefill_batch_buckets,
-                   "--prefill_len_buckets", self.args.prefill_len_buckets]
+                   "--max_model_len", str(self.args.max_model_len), "--kv_cache_memory", self.args.kv_cache_memory]
+        for flag in ("decode_batch_buckets", "prefill_batch_buckets", "prefill_len_buckets"):
+            if getattr(self.args, flag):  # "": the one command's own buckets
+                command += [f"--{flag}", getattr(self.args, flag)]
         started = time.monotonic()
         self.proc = ServingProcess(command, self.workdir)
         self.proc.wait_for("RESTful server start success", timeout=self.args.start_timeout)
@@ -276,7 +276,8 @@ def main(argv=None) -> int:
     parser.add_argument("--output_tokens", type=int, default=16)
     parser.add_argument("--max_model_len", type=int, default=256)
     parser.add_argument("--kv_cache_memory", default="512MiB")
-    # the graphs a 24-layer model compiles in minutes, not tens of minutes: what these requests use
+    # the graphs a 24-layer model compiles in minutes, not tens of minutes: what these requests use ("": the one
+    # command's defaults)
     parser.add_argument("--decode_batch_buckets", default="1,4,16")
     parser.add_argument("--prefill_batch_buckets", default="1")
     parser.add_argument("--prefill_len_buckets", default="64")

@@ -8,8 +8,8 @@ those graphs in the model cache, and the LLM configuration served from them. No 
     key = cache_key(file_digests, model_file, settings.tensor_parallel) # content + export settings
     llm = llm_config(settings, model_file, max_len, tokenizer, generation_config)   # the YAML's content
 
-The graphs: block size 16; decode batches 1, 2, 4, 8, 16; prefill batches 1, 2, 4; prefill lengths 16, 32, ...
-up to max_model_len, at most 512 (longer prompts are computed in chunks of the largest); no mixed graphs. Each
+The graphs: block size 16; decode batches 1, 2, 4, 8, 16; prefill batch 1; prefill lengths 16, 32, ...
+up to max_model_len, at most 128 (longer prompts are computed in chunks of the largest); no mixed graphs. Each
 of those three lists can be given instead. The graphs hold max_model_len rounded up to the block size.
 """
 import dataclasses
@@ -30,8 +30,12 @@ DEFAULT_MAX_MODEL_LEN = 2048
 """The default max model length is max_position_embeddings capped to this: what a CPU host serves in reasonable
 memory and time (the KV cache and the prefill work grow with it)."""
 DEFAULT_DECODE_BATCHES = (1, 2, 4, 8, 16)
-DEFAULT_PREFILL_BATCHES = (1, 2, 4)
-MIN_PREFILL_LEN, MAX_PREFILL_LEN = 16, 512
+DEFAULT_PREFILL_BATCHES = (1,)
+MIN_PREFILL_LEN, MAX_PREFILL_LEN = 16, 128
+"""Prefill graphs of one row of at most 128 tokens (longer prompts go in chunks): MindSpore's CPU graphs hold every
+intermediate tensor of a call for the graph's life, ~4.7 MB per token of a call on a 24-layer 0.5B model, so the
+default graphs (~270 tokens of calls) keep a compiled model at ~1.3 GB instead of ~16 GB for prefill batches 1, 2, 4
+of up to 512 tokens (bench/llm_real.py)."""
 DEFAULT_SEQUENCES_IN_CACHE = 4
 """Without a KV-cache budget the cache holds this many sequences of max_model_len (engine.num_blocks)."""
 BUCKET_FIELDS = ("decode_batch_buckets", "prefill_batch_buckets", "prefill_len_buckets")

@@ -64,8 +64,8 @@ def test_names_lengths_and_buckets():
     assert plan.served_max_model_len(base, None) == 2048
     with pytest.raises(HfModelError, match="max_model_len 4096 exceeds the model's max_position_embeddings 1024"):
         plan.served_max_model_len(settings("/m/x", "/c", max_model_len=4096), 1024)
-    assert plan.default_buckets(2048) == {"decode_batch_buckets": (1, 2, 4, 8, 16), "prefill_batch_buckets": (1, 2, 4),
-                                          "prefill_len_buckets": (16, 32, 64, 128, 256, 512)}
+    assert plan.default_buckets(2048) == {"decode_batch_buckets": (1, 2, 4, 8, 16), "prefill_batch_buckets": (1,),
+                                          "prefill_len_buckets": (16, 32, 64, 128)}
     assert plan.default_buckets(100)["prefill_len_buckets"] == (16, 32, 64)   # the graphs hold 112 tokens
     assert plan.default_buckets(10)["prefill_len_buckets"] == (16,)
 
@@ -90,7 +90,7 @@ def test_an_export_is_used_until_its_content_or_settings_change(qwen2, tmp_path,
     first = hf_model.prepare(settings(qwen2, cache, max_model_len=128), lines.append)
     assert first.exported and first.name == "Qwen2_5-tiny" and len(exports) == 1
     assert os.path.basename(first.cache_dir).startswith("Qwen2_5-tiny-")
-    assert lines[0] == f"Qwen2_5-tiny: exporting 17 graphs into {first.cache_dir} (max_model_len 128)"
+    assert lines[0] == f"Qwen2_5-tiny: exporting 9 graphs into {first.cache_dir} (max_model_len 128)"
     config = load_serving_config(first.config_file)
     assert config.model.graphs == (os.path.join(first.cache_dir, "graphs", "rank_0"),)
     assert config.model.tokenizer == os.path.join(qwen2, "tokenizer.json")
