@@ -7,6 +7,9 @@ from mindspore_serving import log
 from mindspore_serving.common import errors
 from mindspore_serving.common.tensor_codec import error_msg
 from mindspore_serving.frontends.errors import Protocol, classic_error, grpc_error, http_error
+from serving_process import free_port
+
+PORT = free_port()  # a URL's port, kept as text (nothing listens)
 
 LEAKY = ("servable 'nope' is not in the servable directory /usr/lib/servables; "
          "stage failed: <PIL.PngImagePlugin.PngImageFile image mode=L size=5x5 at 0x7F3A2B1C4D50>")
@@ -34,7 +37,7 @@ def request_id():
     # kept: URL paths, short hex numbers, texts without either
     ("Request /v2/models/add/infer and /model/add:add_common failed; see /ready",
      "Request /v2/models/add/infer and /model/add:add_common failed; see /ready"),
-    ("see http://127.0.0.1:5500/model/add", "see http://127.0.0.1:5500/model/add"),
+    (f"see http://127.0.0.1:{PORT}/model/add", f"see http://127.0.0.1:{PORT}/model/add"),
     ("flags 0xff", "flags 0xff"),
     ("x1 should be float32, got int32", "x1 should be float32, got int32"),
 ])

@@ -3,6 +3,9 @@ starter restarts it (fake clock and connection samples; the real ones are psutil
 import pytest
 
 from mindspore_serving.common import cluster_registration as cr
+from serving_process import free_port
+
+PORT = free_port()  # the scheduler's port the messages name (nothing listens)
 
 
 def test_a_connection_held_long_enough_means_registered():
@@ -44,7 +47,7 @@ class Clock:
 
 def tracker(samples, timeout=10.0):
     clock = Clock()
-    return cr.RankRegistrations("127.0.0.1", 9000, timeout=timeout, clock=clock,
+    return cr.RankRegistrations("127.0.0.1", PORT, timeout=timeout, clock=clock,
                                 sample=lambda pid, ips, port: samples.get(pid, [])), clock
 
 
@@ -87,7 +90,8 @@ def test_a_rank_stuck_after_every_restart_fails_the_start_with_the_reason():
         for _ in range(cr.MAX_RESTARTS + 2):
             clock.now += 6.0
             registrations.restart_stuck(lambda rank: next(pids))
-    assert "cluster rank 0 did not register with the cluster scheduler at 127.0.0.1:9000 within 5 s" in str(err.value)
+    assert (f"cluster rank 0 did not register with the cluster scheduler at 127.0.0.1:{PORT} within 5 s"
+            in str(err.value))
     assert f"started {cr.MAX_RESTARTS + 1} times" in str(err.value)
     assert cr.TIMEOUT_VAR in str(err.value)
 

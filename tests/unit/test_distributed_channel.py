@@ -16,6 +16,9 @@ from mindspore_serving.proto import distributed_pb2 as dpb
 from mindspore_serving.proto import distributed_pb2_grpc as dpb_grpc
 from mindspore_serving.server import SSLConfig
 from mindspore_serving.worker.distributed import process
+from serving_process import free_port
+
+PORT = free_port()  # an address the warnings name (nothing listens)
 
 PREFIX = internal_tls.DISTRIBUTED_PREFIX
 CERT, KEY, CA = internal_tls.variable_names(PREFIX)
@@ -114,30 +117,31 @@ def logged(monkeypatch):
 def test_listening_beyond_loopback_without_secret_or_tls_is_logged_with_what_is_open_and_the_fix(logged,
                                                                                                   monkeypatch):
     monkeypatch.delenv(protocol.SECRET_ENV, raising=False)
-    for address in ("127.0.0.1:6200", "127.0.0.2:6200", "localhost:6200", "[::1]:6200", "unix:/tmp/worker.sock"):
+    for address in (f"127.0.0.1:{PORT}", f"127.0.0.2:{PORT}", f"localhost:{PORT}", f"[::1]:{PORT}",
+                    "unix:/tmp/worker.sock"):
         assert protocol.exposure_warning(address, "it", "all") is None
-    process.warn_if_exposed("127.0.0.1:6200")
+    process.warn_if_exposed(f"127.0.0.1:{PORT}")
     startup._warn_if_exposed("127.0.0.1", 7000, 2)
     assert logged == []
-    process.warn_if_exposed("0.0.0.0:6200")
+    process.warn_if_exposed(f"0.0.0.0:{PORT}")
     startup._warn_if_exposed("10.0.0.2", 7000, 2)
     worker, agents = logged
-    assert worker.startswith("the distributed worker on 0.0.0.0:6200 can be reached beyond this host, and neither "
+    assert worker.startswith(f"the distributed worker on 0.0.0.0:{PORT} can be reached beyond this host, and neither "
                              f"{protocol.SECRET_ENV} nor {CERT}/{KEY}/{CA} is set: any process that reaches it "
                              "can read the rank table")
     assert agents.startswith("the rank agents on 10.0.0.2:7000-7001 can be reached beyond this host")
     for text in (worker, agents):
         assert f"Set {protocol.SECRET_ENV} to the same random value on every host" in text
-    for address in ("[2001:db8::1]:6200", "serving-host:6200"):
+    for address in (f"[2001:db8::1]:{PORT}", f"serving-host:{PORT}"):
         assert protocol.exposure_warning(address, "it", "all") is not None
     monkeypatch.setenv(protocol.SECRET_ENV, "shared-secret")
-    assert protocol.exposure_warning("0.0.0.0:6200", "it", "all") is None
+    assert protocol.exposure_warning(f"0.0.0.0:{PORT}", "it", "all") is None
 
 
 def test_tls_alone_also_silences_the_warning(certs, monkeypatch):
     monkeypatch.delenv(protocol.SECRET_ENV, raising=False)
     _use(monkeypatch, certs[0])
-    assert protocol.exposure_warning("0.0.0.0:6200", "it", "all") is None
+    assert protocol.exposure_warning(f"0.0.0.0:{PORT}", "it", "all") is None
 
 
 @pytest.fixture(scope="module")
