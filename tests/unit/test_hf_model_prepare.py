@@ -148,9 +148,9 @@ def _truncate(name):
     return truncate
 
 
-def _edit_config(**fields):
+def _edit_config(file="config.json", **fields):
     def edit(d):
-        path = os.path.join(d, "config.json")
+        path = os.path.join(d, file)
         data = json.load(open(path, encoding="utf-8"))
         data.update(fields)
         json.dump(data, open(path, "w", encoding="utf-8"))
@@ -169,6 +169,7 @@ def _edit_config(**fields):
                                          r"truncated or corrupt"),
     (_edit_config(architectures=["GPT2LMHeadModel"]), {}, "architecture 'GPT2LMHeadModel' is not supported"),
     (_edit_config(hidden_act="gelu"), {}, 'hidden_act="gelu" is not supported'),
+    (_edit_config("generation_config.json", eos_token_id="x"), {}, "generation_config.json: eos_token_id must be"),
     (lambda d: None, {"tensor_parallel": 4}, r"tensor_parallel=4 does not divide the model's num_key_value_heads=2 "
                                              r".*valid tensor_parallel values: \[1, 2\]"),
     (lambda d: None, {"kv_cache_memory": "16KiB"}, r"kv_cache_memory: too little memory for even one sequence: "

@@ -24,7 +24,8 @@ from mindspore import Tensor, ops  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
 from mindspore_serving.models.llama.config import LlamaConfig  # noqa: E402
-from mindspore_serving.models.llama.hf.config import UnsupportedModelError, read_hf_config  # noqa: E402
+from mindspore_serving.llm.generation_defaults import GenerationDefaults  # noqa: E402
+from mindspore_serving.models.llama.hf.config import UnsupportedModelError, read_hf_config, read_json  # noqa: E402
 from mindspore_serving.models.llama.hf.loader import build_hf_model  # noqa: E402
 from mindspore_serving.models.llama.hf.weights import bfloat16_to_float32, load_hf_weights  # noqa: E402
 from mindspore_serving.models.llama.model import (LlamaModel, check_tensor_parallel, linear, rms_norm,  # noqa: E402
@@ -92,7 +93,8 @@ def test_configs_map_each_family():
                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
     assert llama3.tie_word_embeddings and llama3.rope_theta == 500000.0 and llama3.head_dim == 16
     assert extras["eos_token_ids"] == [508, 511] and extras["torch_dtype"] == "bfloat16"
-    assert extras["generation_defaults"] == {"temperature": 0.6, "top_p": 0.9}
+    generation = GenerationDefaults.from_config(read_json(os.path.join(FIXTURES, "llama3"), "generation_config.json"))
+    assert list(generation.eos_token_ids) == [508, 511] and generation.sampling == {"temperature": 0.6, "top_p": 0.9}
     linear_cfg = cfgs["llama2_linear"][0]
     assert linear_cfg.head_dim == 32 and linear_cfg.rope_scaling == {"rope_type": "linear", "factor": 2.0}
     assert not linear_cfg.tie_word_embeddings

@@ -33,6 +33,7 @@ from typing import Callable, Dict, Optional
 
 import yaml
 
+from mindspore_serving.llm.generation_defaults import GenerationDefaults
 from mindspore_serving.models.llama.config import ModelFile
 from mindspore_serving.models.llama.hf.config import UnsupportedModelError, hf_llama_config, read_json
 from mindspore_serving.models.llama.hf.weights import SafetensorsCheckpoint, check_checkpoint
@@ -86,12 +87,17 @@ def _check(settings: HfModelSettings) -> _Checked:
         config_json = read_json(model_dir, "config.json")
         max_pos = config_json.get("max_position_embeddings")
         max_len = plan.served_max_model_len(settings, max_pos if isinstance(max_pos, int) and max_pos > 0 else None)
-        cfg, extras = hf_llama_config(config_json, max_len, read_json(model_dir, GENERATION_CONFIG_FILE,
-                                                                      required=False))
+        cfg, extras = hf_llama_config(config_json, max_len)
+        generation = read_json(model_dir, GENERATION_CONFIG_FILE, required=False)
         checkpoint = SafetensorsCheckpoint(model_dir)
         check_checkpoint(cfg, {name: checkpoint.shape(name) for name in checkpoint.names()})
     except UnsupportedModelError as err:
         raise HfModelError(str(err)) from None
+    if generation is not None:  # refused now rather than when the served configuration is loaded, after the export
+        try:
+            GenerationDefaults.from_config(generation)
+        except ValueError as err:
+            raise HfModelError(f"{GENERATION_CONFIG_FILE}: {err}") from None
     if not os.path.isfile(os.path.join(model_dir, TOKENIZER_FILE)):
         raise HfModelError(f"the model directory has no {TOKENIZER_FILE} (a Hugging Face fast tokenizer); save the "
                            f"tokenizer with transformers' save_pretrained to write one")

@@ -1,4 +1,5 @@
-"""A Hugging Face model directory's config.json and generation_config.json -> LlamaConfig and serving defaults.
+"""A Hugging Face model directory's config.json -> LlamaConfig (generation_config.json is the serving config's:
+llm/generation_defaults.py reads it).
 
 Each field of config.json is mapped onto `LlamaConfig`, checked to hold a value under which transformers computes
 what `LlamaModel` computes, or known to leave the forward pass alone (bookkeeping, training-only settings,
@@ -62,7 +63,6 @@ _MATH_FIELDS = frozenset({
     "mlp_bias", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
 })
 _RMS_NORM_EPS_DEFAULT = 1e-6   # transformers' default for the four architectures
-_SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "repetition_penalty")
 
 
 def _refuse(field: str, value: Any, why: str):
@@ -210,9 +210,8 @@ def _token_ids(value: Any, field: str, file: str = "config.json") -> List[int]:
     return list(ids)
 
 
-def hf_llama_config(cfg: Mapping[str, Any], max_seq_len: Optional[int] = None,
-                    generation: Optional[Mapping[str, Any]] = None) -> Tuple[LlamaConfig, Dict[str, Any]]:
-    """config.json's and generation_config.json's objects -> (LlamaConfig, extras); see `read_hf_config`."""
+def hf_llama_config(cfg: Mapping[str, Any], max_seq_len: Optional[int] = None) -> Tuple[LlamaConfig, Dict[str, Any]]:
+    """config.json's object -> (LlamaConfig, extras); see `read_hf_config`."""
     arch_name, arch = architecture_of(cfg)
     unknown = sorted(set(cfg) - _NEUTRAL_FIELDS - _MATH_FIELDS)
     if unknown:
@@ -244,8 +243,7 @@ def hf_llama_config(cfg: Mapping[str, Any], max_seq_len: Optional[int] = None,
     if not isinstance(tie, bool):
         _refuse("tie_word_embeddings", tie, "must be true or false")
     vocab = _int_field(cfg, "vocab_size")
-    gen_eos, gen_defaults = generation_defaults(generation)
-    eos_ids = gen_eos + [i for i in _token_ids(cfg.get("eos_token_id"), "eos_token_id") if i not in gen_eos]
+    eos_ids = _token_ids(cfg.get("eos_token_id"), "eos_token_id")
     bos_ids = _token_ids(cfg.get("bos_token_id"), "bos_token_id")
     pad_ids = _token_ids(cfg.get("pad_token_id"), "pad_token_id")
 
@@ -269,36 +267,16 @@ def hf_llama_config(cfg: Mapping[str, Any], max_seq_len: Optional[int] = None,
         "max_position_embeddings": max_pos,
         "eos_token_ids": eos_ids,
         "torch_dtype": cfg.get("torch_dtype", cfg.get("dtype")),
-        "generation_defaults": gen_defaults,
     }
     return model, extras
 
 
-def generation_defaults(gen: Optional[Mapping[str, Any]]) -> Tuple[List[int], Dict[str, Any]]:
-    """generation_config.json's object -> (eos_token_id as a list, its sampling defaults among temperature, top_p,
-    top_k and repetition_penalty). do_sample is not carried (as in vLLM): a request's own sampling values apply."""
-    if not gen:
-        return [], {}
-    eos = _token_ids(gen.get("eos_token_id"), "eos_token_id", "generation_config.json")
-    defaults = {}
-    for name in _SAMPLING_DEFAULTS:
-        value = gen.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise UnsupportedModelError(f"generation_config.json: {name}={json.dumps(value)} must be a number")
-        defaults[name] = int(value) if name == "top_k" else float(value)
-    return eos, defaults
-
-
 def read_hf_config(model_dir: str, max_seq_len: Optional[int] = None) -> Tuple[LlamaConfig, Dict[str, Any]]:
-    """Reads `model_dir`'s config.json (and generation_config.json when present) -> (LlamaConfig, extras).
+    """Reads `model_dir`'s config.json -> (LlamaConfig, extras).
 
     max_seq_len: the served max length (default: max_position_embeddings, which it may not exceed). extras:
-    architecture, model_type, max_position_embeddings, torch_dtype (the checkpoint's), eos_token_ids (every id
-    that ends generation: generation_config.json's, then config.json's others; LlamaConfig.eos_token_id holds the
-    first in the vocabulary), generation_defaults (generation_config.json's sampling values; a request's own win).
-    Raises UnsupportedModelError naming the field that is not implemented.
+    architecture, model_type, max_position_embeddings, torch_dtype (the checkpoint's), eos_token_ids (config.json's
+    end-of-sequence ids; LlamaConfig.eos_token_id holds the first in the vocabulary). Raises UnsupportedModelError
+    naming the field that is not implemented.
     """
-    return hf_llama_config(read_json(model_dir, "config.json"), max_seq_len,
-                           read_json(model_dir, "generation_config.json", required=False))
+    return hf_llama_config(read_json(model_dir, "config.json"), max_seq_len)
