@@ -18,17 +18,26 @@ events it builds with `output_events` / `error_event` and the master reads with 
 """
 import functools
 import json
-from dataclasses import dataclass, fields
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 from mindspore_serving.common import errors
 from mindspore_serving.common.errors import Kind
 from mindspore_serving.llm.request import FinishReason, inter_token_latency
-from mindspore_serving.llm.sampling_params import SamplingParams
+from mindspore_serving.llm.sampling_params import SamplingParams, StructuredOutput
 from mindspore_serving.proto import llm_worker_pb2 as pb
 
 LLM_SESSION_PROTOCOL_VERSION = 2
 _VERSION_FACT = "session_protocol"
+
+
+@dataclass
+class TopLogprob:
+    """One of the most likely tokens at a position."""
+    token_id: int
+    text: str
+    """The token's own text (decoded alone)."""
+    logprob: float
 
 
 @dataclass
@@ -40,6 +49,25 @@ class TokenEvent:
     special: bool = False
     index: int = 0
     """Position of the token in the output (0 = first generated token)."""
+    top_logprobs: List[TopLogprob] = field(default_factory=list)
+    """The `top_logprobs` most likely tokens at this position, most likely first (empty when not asked)."""
+    choice: int = 0
+    """Which of the request's choices (n, best_of) this token belongs to."""
+
+
+@dataclass
+class PromptToken:
+    token_id: int
+    text: str
+    logprob: Optional[float]
+    """log P(token | the tokens before it); None for the first token."""
+    top_logprobs: List[TopLogprob] = field(default_factory=list)
+
+
+@dataclass
+class PromptEvent:
+    """The prompt's tokens scored (SamplingParams.prompt_logprobs), sent before the first TokenEvent."""
+    tokens: List[PromptToken]
 
 
 @dataclass
@@ -64,9 +92,13 @@ class FinalEvent:
     timing: Optional[Timing] = None
     prompt: str = ""
     """The prompt as the model saw it (after the chat template)."""
+    choice: int = 0
+    """Which choice this ends; a request with several choices ends after the FinalEvent of each."""
+    cumulative_logprob: float = 0.0
+    """Sum of the choice's token logprobs (best_of keeps the highest)."""
 
 
-GenerationEvent = Union[TokenEvent, FinalEvent]
+GenerationEvent = Union[TokenEvent, FinalEvent, PromptEvent]
 
 
 @dataclass
@@ -117,7 +149,7 @@ def read_facts(text: Optional[str]) -> Optional[dict]:
 
 
 _DEFAULTS = SamplingParams()
-_REPEATED = ("stop", "stop_token_ids")
+_REPEATED = ("stop", "stop_token_ids", "bad_words", "allowed_token_ids")
 
 
 def params_to_proto(params: SamplingParams, explicit: Iterable[str] = ()) -> pb.SamplingParams:
@@ -125,35 +157,48 @@ def params_to_proto(params: SamplingParams, explicit: Iterable[str] = ()) -> pb.
     they win over the model's own defaults, see params_from_proto)."""
     message = pb.SamplingParams()
     explicit = frozenset(explicit)
-    for field in fields(SamplingParams):
-        value = getattr(params, field.name)
-        if value == getattr(_DEFAULTS, field.name) and field.name not in explicit:
+    for item in fields(SamplingParams):
+        value = getattr(params, item.name)
+        if value is None or (value == getattr(_DEFAULTS, item.name) and item.name not in explicit):
             continue
-        if field.name in _REPEATED:
-            getattr(message, field.name).extend(value)
+        if item.name in _REPEATED:
+            getattr(message, item.name).extend(value)
+        elif item.name == "logit_bias":
+            message.logit_bias.extend(pb.TokenBias(token_id=t, bias=b) for t, b in value)
+        elif item.name == "structured_output":
+            message.structured_output = value.to_json()
         else:
-            setattr(message, field.name, value)
+            setattr(message, item.name, value)
     return message
 
 
 def params_from_proto(message: pb.SamplingParams, defaults: Optional[Mapping[str, Any]] = None) -> SamplingParams:
     """The request's params; a field it left unset takes `defaults` (the model's), then SamplingParams'."""
     values = dict(defaults or {})
-    for field in fields(SamplingParams):
-        if field.name in _REPEATED:
-            values[field.name] = tuple(getattr(message, field.name))
-        elif message.HasField(field.name):
-            values[field.name] = getattr(message, field.name)
+    for item in fields(SamplingParams):
+        if item.name in _REPEATED:
+            values[item.name] = tuple(getattr(message, item.name))
+        elif item.name == "logit_bias":
+            values[item.name] = tuple((b.token_id, b.bias) for b in message.logit_bias)
+        elif item.name == "structured_output":
+            if message.HasField(item.name):
+                values[item.name] = StructuredOutput.of(message.structured_output)
+        elif message.HasField(item.name):
+            values[item.name] = getattr(message, item.name)
     return SamplingParams(**values)
 
 # --------------------------------------------------------------------------------------------- commands
 
 
 def generate_command(stream_id: int, request_id: str, params: SamplingParams, prompt: Optional[str] = None,
-                     messages: Optional[Iterable] = None, explicit: Iterable[str] = ()) -> pb.SessionCommand:
+                     messages: Optional[Iterable] = None, explicit: Iterable[str] = (),
+                     tools: Optional[Sequence[Any]] = None,
+                     template_kwargs: Optional[Mapping[str, Any]] = None) -> pb.SessionCommand:
     """A new generation of `prompt`, or of chat `messages` (objects with `role` and `content`, or dicts);
-    `explicit`: the sampling fields the request set itself."""
-    request = pb.GenerateRequest(request_id=request_id, params=params_to_proto(params, explicit))
+    `explicit`: the sampling fields the request set itself; `tools` and `template_kwargs` go to the chat
+    template."""
+    request = pb.GenerateRequest(request_id=request_id, params=params_to_proto(params, explicit),
+                                 tools_json=_json(tools), template_kwargs_json=_json(template_kwargs))
     if messages is not None:
         request.messages.extend(chat_message(m) for m in messages)
     else:
@@ -181,7 +226,8 @@ def _json(value) -> str:
     return "" if value is None or value == {} else json.dumps(value, ensure_ascii=False)
 
 
-def _from_json(text: str):
+def read_json(text: str):
+    """A JSON field of a message (tools_json, ...): its value, None when empty."""
     return json.loads(text) if text else None
 
 
@@ -208,6 +254,7 @@ _FINISH_REASONS = {
     FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
     FinishReason.ABORT: pb.FINISH_REASON_ABORT,
     FinishReason.ERROR: pb.FINISH_REASON_ERROR,
+    FinishReason.GRAMMAR: pb.FINISH_REASON_GRAMMAR,
 }
 _FINISH_REASON_OF = {wire: reason for reason, wire in _FINISH_REASONS.items()}
 
@@ -265,17 +312,42 @@ def _output_error(output) -> errors.ServingError:
 # ------------------------------------------------------------------------------------ events, master side
 
 
+def top_logprobs_proto(tops: Iterable[TopLogprob]) -> List[pb.TopLogprob]:
+    return [pb.TopLogprob(id=t.token_id, text=t.text, logprob=t.logprob) for t in tops]
+
+
+def _read_tops(tops) -> List[TopLogprob]:
+    return [TopLogprob(t.id, t.text, t.logprob) for t in tops]
+
+
+def prompt_scores_event(tokens: Iterable[PromptToken]) -> pb.GenerateEvent:
+    """The event that carries a request's scored prompt (before its first token)."""
+    scores = pb.PromptScores()
+    for token in tokens:
+        item = scores.tokens.add(id=token.token_id, text=token.text)
+        if token.logprob is not None:
+            item.logprob = token.logprob
+        item.top_logprobs.extend(top_logprobs_proto(token.top_logprobs))
+    return pb.GenerateEvent(prompt_scores=scores)
+
+
 def read_event(event: pb.GenerateEvent) -> GenerationEvent:
-    """The TokenEvent or FinalEvent of `event`; an Error event is raised as the ServingError of its kind."""
+    """The TokenEvent, FinalEvent or PromptEvent of `event`; an Error event is raised as the ServingError of
+    its kind."""
     which = event.WhichOneof("event")
     if which == "token":
         token = event.token
-        return TokenEvent(token.id, token.text, token.logprob, token.special, token.index)
+        return TokenEvent(token.id, token.text, token.logprob, token.special, token.index,
+                          _read_tops(token.top_logprobs), token.choice)
     if which == "final":
         final = event.final
         timing = Timing(final.queue_time, final.time_to_first_token, final.inter_token_latency, final.e2e_latency)
-        return FinalEvent(final.text, list(final.token_ids), _FINISH_REASON_OF.get(final.finish_reason, FinishReason.ERROR).value,
-                          final.prompt_tokens, final.completion_tokens, timing, final.prompt)
+        reason = _FINISH_REASON_OF.get(final.finish_reason, FinishReason.ERROR).value
+        return FinalEvent(final.text, list(final.token_ids), reason, final.prompt_tokens, final.completion_tokens,
+                          timing, final.prompt, final.choice, final.cumulative_logprob)
+    if which == "prompt_scores":
+        return PromptEvent([PromptToken(t.id, t.text, t.logprob if t.HasField("logprob") else None,
+                                        _read_tops(t.top_logprobs)) for t in event.prompt_scores.tokens])
     raise _raised(event.error)
 
 
@@ -307,8 +379,8 @@ def read_tokenize_request(message: pb.TokenizeRequest) -> TokenizeRequest:
         messages=read_chat_messages(message.messages) if message.messages else None,
         add_generation_prompt=message.add_generation_prompt, continue_final_message=message.continue_final_message,
         add_special_tokens=message.add_special_tokens if message.HasField("add_special_tokens") else None,
-        tools=_from_json(message.tools_json), documents=_from_json(message.documents_json),
-        chat_template_kwargs=_from_json(message.template_kwargs_json), return_token_strs=message.return_token_strs)
+        tools=read_json(message.tools_json), documents=read_json(message.documents_json),
+        chat_template_kwargs=read_json(message.template_kwargs_json), return_token_strs=message.return_token_strs)
 
 
 def tokenize_reply(result: Union[Tokenized, BaseException]) -> pb.TokenizeReply:

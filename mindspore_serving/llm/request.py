@@ -46,6 +46,7 @@ class FinishReason(str, enum.Enum):
     LENGTH = "length"      # max_new_tokens or max_model_len reached
     ABORT = "abort"        # aborted by the client or the server
     ERROR = "error"        # the model step failed for this request
+    GRAMMAR = "grammar"    # the structured output's grammar allows no further token
 
     def __str__(self):
         return self.value
@@ -60,6 +61,7 @@ class RequestStatus(enum.Enum):
     FINISHED_LENGTH = "finished_length"
     FINISHED_ABORTED = "finished_aborted"
     FINISHED_ERROR = "finished_error"
+    FINISHED_GRAMMAR = "finished_grammar"
 
     @property
     def finished(self) -> bool:
@@ -76,6 +78,7 @@ _FINISH_REASONS = {
     RequestStatus.FINISHED_LENGTH: FinishReason.LENGTH,
     RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
     RequestStatus.FINISHED_ERROR: FinishReason.ERROR,
+    RequestStatus.FINISHED_GRAMMAR: FinishReason.GRAMMAR,
 }
 FINISHED_STATUSES = frozenset(_FINISH_REASONS)
 

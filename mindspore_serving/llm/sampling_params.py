@@ -4,10 +4,11 @@
 ValueError) whose message names the field, the value and the allowed range, e.g.
 "top_p must be in (0, 1], got 1.5".
 """
+import json
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple, Union
+from typing import Any, Optional, Sequence, Tuple, Union
 
 from mindspore_serving.llm.errors import InvalidRequestError
 from mindspore_serving.llm.fields import check_known_fields
@@ -15,6 +16,12 @@ from mindspore_serving.llm.fields import check_known_fields
 _MAX_SEED = 2 ** 64 - 1
 MAX_STOP_STRINGS = 16   # the front ends take fewer (4, as TGI)
 MAX_STOP_LENGTH = 256   # characters of one stop string
+MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range of one bias: [-100, 100]
+MAX_CHOICES = 16        # n and best_of
+LOGPROBS_MODES = ("raw", "processed")
+STRUCTURED_OUTPUT_TYPES = ("json", "json_object", "regex", "choice", "grammar")
+MAX_STRUCTURED_OUTPUT_CHARS = 256 * 1024
 
 
 def _is_int(value) -> bool:
@@ -23,6 +30,61 @@ def _is_int(value) -> bool:
 
 def _is_number(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A constraint on the output text, compiled by the engine's grammar engine (llm/structured_output.py).
+
+    `type` and `value`:
+      * "json": `value` is a JSON Schema, as JSON text;
+      * "json_object": any JSON object (`value` empty);
+      * "regex": `value` is a regular expression the whole output matches;
+      * "choice": `value` is a JSON list of strings, the output is one of them;
+      * "grammar": `value` is a Lark grammar (llguidance's dialect; GBNF is converted).
+    """
+    type: str
+    value: str = ""
+
+    def __post_init__(self):
+        if self.type not in STRUCTURED_OUTPUT_TYPES:
+            raise InvalidRequestError(f"structured output type must be one of {list(STRUCTURED_OUTPUT_TYPES)}, "
+                                      f"got {self.type!r}")
+        if not isinstance(self.value, str):
+            object.__setattr__(self, "value", json.dumps(self.value))
+        if len(self.value) > MAX_STRUCTURED_OUTPUT_CHARS:
+            raise InvalidRequestError(f"the {self.type} of a structured output may have at most "
+                                      f"{MAX_STRUCTURED_OUTPUT_CHARS} characters, got {len(self.value)}")
+        if self.type in ("json", "choice"):
+            try:
+                parsed = json.loads(self.value)
+            except ValueError as err:
+                raise InvalidRequestError(f"the {self.type} of a structured output is not valid JSON: {err}") from None
+            if self.type == "json" and not isinstance(parsed, (dict, bool)):
+                raise InvalidRequestError(f"a JSON schema must be an object, got {type(parsed).__name__}")
+            if self.type == "choice" and (not isinstance(parsed, list) or not parsed
+                                          or not all(isinstance(c, str) for c in parsed)):
+                raise InvalidRequestError("a choice structured output needs a non-empty list of strings")
+        elif self.type in ("regex", "grammar") and not self.value:
+            raise InvalidRequestError(f"a {self.type} structured output needs a non-empty {self.type}")
+
+    def to_json(self) -> str:
+        return json.dumps({"type": self.type, "value": self.value})
+
+    @classmethod
+    def of(cls, value: Any) -> Optional["StructuredOutput"]:
+        """From a StructuredOutput, a dict {"type", "value"} (a value that is not text becomes JSON), its JSON
+        text, or None."""
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise InvalidRequestError("structured_output must be an object {type, value}") from None
+        if not isinstance(value, dict) or set(value) - {"type", "value"} or "type" not in value:
+            raise InvalidRequestError(f"structured_output must be an object {{type, value}}, got {value!r:.80}")
+        return cls(value["type"], value.get("value", ""))
 
 
 @dataclass(frozen=True)
@@ -70,7 +132,49 @@ class SamplingParams:
     """Leave special tokens (such as EOS) out of the output text."""
 
     top_logprobs: int = 0
-    """Also return the log-probabilities of this many most likely tokens at each step (0: none)."""
+    """Also return the log-probabilities of this many most likely tokens at each step (0: none, at most 20)."""
+
+    presence_penalty: float = 0.0
+    """OpenAI's: subtracted once from the logit of every token the output already holds, in [-2, 2]."""
+
+    frequency_penalty: float = 0.0
+    """OpenAI's: subtracted from a token's logit once per time the output already holds it, in [-2, 2]."""
+
+    logit_bias: Tuple[Tuple[int, float], ...] = ()
+    """Added to the logits of these token ids before sampling, each in [-100, 100] (OpenAI's; a dict
+    {token id: bias} is accepted, its keys may be strings)."""
+
+    min_p: float = 0.0
+    """Drop tokens whose probability is below min_p times the most likely token's, in [0, 1] (0: off)."""
+
+    min_tokens: int = 0
+    """End-of-sequence and stop token ids cannot end the output before it has this many tokens."""
+
+    bad_words: Tuple[str, ...] = ()
+    """Words the output must not contain: the last token of each one's tokenization is banned after the
+    tokens before it."""
+
+    allowed_token_ids: Tuple[int, ...] = ()
+    """When set, only these token ids may be generated."""
+
+    logprobs_mode: str = "raw"
+    """Log-probabilities reported from the model's own distribution ("raw", log_softmax of the logits) or from
+    the logits the sampler chose from ("processed": after penalties, biases and masks, before temperature and
+    truncation)."""
+
+    prompt_logprobs: Optional[int] = None
+    """Score the prompt: each prompt token's log-probability (0), and its this many most likely alternatives;
+    None: not scored."""
+
+    n: int = 1
+    """Choices returned; they share the prompt's computation and each samples on its own."""
+
+    best_of: Optional[int] = None
+    """Choices generated (>= n), of which the n with the highest cumulative log-probability are returned;
+    None: n."""
+
+    structured_output: Optional[StructuredOutput] = None
+    """A grammar the output must follow (JSON schema, regex, choice, Lark); a dict {type, value} is accepted."""
 
     def __post_init__(self):
         self._validate()
@@ -101,8 +205,48 @@ class SamplingParams:
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidRequestError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        if not _is_int(self.top_logprobs) or self.top_logprobs < 0:
-            raise InvalidRequestError(f"top_logprobs must be an int >= 0, got {self.top_logprobs!r}")
+        if not _is_int(self.top_logprobs) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequestError(f"top_logprobs must be an int in [0, {MAX_TOP_LOGPROBS}], got "
+                                      f"{self.top_logprobs!r}")
+        self._validate_penalties()
+        self._validate_choices()
+        object.__setattr__(self, "structured_output", StructuredOutput.of(self.structured_output))
+
+    def _validate_penalties(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or not -2 <= value <= 2:
+                raise InvalidRequestError(f"{name} must be a number in [-2, 2], got {value!r}")
+        object.__setattr__(self, "logit_bias", _as_logit_bias(self.logit_bias))
+        if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
+            raise InvalidRequestError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            raise InvalidRequestError(f"min_tokens must be an int >= 0, got {self.min_tokens!r}")
+        if self.min_tokens > self.max_new_tokens:
+            raise InvalidRequestError(f"min_tokens ({self.min_tokens}) must not exceed max_new_tokens "
+                                      f"({self.max_new_tokens})")
+        object.__setattr__(self, "bad_words", _as_strings(self.bad_words, "bad_words"))
+        object.__setattr__(self, "allowed_token_ids", _as_token_ids(self.allowed_token_ids, "allowed_token_ids"))
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise InvalidRequestError(f"logprobs_mode must be one of {list(LOGPROBS_MODES)}, got "
+                                      f"{self.logprobs_mode!r}")
+        if self.prompt_logprobs is not None and (not _is_int(self.prompt_logprobs)
+                                                 or not 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS):
+            raise InvalidRequestError(f"prompt_logprobs must be an int in [0, {MAX_TOP_LOGPROBS}] or null, got "
+                                      f"{self.prompt_logprobs!r}")
+
+    def _validate_choices(self) -> None:
+        if not _is_int(self.n) or not 1 <= self.n <= MAX_CHOICES:
+            raise InvalidRequestError(f"n must be an int in [1, {MAX_CHOICES}], got {self.n!r}")
+        if self.best_of is not None:
+            if not _is_int(self.best_of) or not self.n <= self.best_of <= MAX_CHOICES:
+                raise InvalidRequestError(f"best_of must be an int in [n, {MAX_CHOICES}] (n is {self.n}), got "
+                                          f"{self.best_of!r}")
+
+    @property
+    def num_choices(self) -> int:
+        """Choices generated: best_of, else n."""
+        return self.best_of or self.n
 
     @property
     def greedy(self) -> bool:
@@ -140,12 +284,44 @@ def _as_stop_strings(stop: Union[str, Sequence[str], None]) -> Tuple[str, ...]:
     return tuple(stop)
 
 
-def _as_token_ids(ids) -> Tuple[int, ...]:
+def _as_token_ids(ids, name: str = "stop_token_ids") -> Tuple[int, ...]:
     if ids is None:
         return ()
     if not isinstance(ids, (list, tuple)):
-        raise InvalidRequestError(f"stop_token_ids must be a list of ints, got {type(ids).__name__}")
+        raise InvalidRequestError(f"{name} must be a list of ints, got {type(ids).__name__}")
     for item in ids:
         if not _is_int(item) or item < 0:
-            raise InvalidRequestError(f"stop_token_ids must hold ints >= 0, got {item!r}")
+            raise InvalidRequestError(f"{name} must hold ints >= 0, got {item!r}")
     return tuple(int(i) for i in ids)
+
+
+def _as_strings(values, name: str) -> Tuple[str, ...]:
+    if values is None:
+        return ()
+    if isinstance(values, str):
+        values = (values,)
+    if not isinstance(values, (list, tuple)) or not all(isinstance(v, str) and v for v in values):
+        raise InvalidRequestError(f"{name} must be a list of non-empty strings, got {values!r:.80}")
+    return tuple(values)
+
+
+def _as_logit_bias(bias) -> Tuple[Tuple[int, float], ...]:
+    """{token id (int or its decimal text): bias} or (id, bias) pairs -> sorted (int, float) pairs."""
+    if bias is None:
+        return ()
+    items = bias.items() if isinstance(bias, dict) else bias
+    pairs = {}
+    try:
+        for token, value in items:
+            token_id = int(token) if isinstance(token, str) and token.strip().isdigit() else token
+            if not _is_int(token_id) or token_id < 0:
+                raise InvalidRequestError(f"logit_bias keys must be token ids (ints >= 0), got {token!r}")
+            if not _is_number(value) or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+                raise InvalidRequestError(f"logit_bias values must be in [-100, 100], got {value!r} for token "
+                                          f"{token_id}")
+            pairs[int(token_id)] = float(value)
+    except (TypeError, ValueError) as err:
+        if isinstance(err, InvalidRequestError):
+            raise
+        raise InvalidRequestError(f"logit_bias must map token ids to numbers, got {bias!r:.80}") from None
+    return tuple(sorted(pairs.items()))

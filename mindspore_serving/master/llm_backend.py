@@ -73,7 +73,9 @@ class WorkerSession:
         self._queues[stream_id] = asyncio.Queue()
         try:
             await self._write(llm_session.generate_command(stream_id, request_id, params, request.prompt,
-                                                           request.messages, explicit=request.params))
+                                                           request.messages, explicit=request.params,
+                                                           tools=request.tools,
+                                                           template_kwargs=request.chat_template_kwargs))
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
             del self._queues[stream_id]
             self.closed = True

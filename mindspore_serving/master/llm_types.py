@@ -17,7 +17,8 @@ from typing import AsyncIterator, Dict, List, Optional, Protocol
 
 from mindspore_serving.common import errors
 # the events are the LLM worker session's messages as the master reads them
-from mindspore_serving.ipc.llm_session import FinalEvent, GenerationEvent, Timing, TokenEvent  # noqa: F401
+from mindspore_serving.ipc.llm_session import (FinalEvent, GenerationEvent, PromptEvent, PromptToken,  # noqa: F401
+                                               Timing, TokenEvent, TopLogprob)
 from mindspore_serving.ipc.llm_session import Tokenized, TokenizeRequest  # noqa: F401
 
 
@@ -39,9 +40,13 @@ class GenerationRequest:
     messages: Optional[List[ChatMessage]] = None
     """Chat messages; the model's chat template (LLM configuration) turns them into a prompt."""
     params: Dict[str, object] = field(default_factory=dict)
-    """SamplingParams fields: max_new_tokens, temperature (0 = greedy), top_k, top_p, repetition_penalty, seed,
-    do_sample, stop (list of str), stop_token_ids, ignore_eos, top_logprobs."""
+    """SamplingParams fields (llm/sampling_params.py): max_new_tokens, temperature (0 = greedy), top_k, top_p, ...,
+    n, best_of, prompt_logprobs, structured_output."""
     request_id: Optional[str] = None
+    tools: Optional[List[dict]] = None
+    """Tool definitions for the chat template (OpenAI's `tools`)."""
+    chat_template_kwargs: Optional[Dict[str, object]] = None
+    """More variables for the chat template."""
 
 
 @dataclass

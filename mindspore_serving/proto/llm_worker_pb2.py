@@ -24,45 +24,53 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10llm_worker.proto\x12\x1cmindspore_serving.llm_worker\"@\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x12\n\nextra_json\x18\x03 \x01(\t\"\x9c\x04\n\x0eSamplingParams\x12\x1b\n\x0emax_new_tokens\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x03H\x02\x88\x01\x01\x12\x12\n\x05top_p\x18\x04 \x01(\x01H\x03\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x05 \x01(\x01H\x04\x88\x01\x01\x12\x16\n\tdo_sample\x18\x06 \x01(\x08H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\x07 \x01(\x04H\x06\x88\x01\x01\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\x16\n\x0estop_token_ids\x18\t \x03(\x04\x12\x17\n\nignore_eos\x18\n \x01(\x08H\x07\x88\x01\x01\x12\'\n\x1ainclude_stop_str_in_output\x18\x0b \x01(\x08H\x08\x88\x01\x01\x12 \n\x13skip_special_tokens\x18\x0c \x01(\x08H\t\x88\x01\x01\x12\x19\n\x0ctop_logprobs\x18\r \x01(\x03H\n\x88\x01\x01\x42\x11\n\x0f_max_new_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x15\n\x13_repetition_penaltyB\x0c\n\n_do_sampleB\x07\n\x05_seedB\r\n\x0b_ignore_eosB\x1d\n\x1b_include_stop_str_in_outputB\x16\n\x14_skip_special_tokensB\x0f\n\r_top_logprobs\"\xb6\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12;\n\x08messages\x18\x03 \x03(\x0b\x32).mindspore_serving.llm_worker.ChatMessage\x12<\n\x06params\x18\x05 \x01(\x0b\x32,.mindspore_serving.llm_worker.SamplingParamsJ\x04\x08\x04\x10\x05\"R\n\x05Token\x12\n\n\x02id\x18\x01 \x01(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12\x0f\n\x07special\x18\x04 \x01(\x08\x12\r\n\x05index\x18\x05 \x01(\x05\"\x90\x02\n\x05\x46inal\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x41\n\rfinish_reason\x18\x03 \x01(\x0e\x32*.mindspore_serving.llm_worker.FinishReason\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x05 \x01(\x05\x12\x12\n\nqueue_time\x18\x06 \x01(\x01\x12\x1b\n\x13time_to_first_token\x18\x07 \x01(\x01\x12\x1b\n\x13inter_token_latency\x18\x08 \x01(\x01\x12\x13\n\x0b\x65\x32\x65_latency\x18\t \x01(\x01\x12\x0e\n\x06prompt\x18\n \x01(\t\"O\n\x05\x45rror\x12\x35\n\x04kind\x18\x01 \x01(\x0e\x32\'.mindspore_serving.llm_worker.ErrorKind\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xba\x01\n\rGenerateEvent\x12\x34\n\x05token\x18\x01 \x01(\x0b\x32#.mindspore_serving.llm_worker.TokenH\x00\x12\x34\n\x05\x66inal\x18\x02 \x01(\x0b\x32#.mindspore_serving.llm_worker.FinalH\x00\x12\x34\n\x05\x65rror\x18\x03 \x01(\x0b\x32#.mindspore_serving.llm_worker.ErrorH\x00\x42\x07\n\x05\x65vent\"\x82\x01\n\x0eSessionCommand\x12\x11\n\tstream_id\x18\x01 \x01(\x04\x12\x41\n\x08generate\x18\x02 \x01(\x0b\x32-.mindspore_serving.llm_worker.GenerateRequestH\x00\x12\x0f\n\x05\x61\x62ort\x18\x03 \x01(\x08H\x00\x42\t\n\x07\x63ommand\"^\n\x0cStreamEvents\x12\x11\n\tstream_id\x18\x01 \x01(\x04\x12;\n\x06\x65vents\x18\x02 \x03(\x0b\x32+.mindspore_serving.llm_worker.GenerateEvent\"K\n\x0cSessionBatch\x12;\n\x07streams\x18\x01 \x03(\x0b\x32*.mindspore_serving.llm_worker.StreamEvents\"\xba\x02\n\x0fTokenizeRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12;\n\x08messages\x18\x02 \x03(\x0b\x32).mindspore_serving.llm_worker.ChatMessage\x12\x1d\n\x15\x61\x64\x64_generation_prompt\x18\x03 \x01(\x08\x12\x1e\n\x16\x63ontinue_final_message\x18\x04 \x01(\x08\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x05 \x01(\x08H\x00\x88\x01\x01\x12\x12\n\ntools_json\x18\x06 \x01(\t\x12\x16\n\x0e\x64ocuments_json\x18\x07 \x01(\t\x12\x1c\n\x14template_kwargs_json\x18\x08 \x01(\t\x12\x19\n\x11return_token_strs\x18\t \x01(\x08\x42\x15\n\x13_add_special_tokens\"z\n\rTokenizeReply\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\x12\x12\n\ntoken_strs\x18\x02 \x03(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x32\n\x05\x65rror\x18\x04 \x01(\x0b\x32#.mindspore_serving.llm_worker.Error\"&\n\x11\x44\x65tokenizeRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\"U\n\x0f\x44\x65tokenizeReply\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x32\n\x05\x65rror\x18\x02 \x01(\x0b\x32#.mindspore_serving.llm_worker.Error*\xa8\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x03\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x04\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x05*\xe2\x01\n\tErrorKind\x12\x1a\n\x16\x45RROR_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15\x45RROR_KIND_VALIDATION\x10\x01\x12\x19\n\x15\x45RROR_KIND_OVERLOADED\x10\x02\x12\x18\n\x14\x45RROR_KIND_NOT_FOUND\x10\x03\x12\x1a\n\x16\x45RROR_KIND_UNAVAILABLE\x10\x04\x12\x19\n\x15\x45RROR_KIND_GENERATION\x10\x05\x12\x19\n\x15\x45RROR_KIND_INCOMPLETE\x10\x06\x12\x17\n\x13\x45RROR_KIND_INTERNAL\x10\x07\x32\xca\x02\n\tLlmWorker\x12g\n\x07Session\x12,.mindspore_serving.llm_worker.SessionCommand\x1a*.mindspore_serving.llm_worker.SessionBatch(\x01\x30\x01\x12\x66\n\x08Tokenize\x12-.mindspore_serving.llm_worker.TokenizeRequest\x1a+.mindspore_serving.llm_worker.TokenizeReply\x12l\n\nDetokenize\x12/.mindspore_serving.llm_worker.DetokenizeRequest\x1a-.mindspore_serving.llm_worker.DetokenizeReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10llm_worker.proto\x12\x1cmindspore_serving.llm_worker\"@\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x12\n\nextra_json\x18\x03 \x01(\t\"\x85\x08\n\x0eSamplingParams\x12\x1b\n\x0emax_new_tokens\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x03H\x02\x88\x01\x01\x12\x12\n\x05top_p\x18\x04 \x01(\x01H\x03\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x05 \x01(\x01H\x04\x88\x01\x01\x12\x16\n\tdo_sample\x18\x06 \x01(\x08H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\x07 \x01(\x04H\x06\x88\x01\x01\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\x16\n\x0estop_token_ids\x18\t \x03(\x04\x12\x17\n\nignore_eos\x18\n \x01(\x08H\x07\x88\x01\x01\x12\'\n\x1ainclude_stop_str_in_output\x18\x0b \x01(\x08H\x08\x88\x01\x01\x12 \n\x13skip_special_tokens\x18\x0c \x01(\x08H\t\x88\x01\x01\x12\x19\n\x0ctop_logprobs\x18\r \x01(\x03H\n\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x0e \x01(\x01H\x0b\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x0f \x01(\x01H\x0c\x88\x01\x01\x12;\n\nlogit_bias\x18\x10 \x03(\x0b\x32\'.mindspore_serving.llm_worker.TokenBias\x12\x12\n\x05min_p\x18\x11 \x01(\x01H\r\x88\x01\x01\x12\x17\n\nmin_tokens\x18\x12 \x01(\x03H\x0e\x88\x01\x01\x12\x11\n\tbad_words\x18\x13 \x03(\t\x12\x19\n\x11\x61llowed_token_ids\x18\x14 \x03(\x04\x12\x1a\n\rlogprobs_mode\x18\x15 \x01(\tH\x0f\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x16 \x01(\x03H\x10\x88\x01\x01\x12\x0e\n\x01n\x18\x17 \x01(\x03H\x11\x88\x01\x01\x12\x14\n\x07\x62\x65st_of\x18\x18 \x01(\x03H\x12\x88\x01\x01\x12\x1e\n\x11structured_output\x18\x19 \x01(\tH\x13\x88\x01\x01\x42\x11\n\x0f_max_new_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x15\n\x13_repetition_penaltyB\x0c\n\n_do_sampleB\x07\n\x05_seedB\r\n\x0b_ignore_eosB\x1d\n\x1b_include_stop_str_in_outputB\x16\n\x14_skip_special_tokensB\x0f\n\r_top_logprobsB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x08\n\x06_min_pB\r\n\x0b_min_tokensB\x10\n\x0e_logprobs_modeB\x12\n\x10_prompt_logprobsB\x04\n\x02_nB\n\n\x08_best_ofB\x14\n\x12_structured_output\"+\n\tTokenBias\x12\x10\n\x08token_id\x18\x01 \x01(\x04\x12\x0c\n\x04\x62ias\x18\x02 \x01(\x01\"\xe8\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12;\n\x08messages\x18\x03 \x03(\x0b\x32).mindspore_serving.llm_worker.ChatMessage\x12<\n\x06params\x18\x05 \x01(\x0b\x32,.mindspore_serving.llm_worker.SamplingParams\x12\x12\n\ntools_json\x18\x06 \x01(\t\x12\x1c\n\x14template_kwargs_json\x18\x07 \x01(\tJ\x04\x08\x04\x10\x05\"7\n\nTopLogprob\x12\n\n\x02id\x18\x01 \x01(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\"\xa2\x01\n\x05Token\x12\n\n\x02id\x18\x01 \x01(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12\x0f\n\x07special\x18\x04 \x01(\x08\x12\r\n\x05index\x18\x05 \x01(\x05\x12>\n\x0ctop_logprobs\x18\x06 \x03(\x0b\x32(.mindspore_serving.llm_worker.TopLogprob\x12\x0e\n\x06\x63hoice\x18\x07 \x01(\x05\"\x89\x01\n\x0bPromptToken\x12\n\n\x02id\x18\x01 \x01(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x14\n\x07logprob\x18\x03 \x01(\x02H\x00\x88\x01\x01\x12>\n\x0ctop_logprobs\x18\x04 \x03(\x0b\x32(.mindspore_serving.llm_worker.TopLogprobB\n\n\x08_logprob\"I\n\x0cPromptScores\x12\x39\n\x06tokens\x18\x01 \x03(\x0b\x32).mindspore_serving.llm_worker.PromptToken\"\xbc\x02\n\x05\x46inal\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x41\n\rfinish_reason\x18\x03 \x01(\x0e\x32*.mindspore_serving.llm_worker.FinishReason\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x05 \x01(\x05\x12\x12\n\nqueue_time\x18\x06 \x01(\x01\x12\x1b\n\x13time_to_first_token\x18\x07 \x01(\x01\x12\x1b\n\x13inter_token_latency\x18\x08 \x01(\x01\x12\x13\n\x0b\x65\x32\x65_latency\x18\t \x01(\x01\x12\x0e\n\x06prompt\x18\n \x01(\t\x12\x0e\n\x06\x63hoice\x18\x0b \x01(\x05\x12\x1a\n\x12\x63umulative_logprob\x18\x0c \x01(\x01\"O\n\x05\x45rror\x12\x35\n\x04kind\x18\x01 \x01(\x0e\x32\'.mindspore_serving.llm_worker.ErrorKind\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xff\x01\n\rGenerateEvent\x12\x34\n\x05token\x18\x01 \x01(\x0b\x32#.mindspore_serving.llm_worker.TokenH\x00\x12\x34\n\x05\x66inal\x18\x02 \x01(\x0b\x32#.mindspore_serving.llm_worker.FinalH\x00\x12\x34\n\x05\x65rror\x18\x03 \x01(\x0b\x32#.mindspore_serving.llm_worker.ErrorH\x00\x12\x43\n\rprompt_scores\x18\x04 \x01(\x0b\x32*.mindspore_serving.llm_worker.PromptScoresH\x00\x42\x07\n\x05\x65vent\"\x82\x01\n\x0eSessionCommand\x12\x11\n\tstream_id\x18\x01 \x01(\x04\x12\x41\n\x08generate\x18\x02 \x01(\x0b\x32-.mindspore_serving.llm_worker.GenerateRequestH\x00\x12\x0f\n\x05\x61\x62ort\x18\x03 \x01(\x08H\x00\x42\t\n\x07\x63ommand\"^\n\x0cStreamEvents\x12\x11\n\tstream_id\x18\x01 \x01(\x04\x12;\n\x06\x65vents\x18\x02 \x03(\x0b\x32+.mindspore_serving.llm_worker.GenerateEvent\"K\n\x0cSessionBatch\x12;\n\x07streams\x18\x01 \x03(\x0b\x32*.mindspore_serving.llm_worker.StreamEvents\"\xba\x02\n\x0fTokenizeRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12;\n\x08messages\x18\x02 \x03(\x0b\x32).mindspore_serving.llm_worker.ChatMessage\x12\x1d\n\x15\x61\x64\x64_generation_prompt\x18\x03 \x01(\x08\x12\x1e\n\x16\x63ontinue_final_message\x18\x04 \x01(\x08\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x05 \x01(\x08H\x00\x88\x01\x01\x12\x12\n\ntools_json\x18\x06 \x01(\t\x12\x16\n\x0e\x64ocuments_json\x18\x07 \x01(\t\x12\x1c\n\x14template_kwargs_json\x18\x08 \x01(\t\x12\x19\n\x11return_token_strs\x18\t \x01(\x08\x42\x15\n\x13_add_special_tokens\"z\n\rTokenizeReply\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\x12\x12\n\ntoken_strs\x18\x02 \x03(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x32\n\x05\x65rror\x18\x04 \x01(\x0b\x32#.mindspore_serving.llm_worker.Error\"&\n\x11\x44\x65tokenizeRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\"U\n\x0f\x44\x65tokenizeReply\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x32\n\x05\x65rror\x18\x02 \x01(\x0b\x32#.mindspore_serving.llm_worker.Error*\xc3\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x03\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x04\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x05\x12\x19\n\x15\x46INISH_REASON_GRAMMAR\x10\x06*\xe2\x01\n\tErrorKind\x12\x1a\n\x16\x45RROR_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15\x45RROR_KIND_VALIDATION\x10\x01\x12\x19\n\x15\x45RROR_KIND_OVERLOADED\x10\x02\x12\x18\n\x14\x45RROR_KIND_NOT_FOUND\x10\x03\x12\x1a\n\x16\x45RROR_KIND_UNAVAILABLE\x10\x04\x12\x19\n\x15\x45RROR_KIND_GENERATION\x10\x05\x12\x19\n\x15\x45RROR_KIND_INCOMPLETE\x10\x06\x12\x17\n\x13\x45RROR_KIND_INTERNAL\x10\x07\x32\xca\x02\n\tLlmWorker\x12g\n\x07Session\x12,.mindspore_serving.llm_worker.SessionCommand\x1a*.mindspore_serving.llm_worker.SessionBatch(\x01\x30\x01\x12\x66\n\x08Tokenize\x12-.mindspore_serving.llm_worker.TokenizeRequest\x1a+.mindspore_serving.llm_worker.TokenizeReply\x12l\n\nDetokenize\x12/.mindspore_serving.llm_worker.DetokenizeRequest\x1a-.mindspore_serving.llm_worker.DetokenizeReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llm_worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=2348
-  _globals['_FINISHREASON']._serialized_end=2516
-  _globals['_ERRORKIND']._serialized_start=2519
-  _globals['_ERRORKIND']._serialized_end=2745
+  _globals['_FINISHREASON']._serialized_start=3398
+  _globals['_FINISHREASON']._serialized_end=3593
+  _globals['_ERRORKIND']._serialized_start=3596
+  _globals['_ERRORKIND']._serialized_end=3822
   _globals['_CHATMESSAGE']._serialized_start=50
   _globals['_CHATMESSAGE']._serialized_end=114
   _globals['_SAMPLINGPARAMS']._serialized_start=117
-  _globals['_SAMPLINGPARAMS']._serialized_end=657
-  _globals['_GENERATEREQUEST']._serialized_start=660
-  _globals['_GENERATEREQUEST']._serialized_end=842
-  _globals['_TOKEN']._serialized_start=844
-  _globals['_TOKEN']._serialized_end=926
-  _globals['_FINAL']._serialized_start=929
-  _globals['_FINAL']._serialized_end=1201
-  _globals['_ERROR']._serialized_start=1203
-  _globals['_ERROR']._serialized_end=1282
-  _globals['_GENERATEEVENT']._serialized_start=1285
-  _globals['_GENERATEEVENT']._serialized_end=1471
-  _globals['_SESSIONCOMMAND']._serialized_start=1474
-  _globals['_SESSIONCOMMAND']._serialized_end=1604
-  _globals['_STREAMEVENTS']._serialized_start=1606
-  _globals['_STREAMEVENTS']._serialized_end=1700
-  _globals['_SESSIONBATCH']._serialized_start=1702
-  _globals['_SESSIONBATCH']._serialized_end=1777
-  _globals['_TOKENIZEREQUEST']._serialized_start=1780
-  _globals['_TOKENIZEREQUEST']._serialized_end=2094
-  _globals['_TOKENIZEREPLY']._serialized_start=2096
-  _globals['_TOKENIZEREPLY']._serialized_end=2218
-  _globals['_DETOKENIZEREQUEST']._serialized_start=2220
-  _globals['_DETOKENIZEREQUEST']._serialized_end=2258
-  _globals['_DETOKENIZEREPLY']._serialized_start=2260
-  _globals['_DETOKENIZEREPLY']._serialized_end=2345
-  _globals['_LLMWORKER']._serialized_start=2748
-  _globals['_LLMWORKER']._serialized_end=3078
+  _globals['_SAMPLINGPARAMS']._serialized_end=1146
+  _globals['_TOKENBIAS']._serialized_start=1148
+  _globals['_TOKENBIAS']._serialized_end=1191
+  _globals['_GENERATEREQUEST']._serialized_start=1194
+  _globals['_GENERATEREQUEST']._serialized_end=1426
+  _globals['_TOPLOGPROB']._serialized_start=1428
+  _globals['_TOPLOGPROB']._serialized_end=1483
+  _globals['_TOKEN']._serialized_start=1486
+  _globals['_TOKEN']._serialized_end=1648
+  _globals['_PROMPTTOKEN']._serialized_start=1651
+  _globals['_PROMPTTOKEN']._serialized_end=1788
+  _globals['_PROMPTSCORES']._serialized_start=1790
+  _globals['_PROMPTSCORES']._serialized_end=1863
+  _globals['_FINAL']._serialized_start=1866
+  _globals['_FINAL']._serialized_end=2182
+  _globals['_ERROR']._serialized_start=2184
+  _globals['_ERROR']._serialized_end=2263
+  _globals['_GENERATEEVENT']._serialized_start=2266
+  _globals['_GENERATEEVENT']._serialized_end=2521
+  _globals['_SESSIONCOMMAND']._serialized_start=2524
+  _globals['_SESSIONCOMMAND']._serialized_end=2654
+  _globals['_STREAMEVENTS']._serialized_start=2656
+  _globals['_STREAMEVENTS']._serialized_end=2750
+  _globals['_SESSIONBATCH']._serialized_start=2752
+  _globals['_SESSIONBATCH']._serialized_end=2827
+  _globals['_TOKENIZEREQUEST']._serialized_start=2830
+  _globals['_TOKENIZEREQUEST']._serialized_end=3144
+  _globals['_TOKENIZEREPLY']._serialized_start=3146
+  _globals['_TOKENIZEREPLY']._serialized_end=3268
+  _globals['_DETOKENIZEREQUEST']._serialized_start=3270
+  _globals['_DETOKENIZEREQUEST']._serialized_end=3308
+  _globals['_DETOKENIZEREPLY']._serialized_start=3310
+  _globals['_DETOKENIZEREPLY']._serialized_end=3395
+  _globals['_LLMWORKER']._serialized_start=3825
+  _globals['_LLMWORKER']._serialized_end=4155
 # @@protoc_insertion_point(module_scope)

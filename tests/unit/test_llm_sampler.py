@@ -177,7 +177,7 @@ def test_shape_mismatch_is_an_error():
     (dict(stop=5), "stop must be a string or a list of strings, got int"),
     (dict(stop_token_ids=[-1]), "stop_token_ids must hold ints >= 0, got -1"),
     (dict(ignore_eos=1), "ignore_eos must be true or false, got 1"),
-    (dict(top_logprobs=-1), "top_logprobs must be an int >= 0, got -1"),
+    (dict(top_logprobs=-1), "top_logprobs must be an int in [0, 20], got -1"),
 ])
 def test_params_errors_are_clear(kwargs, message):
     with pytest.raises(InvalidRequestError) as info:

@@ -66,7 +66,10 @@ class _Session:
         try:
             params = llm_session.params_from_proto(request.params, self.runtime.generation_defaults.sampling)
             if request.messages:
-                prompt = self.runtime.prompter.chat(llm_session.read_chat_messages(request.messages))
+                prompt = self.runtime.prompter.chat(
+                    llm_session.read_chat_messages(request.messages),
+                    tools=llm_session.read_json(request.tools_json),
+                    template_kwargs=llm_session.read_json(request.template_kwargs_json))
             else:
                 prompt = request.prompt
             with self._lock:
