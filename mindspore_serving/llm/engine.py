@@ -86,6 +86,16 @@ class RequestOutput:
     error: Optional[str] = None
     error_kind: Kind = Kind.GENERATION
     """What kind of failure `error` is (common/errors.py): a lost agent is unavailable, not a model failure."""
+    index: int = 0
+    """Which of the request's choices (SamplingParams n / best_of) this output is about; `finished` is that
+    choice's, and the request is over once every choice has finished."""
+    cumulative_logprob: float = 0.0
+    """Sum of the logprobs of the choice's tokens so far."""
+    prompt_logprobs: Optional[List[Optional[float]]] = None
+    """SamplingParams.prompt_logprobs: log P(prompt token i | tokens before it), None for the first token; set on
+    the request's first output only."""
+    prompt_top_logprobs: Optional[List[List[Tuple[int, float]]]] = None
+    """With prompt_logprobs: each prompt position's most likely (token id, logprob), most likely first."""
 
 
 class _Tracked:
