@@ -193,14 +193,17 @@ def params_from_proto(message: pb.SamplingParams, defaults: Optional[Mapping[str
 def generate_command(stream_id: int, request_id: str, params: SamplingParams, prompt: Optional[str] = None,
                      messages: Optional[Iterable] = None, explicit: Iterable[str] = (),
                      tools: Optional[Sequence[Any]] = None,
-                     template_kwargs: Optional[Mapping[str, Any]] = None) -> pb.SessionCommand:
-    """A new generation of `prompt`, or of chat `messages` (objects with `role` and `content`, or dicts);
-    `explicit`: the sampling fields the request set itself; `tools` and `template_kwargs` go to the chat
-    template."""
+                     template_kwargs: Optional[Mapping[str, Any]] = None,
+                     prompt_token_ids: Optional[Sequence[int]] = None) -> pb.SessionCommand:
+    """A new generation of `prompt`, of `prompt_token_ids`, or of chat `messages` (objects with `role` and
+    `content`, or dicts); `explicit`: the sampling fields the request set itself; `tools` and `template_kwargs`
+    go to the chat template."""
     request = pb.GenerateRequest(request_id=request_id, params=params_to_proto(params, explicit),
                                  tools_json=_json(tools), template_kwargs_json=_json(template_kwargs))
     if messages is not None:
         request.messages.extend(chat_message(m) for m in messages)
+    elif prompt_token_ids is not None:
+        request.prompt_token_ids.extend(int(t) for t in prompt_token_ids)
     else:
         request.prompt = prompt or ""
     return pb.SessionCommand(stream_id=stream_id, generate=request)

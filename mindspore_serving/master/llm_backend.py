@@ -75,7 +75,8 @@ class WorkerSession:
             await self._write(llm_session.generate_command(stream_id, request_id, params, request.prompt,
                                                            request.messages, explicit=request.params,
                                                            tools=request.tools,
-                                                           template_kwargs=request.chat_template_kwargs))
+                                                           template_kwargs=request.chat_template_kwargs,
+                                                           prompt_token_ids=request.prompt_token_ids))
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
             del self._queues[stream_id]
             self.closed = True

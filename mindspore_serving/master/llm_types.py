@@ -47,6 +47,8 @@ class GenerationRequest:
     """Tool definitions for the chat template (OpenAI's `tools`)."""
     chat_template_kwargs: Optional[Dict[str, object]] = None
     """More variables for the chat template."""
+    prompt_token_ids: Optional[List[int]] = None
+    """A prompt given as token ids (then `prompt` and `messages` are None)."""
 
 
 @dataclass

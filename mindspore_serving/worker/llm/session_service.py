@@ -70,6 +70,8 @@ class _Session:
                     llm_session.read_chat_messages(request.messages),
                     tools=llm_session.read_json(request.tools_json),
                     template_kwargs=llm_session.read_json(request.template_kwargs_json))
+            elif request.prompt_token_ids:
+                prompt = list(request.prompt_token_ids)
             else:
                 prompt = request.prompt
             with self._lock:
