@@ -3,7 +3,6 @@ import os
 
 import numpy as np
 import psutil
-import pytest
 
 from mindspore_serving.client import Client
 from llm_setup import offline_greedy, write_config, write_servable
@@ -40,19 +39,6 @@ def test_start_agent_reports_a_broken_config(tmp_path):
     try:
         assert proc.wait_exit(120) != 0
         assert "'engine' has unknown field(s) ['num_blockz']" in proc.output()
-    finally:
-        proc.close()
-
-
-@pytest.fixture(scope="module")
-def llm_server(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("llm")
-    config = write_config(directory, start_port=0)
-    servables = write_servable(directory, config)
-    proc, grpc_addr, rest_addr = start_server(directory, servables=("llama_tiny",),
-                                              extra_args=["--servable_directory", servables])
-    try:
-        yield proc, grpc_addr, rest_addr, config
     finally:
         proc.close()
 
