@@ -25,7 +25,8 @@ from mindspore_serving.llm.errors import InvalidRequestError
 from mindspore_serving.llm.model_io import ModelRunner
 from mindspore_serving.llm.request import EosIds, FinishReason, Request, RequestStatus, eos_ids
 from mindspore_serving.llm.sampler import Sampler
-from mindspore_serving.llm.sampling_params import SamplingParams
+from mindspore_serving.llm.sampling_params import SamplingParams, StructuredOutput
+from mindspore_serving.llm.structured_output import GrammarCompiler, GrammarState
 
 PromptIds = Sequence[int]
 
@@ -128,6 +129,8 @@ class LLMEngine:
         self._clock = clock
         self._tracked: Dict[str, _Tracked] = {}
         self._ids = itertools.count()
+        self._grammars: Optional[GrammarCompiler] = None
+        """Structured output's compiler, built from the tokenizer at the first request that has one."""
 
     # --- requests -----------------------------------------------------------------------------
     def add_request(self, prompt: Optional[str] = None, params: Union[SamplingParams, dict, None] = None,
@@ -140,9 +143,11 @@ class LLMEngine:
         request_id = self._check_request_id(request_id)
         token_ids = self._prompt_ids(prompt, prompt_token_ids)
         self._check_lengths(len(token_ids), params)
+        grammar = self._new_grammar(params.structured_output)
         request = Request(request_id, token_ids, params,
                           arrival_time=self._clock() if arrival_time is None else arrival_time,
                           eos_token_id=self.eos_token_ids, prompt=prompt)
+        request.grammar = grammar
         detokenizer = None
         if self.tokenizer is not None:
             detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop,
@@ -269,6 +274,18 @@ class LLMEngine:
             raise InvalidRequestError("stop strings need a tokenizer; this engine serves token ids only "
                                       "(use stop_token_ids)")
         return params
+
+    def _new_grammar(self, spec: Optional[StructuredOutput]) -> Optional[GrammarState]:
+        """The grammar state of a new request's structured output (None: none); InvalidRequestError when it does
+        not compile or this engine cannot constrain its output."""
+        if spec is None:
+            return None
+        if self._grammars is None:
+            if self.tokenizer is None:
+                raise InvalidRequestError("structured output needs the model's tokenizer; this engine serves token "
+                                          "ids only")
+            self._grammars = GrammarCompiler.for_tokenizer(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        return self._grammars.new_matcher(spec)
 
     def _check_request_id(self, request_id: Optional[str]) -> str:
         if request_id is None:

@@ -123,6 +123,15 @@ class Request:
         self.generator: Optional[np.random.Generator] = (
             np.random.default_rng(sampling_params.seed) if sampling_params.seed is not None else None)
 
+        self.group_id = request_id
+        """The id of the request this one is a choice of (SamplingParams n / best_of): its own for the first."""
+        self.choice = 0
+        """Which choice of its group this is (0: the request as added)."""
+        self.num_pending_choices = sampling_params.num_choices - 1
+        """Choices still to fork off this one: they do at its first sampled token (llm/choices.py)."""
+        self.grammar = None
+        """The structured output's GrammarState (llm/structured_output.py), fed each output token; None: none."""
+
         self.arrival_time = arrival_time
         self.first_scheduled_time: Optional[float] = None
         self.first_token_time: Optional[float] = None
@@ -157,6 +166,11 @@ class Request:
     def is_prefilling(self) -> bool:
         """More than one token to compute: a prompt, a prompt chunk or a recompute after preemption."""
         return self.num_tokens_to_compute > 1
+
+    @property
+    def num_seats(self) -> int:
+        """Batch rows (max_num_seqs) this request holds: its own, and one per choice it will fork."""
+        return 1 + self.num_pending_choices
 
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
