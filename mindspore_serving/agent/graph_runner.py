@@ -18,7 +18,14 @@ models/llama/model.py for the input list). This runner
   bucket in chunks over successive calls (each chunk attends to the ones before through the cache);
 * when the export has mixed graphs (decode rows + prefill rows in one call) and a step has both kinds of rows,
   computes the decode rows and the longest prefill rows that fit a mixed bucket in one mixed call: a step that
-  admits prompts then costs one graph call instead of two or more.
+  admits prompts then costs one graph call instead of two or more;
+* computes a sequence that asks for every token's logits (`SeqStep.all_logits`: prompt logprobs) in the score
+  graphs (`score_b1_l{L}`: one row, the logits of every position), one call per chunk of at most the largest
+  score length, and returns a `StepLogits`. The score graphs are loaded on first use, not at start-up: an agent
+  that never scores holds none of their working memory (which, like any compiled graph's, stays for the graph's
+  life: about that of a prefill graph of the same length, plus its [L, vocab] logits), and the first scored
+  request waits for the load (a compile of seconds on a large model). An export without score graphs (older
+  exports, `export.score_len_buckets: []`) serves everything else; `score_refusal()` says why it cannot score.
 
 block_size and MAXB (= max_seq_len // block_size) are fixed by the export. num_blocks is chosen here when the
 graphs were exported with a dynamic cache dimension (the exporter's default, manifest "num_blocks": null);
@@ -35,7 +42,8 @@ import mindspore as ms
 from mindspore import nn, Tensor
 
 from mindspore_serving.agent.graph_weights import load_graph_weights
-from mindspore_serving.llm.model_io import SCRATCH_BLOCK, MultiStepRunner, SeqStep, run_greedy_steps, slot_of
+from mindspore_serving.llm.model_io import (SCRATCH_BLOCK, MultiStepRunner, PromptScorer, SeqStep, StepLogits,
+                                            run_greedy_steps, slot_of)
 from mindspore_serving.llm.sampler import greedy_with_logprobs
 from mindspore_serving.models.llama.manifest import EMBEDDED_WEIGHTS_VERSION, MANIFEST, MANIFEST_VERSION
 
@@ -50,6 +58,7 @@ class _Piece:
     start_pos: int
     block_table: Sequence[int]
     last: bool               # its logits are the sequence's result
+    offset: int = 0          # where its tokens start in the sequence's query (chunks)
 
 
 @dataclass
@@ -148,7 +157,7 @@ class _MixedBucket:
         return out.asnumpy()
 
 
-class GraphRunner(MultiStepRunner):
+class GraphRunner(MultiStepRunner, PromptScorer):
     """ModelRunner over the graphs of an export directory (see the module docstring).
 
     Args:
@@ -205,8 +214,14 @@ class GraphRunner(MultiStepRunner):
 
         self.decode_buckets: Dict[int, _Bucket] = {}
         self.prefill_buckets: Dict[Tuple[int, int], _Bucket] = {}
+        self.score_buckets: Dict[int, _Bucket] = {}  # by length, loaded on first use (see the module docstring)
+        self._score_files: Dict[int, str] = {}
+        self._manifest_dir = manifest_dir
         self.mixed_buckets: Dict[Tuple[int, int, int], _MixedBucket] = {}  # (decode rows, prefill rows, length)
         for g in manifest["graphs"]:
+            if g["phase"] == "score":
+                self._score_files[g["length"]] = g["file"]
+                continue
             cell = nn.GraphCell(ms.load(os.path.join(manifest_dir, g["file"])))
             if g["phase"] == "mixed":
                 key = (g["batch"], g.get("rows", 1), g["length"])
@@ -227,6 +242,7 @@ class GraphRunner(MultiStepRunner):
                 if (b, l) not in self.prefill_buckets:
                     raise ValueError(f"{path}: prefill buckets must be a full batch x length grid; "
                                      f"prefill_b{b}_l{l} is missing")
+        self.score_lengths = sorted(self._score_files)
         self.mixed_batches = sorted({b for b, _, _ in self.mixed_buckets})
         self.mixed_rows = sorted({r for _, r, _ in self.mixed_buckets})
         self.mixed_lengths = sorted({l for _, _, l in self.mixed_buckets})
@@ -242,38 +258,56 @@ class GraphRunner(MultiStepRunner):
 
     # --- the ModelRunner protocol -------------------------------------------------------------------------
 
-    def run(self, seqs: List[SeqStep]) -> np.ndarray:
-        """Logits [len(seqs), vocab_size] (float32) of the last token of each sequence."""
+    def score_refusal(self) -> Optional[str]:
+        if self.score_lengths:
+            return None
+        return (f"the graphs of {self._manifest_dir} have no score graphs (exported before them, or with "
+                f"export.score_len_buckets empty): export them again to get prompt logprobs")
+
+    def run(self, seqs: List[SeqStep]):
+        """Logits [len(seqs), vocab_size] (float32) of the last token of each sequence; a StepLogits when a
+        sequence asks for all its logits."""
         out = np.empty((len(seqs), self.vocab_size), np.float32)
         decode, prefill = [], []
+        scored = {}
         for i, seq in enumerate(seqs):
             self._check(i, seq)
-            if seq.query_len == 1:
+            if seq.all_logits:
+                scored[i] = np.empty((seq.query_len, self.vocab_size), np.float32)
+            elif seq.query_len == 1:
                 decode.append(_Piece(i, seq.token_ids, seq.start_pos, seq.block_table, True))
             else:
                 prefill.append((i, seq))
         fused = self._run_mixed(decode, prefill, out)
         if not fused:
             self._run_decode(decode, out)
+        if scored and not self.score_lengths:
+            raise ValueError(self.score_refusal())
         # Prompts longer than the largest length bucket go in chunks, chunk k of every prompt in round k.
-        max_len = self.prefill_lengths[-1]
         rounds: List[List[_Piece]] = []
-        for i, seq in ((i, s) for i, s in enumerate(seqs) if s.query_len > 1 and i not in fused):
+        for i, seq in enumerate(seqs):
+            if i in fused or (seq.query_len == 1 and i not in scored):
+                continue
+            max_len = self.score_lengths[-1] if i in scored else self.prefill_lengths[-1]
             for k, begin in enumerate(range(0, seq.query_len, max_len)):
                 if k == len(rounds):
                     rounds.append([])
                 end = min(begin + max_len, seq.query_len)
                 rounds[k].append(_Piece(i, seq.token_ids[begin:end], seq.start_pos + begin, seq.block_table,
-                                        end == seq.query_len))
+                                        end == seq.query_len, begin))
         for pieces in rounds:
-            self._run_decode([p for p in pieces if len(p.tokens) == 1], out)
-            self._run_prefill([p for p in pieces if len(p.tokens) > 1], out)
-        return out
+            self._run_decode([p for p in pieces if len(p.tokens) == 1 and p.row not in scored], out)
+            self._run_prefill([p for p in pieces if len(p.tokens) > 1 and p.row not in scored], out)
+            for piece in (p for p in pieces if p.row in scored):
+                self._run_score(piece, out, scored[piece.row])
+        return StepLogits(out, scored) if scored else out
 
     def run_greedy(self, seqs: List[SeqStep], num_steps: int) -> Tuple[np.ndarray, np.ndarray]:
         """Multi-step greedy decoding (model_io.run_greedy_steps): `num_steps` calls of one decode bucket back to
         back, its block tables filled once, each step's argmax fed into the next. Prompts in `seqs` are computed
         by a first `run` (a mixed call with the decode rows when the buckets allow), the rest as decode rows."""
+        if any(seq.all_logits for seq in seqs):
+            raise ValueError("a greedy round cannot return every token's logits (SeqStep.all_logits)")
         if not seqs or len(seqs) > self.decode_batches[-1] or num_steps == 1:
             return run_greedy_steps(self, seqs, num_steps)
         if any(seq.query_len != 1 for seq in seqs):
@@ -354,6 +388,25 @@ class GraphRunner(MultiStepRunner):
         for r, piece in enumerate(pieces):
             out[piece.row] = logits[batch + r]
         return {piece.row for piece in pieces}
+
+    def _run_score(self, piece: _Piece, out: np.ndarray, every: np.ndarray):
+        """One chunk of a scored sequence in the smallest score graph that holds it: its logits of every position
+        into `every` (rows piece.offset...), the last one into `out` when the chunk ends the sequence."""
+        n = len(piece.tokens)
+        logits = self._score_bucket(n).run([piece], self.state, self.block_size)[0, :n]
+        self.calls += 1
+        every[piece.offset:piece.offset + n] = logits
+        if piece.last:
+            out[piece.row] = logits[-1]
+
+    def _score_bucket(self, num_tokens: int) -> _Bucket:
+        length = self.score_lengths[bisect.bisect_left(self.score_lengths, num_tokens)]
+        bucket = self.score_buckets.get(length)
+        if bucket is None:
+            cell = nn.GraphCell(ms.load(os.path.join(self._manifest_dir, self._score_files[length])))
+            bucket = _Bucket("score", 1, length, cell, max_blocks=self.max_blocks_per_seq)
+            self.score_buckets[length] = bucket
+        return bucket
 
     def _run_decode(self, pieces: List[_Piece], out: np.ndarray):
         largest = self.decode_batches[-1]

@@ -6,6 +6,11 @@ and its block table. The runner writes their keys/values into the paged KV cache
 block_table[pos // block_size] * block_size + pos % block_size), attends over every cached position
 <= the token's own, and returns the logits of the last computed token of each sequence.
 
+A sequence may ask for the logits of every token it computes (`SeqStep.all_logits`: a prompt chunk whose prompt
+logprobs are wanted); `run` then returns a `StepLogits`, those beside the usual last-token logits. Only a
+runner that declares it (`PromptScorer`, `score_refusal()` None) gets such sequences, and never in a greedy
+round.
+
 Physical block 0 is reserved as a scratch block: padding writes there, and the block manager never
 hands it out.
 
@@ -13,6 +18,7 @@ What a runner can do beyond `run` it declares by the protocols it implements (th
 executor from them once, at start-up; see step_executor.py):
 
 * `ModelRunner`: runs one step (every runner).
+* `PromptScorer`: says whether `run` honours `SeqStep.all_logits` (prompt logprobs), and if not, why.
 * `MultiStepRunner`: also runs a greedy multi-step round itself (`run_greedy`, the meaning of run_greedy_steps).
 * `StepSubmitter`: computes apart from the engine (the agents): `submit(seqs, greedy_steps, prev_rows)` returns at
   once an object whose `result()` is the step's logits (greedy_steps 0) or, as `run_greedy` gives them, its
@@ -21,7 +27,7 @@ executor from them once, at start-up; see step_executor.py):
   the step submitted just before (a greedy step).
 """
 from dataclasses import dataclass
-from typing import Any, List, Protocol, Sequence, Tuple, runtime_checkable
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
 
 import numpy as np
 
@@ -40,6 +46,8 @@ class SeqStep:
     seq_id: int = -1
     """The engine's id of the sequence (-1: none): a runner across processes sends its table once, then the
     blocks appended to it."""
+    all_logits: bool = False
+    """Return the logits of every token computed (`StepLogits.every`), not only of the last."""
 
     @property
     def query_len(self) -> int:
@@ -49,6 +57,26 @@ class SeqStep:
     def context_len(self) -> int:
         """Tokens in the cache once this step has written its own."""
         return self.start_pos + len(self.token_ids)
+
+
+@dataclass
+class StepLogits:
+    """What `run` returns when some sequence asks for the logits of every token it computes."""
+    last: np.ndarray
+    """float32 [len(seqs), vocab]: what `run` returns otherwise (each sequence's last token's logits)."""
+    every: Dict[int, np.ndarray]
+    """For each sequence index with `all_logits`: float32 [query_len, vocab], the logits of each token computed
+    (row j: position start_pos + j)."""
+
+
+StepResult = Union[np.ndarray, StepLogits]
+
+
+def split_logits(result: StepResult) -> Tuple[np.ndarray, Dict[int, np.ndarray]]:
+    """(the last-token logits, every-token logits by sequence index) of what `run` returned."""
+    if isinstance(result, StepLogits):
+        return result.last, result.every
+    return result, {}
 
 
 def slot_of(block_table: Sequence[int], position: int, block_size: int) -> int:
@@ -63,7 +91,18 @@ class ModelRunner(Protocol):
     vocab_size: int
 
     def run(self, seqs: List[SeqStep]) -> np.ndarray:
-        """Logits [len(seqs), vocab_size] (float32) of the last token of each sequence."""
+        """Logits [len(seqs), vocab_size] (float32) of the last token of each sequence (a `StepLogits` when a
+        sequence asks for all its logits, see `PromptScorer`)."""
+        ...
+
+
+@runtime_checkable
+class PromptScorer(Protocol):
+    """A runner whose `run` may honour `SeqStep.all_logits` (the engine's prompt logprobs)."""
+
+    def score_refusal(self) -> Optional[str]:
+        """None when `run` returns every token's logits for sequences with `all_logits`; else why it cannot
+        (the engine refuses requests for prompt logprobs with this reason)."""
         ...
 
 

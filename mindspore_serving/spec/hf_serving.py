@@ -9,8 +9,9 @@ those graphs in the model cache, and the LLM configuration served from them. No 
     llm = llm_config(settings, model_file, max_len, tokenizer, generation_config)   # the YAML's content
 
 The graphs: block size 16; decode batches 1, 2, 4, 8, 16; prefill batch 1; prefill lengths 16, 32, ...
-up to max_model_len, at most 128 (longer prompts are computed in chunks of the largest); no mixed graphs. Each
-of those three lists can be given instead. The graphs hold max_model_len rounded up to the block size.
+up to max_model_len, at most 128 (longer prompts are computed in chunks of the largest); no mixed graphs; one score
+graph (prompt logprobs) of the longest prefill length. Each of those three lists can be given instead. The graphs
+hold max_model_len rounded up to the block size.
 """
 import dataclasses
 import hashlib
@@ -178,7 +179,10 @@ def export_model_file(settings: HfModelSettings, cfg: LlamaConfig, max_model_len
     buckets = {**default_buckets(max_model_len), **dict(settings.buckets)}
     try:
         model = dataclasses.replace(cfg, max_seq_len=graph_len(max_model_len))
-        return ModelFile(model, ExportConfig(block_size=BLOCK_SIZE, **buckets))
+        # one score graph (prompt logprobs), of the longest prefill length: a graph per prefill length would
+        # add half the export time; shorter prompts are padded to it, longer ones scored in chunks of it
+        score = (max(buckets["prefill_len_buckets"]),)
+        return ModelFile(model, ExportConfig(block_size=BLOCK_SIZE, score_len_buckets=score, **buckets))
     except ValueError as err:
         raise HfModelError(str(err)) from None
 

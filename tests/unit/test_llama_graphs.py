@@ -4,8 +4,8 @@ A very small random model (2 layers, GQA with 2 query heads per kv head) is expo
 temporary folder, its weights once beside the graphs, which take them as inputs. Every comparison is on logits
 with atol 1e-4 (float32; the logits are O(1) thanks to a large init std). Covered: a prompt + several decode steps
 on non-contiguous blocks, a mixed-length batch with padding, chunked and prefix-cached prefill (start_pos > 0),
-prompts longer than the largest length bucket, batches larger than the largest bucket, and that padding only ever
-writes into the scratch block 0.
+prompts longer than the largest length bucket, batches larger than the largest bucket, that padding only ever
+writes into the scratch block 0, and the score graphs' logits of every position.
 """
 import json
 import os
@@ -18,7 +18,7 @@ ms = pytest.importorskip("mindspore")
 from mindspore import Tensor  # noqa: E402
 
 from mindspore_serving.agent.graph_runner import GraphRunner  # noqa: E402
-from mindspore_serving.llm.model_io import SeqStep  # noqa: E402
+from mindspore_serving.llm.model_io import SeqStep, StepLogits  # noqa: E402
 from mindspore_serving.models.llama.config import ExportConfig, LlamaConfig, ModelFile  # noqa: E402
 from mindspore_serving.models.llama.export import GraphSpec, example_inputs, export_graphs  # noqa: E402
 from mindspore_serving.models.llama.model import build_model  # noqa: E402
@@ -66,7 +66,7 @@ def test_manifest_lists_every_bucket(exported):
     assert files == sorted(["prefill_b1_l8.mindir", "prefill_b1_l16.mindir", "prefill_b2_l8.mindir",
                             "prefill_b2_l16.mindir", "decode_b1.mindir", "decode_b4.mindir",
                             "mixed_b2_l8.mindir", "mixed_b2_l16.mindir", "mixed_b2_r2_l8.mindir",
-                            "mixed_b2_r2_l16.mindir"])
+                            "mixed_b2_r2_l16.mindir", "score_b1_l8.mindir", "score_b1_l16.mindir"])
     assert manifest["max_blocks_per_seq"] == MAX_LEN // BLOCK
     assert manifest["inputs"][:5] == ["input_ids", "positions", "block_tables", "slot_mapping", "query_lens"]
     assert manifest["inputs"][5:] == ["key_cache_0", "value_cache_0", "key_cache_1", "value_cache_1"]
@@ -276,3 +276,23 @@ def test_greedy_rounds_equal_single_steps(exported, runner):
     np.testing.assert_allclose(results[0][1], results[1][1], rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="it needs"):  # 5 more tokens after 8 do not fit one block of 8
         runner.run_greedy([SeqStep([1], 8, [3])], 5)
+
+
+def test_score_graphs_return_every_position_beside_an_ordinary_batch(exported, runner):
+    """A sequence with all_logits gets the logits of every token it computes from the score graphs (loaded on
+    first use), in chunks of the largest score length, continuing a cached chunk; the other rows of the step
+    are computed as without it."""
+    model = exported[1]
+    runner.reset_kv_caches()
+    prompt, other = tokens_of(50, 37), tokens_of(51, 9)
+    full = model.forward_full(Tensor(np.array([prompt], np.int32))).asnumpy()[0]
+    runner.run([SeqStep(prompt[:5], 0, [2, 3, 4, 5, 6], all_logits=True)])
+    before = runner.calls
+    result = runner.run([SeqStep(prompt[5:], 5, [2, 3, 4, 5, 6], all_logits=True), SeqStep(other, 0, [7, 8])])
+    assert isinstance(result, StepLogits) and sorted(result.every) == [0]
+    assert runner.calls - before == 3  # 32 tokens in score chunks of 16, 16; the plain prompt in a prefill call
+    assert sorted(runner.score_buckets) == [8, 16]
+    assert_close(result.every[0], full[5:])
+    assert_close(result.last[0], full[-1])
+    assert_close(result.last[1], reference(model, other))
+    assert runner.score_refusal() is None

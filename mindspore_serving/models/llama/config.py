@@ -257,6 +257,9 @@ class ExportConfig:
     mixed_decode_buckets x mixed_prefill_rows x mixed_len_buckets."""
     num_blocks: Optional[int] = None
     """Cache blocks fixed in the graphs; None exports a dynamic first cache dimension, chosen at load time."""
+    score_len_buckets: Optional[Tuple[int, ...]] = None
+    """Query lengths of the score graphs (one row; every position's logits: prompt logprobs); None: the
+    prefill_len_buckets; empty: none, and requests for prompt logprobs are refused."""
 
     def __post_init__(self):
         _check_int(self, "block_size")
@@ -271,6 +274,8 @@ class ExportConfig:
                              "graphs) or both be empty (none)")
         if self.num_blocks is not None:
             _check_int(self, "num_blocks", low=2)
+        if self.score_len_buckets is not None:
+            _check_buckets(self, "score_len_buckets", allow_empty=True)
 
     def validate_for(self, model: LlamaConfig):
         if model.max_seq_len % self.block_size:
@@ -282,9 +287,16 @@ class ExportConfig:
         _check_buckets(self, "mixed_decode_buckets", model.max_seq_len, "max_seq_len", allow_empty=True)
         _check_buckets(self, "mixed_len_buckets", model.max_seq_len, "max_seq_len", allow_empty=True)
         _check_buckets(self, "mixed_prefill_rows", model.max_seq_len, "max_seq_len")
+        if self.score_len_buckets is not None:
+            _check_buckets(self, "score_len_buckets", model.max_seq_len, "max_seq_len", allow_empty=True)
 
     def max_blocks_per_seq(self, model: LlamaConfig) -> int:
         return model.max_seq_len // self.block_size
+
+    @property
+    def score_lengths(self) -> Tuple[int, ...]:
+        """The query lengths of the score graphs exported (score_len_buckets, by default the prefill lengths)."""
+        return self.prefill_len_buckets if self.score_len_buckets is None else self.score_len_buckets
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ExportConfig":

@@ -5,8 +5,10 @@
 Writes the weights once, `weights.safetensors`, then `prefill_b{B}_l{L}.mindir` for every prefill batch x length
 bucket, `decode_b{B}.mindir` (L = 1) for every decode batch bucket, `mixed_b{B}_l{L}.mindir` (or
 `mixed_b{B}_r{R}_l{L}.mindir`) for every mixed bucket: B decode rows and R prefill rows of L tokens in one call
-(`LlamaModel.construct_mixed`), and last `manifest.json` (graphs, buckets, graph inputs, weights, cache layout,
-model config), so that a directory with a manifest is a complete export.
+(`LlamaModel.construct_mixed`), `score_b1_l{L}.mindir` for every score length (`export.score_len_buckets`, by default
+the prefill lengths): one row, the prefill graph's inputs, the logits of every position [1, L, vocab] (`ScoreStep`,
+prompt logprobs), and last `manifest.json` (graphs, buckets, graph inputs, weights, cache layout, model config), so
+that a directory with a manifest is a complete export.
 Without --checkpoint the weights are a seeded random init (--seed). --jobs N compiles the buckets in N processes
 (default min(2, cores): a bucket costs seconds of graph compilation).
 
@@ -46,7 +48,8 @@ from mindspore_serving.common import cluster_registration, ms_cluster
 from mindspore_serving.common.ms_device import select_device
 
 from .config import ModelFile, load_config, save_config
-from .model import LlamaModel, MixedStep, PagedStep, build_model, check_tensor_parallel, shard_weights, weight_names
+from .model import (LlamaModel, MixedStep, PagedStep, ScoreStep, build_model, check_tensor_parallel, shard_weights,
+                    weight_names)
 
 from .manifest import MANIFEST, MANIFEST_VERSION, WEIGHTS_FILE
 
@@ -58,7 +61,7 @@ MIXED_INPUTS = ["decode_ids", "decode_positions", "decode_tables", "prefill_ids"
 
 @dataclass(frozen=True)
 class GraphSpec:
-    phase: str   # "prefill", "decode" or "mixed" (batch = decode rows, length = the prefill rows' length)
+    phase: str   # "prefill", "decode", "score" or "mixed" (batch = decode rows, length = the prefill rows' length)
     batch: int
     length: int
     rows: int = 1  # mixed: prefill rows
@@ -77,7 +80,8 @@ def graph_specs(cfg: ModelFile) -> List[GraphSpec]:
     specs = [GraphSpec("prefill", b, l) for b in ex.prefill_batch_buckets for l in ex.prefill_len_buckets]
     specs += [GraphSpec("mixed", b, l, r) for b in ex.mixed_decode_buckets for r in ex.mixed_prefill_rows
               for l in ex.mixed_len_buckets]
-    return specs + [GraphSpec("decode", b, 1) for b in ex.decode_batch_buckets]
+    specs += [GraphSpec("decode", b, 1) for b in ex.decode_batch_buckets]
+    return specs + [GraphSpec("score", 1, l) for l in ex.score_lengths]
 
 
 def cache_input_names(num_layers: int) -> List[str]:
@@ -165,11 +169,12 @@ def _export_specs(cfg: ModelFile, out_dir: str, specs: List[GraphSpec], tp: int,
     weights, _ = weight_placeholders(cfg, out_dir)
     model = LlamaModel(cfg.model, tp, parameters=False)
     model.set_train(False)
-    cells = {"mixed": MixedStep(model), "paged": PagedStep(model)}
+    cells = {"mixed": MixedStep(model), "score": ScoreStep(model)}
+    paged = PagedStep(model)
     for spec in specs:
         start = time.perf_counter()
         path = os.path.join(out_dir, spec.file)
-        cell = cells["mixed" if spec.phase == "mixed" else "paged"]
+        cell = cells.get(spec.phase, paged)
         ms.export(cell, *example_inputs(cfg, spec, tp), *weights, file_name=path[:-len(".mindir")],
                   file_format="MINDIR")
         log(f"exported {spec.file} in {time.perf_counter() - start:.2f}s")
@@ -248,6 +253,8 @@ def compile_graphs(cfg: ModelFile, out_dir: str, jobs: int = 1, device: str = "C
         "mixed_inputs": MIXED_INPUTS + cache_input_names(m.num_layers),
         "mixed_output": "logits float32 [batch + rows, vocab]: each decode row's, then each prefill row's token "
                         "prefill_lens[r]-1",
+        "score_output": "logits float32 [batch, length, vocab] of every position (score graphs: the inputs of "
+                        "the prefill graphs)",
         "graphs": [{"file": s.file, "phase": s.phase, "batch": s.batch, "length": s.length, "rows": s.rows}
                    for s in specs],
     }

@@ -6,7 +6,7 @@ and checkpoint names. The model's own Parameters (`LlamaModel.weights()`) are on
 `PagedStep` and `MixedStep` take it as graph inputs instead, so an exported MindIR holds no weights and every bucket
 graph of a model uses the one copy its runner passes in.
 
-Two entry points share every weight and the attention code:
+These entry points share every weight and the attention code:
 
 * `LlamaModel.forward_full(input_ids [B, T]) -> logits [B, T, vocab]`: causal attention without a cache; used to
   train and as the correctness reference.
@@ -27,6 +27,8 @@ Two entry points share every weight and the attention code:
   query at position p see key j iff j <= p, and returns the logits float32 [B, vocab] of token query_lens[b] - 1
   of each row. block_size and MAXB are read from the input shapes, so one cell serves every bucket.
   `PagedStep` exports it with the weights as inputs after the caches.
+* `LlamaModel.score_step(...)`: the same step returning the logits float32 [B, L, vocab] of every position
+  (`ScoreStep` exports it, same inputs): the score graphs, from which the engine takes prompt logprobs.
 """
 import math
 
@@ -354,6 +356,19 @@ class LlamaModel(nn.Cell):
     def paged_step(self, weights, input_ids, positions, block_tables, slot_mapping, query_lens, kv_caches):
         """`construct` over `weights` (a tuple in `weight_names()` order) and the tuple `kv_caches`."""
         b, l = input_ids.shape
+        x = self.paged_hidden(weights, input_ids, positions, block_tables, slot_mapping, kv_caches)
+        last = self.position_table[:b] * l + query_lens - 1
+        return self.logits(weights, _gather(x.reshape(b * l, -1), last, 0))
+
+    def score_step(self, weights, input_ids, positions, block_tables, slot_mapping, kv_caches):
+        """`paged_step` returning the logits float32 [B, L, vocab] of every position of every row (padding
+        positions included): the score graphs (`ScoreStep`), which give prompt logprobs."""
+        b, l = input_ids.shape
+        x = self.paged_hidden(weights, input_ids, positions, block_tables, slot_mapping, kv_caches)
+        return self.logits(weights, x.reshape(b * l, -1)).reshape(b, l, self.vocab_size)
+
+    def paged_hidden(self, weights, input_ids, positions, block_tables, slot_mapping, kv_caches):
+        """The paged step's last hidden states [B, L, hidden] (before the final norm), the caches written."""
         block_size = kv_caches[0].shape[1]
         write_idx = ops.stack((slot_mapping // block_size, slot_mapping % block_size), axis=-1)
         cos, sin = rotary_cos_sin(positions, self.inv_freq)
@@ -364,8 +379,7 @@ class LlamaModel(nn.Cell):
         for i in range(self.num_layers):
             x = self.layers[i].forward_paged(self.layer_weights(weights, i), x, cos, sin, mask_bias, block_tables,
                                              write_idx, kv_caches[2 * i], kv_caches[2 * i + 1])
-        last = self.position_table[:b] * l + query_lens - 1
-        return self.logits(weights, _gather(x.reshape(b * l, -1), last, 0))
+        return x
 
     def construct_mixed(self, decode_ids, decode_positions, decode_tables, prefill_ids, prefill_positions,
                         prefill_tables, slot_mapping, prefill_lens, *kv_caches):
@@ -415,6 +429,24 @@ class PagedStep(nn.Cell):
         n = self.num_caches
         return self.model.paged_step(caches_and_weights[n:], input_ids, positions, block_tables, slot_mapping,
                                      query_lens, caches_and_weights[:n])
+
+
+class ScoreStep(nn.Cell):
+    """The exported cell of a score graph: `PagedStep`'s inputs (query_lens unused: every position is returned),
+    returning the logits float32 [B, L, vocab] of every position (`LlamaModel.score_step`) instead of each row's
+    last; the engine takes prompt logprobs from them. A graph of its own, so that the prefill and decode graphs
+    stay as they are: they gather the last positions before the lm head, which is most of a step's cost with a
+    large vocabulary."""
+
+    def __init__(self, model: LlamaModel):
+        super().__init__()
+        self.model = model
+        self.num_caches = 2 * model.num_layers
+
+    def construct(self, input_ids, positions, block_tables, slot_mapping, query_lens, *caches_and_weights):
+        n = self.num_caches
+        return self.model.score_step(caches_and_weights[n:], input_ids, positions, block_tables, slot_mapping,
+                                     caches_and_weights[:n])
 
 
 class MixedStep(nn.Cell):
