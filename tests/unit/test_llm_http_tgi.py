@@ -1,13 +1,16 @@
 """TGI routes of the LLM front end against a fake backend: /generate, /generate_stream, / (compat), /info,
-/health; request validation, reply shapes, timing headers and TGI's error shapes and statuses."""
+/health; request validation, reply shapes, timing headers and TGI's error shapes and statuses; grammar,
+top_n_tokens, decoder_input_details, best_of and frequency_penalty as the engine's parameters and in the replies."""
 import pytest
 from fastapi import FastAPI
 from starlette.testclient import TestClient
 
 from mindspore_serving.common import errors
 from mindspore_serving.frontends.llm import build_llm_router
-from mindspore_serving.master.llm_types import FinalEvent, ModelInfo, Overloaded
+from mindspore_serving.master.llm_types import (FinalEvent, ModelInfo, Overloaded, PromptEvent, PromptToken,
+                                                TokenEvent, TopLogprob)
 from mindspore_serving.frontends.llm.testing import DEFAULT_MODEL, FakeLlmBackend, parse_sse
+from mindspore_serving.llm.sampling_params import SamplingParams
 from llm_http_app import backend_fixture, client_fixture  # noqa: F401  (the fixtures)
 
 TOKENS = [{"id": 10, "text": "Hello", "logprob": -0.25, "special": False},
@@ -101,15 +104,28 @@ def test_compat_route(client):
     ({"top_k": 0}, "`top_k` must be strictly positive"),
     ({"repetition_penalty": 0}, "`repetition_penalty` must be strictly positive"),
     ({"max_new_tokens": 0}, "`max_new_tokens` must be strictly positive"),
-    ({"best_of": 2}, "`best_of` must be > 0 and <= 1. Given: 2"),
+    ({"best_of": 3, "do_sample": True}, "`best_of` must be > 0 and <= 2. Given: 3"),
+    ({"best_of": 0}, "`best_of` must be > 0 and <= 2. Given: 0"),
+    ({"best_of": 2}, "you must use sampling when `best_of` is > 1"),
+    ({"best_of": 2, "do_sample": True, "seed": 1}, "`seed` must not be set when `best_of` > 1"),
     ({"typical_p": 0.5}, "`typical_p` is not supported by this server"),
     ({"truncate": 10}, "`truncate` is not supported by this server"),
     ({"watermark": True}, "`watermark` is not supported by this server"),
-    ({"top_n_tokens": 2}, "`top_n_tokens` != 0 is not allowed for this endpoint"),
-    ({"frequency_penalty": 0.5}, "`frequency_penalty` is not supported by this server"),
-    ({"grammar": {"type": "json", "value": {}}}, "`grammar` is not supported by this server"),
+    ({"adapter_id": "lora"}, "`adapter_id` is not supported by this server"),
+    ({"top_n_tokens": 6}, "`top_n_tokens` must be >= 0 and <= 5. Given: 6"),
+    ({"top_n_tokens": -1}, "`top_n_tokens` must be >= 0 and <= 5. Given: -1"),
+    ({"frequency_penalty": 2.5}, "`frequency_penalty` must be >= -2.0 and <= 2.0"),
+    ({"grammar": {"type": "cfg", "value": "x"}},
+     "`parameters.grammar.type`: Input should be 'json', 'json_object', 'regex' or 'json_schema'"),
+    ({"grammar": {"type": "json", "value": 5}}, "grammar is not valid: a json grammar's value is a JSON schema"),
+    ({"grammar": {"type": "json", "value": "{not json"}},
+     "grammar is not valid: the json of a structured output is not valid JSON"),
+    ({"grammar": {"type": "json", "value": "[1]"}}, "grammar is not valid: a JSON schema must be an object"),
+    ({"grammar": {"type": "regex", "value": ""}}, "grammar is not valid: a regex structured output needs"),
+    ({"grammar": {"type": "regex", "value": ["a"]}}, "grammar is not valid: a regex grammar's value is"),
+    ({"grammar": {"type": "json_schema", "value": {"name": "x"}}}, "grammar is not valid: a json_schema grammar"),
+    ({"grammar": {"type": "regex", "value": "a", "strict": True}}, "unknown field `parameters.grammar.strict`"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "`stop` supports up to 4 stop sequences. Given: 5"),
-    ({"decoder_input_details": True}, "`decoder_input_details` == true is not supported by this server"),
     ({"colour": "red"}, "unknown field `parameters.colour`"),
     ({"top_k": "many"}, "`parameters.top_k`: Input should be a valid integer"),
 ])
@@ -133,6 +149,9 @@ def test_validation_errors_of_the_body(client):
     assert reply.status_code == 422
     assert reply.json()["error"] == ("Input validation error: `decoder_input_details` == true is not supported "
                                      "when streaming tokens")
+    reply = client.post("/", json={"inputs": "x", "stream": True, "parameters": {"best_of": 2, "do_sample": True}})
+    assert reply.status_code == 422
+    assert reply.json()["error"] == "Input validation error: `best_of` != 1 is not supported when streaming tokens"
 
 
 def test_engine_validation_is_a_422(client, backend):
@@ -207,7 +226,8 @@ def test_info_and_health(client, backend):
     assert info["max_total_tokens"] == 128
     assert info["max_input_tokens"] == 127
     assert info["max_concurrent_requests"] == 12
-    assert info["max_best_of"] == 1
+    assert info["max_best_of"] == 2
+    assert info["max_top_n_tokens"] == 5
     assert info["max_stop_sequences"] == 4
     assert info["model_device_type"] == "cpu"
     reply = client.get("/health")
@@ -260,3 +280,132 @@ def test_engine_finishing_with_error_before_any_token_gets_an_http_status():
     reply = TestClient(app).post("/generate_stream", json={"inputs": "x"})
     assert reply.status_code == 424
     assert reply.json()["error_type"] == "generation"
+
+
+# grammar, top_n_tokens, decoder_input_details, best_of, frequency_penalty
+
+class _Scripted(FakeLlmBackend):
+    """Answers every request with `events` (its parameters checked as the engine checks them)."""
+
+    def __init__(self, events):
+        super().__init__()
+        self.events = events
+
+    async def _stream(self, request):
+        self.requests.append(request)
+        SamplingParams.from_dict(request.params)
+        for event in self.events:
+            yield event
+
+
+def _scripted_client(events) -> TestClient:
+    app = FastAPI()
+    app.include_router(build_llm_router(_Scripted(events)))
+    return TestClient(app)
+
+
+def _final(text, ids, choice=0, reason="eos"):
+    return FinalEvent(text=text, token_ids=ids, finish_reason=reason, prompt_tokens=2, completion_tokens=len(ids),
+                      choice=choice)
+
+
+_TOP = [TopLogprob(10, "Hello", -0.25), TopLogprob(20, "Hi", -1.5)]
+_SCORED = [TokenEvent(10, "Hello", -0.25, False, 0, _TOP), TokenEvent(2, "", -0.5, True, 1, [
+    TopLogprob(2, "</s>", -0.5), TopLogprob(13, "!", -1.0)])]
+_PROMPT = PromptEvent([PromptToken(1, "<s>", None), PromptToken(30, "Hi", -2.0, [TopLogprob(31, "Ho", -1.0)])])
+
+
+@pytest.mark.parametrize("grammar, constraint", [
+    ({"type": "json", "value": {"type": "object"}}, {"type": "json", "value": '{"type": "object"}'}),
+    ({"type": "json", "value": '{"properties": {}}'}, {"type": "json", "value": '{"properties": {}}'}),
+    ({"type": "json_object", "value": {"type": "object"}}, {"type": "json", "value": '{"type": "object"}'}),
+    ({"type": "json_object"}, {"type": "json_object", "value": ""}),
+    ({"type": "json_schema", "value": {"name": "p", "schema": {"type": "object"}}},
+     {"type": "json", "value": '{"type": "object"}'}),
+    ({"type": "regex", "value": "[0-9]+"}, {"type": "regex", "value": "[0-9]+"}),
+])
+def test_grammar_becomes_the_engines_structured_output(client, backend, grammar, constraint):
+    reply = client.post("/generate", json={"inputs": "x", "parameters": {"grammar": grammar}})
+    assert reply.status_code == 200
+    assert backend.requests[-1].params["structured_output"] == constraint
+
+
+def test_grammar_finish_reason_is_tgis_eos_token(client, backend):
+    backend.finish_reason = "grammar"
+    reply = client.post("/generate", json={"inputs": "x", "parameters": {
+        "details": True, "grammar": {"type": "regex", "value": "Hello.*"}}})
+    assert reply.json()["details"]["finish_reason"] == "eos_token"
+    events = parse_sse(client.post("/generate_stream", json={"inputs": "x", "parameters": {"details": True}}).text)
+    assert events[-1]["details"]["finish_reason"] == "eos_token"
+
+
+def test_engine_refusing_a_grammar_is_a_422(client, backend):
+    backend.fail_before = errors.InvalidInputs("the regex of a structured output does not compile: unclosed (")
+    reply = client.post("/generate", json={"inputs": "x", "parameters": {"grammar": {"type": "regex",
+                                                                                     "value": "(a"}}})
+    assert reply.status_code == 422
+    assert reply.json() == {"error": "Input validation error: the regex of a structured output does not compile: "
+                                     "unclosed (", "error_type": "validation"}
+
+
+def test_new_parameters_map_to_the_engine(client, backend):
+    client.post("/generate", json={"inputs": "x", "parameters": {
+        "frequency_penalty": -0.5, "top_n_tokens": 3, "decoder_input_details": True, "best_of": 1}})
+    assert backend.requests[-1].params == {"max_new_tokens": 100, "frequency_penalty": -0.5, "do_sample": False,
+                                           "top_logprobs": 3, "prompt_logprobs": 0}
+    client.post("/generate", json={"inputs": "x", "parameters": {"best_of": 2, "temperature": 0.8,
+                                                                 "top_n_tokens": 0}})
+    assert backend.requests[-1].params == {"max_new_tokens": 100, "temperature": 0.8, "do_sample": True, "n": 2}
+
+
+def test_details_with_top_tokens_and_prefill():
+    client = _scripted_client([_PROMPT, *_SCORED, _final("Hello", [10, 2])])
+    reply = client.post("/generate", json={"inputs": "Hi", "parameters": {
+        "top_n_tokens": 2, "decoder_input_details": True}})
+    assert reply.status_code == 200
+    assert reply.json() == {"generated_text": "Hello", "details": {
+        "finish_reason": "eos_token", "generated_tokens": 2, "seed": None,
+        "prefill": [{"id": 1, "text": "<s>", "logprob": None}, {"id": 30, "text": "Hi", "logprob": -2.0}],
+        "tokens": [{"id": 10, "text": "Hello", "logprob": -0.25, "special": False},
+                   {"id": 2, "text": "", "logprob": -0.5, "special": True}],
+        "top_tokens": [[{"id": 10, "text": "Hello", "logprob": -0.25, "special": False},
+                        {"id": 20, "text": "Hi", "logprob": -1.5, "special": False}],
+                       [{"id": 2, "text": "</s>", "logprob": -0.5, "special": True},
+                        {"id": 13, "text": "!", "logprob": -1.0, "special": False}]]}}
+    # without decoder_input_details the prefill stays empty, as TGI's
+    details = client.post("/generate", json={"inputs": "Hi", "parameters": {"details": True}}).json()["details"]
+    assert details["prefill"] == [] and "top_tokens" not in details
+
+
+def test_stream_events_carry_top_tokens():
+    client = _scripted_client([*_SCORED, _final("Hello", [10, 2])])
+    events = parse_sse(client.post("/generate_stream", json={"inputs": "Hi", "parameters": {
+        "top_n_tokens": 2, "details": True}}).text)
+    assert [list(e) for e in events] == [["index", "token", "top_tokens", "generated_text", "details"]] * 2 + [
+        ["index", "token", "generated_text", "details"]]  # the closing event's empty token has no alternatives
+    assert events[0]["top_tokens"] == [{"id": 10, "text": "Hello", "logprob": -0.25, "special": False},
+                                       {"id": 20, "text": "Hi", "logprob": -1.5, "special": False}]
+    assert events[1]["top_tokens"][0] == {"id": 2, "text": "</s>", "logprob": -0.5, "special": True}
+    events = parse_sse(client.post("/generate_stream", json={"inputs": "Hi", "parameters": {
+        "top_n_tokens": 1, "max_new_tokens": 2}}).text)
+    assert len(events) == 2 and events[1]["generated_text"] == "Hello"  # the held-back last token keeps its own
+    assert events[1]["top_tokens"][0]["id"] == 2
+
+
+def test_best_of_keeps_the_candidate_of_highest_mean_logprob():
+    events = [TokenEvent(10, "Hello", -1.0, False, 0, choice=0), TokenEvent(40, "Bye", -0.1, False, 0, choice=1),
+              TokenEvent(2, "", -0.3, True, 1, choice=1), _final("Bye", [40, 2], choice=1),
+              TokenEvent(11, ",", -1.0, False, 1, choice=0), _final("Hello,", [10, 11], choice=0, reason="length")]
+    client = _scripted_client(events)
+    parameters = {"best_of": 2, "do_sample": True, "max_new_tokens": 2}
+    reply = client.post("/generate", json={"inputs": "Hi ", "parameters": parameters})
+    assert reply.json() == {"generated_text": "Bye"}
+    reply = client.post("/", json={"inputs": "Hi ", "parameters": {**parameters, "details": True}})
+    assert reply.json() == [{"generated_text": "Hi Bye", "details": {
+        "finish_reason": "eos_token", "generated_tokens": 2, "seed": None, "prefill": [],
+        "tokens": [{"id": 40, "text": "Bye", "logprob": -0.1, "special": False},
+                   {"id": 2, "text": "", "logprob": -0.3, "special": True}],
+        "best_of_sequences": [{"generated_text": "Hi Hello,", "finish_reason": "length", "generated_tokens": 2,
+                               "seed": None, "prefill": [],
+                               "tokens": [{"id": 10, "text": "Hello", "logprob": -1.0, "special": False},
+                                          {"id": 11, "text": ",", "logprob": -1.0, "special": False}]}]}}]

@@ -2,17 +2,27 @@
 `/models/{model}/generate` family (which copies TGI), and how they become engine parameters.
 
 Field names, defaults and validation messages follow TGI (router `GenerateParameters`, `ValidationError`).
-Options the engine cannot honour are accepted at their neutral value and rejected otherwise, by name.
+Options the engine cannot honour (typical_p, truncate, watermark, adapter_id) are accepted at their neutral
+value and rejected otherwise, by name.
+
+TGI's parameters map onto the engine's: `grammar` -> structured_output, `top_n_tokens` -> top_logprobs,
+`decoder_input_details` -> prompt_logprobs=0, `frequency_penalty` -> frequency_penalty, `best_of` -> n (every
+candidate comes back and the front end keeps the best, as TGI's router does).
 """
-from typing import List, Literal, Optional, Union
+from typing import Any, Dict, List, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
 
 from mindspore_serving.common.errors import InvalidParam
 from mindspore_serving.frontends.llm.params import sampling_params, stop_list
+from mindspore_serving.llm.errors import InvalidRequestError
+from mindspore_serving.llm.sampling_params import StructuredOutput
 
 MAX_STOP_SEQUENCES = 4
-MAX_BEST_OF = 1
+MAX_BEST_OF = 2
+"""TGI's default `--max-best-of`."""
+MAX_TOP_N_TOKENS = 5
+"""TGI's default `--max-top-n-tokens`."""
 TGI_DEFAULT_MAX_NEW_TOKENS = 100
 
 
@@ -36,8 +46,7 @@ _PARAMETER_RULES = {
                  lambda value: f"must be > 0 and <= {MAX_BEST_OF}. Given: {value}")],
     "temperature": [_STRICTLY_POSITIVE],
     "repetition_penalty": [_STRICTLY_POSITIVE],
-    "frequency_penalty": [(_given(lambda value: not -2.0 <= value <= 2.0), "must be >= -2.0 and <= 2.0"),
-                          (bool, _UNSUPPORTED)],
+    "frequency_penalty": [(_given(lambda value: not -2.0 <= value <= 2.0), "must be >= -2.0 and <= 2.0")],
     "top_k": [_STRICTLY_POSITIVE],
     "top_p": [_OPEN_UNIT],
     "typical_p": [_OPEN_UNIT, (_is_set, _UNSUPPORTED)],
@@ -47,8 +56,8 @@ _PARAMETER_RULES = {
     "truncate": [(_is_set, _UNSUPPORTED)],
     "watermark": [(bool, _UNSUPPORTED)],
     "seed": [(_given(lambda value: value < 0), "must be positive")],
-    "top_n_tokens": [(bool, "!= 0 is not allowed for this endpoint")],
-    "grammar": [(_is_set, _UNSUPPORTED)],
+    "top_n_tokens": [(_given(lambda value: not 0 <= value <= MAX_TOP_N_TOKENS),
+                      lambda value: f"must be >= 0 and <= {MAX_TOP_N_TOKENS}. Given: {value}")],
     "adapter_id": [(_is_set, _UNSUPPORTED)],
 }
 
@@ -73,6 +82,40 @@ class _Prompt(BaseModel):
     _inputs = field_validator("inputs")(_refuse_false("`inputs` cannot be empty"))
 
 
+class TgiGrammar(BaseModel):
+    """TGI's `grammar`: `{"type": "json" (alias "json_object"), "value": <JSON schema, or its text>}`,
+    `{"type": "regex", "value": <regular expression>}` or `{"type": "json_schema", "value": {"name"?, "schema"}}`.
+    A "json_object" without a value asks for any JSON object."""
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["json", "json_object", "regex", "json_schema"]
+    value: Any = None
+
+    def structured_output(self) -> StructuredOutput:
+        """The engine's constraint; ValueError with TGI's messages ("grammar is not valid: ...")."""
+        value = self.value
+        if self.type == "json_object" and value is None:
+            kind, value = "json_object", ""
+        elif self.type in ("json", "json_object"):
+            kind = "json"
+            if not isinstance(value, (str, dict)):  # as TGI: a schema is an object or its JSON text
+                raise ValueError("grammar is not valid: a json grammar's value is a JSON schema object or its text")
+        elif self.type == "json_schema":
+            kind = "json"
+            if not isinstance(value, dict) or not isinstance(value.get("schema"), dict):
+                raise ValueError("grammar is not valid: a json_schema grammar's value is {\"name\"?, \"schema\": "
+                                 "<JSON schema object>}")
+            value = value["schema"]
+        else:
+            kind = "regex"
+            if not isinstance(value, str):
+                raise ValueError("grammar is not valid: a regex grammar's value is the regular expression's text")
+        try:
+            return StructuredOutput(kind, value)
+        except InvalidRequestError as err:
+            raise ValueError(f"grammar is not valid: {err}") from None
+
+
 class TgiParameters(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -93,7 +136,7 @@ class TgiParameters(BaseModel):
     decoder_input_details: bool = False
     seed: Optional[int] = None
     top_n_tokens: Optional[int] = None
-    grammar: Optional[dict] = None
+    grammar: Optional[TgiGrammar] = None
     adapter_id: Optional[str] = None
 
     @field_validator(*_PARAMETER_RULES)
@@ -110,16 +153,49 @@ class TgiParameters(BaseModel):
         # an explicit null asks for TGI's default, as an absent field does
         return TGI_DEFAULT_MAX_NEW_TOKENS if value is None else value
 
+    @model_validator(mode="after")
+    def _best_of(self):
+        # TGI's router: best_of > 1 needs one of the sampling fields set, and no seed (each candidate has its own)
+        if self.best_of is not None and self.best_of > 1:
+            if not (self.do_sample or self.temperature is not None or self.top_k is not None
+                    or self.top_p is not None or self.typical_p is not None):
+                raise ValueError("you must use sampling when `best_of` is > 1")
+            if self.seed is not None:
+                raise ValueError("`seed` must not be set when `best_of` > 1")
+        return self
+
+    @field_validator("grammar", mode="after")
+    @classmethod
+    def _grammar(cls, value):
+        if value is not None:
+            value.structured_output()  # refused now, with TGI's message, rather than by the engine
+        return value
+
     @property
     def sampling(self) -> bool:
         """TGI samples when asked to, or when any sampling knob is set away from its neutral value."""
         return (self.do_sample or (self.temperature is not None and self.temperature != 1.0)
                 or self.top_k is not None or (self.top_p is not None and self.top_p < 1.0))
 
+    @property
+    def candidates(self) -> int:
+        """Sequences generated: best_of, of which the reply keeps one."""
+        return self.best_of or 1
+
     def engine_params(self) -> dict:
         return sampling_params(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
                                top_k=self.top_k, top_p=self.top_p, repetition_penalty=self.repetition_penalty,
-                               do_sample=self.sampling, seed=self.seed, stop=self.stop or None)
+                               frequency_penalty=self.frequency_penalty, do_sample=self.sampling, seed=self.seed,
+                               stop=self.stop or None, top_logprobs=self.top_n_tokens or None,
+                               prompt_logprobs=0 if self.decoder_input_details else None,
+                               n=self.candidates if self.candidates > 1 else None,
+                               structured_output=self._structured_output())
+
+    def _structured_output(self) -> Optional[dict]:
+        if self.grammar is None:
+            return None
+        constraint = self.grammar.structured_output()
+        return {"type": constraint.type, "value": constraint.value}
 
 
 class TgiRequest(_Prompt):
@@ -132,20 +208,23 @@ class TgiRequest(_Prompt):
         _refuse_false("`add_special_tokens` = false is not supported by this server"))
 
     def check_stream(self) -> None:
+        """TGI's refusals of a streamed request (both are non-streamed features)."""
+        if self.parameters.candidates != 1:
+            raise InvalidParam("`best_of` != 1 is not supported when streaming tokens", "parameters.best_of")
         if self.parameters.decoder_input_details:
             raise InvalidParam("`decoder_input_details` == true is not supported when streaming tokens",
                                "parameters.decoder_input_details")
-
-    def check_generate(self) -> None:
-        if self.parameters.decoder_input_details:
-            raise InvalidParam("`decoder_input_details` == true is not supported by this server: the engine does "
-                               "not report the prompt's tokens", "parameters.decoder_input_details")
 
 
 class LlmServingParameters(BaseModel):
     """MindSpore LLM-serving's `parameters`, with its defaults. Unlike the reference server, seed, stop and
     repetition_penalty take effect, do_sample defaults to False as documented, and out-of-range values are
-    rejected instead of silently clamped."""
+    rejected instead of silently clamped.
+
+    Beyond the reference: the engine's sampling fields presence_penalty, frequency_penalty, min_p, min_tokens,
+    bad_words, allowed_token_ids, logit_bias ({token id: bias}) and structured_output ({"type", "value"}); the
+    reference's TGI fields `top_n_tokens` (or `top_logprobs`) and `decoder_input_details` take effect (the
+    reply's `top_tokens` and `prefill` then hold what they name). The reply carries one text: n must be 1."""
     model_config = ConfigDict(extra="forbid")
 
     do_sample: Optional[bool] = False
@@ -158,7 +237,18 @@ class LlmServingParameters(BaseModel):
     return_protocol: Literal["sse", "raw"] = "sse"
     seed: Optional[int] = None
     stop: Optional[Union[str, List[str]]] = None
-    # TGI fields the reference accepts; taken at their neutral value, rejected otherwise
+    # the engine's sampling fields (validated by the engine, whose messages name them)
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    min_p: Optional[float] = None
+    min_tokens: Optional[int] = None
+    bad_words: Optional[Union[str, List[str]]] = None
+    allowed_token_ids: Optional[List[int]] = None
+    logit_bias: Optional[Dict[str, float]] = None
+    structured_output: Optional[Dict[str, Any]] = None
+    top_logprobs: Optional[int] = None
+    n: Optional[int] = None
+    # TGI fields the reference accepts
     details: bool = False
     decoder_input_details: bool = False
     top_n_tokens: Optional[int] = None
@@ -168,21 +258,32 @@ class LlmServingParameters(BaseModel):
 
     @model_validator(mode="after")
     def _neutral(self):
-        active = [name for name, value in (("decoder_input_details", self.decoder_input_details),
-                                           ("top_n_tokens", self.top_n_tokens),
-                                           ("truncate", self.truncate), ("watermark", self.watermark))
-                  if value]
+        active = [name for name, value in (("truncate", self.truncate), ("watermark", self.watermark)) if value]
         if self.typical_p is not None and self.typical_p != 1.0:
             active.append("typical_p")
         if active:
             raise ValueError(f"{', '.join(f'`{name}`' for name in active)} not supported by this server")
+        if self.n not in (None, 1):
+            raise ValueError(f"`n` must be 1: the reply carries one generated text, got {self.n}")
+        if None not in (self.top_n_tokens, self.top_logprobs) and self.top_n_tokens != self.top_logprobs:
+            raise ValueError("`top_n_tokens` and `top_logprobs` name the same thing; give one of them")
         return self
+
+    @property
+    def top_tokens(self) -> int:
+        """Most likely tokens reported per position (0: none)."""
+        return self.top_n_tokens or self.top_logprobs or 0
 
     def engine_params(self) -> dict:
         return sampling_params(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
                                top_p=self.top_p, repetition_penalty=self.repetition_penalty,
                                do_sample=bool(self.do_sample), seed=self.seed,
-                               stop=stop_list(self.stop, MAX_STOP_SEQUENCES, "parameters.stop"))
+                               stop=stop_list(self.stop, MAX_STOP_SEQUENCES, "parameters.stop"),
+                               presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                               min_p=self.min_p, min_tokens=self.min_tokens, bad_words=self.bad_words,
+                               allowed_token_ids=self.allowed_token_ids, logit_bias=self.logit_bias,
+                               structured_output=self.structured_output, top_logprobs=self.top_tokens or None,
+                               prompt_logprobs=0 if self.decoder_input_details else None)
 
 
 class LlmServingRequest(_Prompt):

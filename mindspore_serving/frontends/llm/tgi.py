@@ -2,54 +2,111 @@
 (TGI's compat route: `stream` chooses, and a non-streamed reply is a one-element list), `GET /info` and
 `GET /health`. The model is the server's default model (TGI serves one).
 
-Streams: one event per token, `{"index", "token": {id, text, logprob, special}, "generated_text": null,
-"details": null}`; the last event carries `generated_text` and, when asked for, `details`. TGI's last event
-carries the last token; the engine reports the end after the last token, so the last token is held back
-only when it is known to be the last (it reaches max_new_tokens); otherwise the last event carries an empty
-special token. Errors: `{"error", "error_type"}` (see errors.py).
+Replies: `{"generated_text", "details"?}`; details (`details` or `decoder_input_details`) hold finish_reason,
+generated_tokens, seed, `prefill` (the scored prompt when decoder_input_details), `tokens`, `top_tokens`
+(top_n_tokens > 0) and, with best_of > 1, `best_of_sequences`: the candidates the reply did not keep (TGI keeps
+the one of highest mean token logprob).
+
+Streams: one event per token, `{"index", "token": {id, text, logprob, special}, "top_tokens"?: [...],
+"generated_text": null, "details": null}`; the last event carries `generated_text` and, when asked for,
+`details`. TGI's last event carries the last token; the engine reports the end after the last token, so the
+last token is held back only when it is known to be the last (it reaches max_new_tokens); otherwise the last
+event carries an empty special token. Errors: `{"error", "error_type"}` (see errors.py).
 """
 import time
-from typing import AsyncIterator, Optional
+from typing import AsyncIterator, List, Optional, Sequence, Tuple
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 import mindspore_serving
 from mindspore_serving.frontends.llm import sse
-from mindspore_serving.master.llm_types import GenerationRequest, LlmBackend, TokenEvent
+from mindspore_serving.master.llm_types import (FinalEvent, GenerationRequest, LlmBackend, PromptEvent,
+                                                TokenEvent)
 from mindspore_serving.frontends.errors import Protocol, http_error
 from mindspore_serving.frontends.llm.generation import Generation, finite
 from mindspore_serving.frontends.llm.params import new_request_id, parse_body, served_model
 from mindspore_serving.frontends.llm.responses import guarded, json_reply, stream_reply
-from mindspore_serving.frontends.llm.schemas_tgi import MAX_BEST_OF, MAX_STOP_SEQUENCES, TgiRequest
+from mindspore_serving.frontends.llm.schemas_tgi import (MAX_BEST_OF, MAX_STOP_SEQUENCES, MAX_TOP_N_TOKENS,
+                                                         TgiRequest)
 
-FINISH_REASONS = {"eos": "eos_token", "stop": "stop_sequence", "length": "length"}
+FINISH_REASONS = {"eos": "eos_token", "stop": "stop_sequence", "length": "length",
+                  "grammar": "eos_token"}  # TGI's grammars end with the end-of-sequence token
 PROTOCOL = Protocol.TGI
+
+Candidate = Tuple[List[TokenEvent], FinalEvent]
+"""One generated sequence: its tokens and its FinalEvent."""
 
 
 def token_json(token: TokenEvent) -> dict:
     return {"id": token.token_id, "text": token.text, "logprob": finite(token.logprob), "special": token.special}
 
 
-def _output_text(generation: Generation, request: TgiRequest, full_text_default: bool) -> str:
+def top_tokens_json(token: TokenEvent) -> List[dict]:
+    """TGI's `top_tokens` at one position. Only the chosen token is known to be special or not; its
+    alternatives are reported as ordinary tokens."""
+    return [{"id": top.token_id, "text": top.text, "logprob": finite(top.logprob),
+             "special": token.special and top.token_id == token.token_id} for top in token.top_logprobs]
+
+
+def prefill_json(prompt: Optional[PromptEvent]) -> List[dict]:
+    """TGI's `prefill`: the prompt's tokens with their logprobs (null for the first, which has none)."""
+    if prompt is None:
+        return []
+    return [{"id": t.token_id, "text": t.text, "logprob": None if t.logprob is None else finite(t.logprob)}
+            for t in prompt.tokens]
+
+
+def candidates(generation: Generation) -> List[Candidate]:
+    """The generated sequences (one per choice), in choice order."""
+    finals = generation.finals
+    return [([t for t in generation.tokens if t.choice == choice], finals[choice]) for choice in sorted(finals)]
+
+
+def best_index(sequences: Sequence[Candidate]) -> int:
+    """TGI's choice among best_of candidates: the highest mean logprob of the generated tokens (first on ties)."""
+    def mean(tokens: List[TokenEvent]) -> float:
+        return sum(t.logprob for t in tokens) / len(tokens) if tokens else float("-inf")
+
+    return max(range(len(sequences)), key=lambda i: (mean(sequences[i][0]), -i))
+
+
+def _output_text(final: FinalEvent, request: TgiRequest, full_text_default: bool) -> str:
     full = request.parameters.return_full_text
     if full if full is not None else full_text_default:
-        return request.inputs + generation.final.text
-    return generation.final.text
+        return request.inputs + final.text
+    return final.text
+
+
+def _sequence_details(sequence: Candidate, request: TgiRequest, prefill: List[dict]) -> dict:
+    tokens, final = sequence
+    details = {"finish_reason": FINISH_REASONS.get(final.finish_reason, final.finish_reason),
+               "generated_tokens": final.completion_tokens, "seed": request.parameters.seed,
+               "prefill": prefill, "tokens": [token_json(t) for t in tokens]}
+    if request.parameters.top_n_tokens:
+        details["top_tokens"] = [top_tokens_json(t) for t in tokens]
+    return details
 
 
 def generate_payload(generation: Generation, request: TgiRequest, full_text_default: bool = False) -> dict:
-    payload = {"generated_text": _output_text(generation, request, full_text_default)}
+    """`{"generated_text", "details"?}`; with best_of > 1 the candidate TGI would keep, and the others in
+    `details.best_of_sequences`."""
+    sequences = candidates(generation)
+    best = best_index(sequences)
+    payload = {"generated_text": _output_text(sequences[best][1], request, full_text_default)}
     params = request.parameters
     if params.details or params.decoder_input_details:
-        final = generation.final
-        payload["details"] = {
-            "finish_reason": FINISH_REASONS.get(final.finish_reason, final.finish_reason),
-            "generated_tokens": final.completion_tokens,
-            "seed": params.seed,
-            "prefill": [],
-            "tokens": [token_json(t) for t in generation.tokens],
-        }
+        prefill = prefill_json(generation.prompt_scores) if params.decoder_input_details else []
+        details = _sequence_details(sequences[best], request, prefill)
+        top_tokens = details.pop("top_tokens", None)
+        if len(sequences) > 1:
+            details["best_of_sequences"] = [
+                {"generated_text": _output_text(sequence[1], request, full_text_default),
+                 **_sequence_details(sequence, request, prefill)}
+                for i, sequence in enumerate(sequences) if i != best]
+        if top_tokens is not None:
+            details["top_tokens"] = top_tokens
+        payload["details"] = details
     return payload
 
 
@@ -60,9 +117,16 @@ def _is_last(generation: Generation, token: TokenEvent) -> bool:
 
 async def stream_events(generation: Generation, request: TgiRequest,
                         full_text_default: bool = False) -> AsyncIterator[bytes]:
+    top_n = request.parameters.top_n_tokens
+
+    def token_json_with_top(token: TokenEvent) -> dict:
+        event = {"index": token.index + 1, "token": token_json(token)}
+        if top_n:
+            event["top_tokens"] = top_tokens_json(token)
+        return event
+
     def token_event(token: TokenEvent) -> bytes:
-        return sse.event({"index": token.index + 1, "token": token_json(token), "generated_text": None,
-                          "details": None})
+        return sse.event({**token_json_with_top(token), "generated_text": None, "details": None})
 
     held: Optional[TokenEvent] = None
     try:
@@ -80,17 +144,17 @@ async def stream_events(generation: Generation, request: TgiRequest,
         raise
     final = generation.final
     if held is not None:
-        index, last = held.index + 1, token_json(held)
+        last = token_json_with_top(held)
     else:
-        index = len(generation.tokens) + 1
-        last = {"id": final.token_ids[-1] if final.token_ids else 0, "text": "", "logprob": 0.0, "special": True}
+        last = {"index": len(generation.tokens) + 1,
+                "token": {"id": final.token_ids[-1] if final.token_ids else 0, "text": "", "logprob": 0.0,
+                          "special": True}}
     details = None
     if request.parameters.details:
         details = {"finish_reason": FINISH_REASONS.get(final.finish_reason, final.finish_reason),
                    "generated_tokens": final.completion_tokens, "seed": request.parameters.seed,
                    "input_length": final.prompt_tokens}
-    yield sse.event({"index": index, "token": last,
-                     "generated_text": _output_text(generation, request, full_text_default), "details": details})
+    yield sse.event({**last, "generated_text": _output_text(final, request, full_text_default), "details": details})
 
 
 def error_event(exc: BaseException) -> bytes:
@@ -108,6 +172,7 @@ def info_payload(backend: LlmBackend, default_model: Optional[str]) -> dict:
         "max_concurrent_requests": model.max_num_seqs + model.max_queue_size,
         "max_best_of": MAX_BEST_OF,
         "max_stop_sequences": MAX_STOP_SEQUENCES,
+        "max_top_n_tokens": MAX_TOP_N_TOKENS,
         "max_input_tokens": model.max_model_len - 1,
         "max_input_length": model.max_model_len - 1,
         "max_total_tokens": model.max_model_len,
@@ -132,7 +197,6 @@ def build_tgi_router(backend: LlmBackend, default_model: Optional[str] = None, k
         return Generation(backend, gen_request, model, PROTOCOL.value, arrival)
 
     def generate_response(request: TgiRequest, arrival: float, compat: bool) -> Response:
-        request.check_generate()
         generation = start(request, arrival)
 
         def build(gen: Generation):
