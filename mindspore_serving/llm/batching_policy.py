@@ -5,7 +5,7 @@ the policy holds back; budgets, blocks and max_num_seqs are the scheduler's own 
 policy. `make_batching_policy` picks the policy once, when the scheduler is built.
 """
 import itertools
-from typing import Deque, Set
+from typing import Deque, Sequence, Set
 
 from mindspore_serving.llm.config import CONTINUOUS, STATIC, SchedulerConfig
 from mindspore_serving.llm.request import Request
@@ -22,6 +22,9 @@ class BatchingPolicy:
 
     def forget(self, request_id: str) -> None:
         """The request has finished (or was aborted)."""
+
+    def add_choices(self, parent: Request, children: Sequence[Request]) -> None:
+        """`parent` forked into `children` (its other choices, llm/choices.py), which run from now on."""
 
 
 class ContinuousBatching(BatchingPolicy):
@@ -48,6 +51,11 @@ class StaticBatching(BatchingPolicy):
 
     def forget(self, request_id: str) -> None:
         self.batch.discard(request_id)
+
+    def add_choices(self, parent: Request, children: Sequence[Request]) -> None:
+        # the batch lasts until every choice of its requests has finished (a preempted one may join again)
+        if parent.request_id in self.batch:
+            self.batch.update(c.request_id for c in children)
 
 
 def make_batching_policy(config: SchedulerConfig) -> BatchingPolicy:

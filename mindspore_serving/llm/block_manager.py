@@ -14,7 +14,9 @@ The free queue is LRU: fresh allocations take from its front; uncached blocks ar
 a prefix is evicted before its head.
 
 Only full blocks are ever shared, and a request only writes positions >= its num_computed_tokens,
-which start after its shared blocks, so shared blocks are read-only and need no copy-on-write.
+which start after its shared blocks, so shared blocks are read-only and need no copy-on-write. The same holds
+for the choices of one request (`fork`, llm/choices.py): they share the prompt's full blocks, and each
+recomputes the partial last block into its own.
 """
 import hashlib
 from array import array
@@ -170,6 +172,24 @@ class BlockManager:
             return False
         request.block_table.extend(self._pop_free() for _ in range(need))
         return True
+
+    def fork(self, parent: Request, child: Request) -> None:
+        """Gives a child choice of `parent` (llm/choices.py) the parent's full computed blocks (reference count + 1
+        each) and sets its num_computed_tokens to their end. The parent's last, partial block is not shared: the
+        child recomputes its tail into a block of its own (copy-on-write by recomputation), which `append_slots`
+        gives it when it is scheduled."""
+        if child.block_table:
+            raise RuntimeError(f"request {child.request_id} already holds blocks {child.block_table}")
+        num_full = min(parent.num_computed_tokens, parent.num_prompt_tokens) // self.block_size
+        shared = parent.block_table[:num_full]
+        for block in shared:
+            self._take(block)
+        child.block_table.extend(shared)
+        child.num_computed_tokens = num_full * self.block_size
+        if self.enable_prefix_caching:
+            # equal tokens, equal hashes; the shared blocks are registered (or left private) by the parent already
+            child.block_hashes[:] = self.block_hashes(parent)[:num_full]
+        self._num_registered[child.request_id] = num_full
 
     def free(self, request: Request) -> None:
         """Releases the request's blocks (cached ones stay reusable until evicted) and empties its table."""

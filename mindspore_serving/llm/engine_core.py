@@ -70,12 +70,15 @@ class EngineCore:
         self.scheduler.add_request(request)
 
     def abort(self, request_id: str) -> bool:
-        """Finishes the request now, in any state, freeing its blocks; the next `step()` returns its
-        final output (reason "abort"). False when it is unknown or already finished."""
-        if not self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED):
-            return False
-        self._pending.append(EngineCoreOutput(request_id, finished=True, finish_reason=FinishReason.ABORT))
-        return True
+        """Finishes the request now, in any state, with every choice it forked (llm/choices.py), freeing their
+        blocks; the next `step()` returns the final output (reason "abort") of each one still unfinished. False
+        when none is left or the id is not one of a request added."""
+        members = self.scheduler.group_members(request_id)
+        for request in members:
+            self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_ABORTED)
+            self._pending.append(EngineCoreOutput(request.request_id, finished=True,
+                                                  finish_reason=FinishReason.ABORT))
+        return bool(members)
 
     def finish_request(self, request_id: str, status: RequestStatus) -> bool:
         """Finishes a request for a reason found outside the core (a stop string); no output follows."""
@@ -83,6 +86,10 @@ class EngineCore:
 
     def get_request(self, request_id: str) -> Optional[Request]:
         return self.scheduler.get_request(request_id)
+
+    def take_forked(self) -> List[Request]:
+        """The choices forked off their requests since the last call (Scheduler.take_forked)."""
+        return self.scheduler.take_forked()
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._pending) or self.executor.has_in_flight

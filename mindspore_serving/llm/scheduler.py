@@ -27,15 +27,23 @@ tokens are still being computed as done: each row gets PLACEHOLDER tokens for th
 so that `schedule()` can plan the next step (its rows continue from the placeholders). A request that will
 reach max_new_tokens (or max_model_len) within the plan leaves the batch and frees its blocks at once; it
 finishes when its tokens arrive. `update_from_steps` puts the real tokens in place of the placeholders.
+
+Choices (SamplingParams n / best_of, llm/choices.py): a request with k choices holds k batch seats of max_num_seqs
+from its admission. The step that computes its prompt's last token samples k first tokens from that row (the
+caller gets the children to sample for from `children_to_fork` and passes their tokens to `update_from_output`);
+the request then forks: choices 1..k-1 join the running requests as children sharing its full prompt blocks, and
+run, are preempted and finish like any request. `take_forked` hands the new children to the engine;
+`group_members` names every unfinished choice of a request (abort).
 """
 import itertools
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from mindspore_serving.llm.batching_policy import BatchingPolicy, make_batching_policy
 from mindspore_serving.llm.block_manager import BlockManager
+from mindspore_serving.llm.choices import make_children
 from mindspore_serving.llm.config import SchedulerConfig
 from mindspore_serving.llm.model_io import PLACEHOLDER, SeqStep
 from mindspore_serving.llm.request import FinishReason, Request, RequestStatus
@@ -125,6 +133,12 @@ class Scheduler:
         """Requests holding PLACEHOLDER tokens (advance_in_flight): id -> (placeholders, computed tokens added)."""
         self._draining: Dict[str, Request] = {}
         """Requests out of the batch, blocks freed, whose last tokens are still being computed."""
+        self._forking: Dict[str, List[Request]] = {}
+        """Requests sampling their first token (children_to_fork) -> their children, until they fork."""
+        self._groups: Dict[str, List[Request]] = {}
+        """Group id -> every choice of a request that forked, until they have all finished."""
+        self._forked: List[Request] = []
+        """Children created since the last `take_forked`."""
         self._step_id = 0
         self._seq_ids = itertools.count()
         self.num_preemptions = 0
@@ -147,6 +161,35 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
+    def group_members(self, request_id: str) -> List[Request]:
+        """The unfinished choices of the request added as `request_id` (itself, and its children once it forked);
+        [] when none is left or the id is not a request's own (a child's)."""
+        group = self._groups.get(request_id)
+        if group is not None:
+            return [r for r in group if not r.finished]
+        request = self.requests.get(request_id)
+        return [request] if request is not None and request.group_id == request_id else []
+
+    def take_forked(self) -> List[Request]:
+        """The children that forked off their requests since the last call (each got its first token then)."""
+        forked, self._forked = self._forked, []
+        return forked
+
+    def children_to_fork(self, request: Request) -> List[Request]:
+        """The children `request` forks into at this sampled token (its first): one per pending choice, made once
+        and kept until `update_from_output` forks them; [] when it has no pending choice. Their first tokens
+        are sampled from the request's logits row, each with its own generator."""
+        if not request.num_pending_choices:
+            return []
+        children = self._forking.get(request.request_id)
+        if children is None:
+            children = self._forking[request.request_id] = make_children(request, self._id_taken)
+        return children
+
+    def _id_taken(self, request_id: str) -> bool:
+        return request_id in self.requests or any(request_id == c.request_id
+                                                  for children in self._forking.values() for c in children)
+
     @property
     def num_waiting(self) -> int:
         return len(self.waiting)
@@ -154,6 +197,11 @@ class Scheduler:
     @property
     def num_running(self) -> int:
         return len(self.running)
+
+    @property
+    def num_seats(self) -> int:
+        """Batch rows the running requests hold, counting the choices they will fork (max_num_seqs bounds it)."""
+        return sum(r.num_seats for r in self.running)
 
     def finish_request(self, request_id: str, status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> bool:
         """Finishes an unfinished request in any state (abort, stop string, error) and frees its blocks
@@ -214,9 +262,10 @@ class Scheduler:
         config = self.config
         self.policy.open_admission(self.waiting, len(self.running))
         slots = self._prefill_slots(scheduled)
-        while self.waiting and len(self.running) < config.max_num_seqs and slots != 0:
+        seats = self.num_seats
+        while self.waiting and slots != 0:
             request = self.waiting[0]
-            if not self.policy.may_join(request):
+            if seats + request.num_seats > config.max_num_seqs or not self.policy.may_join(request):
                 break
             computed_blocks, num_cached = self.block_manager.get_computed_blocks(request)
             num_tokens = request.num_tokens - num_cached
@@ -236,6 +285,7 @@ class Scheduler:
                 request.first_scheduled_time = self.clock()
             scheduled[request.request_id] = num_tokens
             budget.take(num_tokens, prefill=True)
+            seats += request.num_seats
             if slots is not None:
                 slots -= 1
 
@@ -262,25 +312,57 @@ class Scheduler:
                                                  is_prefill=not is_decode))
         return output
 
-    def update_from_output(self, output: SchedulerOutput,
-                           sampled_token_ids: Sequence[Optional[int]]) -> List[RequestDelta]:
+    def update_from_output(self, output: SchedulerOutput, sampled_token_ids: Sequence[Optional[int]],
+                           fork_token_ids: Optional[Mapping[int, Sequence[int]]] = None) -> List[RequestDelta]:
         """Records a finished step. `sampled_token_ids` has one entry per row of `output.scheduled`:
-        the sampled token for rows with `samples`, anything (None) for the others.
+        the sampled token for rows with `samples`, anything (None) for the others. `fork_token_ids[i]`: for a
+        row whose request forks (`children_to_fork`), the first tokens of its children, in their order.
 
         Rows of requests finished since `schedule()` (aborted) are skipped. Returns one delta per
-        request that got a token."""
+        request that got a token, a forked request's children right after it."""
         now = self.clock()
         deltas = []
-        for row, request, token in self._live_rows(output, sampled_token_ids, "update_from_output"):
+        forks = fork_token_ids or {}
+        for i, (row, request, token) in enumerate(self._live_rows(output, sampled_token_ids, "update_from_output",
+                                                                  with_skipped=True)):
+            if request is None:
+                continue
             request.num_computed_tokens += row.num_tokens
             self.block_manager.cache_full_blocks(request)
             if not row.samples:
                 continue
             if token is None:
                 raise ValueError(f"no sampled token for request {row.request_id}, which completed its tokens")
+            children = self._fork(request, forks.get(i, ())) if request.num_pending_choices else []
             self._accept(request, int(token), now)
             deltas.append(RequestDelta(request.request_id, [int(token)], request.finished, request.finish_reason))
+            for child in children:
+                deltas.append(RequestDelta(child.request_id, list(child.output_token_ids), child.finished,
+                                           child.finish_reason))
         return deltas
+
+    def _fork(self, parent: Request, tokens: Sequence[int]) -> List[Request]:
+        """Forks `parent`, whose prompt was just computed, into the children `children_to_fork` made, with their
+        first `tokens`: they share its full blocks and run from now on (a child whose first token ends it
+        finishes at once)."""
+        children = self._forking.pop(parent.request_id, None)
+        if children is None or len(tokens) != len(children):
+            raise ValueError(f"request {parent.request_id} forks into {parent.num_pending_choices} choices but got "
+                             f"{len(tokens)} first tokens for them")
+        now = self.clock()
+        parent.num_pending_choices = 0
+        self._groups[parent.group_id] = [parent] + children
+        for child in children:
+            self.block_manager.fork(parent, child)
+            child.seq_id = next(self._seq_ids)
+            child.set_status(RequestStatus.RUNNING)
+            self.requests[child.request_id] = child
+            self.running.append(child)
+        self.policy.add_choices(parent, children)
+        self._forked.extend(children)
+        for child, token in zip(children, tokens):
+            self._accept(child, int(token), now)
+        return children
 
     def reserve_decode_steps(self, output: SchedulerOutput, num_steps: int) -> int:
         """Turns a plan whose rows all sample (decode rows, and prompts completed by this step) into
@@ -295,7 +377,7 @@ class Scheduler:
             return 1
         if any(not row.samples for row in output.scheduled):
             return 1
-        if len(self.running) < self.config.max_num_seqs and any(row.is_prefill for row in output.scheduled):
+        if self.num_seats < self.config.max_num_seqs and any(row.is_prefill for row in output.scheduled):
             # room in the batch: a prompt's first token goes out after one step, and a waiting one can join
             return 1
         requests = [self.requests[row.request_id] for row in output.scheduled]
@@ -319,6 +401,9 @@ class Scheduler:
         now = self.clock()
         deltas = []
         for row, request, tokens in self._live_rows(output, token_ids, "update_from_steps"):
+            if request.num_pending_choices and row.samples:
+                raise RuntimeError(f"request {request.request_id} forks at this step: its first tokens are sampled "
+                                   f"by the engine (update_from_output), not chosen by the runner")
             self._rewind(request)
             draining = request.request_id in self._draining  # its blocks are gone: nothing to cache
             taken = []
@@ -382,15 +467,17 @@ class Scheduler:
             request.pop_output_tokens(num_tokens)
             request.num_computed_tokens -= num_computed
 
-    def _live_rows(self, output: SchedulerOutput, values: Sequence, caller: str):
-        """(row, request, value) for each row of the plan whose request still runs (an aborted one is skipped);
-        `values` has one entry per row."""
+    def _live_rows(self, output: SchedulerOutput, values: Sequence, caller: str, with_skipped: bool = False):
+        """(row, request, value) for each row of the plan whose request still runs (an aborted one is skipped,
+        or given with request None when `with_skipped`); `values` has one entry per row."""
         if len(values) != len(output.scheduled):
             raise ValueError(f"{caller} got {len(values)} values for the {len(output.scheduled)} rows of the plan")
         for row, value in zip(output.scheduled, values):
             request = self.requests.get(row.request_id)
             if request is not None and request.status is RequestStatus.RUNNING:
                 yield row, request, value
+            elif with_skipped:
+                yield row, None, value
 
     def _accept(self, request: Request, token: int, now: float) -> bool:
         """Appends a sampled token; finishes the request when it stops. True when it finished."""
@@ -424,3 +511,7 @@ class Scheduler:
         del self.requests[request.request_id]
         self.policy.forget(request.request_id)
         self._draining.pop(request.request_id, None)
+        self._forking.pop(request.request_id, None)  # finished before it forked (abort, failed step)
+        group = self._groups.get(request.group_id)
+        if group is not None and all(r.finished for r in group):
+            del self._groups[request.group_id]
