@@ -4,8 +4,8 @@
   `StructuredOutput` (JSON schema, any JSON object, regex, choice, Lark or GBNF grammar) into an llguidance
   matcher, refusing a bad one with an `InvalidRequestError` that names the problem; compiled grammars are kept by
   their text (a bounded LRU), so a schema sent by many requests is compiled once and copied.
-* `GrammarState`, one per request (`Request.grammar`): its matcher, fed each accepted output token exactly once
-  (a preempted request recomputes its tokens, but its grammar state is not fed them again).
+* `GrammarState`, one per request (`Request.grammar`): its matcher, fed each output token of the request exactly
+  once (a preempted request recomputes its tokens, but its grammar state is not fed them again).
 * `BitmaskComputer`: the allowed-token bitmasks of a step's rows, computed on llguidance's threads (they release
   the GIL) while the model computes that step; the sampler applies them to the logits.
 
@@ -76,18 +76,20 @@ class GrammarState:
         self.error: Optional[str] = None
         """Why the grammar refused a token (set when `accept` returns False)."""
 
-    def accept(self, token_id: int, position: int) -> bool:
-        """Feeds the output token at `position` (0: the first output token). A position fed already is not fed
-        again (a recompute after preemption). False, with `error` set, when the grammar refuses the token."""
-        if position < self.num_consumed:
-            return True
-        if position > self.num_consumed:
-            self.error = f"the grammar missed output tokens {self.num_consumed} to {position - 1}"
+    def advance(self, output_token_ids: Sequence[int]) -> bool:
+        """Feeds the request's output tokens it has not consumed yet (those from `num_consumed` on): a token is
+        never fed twice (a preempted request recomputes its tokens; a forked choice carries its parent's state).
+        False, with `error` set, when the grammar refuses one (and from then on)."""
+        if self.error is not None:
             return False
-        if not self.matcher.consume_token(int(token_id)):
-            self.error = _condensed(self.matcher.get_error() or f"token {token_id} is not allowed", True)
-            return False
-        self.num_consumed += 1
+        if len(output_token_ids) < self.num_consumed:  # tokens taken back: forget them
+            self.matcher.rollback(self.num_consumed - len(output_token_ids))
+            self.num_consumed = len(output_token_ids)
+        for token_id in output_token_ids[self.num_consumed:]:
+            if not self.matcher.consume_token(int(token_id)):
+                self.error = _condensed(self.matcher.get_error() or f"token {token_id} is not allowed", True)
+                return False
+            self.num_consumed += 1
         return True
 
     @property
@@ -202,19 +204,25 @@ class BitmaskComputer:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-masks")
 
     def start(self, rows: Sequence[Optional[GrammarState]]) -> Future:
-        """A future of the int32 [len(rows), width] bitmasks of `rows` (None: an unconstrained row, all -1).
-        The states must not be fed tokens until it is done."""
-        matchers = [(state.matcher, i) for i, state in enumerate(rows) if state is not None]
-        return self._pool.submit(self._fill, len(rows), matchers)
+        """A future of the int32 [len(rows), width] bitmasks of `rows`: None is an unconstrained row (all -1), a
+        state with an error allows nothing (all 0). The states must not be fed tokens until it is done."""
+        return self._pool.submit(self._fill, len(rows), *self._split(rows))
 
     def compute(self, rows: Sequence[Optional[GrammarState]]) -> np.ndarray:
         """The bitmasks of `rows`, computed in the caller's thread."""
-        return self._fill(len(rows), [(state.matcher, i) for i, state in enumerate(rows) if state is not None])
+        return self._fill(len(rows), *self._split(rows))
 
-    def _fill(self, num_rows: int, matchers) -> np.ndarray:
+    @staticmethod
+    def _split(rows: Sequence[Optional[GrammarState]]):
+        matchers = [(state.matcher, i) for i, state in enumerate(rows) if state is not None and state.error is None]
+        dead = [i for i, state in enumerate(rows) if state is not None and state.error is not None]
+        return matchers, dead
+
+    def _fill(self, num_rows: int, matchers, dead) -> np.ndarray:
         bitmask = np.full((num_rows, self.width), -1, dtype=np.int32)
         if matchers:
             fill_next_token_bitmask_par(self._executor, matchers, bitmask)
+        bitmask[dead] = 0
         return bitmask
 
     def close(self) -> None:
