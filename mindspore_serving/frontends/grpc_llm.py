@@ -25,13 +25,14 @@ async def predict_stream(backend, request):
     try:
         instance = proto_to_instance(request.instances[0])
         prompt = prompt_of(instance)
+        params = sampling_params_of(instance)
     except KeyError:
         yield error_reply(spec, errors.InvalidInputs("Cannot find input prompt (or inputs) in instance input"))
         return
     except Exception as err:
         yield error_reply(spec, errors.InvalidInputs(str(err)))
         return
-    generation = GenerationRequest(model=spec.name, prompt=prompt, params=sampling_params_of(instance))
+    generation = GenerationRequest(model=spec.name, prompt=prompt, params=params)
     try:
         async for event in backend.stream(generation):
             if isinstance(event, FinalEvent):

@@ -1,13 +1,16 @@
 """MindSpore's LLM protocols against a fake backend: LLM-serving's /models/{model}[/generate|/generate_stream]
-and the classic `/model/{model}:generate_stream` reply built by mindspore_generate_stream."""
+and the classic `/model/{model}:generate_stream` reply built by mindspore_generate_stream; the engine's sampling
+fields on both, top tokens and the scored prompt in their replies, and the refusal of several choices."""
 import pytest
 from fastapi import FastAPI, Request
 from starlette.testclient import TestClient
 
 from mindspore_serving.common import errors
 from mindspore_serving.frontends.llm import build_llm_router, mindspore_generate_stream
-from mindspore_serving.master.llm_types import Overloaded
-from mindspore_serving.frontends.llm.testing import parse_sse
+from mindspore_serving.master.llm_types import (FinalEvent, Overloaded, PromptEvent, PromptToken, TokenEvent,
+                                                TopLogprob)
+from mindspore_serving.frontends.llm.testing import FakeLlmBackend, parse_sse
+from mindspore_serving.llm.sampling_params import SamplingParams
 from llm_http_app import backend_fixture  # noqa: F401  (the fixture)
 
 TOKENS = [{"id": 10, "logprob": -0.25, "special": False, "text": "Hello"},
@@ -169,3 +172,115 @@ def test_classic_takes_a_parsed_body(backend):
 
     events = parse_sse(TestClient(app).post("/stream").text)
     assert events[-1]["generated_text"] == "Hello"
+
+
+# the engine's sampling fields, top tokens and the scored prompt
+
+class _Scripted(FakeLlmBackend):
+    """Answers every request with `events` (its parameters checked as the engine checks them)."""
+
+    def __init__(self, events):
+        super().__init__()
+        self.events = events
+
+    async def _stream(self, request):
+        self.requests.append(request)
+        SamplingParams.from_dict(request.params)
+        for event in self.events:
+            yield event
+
+
+_SCORED = [TokenEvent(10, "Hello", -0.25, False, 0, [TopLogprob(10, "Hello", -0.25), TopLogprob(20, "Hi", -1.5)]),
+           TokenEvent(2, "", -0.5, True, 1, [TopLogprob(2, "</s>", -0.5), TopLogprob(13, "!", -1.0)])]
+_PROMPT = PromptEvent([PromptToken(1, "<s>", None), PromptToken(30, "Hi", -2.0, [TopLogprob(31, "Ho", -1.0)])])
+_FINAL = FinalEvent(text="Hello", token_ids=[10, 2], finish_reason="eos", prompt_tokens=2, completion_tokens=2)
+_TOP_TOKENS = [[{"id": 10, "logprob": -0.25, "special": False, "text": "Hello"},
+                {"id": 20, "logprob": -1.5, "special": False, "text": "Hi"}],
+               [{"id": 2, "logprob": -0.5, "special": True, "text": "</s>"},
+                {"id": 13, "logprob": -1.0, "special": False, "text": "!"}]]
+_PREFILL = [{"id": 1, "logprob": None, "text": "<s>"}, {"id": 30, "logprob": -2.0, "text": "Hi"}]
+
+
+def _scripted_client(events) -> TestClient:
+    backend = _Scripted(events)
+    app = FastAPI()
+    app.include_router(build_llm_router(backend))
+
+    @app.post("/model/{model}:generate_stream")
+    async def _classic(model: str, request: Request):
+        return await mindspore_generate_stream(backend, model, await request.body())
+
+    return TestClient(app)
+
+
+_ENGINE_FIELDS = {"presence_penalty": 0.5, "frequency_penalty": -0.5, "min_p": 0.1, "min_tokens": 1,
+                  "allowed_token_ids": [10, 11, 2], "logit_bias": {"11": -100.0},
+                  "structured_output": {"type": "regex", "value": "Hello.*"}}
+
+
+def test_llm_serving_takes_the_engines_sampling_fields(client, backend):
+    reply = client.post("/models/llama_tiny/generate", json={"inputs": "Hi", "parameters": {
+        **_ENGINE_FIELDS, "bad_words": "world", "n": 1}})
+    assert reply.status_code == 200
+    assert backend.requests[-1].params == {"max_new_tokens": 300, "temperature": 1.0, "top_k": 3, "top_p": 1.0,
+                                           "repetition_penalty": 1.0, "do_sample": False, **_ENGINE_FIELDS,
+                                           "bad_words": "world"}
+    client.post("/models/llama_tiny/generate", json={"inputs": "Hi", "parameters": {
+        "top_n_tokens": 2, "decoder_input_details": True}})
+    assert backend.requests[-1].params["top_logprobs"] == 2 and backend.requests[-1].params["prompt_logprobs"] == 0
+    client.post("/models/llama_tiny/generate_stream", json={"inputs": "Hi", "parameters": {"top_logprobs": 3}})
+    assert backend.requests[-1].params["top_logprobs"] == 3
+
+
+@pytest.mark.parametrize("parameters, message", [
+    ({"n": 2}, "`n` must be 1: the reply carries one generated text, got 2"),
+    ({"top_n_tokens": 2, "top_logprobs": 3}, "`top_n_tokens` and `top_logprobs` name the same thing"),
+    ({"min_p": 2}, "min_p must be in [0, 1], got 2.0"),
+    ({"logit_bias": {"5": 200}}, "logit_bias values must be in [-100, 100], got 200.0 for token 5"),
+    ({"structured_output": {"type": "cfg", "value": "x"}}, "structured output type must be one of"),
+    ({"top_logprobs": 21}, "top_logprobs must be an int in [0, 20], got 21"),
+])
+def test_llm_serving_refusals_of_the_new_fields(client, backend, parameters, message):
+    reply = client.post("/models/llama_tiny/generate", json={"inputs": "x", "parameters": parameters})
+    assert reply.status_code == 422
+    assert reply.json()["error"].startswith("Input validation error: " + message), reply.json()
+    assert not backend.requests
+
+
+def test_llm_serving_top_tokens_and_prefill_hold_what_they_name():
+    client = _scripted_client([_PROMPT, *_SCORED, _FINAL])
+    reply = client.post("/models/llama_tiny/generate", json={"inputs": "Hi", "parameters": {
+        "top_n_tokens": 2, "decoder_input_details": True, "return_full_text": False}}).json()
+    assert reply["top_tokens"] == _TOP_TOKENS
+    assert reply["prefill"] == _PREFILL
+    events = parse_sse(client.post("/models/llama_tiny/generate_stream", json={"inputs": "Hi", "parameters": {
+        "top_logprobs": 2, "decoder_input_details": True}}).text)
+    assert [e["top_tokens"] for e in events[:2]] == _TOP_TOKENS
+    assert events[2]["prefill"] == _PREFILL
+
+
+def test_classic_stream_takes_the_engines_fields_and_reports_scores():
+    client = _scripted_client([_PROMPT, *_SCORED, _FINAL])
+    reply = client.post("/model/llama_tiny:generate_stream", json={"instances": [
+        {"prompt": "Hi", **_ENGINE_FIELDS, "bad_words": ["world"], "top_logprobs": 2, "prompt_logprobs": 1}]})
+    events = parse_sse(reply.text)
+    assert events[0] == {"index": 0, "token": {"id": 10, "text": "Hello", "logprob": -0.25, "special": False,
+                                               "top_logprobs": [{"id": 10, "text": "Hello", "logprob": -0.25},
+                                                                {"id": 20, "text": "Hi", "logprob": -1.5}]}}
+    assert events[2]["prompt_logprobs"] == [{"id": 1, "logprob": None, "text": "<s>", "top_logprobs": []},
+                                            {"id": 30, "logprob": -2.0, "text": "Hi",
+                                             "top_logprobs": [{"id": 31, "logprob": -1.0, "text": "Ho"}]}]
+    events = parse_sse(client.post("/model/llama_tiny:generate_stream", json={"instances": [
+        {"prompt": "Hi", "prompt_logprobs": 0}]}).text)
+    assert "top_logprobs" not in events[0]["token"]
+    assert events[2]["prompt_logprobs"] == _PREFILL
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"n": 2}, "n must be 1: the reply carries one generated text, got 2"),
+    ({"best_of": 3}, "best_of must be 1: the reply carries one generated text, got 3"),
+])
+def test_classic_stream_refuses_several_choices(client, backend, fields, message):
+    reply = client.post("/model/llama_tiny:generate_stream", json={"instances": [{"prompt": "x", **fields}]})
+    assert reply.json() == {"error_msg": message}
+    assert not backend.requests

@@ -8,22 +8,27 @@
    (`data: {...}` per token, with `retry` sent as an SSE field instead of inside the data), and the stream
    always ends with a final event (finish_reason, full text, all tokens). `return_protocol: "raw"` streams
    `data:{json}` lines instead of SSE. Errors use TGI's shape and statuses, as the reference copies TGI.
+   The engine's sampling fields are taken too (schemas_tgi.LlmServingParameters); `top_n_tokens` (or
+   `top_logprobs`) fills `top_tokens` with the most likely tokens of each position and
+   `decoder_input_details` fills `prefill` with the scored prompt (the final event's, when streamed).
 
 2. MindSpore Serving's classic RESTful grammar, streamed: `POST /model/{model}:generate_stream` with
-   `{"instances": [{"prompt" or "inputs": str, <SamplingParams fields>}]}`. The classic ASGI handler owns
-   that URL, so this module provides `mindspore_generate_stream(backend, model, body)` for it to call.
-   Events: `data: {"index": i, "token": {"id", "text", "logprob", "special"}}` per token, then
-   `data: {"generated_text", "finish_reason", "token_ids", "details": {...}}`. Errors are the classic
+   `{"instances": [{"prompt" or "inputs": str, <SamplingParams fields>}]}` (n and best_of 1: the reply is one
+   text). The classic ASGI handler owns that URL, so this module provides
+   `mindspore_generate_stream(backend, model, body)` for it to call.
+   Events: `data: {"index": i, "token": {"id", "text", "logprob", "special", "top_logprobs"?}}` per token, then
+   `data: {"generated_text", "finish_reason", "token_ids", "details": {...}, "prompt_logprobs"?}`
+   (top_logprobs and prompt_logprobs when asked). Errors are the classic
    `{"error_msg": ...}` (HTTP 200, as the classic route always answers), or a `data: {"error_msg"}` event.
 """
 import time
-from typing import AsyncIterator, Union
+from typing import AsyncIterator, List, Optional, Union
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from mindspore_serving.frontends.llm import sse
-from mindspore_serving.master.llm_types import GenerationRequest, LlmBackend, TokenEvent
+from mindspore_serving.master.llm_types import GenerationRequest, LlmBackend, PromptEvent, TokenEvent
 from mindspore_serving.common.errors import InvalidParam
 from mindspore_serving.frontends.errors import Protocol, http_error
 from mindspore_serving.frontends.llm.generation import Generation, finite
@@ -31,6 +36,7 @@ from mindspore_serving.frontends.llm.params import (load_json, new_request_id, p
                                                     served_model)
 from mindspore_serving.frontends.llm.responses import error_response, guarded, json_reply, stream_reply
 from mindspore_serving.frontends.llm.schemas_tgi import LlmServingRequest
+from mindspore_serving.llm.instance_params import check_one_choice
 
 LLM_SERVING = Protocol.TGI
 """LLM-serving copies TGI's API, errors included."""
@@ -42,6 +48,28 @@ def _token(token: TokenEvent) -> dict:
     return {"id": token.token_id, "logprob": finite(token.logprob), "special": token.special, "text": token.text}
 
 
+def _top_tokens(token: TokenEvent) -> List[dict]:
+    """The most likely tokens at the position of `token`, in the reply's token shape (only the chosen token is
+    known to be special or not)."""
+    return [{"id": top.token_id, "logprob": finite(top.logprob), "special": token.special and top.token_id ==
+             token.token_id, "text": top.text} for top in token.top_logprobs]
+
+
+def _prompt_tokens(prompt: Optional[PromptEvent], top: bool = False) -> List[dict]:
+    """The scored prompt: id, logprob (null for the first token), text, and with `top` its top_logprobs."""
+    if prompt is None:
+        return []
+    tokens = []
+    for token in prompt.tokens:
+        item = {"id": token.token_id, "logprob": None if token.logprob is None else finite(token.logprob),
+                "text": token.text}
+        if top:
+            item["top_logprobs"] = [{"id": t.token_id, "logprob": finite(t.logprob), "text": t.text}
+                                    for t in token.top_logprobs]
+        tokens.append(item)
+    return tokens
+
+
 def _text(generation: Generation, request: LlmServingRequest) -> str:
     if request.parameters.return_full_text:
         return request.inputs + generation.final.text
@@ -49,11 +77,17 @@ def _text(generation: Generation, request: LlmServingRequest) -> str:
 
 
 def full_payload(generation: Generation, request: LlmServingRequest) -> dict:
+    """The reference's reply. Its `prefill` ([first token]) and `top_tokens` ([[first token]]) hold what they
+    name when asked: the scored prompt (decoder_input_details), the most likely tokens per position
+    (top_n_tokens)."""
+    params = request.parameters
     tokens = [_token(t) for t in generation.tokens]
     final = generation.final
+    prefill = _prompt_tokens(generation.prompt_scores) if params.decoder_input_details else tokens[:1]
+    top_tokens = [_top_tokens(t) for t in generation.tokens] if params.top_tokens else [tokens[:1]]
     return {"generated_text": _text(generation, request), "finish_reason": final.finish_reason,
-            "generated_tokens": final.completion_tokens, "prefill": tokens[:1],
-            "seed": request.parameters.seed or 0, "tokens": tokens, "top_tokens": [tokens[:1]], "details": None}
+            "generated_tokens": final.completion_tokens, "prefill": prefill,
+            "seed": params.seed or 0, "tokens": tokens, "top_tokens": top_tokens, "details": None}
 
 
 async def llm_serving_events(generation: Generation, request: LlmServingRequest) -> AsyncIterator[bytes]:
@@ -61,13 +95,17 @@ async def llm_serving_events(generation: Generation, request: LlmServingRequest)
     encode = sse.raw_line if raw else sse.event
     if not raw:
         yield sse.retry(RETRY_MS)
+    params = request.parameters
     async for token in generation.events():
         item = _token(token)
-        yield encode({"details": None, "generated_text": token.text, "tokens": item, "top_tokens": [item]})
+        yield encode({"details": None, "generated_text": token.text, "tokens": item,
+                      "top_tokens": _top_tokens(token) if params.top_tokens else [item]})
     final = generation.final
-    yield encode({"details": None, "generated_text": _text(generation, request),
-                  "finish_reason": final.finish_reason, "generated_tokens": final.completion_tokens,
-                  "tokens": [_token(t) for t in generation.tokens]})
+    last = {"details": None, "generated_text": _text(generation, request), "finish_reason": final.finish_reason,
+            "generated_tokens": final.completion_tokens, "tokens": [_token(t) for t in generation.tokens]}
+    if params.decoder_input_details:
+        last["prefill"] = _prompt_tokens(generation.prompt_scores)
+    yield encode(last)
 
 
 def build_llm_serving_router(backend: LlmBackend, keep_alive_s: float = 15.0) -> APIRouter:
@@ -130,27 +168,33 @@ def _classic_request(model: str, body: Union[bytes, dict]) -> GenerationRequest:
     prompt = fields.pop(prompts[0])
     if not isinstance(prompt, str) or not prompt:
         raise InvalidParam(f"'{prompts[0]}' must be a non-empty string")
-    return GenerationRequest(model=model, prompt=prompt, params=sampling_params(**fields),
-                             request_id=new_request_id())
+    params = sampling_params(**fields)
+    check_one_choice(params)
+    return GenerationRequest(model=model, prompt=prompt, params=params, request_id=new_request_id())
 
 
 async def classic_events(generation: Generation) -> AsyncIterator[bytes]:
+    params = generation.request.params
     async for token in generation.events():
-        yield sse.event({"index": token.index, "token": {"id": token.token_id, "text": token.text,
-                                                         "logprob": finite(token.logprob),
-                                                         "special": token.special}})
+        item = {"id": token.token_id, "text": token.text, "logprob": finite(token.logprob), "special": token.special}
+        if params.get("top_logprobs"):
+            item["top_logprobs"] = [{"id": t.token_id, "text": t.text, "logprob": finite(t.logprob)}
+                                    for t in token.top_logprobs]
+        yield sse.event({"index": token.index, "token": item})
     final = generation.final
     timings = generation.timings()
     engine = final.timing
-    yield sse.event({"generated_text": final.text, "finish_reason": final.finish_reason,
-                     "token_ids": list(final.token_ids),
-                     "details": {"prompt_tokens": final.prompt_tokens, "completion_tokens": final.completion_tokens,
-                                 "queue_time": engine.queue_time if engine else None,
-                                 "time_to_first_token": engine.time_to_first_token if engine
-                                 else timings["time_to_first_token"],
-                                 "inter_token_latency": engine.inter_token_latency if engine
-                                 else timings["inter_token_latency"],
-                                 "e2e_latency": engine.e2e_latency if engine else timings["e2e_latency"]}})
+    last = {"generated_text": final.text, "finish_reason": final.finish_reason, "token_ids": list(final.token_ids),
+            "details": {"prompt_tokens": final.prompt_tokens, "completion_tokens": final.completion_tokens,
+                        "queue_time": engine.queue_time if engine else None,
+                        "time_to_first_token": engine.time_to_first_token if engine
+                        else timings["time_to_first_token"],
+                        "inter_token_latency": engine.inter_token_latency if engine
+                        else timings["inter_token_latency"],
+                        "e2e_latency": engine.e2e_latency if engine else timings["e2e_latency"]}}
+    if params.get("prompt_logprobs") is not None:
+        last["prompt_logprobs"] = _prompt_tokens(generation.prompt_scores, top=params["prompt_logprobs"] > 0)
+    yield sse.event(last)
 
 
 async def mindspore_generate_stream(backend: LlmBackend, model: str, body: Union[bytes, dict],
