@@ -7,6 +7,9 @@ tests) can submit requests, stream their outputs and abort them.
         print(output.new_text, end="")
     loop.close()
 
+A request with several choices (n / best_of) streams the outputs of all of them (RequestOutput.index), each choice
+ending with its own finished output; the stream ends after the last choice's.
+
 The engine itself is not thread-safe: every call into it happens on the loop thread; other threads only
 put commands on a queue.
 
@@ -18,7 +21,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, Optional, Protocol, Set
+from typing import Any, Dict, Iterator, List, Optional, Protocol, Set
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
@@ -63,7 +66,11 @@ class RequestStream:
         self.tag = tag  # the sink's own key for this request
         self._outputs: "queue.Queue" = queue.Queue()
         self.final: Optional[RequestOutput] = None
+        """The last finished output (of the last choice to finish)."""
+        self.finals: List[RequestOutput] = []
+        """Each choice's finished output, in the order they came (the reader's side)."""
         self.error: Optional[BaseException] = None
+        self._num_finished = 0  # choices whose finished output the loop has delivered (the loop's side)
 
     def _put(self, item):
         if self.sink is None:
@@ -82,8 +89,10 @@ class RequestStream:
             self._outputs.put(_END)
             raise item
         if item.finished:
-            self.final = item
-            self._outputs.put(_END)
+            self.finals.append(item)
+            if len(self.finals) >= item.num_choices:
+                self.final = item
+                self._outputs.put(_END)
         return item
 
     def __iter__(self) -> Iterator[RequestOutput]:
@@ -94,7 +103,8 @@ class RequestStream:
             yield item
 
     def result(self) -> RequestOutput:
-        """Blocks until the request finishes and returns its last output."""
+        """Blocks until the request finishes and returns its last output (with several choices, the last one to
+        finish: `finals` has them all)."""
         for _ in self:
             pass
         return self.final
@@ -242,6 +252,8 @@ class EngineLoop:
             return
         stream._put(output)
         if output.finished:
+            stream._num_finished += 1
+        if stream._num_finished >= output.num_choices:
             del self._streams[output.request_id]
             self._deadlines.pop(output.request_id, None)
             self._release()
