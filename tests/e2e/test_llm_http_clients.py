@@ -68,6 +68,7 @@ def _served():
 def _backend(served):
     backend = served[0]
     backend.fail_before = backend.fail_after = backend.finish_reason = backend.stall_after = None
+    backend.choice_bias = {}
     backend.stalled.clear()
     backend.outcomes.clear()
     return backend
@@ -233,3 +234,34 @@ def test_inference_client_errors_and_chat(url, backend):
     chat = InferenceClient(base_url=url, timeout=30).chat_completion(
         [{"role": "user", "content": "Hi"}], model=MODEL, max_tokens=2)
     assert chat.choices[0].message.content == "Hello,"
+
+
+def test_inference_client_grammar_top_tokens_prefill_and_best_of(url, backend):
+    from huggingface_hub import InferenceClient  # pylint: disable=import-outside-toplevel
+    from huggingface_hub.errors import ValidationError  # pylint: disable=import-outside-toplevel
+    client = InferenceClient(model=url, timeout=30)
+    output = client.text_generation("Hi there", max_new_tokens=2, details=True, top_n_tokens=2,
+                                    decoder_input_details=True, return_full_text=False,
+                                    grammar={"type": "json", "value": {"properties": {"a": {"type": "string"}}}})
+    assert backend.requests[-1].params["structured_output"] == {
+        "type": "json", "value": '{"properties": {"a": {"type": "string"}}}'}
+    assert output.generated_text == "Hello,"
+    assert [t.text for t in output.details.tokens] == ["Hello", ","]
+    # huggingface_hub leaves a list of lists as JSON: each top token is a dict
+    assert [[t["text"] for t in top] for top in output.details.top_tokens] == [["Hello", " alt0"], [",", " alt0"]]
+    assert [(t.text, t.logprob) for t in output.details.prefill] == [("Hi", None), (" there", -1.0)]
+    events = list(client.text_generation("Hi there", stream=True, details=True, top_n_tokens=1, max_new_tokens=2,
+                                         grammar={"type": "regex", "value": "Hel+o,"}))
+    assert [[t.text for t in e.top_tokens] for e in events] == [["Hello"], [","]]
+    assert events[-1].generated_text == "Hi thereHello,"  # "/" returns the full text by default, as TGI
+    backend.choice_bias = {1: 0.5}  # the second candidate is the likelier one
+    try:
+        output = client.text_generation("Hi", best_of=2, do_sample=True, max_new_tokens=2, details=True,
+                                        return_full_text=False)
+    finally:
+        backend.choice_bias = {}
+    assert output.generated_text == "Hello1,"
+    assert [s.generated_text for s in output.details.best_of_sequences] == ["Hello,"]
+    assert backend.requests[-1].params["n"] == 2
+    with pytest.raises(ValidationError, match="`best_of` != 1 is not supported when streaming tokens"):
+        list(client.text_generation("Hi", stream=True, best_of=2, do_sample=True))
