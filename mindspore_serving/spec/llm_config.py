@@ -16,6 +16,8 @@ Sections (relative paths are relative to the YAML file's own directory):
       generation_config: <file>      generation_config.json: eos_token_id (one or a list) and the default
                                      temperature, top_p, top_k, repetition_penalty (a request's own values win);
                                      default: generation_config.json next to the tokenizer, when there is one
+      tool_call_parser: <name>       the format the model writes tool calls in (llm/tool_call_formats.py):
+                                     hermes | llama3_json; default: the one its chat template prompts for, if any
     engine:                          the scheduler (mindspore_serving.llm.config.SchedulerConfig fields)
       max_num_seqs, max_num_batched_tokens, max_model_len, num_blocks, batching, enable_prefix_caching,
       enable_chunked_prefill, max_prefill_tokens_per_step, max_prefills_per_decode_step, num_scheduler_steps,
@@ -65,6 +67,7 @@ from mindspore_serving.llm.config import SchedulerConfig
 from mindspore_serving.llm.generation_defaults import GenerationDefaults
 from mindspore_serving.llm.kv_budget import FRACTION, MEMORY, CacheGeometry, KvBudgetError, KvCacheBudget, \
     choose_budget, min_blocks
+from mindspore_serving.llm.tool_call_formats import TOOL_CALL_PARSERS
 from mindspore_serving.models.llama.config import load_config
 
 LEGACY_CHAT_MESSAGE = "<|{role}|>\n{content}\n"
@@ -118,6 +121,8 @@ class ModelSection:
     generation_config: Optional[str] = None
     """The generation_config.json the defaults come from, or None."""
     generation_defaults: GenerationDefaults = field(default_factory=GenerationDefaults, compare=False)
+    tool_call_parser: Optional[str] = None
+    """The format of the model's tool calls (a TOOL_CALL_PARSERS name); None: the chat template's, if any."""
 
 
 @dataclass(frozen=True)
@@ -253,7 +258,7 @@ def _kv_cache(data: Mapping, kwargs: dict, graphs_dir: str) -> KvCacheBudget:
 
 def _model_section(base: str, data: Mapping, num_ranks: int) -> ModelSection:
     known = ("config", "checkpoint", "graphs", "tokenizer", "chat_template", "chat_message", "tensor_parallel",
-             "generation_config")
+             "generation_config", "tool_call_parser")
     _reject_unknown("model", data, known)
     if "config" not in data:
         raise ConfigError("'model.config' is missing; point it at the model YAML (sections model: and export:)")
@@ -275,12 +280,16 @@ def _model_section(base: str, data: Mapping, num_ranks: int) -> ModelSection:
     tokenizer = _path(base, "model", "tokenizer", data.get("tokenizer"))
     template, message = _chat_template(base, data.get("chat_template"), data.get("chat_message"))
     generation_config, defaults = _generation_config(base, data.get("generation_config"), tokenizer)
+    parser = data.get("tool_call_parser")
+    if parser is not None and parser not in TOOL_CALL_PARSERS:
+        raise ConfigError(f"'model.tool_call_parser' must be one of {list(TOOL_CALL_PARSERS)} or null (the chat "
+                          f"template's), got {parser!r}")
     return ModelSection(
         config=_path(base, "model", "config", data["config"]),
         checkpoint=_path(base, "model", "checkpoint", checkpoint) if checkpoint is not None else None,
         graphs=tuple(_path(base, "model", "graphs", g, must_exist=False) for g in graphs),
         tokenizer=tokenizer, chat_template=template, chat_message=message, tensor_parallel=tp,
-        generation_config=generation_config, generation_defaults=defaults)
+        generation_config=generation_config, generation_defaults=defaults, tool_call_parser=parser)
 
 
 def _chat_template(base: str, value, message) -> Tuple[Optional[str], Optional[str]]:

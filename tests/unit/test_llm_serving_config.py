@@ -47,6 +47,8 @@ def test_bundled_config_loads():
                                                                                  "with an old-style"),
     (lambda d: d["model"].update(chat_message="{role}"), "'model.chat_message' goes with an old-style"),
     (lambda d: d["model"].update(generation_config="missing.json"), "'model.generation_config': .* does not exist"),
+    (lambda d: d["model"].update(tool_call_parser="mistral"), r"'model.tool_call_parser' must be one of \['hermes', "
+                                                               r"'llama3_json'\] or null"),
     (lambda d: d["model"].pop("config"), "'model.config' is missing"),
     (lambda d: d.update(extra={}), r"'<top level>' has unknown field\(s\) \['extra'\]"),
 ])
@@ -112,6 +114,12 @@ def test_chat_template_forms(tmp_path):
     legacy = load_serving_config(write(tmp_path, lambda d: d["model"].update(chat_template="{messages}>"))).model
     assert (legacy.chat_template, legacy.chat_message) == ("{messages}>", "<|{role}|>\n{content}\n")
     assert load_serving_config(BUNDLED).model.chat_template is None  # the model's own, next to its tokenizer
+
+
+def test_tool_call_parser_named_or_left_to_the_chat_template(tmp_path):
+    assert load_serving_config(BUNDLED).model.tool_call_parser is None
+    named = write(tmp_path, lambda d: d["model"].update(tool_call_parser="llama3_json"))
+    assert load_serving_config(named).model.tool_call_parser == "llama3_json"
 
 
 def test_generation_config_next_to_the_tokenizer_or_named(tmp_path):
