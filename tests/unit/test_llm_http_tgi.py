@@ -227,7 +227,6 @@ def test_info_and_health(client, backend):
     assert info["max_input_tokens"] == 127
     assert info["max_concurrent_requests"] == 12
     assert info["max_best_of"] == 2
-    assert info["max_top_n_tokens"] == 5
     assert info["max_stop_sequences"] == 4
     assert info["model_device_type"] == "cpu"
     reply = client.get("/health")
@@ -400,6 +399,7 @@ def test_best_of_keeps_the_candidate_of_highest_mean_logprob():
     parameters = {"best_of": 2, "do_sample": True, "max_new_tokens": 2}
     reply = client.post("/generate", json={"inputs": "Hi ", "parameters": parameters})
     assert reply.json() == {"generated_text": "Bye"}
+    assert reply.headers["x-generated-tokens"] == "2"  # the kept candidate's
     reply = client.post("/", json={"inputs": "Hi ", "parameters": {**parameters, "details": True}})
     assert reply.json() == [{"generated_text": "Hi Bye", "details": {
         "finish_reason": "eos_token", "generated_tokens": 2, "seed": None, "prefill": [],

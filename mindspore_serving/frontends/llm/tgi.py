@@ -27,8 +27,7 @@ from mindspore_serving.frontends.errors import Protocol, http_error
 from mindspore_serving.frontends.llm.generation import Generation, finite
 from mindspore_serving.frontends.llm.params import new_request_id, parse_body, served_model
 from mindspore_serving.frontends.llm.responses import guarded, json_reply, stream_reply
-from mindspore_serving.frontends.llm.schemas_tgi import (MAX_BEST_OF, MAX_STOP_SEQUENCES, MAX_TOP_N_TOKENS,
-                                                         TgiRequest)
+from mindspore_serving.frontends.llm.schemas_tgi import MAX_BEST_OF, MAX_STOP_SEQUENCES, TgiRequest
 
 FINISH_REASONS = {"eos": "eos_token", "stop": "stop_sequence", "length": "length",
                   "grammar": "eos_token"}  # TGI's grammars end with the end-of-sequence token
@@ -172,7 +171,6 @@ def info_payload(backend: LlmBackend, default_model: Optional[str]) -> dict:
         "max_concurrent_requests": model.max_num_seqs + model.max_queue_size,
         "max_best_of": MAX_BEST_OF,
         "max_stop_sequences": MAX_STOP_SEQUENCES,
-        "max_top_n_tokens": MAX_TOP_N_TOKENS,
         "max_input_tokens": model.max_model_len - 1,
         "max_input_length": model.max_model_len - 1,
         "max_total_tokens": model.max_model_len,
@@ -201,7 +199,10 @@ def build_tgi_router(backend: LlmBackend, default_model: Optional[str] = None, k
 
         def build(gen: Generation):
             payload = generate_payload(gen, request, full_text_default=compat)
-            return ([payload] if compat else payload), gen.timing_headers(len(request.inputs))
+            headers = gen.timing_headers(len(request.inputs))
+            sequences = candidates(gen)
+            headers["x-generated-tokens"] = str(sequences[best_index(sequences)][1].completion_tokens)  # as TGI
+            return ([payload] if compat else payload), headers
 
         return json_reply(generation, PROTOCOL, build)
 
