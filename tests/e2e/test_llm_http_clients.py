@@ -128,13 +128,90 @@ def test_openai_chat_stream_with_usage_and_logprobs(oai):
     assert chunks[-1].usage.total_tokens == 5
 
 
+def test_openai_n_choices(oai, backend):
+    completion = oai.completions.create(model=MODEL, prompt="Hi", n=3, max_tokens=2)
+    assert [(c.index, c.text) for c in completion.choices] == [(0, "Hello,"), (1, "Hello1,"), (2, "Hello2,")]
+    assert completion.usage.completion_tokens == 6
+    backend.choice_bias = {1: 0.5}
+    completion = oai.completions.create(model=MODEL, prompt="Hi", n=1, best_of=3, max_tokens=2)
+    assert [(c.index, c.text) for c in completion.choices] == [(0, "Hello1,")]
+    chat = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], n=3, max_tokens=1)
+    assert [(c.index, c.message.content) for c in chat.choices] == [(0, "Hello"), (1, "Hello1"), (2, "Hello2")]
+
+
+def test_openai_n_choices_streamed(oai):
+    texts = {}
+    for chunk in oai.completions.create(model=MODEL, prompt="Hi", n=3, max_tokens=2, stream=True):
+        texts[chunk.choices[0].index] = texts.get(chunk.choices[0].index, "") + chunk.choices[0].text
+    assert texts == {0: "Hello,", 1: "Hello1,", 2: "Hello2,"}
+    roles, contents, finishes = {}, {}, {}
+    for chunk in oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], n=3,
+                                             max_tokens=2, stream=True):
+        choice = chunk.choices[0]
+        roles.setdefault(choice.index, choice.delta.role)
+        contents[choice.index] = contents.get(choice.index, "") + (choice.delta.content or "")
+        finishes[choice.index] = choice.finish_reason
+    assert roles == {0: "assistant", 1: "assistant", 2: "assistant"}
+    assert contents == {0: "Hello,", 1: "Hello1,", 2: "Hello2,"}
+    assert finishes == {0: "length", 1: "length", 2: "length"}
+
+
+def test_openai_logprobs_and_top_logprobs(oai, backend):
+    completion = oai.completions.create(model=MODEL, prompt="Hi", logprobs=2, max_tokens=2)
+    logprobs = completion.choices[0].logprobs
+    assert (logprobs.tokens, logprobs.token_logprobs) == (["Hello", ","], [-0.25, -0.5])
+    assert logprobs.top_logprobs == [{"Hello": -0.25, " alt0": -1.25}, {",": -0.5, " alt0": -1.5}]
+    chat = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], logprobs=True,
+                                       top_logprobs=2, max_tokens=1)
+    [item] = chat.choices[0].logprobs.content
+    assert (item.token, item.logprob) == ("Hello", -0.25)
+    assert [(t.token, t.logprob) for t in item.top_logprobs] == [("Hello", -0.25), (" alt0", -1.25)]
+    assert backend.requests[-1].params == {"max_new_tokens": 1, "top_logprobs": 2}
+
+
+def test_openai_scoring_request_of_lm_eval(oai, backend):
+    """lm-evaluation-harness `local-completions`: {"model", "prompt", "echo", "logprobs", "max_tokens": 0,
+    "temperature": 0}; it reads token_logprobs of the prompt's continuation and top_logprobs for greediness."""
+    completion = oai.completions.create(model=MODEL, prompt="The cat sat", echo=True, logprobs=1, max_tokens=0,
+                                        temperature=0)
+    choice = completion.choices[0]
+    assert (choice.text, choice.finish_reason) == ("The cat sat", "length")
+    assert choice.logprobs.tokens == ["The", " cat", " sat"]
+    assert choice.logprobs.token_logprobs == [None, -1.0, -1.0]
+    assert choice.logprobs.top_logprobs[1:] == [{" alt0": -0.5, " cat": -1.0}, {" alt0": -0.5, " sat": -1.0}]
+    assert completion.usage.completion_tokens == 0
+    assert backend.requests[-1].params == {"max_new_tokens": 0, "temperature": 0, "top_logprobs": 1,
+                                           "prompt_logprobs": 1}
+
+
+def test_openai_response_format_and_vllm_constraints(oai, backend):
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Where?"}], response_format={
+        "type": "json_schema", "json_schema": {"name": "place", "schema": schema, "strict": True}})
+    assert backend.requests[-1].params["structured_output"] == {"type": "json", "value": schema}
+    oai.completions.create(model=MODEL, prompt="Yes or no?",
+                           extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
+    assert backend.requests[-1].params["structured_output"] == {"type": "choice", "value": ["yes", "no"]}
+    oai.completions.create(model=MODEL, prompt="x", presence_penalty=0.5, frequency_penalty=0.5, logit_bias={"7": -100},
+                           extra_body={"min_p": 0.1, "min_tokens": 1, "bad_words": ["no"], "allowed_token_ids": [7]})
+    assert backend.requests[-1].params == {"max_new_tokens": 16, "presence_penalty": 0.5, "frequency_penalty": 0.5,
+                                           "logit_bias": {"7": -100}, "min_p": 0.1, "min_tokens": 1,
+                                           "bad_words": ["no"], "allowed_token_ids": [7]}
+    with pytest.raises(openai.BadRequestError, match="cannot be used together") as caught:
+        oai.completions.create(model=MODEL, prompt="x", extra_body={"guided_regex": "a", "guided_choice": ["a"]})
+    assert caught.value.param == "guided_choice"
+
+
 def test_openai_errors(oai, backend):
     with pytest.raises(openai.NotFoundError) as caught:
         oai.completions.create(model="gpt-4", prompt="Hi")
     assert caught.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as caught:
-        oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], n=2)
-    assert caught.value.param == "n"
+        oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], top_logprobs=2)
+    assert caught.value.param == "top_logprobs"
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.completions.create(model=MODEL, prompt="Hi", suffix="!")
+    assert caught.value.param == "suffix"
     backend.fail_before = Overloaded("queue is full")
     with pytest.raises(openai.RateLimitError):
         oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}])

@@ -53,17 +53,59 @@ def test_completion_parameters(client, backend):
     assert reply.status_code == 200, reply.text
     assert reply.json()["choices"][0]["finish_reason"] == "length"
     assert backend.requests[-1].params == {"max_new_tokens": 2, "temperature": 0, "top_p": 0.5, "top_k": 3,
-                                           "repetition_penalty": 1.1, "seed": 7, "stop": ["!"], "ignore_eos": True}
+                                           "repetition_penalty": 1.1, "seed": 7, "stop": ["!"], "ignore_eos": True,
+                                           "presence_penalty": 0, "frequency_penalty": 0, "n": 1, "best_of": 1}
 
 
-def test_completion_echo_stop_and_logprobs(client):
-    payload = client.post("/v1/completions", json={"model": MODEL, "prompt": "Hi ", "echo": True,
-                                                   "stop": [" world"], "logprobs": 0}).json()
+def test_completion_stop_and_logprobs(client, backend):
+    payload = client.post("/v1/completions", json={"model": MODEL, "prompt": "Hi ", "stop": [" world"],
+                                                   "logprobs": 0}).json()
     choice = payload["choices"][0]
-    assert choice["text"] == "Hi Hello,"
+    assert choice["text"] == "Hello,"
     assert choice["finish_reason"] == "stop"
     assert choice["logprobs"] == {"tokens": ["Hello", ",", ""], "token_logprobs": [-0.25, -0.5, -0.75],
-                                  "top_logprobs": None, "text_offset": [3, 8, 9]}
+                                  "top_logprobs": [{"Hello": -0.25}, {",": -0.5}, {"": -0.75}],
+                                  "text_offset": [0, 5, 6]}
+    assert "top_logprobs" not in backend.requests[-1].params
+
+
+def test_completion_top_logprobs_hold_the_chosen_token_and_the_k_likeliest(client, backend):
+    choice = client.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "logprobs": 2,
+                                                  "max_tokens": 2}).json()["choices"][0]
+    assert choice["logprobs"]["top_logprobs"] == [{"Hello": -0.25, " alt0": -1.25}, {",": -0.5, " alt0": -1.5}]
+    assert backend.requests[-1].params == {"max_new_tokens": 2, "top_logprobs": 2}
+
+
+def test_completion_echo_with_logprobs_scores_the_prompt_first(client, backend):
+    choice = client.post("/v1/completions", json={"model": MODEL, "prompt": "Hi you ", "echo": True,
+                                                  "logprobs": 1, "max_tokens": 1}).json()["choices"][0]
+    assert choice["text"] == "Hi you Hello"
+    assert choice["logprobs"] == {"tokens": ["Hi", " you ", "Hello"], "token_logprobs": [None, -1.0, -0.25],
+                                  "top_logprobs": [None, {" alt0": -0.5, " you ": -1.0}, {"Hello": -0.25}],
+                                  "text_offset": [0, 2, 7]}
+    assert backend.requests[-1].params == {"max_new_tokens": 1, "top_logprobs": 1, "prompt_logprobs": 1}
+    assert "prompt_logprobs" not in choice
+
+
+def test_completion_echo_without_logprobs_scores_nothing(client, backend):
+    choice = client.post("/v1/completions", json={"model": MODEL, "prompt": "Hi ", "echo": True,
+                                                  "stop": [" world"]}).json()["choices"][0]
+    assert (choice["text"], choice["logprobs"], choice["finish_reason"]) == ("Hi Hello,", None, "stop")
+    assert backend.requests[-1].params == {"max_new_tokens": 16, "stop": [" world"]}
+
+
+def test_lm_eval_scoring_request_returns_the_scored_prompt_only(client, backend):
+    """lm-evaluation-harness `local-completions` loglikelihood: echo, logprobs, max_tokens 0, temperature 0."""
+    payload = client.post("/v1/completions", json={"model": MODEL, "prompt": "The cat sat", "echo": True,
+                                                   "logprobs": 1, "max_tokens": 0, "temperature": 0}).json()
+    assert backend.requests[-1].params == {"max_new_tokens": 0, "temperature": 0, "top_logprobs": 1,
+                                           "prompt_logprobs": 1}
+    assert payload["choices"] == [{
+        "index": 0, "text": "The cat sat", "finish_reason": "length",
+        "logprobs": {"tokens": ["The", " cat", " sat"], "token_logprobs": [None, -1.0, -1.0],
+                     "top_logprobs": [None, {" alt0": -0.5, " cat": -1.0}, {" alt0": -0.5, " sat": -1.0}],
+                     "text_offset": [0, 3, 7]}}]
+    assert payload["usage"] == {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3}
 
 
 def test_completion_stream(client):
@@ -88,9 +130,11 @@ def test_completion_stream_with_usage_echo_and_logprobs(client):
         "model": MODEL, "prompt": "Hi ", "stream": True, "max_tokens": 1, "echo": True, "logprobs": 0,
         "stream_options": {"include_usage": True}}).text)
     assert [e["choices"] for e in events[:-2]] == [
-        [{"index": 0, "text": "Hi ", "logprobs": None, "finish_reason": None}],
+        [{"index": 0, "text": "Hi ", "finish_reason": None,
+          "logprobs": {"tokens": ["Hi "], "token_logprobs": [None], "top_logprobs": [None], "text_offset": [0]}}],
         [{"index": 0, "text": "Hello", "finish_reason": None,
-          "logprobs": {"tokens": ["Hello"], "token_logprobs": [-0.25], "top_logprobs": None, "text_offset": [3]}}],
+          "logprobs": {"tokens": ["Hello"], "token_logprobs": [-0.25], "top_logprobs": [{"Hello": -0.25}],
+                       "text_offset": [3]}}],
         [{"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}]]
     assert all(e["usage"] is None for e in events[:-2])
     assert events[-2]["choices"] == []
@@ -151,17 +195,174 @@ def test_chat_completion_stream_logprobs(client):
         "content": [{"token": "Hello", "logprob": -0.25, "bytes": list(b"Hello"), "top_logprobs": []}]}
 
 
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}}
+
+
+@pytest.mark.parametrize("body, params", [
+    ({"presence_penalty": 0.5, "frequency_penalty": -1.5}, {"presence_penalty": 0.5, "frequency_penalty": -1.5}),
+    ({"logit_bias": {"5": 2.5, "7": -100}}, {"logit_bias": {"5": 2.5, "7": -100}}),
+    ({"logit_bias": {}}, {}),
+    ({"min_p": 0.1, "min_tokens": 2, "bad_words": ["bad", "worse"], "allowed_token_ids": [3, 4]},
+     {"min_p": 0.1, "min_tokens": 2, "bad_words": ["bad", "worse"], "allowed_token_ids": [3, 4]}),
+    ({"logprobs_mode": "processed", "prompt_logprobs": 3}, {"logprobs_mode": "processed", "prompt_logprobs": 3}),
+    ({"n": 2}, {"n": 2}),
+    ({"response_format": {"type": "text"}}, {}),
+    ({"response_format": {"type": "json_object"}}, {"structured_output": {"type": "json_object"}}),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA, "strict": True,
+                                                                  "description": "d"}}},
+     {"structured_output": {"type": "json", "value": SCHEMA}}),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a"}}},
+     {"structured_output": {"type": "json_object"}}),
+    ({"structured_outputs": {"json": SCHEMA, "disable_any_whitespace": True}},
+     {"structured_output": {"type": "json", "value": SCHEMA}}),
+    ({"structured_outputs": {"regex": "[ab]+"}}, {"structured_output": {"type": "regex", "value": "[ab]+"}}),
+    ({"structured_outputs": {"choice": ["yes", "no"]}}, {"structured_output": {"type": "choice",
+                                                                               "value": ["yes", "no"]}}),
+    ({"structured_outputs": {"grammar": "start: \"a\""}}, {"structured_output": {"type": "grammar",
+                                                                                 "value": "start: \"a\""}}),
+    ({"structured_outputs": {"json_object": True}}, {"structured_output": {"type": "json_object"}}),
+    ({"guided_json": SCHEMA, "guided_decoding_backend": "xgrammar", "guided_whitespace_pattern": " "},
+     {"structured_output": {"type": "json", "value": SCHEMA}}),
+    ({"guided_json": '{"type": "object"}'}, {"structured_output": {"type": "json", "value": '{"type": "object"}'}}),
+    ({"guided_regex": "a+"}, {"structured_output": {"type": "regex", "value": "a+"}}),
+    ({"guided_choice": ["a", "b"]}, {"structured_output": {"type": "choice", "value": ["a", "b"]}}),
+    ({"guided_grammar": "start: \"a\""}, {"structured_output": {"type": "grammar", "value": "start: \"a\""}}),
+])
+def test_sampling_fields_map_to_engine_params(client, backend, body, params):
+    for route, extra, default in (("/v1/completions", {"prompt": "x"}, {"max_new_tokens": 16}),
+                                  ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}, {})):
+        reply = client.post(route, json={"model": MODEL, **extra, **body})
+        assert reply.status_code == 200, reply.text
+        assert backend.requests[-1].params == {**default, **params}
+
+
+def test_chat_template_kwargs_and_tool_messages_reach_the_template(client, backend):
+    call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{\"a\": 1}"}}
+    reply = client.post("/v1/chat/completions", json={
+        "model": MODEL, "chat_template_kwargs": {"enable_thinking": False},
+        "messages": [{"role": "user", "content": "add", "name": "ann"},
+                     {"role": "assistant", "content": None, "tool_calls": [call], "refusal": None, "audio": None,
+                      "function_call": None, "annotations": None},
+                     {"role": "tool", "tool_call_id": "call_1", "content": "1"},
+                     {"role": "user", "content": "thanks"}]})
+    assert reply.status_code == 200, reply.text
+    request = backend.requests[-1]
+    assert request.chat_template_kwargs == {"enable_thinking": False}
+    assert request.messages == [{"role": "user", "content": "add", "name": "ann"},
+                                {"role": "assistant", "content": None, "tool_calls": [call]},
+                                {"role": "tool", "content": "1", "tool_call_id": "call_1"},
+                                ChatMessage("user", "thanks")]
+
+
+def test_completion_n_choices(client, backend):
+    payload = client.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "n": 3, "logprobs": 0}).json()
+    assert [(c["index"], c["text"], c["finish_reason"]) for c in payload["choices"]] == [
+        (0, "Hello, world!", "stop"), (1, "Hello1, world!", "stop"), (2, "Hello2, world!", "stop")]
+    assert payload["choices"][2]["logprobs"]["tokens"] == ["Hello2", ",", " world", "!", ""]
+    assert payload["usage"] == {"prompt_tokens": 1, "completion_tokens": 15, "total_tokens": 16}
+    assert backend.requests[-1].params == {"max_new_tokens": 16, "n": 3}
+
+
+def test_best_of_returns_the_n_likeliest_choices_and_counts_all(client, backend):
+    backend.choice_bias = {0: -1.0, 2: 0.1}
+    payload = client.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "n": 2, "best_of": 3}).json()
+    assert [(c["index"], c["text"]) for c in payload["choices"]] == [(0, "Hello2, world!"), (1, "Hello1, world!")]
+    assert payload["usage"]["completion_tokens"] == 15
+    assert backend.requests[-1].params == {"max_new_tokens": 16, "n": 2, "best_of": 3}
+
+
+def test_completion_stream_interleaves_choices(client):
+    events = parse_sse(client.post("/v1/completions", json={
+        "model": MODEL, "prompt": "Hi ", "n": 2, "max_tokens": 2, "stream": True, "echo": True}).text)
+    assert events[-1] == "[DONE]"
+    choices = [c for e in events[:-1] for c in e["choices"]]
+    assert all(len(e["choices"]) == 1 for e in events[:-1])
+    assert [(c["index"], c["text"], c["finish_reason"]) for c in choices] == [
+        (0, "Hi ", None), (1, "Hi ", None), (0, "Hello", None), (1, "Hello1", None), (0, ",", None), (1, ",", None),
+        (0, "", "length"), (1, "", "length")]
+
+
+def test_completion_prompt_logprobs_as_vllm_returns_them(client, backend):
+    choice = client.post("/v1/completions", json={"model": MODEL, "prompt": "Hi you", "max_tokens": 1,
+                                                  "prompt_logprobs": 2}).json()["choices"][0]
+    assert choice["prompt_logprobs"] == [
+        None, {str(13): {"logprob": -1.0, "rank": 2, "decoded_token": " you"},
+               str(90): {"logprob": -0.5, "rank": 1, "decoded_token": " alt0"}}]
+    assert backend.requests[-1].params == {"max_new_tokens": 1, "prompt_logprobs": 2}
+    choice = client.post("/v1/completions", json={"model": MODEL, "prompt": "Hi you", "max_tokens": 1, "echo": True,
+                                                  "prompt_logprobs": 0, "logprobs": 1}).json()["choices"][0]
+    assert choice["prompt_logprobs"] == [None, {str(13): {"logprob": -1.0, "rank": None, "decoded_token": " you"}}]
+    assert backend.requests[-1].params["prompt_logprobs"] == 1
+
+
+def test_grammar_finish_is_a_stop(client, backend):
+    backend.finish_reason = "grammar"
+    reply = client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "guided_regex": "Hel+o"})
+    assert reply.json()["choices"][0]["finish_reason"] == "stop"
+
+
+def test_chat_n_choices_with_top_logprobs(client, backend):
+    payload = client.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "n": 2, "logprobs": True,
+        "top_logprobs": 2, "max_tokens": 1, "prompt_logprobs": 0}).json()
+    assert backend.requests[-1].params == {"max_new_tokens": 1, "n": 2, "top_logprobs": 2, "prompt_logprobs": 0}
+    assert [(c["index"], c["message"]["content"]) for c in payload["choices"]] == [(0, "Hello"), (1, "Hello1")]
+    assert payload["choices"][1]["logprobs"] == {"content": [{
+        "token": "Hello1", "logprob": -0.25, "bytes": list(b"Hello1"),
+        "top_logprobs": [{"token": "Hello1", "logprob": -0.25, "bytes": list(b"Hello1")},
+                         {"token": " alt0", "logprob": -1.25, "bytes": list(b" alt0")}]}]}
+    assert payload["prompt_logprobs"][0] is None and len(payload["prompt_logprobs"]) == 3
+    assert payload["usage"]["completion_tokens"] == 2
+
+
+def test_chat_stream_gives_each_choice_its_role_and_finish(client):
+    events = parse_sse(client.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "n": 2, "stream": True,
+        "max_tokens": 1}).text)
+    choices = [e["choices"][0] for e in events[:-1]]
+    assert [(c["index"], c["delta"], c["finish_reason"]) for c in choices] == [
+        (0, {"role": "assistant", "content": ""}, None), (1, {"role": "assistant", "content": ""}, None),
+        (0, {"content": "Hello"}, None), (1, {"content": "Hello1"}, None), (0, {}, "length"), (1, {}, "length")]
+
+
 @pytest.mark.parametrize("route, body, param, message", [
-    ("/v1/completions", {"prompt": "x", "n": 2}, "n", "'n' must be 1"),
-    ("/v1/completions", {"prompt": "x", "best_of": 3}, "best_of", "'best_of' must be 1"),
-    ("/v1/completions", {"prompt": "x", "logprobs": 2}, "logprobs", "'logprobs' above 0 is not supported"),
-    ("/v1/completions", {"prompt": "x", "suffix": "y"}, "suffix", "'suffix' is not supported"),
+    ("/v1/completions", {"prompt": "x", "suffix": "y"}, "suffix",
+     "'suffix' is not supported: this model has no fill-in-the-middle template"),
+    ("/v1/completions", {"prompt": "x", "stream": True, "n": 2, "best_of": 3}, "best_of",
+     "'best_of' greater than 'n' cannot be streamed (best_of=3, n=2)"),
+    ("/v1/completions", {"prompt": "x", "stream": True, "prompt_logprobs": 0}, "prompt_logprobs",
+     "'prompt_logprobs' is not available when 'stream' is enabled"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 6}, "logprobs",
+     "`logprobs`: Input should be less than or equal to 5"),
+    ("/v1/completions", {"prompt": "x", "n": 0}, "n", "`n`: Input should be greater than or equal to 1"),
+    ("/v1/completions", {"prompt": "x", "n": 17}, None, "n must be an int in [1, 16], got 17"),
+    ("/v1/completions", {"prompt": "x", "n": 3, "best_of": 2}, None, "best_of must be an int in [n, 16]"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"a": 5}}, None, "logit_bias keys must be token ids"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"1": 101}}, None, "logit_bias values must be in [-100, 100]"),
+    ("/v1/completions", {"prompt": "x", "min_p": 2}, None, "min_p must be in [0, 1], got 2"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 2, "min_tokens": 3}, None,
+     "min_tokens (3) must not exceed max_new_tokens (2)"),
+    ("/v1/completions", {"prompt": "x", "logprobs_mode": "sampled"}, "logprobs_mode",
+     "`logprobs_mode`: Input should be"),
+    ("/v1/completions", {"prompt": "x", "prompt_logprobs": 21}, "prompt_logprobs",
+     "`prompt_logprobs`: Input should be less than or equal to 20"),
+    ("/v1/completions", {"prompt": "x", "guided_json": {"type": "object"}, "guided_regex": "a+"}, "guided_regex",
+     "'guided_json' and 'guided_regex' cannot be used together"),
+    ("/v1/completions", {"prompt": "x", "response_format": {"type": "json_object"},
+                         "structured_outputs": {"choice": ["a"]}}, "structured_outputs.choice",
+     "'response_format' and 'structured_outputs.choice' cannot be used together"),
+    ("/v1/completions", {"prompt": "x", "structured_outputs": {"regex": "a", "grammar": "b"}},
+     "structured_outputs.grammar", "'structured_outputs.regex' and 'structured_outputs.grammar' cannot be used"),
+    ("/v1/completions", {"prompt": "x", "structured_outputs": {}}, "structured_outputs",
+     "'structured_outputs' needs one of json, regex, choice, grammar or json_object"),
+    ("/v1/completions", {"prompt": "x", "structured_outputs": {"structural_tag": "{}"}},
+     "structured_outputs.structural_tag", "Unrecognized request argument supplied: structured_outputs.structural_tag"),
+    ("/v1/completions", {"prompt": "x", "guided_json": "not json"}, None,
+     "the json of a structured output is not valid"),
+    ("/v1/completions", {"prompt": "x", "guided_choice": []}, None, "a choice structured output needs a non-empty"),
     ("/v1/completions", {"prompt": ["x", "y"]}, "prompt", "'prompt' must hold one prompt"),
     ("/v1/completions", {"prompt": [1, 2, 3]}, "prompt", "'prompt' must be text"),
     ("/v1/completions", {"prompt": ""}, "prompt", "'prompt' must not be empty"),
-    ("/v1/completions", {"prompt": "x", "frequency_penalty": 1}, "frequency_penalty",
-     "'frequency_penalty' other than 0 is not supported"),
-    ("/v1/completions", {"prompt": "x", "logit_bias": {"1": 5}}, "logit_bias", "'logit_bias' is not supported"),
     ("/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options",
      "The 'stream_options' parameter is only allowed when 'stream' is enabled."),
     ("/v1/completions", {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop",
@@ -173,17 +374,25 @@ def test_chat_completion_stream_logprobs(client):
     ("/v1/completions", {"prompt": "x", "seed": -1}, None, "seed must be an int in [0, 2**64 - 1]"),
     ("/v1/completions", {}, "prompt", "`prompt` is required"),
     ("/v1/chat/completions", {"messages": []}, "messages", "`messages`: List should have at least 1 item"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
-     "tools", "'tools' is not supported"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
-     "top_logprobs", "'top_logprobs' above 0 is not supported"),
+     "top_logprobs", "'top_logprobs' requires 'logprobs' to be true"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21},
+     "top_logprobs", "`top_logprobs`: Input should be less than or equal to 20"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "best_of": 2},
+     "best_of", "Unrecognized request argument supplied: best_of"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "messages.0.content", "'messages.0.content' parts of type 'image_url' are not supported"),
     ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role",
      "`messages.0.role`: Input should be"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
-                              "response_format": {"type": "json_object"}}, "response_format",
-     "'response_format' other than"),
+                              "response_format": {"type": "json_schema"}}, "response_format.json_schema",
+     "'response_format.json_schema' is required when 'response_format.type' is 'json_schema'"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "response_format": {"type": "structural_tag"}}, "response_format.type",
+     "`response_format.type`: Input should be"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "guided_grammar": "g",
+                              "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}}},
+     "guided_grammar", "'response_format' and 'guided_grammar' cannot be used together"),
 ])
 def test_validation_errors(client, backend, route, body, param, message):
     reply = client.post(route, json={"model": MODEL, **body})

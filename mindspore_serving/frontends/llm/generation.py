@@ -1,19 +1,22 @@
 """One request's run through the backend, shared by every protocol.
 
-`Generation.start()` opens the backend's stream and waits for its first event, so errors the backend
-raises up front (bad parameters, overload, unknown model) are known before an HTTP status is chosen.
-`events()` then yields the TokenEvents and keeps the FinalEvent; `close()` closes the backend's iterator,
-which aborts the request in the engine when the client went away, and logs the request's timing.
+`Generation.start()` opens the backend's stream and waits for its first token or final event (a scored
+prompt, PromptEvent, comes before them and is kept in `prompt_scores`), so errors the backend raises up
+front (bad parameters, overload, unknown model) are known before an HTTP status is chosen. `outputs()` then
+yields the TokenEvents and FinalEvents of every choice (a request with n or best_of has several, each
+ending with its own FinalEvent) and keeps them; `events()` yields the TokenEvents only. `close()` closes
+the backend's iterator, which aborts the request in the engine when the client went away, and logs the
+request's timing.
 """
 import math
 import time
-from typing import AsyncIterator, List, Optional
+from typing import AsyncIterator, Dict, List, Optional, Union
 
 import anyio
 
 from mindspore_serving import log
 from mindspore_serving.master.llm_types import (FinalEvent, GenerationRequest, LlmBackend, ModelInfo,
-                                                     TokenEvent)
+                                                PromptEvent, TokenEvent)
 from mindspore_serving.common.errors import GenerationFailed, IncompleteGeneration, message_of
 from mindspore_serving.llm.request import inter_token_latency
 
@@ -23,6 +26,17 @@ _CLOSE_TIMEOUT_S = 5.0
 
 def _ms(seconds: Optional[float]) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.1f}ms"
+
+
+_FAILED = ("error", "abort")
+
+
+def _check(final: FinalEvent, request_id: str) -> None:
+    """Raises GenerationFailed for a choice the engine finished with "error" or "abort"."""
+    if final.finish_reason == "error":
+        raise GenerationFailed(f"the model failed while generating request {request_id}")
+    if final.finish_reason == "abort":
+        raise GenerationFailed(f"request {request_id} was aborted before it finished")
 
 
 def finite(value: float, default: Optional[float] = None) -> Optional[float]:
@@ -45,7 +59,12 @@ class Generation:
         self.last_token_at: Optional[float] = None
         self.ended: Optional[float] = None
         self.tokens: List[TokenEvent] = []
+        """Every choice's tokens, in the order they came."""
+        self.finals: Dict[int, FinalEvent] = {}
+        """The FinalEvent of each choice that finished, by choice index."""
         self.final: Optional[FinalEvent] = None
+        """The first FinalEvent (the only one of a request with one choice)."""
+        self.prompt_scores: Optional[PromptEvent] = None
         self.error: Optional[BaseException] = None
         self._events = None
         self._first = None
@@ -60,16 +79,43 @@ class Generation:
         value = self.request.params.get("max_new_tokens")
         return value if isinstance(value, int) else None
 
+    @property
+    def num_choices(self) -> int:
+        """Choices the engine generates (best_of, else n): the stream ends after that many FinalEvents."""
+        params = self.request.params
+        return int(params.get("best_of") or params.get("n") or 1)
+
+    @property
+    def done(self) -> bool:
+        return len(self.finals) >= self.num_choices
+
+    def choice_tokens(self, choice: int) -> List[TokenEvent]:
+        return [t for t in self.tokens if t.choice == choice]
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.final.prompt_tokens if self.final is not None else 0
+
+    @property
+    def completion_tokens(self) -> int:
+        """Tokens generated for all choices (those best_of dropped included)."""
+        if not self.finals:
+            return len(self.tokens)
+        return sum(f.completion_tokens for f in self.finals.values())
+
     async def start(self) -> None:
         """Sends the request and waits for its first event; raises what the backend raises."""
         self.submitted = time.perf_counter()
         try:
             self._events = self.backend.stream(self.request).__aiter__()
             first = await self._next()
+            while isinstance(first, PromptEvent):
+                self.prompt_scores = first
+                first = await self._next()
             if first is None:
                 raise IncompleteGeneration("the generation stream ended before its first event")
             if isinstance(first, FinalEvent):
-                self._finish(first)  # a request that failed without a token fails before any reply is sent
+                _check(first, self.request_id)  # a request that failed without a token fails before any reply
             self._first = first
         except Exception as exc:
             self.error = exc
@@ -81,37 +127,49 @@ class Generation:
         except StopAsyncIteration:
             return None
 
-    async def events(self) -> AsyncIterator[TokenEvent]:
-        """The TokenEvents; afterwards `final` holds the FinalEvent. Raises GenerationFailed when the engine
-        finished with "error" or "abort", IncompleteGeneration when the stream ends without a FinalEvent."""
+    async def outputs(self) -> AsyncIterator[Union[TokenEvent, FinalEvent]]:
+        """Every choice's TokenEvents and FinalEvents as they come, until each choice has its FinalEvent
+        (`finals`, `final`). Raises GenerationFailed when the engine finished a choice with "error" or
+        "abort", IncompleteGeneration when the stream ends before every FinalEvent came."""
         try:
             event, self._first = self._first, None
             while event is not None:
                 if isinstance(event, FinalEvent):
                     self._finish(event)
-                    return
-                now = time.perf_counter()
-                if self.first_token_at is None:
-                    self.first_token_at = now
-                self.last_token_at = now
-                self.tokens.append(event)
-                yield event
+                    yield event
+                    if self.done:
+                        return
+                elif isinstance(event, PromptEvent):
+                    self.prompt_scores = event
+                else:
+                    now = time.perf_counter()
+                    if self.first_token_at is None:
+                        self.first_token_at = now
+                    self.last_token_at = now
+                    self.tokens.append(event)
+                    yield event
                 event = await self._next()
             raise IncompleteGeneration("the generation stream ended before its final event")
         except Exception as exc:
             self.error = exc
             raise
 
+    async def events(self) -> AsyncIterator[TokenEvent]:
+        """The TokenEvents of `outputs()`."""
+        async for event in self.outputs():
+            if isinstance(event, TokenEvent):
+                yield event
+
     def _finish(self, final: FinalEvent) -> None:
-        self.final = final
-        self.ended = time.perf_counter()
-        if final.finish_reason == "error":
-            raise GenerationFailed(f"the model failed while generating request {self.request_id}")
-        if final.finish_reason == "abort":
-            raise GenerationFailed(f"request {self.request_id} was aborted before it finished")
+        if self.final is None:
+            self.final = final
+        self.finals[final.choice] = final
+        if self.done or final.finish_reason in _FAILED:
+            self.ended = time.perf_counter()
+        _check(final, self.request_id)
 
     async def collect(self) -> FinalEvent:
-        async for _ in self.events():
+        async for _ in self.outputs():
             pass
         return self.final
 
@@ -135,7 +193,7 @@ class Generation:
     def outcome(self) -> str:
         if self.error is not None:
             return f"failed ({message_of(self.error)})"
-        if self.final is not None:
+        if self.final is not None and self.done:
             return f"finished ({self.final.finish_reason})"
         return f"cancelled after {len(self.tokens)} tokens (client went away)"
 
@@ -150,7 +208,7 @@ class Generation:
     def summary(self) -> str:
         t = self.timings()
         prompt_tokens = self.final.prompt_tokens if self.final is not None else "-"
-        completion_tokens = self.final.completion_tokens if self.final is not None else len(self.tokens)
+        completion_tokens = self.completion_tokens
         text = (f"LLM request {self.request_id} ({self.protocol}, model {self.request.model}) {self.outcome()}: "
                 f"prompt_tokens={prompt_tokens} completion_tokens={completion_tokens} "
                 f"queue={_ms(t['queue_time'])} ttft={_ms(t['time_to_first_token'])} "
@@ -168,7 +226,7 @@ class Generation:
         validation = (self.submitted or self.arrival) - self.arrival
         queue = final.timing.queue_time if final is not None and final.timing is not None else 0.0
         inference = max(total - validation - queue, 0.0)
-        generated = final.completion_tokens if final is not None else len(self.tokens)
+        generated = self.completion_tokens
         per_token = inference / generated if generated else 0.0
         return {
             "x-compute-type": self.model.device.lower(),

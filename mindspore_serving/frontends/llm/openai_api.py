@@ -1,6 +1,10 @@
 """OpenAI's API: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models[/{model}]`.
 
-One choice per request (n=1). Streams are SSE chunks (`text_completion` / `chat.completion.chunk`) ending
+A request may ask for n choices (best_of generated, the n likeliest returned); usage counts the prompt once
+and the tokens of every choice generated. Log-probabilities come in OpenAI's shapes (completions: tokens,
+token_logprobs, top_logprobs, text_offset, the scored prompt first with echo; chat: content items with
+top_logprobs) and vLLM's prompt_logprobs. Streams carry one choice per chunk, each choice with its own
+finish chunk; they are SSE chunks (`text_completion` / `chat.completion.chunk`) ending
 with `data: [DONE]`; with `stream_options.include_usage` every chunk has `"usage": null` and a last chunk
 with no choices carries the usage. An error in the middle of a stream is sent as `data: {"error": {...}}`
 followed by `data: [DONE]`. Chat messages go to the backend, which applies the model's chat template.
@@ -11,7 +15,8 @@ from typing import AsyncIterator, Callable, List, NamedTuple, Optional
 from fastapi import APIRouter, Request
 
 from mindspore_serving.frontends.llm import sse
-from mindspore_serving.master.llm_types import GenerationRequest, LlmBackend, ModelInfo, TokenEvent
+from mindspore_serving.master.llm_types import (FinalEvent, GenerationRequest, LlmBackend, ModelInfo, PromptEvent,
+                                                TokenEvent, TopLogprob)
 from mindspore_serving.frontends.errors import Protocol, http_error
 from mindspore_serving.frontends.llm.generation import Generation, finite
 from mindspore_serving.frontends.llm.params import new_request_id, parse_body, served_model
@@ -19,21 +24,29 @@ from mindspore_serving.frontends.llm.responses import guarded, json_reply, strea
 from mindspore_serving.frontends.llm.schemas_openai import UNKNOWN_FIELD, ChatCompletionRequest, CompletionRequest
 
 PROTOCOL = Protocol.OPENAI
-FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "grammar": "stop"}
 OWNER = "mindspore-serving"
 LOGPROB_FLOOR = -9999.0
 """Stands for a log-probability of -inf, which JSON cannot carry."""
 
 
-def finish_reason(generation: Generation) -> str:
-    reason = generation.final.finish_reason
-    return FINISH_REASONS.get(reason, reason)
+def finish_reason(final: FinalEvent) -> str:
+    return FINISH_REASONS.get(final.finish_reason, final.finish_reason)
 
 
 def usage(generation: Generation) -> dict:
-    final = generation.final
-    return {"prompt_tokens": final.prompt_tokens, "completion_tokens": final.completion_tokens,
-            "total_tokens": final.prompt_tokens + final.completion_tokens}
+    """The prompt once, and the tokens of every choice generated (best_of's dropped ones too, as OpenAI)."""
+    prompt, completion = generation.prompt_tokens, generation.completion_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def returned_choices(generation: Generation, n: int) -> List[int]:
+    """The choices a reply holds, in its order: every one by index; when more were generated than asked for
+    (best_of > n), the n with the highest cumulative log-probability, best first."""
+    finals = generation.finals
+    if len(finals) <= n:
+        return sorted(finals)
+    return sorted(finals, key=lambda c: (-finals[c].cumulative_logprob, c))[:n]
 
 
 def model_card(model: ModelInfo, created: int) -> dict:
@@ -45,55 +58,125 @@ def error_chunks(exc: BaseException) -> bytes:
     return sse.event(http_error(PROTOCOL, exc)[1]) + sse.DONE
 
 
-def _logprob(token: TokenEvent) -> float:
-    return finite(token.logprob, LOGPROB_FLOOR)
+def _logprob(value: float) -> float:
+    return finite(value, LOGPROB_FLOOR)
+
+
+def prompt_logprobs(scores: Optional[PromptEvent], k: int) -> Optional[List[Optional[dict]]]:
+    """vLLM's `prompt_logprobs`: per prompt token, null for the first, else {token id (text): {"logprob",
+    "rank", "decoded_token"}} for the token itself and its `k` most likely alternatives. The alternatives'
+    rank is their place (1 = most likely); the prompt token's is its place among them, null when it is not
+    one of them (the engine reports no further ranks)."""
+    if scores is None:
+        return None
+    positions = []
+    for token in scores.tokens:
+        if token.logprob is None:
+            positions.append(None)
+            continue
+        alternatives = token.top_logprobs[:k]
+        ranks = {alt.token_id: rank for rank, alt in enumerate(alternatives, 1)}
+        entry = {str(token.token_id): {"logprob": _logprob(token.logprob), "rank": ranks.get(token.token_id),
+                                       "decoded_token": token.text}}
+        for rank, alt in enumerate(alternatives, 1):
+            entry.setdefault(str(alt.token_id), {"logprob": _logprob(alt.logprob), "rank": rank,
+                                                 "decoded_token": alt.text})
+        positions.append(entry)
+    return positions
 
 
 # /v1/completions
 
-def completion_logprobs(tokens: List[TokenEvent], offset: int) -> dict:
-    offsets = []
+def _top_dict(token_id: int, text: str, logprob: float, alternatives: List[TopLogprob], k: int) -> dict:
+    """OpenAI's legacy top_logprobs of one position: the k most likely tokens' texts and the chosen one's,
+    so up to k + 1 entries (a text two tokens share keeps the likelier)."""
+    top = {}
+    for alt in alternatives[:k]:
+        top.setdefault(alt.text, _logprob(alt.logprob))
+    if token_id not in {alt.token_id for alt in alternatives[:k]}:
+        top.setdefault(text, _logprob(logprob))
+    return top
+
+
+def completion_logprobs(tokens: List[TokenEvent], k: int, offset: int,
+                        prompt: Optional[PromptEvent] = None) -> dict:
+    """`logprobs` of a completion choice: the scored prompt's tokens first when given (the first one has no
+    log-probability), then the generated ones; text_offset counts from `offset`."""
+    texts, logprobs, tops = [], [], []
+    for scored in (prompt.tokens if prompt is not None else []):
+        texts.append(scored.text)
+        if scored.logprob is None:
+            logprobs.append(None)
+            tops.append(None)
+        else:
+            logprobs.append(_logprob(scored.logprob))
+            tops.append(_top_dict(scored.token_id, scored.text, scored.logprob, scored.top_logprobs, k))
     for token in tokens:
+        texts.append(token.text)
+        logprobs.append(_logprob(token.logprob))
+        tops.append(_top_dict(token.token_id, token.text, token.logprob, token.top_logprobs, k))
+    offsets = []
+    for text in texts:
         offsets.append(offset)
-        offset += len(token.text)
-    return {"tokens": [t.text for t in tokens], "token_logprobs": [_logprob(t) for t in tokens],
-            "top_logprobs": None, "text_offset": offsets}
+        offset += len(text)
+    return {"tokens": texts, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _prompt_scores(generation: Generation, request: CompletionRequest) -> Optional[PromptEvent]:
+    """The scored prompt that echo + logprobs puts first in the logprobs (None: not asked, or not sent)."""
+    return generation.prompt_scores if request.scores_prompt else None
 
 
 def completion_payload(generation: Generation, request: CompletionRequest, prompt: str) -> dict:
     prefix = prompt if request.echo else ""
-    logprobs = None
-    if request.logprobs is not None:
-        logprobs = completion_logprobs(generation.tokens, len(prefix))
+    scores = _prompt_scores(generation, request)
+    choices = []
+    for index, choice in enumerate(returned_choices(generation, request.n or 1)):
+        final = generation.finals[choice]
+        logprobs = None
+        if request.logprobs is not None:
+            logprobs = completion_logprobs(generation.choice_tokens(choice), request.logprobs,
+                                           0 if scores is not None else len(prefix), scores)
+        item = {"index": index, "text": prefix + final.text, "logprobs": logprobs,
+                "finish_reason": finish_reason(final)}
+        if request.prompt_logprobs is not None:
+            item["prompt_logprobs"] = prompt_logprobs(generation.prompt_scores, request.prompt_logprobs)
+        choices.append(item)
     return {"id": f"cmpl-{generation.request_id}", "object": "text_completion", "created": generation.created,
-            "model": generation.model.name,
-            "choices": [{"index": 0, "text": prefix + generation.final.text, "logprobs": logprobs,
-                         "finish_reason": finish_reason(generation)}],
-            "usage": usage(generation)}
+            "model": generation.model.name, "choices": choices, "usage": usage(generation)}
 
 
 async def completion_chunks(generation: Generation, request: CompletionRequest,
                             prompt: str) -> AsyncIterator[bytes]:
+    """One choice per chunk, the choices interleaved as their tokens come; each choice ends with a chunk
+    holding its finish_reason. With echo, each choice starts with the prompt (and its scores)."""
     head = {"id": f"cmpl-{generation.request_id}", "object": "text_completion", "created": generation.created,
             "model": generation.model.name}
     if request.include_usage:
         head["usage"] = None
 
-    def chunk(text: str, logprobs, reason: Optional[str]) -> bytes:
-        return sse.event({**head, "choices": [{"index": 0, "text": text, "logprobs": logprobs,
+    def chunk(index: int, text: str, logprobs, reason: Optional[str]) -> bytes:
+        return sse.event({**head, "choices": [{"index": index, "text": text, "logprobs": logprobs,
                                                "finish_reason": reason}]})
 
+    choices = generation.num_choices
     offset = 0
     if request.echo:
-        yield chunk(prompt, None, None)
-        offset = len(prompt)
-    async for token in generation.events():
-        if request.logprobs is not None:
-            yield chunk(token.text, completion_logprobs([token], offset), None)
-        elif token.text:
-            yield chunk(token.text, None, None)
-        offset += len(token.text)
-    yield chunk("", None, finish_reason(generation))
+        scores = _prompt_scores(generation, request)
+        logprobs = completion_logprobs([], request.logprobs, 0, scores) if scores is not None else None
+        offset = sum(len(t) for t in logprobs["tokens"]) if logprobs is not None else len(prompt)
+        for index in range(choices):
+            yield chunk(index, prompt, logprobs, None)
+    offsets = [offset] * choices
+    async for event in generation.outputs():
+        index = event.choice
+        if isinstance(event, FinalEvent):
+            yield chunk(index, "", None, finish_reason(event))
+        elif request.logprobs is not None:
+            yield chunk(index, event.text, completion_logprobs([event], request.logprobs, offsets[index]), None)
+            offsets[index] += len(event.text)
+        elif event.text:
+            yield chunk(index, event.text, None, None)
     if request.include_usage:
         yield sse.event({**head, "choices": [], "usage": usage(generation)})
     yield sse.DONE
@@ -101,37 +184,55 @@ async def completion_chunks(generation: Generation, request: CompletionRequest,
 
 # /v1/chat/completions
 
-def chat_logprobs(tokens: List[TokenEvent]) -> dict:
-    return {"content": [{"token": t.text, "logprob": _logprob(t), "bytes": list(t.text.encode("utf-8")),
-                         "top_logprobs": []} for t in tokens]}
+def _chat_logprob(token: TokenEvent, k: int) -> dict:
+    return {"token": token.text, "logprob": _logprob(token.logprob), "bytes": list(token.text.encode("utf-8")),
+            "top_logprobs": [{"token": alt.text, "logprob": _logprob(alt.logprob),
+                              "bytes": list(alt.text.encode("utf-8"))} for alt in token.top_logprobs[:k]]}
+
+
+def chat_logprobs(tokens: List[TokenEvent], k: int) -> dict:
+    return {"content": [_chat_logprob(t, k) for t in tokens]}
 
 
 def chat_payload(generation: Generation, request: ChatCompletionRequest) -> dict:
-    return {"id": f"chatcmpl-{generation.request_id}", "object": "chat.completion", "created": generation.created,
-            "model": generation.model.name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": generation.final.text},
-                         "logprobs": chat_logprobs(generation.tokens) if request.logprobs else None,
-                         "finish_reason": finish_reason(generation)}],
-            "usage": usage(generation)}
+    k = request.top_logprobs or 0
+    choices = []
+    for index, choice in enumerate(returned_choices(generation, request.n or 1)):
+        final = generation.finals[choice]
+        logprobs = chat_logprobs(generation.choice_tokens(choice), k) if request.logprobs else None
+        choices.append({"index": index, "message": {"role": "assistant", "content": final.text},
+                        "logprobs": logprobs, "finish_reason": finish_reason(final)})
+    payload = {"id": f"chatcmpl-{generation.request_id}", "object": "chat.completion",
+               "created": generation.created, "model": generation.model.name, "choices": choices,
+               "usage": usage(generation)}
+    if request.prompt_logprobs is not None:
+        payload["prompt_logprobs"] = prompt_logprobs(generation.prompt_scores, request.prompt_logprobs)
+    return payload
 
 
 async def chat_chunks(generation: Generation, request: ChatCompletionRequest) -> AsyncIterator[bytes]:
+    """Each choice's first chunk gives the role; then one choice per chunk as tokens come, and each choice's
+    chunk with its finish_reason."""
     head = {"id": f"chatcmpl-{generation.request_id}", "object": "chat.completion.chunk",
             "created": generation.created, "model": generation.model.name}
     if request.include_usage:
         head["usage"] = None
+    k = request.top_logprobs or 0
 
-    def chunk(delta: dict, logprobs, reason: Optional[str]) -> bytes:
-        return sse.event({**head, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
+    def chunk(index: int, delta: dict, logprobs, reason: Optional[str]) -> bytes:
+        return sse.event({**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
                                                "finish_reason": reason}]})
 
-    yield chunk({"role": "assistant", "content": ""}, None, None)
-    async for token in generation.events():
-        if request.logprobs:
-            yield chunk({"content": token.text}, chat_logprobs([token]), None)
-        elif token.text:
-            yield chunk({"content": token.text}, None, None)
-    yield chunk({}, None, finish_reason(generation))
+    for index in range(generation.num_choices):
+        yield chunk(index, {"role": "assistant", "content": ""}, None, None)
+    async for event in generation.outputs():
+        index = event.choice
+        if isinstance(event, FinalEvent):
+            yield chunk(index, {}, None, finish_reason(event))
+        elif request.logprobs:
+            yield chunk(index, {"content": event.text}, chat_logprobs([event], k), None)
+        elif event.text:
+            yield chunk(index, {"content": event.text}, None, None)
     if request.include_usage:
         yield sse.event({**head, "choices": [], "usage": usage(generation)})
     yield sse.DONE
@@ -152,10 +253,16 @@ def completion_route(body: CompletionRequest) -> RouteParts:
                       lambda gen: completion_payload(gen, body, prompt), len(prompt), {"prompt": prompt})
 
 
+def _content_chars(message) -> int:
+    content = message.get("content") if isinstance(message, dict) else message.content
+    return len(content) if isinstance(content, str) else 0
+
+
 def chat_route(body: ChatCompletionRequest) -> RouteParts:
     messages = body.chat_messages()
     return RouteParts(lambda gen: chat_chunks(gen, body), lambda gen: chat_payload(gen, body),
-                      sum(len(m.content) for m in messages), {"messages": messages})
+                      sum(_content_chars(m) for m in messages),
+                      {"messages": messages, "tools": body.tools, "chat_template_kwargs": body.chat_template_kwargs})
 
 
 def build_openai_router(backend: LlmBackend, keep_alive_s: float = 15.0) -> APIRouter:
@@ -171,7 +278,7 @@ def build_openai_router(backend: LlmBackend, keep_alive_s: float = 15.0) -> APIR
         chunks, payload, input_chars, request_fields = route(body)
         model = served_model(backend, body.model)
         gen_request = GenerationRequest(model=model.name, request_id=new_request_id(),
-                                        params=body.engine_params(body.max_new_tokens()), **request_fields)
+                                        params=body.generation_params(), **request_fields)
         generation = Generation(backend, gen_request, model, PROTOCOL.value, arrival)
         if body.stream:
             return stream_reply(generation, PROTOCOL, lambda: chunks(generation), error_chunks,

@@ -1,18 +1,28 @@
 """Request bodies of OpenAI's `/v1/completions` and `/v1/chat/completions`, and how they become engine
-parameters. Unknown fields are refused with OpenAI's "Unrecognized request argument supplied: <name>";
-known options the engine cannot honour are refused by name unless they hold their neutral value.
-vLLM's extra sampling fields (top_k, repetition_penalty, ignore_eos, stop_token_ids, ...) are accepted.
+parameters (`generation_params`). Unknown fields are refused with OpenAI's "Unrecognized request argument
+supplied: <name>". vLLM's extra sampling fields (top_k, min_p, repetition_penalty, min_tokens, bad_words,
+allowed_token_ids, prompt_logprobs, structured_outputs, guided_*, ...) are accepted.
+
+Refused: `suffix` (no served model has a fill-in-the-middle template), a stream with best_of > n (the best
+choices are known only at the end), a stream with prompt_logprobs (as vLLM), top_logprobs without
+logprobs=true, two output constraints at once.
 """
-from typing import Dict, List, Literal, Optional, Union
+from typing import Any, Dict, List, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mindspore_serving.master.llm_types import ChatMessage
 from mindspore_serving.common.errors import InvalidParam
+from mindspore_serving.frontends.llm.output_constraints import (GUIDED_FIELDS, Constraint, ResponseFormat,
+                                                                StructuredOutputs, one_constraint,
+                                                                request_constraints)
 from mindspore_serving.frontends.llm.params import sampling_params, stop_list
+from mindspore_serving.llm.sampling_params import MAX_TOP_LOGPROBS
 
 UNKNOWN_FIELD = "Unrecognized request argument supplied: {name}"
 MAX_STOP_SEQUENCES = 4
+MAX_COMPLETION_LOGPROBS = 5
+"""OpenAI's limit of /v1/completions' logprobs (chat's top_logprobs goes to 20)."""
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 
@@ -26,13 +36,14 @@ class StreamOptions(BaseModel):
 
 
 class OpenAiRequest(BaseModel):
+    """The fields both generation routes share; each maps to one SamplingParams field (`engine_params`)."""
     model_config = ConfigDict(extra="forbid")
 
     model: str
     max_tokens: Optional[int] = Field(None, ge=1)
     temperature: Optional[float] = Field(None, ge=0, le=2)
     top_p: Optional[float] = Field(None, gt=0, le=1)
-    n: Optional[int] = None
+    n: Optional[int] = Field(None, ge=1)
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
     stop: Optional[Union[str, List[str]]] = None
@@ -40,57 +51,83 @@ class OpenAiRequest(BaseModel):
     presence_penalty: Optional[float] = Field(None, ge=-2, le=2)
     frequency_penalty: Optional[float] = Field(None, ge=-2, le=2)
     logit_bias: Optional[Dict[str, float]] = None
+    """Token id (as text) -> bias in [-100, 100]."""
+    response_format: Optional[ResponseFormat] = None
     user: Optional[str] = None
     """Informational only."""
     # vLLM's extra sampling parameters
     top_k: Optional[int] = None
+    min_p: Optional[float] = None
     repetition_penalty: Optional[float] = None
+    min_tokens: Optional[int] = None
     ignore_eos: Optional[bool] = None
     stop_token_ids: Optional[List[int]] = None
+    bad_words: Optional[List[str]] = None
+    allowed_token_ids: Optional[List[int]] = None
     skip_special_tokens: Optional[bool] = None
     include_stop_str_in_output: Optional[bool] = None
+    prompt_logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    """Score the prompt: the reply holds vLLM's `prompt_logprobs` (not streamed)."""
+    logprobs_mode: Optional[Literal["raw", "processed"]] = None
+    structured_outputs: Optional[StructuredOutputs] = None
+    guided_json: Optional[Union[str, Dict[str, Any], bool]] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[List[str]] = None
+    guided_grammar: Optional[str] = None
+    guided_decoding_backend: Optional[str] = None
+    """Accepted and ignored: one grammar engine serves every constraint."""
+    guided_whitespace_pattern: Optional[str] = None
+    """Accepted and ignored."""
 
     def check(self) -> None:
-        """Refuses what the engine cannot do; InvalidParam names the field."""
-        if self.n not in (None, 1):
-            raise _refuse("n", f"must be 1: this server generates one choice per request, got {self.n}")
+        """Refuses combinations the API does not allow; InvalidParam names the field."""
         if self.stream_options is not None and not self.stream:
             raise InvalidParam("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
                                "stream_options")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise _refuse(name, "other than 0 is not supported by this server; use repetition_penalty")
-        if self.logit_bias:
-            raise _refuse("logit_bias")
+        if self.stream and self.prompt_logprobs is not None:
+            raise InvalidParam("'prompt_logprobs' is not available when 'stream' is enabled", "prompt_logprobs")
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options is not None and self.stream_options.include_usage)
 
-    def engine_params(self, max_new_tokens: Optional[int]) -> dict:
+    def constraints(self) -> List[Constraint]:
+        """The output constraints the request names (output_constraints.py)."""
+        guided = {name: getattr(self, name) for name, _ in GUIDED_FIELDS}
+        return request_constraints(self.response_format, self.structured_outputs, guided)
+
+    def engine_params(self, max_new_tokens: Optional[int], structured_output: Optional[dict] = None,
+                      **route_params) -> dict:
+        """The engine's sampling parameters: the fields the request set (None: the engine's default)."""
         return sampling_params(max_new_tokens=max_new_tokens, temperature=self.temperature, top_p=self.top_p,
-                               top_k=self.top_k, repetition_penalty=self.repetition_penalty, seed=self.seed,
+                               top_k=self.top_k, min_p=self.min_p, repetition_penalty=self.repetition_penalty,
+                               presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                               logit_bias=self.logit_bias or None, seed=self.seed,
                                stop=stop_list(self.stop, MAX_STOP_SEQUENCES), stop_token_ids=self.stop_token_ids,
-                               ignore_eos=self.ignore_eos, skip_special_tokens=self.skip_special_tokens,
-                               include_stop_str_in_output=self.include_stop_str_in_output)
+                               min_tokens=self.min_tokens, bad_words=self.bad_words or None,
+                               allowed_token_ids=self.allowed_token_ids or None, ignore_eos=self.ignore_eos,
+                               skip_special_tokens=self.skip_special_tokens,
+                               include_stop_str_in_output=self.include_stop_str_in_output,
+                               logprobs_mode=self.logprobs_mode, n=self.n, structured_output=structured_output,
+                               **route_params)
 
 
 class CompletionRequest(OpenAiRequest):
     prompt: Union[str, List[str], List[int], List[List[int]]]
+    max_tokens: Optional[int] = Field(None, ge=0)
+    """0 with echo: only the prompt, scored when logprobs is set (finish_reason "length")."""
     suffix: Optional[str] = None
     echo: Optional[bool] = False
-    logprobs: Optional[int] = Field(None, ge=0, le=5)
-    best_of: Optional[int] = None
+    logprobs: Optional[int] = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+    best_of: Optional[int] = Field(None, ge=1)
 
     def check(self) -> None:
         super().check()
         if self.suffix:
-            raise _refuse("suffix")
-        if self.best_of not in (None, 1):
-            raise _refuse("best_of", f"must be 1: this server generates one choice per request, got {self.best_of}")
-        if self.logprobs:
-            raise _refuse("logprobs", "above 0 is not supported: the engine reports the log-probability of the "
-                                      "sampled token only; use logprobs=0")
+            raise _refuse("suffix", "is not supported: this model has no fill-in-the-middle template")
+        if self.stream and self.best_of is not None and self.best_of > (self.n or 1):
+            raise InvalidParam(f"'best_of' greater than 'n' cannot be streamed (best_of={self.best_of}, "
+                               f"n={self.n or 1}): the best choices are known only at the end", "best_of")
 
     def prompt_text(self) -> str:
         prompt = self.prompt
@@ -105,7 +142,22 @@ class CompletionRequest(OpenAiRequest):
         return prompt
 
     def max_new_tokens(self) -> int:
-        return self.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
+        return COMPLETIONS_DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
+
+    @property
+    def scores_prompt(self) -> bool:
+        """echo with logprobs: the prompt's tokens come first in the logprobs, scored by the engine."""
+        return bool(self.echo) and self.logprobs is not None
+
+    def engine_prompt_logprobs(self) -> Optional[int]:
+        """The prompt scoring the engine does: vLLM's prompt_logprobs, and echo's logprobs alternatives."""
+        wanted = [k for k in (self.prompt_logprobs, self.logprobs if self.scores_prompt else None) if k is not None]
+        return max(wanted) if wanted else None
+
+    def generation_params(self) -> dict:
+        return self.engine_params(self.max_new_tokens(), one_constraint(self.constraints()),
+                                  top_logprobs=self.logprobs or None, best_of=self.best_of,
+                                  prompt_logprobs=self.engine_prompt_logprobs())
 
 
 class ContentPart(BaseModel):
@@ -115,13 +167,23 @@ class ContentPart(BaseModel):
 
 
 class ChatMessageIn(BaseModel):
+    """A message of `messages`: a role and its content, an assistant's earlier tool calls, a tool's result.
+    The fields the openai client writes back when a reply's message is resent (refusal, annotations, audio,
+    function_call, all null) are accepted too."""
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Union[str, List[ContentPart]]
+    content: Optional[Union[str, List[ContentPart]]] = None
     name: Optional[str] = None
+    tool_calls: Optional[List[Dict[str, Any]]] = None
+    tool_call_id: Optional[str] = None
+    refusal: Optional[str] = None
+    annotations: Optional[List[Any]] = None
+    audio: Optional[Dict[str, Any]] = None
+    function_call: Optional[Dict[str, Any]] = None
+    reasoning_content: Optional[str] = None
 
-    def text(self, index: int) -> str:
-        if isinstance(self.content, str):
+    def text(self, index: int) -> Optional[str]:
+        if self.content is None or isinstance(self.content, str):
             return self.content
         texts = []
         for part in self.content:
@@ -131,16 +193,26 @@ class ChatMessageIn(BaseModel):
             texts.append(part.text)
         return "".join(texts)
 
+    def for_template(self, index: int) -> Union[ChatMessage, Dict[str, Any]]:
+        """A ChatMessage when the message is a role and a text; else a dict of its fields set (the chat
+        template sees tool_calls, tool_call_id, name, ...)."""
+        text = self.text(index)
+        others = self.model_dump(exclude={"role", "content"}, exclude_none=True)
+        if text is not None and not others:
+            return ChatMessage(role=self.role, content=text)
+        return {"role": self.role, "content": text, **others}
+
 
 class ChatCompletionRequest(OpenAiRequest):
     messages: List[ChatMessageIn] = Field(min_length=1)
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     logprobs: Optional[bool] = False
-    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
-    response_format: Optional[dict] = None
-    tools: Optional[list] = None
-    tool_choice: Optional[Union[str, dict]] = None
+    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: Optional[List[Dict[str, Any]]] = None
+    tool_choice: Optional[Union[str, Dict[str, Any]]] = None
     parallel_tool_calls: Optional[bool] = None
+    chat_template_kwargs: Optional[Dict[str, Any]] = None
+    """vLLM's: more variables for the chat template (e.g. enable_thinking)."""
     metadata: Optional[dict] = None
     store: Optional[bool] = None
     service_tier: Optional[str] = None
@@ -154,19 +226,21 @@ class ChatCompletionRequest(OpenAiRequest):
 
     def check(self) -> None:
         super().check()
-        if self.top_logprobs:
-            raise _refuse("top_logprobs", "above 0 is not supported: the engine reports the log-probability of "
-                                          "the sampled token only")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidParam("'top_logprobs' requires 'logprobs' to be true", "top_logprobs")
         if self.tools:
             raise _refuse("tools")
         if self.tool_choice not in (None, "none", "auto"):
             raise _refuse("tool_choice")
-        if self.response_format not in (None, {"type": "text"}):
-            raise _refuse("response_format", "other than {\"type\": \"text\"} is not supported by this server")
 
-    def chat_messages(self) -> List[ChatMessage]:
-        return [ChatMessage(role=m.role, content=m.text(i)) for i, m in enumerate(self.messages)]
+    def chat_messages(self) -> List[Union[ChatMessage, Dict[str, Any]]]:
+        return [m.for_template(i) for i, m in enumerate(self.messages)]
 
     def max_new_tokens(self) -> Optional[int]:
         """None leaves the engine's default (OpenAI's "as many as fit" needs the prompt's length)."""
         return self.max_completion_tokens or self.max_tokens
+
+    def generation_params(self) -> dict:
+        top_logprobs = self.top_logprobs if self.logprobs else None
+        return self.engine_params(self.max_new_tokens(), one_constraint(self.constraints()),
+                                  top_logprobs=top_logprobs or None, prompt_logprobs=self.prompt_logprobs)

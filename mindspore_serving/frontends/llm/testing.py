@@ -3,22 +3,33 @@
 It answers every prompt with the same scripted pieces of text (one token each), honours max_new_tokens,
 stop strings and ignore_eos, validates parameters as the engine does, and can be told to fail before the
 first token, fail after n tokens, finish with a given reason, end without its FinalEvent, or stall after
-n tokens until it is cancelled. `outcomes[request_id]` records how each stream ended: "finished",
+n tokens until it is cancelled. Like the engine, it generates best_of (else n) choices, their tokens
+interleaved, each ending with its own FinalEvent: choice c > 0 answers the script with its first piece
+suffixed by c ("Hello1, world!"), and `choice_bias[c]` is added to each of its tokens' log-probabilities
+(so best_of's pick can be steered). top_logprobs gives each token itself as the most likely alternative,
+then fake ones (" alt0", " alt1", ...); prompt_logprobs sends a PromptEvent first, scoring the prompt's
+words. `outcomes[request_id]` records how each stream ended: "finished",
 "failed", "cancelled" (the consumer's task was cancelled) or "closed" (the iterator was closed early).
 """
 import asyncio
 import threading
+import re
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import orjson
 
 from mindspore_serving.common import errors
-from mindspore_serving.master.llm_types import (FinalEvent, GenerationRequest, ModelInfo, Timing, Tokenized,
-                                                TokenEvent, TokenizeRequest)
+from mindspore_serving.master.llm_types import (FinalEvent, GenerationRequest, ModelInfo, PromptEvent, PromptToken,
+                                                Timing, Tokenized, TokenEvent, TokenizeRequest, TopLogprob)
 from mindspore_serving.llm.sampling_params import SamplingParams
 
 EOS_TOKEN_ID = 2
+EOS_TEXT = "</s>"
 FIRST_TOKEN_ID = 10
+ALT_TOKEN_ID = 90
+"""The fake alternatives' ids: ALT_TOKEN_ID + j is " alt{j}"."""
+PROMPT_LOGPROB = -1.0
+"""The log-probability of every prompt token after the first."""
 TIMING = Timing(queue_time=0.001, time_to_first_token=0.002, inter_token_latency=0.0005, e2e_latency=0.004)
 DEFAULT_MODEL = ModelInfo(name="llama_tiny", max_model_len=128, max_num_seqs=4, max_queue_size=8, vocab_size=100)
 
@@ -39,6 +50,30 @@ def logprob_of(position: int) -> float:
     return -0.25 * (position + 1)
 
 
+def alternatives(token_id: int, text: str, logprob: float, count: int) -> List[TopLogprob]:
+    """The fake's most likely tokens at a position: the token itself, then " alt0", " alt1", ..."""
+    if count == 0:
+        return []
+    return [TopLogprob(token_id, text, logprob)] + [TopLogprob(ALT_TOKEN_ID + j, f" alt{j}", logprob - 1.0 - j)
+                                                    for j in range(count - 1)]
+
+
+def prompt_scores(prompt: str, count: int) -> PromptEvent:
+    """The fake's scored prompt: one token per word (the spaces around it included, so the tokens' texts make the
+    prompt again); every token after the first
+    has PROMPT_LOGPROB, " alt0" (-0.5) is likelier and the token itself is second among the alternatives."""
+    tokens = []
+    for position, piece in enumerate(re.findall(r"\s*\S+(?:\s+$)?", prompt)):
+        token_id = FIRST_TOKEN_ID + len(piece.strip())
+        if position == 0:
+            tokens.append(PromptToken(token_id, piece, None))
+            continue
+        alts = [TopLogprob(ALT_TOKEN_ID, " alt0", -0.5), TopLogprob(token_id, piece, PROMPT_LOGPROB)]
+        alts += [TopLogprob(ALT_TOKEN_ID + j, f" alt{j}", PROMPT_LOGPROB - j) for j in range(1, count - 1)]
+        tokens.append(PromptToken(token_id, piece, PROMPT_LOGPROB, alts[:count]))
+    return PromptEvent(tokens)
+
+
 class FakeLlmBackend:
     def __init__(self, models: Optional[Sequence[ModelInfo]] = None,
                  reply: Sequence[str] = ("Hello", ",", " world", "!")):
@@ -54,6 +89,8 @@ class FakeLlmBackend:
         self.finish_reason: Optional[str] = None
         self.omit_final = False
         self.stall_after: Optional[int] = None
+        self.choice_bias: Dict[int, float] = {}
+        """Added to every token log-probability of a choice (by choice index)."""
         self.stalled = threading.Event()
         """Set when a stream stalls; a test in another thread can wait on it."""
         self.on_stall: Optional[Callable[[], None]] = None
@@ -87,17 +124,43 @@ class FakeLlmBackend:
                 raise errors.InvalidInputs(f"token id {token_id} is not in this model's vocabulary [0, {vocab})")
         return " ".join(f"t{i}" for i in token_ids)
 
-    def _script(self, params: SamplingParams) -> Tuple[List[Tuple[int, str, bool]], str]:
-        """(token id, text, special) of each token, and the finish reason, before stop strings."""
-        tokens = []
+    def _script(self, params: SamplingParams, choice: int = 0) -> Tuple[List[Tuple[int, str, bool, str]], str]:
+        """(token id, text it adds, special, its own text) of each token of a choice, and its finish reason,
+        stop strings applied."""
+        reply = list(self.reply)
+        if choice:
+            reply[0] += str(choice)
+        tokens, text, finish = [], "", "length"
         while len(tokens) < params.max_new_tokens:
             position = len(tokens)
-            if position >= len(self.reply) and not params.ignore_eos:
-                tokens.append((EOS_TOKEN_ID, "", True))
-                return tokens, "eos"
-            piece = position % len(self.reply)
-            tokens.append((FIRST_TOKEN_ID + piece, self.reply[piece], False))
-        return tokens, "length"
+            if position >= len(reply) and not params.ignore_eos:
+                tokens.append((EOS_TOKEN_ID, "", True, EOS_TEXT))
+                finish = "eos"
+                break
+            token_id, piece = FIRST_TOKEN_ID + position % len(reply), reply[position % len(reply)]
+            stop_at = min((i for i in ((text + piece).find(s) for s in params.stop) if i >= 0), default=-1)
+            if stop_at >= 0:
+                tokens.append((token_id, (text + piece)[:stop_at][len(text):], False, piece))
+                finish = "stop"
+                break
+            tokens.append((token_id, piece, False, piece))
+            text += piece
+        return tokens, finish
+
+    def _token(self, params: SamplingParams, choice: int, position: int,
+               token: Tuple[int, str, bool, str]) -> TokenEvent:
+        token_id, piece, special, alone = token
+        logprob = logprob_of(position) + self.choice_bias.get(choice, 0.0)
+        return TokenEvent(token_id, piece, logprob, special, position,
+                          alternatives(token_id, alone, logprob, params.top_logprobs), choice)
+
+    def _final(self, params: SamplingParams, prompt: str, choice: int, tokens: List[Tuple[int, str, bool, str]],
+               finish: str) -> FinalEvent:
+        cumulative = sum(self._token(params, choice, p, t).logprob for p, t in enumerate(tokens))
+        return FinalEvent(text="".join(t[1] for t in tokens), token_ids=[t[0] for t in tokens],
+                          finish_reason=self.finish_reason or finish, prompt_tokens=max(len(prompt.split()), 1),
+                          completion_tokens=len(tokens), timing=TIMING, prompt=prompt, choice=choice,
+                          cumulative_logprob=cumulative)
 
     async def _stream(self, request: GenerationRequest):
         self.requests.append(request)
@@ -109,31 +172,28 @@ class FakeLlmBackend:
         prompt = render_chat(request.messages) if request.messages is not None else request.prompt
         outcome = "closed"
         try:
-            tokens, finish = self._script(params)
-            text, ids = "", []
-            for position, (token_id, piece, special) in enumerate(tokens):
+            if params.prompt_logprobs is not None:
+                yield prompt_scores(prompt, params.prompt_logprobs)
+            scripts = [self._script(params, choice) for choice in range(params.num_choices)]
+            rounds = max(len(tokens) for tokens, _ in scripts)
+            unfinished = len(scripts)
+            for position in range(rounds + 1):
                 if self.fail_after is not None and position == self.fail_after[0]:
                     raise self.fail_after[1]
-                if self.stall_after is not None and position == self.stall_after:
+                if self.stall_after is not None and position == self.stall_after and position < rounds:
                     self.stalled.set()
                     if self.on_stall is not None:
                         self.on_stall()
                     await asyncio.Event().wait()
-                ids.append(token_id)
-                stop_at = min((i for i in ((text + piece).find(s) for s in params.stop) if i >= 0), default=-1)
-                if stop_at >= 0:
-                    piece, finish = (text + piece)[:stop_at][len(text):], "stop"
-                yield TokenEvent(token_id, piece, logprob_of(position), special, position)
-                text += piece
-                if finish == "stop":
-                    break
-            if self.fail_after is not None and self.fail_after[0] == len(ids):
-                raise self.fail_after[1]
-            outcome = "finished"  # the consumer may close the iterator once it has the FinalEvent
-            if not self.omit_final:
-                yield FinalEvent(text=text, token_ids=ids, finish_reason=self.finish_reason or finish,
-                                 prompt_tokens=max(len(prompt.split()), 1), completion_tokens=len(ids),
-                                 timing=TIMING, prompt=prompt)
+                for choice, (tokens, finish) in enumerate(scripts):
+                    if position < len(tokens):
+                        yield self._token(params, choice, position, tokens[position])
+                    elif position == len(tokens):
+                        unfinished -= 1
+                        if not unfinished:
+                            outcome = "finished"  # the consumer may close the iterator once it has the last final
+                        if not self.omit_final:
+                            yield self._final(params, prompt, choice, tokens, finish)
         except asyncio.CancelledError:
             outcome = "cancelled"
             raise
