@@ -11,7 +11,7 @@ The request owns its tokens (prompt + output), how many of them are in the KV ca
 never kept as a separate flag.
 """
 import enum
-from typing import FrozenSet, Iterable, List, Optional, Sequence, Union
+from typing import FrozenSet, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -129,6 +129,9 @@ class Request:
         """Which choice of its group this is (0: the request as added)."""
         self.num_pending_choices = sampling_params.num_choices - 1
         """Choices still to fork off this one: they do at its first sampled token (llm/choices.py)."""
+        self.bad_words_ids: Tuple[Tuple[int, ...], ...] = ()
+        """The token sequences of SamplingParams.bad_words (the engine tokenizes them): the sampler bans the last
+        token of each one after the others."""
         self.grammar = None
         """The structured output's GrammarState (llm/structured_output.py), fed each output token; None: none."""
 
@@ -202,10 +205,12 @@ class Request:
         """The finished status this request has reached after its last token, or None to go on."""
         params = self.sampling_params
         last = self.output_token_ids[-1]
-        if not params.ignore_eos and last in self.eos_token_ids:
-            return RequestStatus.FINISHED_EOS
-        if last in params.stop_token_ids:
-            return RequestStatus.FINISHED_STOP
+        # min_tokens: an end-of-sequence or stop id ends the output only after min_tokens tokens before it
+        if self.num_output_tokens > params.min_tokens:
+            if not params.ignore_eos and last in self.eos_token_ids:
+                return RequestStatus.FINISHED_EOS
+            if last in params.stop_token_ids:
+                return RequestStatus.FINISHED_STOP
         if self.num_output_tokens >= params.max_new_tokens or self.num_tokens >= max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None

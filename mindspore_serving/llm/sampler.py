@@ -1,30 +1,44 @@
 """Chooses the next token of each request from the model's logits (numpy, on the host).
 
 Per row, in this order:
-  1. repetition penalty over every token of the prompt and the output so far: a positive logit is
-     divided by the penalty, a negative one multiplied by it (the CTRL / Hugging Face rule);
+  1. the logits are processed (llm/logits_processors.py, vectorised over the rows that need it): repetition
+     penalty (prompt + output), presence and frequency penalties (output only, OpenAI's formula), logit bias,
+     allowed_token_ids, bad words, min_tokens (end-of-sequence and stop ids banned while the output is
+     shorter), then the grammar bitmask when one is given;
   2. greedy rows take the argmax (ties go to the lowest token id);
   3. sampled rows divide by the temperature, keep the top_k most likely tokens (ties by lowest id),
-     keep the smallest head of that list whose probability reaches top_p, renormalise, and draw one
-     uniform number from the request's own generator (seeded requests) or the sampler's shared one.
-     One draw per token, so a seeded request gets the same tokens whatever else is in the batch.
+     keep the smallest head of that list whose probability reaches top_p, drop the tokens whose probability
+     is below min_p times the most likely one's, renormalise, and draw one uniform number from the request's
+     own generator (seeded requests) or the sampler's shared one. One draw per token, so a seeded request gets
+     the same tokens whatever else is in the batch.
+Rows with nothing to process skip step 1: a plain greedy row costs one argmax over the batch.
 
-The returned log-probability of the chosen token (and the optional top alternatives) is taken from
-the model's own distribution, log_softmax(logits), before penalty, temperature and truncation.
+A row whose processed logits allow no token at all (a grammar bitmask, or masks that exclude each other) gets
+token -1, logprob -inf and no top logprobs: nothing can be generated, and the caller ends the request (with
+FinishReason.GRAMMAR for a structured output).
+
+The returned log-probability of the chosen token (and the optional top alternatives) follows the request's
+logprobs_mode: "raw", the model's own distribution, log_softmax(logits); "processed", log_softmax of the logits
+after step 1, before temperature and truncation (a token step 1 banned has logprob -inf there).
 """
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple
+from typing import Collection, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from mindspore_serving.llm.logits_processors import TokenSequences, needs_processing, process_logits, restricted_rows
 from mindspore_serving.llm.sampling_params import SamplingParams
+
+NO_TOKEN = -1
+"""The token of a row whose logits allow none."""
 
 
 @dataclass
 class SamplerOutput:
     token_ids: List[int]
+    """The chosen token per row; NO_TOKEN (-1) where no token is allowed."""
     logprobs: List[float]
-    """log P(chosen token) under the model's distribution."""
+    """log P(chosen token), under the distribution the row's logprobs_mode names."""
     top_logprobs: List[List[Tuple[int, float]]] = field(default_factory=list)
     """Per row, the `top_logprobs` most likely (token id, logprob) pairs, most likely first (empty if not asked)."""
 
@@ -38,7 +52,8 @@ def greedy_with_logprobs(logits: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
 
 
 def _log_normaliser(logits: np.ndarray) -> np.ndarray:
-    """Per row of float32 logits [n, vocab]: log(sum(exp(row))), computed stably."""
+    """Per row of float logits [n, vocab]: log(sum(exp(row))), computed stably (-inf entries count as 0; a row
+    of only -inf gives nan)."""
     peak = logits.max(axis=1)
     return peak + np.log(np.exp(logits - peak[:, None]).sum(axis=1))
 
@@ -84,40 +99,96 @@ class Sampler:
 
     def sample(self, logits: np.ndarray, params: Sequence[SamplingParams],
                token_histories: Sequence[Sequence[int]],
-               generators: Optional[Sequence[Optional[np.random.Generator]]] = None) -> SamplerOutput:
-        """`logits` [n, vocab]; per row its params, its prompt + output tokens (for the repetition
-        penalty) and its own generator (None: the shared one)."""
+               generators: Optional[Sequence[Optional[np.random.Generator]]] = None, *,
+               output_token_ids: Optional[Sequence[Sequence[int]]] = None,
+               eos_token_ids: Optional[Sequence[Collection[int]]] = None,
+               bad_words_ids: Optional[Sequence[TokenSequences]] = None,
+               bitmasks: Optional[np.ndarray] = None) -> SamplerOutput:
+        """`logits` [n, vocab]; per row its params, its prompt + output tokens (repetition penalty), its own
+        generator (None: the shared one), its output tokens (presence / frequency penalties, bad words,
+        min_tokens; None: no output yet), its end-of-sequence ids (min_tokens; None: none), its banned token
+        sequences (bad words; None: none); `bitmasks`: None or int32 [n, ceil(vocab / 32)], the tokens each
+        row's grammar allows (bit j of word w allows token 32w + j; a row of all -1 allows everything)."""
         logits = np.asarray(logits, dtype=np.float32)
         n = len(params)
         if logits.ndim != 2 or logits.shape[0] != n:
             raise ValueError(f"sampler expects logits [{n}, vocab], got shape {logits.shape}")
-        if len(token_histories) != n or (generators is not None and len(generators) != n):
-            raise ValueError("sampler needs one params, one token history and one generator per row")
+        per_row = (token_histories, generators, output_token_ids, eos_token_ids, bad_words_ids)
+        if any(values is not None and len(values) != n for values in per_row):
+            raise ValueError("sampler needs one params, one token history and one generator per row (and one "
+                             "output, end-of-sequence set and bad word list where given)")
+        outputs = output_token_ids if output_token_ids is not None else [()] * n
+        bad_words = bad_words_ids if bad_words_ids is not None else [()] * n
+        restricted = restricted_rows(bitmasks, n)
         tokens = np.argmax(logits, axis=1)  # greedy for every row; the others are redone below
+        processed_rows = []
         for i, p in enumerate(params):
-            if p.greedy and p.repetition_penalty == 1.0:
-                continue
-            row = logits[i].astype(np.float64)
-            apply_repetition_penalty(row, token_histories[i], p.repetition_penalty)
-            if p.greedy:
-                tokens[i] = np.argmax(row)
-            else:
-                generator = generators[i] if generators is not None and generators[i] is not None else self._rng
-                tokens[i] = self._sample_row(row, p, generator)
-        log_normaliser = _log_normaliser(logits)
-        chosen = logits[np.arange(n), tokens] - log_normaliser
-        top = [self._top(logits[i] - log_normaliser[i], p.top_logprobs) if p.top_logprobs else []
-               for i, p in enumerate(params)]
-        return SamplerOutput([int(t) for t in tokens], [float(v) for v in chosen], top)
+            if needs_processing(p, len(outputs[i]), bad_words[i]) or (restricted is not None and restricted[i]):
+                processed_rows.append(i)
+            elif not p.greedy:
+                tokens[i] = self._sample_row(logits[i], p, self._generator(generators, i))
+        processed_logprobs = {}
+        if processed_rows:
+            processed = process_logits(
+                np.take(logits, processed_rows, axis=0), [params[i] for i in processed_rows],
+                [token_histories[i] for i in processed_rows], [outputs[i] for i in processed_rows],
+                [eos_token_ids[i] if eos_token_ids is not None else () for i in processed_rows],
+                [bad_words[i] for i in processed_rows],
+                None if bitmasks is None else np.asarray(bitmasks)[processed_rows])
+            best = np.argmax(processed, axis=1)
+            allowed = processed[np.arange(len(processed_rows)), best] > -np.inf
+            for k, i in enumerate(processed_rows):
+                p = params[i]
+                if not allowed[k]:
+                    tokens[i] = NO_TOKEN
+                    continue
+                if p.logprobs_mode == "processed":
+                    processed_logprobs[i] = processed[k] - _log_normaliser(processed[k:k + 1])[0]
+                tokens[i] = best[k] if p.greedy else self._sample_row(processed[k], p, self._generator(generators, i))
+        return self._output(logits, params, tokens, processed_logprobs)
 
-    def sample_requests(self, logits: np.ndarray, requests: Sequence) -> SamplerOutput:
-        """Convenience over `sample` for objects with sampling_params, all_token_ids and generator (Request)."""
+    def sample_requests(self, logits: np.ndarray, requests: Sequence,
+                        bitmasks: Optional[np.ndarray] = None) -> SamplerOutput:
+        """Convenience over `sample` for objects with sampling_params, all_token_ids, output_token_ids,
+        eos_token_ids, bad_words_ids and generator (Request); `bitmasks` as in `sample`, a row per request."""
         return self.sample(logits, [r.sampling_params for r in requests], [r.all_token_ids for r in requests],
-                           [r.generator for r in requests])
+                           [r.generator for r in requests],
+                           output_token_ids=[r.output_token_ids for r in requests],
+                           eos_token_ids=[r.eos_token_ids for r in requests],
+                           bad_words_ids=[r.bad_words_ids for r in requests], bitmasks=bitmasks)
+
+    def _generator(self, generators: Optional[Sequence[Optional[np.random.Generator]]],
+                   row: int) -> np.random.Generator:
+        return generators[row] if generators is not None and generators[row] is not None else self._rng
+
+    def _output(self, logits: np.ndarray, params: Sequence[SamplingParams], tokens: np.ndarray,
+                processed_logprobs: dict) -> SamplerOutput:
+        """The chosen tokens with their logprobs: raw rows from log_softmax(logits), processed rows from the
+        processed logprobs given."""
+        n = len(params)
+        log_normaliser = _log_normaliser(logits)
+        chosen = logits[np.arange(n), np.maximum(tokens, 0)] - log_normaliser
+        logprobs = [float(v) for v in chosen]
+        top = []
+        for i, p in enumerate(params):
+            row = processed_logprobs.get(i)
+            if tokens[i] == NO_TOKEN:
+                logprobs[i] = float("-inf")
+                top.append([])
+                continue
+            if row is not None:
+                logprobs[i] = float(row[tokens[i]])
+            if p.top_logprobs:
+                top.append(self._top(row if row is not None else logits[i] - log_normaliser[i], p.top_logprobs))
+            else:
+                top.append([])
+        return SamplerOutput([int(t) for t in tokens], logprobs, top)
 
     @classmethod
     def _sample_row(cls, row: np.ndarray, params: SamplingParams, generator: np.random.Generator) -> int:
-        row /= params.temperature
+        """One token drawn from a row of logits (-inf entries are never drawn while another is finite); the row
+        is not changed."""
+        row = np.asarray(row, dtype=np.float64) / params.temperature
         vocab = row.shape[0]
         peak = row.max()
         if params.top_k_enabled and params.top_k < vocab:
@@ -143,9 +214,13 @@ class Sampler:
             keep = int(np.searchsorted(np.cumsum(weights), params.top_p * mass, side="left")) + 1
             weights = weights[:keep]
             candidates = candidates[:keep]
+        if params.min_p > 0:
+            # the most likely token has weight exp(0) = 1 and survives top-k and top-p: min_p is the bar itself
+            weights = np.where(weights >= params.min_p, weights, 0.0)
         cumulative = np.cumsum(weights)
         index = int(np.searchsorted(cumulative, generator.random() * cumulative[-1], side="right"))
-        index = min(index, len(cumulative) - 1)
+        if index >= len(cumulative):  # rounding reached the total: the last token with weight
+            index = int(np.searchsorted(cumulative, cumulative[-1], side="left"))
         return index if candidates is None else int(candidates[index])
 
     @staticmethod

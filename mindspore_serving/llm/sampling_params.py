@@ -257,6 +257,23 @@ class SamplingParams:
     def top_k_enabled(self) -> bool:
         return self.top_k > 0
 
+    @property
+    def processes_logits(self) -> bool:
+        """True when the sampler changes the logits before choosing (llm/logits_processors.py): a repetition,
+        presence or frequency penalty, a logit bias, allowed ids, bad words or min_tokens."""
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0 or self.frequency_penalty != 0
+                or bool(self.logit_bias) or bool(self.allowed_token_ids) or bool(self.bad_words)
+                or self.min_tokens > 0)
+
+    @property
+    def plain_greedy(self) -> bool:
+        """True when a model runner may choose this request's tokens itself, several steps in a row: greedy on
+        the model's own logits, raw logprobs of the chosen token only, one choice, nothing for the engine to look
+        at between tokens (stop strings, a grammar) and no prompt scores."""
+        return (self.greedy and not self.processes_logits and not self.stop and not self.top_logprobs
+                and self.logprobs_mode == "raw" and self.structured_output is None and self.prompt_logprobs is None
+                and self.num_choices == 1)
+
     @classmethod
     def from_dict(cls, values: dict) -> "SamplingParams":
         """Builds params from a request body; unknown keys are rejected, not dropped."""

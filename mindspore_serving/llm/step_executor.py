@@ -131,7 +131,7 @@ class StepExecutor:
         the engine between tokens)."""
         for row in plan.scheduled:
             p = self.scheduler.requests[row.request_id].sampling_params
-            if not row.samples or not p.greedy or p.repetition_penalty != 1.0 or p.stop or p.top_logprobs:
+            if not row.samples or not p.plain_greedy:
                 return False
         return True
 
