@@ -23,6 +23,7 @@ from mindspore_serving.llm.detokenizer import IncrementalDetokenizer
 from mindspore_serving.llm.engine_core import EngineCore, EngineCoreOutput, StepListener, StepStats
 from mindspore_serving.llm.errors import InvalidRequestError
 from mindspore_serving.llm.model_io import ModelRunner
+from mindspore_serving.llm.prompt_scores import PromptScores, score_refusal
 from mindspore_serving.llm.request import EosIds, FinishReason, Request, RequestStatus, eos_ids
 from mindspore_serving.llm.sampler import Sampler
 from mindspore_serving.llm.sampling_params import SamplingParams, StructuredOutput
@@ -131,6 +132,8 @@ class LLMEngine:
         self._ids = itertools.count()
         self._grammars: Optional[GrammarCompiler] = None
         """Structured output's compiler, built from the tokenizer at the first request that has one."""
+        self._score_refusal = score_refusal(model_runner)
+        """Why requests for prompt logprobs are refused (None: they are served)."""
 
     # --- requests -----------------------------------------------------------------------------
     def add_request(self, prompt: Optional[str] = None, params: Union[SamplingParams, dict, None] = None,
@@ -152,6 +155,8 @@ class LLMEngine:
         if self.tokenizer is not None:
             detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop,
                                                  params.include_stop_str_in_output, params.skip_special_tokens)
+        if params.prompt_logprobs is not None:
+            request.prompt_scores = PromptScores(token_ids, params.prompt_logprobs)
         self.core.add_request(request)
         self._tracked[request_id] = _Tracked(request, detokenizer)
         return request_id
@@ -246,13 +251,18 @@ class LLMEngine:
         tracked.logprobs.extend(out.new_logprobs)
         if finished:
             del self._tracked[out.request_id]
+        scores, request.prompt_scores = request.prompt_scores, None  # on the first output only
+        if scores is not None and not scores.complete:
+            scores = None  # it finished before its prompt was computed (aborted, failed)
         return RequestOutput(
             request_id=out.request_id, prompt=request.prompt, prompt_token_ids=list(request.prompt_token_ids),
             new_token_ids=list(out.new_token_ids), new_text=new_text, new_token_texts=texts,
             token_ids=list(request.output_token_ids),
             text=tracked.text, finished=finished, finish_reason=reason, new_logprobs=list(out.new_logprobs),
             logprobs=list(tracked.logprobs), new_top_logprobs=list(out.new_top_logprobs),
-            metrics=_metrics(request), error=out.error, error_kind=out.error_kind)
+            metrics=_metrics(request), error=out.error, error_kind=out.error_kind,
+            prompt_logprobs=None if scores is None else scores.logprobs(),
+            prompt_top_logprobs=None if scores is None else scores.top_logprobs())
 
     def _finish_for_stop_string(self, request: Request) -> None:
         if not request.finished:
@@ -273,6 +283,8 @@ class LLMEngine:
         if params.stop and self.tokenizer is None:
             raise InvalidRequestError("stop strings need a tokenizer; this engine serves token ids only "
                                       "(use stop_token_ids)")
+        if params.prompt_logprobs is not None and self._score_refusal is not None:
+            raise InvalidRequestError(f"prompt_logprobs cannot be served by this model: {self._score_refusal}")
         return params
 
     def _new_grammar(self, spec: Optional[StructuredOutput]) -> Optional[GrammarState]:

@@ -67,6 +67,14 @@ class EngineCore:
 
     # --- requests -----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
+        """Queues the request; one with nothing to compute (max_new_tokens 0, no prompt scores) finishes at once:
+        the next `step()` returns its final output (reason "length", no token)."""
+        if request.sampling_params.max_new_tokens == 0 and request.prompt_scores is None:
+            request.set_status(RequestStatus.FINISHED_LENGTH)
+            request.finished_time = self.scheduler.clock()
+            self._pending.append(EngineCoreOutput(request.request_id, finished=True,
+                                                  finish_reason=FinishReason.LENGTH))
+            return
         self.scheduler.add_request(request)
 
     def abort(self, request_id: str) -> bool:

@@ -134,6 +134,9 @@ class Request:
         token of each one after the others."""
         self.grammar = None
         """The structured output's GrammarState (llm/structured_output.py), fed each output token; None: none."""
+        self.prompt_scores = None
+        """The PromptScores (llm/prompt_scores.py) of SamplingParams.prompt_logprobs, given by the engine; None:
+        none. While not complete, the request computes its whole prompt and asks for every token's logits."""
 
         self.arrival_time = arrival_time
         self.first_scheduled_time: Optional[float] = None

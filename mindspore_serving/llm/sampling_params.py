@@ -92,7 +92,8 @@ class SamplingParams:
     """Sampling and stopping rules of one request (TGI / OpenAI / vLLM field names)."""
 
     max_new_tokens: int = 16
-    """Most tokens to generate (>= 1). The request finishes with reason "length" when it gets there."""
+    """Most tokens to generate (>= 0). The request finishes with reason "length" when it gets there; with 0 it
+    generates nothing (it computes its prompt when prompt_logprobs asks for its scores)."""
 
     temperature: float = 1.0
     """Divides the logits before sampling (>= 0). 0 means greedy decoding (argmax)."""
@@ -180,8 +181,8 @@ class SamplingParams:
         self._validate()
 
     def _validate(self) -> None:
-        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
-            raise InvalidRequestError(f"max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
+        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 0:
+            raise InvalidRequestError(f"max_new_tokens must be an int >= 0, got {self.max_new_tokens!r}")
         if not _is_number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
             raise InvalidRequestError(
                 f"temperature must be a finite number >= 0 (0 means greedy), got {self.temperature!r}")

@@ -16,6 +16,10 @@ Each step:
      not fit in what is left of the budget is cut, and the rest is computed in later steps.
 A request yields a new token only in the step that computes its last known token.
 
+A request scoring its prompt (SamplingParams.prompt_logprobs, llm/prompt_scores.py) computes all of it, whatever
+the prefix cache holds, and its prompt chunks ask the runner for every token's logits (SeqStep.all_logits). One with
+max_new_tokens 0 finishes (reason "length", no token) in the step that completes its prompt.
+
 Which waiting requests may join at all is the batching policy's call (batching_policy.py: continuous batching
 lets any join, static batching only the batch formed when nothing ran).
 
@@ -268,6 +272,8 @@ class Scheduler:
             if seats + request.num_seats > config.max_num_seqs or not self.policy.may_join(request):
                 break
             computed_blocks, num_cached = self.block_manager.get_computed_blocks(request)
+            if _scoring(request):  # its prompt logprobs need the logits of every prompt position
+                computed_blocks, num_cached = [], 0
             num_tokens = request.num_tokens - num_cached
             limit = min(budget.tokens, budget.prefill_tokens)
             if num_tokens > limit:
@@ -306,9 +312,12 @@ class Scheduler:
             start = request.num_computed_tokens
             end = start + num_tokens
             step = SeqStep(token_ids=request.all_token_ids[start:end], start_pos=start,
-                           block_table=list(request.block_table), seq_id=request.seq_id)
+                           block_table=list(request.block_table), seq_id=request.seq_id,
+                           all_logits=_scoring(request) and request.prompt_scores.wants_logits(start, num_tokens))
             is_decode = num_tokens == 1 and request.num_output_tokens > 0 and end == request.num_tokens
-            output.scheduled.append(ScheduledSeq(request_id, num_tokens, step, samples=end == request.num_tokens,
+            # max_new_tokens 0 (a scored prompt): the step that completes the prompt samples nothing
+            samples = end == request.num_tokens and request.sampling_params.max_new_tokens > 0
+            output.scheduled.append(ScheduledSeq(request_id, num_tokens, step, samples=samples,
                                                  is_prefill=not is_decode))
         return output
 
@@ -330,6 +339,10 @@ class Scheduler:
             request.num_computed_tokens += row.num_tokens
             self.block_manager.cache_full_blocks(request)
             if not row.samples:
+                if not request.num_tokens_to_compute:  # max_new_tokens 0: its prompt computed, it is done
+                    self.running.remove(request)
+                    self._finish(request, RequestStatus.FINISHED_LENGTH)
+                    deltas.append(RequestDelta(request.request_id, [], True, request.finish_reason))
                 continue
             if token is None:
                 raise ValueError(f"no sampled token for request {row.request_id}, which completed its tokens")
@@ -515,3 +528,8 @@ class Scheduler:
         group = self._groups.get(request.group_id)
         if group is not None and all(r.finished for r in group):
             del self._groups[request.group_id]
+
+
+def _scoring(request: Request) -> bool:
+    """Whether the request still needs the logits of its prompt positions (SamplingParams.prompt_logprobs)."""
+    return request.prompt_scores is not None and not request.prompt_scores.complete

@@ -26,6 +26,7 @@ from mindspore_serving.common import errors
 from mindspore_serving.common.errors import Kind
 from mindspore_serving.llm.config import SchedulerConfig
 from mindspore_serving.llm.model_io import PLACEHOLDER, ModelRunner, MultiStepRunner, StepSubmitter
+from mindspore_serving.llm.prompt_scores import record_prompt_scores
 from mindspore_serving.llm.request import FinishReason, RequestStatus
 from mindspore_serving.llm.sampler import Sampler
 from mindspore_serving.llm.scheduler import Scheduler, SchedulerOutput
@@ -114,7 +115,8 @@ class StepExecutor:
             if greedy:
                 tokens, logprobs = self._check_steps(plan, num_steps, result)
             else:
-                sampled = self._sample(plan, result)
+                logits = record_prompt_scores(plan.scheduled, result, self.scheduler.requests)
+                sampled = self._sample(plan, logits)
         except Exception as err:  # pylint: disable=broad-except
             # NOTE: a failed step fails its own requests, not the engine.
             log.exception(f"LLM step {plan.step_id} failed for requests {plan.request_ids}: {err}")
@@ -154,7 +156,11 @@ class StepExecutor:
         by_id = {plan.scheduled[i].request_id: value for i, value in sampled.items()}
         outputs = []
         for delta in self.scheduler.update_from_output(plan, tokens):
-            got = by_id[delta.request_id]
+            got = by_id.get(delta.request_id)
+            if got is None:  # finished without a token (max_new_tokens 0)
+                outputs.append(EngineCoreOutput(delta.request_id, finished=delta.finished,
+                                                finish_reason=delta.finish_reason))
+                continue
             outputs.append(EngineCoreOutput(delta.request_id, delta.new_token_ids, [got.logprob],
                                             [got.top_logprobs] if got.top_logprobs else [],
                                             delta.finished, delta.finish_reason))

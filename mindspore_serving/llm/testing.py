@@ -13,13 +13,15 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from mindspore_serving.llm.model_io import SCRATCH_BLOCK, MultiStepRunner, SeqStep, run_greedy_steps
+from mindspore_serving.llm.model_io import (SCRATCH_BLOCK, MultiStepRunner, PromptScorer, SeqStep, StepLogits,
+                                            run_greedy_steps)
 
 _EMPTY = -1
 
 
-class FakeModelRunner(MultiStepRunner):
-    """A MultiStepRunner with hash-derived logits read back from a paged token cache."""
+class FakeModelRunner(MultiStepRunner, PromptScorer):
+    """A MultiStepRunner with hash-derived logits read back from a paged token cache; a sequence with all_logits
+    gets the logits of each of its positions, read back the same way (`StepLogits`)."""
 
     def __init__(self, num_blocks: int = 64, block_size: int = 4, max_seq_len: int = 128, vocab_size: int = 64,
                  seed: int = 0):
@@ -40,7 +42,10 @@ class FakeModelRunner(MultiStepRunner):
         """Multi-step greedy decoding through `run` (see model_io.run_greedy_steps)."""
         return run_greedy_steps(self, seqs, num_steps)
 
-    def run(self, seqs: List[SeqStep]) -> np.ndarray:
+    def score_refusal(self) -> Optional[str]:
+        return None
+
+    def run(self, seqs: List[SeqStep]):
         self.calls.append(seqs)
         if self.fail_next is not None:
             err, self.fail_next = self.fail_next, None
@@ -53,11 +58,16 @@ class FakeModelRunner(MultiStepRunner):
                 self.cache[block, offset] = token
             self.num_computed_tokens += len(seq.token_ids)
         logits = np.empty((len(seqs), self.vocab_size), dtype=np.float32)
+        every = {}
         for row, seq in enumerate(seqs):
             positions = np.arange(seq.context_len)
             blocks = np.asarray(seq.block_table, dtype=np.int64)[positions // self.block_size]
-            logits[row] = self.logits_for(self.cache[blocks, positions % self.block_size])
-        return logits
+            context = self.cache[blocks, positions % self.block_size]
+            logits[row] = self.logits_for(context)
+            if seq.all_logits:
+                every[row] = np.stack([self.logits_for(context[:end])
+                                       for end in range(seq.start_pos + 1, seq.context_len + 1)])
+        return StepLogits(logits, every) if every else logits
 
     def logits_for(self, context: Sequence[int]) -> np.ndarray:
         """Logits after the token sequence `context` (the cache read back); a pure function of it."""
