@@ -22,6 +22,7 @@ from mindspore_serving.llm.config import SchedulerConfig
 from mindspore_serving.llm.detokenizer import IncrementalDetokenizer
 from mindspore_serving.llm.engine_core import EngineCore, EngineCoreOutput, StepListener, StepStats
 from mindspore_serving.llm.errors import InvalidRequestError
+from mindspore_serving.llm.logits_processors import TokenSequences, bad_words_token_ids
 from mindspore_serving.llm.model_io import ModelRunner
 from mindspore_serving.llm.prompt_scores import PromptScores, score_refusal
 from mindspore_serving.llm.request import EosIds, FinishReason, Request, RequestStatus, eos_ids
@@ -151,6 +152,7 @@ class LLMEngine:
                           arrival_time=self._clock() if arrival_time is None else arrival_time,
                           eos_token_id=self.eos_token_ids, prompt=prompt)
         request.grammar = grammar
+        request.bad_words_ids = self._bad_words_ids(params)
         detokenizer = None
         if self.tokenizer is not None:
             detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop,
@@ -285,7 +287,26 @@ class LLMEngine:
                                       "(use stop_token_ids)")
         if params.prompt_logprobs is not None and self._score_refusal is not None:
             raise InvalidRequestError(f"prompt_logprobs cannot be served by this model: {self._score_refusal}")
+        for name, ids in (("logit_bias", [t for t, _ in params.logit_bias]),
+                          ("allowed_token_ids", params.allowed_token_ids)):
+            bad = sorted({t for t in ids if t >= self.vocab_size})
+            if bad:
+                raise InvalidRequestError(f"{name} names token ids {bad[:8]} outside the vocabulary "
+                                          f"[0, {self.vocab_size})")
+        if params.bad_words and self.tokenizer is None:
+            raise InvalidRequestError("bad_words need a tokenizer; this engine serves token ids only "
+                                      "(use logit_bias or allowed_token_ids)")
         return params
+
+    def _bad_words_ids(self, params: SamplingParams) -> TokenSequences:
+        """The token sequences of the request's bad words, by this engine's tokenizer (no special tokens)."""
+        if not params.bad_words:
+            return ()
+        return bad_words_token_ids(self._encode_without_special_tokens, params.bad_words)
+
+    def _encode_without_special_tokens(self, text: str) -> List[int]:
+        encoded = self.tokenizer.encode(text, add_special_tokens=False)
+        return list(getattr(encoded, "ids", encoded))
 
     def _new_grammar(self, spec: Optional[StructuredOutput]) -> Optional[GrammarState]:
         """The grammar state of a new request's structured output (None: none); InvalidRequestError when it does

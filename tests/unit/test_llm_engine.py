@@ -15,6 +15,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from mindspore_serving.llm.config import SchedulerConfig
 from mindspore_serving.llm.engine import LLMEngine
 from mindspore_serving.llm.errors import InvalidRequestError
+from mindspore_serving.llm.logits_processors import bad_words_token_ids
 from mindspore_serving.llm.model_io import StepSubmitter
 from mindspore_serving.llm.request import FinishReason
 from mindspore_serving.llm.sampling_params import SamplingParams
@@ -437,6 +438,11 @@ def test_seeded_sampling_is_independent_of_the_batch():
     (dict(prompt_token_ids=[3], params="greedy"), "params must be SamplingParams, a dict or None"),
     (dict(prompt_token_ids=[3], params=SamplingParams(stop=["x"])), "stop strings need a tokenizer"),
     (dict(prompt_token_ids=[3], params=SamplingParams(stop_token_ids=[VOCAB])), "outside the vocabulary"),
+    (dict(prompt_token_ids=[3], params=SamplingParams(bad_words=["x"])), "bad_words need a tokenizer"),
+    (dict(prompt_token_ids=[3], params=SamplingParams(logit_bias={VOCAB: 1.0, 2: -1.0})),
+     f"logit_bias names token ids [{VOCAB}] outside the vocabulary [0, {VOCAB})"),
+    (dict(prompt_token_ids=[3], params=SamplingParams(allowed_token_ids=[5, VOCAB + 1, VOCAB + 1])),
+     f"allowed_token_ids names token ids [{VOCAB + 1}] outside the vocabulary"),
     (dict(prompt="", prompt_token_ids=[3]), "prompt is empty"),
     (dict(), "give a prompt (text) or prompt_token_ids"),
     (dict(prompt_token_ids=[3], request_id="busy"), "request_id 'busy' is already in use"),
@@ -548,6 +554,33 @@ def test_stop_string_cuts_the_text_and_frees_the_request(tokenizer):
     assert out.token_ids == free.token_ids[:len(out.token_ids)] and len(out.token_ids) < len(free.token_ids)
     assert not engine.has_unfinished()
     check_all_blocks_free(engine)
+
+
+def test_bad_words_keep_their_token_sequences_out_of_the_output(tokenizer):
+    prompt = "hello world"
+    free = text_engine(tokenizer).generate(prompt, SamplingParams(max_new_tokens=30, temperature=0))[0]
+    word = re.search("[a-z]{4,}", free.text).group(0)
+    banned = bad_words_token_ids(lambda text: tokenizer.encode(text, add_special_tokens=False).ids, [word])
+    assert any(_occurs(sequence, free.token_ids) for sequence in banned)
+    out = text_engine(tokenizer).generate(prompt, SamplingParams(max_new_tokens=30, temperature=0,
+                                                                 bad_words=[word]))[0]
+    assert out.token_ids != free.token_ids
+    assert not any(_occurs(sequence, out.token_ids) for sequence in banned)
+
+
+def _occurs(sequence, tokens) -> bool:
+    return any(tuple(tokens[i:i + len(sequence)]) == tuple(sequence) for i in range(len(tokens)))
+
+
+@pytest.mark.parametrize("config", [dict(), dict(num_scheduler_steps=4), dict(async_scheduling=True)])
+def test_min_tokens_holds_back_eos(config):
+    prompt = [3, 4, 5]
+    first = make_engine(eos=None).generate([prompt], SamplingParams(max_new_tokens=1, temperature=0))[0].token_ids[0]
+    engine = make_engine(eos=first, **config)
+    assert engine.generate([prompt], SamplingParams(max_new_tokens=10, temperature=0))[0].token_ids == [first]
+    out = engine.generate([prompt], SamplingParams(max_new_tokens=10, temperature=0, min_tokens=3))[0]
+    assert first not in out.token_ids[:3] and len(out.token_ids) >= 4
+    assert out.finish_reason is (FinishReason.EOS if out.token_ids[-1] == first else FinishReason.LENGTH)
 
 
 def test_generate_keeps_order_and_refuses_a_busy_engine(expected):
