@@ -124,7 +124,8 @@ class MasterLlmBackend:
             if data is not None and record.servable_name not in infos:
                 infos[record.servable_name] = ModelInfo(record.servable_name, data["max_model_len"],
                                                         data["max_num_seqs"], data["max_queue_size"],
-                                                        data["vocab_size"], data.get("device", "CPU"))
+                                                        data["vocab_size"], data.get("device", "CPU"),
+                                                        data.get("tool_call_parser"))
         self._known.update(infos)
         return list(infos.values())
 

@@ -59,6 +59,8 @@ class ModelInfo:
     max_queue_size: int
     vocab_size: int
     device: str = "CPU"
+    tool_call_parser: Optional[str] = None
+    """The format the model writes tool calls in (llm/tool_call_formats.py), or None: no calls are read."""
 
 
 class LlmBackend(Protocol):

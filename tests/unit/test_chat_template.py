@@ -14,6 +14,7 @@ from mindspore_serving.common import errors
 from mindspore_serving.ipc import llm_session
 from mindspore_serving.llm.chat_template import ChatTemplate, ChatTemplateError, LegacyChatTemplate, select_template
 from mindspore_serving.llm.generation_defaults import GenerationDefaults
+from mindspore_serving.llm.tool_call_formats import detect_tool_call_parser
 from mindspore_serving.models.llama.tokenizer import TextTokenizer
 from mindspore_serving.worker.llm.prompts import NO_TEMPLATE, Prompter
 
@@ -73,6 +74,31 @@ def test_tool_calls_and_tools_reach_the_template_through_the_wire():
     assert wire.tools == case["tools"]
     without_tools = prompter(os.path.join(FIXTURES, "qwen2")).chat(case["messages"][:1])
     assert "get_weather" not in without_tools.text
+
+
+def test_openai_style_tool_calls_render_as_the_templates_expect():
+    """OpenAI sends a call's arguments as JSON text and ids beside it: the template gets the arguments object and
+    renders transformers' text (the oracle's messages give it the object)."""
+    with open(os.path.join(FIXTURES, "qwen2", "expected.json"), encoding="utf-8") as stream:
+        case = next(c for c in json.load(stream)["chat"]["cases"] if c["name"] == "tool_call_round_trip")
+    messages = json.loads(json.dumps(case["messages"]))
+    call = messages[1]["tool_calls"][0]
+    call["id"] = "call_abc"
+    call["function"]["arguments"] = json.dumps(call["function"]["arguments"], separators=(",", ":"))
+    messages[2]["tool_call_id"] = "call_abc"
+    request = llm_session.TokenizeRequest("qwen2", messages=messages, tools=case["tools"])
+    tokenized = prompter(os.path.join(FIXTURES, "qwen2")).tokenize(llm_session.read_tokenize_request(
+        llm_session.tokenize_request(request)))
+    assert (tokenized.prompt, tokenized.token_ids) == (case["text"], case["ids"])
+    assert call["function"]["arguments"] == '{"city":"Paris"}'  # the request's messages are left as they were
+    call["function"]["arguments"] = "not json"  # passed as sent
+    assert "not json" in prompter(os.path.join(FIXTURES, "qwen2")).chat(messages, tools=case["tools"]).text
+
+
+@pytest.mark.parametrize("name, parser", [("qwen2", "hermes"), ("qwen3", "hermes"), ("llama3", None),
+                                          ("llama2_linear", None), ("mistral", None)])
+def test_the_tool_call_format_a_models_template_prompts_for(name, parser):
+    assert detect_tool_call_parser(prompter(os.path.join(FIXTURES, name)).tools_template_text) == parser
 
 
 def test_a_generation_and_tokenize_agree_on_the_chats_ids():

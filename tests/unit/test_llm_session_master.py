@@ -210,3 +210,15 @@ def test_a_worker_of_another_session_protocol_is_not_used():
         return info.value.message
 
     assert run(scenario, version=llm_session.LLM_SESSION_PROTOCOL_VERSION + 1) == "Model tiny is not a language model"
+
+
+def test_models_carry_the_tool_call_parser_their_worker_announces():
+    registry = WorkerRegistry()
+    for name, extra in (("qwen", {"tool_call_parser": "hermes"}), ("plain", {"tool_call_parser": None}),
+                        ("older", {})):
+        text = llm_session.registration_facts(model_id=name, max_model_len=64, max_num_seqs=4, max_queue_size=8,
+                                              vocab_size=100, **extra)
+        registry.add(WorkerRecord(key=f"{name}@0", pid=1, address="", servable_name=name, version_number=1,
+                                  batch_size=4, methods={GENERATE_METHOD: None}, extensions={LLM_EXTENSION: text}))
+    parsers = {info.name: info.tool_call_parser for info in MasterLlmBackend(registry).models()}
+    assert parsers == {"qwen": "hermes", "plain": None, "older": None}

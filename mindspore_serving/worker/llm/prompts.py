@@ -5,8 +5,12 @@ configuration names (`model.chat_template`), else the model's own next to its to
 tokenizer_config.json). The text is tokenized here, as the template wants it (without the tokenizer's special
 tokens: the template writes BOS itself), and goes to the engine with its ids. /tokenize answers with the very
 ids a generation of the same input gets; /detokenize turns ids back into text, special tokens included.
+
+OpenAI clients send an assistant message's tool call arguments as JSON text, while Hugging Face's templates
+expect the object (they write it with `tojson`): JSON text of an object is handed to the template as the object.
 """
-from typing import Dict, List, Optional, Sequence, Union
+import json
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from mindspore_serving.common import errors
 from mindspore_serving.ipc.llm_session import Tokenized, TokenizeRequest
@@ -47,6 +51,11 @@ class Prompter:
     def has_chat_template(self) -> bool:
         return bool(self._templates)
 
+    @property
+    def tools_template_text(self) -> Optional[str]:
+        """The Jinja text a chat with tools is rendered with (None: no template, or an old-style one)."""
+        return getattr(self._templates.get(True), "text", None)
+
     def chat(self, messages: Sequence[dict], add_generation_prompt: bool = True, tools=None, documents=None,
              continue_final_message: bool = False, add_special_tokens: Optional[bool] = None,
              template_kwargs: Optional[dict] = None) -> EncodedPrompt:
@@ -59,8 +68,9 @@ class Prompter:
         if reserved:
             raise errors.InvalidInputs(f"chat_template_kwargs may not set {', '.join(reserved)}: the request's own "
                                        f"fields do")
-        text = template.render([dict(m) for m in messages], add_generation_prompt, tools=tools, documents=documents,
-                               continue_final_message=continue_final_message, **(template_kwargs or {}))
+        text = template.render([_template_message(m) for m in messages], add_generation_prompt, tools=tools,
+                               documents=documents, continue_final_message=continue_final_message,
+                               **(template_kwargs or {}))
         if add_special_tokens is None:
             add_special_tokens = template.add_special_tokens
         return EncodedPrompt(text, self.encode(text, add_special_tokens))
@@ -91,3 +101,24 @@ class Prompter:
         if bad is not None:
             raise errors.InvalidInputs(f"token id {bad} is not in this model's vocabulary [0, {vocab})")
         return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+
+
+def _template_message(message: Mapping) -> dict:
+    """A copy of a chat message whose tool calls' arguments, when JSON text of an object, are that object."""
+    message = dict(message)
+    if isinstance(message.get("tool_calls"), list):
+        message["tool_calls"] = [_template_call(call) for call in message["tool_calls"]]
+    return message
+
+
+def _template_call(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, Mapping) else None
+    if not isinstance(function, Mapping) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except ValueError:  # not JSON: the template gets the text as sent
+        return call
+    if not isinstance(arguments, dict):
+        return call
+    return {**call, "function": {**function, "arguments": arguments}}

@@ -21,6 +21,7 @@ from mindspore_serving.llm.kv_budget import KvCacheCapacity
 from mindspore_serving.spec.llm_config import LlmServingConfig, load_serving_config
 from mindspore_serving.llm.instance_params import prompt_of, sampling_params_of
 from mindspore_serving.llm.sampling_params import SamplingParams
+from mindspore_serving.llm.tool_call_formats import detect_tool_call_parser
 from mindspore_serving.models.llama.tokenizer import TextTokenizer
 from mindspore_serving.proto import llm_worker_pb2_grpc
 from mindspore_serving.spec.llm import GENERATE_METHOD, LLM_EXTENSION
@@ -57,6 +58,9 @@ class LlmRuntime:
         engine = self.config.engine
         self.prompter = Prompter(self.tokenizer, self.config.model,
                                  engine.max_prompt_chars or 32 * engine.max_model_len)
+        # the format the chat API reads the model's tool calls in: the configuration's, else its template's
+        self.tool_call_parser = self.config.model.tool_call_parser or detect_tool_call_parser(
+            self.prompter.tools_template_text)
         self.runner = self._attach_or_start()
         self.loop = self._new_loop()
 
@@ -170,7 +174,8 @@ class LlmRuntime:
         return {LLM_EXTENSION: registration_facts(
             model_id=self.spec.name, max_model_len=self.config.engine.max_model_len,
             max_num_seqs=self.config.engine.max_num_seqs, max_queue_size=self.config.max_queue_size,
-            vocab_size=self.runner.vocab_size, device=self.runner.device, config=self.config.path)}
+            vocab_size=self.runner.vocab_size, device=self.runner.device, config=self.config.path,
+            tool_call_parser=self.tool_call_parser)}
 
     def metric_samples(self) -> list:
         """The engine's state and counters for a scrape (read from the engine thread's objects as they are)."""
