@@ -32,6 +32,7 @@ from mindspore_serving.ipc import agent as protocol  # noqa: E402
 from mindspore_serving.ipc import internal_tls  # noqa: E402
 from mindspore_serving.ipc.master_worker import read_secret, remove_socket, restrict_socket  # noqa: E402
 from mindspore_serving.agent.steps import run_submitted  # noqa: E402
+from mindspore_serving.llm.prompt_scores import score_refusal  # noqa: E402
 from mindspore_serving.proto import agent_pb2, agent_pb2_grpc  # noqa: E402
 from mindspore_serving.spec.llm_config import load_serving_config  # noqa: E402
 
@@ -59,7 +60,8 @@ class AgentServicer(agent_pb2_grpc.LlmAgentServicer):
         return agent_pb2.AgentInfo(protocol_version=protocol.AGENT_PROTOCOL_VERSION, rank=self.rank,
                                    block_size=self.runner.block_size, num_blocks=self.runner.num_blocks,
                                    max_seq_len=self.runner.max_seq_len, vocab_size=self.runner.vocab_size,
-                                   device=self.device, pid=os.getpid())
+                                   device=self.device, pid=os.getpid(),
+                                   score_refusal=score_refusal(self.runner) or "")
 
     def _check_secret(self, given: str, context, what: str):
         if not protocol.secret_matches(self.secret, given):

@@ -1,5 +1,6 @@
 """The LLM worker <-> agent boundary (agent.proto): start-up events on a pipe, then Step messages over gRPC
-(SeqStep lists in, logits or greedy tokens out). AGENT_PROTOCOL_VERSION guards both."""
+(SeqStep lists in, logits or greedy tokens out; the sequences with all_logits also get every token's logits, a
+StepLogits). AGENT_PROTOCOL_VERSION guards both."""
 import hmac
 import os
 import struct
@@ -8,10 +9,10 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from mindspore_serving.llm.model_io import SeqStep
+from mindspore_serving.llm.model_io import SeqStep, StepLogits, StepResult, split_logits
 from mindspore_serving.proto import agent_pb2
 
-AGENT_PROTOCOL_VERSION = 5
+AGENT_PROTOCOL_VERSION = 6
 MAX_AGENT_MSG_BYTES = 512 * 1024 * 1024
 SECRET_METADATA = "ms-serving-agent-secret"  # Step calls: the agent group's secret
 SECRET_ENV = "MS_SERVING_AGENT_SECRET"      # the secret of agents started by start_agent.py, and of their worker
@@ -53,6 +54,7 @@ class StepEncoder:
         request.query_lens.extend(len(seq.token_ids) for seq in seqs)
         request.start_pos.extend(seq.start_pos for seq in seqs)
         request.seq_ids.extend(seq.seq_id for seq in seqs)
+        request.all_logits_rows.extend(i for i, seq in enumerate(seqs) if seq.all_logits)
         starts = [self._table_start(seq) for seq in seqs]
         if any(starts):
             request.table_starts.extend(starts)
@@ -92,6 +94,7 @@ class StepDecoder:
         count = len(request.query_lens)
         seq_ids = list(request.seq_ids) or [-1] * count
         starts = list(request.table_starts) or [0] * count
+        every = set(request.all_logits_rows)
         seqs, token_at, table_at = [], 0, 0
         for query_len, start_pos, sent, seq_id, start in zip(request.query_lens, request.start_pos,
                                                                request.block_table_lens, seq_ids, starts):
@@ -105,22 +108,41 @@ class StepDecoder:
                 table = kept[:start] + table
             if seq_id >= 0:
                 self._tables[seq_id] = table
-            seqs.append(SeqStep(tokens[token_at:token_at + query_len], start_pos, table, seq_id))
+            seqs.append(SeqStep(tokens[token_at:token_at + query_len], start_pos, table, seq_id,
+                                all_logits=len(seqs) in every))
             token_at += query_len
             table_at += sent
         return seqs
 
 
-def encode_logits(step_id: int, logits: np.ndarray) -> "agent_pb2.StepReply":
+def encode_logits(step_id: int, result: StepResult) -> "agent_pb2.StepReply":
+    """The reply of a step that returned logits [rows, vocab] or a StepLogits (with every token's logits of some
+    sequences)."""
+    logits, every = split_logits(result)
     logits = np.ascontiguousarray(logits, dtype="<f4")
-    return agent_pb2.StepReply(step_id=step_id, rows=logits.shape[0], vocab_size=logits.shape[1],
-                               logits=logits.tobytes())
+    reply = agent_pb2.StepReply(step_id=step_id, rows=logits.shape[0], vocab_size=logits.shape[1],
+                                logits=logits.tobytes())
+    if every:
+        rows = sorted(every)
+        reply.every_rows.extend(rows)
+        reply.every_lens.extend(len(every[row]) for row in rows)
+        reply.every_logits = b"".join(np.ascontiguousarray(every[row], dtype="<f4").tobytes() for row in rows)
+    return reply
 
 
-def decode_logits(reply: "agent_pb2.StepReply") -> np.ndarray:
+def decode_logits(reply: "agent_pb2.StepReply") -> StepResult:
+    """What `encode_logits` was given: the logits [rows, vocab], or a StepLogits."""
     if reply.error:
         raise RuntimeError(f"agent step {reply.step_id} failed: {reply.error}")
-    return np.frombuffer(reply.logits, dtype="<f4").reshape(reply.rows, reply.vocab_size)
+    logits = np.frombuffer(reply.logits, dtype="<f4").reshape(reply.rows, reply.vocab_size)
+    if not reply.every_rows:
+        return logits
+    flat = np.frombuffer(reply.every_logits, dtype="<f4").reshape(-1, reply.vocab_size)
+    every, at = {}, 0
+    for row, length in zip(reply.every_rows, reply.every_lens):
+        every[row] = flat[at:at + length]
+        at += length
+    return StepLogits(logits, every)
 
 
 def encode_greedy(step_id: int, tokens: np.ndarray, logprobs: np.ndarray) -> "agent_pb2.StepReply":

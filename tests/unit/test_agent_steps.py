@@ -212,3 +212,22 @@ def test_one_worker_with_the_group_s_secret_attaches_and_steps():
     with pytest.raises(RuntimeError):
         agent.Step(encode(2, PROMPTS, after_step_id=1), AttachContext(((protocol.SECRET_METADATA, "no"),)))
     assert not agent.Step(encode(2, PROMPTS, after_step_id=1), good).error  # steps go on from where they were
+
+
+def test_every_token_s_logits_of_the_sequences_that_ask_cross_the_boundary():
+    """A sequence with all_logits keeps the flag through the step message, and the reply carries its every-token
+    logits (a StepLogits) beside every sequence's last ones; the agent says it can score."""
+    agent = servicer(make_runner())
+    steps = [SeqStep([5, 6, 7], 0, [1, 2], all_logits=True), SeqStep([9, 10], 0, [3, 4]),
+             SeqStep([3, 4, 5, 6, 7], 0, [5, 6], all_logits=True)]
+    request = encode(1, steps)
+    assert list(request.all_logits_rows) == [0, 2] and protocol.StepDecoder().decode(request) == steps
+    got = protocol.decode_logits(agent.Step(request, None))
+    want = make_runner().run(steps)
+    assert sorted(got.every) == [0, 2]
+    np.testing.assert_array_equal(got.last, want.last)
+    for row in (0, 2):
+        np.testing.assert_array_equal(got.every[row], want.every[row])
+    assert agent.Info(agent_pb2.AgentInfoRequest(), None).score_refusal == ""
+    plain = protocol.decode_logits(agent.Step(encode(2, [SeqStep([4], 3, [1, 2])], after_step_id=1), None))
+    assert isinstance(plain, np.ndarray) and plain.shape == (1, 32)

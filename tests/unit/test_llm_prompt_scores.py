@@ -2,12 +2,16 @@
 
 The oracle: a prompt's logprobs equal log_softmax of the fake runner's logits after each prefix of the prompt
 (`FakeModelRunner.logits_for`, a pure function of the tokens read back from the cache), whatever the chunking,
-the prefix cache, preemption or the requests batched beside it; and the requests batched beside a scored one get
-the tokens they get alone.
+the prefix cache, preemption, the requests batched beside it or an agent process between engine and model; and the
+requests batched beside a scored one get the tokens they get alone.
 """
+from concurrent import futures
+
+import grpc
 import numpy as np
 import pytest
 
+from mindspore_serving.agent.process import AgentServicer
 from mindspore_serving.llm.config import SchedulerConfig
 from mindspore_serving.llm.engine import LLMEngine
 from mindspore_serving.llm.errors import InvalidRequestError
@@ -15,6 +19,8 @@ from mindspore_serving.llm.model_io import SeqStep, StepLogits
 from mindspore_serving.llm.prompt_scores import PromptScores, log_softmax, top_logprobs
 from mindspore_serving.llm.request import FinishReason
 from mindspore_serving.llm.testing import FakeModelRunner, reference_greedy
+from mindspore_serving.proto import agent_pb2_grpc
+from mindspore_serving.worker.llm.agent_client import AgentRunner
 from test_llm_engine import AheadRunner
 
 VOCAB, BS, MAX_LEN = 64, 4, 96
@@ -170,3 +176,28 @@ def test_fake_runner_returns_every_position_for_rows_that_ask():
     assert isinstance(result, StepLogits) and list(result.every) == [1]
     np.testing.assert_array_equal(result.every[1][2], runner.logits_for(prompt[:3]))
     np.testing.assert_array_equal(result.last[1], result.every[1][-1])
+
+
+def test_scores_come_through_an_agent():
+    """The engine over an AgentRunner (async scheduling, multi-step rounds) and an agent's Step service in this
+    process over the fake model: the scored prompt's logprobs cross the agent boundary."""
+    model = FakeModelRunner(num_blocks=64, block_size=BS, max_seq_len=MAX_LEN, vocab_size=VOCAB)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    agent_pb2_grpc.add_LlmAgentServicer_to_server(AgentServicer(model, 0, "CPU", lambda reason: None), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    runner = AgentRunner([f"127.0.0.1:{port}"], heartbeat_interval=5.0)
+    try:
+        assert runner.score_refusal() is None
+        config = SchedulerConfig.for_runner(runner, max_num_seqs=4, max_num_batched_tokens=8, async_scheduling=True,
+                                            num_scheduler_steps=4)
+        engine = LLMEngine(runner, None, config, eos_token_id=1)
+        prompt, plain = prompt_of(50, 19), prompt_of(51, 4)
+        outputs = drive(engine, [(plain, dict(GREEDY, max_new_tokens=6)),
+                                 (prompt, dict(GREEDY, max_new_tokens=0, prompt_logprobs=4))])
+        assert_scores(outputs[1][0], prompt, 4)
+        assert outputs[0][-1].token_ids == reference_greedy(
+            lambda: FakeModelRunner(block_size=BS, max_seq_len=MAX_LEN, vocab_size=VOCAB), plain, 6)
+    finally:
+        runner.close()
+        server.stop(0)

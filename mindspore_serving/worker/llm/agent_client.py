@@ -12,7 +12,7 @@ from mindspore_serving import log
 from mindspore_serving.common import errors
 from mindspore_serving.ipc import agent as protocol
 from mindspore_serving.ipc import internal_tls
-from mindspore_serving.llm.model_io import MultiStepRunner, SeqStep, StepSubmitter
+from mindspore_serving.llm.model_io import MultiStepRunner, PromptScorer, SeqStep, StepSubmitter
 from mindspore_serving.proto import agent_pb2, agent_pb2_grpc
 
 CONNECT_TIMEOUT = 5.0
@@ -24,9 +24,11 @@ class AgentLost(errors.WorkerUnavailable, RuntimeError):
     UNAVAILABLE); the message names the model, the rank and what happened, never a gRPC object."""
 
 
-class AgentRunner(MultiStepRunner, StepSubmitter):
+class AgentRunner(MultiStepRunner, StepSubmitter, PromptScorer):
     """ModelRunner over agent processes. Rank 0 returns the logits; every rank runs the step (the worker sends
-    each step to every rank itself: a relay through rank 0 would add a hop to every step).
+    each step to every rank itself: a relay through rank 0 would add a hop to every step). Every token's logits of
+    a sequence that asks for them (SeqStep.all_logits) come from rank 0 too; every rank runs the same score graph
+    calls (a tensor-parallel group's all-reduce in each), so a group scores prompts when every rank can.
 
     It attaches to each agent with a stream held open for its whole life, so an agent exits when this
     worker does, and pings each one every `heartbeat_interval` s: a rank whose stream ends, or that misses
@@ -76,6 +78,8 @@ class AgentRunner(MultiStepRunner, StepSubmitter):
         self.max_seq_len = info.max_seq_len
         self.vocab_size = info.vocab_size
         self.device = info.device
+        refusals = [(rank, i.score_refusal) for rank, i in enumerate(infos) if i.score_refusal]
+        self._score_refusal = f"agent rank {refusals[0][0]}: {refusals[0][1]}" if refusals else None
         self._attachments = [stub.Attach(agent_pb2.AttachRequest(worker_pid=os.getpid(), secret=secret))
                              for stub in self.stubs]
         for rank, call in enumerate(self._attachments):
@@ -129,6 +133,9 @@ class AgentRunner(MultiStepRunner, StepSubmitter):
             call.abort(reason)
         if self.on_agent_lost is not None:
             self.on_agent_lost(rank, reason)
+
+    def score_refusal(self) -> Optional[str]:
+        return self._score_refusal
 
     def run(self, seqs: List[SeqStep]) -> np.ndarray:
         return self.submit(seqs).result()
