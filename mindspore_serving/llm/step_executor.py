@@ -24,6 +24,7 @@ import numpy as np
 from mindspore_serving import log
 from mindspore_serving.common import errors
 from mindspore_serving.common.errors import Kind
+from mindspore_serving.llm.choices import expand_rows
 from mindspore_serving.llm.config import SchedulerConfig
 from mindspore_serving.llm.model_io import PLACEHOLDER, ModelRunner, MultiStepRunner, StepSubmitter
 from mindspore_serving.llm.prompt_scores import record_prompt_scores
@@ -80,6 +81,8 @@ class _Sampled:
     token_id: int
     logprob: float
     top_logprobs: List[Tuple[int, float]]
+    forks: Dict[str, "_Sampled"] = field(default_factory=dict)
+    """A request forking at this row (llm/choices.py): each child's id -> its first token, in choice order."""
 
 
 class StepExecutor:
@@ -132,8 +135,9 @@ class StepExecutor:
         """Whether the runner can choose every row's tokens (each row samples, greedily, with nothing that needs
         the engine between tokens)."""
         for row in plan.scheduled:
-            p = self.scheduler.requests[row.request_id].sampling_params
-            if not row.samples or not p.plain_greedy:
+            request = self.scheduler.requests[row.request_id]
+            p = request.sampling_params
+            if not row.samples or not p.plain_greedy or request.num_pending_choices:  # a fork samples its choices
                 return False
         return True
 
@@ -147,15 +151,24 @@ class StepExecutor:
         if not rows:
             return {}
         requests = [live[plan.scheduled[i].request_id] for i in rows]
-        result = self.sampler.sample_requests(logits if len(rows) == len(logits) else logits[rows], requests)
+        num_rows = expand_rows(rows, requests, self.scheduler.children_to_fork)  # a forking row samples each choice
+        result = self.sampler.sample_requests(logits if rows == list(range(len(logits))) else logits[rows], requests)
         tops = result.top_logprobs or [[] for _ in rows]
-        return {i: _Sampled(result.token_ids[k], result.logprobs[k], tops[k]) for k, i in enumerate(rows)}
+        sampled = {i: _Sampled(result.token_ids[k], result.logprobs[k], tops[k]) for k, i in enumerate(rows[:num_rows])}
+        for k in range(num_rows, len(rows)):
+            sampled[rows[k]].forks[requests[k].request_id] = _Sampled(result.token_ids[k], result.logprobs[k], tops[k])
+        return sampled
 
     def _update(self, plan: SchedulerOutput, sampled: Dict[int, _Sampled]) -> List[EngineCoreOutput]:
         tokens = [sampled[i].token_id if i in sampled else None for i in range(len(plan.scheduled))]
         by_id = {plan.scheduled[i].request_id: value for i, value in sampled.items()}
+        forks = {}
+        for i, value in sampled.items():
+            if value.forks:
+                forks[i] = [fork.token_id for fork in value.forks.values()]
+                by_id.update(value.forks)
         outputs = []
-        for delta in self.scheduler.update_from_output(plan, tokens):
+        for delta in self.scheduler.update_from_output(plan, tokens, forks):
             got = by_id.get(delta.request_id)
             if got is None:  # finished without a token (max_new_tokens 0)
                 outputs.append(EngineCoreOutput(delta.request_id, finished=delta.finished,
