@@ -6,7 +6,10 @@
         for out in engine.step():          # one RequestOutput per request that changed this step
             print(out.request_id, repr(out.new_text), out.finished, out.finish_reason)
 
-Every added request gets exactly one output with `finished=True` (also when aborted or failed).
+Every added request gets exactly one output with `finished=True` (also when aborted or failed) per choice:
+a request with several choices (SamplingParams n / best_of) computes its prompt once and forks into them
+(llm/choices.py); each output names its choice (`index`) and the request is over once all have finished.
+best_of choices are all reported, with their cumulative logprobs: ranking them is the front end's.
 `add_request` rejects bad input with `InvalidRequestError` (a ValueError) and the engine keeps
 serving every other request. Not thread-safe: call it from one thread (a serving loop owns it).
 """
@@ -99,16 +102,29 @@ class RequestOutput:
     the request's first output only."""
     prompt_top_logprobs: Optional[List[List[Tuple[int, float]]]] = None
     """With prompt_logprobs: each prompt position's most likely (token id, logprob), most likely first."""
+    num_choices: int = 1
+    """The request's choices: it is over once this many of its outputs (one per choice) have `finished`."""
+
+
+class _Group:
+    """A live request as added: its id and how many of its choices have not finished."""
+
+    def __init__(self, request_id: str, num_choices: int):
+        self.request_id = request_id
+        self.num_choices = num_choices
+        self.num_open = num_choices
 
 
 class _Tracked:
-    """What the engine keeps per live request besides the core's Request."""
+    """What the engine keeps per live choice besides the core's Request."""
 
-    def __init__(self, request: Request, detokenizer: Optional[IncrementalDetokenizer]):
+    def __init__(self, request: Request, detokenizer: Optional[IncrementalDetokenizer], group: _Group):
         self.request = request
         self.detokenizer = detokenizer
+        self.group = group
         self.text = ""
         self.logprobs: List[float] = []
+        self.cumulative_logprob = 0.0
 
 
 class LLMEngine:
@@ -130,6 +146,9 @@ class LLMEngine:
                                      else getattr(tokenizer, "eos_token_id", None))
         self._clock = clock
         self._tracked: Dict[str, _Tracked] = {}
+        """Live choices by their Request's id (a forked choice's id is its parent's with '#<choice>')."""
+        self._groups: Dict[str, _Group] = {}
+        """Live requests by the id they were added with."""
         self._ids = itertools.count()
         self._grammars: Optional[GrammarCompiler] = None
         """Structured output's compiler, built from the tokenizer at the first request that has one."""
@@ -153,19 +172,26 @@ class LLMEngine:
                           eos_token_id=self.eos_token_ids, prompt=prompt)
         request.grammar = grammar
         request.bad_words_ids = self._bad_words_ids(params)
-        detokenizer = None
-        if self.tokenizer is not None:
-            detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop,
-                                                 params.include_stop_str_in_output, params.skip_special_tokens)
         if params.prompt_logprobs is not None:
             request.prompt_scores = PromptScores(token_ids, params.prompt_logprobs)
         self.core.add_request(request)
-        self._tracked[request_id] = _Tracked(request, detokenizer)
+        group = self._groups[request_id] = _Group(request_id, params.num_choices)
+        self._track(request, group)
         return request_id
 
+    def _track(self, request: Request, group: _Group) -> None:
+        """Starts the engine's bookkeeping of one choice (a request added, or a choice forked off it)."""
+        detokenizer = None
+        if self.tokenizer is not None:
+            params = request.sampling_params
+            detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params.stop,
+                                                 params.include_stop_str_in_output, params.skip_special_tokens)
+        self._tracked[request.request_id] = _Tracked(request, detokenizer, group)
+
     def abort(self, request_id: str) -> bool:
-        """Stops a request in any state and frees its KV blocks now; the next `step()` returns its final
-        output (reason "abort"). False when the id is unknown or the request already finished."""
+        """Stops a request in any state, with all its choices, and frees its KV blocks now; the next `step()`
+        returns the final output (reason "abort") of each unfinished choice. False when the id is unknown or the
+        request already finished."""
         return self.core.abort(request_id)
 
     def has_unfinished(self) -> bool:
@@ -178,7 +204,8 @@ class LLMEngine:
 
     @property
     def num_unfinished(self) -> int:
-        return len(self._tracked)
+        """Requests added and not over (a request is over when all its choices have finished)."""
+        return len(self._groups)
 
     @property
     def stats(self) -> Optional[StepStats]:
@@ -190,13 +217,25 @@ class LLMEngine:
 
     # --- stepping -----------------------------------------------------------------------------
     def step(self) -> List[RequestOutput]:
-        """One model step for the current batch; an output for each request that got tokens or finished."""
-        return [self._to_output(out) for out in self.core.step()]
+        """One model step for the current batch; an output for each choice that got tokens or finished."""
+        core_outputs = self.core.step()
+        forked = {request.request_id: request for request in self.core.take_forked()}
+        outputs = []
+        for out in core_outputs:
+            child = forked.pop(out.request_id, None)
+            if child is not None:
+                # NOTE: registered at its first output, after the outputs before it: an aborted request whose id
+                # it reuses (its final output comes first) has left the books by then.
+                self._track(child, self._groups[child.group_id])
+            outputs.extend(self._to_outputs(out))
+        return outputs
 
     def generate(self, prompts: Union[str, PromptIds, Sequence[Union[str, PromptIds]]],
                  params: Union[SamplingParams, Sequence[SamplingParams], None] = None) -> List[RequestOutput]:
         """Runs the prompts to completion and returns their final outputs, in order. A single prompt
-        (text or token ids) gives a list of one. Needs an idle engine (outputs of others would be lost)."""
+        (text or token ids) gives a list of one. A prompt with several choices (n / best_of) gives the final
+        output of each choice, in choice order (RequestOutput.index), where one with a single choice gives one.
+        Needs an idle engine (outputs of others would be lost)."""
         if self.has_unfinished():
             raise RuntimeError("generate() needs an idle engine; drive it with step() while requests are in flight")
         if isinstance(prompts, str) or (len(prompts) > 0 and isinstance(prompts[0], (int, np.integer))):
@@ -218,14 +257,35 @@ class LLMEngine:
             while self.has_unfinished():
                 self.step()
             raise
-        final: Dict[str, RequestOutput] = {}
+        final: Dict[str, Dict[int, RequestOutput]] = {request_id: {} for request_id in ids}
         while self.has_unfinished():
             for out in self.step():
                 if out.finished:
-                    final[out.request_id] = out
-        return [final[request_id] for request_id in ids]
+                    final[out.request_id][out.index] = out
+        return [final[request_id][index] for request_id in ids for index in sorted(final[request_id])]
 
     # --- internals ----------------------------------------------------------------------------
+    def _to_outputs(self, out: EngineCoreOutput) -> List[RequestOutput]:
+        """The output of one choice; when a request finishes before it forked (aborted, failed), also the final
+        outputs of the choices it never forked, with the same reason."""
+        tracked = self._tracked[out.request_id]
+        group, request = tracked.group, tracked.request
+        output = self._to_output(out)
+        outputs = [output]
+        if output.finished:
+            unforked = request.num_pending_choices
+            request.num_pending_choices = 0
+            for choice in range(request.choice + 1, request.choice + 1 + unforked):
+                outputs.append(RequestOutput(
+                    request_id=group.request_id, prompt=request.prompt, prompt_token_ids=list(request.prompt_token_ids),
+                    new_token_ids=[], new_text="", token_ids=[], text="", finished=True,
+                    finish_reason=output.finish_reason, metrics=output.metrics, error=output.error,
+                    error_kind=output.error_kind, index=choice, num_choices=group.num_choices))
+            group.num_open -= 1 + unforked
+            if group.num_open <= 0:
+                del self._groups[group.request_id]
+        return outputs
+
     def _to_output(self, out: EngineCoreOutput) -> RequestOutput:
         tracked = self._tracked[out.request_id]
         request = tracked.request
@@ -251,18 +311,21 @@ class LLMEngine:
         new_text = "".join(texts) or tail
         tracked.text += new_text
         tracked.logprobs.extend(out.new_logprobs)
+        tracked.cumulative_logprob += float(sum(out.new_logprobs))
         if finished:
             del self._tracked[out.request_id]
         scores, request.prompt_scores = request.prompt_scores, None  # on the first output only
         if scores is not None and not scores.complete:
             scores = None  # it finished before its prompt was computed (aborted, failed)
         return RequestOutput(
-            request_id=out.request_id, prompt=request.prompt, prompt_token_ids=list(request.prompt_token_ids),
+            request_id=tracked.group.request_id, prompt=request.prompt,
+            prompt_token_ids=list(request.prompt_token_ids),
             new_token_ids=list(out.new_token_ids), new_text=new_text, new_token_texts=texts,
             token_ids=list(request.output_token_ids),
             text=tracked.text, finished=finished, finish_reason=reason, new_logprobs=list(out.new_logprobs),
             logprobs=list(tracked.logprobs), new_top_logprobs=list(out.new_top_logprobs),
-            metrics=_metrics(request), error=out.error, error_kind=out.error_kind,
+            metrics=_metrics(request), error=out.error, error_kind=out.error_kind, index=request.choice,
+            cumulative_logprob=tracked.cumulative_logprob, num_choices=tracked.group.num_choices,
             prompt_logprobs=None if scores is None else scores.logprobs(),
             prompt_top_logprobs=None if scores is None else scores.top_logprobs())
 
@@ -287,6 +350,10 @@ class LLMEngine:
                                       "(use stop_token_ids)")
         if params.prompt_logprobs is not None and self._score_refusal is not None:
             raise InvalidRequestError(f"prompt_logprobs cannot be served by this model: {self._score_refusal}")
+        if params.num_choices > self.config.max_num_seqs:
+            raise InvalidRequestError(f"{params.num_choices} choices (n / best_of) run as {params.num_choices} "
+                                      f"sequences, more than this engine runs at once (max_num_seqs "
+                                      f"{self.config.max_num_seqs}); ask for at most {self.config.max_num_seqs}")
         for name, ids in (("logit_bias", [t for t, _ in params.logit_bias]),
                           ("allowed_token_ids", params.allowed_token_ids)):
             bad = sorted({t for t in ids if t >= self.vocab_size})
@@ -323,14 +390,19 @@ class LLMEngine:
     def _check_request_id(self, request_id: Optional[str]) -> str:
         if request_id is None:
             request_id = str(next(self._ids))
-            while request_id in self._tracked:
+            while self._id_in_use(request_id):
                 request_id = str(next(self._ids))
             return request_id
         if not isinstance(request_id, str) or not request_id:
             raise InvalidRequestError(f"request_id must be a non-empty string, got {request_id!r}")
-        if request_id in self._tracked:
+        if self._id_in_use(request_id):
             raise InvalidRequestError(f"request_id {request_id!r} is already in use by an unfinished request")
         return request_id
+
+    def _id_in_use(self, request_id: str) -> bool:
+        """An unfinished request's id, or one of its choices' (llm/choices.py)."""
+        return (request_id in self._groups or request_id in self._tracked
+                or self.core.get_request(request_id) is not None)
 
     def _prompt_ids(self, prompt: Optional[str], prompt_token_ids: Optional[PromptIds]) -> List[int]:
         if prompt is None and prompt_token_ids is None:
