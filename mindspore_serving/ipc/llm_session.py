@@ -8,6 +8,9 @@ events it builds with `output_events` / `error_event` and the master reads with 
   (`seed` and `do_sample` have no zero value that could stand for "unset").
 - Errors cross as a common/errors.py Kind and the client's message; the master raises the class of that kind.
 - Finish reasons cross as an enum and become llm/request.py's FinishReason words again.
+- A request with several choices (SamplingParams n / best_of) streams the Tokens of all of them, each naming its
+  choice, and one Final per choice (with its cumulative logprob); its stream ends after the last choice's Final,
+  or at the first Error. A scored prompt (prompt_logprobs) comes first, as one PromptScores event.
 - The worker announces LLM_SESSION_PROTOCOL_VERSION in its registration facts (`registration_facts`); the
   master opens sessions only with workers whose facts carry its own version (`read_facts`).
 - Chat messages cross with their role and text content; a message's other fields (tool_calls, name, a content
@@ -19,7 +22,7 @@ events it builds with `output_events` / `error_event` and the master reads with 
 import functools
 import json
 from dataclasses import dataclass, field, fields
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 from mindspore_serving.common import errors
 from mindspore_serving.common.errors import Kind
@@ -276,11 +279,12 @@ def error_event(error: BaseException) -> pb.GenerateEvent:
 
 
 def final_event(output) -> pb.GenerateEvent:
-    """The Final of a finished RequestOutput (llm/engine.py), with the engine's timings."""
+    """The Final of a finished RequestOutput (llm/engine.py), of its choice, with the engine's timings."""
     reason = output.finish_reason or FinishReason.ERROR
     final = pb.Final(text=output.text, finish_reason=_FINISH_REASONS[reason],
                      prompt_tokens=len(output.prompt_token_ids), completion_tokens=len(output.token_ids),
-                     prompt=output.prompt or "")
+                     prompt=output.prompt or "", choice=output.index,
+                     cumulative_logprob=output.cumulative_logprob)
     final.token_ids.extend(output.token_ids)
     metrics = output.metrics
     if metrics is not None:
@@ -292,19 +296,41 @@ def final_event(output) -> pb.GenerateEvent:
     return pb.GenerateEvent(final=final)
 
 
-def output_events(output, index: int, special_ids=frozenset()) -> List[pb.GenerateEvent]:
-    """The events of one RequestOutput: a Token per new token with its own text, then the Final (or the
-    Error) when it is the request's last output. `index` numbers the first new token; `special_ids` are the
-    tokenizer's special tokens."""
+def _no_text(token_id: int) -> str:
+    return ""
+
+
+def output_events(output, index: int, special_ids=frozenset(),
+                  token_text: Callable[[int], str] = _no_text) -> List[pb.GenerateEvent]:
+    """The events of one RequestOutput (one choice's, `output.index`): its scored prompt first when it carries one
+    (PromptScores), a Token per new token with its own text, then the Final (or the Error) when it is the choice's
+    last output. `index` numbers the choice's first new token; `special_ids` are the tokenizer's special tokens;
+    `token_text(id)` is one token's own text (the tokenizer's decoding of that id alone, special tokens kept),
+    for the top logprobs and the prompt's tokens."""
     events = []
+    if output.prompt_logprobs is not None:
+        events.append(prompt_scores_event(prompt_tokens(output, token_text)))
     texts = output.new_token_texts or [""] * (len(output.new_token_ids) - 1) + [output.new_text]
     for position, token_id in enumerate(output.new_token_ids):
         logprob = output.new_logprobs[position] if position < len(output.new_logprobs) else 0.0
-        events.append(pb.GenerateEvent(token=pb.Token(id=token_id, text=texts[position], logprob=logprob,
-                                                      special=token_id in special_ids, index=index + position)))
+        token = pb.Token(id=token_id, text=texts[position], logprob=logprob, special=token_id in special_ids,
+                         index=index + position, choice=output.index)
+        if position < len(output.new_top_logprobs):
+            token.top_logprobs.extend(pb.TopLogprob(id=t, text=token_text(t), logprob=v)
+                                      for t, v in output.new_top_logprobs[position])
+        events.append(pb.GenerateEvent(token=token))
     if output.finished:
         events.append(error_event(_output_error(output)) if output.error else final_event(output))
     return events
+
+
+def prompt_tokens(output, token_text: Callable[[int], str] = _no_text) -> List[PromptToken]:
+    """The scored prompt of a RequestOutput that carries one (prompt_logprobs, prompt_top_logprobs)."""
+    tops = output.prompt_top_logprobs or []
+    return [PromptToken(token_id, token_text(token_id), output.prompt_logprobs[i],
+                        [TopLogprob(t, token_text(t), v) for t, v in tops[i]] if i < len(tops) else [])
+            for i, token_id in enumerate(output.prompt_token_ids)]
+
 
 def _output_error(output) -> errors.ServingError:
     """The error a failed RequestOutput ends with: its kind's class (a lost agent is unavailable), a generation

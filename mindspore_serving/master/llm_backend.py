@@ -5,6 +5,10 @@ a `generate` command per request, an `abort` when its client goes away, and one 
 step coming back, fanned out here to the per-request queues. When a worker dies its session breaks and every
 generation on it fails with "worker stopped"; the next request opens a new session. /tokenize and /detokenize
 are one unary call each to a worker (its tokenizer and chat template).
+
+A request with several choices (n / best_of) streams the events of all of them and ends after one Final per
+choice (or at an Error); its prompt tokens count once in the metrics, its completion tokens summed over the
+choices.
 """
 import asyncio
 import itertools
@@ -18,7 +22,7 @@ from mindspore_serving.ipc import llm_session
 from mindspore_serving.llm.sampling_params import SamplingParams
 from mindspore_serving.master.metrics import MasterMetrics
 from mindspore_serving.master.llm_types import (FinalEvent, GenerationEvent, GenerationRequest, ModelInfo,
-                                                Tokenized, TokenizeRequest)
+                                                TokenEvent, Tokenized, TokenizeRequest)
 from mindspore_serving.master.worker_registry import WorkerRegistry
 from mindspore_serving.proto import llm_worker_pb2 as pb
 from mindspore_serving.proto import llm_worker_pb2_grpc
@@ -194,6 +198,7 @@ class MasterLlmBackend:
         started = last = clock()
         first = True
         finish_reason = "error"
+        num_finals = 0
         try:
             try:
                 stream_id = await session.open(request_id, params, request)
@@ -211,18 +216,23 @@ class MasterLlmBackend:
                 if event is _LOST:
                     done = True
                     raise lost()
-                done = event.WhichOneof("event") != "token"
+                done = event.WhichOneof("event") == "error"  # the worker ends every choice of a failed stream
+                if done:
+                    finish_reason = "error"
                 decoded = llm_session.read_event(event)  # an error event raises its ServingError
                 now = clock()
                 if isinstance(decoded, FinalEvent):
+                    num_finals += 1
+                    done = num_finals >= params.num_choices
                     finish_reason = decoded.finish_reason
-                    stats.prompt_tokens += decoded.prompt_tokens
+                    if num_finals == 1:
+                        stats.prompt_tokens += decoded.prompt_tokens
                     stats.generation_tokens += decoded.completion_tokens
-                else:
+                elif isinstance(decoded, TokenEvent) and decoded.choice == 0:
                     (stats.ttft if first else stats.tpot).observe(now - last)
                     first, last = False, now
                 yield decoded
-                if isinstance(decoded, FinalEvent):
+                if done:
                     return
         finally:
             stats.finished[finish_reason if done else "abort"] += 1

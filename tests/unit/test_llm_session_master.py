@@ -222,3 +222,55 @@ def test_models_carry_the_tool_call_parser_their_worker_announces():
                                   batch_size=4, methods={GENERATE_METHOD: None}, extensions={LLM_EXTENSION: text}))
     parsers = {info.name: info.tool_call_parser for info in MasterLlmBackend(registry).models()}
     assert parsers == {"qwen": "hermes", "plain": None, "older": None}
+
+
+def choice_final(choice, completion_tokens, cumulative_logprob):
+    return pb.GenerateEvent(final=pb.Final(text="x", token_ids=[11] * completion_tokens, prompt_tokens=3,
+                                           completion_tokens=completion_tokens, finish_reason=pb.FINISH_REASON_LENGTH,
+                                           choice=choice, cumulative_logprob=cumulative_logprob))
+
+
+def test_a_generation_with_several_choices_ends_after_the_final_of_each():
+    request = GenerationRequest(model="tiny", prompt="Hi", params={"max_new_tokens": 2, "n": 2, "best_of": 3},
+                                request_id="r-2")
+
+    async def scenario(backend, worker):
+        events = backend.stream(request)
+        first = asyncio.ensure_future(events.__anext__())
+        command = await worker.command()
+        assert llm_session.params_from_proto(command.generate.params).num_choices == 3
+        prompt = llm_session.prompt_scores_event([llm_session.PromptToken(5, "H", None)])
+        second = pb.GenerateEvent(token=pb.Token(id=12, text="b", logprob=-1.0, index=0, choice=2))
+        worker.send(command.stream_id, prompt, token(11, "a", 0), second, choice_final(2, 1, -1.0),
+                    choice_final(0, 2, -0.5))
+        received = [await first]
+        worker.send(command.stream_id, choice_final(1, 2, -0.75))
+        received += [event async for event in events]
+        worker.batches.put_nowait(_END)
+        stats = backend.metrics.llm_model("tiny")
+        return received, (stats.prompt_tokens, stats.generation_tokens, dict(stats.finished))
+
+    received, stats = run(scenario)
+    assert [type(e).__name__ for e in received] == ["PromptEvent", "TokenEvent", "TokenEvent", "FinalEvent",
+                                                    "FinalEvent", "FinalEvent"]
+    assert [e.choice for e in received[1:3]] == [0, 2]
+    assert [(e.choice, e.cumulative_logprob) for e in received[3:]] == [(2, -1.0), (0, -0.5), (1, -0.75)]
+    assert stats == (3, 5, {"length": 1})
+
+
+def test_an_error_of_one_choice_ends_the_generation_without_an_abort():
+    request = GenerationRequest(model="tiny", prompt="Hi", params={"max_new_tokens": 2, "n": 2}, request_id="r-3")
+
+    async def scenario(backend, worker):
+        events = backend.stream(request)
+        first = asyncio.ensure_future(events.__anext__())
+        command = await worker.command()
+        worker.send(command.stream_id, choice_final(0, 2, -0.5), error(pb.ERROR_KIND_GENERATION, "boom"))
+        assert isinstance(await first, FinalEvent)
+        with pytest.raises(errors.Failed, match="boom"):
+            await events.__anext__()
+        await asyncio.sleep(0)  # an abort would be written now
+        worker.batches.put_nowait(_END)
+        return worker.commands.qsize(), dict(backend.metrics.llm_model("tiny").finished)
+
+    assert run(scenario) == (0, {"error": 1})

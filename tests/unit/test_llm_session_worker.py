@@ -295,3 +295,77 @@ def test_tokenize_and_detokenize_answer_with_the_workers_tokenizer_and_template(
             llm_session.read_detokenize_reply(fake.servicer.Detokenize(llm_session.detokenize_request([5000]), None))
     finally:
         fake.leave()
+
+
+def choice_output(index, new_ids, finished=False, num_choices=2, cumulative_logprob=0.0, error=None, tops=None,
+                  **fields):
+    return RequestOutput(request_id="r", prompt="Hi", prompt_token_ids=[5, 6, 7], new_token_ids=list(new_ids),
+                         new_text="", token_ids=list(new_ids), text="", finished=finished,
+                         finish_reason=FinishReason.LENGTH if finished else None,
+                         new_token_texts=[chr(i) for i in new_ids], new_logprobs=[-0.5] * len(new_ids),
+                         new_top_logprobs=tops or [], error=error, index=index, num_choices=num_choices,
+                         cumulative_logprob=cumulative_logprob, **fields)
+
+
+def session_of(master):
+    (session,) = master.servicer._sessions  # pylint: disable=protected-access
+    return session
+
+
+def events_of(batch):
+    return [llm_session.read_event(e) for s in batch.streams for e in s.events]
+
+
+def test_each_choice_numbers_its_tokens_and_ends_with_its_final_and_the_stream_ends_after_the_last(master):
+    _, params, _, sink, stream = start(master, params=SamplingParams(max_new_tokens=2, n=2), prompt="Hi")
+    assert params.num_choices == 2
+    sink.put(stream, choice_output(0, [97]))
+    sink.put(stream, choice_output(1, [98]))
+    deliver(sink, stream, choice_output(1, [99], finished=True, cumulative_logprob=-1.0))
+    tokens_and_final = events_of(master.reply())
+    assert [(e.token_id, e.index, e.choice) for e in tokens_and_final[:3]] == [(97, 0, 0), (98, 0, 1), (99, 1, 1)]
+    final = tokens_and_final[3]
+    assert (final.choice, final.cumulative_logprob, final.completion_tokens) == (1, -1.0, 1)
+    assert 1 in session_of(master)._live  # pylint: disable=protected-access
+    deliver(sink, stream, choice_output(0, [100], finished=True, cumulative_logprob=-2.0))
+    token, final = events_of(master.reply())
+    assert (token.token_id, token.index, token.choice, final.choice, final.cumulative_logprob) == (100, 1, 0, 0, -2.0)
+    assert 1 not in session_of(master)._live  # pylint: disable=protected-access
+
+
+def test_top_logprobs_carry_each_alternative_s_own_text_with_special_tokens(master):
+    def decode(ids, skip_special_tokens=True):
+        return "".join("</s>" if i == EOS else chr(i) for i in ids if not (skip_special_tokens and i == EOS))
+
+    master.runtime.tokenizer.decode = decode
+    _, _, _, sink, stream = start(master, prompt="Hi")
+    deliver(sink, stream, choice_output(0, [97], num_choices=1, tops=[[(97, -0.25), (EOS, -2.5)]]))
+    (token,) = events_of(master.reply())
+    assert [(t.token_id, t.text, t.logprob) for t in token.top_logprobs] == [(97, "a", -0.25), (EOS, "</s>", -2.5)]
+
+
+def test_a_scored_prompt_comes_first_as_one_event(master):
+    _, _, _, sink, stream = start(master, prompt="Hi")
+    deliver(sink, stream, choice_output(0, [97], num_choices=1, prompt_logprobs=[None, -1.0, -2.0],
+                                        prompt_top_logprobs=[[], [(6, -1.0), (65, -1.5)], [(66, -0.5)]]))
+    scores, token = events_of(master.reply())
+    assert isinstance(scores, llm_session.PromptEvent) and token.token_id == 97
+    assert [(t.token_id, t.text, t.logprob) for t in scores.tokens] == [(5, "\x05", None), (6, "\x06", -1.0),
+                                                                        (7, "\x07", -2.0)]
+    assert [[(t.token_id, t.text) for t in p.top_logprobs] for p in scores.tokens] == [[], [(6, "\x06"), (65, "A")],
+                                                                                        [(66, "B")]]
+
+
+def test_a_failed_choice_ends_the_stream_once_and_aborts_the_others(master):
+    _, _, _, sink, stream = start(master, params=SamplingParams(n=3), prompt="Hi")
+    deliver(sink, stream, choice_output(1, [], finished=True, error="the step failed", num_choices=3))
+    (failure,) = master.reply().streams[0].events
+    assert failure.error.message == "the step failed"
+    assert stream.aborted.wait(DEADLINE_S)
+    sink.put(stream, choice_output(0, [], finished=True, error="aborted", num_choices=3))
+    deliver(sink, stream, choice_output(2, [], finished=True, num_choices=3))
+    # nothing more goes out for that stream: the next reply is another stream's
+    _, _, _, sink2, stream2 = start(master, stream_id=2, prompt="Hi")
+    deliver(sink2, stream2, choice_output(0, [97], num_choices=1))
+    assert [s.stream_id for s in master.reply().streams] == [2]
+    assert 1 not in session_of(master)._live  # pylint: disable=protected-access

@@ -5,11 +5,17 @@ to the engine loop with the session as their output sink, and each engine step's
 SessionBatch, so the cost per step does not grow with a thread wake-up and a gRPC message per token. A chat's
 messages become its prompt through the runtime's Prompter (worker/llm/prompts.py), which also answers
 Tokenize and Detokenize.
+
+A request with several choices (n / best_of) is one stream: its Tokens name their choice and number their
+positions per choice, each choice ends with its own Final, and the stream is done after the last one. When a
+choice fails, its Error ends the stream for the master at once, and the worker aborts the other choices.
 """
+import functools
 import queue
 import threading
 import time
-from typing import Dict, Iterator, List, Tuple
+from collections import defaultdict
+from typing import DefaultDict, Dict, Iterator, List, Tuple
 
 import grpc
 
@@ -20,6 +26,20 @@ from mindspore_serving.proto import llm_worker_pb2 as pb
 from mindspore_serving.proto import llm_worker_pb2_grpc
 
 
+TOKEN_TEXTS_CACHED = 1 << 16
+"""Single-token texts (top logprobs, scored prompts) a session keeps decoded."""
+
+
+class _StreamState:
+    """What the replies keep per stream: the next token index of each choice, the choices finished, whether it
+    failed (nothing more is sent then)."""
+
+    def __init__(self):
+        self.next_index: DefaultDict[int, int] = defaultdict(int)
+        self.num_finished = 0
+        self.failed = False
+
+
 class _Session:
     """One master session: submits its commands to the engine loop and turns each step's outputs into one
     SessionBatch (the loop calls `put` and `flush` on its own thread; see EngineLoop's OutputSink)."""
@@ -28,6 +48,7 @@ class _Session:
         self.runtime = runtime
         self.peer = peer
         self.special_ids = runtime.tokenizer.special_ids
+        self.token_text = functools.lru_cache(maxsize=TOKEN_TEXTS_CACHED)(self._decode_one)
         self.batches: "queue.SimpleQueue" = queue.SimpleQueue()  # lists of (stream_id, item); None ends
         self._pending: List[Tuple[int, object]] = []
         self._live: Dict[int, object] = {}  # stream_id -> RequestStream
@@ -105,9 +126,13 @@ class _Session:
             log.warning(f"LLM session with {self.peer} ended with {len(live)} request(s) running: aborted")
         self.batches.put(None)
 
+    def _decode_one(self, token_id: int) -> str:
+        """One token's own text, special tokens kept (a top logprob's, a scored prompt token's)."""
+        return self.runtime.tokenizer.decode([token_id], skip_special_tokens=False)
+
     # --- replies (the gRPC handler's thread) ---
     def replies(self) -> Iterator[pb.SessionBatch]:
-        counts: Dict[int, int] = {}
+        streams: Dict[int, _StreamState] = {}
         while True:
             batch = self.batches.get()
             if batch is None:
@@ -116,22 +141,44 @@ class _Session:
             reply = pb.SessionBatch()
             by_stream: Dict[int, pb.StreamEvents] = {}
             for stream_id, item in batch:
-                events = by_stream.get(stream_id)
-                if events is None:
-                    events = by_stream[stream_id] = reply.streams.add(stream_id=stream_id)
+                state = streams.get(stream_id)
+                if state is None:
+                    state = streams[stream_id] = _StreamState()
                 if isinstance(item, BaseException):
-                    events.events.append(llm_session.error_event(item))
-                    self._done(stream_id, counts)
+                    events = [llm_session.error_event(item)]
+                elif state.failed:
+                    events = []  # the master has the stream's error already: the other choices end unseen
+                else:
+                    events = llm_session.output_events(item, state.next_index[item.index], self.special_ids,
+                                                       self.token_text)
+                    state.next_index[item.index] += len(item.new_token_ids)
+                if events:
+                    stream_events = by_stream.get(stream_id)
+                    if stream_events is None:
+                        stream_events = by_stream[stream_id] = reply.streams.add(stream_id=stream_id)
+                    stream_events.events.extend(events)
+                if isinstance(item, BaseException):
+                    self._done(stream_id, streams)
                     continue
-                index = counts.get(stream_id, 0)
-                events.events.extend(llm_session.output_events(item, index, self.special_ids))
-                counts[stream_id] = index + len(item.new_token_ids)
                 if item.finished:
-                    self._done(stream_id, counts)
-            yield reply
+                    state.num_finished += 1
+                    if item.error and not state.failed and state.num_finished < item.num_choices:
+                        self._abort_rest(stream_id)
+                    state.failed = state.failed or bool(item.error)
+                    if state.num_finished >= item.num_choices:
+                        self._done(stream_id, streams)
+            if reply.streams:
+                yield reply
 
-    def _done(self, stream_id: int, counts: Dict[int, int]):
-        counts.pop(stream_id, None)
+    def _abort_rest(self, stream_id: int):
+        """A choice failed and its Error ended the stream for the master: the other choices stop too."""
+        with self._lock:
+            stream = self._live.get(stream_id)
+        if stream is not None:
+            stream.abort()
+
+    def _done(self, stream_id: int, streams: Dict[int, _StreamState]):
+        streams.pop(stream_id, None)
         with self._lock:
             self._live.pop(stream_id, None)
             idle = self._ending and not self._live
