@@ -113,7 +113,7 @@ def check_stream_shape(deltas):
     return len(seen)
 
 
-PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @PROPERTY
