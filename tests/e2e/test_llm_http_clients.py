@@ -1,5 +1,7 @@
 """The LLM HTTP routes on a real uvicorn server (fake backend), driven by real client libraries: `openai`,
 TGI's `text-generation` client and huggingface_hub's `InferenceClient`."""
+import dataclasses
+import json
 import socket
 import threading
 import time
@@ -11,7 +13,7 @@ from fastapi import FastAPI, Request
 from mindspore_serving.common import errors
 from mindspore_serving.frontends.llm import build_llm_router, mindspore_generate_stream
 from mindspore_serving.master.llm_types import Overloaded
-from mindspore_serving.frontends.llm.testing import FakeLlmBackend
+from mindspore_serving.frontends.llm.testing import DEFAULT_MODEL, FakeLlmBackend
 
 openai = pytest.importorskip("openai")
 
@@ -69,6 +71,8 @@ def _backend(served):
     backend = served[0]
     backend.fail_before = backend.fail_after = backend.finish_reason = backend.stall_after = None
     backend.choice_bias = {}
+    backend.served = [DEFAULT_MODEL]
+    backend.reply = list(FakeLlmBackend().reply)
     backend.stalled.clear()
     backend.outcomes.clear()
     return backend
@@ -200,6 +204,39 @@ def test_openai_response_format_and_vllm_constraints(oai, backend):
     with pytest.raises(openai.BadRequestError, match="cannot be used together") as caught:
         oai.completions.create(model=MODEL, prompt="x", extra_body={"guided_regex": "a", "guided_choice": ["a"]})
     assert caught.value.param == "guided_choice"
+
+
+def test_openai_tools(oai, backend):
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    backend.served = [dataclasses.replace(DEFAULT_MODEL, tool_call_parser="hermes")]
+    backend.reply = ["<tool_call>", '{"name": "get_weather", ', '"arguments": {"city": "Paris"}}', "</tool_call>"]
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    chat = oai.chat.completions.create(model=MODEL, messages=messages, tools=tools)
+    choice = chat.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert (call.type, call.function.name, json.loads(call.function.arguments)) == (
+        "function", "get_weather", {"city": "Paris"})
+    assert backend.requests[-1].tools == tools
+    calls, finish = {}, None
+    for chunk in oai.chat.completions.create(model=MODEL, messages=messages, tools=tools, stream=True):
+        delta = chunk.choices[0].delta
+        for part in delta.tool_calls or ():
+            calls.setdefault(part.index, {"id": part.id, "name": part.function.name, "arguments": ""})
+            calls[part.index]["arguments"] += part.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls"
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [("get_weather", {"city": "Paris"})]
+    # the call and its result go back to the model as the next turn's messages
+    backend.reply = ["It is sunny."]
+    answer = oai.chat.completions.create(model=MODEL, tools=tools, messages=messages + [
+        choice.message, {"role": "tool", "tool_call_id": call.id, "content": "sunny"}])
+    assert answer.choices[0].message.content == "It is sunny."
+    assert [m["role"] if isinstance(m, dict) else m.role for m in backend.requests[-1].messages] == [
+        "user", "assistant", "tool"]
+    assert backend.requests[-1].messages[1]["tool_calls"][0]["id"] == call.id
 
 
 def test_openai_errors(oai, backend):

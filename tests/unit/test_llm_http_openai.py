@@ -1,5 +1,8 @@
 """OpenAI routes of the LLM front end against a fake backend: /v1/models, /v1/completions,
 /v1/chat/completions, streamed and not, usage, logprobs, and OpenAI's error shape and statuses."""
+import dataclasses
+import json
+
 import pytest
 
 from mindspore_serving.common import errors
@@ -325,6 +328,86 @@ def test_chat_stream_gives_each_choice_its_role_and_finish(client):
         (0, {"content": "Hello"}, None), (1, {"content": "Hello1"}, None), (0, {}, "length"), (1, {}, "length")]
 
 
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather of a city",
+                                          "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                         "required": ["city"]}}}]
+HERMES_REPLY = ("Let me look.", "<tool_call>", '{"name": "get_weather", "arguments": {"city": "Paris"}}',
+                "</tool_call>")
+CALL = {"type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}
+
+
+def _hermes_model(backend):
+    backend.served = [dataclasses.replace(backend.served[0], tool_call_parser="hermes")]
+    backend.reply = list(HERMES_REPLY)
+
+
+def _without_call_ids(calls):
+    assert all(c["id"].startswith("call_") for c in calls)
+    return [{k: v for k, v in c.items() if k != "id"} for c in calls]
+
+
+def test_chat_tool_calls_of_the_models_format(client, backend):
+    _hermes_model(backend)
+    payload = client.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": TOOLS}).json()
+    [choice] = payload["choices"]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] == "Let me look."
+    assert _without_call_ids(choice["message"]["tool_calls"]) == [CALL]
+    request = backend.requests[-1]
+    assert request.tools == TOOLS
+    assert "structured_output" not in request.params
+
+
+def test_chat_tool_calls_streamed(client, backend):
+    _hermes_model(backend)
+    events = parse_sse(client.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": TOOLS,
+        "stream": True}).text)
+    deltas = [e["choices"][0]["delta"] for e in events[:-1]]
+    assert deltas[0] == {"role": "assistant", "content": ""}
+    assert deltas[1] == {"content": "Let me look."}
+    head, arguments = deltas[2]["tool_calls"][0], deltas[3]["tool_calls"][0]
+    assert head["id"].startswith("call_")
+    assert {k: v for k, v in head.items() if k != "id"} == {"index": 0, "type": "function",
+                                                            "function": {"name": "get_weather", "arguments": ""}}
+    assert arguments == {"index": 0, "function": {"arguments": '{"city":"Paris"}'}}
+    assert deltas[4:] == [{}]
+    assert events[-2]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_chat_forced_tool_choice_constrains_the_output(client, backend):
+    backend.reply = ['[{"name": "get_weather", ', '"parameters": {"city": "Paris"}}]']
+    payload = client.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "Weather?"}], "tools": TOOLS,
+        "tool_choice": "required", "parallel_tool_calls": False}).json()
+    assert payload["choices"][0]["finish_reason"] == "tool_calls"
+    assert payload["choices"][0]["message"]["content"] is None
+    assert _without_call_ids(payload["choices"][0]["message"]["tool_calls"]) == [CALL]
+    constraint = backend.requests[-1].params["structured_output"]
+    assert constraint["type"] == "json" and json.loads(constraint["value"])["maxItems"] == 1
+    backend.reply = ['{"city": ', '"Paris"}']
+    payload = client.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "Weather?"}], "tools": TOOLS,
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}).json()
+    assert payload["choices"][0]["finish_reason"] == "stop"  # a named call is forced, not chosen (as OpenAI)
+    assert _without_call_ids(payload["choices"][0]["message"]["tool_calls"]) == [CALL]
+    assert json.loads(backend.requests[-1].params["structured_output"]["value"]) == TOOLS[0]["function"]["parameters"]
+
+
+def test_chat_tools_without_reading_calls(client, backend):
+    _hermes_model(backend)
+    payload = client.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "x"}], "tools": TOOLS, "tool_choice": "none"}).json()
+    assert payload["choices"][0]["message"] == {"role": "assistant", "content": "".join(HERMES_REPLY)}
+    assert backend.requests[-1].tools == TOOLS  # the template still sees them, as vLLM
+    backend.served = [dataclasses.replace(backend.served[0], tool_call_parser=None)]
+    payload = client.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "x"}], "tools": TOOLS}).json()
+    assert payload["choices"][0]["finish_reason"] == "stop"
+    assert payload["choices"][0]["message"] == {"role": "assistant", "content": "".join(HERMES_REPLY)}
+
+
 @pytest.mark.parametrize("route, body, param, message", [
     ("/v1/completions", {"prompt": "x", "suffix": "y"}, "suffix",
      "'suffix' is not supported: this model has no fill-in-the-middle template"),
@@ -378,6 +461,13 @@ def test_chat_stream_gives_each_choice_its_role_and_finish(client):
      "top_logprobs", "'top_logprobs' requires 'logprobs' to be true"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21},
      "top_logprobs", "`top_logprobs`: Input should be less than or equal to 20"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"},
+     "tool_choice", "Invalid 'tool_choice': tool_choice 'required' needs 'tools'"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+     "tools[0].function", "Invalid 'tools[0].function': expected an object"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": TOOLS,
+                              "tool_choice": "required", "response_format": {"type": "json_object"}},
+     "tool_choice", "'response_format' and 'tool_choice' cannot be used together"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "best_of": 2},
      "best_of", "Unrecognized request argument supplied: best_of"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},

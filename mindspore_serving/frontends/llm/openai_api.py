@@ -7,14 +7,15 @@ top_logprobs) and vLLM's prompt_logprobs. Streams carry one choice per chunk, ea
 finish chunk; they are SSE chunks (`text_completion` / `chat.completion.chunk`) ending
 with `data: [DONE]`; with `stream_options.include_usage` every chunk has `"usage": null` and a last chunk
 with no choices carries the usage. An error in the middle of a stream is sent as `data: {"error": {...}}`
-followed by `data: [DONE]`. Chat messages go to the backend, which applies the model's chat template.
+followed by `data: [DONE]`. Chat messages go to the backend, which applies the model's chat template;
+tool calls are read out of the output (tool_calls.py) into OpenAI's `tool_calls`, whole or as deltas.
 """
 import time
 from typing import AsyncIterator, Callable, List, NamedTuple, Optional
 
 from fastapi import APIRouter, Request
 
-from mindspore_serving.frontends.llm import sse
+from mindspore_serving.frontends.llm import sse, tool_calls
 from mindspore_serving.master.llm_types import (FinalEvent, GenerationRequest, LlmBackend, ModelInfo, PromptEvent,
                                                 TokenEvent, TopLogprob)
 from mindspore_serving.frontends.errors import Protocol, http_error
@@ -194,14 +195,33 @@ def chat_logprobs(tokens: List[TokenEvent], k: int) -> dict:
     return {"content": [_chat_logprob(t, k) for t in tokens]}
 
 
+def tool_parser(generation: Generation, request: ChatCompletionRequest) -> Optional[tool_calls.ToolParser]:
+    """What reads tool calls out of a choice's text: a forced tool_choice's JSON; with "auto", the parser of the
+    model's format (ModelInfo.tool_call_parser; none: no calls are read, all is content); "none": nothing."""
+    choice = request.effective_tool_choice()
+    if choice == "none":
+        return None
+    if choice == "auto":
+        name = generation.model.tool_call_parser
+        return tool_calls.get_parser(name) if name else None
+    return tool_calls.forced_parser(request.tools, choice)
+
+
 def chat_payload(generation: Generation, request: ChatCompletionRequest) -> dict:
     k = request.top_logprobs or 0
+    parser = tool_parser(generation, request)
     choices = []
     for index, choice in enumerate(returned_choices(generation, request.n or 1)):
         final = generation.finals[choice]
         logprobs = chat_logprobs(generation.choice_tokens(choice), k) if request.logprobs else None
-        choices.append({"index": index, "message": {"role": "assistant", "content": final.text},
-                        "logprobs": logprobs, "finish_reason": finish_reason(final)})
+        reason = finish_reason(final)
+        if parser is None:
+            message = {"role": "assistant", "content": final.text}
+        else:
+            content, calls = parser.parse(final.text)
+            message = tool_calls.assistant_message(content, calls)
+            reason = tool_calls.finish_reason(reason, bool(calls), request.effective_tool_choice())
+        choices.append({"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason})
     payload = {"id": f"chatcmpl-{generation.request_id}", "object": "chat.completion",
                "created": generation.created, "model": generation.model.name, "choices": choices,
                "usage": usage(generation)}
@@ -212,12 +232,17 @@ def chat_payload(generation: Generation, request: ChatCompletionRequest) -> dict
 
 async def chat_chunks(generation: Generation, request: ChatCompletionRequest) -> AsyncIterator[bytes]:
     """Each choice's first chunk gives the role; then one choice per chunk as tokens come, and each choice's
-    chunk with its finish_reason."""
+    chunk with its finish_reason. When tool calls are read, a choice's text goes through its ToolCallStream:
+    content deltas as they are decided, each call as a delta with its id and name then one with its arguments,
+    and finish_reason "tool_calls" after calls."""
     head = {"id": f"chatcmpl-{generation.request_id}", "object": "chat.completion.chunk",
             "created": generation.created, "model": generation.model.name}
     if request.include_usage:
         head["usage"] = None
     k = request.top_logprobs or 0
+    tool_choice = request.effective_tool_choice()
+    parsers = [tool_parser(generation, request) for _ in range(generation.num_choices)]
+    streams = {index: tool_calls.ToolCallStream(parser) for index, parser in enumerate(parsers) if parser is not None}
 
     def chunk(index: int, delta: dict, logprobs, reason: Optional[str]) -> bytes:
         return sse.event({**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
@@ -227,12 +252,25 @@ async def chat_chunks(generation: Generation, request: ChatCompletionRequest) ->
         yield chunk(index, {"role": "assistant", "content": ""}, None, None)
     async for event in generation.outputs():
         index = event.choice
+        stream = streams.get(index)
         if isinstance(event, FinalEvent):
-            yield chunk(index, {}, None, finish_reason(event))
-        elif request.logprobs:
-            yield chunk(index, {"content": event.text}, chat_logprobs([event], k), None)
-        elif event.text:
-            yield chunk(index, {"content": event.text}, None, None)
+            reason = finish_reason(event)
+            if stream is not None:
+                for delta in stream.finish():
+                    yield chunk(index, delta, None, None)
+                reason = tool_calls.finish_reason(reason, stream.calls > 0, tool_choice)
+            yield chunk(index, {}, None, reason)
+            continue
+        logprobs = chat_logprobs([event], k) if request.logprobs else None
+        if stream is None:
+            if logprobs is not None or event.text:
+                yield chunk(index, {"content": event.text}, logprobs, None)
+            continue
+        deltas = stream.feed(event.text)
+        if not deltas and logprobs is not None:
+            yield chunk(index, {}, logprobs, None)
+        for position, delta in enumerate(deltas):
+            yield chunk(index, delta, logprobs if position == 0 else None, None)
     if request.include_usage:
         yield sse.event({**head, "choices": [], "usage": usage(generation)})
     yield sse.DONE

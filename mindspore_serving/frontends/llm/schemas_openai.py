@@ -3,9 +3,14 @@ parameters (`generation_params`). Unknown fields are refused with OpenAI's "Unre
 supplied: <name>". vLLM's extra sampling fields (top_k, min_p, repetition_penalty, min_tokens, bad_words,
 allowed_token_ids, prompt_logprobs, structured_outputs, guided_*, ...) are accepted.
 
+Chat's `tools` go to the chat template (also with tool_choice "none", as vLLM); "required" or a named
+function constrains the output to JSON calls (tool_calls.py), and an assistant's earlier tool_calls and the
+tool messages answering them cross to the template as they are.
+
 Refused: `suffix` (no served model has a fill-in-the-middle template), a stream with best_of > n (the best
 choices are known only at the end), a stream with prompt_logprobs (as vLLM), top_logprobs without
-logprobs=true, two output constraints at once.
+logprobs=true, two output constraints at once (a forced tool_choice is one), tools or tool_choice that are
+not OpenAI's shapes.
 """
 from typing import Any, Dict, List, Literal, Optional, Union
 
@@ -17,6 +22,7 @@ from mindspore_serving.frontends.llm.output_constraints import (GUIDED_FIELDS, C
                                                                 StructuredOutputs, one_constraint,
                                                                 request_constraints)
 from mindspore_serving.frontends.llm.params import sampling_params, stop_list
+from mindspore_serving.frontends.llm.tool_calls import check_tools, tool_choice_constraint
 from mindspore_serving.llm.sampling_params import MAX_TOP_LOGPROBS
 
 UNKNOWN_FIELD = "Unrecognized request argument supplied: {name}"
@@ -228,10 +234,20 @@ class ChatCompletionRequest(OpenAiRequest):
         super().check()
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidParam("'top_logprobs' requires 'logprobs' to be true", "top_logprobs")
-        if self.tools:
-            raise _refuse("tools")
-        if self.tool_choice not in (None, "none", "auto"):
-            raise _refuse("tool_choice")
+        self.effective_tool_choice()
+
+    def effective_tool_choice(self) -> Union[str, Dict[str, Any]]:
+        """"none", "auto", "required" or the named function (tool_calls.check_tools: InvalidParam naming the
+        field when tools or tool_choice are wrong)."""
+        return check_tools(self.tools, self.tool_choice)
+
+    def constraints(self) -> List[Constraint]:
+        """The output constraints, a forced tool_choice's JSON ("required", a named function) among them."""
+        found = super().constraints()
+        forced = tool_choice_constraint(self.tools, self.effective_tool_choice(), self.parallel_tool_calls is not False)
+        if forced is not None:
+            found.append(("tool_choice", {"type": forced.type, "value": forced.value}))
+        return found
 
     def chat_messages(self) -> List[Union[ChatMessage, Dict[str, Any]]]:
         return [m.for_template(i) for i, m in enumerate(self.messages)]
