@@ -130,6 +130,30 @@ def test_best_of_reports_every_choice_with_its_cumulative_logprob():
         assert out.cumulative_logprob == pytest.approx(sum(out.logprobs)) and out.cumulative_logprob < 0
 
 
+def test_each_choice_gets_its_own_top_logprobs_and_only_the_first_output_the_scored_prompt():
+    engine = make_engine()
+    engine.add_request(None, sampled(n=3, max_new=2, top_logprobs=2, prompt_logprobs=1), "r", prompt_token_ids=PROMPT)
+    outputs = run(engine, "r")
+    scored = [out for out in outputs if out.prompt_logprobs is not None]
+    assert len(scored) == 1 and scored[0] is outputs[0]
+    assert len(scored[0].prompt_logprobs) == len(PROMPT) and scored[0].prompt_logprobs[0] is None
+    for out in outputs:
+        assert len(out.new_top_logprobs) == len(out.new_token_ids) == 1
+        assert len(out.new_top_logprobs[0]) == 2
+    first_tops = {out.index: out.new_top_logprobs[0] for out in outputs if len(out.token_ids) == 1}
+    assert len(first_tops) == 3 and first_tops[0] == first_tops[1] == first_tops[2]  # the one row they share
+
+
+@pytest.mark.parametrize("prompt_logprobs", [None, 0])
+def test_without_new_tokens_every_choice_ends_with_reason_length(prompt_logprobs):
+    engine = make_engine()
+    outputs = engine.generate([PROMPT], SamplingParams(max_new_tokens=0, n=2, prompt_logprobs=prompt_logprobs))
+    assert [(out.index, out.finish_reason, out.token_ids) for out in outputs] == [(0, FinishReason.LENGTH, []),
+                                                                                   (1, FinishReason.LENGTH, [])]
+    assert (outputs[0].prompt_logprobs is not None) == (prompt_logprobs is not None)
+    check_all_blocks_free(engine)
+
+
 def test_a_shared_block_is_held_by_every_choice_until_the_last_one_ends():
     engine = make_engine()
     engine.add_request(None, sampled(n=4, max_new=3), "r", prompt_token_ids=PROMPT)
