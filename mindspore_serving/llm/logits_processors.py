@@ -64,7 +64,7 @@ def process_logits(logits: np.ndarray, params: Sequence[SamplingParams], histori
     if any(p.logit_bias for p in params):
         apply_logit_bias(logits, [p.logit_bias for p in params])
     if any(p.allowed_token_ids for p in params):
-        keep_only(logits, [p.allowed_token_ids for p in params])
+        keep_only(logits, [p.allowed_token_ids_array for p in params])
     if any(bad_words_ids):
         ban(logits, banned_by_bad_words(outputs, bad_words_ids))
     early = [early_stop_ids(p, eos, len(out)) for p, eos, out in zip(params, eos_ids, outputs)]
@@ -103,8 +103,10 @@ def apply_output_penalties(logits: np.ndarray, outputs: Sequence[Sequence[int]],
     active = np.flatnonzero((presence != 0) | (frequency != 0))
     vocab = logits.shape[1]
     rows, tokens = _flat([outputs[i] for i in active], vocab)
-    counts = np.bincount(rows * vocab + tokens, minlength=len(active) * vocab).reshape(len(active), vocab)
-    logits[active] -= frequency[active, None] * counts + presence[active, None] * (counts > 0)
+    # only the tokens the outputs hold change: count each (row, token) pair once over the flat index
+    cells, counts = np.unique(active[rows] * vocab + tokens, return_counts=True)
+    rows, tokens = cells // vocab, cells % vocab
+    logits[rows, tokens] -= frequency[rows] * counts + presence[rows]
 
 
 def apply_logit_bias(logits: np.ndarray, biases: Sequence[Tuple[Tuple[int, float], ...]]) -> None:
@@ -116,13 +118,18 @@ def apply_logit_bias(logits: np.ndarray, biases: Sequence[Tuple[Tuple[int, float
         np.add.at(logits, (np.array(rows), np.array(tokens)), np.array(values, dtype=logits.dtype))
 
 
-def keep_only(logits: np.ndarray, allowed: Sequence[Collection[int]]) -> None:
-    """Rows with a non-empty allowed set: every token outside it gets -inf (an empty set leaves the row)."""
-    active = np.array([i for i, ids in enumerate(allowed) if ids], dtype=np.int64)
-    rows, tokens = _flat([tuple(allowed[i]) for i in active], logits.shape[1])
-    keep = np.zeros((len(active), logits.shape[1]), dtype=bool)
-    keep[rows, tokens] = True
-    logits[active] = np.where(keep, logits[active], -np.inf)
+def keep_only(logits: np.ndarray, allowed: Sequence[np.ndarray]) -> None:
+    """Rows with allowed ids (an int array per row): every token outside them gets -inf (none: the row is left
+    as it is)."""
+    vocab = logits.shape[1]
+    lengths = [len(ids) for ids in allowed]
+    rows = np.repeat(np.arange(len(allowed)), lengths)
+    tokens = np.concatenate([np.asarray(ids, dtype=np.int64) for ids in allowed])
+    inside = (tokens >= 0) & (tokens < vocab)
+    banned = np.zeros(logits.shape, dtype=bool)
+    banned[[i for i, length in enumerate(lengths) if length]] = True
+    banned[rows[inside], tokens[inside]] = False
+    np.putmask(logits, banned, -np.inf)
 
 
 def ban(logits: np.ndarray, banned: Sequence[Collection[int]]) -> None:

@@ -4,11 +4,14 @@
 ValueError) whose message names the field, the value and the allowed range, e.g.
 "top_p must be in (0, 1], got 1.5".
 """
+import functools
 import json
 import math
 import numbers
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Tuple, Union
+
+import numpy as np
 
 from mindspore_serving.llm.errors import InvalidRequestError
 from mindspore_serving.llm.fields import check_known_fields
@@ -257,6 +260,11 @@ class SamplingParams:
     @property
     def top_k_enabled(self) -> bool:
         return self.top_k > 0
+
+    @functools.cached_property
+    def allowed_token_ids_array(self) -> np.ndarray:
+        """allowed_token_ids as int64 ids, made once per params (the sampler masks with them at every step)."""
+        return np.array(self.allowed_token_ids, dtype=np.int64)
 
     @property
     def processes_logits(self) -> bool:
