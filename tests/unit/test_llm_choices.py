@@ -216,9 +216,10 @@ def test_a_choice_ending_early_leaves_the_others_running():
     check_all_blocks_free(engine)
 
 
-@pytest.mark.parametrize("prefix_caching", [False, True], ids=["no-prefix-cache", "prefix-cache"])
-def test_preempted_choices_recompute_their_own_tokens(prefix_caching):
-    engine = make_engine(num_blocks=26, enable_prefix_caching=prefix_caching)
+@pytest.mark.parametrize("config", [dict(), dict(enable_prefix_caching=True), dict(batching="static")],
+                         ids=["no-prefix-cache", "prefix-cache", "static"])
+def test_preempted_choices_recompute_their_own_tokens(config):
+    engine = make_engine(num_blocks=26, **config)
     ids = [engine.add_request(None, sampled(n=4, seed=20 * k, max_new=24), prompt_token_ids=PROMPT[k:])
            for k in range(2)]
     finals, preempted = {}, set()
