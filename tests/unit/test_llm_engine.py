@@ -356,7 +356,10 @@ def test_multi_step_decoding_stops_at_a_stop_token_inside_a_round():
     SamplingParams(max_new_tokens=8, temperature=0.7, seed=1),
     SamplingParams(max_new_tokens=8, temperature=0, repetition_penalty=1.3),
     SamplingParams(max_new_tokens=8, temperature=0, top_logprobs=2),
-], ids=["sampled", "repetition-penalty", "top-logprobs"])
+    SamplingParams(max_new_tokens=8, temperature=0, frequency_penalty=0.5),
+    SamplingParams(max_new_tokens=8, temperature=0, logit_bias={3: 2.0}),
+    SamplingParams(max_new_tokens=8, temperature=0, logprobs_mode="processed"),
+], ids=["sampled", "repetition-penalty", "top-logprobs", "frequency-penalty", "logit-bias", "processed-logprobs"])
 def test_rows_that_need_the_engine_between_tokens_run_one_step_at_a_time(params):
     engine = make_engine(num_scheduler_steps=4)
     steps = []
