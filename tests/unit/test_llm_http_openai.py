@@ -97,6 +97,17 @@ def test_completion_echo_without_logprobs_scores_nothing(client, backend):
     assert backend.requests[-1].params == {"max_new_tokens": 16, "stop": [" world"]}
 
 
+@pytest.mark.parametrize("prompt", [[5, 7], [[5, 7]]])
+def test_completion_of_token_ids(client, backend, prompt):
+    """lm-evaluation-harness sends token ids ([[ids]]) by default; echo gives them back decoded."""
+    choice = client.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "echo": True, "logprobs": 0,
+                                                  "max_tokens": 1}).json()["choices"][0]
+    assert (backend.requests[-1].prompt, backend.requests[-1].prompt_token_ids) == (None, [5, 7])
+    assert choice["text"] == "t5 t7Hello"
+    assert choice["logprobs"]["tokens"] == ["t5", " t7", "Hello"]
+    assert choice["logprobs"]["text_offset"] == [0, 2, 5]
+
+
 def test_lm_eval_scoring_request_returns_the_scored_prompt_only(client, backend):
     """lm-evaluation-harness `local-completions` loglikelihood: echo, logprobs, max_tokens 0, temperature 0."""
     payload = client.post("/v1/completions", json={"model": MODEL, "prompt": "The cat sat", "echo": True,
@@ -444,7 +455,10 @@ def test_chat_tools_without_reading_calls(client, backend):
      "the json of a structured output is not valid"),
     ("/v1/completions", {"prompt": "x", "guided_choice": []}, None, "a choice structured output needs a non-empty"),
     ("/v1/completions", {"prompt": ["x", "y"]}, "prompt", "'prompt' must hold one prompt"),
-    ("/v1/completions", {"prompt": [1, 2, 3]}, "prompt", "'prompt' must be text"),
+    ("/v1/completions", {"prompt": [[1, 2], [3]]}, "prompt", "'prompt' must hold one prompt"),
+    ("/v1/completions", {"prompt": [[]]}, "prompt", "'prompt' must not be empty"),
+    ("/v1/completions", {"prompt": [3, -1]}, "prompt", "'prompt' token ids must be >= 0"),
+    ("/v1/completions", {"prompt": [3, 100], "echo": True}, None, "token id 100 is not in this model's vocabulary"),
     ("/v1/completions", {"prompt": ""}, "prompt", "'prompt' must not be empty"),
     ("/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options",
      "The 'stream_options' parameter is only allowed when 'stream' is enabled."),

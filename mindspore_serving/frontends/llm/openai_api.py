@@ -11,7 +11,7 @@ followed by `data: [DONE]`. Chat messages go to the backend, which applies the m
 tool calls are read out of the output (tool_calls.py) into OpenAI's `tool_calls`, whole or as deltas.
 """
 import time
-from typing import AsyncIterator, Callable, List, NamedTuple, Optional
+from typing import AsyncIterator, Awaitable, Callable, List, NamedTuple, Optional
 
 from fastapi import APIRouter, Request
 
@@ -285,10 +285,16 @@ class RouteParts(NamedTuple):
     request_fields: dict
 
 
-def completion_route(body: CompletionRequest) -> RouteParts:
-    prompt = body.prompt_text()
-    return RouteParts(lambda gen: completion_chunks(gen, body, prompt),
-                      lambda gen: completion_payload(gen, body, prompt), len(prompt), {"prompt": prompt})
+async def completion_route(body: CompletionRequest, backend: LlmBackend, model: ModelInfo) -> RouteParts:
+    """A text prompt, or token ids (echoed as the model's tokenizer decodes them)."""
+    prompt = body.prompt_input()
+    if isinstance(prompt, str):
+        text, fields = prompt, {"prompt": prompt}
+    else:
+        text = await backend.detokenize(model.name, prompt) if body.echo else ""
+        fields = {"prompt_token_ids": prompt}
+    return RouteParts(lambda gen: completion_chunks(gen, body, text),
+                      lambda gen: completion_payload(gen, body, text), len(text), fields)
 
 
 def _content_chars(message) -> int:
@@ -296,7 +302,8 @@ def _content_chars(message) -> int:
     return len(content) if isinstance(content, str) else 0
 
 
-def chat_route(body: ChatCompletionRequest) -> RouteParts:
+async def chat_route(body: ChatCompletionRequest, backend: LlmBackend, model: ModelInfo) -> RouteParts:
+    del backend, model  # the messages cross as they are: the worker applies the chat template
     messages = body.chat_messages()
     return RouteParts(lambda gen: chat_chunks(gen, body), lambda gen: chat_payload(gen, body),
                       sum(_content_chars(m) for m in messages),
@@ -307,14 +314,15 @@ def build_openai_router(backend: LlmBackend, keep_alive_s: float = 15.0) -> APIR
     router = APIRouter(prefix="/v1", tags=["OpenAI"])
     started = int(time.time())
 
-    async def generate(request: Request, schema, route: Callable[..., RouteParts]):
+    async def generate(request: Request, schema, route: Callable[..., Awaitable[RouteParts]]):
         """Checks the body of `request` as `schema`, starts its generation and answers it: SSE chunks when
-        streamed, else the JSON payload with the timing headers. `route(body)` gives what differs per route."""
+        streamed, else the JSON payload with the timing headers. `route(body, backend, model)` gives what
+        differs per route."""
         arrival = time.perf_counter()
         body = parse_body(await request.body(), schema, UNKNOWN_FIELD)
         body.check()
-        chunks, payload, input_chars, request_fields = route(body)
         model = served_model(backend, body.model)
+        chunks, payload, input_chars, request_fields = await route(body, backend, model)
         gen_request = GenerationRequest(model=model.name, request_id=new_request_id(),
                                         params=body.generation_params(), **request_fields)
         generation = Generation(backend, gen_request, model, PROTOCOL.value, arrival)

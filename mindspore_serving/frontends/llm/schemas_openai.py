@@ -135,16 +135,18 @@ class CompletionRequest(OpenAiRequest):
             raise InvalidParam(f"'best_of' greater than 'n' cannot be streamed (best_of={self.best_of}, "
                                f"n={self.n or 1}): the best choices are known only at the end", "best_of")
 
-    def prompt_text(self) -> str:
+    def prompt_input(self) -> Union[str, List[int]]:
+        """The one prompt: a text, or token ids (lm-evaluation-harness sends [[ids]] by default). Several
+        prompts at once are refused."""
         prompt = self.prompt
-        if isinstance(prompt, list):
-            if len(prompt) != 1 or not isinstance(prompt[0], str):
-                if prompt and all(isinstance(p, str) for p in prompt):
-                    raise _refuse("prompt", f"must hold one prompt: batches are not supported, got {len(prompt)}")
-                raise _refuse("prompt", "must be text: token-id prompts are not supported")
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            if len(prompt) != 1:
+                raise _refuse("prompt", f"must hold one prompt: batches are not supported, got {len(prompt)}")
             prompt = prompt[0]
         if not prompt:
             raise InvalidParam("'prompt' must not be empty", "prompt")
+        if isinstance(prompt, list) and any(t < 0 for t in prompt):
+            raise InvalidParam("'prompt' token ids must be >= 0", "prompt")
         return prompt
 
     def max_new_tokens(self) -> int:

@@ -58,13 +58,21 @@ def alternatives(token_id: int, text: str, logprob: float, count: int) -> List[T
                                                     for j in range(count - 1)]
 
 
-def prompt_scores(prompt: str, count: int) -> PromptEvent:
-    """The fake's scored prompt: one token per word (the spaces around it included, so the tokens' texts make the
-    prompt again); every token after the first
-    has PROMPT_LOGPROB, " alt0" (-0.5) is likelier and the token itself is second among the alternatives."""
+def prompt_pieces(request: GenerationRequest) -> List[Tuple[int, str]]:
+    """The fake's prompt tokens (id, text): one per word of a text prompt (the spaces around it included, so
+    the texts make the prompt again), or the ids of a token-id prompt with their texts as `detokenize` gives
+    them ("t5", " t7", ...)."""
+    if request.prompt_token_ids is not None:
+        return [(i, ("" if n == 0 else " ") + f"t{i}") for n, i in enumerate(request.prompt_token_ids)]
+    prompt = render_chat(request.messages) if request.messages is not None else request.prompt
+    return [(FIRST_TOKEN_ID + len(piece.strip()), piece) for piece in re.findall(r"\s*\S+(?:\s+$)?", prompt)]
+
+
+def prompt_scores(pieces: List[Tuple[int, str]], count: int) -> PromptEvent:
+    """The fake's scored prompt: every token after the first has PROMPT_LOGPROB, " alt0" (-0.5) is likelier and
+    the token itself is second among the alternatives."""
     tokens = []
-    for position, piece in enumerate(re.findall(r"\s*\S+(?:\s+$)?", prompt)):
-        token_id = FIRST_TOKEN_ID + len(piece.strip())
+    for position, (token_id, piece) in enumerate(pieces):
         if position == 0:
             tokens.append(PromptToken(token_id, piece, None))
             continue
@@ -169,11 +177,12 @@ class FakeLlmBackend:
         if self.fail_before is not None:
             raise self.fail_before
         params = SamplingParams.from_dict(request.params)
-        prompt = render_chat(request.messages) if request.messages is not None else request.prompt
+        pieces = prompt_pieces(request)
+        prompt = "".join(text for _, text in pieces)
         outcome = "closed"
         try:
             if params.prompt_logprobs is not None:
-                yield prompt_scores(prompt, params.prompt_logprobs)
+                yield prompt_scores(pieces, params.prompt_logprobs)
             scripts = [self._script(params, choice) for choice in range(params.num_choices)]
             rounds = max(len(tokens) for tokens, _ in scripts)
             unfinished = len(scripts)
