@@ -10,12 +10,18 @@ the config and what the runner declares it can do (model_io):
   the next `step()` plans and submits the following step first, then collects this one's tokens, so the
   runner always has the next step queued while the engine does its own work.
 
+Structured output: a plan with a row under a grammar samples in the engine. The grammar bitmasks of its rows are
+computed on llguidance's threads while the model computes the step (started right before the runner gets the plan)
+and handed to the sampler with the logits; after the step each grammar is fed its request's new token. A row whose
+grammar allows no token ends its request with reason "grammar" (request.error says why); a completed grammar allows
+only the end-of-sequence token, and ends its request with reason "stop" where that token cannot.
+
 A failing model step does not stop the engine: the requests of that step finish with reason "error" and every
 other request goes on. A runner that fails with a ServingError says what kind of failure it is (a lost agent is
 unavailable: retry later); the requests carry that kind and message, any other exception is a generation
 failure "model step failed: ...".
 """
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -31,6 +37,7 @@ from mindspore_serving.llm.prompt_scores import record_prompt_scores
 from mindspore_serving.llm.request import FinishReason, RequestStatus
 from mindspore_serving.llm.sampler import Sampler
 from mindspore_serving.llm.scheduler import Scheduler, SchedulerOutput
+from mindspore_serving.llm.structured_output import BitmaskComputer
 
 ARRIVAL_WINDOW_S = 1.0
 """Async scheduling: how recent the last arrival must be for a batch with room to run single steps."""
@@ -74,6 +81,7 @@ class _Submitted:
     schedule_s: float
     submitted: float
     overlapped: bool = False      # submitted while the engine had other work (async scheduling)
+    masks: Optional[Future] = None  # the grammar bitmasks of its rows, computed while the model runs
 
 
 @dataclass
@@ -96,6 +104,7 @@ class StepExecutor:
         self.sampler = sampler
         self._on_step = on_step
         self._timer = timer
+        self._masker: Optional[BitmaskComputer] = None
 
     def step(self) -> List[EngineCoreOutput]:
         """Runs what the scheduler plans now (nothing when nothing is schedulable); the outputs of the requests
@@ -119,8 +128,10 @@ class StepExecutor:
                 tokens, logprobs = self._check_steps(plan, num_steps, result)
             else:
                 logits = record_prompt_scores(plan.scheduled, result, self.scheduler.requests)
-                sampled = self._sample(plan, logits)
+                sampled = self._sample(plan, logits, None if submitted.masks is None else submitted.masks.result())
         except Exception as err:  # pylint: disable=broad-except
+            if submitted.masks is not None:
+                wait([submitted.masks])  # its grammar states are not to be fed while it reads them
             # NOTE: a failed step fails its own requests, not the engine.
             log.exception(f"LLM step {plan.step_id} failed for requests {plan.request_ids}: {err}")
             t2 = self._timer()
@@ -141,7 +152,8 @@ class StepExecutor:
                 return False
         return True
 
-    def _sample(self, plan: SchedulerOutput, logits) -> Dict[int, _Sampled]:
+    def _sample(self, plan: SchedulerOutput, logits, bitmasks: Optional[np.ndarray] = None) -> Dict[int, _Sampled]:
+        """Samples the rows that complete their tokens; `bitmasks`: the grammar bitmasks of the plan's rows."""
         logits = np.asarray(logits)
         if logits.ndim != 2 or logits.shape[0] != len(plan.scheduled):
             raise RuntimeError(f"model runner returned logits of shape {logits.shape} "
@@ -152,7 +164,8 @@ class StepExecutor:
             return {}
         requests = [live[plan.scheduled[i].request_id] for i in rows]
         num_rows = expand_rows(rows, requests, self.scheduler.children_to_fork)  # a forking row samples each choice
-        result = self.sampler.sample_requests(logits if rows == list(range(len(logits))) else logits[rows], requests)
+        result = self.sampler.sample_requests(logits if rows == list(range(len(logits))) else logits[rows], requests,
+                                              bitmasks=None if bitmasks is None else bitmasks[rows])
         tops = result.top_logprobs or [[] for _ in rows]
         sampled = {i: _Sampled(result.token_ids[k], result.logprobs[k], tops[k]) for k, i in enumerate(rows[:num_rows])}
         for k in range(num_rows, len(rows)):
@@ -160,6 +173,7 @@ class StepExecutor:
         return sampled
 
     def _update(self, plan: SchedulerOutput, sampled: Dict[int, _Sampled]) -> List[EngineCoreOutput]:
+        ended = self._end_rows_without_token(plan, sampled)
         tokens = [sampled[i].token_id if i in sampled else None for i in range(len(plan.scheduled))]
         by_id = {plan.scheduled[i].request_id: value for i, value in sampled.items()}
         forks = {}
@@ -177,7 +191,69 @@ class StepExecutor:
             outputs.append(EngineCoreOutput(delta.request_id, delta.new_token_ids, [got.logprob],
                                             [got.top_logprobs] if got.top_logprobs else [],
                                             delta.finished, delta.finish_reason))
+        return ended + self._follow_grammars(outputs)
+
+    # --- structured output --------------------------------------------------------------------
+    def _start_masks(self, plan: SchedulerOutput) -> Optional[Future]:
+        """Starts computing the grammar bitmasks of the plan's rows (None: no row has a grammar); called right
+        before the runner gets the plan, so that they are computed while the model computes the step."""
+        live = self.scheduler.requests
+        rows = []
+        for row in plan.scheduled:
+            request = live.get(row.request_id)
+            grammar = request.grammar if request is not None and row.samples else None
+            if grammar is not None:
+                grammar.advance(request.output_token_ids)  # tokens it got outside this executor (a fork's first)
+            rows.append(grammar)
+        if all(grammar is None for grammar in rows):
+            return None
+        if self._masker is None:
+            self._masker = BitmaskComputer(self.runner.vocab_size)
+        return self._masker.start(rows)
+
+    def _end_rows_without_token(self, plan: SchedulerOutput, sampled: Dict[int, _Sampled]) -> List[EngineCoreOutput]:
+        """Ends the requests whose row allowed no token (the sampler's -1), before the tokens are recorded: reason
+        "grammar" for a structured output, else "stop" (its own masks exclude every token)."""
+        outputs = []
+        for i in [i for i, got in sampled.items() if got.token_id < 0]:
+            del sampled[i]
+            request = self.scheduler.get_request(plan.scheduled[i].request_id)
+            if request is None:
+                continue
+            if request.grammar is not None:
+                reason = request.grammar.error or "the grammar allows no token here"
+                outputs.append(self._end(request, RequestStatus.FINISHED_GRAMMAR, f"structured output: {reason}"))
+            else:
+                outputs.append(self._end(request, RequestStatus.FINISHED_STOP, "no token is allowed: "
+                                         "allowed_token_ids, bad words and min_tokens exclude every token"))
         return outputs
+
+    def _follow_grammars(self, outputs: List[EngineCoreOutput]) -> List[EngineCoreOutput]:
+        """Feeds the new tokens to the grammars of the requests that go on: a grammar that refuses one ends its
+        request (reason "grammar"); a completed grammar whose end-of-sequence token cannot end the request now
+        (ignore_eos, min_tokens not reached, or the engine knows no EOS) ends it with reason "stop"."""
+        for out in outputs:
+            request = self.scheduler.get_request(out.request_id)
+            if out.finished or request is None or request.grammar is None:
+                continue
+            grammar = request.grammar
+            if not grammar.advance(request.output_token_ids):
+                self._end(request, RequestStatus.FINISHED_GRAMMAR, f"structured output: {grammar.error}")
+            elif grammar.is_stopped and not _eos_can_end(request):
+                self._end(request, RequestStatus.FINISHED_STOP)
+            else:
+                continue
+            out.finished, out.finish_reason = True, request.finish_reason
+        return outputs
+
+    def _end(self, request, status: RequestStatus, why: Optional[str] = None) -> EngineCoreOutput:
+        """Finishes a running request after its step (reason `status`); `why` is kept as request.error and logged.
+        The output tells the front end that it finished (not that it failed: its tokens stand)."""
+        if why is not None:
+            request.error = why
+            log.info(f"request {request.request_id} ends with reason {status.finish_reason}: {why}")
+        self.scheduler.finish_request(request.request_id, status)
+        return EngineCoreOutput(request.request_id, finished=True, finish_reason=status.finish_reason)
 
     @staticmethod
     def _check_steps(plan: SchedulerOutput, num_steps: int, result) -> Tuple[np.ndarray, np.ndarray]:
@@ -221,7 +297,8 @@ class SingleStepExecutor(StepExecutor):
 
     def _run(self, plan: SchedulerOutput, t0: float) -> _Submitted:
         t1 = self._timer()
-        return _Submitted(plan, False, 1, _call_now(self.runner.run, plan.seq_steps), t1 - t0, t1)
+        masks = self._start_masks(plan)
+        return _Submitted(plan, False, 1, _call_now(self.runner.run, plan.seq_steps), t1 - t0, t1, masks=masks)
 
 
 class MultiStepExecutor(SingleStepExecutor):
@@ -278,8 +355,9 @@ class AsyncStepExecutor(StepExecutor):
         num_steps = self.scheduler.reserve_decode_steps(plan, self._round_length()) if greedy else 1
         prev_rows = _prev_rows(plan, in_flight)
         t1 = self._timer()
+        masks = None if greedy else self._start_masks(plan)
         future = self.runner.submit(plan.seq_steps, num_steps if greedy else 0, prev_rows)
-        submitted = _Submitted(plan, greedy, num_steps, future, t1 - t0, t1, overlapped=True)
+        submitted = _Submitted(plan, greedy, num_steps, future, t1 - t0, t1, overlapped=True, masks=masks)
         self._in_flight = submitted
         if in_flight is not None:
             outputs += self._collect(in_flight)
@@ -299,6 +377,13 @@ class AsyncStepExecutor(StepExecutor):
         arriving = (1 < scheduler.num_running < scheduler.config.max_num_seqs
                     and scheduler.clock() - scheduler.last_arrival_time < ARRIVAL_WINDOW_S)
         return 1 if arriving else self.num_scheduler_steps
+
+
+def _eos_can_end(request) -> bool:
+    """Whether the end-of-sequence token a completed grammar allows would end the request now."""
+    params = request.sampling_params
+    return (not params.ignore_eos and request.num_output_tokens >= params.min_tokens
+            and bool(request.grammar.eos_token_ids & request.eos_token_ids))
 
 
 def _step_failure(err: Exception) -> Tuple[str, Kind]:
