@@ -186,12 +186,12 @@ def test_openai_scoring_request_of_lm_eval(oai, backend):
     assert completion.usage.completion_tokens == 0
     assert backend.requests[-1].params == {"max_new_tokens": 0, "temperature": 0, "top_logprobs": 1,
                                            "prompt_logprobs": 1}
-    # its default sends the prompt as token ids
-    completion = oai.completions.create(model=MODEL, prompt=[[5, 7, 9]], echo=True, logprobs=1, max_tokens=0,
-                                        temperature=0)
-    assert backend.requests[-1].prompt_token_ids == [5, 7, 9]
-    assert completion.choices[0].logprobs.tokens == ["t5", " t7", " t9"]
-    assert completion.choices[0].logprobs.token_logprobs == [None, -1.0, -1.0]
+    # its default sends batches of token-id prompts
+    completion = oai.completions.create(model=MODEL, prompt=[[5, 7, 9], [3, 4]], echo=True, logprobs=1,
+                                        max_tokens=0, temperature=0)
+    assert [r.prompt_token_ids for r in backend.requests[-2:]] == [[5, 7, 9], [3, 4]]
+    assert [(c.index, c.logprobs.tokens, c.logprobs.token_logprobs) for c in completion.choices] == [
+        (0, ["t5", " t7", " t9"], [None, -1.0, -1.0]), (1, ["t3", " t4"], [None, -1.0])]
 
 
 def test_openai_response_format_and_vllm_constraints(oai, backend):

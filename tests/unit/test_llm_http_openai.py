@@ -108,6 +108,28 @@ def test_completion_of_token_ids(client, backend, prompt):
     assert choice["logprobs"]["text_offset"] == [0, 2, 5]
 
 
+def test_completion_of_a_batch_of_prompts(client, backend):
+    payload = client.post("/v1/completions", json={"model": MODEL, "prompt": [[3], [5, 7, 9]], "n": 2,
+                                                   "max_tokens": 1, "echo": True}).json()
+    assert [(c["index"], c["text"]) for c in payload["choices"]] == [
+        (0, "t3Hello"), (1, "t3Hello1"), (2, "t5 t7 t9Hello"), (3, "t5 t7 t9Hello1")]
+    assert payload["usage"] == {"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8}
+    first, second = backend.requests[-2:]
+    assert (first.prompt_token_ids, second.prompt_token_ids) == ([3], [5, 7, 9])
+    assert second.request_id == f"{first.request_id}-1"
+    events = parse_sse(client.post("/v1/completions", json={"model": MODEL, "prompt": ["Hi", "you"],
+                                                            "max_tokens": 1, "stream": True}).text)
+    assert [(c["index"], c["text"], c["finish_reason"]) for e in events[:-1] for c in e["choices"]] == [
+        (0, "Hello", None), (0, "", "length"), (1, "Hello", None), (1, "", "length")]
+
+
+def test_a_failing_prompt_fails_its_batch(client, backend):
+    backend.fail_after = (1, errors.Failed("the model step failed"))
+    reply = client.post("/v1/completions", json={"model": MODEL, "prompt": ["Hi", "you"]})
+    assert reply.status_code == 500
+    assert sorted(backend.outcomes.values()) == ["failed", "failed"]
+
+
 def test_lm_eval_scoring_request_returns_the_scored_prompt_only(client, backend):
     """lm-evaluation-harness `local-completions` loglikelihood: echo, logprobs, max_tokens 0, temperature 0."""
     payload = client.post("/v1/completions", json={"model": MODEL, "prompt": "The cat sat", "echo": True,
@@ -454,8 +476,8 @@ def test_chat_tools_without_reading_calls(client, backend):
     ("/v1/completions", {"prompt": "x", "guided_json": "not json"}, None,
      "the json of a structured output is not valid"),
     ("/v1/completions", {"prompt": "x", "guided_choice": []}, None, "a choice structured output needs a non-empty"),
-    ("/v1/completions", {"prompt": ["x", "y"]}, "prompt", "'prompt' must hold one prompt"),
-    ("/v1/completions", {"prompt": [[1, 2], [3]]}, "prompt", "'prompt' must hold one prompt"),
+    ("/v1/completions", {"prompt": [[1, 2], []]}, "prompt.1", "'prompt.1' must not be empty"),
+    ("/v1/completions", {"prompt": ["a", ""]}, "prompt.1", "'prompt.1' must not be empty"),
     ("/v1/completions", {"prompt": [[]]}, "prompt", "'prompt' must not be empty"),
     ("/v1/completions", {"prompt": [3, -1]}, "prompt", "'prompt' token ids must be >= 0"),
     ("/v1/completions", {"prompt": [3, 100], "echo": True}, None, "token id 100 is not in this model's vocabulary"),

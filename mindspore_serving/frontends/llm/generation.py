@@ -8,6 +8,7 @@ ending with its own FinalEvent) and keeps them; `events()` yields the TokenEvent
 the backend's iterator, which aborts the request in the engine when the client went away, and logs the
 request's timing.
 """
+import asyncio
 import math
 import time
 from typing import AsyncIterator, Dict, List, Optional, Union
@@ -240,3 +241,51 @@ class Generation:
             "x-prompt-tokens": str(final.prompt_tokens if final is not None else 0),
             "x-generated-tokens": str(generated),
         }
+
+
+class GenerationBatch:
+    """Several prompts of one request (OpenAI completions' prompt batches), each its own Generation, answered as
+    one: they start together, so the engine runs them at once, and a failure of any fails the request (closing
+    the others aborts them). Streamed, they are read one after the other (the engine still generates them at
+    once; the events wait in the backend)."""
+
+    def __init__(self, items: List[Generation]):
+        self.items = items
+
+    @property
+    def request_id(self) -> str:
+        return self.items[0].request_id
+
+    @property
+    def created(self) -> int:
+        return self.items[0].created
+
+    @property
+    def model(self) -> ModelInfo:
+        return self.items[0].model
+
+    async def start(self) -> None:
+        await _all(g.start() for g in self.items)
+
+    async def collect(self) -> None:
+        await _all(g.collect() for g in self.items)
+
+    async def close(self) -> None:
+        for generation in self.items:
+            await generation.close()
+
+    def timing_headers(self, compute_characters: int) -> dict:
+        """The headers of the prompt that ended last, with the tokens of all."""
+        last = max(self.items, key=lambda g: g.ended or 0.0)
+        headers = last.timing_headers(compute_characters)
+        headers["x-prompt-tokens"] = str(sum(g.prompt_tokens for g in self.items))
+        headers["x-generated-tokens"] = str(sum(g.completion_tokens for g in self.items))
+        return headers
+
+
+async def _all(awaitables) -> None:
+    """Runs the awaitables at once and waits for all of them; then raises the first one's error, if any."""
+    results = await asyncio.gather(*awaitables, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result

@@ -11,7 +11,7 @@ followed by `data: [DONE]`. Chat messages go to the backend, which applies the m
 tool calls are read out of the output (tool_calls.py) into OpenAI's `tool_calls`, whole or as deltas.
 """
 import time
-from typing import AsyncIterator, Awaitable, Callable, List, NamedTuple, Optional
+from typing import AsyncIterator, Awaitable, Callable, List, NamedTuple, Optional, Union
 
 from fastapi import APIRouter, Request
 
@@ -19,7 +19,7 @@ from mindspore_serving.frontends.llm import sse, tool_calls
 from mindspore_serving.master.llm_types import (FinalEvent, GenerationRequest, LlmBackend, ModelInfo, PromptEvent,
                                                 TokenEvent, TopLogprob)
 from mindspore_serving.frontends.errors import Protocol, http_error
-from mindspore_serving.frontends.llm.generation import Generation, finite
+from mindspore_serving.frontends.llm.generation import Generation, GenerationBatch, finite
 from mindspore_serving.frontends.llm.params import new_request_id, parse_body, served_model
 from mindspore_serving.frontends.llm.responses import guarded, json_reply, stream_reply
 from mindspore_serving.frontends.llm.schemas_openai import UNKNOWN_FIELD, ChatCompletionRequest, CompletionRequest
@@ -35,9 +35,10 @@ def finish_reason(final: FinalEvent) -> str:
     return FINISH_REASONS.get(final.finish_reason, final.finish_reason)
 
 
-def usage(generation: Generation) -> dict:
-    """The prompt once, and the tokens of every choice generated (best_of's dropped ones too, as OpenAI)."""
-    prompt, completion = generation.prompt_tokens, generation.completion_tokens
+def usage(*generations: Generation) -> dict:
+    """Each prompt once, and the tokens of every choice generated (best_of's dropped ones too, as OpenAI)."""
+    prompt = sum(g.prompt_tokens for g in generations)
+    completion = sum(g.completion_tokens for g in generations)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
@@ -128,31 +129,35 @@ def _prompt_scores(generation: Generation, request: CompletionRequest) -> Option
     return generation.prompt_scores if request.scores_prompt else None
 
 
-def completion_payload(generation: Generation, request: CompletionRequest, prompt: str) -> dict:
-    prefix = prompt if request.echo else ""
-    scores = _prompt_scores(generation, request)
+def completion_payload(batch: GenerationBatch, request: CompletionRequest, prompts: List[str]) -> dict:
+    """Prompt p's choice j is choices[p * n + j] (OpenAI's order)."""
+    n = request.n or 1
     choices = []
-    for index, choice in enumerate(returned_choices(generation, request.n or 1)):
-        final = generation.finals[choice]
-        logprobs = None
-        if request.logprobs is not None:
-            logprobs = completion_logprobs(generation.choice_tokens(choice), request.logprobs,
-                                           0 if scores is not None else len(prefix), scores)
-        item = {"index": index, "text": prefix + final.text, "logprobs": logprobs,
-                "finish_reason": finish_reason(final)}
-        if request.prompt_logprobs is not None:
-            item["prompt_logprobs"] = prompt_logprobs(generation.prompt_scores, request.prompt_logprobs)
-        choices.append(item)
-    return {"id": f"cmpl-{generation.request_id}", "object": "text_completion", "created": generation.created,
-            "model": generation.model.name, "choices": choices, "usage": usage(generation)}
+    for number, (generation, prompt) in enumerate(zip(batch.items, prompts)):
+        prefix = prompt if request.echo else ""
+        scores = _prompt_scores(generation, request)
+        for rank, choice in enumerate(returned_choices(generation, n)):
+            final = generation.finals[choice]
+            logprobs = None
+            if request.logprobs is not None:
+                logprobs = completion_logprobs(generation.choice_tokens(choice), request.logprobs,
+                                               0 if scores is not None else len(prefix), scores)
+            item = {"index": number * n + rank, "text": prefix + final.text, "logprobs": logprobs,
+                    "finish_reason": finish_reason(final)}
+            if request.prompt_logprobs is not None:
+                item["prompt_logprobs"] = prompt_logprobs(generation.prompt_scores, request.prompt_logprobs)
+            choices.append(item)
+    return {"id": f"cmpl-{batch.request_id}", "object": "text_completion", "created": batch.created,
+            "model": batch.model.name, "choices": choices, "usage": usage(*batch.items)}
 
 
-async def completion_chunks(generation: Generation, request: CompletionRequest,
-                            prompt: str) -> AsyncIterator[bytes]:
-    """One choice per chunk, the choices interleaved as their tokens come; each choice ends with a chunk
-    holding its finish_reason. With echo, each choice starts with the prompt (and its scores)."""
-    head = {"id": f"cmpl-{generation.request_id}", "object": "text_completion", "created": generation.created,
-            "model": generation.model.name}
+async def completion_chunks(batch: GenerationBatch, request: CompletionRequest,
+                            prompts: List[str]) -> AsyncIterator[bytes]:
+    """One choice per chunk, a prompt's choices interleaved as their tokens come; each choice ends with a chunk
+    holding its finish_reason. With echo, each choice starts with the prompt (and its scores). The prompts of a
+    batch follow one another (prompt p's choice j has index p * n + j)."""
+    head = {"id": f"cmpl-{batch.request_id}", "object": "text_completion", "created": batch.created,
+            "model": batch.model.name}
     if request.include_usage:
         head["usage"] = None
 
@@ -160,26 +165,28 @@ async def completion_chunks(generation: Generation, request: CompletionRequest,
         return sse.event({**head, "choices": [{"index": index, "text": text, "logprobs": logprobs,
                                                "finish_reason": reason}]})
 
-    choices = generation.num_choices
-    offset = 0
-    if request.echo:
-        scores = _prompt_scores(generation, request)
-        logprobs = completion_logprobs([], request.logprobs, 0, scores) if scores is not None else None
-        offset = sum(len(t) for t in logprobs["tokens"]) if logprobs is not None else len(prompt)
-        for index in range(choices):
-            yield chunk(index, prompt, logprobs, None)
-    offsets = [offset] * choices
-    async for event in generation.outputs():
-        index = event.choice
-        if isinstance(event, FinalEvent):
-            yield chunk(index, "", None, finish_reason(event))
-        elif request.logprobs is not None:
-            yield chunk(index, event.text, completion_logprobs([event], request.logprobs, offsets[index]), None)
-            offsets[index] += len(event.text)
-        elif event.text:
-            yield chunk(index, event.text, None, None)
+    for number, (generation, prompt) in enumerate(zip(batch.items, prompts)):
+        first = number * generation.num_choices
+        offset = 0
+        if request.echo:
+            scores = _prompt_scores(generation, request)
+            logprobs = completion_logprobs([], request.logprobs, 0, scores) if scores is not None else None
+            offset = sum(len(t) for t in logprobs["tokens"]) if logprobs is not None else len(prompt)
+            for choice in range(generation.num_choices):
+                yield chunk(first + choice, prompt, logprobs, None)
+        offsets = [offset] * generation.num_choices
+        async for event in generation.outputs():
+            index = first + event.choice
+            if isinstance(event, FinalEvent):
+                yield chunk(index, "", None, finish_reason(event))
+            elif request.logprobs is not None:
+                logprobs = completion_logprobs([event], request.logprobs, offsets[event.choice])
+                yield chunk(index, event.text, logprobs, None)
+                offsets[event.choice] += len(event.text)
+            elif event.text:
+                yield chunk(index, event.text, None, None)
     if request.include_usage:
-        yield sse.event({**head, "choices": [], "usage": usage(generation)})
+        yield sse.event({**head, "choices": [], "usage": usage(*batch.items)})
     yield sse.DONE
 
 
@@ -278,23 +285,26 @@ async def chat_chunks(generation: Generation, request: ChatCompletionRequest) ->
 
 class RouteParts(NamedTuple):
     """What differs between the generation routes: the stream, the JSON payload, the input size the timing
-    headers report, and the prompt or the messages of the GenerationRequest."""
-    chunks: Callable[[Generation], AsyncIterator[bytes]]
-    payload: Callable[[Generation], dict]
+    headers report, and each prompt's GenerationRequest fields (the prompt or the messages; several for a
+    batch of completion prompts)."""
+    chunks: Callable[[Union[Generation, GenerationBatch]], AsyncIterator[bytes]]
+    payload: Callable[[Union[Generation, GenerationBatch]], dict]
     input_chars: int
-    request_fields: dict
+    request_fields: List[dict]
 
 
 async def completion_route(body: CompletionRequest, backend: LlmBackend, model: ModelInfo) -> RouteParts:
-    """A text prompt, or token ids (echoed as the model's tokenizer decodes them)."""
-    prompt = body.prompt_input()
-    if isinstance(prompt, str):
-        text, fields = prompt, {"prompt": prompt}
-    else:
-        text = await backend.detokenize(model.name, prompt) if body.echo else ""
-        fields = {"prompt_token_ids": prompt}
-    return RouteParts(lambda gen: completion_chunks(gen, body, text),
-                      lambda gen: completion_payload(gen, body, text), len(text), fields)
+    """Text prompts, or token ids (echoed as the model's tokenizer decodes them)."""
+    texts, fields = [], []
+    for prompt in body.prompt_inputs():
+        if isinstance(prompt, str):
+            texts.append(prompt)
+            fields.append({"prompt": prompt})
+        else:
+            texts.append(await backend.detokenize(model.name, prompt) if body.echo else "")
+            fields.append({"prompt_token_ids": prompt})
+    return RouteParts(lambda batch: completion_chunks(batch, body, texts),
+                      lambda batch: completion_payload(batch, body, texts), sum(len(t) for t in texts), fields)
 
 
 def _content_chars(message) -> int:
@@ -307,25 +317,28 @@ async def chat_route(body: ChatCompletionRequest, backend: LlmBackend, model: Mo
     messages = body.chat_messages()
     return RouteParts(lambda gen: chat_chunks(gen, body), lambda gen: chat_payload(gen, body),
                       sum(_content_chars(m) for m in messages),
-                      {"messages": messages, "tools": body.tools, "chat_template_kwargs": body.chat_template_kwargs})
+                      [{"messages": messages, "tools": body.tools, "chat_template_kwargs": body.chat_template_kwargs}])
 
 
 def build_openai_router(backend: LlmBackend, keep_alive_s: float = 15.0) -> APIRouter:
     router = APIRouter(prefix="/v1", tags=["OpenAI"])
     started = int(time.time())
 
-    async def generate(request: Request, schema, route: Callable[..., Awaitable[RouteParts]]):
+    async def generate(request: Request, schema, route: Callable[..., Awaitable[RouteParts]], batch: bool):
         """Checks the body of `request` as `schema`, starts its generation and answers it: SSE chunks when
         streamed, else the JSON payload with the timing headers. `route(body, backend, model)` gives what
-        differs per route."""
+        differs per route; `batch`: the route answers a GenerationBatch (one Generation per prompt)."""
         arrival = time.perf_counter()
         body = parse_body(await request.body(), schema, UNKNOWN_FIELD)
         body.check()
         model = served_model(backend, body.model)
-        chunks, payload, input_chars, request_fields = await route(body, backend, model)
-        gen_request = GenerationRequest(model=model.name, request_id=new_request_id(),
-                                        params=body.generation_params(), **request_fields)
-        generation = Generation(backend, gen_request, model, PROTOCOL.value, arrival)
+        chunks, payload, input_chars, prompts = await route(body, backend, model)
+        params = body.generation_params()
+        request_id = new_request_id()
+        ids = [request_id] + [f"{request_id}-{n}" for n in range(1, len(prompts))]
+        items = [Generation(backend, GenerationRequest(model=model.name, request_id=rid, params=params, **fields),
+                            model, PROTOCOL.value, arrival) for rid, fields in zip(ids, prompts)]
+        generation = GenerationBatch(items) if batch else items[0]
         if body.stream:
             return stream_reply(generation, PROTOCOL, lambda: chunks(generation), error_chunks,
                                 keep_alive_s=keep_alive_s)
@@ -344,11 +357,11 @@ def build_openai_router(backend: LlmBackend, keep_alive_s: float = 15.0) -> APIR
     @router.post("/completions", summary="Text completion (OpenAI)")
     @guarded(PROTOCOL)
     async def completions(request: Request):
-        return await generate(request, CompletionRequest, completion_route)
+        return await generate(request, CompletionRequest, completion_route, batch=True)
 
     @router.post("/chat/completions", summary="Chat completion (OpenAI)")
     @guarded(PROTOCOL)
     async def chat_completions(request: Request):
-        return await generate(request, ChatCompletionRequest, chat_route)
+        return await generate(request, ChatCompletionRequest, chat_route, batch=False)
 
     return router

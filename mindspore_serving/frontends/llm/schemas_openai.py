@@ -135,19 +135,18 @@ class CompletionRequest(OpenAiRequest):
             raise InvalidParam(f"'best_of' greater than 'n' cannot be streamed (best_of={self.best_of}, "
                                f"n={self.n or 1}): the best choices are known only at the end", "best_of")
 
-    def prompt_input(self) -> Union[str, List[int]]:
-        """The one prompt: a text, or token ids (lm-evaluation-harness sends [[ids]] by default). Several
-        prompts at once are refused."""
+    def prompt_inputs(self) -> List[Union[str, List[int]]]:
+        """The prompts: texts, or token ids (lm-evaluation-harness sends a batch of token-id prompts by
+        default)."""
         prompt = self.prompt
-        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-            if len(prompt) != 1:
-                raise _refuse("prompt", f"must hold one prompt: batches are not supported, got {len(prompt)}")
-            prompt = prompt[0]
-        if not prompt:
-            raise InvalidParam("'prompt' must not be empty", "prompt")
-        if isinstance(prompt, list) and any(t < 0 for t in prompt):
-            raise InvalidParam("'prompt' token ids must be >= 0", "prompt")
-        return prompt
+        prompts = prompt if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else [prompt]
+        for index, item in enumerate(prompts):
+            where = "prompt" if len(prompts) == 1 else f"prompt.{index}"
+            if not item:
+                raise InvalidParam(f"'{where}' must not be empty", where)
+            if isinstance(item, list) and any(t < 0 for t in item):
+                raise InvalidParam(f"'{where}' token ids must be >= 0", where)
+        return prompts
 
     def max_new_tokens(self) -> int:
         return COMPLETIONS_DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
