@@ -32,6 +32,10 @@ DEFAULT_CACHE_SIZE = 128
 """Compiled grammars kept by their text."""
 
 ANY_JSON_OBJECT_SCHEMA = '{"type": "object"}'
+JSON_OPTIONS = {"whitespace_flexible": False}
+"""JSON is generated compact (no whitespace between tokens of the document; strings keep theirs): with flexible
+whitespace a sampled model can pad a document with newlines and spaces until max_tokens cuts it, a known failure of
+structured output. A schema's own "x-guidance" options still apply."""
 
 _POSITION = re.compile(r"^at \d+\(\d+\): ")
 
@@ -173,7 +177,8 @@ def grammar_text(spec: StructuredOutput) -> str:
     kind, value = spec.type, spec.value
     if kind in ("json", "json_object"):
         try:
-            return llguidance.LLMatcher.grammar_from_json_schema(value if kind == "json" else ANY_JSON_OBJECT_SCHEMA)
+            return llguidance.LLMatcher.grammar_from_json_schema(value if kind == "json" else ANY_JSON_OBJECT_SCHEMA,
+                                                                 defaults=JSON_OPTIONS)
         except ValueError as err:
             raise InvalidRequestError(f"structured output: invalid JSON schema: {err}") from None
     if kind == "regex":

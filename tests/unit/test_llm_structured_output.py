@@ -39,13 +39,13 @@ SCHEMA = {
     },
     "required": ["name", "ok", "color", "n"],
     "additionalProperties": False,
-    "x-guidance": {"whitespace_flexible": False},
 }
 
 
 def check_schema_output(text: str) -> None:
     """The output of SCHEMA: a JSON object with exactly its keys, each of its type and range."""
     value = json.loads(text)
+    assert text == json.dumps(value, ensure_ascii=False, separators=(",", ":")), "JSON is generated compact"
     assert set(value) == {"name", "ok", "color", "n"}, text
     assert isinstance(value["name"], str) and len(value["name"]) <= 6, text
     assert isinstance(value["ok"], bool), text
