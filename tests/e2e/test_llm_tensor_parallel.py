@@ -74,6 +74,11 @@ def test_tensor_parallel_logits_equal_the_single_rank_model_and_sigterm_stops_th
         ]
         for i, seqs in enumerate(steps):
             np.testing.assert_allclose(runner.run(seqs), reference.run(seqs), rtol=0, atol=ATOL, err_msg=f"step {i}")
+        scored = [SeqStep(tokens(3, 150), 0, list(range(18, 28)), all_logits=True)]  # the score graphs, in chunks
+        got, want = runner.run(scored), reference.run(scored)
+        np.testing.assert_allclose(got.every[0], want.every[0], rtol=0, atol=ATOL)
+        np.testing.assert_allclose(got.last, want.last, rtol=0, atol=ATOL)
+        assert runner.score_refusal() is None
         greedy = [SeqStep([a[1]], 22, [1, 2]), SeqStep([c[0]], 70, [13, 14, 15, 16, 17])]
         got_tokens, got_logprobs = runner.run_greedy(greedy, 4)  # multi-step rounds run in the agents
         want_tokens, want_logprobs = reference.run_greedy(greedy, 4)
