@@ -84,7 +84,8 @@ def test_export_cli_writes_graphs_and_manifest(tmp_path):
     (tmp_path / "model.yaml").write_text(
         "model: {vocab_size: 32, hidden_size: 16, num_layers: 1, num_heads: 2, num_kv_heads: 1,\n"
         "        intermediate_size: 32, max_seq_len: 32}\n"
-        "export: {block_size: 8, prefill_batch_buckets: [1], prefill_len_buckets: [8], decode_batch_buckets: [2]}\n")
+        "export: {block_size: 8, prefill_batch_buckets: [1], prefill_len_buckets: [8], decode_batch_buckets: [2],\n"
+        "         score_len_buckets: []}\n")  # no score graph
     out = tmp_path / "graphs"
     export.main(["--config", str(tmp_path / "model.yaml"), "--out", str(out), "--jobs", "1"])
     manifest = json.loads((out / "manifest.json").read_text())
