@@ -105,6 +105,7 @@ def test_exports_that_embed_their_weights_still_run(exported, runner, tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps(old))
     embedded = GraphRunner(str(tmp_path), num_blocks=NUM_BLOCKS, warmup=False)
     assert embedded.weights == [] and embedded.state == tuple(embedded.kv_caches)
+    assert "no score graphs" in embedded.score_refusal()  # it serves all but prompt logprobs
     tokens = tokens_of(40, 7)
     runner.reset_kv_caches()
     for steps in ([SeqStep(tokens, 0, [3])], [SeqStep([5], 7, [3])]):
