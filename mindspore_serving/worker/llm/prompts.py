@@ -8,6 +8,8 @@ ids a generation of the same input gets; /detokenize turns ids back into text, s
 
 OpenAI clients send an assistant message's tool call arguments as JSON text, while Hugging Face's templates
 expect the object (they write it with `tojson`): JSON text of an object is handed to the template as the object.
+Their assistant message that only calls tools has content null: the template gets "" (as vLLM gives it), so that
+a template that writes every message's content does not fail on it.
 """
 import json
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
@@ -104,10 +106,13 @@ class Prompter:
 
 
 def _template_message(message: Mapping) -> dict:
-    """A copy of a chat message whose tool calls' arguments, when JSON text of an object, are that object."""
+    """A copy of a chat message whose tool calls' arguments, when JSON text of an object, are that object, and whose
+    null content next to tool calls is ""."""
     message = dict(message)
     if isinstance(message.get("tool_calls"), list):
         message["tool_calls"] = [_template_call(call) for call in message["tool_calls"]]
+        if message.get("content") is None:
+            message["content"] = ""
     return message
 
 
