@@ -1,6 +1,7 @@
-"""The OpenAI features end to end, with the real `openai` client against serving_server.py and the bundled tiny LLM
-(agents, graphs, engine, grammar engine): structured output under concurrent sampled load, n choices, top logprobs,
-and lm-evaluation-harness's `local-completions` scoring request checked against the engine's own log-softmax."""
+"""The OpenAI features end to end against serving_server.py and the bundled tiny LLM (agents, graphs, engine, grammar
+engine), with the real `openai` client: structured output under concurrent sampled load, n choices, top logprobs,
+lm-evaluation-harness's `local-completions` scoring request checked against the engine's own prompt logprobs, forced
+tool calls; and with huggingface_hub's InferenceClient: TGI's grammar, top tokens and prefill."""
 import json
 from concurrent.futures import ThreadPoolExecutor
 
@@ -139,3 +140,15 @@ def test_forced_tool_calls_come_back_as_tool_calls_streamed_or_not(client):
         messages=[{"role": "user", "content": "Weather in Ur?"}, message.model_dump(exclude_none=True),
                   {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "sunny"}])
     assert follow.choices[0].finish_reason in ("stop", "length")
+
+
+def test_tgi_grammar_top_tokens_and_prefill_with_huggingface_hub(llm_server):
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    tgi = huggingface_hub.InferenceClient(f"http://{llm_server[2]}")
+    reply = tgi.text_generation(PROMPT, max_new_tokens=24, details=True, top_n_tokens=3, decoder_input_details=True,
+                                grammar={"type": "regex", "value": "(yes|no), [0-9]{1,3}"}, seed=5, do_sample=True,
+                                temperature=1.0, return_full_text=False)
+    assert reply.details.finish_reason == "eos_token"
+    assert reply.generated_text.split(", ")[0] in ("yes", "no") and reply.generated_text.split(", ")[1].isdigit()
+    assert len(reply.details.top_tokens) == len(reply.details.tokens)
+    assert reply.details.prefill[0].logprob is None and all(t.logprob < 0 for t in reply.details.prefill[1:])
