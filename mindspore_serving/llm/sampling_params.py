@@ -278,10 +278,10 @@ class SamplingParams:
     def plain_greedy(self) -> bool:
         """True when a model runner may choose this request's tokens itself, several steps in a row: greedy on
         the model's own logits, raw logprobs of the chosen token only, one choice, nothing for the engine to look
-        at between tokens (stop strings, a grammar) and no prompt scores."""
+        at between tokens (stop strings, a grammar). Prompt scores are the step's business: a row that asks for
+        every position's logits (SeqStep.all_logits) is never the runner's to choose."""
         return (self.greedy and not self.processes_logits and not self.stop and not self.top_logprobs
-                and self.logprobs_mode == "raw" and self.structured_output is None and self.prompt_logprobs is None
-                and self.num_choices == 1)
+                and self.logprobs_mode == "raw" and self.structured_output is None and self.num_choices == 1)
 
     @classmethod
     def from_dict(cls, values: dict) -> "SamplingParams":

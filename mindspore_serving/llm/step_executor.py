@@ -150,6 +150,8 @@ class StepExecutor:
             p = request.sampling_params
             if not row.samples or not p.plain_greedy or request.num_pending_choices:  # a fork samples its choices
                 return False
+            if row.seq_step.all_logits:  # a scored prompt's logits come back whole
+                return False
         return True
 
     def _sample(self, plan: SchedulerOutput, logits, bitmasks: Optional[np.ndarray] = None) -> Dict[int, _Sampled]:

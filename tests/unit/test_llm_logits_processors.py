@@ -275,9 +275,10 @@ def test_plain_rows_keep_the_argmax_beside_processed_ones():
     dict(temperature=1.0), dict(repetition_penalty=1.1), dict(stop=["x"]), dict(top_logprobs=1),
     dict(presence_penalty=0.1), dict(frequency_penalty=-0.1), dict(logit_bias={1: 1.0}), dict(allowed_token_ids=[1]),
     dict(bad_words=["x"]), dict(min_tokens=1), dict(logprobs_mode="processed"),
-    dict(structured_output={"type": "json_object"}), dict(prompt_logprobs=0), dict(n=2), dict(best_of=2),
+    dict(structured_output={"type": "json_object"}), dict(n=2), dict(best_of=2),
 ])
 def test_plain_greedy_needs_nothing_but_the_argmax(kwargs):
     assert SamplingParams(temperature=0).plain_greedy
     assert SamplingParams(temperature=0, min_p=0.5, top_k=3, seed=1, stop_token_ids=[2]).plain_greedy
+    assert SamplingParams(temperature=0, prompt_logprobs=2).plain_greedy  # its scored prompt step is not
     assert not SamplingParams(**dict(dict(temperature=0), **kwargs)).plain_greedy

@@ -101,6 +101,20 @@ def test_scored_prompt_in_chunks_beside_plain_requests(runner_class, extra):
     assert outputs[3][-1].metrics.num_cached_tokens == 8  # the shared block is still shared
 
 
+def test_a_scored_request_decodes_in_the_runners_rounds_after_its_prompt():
+    engine, runner = make_engine(num_scheduler_steps=4, max_num_batched_tokens=32)
+    prompt = prompt_of(3, 10)
+    rounds = []
+    engine.add_step_listener(lambda stats: rounds.append(stats.num_model_steps))
+    engine.add_request(None, {**GREEDY, "max_new_tokens": 9, "prompt_logprobs": 1}, prompt_token_ids=prompt)
+    outputs = []
+    while engine.has_unfinished():
+        outputs += engine.step()
+    assert_scores(outputs[0], prompt, 1)
+    assert outputs[-1].token_ids == reference_greedy(lambda: FakeModelRunner(vocab_size=VOCAB), prompt, 9)
+    assert rounds[0] == 1 and max(rounds) == 4  # the scored prompt step alone, then multi-step decoding
+
+
 def test_preempted_scored_prompt_keeps_its_scores():
     """A block pool too small for everyone preempts (recomputes) requests; the scored one's logprobs stay
     those of its prompt."""
