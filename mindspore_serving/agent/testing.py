@@ -1,4 +1,4 @@
-"""An in-process stand-in for an agent, for the engine's tests: steps are computed only when collected."""
+"""In-process stand-ins for an agent, for the engine's tests: steps are computed only when collected."""
 from concurrent.futures import Future
 from typing import List, Optional, Sequence, Tuple
 
@@ -6,6 +6,7 @@ import numpy as np
 
 from mindspore_serving.agent.steps import run_submitted
 from mindspore_serving.llm.model_io import SeqStep, StepSubmitter
+from mindspore_serving.llm.testing import FakeModelRunner
 
 
 class DeferredSubmitter(StepSubmitter):
@@ -46,3 +47,14 @@ class _DeferredFuture(Future):
     def result(self, timeout=None):
         self._submitter.run_until(self)
         return super().result(timeout)
+
+
+class AheadRunner(FakeModelRunner, StepSubmitter):
+    """The fake runner taking steps ahead (async scheduling): they run only when their result is collected."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.deferred = DeferredSubmitter(self)
+
+    def submit(self, seqs, greedy_steps=0, prev_rows=()):
+        return self.deferred.submit(seqs, greedy_steps, prev_rows)

@@ -7,12 +7,11 @@ greedy tokens of the request alone.
 """
 import pytest
 
-from mindspore_serving.agent.testing import DeferredSubmitter
+from mindspore_serving.agent.testing import AheadRunner
 from mindspore_serving.llm.config import SchedulerConfig
 from mindspore_serving.llm.engine import LLMEngine
 from mindspore_serving.llm.engine_loop import EngineLoop
 from mindspore_serving.llm.errors import InvalidRequestError
-from mindspore_serving.llm.model_io import StepSubmitter
 from mindspore_serving.llm.request import FinishReason, Request, RequestStatus
 from mindspore_serving.llm.sampling_params import SamplingParams
 from mindspore_serving.llm.scheduler import Scheduler
@@ -23,17 +22,6 @@ EOS = 1
 BS = 4
 MAX_LEN = 96
 PROMPT = [3, 4, 5, 6, 7, 8, 9, 10, 11, 12]  # two full blocks and a tail of 2
-
-
-class AheadRunner(FakeModelRunner, StepSubmitter):
-    """The fake runner taking steps ahead (async scheduling): they run only when their result is collected."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.deferred = DeferredSubmitter(self)
-
-    def submit(self, seqs, greedy_steps=0, prev_rows=()):
-        return self.deferred.submit(seqs, greedy_steps, prev_rows)
 
 
 def make_runner(num_blocks=128, ahead=False):

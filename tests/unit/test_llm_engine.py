@@ -16,10 +16,9 @@ from mindspore_serving.llm.config import SchedulerConfig
 from mindspore_serving.llm.engine import LLMEngine
 from mindspore_serving.llm.errors import InvalidRequestError
 from mindspore_serving.llm.logits_processors import bad_words_token_ids
-from mindspore_serving.llm.model_io import StepSubmitter
 from mindspore_serving.llm.request import FinishReason
 from mindspore_serving.llm.sampling_params import SamplingParams
-from mindspore_serving.agent.testing import DeferredSubmitter
+from mindspore_serving.agent.testing import AheadRunner
 from mindspore_serving.llm.testing import FakeModelRunner, reference_greedy
 
 VOCAB = 64
@@ -27,17 +26,6 @@ EOS = 1
 BS = 4
 MAX_LEN = 96
 NUM_REQUESTS = 32
-
-
-class AheadRunner(FakeModelRunner, StepSubmitter):
-    """The fake runner taking steps ahead (async scheduling): they run only when their result is collected."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.deferred = DeferredSubmitter(self)
-
-    def submit(self, seqs, greedy_steps=0, prev_rows=()):
-        return self.deferred.submit(seqs, greedy_steps, prev_rows)
 
 
 def make_runner(num_blocks=256, vocab_size=VOCAB, ahead=False):

@@ -9,8 +9,7 @@ from mindspore_serving.common import errors
 from mindspore_serving.frontends.llm import build_llm_router, mindspore_generate_stream
 from mindspore_serving.master.llm_types import (FinalEvent, Overloaded, PromptEvent, PromptToken, TokenEvent,
                                                 TopLogprob)
-from mindspore_serving.frontends.llm.testing import FakeLlmBackend, parse_sse
-from mindspore_serving.llm.sampling_params import SamplingParams
+from mindspore_serving.frontends.llm.testing import ScriptedLlmBackend, parse_sse
 from llm_http_app import backend_fixture  # noqa: F401  (the fixture)
 
 TOKENS = [{"id": 10, "logprob": -0.25, "special": False, "text": "Hello"},
@@ -176,19 +175,6 @@ def test_classic_takes_a_parsed_body(backend):
 
 # the engine's sampling fields, top tokens and the scored prompt
 
-class _Scripted(FakeLlmBackend):
-    """Answers every request with `events` (its parameters checked as the engine checks them)."""
-
-    def __init__(self, events):
-        super().__init__()
-        self.events = events
-
-    async def _stream(self, request):
-        self.requests.append(request)
-        SamplingParams.from_dict(request.params)
-        for event in self.events:
-            yield event
-
 
 _SCORED = [TokenEvent(10, "Hello", -0.25, False, 0, [TopLogprob(10, "Hello", -0.25), TopLogprob(20, "Hi", -1.5)]),
            TokenEvent(2, "", -0.5, True, 1, [TopLogprob(2, "</s>", -0.5), TopLogprob(13, "!", -1.0)])]
@@ -202,7 +188,7 @@ _PREFILL = [{"id": 1, "logprob": None, "text": "<s>"}, {"id": 30, "logprob": -2.
 
 
 def _scripted_client(events) -> TestClient:
-    backend = _Scripted(events)
+    backend = ScriptedLlmBackend(events)
     app = FastAPI()
     app.include_router(build_llm_router(backend))
 

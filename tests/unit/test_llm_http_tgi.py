@@ -9,8 +9,7 @@ from mindspore_serving.common import errors
 from mindspore_serving.frontends.llm import build_llm_router
 from mindspore_serving.master.llm_types import (FinalEvent, ModelInfo, Overloaded, PromptEvent, PromptToken,
                                                 TokenEvent, TopLogprob)
-from mindspore_serving.frontends.llm.testing import DEFAULT_MODEL, FakeLlmBackend, parse_sse
-from mindspore_serving.llm.sampling_params import SamplingParams
+from mindspore_serving.frontends.llm.testing import DEFAULT_MODEL, FakeLlmBackend, ScriptedLlmBackend, parse_sse
 from llm_http_app import backend_fixture, client_fixture  # noqa: F401  (the fixtures)
 
 TOKENS = [{"id": 10, "text": "Hello", "logprob": -0.25, "special": False},
@@ -283,23 +282,10 @@ def test_engine_finishing_with_error_before_any_token_gets_an_http_status():
 
 # grammar, top_n_tokens, decoder_input_details, best_of, frequency_penalty
 
-class _Scripted(FakeLlmBackend):
-    """Answers every request with `events` (its parameters checked as the engine checks them)."""
-
-    def __init__(self, events):
-        super().__init__()
-        self.events = events
-
-    async def _stream(self, request):
-        self.requests.append(request)
-        SamplingParams.from_dict(request.params)
-        for event in self.events:
-            yield event
-
 
 def _scripted_client(events) -> TestClient:
     app = FastAPI()
-    app.include_router(build_llm_router(_Scripted(events)))
+    app.include_router(build_llm_router(ScriptedLlmBackend(events)))
     return TestClient(app)
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from mindspore_serving.agent.process import AgentServicer
+from mindspore_serving.agent.testing import AheadRunner
 from mindspore_serving.llm.config import SchedulerConfig
 from mindspore_serving.llm.engine import LLMEngine
 from mindspore_serving.llm.errors import InvalidRequestError
@@ -21,7 +22,6 @@ from mindspore_serving.llm.request import FinishReason
 from mindspore_serving.llm.testing import FakeModelRunner, reference_greedy
 from mindspore_serving.proto import agent_pb2_grpc
 from mindspore_serving.worker.llm.agent_client import AgentRunner
-from test_llm_engine import AheadRunner
 
 VOCAB, BS, MAX_LEN = 64, 4, 96
 GREEDY = {"temperature": 0.0, "ignore_eos": True}

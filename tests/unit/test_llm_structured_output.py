@@ -11,12 +11,11 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from mindspore_serving.agent.testing import DeferredSubmitter
+from mindspore_serving.agent.testing import AheadRunner
 from mindspore_serving.llm import step_executor as step_executor_module
 from mindspore_serving.llm.config import SchedulerConfig
 from mindspore_serving.llm.engine import LLMEngine
 from mindspore_serving.llm.errors import InvalidRequestError
-from mindspore_serving.llm.model_io import StepSubmitter
 from mindspore_serving.llm.request import FinishReason
 from mindspore_serving.llm.sampler import Sampler
 from mindspore_serving.llm.sampling_params import SamplingParams, StructuredOutput
@@ -56,17 +55,6 @@ def check_schema_output(text: str) -> None:
 @pytest.fixture(scope="module")
 def tokenizer():
     return TextTokenizer.from_file(FIXTURE)
-
-
-class AheadRunner(FakeModelRunner, StepSubmitter):
-    """The fake runner taking steps ahead (async scheduling): they run when their result is collected."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.deferred = DeferredSubmitter(self)
-
-    def submit(self, seqs, greedy_steps=0, prev_rows=()):
-        return self.deferred.submit(seqs, greedy_steps, prev_rows)
 
 
 def make_engine(tokenizer, num_blocks=1024, max_num_seqs=64, eos=EOS, ahead=False, runner=None, **overrides):

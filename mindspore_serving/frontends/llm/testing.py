@@ -217,6 +217,20 @@ class FakeLlmBackend:
             self.outcomes[request.request_id] = outcome
 
 
+class ScriptedLlmBackend(FakeLlmBackend):
+    """Answers every request with the same `events` (its parameters checked as the engine checks them)."""
+
+    def __init__(self, events):
+        super().__init__()
+        self.events = events
+
+    async def _stream(self, request):
+        self.requests.append(request)
+        SamplingParams.from_dict(request.params)
+        for event in self.events:
+            yield event
+
+
 def parse_sse(body: str) -> List[object]:
     """The data of each event of an SSE body, JSON-decoded ("[DONE]" kept as text); raises AssertionError when
     the body is not well-formed: every block ends with an empty line and holds only `data: <one JSON line>`,
