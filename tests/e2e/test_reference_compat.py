@@ -114,7 +114,9 @@ def shared(encrypted, tmp_path_factory):
 
 
 def workers():
-    return [p for p in psutil.Process().children(recursive=True)
+    """The workers of the in-process server: this process's own children (a server process of another module,
+    such as the session's LLM server, has its workers below it)."""
+    return [p for p in psutil.Process().children(recursive=False)
             if any("start_worker" in part for part in p.cmdline())]
 
 
