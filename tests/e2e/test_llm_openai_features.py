@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
 import numpy as np
+import pydantic
 import pytest
 
 from llm_setup import offline_engine
@@ -50,6 +51,21 @@ def test_greedy_structured_output_under_load_equals_the_request_alone(client):
             future.result()
     assert texts == [alone] * 4
     jsonschema.validate(json.loads(alone), SCHEMA)
+
+
+class Person(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=10)
+    age: int = pydantic.Field(ge=0, le=120)
+    tags: list[str] = pydantic.Field(max_length=3)
+
+
+def test_chat_completions_parse_reads_a_pydantic_model_back(client):
+    """The openai client's own structured output helper: it sends the model's strict JSON schema as response_format
+    and parses the reply into the model."""
+    reply = client.chat.completions.parse(model=MODEL, messages=[{"role": "user", "content": "Who was king?"}],
+                                          response_format=Person, max_tokens=96, temperature=0.8, seed=3)
+    person = reply.choices[0].message.parsed
+    assert isinstance(person, Person) and 0 <= person.age <= 120
 
 
 def test_a_bad_schema_is_refused_before_generating(client):
