@@ -434,11 +434,12 @@ def test_chat_tools_without_reading_calls(client, backend):
         "model": MODEL, "messages": [{"role": "user", "content": "x"}], "tools": TOOLS, "tool_choice": "none"}).json()
     assert payload["choices"][0]["message"] == {"role": "assistant", "content": "".join(HERMES_REPLY)}
     assert backend.requests[-1].tools == TOOLS  # the template still sees them, as vLLM
-    backend.served = [dataclasses.replace(backend.served[0], tool_call_parser=None)]
-    payload = client.post("/v1/chat/completions", json={
-        "model": MODEL, "messages": [{"role": "user", "content": "x"}], "tools": TOOLS}).json()
-    assert payload["choices"][0]["finish_reason"] == "stop"
-    assert payload["choices"][0]["message"] == {"role": "assistant", "content": "".join(HERMES_REPLY)}
+    for unknown in (None, "a_format_of_a_newer_worker"):  # no format, or one this front end cannot read
+        backend.served = [dataclasses.replace(backend.served[0], tool_call_parser=unknown)]
+        payload = client.post("/v1/chat/completions", json={
+            "model": MODEL, "messages": [{"role": "user", "content": "x"}], "tools": TOOLS}).json()
+        assert payload["choices"][0]["finish_reason"] == "stop"
+        assert payload["choices"][0]["message"] == {"role": "assistant", "content": "".join(HERMES_REPLY)}
 
 
 @pytest.mark.parametrize("route, body, param, message", [

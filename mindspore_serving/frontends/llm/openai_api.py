@@ -15,6 +15,7 @@ from typing import AsyncIterator, Awaitable, Callable, List, NamedTuple, Optiona
 
 from fastapi import APIRouter, Request
 
+from mindspore_serving import log
 from mindspore_serving.frontends.llm import sse, tool_calls
 from mindspore_serving.master.llm_types import (FinalEvent, GenerationRequest, LlmBackend, ModelInfo, PromptEvent,
                                                 TokenEvent, TopLogprob)
@@ -210,6 +211,10 @@ def tool_parser(generation: Generation, request: ChatCompletionRequest) -> Optio
         return None
     if choice == "auto":
         name = generation.model.tool_call_parser
+        if name and name not in tool_calls.PARSERS:  # a worker of another version announces a format unknown here
+            log.warning(f"model {generation.model.name} writes tool calls as {name!r}, which this front end cannot "
+                        f"read; its output is returned as content")
+            return None
         return tool_calls.get_parser(name) if name else None
     return tool_calls.forced_parser(request.tools, choice)
 
