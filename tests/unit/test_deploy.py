@@ -230,7 +230,7 @@ def test_prometheus_annotations_point_at_metrics_on_the_rest_port():
 @pytest.mark.parametrize("path", ["/health", "/ready", "/metrics"])
 def test_probed_and_scraped_paths_are_served(path):
     from fastapi.testclient import TestClient
-    from mindspore_serving.frontends.restful_server import add_metrics_route, build_docs_app
+    from mindspore_serving.frontends.restful_server import add_metrics_route
 
     class Collector:
         async def render(self):

@@ -1,7 +1,7 @@
 """`declare_model` and the `Model` it returns; `Model.call` runs the model from inside a Python stage
 through the handler the worker installs in `spec.model_call`."""
 import os
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Sequence
 
 import numpy as np
 
