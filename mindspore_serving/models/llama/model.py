@@ -431,17 +431,12 @@ class PagedStep(nn.Cell):
                                      query_lens, caches_and_weights[:n])
 
 
-class ScoreStep(nn.Cell):
+class ScoreStep(PagedStep):
     """The exported cell of a score graph: `PagedStep`'s inputs (query_lens unused: every position is returned),
     returning the logits float32 [B, L, vocab] of every position (`LlamaModel.score_step`) instead of each row's
     last; the engine takes prompt logprobs from them. A graph of its own, so that the prefill and decode graphs
     stay as they are: they gather the last positions before the lm head, which is most of a step's cost with a
     large vocabulary."""
-
-    def __init__(self, model: LlamaModel):
-        super().__init__()
-        self.model = model
-        self.num_caches = 2 * model.num_layers
 
     def construct(self, input_ids, positions, block_tables, slot_mapping, query_lens, *caches_and_weights):
         n = self.num_caches
