@@ -86,6 +86,8 @@ class AgentServicer(agent_pb2_grpc.LlmAgentServicer):
                 self._turn.notify_all()
         if self.rank != 0:
             return agent_pb2.StepReply(step_id=request.step_id)
+        if request.logits_rows:
+            return protocol.encode_mixed(request.step_id, result)
         if request.greedy_steps:
             return protocol.encode_greedy(request.step_id, *result)
         return protocol.encode_logits(request.step_id, result)
@@ -93,7 +95,8 @@ class AgentServicer(agent_pb2_grpc.LlmAgentServicer):
     def _run(self, request, seqs):
         last, self._last_tokens = self._last_tokens, None  # a failing step leaves nothing to continue from
         tokens = last[1] if last is not None and last[0] == request.after_step_id else None
-        result, chosen = run_submitted(self.runner, seqs, request.greedy_steps, request.prev_rows, tokens)
+        result, chosen = run_submitted(self.runner, seqs, request.greedy_steps, request.prev_rows, tokens,
+                                       request.logits_rows)
         if chosen is not None:
             self._last_tokens = (request.step_id, chosen)
         return result

@@ -5,7 +5,8 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from mindspore_serving.llm.model_io import PLACEHOLDER, MultiStepRunner, SeqStep
+from mindspore_serving.llm.model_io import PLACEHOLDER, MixedStep, MultiStepRunner, SeqStep
+from mindspore_serving.llm.sampler import greedy_with_logprobs
 
 
 def fill_placeholders(seqs: Sequence[SeqStep], prev_rows: Sequence[int],
@@ -33,12 +34,30 @@ def fill_placeholders(seqs: Sequence[SeqStep], prev_rows: Sequence[int],
 
 
 def run_submitted(runner: MultiStepRunner, seqs: Sequence[SeqStep], greedy_steps: int, prev_rows: Sequence[int],
-                  last_tokens: Optional[np.ndarray]):
+                  last_tokens: Optional[np.ndarray], logits_rows: Sequence[int] = ()):
     """Computes one submitted step (see `submit` above) on a runner of this process: its placeholders filled from
-    `last_tokens` (those of the step before). Returns (its result, its last chosen token per row, for the step
-    after it; None when it did not choose tokens)."""
+    `last_tokens` (those of the step before); a mixed step (`logits_rows`) returns a MixedStep. Returns (its
+    result, its last chosen token per row, for the step after it; None when it did not choose tokens)."""
     seqs = fill_placeholders(seqs, prev_rows, last_tokens)
+    if len(logits_rows):
+        return run_mixed(runner, seqs, greedy_steps, logits_rows)
     if not greedy_steps:
         return runner.run(list(seqs)), None
     result = runner.run_greedy(seqs, greedy_steps)
     return result, np.asarray(result[0])[:, -1]
+
+
+def run_mixed(runner: MultiStepRunner, seqs: Sequence[SeqStep], greedy_steps: int, logits_rows: Sequence[int]):
+    """A mixed step (model_io): one step, every row's greedy token and logprob (as a greedy step chooses them),
+    and the logits of `logits_rows`. Returns (the MixedStep, its greedy tokens)."""
+    if greedy_steps != 1:
+        raise ValueError(f"a mixed step (logits_rows) is one step, not {greedy_steps}")
+    if any(seq.all_logits for seq in seqs):
+        raise ValueError("a mixed step cannot return every token's logits (all_logits)")
+    rows = np.asarray(logits_rows, dtype=np.int64)
+    if rows.min() < 0 or rows.max() >= len(seqs):
+        raise ValueError(f"logits_rows {list(logits_rows)[:8]} name rows outside the step's {len(seqs)}")
+    logits = np.asarray(runner.run(list(seqs)), dtype=np.float32)
+    tokens, logprobs = greedy_with_logprobs(logits)
+    tokens = tokens.astype(np.int64)
+    return MixedStep(tokens[:, None], logprobs.astype(np.float32)[:, None], logits[rows]), tokens

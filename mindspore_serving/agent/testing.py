@@ -13,26 +13,32 @@ class DeferredSubmitter(StepSubmitter):
     """`submit` (model_io) for a runner that has none, computing a submitted step only when a result is asked
     for (then every step submitted before it runs first, in order), as a runner that is still computing it:
     async scheduling's tests see what the engine does while a step is in flight. `submissions` records
-    (seqs, greedy_steps, prev_rows, steps submitted and not yet run)."""
+    (seqs, greedy_steps, prev_rows, steps submitted and not yet run), and `logits_rows` each step's logits rows
+    (a mixed step's, model_io; () for the others)."""
+
+    mixed_steps = True
 
     def __init__(self, runner):
         self.runner = runner
         self._last_tokens: Optional[np.ndarray] = None
-        self._queue: List[Tuple[Future, list, int, Sequence[int]]] = []
+        self._queue: List[Tuple[Future, list, int, Sequence[int], Sequence[int]]] = []
         self.submissions: List[Tuple[List[SeqStep], int, List[int], int]] = []
+        self.logits_rows: List[Tuple[int, ...]] = []
 
-    def submit(self, seqs, greedy_steps=0, prev_rows=()):
+    def submit(self, seqs, greedy_steps=0, prev_rows=(), logits_rows=()):
         self.submissions.append((list(seqs), greedy_steps, list(prev_rows), len(self._queue)))
+        self.logits_rows.append(tuple(logits_rows))
         future = _DeferredFuture(self)
-        self._queue.append((future, list(seqs), greedy_steps, prev_rows))
+        self._queue.append((future, list(seqs), greedy_steps, prev_rows, logits_rows))
         return future
 
     def run_until(self, future: Future) -> None:
         while not future.done():
-            queued, seqs, greedy_steps, prev_rows = self._queue.pop(0)
+            queued, seqs, greedy_steps, prev_rows, logits_rows = self._queue.pop(0)
             last, self._last_tokens = self._last_tokens, None  # a failing step leaves nothing to continue from
             try:
-                result, self._last_tokens = run_submitted(self.runner, seqs, greedy_steps, prev_rows, last)
+                result, self._last_tokens = run_submitted(self.runner, seqs, greedy_steps, prev_rows, last,
+                                                          logits_rows)
             except Exception as err:  # pylint: disable=broad-except
                 queued.set_exception(err)
             else:
@@ -56,5 +62,7 @@ class AheadRunner(FakeModelRunner, StepSubmitter):
         super().__init__(**kwargs)
         self.deferred = DeferredSubmitter(self)
 
-    def submit(self, seqs, greedy_steps=0, prev_rows=()):
-        return self.deferred.submit(seqs, greedy_steps, prev_rows)
+    mixed_steps = True
+
+    def submit(self, seqs, greedy_steps=0, prev_rows=(), logits_rows=()):
+        return self.deferred.submit(seqs, greedy_steps, prev_rows, logits_rows)

@@ -1,6 +1,7 @@
 """The LLM worker <-> agent boundary (agent.proto): start-up events on a pipe, then Step messages over gRPC
 (SeqStep lists in, logits or greedy tokens out; the sequences with all_logits also get every token's logits, a
-StepLogits). AGENT_PROTOCOL_VERSION guards both."""
+StepLogits; a mixed step gets greedy tokens and the logits of some rows, a MixedStep). AGENT_PROTOCOL_VERSION guards
+both."""
 import hmac
 import os
 import struct
@@ -9,10 +10,10 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from mindspore_serving.llm.model_io import SeqStep, StepLogits, StepResult, split_logits
+from mindspore_serving.llm.model_io import MixedStep, SeqStep, StepLogits, StepResult, split_logits
 from mindspore_serving.proto import agent_pb2
 
-AGENT_PROTOCOL_VERSION = 6
+AGENT_PROTOCOL_VERSION = 7
 MAX_AGENT_MSG_BYTES = 512 * 1024 * 1024
 SECRET_METADATA = "ms-serving-agent-secret"  # Step calls: the agent group's secret
 SECRET_ENV = "MS_SERVING_AGENT_SECRET"      # the secret of agents started by start_agent.py, and of their worker
@@ -46,11 +47,12 @@ class StepEncoder:
         self._reset = True
 
     def encode(self, step_id: int, seqs: Sequence[SeqStep], greedy_steps: int = 0, after_step_id: int = 0,
-               prev_rows: Sequence[int] = ()) -> "agent_pb2.StepRequest":
+               prev_rows: Sequence[int] = (), logits_rows: Sequence[int] = ()) -> "agent_pb2.StepRequest":
         request = agent_pb2.StepRequest(step_id=step_id, greedy_steps=greedy_steps, after_step_id=after_step_id,
                                         reset_tables=self._reset)
         self._reset = False
         request.prev_rows.extend(prev_rows)
+        request.logits_rows.extend(logits_rows)
         request.query_lens.extend(len(seq.token_ids) for seq in seqs)
         request.start_pos.extend(seq.start_pos for seq in seqs)
         request.seq_ids.extend(seq.seq_id for seq in seqs)
@@ -158,6 +160,26 @@ def decode_greedy(reply: "agent_pb2.StepReply", num_steps: int):
         raise RuntimeError(f"agent step {reply.step_id} failed: {reply.error}")
     tokens = np.asarray(reply.tokens, dtype=np.int64).reshape(reply.rows, num_steps)
     return tokens, np.asarray(reply.logprobs, dtype=np.float32).reshape(reply.rows, num_steps)
+
+
+def encode_mixed(step_id: int, step: MixedStep) -> "agent_pb2.StepReply":
+    """The reply of a mixed step: its greedy tokens and logprobs as `encode_greedy`'s, and the logits of its
+    logits rows."""
+    reply = encode_greedy(step_id, np.asarray(step.tokens), np.asarray(step.logprobs))
+    logits = np.ascontiguousarray(step.logits, dtype="<f4")
+    reply.vocab_size = logits.shape[1]
+    reply.logits = logits.tobytes()
+    return reply
+
+
+def decode_mixed(reply: "agent_pb2.StepReply", num_logits_rows: int) -> MixedStep:
+    """What `encode_mixed` was given, for a step that asked for `num_logits_rows` rows' logits."""
+    tokens, logprobs = decode_greedy(reply, 1)
+    logits = np.frombuffer(reply.logits, dtype="<f4")
+    if reply.vocab_size <= 0 or logits.size != num_logits_rows * reply.vocab_size:
+        raise RuntimeError(f"agent step {reply.step_id} returned {logits.size} logits for {num_logits_rows} rows of "
+                           f"a vocabulary of {reply.vocab_size}")
+    return MixedStep(tokens, logprobs, logits.reshape(num_logits_rows, reply.vocab_size))
 
 
 _FRAME = struct.Struct("<I")

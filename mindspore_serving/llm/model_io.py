@@ -25,9 +25,15 @@ executor from them once, at start-up; see step_executor.py):
   tokens and logprobs (SchedulerConfig.async_scheduling). It computes submitted steps in submission order, and a
   one-token row whose token is PLACEHOLDER takes, as `prev_rows` names it, the last token chosen for that row of
   the step submitted just before (a greedy step).
+  One that says so (`submits_mixed_steps`) also runs a *mixed* step, `submit(seqs, 1, prev_rows, logits_rows)` with
+  `logits_rows` non-empty: one step whose `result()` is a `MixedStep`, the greedy token and logprob of every row
+  (as a one-step greedy round gives them) plus the logits of the rows in `logits_rows` only, which the engine
+  samples itself (a grammar, a temperature...) while the runner chooses the other rows' tokens: only those rows'
+  logits cross to the engine. Its last tokens (for a following step's placeholders) are the greedy ones. No
+  sequence of a mixed step has `all_logits`.
 """
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
+from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
 
 import numpy as np
 
@@ -70,6 +76,16 @@ class StepLogits:
 
 
 StepResult = Union[np.ndarray, StepLogits]
+
+
+class MixedStep(NamedTuple):
+    """What a mixed step (`StepSubmitter.submit` with `logits_rows`) returns."""
+    tokens: np.ndarray
+    """int64 [len(seqs), 1]: each row's greedy token (greedy_with_logprobs of its last token's logits)."""
+    logprobs: np.ndarray
+    """float32 [len(seqs), 1]: the log-probability of that token."""
+    logits: np.ndarray
+    """float32 [len(logits_rows), vocab]: the last token's logits of the rows in `logits_rows`, in that order."""
 
 
 def split_logits(result: StepResult) -> Tuple[np.ndarray, Dict[int, np.ndarray]]:
@@ -122,8 +138,16 @@ class StepSubmitter(Protocol):
     NOTE: `submit` is its only member, so that a wrapper adding `submit` to a runner it forwards to counts."""
 
     def submit(self, seqs: Sequence[SeqStep], greedy_steps: int = 0, prev_rows: Sequence[int] = ()) -> Any:
-        """Returns at once; `.result()` is what `run` (greedy_steps 0) or `run_greedy` would return."""
+        """Returns at once; `.result()` is what `run` (greedy_steps 0) or `run_greedy` would return (a
+        MixedStep for a mixed step, when the submitter runs them: `submits_mixed_steps`)."""
         ...
+
+
+def submits_mixed_steps(runner: Any) -> bool:
+    """Whether `runner` is a StepSubmitter whose `submit` also takes `logits_rows` (a mixed step, see above): one
+    that says so with a true class attribute `mixed_steps`. Others (fakes, wrappers) keep the engine sampling
+    every row of a step it samples any row of."""
+    return isinstance(runner, StepSubmitter) and getattr(runner, "mixed_steps", False) is True
 
 
 def run_greedy_steps(runner: ModelRunner, seqs: Sequence[SeqStep], num_steps: int) -> Tuple[np.ndarray, np.ndarray]:

@@ -10,6 +10,11 @@ the config and what the runner declares it can do (model_io):
   the next `step()` plans and submits the following step first, then collects this one's tokens, so the
   runner always has the next step queued while the engine does its own work.
 
+Mixed steps: with a runner that runs them (model_io.submits_mixed_steps: the agents), a plan holding both rows the
+runner can choose greedily and rows the engine must sample (a grammar, a temperature, penalties...) runs as one
+mixed step: the runner returns the greedy rows' tokens and only the other rows' logits, which the engine samples.
+Without one, such a plan has the logits of all its rows returned and samples every row in the engine.
+
 Structured output: a plan with a row under a grammar samples in the engine. The grammar bitmasks of its rows are
 computed on llguidance's threads while the model computes the step (started right before the runner gets the plan)
 and handed to the sampler with the logits; after the step each grammar is fed its request's new token. A row whose
@@ -32,7 +37,8 @@ from mindspore_serving.common import errors
 from mindspore_serving.common.errors import Kind
 from mindspore_serving.llm.choices import expand_rows
 from mindspore_serving.llm.config import SchedulerConfig
-from mindspore_serving.llm.model_io import PLACEHOLDER, ModelRunner, MultiStepRunner, StepSubmitter
+from mindspore_serving.llm.model_io import (PLACEHOLDER, ModelRunner, MultiStepRunner, StepSubmitter,
+                                            submits_mixed_steps)
 from mindspore_serving.llm.prompt_scores import record_prompt_scores
 from mindspore_serving.llm.request import FinishReason, RequestStatus
 from mindspore_serving.llm.sampler import Sampler
@@ -82,6 +88,7 @@ class _Submitted:
     submitted: float
     overlapped: bool = False      # submitted while the engine had other work (async scheduling)
     masks: Optional[Future] = None  # the grammar bitmasks of its rows, computed while the model runs
+    logits_rows: Optional[List[int]] = None  # a mixed step's rows that the engine samples (model_io)
 
 
 @dataclass
@@ -105,6 +112,7 @@ class StepExecutor:
         self._on_step = on_step
         self._timer = timer
         self._masker: Optional[BitmaskComputer] = None
+        self._mixed_steps = submits_mixed_steps(runner)
 
     def step(self) -> List[EngineCoreOutput]:
         """Runs what the scheduler plans now (nothing when nothing is schedulable); the outputs of the requests
@@ -124,7 +132,10 @@ class StepExecutor:
         t1 = self._timer() if submitted.overlapped else submitted.submitted
         try:
             result = submitted.future.result()
-            if greedy:
+            if submitted.logits_rows is not None:
+                sampled = self._sample_mixed(plan, result, submitted.logits_rows,
+                                             None if submitted.masks is None else submitted.masks.result())
+            elif greedy:
                 tokens, logprobs = self._check_steps(plan, num_steps, result)
             else:
                 logits = record_prompt_scores(plan.scheduled, result, self.scheduler.requests)
@@ -146,32 +157,67 @@ class StepExecutor:
         """Whether the runner can choose every row's tokens (each row samples, greedily, with nothing that needs
         the engine between tokens)."""
         for row in plan.scheduled:
-            request = self.scheduler.requests[row.request_id]
-            p = request.sampling_params
-            if not row.samples or not p.plain_greedy or request.num_pending_choices:  # a fork samples its choices
+            if not row.samples or not _plain(self.scheduler.requests[row.request_id]):
                 return False
             if row.seq_step.all_logits:  # a scored prompt's logits come back whole
                 return False
         return True
 
-    def _sample(self, plan: SchedulerOutput, logits, bitmasks: Optional[np.ndarray] = None) -> Dict[int, _Sampled]:
-        """Samples the rows that complete their tokens; `bitmasks`: the grammar bitmasks of the plan's rows."""
+    def _mixed_rows(self, plan: SchedulerOutput) -> Optional[List[int]]:
+        """The rows the engine samples when the plan runs as a mixed step (model_io); None when it does not: the
+        runner runs none, no row is the runner's to choose beside them, or a row asks for all its logits (the
+        runner returns the logits of every row then)."""
+        if not self._mixed_steps:
+            return None
+        engine_rows, runner_rows = [], 0
+        for i, row in enumerate(plan.scheduled):
+            if row.seq_step.all_logits:
+                return None
+            if not row.samples:  # a prompt chunk: nothing to choose
+                continue
+            if _plain(self.scheduler.requests[row.request_id]):
+                runner_rows += 1
+            else:
+                engine_rows.append(i)
+        return engine_rows if engine_rows and runner_rows else None
+
+    def _sample(self, plan: SchedulerOutput, logits, bitmasks: Optional[np.ndarray] = None,
+                logits_rows: Optional[List[int]] = None) -> Dict[int, _Sampled]:
+        """Samples the rows that complete their tokens; `bitmasks`: the grammar bitmasks of the plan's rows;
+        `logits_rows`: the plan's rows whose logits `logits` holds, in that order (None: every row)."""
         logits = np.asarray(logits)
-        if logits.ndim != 2 or logits.shape[0] != len(plan.scheduled):
+        expected = len(plan.scheduled) if logits_rows is None else len(logits_rows)
+        if logits.ndim != 2 or logits.shape[0] != expected:
+            which = "" if logits_rows is None else f"{expected} of "
             raise RuntimeError(f"model runner returned logits of shape {logits.shape} "
-                               f"for {len(plan.scheduled)} sequences")
+                               f"for {which}{len(plan.scheduled)} sequences")
         live = self.scheduler.requests  # a request may have finished since the plan (async scheduling: on EOS)
-        rows = [i for i, row in enumerate(plan.scheduled) if row.samples and row.request_id in live]
+        candidates = range(len(plan.scheduled)) if logits_rows is None else logits_rows
+        rows = [i for i in candidates if plan.scheduled[i].samples and plan.scheduled[i].request_id in live]
         if not rows:
             return {}
         requests = [live[plan.scheduled[i].request_id] for i in rows]
         num_rows = expand_rows(rows, requests, self.scheduler.children_to_fork)  # a forking row samples each choice
-        result = self.sampler.sample_requests(logits if rows == list(range(len(logits))) else logits[rows], requests,
+        at = rows if logits_rows is None else [logits_rows.index(i) for i in rows]
+        result = self.sampler.sample_requests(logits if at == list(range(len(logits))) else logits[at], requests,
                                               bitmasks=None if bitmasks is None else bitmasks[rows])
         tops = result.top_logprobs or [[] for _ in rows]
         sampled = {i: _Sampled(result.token_ids[k], result.logprobs[k], tops[k]) for k, i in enumerate(rows[:num_rows])}
         for k in range(num_rows, len(rows)):
             sampled[rows[k]].forks[requests[k].request_id] = _Sampled(result.token_ids[k], result.logprobs[k], tops[k])
+        return sampled
+
+    def _sample_mixed(self, plan: SchedulerOutput, result, logits_rows: List[int],
+                      bitmasks: Optional[np.ndarray]) -> Dict[int, _Sampled]:
+        """The tokens of a mixed step (model_io.MixedStep): the engine samples `logits_rows` from their logits,
+        the other rows that complete their tokens take the runner's greedy token and logprob."""
+        tokens, logprobs, logits = result
+        tokens, logprobs = self._check_steps(plan, 1, (tokens, logprobs))
+        sampled = self._sample(plan, logits, bitmasks, logits_rows)
+        live, engine_rows = self.scheduler.requests, set(logits_rows)
+        for i, row in enumerate(plan.scheduled):
+            if row.samples and i not in engine_rows and row.request_id in live:
+                sampled[i] = _Sampled(int(tokens[i, 0]), float(logprobs[i, 0]), [])
         return sampled
 
     def _update(self, plan: SchedulerOutput, sampled: Dict[int, _Sampled]) -> List[EngineCoreOutput]:
@@ -299,8 +345,13 @@ class SingleStepExecutor(StepExecutor):
 
     def _run(self, plan: SchedulerOutput, t0: float) -> _Submitted:
         t1 = self._timer()
+        logits_rows = self._mixed_rows(plan)
         masks = self._start_masks(plan)
-        return _Submitted(plan, False, 1, _call_now(self.runner.run, plan.seq_steps), t1 - t0, t1, masks=masks)
+        if logits_rows is not None:
+            future = _call_now(lambda: self.runner.submit(plan.seq_steps, 1, (), logits_rows).result())
+        else:
+            future = _call_now(self.runner.run, plan.seq_steps)
+        return _Submitted(plan, False, 1, future, t1 - t0, t1, masks=masks, logits_rows=logits_rows)
 
 
 class MultiStepExecutor(SingleStepExecutor):
@@ -354,17 +405,22 @@ class AsyncStepExecutor(StepExecutor):
                 outputs += self._collect(in_flight)
             return outputs
         greedy = self._runner_chooses_tokens(plan)
+        logits_rows = None if greedy else self._mixed_rows(plan)
         num_steps = self.scheduler.reserve_decode_steps(plan, self._round_length()) if greedy else 1
         prev_rows = _prev_rows(plan, in_flight)
         t1 = self._timer()
         masks = None if greedy else self._start_masks(plan)
-        future = self.runner.submit(plan.seq_steps, num_steps if greedy else 0, prev_rows)
-        submitted = _Submitted(plan, greedy, num_steps, future, t1 - t0, t1, overlapped=True, masks=masks)
+        if logits_rows is not None:  # one step: the runner chooses the plain rows' tokens
+            future = self.runner.submit(plan.seq_steps, 1, prev_rows, logits_rows)
+        else:
+            future = self.runner.submit(plan.seq_steps, num_steps if greedy else 0, prev_rows)
+        submitted = _Submitted(plan, greedy, num_steps, future, t1 - t0, t1, overlapped=True, masks=masks,
+                               logits_rows=logits_rows)
         self._in_flight = submitted
         if in_flight is not None:
             outputs += self._collect(in_flight)
         if not greedy:
-            # the engine samples its tokens: nothing can be planned past it
+            # the engine samples its tokens (a mixed step: some of them): nothing can be planned past it
             self._in_flight = None
             outputs += self._collect(submitted)
         return outputs
@@ -379,6 +435,11 @@ class AsyncStepExecutor(StepExecutor):
         arriving = (1 < scheduler.num_running < scheduler.config.max_num_seqs
                     and scheduler.clock() - scheduler.last_arrival_time < ARRIVAL_WINDOW_S)
         return 1 if arriving else self.num_scheduler_steps
+
+
+def _plain(request) -> bool:
+    """Whether the runner may choose the request's next token itself (greedy, nothing for the engine to do)."""
+    return request.sampling_params.plain_greedy and not request.num_pending_choices  # a fork samples its choices
 
 
 def _eos_can_end(request) -> bool:

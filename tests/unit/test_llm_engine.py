@@ -239,11 +239,13 @@ def test_a_failed_step_in_flight_fails_its_requests_and_the_step_after_it(expect
 
 
 def test_async_scheduling_with_sampled_and_penalized_requests_in_the_batch(expected):
+    """The plain greedy rows of a step that samples the others in the engine are the runner's to choose (a mixed
+    step: only the others' logits come back), and every request gets the tokens it gets alone."""
     engine = make_engine(async_scheduling=True, num_scheduler_steps=4, max_num_seqs=6)
     extra = [([3, 4, 5], SamplingParams(max_new_tokens=15, temperature=0.8, top_k=20, seed=7)),
              ([9, 8, 7, 6], SamplingParams(max_new_tokens=12, temperature=0, repetition_penalty=1.3))]
     alone = [make_engine().generate([prompt], params)[0].token_ids for prompt, params in extra]
-    names, finals = {}, {}
+    names, finals, extra_seqs = {}, {}, set()
 
     def step():
         for out in engine.step():
@@ -256,13 +258,23 @@ def test_async_scheduling_with_sampled_and_penalized_requests_in_the_batch(expec
             for _ in range(3):
                 step()
             prompt, params = extra[i // 6]
-            names[engine.add_request(None, params, prompt_token_ids=prompt)] = f"extra{i // 6}"
+            request_id = engine.add_request(None, params, prompt_token_ids=prompt)
+            names[request_id] = f"extra{i // 6}"
+            extra_seqs.add(engine.core.scheduler.get_request(request_id).seq_id)
     while engine.has_unfinished():
         step()
     assert [finals[i] for i in range(10)] == expected[:10]
     assert [finals["extra0"], finals["extra1"]] == alone
-    # steps sampled by the engine continued rows of a greedy step in flight
-    assert any(not greedy_steps and prev_rows for _, greedy_steps, prev_rows, _ in engine.core.runner.deferred.submissions)
+    deferred = engine.core.runner.deferred
+    mixed = [(seqs, prev_rows, rows) for (seqs, greedy_steps, prev_rows, _), rows
+             in zip(deferred.submissions, deferred.logits_rows) if rows]
+    for (seqs, _, _, _), rows in zip(deferred.submissions, deferred.logits_rows):
+        decoding = {seq.seq_id in extra_seqs for seq in seqs if len(seq.token_ids) == 1}
+        assert rows or decoding != {True, False}  # a step where both kinds decode is mixed
+    for seqs, _, rows in mixed:  # only the rows the engine samples bring their logits
+        assert list(rows) == [i for i, seq in enumerate(seqs) if seq.seq_id in extra_seqs] and len(rows) < len(seqs)
+    # mixed steps continued rows of a greedy step in flight
+    assert any(prev_rows for _, prev_rows, _ in mixed)
     check_all_blocks_free(engine)
 
 

@@ -35,7 +35,11 @@ class AgentRunner(MultiStepRunner, StepSubmitter, PromptScorer):
     `heartbeat_misses` pings in a row (a hung process), is lost. Then every step in flight fails at once with
     AgentLost (the other ranks of a cluster would block in their next collective) and `on_agent_lost(rank,
     reason)` is called once.
+
+    It runs mixed steps (model_io): the ranks choose the greedy rows' tokens, and only the rows the engine samples
+    bring their logits back.
     """
+    mixed_steps = True
 
     def __init__(self, addresses: Sequence[str], on_agent_lost: Optional[Callable[[int, str], None]] = None,
                  heartbeat_interval: float = 1.0, heartbeat_misses: int = 3, connect_timeout: float = CONNECT_TIMEOUT,
@@ -144,13 +148,15 @@ class AgentRunner(MultiStepRunner, StepSubmitter, PromptScorer):
         """Multi-step greedy decoding (model_io.run_greedy_steps), done by the agents in one Step call."""
         return self.submit(seqs, num_steps).result()
 
-    def submit(self, seqs: Sequence[SeqStep], greedy_steps: int = 0, prev_rows: Sequence[int] = ()) -> "_StepCall":
+    def submit(self, seqs: Sequence[SeqStep], greedy_steps: int = 0, prev_rows: Sequence[int] = (),
+               logits_rows: Sequence[int] = ()) -> "_StepCall":
         """Sends a step to every rank and returns at once (model_io: steps run in the order they are submitted,
-        placeholder rows continue from the step submitted before). `.result()`: rank 0's logits, or (tokens,
-        logprobs) of a greedy step; raises when any rank failed. Called from one thread (the engine's)."""
+        placeholder rows continue from the step submitted before). `.result()`: rank 0's logits, (tokens,
+        logprobs) of a greedy step, or a MixedStep (`logits_rows`); raises when any rank failed. Called from one
+        thread (the engine's)."""
         step_id = next(self._step_ids)
-        request = self._encoder.encode(step_id, seqs, greedy_steps, self._last_step_id, prev_rows)
-        call = _StepCall(greedy_steps, self._finished, self.model_name)
+        request = self._encoder.encode(step_id, seqs, greedy_steps, self._last_step_id, prev_rows, logits_rows)
+        call = _StepCall(greedy_steps, self._finished, self.model_name, len(logits_rows))
         with self._lost_lock:
             if self.lost is not None:
                 raise AgentLost(self.lost)
@@ -179,8 +185,9 @@ class _StepCall:
     runs once (after a failure a rank may not have kept that step's block tables)."""
 
     def __init__(self, greedy_steps: int, on_finished: Callable[["_StepCall", bool], None],
-                 model_name: str = "the model"):
+                 model_name: str = "the model", num_logits_rows: int = 0):
         self.greedy_steps = greedy_steps
+        self.num_logits_rows = num_logits_rows  # a mixed step's
         self.model_name = model_name
         self.on_finished = on_finished
         self.calls = []
@@ -229,7 +236,12 @@ class _StepCall:
             raise AgentLost(f"LLM agent rank 0 of {self.model_name} did not answer the step "
                             f"({_rpc_failure(err)})") from None
         try:
-            out = protocol.decode_greedy(reply, self.greedy_steps) if self.greedy_steps else protocol.decode_logits(reply)
+            if self.num_logits_rows:
+                out = protocol.decode_mixed(reply, self.num_logits_rows)
+            elif self.greedy_steps:
+                out = protocol.decode_greedy(reply, self.greedy_steps)
+            else:
+                out = protocol.decode_logits(reply)
         except BaseException:
             self.on_finished(self, True)
             raise
