@@ -7,7 +7,8 @@ import pytest
 
 from mindspore_serving.ipc import agent as protocol
 from mindspore_serving.agent.process import AgentServicer
-from mindspore_serving.llm.model_io import PLACEHOLDER, SeqStep, run_greedy_steps
+from mindspore_serving.llm.model_io import PLACEHOLDER, MixedStep, SeqStep, run_greedy_steps
+from mindspore_serving.llm.sampler import greedy_with_logprobs
 from mindspore_serving.llm.testing import FakeModelRunner
 from mindspore_serving.proto import agent_pb2
 from mindspore_serving.worker.llm.agent_client import AgentLost, _StepCall
@@ -231,3 +232,37 @@ def test_every_token_s_logits_of_the_sequences_that_ask_cross_the_boundary():
     assert agent.Info(agent_pb2.AgentInfoRequest(), None).score_refusal == ""
     plain = protocol.decode_logits(agent.Step(encode(2, [SeqStep([4], 3, [1, 2])], after_step_id=1), None))
     assert isinstance(plain, np.ndarray) and plain.shape == (1, 32)
+
+
+def test_a_mixed_step_replies_every_row_s_greedy_token_and_the_logits_of_its_logits_rows_only():
+    """A mixed step (logits_rows): one step; the reply carries each row's greedy token and logprob as a greedy
+    step's, and the logits of the rows named only; a later placeholder row continues from its greedy tokens. Every
+    rank gets the same message; only rank 0's reply carries the step's result."""
+    agent = servicer(make_runner())
+    request = encode(1, PROMPTS, greedy_steps=1, logits_rows=[1])
+    assert list(request.logits_rows) == [1] and protocol.StepDecoder().decode(request) == PROMPTS
+    reply = agent.Step(request, None)
+    assert not reply.error and reply.rows == 2 and len(reply.logits) == 1 * 32 * 4  # one row of float32 logits
+    logits = make_runner().run(PROMPTS)
+    tokens, logprobs = greedy_with_logprobs(logits)
+    call = _StepCall(1, lambda _call, failed: None, num_logits_rows=1)
+    call.start([FakeFuture(reply), FakeFuture(agent_pb2.StepReply(step_id=1))])  # rank 1 replies nothing
+    got = call.result()
+    assert isinstance(got, MixedStep)
+    np.testing.assert_array_equal(got.tokens, tokens[:, None])
+    np.testing.assert_array_equal(got.logprobs, logprobs[:, None].astype(np.float32))
+    np.testing.assert_array_equal(got.logits, logits[[1]])
+    follow = [SeqStep([PLACEHOLDER], 3, [1, 2]), SeqStep([PLACEHOLDER], 2, [3, 4])]
+    second = protocol.decode_greedy(agent.Step(encode(2, follow, 1, after_step_id=1, prev_rows=[0, 1]), None), 1)
+    want, _ = run_greedy_steps(make_runner(), PROMPTS, 2)
+    np.testing.assert_array_equal(second[0][:, 0], want[:, 1])
+
+
+def test_a_mixed_step_refuses_all_logits_rows_and_rounds():
+    agent = servicer(make_runner())
+    scored = [SeqStep([5, 6, 7], 0, [1, 2], all_logits=True), SeqStep([9, 10], 0, [3, 4])]
+    assert "cannot return every token's logits" in agent.Step(encode(1, scored, 1, logits_rows=[1]), None).error
+    assert "is one step, not 2" in agent.Step(encode(2, PROMPTS, 2, after_step_id=1, logits_rows=[0]), None).error
+    with pytest.raises(RuntimeError, match="returned 64 logits for 1 rows"):
+        protocol.decode_mixed(protocol.encode_mixed(3, MixedStep(np.zeros((2, 1), np.int64), np.zeros((2, 1)),
+                                                                 np.zeros((2, 32)))), 1)
