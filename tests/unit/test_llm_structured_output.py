@@ -220,6 +220,28 @@ def test_a_greedy_structured_request_gets_the_same_tokens_alone_and_among_others
     assert finals[target].token_ids == expected.token_ids and len(finals) == len(others) + 1
 
 
+def test_plain_greedy_rows_beside_a_structured_one_keep_the_runner_s_tokens(tokenizer):
+    """Async scheduling on an agent-like runner: a step holding a structured row and plain greedy rows is a mixed
+    step, which brings back the structured row's logits only; every request gets the tokens it gets alone."""
+    schema = StructuredOutput("json", json.dumps(SCHEMA))
+    structured = SamplingParams(max_new_tokens=60, temperature=0, structured_output=schema)
+    plain = SamplingParams(max_new_tokens=30, temperature=0, ignore_eos=True)
+    prompts = [f"other {i}" for i in range(4)]
+    (expected,) = make_engine(tokenizer).generate(["record:"], structured)
+    expected_plain = [o.token_ids for o in make_engine(tokenizer).generate(prompts, plain)]
+    engine = make_engine(tokenizer, ahead=True, num_scheduler_steps=4)
+    others = [engine.add_request(prompt, plain) for prompt in prompts]
+    engine.step()
+    target = engine.add_request("record:", structured)
+    target_seq = engine.core.scheduler.get_request(target).seq_id
+    finals = _finals(engine)
+    assert finals[target].token_ids == expected.token_ids
+    assert [finals[request_id].token_ids for request_id in others] == expected_plain
+    deferred = engine.core.runner.deferred
+    mixed = [(seqs, rows) for (seqs, _, _, _), rows in zip(deferred.submissions, deferred.logits_rows) if rows]
+    assert mixed and all([seqs[i].seq_id for i in rows] == [target_seq] for seqs, rows in mixed)
+
+
 def test_preempted_structured_requests_recompute_without_feeding_their_grammar_twice(tokenizer):
     engine = make_engine(tokenizer, num_blocks=72, max_num_seqs=16)  # too few blocks: preemptions
     schema = StructuredOutput("json", json.dumps(SCHEMA))
