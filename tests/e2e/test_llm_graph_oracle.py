@@ -47,15 +47,16 @@ def run_alone(runner, config, requests):
     return [engine.generate([prompt], greedy(n))[0].token_ids for prompt, n in requests]
 
 
-def run_staggered(runner, config, requests, listener=None):
-    """Adds a few requests every step, so they join a running batch at different steps."""
+def run_staggered(runner, config, requests, listener=None, params_for=lambda i, n: greedy(n)):
+    """Adds a few requests every step, so they join a running batch at different steps; request i's sampling
+    params are params_for(i, its max_new_tokens)."""
     engine = LLMEngine(runner, scheduler_config=config)
     if listener is not None:
         engine.add_step_listener(listener)
     ids, tokens, pending = [], {}, list(requests)
     while pending or engine.has_unfinished():
         for prompt, n in pending[:3]:
-            ids.append(engine.add_request(prompt_token_ids=prompt, params=greedy(n)))
+            ids.append(engine.add_request(prompt_token_ids=prompt, params=params_for(len(ids), n)))
         pending = pending[3:]
         for output in engine.step():
             if output.finished:
@@ -121,18 +122,20 @@ def test_preemption_with_tiny_block_pool_matches_alone(runner, alone):
 
 class _Ahead:
     """The graph runner taking steps ahead, as the agents do for async scheduling: a submitted step runs only
-    when its result is collected, after the engine has planned and submitted the next one."""
+    when its result is collected, after the engine has planned and submitted the next one. `mixed_steps`: it
+    runs mixed steps too (model_io), as the agents do."""
 
-    def __init__(self, runner):
+    def __init__(self, runner, mixed_steps=False):
         from mindspore_serving.agent.testing import DeferredSubmitter
         self.runner = runner
         self.deferred = DeferredSubmitter(runner)
+        self.mixed_steps = mixed_steps
 
     def __getattr__(self, name):
         return getattr(self.runner, name)
 
-    def submit(self, seqs, greedy_steps=0, prev_rows=()):
-        return self.deferred.submit(seqs, greedy_steps, prev_rows)
+    def submit(self, seqs, greedy_steps=0, prev_rows=(), logits_rows=()):
+        return self.deferred.submit(seqs, greedy_steps, prev_rows, logits_rows)
 
 
 @pytest.mark.parametrize("overrides", [dict(num_scheduler_steps=4, max_num_seqs=4, enable_prefix_caching=True),
@@ -146,3 +149,20 @@ def test_async_scheduling_matches_alone(runner, alone, overrides):
     submissions = ahead.deferred.submissions
     assert sum(1 for *_, in_flight in submissions if in_flight) > len(submissions) / 2
     assert any(prev_rows for _, _, prev_rows, _ in submissions)
+
+
+def test_mixed_steps_match_alone(runner, alone):
+    """Seeded sampled requests among greedy ones, async scheduling on a runner that runs mixed steps: the greedy
+    rows take the graph's argmax beside the sampled rows, and every request gets its tokens alone."""
+    requests, expected = alone
+    requests, expected = requests[:12], list(expected[:12])
+    sampled = {i: {"temperature": 0.8, "top_k": 20, "seed": i, "max_new_tokens": n, "ignore_eos": True}
+               for i, (_, n) in enumerate(requests) if i % 4 == 1}
+    single = LLMEngine(runner, scheduler_config=config_for(runner))
+    for i, params in sampled.items():
+        expected[i] = single.generate([requests[i][0]], params)[0].token_ids
+    ahead = _Ahead(runner, mixed_steps=True)
+    got, _ = run_staggered(ahead, config_for(runner, async_scheduling=True, num_scheduler_steps=4), requests,
+                           params_for=lambda i, n: sampled.get(i, greedy(n)))
+    assert got == expected
+    assert any(ahead.deferred.logits_rows)  # some steps were mixed
