@@ -198,7 +198,11 @@ class StepExecutor:
             return {}
         requests = [live[plan.scheduled[i].request_id] for i in rows]
         num_rows = expand_rows(rows, requests, self.scheduler.children_to_fork)  # a forking row samples each choice
-        at = rows if logits_rows is None else [logits_rows.index(i) for i in rows]
+        if logits_rows is None:
+            at = rows
+        else:
+            where = {row: k for k, row in enumerate(logits_rows)}
+            at = [where[i] for i in rows]
         result = self.sampler.sample_requests(logits if at == list(range(len(logits))) else logits[at], requests,
                                               bitmasks=None if bitmasks is None else bitmasks[rows])
         tops = result.top_logprobs or [[] for _ in rows]
