@@ -1,17 +1,21 @@
 """An agent's Step service without gRPC: steps run in the order the worker sent them (after_step_id), and rows
 continuing a greedy step get its last tokens (async scheduling)."""
 import threading
+from concurrent import futures
 
+import grpc
 import numpy as np
 import pytest
 
 from mindspore_serving.ipc import agent as protocol
 from mindspore_serving.agent.process import AgentServicer
+from mindspore_serving.llm.config import SchedulerConfig
+from mindspore_serving.llm.engine import LLMEngine
 from mindspore_serving.llm.model_io import PLACEHOLDER, MixedStep, SeqStep, run_greedy_steps
 from mindspore_serving.llm.sampler import greedy_with_logprobs
 from mindspore_serving.llm.testing import FakeModelRunner
-from mindspore_serving.proto import agent_pb2
-from mindspore_serving.worker.llm.agent_client import AgentLost, _StepCall
+from mindspore_serving.proto import agent_pb2, agent_pb2_grpc
+from mindspore_serving.worker.llm.agent_client import AgentLost, AgentRunner, _StepCall
 from grpc_fakes import FakeFuture
 
 
@@ -197,7 +201,6 @@ class AttachContext:
 
 
 def test_one_worker_with_the_group_s_secret_attaches_and_steps():
-    import grpc  # pylint: disable=import-outside-toplevel
     agent = AgentServicer(make_runner(), rank=0, device="CPU", on_detach=lambda reason: None, secret="s3")
     for given in ("", "wrong"):
         with pytest.raises(RuntimeError) as info:
@@ -266,3 +269,47 @@ def test_a_mixed_step_refuses_all_logits_rows_and_rounds():
     with pytest.raises(RuntimeError, match="returned 64 logits for 1 rows"):
         protocol.decode_mixed(protocol.encode_mixed(3, MixedStep(np.zeros((2, 1), np.int64), np.zeros((2, 1)),
                                                                  np.zeros((2, 32)))), 1)
+
+
+class RecordingServicer(AgentServicer):
+    """Records each step's logits rows."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.logits_rows = []
+
+    def Step(self, request, context):
+        self.logits_rows.append(list(request.logits_rows))
+        return super().Step(request, context)
+
+
+@pytest.mark.parametrize("extra", [dict(async_scheduling=True, num_scheduler_steps=4), {}], ids=["async", "single"])
+def test_an_engine_over_an_agent_runs_mixed_steps_with_the_tokens_of_each_request_alone(extra):
+    """The engine over an AgentRunner and an agent's Step service in this process over the fake model: steps where
+    a seeded sampled request decodes beside greedy ones are mixed steps naming its row only, and every request gets
+    the tokens it gets alone."""
+    def model():
+        return FakeModelRunner(num_blocks=64, block_size=4, max_seq_len=64, vocab_size=32)
+
+    agent = RecordingServicer(model(), 0, "CPU", lambda reason: None)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    agent_pb2_grpc.add_LlmAgentServicer_to_server(agent, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    runner = AgentRunner([f"127.0.0.1:{port}"], heartbeat_interval=5.0)
+    requests = [([5, 6, 7], dict(temperature=0)), ([9, 10], dict(temperature=0.9, seed=3)),
+                ([11, 12, 13, 14], dict(temperature=0)), ([8, 4], dict(temperature=0))]
+    try:
+        engine = LLMEngine(runner, None, SchedulerConfig.for_runner(runner, max_num_seqs=4, **extra), eos_token_id=1)
+        ids = [engine.add_request(None, dict(p, max_new_tokens=10, ignore_eos=True), prompt_token_ids=prompt)
+               for prompt, p in requests]
+        finals = {}
+        while engine.has_unfinished():
+            finals.update((o.request_id, o.token_ids) for o in engine.step() if o.finished)
+    finally:
+        runner.close()
+        server.stop(0)
+    alone = LLMEngine(model(), None, SchedulerConfig.for_runner(model(), max_num_seqs=4), eos_token_id=1)
+    for request_id, (prompt, p) in zip(ids, requests):
+        assert finals[request_id] == alone.generate([prompt], dict(p, max_new_tokens=10, ignore_eos=True))[0].token_ids
+    assert [1] in agent.logits_rows and all(rows in ([], [1]) for rows in agent.logits_rows)
