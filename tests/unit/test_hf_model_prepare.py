@@ -90,7 +90,7 @@ def test_an_export_is_used_until_its_content_or_settings_change(qwen2, tmp_path,
     first = hf_model.prepare(settings(qwen2, cache, max_model_len=128), lines.append)
     assert first.exported and first.name == "Qwen2_5-tiny" and len(exports) == 1
     assert os.path.basename(first.cache_dir).startswith("Qwen2_5-tiny-")
-    assert lines[0] == f"Qwen2_5-tiny: exporting 9 graphs into {first.cache_dir} (max_model_len 128)"
+    assert lines[0] == f"Qwen2_5-tiny: exporting 10 graphs into {first.cache_dir} (max_model_len 128)"  # 1 score
     config = load_serving_config(first.config_file)
     assert config.model.graphs == (os.path.join(first.cache_dir, "graphs", "rank_0"),)
     assert config.model.tokenizer == os.path.join(qwen2, "tokenizer.json")

@@ -138,8 +138,9 @@ def _export(settings: HfModelSettings, checked: _Checked, cache_dir: str, key: s
     os.makedirs(cache_dir)
     model_yaml = _write_model_file(checked.model_file, cache_dir)
     tp = settings.tensor_parallel
-    graphs = len(checked.model_file.export.prefill_batch_buckets) * len(checked.model_file.export.prefill_len_buckets)
-    graphs += len(checked.model_file.export.decode_batch_buckets)
+    export = checked.model_file.export
+    graphs = len(export.prefill_batch_buckets) * len(export.prefill_len_buckets) + len(export.decode_batch_buckets)
+    graphs += len(export.score_lengths)
     log(f"{settings.served_model_name}: exporting {graphs} graphs{f' per rank, {tp} ranks' if tp > 1 else ''} "
         f"into {cache_dir} (max_model_len {checked.max_model_len})")
     # a spawned compiling process costs a MindSpore import (seconds): worth it only for many graphs
