@@ -79,7 +79,7 @@ def test_every_model_is_listed(server):
     assert sorted(m["id"] for m in models) == sorted(TP1 + list(TP2))
     assert all(m["max_model_len"] == MAX_MODEL_LEN for m in models)
     for fixture in TP1:
-        assert f"{fixture}: exporting 3 graphs into" in proc.output()
+        assert f"{fixture}: exporting 4 graphs into" in proc.output()  # 1 prefill, 2 decode, 1 score
 
 
 @pytest.mark.parametrize("name", TP1 + list(TP2))
@@ -160,7 +160,7 @@ def test_the_cache_is_used_until_a_setting_changes(server, tmp_path):
     out, code = run_cli(tmp_path, "--model", qwen2, *flags(cache))
     assert code == 0 and "qwen2: using the graphs exported at" in out and "exporting" not in out, out
     out, _ = run_cli(tmp_path, "--model", qwen2, *flags(cache), "--prefill_len_buckets", "16,32",
-                     wait_for="qwen2: exporting 4 graphs")
+                     wait_for="qwen2: exporting 5 graphs")
     assert len([d for d in glob.glob(os.path.join(cache, "qwen2-*")) if os.path.isdir(d)]) == 2  # a new one
     out, code = run_cli(tmp_path, "--model", qwen2, *flags(cache), "--tensor_parallel", "3")
     assert code != 0 and "tensor_parallel=3 does not divide the model's num_attention_heads=4" in out, out
