@@ -14,6 +14,7 @@ Walks are capped at --max-steps tokens (a random walk in an unbounded string or 
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 
@@ -21,6 +22,8 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from run_output import write_report  # noqa: E402  (bench/run_output.py: json, os and time only)
 CORPUS = os.path.join(ROOT, "data", "kjv_narrative.txt")
 EOS = 0
 SCHEMAS = {
@@ -127,6 +130,7 @@ def main() -> int:
     parser.add_argument("--max-steps", type=int, default=400)
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "grammar_engines.json"))
     args = parser.parse_args()
+    started = time.time()
     results = []
     with tempfile.TemporaryDirectory() as directory:
         for vocab in [int(v) for v in args.vocab.split(",")]:
@@ -143,9 +147,7 @@ def main() -> int:
             continue
         print(f"{row['vocab']:>6} {row['schema']:>10} {row['engine']:>14} {row['tokenizer_ms']:>13.1f} "
               f"{row['compile_ms']:>11.2f} {row['mask_us']:>13.1f} {row['steps']:>6}")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as stream:
-        json.dump(results, stream, indent=1)
+    write_report({"meta": {}, "results": results}, started, args.out, indent=1)
     print(f"wrote {args.out}")
     return 0
 

@@ -40,6 +40,7 @@ from mindspore_serving.llm.structured_output import BitmaskComputer, GrammarComp
 from mindspore_serving.llm.sampling_params import StructuredOutput  # noqa: E402
 from mindspore_serving.models.llama.tokenizer import TextTokenizer  # noqa: E402
 from mindspore_serving.spec.llm_config import load_serving_config  # noqa: E402
+from run_output import write_report  # noqa: E402  (bench/run_output.py)
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "tags"],
           "properties": {"name": {"type": "string", "maxLength": 12},
@@ -184,6 +185,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.rounds = 32, 1
+    started = time.time()
     config = load_serving_config(args.config)
     cpus = bind_like_agent(config)
     tokenizer = TextTokenizer.from_file(config.model.tokenizer)
@@ -198,7 +200,7 @@ def main(argv=None) -> int:
     source = PromptSource(config.model.tokenizer)
     texts = prompts(source, args.requests, seed=1)
     run.go([{"prompt": t, "params": {"max_new_tokens": 8}} for t in texts[:8]])  # warm-up
-    report = {"cpu_affinity": cpus, "requests": args.requests, "rounds": args.rounds, "schema": SCHEMA,
+    report = {"meta": {"started": time.strftime("%Y-%m-%d %H:%M:%S")}, "cpu_affinity": cpus, "requests": args.requests, "rounds": args.rounds, "schema": SCHEMA,
               "structured": structured_rounds(run, texts, args.rounds),
               "grammar_cpu": grammar_cpu(tokenizer, tokenizer.eos_id),
               "choices": choices_rounds(Run(choices_engine), prompts(source, max(1, args.requests // 4), seed=2),
@@ -225,9 +227,7 @@ def main(argv=None) -> int:
     for mode in ("n", "separate"):
         print(f"{mode:>12} {median(c[mode], 'tokens_per_s'):>9.0f} {median(c[mode], 'prefill_tokens'):>23.0f} "
               f"{median(c[mode], 'peak_kv_blocks'):>15.0f}")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as stream:
-        json.dump(report, stream, indent=1)
+    write_report(report, started, args.out, indent=1)
     print(f"wrote {args.out}")
     return 0
 
