@@ -278,11 +278,11 @@ class GraphRunner(MultiStepRunner, PromptScorer):
                 decode.append(_Piece(i, seq.token_ids, seq.start_pos, seq.block_table, True))
             else:
                 prefill.append((i, seq))
+        if scored and not self.score_lengths:  # refused before any graph runs or writes the cache
+            raise ValueError(self.score_refusal())
         fused = self._run_mixed(decode, prefill, out)
         if not fused:
             self._run_decode(decode, out)
-        if scored and not self.score_lengths:
-            raise ValueError(self.score_refusal())
         # Prompts longer than the largest length bucket go in chunks, chunk k of every prompt in round k.
         rounds: List[List[_Piece]] = []
         for i, seq in enumerate(seqs):

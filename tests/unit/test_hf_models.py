@@ -28,8 +28,9 @@ from mindspore_serving.llm.generation_defaults import GenerationDefaults  # noqa
 from mindspore_serving.models.llama.hf.config import UnsupportedModelError, read_hf_config, read_json  # noqa: E402
 from mindspore_serving.models.llama.hf.loader import build_hf_model  # noqa: E402
 from mindspore_serving.models.llama.hf.weights import bfloat16_to_float32, load_hf_weights  # noqa: E402
-from mindspore_serving.models.llama.model import (LlamaModel, check_tensor_parallel, linear, rms_norm,  # noqa: E402
-                                                  rotary_cos_sin, shard_weights)
+from mindspore_serving.models.llama.config import check_tensor_parallel  # noqa: E402
+from mindspore_serving.models.llama.model import (LlamaModel, linear, rms_norm, rotary_cos_sin,  # noqa: E402
+                                                  shard_weights)
 
 # NOTE: MindSpore's first PyNative op in a process initialises its NumPy C API, which fails once here (an extension
 # built for NumPy 1.x); a pyboost op (*, //) then raises SystemError, while a Tensor slice absorbs it.

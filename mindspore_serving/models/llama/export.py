@@ -47,9 +47,8 @@ from safetensors.numpy import save_file
 from mindspore_serving.common import cluster_registration, ms_cluster
 from mindspore_serving.common.ms_device import select_device
 
-from .config import ModelFile, load_config, save_config
-from .model import (LlamaModel, MixedStep, PagedStep, ScoreStep, build_model, check_tensor_parallel, shard_weights,
-                    weight_names)
+from .config import ModelFile, check_tensor_parallel, load_config, save_config
+from .model import LlamaModel, MixedStep, PagedStep, ScoreStep, build_model, shard_weights, weight_names
 
 from .manifest import MANIFEST, MANIFEST_VERSION, WEIGHTS_FILE
 

@@ -37,7 +37,7 @@ import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
 from mindspore.common.initializer import Normal, initializer
 
-from .config import LlamaConfig, check_tensor_parallel  # noqa: F401  (export.py's import)
+from .config import LlamaConfig, check_tensor_parallel
 
 NEG_INF = -1e9
 
