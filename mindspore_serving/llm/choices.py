@@ -22,10 +22,6 @@ import numpy as np
 
 from mindspore_serving.llm.request import Request
 
-_SHARED_ATTRIBUTES = ("bad_words_ids",)
-"""Read-only per-request data the engine sets after building a Request; a child takes its parent's."""
-
-
 def choice_generator(seed: Optional[int], choice: int) -> Optional[np.random.Generator]:
     """The random stream of choice `choice`: seeded with seed + choice when the request has a seed (choice 0 is
     the request's own generator), else None (the engine's shared generator)."""
@@ -49,9 +45,7 @@ def make_child(parent: Request, choice: int, request_id: str) -> Request:
     child.choice = choice
     child.num_pending_choices = 0
     child.generator = choice_generator(parent.sampling_params.seed, choice)
-    for name in _SHARED_ATTRIBUTES:
-        if hasattr(parent, name):
-            setattr(child, name, getattr(parent, name))
+    child.bad_words_ids = parent.bad_words_ids  # set by the engine after building the parent
     if parent.grammar is not None:
         child.grammar = parent.grammar.fork()
     child.first_scheduled_time = parent.first_scheduled_time

@@ -19,6 +19,7 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from mindspore_serving.llm.model_io import PromptScorer, StepResult, split_logits
+from mindspore_serving.llm.sampler import log_softmax, top_candidates
 
 TopLogprobs = List[Tuple[int, float]]
 _ROWS_AT_ONCE = 32  # positions whose float64 log-softmax is held at once (a large vocabulary: ~40 MB)
@@ -70,23 +71,9 @@ class PromptScores:
         return [list(top) for top in self._top]
 
 
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """float64 log-softmax over the last axis."""
-    x = np.asarray(logits, dtype=np.float64)
-    shifted = x - x.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-
-
 def top_logprobs(row: np.ndarray, k: int) -> TopLogprobs:
-    """The k largest entries of a 1-D row as (id, value), largest first, ties by lowest id."""
-    vocab = row.shape[0]
-    if k >= vocab:
-        candidates = np.arange(vocab)
-    else:
-        kth = np.partition(row, vocab - k)[vocab - k]
-        candidates = np.flatnonzero(row >= kth)  # every tie of the k-th value, in id order
-    ranked = candidates[np.argsort(-row[candidates], kind="stable")][:k]
-    return [(int(t), float(row[t])) for t in ranked]
+    """The k largest entries of a 1-D row as (id, value), largest first, ties by lowest id (the sampler's ranking)."""
+    return [(int(t), float(row[t])) for t in top_candidates(row, k)]
 
 
 def score_refusal(runner) -> Optional[str]:

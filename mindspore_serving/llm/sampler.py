@@ -75,7 +75,7 @@ def apply_repetition_penalty(logits: np.ndarray, token_ids: Sequence[int], penal
     return logits
 
 
-def _top_candidates(row: np.ndarray, k: int) -> np.ndarray:
+def top_candidates(row: np.ndarray, k: int) -> np.ndarray:
     """The k largest entries of `row`, ranked by value descending, ties by lowest id."""
     vocab = row.shape[0]
     if k >= vocab:
@@ -192,7 +192,7 @@ class Sampler:
         vocab = row.shape[0]
         peak = row.max()
         if params.top_k_enabled and params.top_k < vocab:
-            candidates = _top_candidates(row, params.top_k)
+            candidates = top_candidates(row, params.top_k)
             weights = np.exp(row[candidates] - peak)
             mass = weights.sum()  # top-p then applies to the distribution renormalised over the top k
         elif params.top_p < 1.0:
@@ -200,7 +200,7 @@ class Sampler:
             mass = all_weights.sum()
             k = cls.TOP_P_FIRST_CANDIDATES
             while True:
-                candidates = _top_candidates(row, k)
+                candidates = top_candidates(row, k)
                 weights = all_weights[candidates]
                 if k >= vocab or weights.sum() >= params.top_p * mass:
                     break
@@ -225,4 +225,4 @@ class Sampler:
 
     @staticmethod
     def _top(logprobs_row: np.ndarray, count: int) -> List[Tuple[int, float]]:
-        return [(int(t), float(logprobs_row[t])) for t in _top_candidates(logprobs_row, count)]
+        return [(int(t), float(logprobs_row[t])) for t in top_candidates(logprobs_row, count)]
