@@ -28,7 +28,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from mindspore_serving.frontends.llm import sse
-from mindspore_serving.master.llm_types import GenerationRequest, LlmBackend, PromptEvent, TokenEvent
+from mindspore_serving.master.llm_types import GenerationRequest, LlmBackend, PromptEvent
 from mindspore_serving.common.errors import InvalidParam
 from mindspore_serving.frontends.errors import Protocol, http_error
 from mindspore_serving.frontends.llm.generation import Generation, finite
@@ -36,6 +36,7 @@ from mindspore_serving.frontends.llm.params import (load_json, new_request_id, p
                                                     served_model)
 from mindspore_serving.frontends.llm.responses import error_response, guarded, json_reply, stream_reply
 from mindspore_serving.frontends.llm.schemas_tgi import LlmServingRequest
+from mindspore_serving.frontends.llm.tgi import prefill_json, token_json, top_tokens_json
 from mindspore_serving.llm.instance_params import check_one_choice
 
 LLM_SERVING = Protocol.TGI
@@ -44,29 +45,18 @@ CLASSIC = Protocol.MINDSPORE
 RETRY_MS = 30000
 
 
-def _token(token: TokenEvent) -> dict:
-    return {"id": token.token_id, "logprob": finite(token.logprob), "special": token.special, "text": token.text}
-
-
-def _top_tokens(token: TokenEvent) -> List[dict]:
-    """The most likely tokens at the position of `token`, in the reply's token shape (only the chosen token is
-    known to be special or not)."""
-    return [{"id": top.token_id, "logprob": finite(top.logprob), "special": token.special and top.token_id ==
-             token.token_id, "text": top.text} for top in token.top_logprobs]
+def _top_logprobs(tops) -> List[dict]:
+    """The most likely tokens at a position as the classic route writes them (id, text, logprob)."""
+    return [{"id": t.token_id, "text": t.text, "logprob": finite(t.logprob)} for t in tops]
 
 
 def _prompt_tokens(prompt: Optional[PromptEvent], top: bool = False) -> List[dict]:
-    """The scored prompt: id, logprob (null for the first token), text, and with `top` its top_logprobs."""
-    if prompt is None:
-        return []
-    tokens = []
-    for token in prompt.tokens:
-        item = {"id": token.token_id, "logprob": None if token.logprob is None else finite(token.logprob),
-                "text": token.text}
-        if top:
-            item["top_logprobs"] = [{"id": t.token_id, "logprob": finite(t.logprob), "text": t.text}
-                                    for t in token.top_logprobs]
-        tokens.append(item)
+    """The scored prompt as TGI's `prefill` (id, text, logprob: null for the first token), with `top` each token's
+    top_logprobs too."""
+    tokens = prefill_json(prompt)
+    if top:
+        for item, token in zip(tokens, prompt.tokens):
+            item["top_logprobs"] = _top_logprobs(token.top_logprobs)
     return tokens
 
 
@@ -81,10 +71,10 @@ def full_payload(generation: Generation, request: LlmServingRequest) -> dict:
     name when asked: the scored prompt (decoder_input_details), the most likely tokens per position
     (top_n_tokens)."""
     params = request.parameters
-    tokens = [_token(t) for t in generation.tokens]
+    tokens = [token_json(t) for t in generation.tokens]
     final = generation.final
     prefill = _prompt_tokens(generation.prompt_scores) if params.decoder_input_details else tokens[:1]
-    top_tokens = [_top_tokens(t) for t in generation.tokens] if params.top_tokens else [tokens[:1]]
+    top_tokens = [top_tokens_json(t) for t in generation.tokens] if params.top_tokens else [tokens[:1]]
     return {"generated_text": _text(generation, request), "finish_reason": final.finish_reason,
             "generated_tokens": final.completion_tokens, "prefill": prefill,
             "seed": params.seed or 0, "tokens": tokens, "top_tokens": top_tokens, "details": None}
@@ -97,12 +87,12 @@ async def llm_serving_events(generation: Generation, request: LlmServingRequest)
         yield sse.retry(RETRY_MS)
     params = request.parameters
     async for token in generation.events():
-        item = _token(token)
+        item = token_json(token)
         yield encode({"details": None, "generated_text": token.text, "tokens": item,
-                      "top_tokens": _top_tokens(token) if params.top_tokens else [item]})
+                      "top_tokens": top_tokens_json(token) if params.top_tokens else [item]})
     final = generation.final
     last = {"details": None, "generated_text": _text(generation, request), "finish_reason": final.finish_reason,
-            "generated_tokens": final.completion_tokens, "tokens": [_token(t) for t in generation.tokens]}
+            "generated_tokens": final.completion_tokens, "tokens": [token_json(t) for t in generation.tokens]}
     if params.decoder_input_details:
         last["prefill"] = _prompt_tokens(generation.prompt_scores)
     yield encode(last)
@@ -176,10 +166,9 @@ def _classic_request(model: str, body: Union[bytes, dict]) -> GenerationRequest:
 async def classic_events(generation: Generation) -> AsyncIterator[bytes]:
     params = generation.request.params
     async for token in generation.events():
-        item = {"id": token.token_id, "text": token.text, "logprob": finite(token.logprob), "special": token.special}
+        item = token_json(token)
         if params.get("top_logprobs"):
-            item["top_logprobs"] = [{"id": t.token_id, "text": t.text, "logprob": finite(t.logprob)}
-                                    for t in token.top_logprobs]
+            item["top_logprobs"] = _top_logprobs(token.top_logprobs)
         yield sse.event({"index": token.index, "token": item})
     final = generation.final
     timings = generation.timings()
