@@ -59,7 +59,7 @@ def prefill_json(prompt: Optional[PromptEvent]) -> List[dict]:
 def candidates(generation: Generation) -> List[Candidate]:
     """The generated sequences (one per choice), in choice order."""
     finals = generation.finals
-    return [([t for t in generation.tokens if t.choice == choice], finals[choice]) for choice in sorted(finals)]
+    return [(generation.choice_tokens(choice), finals[choice]) for choice in sorted(finals)]
 
 
 def best_index(sequences: Sequence[Candidate]) -> int:
@@ -87,9 +87,10 @@ def _sequence_details(sequence: Candidate, request: TgiRequest, prefill: List[di
     return details
 
 
-def generate_payload(generation: Generation, request: TgiRequest, full_text_default: bool = False) -> dict:
-    """`{"generated_text", "details"?}`; with best_of > 1 the candidate TGI would keep, and the others in
-    `details.best_of_sequences`."""
+def generate_payload(generation: Generation, request: TgiRequest,
+                     full_text_default: bool = False) -> Tuple[dict, int]:
+    """(`{"generated_text", "details"?}`, the tokens it generated); with best_of > 1 the candidate TGI would keep,
+    and the others in `details.best_of_sequences`."""
     sequences = candidates(generation)
     best = best_index(sequences)
     payload = {"generated_text": _output_text(sequences[best][1], request, full_text_default)}
@@ -106,7 +107,7 @@ def generate_payload(generation: Generation, request: TgiRequest, full_text_defa
         if top_tokens is not None:
             details["top_tokens"] = top_tokens
         payload["details"] = details
-    return payload
+    return payload, sequences[best][1].completion_tokens
 
 
 def _is_last(generation: Generation, token: TokenEvent) -> bool:
@@ -198,10 +199,9 @@ def build_tgi_router(backend: LlmBackend, default_model: Optional[str] = None, k
         generation = start(request, arrival)
 
         def build(gen: Generation):
-            payload = generate_payload(gen, request, full_text_default=compat)
+            payload, generated = generate_payload(gen, request, full_text_default=compat)
             headers = gen.timing_headers(len(request.inputs))
-            sequences = candidates(gen)
-            headers["x-generated-tokens"] = str(sequences[best_index(sequences)][1].completion_tokens)  # as TGI
+            headers["x-generated-tokens"] = str(generated)  # the kept candidate's, as TGI
             return ([payload] if compat else payload), headers
 
         return json_reply(generation, PROTOCOL, build)
