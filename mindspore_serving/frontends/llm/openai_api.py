@@ -222,6 +222,7 @@ def tool_parser(generation: Generation, request: ChatCompletionRequest) -> Optio
 def chat_payload(generation: Generation, request: ChatCompletionRequest) -> dict:
     k = request.top_logprobs or 0
     parser = tool_parser(generation, request)
+    tool_choice = request.effective_tool_choice()
     choices = []
     for index, choice in enumerate(returned_choices(generation, request.n or 1)):
         final = generation.finals[choice]
@@ -232,7 +233,7 @@ def chat_payload(generation: Generation, request: ChatCompletionRequest) -> dict
         else:
             content, calls = parser.parse(final.text)
             message = tool_calls.assistant_message(content, calls)
-            reason = tool_calls.finish_reason(reason, bool(calls), request.effective_tool_choice())
+            reason = tool_calls.finish_reason(reason, bool(calls), tool_choice)
         choices.append({"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason})
     payload = {"id": f"chatcmpl-{generation.request_id}", "object": "chat.completion",
                "created": generation.created, "model": generation.model.name, "choices": choices,
@@ -253,8 +254,9 @@ async def chat_chunks(generation: Generation, request: ChatCompletionRequest) ->
         head["usage"] = None
     k = request.top_logprobs or 0
     tool_choice = request.effective_tool_choice()
-    parsers = [tool_parser(generation, request) for _ in range(generation.num_choices)]
-    streams = {index: tool_calls.ToolCallStream(parser) for index, parser in enumerate(parsers) if parser is not None}
+    parser = tool_parser(generation, request)  # stateless: each choice's stream keeps its own state
+    streams = {} if parser is None else {index: tool_calls.ToolCallStream(parser)
+                                         for index in range(generation.num_choices)}
 
     def chunk(index: int, delta: dict, logprobs, reason: Optional[str]) -> bytes:
         return sse.event({**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
