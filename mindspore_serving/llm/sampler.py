@@ -65,16 +65,6 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
 
 
-def apply_repetition_penalty(logits: np.ndarray, token_ids: Sequence[int], penalty: float) -> np.ndarray:
-    """In place on a 1-D float row: divide positive logits of seen tokens by `penalty`, multiply negative ones."""
-    if penalty == 1.0 or len(token_ids) == 0:
-        return logits
-    seen = np.unique(np.asarray(token_ids, dtype=np.int64))
-    values = logits[seen]
-    logits[seen] = np.where(values > 0, values / penalty, values * penalty)
-    return logits
-
-
 def top_candidates(row: np.ndarray, k: int) -> np.ndarray:
     """The k largest entries of `row`, ranked by value descending, ties by lowest id."""
     vocab = row.shape[0]

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from mindspore_serving.llm.errors import InvalidRequestError
-from mindspore_serving.llm.sampler import Sampler, apply_repetition_penalty, log_softmax
+from mindspore_serving.llm.logits_processors import apply_repetition_penalties
+from mindspore_serving.llm.sampler import Sampler, log_softmax
 from mindspore_serving.llm.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0)
@@ -98,12 +99,12 @@ def test_top_k_then_top_p():
 
 
 def test_repetition_penalty_rule():
-    row = np.array([2.0, -2.0, 1.0, -1.0, 4.0])
-    apply_repetition_penalty(row, [0, 1, 1, 4], 2.0)          # repeated ids are penalised once
-    assert row.tolist() == [1.0, -4.0, 1.0, -1.0, 2.0]
-    row = np.array([2.0, -2.0])
-    apply_repetition_penalty(row, [0, 1], 0.5)                # < 1 favours seen tokens
-    assert row.tolist() == [4.0, -1.0]
+    row = np.array([[2.0, -2.0, 1.0, -1.0, 4.0]])
+    apply_repetition_penalties(row, [[0, 1, 1, 4]], np.array([2.0]))  # repeated ids are penalised once
+    assert row.tolist() == [[1.0, -4.0, 1.0, -1.0, 2.0]]
+    row = np.array([[2.0, -2.0]])
+    apply_repetition_penalties(row, [[0, 1]], np.array([0.5]))        # < 1 favours seen tokens
+    assert row.tolist() == [[4.0, -1.0]]
 
 
 def test_repetition_penalty_covers_prompt_and_output_and_changes_the_choice():
