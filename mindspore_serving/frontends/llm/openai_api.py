@@ -137,6 +137,8 @@ def completion_payload(batch: GenerationBatch, request: CompletionRequest, promp
     for number, (generation, prompt) in enumerate(zip(batch.items, prompts)):
         prefix = prompt if request.echo else ""
         scores = _prompt_scores(generation, request)
+        scored_prompt = (None if request.prompt_logprobs is None
+                         else prompt_logprobs(generation.prompt_scores, request.prompt_logprobs))  # one per prompt
         for rank, choice in enumerate(returned_choices(generation, n)):
             final = generation.finals[choice]
             logprobs = None
@@ -145,8 +147,8 @@ def completion_payload(batch: GenerationBatch, request: CompletionRequest, promp
                                                0 if scores is not None else len(prefix), scores)
             item = {"index": number * n + rank, "text": prefix + final.text, "logprobs": logprobs,
                     "finish_reason": finish_reason(final)}
-            if request.prompt_logprobs is not None:
-                item["prompt_logprobs"] = prompt_logprobs(generation.prompt_scores, request.prompt_logprobs)
+            if scored_prompt is not None:
+                item["prompt_logprobs"] = scored_prompt
             choices.append(item)
     return {"id": f"cmpl-{batch.request_id}", "object": "text_completion", "created": batch.created,
             "model": batch.model.name, "choices": choices, "usage": usage(*batch.items)}
