@@ -266,7 +266,7 @@ class SamplingParams:
         """allowed_token_ids as int64 ids, made once per params (the sampler masks with them at every step)."""
         return np.array(self.allowed_token_ids, dtype=np.int64)
 
-    @property
+    @functools.cached_property  # frozen: asked for per row and step
     def processes_logits(self) -> bool:
         """True when the sampler changes the logits before choosing (llm/logits_processors.py): a repetition,
         presence or frequency penalty, a logit bias, allowed ids, bad words or min_tokens."""
@@ -274,7 +274,7 @@ class SamplingParams:
                 or bool(self.logit_bias) or bool(self.allowed_token_ids) or bool(self.bad_words)
                 or self.min_tokens > 0)
 
-    @property
+    @functools.cached_property  # frozen: asked for per row and step
     def plain_greedy(self) -> bool:
         """True when a model runner may choose this request's tokens itself, several steps in a row: greedy on
         the model's own logits, raw logprobs of the chosen token only, one choice, nothing for the engine to look
