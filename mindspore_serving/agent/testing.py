@@ -58,11 +58,28 @@ class _DeferredFuture(Future):
 class AheadRunner(FakeModelRunner, StepSubmitter):
     """The fake runner taking steps ahead (async scheduling): they run only when their result is collected."""
 
+    mixed_steps = True
+
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.deferred = DeferredSubmitter(self)
 
-    mixed_steps = True
+    def submit(self, seqs, greedy_steps=0, prev_rows=(), logits_rows=()):
+        return self.deferred.submit(seqs, greedy_steps, prev_rows, logits_rows)
+
+
+class Ahead:
+    """Any runner taking steps ahead, as the agents do for async scheduling: a submitted step runs only when its
+    result is collected, after the engine has planned and submitted the next one. `mixed_steps`: it runs mixed
+    steps too (model_io), as the agents do."""
+
+    def __init__(self, runner, mixed_steps=False):
+        self.runner = runner
+        self.deferred = DeferredSubmitter(runner)
+        self.mixed_steps = mixed_steps
+
+    def __getattr__(self, name):
+        return getattr(self.runner, name)
 
     def submit(self, seqs, greedy_steps=0, prev_rows=(), logits_rows=()):
         return self.deferred.submit(seqs, greedy_steps, prev_rows, logits_rows)

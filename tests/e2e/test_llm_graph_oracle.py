@@ -7,6 +7,7 @@ tiny block pool.
 import numpy as np
 import pytest
 
+from mindspore_serving.agent.testing import Ahead
 from mindspore_serving.llm import LLMEngine, SchedulerConfig
 from mindspore_serving.spec.llm_config import load_serving_config
 from llm_setup import CONFIG
@@ -120,30 +121,12 @@ def test_preemption_with_tiny_block_pool_matches_alone(runner, alone):
     assert sum(preempted) > 0
 
 
-class _Ahead:
-    """The graph runner taking steps ahead, as the agents do for async scheduling: a submitted step runs only
-    when its result is collected, after the engine has planned and submitted the next one. `mixed_steps`: it
-    runs mixed steps too (model_io), as the agents do."""
-
-    def __init__(self, runner, mixed_steps=False):
-        from mindspore_serving.agent.testing import DeferredSubmitter
-        self.runner = runner
-        self.deferred = DeferredSubmitter(runner)
-        self.mixed_steps = mixed_steps
-
-    def __getattr__(self, name):
-        return getattr(self.runner, name)
-
-    def submit(self, seqs, greedy_steps=0, prev_rows=(), logits_rows=()):
-        return self.deferred.submit(seqs, greedy_steps, prev_rows, logits_rows)
-
-
 @pytest.mark.parametrize("overrides", [dict(num_scheduler_steps=4, max_num_seqs=4, enable_prefix_caching=True),
                                        dict(num_scheduler_steps=2, num_blocks=17)],
                          ids=["rounds-of-4", "tiny-block-pool"])
 def test_async_scheduling_matches_alone(runner, alone, overrides):
     requests, expected = alone
-    ahead = _Ahead(runner)
+    ahead = Ahead(runner)
     got, engine = run_staggered(ahead, config_for(runner, async_scheduling=True, **overrides), requests)
     assert got == expected
     submissions = ahead.deferred.submissions
@@ -161,7 +144,7 @@ def test_mixed_steps_match_alone(runner, alone):
     single = LLMEngine(runner, scheduler_config=config_for(runner))
     for i, params in sampled.items():
         expected[i] = single.generate([requests[i][0]], params)[0].token_ids
-    ahead = _Ahead(runner, mixed_steps=True)
+    ahead = Ahead(runner, mixed_steps=True)
     got, _ = run_staggered(ahead, config_for(runner, async_scheduling=True, num_scheduler_steps=4), requests,
                            params_for=lambda i, n: sampled.get(i, greedy(n)))
     assert got == expected
