@@ -5,20 +5,22 @@ field, the value and the fix, and combinations that could never serve a request 
 one sequence, a budget too small for a prompt without chunking) are rejected up front.
 """
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Mapping, Optional, Union
 
 from mindspore_serving.llm.fields import check_known_fields
 
+NGRAM = "ngram"
+SPECULATIVE_METHODS = (NGRAM,)
 CONTINUOUS = "continuous"
 STATIC = "static"
 BATCHING_STRATEGIES = (CONTINUOUS, STATIC)
 
 
-def _check_int(name: str, value, minimum: int, fix: str = "") -> None:
+def _check_int(name: str, value, minimum: int, fix: str = "", what: str = "SchedulerConfig") -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"SchedulerConfig.{name} must be an int, got {value!r} ({type(value).__name__})")
+        raise ValueError(f"{what}.{name} must be an int, got {value!r} ({type(value).__name__})")
     if value < minimum:
-        raise ValueError(f"SchedulerConfig.{name} must be >= {minimum}, got {value}" + (f"; {fix}" if fix else ""))
+        raise ValueError(f"{what}.{name} must be >= {minimum}, got {value}" + (f"; {fix}" if fix else ""))
 
 
 def _check_bool(name: str, value) -> None:
@@ -29,6 +31,55 @@ def _check_bool(name: str, value) -> None:
 def blocks_for(num_tokens: int, block_size: int) -> int:
     """Blocks needed to hold `num_tokens` tokens."""
     return -(-num_tokens // block_size)
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding without a draft model (llm/ngram_proposer.py): each decode row may carry up to
+    `num_speculative_tokens` proposed tokens, which one model call verifies (vLLM's `speculative_config` names
+    and meanings)."""
+
+    method: str = NGRAM
+    """How tokens are proposed: "ngram" (prompt lookup: the tokens that followed the latest earlier occurrence of
+    the sequence's last n tokens, in its prompt or output)."""
+
+    num_speculative_tokens: int = 4
+    """Most tokens proposed per row and step (k): a verifying row computes 1 + k tokens. The graphs must have been
+    exported for it (`export.spec_tokens` >= k), else verification falls back to slower graphs."""
+
+    prompt_lookup_min: int = 1
+    """Shortest n-gram matched (the longest, prompt_lookup_max, is tried first)."""
+
+    prompt_lookup_max: int = 4
+    """Longest n-gram matched."""
+
+    disable_by_batch_size: Optional[int] = None
+    """A step with at least this many running requests does not speculate (every row decodes one token as without
+    speculation): a busy batch fills the model call already. None: always speculate."""
+
+    def __post_init__(self):
+        if self.method not in SPECULATIVE_METHODS:
+            raise ValueError(f"SpeculativeConfig.method must be one of {SPECULATIVE_METHODS}, got {self.method!r}")
+        _check_int("num_speculative_tokens", self.num_speculative_tokens, 1, what="SpeculativeConfig")
+        _check_int("prompt_lookup_min", self.prompt_lookup_min, 1, what="SpeculativeConfig")
+        _check_int("prompt_lookup_max", self.prompt_lookup_max, 1, what="SpeculativeConfig")
+        if self.prompt_lookup_max < self.prompt_lookup_min:
+            raise ValueError(f"SpeculativeConfig.prompt_lookup_max={self.prompt_lookup_max} is below "
+                             f"prompt_lookup_min={self.prompt_lookup_min}")
+        if self.disable_by_batch_size is not None:
+            _check_int("disable_by_batch_size", self.disable_by_batch_size, 1, "use None to always speculate",
+                       what="SpeculativeConfig")
+
+    @classmethod
+    def of(cls, value: Union[None, "SpeculativeConfig", Mapping[str, Any]]) -> Optional["SpeculativeConfig"]:
+        """A SpeculativeConfig from a mapping of its fields (a YAML section), itself, or None."""
+        if value is None or isinstance(value, cls):
+            return value
+        if not isinstance(value, Mapping):
+            raise ValueError(f"SchedulerConfig.speculative must be a mapping of SpeculativeConfig fields or None, "
+                             f"got {value!r}")
+        check_known_fields(cls, value, "SpeculativeConfig fields")
+        return cls(**value)
 
 
 @dataclass(frozen=True)
@@ -96,7 +147,13 @@ class SchedulerConfig:
     runner that computes while the engine plans (a model_io.StepSubmitter: the agents); with any other runner
     the engine steps one after the other."""
 
+    speculative: Optional[SpeculativeConfig] = None
+    """Speculative decoding (SpeculativeConfig; a mapping of its fields is turned into one). None: off. A step in
+    which some row verifies proposed tokens is one step of its own (not a multi-step round, not planned ahead);
+    steps without proposals run as without it."""
+
     def __post_init__(self):
+        object.__setattr__(self, "speculative", SpeculativeConfig.of(self.speculative))
         _check_int("max_num_seqs", self.max_num_seqs, 1)
         _check_int("num_scheduler_steps", self.num_scheduler_steps, 1)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
