@@ -260,6 +260,11 @@ class ExportConfig:
     score_len_buckets: Optional[Tuple[int, ...]] = None
     """Query lengths of the score graphs (one row; every position's logits: prompt logprobs); None: the
     prefill_len_buckets; empty: none, and requests for prompt logprobs are refused."""
+    spec_tokens: int = 0
+    """Most proposed tokens verified per row (k) by the verify graphs (speculative decoding: a row computes its last
+    known token and up to k proposed ones, and gets every position's logits); 0: no verify graphs."""
+    spec_batch_buckets: Optional[Tuple[int, ...]] = None
+    """Batch sizes of the verify graphs (`verify_b{B}_l{k+1}`); None: the decode_batch_buckets."""
 
     def __post_init__(self):
         _check_int(self, "block_size")
@@ -276,6 +281,9 @@ class ExportConfig:
             _check_int(self, "num_blocks", low=2)
         if self.score_len_buckets is not None:
             _check_buckets(self, "score_len_buckets", allow_empty=True)
+        _check_int(self, "spec_tokens", low=0)
+        if self.spec_batch_buckets is not None:
+            _check_buckets(self, "spec_batch_buckets")
 
     def validate_for(self, model: LlamaConfig):
         if model.max_seq_len % self.block_size:
@@ -289,6 +297,11 @@ class ExportConfig:
         _check_buckets(self, "mixed_prefill_rows", model.max_seq_len, "max_seq_len")
         if self.score_len_buckets is not None:
             _check_buckets(self, "score_len_buckets", model.max_seq_len, "max_seq_len", allow_empty=True)
+        if self.spec_tokens + 1 > model.max_seq_len:
+            raise ValueError(f"ExportConfig.spec_tokens={self.spec_tokens}: a verified row of spec_tokens + 1 tokens "
+                             f"exceeds LlamaConfig.max_seq_len={model.max_seq_len}; lower it")
+        if self.spec_batch_buckets is not None:
+            _check_buckets(self, "spec_batch_buckets", model.max_seq_len, "max_seq_len")
 
     def max_blocks_per_seq(self, model: LlamaConfig) -> int:
         return model.max_seq_len // self.block_size
@@ -298,13 +311,34 @@ class ExportConfig:
         """The query lengths of the score graphs exported (score_len_buckets, by default the prefill lengths)."""
         return self.prefill_len_buckets if self.score_len_buckets is None else self.score_len_buckets
 
+    @property
+    def spec_batches(self) -> Tuple[int, ...]:
+        """The batch sizes of the verify graphs exported (none without spec_tokens)."""
+        if not self.spec_tokens:
+            return ()
+        return self.decode_batch_buckets if self.spec_batch_buckets is None else self.spec_batch_buckets
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ExportConfig":
         return _from_mapping(cls, data, "ExportConfig")
 
     def to_dict(self) -> Dict[str, Any]:
+        """The fields as plain data; the speculative ones only when set, so that the exports (manifests, cache
+        keys) of configs without them read as before them."""
         d = dataclasses.asdict(self)
+        for name in _SPEC_FIELDS:
+            if d[name] == _EXPORT_DEFAULTS[name]:
+                del d[name]
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+    def merged(self, overrides: Mapping[str, Any]) -> "ExportConfig":
+        """This config with the fields of `overrides` (a mapping of ExportConfig fields, e.g. an LLM YAML's
+        `model.export`) replacing its own; validated as `from_dict` does."""
+        return ExportConfig.from_dict({**self.to_dict(), **dict(overrides)})
+
+
+_SPEC_FIELDS = ("spec_tokens", "spec_batch_buckets")
+_EXPORT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ExportConfig)}
 
 
 @dataclass(frozen=True)

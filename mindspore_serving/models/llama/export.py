@@ -7,10 +7,16 @@ bucket, `decode_b{B}.mindir` (L = 1) for every decode batch bucket, `mixed_b{B}_
 `mixed_b{B}_r{R}_l{L}.mindir`) for every mixed bucket: B decode rows and R prefill rows of L tokens in one call
 (`LlamaModel.construct_mixed`), `score_b1_l{L}.mindir` for every score length (`export.score_len_buckets`, by default
 the prefill lengths): one row, the prefill graph's inputs, the logits of every position [1, L, vocab] (`ScoreStep`,
-prompt logprobs), and last `manifest.json` (graphs, buckets, graph inputs, weights, cache layout, model config), so
-that a directory with a manifest is a complete export.
+prompt logprobs), with `export.spec_tokens: k` > 0 `verify_b{B}_l{k+1}.mindir` for every verify batch bucket
+(`export.spec_batch_buckets`, by default the decode batches): the score graphs' cell on B rows of k + 1 tokens, which
+verifies a row's last token and up to k proposed ones in one call (speculative decoding), and last `manifest.json`
+(graphs, buckets, graph inputs, weights, cache layout, model config, spec_tokens), so that a directory with a manifest
+is a complete export.
 Without --checkpoint the weights are a seeded random init (--seed). --jobs N compiles the buckets in N processes
-(default min(2, cores): a bucket costs seconds of graph compilation).
+(default min(2, cores): a bucket costs seconds of graph compilation). --reuse DIR takes the weights and the graphs it
+also wants from the export in DIR (it may be --out itself) when that export is of the same network, weights and cache
+layout (`reusable_graphs`), and compiles only the others: adding buckets to an export, or exporting a model's graphs
+again with verify graphs, costs only the new graphs.
 
 Weights: no graph holds any. Every graph takes the weights as inputs after the caches (`PagedStep`, `MixedStep`
 in model.py), in the order the manifest lists under "weights" "names"; the runner loads weights.safetensors once
@@ -21,7 +27,8 @@ Tensor parallelism: `--tensor_parallel N --out DIR` writes `DIR/rank_0 ... DIR/r
 holding its shard and its graphs ending its row-parallel layers in an AllReduce (model.py). This process shards
 and writes the weights; the N ranks then compile their graphs as a MindSpore cluster (common/ms_cluster.py) of N
 processes started here; each manifest names its rank ("tensor_parallel") and its cache holds num_kv_heads / N
-heads.
+heads. With --reuse (no DIR: each rank's own directory) ranks whose earlier export is reusable keep its weights and
+graphs and compile only the new ones.
 
 The graph inputs are those of `LlamaModel.construct` (see model.py), then the weights. MAXB = max_seq_len //
 block_size in every graph. With `export.num_blocks` unset (the default) the caches' first dimension is dynamic and
@@ -31,12 +38,13 @@ import argparse
 import json
 import multiprocessing
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional
+from typing import Collection, Dict, List, Mapping, Optional
 
 import numpy as np
 import mindspore as ms
@@ -50,7 +58,7 @@ from mindspore_serving.common.ms_device import select_device
 from .config import ModelFile, check_tensor_parallel, load_config, save_config
 from .model import LlamaModel, MixedStep, PagedStep, ScoreStep, build_model, shard_weights, weight_names
 
-from .manifest import MANIFEST, MANIFEST_VERSION, WEIGHTS_FILE
+from .manifest import MANIFEST, MANIFEST_VERSION, WEIGHTS_FILE, read_manifest
 
 _SOURCE_KEY = "source"  # the weights file's metadata entry saying where the weights came from
 GRAPH_INPUTS = ["input_ids", "positions", "block_tables", "slot_mapping", "query_lens"]
@@ -60,7 +68,8 @@ MIXED_INPUTS = ["decode_ids", "decode_positions", "decode_tables", "prefill_ids"
 
 @dataclass(frozen=True)
 class GraphSpec:
-    phase: str   # "prefill", "decode", "score" or "mixed" (batch = decode rows, length = the prefill rows' length)
+    phase: str   # "prefill", "decode", "score", "verify" (length = spec_tokens + 1) or "mixed" (batch = decode
+    #              rows, length = the prefill rows' length)
     batch: int
     length: int
     rows: int = 1  # mixed: prefill rows
@@ -80,6 +89,7 @@ def graph_specs(cfg: ModelFile) -> List[GraphSpec]:
     specs += [GraphSpec("mixed", b, l, r) for b in ex.mixed_decode_buckets for r in ex.mixed_prefill_rows
               for l in ex.mixed_len_buckets]
     specs += [GraphSpec("decode", b, 1) for b in ex.decode_batch_buckets]
+    specs += [GraphSpec("verify", b, ex.spec_tokens + 1) for b in ex.spec_batches]
     return specs + [GraphSpec("score", 1, l) for l in ex.score_lengths]
 
 
@@ -168,7 +178,8 @@ def _export_specs(cfg: ModelFile, out_dir: str, specs: List[GraphSpec], tp: int,
     weights, _ = weight_placeholders(cfg, out_dir)
     model = LlamaModel(cfg.model, tp, parameters=False)
     model.set_train(False)
-    cells = {"mixed": MixedStep(model), "score": ScoreStep(model)}
+    every_position = ScoreStep(model)  # the score and verify graphs: every position's logits
+    cells = {"mixed": MixedStep(model), "score": every_position, "verify": every_position}
     paged = PagedStep(model)
     for spec in specs:
         start = time.perf_counter()
@@ -187,17 +198,70 @@ def _export_worker(cfg_dict: dict, out_dir: str, specs: List[GraphSpec], device:
 
 def export_graphs(cfg: ModelFile, out_dir: str, model: Optional[LlamaModel] = None, checkpoint: str = None,
                   seed: int = 0, jobs: int = 1, device: str = "CPU", log=print,
-                  weights: Optional[Mapping[str, np.ndarray]] = None, source: str = "weights given") -> dict:
+                  weights: Optional[Mapping[str, np.ndarray]] = None, source: str = "weights given",
+                  reuse_dir: Optional[str] = None) -> dict:
     """Writes the weights and compiles every bucket of `cfg` into out_dir; returns the manifest (also written).
 
     The weights are `weights` (name -> array, the names of `weight_names(cfg.model)`, `source` saying what they
-    are), else `model`'s, else `checkpoint`'s, else a seeded random init.
+    are), else `model`'s, else `checkpoint`'s, else a seeded random init. `reuse_dir` (out_dir itself, or another
+    export's directory): when its export is reusable for `cfg` and the checkpoint or seed (`reusable_graphs`), its
+    weights and the graphs `cfg` also wants are taken from there, and only the other graphs compiled.
     """
-    if weights is None:
-        weights, source = source_weights(cfg, model, checkpoint, seed)
+    reused = None
+    if reuse_dir is not None and weights is None and model is None:
+        reused = reusable_graphs(cfg, reuse_dir, checkpoint or f"random(seed={seed})")
     remove_manifest(out_dir)
-    write_weights(cfg, out_dir, weights, source)
-    return compile_graphs(cfg, out_dir, jobs=jobs, device=device, log=log)
+    if reused is None:
+        if weights is None:
+            weights, source = source_weights(cfg, model, checkpoint, seed)
+        write_weights(cfg, out_dir, weights, source)
+    else:
+        copy_export_files(reuse_dir, out_dir, [WEIGHTS_FILE] + reused)
+        log(f"reused the weights and {len(reused)} graphs of {reuse_dir}")
+    return compile_graphs(cfg, out_dir, jobs=jobs, device=device, log=log, present=reused or ())
+
+
+def reusable_graphs(cfg: ModelFile, graphs_dir: str, source: str, tensor_parallel=(1, 0)) -> Optional[List[str]]:
+    """The graph files of the export in graphs_dir that an export of `cfg` with the weights `source` (what
+    `source_weights` says of them: the checkpoint's path, or the seeded init) as rank `tensor_parallel` would
+    compile again, or None when that export cannot be reused: no complete export of the current format, or one of
+    another network, weights, tensor parallelism or cache layout (block size, fixed num_blocks). A graph depends on
+    nothing else than these and its bucket; a reusable export's weights file is the one `cfg` would write."""
+    try:
+        manifest = read_manifest(graphs_dir)
+    except (OSError, ValueError):
+        return None
+    tp, rank = tensor_parallel
+    m, ex = cfg.model, cfg.export
+    same = (manifest.get("format_version") == MANIFEST_VERSION and manifest.get("model") == m.to_dict()
+            and manifest.get("weights", {}).get("source") == source
+            and manifest.get("weights", {}).get("names") == weight_names(m)
+            and manifest.get("tensor_parallel") == {"size": tp, "rank": rank}
+            and manifest.get("block_size") == ex.block_size and manifest.get("num_blocks") == ex.num_blocks)
+    if not same or not os.path.isfile(os.path.join(graphs_dir, WEIGHTS_FILE)):
+        return None
+    wanted = {s.file: s for s in graph_specs(cfg)}
+    reused = []
+    for g in manifest.get("graphs", []):
+        spec = wanted.get(g.get("file"))
+        if (spec is not None and (g.get("phase"), g.get("batch"), g.get("length"), g.get("rows", 1)) ==
+                (spec.phase, spec.batch, spec.length, spec.rows)
+                and os.path.isfile(os.path.join(graphs_dir, spec.file))):
+            reused.append(spec.file)
+    return reused
+
+
+def copy_export_files(src_dir: str, out_dir: str, files: List[str]) -> None:
+    """Copies `files` of src_dir into out_dir (nothing when they are the same directory), each under a temporary
+    name then renamed. Copies, not hard links: MindSpore's export rewrites a graph file in place, so a link would let
+    a later export of one directory change the other's graphs."""
+    os.makedirs(out_dir, exist_ok=True)
+    if os.path.realpath(src_dir) == os.path.realpath(out_dir):
+        return
+    for name in files:
+        target = os.path.join(out_dir, name)
+        shutil.copyfile(os.path.join(src_dir, name), target + ".tmp")
+        os.replace(target + ".tmp", target)
 
 
 def remove_manifest(out_dir: str) -> None:
@@ -210,22 +274,25 @@ def remove_manifest(out_dir: str) -> None:
 
 
 def compile_graphs(cfg: ModelFile, out_dir: str, jobs: int = 1, device: str = "CPU", log=print,
-                   tensor_parallel=(1, 0)) -> dict:
+                   tensor_parallel=(1, 0), present: Collection[str] = ()) -> dict:
     """Exports every bucket of `cfg` into out_dir, which holds the weights file (`write_weights`), and writes the
     manifest last; returns it.
 
     Compiling a graph costs seconds of one core per bucket, so `jobs` > 1 spreads the buckets over that many
     spawned processes (the graphs need only the weights' shapes, which they read from the weights file).
     `tensor_parallel` = (size, rank) > (1, 0) compiles that rank's graphs; the process must be that rank of a
-    cluster (see `export_tensor_parallel`, which runs all ranks).
+    cluster (see `export_tensor_parallel`, which runs all ranks). `present`: graph files out_dir holds already
+    (`reusable_graphs`), listed in the manifest but not compiled again.
     """
     specs = graph_specs(cfg)
+    present = set(present)
+    todo = [s for s in specs if s.file not in present]
     tp, tp_rank = tensor_parallel
-    jobs = 1 if tp > 1 else max(1, min(jobs, len(specs)))
+    jobs = 1 if tp > 1 else max(1, min(jobs, len(todo)))
     if jobs == 1:
-        _export_specs(cfg, out_dir, specs, tp, log)
+        _export_specs(cfg, out_dir, todo, tp, log)
     else:
-        shares = [specs[i::jobs] for i in range(jobs)]
+        shares = [todo[i::jobs] for i in range(jobs)]
         ctx = multiprocessing.get_context("spawn")
         with ctx.Pool(jobs) as pool:
             pool.starmap(_export_worker, [(cfg.to_dict(), out_dir, share, device) for share in shares])
@@ -252,8 +319,9 @@ def compile_graphs(cfg: ModelFile, out_dir: str, jobs: int = 1, device: str = "C
         "mixed_inputs": MIXED_INPUTS + cache_input_names(m.num_layers),
         "mixed_output": "logits float32 [batch + rows, vocab]: each decode row's, then each prefill row's token "
                         "prefill_lens[r]-1",
-        "score_output": "logits float32 [batch, length, vocab] of every position (score graphs: the inputs of "
-                        "the prefill graphs)",
+        "score_output": "logits float32 [batch, length, vocab] of every position (score and verify graphs: the "
+                        "inputs of the prefill graphs)",
+        "spec_tokens": ex.spec_tokens,  # verify graphs: rows of spec_tokens + 1 tokens (0: none)
         "graphs": [{"file": s.file, "phase": s.phase, "batch": s.batch, "length": s.length, "rows": s.rows}
                    for s in specs],
     }
@@ -270,18 +338,24 @@ def rank_dirs(out_dir: str, tp: int) -> List[str]:
 def export_tensor_parallel(cfg: ModelFile, out_dirs: List[str], checkpoint: str = None, seed: int = 0,
                            device: str = "CPU", timeout: float = 3600.0, model: Optional[LlamaModel] = None,
                            weights: Optional[Mapping[str, np.ndarray]] = None,
-                           source: str = "weights given") -> List[dict]:
+                           source: str = "weights given", reuse: bool = False) -> List[dict]:
     """Exports a `len(out_dirs)`-way tensor-parallel model, rank r into out_dirs[r], and returns the manifests:
     writes each rank's shard of the weights (chosen as by `export_graphs`) here, then starts a MindSpore cluster of
-    one process per rank (and its scheduler), each compiling its rank's graphs (this module's main). Raises
-    RuntimeError naming the rank that failed."""
+    one process per rank (and its scheduler), each compiling its rank's graphs (this module's main). With `reuse`, a
+    rank whose directory holds a reusable export (`reusable_graphs`, of the checkpoint or seed) keeps its weights and
+    graphs and compiles only the others. Raises RuntimeError naming the rank that failed."""
     tp = len(out_dirs)
     check_tensor_parallel(cfg.model, tp)
-    if weights is None:
+    kept: List[Optional[List[str]]] = [None] * tp
+    if reuse and weights is None and model is None:
+        kept = [reusable_graphs(cfg, out_dir, checkpoint or f"random(seed={seed})", (tp, rank))
+                for rank, out_dir in enumerate(out_dirs)]
+    if weights is None and None in kept:
         weights, source = source_weights(cfg, model, checkpoint, seed)
     for rank, out_dir in enumerate(out_dirs):
         remove_manifest(out_dir)
-        write_weights(cfg, out_dir, weights, source, (tp, rank))
+        if kept[rank] is None:
+            write_weights(cfg, out_dir, weights, source, (tp, rank))
     del weights
     with tempfile.TemporaryDirectory() as tmp:
         config = os.path.join(tmp, "model.yaml")
@@ -293,7 +367,8 @@ def export_tensor_parallel(cfg: ModelFile, out_dirs: List[str], checkpoint: str 
 
         def spawn(rank: int) -> subprocess.Popen:
             argv = [sys.executable, "-m", __spec__.name, f"--config={config}", f"--out={out_dirs[rank]}",
-                    f"--tensor_parallel={tp}", f"--device={device}", "--cluster_rank"]
+                    f"--tensor_parallel={tp}", f"--device={device}", "--cluster_rank",
+                    f"--present={','.join(kept[rank] or [])}"]
             return subprocess.Popen(argv, env=ms_cluster.rank_env(address, rank), stdin=subprocess.DEVNULL)
 
         def restart(rank: int) -> int:
@@ -343,8 +418,13 @@ def main(argv=None):
     parser.add_argument("--device", default="CPU", help="MindSpore device target (CPU, GPU, Ascend)")
     parser.add_argument("--tensor_parallel", type=int, default=1,
                         help="ranks to shard the model over (writes OUT/rank_0 ... OUT/rank_{N-1})")
-    # one rank of the above: compiles the graphs of --out, where its weights were written
+    parser.add_argument("--reuse", nargs="?", const="", default=None, metavar="DIR",
+                        help="take the weights and graphs wanted from the export in DIR (default: --out; with "
+                             "--tensor_parallel, each rank's own) when it is of the same network, weights and cache "
+                             "layout, and compile only the others")
+    # one rank of the above: compiles the graphs of --out, where its weights were written, but those of --present
     parser.add_argument("--cluster_rank", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--present", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
     start = time.perf_counter()
@@ -352,17 +432,17 @@ def main(argv=None):
         select_device(args.device)
         rank = ms_cluster.join_cluster()
         compile_graphs(cfg, args.out, device=args.device, tensor_parallel=(args.tensor_parallel, rank),
-                       log=lambda msg: print(f"rank {rank}: {msg}"))
+                       log=lambda msg: print(f"rank {rank}: {msg}"), present=[f for f in args.present.split(",") if f])
         return
     if args.tensor_parallel > 1:
         manifests = export_tensor_parallel(cfg, rank_dirs(args.out, args.tensor_parallel), args.checkpoint,
-                                           args.seed, args.device)
+                                           args.seed, args.device, reuse=args.reuse is not None)
         print(f"exported {len(manifests)} x {len(manifests[0]['graphs'])} graphs to {args.out}/rank_* in "
               f"{time.perf_counter() - start:.1f}s")
         return
     select_device(args.device)
     manifest = export_graphs(cfg, args.out, checkpoint=args.checkpoint, seed=args.seed, jobs=args.jobs,
-                             device=args.device)
+                             device=args.device, reuse_dir=None if args.reuse is None else args.reuse or args.out)
     print(f"exported {len(manifest['graphs'])} graphs to {args.out} in {time.perf_counter() - start:.1f}s")
 
 
