@@ -25,7 +25,14 @@ models/llama/model.py for the input list). This runner
   that never scores holds none of their working memory (which, like any compiled graph's, stays for the graph's
   life: about that of a prefill graph of the same length, plus its [L, vocab] logits), and the first scored
   request waits for the load (a compile of seconds on a large model). An export without score graphs (older
-  exports, `export.score_len_buckets: []`) serves everything else; `score_refusal()` says why it cannot score.
+  exports, `export.score_len_buckets: []`) serves everything else; `score_refusal()` says why it cannot score;
+* when the export has verify graphs (`verify_b{B}_l{k+1}`, `export.spec_tokens` k > 0: `spec_tokens`, else 0),
+  loads and warms them at start and computes there the sequences with `all_logits` of at most k + 1 tokens
+  (speculative decoding: a row's last token and its proposed ones), batched (smallest verify bucket that holds the
+  group, split past the largest), with the step's one-token decode rows in the same call (their logits are position
+  0's): a speculative step is one graph call when its rows fit the largest verify bucket. When they do not, the
+  decode rows fill the verify calls' padding rows and the rest go to decode graphs. A step with verify rows runs its
+  prefill rows in prefill graphs (never mixed ones), and longer `all_logits` rows in the score graphs.
 
 block_size and MAXB (= max_seq_len // block_size) are fixed by the export. num_blocks is chosen here when the
 graphs were exported with a dynamic cache dimension (the exporter's default, manifest "num_blocks": null);
@@ -218,6 +225,7 @@ class GraphRunner(MultiStepRunner, PromptScorer):
         self._score_files: Dict[int, str] = {}
         self._manifest_dir = manifest_dir
         self.mixed_buckets: Dict[Tuple[int, int, int], _MixedBucket] = {}  # (decode rows, prefill rows, length)
+        self.verify_buckets: Dict[int, _Bucket] = {}  # by batch; every one of length spec_tokens + 1
         for g in manifest["graphs"]:
             if g["phase"] == "score":
                 self._score_files[g["length"]] = g["file"]
@@ -230,6 +238,8 @@ class GraphRunner(MultiStepRunner, PromptScorer):
             bucket = _Bucket(g["phase"], g["batch"], g["length"], cell, max_blocks=self.max_blocks_per_seq)
             if g["phase"] == "decode":
                 self.decode_buckets[g["batch"]] = bucket
+            elif g["phase"] == "verify":
+                self.verify_buckets[g["batch"]] = bucket
             else:
                 self.prefill_buckets[(g["batch"], g["length"])] = bucket
         if not self.decode_buckets or not self.prefill_buckets:
@@ -248,10 +258,18 @@ class GraphRunner(MultiStepRunner, PromptScorer):
         self.mixed_lengths = sorted({l for _, _, l in self.mixed_buckets})
         if len(self.mixed_buckets) != len(self.mixed_batches) * len(self.mixed_rows) * len(self.mixed_lengths):
             raise ValueError(f"{path}: mixed buckets must be a full decode rows x prefill rows x length grid")
+        self.verify_batches = sorted(self.verify_buckets)
+        verify_lengths = {bucket.length for bucket in self.verify_buckets.values()}
+        if len(verify_lengths) > 1:
+            raise ValueError(f"{path}: verify graphs of several lengths {sorted(verify_lengths)}; one per batch, "
+                             f"of spec_tokens + 1 tokens")
+        # the most proposed tokens a verified row may carry (its query: 1 + this many); 0: no verify graphs
+        self.spec_tokens = verify_lengths.pop() - 1 if verify_lengths else 0
         self.calls = 0  # graph calls so far (tests and metrics)
         self.mixed_calls = 0  # of which mixed decode + prefill calls
         if warmup:
-            for bucket in list(self.decode_buckets.values()) + list(self.prefill_buckets.values()):
+            for bucket in (list(self.decode_buckets.values()) + list(self.prefill_buckets.values())
+                           + list(self.verify_buckets.values())):
                 bucket.run([], self.state, self.block_size)
             for mixed in self.mixed_buckets.values():
                 mixed.run([], [], self.state, self.block_size)
@@ -268,21 +286,27 @@ class GraphRunner(MultiStepRunner, PromptScorer):
         """Logits [len(seqs), vocab_size] (float32) of the last token of each sequence; a StepLogits when a
         sequence asks for all its logits."""
         out = np.empty((len(seqs), self.vocab_size), np.float32)
-        decode, prefill = [], []
+        decode, prefill, verify = [], [], []
         scored = {}
         for i, seq in enumerate(seqs):
             self._check(i, seq)
             if seq.all_logits:
                 scored[i] = np.empty((seq.query_len, self.vocab_size), np.float32)
+                if seq.query_len <= self.spec_tokens + 1 and self.verify_buckets:
+                    verify.append(_Piece(i, seq.token_ids, seq.start_pos, seq.block_table, True))
             elif seq.query_len == 1:
                 decode.append(_Piece(i, seq.token_ids, seq.start_pos, seq.block_table, True))
             else:
                 prefill.append((i, seq))
-        if scored and not self.score_lengths:  # refused before any graph runs or writes the cache
+        if len(scored) > len(verify) and not self.score_lengths:  # refused before any graph runs or writes the cache
             raise ValueError(self.score_refusal())
-        fused = self._run_mixed(decode, prefill, out)
-        if not fused:
-            self._run_decode(decode, out)
+        if verify:
+            self._run_verify(verify, decode, out, scored)
+            fused = {piece.row for piece in verify}
+        else:
+            fused = self._run_mixed(decode, prefill, out)
+            if not fused:
+                self._run_decode(decode, out)
         # Prompts longer than the largest length bucket go in chunks, chunk k of every prompt in round k.
         rounds: List[List[_Piece]] = []
         for i, seq in enumerate(seqs):
@@ -388,6 +412,34 @@ class GraphRunner(MultiStepRunner, PromptScorer):
         for r, piece in enumerate(pieces):
             out[piece.row] = logits[batch + r]
         return {piece.row for piece in pieces}
+
+    def _run_verify(self, verify: List[_Piece], decode: List[_Piece], out: np.ndarray,
+                    every: Dict[int, np.ndarray]):
+        """The verify rows (all_logits, at most spec_tokens + 1 tokens) and the one-token decode rows: one verify
+        call when they all fit the largest verify bucket; else the verify rows in calls of the largest bucket (the
+        last in the smallest that holds it), the decode rows in those calls' padding rows, and the rest of them in
+        decode graphs. A verify row's logits of every position go into `every[row]`, its last into `out`; a decode
+        row's (position 0's) into `out`."""
+        largest = self.verify_batches[-1]
+        if len(verify) + len(decode) <= largest:
+            groups, rest = [verify + decode], []
+        else:
+            groups = [verify[begin:begin + largest] for begin in range(0, len(verify), largest)]
+            rest = list(decode)
+            for group in groups:
+                room = self.verify_batches[bisect.bisect_left(self.verify_batches, len(group))] - len(group)
+                group += rest[:room]
+                del rest[:room]
+        for group in groups:
+            bucket = self.verify_buckets[self.verify_batches[bisect.bisect_left(self.verify_batches, len(group))]]
+            logits = bucket.run(group, self.state, self.block_size)
+            self.calls += 1
+            for piece, row in zip(group, logits):
+                n = len(piece.tokens)
+                if piece.row in every:
+                    every[piece.row][:] = row[:n]
+                out[piece.row] = row[n - 1]
+        self._run_decode(rest, out)
 
     def _run_score(self, piece: _Piece, out: np.ndarray, every: np.ndarray):
         """One chunk of a scored sequence in the smallest score graph that holds it: its logits of every position

@@ -61,7 +61,8 @@ class AgentServicer(agent_pb2_grpc.LlmAgentServicer):
                                    block_size=self.runner.block_size, num_blocks=self.runner.num_blocks,
                                    max_seq_len=self.runner.max_seq_len, vocab_size=self.runner.vocab_size,
                                    device=self.device, pid=os.getpid(),
-                                   score_refusal=score_refusal(self.runner) or "")
+                                   score_refusal=score_refusal(self.runner) or "",
+                                   spec_tokens=getattr(self.runner, "spec_tokens", 0))
 
     def _check_secret(self, given: str, context, what: str):
         if not protocol.secret_matches(self.secret, given):

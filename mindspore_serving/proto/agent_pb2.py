@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0b\x61gent.proto\x12\x17mindspore_serving.agent\"\x12\n\x10\x41gentInfoRequest\"\xb8\x01\n\tAgentInfo\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\nblock_size\x18\x03 \x01(\x05\x12\x12\n\nnum_blocks\x18\x04 \x01(\x05\x12\x13\n\x0bmax_seq_len\x18\x05 \x01(\x05\x12\x12\n\nvocab_size\x18\x06 \x01(\x05\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\x0b\n\x03pid\x18\x08 \x01(\x03\x12\x15\n\rscore_refusal\x18\t \x01(\t\"\xcd\x02\n\x0bStepRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x12\n\nquery_lens\x18\x02 \x03(\x05\x12\x11\n\tstart_pos\x18\x03 \x03(\x05\x12\x11\n\ttoken_ids\x18\x04 \x03(\x05\x12\x18\n\x10\x62lock_table_lens\x18\x05 \x03(\x05\x12\x14\n\x0c\x62lock_tables\x18\x06 \x03(\x05\x12\x14\n\x0cgreedy_steps\x18\x07 \x01(\r\x12\x15\n\rafter_step_id\x18\x08 \x01(\x04\x12\x11\n\tprev_rows\x18\t \x03(\x05\x12\x0f\n\x07seq_ids\x18\n \x03(\x03\x12\x14\n\x0ctable_starts\x18\x0b \x03(\x05\x12\x18\n\x10released_seq_ids\x18\x0c \x03(\x03\x12\x14\n\x0creset_tables\x18\r \x01(\x08\x12\x17\n\x0f\x61ll_logits_rows\x18\x0e \x03(\x05\x12\x13\n\x0blogits_rows\x18\x0f \x03(\x05\"\xbd\x01\n\tStepReply\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x0c\n\x04rows\x18\x02 \x01(\x05\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\x12\x0e\n\x06logits\x18\x04 \x01(\x0c\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x0e\n\x06tokens\x18\x06 \x03(\x05\x12\x10\n\x08logprobs\x18\x07 \x03(\x02\x12\x12\n\nevery_rows\x18\x08 \x03(\x05\x12\x12\n\nevery_lens\x18\t \x03(\x05\x12\x14\n\x0c\x65very_logits\x18\n \x01(\x0c\"3\n\rAttachRequest\x12\x12\n\nworker_pid\x18\x01 \x01(\x03\x12\x0e\n\x06secret\x18\x02 \x01(\t\"\x1d\n\nAgentEvent\x12\x0f\n\x07message\x18\x01 \x01(\t\"r\n\x11\x41gentStartupEvent\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x13\n\tready_pid\x18\x03 \x01(\x03H\x00\x12\x17\n\rfailed_reason\x18\x04 \x01(\tH\x00\x42\x07\n\x05state2\x8c\x02\n\x08LlmAgent\x12U\n\x04Info\x12).mindspore_serving.agent.AgentInfoRequest\x1a\".mindspore_serving.agent.AgentInfo\x12P\n\x04Step\x12$.mindspore_serving.agent.StepRequest\x1a\".mindspore_serving.agent.StepReply\x12W\n\x06\x41ttach\x12&.mindspore_serving.agent.AttachRequest\x1a#.mindspore_serving.agent.AgentEvent0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0b\x61gent.proto\x12\x17mindspore_serving.agent\"\x12\n\x10\x41gentInfoRequest\"\xcd\x01\n\tAgentInfo\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\nblock_size\x18\x03 \x01(\x05\x12\x12\n\nnum_blocks\x18\x04 \x01(\x05\x12\x13\n\x0bmax_seq_len\x18\x05 \x01(\x05\x12\x12\n\nvocab_size\x18\x06 \x01(\x05\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\x0b\n\x03pid\x18\x08 \x01(\x03\x12\x15\n\rscore_refusal\x18\t \x01(\t\x12\x13\n\x0bspec_tokens\x18\n \x01(\x05\"\xcd\x02\n\x0bStepRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x12\n\nquery_lens\x18\x02 \x03(\x05\x12\x11\n\tstart_pos\x18\x03 \x03(\x05\x12\x11\n\ttoken_ids\x18\x04 \x03(\x05\x12\x18\n\x10\x62lock_table_lens\x18\x05 \x03(\x05\x12\x14\n\x0c\x62lock_tables\x18\x06 \x03(\x05\x12\x14\n\x0cgreedy_steps\x18\x07 \x01(\r\x12\x15\n\rafter_step_id\x18\x08 \x01(\x04\x12\x11\n\tprev_rows\x18\t \x03(\x05\x12\x0f\n\x07seq_ids\x18\n \x03(\x03\x12\x14\n\x0ctable_starts\x18\x0b \x03(\x05\x12\x18\n\x10released_seq_ids\x18\x0c \x03(\x03\x12\x14\n\x0creset_tables\x18\r \x01(\x08\x12\x17\n\x0f\x61ll_logits_rows\x18\x0e \x03(\x05\x12\x13\n\x0blogits_rows\x18\x0f \x03(\x05\"\xbd\x01\n\tStepReply\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x0c\n\x04rows\x18\x02 \x01(\x05\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\x12\x0e\n\x06logits\x18\x04 \x01(\x0c\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x0e\n\x06tokens\x18\x06 \x03(\x05\x12\x10\n\x08logprobs\x18\x07 \x03(\x02\x12\x12\n\nevery_rows\x18\x08 \x03(\x05\x12\x12\n\nevery_lens\x18\t \x03(\x05\x12\x14\n\x0c\x65very_logits\x18\n \x01(\x0c\"3\n\rAttachRequest\x12\x12\n\nworker_pid\x18\x01 \x01(\x03\x12\x0e\n\x06secret\x18\x02 \x01(\t\"\x1d\n\nAgentEvent\x12\x0f\n\x07message\x18\x01 \x01(\t\"r\n\x11\x41gentStartupEvent\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x13\n\tready_pid\x18\x03 \x01(\x03H\x00\x12\x17\n\rfailed_reason\x18\x04 \x01(\tH\x00\x42\x07\n\x05state2\x8c\x02\n\x08LlmAgent\x12U\n\x04Info\x12).mindspore_serving.agent.AgentInfoRequest\x1a\".mindspore_serving.agent.AgentInfo\x12P\n\x04Step\x12$.mindspore_serving.agent.StepRequest\x1a\".mindspore_serving.agent.StepReply\x12W\n\x06\x41ttach\x12&.mindspore_serving.agent.AttachRequest\x1a#.mindspore_serving.agent.AgentEvent0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,17 +34,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_AGENTINFOREQUEST']._serialized_start=40
   _globals['_AGENTINFOREQUEST']._serialized_end=58
   _globals['_AGENTINFO']._serialized_start=61
-  _globals['_AGENTINFO']._serialized_end=245
-  _globals['_STEPREQUEST']._serialized_start=248
-  _globals['_STEPREQUEST']._serialized_end=581
-  _globals['_STEPREPLY']._serialized_start=584
-  _globals['_STEPREPLY']._serialized_end=773
-  _globals['_ATTACHREQUEST']._serialized_start=775
-  _globals['_ATTACHREQUEST']._serialized_end=826
-  _globals['_AGENTEVENT']._serialized_start=828
-  _globals['_AGENTEVENT']._serialized_end=857
-  _globals['_AGENTSTARTUPEVENT']._serialized_start=859
-  _globals['_AGENTSTARTUPEVENT']._serialized_end=973
-  _globals['_LLMAGENT']._serialized_start=976
-  _globals['_LLMAGENT']._serialized_end=1244
+  _globals['_AGENTINFO']._serialized_end=266
+  _globals['_STEPREQUEST']._serialized_start=269
+  _globals['_STEPREQUEST']._serialized_end=602
+  _globals['_STEPREPLY']._serialized_start=605
+  _globals['_STEPREPLY']._serialized_end=794
+  _globals['_ATTACHREQUEST']._serialized_start=796
+  _globals['_ATTACHREQUEST']._serialized_end=847
+  _globals['_AGENTEVENT']._serialized_start=849
+  _globals['_AGENTEVENT']._serialized_end=878
+  _globals['_AGENTSTARTUPEVENT']._serialized_start=880
+  _globals['_AGENTSTARTUPEVENT']._serialized_end=994
+  _globals['_LLMAGENT']._serialized_start=997
+  _globals['_LLMAGENT']._serialized_end=1265
 # @@protoc_insertion_point(module_scope)

@@ -37,7 +37,8 @@ class AgentRunner(MultiStepRunner, StepSubmitter, PromptScorer):
     reason)` is called once.
 
     It runs mixed steps (model_io): the ranks choose the greedy rows' tokens, and only the rows the engine samples
-    bring their logits back.
+    bring their logits back. `spec_tokens`: the most proposed tokens a row may carry and be verified in one call on
+    every rank (their verify graphs, GraphRunner), 0 when a rank has none.
     """
     mixed_steps = True
 
@@ -84,6 +85,8 @@ class AgentRunner(MultiStepRunner, StepSubmitter, PromptScorer):
         self.device = info.device
         refusals = [(rank, i.score_refusal) for rank, i in enumerate(infos) if i.score_refusal]
         self._score_refusal = f"agent rank {refusals[0][0]}: {refusals[0][1]}" if refusals else None
+        # the longest rows every rank verifies in one call (spec_tokens + 1 tokens); 0: no verify graphs
+        self.spec_tokens = min(i.spec_tokens for i in infos)
         self._attachments = [stub.Attach(agent_pb2.AttachRequest(worker_pid=os.getpid(), secret=secret))
                              for stub in self.stubs]
         for rank, call in enumerate(self._attachments):
