@@ -6,7 +6,8 @@
 
 Each servable directory has an export_model.py with MODEL_FILES, VERSION_DIR and main(); main() sets the MindSpore
 context itself (CPU, GRAPH_MODE), writes the files into <servable>/1/ and verifies them. MindSpore is imported only
-when something has to be exported.
+when something has to be exported. The LLM exporters (REUSES_GRAPHS) keep the graphs of an earlier export of the same
+network and weights and compile only the new ones; --force compiles everything.
 """
 import argparse
 import importlib.util
@@ -15,7 +16,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SERVABLES = ["add", "add_sub", "matmul", "lenet", "llama_tiny", "llama_tiny_tp2", "matmul_distributed"]
+SERVABLES = ["add", "add_sub", "matmul", "lenet", "llama_tiny", "llama_tiny_spec", "llama_tiny_tp2",
+             "matmul_distributed"]
 
 
 def load_module(name, path):
@@ -69,7 +71,8 @@ def main(argv=None):
         reason = "forced" if args.force else stale or f"missing {', '.join(missing)}"
         print(f"{servable}: exporting ({reason})", flush=True)
         start = time.time()
-        exported[servable] = module.main()
+        forced = args.force and getattr(module, "REUSES_GRAPHS", False)  # else it keeps graphs it can reuse
+        exported[servable] = module.main(reuse=False) if forced else module.main()
         print(f"{servable}: done in {time.time() - start:.1f} s", flush=True)
     if "lenet" in selected and _lenet_images_missing():
         print("lenet: writing the example digit images", flush=True)

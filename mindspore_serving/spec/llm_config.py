@@ -18,10 +18,17 @@ Sections (relative paths are relative to the YAML file's own directory):
                                      default: generation_config.json next to the tokenizer, when there is one
       tool_call_parser: <name>       the format the model writes tool calls in (llm/tool_call_formats.py):
                                      hermes | llama3_json; default: the one its chat template prompts for, if any
+      export: {<field>: <value>}     ExportConfig fields that replace the model YAML's `export:` ones for this
+                                     configuration's graphs (e.g. {spec_tokens: 4}: verify graphs), so that several
+                                     servables share one model file
     engine:                          the scheduler (mindspore_serving.llm.config.SchedulerConfig fields)
       max_num_seqs, max_num_batched_tokens, max_model_len, num_blocks, batching, enable_prefix_caching,
       enable_chunked_prefill, max_prefill_tokens_per_step, max_prefills_per_decode_step, num_scheduler_steps,
       async_scheduling, max_prompt_chars
+      speculative: {method: ngram, num_speculative_tokens: k, prompt_lookup_min, prompt_lookup_max,
+                    disable_by_batch_size}
+                                     speculative decoding (llm/config.py SpeculativeConfig); the graphs need verify
+                                     graphs of at least k proposed tokens (model.export.spec_tokens >= k, exported)
       kv_cache_memory: <bytes>       size the KV cache from a budget per rank instead of num_blocks: an int or
                                      "2GiB", "512MiB", "1.5GB" (needs the graphs' manifest; too little for one
                                      sequence of max_model_len is refused)
@@ -68,7 +75,7 @@ from mindspore_serving.llm.generation_defaults import GenerationDefaults
 from mindspore_serving.llm.kv_budget import FRACTION, MEMORY, CacheGeometry, KvBudgetError, KvCacheBudget, \
     choose_budget, min_blocks
 from mindspore_serving.llm.tool_call_formats import TOOL_CALL_PARSERS
-from mindspore_serving.models.llama.config import load_config
+from mindspore_serving.models.llama.config import ModelFile, load_config
 
 LEGACY_CHAT_MESSAGE = "<|{role}|>\n{content}\n"
 """The per-message format of an old-style chat_template given without `chat_message`."""
@@ -123,6 +130,8 @@ class ModelSection:
     generation_defaults: GenerationDefaults = field(default_factory=GenerationDefaults, compare=False)
     tool_call_parser: Optional[str] = None
     """The format of the model's tool calls (a TOOL_CALL_PARSERS name); None: the chat template's, if any."""
+    export: Tuple[Tuple[str, Any], ...] = ()
+    """(ExportConfig field, value) of `model.export`: replace the model file's export fields for these graphs."""
 
 
 @dataclass(frozen=True)
@@ -192,8 +201,9 @@ class LlmServingConfig:
     rank 0's manifest; before the graphs are exported, the least that holds one sequence). kv_cache_memory_fraction:
     engine.num_blocks is that least until the agents' starter measures the memory (worker/llm/kv_cache.py)."""
 
-    def model_file(self):
-        return load_config(self.model.config)
+    def model_file(self) -> ModelFile:
+        """The model file, its export section merged with `model.export`: what the graphs are exported from."""
+        return _model_file(self.model)
 
     def stale_graphs(self) -> Optional[str]:
         """Why the exported graphs no longer match the model config (buckets, network or tensor parallelism
@@ -256,9 +266,32 @@ def _kv_cache(data: Mapping, kwargs: dict, graphs_dir: str) -> KvCacheBudget:
     return budget
 
 
+def _model_file(model: ModelSection) -> ModelFile:
+    """The model YAML of `model.config` with `model.export` merged over its export section."""
+    try:
+        model_file = load_config(model.config)
+    except ValueError as err:
+        raise ConfigError(f"'model.config' ({model.config}): {err}") from None
+    if not model.export:
+        return model_file
+    try:
+        return ModelFile(model_file.model, model_file.export.merged(dict(model.export)))
+    except ValueError as err:
+        raise ConfigError(f"'model.export': {err}") from None
+
+
+def _export_overrides(value) -> Tuple[Tuple[str, Any], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"'model.export' must be a mapping of export fields (e.g. {{spec_tokens: 4}}), got "
+                          f"{value!r}")
+    return tuple((str(k), tuple(v) if isinstance(v, list) else v) for k, v in value.items())
+
+
 def _model_section(base: str, data: Mapping, num_ranks: int) -> ModelSection:
     known = ("config", "checkpoint", "graphs", "tokenizer", "chat_template", "chat_message", "tensor_parallel",
-             "generation_config", "tool_call_parser")
+             "generation_config", "tool_call_parser", "export")
     _reject_unknown("model", data, known)
     if "config" not in data:
         raise ConfigError("'model.config' is missing; point it at the model YAML (sections model: and export:)")
@@ -289,7 +322,8 @@ def _model_section(base: str, data: Mapping, num_ranks: int) -> ModelSection:
         checkpoint=_path(base, "model", "checkpoint", checkpoint) if checkpoint is not None else None,
         graphs=tuple(_path(base, "model", "graphs", g, must_exist=False) for g in graphs),
         tokenizer=tokenizer, chat_template=template, chat_message=message, tensor_parallel=tp,
-        generation_config=generation_config, generation_defaults=defaults, tool_call_parser=parser)
+        generation_config=generation_config, generation_defaults=defaults, tool_call_parser=parser,
+        export=_export_overrides(data.get("export")))
 
 
 def _chat_template(base: str, value, message) -> Tuple[Optional[str], Optional[str]]:
@@ -404,6 +438,30 @@ def _cpu_affinity(value, num_ranks: int):
     return tuple(tuple(cores) for cores in value)
 
 
+def _check_speculative(scheduler: SchedulerConfig, spec_tokens: int, graphs_dir: str, check_graphs: bool):
+    """Refuses speculative decoding of more proposed tokens than the verify graphs hold: those the export config
+    asks for, and those the graphs' manifest records when they are exported (and `check_graphs`)."""
+    if scheduler.speculative is None:
+        return
+    wanted = scheduler.speculative.num_speculative_tokens
+    if spec_tokens < wanted:
+        raise ConfigError(f"'engine.speculative.num_speculative_tokens' is {wanted} but the graphs' "
+                          f"export.spec_tokens is {spec_tokens}: set 'model.export: {{spec_tokens: {wanted}}}' (or "
+                          f"lower num_speculative_tokens) and re-export the graphs")
+    if not check_graphs:
+        return
+    try:
+        manifest = read_manifest(graphs_dir)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"'model.graphs': cannot read the manifest of {os.path.basename(graphs_dir)}: "
+                          f"{err}") from None
+    exported = (manifest or {}).get("spec_tokens", 0)
+    if manifest is not None and exported < wanted:
+        raise ConfigError(f"'engine.speculative.num_speculative_tokens' is {wanted} but the graphs in {graphs_dir} "
+                          f"were exported with export.spec_tokens {exported}: re-export them (python "
+                          f"servables/export_models.py, or models/llama/export.py) with export.spec_tokens >= {wanted}")
+
+
 def _engine_section(data: Mapping, max_seq_len: int, block_size: int, graphs_dir: str):
     known = [f.name for f in fields(SchedulerConfig)] + list(_ENGINE_EXTRA)
     _reject_unknown("engine", data, known)
@@ -433,7 +491,9 @@ def _engine_section(data: Mapping, max_seq_len: int, block_size: int, graphs_dir
     return scheduler, queue, seconds, kv_cache
 
 
-def load_serving_config(path: str) -> LlmServingConfig:
+def load_serving_config(path: str, check_graphs: bool = True) -> LlmServingConfig:
+    """The validated LLM configuration of the YAML file `path`. `check_graphs` False: the graphs are about to be
+    exported (again), so what their manifest says of the speculative decoding they support is not checked."""
     path = os.path.abspath(path)
     if not os.path.isfile(path):
         raise ConfigError(f"LLM configuration file '{path}' does not exist")
@@ -448,12 +508,10 @@ def load_serving_config(path: str) -> LlmServingConfig:
     base = os.path.dirname(path)
     agents = _agent_section(_section(data, "agents", required=False))
     model = _model_section(base, _section(data, "model"), agents.num_ranks)
-    try:
-        model_file = load_config(model.config)
-    except ValueError as err:
-        raise ConfigError(f"'model.config' ({model.config}): {err}") from None
+    model_file = _model_file(model)
     engine, queue, seconds, kv_cache = _engine_section(_section(data, "engine", required=False),
                                                        model_file.model.max_seq_len, model_file.export.block_size,
                                                        model.graphs[0])
+    _check_speculative(engine, model_file.export.spec_tokens, model.graphs[0], check_graphs)
     return LlmServingConfig(path, model, engine, agents, queue, seconds["request_timeout"], dict(data),
                             seconds["stats_interval"], kv_cache)

@@ -2,7 +2,11 @@
 
 The weights come from the committed checkpoint (mindspore_serving/models/llama/tiny/llama_tiny.ckpt, made by
 `python -m mindspore_serving.models.llama.train`) and are written once, weights.safetensors; one MindIR per
-(phase, batch bucket, length bucket), taking them as inputs.
+(phase, batch bucket, length bucket), taking them as inputs. The export config is the model file's, with the LLM
+configuration's `model.export` fields over it.
+
+An earlier export of the same network and weights (in the graphs' own directory, or `reuse_dir`) is reused: its
+weights and the graphs wanted are kept, and only the others compiled (export.py, `reusable_graphs`).
 """
 import os
 import sys
@@ -12,6 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 CONFIG = os.path.join(ROOT, "config", "llama_tiny.yaml")
 VERSION_DIR = os.path.join(HERE, "1")
 MODEL_FILES = [os.path.join("rank_0", "manifest.json")]
+REUSES_GRAPHS = True  # main(reuse=False) compiles every graph (export_models.py --force)
 
 
 def stale(config_path=CONFIG):
@@ -20,7 +25,7 @@ def stale(config_path=CONFIG):
     sys.path.insert(0, ROOT)
     from mindspore_serving.models.llama.manifest import outdated_format
     from mindspore_serving.spec.llm_config import load_serving_config
-    config = load_serving_config(config_path)
+    config = load_serving_config(config_path, check_graphs=False)
     for graphs_dir in config.model.graphs:
         reason = outdated_format(graphs_dir)
         if reason:
@@ -28,18 +33,20 @@ def stale(config_path=CONFIG):
     return config.stale_graphs()
 
 
-def main(config_path=CONFIG):
+def main(config_path=CONFIG, reuse=True, reuse_dir=None):
     """Exports the graphs of every rank of the LLM configuration `config_path` (a cluster of ranks when the model
-    is tensor-parallel); returns their manifests."""
+    is tensor-parallel); returns their manifests. `reuse`: keep what an earlier export in the graphs' directory (or
+    in `reuse_dir`, one rank's graphs) has of them; False compiles everything."""
     sys.path.insert(0, ROOT)
     from mindspore_serving.spec.llm_config import load_serving_config
-    from mindspore_serving.models.llama.config import load_config
     from mindspore_serving.models.llama.export import export_graphs, export_tensor_parallel
-    config = load_serving_config(config_path)
-    model_file = load_config(config.model.config)
+    config = load_serving_config(config_path, check_graphs=False)
+    model_file = config.model_file()
     if config.model.tensor_parallel > 1:
-        return export_tensor_parallel(model_file, list(config.model.graphs), checkpoint=config.model.checkpoint)
-    return [export_graphs(model_file, graphs_dir, checkpoint=config.model.checkpoint, jobs=min(2, os.cpu_count() or 1))
+        return export_tensor_parallel(model_file, list(config.model.graphs), checkpoint=config.model.checkpoint,
+                                      reuse=reuse)
+    return [export_graphs(model_file, graphs_dir, checkpoint=config.model.checkpoint, jobs=min(2, os.cpu_count() or 1),
+                          reuse_dir=(reuse_dir or graphs_dir) if reuse else None)
             for graphs_dir in config.model.graphs]
 
 

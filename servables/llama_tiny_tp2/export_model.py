@@ -12,6 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 CONFIG = os.path.join(ROOT, "config", "llama_tiny_tp2.yaml")
 VERSION_DIR = os.path.join(HERE, "1")
 MODEL_FILES = [os.path.join("rank_0", "manifest.json"), os.path.join("rank_1", "manifest.json")]
+REUSES_GRAPHS = True  # main(reuse=False) compiles every graph (export_models.py --force)
 
 
 def _single_rank_exporter():
@@ -28,8 +29,8 @@ def stale():
     return _single_rank_exporter().stale(CONFIG)
 
 
-def main():
-    return _single_rank_exporter().main(CONFIG)
+def main(reuse=True):
+    return _single_rank_exporter().main(CONFIG, reuse=reuse)
 
 
 if __name__ == "__main__":
