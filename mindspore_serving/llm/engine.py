@@ -13,6 +13,7 @@ best_of choices are all reported, with their cumulative logprobs: ranking them i
 `add_request` rejects bad input with `InvalidRequestError` (a ValueError) and the engine keeps
 serving every other request. Not thread-safe: call it from one thread (a serving loop owns it).
 """
+import dataclasses
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -290,7 +291,7 @@ class LLMEngine:
         tracked = self._tracked[out.request_id]
         request = tracked.request
         finished, reason = out.finished, out.finish_reason
-        texts = [""] * len(out.new_token_ids)  # each new token's text (several tokens: multi-step decoding)
+        texts = [""] * len(out.new_token_ids)  # each new token's text (several tokens: multi-step, speculative)
         tail = ""
         detok = tracked.detokenizer
         if detok is not None:
@@ -300,6 +301,8 @@ class LLMEngine:
                 if update.stop_string is not None:
                     finished, reason = True, FinishReason.STOP
                     self._finish_for_stop_string(request)
+                    out = _cut(out, i + 1, request)
+                    texts = texts[:i + 1]
                     break
             if finished:
                 tail = detok.flush()
@@ -449,6 +452,17 @@ class LLMEngine:
                 f"prompt has {num_prompt_tokens} tokens and max_new_tokens is {params.max_new_tokens}, together "
                 f"{num_prompt_tokens + params.max_new_tokens} > max_model_len {limit}; lower max_new_tokens to "
                 f"at most {limit - num_prompt_tokens} or shorten the prompt")
+
+
+def _cut(out: EngineCoreOutput, count: int, request: Request) -> EngineCoreOutput:
+    """`out` with only its first `count` new tokens, the request's output without the others: a stop string ended
+    it at a token followed by more of the same step (accepted proposed tokens), which it never generates."""
+    extra = len(out.new_token_ids) - count
+    if extra <= 0:
+        return out
+    request.pop_output_tokens(extra)
+    return dataclasses.replace(out, new_token_ids=out.new_token_ids[:count], new_logprobs=out.new_logprobs[:count],
+                               new_top_logprobs=out.new_top_logprobs[:count])
 
 
 def _metrics(request: Request) -> RequestMetrics:

@@ -10,14 +10,15 @@ exit (add, abort) and the step statistics.
 """
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 from mindspore_serving.llm.config import SchedulerConfig
 from mindspore_serving.llm.model_io import ModelRunner
+from mindspore_serving.llm.prompt_scores import score_refusal
 from mindspore_serving.llm.request import FinishReason, Request, RequestStatus
 from mindspore_serving.llm.sampler import Sampler
 from mindspore_serving.llm.scheduler import Scheduler, SchedulerOutput
-from mindspore_serving.llm.step_executor import EngineCoreOutput, make_step_executor
+from mindspore_serving.llm.step_executor import EngineCoreOutput, VerifyCounts, make_step_executor
 
 
 @dataclass
@@ -42,6 +43,11 @@ class StepStats:
     execute_s: float              # model run + sampling (async scheduling: the time the engine waited for them)
     update_s: float
     num_model_steps: int = 1      # decode steps run back to back in this one (multi-step decoding)
+    num_drafts: int = 0           # speculative decoding: rows that verified proposed tokens
+    num_draft_tokens: int = 0     # tokens proposed to them
+    num_accepted_tokens: int = 0  # of which the model kept
+    accepted_per_position: Tuple[int, ...] = ()
+    """[j]: drafts whose token j was kept."""
 
 
 StepListener = Callable[[StepStats], None]
@@ -54,6 +60,9 @@ class EngineCore:
                  sampler: Optional[Sampler] = None, clock: Callable[[], float] = time.monotonic,
                  timer: Callable[[], float] = time.perf_counter):
         scheduler_config.check_runner(model_runner)
+        if scheduler_config.speculative is not None and score_refusal(model_runner) is not None:
+            raise ValueError(f"speculative decoding verifies proposed tokens with every position's logits, which this "
+                             f"model runner cannot return: {score_refusal(model_runner)}")
         self.runner = model_runner
         self.config = scheduler_config
         self.scheduler = Scheduler(scheduler_config, clock)
@@ -117,7 +126,7 @@ class EngineCore:
         return pending
 
     def _record(self, plan: SchedulerOutput, outputs: List[EngineCoreOutput], schedule_s: float,
-                execute_s: float, update_s: float, num_steps: int = 1) -> None:
+                execute_s: float, update_s: float, num_steps: int = 1, verified: Optional[VerifyCounts] = None) -> None:
         self.num_steps += 1
         num_prefill = sum(1 for row in plan.scheduled if row.is_prefill)
         bm = self.scheduler.block_manager
@@ -132,6 +141,10 @@ class EngineCore:
             num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
             kv_usage=bm.usage, num_free_blocks=bm.num_free_blocks,
             schedule_s=schedule_s, execute_s=execute_s, update_s=update_s, num_model_steps=num_steps)
+        if verified is not None:
+            stats.num_drafts, stats.num_draft_tokens = verified.num_drafts, verified.num_draft_tokens
+            stats.num_accepted_tokens = verified.num_accepted_tokens
+            stats.accepted_per_position = tuple(verified.accepted_per_position)
         self.last_stats = stats
         for listener in self._listeners:
             listener(stats)

@@ -77,6 +77,39 @@ def top_candidates(row: np.ndarray, k: int) -> np.ndarray:
     return candidates[np.argsort(-row[candidates], kind="stable")][:k]
 
 
+def _draw(candidates: Optional[np.ndarray], weights: np.ndarray, generator: np.random.Generator) -> int:
+    """One id drawn from unnormalised `weights` over `candidates` (None: ids 0..len-1) with one uniform number."""
+    cumulative = np.cumsum(weights)
+    index = int(np.searchsorted(cumulative, generator.random() * cumulative[-1], side="right"))
+    if index >= len(cumulative):  # rounding reached the total: the last token with weight
+        index = int(np.searchsorted(cumulative, cumulative[-1], side="left"))
+    return index if candidates is None else int(candidates[index])
+
+
+def _accept_or_draw(candidates: Optional[np.ndarray], weights: np.ndarray, proposed: Optional[int],
+                    generator: np.random.Generator) -> int:
+    """Rejection sampling of one proposed token: `proposed` with its probability under the weights, else a draw
+    from the weights without it (renormalised); a plain draw when nothing is proposed. Either way the token is
+    distributed as the weights say."""
+    if proposed is None:
+        return _draw(candidates, weights, generator)
+    if candidates is None:
+        at = proposed if proposed < len(weights) else None
+    else:
+        hits = np.flatnonzero(candidates == proposed)
+        at = int(hits[0]) if len(hits) else None
+    total = weights.sum()
+    chance = 0.0 if at is None else weights[at] / total
+    if generator.random() < chance:
+        return proposed
+    rest = weights.copy()
+    if at is not None:
+        rest[at] = 0.0
+    if not rest.sum() > 0:  # only the proposed token has weight (and rounding rejected it)
+        return proposed
+    return _draw(candidates, rest, generator)
+
+
 class Sampler:
     """Samples one token per row; `seed` seeds the generator shared by requests without their own seed."""
 
@@ -178,6 +211,12 @@ class Sampler:
     def _sample_row(cls, row: np.ndarray, params: SamplingParams, generator: np.random.Generator) -> int:
         """One token drawn from a row of logits (-inf entries are never drawn while another is finite); the row
         is not changed."""
+        return _draw(*cls._distribution(row, params), generator)
+
+    @classmethod
+    def _distribution(cls, row: np.ndarray, params: SamplingParams) -> Tuple[Optional[np.ndarray], np.ndarray]:
+        """What a sampled row draws from: (candidate ids, None for every id in order; their unnormalised weights)
+        after temperature, top_k, top_p and min_p."""
         row = np.asarray(row, dtype=np.float64) / params.temperature
         vocab = row.shape[0]
         peak = row.max()
@@ -207,11 +246,67 @@ class Sampler:
         if params.min_p > 0:
             # the most likely token has weight exp(0) = 1 and survives top-k and top-p: min_p is the bar itself
             weights = np.where(weights >= params.min_p, weights, 0.0)
-        cumulative = np.cumsum(weights)
-        index = int(np.searchsorted(cumulative, generator.random() * cumulative[-1], side="right"))
-        if index >= len(cumulative):  # rounding reached the total: the last token with weight
-            index = int(np.searchsorted(cumulative, cumulative[-1], side="left"))
-        return index if candidates is None else int(candidates[index])
+        return candidates, weights
+
+    # --- speculative decoding -----------------------------------------------------------------
+    def verify(self, logits: np.ndarray, request, draft: Sequence[int],
+               bitmasks: Optional[np.ndarray] = None) -> SamplerOutput:
+        """Which of the proposed tokens `draft` a row keeps (speculative decoding), and the token that follows them:
+        `logits` [len(draft) + 1, vocab], row j computed after the row's tokens and draft[:j]; `request` as for
+        `sample_requests`. Returns the tokens kept, each with its logprob and top logprobs as `sample` gives them:
+        an accepted prefix of the draft, then the model's own token, so that the output is distributed exactly as
+        without speculation:
+
+        * a greedy row keeps the longest prefix equal to its argmax at each position, then takes the argmax after
+          it (sequential greedy decoding, token for token);
+        * a sampled row (rejection sampling for a proposal that is certain) keeps draft[j] with probability p_j of
+          it, where p_j is the distribution the row would draw from at that position (processing, temperature,
+          top_k, top_p, min_p); at the first rejection it draws from p_j with draft[j] removed and renormalised,
+          and after a fully accepted draft it draws from the last position's p.
+
+        Each position is processed (penalties, bias, bad words, min_tokens...) as if the draft before it had been
+        generated. Where a position allows no token: NO_TOKEN when it is the first; after an accepted token the row
+        stops at that token (it is computed again next step, which then finds no token)."""
+        logits = np.asarray(logits, dtype=np.float32)
+        draft = [int(t) for t in draft]
+        num_rows = len(draft) + 1
+        if logits.ndim != 2 or logits.shape[0] != num_rows:
+            raise ValueError(f"verify expects logits [{num_rows}, vocab] for a draft of {len(draft)}, "
+                             f"got shape {logits.shape}")
+        params = request.sampling_params
+        history, output = list(request.all_token_ids), list(request.output_token_ids)
+        eos = request.eos_token_ids
+        processed = None
+        if bitmasks is not None or any(needs_processing(params, len(output) + j, request.bad_words_ids)
+                                       for j in range(num_rows)):
+            processed = process_logits(
+                logits.copy(), [params] * num_rows, [history + draft[:j] for j in range(num_rows)],
+                [output + draft[:j] for j in range(num_rows)], [eos] * num_rows,
+                [request.bad_words_ids] * num_rows, bitmasks)
+        rows = processed if processed is not None else logits
+        generator = request.generator if request.generator is not None else self._rng
+        tokens: List[int] = []
+        for j in range(num_rows):
+            row = rows[j]
+            if not row.max() > -np.inf:
+                if not tokens:
+                    tokens.append(NO_TOKEN)
+                break
+            proposed = draft[j] if j < len(draft) else None
+            if params.greedy:
+                token = int(np.argmax(row))
+            else:
+                candidates, weights = self._distribution(row, params)
+                token = _accept_or_draw(candidates, weights, proposed, generator)
+            tokens.append(token)
+            if token != proposed:
+                break
+        processed_logprobs = {}
+        if processed is not None and params.logprobs_mode == "processed":
+            processed_logprobs = {j: processed[j] - _log_normaliser(processed[j:j + 1])[0]
+                                  for j in range(len(tokens)) if tokens[j] != NO_TOKEN}
+        return self._output(logits[:len(tokens)], [params] * len(tokens), np.asarray(tokens, np.int64),
+                            processed_logprobs)
 
     @staticmethod
     def _top(logprobs_row: np.ndarray, count: int) -> List[Tuple[int, float]]:

@@ -43,13 +43,16 @@ import itertools
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
 
 from mindspore_serving.llm.batching_policy import BatchingPolicy, make_batching_policy
 from mindspore_serving.llm.block_manager import BlockManager
 from mindspore_serving.llm.choices import make_children
 from mindspore_serving.llm.config import SchedulerConfig
 from mindspore_serving.llm.model_io import PLACEHOLDER, SeqStep
+from mindspore_serving.llm.ngram_proposer import propose_ngram
 from mindspore_serving.llm.request import FinishReason, Request, RequestStatus
 
 
@@ -64,6 +67,9 @@ class ScheduledSeq:
     """True when this step computes the request's last known token, so its logits give the next token;
     False for a prefill chunk that stops short of the end (its logits are discarded)."""
     is_prefill: bool
+    draft: Tuple[int, ...] = ()
+    """Tokens proposed to follow (speculative decoding): the row computes its token then these, asking for every
+    position's logits, and keeps the longest prefix the model agrees with plus one token of its own."""
 
 
 @dataclass
@@ -83,7 +89,11 @@ class SchedulerOutput:
 
     @property
     def num_batched_tokens(self) -> int:
-        return sum(row.num_tokens for row in self.scheduled)
+        return sum(row.num_tokens + len(row.draft) for row in self.scheduled)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return sum(len(row.draft) for row in self.scheduled)
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -91,7 +101,7 @@ class SchedulerOutput:
 
     @property
     def num_decode_tokens(self) -> int:
-        return sum(row.num_tokens for row in self.scheduled if not row.is_prefill)
+        return sum(row.num_tokens + len(row.draft) for row in self.scheduled if not row.is_prefill)
 
     @property
     def is_empty(self) -> bool:
@@ -229,7 +239,39 @@ class Scheduler:
         self._schedule_running(budget, scheduled, preempted)
         if not preempted:
             self._schedule_waiting(budget, scheduled)
-        return self._build_output(scheduled, preempted)
+        drafts = self._propose_drafts(budget, scheduled) if self.speculating else {}
+        return self._build_output(scheduled, preempted, drafts)
+
+    @property
+    def speculating(self) -> bool:
+        """Whether decode rows may carry proposed tokens now: speculative decoding is configured and the batch is
+        below its disable_by_batch_size."""
+        spec = self.config.speculative
+        return spec is not None and (spec.disable_by_batch_size is None
+                                     or len(self.running) < spec.disable_by_batch_size)
+
+    def _propose_drafts(self, budget: _Budget, scheduled: Dict[str, int]) -> Dict[str, Tuple[int, ...]]:
+        """The proposed tokens of the step's decode rows that speculate (request id -> draft), each cut to what
+        the budget, the free blocks, max_new_tokens and max_model_len leave; asked for after every row and prompt
+        of the step is placed, so that a proposal never delays a prompt or preempts anyone."""
+        spec = self.config.speculative
+        drafts = {}
+        for request_id, num_tokens in scheduled.items():
+            request = self.requests[request_id]
+            if num_tokens != 1 or request.num_tokens_to_compute != 1 or not _may_speculate(request):
+                continue
+            params = request.sampling_params
+            # every proposed token accepted plus the model's own must stay within the request's limits
+            room = min(spec.num_speculative_tokens, budget.tokens,
+                       params.max_new_tokens - request.num_output_tokens - 1,
+                       self.config.max_model_len - request.num_tokens - 1)
+            if room <= 0:
+                continue
+            draft = propose_ngram(request.all_token_ids, room, spec.prompt_lookup_min, spec.prompt_lookup_max)
+            if draft and self.block_manager.append_slots(request, 1 + len(draft)):
+                drafts[request_id] = tuple(draft)
+                budget.take(len(draft), prefill=False)
+        return drafts
 
     def _schedule_running(self, budget: _Budget, scheduled: Dict[str, int], preempted: List[str]) -> None:
         decodes = [r for r in self.running if not r.is_prefilling]
@@ -305,27 +347,32 @@ class Scheduler:
             return None
         return max(0, cap - prefills)
 
-    def _build_output(self, scheduled: Dict[str, int], preempted: List[str]) -> SchedulerOutput:
+    def _build_output(self, scheduled: Dict[str, int], preempted: List[str],
+                      drafts: Mapping[str, Tuple[int, ...]]) -> SchedulerOutput:
         output = SchedulerOutput(step_id=self._step_id, preempted_request_ids=preempted)
         for request_id, num_tokens in scheduled.items():
             request = self.requests[request_id]
             start = request.num_computed_tokens
             end = start + num_tokens
-            step = SeqStep(token_ids=request.all_token_ids[start:end], start_pos=start,
+            draft = drafts.get(request_id, ())
+            step = SeqStep(token_ids=request.all_token_ids[start:end] + list(draft), start_pos=start,
                            block_table=list(request.block_table), seq_id=request.seq_id,
-                           all_logits=_scoring(request) and request.prompt_scores.wants_logits(start, num_tokens))
+                           all_logits=bool(draft) or (_scoring(request)
+                                                      and request.prompt_scores.wants_logits(start, num_tokens)))
             is_decode = num_tokens == 1 and request.num_output_tokens > 0 and end == request.num_tokens
             # max_new_tokens 0 (a scored prompt): the step that completes the prompt samples nothing
             samples = end == request.num_tokens and request.sampling_params.max_new_tokens > 0
             output.scheduled.append(ScheduledSeq(request_id, num_tokens, step, samples=samples,
-                                                 is_prefill=not is_decode))
+                                                 is_prefill=not is_decode, draft=draft))
         return output
 
-    def update_from_output(self, output: SchedulerOutput, sampled_token_ids: Sequence[Optional[int]],
+    def update_from_output(self, output: SchedulerOutput, sampled_token_ids: Sequence[Union[None, int, Sequence[int]]],
                            fork_token_ids: Optional[Mapping[int, Sequence[int]]] = None) -> List[RequestDelta]:
         """Records a finished step. `sampled_token_ids` has one entry per row of `output.scheduled`:
-        the sampled token for rows with `samples`, anything (None) for the others. `fork_token_ids[i]`: for a
-        row whose request forks (`children_to_fork`), the first tokens of its children, in their order.
+        the sampled token for rows with `samples`, anything (None) for the others; for a row with a draft, its
+        tokens: the proposed tokens the model accepted (a prefix of the draft, whose keys/values the step wrote)
+        then the model's own next token. A request takes them in order until it stops. `fork_token_ids[i]`: for
+        a row whose request forks (`children_to_fork`), the first tokens of its children, in their order.
 
         Rows of requests finished since `schedule()` (aborted) are skipped. Returns one delta per
         request that got a token, a forked request's children right after it."""
@@ -347,8 +394,18 @@ class Scheduler:
             if token is None:
                 raise ValueError(f"no sampled token for request {row.request_id}, which completed its tokens")
             children = self._fork(request, forks.get(i, ())) if request.num_pending_choices else []
-            self._accept(request, int(token), now)
-            deltas.append(RequestDelta(request.request_id, [int(token)], request.finished, request.finish_reason))
+            tokens = [int(token)] if isinstance(token, (int, np.integer)) else [int(t) for t in token]
+            if len(tokens) > 1 + len(row.draft) or tokens[:-1] != list(row.draft[:len(tokens) - 1]):
+                raise ValueError(f"request {row.request_id} got tokens {tokens} for its draft {list(row.draft)}: "
+                                 f"only an accepted prefix of the draft and one token may follow")
+            for j, token_id in enumerate(tokens):
+                if self._accept(request, token_id, now):
+                    tokens = tokens[:j + 1]
+                    break
+                if j < len(tokens) - 1:  # an accepted proposed token: the step wrote its keys and values
+                    request.num_computed_tokens += 1
+                    self.block_manager.cache_full_blocks(request)
+            deltas.append(RequestDelta(request.request_id, tokens, request.finished, request.finish_reason))
             for child in children:
                 deltas.append(RequestDelta(child.request_id, list(child.output_token_ids), child.finished,
                                            child.finish_reason))
@@ -528,6 +585,13 @@ class Scheduler:
         group = self._groups.get(request.group_id)
         if group is not None and all(r.finished for r in group):
             del self._groups[request.group_id]
+
+
+def _may_speculate(request: Request) -> bool:
+    """Whether a decoding request may verify proposed tokens this step: it knows its last token (not a
+    placeholder of a step in flight) and has no grammar (whose masks are computed for one token ahead)."""
+    return (request.num_output_tokens > 0 and request.output_token_ids[-1] != PLACEHOLDER
+            and request.grammar is None and not request.num_pending_choices and not _scoring(request))
 
 
 def _scoring(request: Request) -> bool:

@@ -28,7 +28,7 @@ failure "model step failed: ...".
 """
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Collection, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -37,8 +37,8 @@ from mindspore_serving.common import errors
 from mindspore_serving.common.errors import Kind
 from mindspore_serving.llm.choices import expand_rows
 from mindspore_serving.llm.config import SchedulerConfig
-from mindspore_serving.llm.model_io import (PLACEHOLDER, ModelRunner, MultiStepRunner, StepSubmitter,
-                                            submits_mixed_steps)
+from mindspore_serving.llm.model_io import (PLACEHOLDER, ModelRunner, MultiStepRunner, StepLogits, StepSubmitter,
+                                            split_logits, submits_mixed_steps)
 from mindspore_serving.llm.prompt_scores import record_prompt_scores
 from mindspore_serving.llm.request import FinishReason, RequestStatus
 from mindspore_serving.llm.sampler import Sampler
@@ -63,8 +63,29 @@ class EngineCoreOutput:
     """What kind of failure `error` is (common/errors.py), which decides the client's answer."""
 
 
-StepRecorder = Callable[[SchedulerOutput, List[EngineCoreOutput], float, float, float, int], None]
-"""Told of each step run: (plan, outputs, schedule_s, execute_s, update_s, model steps)."""
+@dataclass
+class VerifyCounts:
+    """What speculative decoding did in one step (vLLM's spec_decode metrics count the same)."""
+    num_drafts: int = 0           # rows that verified proposed tokens
+    num_draft_tokens: int = 0     # tokens proposed to them
+    num_accepted_tokens: int = 0  # of which the model kept
+    accepted_per_position: List[int] = field(default_factory=list)
+    """[j]: drafts whose token j (0-based) was kept."""
+
+    def add(self, draft_len: int, accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += draft_len
+        self.num_accepted_tokens += accepted
+        if len(self.accepted_per_position) < accepted:
+            self.accepted_per_position.extend([0] * (accepted - len(self.accepted_per_position)))
+        for j in range(accepted):
+            self.accepted_per_position[j] += 1
+
+
+StepRecorder = Callable[[SchedulerOutput, List[EngineCoreOutput], float, float, float, int, Optional[VerifyCounts]],
+                        None]
+"""Told of each step run: (plan, outputs, schedule_s, execute_s, update_s, model steps, what verification did or
+None)."""
 
 
 def _call_now(function, *args) -> Future:
@@ -98,6 +119,12 @@ class _Sampled:
     top_logprobs: List[Tuple[int, float]]
     forks: Dict[str, "_Sampled"] = field(default_factory=dict)
     """A request forking at this row (llm/choices.py): each child's id -> its first token, in choice order."""
+    accepted: List["_Sampled"] = field(default_factory=list)
+    """A row that verified a draft: the proposed tokens the model kept, before `token_id`."""
+
+    @property
+    def tokens(self) -> List["_Sampled"]:
+        return self.accepted + [self]
 
 
 class StepExecutor:
@@ -128,6 +155,7 @@ class StepExecutor:
         """Waits for a submitted step and records its tokens (sampling them first when the runner returned
         logits)."""
         plan, num_steps, greedy = submitted.plan, submitted.num_steps, submitted.greedy
+        verify_counts = None
         # the engine's own time: with overlap, only what it waited for the model
         t1 = self._timer() if submitted.overlapped else submitted.submitted
         try:
@@ -138,8 +166,14 @@ class StepExecutor:
             elif greedy:
                 tokens, logprobs = self._check_steps(plan, num_steps, result)
             else:
-                logits = record_prompt_scores(plan.scheduled, result, self.scheduler.requests)
-                sampled = self._sample(plan, logits, None if submitted.masks is None else submitted.masks.result())
+                logits, every = split_logits(result)
+                drafts = _draft_logits(plan, every)
+                logits = record_prompt_scores(plan.scheduled, StepLogits(logits, every), self.scheduler.requests)
+                sampled = self._sample(plan, logits, None if submitted.masks is None else submitted.masks.result(),
+                                       verified=drafts)
+                if drafts:
+                    verify_counts = VerifyCounts()
+                    sampled.update(self._verify(plan, drafts, verify_counts))
         except Exception as err:  # pylint: disable=broad-except
             if submitted.masks is not None:
                 wait([submitted.masks])  # its grammar states are not to be fed while it reads them
@@ -150,7 +184,7 @@ class StepExecutor:
         else:
             t2 = self._timer()
             outputs = self._update_steps(plan, tokens, logprobs) if greedy else self._update(plan, sampled)
-        self._on_step(plan, outputs, submitted.schedule_s, t2 - t1, self._timer() - t2, num_steps)
+        self._on_step(plan, outputs, submitted.schedule_s, t2 - t1, self._timer() - t2, num_steps, verify_counts)
         return outputs
 
     def _runner_chooses_tokens(self, plan: SchedulerOutput) -> bool:
@@ -182,9 +216,10 @@ class StepExecutor:
         return engine_rows if engine_rows and runner_rows else None
 
     def _sample(self, plan: SchedulerOutput, logits, bitmasks: Optional[np.ndarray] = None,
-                logits_rows: Optional[List[int]] = None) -> Dict[int, _Sampled]:
-        """Samples the rows that complete their tokens; `bitmasks`: the grammar bitmasks of the plan's rows;
-        `logits_rows`: the plan's rows whose logits `logits` holds, in that order (None: every row)."""
+                logits_rows: Optional[List[int]] = None, verified: Collection[int] = ()) -> Dict[int, _Sampled]:
+        """Samples the rows that complete their tokens, but those in `verified` (rows with a draft, see `_verify`);
+        `bitmasks`: the grammar bitmasks of the plan's rows; `logits_rows`: the plan's rows whose logits `logits`
+        holds, in that order (None: every row)."""
         logits = np.asarray(logits)
         expected = len(plan.scheduled) if logits_rows is None else len(logits_rows)
         if logits.ndim != 2 or logits.shape[0] != expected:
@@ -193,7 +228,8 @@ class StepExecutor:
                                f"for {which}{len(plan.scheduled)} sequences")
         live = self.scheduler.requests  # a request may have finished since the plan (async scheduling: on EOS)
         candidates = range(len(plan.scheduled)) if logits_rows is None else logits_rows
-        rows = [i for i in candidates if plan.scheduled[i].samples and plan.scheduled[i].request_id in live]
+        rows = [i for i in candidates
+                if plan.scheduled[i].samples and plan.scheduled[i].request_id in live and i not in verified]
         if not rows:
             return {}
         requests = [live[plan.scheduled[i].request_id] for i in rows]
@@ -211,6 +247,28 @@ class StepExecutor:
             sampled[rows[k]].forks[requests[k].request_id] = _Sampled(result.token_ids[k], result.logprobs[k], tops[k])
         return sampled
 
+    def _verify(self, plan: SchedulerOutput, drafts: Dict[int, np.ndarray], counts: VerifyCounts) -> Dict[int, _Sampled]:
+        """The tokens of the rows that verified a draft (`drafts`: row -> the logits of each of its positions):
+        the accepted prefix of the draft and the model's own token after it (Sampler.verify)."""
+        live = self.scheduler.requests
+        sampled = {}
+        for i, values in drafts.items():
+            row = plan.scheduled[i]
+            request = live.get(row.request_id)
+            if request is None:
+                continue
+            result = self.sampler.verify(values, request, row.draft)
+            tops = result.top_logprobs or [[] for _ in result.token_ids]
+            tokens = [_Sampled(t, lp, top) for t, lp, top in zip(result.token_ids, result.logprobs, tops)]
+            accepted = 0
+            while accepted < min(len(tokens), len(row.draft)) and tokens[accepted].token_id == row.draft[accepted]:
+                accepted += 1
+            counts.add(len(row.draft), accepted)
+            last = tokens[-1]
+            last.accepted = tokens[:-1]
+            sampled[i] = last
+        return sampled
+
     def _sample_mixed(self, plan: SchedulerOutput, result, logits_rows: List[int],
                       bitmasks: Optional[np.ndarray]) -> Dict[int, _Sampled]:
         """The tokens of a mixed step (model_io.MixedStep): the engine samples `logits_rows` from their logits,
@@ -226,7 +284,8 @@ class StepExecutor:
 
     def _update(self, plan: SchedulerOutput, sampled: Dict[int, _Sampled]) -> List[EngineCoreOutput]:
         ended = self._end_rows_without_token(plan, sampled)
-        tokens = [sampled[i].token_id if i in sampled else None for i in range(len(plan.scheduled))]
+        tokens = [None if i not in sampled else sampled[i].token_id if not sampled[i].accepted
+                  else [got.token_id for got in sampled[i].tokens] for i in range(len(plan.scheduled))]
         by_id = {plan.scheduled[i].request_id: value for i, value in sampled.items()}
         forks = {}
         for i, value in sampled.items():
@@ -240,8 +299,9 @@ class StepExecutor:
                 outputs.append(EngineCoreOutput(delta.request_id, finished=delta.finished,
                                                 finish_reason=delta.finish_reason))
                 continue
-            outputs.append(EngineCoreOutput(delta.request_id, delta.new_token_ids, [got.logprob],
-                                            [got.top_logprobs] if got.top_logprobs else [],
+            kept = got.tokens[:len(delta.new_token_ids)]  # a verified row stops where its request stops
+            outputs.append(EngineCoreOutput(delta.request_id, delta.new_token_ids, [k.logprob for k in kept],
+                                            [k.top_logprobs for k in kept] if got.top_logprobs else [],
                                             delta.finished, delta.finish_reason))
         return ended + self._follow_grammars(outputs)
 
@@ -399,8 +459,9 @@ class AsyncStepExecutor(StepExecutor):
         in_flight, self._in_flight = self._in_flight, None
         if in_flight is not None:
             self.scheduler.advance_in_flight(in_flight.plan, in_flight.num_steps)
-            if not self.scheduler.fits_without_preemption():
-                # a request holding placeholders must not be preempted (it would recompute them): wait for them
+            # a request holding placeholders must not be preempted (it would recompute them), and proposes no tokens
+            # (its last ones are unknown): wait for them
+            if not self.scheduler.fits_without_preemption() or self.scheduler.speculating:
                 outputs += self._collect(in_flight)
                 in_flight = None
         plan = self.scheduler.schedule()
@@ -458,6 +519,21 @@ def _step_failure(err: Exception) -> Tuple[str, Kind]:
     if isinstance(err, errors.ServingError):
         return err.message, err.KIND
     return f"model step failed: {type(err).__name__}: {err}", Kind.GENERATION
+
+
+def _draft_logits(plan: SchedulerOutput, every: Dict[int, np.ndarray]) -> Dict[int, np.ndarray]:
+    """Takes out of `every` (a step's every-token logits by row) those of the rows that verified a draft."""
+    drafts = {}
+    for i, row in enumerate(plan.scheduled):
+        if row.draft:
+            if i not in every:
+                raise RuntimeError(f"model runner did not return every position's logits for row {i} of step "
+                                   f"{plan.step_id}, which verifies proposed tokens")
+            drafts[i] = every.pop(i)
+            if drafts[i].shape[0] != 1 + len(row.draft):
+                raise RuntimeError(f"model runner returned logits of shape {drafts[i].shape} for row {i} of step "
+                                   f"{plan.step_id}, which computes {1 + len(row.draft)} tokens")
+    return drafts
 
 
 def _prev_rows(plan: SchedulerOutput, in_flight: Optional[_Submitted]) -> List[int]:

@@ -101,7 +101,7 @@ def make_executor(runner, **overrides):
     scheduler = Scheduler(config, clock=FakeClock())
     steps = []
     executor = make_step_executor(config, runner, scheduler, Sampler(),
-                                  lambda plan, outputs, *times_and_steps: steps.append(times_and_steps[-1]),
+                                  lambda plan, outputs, *times_steps_counts: steps.append(times_steps_counts[3]),
                                   timer=lambda: 0.0)
     return executor, scheduler, steps
 

@@ -1,0 +1,195 @@
+"""Speculative decoding in the engine: n-gram proposals, lossless acceptance (greedy: token for token; sampled:
+the model's distribution), and how it composes with batching, preemption, prefix caching and async steps."""
+import numpy as np
+import pytest
+from scipy import stats
+
+from mindspore_serving.agent.testing import AheadRunner
+from mindspore_serving.llm import LLMEngine, SamplingParams, SchedulerConfig
+from mindspore_serving.llm.config import SpeculativeConfig
+from mindspore_serving.llm.ngram_proposer import propose_ngram
+from mindspore_serving.llm.sampler import NO_TOKEN, Sampler
+from mindspore_serving.llm.testing import FakeModelRunner
+
+PERIOD = 5
+
+
+def _echoing_logits(runner, context):
+    """The fake's logits, whose argmax usually repeats the token PERIOD back (a model quoting its context), so
+    that proposals are mostly accepted, and sometimes not."""
+    logits = FakeModelRunner.logits_for(runner, context)
+    if len(context) > PERIOD and logits[0] > -2.0:  # a coin the context decides: about 3 times in 4
+        logits[context[-PERIOD]] += 12.0
+    return logits
+
+
+class EchoingRunner(FakeModelRunner):
+    logits_for = _echoing_logits
+
+
+class AheadEchoingRunner(AheadRunner):
+    logits_for = _echoing_logits
+
+
+def engine(runner, speculative=None, **overrides):
+    values = dict(max_num_seqs=8, max_num_batched_tokens=64, enable_prefix_caching=True, speculative=speculative)
+    values.update(overrides)
+    return LLMEngine(runner, scheduler_config=SchedulerConfig.for_runner(runner, **values), seed=0)
+
+
+def prompts(count, seed=0, shared=12):
+    rng = np.random.default_rng(seed)
+    prefix = rng.integers(3, 64, shared).tolist()  # a shared prefix: prefix-cache hits
+    return [prefix + rng.integers(3, 64, int(rng.integers(4, 30))).tolist() for _ in range(count)]
+
+
+def generate(eng, token_prompts, params):
+    drafts = []
+    eng.add_step_listener(lambda s: drafts.append((s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens)))
+    outs = eng.generate(token_prompts, params)
+    return outs, np.sum(drafts, axis=0) if drafts else np.zeros(3)
+
+
+SPEC = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
+
+
+# --- proposals --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tokens, k, lo, hi, proposed", [
+    ([1, 2, 3, 4, 1, 2, 3], 4, 1, 4, [4, 1, 2, 3]),        # the 3-gram 1 2 3 recurs: what followed it
+    ([1, 2, 3, 0, 2, 3, 4, 7, 1, 2, 3], 2, 1, 4, [0, 2]),  # the longest match wins over a later shorter one
+    ([5, 2, 9, 6, 2, 8, 2], 3, 1, 4, [8, 2]),              # the latest of equally long matches
+    ([7, 1, 2, 3, 9, 8, 2, 3], 4, 3, 4, []),               # only a 2-gram recurs: below prompt_lookup_min
+    ([5, 6, 7], 4, 1, 4, []),                              # nothing recurs
+    ([1, 2, 1, 2, 1, 2], 1, 1, 4, [1]),                    # cut to k
+])
+def test_ngram_proposals(tokens, k, lo, hi, proposed):
+    assert propose_ngram(tokens, k, lo, hi) == proposed
+
+
+# --- greedy: token for token ------------------------------------------------------------------
+
+@pytest.mark.parametrize("runner_class, overrides", [
+    (EchoingRunner, dict(num_scheduler_steps=1)),
+    (EchoingRunner, dict(num_scheduler_steps=4)),
+    (AheadEchoingRunner, dict(num_scheduler_steps=4, async_scheduling=True)),
+], ids=["single-steps", "rounds", "async"])
+def test_greedy_output_and_logprobs_equal_those_without_speculation_under_preemption_and_prefix_caching(
+        runner_class, overrides):
+    # 10 requests of up to 80 tokens on 23 usable blocks of 4: they preempt each other; small budget: chunked prompts
+    token_prompts = prompts(10)
+    params = SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True, top_logprobs=2)
+    plain, _ = generate(engine(runner_class(num_blocks=24, max_seq_len=80), **overrides), token_prompts, params)
+    spec_engine = engine(runner_class(num_blocks=24, max_seq_len=80), SPEC, **overrides)
+    speculated, (drafts, draft_tokens, accepted) = generate(spec_engine, token_prompts, params)
+    assert [o.token_ids for o in speculated] == [o.token_ids for o in plain]
+    np.testing.assert_allclose([o.logprobs for o in speculated], [o.logprobs for o in plain], rtol=1e-5, atol=1e-5)
+    assert drafts > 20 and 0 < accepted < draft_tokens  # it did speculate, and was sometimes wrong
+    assert spec_engine.core.scheduler.num_preemptions > 0
+
+
+def test_stops_penalties_and_min_tokens_apply_per_accepted_token():
+    token_prompts = prompts(6, seed=1)
+    runner = EchoingRunner(num_blocks=64)
+    # which tokens the plain run produces: stop on one of them, ban another
+    free = [o.token_ids for o in engine(runner).generate(token_prompts, SamplingParams(max_new_tokens=30,
+                                                                                      temperature=0))]
+    stop_id = free[0][12]
+    cases = [
+        SamplingParams(max_new_tokens=30, temperature=0, stop_token_ids=[stop_id]),
+        SamplingParams(max_new_tokens=30, temperature=0, repetition_penalty=1.3),
+        SamplingParams(max_new_tokens=30, temperature=0, presence_penalty=0.8, frequency_penalty=0.3),
+        SamplingParams(max_new_tokens=30, temperature=0, logit_bias=((free[1][5], -100.0),)),
+        SamplingParams(max_new_tokens=30, temperature=0, min_tokens=20, stop_token_ids=[stop_id]),
+        SamplingParams(max_new_tokens=7, temperature=0),
+    ]
+    for params in cases:
+        plain = engine(EchoingRunner(num_blocks=64)).generate(token_prompts, params)
+        speculated = engine(EchoingRunner(num_blocks=64), SPEC).generate(token_prompts, params)
+        assert [(o.token_ids, o.finish_reason) for o in speculated] == [(o.token_ids, o.finish_reason) for o in plain]
+    assert any(o.finish_reason.value == "stop" for o in plain) or params.max_new_tokens == 7
+
+
+def test_a_batch_at_disable_by_batch_size_decodes_without_proposals():
+    runner = EchoingRunner(num_blocks=64)
+    eng = engine(runner, SpeculativeConfig(num_speculative_tokens=3, disable_by_batch_size=4))
+    rows = []
+    eng.add_step_listener(lambda s: rows.append((s.num_running, s.num_drafts)))
+    eng.generate(prompts(6, seed=2), SamplingParams(max_new_tokens=30, temperature=0, ignore_eos=True))
+    # a step's proposals are made with the batch as it is when it is planned (before its requests finish)
+    assert all(drafts == 0 for running, drafts in rows if running >= 5)
+    assert any(drafts > 0 for _, drafts in rows)
+
+
+def test_sampled_requests_speculate_and_stay_seeded():
+    runner = EchoingRunner(num_blocks=64)
+    params = SamplingParams(max_new_tokens=30, temperature=0.7, top_k=20, seed=5, ignore_eos=True)
+    first, counts = generate(engine(runner, SPEC), prompts(3, seed=3), params)
+    again, _ = generate(engine(EchoingRunner(num_blocks=64), SPEC), prompts(3, seed=3), params)
+    assert [o.token_ids for o in first] == [o.token_ids for o in again]
+    assert counts[2] > 0
+
+
+# --- sampled: the model's distribution ----------------------------------------------------------
+
+class _Row:
+    """What Sampler.verify reads of a request."""
+
+    def __init__(self, params, generator=None, output=(5, 6)):
+        self.sampling_params = params
+        self.all_token_ids = [1, 2, 3] + list(output)
+        self.output_token_ids = list(output)
+        self.eos_token_ids = frozenset()
+        self.bad_words_ids = ()
+        self.generator = generator
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=1.0),
+    SamplingParams(temperature=0.8, top_k=5, top_p=0.9),
+    SamplingParams(temperature=1.2, min_p=0.05, presence_penalty=0.5),
+], ids=["plain", "top-k-top-p", "min-p-penalty"])
+def test_rejection_sampling_keeps_the_models_distribution(params):
+    """Over many draws at a fixed context, the tokens a verified row emits are distributed as plain sampling
+    draws them: the first token as p_0, and, after an accepted first proposal, the second as p_1."""
+    vocab, draws = 8, 2500
+    rng = np.random.default_rng(1)
+    logits = rng.normal(0, 1.5, (3, vocab)).astype(np.float32)
+    draft = [int(np.argsort(logits[0])[-2]), int(np.argmax(logits[1]))]  # a likely, not the likeliest, first
+    sampler, generator = Sampler(), np.random.default_rng(7)
+    first, second = np.zeros(vocab), np.zeros(vocab)
+    for _ in range(draws):
+        tokens = sampler.verify(logits, _Row(params, generator), draft).token_ids
+        first[tokens[0]] += 1
+        if tokens[0] == draft[0]:
+            second[tokens[1]] += 1
+    plain_first, plain_second = np.zeros(vocab), np.zeros(vocab)
+    row = _Row(params, generator)
+    for _ in range(draws):
+        plain_first[sampler.sample_requests(logits[:1], [row]).token_ids[0]] += 1
+    after = _Row(params, generator, output=(5, 6, draft[0]))
+    for _ in range(draws):
+        plain_second[sampler.sample_requests(logits[1:2], [after]).token_ids[0]] += 1
+    for got, want in ((first, plain_first), (second, plain_second)):
+        seen = (got + want) > 0
+        table = np.stack([got[seen], want[seen]])
+        assert stats.chi2_contingency(table)[1] > 1e-3, table
+
+
+def test_a_greedy_row_keeps_the_longest_agreeing_prefix_then_the_argmax():
+    logits = np.zeros((4, 6), np.float32)
+    logits[0, 2] = logits[1, 4] = logits[2, 1] = logits[3, 5] = 5.0
+    row = _Row(SamplingParams(temperature=0))
+    assert Sampler().verify(logits, row, [2, 4, 3]).token_ids == [2, 4, 1]
+    assert Sampler().verify(logits, row, [2, 4, 1]).token_ids == [2, 4, 1, 5]
+    assert Sampler().verify(logits, row, [0, 4, 1]).token_ids == [2]
+
+
+def test_a_row_that_allows_no_token_stops_at_its_last_accepted_one():
+    logits = np.zeros((3, 6), np.float32)
+    logits[0, 2] = 5.0
+    row = _Row(SamplingParams(temperature=0, allowed_token_ids=[2]))
+    # position 1 allows only token 2, so the proposed 3 is rejected there
+    assert Sampler().verify(logits, row, [2, 3]).token_ids == [2, 2]
+    row.bad_words_ids = ((2,),)  # and token 2 is banned: no token at all
+    assert Sampler().verify(logits, row, [2, 3]).token_ids == [NO_TOKEN]
