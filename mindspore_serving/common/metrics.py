@@ -93,6 +93,14 @@ FAMILIES: Dict[str, Family] = {
                                   LLM_ENGINE_LABELS),
     L + "prefix_cache_queries": Family(COUNTER, "Prompt tokens looked up in the prefix cache", LLM_ENGINE_LABELS),
     L + "prefix_cache_hits": Family(COUNTER, "Prompt tokens found in the prefix cache", LLM_ENGINE_LABELS),
+    L + "spec_decode_num_drafts": Family(COUNTER, "Speculative decoding: rows that verified proposed tokens",
+                                         LLM_ENGINE_LABELS),
+    L + "spec_decode_num_draft_tokens": Family(COUNTER, "Speculative decoding: tokens proposed", LLM_ENGINE_LABELS),
+    L + "spec_decode_num_accepted_tokens": Family(COUNTER, "Speculative decoding: proposed tokens the model kept",
+                                                  LLM_ENGINE_LABELS),
+    L + "spec_decode_num_accepted_tokens_per_pos": Family(
+        COUNTER, "Speculative decoding: drafts whose token at this position (0-based) the model kept",
+        LLM_ENGINE_LABELS + ("position",)),
 }
 
 

@@ -2,13 +2,13 @@
 
 `StepReport` is fed every `StepStats` of the engine (from its loop thread) and renders one log line on demand:
 steps and model steps, generated and prompt tokens, the mean decode batch (per model step, as the engine
-benchmark counts it), preemptions, the queue and the KV cache. The totals at the end let a reader diff two
+benchmark counts it), preemptions, speculative decoding's acceptance (when it ran), the queue and the KV cache. The totals at the end let a reader diff two
 lines (a benchmark run, say) without the intervals lining up. Pure logic: the caller decides when to report
 (`EngineLoop`: every `stats_interval` seconds while busy, and each time the engine goes idle).
 """
 import time
-from dataclasses import dataclass, fields
-from typing import Callable, Optional
+from dataclasses import dataclass, field, fields
+from typing import Callable, List, Optional
 
 from mindspore_serving.llm.engine_core import StepStats
 
@@ -24,6 +24,11 @@ class StepCounters:
     prompt_tokens: int = 0
     preempted: int = 0
     busy_s: float = 0.0        # schedule + execute + update
+    drafts: int = 0            # speculative decoding: rows that verified proposed tokens
+    draft_tokens: int = 0      # tokens proposed to them
+    accepted_tokens: int = 0   # of which the model kept
+    accepted_per_position: List[int] = field(default_factory=list)
+    """[j]: drafts whose token j was kept."""
 
     def add(self, stats: StepStats) -> None:
         steps = stats.num_model_steps
@@ -38,6 +43,36 @@ class StepCounters:
         self.prompt_tokens += stats.num_prefill_tokens
         self.preempted += stats.num_preempted
         self.busy_s += stats.schedule_s + stats.execute_s + stats.update_s
+        if stats.num_drafts:
+            self.drafts += stats.num_drafts
+            self.draft_tokens += stats.num_draft_tokens
+            self.accepted_tokens += stats.num_accepted_tokens
+            self._add_per_position(stats.accepted_per_position)
+
+    def absorb(self, other: "StepCounters") -> None:
+        """Adds another's counts to these (the totals of an engine loop that was replaced)."""
+        for f in fields(self):
+            if f.name == "accepted_per_position":
+                self._add_per_position(other.accepted_per_position)
+            else:
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def _add_per_position(self, counts) -> None:
+        if len(self.accepted_per_position) < len(counts):
+            self.accepted_per_position.extend([0] * (len(counts) - len(self.accepted_per_position)))
+        for j, count in enumerate(counts):
+            self.accepted_per_position[j] += count
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Proposed tokens the model kept, of those proposed (speculative decoding)."""
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens a verifying row produced per step: its accepted proposals and its own token (vLLM's mean
+        acceptance length)."""
+        return 1 + self.accepted_tokens / self.drafts if self.drafts else 0.0
 
     @property
     def mean_decode_batch(self) -> float:
@@ -76,13 +111,21 @@ class StepReport:
                 f"{elapsed:.2f} s, busy {w.busy_s / elapsed:.0%}: {w.generated} tokens generated "
                 f"({w.generated / elapsed:.1f}/s), {w.prompt_tokens} prompt tokens, mean decode batch "
                 f"{w.mean_decode_batch:.2f}, {w.preempted} preempted")
+        if w.drafts:
+            text += (f"; speculative decoding: {w.drafts} drafts, {w.accepted_tokens} of {w.draft_tokens} proposed "
+                     f"tokens accepted ({w.acceptance_rate:.1%}), mean accepted length {w.mean_accepted_length:.2f}")
         if self.last is not None:
             text += (f"; now {self.last.num_running} running, {self.last.num_waiting} waiting, KV cache "
                      f"{self.last.kv_usage:.1%} used")
-        text += "; totals " + " ".join(f"{f.name}={_number(getattr(self.totals, f.name))}"
-                                       for f in fields(StepCounters))
+        # speculative decoding's counts once it has run
+        shown = [f.name for f in fields(StepCounters)
+                 if f.name != "accepted_per_position" and (self.totals.drafts or f.name not in _SPECULATIVE)]
+        text += "; totals " + " ".join(f"{name}={_number(getattr(self.totals, name))}" for name in shown)
         self.window = StepCounters()
         return text
+
+
+_SPECULATIVE = ("drafts", "draft_tokens", "accepted_tokens")
 
 
 def _number(value) -> str:

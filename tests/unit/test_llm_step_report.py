@@ -10,13 +10,14 @@ from mindspore_serving.llm.step_report import StepReport
 from mindspore_serving.llm.testing import FakeModelRunner
 
 
-def stats(decode=0, prefill=0, prefill_tokens=0, new=0, model_steps=1, seconds=0.01, running=3, waiting=1):
+def stats(decode=0, prefill=0, prefill_tokens=0, new=0, model_steps=1, seconds=0.01, running=3, waiting=1,
+          **speculative):
     return StepStats(step_id=0, num_seqs=decode + prefill, num_prefill_seqs=prefill, num_decode_seqs=decode,
                      num_prefill_tokens=prefill_tokens, num_decode_tokens=decode * model_steps,
                      num_batched_tokens=prefill_tokens + decode, token_budget_usage=0.5, num_preempted=0,
                      num_new_tokens=new, num_finished=0, num_running=running, num_waiting=waiting, kv_usage=0.25,
                      num_free_blocks=10, schedule_s=0.0, execute_s=seconds, update_s=0.0,
-                     num_model_steps=model_steps)
+                     num_model_steps=model_steps, **speculative)
 
 
 class Clock:
@@ -75,3 +76,13 @@ def test_engine_loop_logs_a_line_when_it_goes_idle(caplog):
     assert lines, "no statistics line when the engine went idle"
     assert sum(totals(line)["generated"] for line in lines[-1:]) == 15
     assert "now 0 running, 0 waiting" in lines[-1]
+
+
+def test_speculative_decoding_shows_its_acceptance_once_it_has_run():
+    report = StepReport(clock=lambda: 10.0)
+    report.add(stats(num_drafts=2, num_draft_tokens=8, num_accepted_tokens=6, accepted_per_position=(2, 2, 1, 1)))
+    report.add(stats(num_drafts=1, num_draft_tokens=4, num_accepted_tokens=1, accepted_per_position=(1,)))
+    assert report.totals.accepted_per_position == [3, 2, 1, 1]
+    line = report.line()
+    assert "3 drafts, 7 of 12 proposed tokens accepted (58.3%), mean accepted length 3.33" in line
+    assert totals(line)["accepted_tokens"] == 7

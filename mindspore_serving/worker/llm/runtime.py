@@ -18,6 +18,7 @@ from mindspore_serving.llm.config import SchedulerConfig
 from mindspore_serving.llm.engine import LLMEngine
 from mindspore_serving.llm.engine_loop import EngineLoop
 from mindspore_serving.llm.kv_budget import KvCacheCapacity
+from mindspore_serving.llm.step_report import StepCounters
 from mindspore_serving.spec.llm_config import LlmServingConfig, load_serving_config
 from mindspore_serving.llm.instance_params import prompt_of, sampling_params_of
 from mindspore_serving.llm.sampling_params import SamplingParams
@@ -51,7 +52,8 @@ class LlmRuntime:
         self._closing = threading.Event()
         self._restarts = RestartBudget(MAX_AGENT_RESTARTS, AGENT_RESTART_WINDOW)
         self._restarting: str = ""  # why the agents are restarting, while they are
-        self._retired = {"preempted": 0, "queries": 0, "hits": 0}  # counts of engine loops replaced
+        self._retired = {"queries": 0, "hits": 0}  # counts of engine loops replaced
+        self._retired_steps = StepCounters()
         self.kv_cache: Optional[KvCacheCapacity] = None  # what the agents' KV cache holds, once attached
         self.tokenizer = TextTokenizer.from_file(self.config.model.tokenizer)
         self.generation_defaults = self.config.model.generation_defaults
@@ -67,7 +69,7 @@ class LlmRuntime:
     def _new_loop(self) -> EngineLoop:
         if self.loop is not None:  # counters go on across agent restarts
             core = self.loop.engine.core
-            self._retired["preempted"] += self.loop.report.totals.preempted
+            self._retired_steps.absorb(self.loop.report.totals)
             self._retired["queries"] += core.scheduler.block_manager.prefix_cache_queries
             self._retired["hits"] += core.scheduler.block_manager.prefix_cache_hits
         scheduler = self._scheduler_config()
@@ -185,16 +187,29 @@ class LlmRuntime:
         scheduler = loop.engine.core.scheduler
         blocks = scheduler.block_manager
         total = blocks.num_usable_blocks
+        steps = StepCounters()
+        steps.absorb(self._retired_steps)
+        steps.absorb(loop.report.totals)
         values = {
             "num_requests_running": scheduler.num_running, "num_requests_waiting": scheduler.num_waiting,
             "kv_cache_usage_perc": blocks.usage, "kv_cache_blocks_used": total - blocks.num_free_blocks,
             "kv_cache_blocks_total": total, "kv_cache_tokens_total": total * blocks.block_size,
-            "num_preemptions": self._retired["preempted"] + loop.report.totals.preempted,
+            "num_preemptions": steps.preempted,
             "prefix_cache_queries": self._retired["queries"] + blocks.prefix_cache_queries,
             "prefix_cache_hits": self._retired["hits"] + blocks.prefix_cache_hits}
         if self.kv_cache is not None and self.kv_cache.block_bytes:
             values["kv_cache_memory_bytes"] = self.kv_cache.memory_bytes
-        return [m.sample(m.L + name, {}, value) for name, value in values.items()]
+        if self.config.engine.speculative is not None:
+            values.update(spec_decode_num_drafts=steps.drafts, spec_decode_num_draft_tokens=steps.draft_tokens,
+                          spec_decode_num_accepted_tokens=steps.accepted_tokens)
+        samples = [m.sample(m.L + name, {}, value) for name, value in values.items()]
+        if self.config.engine.speculative is not None:
+            per_position = steps.accepted_per_position
+            per_position = per_position + [0] * (self.config.engine.speculative.num_speculative_tokens
+                                                 - len(per_position))
+            samples += [m.sample(m.L + "spec_decode_num_accepted_tokens_per_pos", {"position": str(j)}, count)
+                        for j, count in enumerate(per_position)]
+        return samples
 
     def submit(self, prompt, params: SamplingParams, request_id: Optional[str] = None, sink=None, tag=None):
         return self.loop.submit(prompt, params, request_id, sink, tag)
