@@ -7,6 +7,7 @@ import yaml
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "config", "llama_tiny.yaml")
 TP2_CONFIG = os.path.join(ROOT, "config", "llama_tiny_tp2.yaml")
+SPEC_CONFIG = os.path.join(ROOT, "config", "llama_tiny_spec.yaml")
 
 
 def bundled_config(path=CONFIG):

@@ -267,6 +267,7 @@ class GraphRunner(MultiStepRunner, PromptScorer):
         self.spec_tokens = verify_lengths.pop() - 1 if verify_lengths else 0
         self.calls = 0  # graph calls so far (tests and metrics)
         self.mixed_calls = 0  # of which mixed decode + prefill calls
+        self.verify_calls = 0  # of which verify calls (speculative decoding)
         if warmup:
             for bucket in (list(self.decode_buckets.values()) + list(self.prefill_buckets.values())
                            + list(self.verify_buckets.values())):
@@ -434,6 +435,7 @@ class GraphRunner(MultiStepRunner, PromptScorer):
             bucket = self.verify_buckets[self.verify_batches[bisect.bisect_left(self.verify_batches, len(group))]]
             logits = bucket.run(group, self.state, self.block_size)
             self.calls += 1
+            self.verify_calls += 1
             for piece, row in zip(group, logits):
                 n = len(piece.tokens)
                 if piece.row in every:
