@@ -13,6 +13,12 @@ step time at batch 1, 8 and 16 through agents for both (and in-process TP=1 for 
 TP=N step (microbenchmark estimate), KV-cache bytes and agent RSS per rank:
 
     python bench/llm_engine.py --tensor_parallel 2 [--rounds 5] [--steps 20] [--out bench/results/llm_engine_tp.json]
+
+With --speculative (bench/llm/speculative.py) it measures n-gram speculative decoding against plain decoding on the
+graphs of config/llama_tiny_spec.yaml, alternated rounds: an "edit this passage" workload and the mixed one above, at
+batch 1 (tokens/s, TPOT) and at saturation (tokens/s), with the acceptance rate and mean accepted length:
+
+    python bench/llm_engine.py --speculative [--rounds 3] [--edit_requests 8] [--out bench/results/llm_engine_spec.json]
 """
 import argparse
 import bisect
@@ -35,6 +41,7 @@ from mindspore_serving.llm.step_report import StepCounters  # noqa: E402
 
 
 OUTPUT_TOKENS = (4, 160)
+DEFAULT_CONFIG = os.path.join(ROOT, "config", "llama_tiny.yaml")
 
 
 def bind_like_agent(config):
@@ -138,7 +145,7 @@ def limit_at(limit, runner, occupancy: float) -> float:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default=os.path.join(ROOT, "config", "llama_tiny.yaml"))
+    parser.add_argument("--config", default=DEFAULT_CONFIG)
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--steps", type=int, default=20, help="timed decode steps per round and bucket for the limit")
     parser.add_argument("--out", default=None,
@@ -150,10 +157,27 @@ def main():
                     help="compare TP=1 (--config) with TP=N (--tp_config) through agents instead of the engine run")
     tp.add_argument("--tp_config", default=None,
                     help="config of the TP=N servable (default for N=2: config/llama_tiny_tp2.yaml)")
-    tp.add_argument("--rounds", type=int, default=5, help="rounds of --steps decode steps per setup and batch")
+    tp.add_argument("--rounds", type=int, default=None,
+                    help="rounds of --steps decode steps per setup and batch (default 5); with --speculative, "
+                         "alternated rounds of both setups (default 3)")
     tp.add_argument("--context", type=int, default=64, help="prompt tokens prefilled before the decode steps")
     tp.add_argument("--allreduce_calls", type=int, default=200, help="timed calls per round of the AllReduce graph")
+    spec = parser.add_argument_group("speculative decoding (--speculative)")
+    spec.add_argument("--speculative", action="store_true",
+                      help="compare n-gram speculative decoding with plain decoding (--config default: "
+                           "config/llama_tiny_spec.yaml)")
+    spec.add_argument("--edit_requests", type=int, default=8,
+                      help="requests of the edit workload (and of the mixed workload's batch-1 runs)")
     args = parser.parse_args()
+    if args.speculative:
+        sys.path.insert(0, BENCH)
+        from llm.speculative import main_speculative  # bench/llm/speculative.py; loaded only for this mode
+        if args.config == DEFAULT_CONFIG:
+            args.config = os.path.join(ROOT, "config", "llama_tiny_spec.yaml")
+        args.rounds = args.rounds or 3
+        args.out = args.out or os.path.join(ROOT, "bench", "results", "llm_engine_spec.json")
+        return main_speculative(args, load_runner, bind_like_agent, workload)
+    args.rounds = args.rounds or 5
     if args.tensor_parallel != 1:
         return main_tensor_parallel(args)
     args.out = args.out or os.path.join(ROOT, "bench", "results", "llm_engine.json")
