@@ -60,9 +60,7 @@ class EngineCore:
                  sampler: Optional[Sampler] = None, clock: Callable[[], float] = time.monotonic,
                  timer: Callable[[], float] = time.perf_counter):
         scheduler_config.check_runner(model_runner)
-        if scheduler_config.speculative is not None and score_refusal(model_runner) is not None:
-            raise ValueError(f"speculative decoding verifies proposed tokens with every position's logits, which this "
-                             f"model runner cannot return: {score_refusal(model_runner)}")
+        _check_speculation(scheduler_config, model_runner)
         self.runner = model_runner
         self.config = scheduler_config
         self.scheduler = Scheduler(scheduler_config, clock)
@@ -148,3 +146,17 @@ class EngineCore:
         self.last_stats = stats
         for listener in self._listeners:
             listener(stats)
+
+
+def _check_speculation(config: SchedulerConfig, runner: ModelRunner) -> None:
+    """Speculative decoding needs every position's logits of the rows it verifies: a runner with verify graphs for
+    its proposals (`spec_tokens`), or one that returns them for any row (PromptScorer: slower, one call per row).
+    Raises ValueError otherwise."""
+    if config.speculative is None:
+        return
+    if getattr(runner, "spec_tokens", 0) >= config.speculative.num_speculative_tokens:
+        return
+    refusal = score_refusal(runner)
+    if refusal is not None:
+        raise ValueError(f"speculative decoding verifies proposed tokens with every position's logits, which this "
+                         f"model runner cannot return: {refusal}")

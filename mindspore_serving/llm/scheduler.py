@@ -589,9 +589,10 @@ class Scheduler:
 
 def _may_speculate(request: Request) -> bool:
     """Whether a decoding request may verify proposed tokens this step: it knows its last token (not a
-    placeholder of a step in flight) and has no grammar (whose masks are computed for one token ahead)."""
+    placeholder of a step in flight) and its grammar, if any, still accepts tokens."""
     return (request.num_output_tokens > 0 and request.output_token_ids[-1] != PLACEHOLDER
-            and request.grammar is None and not request.num_pending_choices and not _scoring(request))
+            and (request.grammar is None or request.grammar.error is None)
+            and not request.num_pending_choices and not _scoring(request))
 
 
 def _scoring(request: Request) -> bool:

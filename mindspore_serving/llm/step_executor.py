@@ -16,8 +16,8 @@ mixed step: the runner returns the greedy rows' tokens and only the other rows' 
 Without one, such a plan has the logits of all its rows returned and samples every row in the engine.
 
 Structured output: a plan with a row under a grammar samples in the engine. The grammar bitmasks of its rows are
-computed on llguidance's threads while the model computes the step (started right before the runner gets the plan)
-and handed to the sampler with the logits; after the step each grammar is fed its request's new token. A row whose
+computed on llguidance's threads while the model computes the step (started right before the runner gets the plan;
+a row verifying proposed tokens gets one per position) and handed to the sampler with the logits; after the step each grammar is fed its request's new token. A row whose
 grammar allows no token ends its request with reason "grammar" (request.error says why); a completed grammar allows
 only the end-of-sequence token, and ends its request with reason "stop" where that token cannot.
 
@@ -43,7 +43,7 @@ from mindspore_serving.llm.prompt_scores import record_prompt_scores
 from mindspore_serving.llm.request import FinishReason, RequestStatus
 from mindspore_serving.llm.sampler import Sampler
 from mindspore_serving.llm.scheduler import Scheduler, SchedulerOutput
-from mindspore_serving.llm.structured_output import BitmaskComputer
+from mindspore_serving.llm.structured_output import BitmaskComputer, StepMasks
 
 ARRIVAL_WINDOW_S = 1.0
 """Async scheduling: how recent the last arrival must be for a batch with room to run single steps."""
@@ -160,20 +160,22 @@ class StepExecutor:
         t1 = self._timer() if submitted.overlapped else submitted.submitted
         try:
             result = submitted.future.result()
+            masks = None if submitted.masks is None else submitted.masks.result()
+            draft_masks = {}
+            if isinstance(masks, StepMasks):
+                masks, draft_masks = masks.rows, masks.drafts
             if submitted.logits_rows is not None:
-                sampled = self._sample_mixed(plan, result, submitted.logits_rows,
-                                             None if submitted.masks is None else submitted.masks.result())
+                sampled = self._sample_mixed(plan, result, submitted.logits_rows, masks)
             elif greedy:
                 tokens, logprobs = self._check_steps(plan, num_steps, result)
             else:
                 logits, every = split_logits(result)
                 drafts = _draft_logits(plan, every)
                 logits = record_prompt_scores(plan.scheduled, StepLogits(logits, every), self.scheduler.requests)
-                sampled = self._sample(plan, logits, None if submitted.masks is None else submitted.masks.result(),
-                                       verified=drafts)
+                sampled = self._sample(plan, logits, masks, verified=drafts)
                 if drafts:
                     verify_counts = VerifyCounts()
-                    sampled.update(self._verify(plan, drafts, verify_counts))
+                    sampled.update(self._verify(plan, drafts, verify_counts, draft_masks))
         except Exception as err:  # pylint: disable=broad-except
             if submitted.masks is not None:
                 wait([submitted.masks])  # its grammar states are not to be fed while it reads them
@@ -247,9 +249,11 @@ class StepExecutor:
             sampled[rows[k]].forks[requests[k].request_id] = _Sampled(result.token_ids[k], result.logprobs[k], tops[k])
         return sampled
 
-    def _verify(self, plan: SchedulerOutput, drafts: Dict[int, np.ndarray], counts: VerifyCounts) -> Dict[int, _Sampled]:
-        """The tokens of the rows that verified a draft (`drafts`: row -> the logits of each of its positions):
-        the accepted prefix of the draft and the model's own token after it (Sampler.verify)."""
+    def _verify(self, plan: SchedulerOutput, drafts: Dict[int, np.ndarray], counts: VerifyCounts,
+                masks: Dict[int, np.ndarray]) -> Dict[int, _Sampled]:
+        """The tokens of the rows that verified a draft (`drafts`: row -> the logits of each of its positions;
+        `masks`: row -> its grammar's mask at each position): the accepted prefix of the draft and the model's own
+        token after it (Sampler.verify)."""
         live = self.scheduler.requests
         sampled = {}
         for i, values in drafts.items():
@@ -257,7 +261,7 @@ class StepExecutor:
             request = live.get(row.request_id)
             if request is None:
                 continue
-            result = self.sampler.verify(values, request, row.draft)
+            result = self.sampler.verify(values, request, row.draft, masks.get(i))
             tops = result.top_logprobs or [[] for _ in result.token_ids]
             tokens = [_Sampled(t, lp, top) for t, lp, top in zip(result.token_ids, result.logprobs, tops)]
             accepted = 0
@@ -310,18 +314,20 @@ class StepExecutor:
         """Starts computing the grammar bitmasks of the plan's rows (None: no row has a grammar); called right
         before the runner gets the plan, so that they are computed while the model computes the step."""
         live = self.scheduler.requests
-        rows = []
-        for row in plan.scheduled:
+        rows, drafts = [], {}
+        for i, row in enumerate(plan.scheduled):
             request = live.get(row.request_id)
             grammar = request.grammar if request is not None and row.samples else None
             if grammar is not None:
                 grammar.advance(request.output_token_ids)  # tokens it got outside this executor (a fork's first)
+                if row.draft:  # masked at each position it verifies, not as one row
+                    drafts[i], grammar = (grammar, row.draft), None
             rows.append(grammar)
-        if all(grammar is None for grammar in rows):
+        if all(grammar is None for grammar in rows) and not drafts:
             return None
         if self._masker is None:
             self._masker = BitmaskComputer(self.runner.vocab_size)
-        return self._masker.start(rows)
+        return self._masker.start(rows, drafts)
 
     def _end_rows_without_token(self, plan: SchedulerOutput, sampled: Dict[int, _Sampled]) -> List[EngineCoreOutput]:
         """Ends the requests whose row allowed no token (the sampler's -1), before the tokens are recorded: reason

@@ -7,7 +7,8 @@
 * `GrammarState`, one per request (`Request.grammar`): its matcher, fed each output token of the request exactly
   once (a preempted request recomputes its tokens, but its grammar state is not fed them again).
 * `BitmaskComputer`: the allowed-token bitmasks of a step's rows, computed on llguidance's threads (they release
-  the GIL) while the model computes that step; the sampler applies them to the logits.
+  the GIL) while the model computes that step; the sampler applies them to the logits. A row verifying proposed
+  tokens (speculative decoding) gets a mask per position, each as if the proposed tokens before it were generated.
 
 A bitmask row is int32 [ceil(vocab / 32)]: bit j of word w allows token 32 * w + j; an unconstrained row is all
 ones (-1). Once the grammar is complete the mask allows only the end-of-sequence tokens, so the request ends
@@ -18,12 +19,12 @@ import os
 import re
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import FrozenSet, Iterable, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, Iterable, NamedTuple, Optional, Sequence, Tuple
 
 import llguidance
 import numpy as np
 from llguidance.gbnf_to_lark import gbnf_to_lark, is_lark_syntax
-from llguidance.numpy import fill_next_token_bitmask_par
+from llguidance.numpy import fill_next_token_bitmask_par, fill_next_token_bitmask_par_with_draft_tokens
 
 from mindspore_serving.llm.errors import InvalidRequestError
 from mindspore_serving.llm.sampling_params import StructuredOutput
@@ -208,9 +209,15 @@ class BitmaskComputer:
         self._executor = llguidance.LLExecutor(num_threads or default_mask_threads())
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-masks")
 
-    def start(self, rows: Sequence[Optional[GrammarState]]) -> Future:
+    def start(self, rows: Sequence[Optional[GrammarState]],
+              drafts: Optional[Dict[int, Tuple[GrammarState, Sequence[int]]]] = None) -> Future:
         """A future of the int32 [len(rows), width] bitmasks of `rows`: None is an unconstrained row (all -1), a
-        state with an error allows nothing (all 0). The states must not be fed tokens until it is done."""
+        state with an error allows nothing (all 0). The states must not be fed tokens until it is done.
+        With `drafts` (row -> (state, proposed tokens): rows verifying a draft, speculative decoding), the future's
+        result is a `StepMasks` whose `drafts[row]` holds that row's masks at each of its 1 + len(draft) positions,
+        as if the draft before each had been generated (the state is left as it was)."""
+        if drafts:
+            return self._pool.submit(self._fill_step, len(rows), self._split(rows), drafts)
         return self._pool.submit(self._fill, len(rows), *self._split(rows))
 
     def compute(self, rows: Sequence[Optional[GrammarState]]) -> np.ndarray:
@@ -230,8 +237,34 @@ class BitmaskComputer:
         bitmask[dead] = 0
         return bitmask
 
+    def _fill_step(self, num_rows: int, split, drafts: Dict[int, Tuple[GrammarState, Sequence[int]]]) -> "StepMasks":
+        positions = {row: 1 + len(draft) for row, (_, draft) in drafts.items()}
+        offsets, total = {}, 0
+        for row, count in positions.items():
+            offsets[row], total = total, total + count
+        bitmask = np.full((max(total, 1), self.width), -1, dtype=np.int32)
+        live = [(state.matcher, offsets[row], [int(t) for t in draft])
+                for row, (state, draft) in drafts.items() if state.error is None]
+        if live:
+            # past a proposed token the grammar refuses, the masks are left allowing all: never read, as the
+            # refused token cannot be accepted
+            fill_next_token_bitmask_par_with_draft_tokens(self._executor, live, bitmask)
+        for row, (state, _) in drafts.items():
+            if state.error is not None:
+                bitmask[offsets[row]:offsets[row] + positions[row]] = 0
+        return StepMasks(self._fill(num_rows, *split),
+                         {row: bitmask[offsets[row]:offsets[row] + positions[row]] for row in drafts})
+
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+class StepMasks(NamedTuple):
+    """The masks of a step with rows verifying drafts (BitmaskComputer.start with drafts)."""
+    rows: np.ndarray
+    """int32 [rows, width]: one per row of the step (what `start` gives without drafts)."""
+    drafts: Dict[int, np.ndarray]
+    """row -> int32 [1 + len(draft), width]: a verifying row's mask at each of its positions."""
 
 
 def allowed_tokens(bitmask_row: np.ndarray, vocab_size: int) -> np.ndarray:

@@ -3,6 +3,7 @@ verify graphs of 1 + 4 tokens): greedy output with n-gram speculation equals the
 without it, token for token and logprob for logprob, under continuous batching, prefix caching, preemption,
 multi-step rounds and async scheduling; stop strings, stop tokens and max_tokens cut where they would without it.
 """
+import json
 import os
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 
 from mindspore_serving.agent.testing import Ahead
 from mindspore_serving.llm import LLMEngine, SamplingParams, SchedulerConfig
+from mindspore_serving.llm.sampling_params import StructuredOutput
 from mindspore_serving.spec.llm_config import load_serving_config
 from llm_setup import ROOT, SPEC_CONFIG
 
@@ -120,3 +122,24 @@ def test_stop_strings_stop_tokens_and_max_tokens_cut_where_they_would_without_sp
     plain = run(None)
     assert sum(1 for _, _, reason in plain if reason.value == "stop") >= 2
     assert run(SPEC) == plain
+
+
+def test_structured_output_masks_apply_per_accepted_token(runner, tokenizer, alone):
+    """Greedy JSON under a schema: with speculation each position is masked as if the tokens before it were
+    generated, so the output equals the one without, and stays valid."""
+    schema = json.dumps({"type": "object", "properties": {"names": {"type": "array", "items": {"type": "string"}}},
+                         "required": ["names"]})
+    requests, _ = alone
+    params = SamplingParams(temperature=0.0, max_new_tokens=60, structured_output=StructuredOutput("json", schema))
+
+    def run(speculative):
+        engine = LLMEngine(runner, tokenizer, config_for(runner, speculative=speculative))
+        counts = np.zeros(2, np.int64)
+        engine.add_step_listener(lambda s: counts.__iadd__([s.num_drafts, s.num_accepted_tokens]))
+        outputs = engine.generate([prompt for prompt, _ in requests[:6]], params)
+        return [(o.token_ids, o.finish_reason) for o in outputs], counts
+
+    plain, _ = run(None)
+    speculated, (drafts, accepted) = run(SPEC)
+    assert speculated == plain
+    assert drafts > 0 and accepted > 0

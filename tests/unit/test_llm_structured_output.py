@@ -310,8 +310,8 @@ def test_the_masks_of_a_step_are_started_before_the_model_runs_it(tokenizer, mon
     started = []
     original = step_executor_module.BitmaskComputer.start
 
-    def start(self, rows):
-        future = original(self, rows)
+    def start(self, rows, drafts=None):
+        future = original(self, rows, drafts)
         started.append(future)
         return future
 
