@@ -1,10 +1,11 @@
 """The tiny LLaMA split over two tensor-parallel agents that form a MindSpore cluster (config/llama_tiny_tp2.yaml).
 
-Its logits equal the single-rank model's, its greedy outputs under continuous batching equal each request alone on
-one rank, and the group survives the loss of a rank: here rank 1 plays a second host (bound to 127.0.0.2, started
+Its logits equal the single-rank model's, its greedy outputs under continuous batching with n-gram speculative
+decoding (verified in the ranks' verify graphs) equal each request alone on one rank without it, and the group survives the loss of a rank: here rank 1 plays a second host (bound to 127.0.0.2, started
 by start_agent.py --rank_start 1, speaking mutual TLS with the worker, and MindSpore's cluster channel over its own
 TLS), is killed mid-stream, and both hosts start their ranks again.
 """
+import collections
 import socket
 import threading
 import time
@@ -13,6 +14,9 @@ import grpc
 import numpy as np
 import psutil
 import pytest
+import requests
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from mindspore_serving.client import Client
 from mindspore_serving.common.cluster_registration import MAX_RESTARTS
@@ -93,18 +97,28 @@ def test_tensor_parallel_logits_equal_the_single_rank_model_and_sigterm_stops_th
 
 @pytest.fixture(scope="module")
 def tp2_server(tmp_path_factory):
+    """The TP=2 servable with n-gram speculative decoding on (the ranks' verify graphs) in every step."""
     directory = tmp_path_factory.mktemp("tp2")
-    servables = write_servable(directory, tp2_config(directory), name="llama_tiny_tp2")
+    config = tp2_config(directory)
+    with open(config, encoding="utf-8") as stream:
+        data = yaml.safe_load(stream)
+    data["engine"]["speculative"] = {"num_speculative_tokens": 4, "prompt_lookup_max": 3}
+    with open(config, "w", encoding="utf-8") as stream:
+        yaml.safe_dump(data, stream)
+    servables = write_servable(directory, config, name="llama_tiny_tp2")
     proc, grpc_addr, rest_addr = start_server(directory, servables=("llama_tiny_tp2",),
                                               extra_args=["--servable_directory", servables])
     try:
-        yield grpc_addr
+        yield grpc_addr, rest_addr
     finally:
         proc.close()
 
 
 def test_concurrent_greedy_requests_on_two_ranks_equal_each_alone_on_one(tp2_server, tp1_config):
-    client = Client(tp2_server, "llama_tiny_tp2", "generate")
+    """With speculation on the two ranks (verify graphs with an all-reduce), the greedy tokens are those of each
+    request alone on one rank without it; the acceptance is scraped under vLLM's metric names."""
+    before = _spec_metrics(tp2_server[1])
+    client = Client(tp2_server[0], "llama_tiny_tp2", "generate")
     words = ["light", "waters", "firmament", "earth", "seed", "night", "day", "heaven"]
     requests = [(f"{PROMPT} {words[i % 8]}" + " and the" * (i % 3), 4 + (7 * i) % 29) for i in range(16)]
     futures = [client.infer_async({"prompt": prompt, "max_new_tokens": np.int32(n), "temperature": np.float32(0.0)})
@@ -114,6 +128,28 @@ def test_concurrent_greedy_requests_on_two_ranks_equal_each_alone_on_one(tp2_ser
         expected = offline_greedy(tp1_config, prompt, n)
         assert got["token_ids"].tolist() == expected.token_ids, prompt
         assert got["finish_reason"] == expected.finish_reason.value
+    after = _spec_metrics(tp2_server[1])
+    drafts, proposed, accepted = (after[name] - before[name] for name in ("drafts", "draft_tokens", "accepted_tokens"))
+    assert drafts > 0 and 0 < accepted <= proposed <= 4 * drafts
+    per_position = [after[("per_pos", str(j))] - before[("per_pos", str(j))] for j in range(4)]
+    assert sum(per_position) == accepted and per_position == sorted(per_position, reverse=True)
+
+
+def _spec_metrics(rest_addr: str) -> dict:
+    """The speculative decoding counters of the served model, from /metrics."""
+    reply = requests.get(f"http://{rest_addr}/metrics", timeout=10)
+    assert reply.status_code == 200
+    found = collections.Counter()
+    for family in text_string_to_metric_families(reply.text):
+        for sample in family.samples:
+            if sample.labels.get("model_name") != "llama_tiny_tp2":
+                continue
+            name = sample.name[len("mindspore_serving:spec_decode_num_"):]
+            if name in ("drafts_total", "draft_tokens_total", "accepted_tokens_total"):
+                found[name[:-len("_total")]] += sample.value
+            elif name == "accepted_tokens_per_pos_total":
+                found[("per_pos", sample.labels["position"])] += sample.value
+    return found
 
 
 def _ports_for_two_hosts():
