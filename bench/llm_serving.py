@@ -106,7 +106,9 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--engine", action="append", default=[], metavar="FIELD=VALUE",
                         help="override an engine field of the served config (a YAML value), e.g. "
-                             "--engine async_scheduling=false; repeatable")
+                             "--engine async_scheduling=false; repeatable. --engine "
+                             "speculative='{num_speculative_tokens: 4}' serves the graphs of "
+                             "config/llama_tiny_spec.yaml (with verify graphs)")
     parser.add_argument("--out", default=None, help=f"JSON path (default {os.path.relpath(DEFAULT_OUT, ROOT)}; "
                                                     f"--quick: {os.path.relpath(QUICK_OUT, ROOT)})")
     parser.add_argument("--profile", default="", metavar="DIR",

@@ -14,9 +14,12 @@ class LlmServer:
     """serving_server.py with the tiny LLM on free ports (agents started by the worker); stop() kills the tree."""
 
     def __init__(self, workdir: str, engine_overrides: dict, agents_overrides: Optional[dict] = None):
-        from llm_setup import write_config, write_servable  # tests/llm_setup.py
+        """`engine_overrides` naming `speculative` serve the graphs of config/llama_tiny_spec.yaml (they have the
+        verify graphs speculation needs), else those of config/llama_tiny.yaml."""
+        from llm_setup import SPEC_CONFIG, bundled_config, write_config, write_servable  # tests/llm_setup.py
         self.workdir = workdir
-        self.config = write_config(workdir, start_port=0, agents=agents_overrides, **engine_overrides)
+        data = bundled_config(SPEC_CONFIG) if "speculative" in engine_overrides else None
+        self.config = write_config(workdir, start_port=0, agents=agents_overrides, data=data, **engine_overrides)
         self.servables = write_servable(workdir, self.config)
         self.proc = None
         self.rest = ""

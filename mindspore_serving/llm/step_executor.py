@@ -16,10 +16,11 @@ mixed step: the runner returns the greedy rows' tokens and only the other rows' 
 Without one, such a plan has the logits of all its rows returned and samples every row in the engine.
 
 Structured output: a plan with a row under a grammar samples in the engine. The grammar bitmasks of its rows are
-computed on llguidance's threads while the model computes the step (started right before the runner gets the plan;
-a row verifying proposed tokens gets one per position) and handed to the sampler with the logits; after the step each grammar is fed its request's new token. A row whose
-grammar allows no token ends its request with reason "grammar" (request.error says why); a completed grammar allows
-only the end-of-sequence token, and ends its request with reason "stop" where that token cannot.
+computed on llguidance's threads while the model computes the step (started right before the runner gets the plan; a
+row verifying proposed tokens gets one per position) and handed to the sampler with the logits; after the step each
+grammar is fed its request's new token. A row whose grammar allows no token ends its request with reason "grammar"
+(request.error says why); a completed grammar allows only the end-of-sequence token, and ends its request with
+reason "stop" where that token cannot.
 
 A failing model step does not stop the engine: the requests of that step finish with reason "error" and every
 other request goes on. A runner that fails with a ServingError says what kind of failure it is (a lost agent is

@@ -1,10 +1,10 @@
 """The engine's periodic statistics line: what its steps did since the last report, and running totals.
 
-`StepReport` is fed every `StepStats` of the engine (from its loop thread) and renders one log line on demand:
-steps and model steps, generated and prompt tokens, the mean decode batch (per model step, as the engine
-benchmark counts it), preemptions, speculative decoding's acceptance (when it ran), the queue and the KV cache. The totals at the end let a reader diff two
-lines (a benchmark run, say) without the intervals lining up. Pure logic: the caller decides when to report
-(`EngineLoop`: every `stats_interval` seconds while busy, and each time the engine goes idle).
+`StepReport` is fed every `StepStats` of the engine (from its loop thread) and renders one log line on demand: steps
+and model steps, generated and prompt tokens, the mean decode batch (per model step, as the engine benchmark counts
+it), preemptions, speculative decoding's acceptance (when it ran), the queue and the KV cache. The totals at the end
+let a reader diff two lines (a benchmark run, say) without the intervals lining up. Pure logic: the caller decides
+when to report (`EngineLoop`: every `stats_interval` seconds while busy, and each time the engine goes idle).
 """
 import time
 from dataclasses import dataclass, field, fields

@@ -1,9 +1,10 @@
 """The tiny LLaMA split over two tensor-parallel agents that form a MindSpore cluster (config/llama_tiny_tp2.yaml).
 
 Its logits equal the single-rank model's, its greedy outputs under continuous batching with n-gram speculative
-decoding (verified in the ranks' verify graphs) equal each request alone on one rank without it, and the group survives the loss of a rank: here rank 1 plays a second host (bound to 127.0.0.2, started
-by start_agent.py --rank_start 1, speaking mutual TLS with the worker, and MindSpore's cluster channel over its own
-TLS), is killed mid-stream, and both hosts start their ranks again.
+decoding (verified in the ranks' verify graphs) equal each request alone on one rank without it, and the group
+survives the loss of a rank: here rank 1 plays a second host (bound to 127.0.0.2, started by start_agent.py
+--rank_start 1, speaking mutual TLS with the worker, and MindSpore's cluster channel over its own TLS), is killed
+mid-stream, and both hosts start their ranks again.
 """
 import collections
 import socket
