@@ -7,9 +7,10 @@ block_table[pos // block_size] * block_size + pos % block_size), attends over ev
 <= the token's own, and returns the logits of the last computed token of each sequence.
 
 A sequence may ask for the logits of every token it computes (`SeqStep.all_logits`: a prompt chunk whose prompt
-logprobs are wanted); `run` then returns a `StepLogits`, those beside the usual last-token logits. Only a
-runner that declares it (`PromptScorer`, `score_refusal()` None) gets such sequences, and never in a greedy
-round.
+logprobs are wanted, or a decode row verifying proposed tokens: its last token then the proposal, speculative
+decoding); `run` then returns a `StepLogits`, those beside the usual last-token logits. Only a runner that declares
+it (`PromptScorer`, `score_refusal()` None; or, for verifying rows, one whose `spec_tokens` covers the proposals:
+its verify graphs) gets such sequences, and never in a greedy round or a mixed step.
 
 Physical block 0 is reserved as a scratch block: padding writes there, and the block manager never
 hands it out.

@@ -14,7 +14,14 @@ Each step:
   2. If nothing was preempted, waiting requests join in FCFS order while the batching policy, the token
      budget, the prefill share, max_num_seqs and the free blocks allow. With chunked prefill a prompt that does
      not fit in what is left of the budget is cut, and the rest is computed in later steps.
-A request yields a new token only in the step that computes its last known token.
+  3. With speculative decoding (SchedulerConfig.speculative) and fewer running requests than its
+     disable_by_batch_size, each decode row that knows its last token may get proposed tokens
+     (llm/ngram_proposer.py), cut to what the budget, the free blocks, max_new_tokens and max_model_len leave (a
+     proposal never delays a prompt or preempts anyone): its SeqStep computes the last token and the proposal and
+     asks for every position's logits (`ScheduledSeq.draft`). `update_from_output` then takes the accepted prefix
+     of the proposal and one more token; the accepted ones count as computed, the keys and values of the rejected
+     ones are written again by later steps.
+A request yields new tokens only in the step that computes its last known token.
 
 A request scoring its prompt (SamplingParams.prompt_logprobs, llm/prompt_scores.py) computes all of it, whatever
 the prefix cache holds, and its prompt chunks ask the runner for every token's logits (SeqStep.all_logits). One with
