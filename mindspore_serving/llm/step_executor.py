@@ -453,6 +453,11 @@ class AsyncStepExecutor(StepExecutor):
         super().__init__(scheduler, runner, sampler, on_step, timer)
         self.num_scheduler_steps = num_scheduler_steps
         self._in_flight: Optional[_Submitted] = None
+        self._planned_ahead = 0
+        """Speculative decoding: steps planned ahead since proposals were last looked for (they need every row's
+        last token, so a step planned ahead proposes nothing)."""
+        self._proposed = True
+        """Speculative decoding: whether the last step planned with every row's tokens known had proposals."""
 
     @property
     def has_in_flight(self) -> bool:
@@ -466,12 +471,16 @@ class AsyncStepExecutor(StepExecutor):
         in_flight, self._in_flight = self._in_flight, None
         if in_flight is not None:
             self.scheduler.advance_in_flight(in_flight.plan, in_flight.num_steps)
-            # a request holding placeholders must not be preempted (it would recompute them), and proposes no tokens
-            # (its last ones are unknown): wait for them
-            if not self.scheduler.fits_without_preemption() or self.scheduler.speculating:
+            # a request holding placeholders must not be preempted (it would recompute them): wait for them; nor
+            # does it propose tokens (its last ones are unknown): wait for them every so many steps to look again
+            if not self.scheduler.fits_without_preemption() or self._look_for_proposals():
                 outputs += self._collect(in_flight)
                 in_flight = None
         plan = self.scheduler.schedule()
+        if in_flight is None:
+            self._planned_ahead, self._proposed = 0, any(row.draft for row in plan.scheduled)
+        else:
+            self._planned_ahead += 1
         if plan.is_empty:
             if in_flight is not None:
                 outputs += self._collect(in_flight)
@@ -496,6 +505,13 @@ class AsyncStepExecutor(StepExecutor):
             self._in_flight = None
             outputs += self._collect(submitted)
         return outputs
+
+    def _look_for_proposals(self) -> bool:
+        """Whether to collect the step in flight before planning the next one so that its rows may propose tokens
+        (speculative decoding): after a step whose rows were planned with their tokens known and proposed none,
+        the next `num_scheduler_steps` steps are planned ahead (text that does not repeat itself keeps the overlap);
+        otherwise, and every `num_scheduler_steps` steps, they wait."""
+        return self.scheduler.speculating and (self._proposed or self._planned_ahead >= self.num_scheduler_steps)
 
     def _round_length(self) -> int:
         """The next step is planned while this one runs, so a request arriving during a round would wait for the

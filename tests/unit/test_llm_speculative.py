@@ -110,6 +110,21 @@ def test_stops_penalties_and_min_tokens_apply_per_accepted_token():
     assert any(o.finish_reason.value == "stop" for o in plain) or params.max_new_tokens == 7
 
 
+def test_async_steps_are_planned_ahead_while_the_text_proposes_nothing():
+    """Text without recurring 3-grams: after a step that found no proposal the next ones are planned ahead (async
+    scheduling's overlap), with a look for proposals every num_scheduler_steps steps."""
+    token_prompts = prompts(4, seed=5, shared=0)
+    params = SamplingParams(max_new_tokens=30, temperature=0, ignore_eos=True)
+    plain, _ = generate(engine(AheadRunner(num_blocks=64)), token_prompts, params)
+    runner = AheadRunner(num_blocks=64)  # hash-derived logits: the output does not repeat itself
+    speculative = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=3)
+    got, _ = generate(engine(runner, speculative, num_scheduler_steps=4, async_scheduling=True), token_prompts,
+                      params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in plain]
+    submissions = runner.deferred.submissions
+    assert sum(1 for *_, in_flight in submissions if in_flight) > len(submissions) / 2
+
+
 def test_a_batch_at_disable_by_batch_size_decodes_without_proposals():
     runner = EchoingRunner(num_blocks=64)
     eng = engine(runner, SpeculativeConfig(num_speculative_tokens=3, disable_by_batch_size=4))
