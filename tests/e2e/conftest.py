@@ -1,7 +1,7 @@
 """Servers shared by the end-to-end modules whose tests only read from them."""
 import pytest
 
-from llm_setup import write_config, write_servable
+from llm_setup import SPEC_CONFIG, write_config, write_servable
 from serving_process import start_server
 
 
@@ -18,3 +18,13 @@ def llm_server(tmp_path_factory):
         yield proc, grpc_addr, rest_addr, config
     finally:
         proc.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_runner():
+    """The bundled tiny LLaMA's graphs in this process (GraphRunner, 256 KV blocks, warmed up): those of
+    llama_tiny_spec, llama_tiny's with the verify graphs. Shared by the modules that drive the engine on the real
+    graphs; each engine allocates its own blocks, and what they count of the runner they count as differences."""
+    from mindspore_serving.agent.graph_runner import GraphRunner  # lazy: MindSpore only where a model runs
+    from mindspore_serving.spec.llm_config import load_serving_config  # lazy: as above
+    return GraphRunner(load_serving_config(SPEC_CONFIG).model.graphs[0], num_blocks=256)

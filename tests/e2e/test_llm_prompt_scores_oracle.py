@@ -21,9 +21,8 @@ GREEDY = {"temperature": 0.0, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
-def runner():
-    from mindspore_serving.agent.graph_runner import GraphRunner  # lazy: MindSpore only where a model runs
-    return GraphRunner(load_serving_config(CONFIG).model.graphs[0], num_blocks=128)
+def runner(tiny_runner):
+    return tiny_runner
 
 
 @pytest.fixture(scope="module")

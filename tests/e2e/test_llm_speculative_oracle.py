@@ -25,9 +25,8 @@ def serving_config():
 
 
 @pytest.fixture(scope="module")
-def runner(serving_config):
-    from mindspore_serving.agent.graph_runner import GraphRunner
-    return GraphRunner(serving_config.model.graphs[0], num_blocks=256)
+def runner(tiny_runner):
+    return tiny_runner
 
 
 @pytest.fixture(scope="module")

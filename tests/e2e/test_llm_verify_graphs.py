@@ -3,16 +3,11 @@ GraphRunner: a verified row gets the logits of every position it computes, equal
 prefill graph's for the same tokens, and a step of verified rows and one-token decode rows is one graph call whose
 decode rows get the decode graph's logits. Rows past the largest verify bucket, and steps that also prefill, still
 get every row's logits right.
-
-The graphs are loaded without warm-up: each test compiles only the buckets it calls.
 """
-import os
-
 import numpy as np
 import pytest
 
-from llm_setup import ROOT
-from mindspore_serving.agent.graph_runner import GraphRunner
+from llm_setup import CONFIG, SPEC_CONFIG
 from mindspore_serving.agent.process import AgentServicer
 from mindspore_serving.llm.model_io import SeqStep, StepLogits
 from mindspore_serving.models.llama.export import graph_specs, reusable_graphs
@@ -20,7 +15,6 @@ from mindspore_serving.models.llama.manifest import read_manifest
 from mindspore_serving.spec.llm_config import load_serving_config
 
 ATOL = 1e-4
-SPEC_CONFIG = os.path.join(ROOT, "config", "llama_tiny_spec.yaml")
 K = 4  # the servable's export.spec_tokens
 BLOCK = 16
 
@@ -31,8 +25,8 @@ def config():
 
 
 @pytest.fixture(scope="module")
-def runner(config):
-    return GraphRunner(config.model.graphs[0], num_blocks=96, warmup=False)
+def runner(tiny_runner):
+    return tiny_runner
 
 
 def tokens(seed, n, vocab=2048):
@@ -63,7 +57,7 @@ def test_the_export_has_one_verify_graph_per_decode_batch_and_reuses_llama_tiny(
     assert verify == sorted(f"verify_b{b}_l{K + 1}.mindir" for b in batches)
     assert verify == sorted(s.file for s in graph_specs(config.model_file()) if s.phase == "verify")
     # llama_tiny's export has every other graph of it: the spec export compiles only the verify graphs
-    base = load_serving_config(os.path.join(ROOT, "config", "llama_tiny.yaml")).model.graphs[0]
+    base = load_serving_config(CONFIG).model.graphs[0]
     reused = reusable_graphs(config.model_file(), base, config.model.checkpoint)
     assert sorted(reused) == sorted(g["file"] for g in manifest["graphs"] if g["phase"] != "verify")
     assert reusable_graphs(config.model_file(), base, "random(seed=0)") is None
