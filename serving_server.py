@@ -6,12 +6,14 @@
                              [--api_key KEY | --api_key_file PATH]
                              [--model_control none|explicit|poll [--version_policy latest:1] [--poll_interval 0.5]]
     python serving_server.py --model <hf_dir> [--served_model_name NAME] [--tensor_parallel N] [--max_model_len L]
-                             [--kv_cache_memory 2GiB] [--model_cache DIR] [--prepare_only] [...]
+                             [--kv_cache_memory 2GiB] [--model_cache DIR] [--prepare_only]
+                             [--speculative_config '{"method": "ngram", "num_speculative_tokens": 4}'] [...]
 
 --model (repeatable) serves a LLaMA, Mistral, Qwen2 or Qwen3 directory of Hugging Face's layout under NAME (default:
 the directory's name) on every LLM API. Its graphs are exported into --model_cache when missing there (a line per
 graph), keyed by the checkpoint's content and the export settings; the LLM configuration served from is written
-beside them, and its path printed (README, "Serving your own model").
+beside them, and its path printed (README, "Serving your own model"). --speculative_config turns on n-gram
+speculative decoding as vLLM's flag does (its verify graphs are exported too).
 
 Ctrl-C or SIGTERM stops both front ends at once (new requests are refused), gives requests in flight --grace
 seconds to finish, answers those still running with an unavailable error, then ends every worker.
@@ -159,6 +161,11 @@ def _add_model_arguments(parser):
     group.add_argument("--prefill_len_buckets", default=None, metavar="L1,L2,...",
                        help="prompt lengths of the prefill graphs (default 16, 32, ... up to max_model_len, at "
                             "most 512; longer prompts are computed in chunks)")
+    group.add_argument("--speculative_config", action="append", default=[], metavar="JSON",
+                       help="n-gram speculative decoding (vLLM's flag): a JSON object of SpeculativeConfig fields, "
+                            "e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"prompt_lookup_max\": "
+                            "4}'; verify graphs of num_speculative_tokens proposed tokens are exported too. Once for "
+                            "every --model, or once per --model in their order (null: none); default: off")
     group.add_argument("--prepare_only", action="store_true",
                        help="export the graphs and write the configurations of --model, then exit")
 
@@ -166,15 +173,15 @@ def _add_model_arguments(parser):
 def _prepare_models(parser, args):
     """Exports (when missing) and configures every --model; returns their (servable directory, name) pairs."""
     if not args.model:
-        if args.prepare_only or args.served_model_name:
-            parser.error("--prepare_only and --served_model_name go with --model")
+        if args.prepare_only or args.served_model_name or args.speculative_config:
+            parser.error("--prepare_only, --served_model_name and --speculative_config go with --model")
         return []
     if args.served_model_name and len(args.served_model_name) != len(args.model):
         parser.error(f"--served_model_name is given {len(args.served_model_name)} time(s) for {len(args.model)} "
                      f"--model: give one name per model, or none")
     if args.model_control == "poll":
         parser.error("--model serves with --model_control none or explicit, not poll")
-    from mindspore_serving.spec.hf_serving import BUCKET_FIELDS, HfModelError, HfModelSettings
+    from mindspore_serving.spec.hf_serving import BUCKET_FIELDS, HfModelError, HfModelSettings, speculative_per_model
     from mindspore_serving.worker.llm import hf_model
     buckets = {}
     for field in BUCKET_FIELDS:
@@ -189,12 +196,16 @@ def _prepare_models(parser, args):
     if not agent_ids and ids != (0,):
         parser.error(f"--device_ids {args.device_ids} with --model: give one device id per rank "
                      f"(--tensor_parallel {args.tensor_parallel})")
+    try:
+        speculative = speculative_per_model(args.speculative_config, len(args.model))
+    except HfModelError as err:
+        parser.error(f"--{err}")
     models = []
     for index, model_dir in enumerate(args.model):
         name = args.served_model_name[index] if args.served_model_name else None
         try:
             models.append(HfModelSettings.create(
-                os.path.abspath(model_dir), name, os.path.abspath(args.model_cache), buckets,
+                os.path.abspath(model_dir), name, os.path.abspath(args.model_cache), buckets, speculative[index],
                 tensor_parallel=args.tensor_parallel, max_model_len=args.max_model_len,
                 kv_cache_memory=args.kv_cache_memory, device_type=args.device_type, device_ids=agent_ids))
         except HfModelError as err:

@@ -11,7 +11,9 @@ those graphs in the model cache, and the LLM configuration served from them. No 
 The graphs: block size 16; decode batches 1, 2, 4, 8, 16; prefill batch 1; prefill lengths 16, 32, ...
 up to max_model_len, at most 128 (longer prompts are computed in chunks of the largest); no mixed graphs; one score
 graph (prompt logprobs) of the longest prefill length. Each of those three lists can be given instead. The graphs
-hold max_model_len rounded up to the block size.
+hold max_model_len rounded up to the block size. With speculative decoding (`speculative_config`, vLLM's JSON
+object of SpeculativeConfig fields) verify graphs of num_speculative_tokens proposed tokens too, one per decode batch,
+and llm.yaml's engine.speculative.
 """
 import dataclasses
 import hashlib
@@ -19,8 +21,9 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
+from mindspore_serving.llm.config import SpeculativeConfig
 from mindspore_serving.llm.kv_budget import CacheGeometry, KvBudgetError, min_blocks, parse_size
 from mindspore_serving.models.llama.config import ExportConfig, LlamaConfig, ModelFile
 from mindspore_serving.models.llama.config import check_tensor_parallel as check_sharding
@@ -92,6 +95,9 @@ class HfModelSettings:
     """The agents' device (None: the best available); the graphs are exported on it (None: CPU)."""
     device_ids: Tuple[int, ...] = ()
     """The agents' device ids, one per rank (empty: 0 .. tensor_parallel - 1)."""
+    speculative: Optional[SpeculativeConfig] = None
+    """n-gram speculative decoding (engine.speculative), with verify graphs of its num_speculative_tokens; None:
+    off."""
 
     def __post_init__(self):
         if not isinstance(self.model_dir, str) or not self.model_dir:
@@ -119,18 +125,59 @@ class HfModelSettings:
         if self.device_ids and len(self.device_ids) != self.tensor_parallel:
             raise HfModelError(f"{len(self.device_ids)} device id(s) {list(self.device_ids)} for tensor_parallel="
                                f"{self.tensor_parallel}: give one device id per rank")
+        if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
+            raise HfModelError(f"speculative must be a SpeculativeConfig or None, got {self.speculative!r}")
 
     @classmethod
     def create(cls, model_dir: str, served_model_name: Optional[str] = None, model_cache: str = "model_cache",
-               buckets: Optional[Mapping[str, Any]] = None, **settings) -> "HfModelSettings":
+               buckets: Optional[Mapping[str, Any]] = None, speculative_config=None, **settings) -> "HfModelSettings":
         """Settings from a user's values: paths as given (the caller makes them absolute), `buckets` a mapping of
-        BUCKET_FIELDS to lists, the name defaulting to the directory's (`default_served_name`)."""
+        BUCKET_FIELDS to lists, the name defaulting to the directory's (`default_served_name`), `speculative_config`
+        as `parse_speculative_config` takes it."""
         if buckets is not None and not isinstance(buckets, Mapping):
             raise HfModelError(f"buckets must map {list(BUCKET_FIELDS)} to lists of sizes, got {buckets!r}")
         pairs = tuple((name, tuple(sizes) if isinstance(sizes, (list, tuple)) else sizes)
                       for name, sizes in (buckets or {}).items())
         return cls(model_dir=model_dir, served_model_name=served_model_name or default_served_name(model_dir),
-                   model_cache=model_cache, buckets=pairs, **settings)
+                   model_cache=model_cache, buckets=pairs, speculative=parse_speculative_config(speculative_config),
+                   **settings)
+
+
+SPECULATIVE_EXAMPLE = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}'
+
+
+def parse_speculative_config(value: Union[None, str, Mapping[str, Any], SpeculativeConfig]
+                             ) -> Optional[SpeculativeConfig]:
+    """The speculative decoding asked for, as vLLM's `--speculative_config` takes it: a JSON object of
+    SpeculativeConfig fields (text, or the mapping it reads as), a SpeculativeConfig, or None / JSON null (off).
+    HfModelError, saying what is wrong, for text that is not JSON, anything but an object, an unknown field or a
+    bad value."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as err:
+            raise HfModelError(f"speculative_config {value!r} is not JSON ({err}); give an object of "
+                               f"SpeculativeConfig fields, e.g. {SPECULATIVE_EXAMPLE}") from None
+    if value is None or isinstance(value, SpeculativeConfig):
+        return value
+    if not isinstance(value, Mapping):
+        raise HfModelError(f"speculative_config must be an object of SpeculativeConfig fields (or null: off), got "
+                           f"{value!r}; e.g. {SPECULATIVE_EXAMPLE}")
+    try:
+        return SpeculativeConfig.of(value)
+    except ValueError as err:
+        raise HfModelError(f"speculative_config: {err}") from None
+
+
+def speculative_per_model(values: Sequence[str], models: int) -> Tuple[Optional[SpeculativeConfig], ...]:
+    """The speculative decoding of each of `models` served models from the texts given (serving_server.py's
+    repeatable --speculative_config): none, off for all; one, for all; one per model, in their order ("null": off
+    for that one)."""
+    if len(values) not in (0, 1, models):
+        raise HfModelError(f"speculative_config is given {len(values)} time(s) for {models} model(s): give one "
+                           f"(every model), one per model in their order (null: none), or none")
+    configs = tuple(parse_speculative_config(value) for value in values)
+    return configs * models if len(configs) == 1 else configs or (None,) * models
 
 
 def served_max_model_len(settings: HfModelSettings, max_position_embeddings: Optional[int]) -> int:
@@ -182,7 +229,10 @@ def export_model_file(settings: HfModelSettings, cfg: LlamaConfig, max_model_len
         # one score graph (prompt logprobs), of the longest prefill length: a graph per prefill length would
         # add half the export time; shorter prompts are padded to it, longer ones scored in chunks of it
         score = (max(buckets["prefill_len_buckets"]),)
-        return ModelFile(model, ExportConfig(block_size=BLOCK_SIZE, score_len_buckets=score, **buckets))
+        # verify graphs (one per decode batch) only with speculation: without, the export and its key are unchanged
+        spec_tokens = settings.speculative.num_speculative_tokens if settings.speculative else 0
+        return ModelFile(model, ExportConfig(block_size=BLOCK_SIZE, score_len_buckets=score, spec_tokens=spec_tokens,
+                                             **buckets))
     except ValueError as err:
         raise HfModelError(str(err)) from None
 
@@ -208,9 +258,11 @@ def check_kv_cache_memory(settings: HfModelSettings, model_file: ModelFile, max_
 
 def cache_key(file_digests: Mapping[str, str], model_file: ModelFile, tp: int) -> str:
     """Hex key of the graphs: the content of the directory's files (name -> sha256), the network and buckets
-    (max_seq_len and block size included), the tensor parallelism and the exporter's manifest format (graphs of
-another format are exported again). The served name, the
-    engine and the agents are not in it: they are read from llm.yaml at every start."""
+    (max_seq_len, block size and the verify graphs' spec_tokens included: ModelFile.to_dict writes spec_tokens only
+    when set, so the key of a model served without speculation is the one it had before verify graphs existed), the
+    tensor parallelism and the exporter's manifest format (graphs of another format are exported again). The served
+    name, the engine (the other speculative settings too) and the agents are not in it: they are read from llm.yaml
+    at every start."""
     data = {"format": MANIFEST_VERSION, "files": dict(sorted(file_digests.items())), "model_file": model_file.to_dict(),
             "tensor_parallel": tp}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
@@ -235,7 +287,8 @@ def llm_config(settings: HfModelSettings, model_file: ModelFile, max_model_len: 
     """The LLM configuration (the YAML's content, README "LLM configuration") of the exported graphs; paths of
     the cache directory relative to it, `tokenizer` and `generation_config` as given. The chat template is the
     model's own (next to the tokenizer). The engine runs as the bundled model's does: continuous batching, prefix
-    caching, chunked prefill, rounds of 4 greedy steps, async scheduling."""
+    caching, chunked prefill, rounds of 4 greedy steps, async scheduling; speculative decoding as
+    settings.speculative says."""
     ex = model_file.export
     max_num_seqs = ex.decode_batch_buckets[-1]
     model = {"config": MODEL_CONFIG_FILE, "graphs": list(rank_dirs(settings.tensor_parallel)),
@@ -251,6 +304,8 @@ def llm_config(settings: HfModelSettings, model_file: ModelFile, max_model_len: 
         engine["num_blocks"] = default_num_blocks(max_model_len)
     engine.update({"enable_prefix_caching": True, "enable_chunked_prefill": True, "num_scheduler_steps": 4,
                    "async_scheduling": True, "max_queue_size": 256, "request_timeout": 0})
+    if settings.speculative is not None:
+        engine["speculative"] = dataclasses.asdict(settings.speculative)
     agents = {"device_type": settings.device_type,
               "device_ids": list(settings.device_ids or range(settings.tensor_parallel)),
               "host": "127.0.0.1", "start_port": 0, "cpu_affinity": "auto"}

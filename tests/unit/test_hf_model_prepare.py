@@ -1,11 +1,14 @@
 """Serving a Hugging Face directory: the settings, buckets and key (spec/hf_serving.py), and the model cache and its
 refusals (worker/llm/hf_model.py) with the exporting process replaced by one that writes the manifests only.
+Speculative decoding (--speculative_config, declare_llm's speculative_config): parsed and refused as vLLM's JSON
+object, it adds verify graphs (in the key) and engine.speculative, and leaves the key of a model without it as it was.
 
 A directory is exported once per key: the same checkpoint and settings are served from the first export, a changed
 weights byte or export setting exports again, an interrupted export (no marker) exports again. A missing file, a bad
 checkpoint, heads that tensor parallelism does not divide and a KV budget too small for one sequence are refused
 before anything is exported. tests/e2e/test_hf_serving.py serves the fixtures for real.
 """
+import dataclasses
 import json
 import os
 import shutil
@@ -13,6 +16,8 @@ import shutil
 import pytest
 import yaml
 
+from mindspore_serving.llm.config import SpeculativeConfig
+from mindspore_serving.models.llama.config import LlamaConfig
 from mindspore_serving.server import register
 from mindspore_serving.spec import hf_serving as plan
 from mindspore_serving.spec.hf_serving import HfModelError, HfModelSettings
@@ -37,7 +42,8 @@ def exports(monkeypatch):
         for rank in range(tp):
             os.makedirs(os.path.join(args["out"], f"rank_{rank}"))
             manifest = {"block_size": 16, "cache": {"num_layers": m["num_layers"], "num_kv_heads": m["num_kv_heads"]
-                                                    // tp, "head_dim": m.get("head_dim", 16)}}
+                                                    // tp, "head_dim": m.get("head_dim", 16)},
+                        "spec_tokens": model_file["export"].get("spec_tokens", 0)}
             with open(os.path.join(args["out"], f"rank_{rank}", "manifest.json"), "w", encoding="utf-8") as f:
                 json.dump(manifest, f)
         runs.append(args)
@@ -82,6 +88,74 @@ def test_names_lengths_and_buckets():
 def test_bad_settings_are_named(values, message):
     with pytest.raises(HfModelError, match=message):
         settings("/m/llama", "/c", **values)
+
+
+def test_speculative_config_is_vllms_json_object():
+    spec = SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_max=3)
+    assert plan.parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}') \
+        == spec == plan.parse_speculative_config({"num_speculative_tokens": 3, "prompt_lookup_max": 3})
+    assert plan.parse_speculative_config("null") is None and plan.parse_speculative_config(None) is None
+    assert plan.speculative_per_model([], 2) == (None, None)
+    assert plan.speculative_per_model(['{"num_speculative_tokens": 3, "prompt_lookup_max": 3}'], 2) == (spec, spec)
+    assert plan.speculative_per_model(["null", '{"num_speculative_tokens": 3, "prompt_lookup_max": 3}'], 2) == (
+        None, spec)
+    with pytest.raises(HfModelError, match=r"speculative_config is given 2 time\(s\) for 3 model\(s\)"):
+        plan.speculative_per_model(["null", "null"], 3)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"method": "ngram",', r"speculative_config '\{\"method\": \"ngram\",' is not JSON \(Expecting"),
+    ("[4]", r"must be an object of SpeculativeConfig fields \(or null: off\), got \[4\]"),
+    ('{"method": "ngram", "model": "draft"}', r"unknown SpeculativeConfig fields \['model'\]; known: "
+                                             r"\['disable_by_batch_size', 'method'"),
+    ('{"method": "eagle"}', r"SpeculativeConfig.method must be one of \('ngram',\), got 'eagle'"),
+    ('{"num_speculative_tokens": 0}', "SpeculativeConfig.num_speculative_tokens must be >= 1, got 0"),
+    ('{"prompt_lookup_min": 3, "prompt_lookup_max": 2}', "prompt_lookup_max=2 is below prompt_lookup_min=3"),
+])
+def test_bad_speculative_configs_are_refused(text, message):
+    with pytest.raises(HfModelError, match=message):
+        settings("/m/llama", "/c", speculative_config=text)
+
+
+def test_speculation_exports_verify_graphs_under_another_key():
+    cfg = LlamaConfig(vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                      intermediate_size=128, max_seq_len=128)
+    files = {"config.json": "0" * 64}
+    plain = plan.export_model_file(settings("/m/llama", "/c"), cfg, 128)
+    # the key of this model and settings before verify graphs existed: the caches of models served without
+    # speculation stay valid
+    assert "spec_tokens" not in plain.to_dict()["export"]
+    assert plan.cache_key(files, plain, 1) == "17af0bdc453bac9c1fc9f1cb1c87e02327149c9a4e8e7f0974105a940026cc46"
+    spec = settings("/m/llama", "/c", speculative_config={"num_speculative_tokens": 3, "disable_by_batch_size": 8})
+    model_file = plan.export_model_file(spec, cfg, 128)
+    assert model_file.export == dataclasses.replace(plain.export, spec_tokens=3)
+    assert model_file.export.spec_batches == (1, 2, 4, 8, 16)
+    keys = {plan.cache_key(files, plain, 1), plan.cache_key(files, model_file, 1)}
+    keys.add(plan.cache_key(files, plan.export_model_file(settings("/m/llama", "/c", speculative_config={
+        "num_speculative_tokens": 4}), cfg, 128), 1))
+    assert len(keys) == 3
+    lookup = settings("/m/llama", "/c", speculative_config={"num_speculative_tokens": 3, "prompt_lookup_max": 2})
+    assert plan.cache_key(files, plan.export_model_file(lookup, cfg, 128), 1) == plan.cache_key(files, model_file, 1)
+    engine = plan.llm_config(spec, model_file, 128, "tokenizer.json", None)["engine"]
+    assert engine["speculative"] == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+                                     "prompt_lookup_max": 4, "disable_by_batch_size": 8}
+    assert "speculative" not in plan.llm_config(settings("/m/llama", "/c"), plain, 128, "t.json", None)["engine"]
+    with pytest.raises(HfModelError, match="spec_tokens=200: a verified row of spec_tokens \\+ 1 tokens exceeds"):
+        plan.export_model_file(settings("/m/llama", "/c", speculative_config={"num_speculative_tokens": 200}),
+                               cfg, 128)
+
+
+def test_a_speculating_model_serves_its_verify_graphs(qwen2, tmp_path, exports):
+    lines = []
+    prepared = hf_model.prepare(settings(qwen2, tmp_path / "cache", max_model_len=128, speculative_config=(
+        '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}')), lines.append)
+    assert lines[0] == f"Qwen2_5-tiny: exporting 15 graphs into {prepared.cache_dir} (max_model_len 128)"  # 5 verify
+    config = load_serving_config(prepared.config_file)
+    assert config.engine.speculative == SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_max=4)
+    assert config.model_file().export.spec_tokens == 4
+    plain = hf_model.prepare(settings(qwen2, tmp_path / "cache", max_model_len=128), lines.append)
+    assert plain.exported and plain.cache_dir != prepared.cache_dir
+    assert load_serving_config(plain.config_file).engine.speculative is None
 
 
 def test_an_export_is_used_until_its_content_or_settings_change(qwen2, tmp_path, exports):
@@ -207,11 +281,12 @@ def _declare(tmp_path, source, name="chat"):
 
 def test_declare_llm_records_a_model_directory(tmp_path, registry):
     spec = _declare(tmp_path, "register.declare_llm(model_dir='models/qwen', tensor_parallel=2, max_model_len=512, "
-                              "kv_cache_memory='1GiB', buckets={'decode_batch_buckets': [1, 4]})\n")
+                              "kv_cache_memory='1GiB', buckets={'decode_batch_buckets': [1, 4]}, "
+                              "speculative_config={'num_speculative_tokens': 2})\n")
     assert spec.extension == LlmDeclaration(None, HfModelSettings(
         model_dir=str(tmp_path / "chat" / "models" / "qwen"), served_model_name="chat",
         model_cache=os.path.abspath("model_cache"), tensor_parallel=2, max_model_len=512, kv_cache_memory="1GiB",
-        buckets=(("decode_batch_buckets", (1, 4)),)))
+        buckets=(("decode_batch_buckets", (1, 4)),), speculative=SpeculativeConfig(num_speculative_tokens=2)))
     assert list(spec.methods) == ["generate"]
 
 
@@ -219,6 +294,8 @@ def test_declare_llm_records_a_model_directory(tmp_path, registry):
     ("register.declare_llm()\n", "give either config_file"),
     ("register.declare_llm(config_file='a.yaml', model_dir='m')\n", "give either config_file"),
     ("register.declare_llm(model_dir='m', tensor_parallel=0)\n", "servable chat: tensor_parallel must be an int"),
+    ("register.declare_llm(model_dir='m', speculative_config={'k': 2})\n",
+     r"servable chat: speculative_config: unknown SpeculativeConfig fields \['k'\]"),
 ])
 def test_declare_llm_refusals(tmp_path, registry, source, message):
     with pytest.raises(RuntimeError, match=f"Declare LLM failed, {message}"):

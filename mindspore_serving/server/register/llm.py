@@ -9,7 +9,7 @@ from mindspore_serving.spec.servable import MethodSpec
 
 
 def declare_llm(config_file=None, *, model_dir=None, tensor_parallel=1, max_model_len=None, kv_cache_memory=None,
-                model_cache=None, buckets=None):
+                model_cache=None, buckets=None, speculative_config=None):
     """Declares this servable as a large language model served by the continuous-batching engine.
 
     Either `config_file`, the LLM configuration YAML (see config/llama_tiny.yaml), or `model_dir`, a Hugging Face
@@ -21,9 +21,11 @@ def declare_llm(config_file=None, *, model_dir=None, tensor_parallel=1, max_mode
     own model"); the model is served under this servable's name. `tensor_parallel` (ranks), `max_model_len`
     (default: max_position_embeddings capped to 2048), `kv_cache_memory` (bytes per rank, or "2GiB") and
     `buckets` (a dict of decode_batch_buckets, prefill_batch_buckets, prefill_len_buckets lists) are
-    serving_server.py's flags of the same names. An export costs seconds per graph in the worker's start
-    (MS_SERVING_WORKER_START_TIMEOUT, 600 s by default, bounds it); `serving_server.py --model DIR --prepare_only`
-    exports ahead.
+    serving_server.py's flags of the same names; so is `speculative_config`, n-gram speculative decoding as a dict
+    of SpeculativeConfig fields (or their JSON text), e.g. {"method": "ngram", "num_speculative_tokens": 4}: verify
+    graphs of that many proposed tokens are exported and the engine speculates (default None: off). An export
+    costs seconds per graph in the worker's start (MS_SERVING_WORKER_START_TIMEOUT, 600 s by default, bounds it);
+    `serving_server.py --model DIR --prepare_only` exports ahead.
 
     The servable gets the method `generate`: each instance holds `prompt` (str) and optional sampling fields
     (max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, do_sample, ignore_eos, stop,
@@ -55,7 +57,7 @@ def declare_llm(config_file=None, *, model_dir=None, tensor_parallel=1, max_mode
             settings = HfModelSettings.create(
                 os.path.normpath(os.path.join(here, model_dir)), name,
                 os.path.join(here, model_cache) if model_cache is not None else os.path.abspath("model_cache"),
-                buckets, tensor_parallel=tensor_parallel, max_model_len=max_model_len,
+                buckets, speculative_config, tensor_parallel=tensor_parallel, max_model_len=max_model_len,
                 kv_cache_memory=kv_cache_memory)
         except HfModelError as err:
             raise RuntimeError(f"Declare LLM failed, servable {name}: {err}") from None

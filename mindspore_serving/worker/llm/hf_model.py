@@ -140,7 +140,7 @@ def _export(settings: HfModelSettings, checked: _Checked, cache_dir: str, key: s
     tp = settings.tensor_parallel
     export = checked.model_file.export
     graphs = len(export.prefill_batch_buckets) * len(export.prefill_len_buckets) + len(export.decode_batch_buckets)
-    graphs += len(export.score_lengths)
+    graphs += len(export.score_lengths) + len(export.spec_batches)
     log(f"{settings.served_model_name}: exporting {graphs} graphs{f' per rank, {tp} ranks' if tp > 1 else ''} "
         f"into {cache_dir} (max_model_len {checked.max_model_len})")
     # a spawned compiling process costs a MindSpore import (seconds): worth it only for many graphs
