@@ -32,6 +32,7 @@ from mindspore_serving.ipc import agent as protocol  # noqa: E402
 from mindspore_serving.ipc import internal_tls  # noqa: E402
 from mindspore_serving.ipc.master_worker import read_secret, remove_socket, restrict_socket  # noqa: E402
 from mindspore_serving.agent.steps import run_submitted  # noqa: E402
+from mindspore_serving.llm.model_io import is_mixed_step  # noqa: E402
 from mindspore_serving.llm.prompt_scores import score_refusal  # noqa: E402
 from mindspore_serving.proto import agent_pb2, agent_pb2_grpc  # noqa: E402
 from mindspore_serving.spec.llm_config import load_serving_config  # noqa: E402
@@ -87,7 +88,7 @@ class AgentServicer(agent_pb2_grpc.LlmAgentServicer):
                 self._turn.notify_all()
         if self.rank != 0:
             return agent_pb2.StepReply(step_id=request.step_id)
-        if request.logits_rows:
+        if is_mixed_step(request.greedy_steps, request.logits_rows, bool(request.all_logits_rows)):
             return protocol.encode_mixed(request.step_id, result)
         if request.greedy_steps:
             return protocol.encode_greedy(request.step_id, *result)

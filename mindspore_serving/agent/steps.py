@@ -5,8 +5,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from mindspore_serving.llm.model_io import PLACEHOLDER, MixedStep, MultiStepRunner, SeqStep
-from mindspore_serving.llm.sampler import greedy_with_logprobs
+from mindspore_serving.llm.model_io import PLACEHOLDER, MultiStepRunner, SeqStep, is_mixed_step, mixed_step_result
 
 
 def fill_placeholders(seqs: Sequence[SeqStep], prev_rows: Sequence[int],
@@ -39,7 +38,7 @@ def run_submitted(runner: MultiStepRunner, seqs: Sequence[SeqStep], greedy_steps
     `last_tokens` (those of the step before); a mixed step (`logits_rows`) returns a MixedStep. Returns (its
     result, its last chosen token per row, for the step after it; None when it did not choose tokens)."""
     seqs = fill_placeholders(seqs, prev_rows, last_tokens)
-    if len(logits_rows):
+    if is_mixed_step(greedy_steps, logits_rows, any(seq.all_logits for seq in seqs)):
         return run_mixed(runner, seqs, greedy_steps, logits_rows)
     if not greedy_steps:
         return runner.run(list(seqs)), None
@@ -49,15 +48,13 @@ def run_submitted(runner: MultiStepRunner, seqs: Sequence[SeqStep], greedy_steps
 
 def run_mixed(runner: MultiStepRunner, seqs: Sequence[SeqStep], greedy_steps: int, logits_rows: Sequence[int]):
     """A mixed step (model_io): one step, every row's greedy token and logprob (as a greedy step chooses them),
-    and the logits of `logits_rows`. Returns (the MixedStep, its greedy tokens)."""
+    the logits of `logits_rows`, and what the rows verifying proposed tokens (all_logits) need: every position's
+    logits for those in `logits_rows`, the greedy token and logprob at every position for the others. Returns (the
+    MixedStep, its greedy tokens)."""
     if greedy_steps != 1:
         raise ValueError(f"a mixed step (logits_rows) is one step, not {greedy_steps}")
-    if any(seq.all_logits for seq in seqs):
-        raise ValueError("a mixed step cannot return every token's logits (all_logits)")
     rows = np.asarray(logits_rows, dtype=np.int64)
-    if rows.min() < 0 or rows.max() >= len(seqs):
+    if len(rows) and (rows.min() < 0 or rows.max() >= len(seqs)):
         raise ValueError(f"logits_rows {list(logits_rows)[:8]} name rows outside the step's {len(seqs)}")
-    logits = np.asarray(runner.run(list(seqs)), dtype=np.float32)
-    tokens, logprobs = greedy_with_logprobs(logits)
-    tokens = tokens.astype(np.int64)
-    return MixedStep(tokens[:, None], logprobs.astype(np.float32)[:, None], logits[rows]), tokens
+    step = mixed_step_result(runner.run(list(seqs)), logits_rows)
+    return step, step.tokens[:, 0]

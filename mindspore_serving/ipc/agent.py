@@ -1,7 +1,7 @@
 """The LLM worker <-> agent boundary (agent.proto): start-up events on a pipe, then Step messages over gRPC
 (SeqStep lists in, logits or greedy tokens out; the sequences with all_logits also get every token's logits, a
-StepLogits; a mixed step gets greedy tokens and the logits of some rows, a MixedStep). AGENT_PROTOCOL_VERSION guards
-both."""
+StepLogits; a mixed step gets greedy tokens and the logits of some rows, and its rows verifying proposed tokens every
+position's logits or greedy tokens, a MixedStep). AGENT_PROTOCOL_VERSION guards both."""
 import hmac
 import os
 import struct
@@ -13,7 +13,7 @@ import numpy as np
 from mindspore_serving.llm.model_io import MixedStep, SeqStep, StepLogits, StepResult, split_logits
 from mindspore_serving.proto import agent_pb2
 
-AGENT_PROTOCOL_VERSION = 7
+AGENT_PROTOCOL_VERSION = 8
 MAX_AGENT_MSG_BYTES = 512 * 1024 * 1024
 SECRET_METADATA = "ms-serving-agent-secret"  # Step calls: the agent group's secret
 SECRET_ENV = "MS_SERVING_AGENT_SECRET"      # the secret of agents started by start_agent.py, and of their worker
@@ -124,12 +124,27 @@ def encode_logits(step_id: int, result: StepResult) -> "agent_pb2.StepReply":
     logits = np.ascontiguousarray(logits, dtype="<f4")
     reply = agent_pb2.StepReply(step_id=step_id, rows=logits.shape[0], vocab_size=logits.shape[1],
                                 logits=logits.tobytes())
+    _encode_every(reply, every)
+    return reply
+
+
+def _encode_every(reply: "agent_pb2.StepReply", every: Dict[int, np.ndarray]) -> None:
     if every:
         rows = sorted(every)
         reply.every_rows.extend(rows)
         reply.every_lens.extend(len(every[row]) for row in rows)
         reply.every_logits = b"".join(np.ascontiguousarray(every[row], dtype="<f4").tobytes() for row in rows)
-    return reply
+
+
+def _decode_every(reply: "agent_pb2.StepReply") -> Dict[int, np.ndarray]:
+    if not reply.every_rows:
+        return {}
+    flat = np.frombuffer(reply.every_logits, dtype="<f4").reshape(-1, reply.vocab_size)
+    every, at = {}, 0
+    for row, length in zip(reply.every_rows, reply.every_lens):
+        every[row] = flat[at:at + length]
+        at += length
+    return every
 
 
 def decode_logits(reply: "agent_pb2.StepReply") -> StepResult:
@@ -137,14 +152,8 @@ def decode_logits(reply: "agent_pb2.StepReply") -> StepResult:
     if reply.error:
         raise RuntimeError(f"agent step {reply.step_id} failed: {reply.error}")
     logits = np.frombuffer(reply.logits, dtype="<f4").reshape(reply.rows, reply.vocab_size)
-    if not reply.every_rows:
-        return logits
-    flat = np.frombuffer(reply.every_logits, dtype="<f4").reshape(-1, reply.vocab_size)
-    every, at = {}, 0
-    for row, length in zip(reply.every_rows, reply.every_lens):
-        every[row] = flat[at:at + length]
-        at += length
-    return StepLogits(logits, every)
+    every = _decode_every(reply)
+    return StepLogits(logits, every) if every else logits
 
 
 def encode_greedy(step_id: int, tokens: np.ndarray, logprobs: np.ndarray) -> "agent_pb2.StepReply":
@@ -163,12 +172,19 @@ def decode_greedy(reply: "agent_pb2.StepReply", num_steps: int):
 
 
 def encode_mixed(step_id: int, step: MixedStep) -> "agent_pb2.StepReply":
-    """The reply of a mixed step: its greedy tokens and logprobs as `encode_greedy`'s, and the logits of its
-    logits rows."""
+    """The reply of a mixed step: its greedy tokens and logprobs as `encode_greedy`'s, the logits of its logits
+    rows, and what its verifying rows need (every position's logits, or greedy tokens and logprobs)."""
     reply = encode_greedy(step_id, np.asarray(step.tokens), np.asarray(step.logprobs))
     logits = np.ascontiguousarray(step.logits, dtype="<f4")
     reply.vocab_size = logits.shape[1]
     reply.logits = logits.tobytes()
+    _encode_every(reply, step.every)
+    for row in sorted(step.verified):
+        tokens, logprobs = step.verified[row]
+        reply.verified_rows.append(row)
+        reply.verified_lens.append(len(tokens))
+        reply.verified_tokens.extend(np.asarray(tokens).tolist())
+        reply.verified_logprobs.extend(np.asarray(logprobs).tolist())
     return reply
 
 
@@ -179,7 +195,14 @@ def decode_mixed(reply: "agent_pb2.StepReply", num_logits_rows: int) -> MixedSte
     if reply.vocab_size <= 0 or logits.size != num_logits_rows * reply.vocab_size:
         raise RuntimeError(f"agent step {reply.step_id} returned {logits.size} logits for {num_logits_rows} rows of "
                            f"a vocabulary of {reply.vocab_size}")
-    return MixedStep(tokens, logprobs, logits.reshape(num_logits_rows, reply.vocab_size))
+    verified, at = {}, 0
+    all_tokens = np.asarray(reply.verified_tokens, dtype=np.int64)
+    all_logprobs = np.asarray(reply.verified_logprobs, dtype=np.float32)
+    for row, length in zip(reply.verified_rows, reply.verified_lens):
+        verified[row] = (all_tokens[at:at + length], all_logprobs[at:at + length])
+        at += length
+    return MixedStep(tokens, logprobs, logits.reshape(num_logits_rows, reply.vocab_size), verified,
+                     _decode_every(reply))
 
 
 _FRAME = struct.Struct("<I")

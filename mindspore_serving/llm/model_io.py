@@ -27,11 +27,14 @@ executor from them once, at start-up; see step_executor.py):
   one-token row whose token is PLACEHOLDER takes, as `prev_rows` names it, the last token chosen for that row of
   the step submitted just before (a greedy step).
   One that says so (`submits_mixed_steps`) also runs a *mixed* step, `submit(seqs, 1, prev_rows, logits_rows)` with
-  `logits_rows` non-empty: one step whose `result()` is a `MixedStep`, the greedy token and logprob of every row
-  (as a one-step greedy round gives them) plus the logits of the rows in `logits_rows` only, which the engine
-  samples itself (a grammar, a temperature...) while the runner chooses the other rows' tokens: only those rows'
-  logits cross to the engine. Its last tokens (for a following step's placeholders) are the greedy ones. No
-  sequence of a mixed step has `all_logits`.
+  `logits_rows` non-empty or some row verifying proposed tokens (`is_mixed_step`): one step whose `result()` is a
+  `MixedStep`, the greedy token and logprob of every row (as a one-step greedy round gives them) plus the logits of
+  the rows in `logits_rows` only, which the engine samples itself (a grammar, a temperature...) while the runner
+  chooses the other rows' tokens: only those rows' logits cross to the engine. Its last tokens (for a following
+  step's placeholders) are the greedy ones. The `all_logits` rows of a mixed step are rows verifying proposed
+  tokens (speculative decoding, never prompt chunks): one in `logits_rows` gets every position's logits
+  (`MixedStep.every`), any other the greedy token and logprob at every position (`MixedStep.verified`), which
+  is all a greedy row's verification needs.
 """
 from dataclasses import dataclass
 from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
@@ -87,6 +90,34 @@ class MixedStep(NamedTuple):
     """float32 [len(seqs), 1]: the log-probability of that token."""
     logits: np.ndarray
     """float32 [len(logits_rows), vocab]: the last token's logits of the rows in `logits_rows`, in that order."""
+    verified: Dict[int, Tuple[np.ndarray, np.ndarray]] = {}
+    """For each `all_logits` row not in `logits_rows`: (int64 [query_len], float32 [query_len]) the greedy token and
+    its logprob at each position."""
+    every: Dict[int, np.ndarray] = {}
+    """For each `all_logits` row in `logits_rows`: float32 [query_len, vocab], every position's logits."""
+
+
+def is_mixed_step(greedy_steps: int, logits_rows: Sequence[int], verifying: bool) -> bool:
+    """Whether a submitted step is a mixed step (see the module docstring): it names logits rows, or it is one
+    greedy step whose rows include some verifying proposed tokens (`verifying`: some row has `all_logits`)."""
+    return bool(len(logits_rows)) or (greedy_steps == 1 and verifying)
+
+
+def mixed_step_result(result: "StepResult", logits_rows: Sequence[int]) -> "MixedStep":
+    """The MixedStep of what `run` returned for a mixed step's rows (see the module docstring)."""
+    last, every = split_logits(result)
+    last = np.asarray(last, dtype=np.float32)
+    rows = set(int(i) for i in logits_rows)
+    tokens, logprobs = greedy_with_logprobs(last)
+    verified, every_logits = {}, {}
+    for i, values in every.items():
+        if i in rows:
+            every_logits[i] = np.asarray(values, np.float32)
+        else:
+            row_tokens, row_logprobs = greedy_with_logprobs(values)
+            verified[i] = (row_tokens.astype(np.int64), row_logprobs.astype(np.float32))
+    return MixedStep(tokens.astype(np.int64)[:, None], logprobs.astype(np.float32)[:, None],
+                     last[np.asarray(logits_rows, dtype=np.int64)], verified, every_logits)
 
 
 def split_logits(result: StepResult) -> Tuple[np.ndarray, Dict[int, np.ndarray]]:

@@ -13,7 +13,10 @@ the config and what the runner declares it can do (model_io):
 Mixed steps: with a runner that runs them (model_io.submits_mixed_steps: the agents), a plan holding both rows the
 runner can choose greedily and rows the engine must sample (a grammar, a temperature, penalties...) runs as one
 mixed step: the runner returns the greedy rows' tokens and only the other rows' logits, which the engine samples.
-Without one, such a plan has the logits of all its rows returned and samples every row in the engine.
+Without one, such a plan has the logits of all its rows returned and samples every row in the engine. A plan
+with rows verifying proposed tokens (speculative decoding) runs as a mixed step too when some of them are the
+runner's to choose: those bring back only the greedy token and logprob at each position (all their verification
+needs), the others every position's logits.
 
 Structured output: a plan with a row under a grammar samples in the engine. The grammar bitmasks of its rows are
 computed on llguidance's threads while the model computes the step (started right before the runner gets the plan; a
@@ -38,8 +41,8 @@ from mindspore_serving.common import errors
 from mindspore_serving.common.errors import Kind
 from mindspore_serving.llm.choices import expand_rows
 from mindspore_serving.llm.config import SchedulerConfig
-from mindspore_serving.llm.model_io import (PLACEHOLDER, ModelRunner, MultiStepRunner, StepLogits, StepSubmitter,
-                                            split_logits, submits_mixed_steps)
+from mindspore_serving.llm.model_io import (PLACEHOLDER, MixedStep, ModelRunner, MultiStepRunner, StepLogits,
+                                            StepSubmitter, split_logits, submits_mixed_steps)
 from mindspore_serving.llm.prompt_scores import record_prompt_scores
 from mindspore_serving.llm.request import FinishReason, RequestStatus
 from mindspore_serving.llm.sampler import Sampler
@@ -165,8 +168,10 @@ class StepExecutor:
             draft_masks = {}
             if isinstance(masks, StepMasks):
                 masks, draft_masks = masks.rows, masks.drafts
+            if any(row.draft for row in plan.scheduled):
+                verify_counts = VerifyCounts()
             if submitted.logits_rows is not None:
-                sampled = self._sample_mixed(plan, result, submitted.logits_rows, masks)
+                sampled = self._sample_mixed(plan, result, submitted.logits_rows, masks, draft_masks, verify_counts)
             elif greedy:
                 tokens, logprobs = self._check_steps(plan, num_steps, result)
             else:
@@ -175,7 +180,6 @@ class StepExecutor:
                 logits = record_prompt_scores(plan.scheduled, StepLogits(logits, every), self.scheduler.requests)
                 sampled = self._sample(plan, logits, masks, verified=drafts)
                 if drafts:
-                    verify_counts = VerifyCounts()
                     sampled.update(self._verify(plan, drafts, verify_counts, draft_masks))
         except Exception as err:  # pylint: disable=broad-except
             if submitted.masks is not None:
@@ -202,21 +206,23 @@ class StepExecutor:
 
     def _mixed_rows(self, plan: SchedulerOutput) -> Optional[List[int]]:
         """The rows the engine samples when the plan runs as a mixed step (model_io); None when it does not: the
-        runner runs none, no row is the runner's to choose beside them, or a row asks for all its logits (the
-        runner returns the logits of every row then)."""
+        runner runs none, no row is the runner's to choose beside rows the engine samples or rows that verify
+        proposed tokens (a greedy row's verification needs only the runner's greedy tokens), or a prompt chunk asks
+        for all its logits (the runner returns the logits of every row then)."""
         if not self._mixed_steps:
             return None
-        engine_rows, runner_rows = [], 0
+        engine_rows, runner_rows, verifying = [], 0, False
         for i, row in enumerate(plan.scheduled):
-            if row.seq_step.all_logits:
+            if row.seq_step.all_logits and not row.draft:
                 return None
             if not row.samples:  # a prompt chunk: nothing to choose
                 continue
+            verifying = verifying or bool(row.draft)
             if _plain(self.scheduler.requests[row.request_id]):
                 runner_rows += 1
             else:
                 engine_rows.append(i)
-        return engine_rows if engine_rows and runner_rows else None
+        return engine_rows if runner_rows and (engine_rows or verifying) else None
 
     def _sample(self, plan: SchedulerOutput, logits, bitmasks: Optional[np.ndarray] = None,
                 logits_rows: Optional[List[int]] = None, verified: Collection[int] = ()) -> Dict[int, _Sampled]:
@@ -274,16 +280,28 @@ class StepExecutor:
             sampled[i] = last
         return sampled
 
-    def _sample_mixed(self, plan: SchedulerOutput, result, logits_rows: List[int],
-                      bitmasks: Optional[np.ndarray]) -> Dict[int, _Sampled]:
-        """The tokens of a mixed step (model_io.MixedStep): the engine samples `logits_rows` from their logits,
-        the other rows that complete their tokens take the runner's greedy token and logprob."""
-        tokens, logprobs, logits = result
-        tokens, logprobs = self._check_steps(plan, 1, (tokens, logprobs))
-        sampled = self._sample(plan, logits, bitmasks, logits_rows)
+    def _sample_mixed(self, plan: SchedulerOutput, result: MixedStep, logits_rows: List[int],
+                      bitmasks: Optional[np.ndarray], draft_masks: Dict[int, np.ndarray],
+                      counts: VerifyCounts) -> Dict[int, _Sampled]:
+        """The tokens of a mixed step (model_io.MixedStep): the engine samples `logits_rows` from their logits
+        (verifying rows among them from every position's), the other rows that complete their tokens take the
+        runner's greedy token and logprob (verifying rows: the agreeing prefix of their proposal and the token
+        after it, from the runner's greedy tokens at each position)."""
+        tokens, logprobs = self._check_steps(plan, 1, (result.tokens, result.logprobs))
+        drafts = {i for i, row in enumerate(plan.scheduled) if row.draft}
+        sampled = self._sample(plan, result.logits, bitmasks, logits_rows, verified=drafts)
         live, engine_rows = self.scheduler.requests, set(logits_rows)
+        missing = sorted(i for i in drafts if i not in (result.every if i in engine_rows else result.verified))
+        if missing:
+            raise RuntimeError(f"model runner did not return what rows {missing} of step {plan.step_id} need to verify "
+                               f"their proposed tokens")
+        sampled.update(self._verify(plan, {i: result.every[i] for i in drafts & engine_rows}, counts, draft_masks))
         for i, row in enumerate(plan.scheduled):
-            if row.samples and i not in engine_rows and row.request_id in live:
+            if not row.samples or i in engine_rows or row.request_id not in live:
+                continue
+            if i in drafts:
+                sampled[i] = _agreeing(row.draft, *result.verified[i], counts)
+            else:
                 sampled[i] = _Sampled(int(tokens[i, 0]), float(logprobs[i, 0]), [])
         return sampled
 
@@ -542,6 +560,19 @@ def _step_failure(err: Exception) -> Tuple[str, Kind]:
     if isinstance(err, errors.ServingError):
         return err.message, err.KIND
     return f"model step failed: {type(err).__name__}: {err}", Kind.GENERATION
+
+
+def _agreeing(draft, tokens: np.ndarray, logprobs: np.ndarray, counts: VerifyCounts) -> _Sampled:
+    """A greedy row's verification from the runner's greedy token and logprob at each of its positions: the
+    prefix of `draft` equal to them, then the runner's token after it."""
+    accepted = 0
+    while accepted < len(draft) and int(tokens[accepted]) == draft[accepted]:
+        accepted += 1
+    counts.add(len(draft), accepted)
+    kept = [_Sampled(int(tokens[j]), float(logprobs[j]), []) for j in range(accepted + 1)]
+    last = kept[-1]
+    last.accepted = kept[:-1]
+    return last
 
 
 def _draft_logits(plan: SchedulerOutput, every: Dict[int, np.ndarray]) -> Dict[int, np.ndarray]:

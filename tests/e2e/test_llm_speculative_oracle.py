@@ -91,7 +91,7 @@ def alone(runner, tokenizer):
 def test_greedy_output_with_speculation_equals_each_request_alone_without(runner, alone, overrides):
     requests, expected = alone
     verify_calls = runner.verify_calls
-    model = Ahead(runner) if overrides.get("async_scheduling") else runner
+    model = Ahead(runner, mixed_steps=True) if overrides.get("async_scheduling") else runner
     got, (drafts, proposed, accepted), engine = run_staggered(model, config_for(runner, speculative=SPEC, **overrides),
                                                               requests)
     assert [o.token_ids for o in got] == [o.token_ids for o in expected]

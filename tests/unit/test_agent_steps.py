@@ -261,13 +261,32 @@ def test_a_mixed_step_replies_every_row_s_greedy_token_and_the_logits_of_its_log
     np.testing.assert_array_equal(second[0][:, 0], want[:, 1])
 
 
-def test_a_mixed_step_refuses_all_logits_rows_and_rounds():
+def test_a_mixed_step_s_verifying_rows_bring_greedy_tokens_or_every_logit_back_and_it_refuses_rounds():
+    """Rows verifying proposed tokens (all_logits) in a mixed step: one that is a logits row gets every position's
+    logits, any other only the greedy token and logprob at each position; a one-step greedy step with such rows
+    and no logits rows is a mixed step too. A mixed step is one step."""
     agent = servicer(make_runner())
-    scored = [SeqStep([5, 6, 7], 0, [1, 2], all_logits=True), SeqStep([9, 10], 0, [3, 4])]
-    assert "cannot return every token's logits" in agent.Step(encode(1, scored, 1, logits_rows=[1]), None).error
-    assert "is one step, not 2" in agent.Step(encode(2, PROMPTS, 2, after_step_id=1, logits_rows=[0]), None).error
+    steps = [SeqStep([5, 6, 7], 0, [1, 2], all_logits=True), SeqStep([9, 10], 0, [3, 4]),
+             SeqStep([3, 4, 5], 0, [5, 6], all_logits=True)]
+    want = make_runner().run(steps)
+    for step_id, logits_rows in ((1, [2]), (2, [])):
+        reply = agent.Step(encode(step_id, steps, 1, after_step_id=step_id - 1, logits_rows=logits_rows), None)
+        call = _StepCall(1, lambda _call, failed: None, num_logits_rows=len(logits_rows), mixed=True)
+        call.start([FakeFuture(reply)])
+        got = call.result()
+        assert isinstance(got, MixedStep) and sorted(got.every) == logits_rows
+        np.testing.assert_array_equal(got.tokens[:, 0], greedy_with_logprobs(want.last)[0])
+        for row in logits_rows:
+            np.testing.assert_array_equal(got.every[row], want.every[row])
+        assert sorted(got.verified) == [row for row in (0, 2) if row not in logits_rows]
+        for row, (tokens, logprobs) in got.verified.items():
+            want_tokens, want_logprobs = greedy_with_logprobs(want.every[row])
+            np.testing.assert_array_equal(tokens, want_tokens)
+            np.testing.assert_allclose(logprobs, want_logprobs, rtol=1e-6)
+        assert len(reply.logits) == len(logits_rows) * 32 * 4  # no other row's logits cross
+    assert "is one step, not 2" in agent.Step(encode(3, PROMPTS, 2, after_step_id=2, logits_rows=[0]), None).error
     with pytest.raises(RuntimeError, match="returned 64 logits for 1 rows"):
-        protocol.decode_mixed(protocol.encode_mixed(3, MixedStep(np.zeros((2, 1), np.int64), np.zeros((2, 1)),
+        protocol.decode_mixed(protocol.encode_mixed(4, MixedStep(np.zeros((2, 1), np.int64), np.zeros((2, 1)),
                                                                  np.zeros((2, 32)))), 1)
 
 

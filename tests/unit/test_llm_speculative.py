@@ -110,6 +110,29 @@ def test_stops_penalties_and_min_tokens_apply_per_accepted_token():
     assert any(o.finish_reason.value == "stop" for o in plain) or params.max_new_tokens == 7
 
 
+def test_through_mixed_steps_greedy_rows_verify_from_the_runner_s_tokens_and_sampled_ones_from_their_logits():
+    """A runner taking mixed steps (the agents): a step's greedy verifying rows bring back only the greedy token at
+    each position, the sampled ones every position's logits; every request gets what it gets in-process."""
+    token_prompts = prompts(8, seed=4)
+
+    def params_for(i):
+        if i % 2:
+            return SamplingParams(max_new_tokens=30, temperature=0.8, top_k=10, seed=i, ignore_eos=True)
+        return SamplingParams(max_new_tokens=30, temperature=0, ignore_eos=True)
+
+    def run(runner, **overrides):
+        return [o.token_ids for o in engine(runner, SPEC, **overrides).generate(
+            token_prompts, [params_for(i) for i in range(len(token_prompts))])]
+
+    ahead = AheadEchoingRunner(num_blocks=64)
+    assert run(ahead, async_scheduling=True) == run(EchoingRunner(num_blocks=64))
+    steps = list(zip(ahead.deferred.submissions, ahead.deferred.logits_rows))
+    verifying = [(seqs, rows) for (seqs, *_), rows in steps if any(seq.all_logits for seq in seqs)]
+    # rows of greedy requests (even seq ids: the order they were added) never bring logits back
+    assert verifying and all(seqs[i].seq_id % 2 == 1 for seqs, rows in verifying for i in rows)
+    assert any(not rows for _, rows in verifying) and any(rows for _, rows in verifying)
+
+
 def test_async_steps_are_planned_ahead_while_the_text_proposes_nothing():
     """Text without recurring 3-grams: after a step that found no proposal the next ones are planned ahead (async
     scheduling's overlap), with a look for proposals every num_scheduler_steps steps."""

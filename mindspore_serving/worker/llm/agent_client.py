@@ -12,7 +12,7 @@ from mindspore_serving import log
 from mindspore_serving.common import errors
 from mindspore_serving.ipc import agent as protocol
 from mindspore_serving.ipc import internal_tls
-from mindspore_serving.llm.model_io import MultiStepRunner, PromptScorer, SeqStep, StepSubmitter
+from mindspore_serving.llm.model_io import MultiStepRunner, PromptScorer, SeqStep, StepSubmitter, is_mixed_step
 from mindspore_serving.proto import agent_pb2, agent_pb2_grpc
 
 CONNECT_TIMEOUT = 5.0
@@ -159,7 +159,8 @@ class AgentRunner(MultiStepRunner, StepSubmitter, PromptScorer):
         thread (the engine's)."""
         step_id = next(self._step_ids)
         request = self._encoder.encode(step_id, seqs, greedy_steps, self._last_step_id, prev_rows, logits_rows)
-        call = _StepCall(greedy_steps, self._finished, self.model_name, len(logits_rows))
+        mixed = is_mixed_step(greedy_steps, logits_rows, any(seq.all_logits for seq in seqs))
+        call = _StepCall(greedy_steps, self._finished, self.model_name, len(logits_rows), mixed)
         with self._lost_lock:
             if self.lost is not None:
                 raise AgentLost(self.lost)
@@ -188,9 +189,10 @@ class _StepCall:
     runs once (after a failure a rank may not have kept that step's block tables)."""
 
     def __init__(self, greedy_steps: int, on_finished: Callable[["_StepCall", bool], None],
-                 model_name: str = "the model", num_logits_rows: int = 0):
+                 model_name: str = "the model", num_logits_rows: int = 0, mixed: Optional[bool] = None):
         self.greedy_steps = greedy_steps
         self.num_logits_rows = num_logits_rows  # a mixed step's
+        self.mixed = bool(num_logits_rows) if mixed is None else mixed
         self.model_name = model_name
         self.on_finished = on_finished
         self.calls = []
@@ -239,7 +241,7 @@ class _StepCall:
             raise AgentLost(f"LLM agent rank 0 of {self.model_name} did not answer the step "
                             f"({_rpc_failure(err)})") from None
         try:
-            if self.num_logits_rows:
+            if self.mixed:
                 out = protocol.decode_mixed(reply, self.num_logits_rows)
             elif self.greedy_steps:
                 out = protocol.decode_greedy(reply, self.greedy_steps)
