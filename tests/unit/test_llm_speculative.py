@@ -148,6 +148,19 @@ def test_async_steps_are_planned_ahead_while_the_text_proposes_nothing():
     assert sum(1 for *_, in_flight in submissions if in_flight) > len(submissions) / 2
 
 
+def test_choices_and_prompt_logprobs_speculate_like_any_request():
+    """n choices fork and then verify proposals each; a request scoring its prompt speculates once it is scored."""
+    token_prompts = prompts(2, seed=6)
+    cases = [SamplingParams(max_new_tokens=25, temperature=0, n=3, ignore_eos=True),
+             SamplingParams(max_new_tokens=25, temperature=0, prompt_logprobs=2, ignore_eos=True)]
+    for params in cases:
+        plain = engine(EchoingRunner(num_blocks=64)).generate(token_prompts, params)
+        speculated, counts = generate(engine(EchoingRunner(num_blocks=64), SPEC), token_prompts, params)
+        assert [(o.index, o.token_ids) for o in speculated] == [(o.index, o.token_ids) for o in plain]
+        assert [o.prompt_logprobs for o in speculated] == [o.prompt_logprobs for o in plain]
+        assert counts[0] > 0
+
+
 def test_a_batch_at_disable_by_batch_size_decodes_without_proposals():
     runner = EchoingRunner(num_blocks=64)
     eng = engine(runner, SpeculativeConfig(num_speculative_tokens=3, disable_by_batch_size=4))
