@@ -76,6 +76,13 @@ class LlmRuntime:
         self.kv_cache = capacity(self.config, scheduler.num_blocks)
         # printed as the worker's start-up line is: what fits is worth seeing at every log level
         print(f"Serving: {self.spec.name}: {self.kv_cache.describe()}", flush=True)
+        speculative = scheduler.speculative
+        if speculative is not None:
+            log.info(f"{self.spec.name}: speculative decoding: {speculative.method}, up to "
+                     f"{speculative.num_speculative_tokens} proposed tokens per row (n-grams of "
+                     f"{speculative.prompt_lookup_max} down to {speculative.prompt_lookup_min} tokens), "
+                     + ("always" if speculative.disable_by_batch_size is None
+                        else f"below {speculative.disable_by_batch_size} running requests"))
         engine = LLMEngine(self.runner, self.tokenizer, scheduler,
                            eos_token_id=self.generation_defaults.stop_ids(self.tokenizer.eos_id))
         return EngineLoop(engine, self.config.max_queue_size, self.config.request_timeout,
