@@ -8,10 +8,13 @@ Every served model must give transformers' answers: the prompt ids (/tokenize), 
 greedy tokens were computed without logits processors), the first token's log-probability (/v1/completions,
 logprobs=0) within LOGPROB_ATOL of the log-softmax of transformers' logits, and the chat templates' ids (/tokenize
 with messages, apply_chat_template's). The full first-step logits of each exported rank-0 graph directory (TP=1)
-are compared in-process within LOGIT_RTOL of their scale. Then the model cache: a second start with the same
-settings uses the graphs exported at the first, a changed setting exports again, and a tensor parallelism that
-does not divide the heads is refused before any export.
+are compared in-process within LOGIT_RTOL of their scale. llama3 is served with n-gram speculative decoding
+(--speculative_config, given once per --model: verify graphs exported beside its others): its greedy tokens must
+stay transformers', and a longer run must verify drafts (/metrics) and equal llama3_tp2's, served without
+speculation. Then the model cache: a second start with the same settings uses the graphs exported at the first, a
+changed setting exports again, and a tensor parallelism that does not divide the heads is refused before any export.
 """
+import collections
 import glob
 import json
 import os
@@ -19,6 +22,7 @@ import os
 import numpy as np
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from serving_process import ROOT, ServingProcess, free_port
 
@@ -33,6 +37,8 @@ LOGPROB_ATOL = 1e-4   # measured differences are ~2e-6
 LOGIT_RTOL = 1e-5     # of the logits' largest magnitude, as tests/unit/test_hf_models.py
 SMALL = {"decode_batch_buckets": [1, 2], "prefill_batch_buckets": [1], "prefill_len_buckets": [32]}
 MAX_MODEL_LEN = 128
+SPECULATIVE = {"llama3": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}}
+"""The --model fixtures served with speculative decoding (the others: null)."""
 
 
 def flags(cache):
@@ -59,6 +65,7 @@ def server(tmp_path_factory):
     args = [os.path.join(ROOT, "serving_server.py"), "--grpc", f"127.0.0.1:{free_port()}", "--rest", rest,
             "--servable_directory", str(directory / "servables"), "--servables", ",".join(TP2)]
     args += [arg for fixture in TP1 for arg in ("--model", os.path.join(FIXTURES, fixture))] + flags(cache)
+    args += [arg for fixture in TP1 for arg in ("--speculative_config", json.dumps(SPECULATIVE.get(fixture)))]
     proc = ServingProcess(args, str(directory))
     try:
         proc.wait_for("RESTful server start success", timeout=420)
@@ -78,8 +85,8 @@ def test_every_model_is_listed(server):
     models = requests.get(f"{url}/v1/models", timeout=10).json()["data"]
     assert sorted(m["id"] for m in models) == sorted(TP1 + list(TP2))
     assert all(m["max_model_len"] == MAX_MODEL_LEN for m in models)
-    for fixture in TP1:
-        assert f"{fixture}: exporting 4 graphs into" in proc.output()  # 1 prefill, 2 decode, 1 score
+    for fixture in TP1:  # 1 prefill, 2 decode, 1 score; 2 verify with speculation
+        assert f"{fixture}: exporting {6 if fixture in SPECULATIVE else 4} graphs into" in proc.output()
 
 
 @pytest.mark.parametrize("name", TP1 + list(TP2))
@@ -93,12 +100,43 @@ def test_greedy_tokens_and_logprobs_equal_transformers(server, name):
         {"prompt": p["text"], "max_new_tokens": 16, "temperature": 0, "ignore_eos": True, "repetition_penalty": 1.0}
         for p in prompts]})
     assert [i["token_ids"] for i in reply["instances"]] == [p["greedy_ids"] for p in prompts]
+    if name in SPECULATIVE:
+        _check_speculation(url, name, prompts[-1])
     for row, prompt in zip(logits.astype(np.float64), prompts):
         choice = post(url, "/v1/completions", {"model": name, "prompt": prompt["text"], "max_tokens": 16,
                                                "temperature": 0, "ignore_eos": True, "repetition_penalty": 1.0,
                                                "logprobs": 0})["choices"][0]
         log_softmax = row - row.max() - np.log(np.exp(row - row.max()).sum())
         assert abs(choice["logprobs"]["token_logprobs"][0] - log_softmax[prompt["greedy_ids"][0]]) < LOGPROB_ATOL
+
+
+def _check_speculation(url, name, prompt):
+    """Speculation happened and kept the greedy tokens: 48 tokens of `prompt`, whose output repeats itself, verify
+    proposed tokens (/metrics counts drafts; the fixture's 16 tokens rarely do: greedy rounds planned ahead look
+    for proposals every few rounds), the first 16 are transformers' and all are those of the same weights served
+    without speculation (the TP=2 servable)."""
+    before = _spec_metrics(url, name)
+    body = {"instances": [{"prompt": prompt["text"], "max_new_tokens": 48, "temperature": 0, "ignore_eos": True,
+                           "repetition_penalty": 1.0}]}
+    tokens = post(url, f"/model/{name}:generate", body)["instances"][0]["token_ids"]
+    assert (_spec_metrics(url, name) - before)["drafts"] > 0
+    assert tokens[:16] == prompt["greedy_ids"]
+    plain = next(servable for servable, fixture in TP2.items() if fixture == name)
+    assert tokens == post(url, f"/model/{plain}:generate", body)["instances"][0]["token_ids"]
+
+
+def _spec_metrics(url, name) -> collections.Counter:
+    """The speculative decoding counters of the served model `name` (drafts, accepted_tokens), from /metrics."""
+    reply = requests.get(f"{url}/metrics", timeout=10)
+    assert reply.status_code == 200
+    found = collections.Counter()
+    for family in text_string_to_metric_families(reply.text):
+        for sample in family.samples:
+            for counter in ("drafts", "accepted_tokens"):
+                if sample.name == f"mindspore_serving:spec_decode_num_{counter}_total" and \
+                        sample.labels.get("model_name") == name:
+                    found[counter] += sample.value
+    return found
 
 
 @pytest.mark.parametrize("name", TP1)
