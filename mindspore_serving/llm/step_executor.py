@@ -472,10 +472,11 @@ class AsyncStepExecutor(StepExecutor):
         self.num_scheduler_steps = num_scheduler_steps
         self._in_flight: Optional[_Submitted] = None
         self._planned_ahead = 0
-        """Speculative decoding: steps planned ahead since proposals were last looked for (they need every row's
-        last token, so a step planned ahead proposes nothing)."""
+        """Speculative decoding: model steps planned since proposals were last looked for (a step planned while
+        another is in flight proposes nothing: its rows' last tokens are unknown)."""
         self._proposed = True
-        """Speculative decoding: whether the last step planned with every row's tokens known had proposals."""
+        """Speculative decoding: whether the last step planned with every row's tokens known had proposals (or
+        nothing to look for: prompts only)."""
 
     @property
     def has_in_flight(self) -> bool:
@@ -495,10 +496,10 @@ class AsyncStepExecutor(StepExecutor):
                 outputs += self._collect(in_flight)
                 in_flight = None
         plan = self.scheduler.schedule()
-        if in_flight is None:
-            self._planned_ahead, self._proposed = 0, any(row.draft for row in plan.scheduled)
-        else:
-            self._planned_ahead += 1
+        if in_flight is None:  # planned with every row's tokens known: a look for proposals
+            self._planned_ahead = 0
+            # a plan of prompts only had nothing to look for
+            self._proposed = any(row.draft for row in plan.scheduled) or all(row.is_prefill for row in plan.scheduled)
         if plan.is_empty:
             if in_flight is not None:
                 outputs += self._collect(in_flight)
@@ -506,6 +507,7 @@ class AsyncStepExecutor(StepExecutor):
         greedy = self._runner_chooses_tokens(plan)
         logits_rows = None if greedy else self._mixed_rows(plan)
         num_steps = self.scheduler.reserve_decode_steps(plan, self._round_length()) if greedy else 1
+        self._planned_ahead += num_steps
         prev_rows = _prev_rows(plan, in_flight)
         t1 = self._timer()
         masks = None if greedy else self._start_masks(plan)
@@ -526,9 +528,9 @@ class AsyncStepExecutor(StepExecutor):
 
     def _look_for_proposals(self) -> bool:
         """Whether to collect the step in flight before planning the next one so that its rows may propose tokens
-        (speculative decoding): after a step whose rows were planned with their tokens known and proposed none,
-        the next `num_scheduler_steps` steps are planned ahead (text that does not repeat itself keeps the overlap);
-        otherwise, and every `num_scheduler_steps` steps, they wait."""
+        (speculative decoding): while proposals keep coming, always; after a look that found none, once
+        `num_scheduler_steps` model steps (a round, or that many single steps) have been planned since: text that
+        does not repeat itself keeps most of the overlap, and is looked at again every round."""
         return self.scheduler.speculating and (self._proposed or self._planned_ahead >= self.num_scheduler_steps)
 
     def _round_length(self) -> int:
