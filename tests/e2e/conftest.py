@@ -21,7 +21,7 @@ def llm_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def tiny_runner():
+def runner():
     """The bundled tiny LLaMA's graphs in this process (GraphRunner, 256 KV blocks, warmed up): those of
     llama_tiny_spec, llama_tiny's with the verify graphs. Shared by the modules that drive the engine on the real
     graphs; each engine allocates its own blocks, and what they count of the runner they count as differences."""

@@ -9,20 +9,8 @@ import pytest
 
 from mindspore_serving.agent.testing import Ahead
 from mindspore_serving.llm import LLMEngine, SchedulerConfig
-from mindspore_serving.spec.llm_config import load_serving_config
-from llm_setup import CONFIG
 
 NUM_REQUESTS = 32
-
-
-@pytest.fixture(scope="module")
-def serving_config():
-    return load_serving_config(CONFIG)
-
-
-@pytest.fixture(scope="module")
-def runner(tiny_runner):
-    return tiny_runner
 
 
 def workload(vocab_size):

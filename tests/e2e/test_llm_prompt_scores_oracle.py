@@ -21,11 +21,6 @@ GREEDY = {"temperature": 0.0, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
-def runner(tiny_runner):
-    return tiny_runner
-
-
-@pytest.fixture(scope="module")
 def model():
     from mindspore_serving.models.llama.config import load_config  # lazy: as above
     from mindspore_serving.models.llama.model import build_model  # lazy: as above

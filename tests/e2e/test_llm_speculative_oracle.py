@@ -25,11 +25,6 @@ def serving_config():
 
 
 @pytest.fixture(scope="module")
-def runner(tiny_runner):
-    return tiny_runner
-
-
-@pytest.fixture(scope="module")
 def tokenizer(serving_config):
     from mindspore_serving.models.llama.tokenizer import TextTokenizer
     return TextTokenizer.from_file(serving_config.model.tokenizer)

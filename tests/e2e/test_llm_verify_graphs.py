@@ -24,11 +24,6 @@ def config():
     return load_serving_config(SPEC_CONFIG)
 
 
-@pytest.fixture(scope="module")
-def runner(tiny_runner):
-    return tiny_runner
-
-
 def tokens(seed, n, vocab=2048):
     return np.random.default_rng(seed).integers(3, vocab, n).tolist()
 
