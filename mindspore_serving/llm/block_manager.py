@@ -173,6 +173,20 @@ class BlockManager:
         request.block_table.extend(self._pop_free() for _ in range(need))
         return True
 
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Frees the request's blocks past those that hold its first `num_tokens` tokens: blocks a speculative step
+        reserved for proposed tokens the model did not keep, which hold no computed token (so no other request
+        shares them and none is in the prefix cache)."""
+        keep = blocks_for(num_tokens, self.block_size)
+        for block in reversed(request.block_table[keep:]):
+            if self._ref_count[block] != 1 or self._block_hash[block] is not None:
+                raise RuntimeError(f"block {block} of request {request.request_id} is shared or cached: it holds "
+                                   f"computed tokens and cannot be trimmed")
+            self._ref_count[block] = 0
+            self._free[block] = None
+            self._free.move_to_end(block, last=False)
+        del request.block_table[keep:]
+
     def fork(self, parent: Request, child: Request) -> None:
         """Gives a child choice of `parent` (llm/choices.py) the parent's full computed blocks (reference count + 1
         each) and sets its num_computed_tokens to their end. The parent's last, partial block is not shared: the

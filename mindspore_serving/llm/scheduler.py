@@ -412,6 +412,9 @@ class Scheduler:
                 if j < len(tokens) - 1:  # an accepted proposed token: the step wrote its keys and values
                     request.num_computed_tokens += 1
                     self.block_manager.cache_full_blocks(request)
+            if row.draft and not request.finished:
+                # the blocks reserved for rejected proposed tokens go back: speculation holds no more than decoding
+                self.block_manager.trim(request, request.num_tokens)
             deltas.append(RequestDelta(request.request_id, tokens, request.finished, request.finish_reason))
             for child in children:
                 deltas.append(RequestDelta(child.request_id, list(child.output_token_ids), child.finished,

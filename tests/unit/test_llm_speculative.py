@@ -6,7 +6,7 @@ from scipy import stats
 
 from mindspore_serving.agent.testing import AheadRunner
 from mindspore_serving.llm import LLMEngine, SamplingParams, SchedulerConfig
-from mindspore_serving.llm.config import SpeculativeConfig
+from mindspore_serving.llm.config import SpeculativeConfig, blocks_for
 from mindspore_serving.llm.ngram_proposer import propose_ngram
 from mindspore_serving.llm.sampler import NO_TOKEN, Sampler
 from mindspore_serving.llm.testing import FakeModelRunner
@@ -88,6 +88,23 @@ def test_greedy_output_and_logprobs_equal_those_without_speculation_under_preemp
     assert spec_engine.core.scheduler.num_preemptions > 0
 
 
+def test_after_a_step_a_verifying_request_holds_the_blocks_decoding_would():
+    """The blocks reserved for proposed tokens the model rejected go back when the step is recorded."""
+    runner = EchoingRunner(num_blocks=64)
+    eng = engine(runner, SPEC)
+    scheduler, held = eng.core.scheduler, []
+
+    def check(stats):
+        for request in scheduler.running:
+            if not request.is_prefilling:
+                held.append(len(request.block_table) - blocks_for(request.num_tokens, runner.block_size))
+
+    eng.add_step_listener(check)
+    _, (drafts, proposed, accepted) = generate(eng, prompts(4, seed=7),
+                                               SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True))
+    assert drafts > 0 and accepted < proposed and held and max(held) == 0
+
+
 def test_stops_penalties_and_min_tokens_apply_per_accepted_token():
     token_prompts = prompts(6, seed=1)
     runner = EchoingRunner(num_blocks=64)
@@ -126,11 +143,16 @@ def test_through_mixed_steps_greedy_rows_verify_from_the_runner_s_tokens_and_sam
 
     ahead = AheadEchoingRunner(num_blocks=64)
     assert run(ahead, async_scheduling=True) == run(EchoingRunner(num_blocks=64))
-    steps = list(zip(ahead.deferred.submissions, ahead.deferred.logits_rows))
-    verifying = [(seqs, rows) for (seqs, *_), rows in steps if any(seq.all_logits for seq in seqs)]
-    # rows of greedy requests (even seq ids: the order they were added) never bring logits back
-    assert verifying and all(seqs[i].seq_id % 2 == 1 for seqs, rows in verifying for i in rows)
-    assert any(not rows for _, rows in verifying) and any(rows for _, rows in verifying)
+    mixed = [(seqs, rows) for (seqs, greedy_steps, *_), rows in zip(ahead.deferred.submissions,
+                                                                      ahead.deferred.logits_rows)
+             if greedy_steps == 1 and any(seq.all_logits for seq in seqs)]
+    # rows of greedy requests (even seq ids: the order they were added) verify from the runner's tokens, those of
+    # sampled ones from their logits
+    verifying = [(i in rows, seq.seq_id % 2 == 1) for seqs, rows in mixed for i, seq in enumerate(seqs)
+                 if seq.all_logits]
+    greedy = [brings_logits for brings_logits, is_sampled in verifying if not is_sampled]
+    sampled = [brings_logits for brings_logits, is_sampled in verifying if is_sampled]
+    assert greedy and not any(greedy) and sampled and all(sampled)
 
 
 def test_async_steps_are_planned_ahead_while_the_text_proposes_nothing():
