@@ -20,7 +20,7 @@ Each step:
      proposal never delays a prompt or preempts anyone): its SeqStep computes the last token and the proposal and
      asks for every position's logits (`ScheduledSeq.draft`). `update_from_output` then takes the accepted prefix
      of the proposal and one more token; the accepted ones count as computed, the keys and values of the rejected
-     ones are written again by later steps.
+     ones are written again by later steps, and the blocks reserved for them go back to the pool.
 A request yields new tokens only in the step that computes its last known token.
 
 A request scoring its prompt (SamplingParams.prompt_logprobs, llm/prompt_scores.py) computes all of it, whatever
