@@ -295,9 +295,11 @@ def llm_config(settings: HfModelSettings, model_file: ModelFile, max_model_len: 
              "tensor_parallel": settings.tensor_parallel, "tokenizer": tokenizer}
     if generation_config is not None:
         model["generation_config"] = generation_config
+    # a whole prefill chunk of the largest length bucket beside a full decode batch, each row with its proposed
+    # tokens when it speculates
+    decode_tokens = max_num_seqs * (1 + (settings.speculative.num_speculative_tokens if settings.speculative else 0))
     engine = {"batching": "continuous", "max_model_len": max_model_len, "max_num_seqs": max_num_seqs,
-              # a whole prefill chunk of the largest length bucket beside a full decode batch
-              "max_num_batched_tokens": ex.prefill_len_buckets[-1] + max_num_seqs}
+              "max_num_batched_tokens": ex.prefill_len_buckets[-1] + decode_tokens}
     if settings.kv_cache_memory is not None:
         engine["kv_cache_memory"] = settings.kv_cache_memory
     else:

@@ -139,7 +139,11 @@ def test_speculation_exports_verify_graphs_under_another_key():
     engine = plan.llm_config(spec, model_file, 128, "tokenizer.json", None)["engine"]
     assert engine["speculative"] == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
                                      "prompt_lookup_max": 4, "disable_by_batch_size": 8}
-    assert "speculative" not in plan.llm_config(settings("/m/llama", "/c"), plain, 128, "t.json", None)["engine"]
+    unspeculative = plan.llm_config(settings("/m/llama", "/c"), plain, 128, "t.json", None)["engine"]
+    assert "speculative" not in unspeculative
+    # the step's budget holds a prompt chunk beside a full batch of rows with their proposals
+    assert unspeculative["max_num_batched_tokens"] == 128 + 16
+    assert engine["max_num_batched_tokens"] == 128 + 16 * (1 + 3)
     with pytest.raises(HfModelError, match="spec_tokens=200: a verified row of spec_tokens \\+ 1 tokens exceeds"):
         plan.export_model_file(settings("/m/llama", "/c", speculative_config={"num_speculative_tokens": 200}),
                                cfg, 128)
