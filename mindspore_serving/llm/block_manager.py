@@ -182,9 +182,7 @@ class BlockManager:
             if self._ref_count[block] != 1 or self._block_hash[block] is not None:
                 raise RuntimeError(f"block {block} of request {request.request_id} is shared or cached: it holds "
                                    f"computed tokens and cannot be trimmed")
-            self._ref_count[block] = 0
-            self._free[block] = None
-            self._free.move_to_end(block, last=False)
+            self._release(block, request)
         del request.block_table[keep:]
 
     def fork(self, parent: Request, child: Request) -> None:
@@ -208,15 +206,20 @@ class BlockManager:
     def free(self, request: Request) -> None:
         """Releases the request's blocks (cached ones stay reusable until evicted) and empties its table."""
         for block in reversed(request.block_table):
-            self._ref_count[block] -= 1
-            if self._ref_count[block] < 0:
-                raise RuntimeError(f"block {block} freed more often than taken (request {request.request_id})")
-            if self._ref_count[block] == 0:
-                self._free[block] = None
-                if self._block_hash[block] is None:
-                    self._free.move_to_end(block, last=False)
+            self._release(block, request)
         request.block_table.clear()
         self._num_registered.pop(request.request_id, None)
+
+    def _release(self, block: int, request: Request) -> None:
+        """Drops the request's hold on `block`; a block nobody holds goes back to the free queue: at its end when
+        cached (reused last, so that it stays shareable longest), at its front otherwise."""
+        self._ref_count[block] -= 1
+        if self._ref_count[block] < 0:
+            raise RuntimeError(f"block {block} freed more often than taken (request {request.request_id})")
+        if self._ref_count[block] == 0:
+            self._free[block] = None
+            if self._block_hash[block] is None:
+                self._free.move_to_end(block, last=False)
 
     def reset_prefix_cache(self) -> None:
         """Forgets every cached block that nobody holds (e.g. after loading new weights)."""
