@@ -32,7 +32,7 @@ failure "model step failed: ...".
 """
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Dict, List, Optional, Tuple
+from typing import Any, Callable, Collection, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -80,10 +80,15 @@ class VerifyCounts:
         self.num_drafts += 1
         self.num_draft_tokens += draft_len
         self.num_accepted_tokens += accepted
-        if len(self.accepted_per_position) < accepted:
-            self.accepted_per_position.extend([0] * (accepted - len(self.accepted_per_position)))
-        for j in range(accepted):
-            self.accepted_per_position[j] += 1
+        add_per_position(self.accepted_per_position, [1] * accepted)
+
+
+def add_per_position(totals: List[int], counts: Sequence[int]) -> None:
+    """Adds `counts` to `totals` position by position, growing `totals` as needed (accepted tokens per position)."""
+    if len(totals) < len(counts):
+        totals.extend([0] * (len(counts) - len(totals)))
+    for j, count in enumerate(counts):
+        totals[j] += count
 
 
 StepRecorder = Callable[[SchedulerOutput, List[EngineCoreOutput], float, float, float, int, Optional[VerifyCounts]],
@@ -269,15 +274,7 @@ class StepExecutor:
             if request is None:
                 continue
             result = self.sampler.verify(values, request, row.draft, masks.get(i))
-            tops = result.top_logprobs or [[] for _ in result.token_ids]
-            tokens = [_Sampled(t, lp, top) for t, lp, top in zip(result.token_ids, result.logprobs, tops)]
-            accepted = 0
-            while accepted < min(len(tokens), len(row.draft)) and tokens[accepted].token_id == row.draft[accepted]:
-                accepted += 1
-            counts.add(len(row.draft), accepted)
-            last = tokens[-1]
-            last.accepted = tokens[:-1]
-            sampled[i] = last
+            sampled[i] = _kept(row.draft, result.token_ids, result.logprobs, result.top_logprobs, counts)
         return sampled
 
     def _sample_mixed(self, plan: SchedulerOutput, result: MixedStep, logits_rows: List[int],
@@ -299,8 +296,11 @@ class StepExecutor:
         for i, row in enumerate(plan.scheduled):
             if not row.samples or i in engine_rows or row.request_id not in live:
                 continue
-            if i in drafts:
-                sampled[i] = _agreeing(row.draft, *result.verified[i], counts)
+            if i in drafts:  # the agreeing prefix of the proposal, then the runner's token after it
+                greedy_tokens, greedy_logprobs = result.verified[i]
+                accepted = _agreeing_prefix(row.draft, greedy_tokens)
+                sampled[i] = _kept(row.draft, greedy_tokens[:accepted + 1], greedy_logprobs[:accepted + 1], [],
+                                   counts)
             else:
                 sampled[i] = _Sampled(int(tokens[i, 0]), float(logprobs[i, 0]), [])
         return sampled
@@ -564,14 +564,22 @@ def _step_failure(err: Exception) -> Tuple[str, Kind]:
     return f"model step failed: {type(err).__name__}: {err}", Kind.GENERATION
 
 
-def _agreeing(draft, tokens: np.ndarray, logprobs: np.ndarray, counts: VerifyCounts) -> _Sampled:
-    """A greedy row's verification from the runner's greedy token and logprob at each of its positions: the
-    prefix of `draft` equal to them, then the runner's token after it."""
+def _agreeing_prefix(draft: Sequence[int], tokens: Sequence[int]) -> int:
+    """How many of the first proposed tokens equal `tokens` (the tokens chosen at the same positions)."""
     accepted = 0
-    while accepted < len(draft) and int(tokens[accepted]) == draft[accepted]:
+    while accepted < min(len(draft), len(tokens)) and int(tokens[accepted]) == draft[accepted]:
         accepted += 1
-    counts.add(len(draft), accepted)
-    kept = [_Sampled(int(tokens[j]), float(logprobs[j]), []) for j in range(accepted + 1)]
+    return accepted
+
+
+def _kept(draft: Sequence[int], tokens: Sequence[int], logprobs: Sequence[float],
+          top_logprobs: Sequence[List[Tuple[int, float]]], counts: VerifyCounts) -> _Sampled:
+    """What a verifying row keeps, counted in `counts`: `tokens` (an accepted prefix of `draft`, then one token of
+    the model's own) with their logprobs and top logprobs (empty: none asked), as one _Sampled whose `accepted`
+    holds all but the last."""
+    counts.add(len(draft), _agreeing_prefix(draft, tokens))
+    tops = top_logprobs or [[] for _ in tokens]
+    kept = [_Sampled(int(t), float(lp), top) for t, lp, top in zip(tokens, logprobs, tops)]
     last = kept[-1]
     last.accepted = kept[:-1]
     return last

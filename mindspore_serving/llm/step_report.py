@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import Callable, List, Optional
 
 from mindspore_serving.llm.engine_core import StepStats
+from mindspore_serving.llm.step_executor import add_per_position
 
 
 @dataclass
@@ -47,21 +48,15 @@ class StepCounters:
             self.drafts += stats.num_drafts
             self.draft_tokens += stats.num_draft_tokens
             self.accepted_tokens += stats.num_accepted_tokens
-            self._add_per_position(stats.accepted_per_position)
+            add_per_position(self.accepted_per_position, stats.accepted_per_position)
 
     def absorb(self, other: "StepCounters") -> None:
         """Adds another's counts to these (the totals of an engine loop that was replaced)."""
         for f in fields(self):
             if f.name == "accepted_per_position":
-                self._add_per_position(other.accepted_per_position)
+                add_per_position(self.accepted_per_position, other.accepted_per_position)
             else:
                 setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-
-    def _add_per_position(self, counts) -> None:
-        if len(self.accepted_per_position) < len(counts):
-            self.accepted_per_position.extend([0] * (len(counts) - len(self.accepted_per_position)))
-        for j, count in enumerate(counts):
-            self.accepted_per_position[j] += count
 
     @property
     def acceptance_rate(self) -> float:
