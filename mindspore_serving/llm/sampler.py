@@ -274,14 +274,15 @@ class Sampler:
             raise ValueError(f"verify expects logits [{num_rows}, vocab] for a draft of {len(draft)}, "
                              f"got shape {logits.shape}")
         params = request.sampling_params
-        history, output = list(request.all_token_ids), list(request.output_token_ids)
-        eos = request.eos_token_ids
+        num_output = len(request.output_token_ids)
         processed = None
-        if bitmasks is not None or any(needs_processing(params, len(output) + j, request.bad_words_ids)
+        if bitmasks is not None or any(needs_processing(params, num_output + j, request.bad_words_ids)
                                        for j in range(num_rows)):
+            # each position's tokens before it: the request's, then the proposed ones before that position
+            history, output = list(request.all_token_ids), list(request.output_token_ids)
             processed = process_logits(
                 logits.copy(), [params] * num_rows, [history + draft[:j] for j in range(num_rows)],
-                [output + draft[:j] for j in range(num_rows)], [eos] * num_rows,
+                [output + draft[:j] for j in range(num_rows)], [request.eos_token_ids] * num_rows,
                 [request.bad_words_ids] * num_rows, bitmasks)
         rows = processed if processed is not None else logits
         generator = request.generator if request.generator is not None else self._rng
