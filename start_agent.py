@@ -14,6 +14,7 @@ join the cluster whose scheduler runs beside rank 0 (agents.scheduler_address, o
 running: when one of them exits (the group failed, or its worker went away and will restart the group) it stops
 the others and starts them again, to join the next cluster.
 """
+
 import argparse
 import signal
 import sys
@@ -40,8 +41,10 @@ def cluster_of(config, scheduler_address: str):
         return None
     address = scheduler_address or config.agents.scheduler_address
     if not address:
-        sys.exit("a rank other than 0 joins the cluster of rank 0's host: give --scheduler_address host:port or set "
-                 "agents.scheduler_address")
+        sys.exit(
+            "a rank other than 0 joins the cluster of rank 0's host: give --scheduler_address host:port or set "
+            "agents.scheduler_address"
+        )
     try:
         return ms_cluster.parse_address(address, config.agents.num_ranks)
     except ValueError as err:
@@ -51,16 +54,23 @@ def cluster_of(config, scheduler_address: str):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="LLM configuration YAML, e.g. config/llama_tiny.yaml")
-    parser.add_argument("--rank_start", type=int, default=None,
-                        help="first rank to start here (a host joining the group); default: every rank")
-    parser.add_argument("--scheduler_address", default="",
-                        help="host:port of the cluster scheduler (default: agents.scheduler_address)")
+    parser.add_argument(
+        "--rank_start",
+        type=int,
+        default=None,
+        help="first rank to start here (a host joining the group); default: every rank",
+    )
+    parser.add_argument(
+        "--scheduler_address", default="", help="host:port of the cluster scheduler (default: agents.scheduler_address)"
+    )
     args = parser.parse_args()
     log.get_level()  # a bad log variable raises its ValueError before anything starts
     config = load_serving_config(args.config)
     if not config.agents.start_port:
-        sys.exit("agents.start_port is 0 in the configuration: standalone agents need fixed ports for the worker "
-                 "to find them; set agents.start_port")
+        sys.exit(
+            "agents.start_port is 0 in the configuration: standalone agents need fixed ports for the worker "
+            "to find them; set agents.start_port"
+        )
     stop = threading.Event()
     starting = threading.Event()
 

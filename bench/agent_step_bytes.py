@@ -7,6 +7,7 @@ The bundled config's engine schedules the requests (all arriving at once, as a s
 of the served graphs' geometry: the scheduling, and so the messages, are those of the served engine; no graph
 runs. Prints a table and writes bench/results/agent_step_bytes.json.
 """
+
 import argparse
 import dataclasses
 import os
@@ -16,12 +17,12 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from llm_engine import run_engine, workload  # noqa: E402
-from run_output import log, write_report  # noqa: E402
+from llm_engine import run_engine, workload
+from run_output import log, write_report
 
-from mindspore_serving.ipc.agent import StepEncoder  # noqa: E402
-from mindspore_serving.llm.testing import FakeModelRunner  # noqa: E402
-from mindspore_serving.spec.llm_config import load_serving_config  # noqa: E402
+from mindspore_serving.ipc.agent import StepEncoder
+from mindspore_serving.llm.testing import FakeModelRunner
+from mindspore_serving.spec.llm_config import load_serving_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,11 +39,13 @@ class MeasuredRunner(FakeModelRunner):
 
     def _measure(self, seqs, greedy_steps: int):
         self._step_id += 1
-        whole = StepEncoder().encode(self._step_id, [dataclasses.replace(s, seq_id=-1) for s in seqs], greedy_steps,
-                                     self._step_id - 1)
+        whole = StepEncoder().encode(
+            self._step_id, [dataclasses.replace(s, seq_id=-1) for s in seqs], greedy_steps, self._step_id - 1
+        )
         diff = self.encoder.encode(self._step_id, seqs, greedy_steps, self._step_id - 1)
-        self.sizes.append((len(seqs), whole.ByteSize(), diff.ByteSize(), len(whole.block_tables),
-                           len(diff.block_tables)))
+        self.sizes.append(
+            (len(seqs), whole.ByteSize(), diff.ByteSize(), len(whole.block_tables), len(diff.block_tables))
+        )
 
     def run(self, seqs):
         if not self._in_round:  # the steps of a round travel as the round's one message
@@ -67,26 +70,48 @@ def main():
     started = time.time()
     config = load_serving_config(args.config)
     model = config.model_file().model
-    runner = MeasuredRunner(num_blocks=config.engine.num_blocks, block_size=config.engine.block_size,
-                            max_seq_len=model.max_seq_len, vocab_size=model.vocab_size)
+    runner = MeasuredRunner(
+        num_blocks=config.engine.num_blocks,
+        block_size=config.engine.block_size,
+        max_seq_len=model.max_seq_len,
+        vocab_size=model.vocab_size,
+    )
     requests = workload(args.requests, model.vocab_size, config.engine.max_model_len)
-    log(f"{args.requests} requests through the engine ({config.engine.batching}, "
-        f"{config.engine.num_scheduler_steps} steps per round) on a fake model")
+    log(
+        f"{args.requests} requests through the engine ({config.engine.batching}, "
+        f"{config.engine.num_scheduler_steps} steps per round) on a fake model"
+    )
     run = run_engine(runner, config.engine, requests)
     sizes = np.array(runner.sizes, dtype=np.float64)
     rows = [("all messages", sizes), ("16-row messages", sizes[sizes[:, 0] == sizes[:, 0].max()])]
-    report = {"meta": {"config": args.config, "requests": args.requests, "messages": len(sizes),
-                       "engine_steps": run["steps"]}, "results": []}
+    report = {
+        "meta": {
+            "config": args.config,
+            "requests": args.requests,
+            "messages": len(sizes),
+            "engine_steps": run["steps"],
+        },
+        "results": [],
+    }
     print("\n| messages | count | mean rows | whole tables B | diffs B | ratio | table ids sent whole | as diffs |")
     print("|---|---|---|---|---|---|---|---|")
     for name, part in rows:
         mean = part.mean(axis=0)
-        result = {"messages": name, "count": len(part), "mean_rows": mean[0], "whole_bytes": mean[1],
-                  "diff_bytes": mean[2], "ratio": mean[2] / mean[1], "whole_table_ids": mean[3],
-                  "diff_table_ids": mean[4]}
+        result = {
+            "messages": name,
+            "count": len(part),
+            "mean_rows": mean[0],
+            "whole_bytes": mean[1],
+            "diff_bytes": mean[2],
+            "ratio": mean[2] / mean[1],
+            "whole_table_ids": mean[3],
+            "diff_table_ids": mean[4],
+        }
         report["results"].append(result)
-        print(f"| {name} | {len(part)} | {mean[0]:.1f} | {mean[1]:.0f} | {mean[2]:.0f} | {mean[2] / mean[1]:.2f} | "
-              f"{mean[3]:.1f} | {mean[4]:.1f} |")
+        print(
+            f"| {name} | {len(part)} | {mean[0]:.1f} | {mean[1]:.0f} | {mean[2]:.0f} | {mean[2] / mean[1]:.2f} | "
+            f"{mean[3]:.1f} | {mean[4]:.1f} |"
+        )
     write_report(report, started, args.out, 1)
     log(f"wrote {args.out}")
 

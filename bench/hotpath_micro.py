@@ -8,6 +8,7 @@ handoff, GraphCell call of the `add` MindIR (and the same call through MindSpore
 phase, skipping Cell.compile's per-call checks). Prints wall and CPU microseconds per call; CPU counts every
 thread of this process. Numbers vary with the load on the machine: compare rows of one run.
 """
+
 import argparse
 import asyncio
 import json
@@ -57,8 +58,12 @@ def master_rows(n: int, rows: list):
     reply_instance.items["y"].data = y.tobytes()
 
     timeit("master REST: parse_request + instances_to_proto", parse, n, rows)
-    timeit("master REST: encode_reply(proto_to_instance)",
-           lambda: restful_codec.encode_reply([proto_to_instance(reply_instance, copy=False)]), n, rows)
+    timeit(
+        "master REST: encode_reply(proto_to_instance)",
+        lambda: restful_codec.encode_reply([proto_to_instance(reply_instance, copy=False)]),
+        n,
+        rows,
+    )
 
     class Stub:
         async def Predict(self, request, timeout=None):
@@ -73,8 +78,18 @@ def master_rows(n: int, rows: list):
         only_model_stage = True
 
     registry = WorkerRegistry()
-    registry.add(WorkerRecord(key="add/v1", pid=1, address="", servable_name="add", version_number=1, batch_size=1,
-                              methods={"add_common": Signature()}, stub=Stub()))
+    registry.add(
+        WorkerRecord(
+            key="add/v1",
+            pid=1,
+            address="",
+            servable_name="add",
+            version_number=1,
+            batch_size=1,
+            methods={"add_common": Signature()},
+            stub=Stub(),
+        )
+    )
     dispatcher = Dispatcher(registry)
     loop = asyncio.new_event_loop()
 
@@ -85,8 +100,13 @@ def master_rows(n: int, rows: list):
     c0, t0 = time.process_time(), time.perf_counter()
     loop.run_until_complete(many(n))
     t1, c1 = time.perf_counter(), time.process_time()
-    rows.append(("master: Dispatcher.predict (checks, WorkerPredictRequest, fake stub)", (t1 - t0) / n * 1e6,
-                 (c1 - c0) / n * 1e6))
+    rows.append(
+        (
+            "master: Dispatcher.predict (checks, WorkerPredictRequest, fake stub)",
+            (t1 - t0) / n * 1e6,
+            (c1 - c0) / n * 1e6,
+        )
+    )
 
     async def gathered(count):
         await asyncio.gather(*[dispatcher.predict(spec, request.instances) for _ in range(count)])
@@ -97,6 +117,7 @@ def master_rows(n: int, rows: list):
     rows.append(("master: same, n concurrent tasks (asyncio task overhead)", (t1 - t0) / n * 1e6, (c1 - c0) / n * 1e6))
 
     from mindspore_serving.frontends.restful_server import RestfulApp
+
     app = RestfulApp(dispatcher, 1 << 26, fallback=None)
     scope = {"type": "http", "method": "POST", "path": PATH, "headers": []}
 
@@ -116,24 +137,30 @@ def master_rows(n: int, rows: list):
         c0, t0 = time.process_time(), time.perf_counter()
         loop.run_until_complete(app_gathered(n))
         t1, c1 = time.perf_counter(), time.process_time()
-    rows.append(("master REST: the whole ASGI app, n concurrent (no uvicorn)", (t1 - t0) / n * 1e6,
-                 (c1 - c0) / n * 1e6))
+    rows.append(
+        ("master REST: the whole ASGI app, n concurrent (no uvicorn)", (t1 - t0) / n * 1e6, (c1 - c0) / n * 1e6)
+    )
     loop.close()
     results = [reply_instance]
     timeit("master gRPC: predict_reply", lambda: predict_reply(spec, results), n, rows)
-    timeit("master gRPC: PredictRequest parse (upb)", lambda: ms_service_pb2.PredictRequest.FromString(
-        request.SerializeToString()), n, rows)
+    timeit(
+        "master gRPC: PredictRequest parse (upb)",
+        lambda: ms_service_pb2.PredictRequest.FromString(request.SerializeToString()),
+        n,
+        rows,
+    )
 
 
 def worker_rows(n: int, rows: list):
     import mindspore as ms
     from mindspore import Tensor
     from mindspore.graph.api import _cell_graph_executor
+
+    from mindspore_serving.client import convert
     from mindspore_serving.common.tensor_codec import proto_to_instances, value_to_tensor
     from mindspore_serving.proto import internal_pb2
     from mindspore_serving.worker.servable_loader import load_servable
     from mindspore_serving.worker.service import WorkerServicer
-    from mindspore_serving.client import convert
 
     runtime, _ = load_servable(os.path.join(ROOT, "servables"), "add", 0, "CPU", 0)
     servicer = WorkerServicer(runtime, lambda reason: None)
@@ -149,10 +176,15 @@ def worker_rows(n: int, rows: list):
     y = x1 + x2
     timeit("worker: value_to_tensor (output)", lambda: value_to_tensor(y, reply.instances.add().items["y"]), n, rows)
     instances = proto_to_instances(request.request.instances)
-    timeit("worker: runtime.predict (MethodRunner + executor thread + GraphCell)",
-           lambda: runtime.predict("add_common", instances), n, rows)
-    timeit("worker: WorkerServicer.Predict (all of the above, no gRPC)", lambda: servicer.Predict(request, None), n,
-           rows)
+    timeit(
+        "worker: runtime.predict (MethodRunner + executor thread + GraphCell)",
+        lambda: runtime.predict("add_common", instances),
+        n,
+        rows,
+    )
+    timeit(
+        "worker: WorkerServicer.Predict (all of the above, no gRPC)", lambda: servicer.Predict(request, None), n, rows
+    )
     graph = runtime.models[next(iter(runtime.models))].subgraphs[0]
     timeit("worker: Subgraph.run (GraphCell call, Tensor in, asnumpy out)", lambda: graph.run([x1, x2]), n, rows)
     cell = graph.cell

@@ -7,6 +7,7 @@ Prints the mean and p50/p90 wall time of one `GraphRunner.run` decode step per b
 at a context of --context tokens), the prefill time of one prompt, and, with --tokenizer, the greedy
 continuation of --prompt computed through the graphs.
 """
+
 import argparse
 import time
 
@@ -70,8 +71,10 @@ def main(argv=None):
     for batch in args.batches:
         t = time_decode(runner, batch, args.context, args.steps)
         p50, p90 = np.percentile(t, 50), np.percentile(t, 90)
-        print(f"decode batch {batch:3d} @ context {args.context}: mean {t.mean():.2f} ms  p50 {p50:.2f}  "
-              f"p90 {p90:.2f} ms  ({batch / t.mean() * 1e3:.0f} tokens/s)")
+        print(
+            f"decode batch {batch:3d} @ context {args.context}: mean {t.mean():.2f} ms  p50 {p50:.2f}  "
+            f"p90 {p90:.2f} ms  ({batch / t.mean() * 1e3:.0f} tokens/s)"
+        )
     prompt = list(range(3, 3 + 100))
     start = time.perf_counter()
     runner.run([SeqStep(prompt, 0, list(range(1, 8)))])

@@ -20,6 +20,7 @@ batch 1 (tokens/s, TPOT) and at saturation (tokens/s), with the acceptance rate 
 
     python bench/llm_engine.py --speculative [--rounds 3] [--edit_requests 8] [--out bench/results/llm_engine_spec.json]
 """
+
 import argparse
 import bisect
 import json
@@ -33,12 +34,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "bench")
 sys.path.insert(0, ROOT)
 
+from mindspore_serving.common.cpu_affinity import bind_process  # noqa: E402
 from mindspore_serving.llm import LLMEngine, SchedulerConfig  # noqa: E402
 from mindspore_serving.llm.model_io import SeqStep  # noqa: E402
-from mindspore_serving.common.cpu_affinity import bind_process  # noqa: E402
-from mindspore_serving.spec.llm_config import load_serving_config  # noqa: E402
 from mindspore_serving.llm.step_report import StepCounters  # noqa: E402
-
+from mindspore_serving.spec.llm_config import load_serving_config  # noqa: E402
 
 OUTPUT_TOKENS = (4, 160)
 DEFAULT_CONFIG = os.path.join(ROOT, "config", "llama_tiny.yaml")
@@ -54,14 +54,14 @@ def load_runner(config):
     """The config's first graphs on CPU in GRAPH_MODE, with the served number of cache blocks."""
     from mindspore_serving.agent.graph_runner import GraphRunner
     from mindspore_serving.common.ms_device import select_device
+
     select_device("CPU")
     return GraphRunner(config.model.graphs[0], num_blocks=config.engine.num_blocks)
 
 
 def limit_seqs(batch: int, blocks_per_seq: int = 4):
     """The decode rows the engine limit times: `batch` one-token rows at position 40, each with its own blocks."""
-    return [SeqStep([5], 40, list(range(1 + i * blocks_per_seq, 1 + (i + 1) * blocks_per_seq)))
-            for i in range(batch)]
+    return [SeqStep([5], 40, list(range(1 + i * blocks_per_seq, 1 + (i + 1) * blocks_per_seq))) for i in range(batch)]
 
 
 def step_seconds(runner, seqs, steps: int) -> float:
@@ -81,8 +81,11 @@ def engine_limit(runner, steps: int):
         # the best of three rounds: the machine is shared, noise only adds time
         rounds = [step_seconds(runner, seqs, steps) for _ in range(3)]
         step = min(rounds)
-        limit[batch] = {"step_ms": step * 1000, "tokens_per_s": batch / step,
-                        "median_step_ms": float(np.median(rounds)) * 1000}
+        limit[batch] = {
+            "step_ms": step * 1000,
+            "tokens_per_s": batch / step,
+            "median_step_ms": float(np.median(rounds)) * 1000,
+        }
     return limit
 
 
@@ -109,13 +112,15 @@ def run_engine(runner, config, requests):
     def listen(stats):
         counters.add(stats)
         if stats.num_decode_seqs and not stats.num_prefill_seqs:
-            decode_only.append((stats.num_new_tokens, stats.schedule_s + stats.execute_s + stats.update_s,
-                                stats.num_model_steps))
+            decode_only.append(
+                (stats.num_new_tokens, stats.schedule_s + stats.execute_s + stats.update_s, stats.num_model_steps)
+            )
 
     engine.add_step_listener(listen)
     for prompt, n in requests:
-        engine.add_request(prompt_token_ids=prompt, params={"temperature": 0.0, "max_new_tokens": n,
-                                                            "ignore_eos": True})
+        engine.add_request(
+            prompt_token_ids=prompt, params={"temperature": 0.0, "max_new_tokens": n, "ignore_eos": True}
+        )
     started = time.perf_counter()
     tokens = steps = 0
     while engine.has_unfinished():
@@ -125,11 +130,16 @@ def run_engine(runner, config, requests):
     decode_tokens = sum(t for t, _, _ in decode_only)
     decode_seconds = sum(s for _, s, _ in decode_only)
     decode_steps = sum(n for _, _, n in decode_only)
-    return {"seconds": elapsed, "output_tokens": tokens, "tokens_per_s": tokens / elapsed, "steps": steps,
-            "mean_decode_batch": counters.mean_decode_batch,
-            "decode_only_steps": decode_steps,
-            "decode_only_mean_batch": decode_tokens / max(1, decode_steps),
-            "decode_only_tokens_per_s": decode_tokens / decode_seconds if decode_seconds else 0.0}
+    return {
+        "seconds": elapsed,
+        "output_tokens": tokens,
+        "tokens_per_s": tokens / elapsed,
+        "steps": steps,
+        "mean_decode_batch": counters.mean_decode_batch,
+        "decode_only_steps": decode_steps,
+        "decode_only_mean_batch": decode_tokens / max(1, decode_steps),
+        "decode_only_tokens_per_s": decode_tokens / decode_seconds if decode_seconds else 0.0,
+    }
 
 
 def bucket_of(batches, occupancy: float) -> int:
@@ -148,30 +158,51 @@ def main():
     parser.add_argument("--config", default=DEFAULT_CONFIG)
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--steps", type=int, default=20, help="timed decode steps per round and bucket for the limit")
-    parser.add_argument("--out", default=None,
-                        help="default bench/results/llm_engine.json, with --tensor_parallel llm_engine_tp.json")
-    parser.add_argument("--no-bind", action="store_true",
-                        help="do not bind to the cores of the config's agents.cpu_affinity (default: bind, as the agent)")
+    parser.add_argument(
+        "--out", default=None, help="default bench/results/llm_engine.json, with --tensor_parallel llm_engine_tp.json"
+    )
+    parser.add_argument(
+        "--no-bind",
+        action="store_true",
+        help="do not bind to the cores of the config's agents.cpu_affinity (default: bind, as the agent)",
+    )
     tp = parser.add_argument_group("tensor parallelism (--tensor_parallel N)")
-    tp.add_argument("--tensor_parallel", type=int, default=1, metavar="N",
-                    help="compare TP=1 (--config) with TP=N (--tp_config) through agents instead of the engine run")
-    tp.add_argument("--tp_config", default=None,
-                    help="config of the TP=N servable (default for N=2: config/llama_tiny_tp2.yaml)")
-    tp.add_argument("--rounds", type=int, default=None,
-                    help="rounds of --steps decode steps per setup and batch (default 5); with --speculative, "
-                         "alternated rounds of both setups (default 3)")
+    tp.add_argument(
+        "--tensor_parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="compare TP=1 (--config) with TP=N (--tp_config) through agents instead of the engine run",
+    )
+    tp.add_argument(
+        "--tp_config", default=None, help="config of the TP=N servable (default for N=2: config/llama_tiny_tp2.yaml)"
+    )
+    tp.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="rounds of --steps decode steps per setup and batch (default 5); with --speculative, "
+        "alternated rounds of both setups (default 3)",
+    )
     tp.add_argument("--context", type=int, default=64, help="prompt tokens prefilled before the decode steps")
     tp.add_argument("--allreduce_calls", type=int, default=200, help="timed calls per round of the AllReduce graph")
     spec = parser.add_argument_group("speculative decoding (--speculative)")
-    spec.add_argument("--speculative", action="store_true",
-                      help="compare n-gram speculative decoding with plain decoding (--config default: "
-                           "config/llama_tiny_spec.yaml)")
-    spec.add_argument("--edit_requests", type=int, default=8,
-                      help="requests of the edit workload (and of the mixed workload's batch-1 runs)")
+    spec.add_argument(
+        "--speculative",
+        action="store_true",
+        help="compare n-gram speculative decoding with plain decoding (--config default: config/llama_tiny_spec.yaml)",
+    )
+    spec.add_argument(
+        "--edit_requests",
+        type=int,
+        default=8,
+        help="requests of the edit workload (and of the mixed workload's batch-1 runs)",
+    )
     args = parser.parse_args()
     if args.speculative:
         sys.path.insert(0, BENCH)
         from llm.speculative import main_speculative  # bench/llm/speculative.py; loaded only for this mode
+
         if args.config == DEFAULT_CONFIG:
             args.config = os.path.join(ROOT, "config", "llama_tiny_spec.yaml")
         args.rounds = args.rounds or 3
@@ -187,16 +218,25 @@ def main():
     runner = load_runner(config)
     limit = engine_limit(runner, args.steps)
     requests = workload(args.requests, runner.vocab_size, config.engine.max_model_len)
-    results = {"cpu_affinity": cpus, "engine_limit": limit, "workload": {"requests": args.requests,
-                                                    "output_tokens": sum(n for _, n in requests)}}
+    results = {
+        "cpu_affinity": cpus,
+        "engine_limit": limit,
+        "workload": {"requests": args.requests, "output_tokens": sum(n for _, n in requests)},
+    }
     max_seqs = runner.decode_batches[-1]
     # each strategy with one decode step per scheduling round, and with the config's multi-step rounds
     step_counts = sorted({1, config.engine.num_scheduler_steps})
     names = []
     for steps in step_counts:
         for strategy in ("continuous", "static"):
-            sched = SchedulerConfig(**{**config.engine.__dict__, "batching": strategy, "max_num_seqs": max_seqs,
-                                       "num_scheduler_steps": steps})
+            sched = SchedulerConfig(
+                **{
+                    **config.engine.__dict__,
+                    "batching": strategy,
+                    "max_num_seqs": max_seqs,
+                    "num_scheduler_steps": steps,
+                }
+            )
             run = run_engine(runner, sched, requests)
             run["num_scheduler_steps"] = steps
             run["limit_at_occupancy"] = limit_at(limit, runner, run["mean_decode_batch"])
@@ -208,24 +248,31 @@ def main():
             names.append(name)
         suffix = "" if steps == 1 else f" x{steps}"
         results["continuous_over_static" + suffix.replace(" ", "_")] = (
-            results["continuous" + suffix]["tokens_per_s"] / results["static" + suffix]["tokens_per_s"])
+            results["continuous" + suffix]["tokens_per_s"] / results["static" + suffix]["tokens_per_s"]
+        )
 
     print("\nEngine limit (decode, full batch, graphs back to back)")
     print(f"{'batch':>6} {'step ms':>9} {'tokens/s':>10}")
     for batch, row in limit.items():
         print(f"{batch:>6} {row['step_ms']:>9.2f} {row['tokens_per_s']:>10.0f}")
     print(f"\nEngine with scheduler, {args.requests} requests, {results['workload']['output_tokens']} output tokens")
-    print(f"{'strategy':>14} {'seconds':>8} {'tokens/s':>9} {'mean batch':>10} {'limit@batch':>11} {'fraction':>8} "
-          f"{'decode-step fraction':>20}")
+    print(
+        f"{'strategy':>14} {'seconds':>8} {'tokens/s':>9} {'mean batch':>10} {'limit@batch':>11} {'fraction':>8} "
+        f"{'decode-step fraction':>20}"
+    )
     for name in names:
         r = results[name]
-        print(f"{name:>14} {r['seconds']:>8.2f} {r['tokens_per_s']:>9.0f} {r['mean_decode_batch']:>10.1f} "
-              f"{r['limit_at_occupancy']:>11.0f} {r['fraction_of_limit']:>8.2f} {r['decode_fraction_of_limit']:>20.2f}")
-    print("fraction: served tokens/s over the engine limit at the same mean decode batch (prefill time included);\n"
-          "decode-step fraction: the same over decode-only steps (what the scheduler and sampler cost per step);\n"
-          "xN: N decode steps per scheduling round when the batch allows (engine.num_scheduler_steps)")
+        print(
+            f"{name:>14} {r['seconds']:>8.2f} {r['tokens_per_s']:>9.0f} {r['mean_decode_batch']:>10.1f} "
+            f"{r['limit_at_occupancy']:>11.0f} {r['fraction_of_limit']:>8.2f} {r['decode_fraction_of_limit']:>20.2f}"
+        )
+    print(
+        "fraction: served tokens/s over the engine limit at the same mean decode batch (prefill time included);\n"
+        "decode-step fraction: the same over decode-only steps (what the scheduler and sampler cost per step);\n"
+        "xN: N decode steps per scheduling round when the batch allows (engine.num_scheduler_steps)"
+    )
     for key in (k for k in results if k.startswith("continuous_over_static")):
-        label = key[len("continuous_over_static"):].replace("_", " ")
+        label = key[len("continuous_over_static") :].replace("_", " ")
         print(f"continuous / static throughput{label}: {results[key]:.2f}x")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as stream:
@@ -236,6 +283,7 @@ def main():
 def main_tensor_parallel(args):
     sys.path.insert(0, BENCH)
     from llm import tensor_parallel  # bench/llm/tensor_parallel.py; loaded only for this mode
+
     tp_config = args.tp_config
     if tp_config is None:
         if args.tensor_parallel != 2:

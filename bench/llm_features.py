@@ -19,12 +19,12 @@ the feature in alternated rounds of the same run.
 
 Prints a table and writes JSON (default bench/results/llm_features.json).
 """
+
 import argparse
 import json
 import os
 import sys
 import time
-from typing import Dict, List
 
 import numpy as np
 
@@ -33,24 +33,31 @@ ROOT = os.path.dirname(BENCH)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, BENCH)
 
-from llm_engine import bind_like_agent, load_runner  # noqa: E402  (bench/llm_engine.py)
 from llm.workload import PromptSource  # noqa: E402  (bench/llm/workload.py)
-from mindspore_serving.llm import LLMEngine, SchedulerConfig  # noqa: E402
-from mindspore_serving.llm.structured_output import BitmaskComputer, GrammarCompiler, allowed_tokens  # noqa: E402
-from mindspore_serving.llm.sampling_params import StructuredOutput  # noqa: E402
-from mindspore_serving.models.llama.tokenizer import TextTokenizer  # noqa: E402
-from mindspore_serving.spec.llm_config import load_serving_config  # noqa: E402
+from llm_engine import bind_like_agent, load_runner  # noqa: E402  (bench/llm_engine.py)
 from run_output import write_report  # noqa: E402  (bench/run_output.py)
 
-SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "tags"],
-          "properties": {"name": {"type": "string", "maxLength": 12},
-                         "age": {"type": "integer", "minimum": 0, "maximum": 120},
-                         "tags": {"type": "array", "items": {"type": "string", "maxLength": 10}, "maxItems": 6}}}
+from mindspore_serving.llm import LLMEngine, SchedulerConfig  # noqa: E402
+from mindspore_serving.llm.sampling_params import StructuredOutput  # noqa: E402
+from mindspore_serving.llm.structured_output import BitmaskComputer, GrammarCompiler, allowed_tokens  # noqa: E402
+from mindspore_serving.models.llama.tokenizer import TextTokenizer  # noqa: E402
+from mindspore_serving.spec.llm_config import load_serving_config  # noqa: E402
+
+SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "age", "tags"],
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 10}, "maxItems": 6},
+    },
+}
 MAX_NEW_TOKENS = 64
 TEMPERATURE = 0.8
 
 
-def prompts(source: PromptSource, count: int, seed: int) -> List[str]:
+def prompts(source: PromptSource, count: int, seed: int) -> list[str]:
     rng = np.random.default_rng(seed)
     return [source.prompt(rng, int(rng.integers(8, 64)))[0] for _ in range(count)]
 
@@ -72,12 +79,12 @@ class Run:
             self.prefill_tokens += stats.num_prefill_tokens
             self.peak_blocks = max(self.peak_blocks, self._usable - stats.num_free_blocks)
 
-    def go(self, requests: List[dict]) -> dict:
+    def go(self, requests: list[dict]) -> dict:
         """`requests`: dicts of add_request keyword arguments. Returns the run's figures."""
         self.prefill_tokens = self.peak_blocks = 0
         self.listening = True
         ids = {self.engine.add_request(**r): i for i, r in enumerate(requests)}
-        times: Dict[tuple, List[float]] = {}
+        times: dict[tuple, list[float]] = {}
         started = time.perf_counter()
         tokens = 0
         while self.engine.has_unfinished():
@@ -88,16 +95,22 @@ class Run:
                 tokens += len(out.new_token_ids)
         elapsed = time.perf_counter() - started
         self.listening = False
-        return {"seconds": elapsed, "output_tokens": tokens, "tokens_per_s": tokens / elapsed,
-                "prefill_tokens": self.prefill_tokens, "peak_kv_blocks": self.peak_blocks, "times": times}
+        return {
+            "seconds": elapsed,
+            "output_tokens": tokens,
+            "tokens_per_s": tokens / elapsed,
+            "prefill_tokens": self.prefill_tokens,
+            "peak_kv_blocks": self.peak_blocks,
+            "times": times,
+        }
 
 
-def tpot(times: Dict[tuple, List[float]], which) -> float:
+def tpot(times: dict[tuple, list[float]], which) -> float:
     values = [(t[-1] - t[0]) / (len(t) - 1) for key, t in times.items() if which(key[0]) and len(t) > 1]
     return float(np.mean(values)) * 1000 if values else float("nan")
 
 
-def structured_rounds(run: Run, texts: List[str], rounds: int) -> dict:
+def structured_rounds(run: Run, texts: list[str], rounds: int) -> dict:
     schema = {"type": "json", "value": json.dumps(SCHEMA)}
     results = {"plain": [], "schema": []}
     for _ in range(rounds):
@@ -127,7 +140,7 @@ def grammar_cpu(tokenizer, eos_id: int, batches=(1, 8, 16), seed: int = 0) -> di
     try:
         for batch in batches:
             states = [compiler.new_matcher(spec) for _ in range(batch)]
-            outputs: List[List[int]] = [[] for _ in states]
+            outputs: list[list[int]] = [[] for _ in states]
             masks_s = feed_s = 0.0
             steps = tokens = 0
             while True:
@@ -147,14 +160,19 @@ def grammar_cpu(tokenizer, eos_id: int, batches=(1, 8, 16), seed: int = 0) -> di
                 feed_s += t3 - t2
                 steps += 1
                 tokens += len(live)
-            result[batch] = {"steps": steps, "tokens": tokens, "mask_ms_per_step": masks_s / steps * 1000,
-                             "mask_us_per_token": masks_s / tokens * 1e6, "feed_us_per_token": feed_s / tokens * 1e6}
+            result[batch] = {
+                "steps": steps,
+                "tokens": tokens,
+                "mask_ms_per_step": masks_s / steps * 1000,
+                "mask_us_per_token": masks_s / tokens * 1e6,
+                "feed_us_per_token": feed_s / tokens * 1e6,
+            }
     finally:
         masks.close()
     return result
 
 
-def choices_rounds(run: Run, texts: List[str], rounds: int, n: int = 4) -> dict:
+def choices_rounds(run: Run, texts: list[str], rounds: int, n: int = 4) -> dict:
     results = {"n": [], "separate": []}
     for _ in range(rounds):
         for mode in ("n", "separate"):
@@ -171,7 +189,7 @@ def choices_rounds(run: Run, texts: List[str], rounds: int, n: int = 4) -> dict:
     return results
 
 
-def median(rows: List[dict], key: str) -> float:
+def median(rows: list[dict], key: str) -> float:
     return float(np.median([r[key] for r in rows]))
 
 
@@ -194,39 +212,58 @@ def main(argv=None) -> int:
     engine = LLMEngine(runner, tokenizer, engine_config, eos_token_id=tokenizer.eos_id, seed=0)
     run = Run(engine)
     # NOTE: a second engine on the same runner shares its KV cache; it runs only after the first is done
-    choices_engine = LLMEngine(runner, tokenizer, SchedulerConfig(**{**engine_config.__dict__,
-                                                                      "enable_prefix_caching": False}),
-                               eos_token_id=tokenizer.eos_id, seed=0)
+    choices_engine = LLMEngine(
+        runner,
+        tokenizer,
+        SchedulerConfig(**{**engine_config.__dict__, "enable_prefix_caching": False}),
+        eos_token_id=tokenizer.eos_id,
+        seed=0,
+    )
     source = PromptSource(config.model.tokenizer)
     texts = prompts(source, args.requests, seed=1)
     run.go([{"prompt": t, "params": {"max_new_tokens": 8}} for t in texts[:8]])  # warm-up
-    report = {"meta": {"started": time.strftime("%Y-%m-%d %H:%M:%S")}, "cpu_affinity": cpus, "requests": args.requests, "rounds": args.rounds, "schema": SCHEMA,
-              "structured": structured_rounds(run, texts, args.rounds),
-              "grammar_cpu": grammar_cpu(tokenizer, tokenizer.eos_id),
-              "choices": choices_rounds(Run(choices_engine), prompts(source, max(1, args.requests // 4), seed=2),
-                                        args.rounds)}
+    report = {
+        "meta": {"started": time.strftime("%Y-%m-%d %H:%M:%S")},
+        "cpu_affinity": cpus,
+        "requests": args.requests,
+        "rounds": args.rounds,
+        "schema": SCHEMA,
+        "structured": structured_rounds(run, texts, args.rounds),
+        "grammar_cpu": grammar_cpu(tokenizer, tokenizer.eos_id),
+        "choices": choices_rounds(
+            Run(choices_engine), prompts(source, max(1, args.requests // 4), seed=2), args.rounds
+        ),
+    }
 
     s = report["structured"]
     print(f"\nStructured output: {args.requests} sampled requests at once, medians of {args.rounds} alternated rounds")
     print(f"{'run':>22} {'tokens/s':>9} {'TPOT even ms':>13} {'TPOT odd ms':>12}")
     for mode, label in (("plain", "all plain"), ("schema", "odd ones with schema")):
-        print(f"{label:>22} {median(s[mode], 'tokens_per_s'):>9.0f} {median(s[mode], 'tpot_plain_ms'):>13.2f} "
-              f"{median(s[mode], 'tpot_odd_ms'):>12.2f}")
+        print(
+            f"{label:>22} {median(s[mode], 'tokens_per_s'):>9.0f} {median(s[mode], 'tpot_plain_ms'):>13.2f} "
+            f"{median(s[mode], 'tpot_odd_ms'):>12.2f}"
+        )
     ratio = median(s["schema"], "tokens_per_s") / median(s["plain"], "tokens_per_s")
     report["schema_over_plain_tokens_per_s"] = ratio
     print(f"tokens/s with schemas / without: {ratio:.2f}")
     print("\nGrammar engine CPU (llguidance), along valid outputs of the schema")
     print(f"{'batch':>6} {'mask ms/step':>13} {'mask us/token':>14} {'feed us/token':>14}")
     for batch, row in report["grammar_cpu"].items():
-        print(f"{batch:>6} {row['mask_ms_per_step']:>13.3f} {row['mask_us_per_token']:>14.1f} "
-              f"{row['feed_us_per_token']:>14.1f}")
+        print(
+            f"{batch:>6} {row['mask_ms_per_step']:>13.3f} {row['mask_us_per_token']:>14.1f} "
+            f"{row['feed_us_per_token']:>14.1f}"
+        )
     c = report["choices"]
-    print(f"\nn=4 against 4 separate requests ({max(1, args.requests // 4)} prompts, {MAX_NEW_TOKENS} tokens each "
-          f"choice, no prefix caching)")
+    print(
+        f"\nn=4 against 4 separate requests ({max(1, args.requests // 4)} prompts, {MAX_NEW_TOKENS} tokens each "
+        f"choice, no prefix caching)"
+    )
     print(f"{'run':>12} {'tokens/s':>9} {'prompt tokens computed':>23} {'peak KV blocks':>15}")
     for mode in ("n", "separate"):
-        print(f"{mode:>12} {median(c[mode], 'tokens_per_s'):>9.0f} {median(c[mode], 'prefill_tokens'):>23.0f} "
-              f"{median(c[mode], 'peak_kv_blocks'):>15.0f}")
+        print(
+            f"{mode:>12} {median(c[mode], 'tokens_per_s'):>9.0f} {median(c[mode], 'prefill_tokens'):>23.0f} "
+            f"{median(c[mode], 'peak_kv_blocks'):>15.0f}"
+        )
     write_report(report, started, args.out, indent=1)
     print(f"wrote {args.out}")
     return 0

@@ -21,6 +21,7 @@ What it measures, on 127.0.0.1, every process started (and killed at the end) by
    transformers: one `generate` over a left-padded batch of the same prompts) for output tokens/s;
 4. prints a table and writes JSON (default bench/results/llm_real.json).
 """
+
 import argparse
 import asyncio
 import contextlib
@@ -41,14 +42,32 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, HERE)
 
 from run_output import log, write_report  # noqa: E402  (bench/run_output.py)
+
 from mindspore_serving.llm.kv_budget import parse_size  # noqa: E402
 
-QWEN_05B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896,
-            "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
-            "intermediate_size": 4864, "vocab_size": 151936, "tie_word_embeddings": True, "rope_theta": 1000000.0,
-            "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "hidden_act": "silu",
-            "torch_dtype": "float16", "bos_token_id": None, "eos_token_id": 1, "use_sliding_window": False,
-            "sliding_window": 32768, "max_window_layers": 24, "attention_dropout": 0.0, "initializer_range": 0.02}
+QWEN_05B = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 896,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "intermediate_size": 4864,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 32768,
+    "hidden_act": "silu",
+    "torch_dtype": "float16",
+    "bos_token_id": None,
+    "eos_token_id": 1,
+    "use_sliding_window": False,
+    "sliding_window": 32768,
+    "max_window_layers": 24,
+    "attention_dropout": 0.0,
+    "initializer_range": 0.02,
+}
 FIXTURE_TOKENIZER = os.path.join(ROOT, "tests", "fixtures", "hf", "qwen2")
 ORACLE_PYTHON = os.path.join(ROOT, ".venv-oracle", "bin", "python")
 CORPUS = os.path.join(ROOT, "data", "kjv_narrative.txt")
@@ -57,26 +76,39 @@ TOKENIZER_VOCAB = 512  # the fixture tokenizer's size
 
 
 def parameter_shapes(cfg: dict) -> dict:
-    hidden, inter, heads, kv = (cfg["hidden_size"], cfg["intermediate_size"], cfg["num_attention_heads"],
-                                cfg["num_key_value_heads"])
+    hidden, inter, heads, kv = (
+        cfg["hidden_size"],
+        cfg["intermediate_size"],
+        cfg["num_attention_heads"],
+        cfg["num_key_value_heads"],
+    )
     head_dim = hidden // heads
     shapes = {"model.embed_tokens.weight": (cfg["vocab_size"], hidden), "model.norm.weight": (hidden,)}
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,),
-            p + "self_attn.q_proj.weight": (heads * head_dim, hidden), p + "self_attn.q_proj.bias": (heads * head_dim,),
-            p + "self_attn.k_proj.weight": (kv * head_dim, hidden), p + "self_attn.k_proj.bias": (kv * head_dim,),
-            p + "self_attn.v_proj.weight": (kv * head_dim, hidden), p + "self_attn.v_proj.bias": (kv * head_dim,),
-            p + "self_attn.o_proj.weight": (hidden, heads * head_dim),
-            p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden),
-            p + "mlp.down_proj.weight": (hidden, inter)})
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (hidden,),
+                p + "post_attention_layernorm.weight": (hidden,),
+                p + "self_attn.q_proj.weight": (heads * head_dim, hidden),
+                p + "self_attn.q_proj.bias": (heads * head_dim,),
+                p + "self_attn.k_proj.weight": (kv * head_dim, hidden),
+                p + "self_attn.k_proj.bias": (kv * head_dim,),
+                p + "self_attn.v_proj.weight": (kv * head_dim, hidden),
+                p + "self_attn.v_proj.bias": (kv * head_dim,),
+                p + "self_attn.o_proj.weight": (hidden, heads * head_dim),
+                p + "mlp.gate_proj.weight": (inter, hidden),
+                p + "mlp.up_proj.weight": (inter, hidden),
+                p + "mlp.down_proj.weight": (hidden, inter),
+            }
+        )
     return shapes
 
 
 def make_model(model_dir: str, seed: int) -> int:
     """Writes the random-weight model directory; returns its parameter count."""
     from safetensors.numpy import save_file
+
     shapes = parameter_shapes(QWEN_05B)
     count = sum(int(np.prod(shape)) for shape in shapes.values())
     if os.path.isfile(os.path.join(model_dir, "model.safetensors")):
@@ -107,6 +139,7 @@ def make_model(model_dir: str, seed: int) -> int:
 def prompts(model_dir: str, count: int, tokens: int, seed: int):
     """`count` text prompts of `tokens` tokens each (windows of the corpus cut at token boundaries)."""
     from tokenizers import Tokenizer
+
     tokenizer = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
     with open(CORPUS, encoding="utf-8") as stream:
         text = stream.read()
@@ -114,10 +147,10 @@ def prompts(model_dir: str, count: int, tokens: int, seed: int):
     out = []
     while len(out) < count:
         start = int(rng.integers(0, len(text) - 20000))
-        piece = text[start:start + 20000]
+        piece = text[start : start + 20000]
         offsets = tokenizer.encode(piece, add_special_tokens=False).offsets
         if len(offsets) > tokens + 1:
-            out.append(piece[offsets[1][0]:offsets[tokens][1]])
+            out.append(piece[offsets[1][0] : offsets[tokens][1]])
     return out
 
 
@@ -132,10 +165,25 @@ class Served:
 
     def start(self) -> float:
         from serving_process import ServingProcess, free_port  # tests/serving_process.py
+
         rest = f"127.0.0.1:{free_port()}"
-        command = [os.path.join(ROOT, "serving_server.py"), "--grpc", f"127.0.0.1:{free_port()}", "--rest", rest,
-                   "--model", self.model_dir, "--served_model_name", NAME, "--model_cache", self.cache,
-                   "--max_model_len", str(self.args.max_model_len), "--kv_cache_memory", self.args.kv_cache_memory]
+        command = [
+            os.path.join(ROOT, "serving_server.py"),
+            "--grpc",
+            f"127.0.0.1:{free_port()}",
+            "--rest",
+            rest,
+            "--model",
+            self.model_dir,
+            "--served_model_name",
+            NAME,
+            "--model_cache",
+            self.cache,
+            "--max_model_len",
+            str(self.args.max_model_len),
+            "--kv_cache_memory",
+            self.args.kv_cache_memory,
+        ]
         for flag in ("decode_batch_buckets", "prefill_batch_buckets", "prefill_len_buckets"):
             if getattr(self.args, flag):  # "": the one command's own buckets
                 command += [f"--{flag}", getattr(self.args, flag)]
@@ -157,8 +205,15 @@ class Served:
 
 
 async def _stream(session, url: str, prompt: str, max_tokens: int) -> dict:
-    body = {"model": NAME, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
-            "temperature": 0, "stream_options": {"include_usage": True}}
+    body = {
+        "model": NAME,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream_options": {"include_usage": True},
+    }
     sent = time.perf_counter()
     events, tokens = [], 0
     async with session.post(url + "/v1/completions", json=body) as reply:
@@ -180,6 +235,7 @@ async def _stream(session, url: str, prompt: str, max_tokens: int) -> dict:
 
 async def _ours_round(url: str, texts, output_tokens: int, alone_count: int) -> dict:
     import aiohttp
+
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600)) as session:
         await _stream(session, url, texts[0], 4)  # warm
         alone = [await _stream(session, url, text, output_tokens) for text in texts[:alone_count]]
@@ -188,9 +244,14 @@ async def _ours_round(url: str, texts, output_tokens: int, alone_count: int) -> 
         wall = time.perf_counter() - started
     ttft = float(np.median([r["ttft"] for r in alone]))
     tpot = float(np.median([(r["e2e"] - r["ttft"]) / max(1, r["tokens"] - 1) for r in alone]))
-    return {"batch1_ttft_s": ttft, "batch1_tpot_s": tpot, "batch1_tokens_s": 1.0 / tpot,
-            "batch": len(texts), "saturation_tokens_s": sum(r["tokens"] for r in together) / wall,
-            "saturation_ttft_p50_s": float(np.median([r["ttft"] for r in together]))}
+    return {
+        "batch1_ttft_s": ttft,
+        "batch1_tpot_s": tpot,
+        "batch1_tokens_s": 1.0 / tpot,
+        "batch": len(texts),
+        "saturation_tokens_s": sum(r["tokens"] for r in together) / wall,
+        "saturation_ttft_p50_s": float(np.median([r["ttft"] for r in together])),
+    }
 
 
 # ---- transformers -------------------------------------------------------------------------------------------------
@@ -225,8 +286,21 @@ print(json.dumps({"batch1_ttft_s": ttft, "batch1_tpot_s": tpot, "batch1_tokens_s
 def hf_round(model_dir: str, texts, output_tokens: int, alone: int):
     if not os.path.isfile(ORACLE_PYTHON):
         return None
-    out = subprocess.run([ORACLE_PYTHON, "-c", _HF_SCRIPT, model_dir, json.dumps(texts), str(output_tokens),
-                          str(os.cpu_count() or 1), str(alone)], capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        [
+            ORACLE_PYTHON,
+            "-c",
+            _HF_SCRIPT,
+            model_dir,
+            json.dumps(texts),
+            str(output_tokens),
+            str(os.cpu_count() or 1),
+            str(alone),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if out.returncode:
         log(f"transformers failed: {out.stderr[-2000:]}")
         return None
@@ -246,8 +320,12 @@ def directory_bytes(path: str) -> dict:
 
 def table(report: dict) -> str:
     rows = [f"{'':28}{'ours':>12}{'transformers':>14}{'ours / hf':>11}"]
-    for key, label in (("batch1_ttft_s", "batch 1 TTFT (ms)"), ("batch1_tpot_s", "batch 1 TPOT (ms)"),
-                       ("batch1_tokens_s", "batch 1 tokens/s"), ("saturation_tokens_s", "saturation tokens/s")):
+    for key, label in (
+        ("batch1_ttft_s", "batch 1 TTFT (ms)"),
+        ("batch1_tpot_s", "batch 1 TPOT (ms)"),
+        ("batch1_tokens_s", "batch 1 tokens/s"),
+        ("saturation_tokens_s", "saturation tokens/s"),
+    ):
         ours = [r["ours"][key] for r in report["rounds"]]
         hf = [r["transformers"][key] for r in report["rounds"] if r.get("transformers")]
         scale = 1000 if key.endswith("_s") and "tokens" not in key else 1
@@ -256,11 +334,15 @@ def table(report: dict) -> str:
         rows.append(f"{label:28}{o:12.1f}{h:14.1f}{o / h:11.2f}")
     first = report["first_start"]
     weights, kv = report["weight_bytes_fp32"], report["kv_cache_bytes"]
-    rows.append(f"first start (export + load): {first['seconds']:.0f} s; files: weights "
-                f"{first['files']['weights'] / 2**20:.0f} MiB, graphs {first['files']['graphs'] / 2**20:.1f} MiB")
-    rows.append(f"agent RSS {first['agent_rss'] / 2**20:.0f} MiB = float32 weights {weights / 2**20:.0f} + KV cache "
-                f"{kv / 2**20:.0f} + {(first['agent_rss'] - weights - kv) / 2**20:.0f} MiB of MindSpore and its "
-                f"compiled graphs")
+    rows.append(
+        f"first start (export + load): {first['seconds']:.0f} s; files: weights "
+        f"{first['files']['weights'] / 2**20:.0f} MiB, graphs {first['files']['graphs'] / 2**20:.1f} MiB"
+    )
+    rows.append(
+        f"agent RSS {first['agent_rss'] / 2**20:.0f} MiB = float32 weights {weights / 2**20:.0f} + KV cache "
+        f"{kv / 2**20:.0f} + {(first['agent_rss'] - weights - kv) / 2**20:.0f} MiB of MindSpore and its "
+        f"compiled graphs"
+    )
     return "\n".join(rows)
 
 
@@ -287,9 +369,13 @@ def main(argv=None) -> int:
     started = time.time()
     params = make_model(args.model_dir, args.seed)
     texts = prompts(args.model_dir, args.requests, args.prompt_tokens, args.seed)
-    report = {"meta": {"argv": sys.argv[1:], "cores": os.cpu_count(), "loadavg_start": os.getloadavg()},
-              "parameters": params, "weight_bytes_fp32": 4 * params, "rounds": [],
-              "kv_cache_bytes": parse_size(args.kv_cache_memory)}
+    report = {
+        "meta": {"argv": sys.argv[1:], "cores": os.cpu_count(), "loadavg_start": os.getloadavg()},
+        "parameters": params,
+        "weight_bytes_fp32": 4 * params,
+        "rounds": [],
+        "kv_cache_bytes": parse_size(args.kv_cache_memory),
+    }
     workdir = tempfile.mkdtemp(prefix="llm_real_")
     cache = args.model_cache or os.path.join(workdir, "model_cache")
     served = Served(args.model_dir, cache, workdir, args)
@@ -297,15 +383,19 @@ def main(argv=None) -> int:
         log("first start: exporting the graphs and loading them (the server is ready when this returns)")
         seconds = served.start()
         agent = served.agent()
-        report["first_start"] = {"seconds": seconds, "files": directory_bytes(cache),
-                                 "agent_rss": agent.memory_info().rss if agent else 0}
+        report["first_start"] = {
+            "seconds": seconds,
+            "files": directory_bytes(cache),
+            "agent_rss": agent.memory_info().rss if agent else 0,
+        }
         log(f"ready after {seconds:.0f} s")
         for index in range(args.rounds):
             log(f"round {index + 1}: ours")
             ours = asyncio.run(_ours_round(served.url, texts, args.output_tokens, args.alone))
             log(f"round {index + 1}: transformers")
-            report["rounds"].append({"ours": ours, "transformers": hf_round(args.model_dir, texts,
-                                                                            args.output_tokens, args.alone)})
+            report["rounds"].append(
+                {"ours": ours, "transformers": hf_round(args.model_dir, texts, args.output_tokens, args.alone)}
+            )
         if agent is not None:
             report["first_start"]["agent_rss_after"] = agent.memory_info().rss
     finally:

@@ -45,6 +45,7 @@ What it does, all on 127.0.0.1, every process started (and killed at the end, ev
 The machine's cores are shared by the client, the master, the worker and the agent (and whatever else runs): the
 JSON records the CPU used by other processes during each run ("other_cores", "top_other_processes").
 """
+
 import argparse
 import asyncio
 import contextlib
@@ -54,7 +55,6 @@ import signal
 import sys
 import tempfile
 import time
-from typing import Dict, List, Tuple
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
@@ -68,14 +68,15 @@ from llm.report import new_report, table  # noqa: E402
 from llm.runs import serve_runs  # noqa: E402
 from llm.server import LlmServer  # noqa: E402
 from llm.summary import summary  # noqa: E402
-from llm.workload import PromptSource, workloads as make_workloads  # noqa: E402
+from llm.workload import PromptSource  # noqa: E402
+from llm.workload import workloads as make_workloads
 from run_output import log, write_report  # noqa: E402  (bench/run_output.py)
 
 DEFAULT_OUT = os.path.join(BENCH, "results", "llm_serving.json")
 QUICK_OUT = os.path.join(BENCH, "results", "llm_serving_quick.json")
 
 
-def parse_rates(text: str) -> List[Tuple[str, float]]:
+def parse_rates(text: str) -> list[tuple[str, float]]:
     rates = []
     for part in text.split(","):
         part = part.strip()
@@ -88,39 +89,75 @@ def parse_rates(text: str) -> List[Tuple[str, float]]:
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer requests and rates: about 70-85 s")
-    parser.add_argument("--requests", type=int, default=None,
-                        help="requests per saturation/Poisson run (default 96; --quick 32)")
-    parser.add_argument("--rates", default=None,
-                        help="Poisson rates, comma-separated: '0.5x' = a fraction of the saturated request rate, "
-                             "a plain number = req/s (default 0.3x,0.6x,0.9x; --quick 0.6x)")
-    parser.add_argument("--poisson-seconds", type=float, default=None,
-                        help="a Poisson run sends at most rate x this many requests (at least 16), which bounds its "
-                             "time when the machine is slow (default 40; --quick 12)")
-    parser.add_argument("--saturation-runs", type=int, default=None,
-                        help="saturating runs, each probed before and after and followed by an in-process engine "
-                             "run; the median of their fractions counts (default 3; --quick 1)")
+    parser.add_argument(
+        "--requests", type=int, default=None, help="requests per saturation/Poisson run (default 96; --quick 32)"
+    )
+    parser.add_argument(
+        "--rates",
+        default=None,
+        help="Poisson rates, comma-separated: '0.5x' = a fraction of the saturated request rate, "
+        "a plain number = req/s (default 0.3x,0.6x,0.9x; --quick 0.6x)",
+    )
+    parser.add_argument(
+        "--poisson-seconds",
+        type=float,
+        default=None,
+        help="a Poisson run sends at most rate x this many requests (at least 16), which bounds its "
+        "time when the machine is slow (default 40; --quick 12)",
+    )
+    parser.add_argument(
+        "--saturation-runs",
+        type=int,
+        default=None,
+        help="saturating runs, each probed before and after and followed by an in-process engine "
+        "run; the median of their fractions counts (default 3; --quick 1)",
+    )
     parser.add_argument("--c1-requests", type=int, default=None, help="requests of the c=1 run (default 8; --quick 4)")
-    parser.add_argument("--limit-steps", type=int, default=None,
-                        help="timed decode steps per round and bucket for the engine limit and per bucket for a probe "
-                             "(default 20; --quick 10)")
+    parser.add_argument(
+        "--limit-steps",
+        type=int,
+        default=None,
+        help="timed decode steps per round and bucket for the engine limit and per bucket for a probe "
+        "(default 20; --quick 10)",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--engine", action="append", default=[], metavar="FIELD=VALUE",
-                        help="override an engine field of the served config (a YAML value), e.g. "
-                             "--engine async_scheduling=false; repeatable. --engine "
-                             "speculative='{num_speculative_tokens: 4}' serves the graphs of "
-                             "config/llama_tiny_spec.yaml (with verify graphs)")
-    parser.add_argument("--out", default=None, help=f"JSON path (default {os.path.relpath(DEFAULT_OUT, ROOT)}; "
-                                                    f"--quick: {os.path.relpath(QUICK_OUT, ROOT)})")
-    parser.add_argument("--profile", default="", metavar="DIR",
-                        help="after the measured runs, one more saturating run under py-spy (master, worker, agent); "
-                             "raw files and summary.txt go to DIR")
+    parser.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override an engine field of the served config (a YAML value), e.g. "
+        "--engine async_scheduling=false; repeatable. --engine "
+        "speculative='{num_speculative_tokens: 4}' serves the graphs of "
+        "config/llama_tiny_spec.yaml (with verify graphs)",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help=f"JSON path (default {os.path.relpath(DEFAULT_OUT, ROOT)}; --quick: {os.path.relpath(QUICK_OUT, ROOT)})",
+    )
+    parser.add_argument(
+        "--profile",
+        default="",
+        metavar="DIR",
+        help="after the measured runs, one more saturating run under py-spy (master, worker, agent); "
+        "raw files and summary.txt go to DIR",
+    )
     parser.add_argument("--keep-logs", action="store_true", help="keep the server's working directory")
-    parser.add_argument("--quiet-wait", type=float, default=None,
-                        help="before each run, wait up to this many seconds for other processes to use < 0.3 cores "
-                             "(default 8; --quick 3)")
-    parser.add_argument("--cpu-affinity", choices=("config", "auto", "none"), default="config",
-                        help="agents.cpu_affinity of the served config (and of the engine limit's process): as in "
-                             "config/llama_tiny.yaml, auto, or none (unbound)")
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=None,
+        help="before each run, wait up to this many seconds for other processes to use < 0.3 cores "
+        "(default 8; --quick 3)",
+    )
+    parser.add_argument(
+        "--cpu-affinity",
+        choices=("config", "auto", "none"),
+        default="config",
+        help="agents.cpu_affinity of the served config (and of the engine limit's process): as in "
+        "config/llama_tiny.yaml, auto, or none (unbound)",
+    )
     parser.add_argument("--engine-child", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.requests = args.requests or (32 if args.quick else 96)
@@ -134,9 +171,10 @@ def parse_args(argv=None):
     return args
 
 
-def engine_overrides(items: List[str]) -> Dict[str, object]:
+def engine_overrides(items: list[str]) -> dict[str, object]:
     """--engine FIELD=VALUE items as {field: YAML value}."""
     import yaml
+
     overrides = {}
     for item in items:
         name, sep, value = item.partition("=")
@@ -158,12 +196,14 @@ def main(argv=None) -> int:
     agents = {} if args.cpu_affinity == "config" else {"cpu_affinity": None if args.cpu_affinity == "none" else "auto"}
     server = LlmServer(workdir, engine_overrides(args.engine), agents)
     from mindspore_serving.spec.llm_config import load_serving_config
+
     config = load_serving_config(server.config)
     report = new_report(args, config)
     source = PromptSource(config.model.tokenizer)
     workloads = make_workloads(source, args, config.engine.max_model_len, workdir)
-    report["meta"]["saturation_output_tokens"] = [sum(item.max_tokens for item in items)
-                                                  for items, _ in workloads["saturation"]]
+    report["meta"]["saturation_output_tokens"] = [
+        sum(item.max_tokens for item in items) for items, _ in workloads["saturation"]
+    ]
 
     try:
         log("starting the server")
@@ -173,6 +213,7 @@ def main(argv=None) -> int:
         cpu = Cpu(server.processes[0])
         with contextlib.suppress(ImportError):
             import uvloop  # the client's own CPU use matters on a 2-core machine
+
             asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
         log("starting the engine subprocess (the served graphs, bound like the agent)")
         process = EngineProcess(server.config)

@@ -9,6 +9,7 @@ generated stubs) when the tool is missing or `prefer="python"`.
 
 Each run returns a Result: requests/s, p50/p90/p99/mean latency (ms), requests and bad replies.
 """
+
 import asyncio
 import json
 import os
@@ -20,7 +21,6 @@ import subprocess
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from typing import List, Optional
 
 GRPC_PATH = "/mindspore.serving.proto.MSService/Predict"
 
@@ -38,7 +38,7 @@ class Result:
     p99_ms: float
     mean_ms: float
     max_ms: float
-    notes: List[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -48,22 +48,33 @@ def have(tool: str) -> bool:
     return shutil.which(tool) is not None
 
 
-def _percentile(sorted_values: List[float], q: float) -> float:
+def _percentile(sorted_values: list[float], q: float) -> float:
     if not sorted_values:
         return float("nan")
     index = min(len(sorted_values) - 1, max(0, int(round(q / 100.0 * len(sorted_values))) - 1))
     return sorted_values[index]
 
 
-def _from_latencies(tool: str, concurrency: int, seconds: float, latencies_s: List[float], bad: int,
-                    notes: Optional[List[str]] = None) -> Result:
+def _from_latencies(
+    tool: str, concurrency: int, seconds: float, latencies_s: list[float], bad: int, notes: list[str] | None = None
+) -> Result:
     values = sorted(latencies_s)
     count = len(values)
     mean = sum(values) / count if count else float("nan")
-    return Result(tool, concurrency, round(seconds, 3), count, bad, round(count / seconds, 1) if seconds else 0.0,
-                  round(_percentile(values, 50) * 1000, 3), round(_percentile(values, 90) * 1000, 3),
-                  round(_percentile(values, 99) * 1000, 3), round(mean * 1000, 3),
-                  round(values[-1] * 1000, 3) if values else float("nan"), notes or [])
+    return Result(
+        tool,
+        concurrency,
+        round(seconds, 3),
+        count,
+        bad,
+        round(count / seconds, 1) if seconds else 0.0,
+        round(_percentile(values, 50) * 1000, 3),
+        round(_percentile(values, 90) * 1000, 3),
+        round(_percentile(values, 99) * 1000, 3),
+        round(mean * 1000, 3),
+        round(values[-1] * 1000, 3) if values else float("nan"),
+        notes or [],
+    )
 
 
 # ------------------------------------------------------------------------------------------------- HTTP
@@ -126,18 +137,31 @@ def run_wrk(url: str, body: bytes, concurrency: int, seconds: int, workdir: str)
     line = next((l for l in proc.stdout.splitlines() if l.startswith("WRKJSON ")), None)
     if proc.returncode != 0 or line is None:
         raise RuntimeError(f"wrk failed ({proc.returncode}): {proc.stdout[-2000:]} {proc.stderr[-2000:]}")
-    stats = json.loads(line[len("WRKJSON "):])
+    stats = json.loads(line[len("WRKJSON ") :])
     elapsed = stats["duration_us"] / 1e6
     errors = stats["connect"] + stats["read"] + stats["write"] + stats["timeout"]
     notes = [f"socket errors: {errors}"] if errors else []
-    return Result("wrk", concurrency, round(elapsed, 3), stats["requests"], stats["bad"] + errors,
-                  round(stats["requests"] / elapsed, 1), stats["p50_us"] / 1000, stats["p90_us"] / 1000,
-                  stats["p99_us"] / 1000, round(stats["mean_us"] / 1000, 3), stats["max_us"] / 1000, notes)
+    return Result(
+        "wrk",
+        concurrency,
+        round(elapsed, 3),
+        stats["requests"],
+        stats["bad"] + errors,
+        round(stats["requests"] / elapsed, 1),
+        stats["p50_us"] / 1000,
+        stats["p90_us"] / 1000,
+        stats["p99_us"] / 1000,
+        round(stats["mean_us"] / 1000, 3),
+        stats["max_us"] / 1000,
+        notes,
+    )
 
 
 def _http_request_bytes(host: str, port: int, path: str, body: bytes) -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
 
 def _good_http_reply(status: int, body: bytes) -> bool:
@@ -171,12 +195,13 @@ async def _http_client(host, port, request, deadline, latencies, counters):
 async def _run_http_python(url, body, concurrency, seconds):
     host, port, path = _split_url(url)
     request = _http_request_bytes(host, port, path, body)
-    latencies: List[float] = []
+    latencies: list[float] = []
     counters = {"bad": 0}
     start = time.perf_counter()
     deadline = start + seconds
-    await asyncio.gather(*[_http_client(host, port, request, deadline, latencies, counters)
-                           for _ in range(concurrency)])
+    await asyncio.gather(
+        *[_http_client(host, port, request, deadline, latencies, counters) for _ in range(concurrency)]
+    )
     return _from_latencies("python-asyncio-http", concurrency, deadline - start, latencies, counters["bad"])
 
 
@@ -190,13 +215,13 @@ def run_http(url: str, body: bytes, concurrency: int, seconds: float, workdir: s
 
 # ------------------------------------------------------------------------------------------------- gRPC
 
+
 def grpc_frame(message: bytes) -> bytes:
     """A gRPC length-prefixed message: flag 0 (not compressed), 4-byte big-endian length, payload."""
     return b"\0" + struct.pack(">I", len(message)) + message
 
 
-def run_h2load(address: str, request: bytes, reply_size: int, concurrency: int, seconds: float,
-               workdir: str) -> Result:
+def run_h2load(address: str, request: bytes, reply_size: int, concurrency: int, seconds: float, workdir: str) -> Result:
     host, port = address.rsplit(":", 1)
     if not host.startswith("127.") and host != "localhost":
         raise ValueError(f"the benchmark only sends traffic to 127.0.0.1, not {host}")
@@ -207,14 +232,30 @@ def run_h2load(address: str, request: bytes, reply_size: int, concurrency: int, 
     if os.path.exists(log):
         os.remove(log)
     # one HTTP/2 connection per client with one stream each, like wrk's connections
-    command = ["h2load", "-t1", f"-c{concurrency}", "-m1", "-D", f"{seconds:g}", "-d", data,
-               "-H", "content-type: application/grpc", "-H", "te: trailers", f"--log-file={log}",
-               f"http://{host}:{port}{GRPC_PATH}"]
+    command = [
+        "h2load",
+        "-t1",
+        f"-c{concurrency}",
+        "-m1",
+        "-D",
+        f"{seconds:g}",
+        "-d",
+        data,
+        "-H",
+        "content-type: application/grpc",
+        "-H",
+        "te: trailers",
+        f"--log-file={log}",
+        f"http://{host}:{port}{GRPC_PATH}",
+    ]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60)
     out = proc.stdout
     finished = re.search(r"finished in ([\d.]+)(m?s), ([\d.]+) req/s", out)
-    counts = re.search(r"requests: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, (\d+) failed, "
-                       r"(\d+) errored, (\d+) timeout", out)
+    counts = re.search(
+        r"requests: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, (\d+) failed, "
+        r"(\d+) errored, (\d+) timeout",
+        out,
+    )
     traffic = re.search(r"\((\d+)\) data", out)
     if proc.returncode != 0 or not finished or not counts:
         raise RuntimeError(f"h2load failed ({proc.returncode}): {out[-2000:]} {proc.stderr[-2000:]}")
@@ -242,9 +283,11 @@ def run_h2load(address: str, request: bytes, reply_size: int, concurrency: int, 
 
 async def _run_grpc_python(address, request_bytes, reply_ok, concurrency, seconds):
     import grpc
+
     from mindspore_serving.proto import ms_service_pb2, ms_service_pb2_grpc
+
     request = ms_service_pb2.PredictRequest.FromString(request_bytes)
-    latencies: List[float] = []
+    latencies: list[float] = []
     counters = {"bad": 0}
     async with grpc.aio.insecure_channel(address) as channel:
         stub = ms_service_pb2_grpc.MSServiceStub(channel)
@@ -272,8 +315,15 @@ async def _run_grpc_python(address, request_bytes, reply_ok, concurrency, second
     return _from_latencies("python-grpc-aio", concurrency, deadline - start, latencies, counters["bad"])
 
 
-def run_grpc(address: str, request: bytes, good_reply: bytes, concurrency: int, seconds: float, workdir: str,
-             prefer: str = "auto") -> Result:
+def run_grpc(
+    address: str,
+    request: bytes,
+    good_reply: bytes,
+    concurrency: int,
+    seconds: float,
+    workdir: str,
+    prefer: str = "auto",
+) -> Result:
     """Drives MSService.Predict with one serialized request; `good_reply` is a serialized correct reply."""
     if prefer != "python" and have("h2load"):
         return run_h2load(address, request, len(good_reply), concurrency, seconds, workdir)

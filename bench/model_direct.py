@@ -11,6 +11,7 @@ With --cores N the process is bound to its first N allowed cores before MindSpor
 thread pool to them). Prints one JSON line: instances/s, ms per call, cores used.
 Run it while nothing else of the benchmark is busy; bench/classic.py runs it in a subprocess.
 """
+
 import argparse
 import json
 import os
@@ -30,14 +31,16 @@ ADD_MODEL = os.path.join(ROOT, "servables", "add", "1", "tensor_add.mindir")
 def bind(cores: int):
     """Binds this process to its first `cores` allowed cores."""
     allowed = sorted(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, allowed[:max(1, cores)])
+    os.sched_setaffinity(0, allowed[: max(1, cores)])
 
 
 def model_call(model: str, op_threads: int = 0, dispatch_threads: int = 0):
     """(the call of one batch, instances per call)."""
     import mindspore as ms
     from mindspore import Tensor, nn
+
     from mindspore_serving.common.ms_device import select_device
+
     select_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     if op_threads:
@@ -52,8 +55,7 @@ def model_call(model: str, op_threads: int = 0, dispatch_threads: int = 0):
     export_model.main()
     net = nn.GraphCell(ms.load(export_model.MODEL_PATH))
     inputs = [rng.standard_normal((export_model.BATCH, export_model.IN)).astype(np.float32) for _ in range(8)]
-    return (lambda index: net(Tensor(np.ascontiguousarray(inputs[index % len(inputs)]))).asnumpy()), \
-        export_model.BATCH
+    return (lambda index: net(Tensor(np.ascontiguousarray(inputs[index % len(inputs)]))).asnumpy()), export_model.BATCH
 
 
 def measure(model: str, seconds: float, warmup: float, op_threads: int = 0, dispatch_threads: int = 0) -> dict:
@@ -76,11 +78,17 @@ def measure(model: str, seconds: float, warmup: float, op_threads: int = 0, disp
     elapsed = time.perf_counter() - start
     cpu = time.process_time() - cpu0
     times.sort()
-    return {"model": model, "batch": batch, "cores": len(os.sched_getaffinity(0)), "calls": calls,
-            "seconds": round(elapsed, 3), "instances_per_s": round(calls * batch / elapsed, 1),
-            "ms_per_batch_mean": round(elapsed / calls * 1000, 4),
-            "ms_per_batch_p50": round(times[len(times) // 2] * 1000, 4),
-            "cpu_cores_used": round(cpu / elapsed, 2)}
+    return {
+        "model": model,
+        "batch": batch,
+        "cores": len(os.sched_getaffinity(0)),
+        "calls": calls,
+        "seconds": round(elapsed, 3),
+        "instances_per_s": round(calls * batch / elapsed, 1),
+        "ms_per_batch_mean": round(elapsed / calls * 1000, 4),
+        "ms_per_batch_p50": round(times[len(times) // 2] * 1000, 4),
+        "cpu_cores_used": round(cpu / elapsed, 2),
+    }
 
 
 def main():
@@ -88,15 +96,19 @@ def main():
     parser.add_argument("--model", choices=("dense", "add"), default="dense")
     parser.add_argument("--cores", type=int, default=0, help="bind to this many cores (default: all allowed)")
     parser.add_argument("--op_threads", type=int, default=0, help="MindSpore's CPU kernel threads (default: its own)")
-    parser.add_argument("--dispatch_threads", type=int, default=0,
-                        help="MindSpore's runtime threads (default: its own)")
+    parser.add_argument(
+        "--dispatch_threads", type=int, default=0, help="MindSpore's runtime threads (default: its own)"
+    )
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--warmup", type=float, default=1.0)
     args = parser.parse_args()
     if args.cores:
         bind(args.cores)
-    print("DIRECT_JSON " + json.dumps(measure(args.model, args.seconds, args.warmup, args.op_threads,
-                                                 args.dispatch_threads)), flush=True)
+    print(
+        "DIRECT_JSON "
+        + json.dumps(measure(args.model, args.seconds, args.warmup, args.op_threads, args.dispatch_threads)),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

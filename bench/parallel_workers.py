@@ -29,6 +29,7 @@ A shared host also runs the same work at different speeds from minute to minute 
 per instance, ~5.3 ms on a quiet host, has varied from 5.1 to 8.9 ms between measurements of one run): only the
 median over rounds means much.
 """
+
 import argparse
 import datetime
 import importlib.util
@@ -39,7 +40,6 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Dict, List
 
 import numpy as np
 import psutil
@@ -73,19 +73,33 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per measurement (default 10)")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds of load before each (default 2)")
-    parser.add_argument("--concurrency", default="8,16,32,64", help="comma-separated client counts (default 8,16,32,64)")
+    parser.add_argument(
+        "--concurrency", default="8,16,32,64", help="comma-separated client counts (default 8,16,32,64)"
+    )
     parser.add_argument("--workers", default="0,2", help="num_parallel_workers values (default 0,2)")
     parser.add_argument("--rounds", type=int, default=3, help="measurements of each server, alternating (default 3)")
     parser.add_argument("--loadgen", choices=("auto", "native", "python"), default="auto")
-    parser.add_argument("--quiet", type=float, default=0.2,
-                        help="before each measurement, wait until other processes use fewer cores (default 0.2)")
-    parser.add_argument("--patience", type=float, default=60.0,
-                        help="...for at most this many seconds, then measure anyway (default 60)")
+    parser.add_argument(
+        "--quiet",
+        type=float,
+        default=0.2,
+        help="before each measurement, wait until other processes use fewer cores (default 0.2)",
+    )
+    parser.add_argument(
+        "--patience",
+        type=float,
+        default=60.0,
+        help="...for at most this many seconds, then measure anyway (default 60)",
+    )
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"JSON report (default {DEFAULT_OUT})")
     parser.add_argument("--keep-logs", action="store_true", help="keep the servers' working directories")
-    parser.add_argument("--device_type", choices=("none", "cpu"), default="none",
-                        help="none (default): the extra worker's model calls go through the master to the device "
-                             "worker; cpu: as in MindSpore Serving, an extra worker on CPU loads the models itself")
+    parser.add_argument(
+        "--device_type",
+        choices=("none", "cpu"),
+        default="none",
+        help="none (default): the extra worker's model calls go through the master to the device "
+        "worker; cpu: as in MindSpore Serving, an extra worker on CPU loads the models itself",
+    )
     args = parser.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
     args.workers = [int(w) for w in args.workers.split(",") if w.strip()]
@@ -112,9 +126,12 @@ class ParallelServer(Server):
 
     def __init__(self, script: str, workers: int, device_type: str = "none"):
         self.grpc = f"127.0.0.1:{free_port()}"
-        super().__init__(f"npw{workers}", [script, self.grpc, SERVABLES, str(workers), device_type],
-                         ready_text="gRPC server start success",
-                         env={"PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))})
+        super().__init__(
+            f"npw{workers}",
+            [script, self.grpc, SERVABLES, str(workers), device_type],
+            ready_text="gRPC server start success",
+            env={"PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))},
+        )
 
     def role(self, proc: psutil.Process) -> str:
         """master, device worker or extra worker (the CPU meter's split of this server's CPU)."""
@@ -130,6 +147,7 @@ class ParallelServer(Server):
 def request_bytes() -> bytes:
     """A Predict request with one instance."""
     from mindspore_serving.client import convert  # pylint: disable=import-outside-toplevel
+
     return convert.create_request([{"x": bench_input()}], SERVABLE, "predict", 0).SerializeToString()
 
 
@@ -139,6 +157,7 @@ def bench_input() -> np.ndarray:
 
 def check_reply(address: str, request: bytes, export_model) -> bytes:
     from mindspore_serving.common.tensor_codec import reply_to_results  # pylint: disable=import-outside-toplevel
+
     reply = grpc_call(address, request)
     results = reply_to_results(reply, copy=True)
     expected = export_model.numpy_forward(2 * bench_input()[None, :])[0]
@@ -149,6 +168,7 @@ def check_reply(address: str, request: bytes, export_model) -> bytes:
 
 def other_cores(servers, seconds: float = 1.0) -> float:
     """Cores busy over `seconds` outside the servers' processes (and this one)."""
+
     def server_cpu():
         return sum(server.cpu_seconds() for server in servers)
 
@@ -175,20 +195,25 @@ def measure(server: ParallelServer, request: bytes, good: bytes, concurrency: in
     row = result.to_dict()
     row.update(meter.summary(result.requests))
     row["instances_per_s"] = row["rps"]  # single-instance requests
-    row["cpu_us_per_instance_by_role"] = {role: round(value) for role, value in
-                                          row["cpu_us_per_req_by_role"].items()} if result.requests else {}
+    row["cpu_us_per_instance_by_role"] = (
+        {role: round(value) for role, value in row["cpu_us_per_req_by_role"].items()} if result.requests else {}
+    )
     return row
 
 
-def table(rows: List[dict]) -> str:
-    head = (f"{'round':>5} {'npw':>4} {'conc':>5} {'inst/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'bad':>4} "
-            f"{'srv cores':>9} {'other':>6}  CPU us/instance by process")
+def table(rows: list[dict]) -> str:
+    head = (
+        f"{'round':>5} {'npw':>4} {'conc':>5} {'inst/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'bad':>4} "
+        f"{'srv cores':>9} {'other':>6}  CPU us/instance by process"
+    )
     lines = [head, "-" * len(head)]
     for row in rows:
         roles = ", ".join(f"{role} {value}" for role, value in sorted(row["cpu_us_per_instance_by_role"].items()))
-        lines.append(f"{row['round']:>5} {row['num_parallel_workers']:>4} {row['concurrency']:>5} "
-                     f"{row['instances_per_s']:>8.1f} {row['p50_ms']:>8.2f} {row['p99_ms']:>8.2f} {row['bad']:>4} "
-                     f"{row['server_cores']:>9.2f} {row['other_cores']:>6.2f}  {roles}")
+        lines.append(
+            f"{row['round']:>5} {row['num_parallel_workers']:>4} {row['concurrency']:>5} "
+            f"{row['instances_per_s']:>8.1f} {row['p50_ms']:>8.2f} {row['p99_ms']:>8.2f} {row['bad']:>4} "
+            f"{row['server_cores']:>9.2f} {row['other_cores']:>6.2f}  {roles}"
+        )
     return "\n".join(lines)
 
 
@@ -205,17 +230,26 @@ def main(argv=None) -> int:
     ensure_model(export_model)
     workdir = loadgen.scratch_dir()
     tools = "h2load" if args.loadgen != "python" and loadgen.have("h2load") else "python-grpc-aio"
-    report = {"meta": {"started": datetime.datetime.now().isoformat(timespec="seconds"), "cpu_count": os.cpu_count(),
-                       "loadavg_start": os.getloadavg(), "duration_s": args.duration, "warmup_s": args.warmup,
-                       "load_generator": tools, "servable": f"bench/servables/{SERVABLE}",
-                       "device_type": args.device_type,
-                       "python_stage": "about 5 ms of pure Python per instance (servable_config.py ROUNDS)"},
-              "results": [], "ratios": {}}
+    report = {
+        "meta": {
+            "started": datetime.datetime.now().isoformat(timespec="seconds"),
+            "cpu_count": os.cpu_count(),
+            "loadavg_start": os.getloadavg(),
+            "duration_s": args.duration,
+            "warmup_s": args.warmup,
+            "load_generator": tools,
+            "servable": f"bench/servables/{SERVABLE}",
+            "device_type": args.device_type,
+            "python_stage": "about 5 ms of pure Python per instance (servable_config.py ROUNDS)",
+        },
+        "results": [],
+        "ratios": {},
+    }
     request = request_bytes()
     script = os.path.join(workdir, "server.py")
     with open(script, "w") as stream:
         stream.write(SERVER_SCRIPT)
-    servers: Dict[int, ParallelServer] = {}
+    servers: dict[int, ParallelServer] = {}
     try:
         for workers in args.workers:  # all started first: idle, one costs only its heartbeats while another runs
             servers[workers] = ParallelServer(script, workers, args.device_type)
@@ -229,13 +263,18 @@ def main(argv=None) -> int:
             for concurrency in args.concurrency:
                 for workers, server in servers.items():
                     before = wait_for_quiet(servers.values(), args.quiet, args.patience)
-                    row = {"round": round_index, "num_parallel_workers": workers,
-                           "other_cores_before": round(before, 2)}
+                    row = {
+                        "round": round_index,
+                        "num_parallel_workers": workers,
+                        "other_cores_before": round(before, 2),
+                    }
                     row.update(measure(server, request, goods[workers], concurrency, args, workdir))
                     report["results"].append(row)
-                    log(f"round {round_index} npw={workers} c={concurrency}: {row['instances_per_s']:.1f} "
+                    log(
+                        f"round {round_index} npw={workers} c={concurrency}: {row['instances_per_s']:.1f} "
                         f"instances/s, p50 {row['p50_ms']:.1f} ms, bad {row['bad']}, other cores "
-                        f"{row['other_cores']}")
+                        f"{row['other_cores']}"
+                    )
     finally:
         for workers, server in servers.items():
             server.stop(keep_dir=args.keep_logs)
@@ -251,21 +290,28 @@ def main(argv=None) -> int:
                 continue
             ratios = []
             for round_index in range(args.rounds):
-                rate = {row["num_parallel_workers"]: row["instances_per_s"] for row in rows
-                        if row["concurrency"] == concurrency and row["round"] == round_index}
+                rate = {
+                    row["num_parallel_workers"]: row["instances_per_s"]
+                    for row in rows
+                    if row["concurrency"] == concurrency and row["round"] == round_index
+                }
                 if rate.get(base_workers):
                     ratios.append(rate[workers] / rate[base_workers])
             if ratios:
                 report["ratios"][f"npw{workers}/npw{base_workers} c={concurrency}"] = {
-                    "median": round(statistics.median(ratios), 2), "rounds": [round(r, 2) for r in ratios]}
+                    "median": round(statistics.median(ratios), 2),
+                    "rounds": [round(r, 2) for r in ratios],
+                }
     write_report(report, started, args.out, indent=2)
     print()
     print(table(rows))
     print()
     for name, ratio in report["ratios"].items():
         verdict = "meets" if ratio["median"] >= TARGET_RATIO else "misses"
-        print(f"instances/s {name}: {ratio['median']:.2f}x, median of rounds {ratio['rounds']} ({verdict} the "
-              f"{TARGET_RATIO}x target)")
+        print(
+            f"instances/s {name}: {ratio['median']:.2f}x, median of rounds {ratio['rounds']} ({verdict} the "
+            f"{TARGET_RATIO}x target)"
+        )
     note_other_load([row["other_cores"] for row in rows])
     log(f"wrote {args.out} (wall {report['meta']['wall_s']} s)")
     return 0

@@ -12,6 +12,7 @@ any work (Predict calls take the worker's framed socket instead: ipc/predict_soc
 Writes the raw py-spy files and a summary (bench/pyspy_summary.py) under --out. Needs py-spy
 (requirements-bench.txt); without it only the CPU numbers are printed.
 """
+
 import argparse
 import asyncio
 import glob
@@ -31,10 +32,27 @@ import loadgen  # noqa: E402
 import pyspy_summary  # noqa: E402
 
 FOCUS = {
-    "master": ["httptools_impl", "RestfulApp.handle", "restful_codec", "tensor_codec", "Dispatcher", "grpc/aio",
-               "grpc_server.py", "asyncio/"],
-    "worker": ["grpc/_server.py", "WorkerServicer.Predict", "tensor_codec", "MethodRunner.run", "collect_batch",
-               "Subgraph.run", "mindspore/", "Condition.wait", "Future.result"],
+    "master": [
+        "httptools_impl",
+        "RestfulApp.handle",
+        "restful_codec",
+        "tensor_codec",
+        "Dispatcher",
+        "grpc/aio",
+        "grpc_server.py",
+        "asyncio/",
+    ],
+    "worker": [
+        "grpc/_server.py",
+        "WorkerServicer.Predict",
+        "tensor_codec",
+        "MethodRunner.run",
+        "collect_batch",
+        "Subgraph.run",
+        "mindspore/",
+        "Condition.wait",
+        "Future.result",
+    ],
 }
 
 
@@ -68,7 +86,9 @@ def start(servable: str):
 
 async def _ping(address: str, concurrency: int, seconds: float, worker: psutil.Process) -> dict:
     import grpc
+
     from mindspore_serving.proto import internal_pb2, internal_pb2_grpc
+
     async with grpc.aio.insecure_channel(address) as channel:
         stub = internal_pb2_grpc.WorkerServiceStub(channel)
         await stub.Ping(internal_pb2.Empty())
@@ -84,8 +104,11 @@ async def _ping(address: str, concurrency: int, seconds: float, worker: psutil.P
         w0, c0, t0 = cpu(worker), time.process_time(), time.perf_counter()
         await asyncio.gather(*[client() for _ in range(concurrency)])
         elapsed, c1, w1 = time.perf_counter() - t0, time.process_time(), cpu(worker)
-    return {"calls_per_s": round(calls / elapsed), "aio_client_cpu_us_per_call": round((c1 - c0) / calls * 1e6),
-            "sync_server_cpu_us_per_call": round((w1 - w0) / calls * 1e6)}
+    return {
+        "calls_per_s": round(calls / elapsed),
+        "aio_client_cpu_us_per_call": round((c1 - c0) / calls * 1e6),
+        "sync_server_cpu_us_per_call": round((w1 - w0) / calls * 1e6),
+    }
 
 
 def main(argv=None):
@@ -110,29 +133,59 @@ def main(argv=None):
             if spy:
                 for role, proc in (("master", master), ("worker", worker)):
                     path = os.path.join(args.out, f"{kind}_{role}.txt")
-                    spies.append((role, path, subprocess.Popen(
-                        [spy, "record", "-p", str(proc.pid), "-d", f"{max(1, int(args.seconds) - 1)}", "-r", "200",
-                         "--gil", "--nonblocking", "-f", "raw", "-o", path],
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
+                    spies.append(
+                        (
+                            role,
+                            path,
+                            subprocess.Popen(
+                                [
+                                    spy,
+                                    "record",
+                                    "-p",
+                                    str(proc.pid),
+                                    "-d",
+                                    f"{max(1, int(args.seconds) - 1)}",
+                                    "-r",
+                                    "200",
+                                    "--gil",
+                                    "--nonblocking",
+                                    "-f",
+                                    "raw",
+                                    "-o",
+                                    path,
+                                ],
+                                stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL,
+                            ),
+                        )
+                    )
             m0, w0 = cpu(master), cpu(worker)
             result = drive(kind, server, args.concurrency, args.seconds, workdir, target)
             m1, w1 = cpu(master), cpu(worker)
             for _, _, proc in spies:
                 proc.wait(30)
             requests = max(1, result.requests)
-            lines.append(f"== {kind} c={args.concurrency}: {result.rps:.0f} req/s, p50 {result.p50_ms:.1f} ms; CPU per "
-                         f"request: master {(m1 - m0) / requests * 1e6:.0f} us, "
-                         f"worker {(w1 - w0) / requests * 1e6:.0f} us "
-                         f"(includes py-spy's own cost, small with --nonblocking)")
+            lines.append(
+                f"== {kind} c={args.concurrency}: {result.rps:.0f} req/s, p50 {result.p50_ms:.1f} ms; CPU per "
+                f"request: master {(m1 - m0) / requests * 1e6:.0f} us, "
+                f"worker {(w1 - w0) / requests * 1e6:.0f} us "
+                f"(includes py-spy's own cost, small with --nonblocking)"
+            )
             for role, path, _ in spies:
                 if os.path.exists(path):
                     lines.append(f"-- {kind} {role} (GIL-holding samples)")
                     lines.append(pyspy_summary.summarise(pyspy_summary.load(path), 15, FOCUS[role]))
-        address = "unix:" + glob.glob(os.path.join(server.workdir, "unix_socket_files", "*",
-                                                   f"serving_worker_{args.servable}_*_{worker.pid}"))[0]
+        address = (
+            "unix:"
+            + glob.glob(
+                os.path.join(server.workdir, "unix_socket_files", "*", f"serving_worker_{args.servable}_*_{worker.pid}")
+            )[0]
+        )
         ping = asyncio.run(_ping(address, args.concurrency, min(args.seconds, 4.0), worker))
-        lines.append(f"== bare master->worker hop (WorkerService.Ping, grpc.aio client -> sync server, "
-                     f"c={args.concurrency}): {ping}")
+        lines.append(
+            f"== bare master->worker hop (WorkerService.Ping, grpc.aio client -> sync server, "
+            f"c={args.concurrency}): {ping}"
+        )
     finally:
         server.stop()
         shutil.rmtree(workdir, ignore_errors=True)

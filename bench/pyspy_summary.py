@@ -7,6 +7,7 @@ Prints the share of samples per thread (when recorded with --threads), the funct
 at the top of the stack (self) and anywhere in the stack (inclusive, counted once per sample), and for each
 --focus substring the share of samples whose stack contains it.
 """
+
 import argparse
 import collections
 import os

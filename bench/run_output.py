@@ -1,5 +1,6 @@
 """What a benchmark run prints and writes: timestamped progress lines, and the JSON report with the machine's load
 and the run's wall time at its end."""
+
 import json
 import os
 import time
@@ -21,5 +22,7 @@ def write_report(report: dict, started: float, path: str, indent: int):
 def note_other_load(others, what: str = ""):
     """Warns when other processes took a fair share of the cores during the measurements (`others`: cores each)."""
     if others and sum(others) / len(others) > 0.3:
-        log(f"note: other processes used {sum(others) / len(others):.2f} of {os.cpu_count()} cores on average during "
-            f"the measurements{what}: absolute numbers are depressed, compare rows of one run")
+        log(
+            f"note: other processes used {sum(others) / len(others):.2f} of {os.cpu_count()} cores on average during "
+            f"the measurements{what}: absolute numbers are depressed, compare rows of one run"
+        )

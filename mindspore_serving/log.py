@@ -12,6 +12,7 @@ The logger is set up from the environment at its first use (a bad value raises V
   per process, rotated at logger_maxBytes, default 50 MiB, keeping logger_backupCount files, default 30) and also
   sends records at GLOG_stderrthreshold (0-3 as GLOG_v, default 2) and above to stderr.
 """
+
 import contextvars
 import logging
 import os
@@ -43,14 +44,21 @@ _DEFAULT_MAX_BYTES = 52428800
 _DEFAULT_BACKUP_COUNT = 30
 _TO_STDERR, _TO_FILE = "1", "0"
 
-_VARIABLES = {"level": "GLOG_v", "stderr_level": "GLOG_stderrthreshold", "console": "GLOG_logtostderr",
-              "filepath": "GLOG_log_dir", "maxBytes": "logger_maxBytes", "backupCount": "logger_backupCount"}
+_VARIABLES = {
+    "level": "GLOG_v",
+    "stderr_level": "GLOG_stderrthreshold",
+    "console": "GLOG_logtostderr",
+    "filepath": "GLOG_log_dir",
+    "maxBytes": "logger_maxBytes",
+    "backupCount": "logger_backupCount",
+}
 
 _setup_lock = threading.Lock()
 _logger = None
 
 
 # ---- configuration ----
+
 
 def _env_settings():
     """The log variables that are set and not empty, stripped."""
@@ -64,8 +72,10 @@ def _env_settings():
 
 def _check_level(level: str):
     if _GLOG_LEVEL_NAMES.get(level) not in _NAME_LEVELS:
-        raise ValueError(f"Incorrect log level:{level}, Please check the configuration of GLOG_v or "
-                         f"GLOG_stderrthreshold, desired log level :{_GLOG_LEVEL_NAMES}")
+        raise ValueError(
+            f"Incorrect log level:{level}, Please check the configuration of GLOG_v or "
+            f"GLOG_stderrthreshold, desired log level :{_GLOG_LEVEL_NAMES}"
+        )
 
 
 def _check_settings(settings: dict):
@@ -77,25 +87,27 @@ def _check_settings(settings: dict):
     if console is None:
         return
     if not console.isdigit() or console not in (_TO_FILE, _TO_STDERR):
-        raise ValueError("Incorrect value, The value of GLOG_logtostderr must be 0 or 1, Output log to console, "
-                         "configure to 1.")
+        raise ValueError(
+            "Incorrect value, The value of GLOG_logtostderr must be 0 or 1, Output log to console, configure to 1."
+        )
     if console != _TO_FILE:
         return
     file_path = settings.get("filepath")
     if not file_path:
-        raise ValueError("When GLOG_logtostderr is set to 0, The directory of saving log must be set, GLOG_log_dir "
-                         "cannot be empty.")
+        raise ValueError(
+            "When GLOG_logtostderr is set to 0, The directory of saving log must be set, GLOG_log_dir cannot be empty."
+        )
     if not os.path.exists(os.path.realpath(file_path)):
         raise ValueError(f"The file path does not exist. GLOG_log_dir:{file_path}")
     for key in ("maxBytes", "backupCount"):
         value = settings.get(key)
         if value is not None and not value.isdigit():
             variable = _VARIABLES[key]
-            raise ValueError(f"Incorrect value, The value of {variable} must be positive integer. "
-                             f"{variable}:{value}")
+            raise ValueError(f"Incorrect value, The value of {variable} must be positive integer. {variable}:{value}")
 
 
 # ---- MS_SUBMODULE_LOG_v ----
+
 
 def _tokens(text: str):
     """(kind, text) of MS_SUBMODULE_LOG_v: braces, commas, colons, names [A-Za-z][A-Za-z0-9_]*, numbers [0-9]+;
@@ -136,8 +148,10 @@ def parse_submodule_levels(text: str, warn=None) -> dict:
             return True
         if warn is not None:
             got_name = "end-of-string" if got[0] == "eos" else got[0]
-            warn(f"Parse submodule log configuration text error, expect `{kind}`, but got `{got_name}`. "
-                 f"The whole configuration will be ignored.")
+            warn(
+                f"Parse submodule log configuration text error, expect `{kind}`, but got `{got_name}`. "
+                f"The whole configuration will be ignored."
+            )
         return False
 
     token = next(tokens)
@@ -228,6 +242,7 @@ def _escaped_only(format_exception_only):
     def escaped(*args, **kwargs):
         for text in format_exception_only(*args, **kwargs):
             yield escape_controls(text[:-1]) + "\n" if text.endswith("\n") else escape_controls(text)
+
     return escaped
 
 
@@ -255,8 +270,10 @@ class _Formatter(logging.Formatter):
     text of its exceptions escaped (format_exception)."""
 
     def __init__(self):
-        super().__init__("[%(levelname)s] %(sub_module)s(%(process)d:%(thread)d,%(processName)s):%(asctime)s "
-                         "[%(filepath)s:%(lineno)d] %(message)s")
+        super().__init__(
+            "[%(levelname)s] %(sub_module)s(%(process)d:%(thread)d,%(processName)s):%(asctime)s "
+            "[%(filepath)s:%(lineno)d] %(message)s"
+        )
 
     def formatTime(self, record, datefmt=None):
         seconds = int(record.created)
@@ -303,6 +320,7 @@ def _find_caller(stack_info=False, stacklevel=1):  # pylint: disable=unused-argu
     info = None
     if stack_info:
         import traceback  # pylint: disable=import-outside-toplevel
+
         info = "Stack (most recent call last):\n" + "".join(traceback.format_stack(frame))
     return frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name, info
 
@@ -367,8 +385,12 @@ def _build_logger(settings: dict) -> logging.Logger:
     stderr.setFormatter(_Formatter())
     if settings.get("console") == _TO_FILE:
         path = os.path.join(os.path.realpath(settings["filepath"]), f"{_FILE_PREFIX}{os.getpid()}")
-        to_file = _RotatingFile(path, maxBytes=int(settings.get("maxBytes", _DEFAULT_MAX_BYTES)),
-                                backupCount=int(settings.get("backupCount", _DEFAULT_BACKUP_COUNT)), encoding="utf8")
+        to_file = _RotatingFile(
+            path,
+            maxBytes=int(settings.get("maxBytes", _DEFAULT_MAX_BYTES)),
+            backupCount=int(settings.get("backupCount", _DEFAULT_BACKUP_COUNT)),
+            encoding="utf8",
+        )
         to_file.name = "FileHandler"
         to_file.setFormatter(_Formatter())
         logger.addHandler(to_file)
@@ -393,6 +415,7 @@ def _get_logger() -> logging.Logger:
 
 
 # ---- API ----
+
 
 def get_level() -> str:
     """This process's log level as GLOG_v writes it: '0' (DEBUG), '1' (INFO), '2' (WARNING) or '3' (ERROR)."""

@@ -9,6 +9,7 @@ context itself (CPU, GRAPH_MODE), writes the files into <servable>/1/ and verifi
 when something has to be exported. The LLM exporters (REUSES_GRAPHS) keep the graphs of an earlier export of the same
 network and weights and compile only the new ones; --force compiles everything.
 """
+
 import argparse
 import importlib.util
 import os
@@ -16,8 +17,16 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SERVABLES = ["add", "add_sub", "matmul", "lenet", "llama_tiny", "llama_tiny_spec", "llama_tiny_tp2",
-             "matmul_distributed"]
+SERVABLES = [
+    "add",
+    "add_sub",
+    "matmul",
+    "lenet",
+    "llama_tiny",
+    "llama_tiny_spec",
+    "llama_tiny_tp2",
+    "matmul_distributed",
+]
 
 
 def load_module(name, path):
@@ -41,8 +50,11 @@ def exporter(servable):
 def missing_files(servable):
     """Paths of the servable's exported files that do not exist."""
     module = exporter(servable)
-    return [os.path.join(module.VERSION_DIR, f) for f in module.MODEL_FILES
-            if not os.path.isfile(os.path.join(module.VERSION_DIR, f))]
+    return [
+        os.path.join(module.VERSION_DIR, f)
+        for f in module.MODEL_FILES
+        if not os.path.isfile(os.path.join(module.VERSION_DIR, f))
+    ]
 
 
 def _lenet_images_missing():
@@ -53,8 +65,9 @@ def _lenet_images_missing():
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--force", action="store_true", help="re-export even if the files exist")
-    parser.add_argument("servables", nargs="*", default=[],
-                        help=f"servables to export (default: all of {', '.join(SERVABLES)})")
+    parser.add_argument(
+        "servables", nargs="*", default=[], help=f"servables to export (default: all of {', '.join(SERVABLES)})"
+    )
     args = parser.parse_args(argv)
     unknown = [s for s in args.servables if s not in SERVABLES]
     if unknown:

@@ -1,4 +1,5 @@
 """The bundled tiny LLaMA for tests: its configuration with absolute paths and chosen agent ports."""
+
 import functools
 import os
 
@@ -41,18 +42,20 @@ def write_servable(directory, config_path, name="llama_tiny"):
     servable = os.path.join(str(directory), "servables", name)
     os.makedirs(servable, exist_ok=True)
     with open(os.path.join(servable, "servable_config.py"), "w", encoding="utf-8") as stream:
-        stream.write("from mindspore_serving.server import register\n"
-                     f"register.declare_llm(config_file={config_path!r})\n")
+        stream.write(
+            f"from mindspore_serving.server import register\nregister.declare_llm(config_file={config_path!r})\n"
+        )
     return os.path.dirname(servable)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def offline_engine(config_path):
     """The graphs of rank 0 of `config_path` driven in-process by the engine (a single-rank model)."""
     from mindspore_serving.agent.graph_runner import GraphRunner
     from mindspore_serving.llm import LLMEngine
-    from mindspore_serving.spec.llm_config import load_serving_config
     from mindspore_serving.models.llama.tokenizer import TextTokenizer
+    from mindspore_serving.spec.llm_config import load_serving_config
+
     config = load_serving_config(config_path)
     tokenizer = TextTokenizer.from_file(config.model.tokenizer)
     runner = GraphRunner(config.model.graphs[0], num_blocks=config.engine.num_blocks)

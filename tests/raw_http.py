@@ -1,4 +1,5 @@
 """HTTP/1.1 by hand on a socket, for what clients do not do: send half a request, stall, hold a connection."""
+
 import json
 import socket
 
@@ -11,8 +12,9 @@ def read_reply(sock: socket.socket) -> tuple:
         assert chunk, f"closed before a reply: {data!r}"
         data += chunk
     head, body = data.split(b"\r\n\r\n", 1)
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                  if line.lower().startswith(b"content-length"))
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+    )
     while len(body) < length:
         body += sock.recv(65536)
     return int(head.split(b" ")[1]), json.loads(body)
@@ -27,5 +29,5 @@ def closed_within(sock: socket.socket, seconds: float) -> bool:
         return True
     except ConnectionResetError:
         return True
-    except socket.timeout:
+    except TimeoutError:
         return False

@@ -1,11 +1,11 @@
 """Starts real serving processes for end-to-end tests: free ports, readiness by log line, whole-tree kill."""
+
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from typing import List, Optional
 
 import psutil
 
@@ -34,14 +34,15 @@ def kill_tree(pid: int, sig=signal.SIGKILL):
 class ServingProcess:
     """A Python script run in its own working directory, watched through its output file."""
 
-    def __init__(self, args: List[str], cwd: str, env: Optional[dict] = None, python: Optional[str] = None):
+    def __init__(self, args: list[str], cwd: str, env: dict | None = None, python: str | None = None):
         self.cwd = cwd
         self.output_path = os.path.join(cwd, "server_output.log")
         self._output = open(self.output_path, "wb")
         full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
-        self.proc = subprocess.Popen([python or sys.executable] + args, cwd=cwd, stdout=self._output,
-                                     stderr=subprocess.STDOUT, env=full_env)
-        self.descendants: List[psutil.Process] = []
+        self.proc = subprocess.Popen(
+            [python or sys.executable] + args, cwd=cwd, stdout=self._output, stderr=subprocess.STDOUT, env=full_env
+        )
+        self.descendants: list[psutil.Process] = []
 
     def output(self) -> str:
         with open(self.output_path, "rb") as stream:
@@ -56,7 +57,9 @@ class ServingProcess:
                 self.remember_children()
                 return out
             if self.proc.poll() is not None:
-                raise AssertionError(f"process exited with {self.proc.returncode} before printing {text!r}:\n{out[-4000:]}")
+                raise AssertionError(
+                    f"process exited with {self.proc.returncode} before printing {text!r}:\n{out[-4000:]}"
+                )
             time.sleep(0.05)  # ok-sleep: polling a log file with a deadline
         raise AssertionError(f"{text!r} not printed within {timeout} s:\n{self.output()[-4000:]}")
 
@@ -126,8 +129,16 @@ def start_server(tmp_path, servables=("add",), extra_args=(), env=None, rest=Tru
     """serving_server.py on free ports; returns (process, grpc address, rest address)."""
     grpc_addr = f"127.0.0.1:{free_port()}"
     rest_addr = f"127.0.0.1:{free_port()}" if rest else ""
-    args = [os.path.join(ROOT, "serving_server.py"), "--grpc", grpc_addr, "--rest", rest_addr,
-            "--servables", ",".join(servables), *extra_args]
+    args = [
+        os.path.join(ROOT, "serving_server.py"),
+        "--grpc",
+        grpc_addr,
+        "--rest",
+        rest_addr,
+        "--servables",
+        ",".join(servables),
+        *extra_args,
+    ]
     proc = ServingProcess(args, str(tmp_path), env)
     try:
         proc.wait_for("RESTful server start success" if rest else "gRPC server start success")

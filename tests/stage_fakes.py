@@ -1,5 +1,6 @@
 """Method specs and a fake loaded model for the worker's stage tests (MethodRunner, ModelExecutor, the direct
 path): specs written by hand, and a graph that is a Python function."""
+
 import numpy as np
 
 from mindspore_serving.spec.servable import STAGE_FUNCTION, STAGE_MODEL, MethodSpec, ModelSpec, StageSpec, TensorRef
@@ -11,18 +12,35 @@ def ref(stage, index=0):
 
 def function_spec(function, *inputs, outputs_count=1, tag=None, batch_size=None):
     key = f"svc.{function.__name__}"
-    return StageSpec(kind=STAGE_FUNCTION, tag=tag or f"Function '{key}'", inputs=list(inputs),
-                     outputs_count=outputs_count, batch_size=batch_size, function=function, function_key=key)
+    return StageSpec(
+        kind=STAGE_FUNCTION,
+        tag=tag or f"Function '{key}'",
+        inputs=list(inputs),
+        outputs_count=outputs_count,
+        batch_size=batch_size,
+        function=function,
+        function_key=key,
+    )
 
 
 def model_spec(model_key, *inputs, outputs_count=1):
-    return StageSpec(kind=STAGE_MODEL, tag=f"Model '{model_key}'", inputs=list(inputs), outputs_count=outputs_count,
-                     model_key=model_key)
+    return StageSpec(
+        kind=STAGE_MODEL,
+        tag=f"Model '{model_key}'",
+        inputs=list(inputs),
+        outputs_count=outputs_count,
+        model_key=model_key,
+    )
 
 
 def method(name, input_names, output_names, stages, outputs):
-    return MethodSpec(name=name, input_names=list(input_names), output_names=list(output_names), stages=list(stages),
-                      outputs=list(outputs))
+    return MethodSpec(
+        name=name,
+        input_names=list(input_names),
+        output_names=list(output_names),
+        stages=list(stages),
+        outputs=list(outputs),
+    )
 
 
 class FakeGraph:

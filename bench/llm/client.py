@@ -1,9 +1,9 @@
 """The load: OpenAI `/v1/completions` SSE streams sent with aiohttp, closed loop (a fixed number of clients) or open
 loop (Poisson arrivals), each request's token events timed by the client."""
+
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import List, Tuple
 
 import numpy as np
 
@@ -16,7 +16,7 @@ class Record:
     sent: float = 0.0
     status: int = 0
     request_id: str = ""
-    events: List[float] = field(default_factory=list)   # perf_counter of every SSE token event
+    events: list[float] = field(default_factory=list)  # perf_counter of every SSE token event
     completion_tokens: int = 0
     prompt_tokens: int = 0
     ended: float = 0.0
@@ -41,8 +41,16 @@ class Record:
 
 async def one_request(session, url: str, item: Item, record: Record) -> None:
     import orjson
-    body = {"model": MODEL, "prompt": item.prompt, "max_tokens": item.max_tokens, "stream": True,
-            "ignore_eos": True, "temperature": 0, "stream_options": {"include_usage": True}}
+
+    body = {
+        "model": MODEL,
+        "prompt": item.prompt,
+        "max_tokens": item.max_tokens,
+        "stream": True,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream_options": {"include_usage": True},
+    }
     record.sent = time.perf_counter()
     try:
         async with session.post(url, data=orjson.dumps(body), headers={"content-type": "application/json"}) as resp:
@@ -81,11 +89,12 @@ async def one_request(session, url: str, item: Item, record: Record) -> None:
 
 def new_session():
     import aiohttp
+
     connector = aiohttp.TCPConnector(limit=0, force_close=False, keepalive_timeout=60)
     return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600))
 
 
-async def run_closed(session, url: str, items: List[Item], concurrency: int) -> Tuple[List[Record], float]:
+async def run_closed(session, url: str, items: list[Item], concurrency: int) -> tuple[list[Record], float]:
     """`concurrency` clients, each sending its next request when its previous one ended; (records, start)."""
     records = [Record() for _ in items]
     queue = list(range(len(items)))[::-1]
@@ -100,7 +109,7 @@ async def run_closed(session, url: str, items: List[Item], concurrency: int) -> 
     return records, started
 
 
-async def run_poisson(session, url: str, items: List[Item], rate: float, seed: int) -> Tuple[List[Record], float]:
+async def run_poisson(session, url: str, items: list[Item], rate: float, seed: int) -> tuple[list[Record], float]:
     """Open loop: request i is sent at the i-th arrival of a Poisson process of `rate` req/s (the first at 0);
     (records, start)."""
     rng = np.random.default_rng(seed)

@@ -1,15 +1,14 @@
 """CPU accounting of a served run: CPU seconds of the server's processes by role (master, worker, agent), of this
 client and of the whole machine; per thread, named by Python thread name where py-spy can tell it; the other
 processes on the machine and waiting for them to calm down."""
+
 import contextlib
 import json
 import re
 import subprocess
 import time
-from typing import Dict, List, Optional, Tuple
 
 import psutil
-
 from pyspy_summary import py_spy  # bench/pyspy_summary.py
 
 ROLES = ("master", "worker", "agent")
@@ -29,10 +28,10 @@ def kernel_thread_name(pid, thread_id: int) -> str:
         return "?"
 
 
-def thread_use(before: dict, after: dict, tokens: int) -> Dict[str, float]:
+def thread_use(before: dict, after: dict, tokens: int) -> dict[str, float]:
     """CPU ms per 1000 output tokens by thread name, from {key: (name, CPU seconds)} before and after; a thread
     started meanwhile counts from 0."""
-    use: Dict[str, float] = {}
+    use: dict[str, float] = {}
     for key, (name, total) in after.items():
         use[name] = use.get(name, 0.0) + (total - before.get(key, (name, 0.0))[1]) / max(1, tokens) * 1e6
     return {name: round(v, 1) for name, v in sorted(use.items(), key=lambda kv: -kv[1]) if v >= 0.5}
@@ -42,7 +41,7 @@ class Cpu:
     """CPU seconds of the server's processes by role, this client, and the whole machine."""
 
     def __init__(self, server_root: psutil.Process):
-        self.roles: Dict[str, List[psutil.Process]] = {"master": [server_root], "worker": [], "agent": []}
+        self.roles: dict[str, list[psutil.Process]] = {"master": [server_root], "worker": [], "agent": []}
         for child in server_root.children(recursive=True):
             try:
                 cmdline = " ".join(child.cmdline())
@@ -55,7 +54,7 @@ class Cpu:
             else:
                 self.roles["agent"].append(child)
         self.client = psutil.Process()
-        self.names: Dict[int, str] = {}
+        self.names: dict[int, str] = {}
 
     @staticmethod
     def _cpu(procs) -> float:
@@ -77,15 +76,19 @@ class Cpu:
             if pid is None:
                 continue
             try:
-                out = subprocess.run([spy, "dump", "--pid", str(pid), "--json", "--nonblocking"], capture_output=True,
-                                     text=True, timeout=20)
+                out = subprocess.run(
+                    [spy, "dump", "--pid", str(pid), "--json", "--nonblocking"],
+                    capture_output=True,
+                    text=True,
+                    timeout=20,
+                )
                 for thread in json.loads(out.stdout):
                     if thread.get("os_thread_id") and thread.get("thread_name"):
                         self.names[thread["os_thread_id"]] = "py:" + thread_kind(thread["thread_name"])
             except (subprocess.SubprocessError, ValueError, OSError):
                 continue
 
-    def thread_cpu(self) -> Dict[Tuple[str, int], Tuple[str, float]]:
+    def thread_cpu(self) -> dict[tuple[str, int], tuple[str, float]]:
         """(role, thread id) -> (thread's name, CPU seconds): a Python thread's name when learn_thread_names found it
         ("py:..."), else the kernel's (MindSpore's runtime threads ActorThread_*/KernelThread_*, gRPC core's
         event_engine, "python" for unnamed Python threads)."""
@@ -99,17 +102,20 @@ class Cpu:
         return found
 
     @staticmethod
-    def thread_use(before, after, tokens: int) -> Dict[str, Dict[str, float]]:
+    def thread_use(before, after, tokens: int) -> dict[str, dict[str, float]]:
         """CPU ms per 1000 output tokens by role and thread name."""
-        return {role: thread_use(before, {k: v for k, v in after.items() if k[0] == role}, tokens)
-                for role in dict.fromkeys(key[0] for key in after)}
+        return {
+            role: thread_use(before, {k: v for k, v in after.items() if k[0] == role}, tokens)
+            for role in dict.fromkeys(key[0] for key in after)
+        }
 
     def snapshot(self) -> dict:
         machine = psutil.cpu_times()
         snap = {role: self._cpu(procs) for role, procs in self.roles.items()}
         snap["client"] = self._cpu([self.client])
-        snap["machine"] = machine.user + machine.system + machine.nice + getattr(machine, "irq", 0) + \
-            getattr(machine, "softirq", 0)
+        snap["machine"] = (
+            machine.user + machine.system + machine.nice + getattr(machine, "irq", 0) + getattr(machine, "softirq", 0)
+        )
         snap["t"] = time.perf_counter()
         return snap
 
@@ -120,7 +126,7 @@ class Cpu:
         return pids
 
     @staticmethod
-    def processes() -> Dict[int, Tuple[str, float]]:
+    def processes() -> dict[int, tuple[str, float]]:
         """pid -> (command, CPU seconds) of every process on the machine."""
         found = {}
         for proc in psutil.process_iter(["pid", "name", "cmdline", "cpu_times"]):
@@ -132,7 +138,7 @@ class Cpu:
             found[info["pid"]] = (command[:120], times.user + times.system)
         return found
 
-    def top_others(self, before: Dict[int, Tuple[str, float]], seconds: float, count: int = 3) -> List[dict]:
+    def top_others(self, before: dict[int, tuple[str, float]], seconds: float, count: int = 3) -> list[dict]:
         """The processes other than ours that used the most CPU since `before` (cores over `seconds`)."""
         ours = self.ours()
         used = []
@@ -157,5 +163,5 @@ class Cpu:
             if other < threshold or time.perf_counter() >= deadline:
                 return other
 
-    def pid(self, role: str) -> Optional[int]:
+    def pid(self, role: str) -> int | None:
         return self.roles[role][0].pid if self.roles[role] else None

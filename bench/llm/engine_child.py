@@ -1,18 +1,18 @@
 """The engine beside the server: one subprocess (its own MindSpore process, bound like the agent, the served graphs
 and num_blocks) that measures the engine limit, probes it around a served run and runs the saturating requests
 in-process; the parent's handle on it, and its end when the benchmark ends or is signalled."""
+
 import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
-from typing import List
 
 import psutil
+from run_output import log  # bench/run_output.py
 
 from .cpu import kernel_thread_name, thread_kind, thread_use
-from run_output import log  # bench/run_output.py
 
 ENTRY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "llm_serving.py")
 CHILD_MARK = "ENGINE_CHILD_JSON "
@@ -22,7 +22,7 @@ class Exit(Exception):
     pass
 
 
-_CHILDREN: List[subprocess.Popen] = []  # the engine subprocess
+_CHILDREN: list[subprocess.Popen] = []  # the engine subprocess
 
 
 def kill_children():
@@ -45,8 +45,10 @@ def engine_child(config_path: str) -> None:
                                       right now, to bracket a served run with;
       {"op": "engine", "workload": P} llm_engine.run_engine on a workload file ([[prompt ids, new tokens], ...])."""
     from llm_engine import bind_like_agent, engine_limit, limit_seqs, load_runner, run_engine, step_seconds
+
     from mindspore_serving.common.cpu_affinity import bind_threads
     from mindspore_serving.spec.llm_config import load_serving_config
+
     config = load_serving_config(config_path)
     all_cpus = sorted(os.sched_getaffinity(0))
     cpus = bind_like_agent(config)  # the agent's cores (agents.cpu_affinity): the same conditions as served
@@ -61,8 +63,14 @@ def engine_child(config_path: str) -> None:
             wall_ms = step_seconds(runner, rows, steps) * 1000
             result[batch]["cpu_ms"] = (time.process_time() - cpu0) / steps * 1000
             result[batch]["wall_ms_of_cpu_rounds"] = wall_ms
-        out = {"decode_batches": batches, "num_blocks": config.engine.num_blocks, "cpus": cpus,
-               "graphs": config.model.graphs[0], "steps": steps, "limit": {str(k): v for k, v in result.items()}}
+        out = {
+            "decode_batches": batches,
+            "num_blocks": config.engine.num_blocks,
+            "cpus": cpus,
+            "graphs": config.model.graphs[0],
+            "steps": steps,
+            "limit": {str(k): v for k, v in result.items()},
+        }
         if cpus is not None:  # for reference: the same graphs with every core of the machine to themselves
             bind_threads(all_cpus)
             out["limit_unbound"] = {str(k): v for k, v in engine_limit(runner, steps).items()}
@@ -78,8 +86,9 @@ def engine_child(config_path: str) -> None:
         return {"t": time.time(), "step_ms": step_ms}
 
     def threads(me):
-        return {t.id: (thread_kind(kernel_thread_name("self", t.id)), t.user_time + t.system_time)
-                for t in me.threads()}
+        return {
+            t.id: (thread_kind(kernel_thread_name("self", t.id)), t.user_time + t.system_time) for t in me.threads()
+        }
 
     def engine(workload_path):
         with open(workload_path, encoding="utf-8") as stream:
@@ -90,8 +99,13 @@ def engine_child(config_path: str) -> None:
         run = run_engine(runner, config.engine, requests)  # in one thread the engine steps in turn (raw engine)
         run["cpu_ms_per_1k_tokens"] = (time.process_time() - cpu0) / max(1, run["output_tokens"]) * 1e6
         run["thread_cpu_ms_per_1k_tokens"] = thread_use(threads0, threads(me), run["output_tokens"])
-        run.update({"requests": len(requests), "graph_calls": runner.calls - calls0,
-                    "mixed_calls": runner.mixed_calls - mixed0})
+        run.update(
+            {
+                "requests": len(requests),
+                "graph_calls": runner.calls - calls0,
+                "mixed_calls": runner.mixed_calls - mixed0,
+            }
+        )
         return run
 
     print(CHILD_MARK + json.dumps({"ready": True, "cpus": cpus}), flush=True)
@@ -110,16 +124,20 @@ class EngineProcess:
     """The parent's handle on `engine_child`: started once, idle (no CPU) while the server is measured."""
 
     def __init__(self, config_path: str):
-        self.proc = subprocess.Popen([sys.executable, ENTRY, "--engine-child", config_path],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     env=dict(os.environ, GLOG_v="2"))
+        self.proc = subprocess.Popen(
+            [sys.executable, ENTRY, "--engine-child", config_path],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, GLOG_v="2"),
+        )
         _CHILDREN.append(self.proc)
         self.cpus = self._reply()["cpus"]
 
     def _reply(self) -> dict:
         for line in self.proc.stdout:
             if line.startswith(CHILD_MARK):
-                return json.loads(line[len(CHILD_MARK):])
+                return json.loads(line[len(CHILD_MARK) :])
         raise RuntimeError(f"the engine subprocess ended ({self.proc.wait()}); its stderr is above")
 
     def ask(self, **command) -> dict:

@@ -1,7 +1,7 @@
 """A served run's figures from the client's records: throughput, TTFT, TPOT, ITL and e2e latency, the decode batch
 occupancy, the engine's own timings matched by request id, and the CPU used by role."""
+
 import math
-from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -16,11 +16,15 @@ def stats(values) -> dict:
     if values.size == 0:
         return {"mean": None, "p50": None, "p90": None, "p99": None}
     ms = values * 1000
-    return {"mean": round(float(ms.mean()), 2), "p50": round(float(np.percentile(ms, 50)), 2),
-            "p90": round(float(np.percentile(ms, 90)), 2), "p99": round(float(np.percentile(ms, 99)), 2)}
+    return {
+        "mean": round(float(ms.mean()), 2),
+        "p50": round(float(np.percentile(ms, 50)), 2),
+        "p90": round(float(np.percentile(ms, 90)), 2),
+        "p99": round(float(np.percentile(ms, 99)), 2),
+    }
 
 
-def occupancy(records: List[Record], start: float, end: float) -> float:
+def occupancy(records: list[Record], start: float, end: float) -> float:
     """Time-average over [start, end] of the requests between their first and last token (in the decode batch)."""
     if end <= start:
         return 0.0
@@ -31,8 +35,15 @@ def occupancy(records: List[Record], start: float, end: float) -> float:
     return busy / (end - start)
 
 
-def summarise(name: str, records: List[Record], started: float, cpu0: dict, cpu1: dict,
-              engine: Dict[str, Tuple[float, float, float]], extra: Optional[dict] = None) -> dict:
+def summarise(
+    name: str,
+    records: list[Record],
+    started: float,
+    cpu0: dict,
+    cpu1: dict,
+    engine: dict[str, tuple[float, float, float]],
+    extra: dict | None = None,
+) -> dict:
     """One run's row; the run lasts from `started` until its last request ended."""
     good = [r for r in records if r.ok]
     duration = max(r.ended for r in records) - started if records else 0.0
@@ -40,12 +51,19 @@ def summarise(name: str, records: List[Record], started: float, cpu0: dict, cpu1
     tpot = [(r.e2e - r.ttft) / (r.tokens - 1) for r in good if r.tokens > 1]
     itl = [b - a for r in good for a, b in zip(r.events, r.events[1:])]
     row = {
-        "run": name, "requests": len(records), "ok": len(good), "failed": len(records) - len(good),
+        "run": name,
+        "requests": len(records),
+        "ok": len(good),
+        "failed": len(records) - len(good),
         "errors": sorted({r.error for r in records if r.error})[:5],
-        "seconds": round(duration, 3), "req_per_s": round(len(good) / duration, 3) if duration else 0.0,
-        "output_tokens": tokens, "output_tokens_per_s": round(tokens / duration, 1) if duration else 0.0,
+        "seconds": round(duration, 3),
+        "req_per_s": round(len(good) / duration, 3) if duration else 0.0,
+        "output_tokens": tokens,
+        "output_tokens_per_s": round(tokens / duration, 1) if duration else 0.0,
         "prompt_tokens_mean": round(float(np.mean([r.prompt_tokens for r in good])), 1) if good else 0.0,
-        "ttft_ms": stats(r.ttft for r in good), "tpot_ms": stats(tpot), "itl_ms": stats(itl),
+        "ttft_ms": stats(r.ttft for r in good),
+        "tpot_ms": stats(tpot),
+        "itl_ms": stats(itl),
         "e2e_ms": stats(r.e2e for r in good),
         "mean_occupancy": round(occupancy(good, started, started + duration), 3),
         "mean_in_flight": round(sum(r.ended - r.sent for r in records) / duration, 3) if duration else 0.0,
@@ -53,12 +71,16 @@ def summarise(name: str, records: List[Record], started: float, cpu0: dict, cpu1
     }
     pairs = [(r, engine[r.request_id[5:]]) for r in good if r.request_id[5:] in engine]
     matched = [m for _, m in pairs]
-    row["engine_log"] = {"matched": len(matched), "ttft_ms": stats(m[0] for m in matched),
-                         "itl_ms": stats(m[1] for m in matched), "e2e_ms": stats(m[2] for m in matched),
-                         # client TTFT - engine TTFT: from the client's send until the request is in the engine, plus
-                         # the first token's way back (the engine counts from its own arrival)
-                         "ttft_outside_engine_ms": stats(r.ttft - m[0] for r, m in pairs),
-                         "e2e_outside_engine_ms": stats(r.e2e - m[2] for r, m in pairs)}
+    row["engine_log"] = {
+        "matched": len(matched),
+        "ttft_ms": stats(m[0] for m in matched),
+        "itl_ms": stats(m[1] for m in matched),
+        "e2e_ms": stats(m[2] for m in matched),
+        # client TTFT - engine TTFT: from the client's send until the request is in the engine, plus
+        # the first token's way back (the engine counts from its own arrival)
+        "ttft_outside_engine_ms": stats(r.ttft - m[0] for r, m in pairs),
+        "e2e_outside_engine_ms": stats(r.e2e - m[2] for r, m in pairs),
+    }
     if matched:  # engine-side decode time of the requests / the run's duration: occupancy seen by the engine
         decode_s = sum(m[2] - m[0] for m in matched)
         row["engine_log"]["occupancy"] = round(decode_s / duration, 3) if duration else 0.0
@@ -72,7 +94,7 @@ def summarise(name: str, records: List[Record], started: float, cpu0: dict, cpu1
     return row
 
 
-def saturated_window(records: List[Record], started: float) -> dict:
+def saturated_window(records: list[Record], started: float) -> dict:
     """The part of a saturating run while requests still queued: from the start until the last request's first
     token. Output tokens/s and occupancy there (a full engine, no ramp-down)."""
     good = [r for r in records if r.ok]
@@ -81,6 +103,9 @@ def saturated_window(records: List[Record], started: float) -> dict:
     end = max(r.events[0] for r in good)
     tokens = sum(1 for r in good for t in r.events if t <= end)
     seconds = end - started
-    return {"seconds": round(seconds, 3), "token_events": tokens,
-            "output_tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else 0.0,
-            "mean_occupancy": round(occupancy(good, started, end), 3)}
+    return {
+        "seconds": round(seconds, 3),
+        "token_events": tokens,
+        "output_tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else 0.0,
+        "mean_occupancy": round(occupancy(good, started, end), 3),
+    }

@@ -1,10 +1,10 @@
 """py-spy profiles of a served run (--profile): one more saturating run and a c=1 run under py-spy record, the
 wall-time states of the worker's engine thread and of the agent, and the master's on-CPU profile."""
+
 import asyncio
 import collections
 import os
 import subprocess
-from typing import List, Tuple
 
 import pyspy_summary  # bench/pyspy_summary.py
 from run_output import log  # bench/run_output.py
@@ -30,25 +30,52 @@ AGENT_STATES = (
     ("GraphRunner.run bookkeeping", ("GraphRunner.",)),
 )
 FOCUS = {
-    "master": ["completion_chunks", "MasterLlmBackend.stream", "grpc/aio", "uvicorn", "starlette", "anyio",
-               "Generation.events", "Generation.close", "sse.py", "log.py"],
-    "worker": ["EngineLoop._run", "LlmWorkerServicer.Generate", "grpc/_server.py", "AgentRunner.run",
-               "Scheduler.schedule", "Sampler.", "update_from_output", "LLMEngine._to_output", "EngineLoop._deliver"],
-    "agent": ["AgentServicer.Step", "_CellGraphExecutor", "_Bucket.run", "asnumpy", "encode_logits", "decode_step",
-              "grpc/_server.py"],
+    "master": [
+        "completion_chunks",
+        "MasterLlmBackend.stream",
+        "grpc/aio",
+        "uvicorn",
+        "starlette",
+        "anyio",
+        "Generation.events",
+        "Generation.close",
+        "sse.py",
+        "log.py",
+    ],
+    "worker": [
+        "EngineLoop._run",
+        "LlmWorkerServicer.Generate",
+        "grpc/_server.py",
+        "AgentRunner.run",
+        "Scheduler.schedule",
+        "Sampler.",
+        "update_from_output",
+        "LLMEngine._to_output",
+        "EngineLoop._deliver",
+    ],
+    "agent": [
+        "AgentServicer.Step",
+        "_CellGraphExecutor",
+        "_Bucket.run",
+        "asnumpy",
+        "encode_logits",
+        "decode_step",
+        "grpc/_server.py",
+    ],
 }
 SPY_ARGS = {"master": ["-r", "100", "--nonblocking"], "worker": ["-r", "50", "--idle"], "agent": ["-r", "50", "--idle"]}
 
 
-def _classify(names: List[str], states) -> str:
+def _classify(names: list[str], states) -> str:
     for label, needles in states:
         if any(needle in name for name in names for needle in needles):
             return label
     return "other: " + (names[0] if names else "?")
 
 
-def start_spies(cpu: Cpu, out_dir: str, seconds: int,
-                roles=("master", "worker", "agent")) -> List[Tuple[str, str, subprocess.Popen]]:
+def start_spies(
+    cpu: Cpu, out_dir: str, seconds: int, roles=("master", "worker", "agent")
+) -> list[tuple[str, str, subprocess.Popen]]:
     """py-spy record of the master (on-CPU samples, not pausing it) and of the worker and the agent (every thread at
     every tick, idle included, pausing the process for each sample: exact about waiting threads, which
     `--nonblocking --idle` is not)."""
@@ -63,14 +90,24 @@ def start_spies(cpu: Cpu, out_dir: str, seconds: int,
         if pid is None:
             continue
         path = os.path.join(out_dir, f"{role}.txt")
-        spies.append((role, path, subprocess.Popen(
-            [spy, "record", "-p", str(pid), "-d", str(seconds), "--threads", "-f", "raw", "-o", path] + SPY_ARGS[role],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
+        spies.append(
+            (
+                role,
+                path,
+                subprocess.Popen(
+                    [spy, "record", "-p", str(pid), "-d", str(seconds), "--threads", "-f", "raw", "-o", path]
+                    + SPY_ARGS[role],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                ),
+            )
+        )
     return spies
 
 
 def wall_breakdown(role: str, stacks) -> str:
     """The engine thread's states (worker), or the share of time the agent runs a step at all (agent)."""
+
     def names(frames):
         return [frame.split(" (")[0] for frame in frames]
 
@@ -122,18 +159,25 @@ def finish_spies(spies, out_dir: str) -> str:
     return text
 
 
-async def profiled_runs(measure, session, url: str, cpu: Cpu, workloads: dict, args, runs: List[dict]) -> dict:
+async def profiled_runs(measure, session, url: str, cpu: Cpu, workloads: dict, args, runs: list[dict]) -> dict:
     """A saturating run of the profile workload and a c=1 run, each under py-spy from shortly after its start;
     returns the report's "profile" (DIR/summary.txt holds the same summary)."""
     items = workloads["profile"]
     sat_seconds = min(r["seconds"] for r in runs if r.get("saturation"))
     seconds = max(2, int(sat_seconds * len(items) / args.requests * 0.6))
     cpu.wait_quiet(args.quiet_wait)
-    log(f"profile: a saturating run of {len(items)} requests, py-spy from its 1st second for {seconds} s "
-        f"-> {args.profile}")
-    run = asyncio.ensure_future(measure("profiled saturation",
-                                        lambda: run_closed(session, url, items, len(items)),
-                                        {"mode": "under py-spy (not a measurement)"}, wait_quiet=False))
+    log(
+        f"profile: a saturating run of {len(items)} requests, py-spy from its 1st second for {seconds} s "
+        f"-> {args.profile}"
+    )
+    run = asyncio.ensure_future(
+        measure(
+            "profiled saturation",
+            lambda: run_closed(session, url, items, len(items)),
+            {"mode": "under py-spy (not a measurement)"},
+            wait_quiet=False,
+        )
+    )
     await asyncio.sleep(1.0)  # past the first admissions
     spies = start_spies(cpu, args.profile, seconds)
     await run
@@ -141,14 +185,22 @@ async def profiled_runs(measure, session, url: str, cpu: Cpu, workloads: dict, a
     # batch 1: where one token's time goes
     c1_dir = os.path.join(args.profile, "c1")
     c1_items = workloads["c1"][:4]
-    run = asyncio.ensure_future(measure("profiled c=1", lambda: run_closed(session, url, c1_items, 1),
-                                        {"mode": "under py-spy (not a measurement)"}, wait_quiet=False))
+    run = asyncio.ensure_future(
+        measure(
+            "profiled c=1",
+            lambda: run_closed(session, url, c1_items, 1),
+            {"mode": "under py-spy (not a measurement)"},
+            wait_quiet=False,
+        )
+    )
     await asyncio.sleep(0.5)
     spies = start_spies(cpu, c1_dir, 3, roles=("worker", "agent"))
     await run
     c1_text = finish_spies(spies, c1_dir)
-    c1_walls = "\n".join(line.replace("-- ", "-- c=1: ", 1) if line.startswith("-- ") else line
-                          for line in c1_text.split("\n-- worker: every thread")[0].split("\n"))
+    c1_walls = "\n".join(
+        line.replace("-- ", "-- c=1: ", 1) if line.startswith("-- ") else line
+        for line in c1_text.split("\n-- worker: every thread")[0].split("\n")
+    )
     text = "== batch 1 (profiled c=1)\n" + c1_walls + "\n== saturation (profiled saturation)\n" + text
     with open(os.path.join(args.profile, "summary.txt"), "w") as stream:
         stream.write(text + "\n")

@@ -1,11 +1,11 @@
 """The served runs in order, on one HTTP session: warm-up, c=1, the engine limit, the saturating runs (each followed
 by its requests through the in-process engine), the Poisson rates, and the profiled runs; each run measured (CPU,
 threads, other processes, engine logs, probes) into a row of the report."""
+
 import asyncio
 import math
 
 import numpy as np
-
 from run_output import log  # bench/run_output.py
 
 from .client import new_session, run_closed, run_poisson
@@ -23,6 +23,7 @@ async def serve_runs(args, server: LlmServer, workloads: dict, cpu: Cpu, report:
     runs = report["runs"]
 
     async with new_session() as session:
+
         async def measure(name, coro_factory, extra=None, wait_quiet=True, bracket=False):
             quiet = cpu.wait_quiet(args.quiet_wait) if wait_quiet else -1.0
             probe_before = await asyncio.to_thread(engine.probe) if bracket else None
@@ -47,10 +48,12 @@ async def serve_runs(args, server: LlmServer, workloads: dict, cpu: Cpu, report:
                 row["probes"] = [probe_before, probe_after]
             row["top_other_processes"] = others
             runs.append(row)
-            log(f"{name}: {row['ok']}/{row['requests']} ok, {row['req_per_s']:.2f} req/s, "
+            log(
+                f"{name}: {row['ok']}/{row['requests']} ok, {row['req_per_s']:.2f} req/s, "
                 f"{row['output_tokens_per_s']:.0f} tok/s, occupancy {row['mean_occupancy']:.2f}, TTFT p50 "
                 f"{fmt(row['ttft_ms']['p50'])} ms, TPOT mean {fmt(row['tpot_ms']['mean'], '.2f')} ms, "
-                f"CPU m/w/a/c {row['cpu_cores']}, other {row['other_cores']}")
+                f"CPU m/w/a/c {row['cpu_cores']}, other {row['other_cores']}"
+            )
             if row["failed"]:
                 log(f"  errors: {row['errors']}")
             return row, records, started
@@ -70,8 +73,11 @@ async def serve_runs(args, server: LlmServer, workloads: dict, cpu: Cpu, report:
         for k, (sat_items, workload_path) in enumerate(workloads["saturation"]):
             name = "saturation" if args.saturation_runs == 1 else f"saturation #{k + 1}"
             sat, sat_records, sat_started = await measure(
-                name, lambda: run_closed(session, url, sat_items, len(sat_items)),
-                {"mode": f"all {len(sat_items)} requests at once", "saturation": True}, bracket=True)
+                name,
+                lambda: run_closed(session, url, sat_items, len(sat_items)),
+                {"mode": f"all {len(sat_items)} requests at once", "saturation": True},
+                bracket=True,
+            )
             sat["full_window"] = saturated_window(sat_records, sat_started)
             # right after it, the same requests through the engine in-process, bracketed the same way
             sat["engine_run"] = await asyncio.to_thread(engine.run, workload_path, sat["probes"][1])
@@ -81,10 +87,13 @@ async def serve_runs(args, server: LlmServer, workloads: dict, cpu: Cpu, report:
         for k, (kind, value) in enumerate(args.rates):
             rate = value * saturated_rate if kind == "x" else value
             items = workloads["poisson"][k]
-            items = items[:max(16, min(len(items), int(math.ceil(rate * args.poisson_seconds))))]
+            items = items[: max(16, min(len(items), int(math.ceil(rate * args.poisson_seconds))))]
             label = f"poisson {value:g}x" if kind == "x" else f"poisson {value:g}/s"
-            await measure(label, lambda: run_poisson(session, url, items, rate, args.seed + 100 + k),
-                          {"mode": "poisson", "rate_req_per_s": round(rate, 3)})
+            await measure(
+                label,
+                lambda: run_poisson(session, url, items, rate, args.seed + 100 + k),
+                {"mode": "poisson", "rate_req_per_s": round(rate, 3)},
+            )
 
         if not args.quick:
             await asyncio.to_thread(engine.limit)

@@ -1,9 +1,9 @@
 """The served tiny LLM: serving_server.py with config/llama_tiny.yaml (absolute paths, free ports, agents started by
 the worker), its output and its workers' logs."""
+
 import contextlib
 import glob
 import os
-from typing import List, Optional
 
 import psutil
 
@@ -13,23 +13,25 @@ MODEL = "llama_tiny"
 class LlmServer:
     """serving_server.py with the tiny LLM on free ports (agents started by the worker); stop() kills the tree."""
 
-    def __init__(self, workdir: str, engine_overrides: dict, agents_overrides: Optional[dict] = None):
+    def __init__(self, workdir: str, engine_overrides: dict, agents_overrides: dict | None = None):
         """`engine_overrides` naming `speculative` serve the graphs of config/llama_tiny_spec.yaml (they have the
         verify graphs speculation needs), else those of config/llama_tiny.yaml."""
         from llm_setup import SPEC_CONFIG, bundled_config, write_config, write_servable  # tests/llm_setup.py
+
         self.workdir = workdir
         data = bundled_config(SPEC_CONFIG) if "speculative" in engine_overrides else None
         self.config = write_config(workdir, start_port=0, agents=agents_overrides, data=data, **engine_overrides)
         self.servables = write_servable(workdir, self.config)
         self.proc = None
         self.rest = ""
-        self.processes: List[psutil.Process] = []
+        self.processes: list[psutil.Process] = []
 
     def start(self):
         from serving_process import start_server  # tests/serving_process.py
-        self.proc, _, self.rest = start_server(self.workdir, servables=(MODEL,),
-                                               extra_args=["--servable_directory", self.servables],
-                                               env={"GLOG_v": "1"})
+
+        self.proc, _, self.rest = start_server(
+            self.workdir, servables=(MODEL,), extra_args=["--servable_directory", self.servables], env={"GLOG_v": "1"}
+        )
         self.refresh()
 
     def refresh(self):

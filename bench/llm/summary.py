@@ -1,20 +1,18 @@
 """The report's summary: the served runs against the engine limit (its best rounds over the benchmark, and the
 probes right around each saturating run), the in-process engine against the same, batch 1, CPU per token, and the
 warnings about a busy machine."""
-from typing import List, Optional, Tuple
 
 import numpy as np
-
 from llm_engine import bucket_of  # bench/llm_engine.py
 
 TARGET = 0.85  # served tokens/s over the engine limit at the same occupancy
 
 
-def _ratio(a: float, b: float) -> Optional[float]:
+def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 4) if b else None
 
 
-def best_limit(measurements: List[dict], key: str = "limit") -> dict:
+def best_limit(measurements: list[dict], key: str = "limit") -> dict:
     """The best step time (and, separately, the least CPU per step) per bucket over several measurements (the machine
     is shared: noise only adds time)."""
     best = {}
@@ -28,7 +26,7 @@ def best_limit(measurements: List[dict], key: str = "limit") -> dict:
     return best
 
 
-def limit_at(limit: dict, decode_batches: List[int], occupancy: float) -> Tuple[int, float]:
+def limit_at(limit: dict, decode_batches: list[int], occupancy: float) -> tuple[int, float]:
     """(bucket, engine-limit tokens/s at a mean decode batch of `occupancy`), as llm_engine.limit_at, on a limit
     read back from JSON (buckets as strings)."""
     bucket = bucket_of(decode_batches, occupancy)
@@ -42,29 +40,39 @@ def decode_batch(run: dict) -> float:
     return steps.get("mean_decode_batch") or run["mean_occupancy"]
 
 
-def paired(tokens_per_s: float, occupancy: float, probes: List[dict], batches: List[int]) -> dict:
+def paired(tokens_per_s: float, occupancy: float, probes: list[dict], batches: list[int]) -> dict:
     """Throughput against the engine limit measured right before and right after it (the mean of the two probes'
     step times of the occupancy's bucket): the machine's speed at that moment, not at its quietest."""
     bucket = bucket_of(batches, occupancy)
     steps = [probe["step_ms"][str(bucket)] for probe in probes]
     at = occupancy / (float(np.mean(steps)) / 1000)
-    return {"bucket": bucket, "probe_step_ms": [round(x, 3) for x in steps], "limit_tokens_per_s": round(at, 1),
-            "fraction_of_limit": _ratio(tokens_per_s, at)}
+    return {
+        "bucket": bucket,
+        "probe_step_ms": [round(x, 3) for x in steps],
+        "limit_tokens_per_s": round(at, 1),
+        "fraction_of_limit": _ratio(tokens_per_s, at),
+    }
 
 
-def paired_summary(report: dict, batches: List[int]) -> dict:
+def paired_summary(report: dict, batches: list[int]) -> dict:
     """Per saturating run: served, and the in-process engine right after it, each against the limit probed around
     it; the medians over the runs."""
     rows = []
     for run in (r for r in report["runs"] if r.get("saturation") and r.get("probes")):
-        row = {"run": run["run"], "output_tokens_per_s": run["output_tokens_per_s"],
-               "mean_occupancy": run["mean_occupancy"], "decode_batch": decode_batch(run),
-               **paired(run["output_tokens_per_s"], decode_batch(run), run["probes"], batches)}
+        row = {
+            "run": run["run"],
+            "output_tokens_per_s": run["output_tokens_per_s"],
+            "mean_occupancy": run["mean_occupancy"],
+            "decode_batch": decode_batch(run),
+            **paired(run["output_tokens_per_s"], decode_batch(run), run["probes"], batches),
+        }
         eng = run.get("engine_run")
         if eng:
-            row["engine"] = {"output_tokens_per_s": round(eng["tokens_per_s"], 1),
-                             "mean_decode_batch": round(eng["mean_decode_batch"], 3),
-                             **paired(eng["tokens_per_s"], eng["mean_decode_batch"], eng["probes"], batches)}
+            row["engine"] = {
+                "output_tokens_per_s": round(eng["tokens_per_s"], 1),
+                "mean_decode_batch": round(eng["mean_decode_batch"], 3),
+                **paired(eng["tokens_per_s"], eng["mean_decode_batch"], eng["probes"], batches),
+            }
             row["served_over_in_process"] = _ratio(run["output_tokens_per_s"], eng["tokens_per_s"])
         rows.append(row)
 
@@ -72,10 +80,13 @@ def paired_summary(report: dict, batches: List[int]) -> dict:
         values = [v for v in values if v is not None]
         return round(float(np.median(values)), 4) if values else None
 
-    return {"runs": rows, "target": TARGET,
-            "fraction_of_limit": median(r["fraction_of_limit"] for r in rows),
-            "engine_fraction_of_limit": median(r.get("engine", {}).get("fraction_of_limit") for r in rows),
-            "served_over_in_process": median(r.get("served_over_in_process") for r in rows)}
+    return {
+        "runs": rows,
+        "target": TARGET,
+        "fraction_of_limit": median(r["fraction_of_limit"] for r in rows),
+        "engine_fraction_of_limit": median(r.get("engine", {}).get("fraction_of_limit") for r in rows),
+        "served_over_in_process": median(r.get("served_over_in_process") for r in rows),
+    }
 
 
 def served_cpu(row: dict) -> dict:
@@ -94,8 +105,13 @@ def summary(report: dict) -> dict:
     bucket, at = limit_at(limit, batches, occ)
     win = sat["full_window"]
     wbucket, wat = limit_at(limit, batches, win["mean_occupancy"])
-    win.update({"bucket": wbucket, "limit_tokens_per_s": round(wat, 1),
-                "fraction_of_limit": _ratio(win["output_tokens_per_s"], wat)})
+    win.update(
+        {
+            "bucket": wbucket,
+            "limit_tokens_per_s": round(wat, 1),
+            "fraction_of_limit": _ratio(win["output_tokens_per_s"], wat),
+        }
+    )
     c1 = runs["c=1"]
     step1 = limit[str(batches[0])]["step_ms"]
     unbound = None
@@ -105,24 +121,35 @@ def summary(report: dict) -> dict:
     median_ms = limit[str(bucket)].get("median_step_ms")
     mat = occ / (median_ms / 1000) if median_ms else None
     result = {
-        "saturation": {"run": sat["run"], "output_tokens_per_s": sat["output_tokens_per_s"],
-                       "mean_occupancy": sat["mean_occupancy"], "decode_batch": occ, "bucket": bucket,
-                       "limit_tokens_per_s": round(at, 1),
-                       "fraction_of_limit": _ratio(sat["output_tokens_per_s"], at), "target": TARGET,
-                       "cpus": measurements[0].get("cpus"),
-                       "unbound_limit_tokens_per_s": round(uat, 1) if uat else None,
-                       "median_limit_tokens_per_s": round(mat, 1) if mat else None,
-                       "fraction_of_median_limit": _ratio(sat["output_tokens_per_s"], mat) if mat else None,
-                       "fraction_of_unbound_limit": _ratio(sat["output_tokens_per_s"], uat) if uat else None,
-                       "served_tpot_ms": sat["tpot_ms"]["mean"], "engine_itl_ms": sat["engine_log"]["itl_ms"]["mean"],
-                       "ttft_outside_engine_ms": sat["engine_log"]["ttft_outside_engine_ms"],
-                       "full_window": win},
-        "batch1": {"served_tpot_ms": c1["tpot_ms"]["mean"], "served_tpot_p50_ms": c1["tpot_ms"]["p50"],
-                   "engine_step_ms": round(step1, 3), "fraction_of_limit": round(step1 / c1["tpot_ms"]["mean"], 4),
-                   "overhead_fraction": round(1 - step1 / c1["tpot_ms"]["mean"], 4),
-                   "engine_itl_ms": c1["engine_log"]["itl_ms"]["mean"],
-                   "ttft_outside_engine_ms": c1["engine_log"]["ttft_outside_engine_ms"],
-                   "engine_step_median_ms": limit[str(batches[0])].get("median_step_ms")},
+        "saturation": {
+            "run": sat["run"],
+            "output_tokens_per_s": sat["output_tokens_per_s"],
+            "mean_occupancy": sat["mean_occupancy"],
+            "decode_batch": occ,
+            "bucket": bucket,
+            "limit_tokens_per_s": round(at, 1),
+            "fraction_of_limit": _ratio(sat["output_tokens_per_s"], at),
+            "target": TARGET,
+            "cpus": measurements[0].get("cpus"),
+            "unbound_limit_tokens_per_s": round(uat, 1) if uat else None,
+            "median_limit_tokens_per_s": round(mat, 1) if mat else None,
+            "fraction_of_median_limit": _ratio(sat["output_tokens_per_s"], mat) if mat else None,
+            "fraction_of_unbound_limit": _ratio(sat["output_tokens_per_s"], uat) if uat else None,
+            "served_tpot_ms": sat["tpot_ms"]["mean"],
+            "engine_itl_ms": sat["engine_log"]["itl_ms"]["mean"],
+            "ttft_outside_engine_ms": sat["engine_log"]["ttft_outside_engine_ms"],
+            "full_window": win,
+        },
+        "batch1": {
+            "served_tpot_ms": c1["tpot_ms"]["mean"],
+            "served_tpot_p50_ms": c1["tpot_ms"]["p50"],
+            "engine_step_ms": round(step1, 3),
+            "fraction_of_limit": round(step1 / c1["tpot_ms"]["mean"], 4),
+            "overhead_fraction": round(1 - step1 / c1["tpot_ms"]["mean"], 4),
+            "engine_itl_ms": c1["engine_log"]["itl_ms"]["mean"],
+            "ttft_outside_engine_ms": c1["engine_log"]["ttft_outside_engine_ms"],
+            "engine_step_median_ms": limit[str(batches[0])].get("median_step_ms"),
+        },
     }
     result["saturation"]["cpu_ms_per_1k_tokens"] = served_cpu(sat)
     result["batch1"]["cpu_ms_per_1k_tokens"] = served_cpu(c1)
@@ -133,8 +160,10 @@ def summary(report: dict) -> dict:
     warnings = []
     steps = [limit[str(b)]["step_ms"] for b in batches]
     if any(later < earlier * 0.9 for earlier, later in zip(steps, steps[1:])):
-        warnings.append("the engine limit's step times do not grow with the batch: the machine was busy while it "
-                        "was measured (rerun, or compare with bench/llm_engine.py)")
+        warnings.append(
+            "the engine limit's step times do not grow with the batch: the machine was busy while it "
+            "was measured (rerun, or compare with bench/llm_engine.py)"
+        )
     busy = [r["run"] for r in report["runs"] if r["other_cores"] > 0.3 and not r["run"].startswith("profiled")]
     if busy:
         warnings.append(f"other processes used > 0.3 cores during: {', '.join(busy)} (see other_cores)")
@@ -142,21 +171,27 @@ def summary(report: dict) -> dict:
     result["paired"] = paired_summary(report, batches)
     if c1.get("probes"):
         steps = [probe["step_ms"][str(batches[0])] for probe in c1["probes"]]
-        result["batch1"]["paired"] = {"probe_step_ms": [round(x, 3) for x in steps],
-                                      "fraction_of_limit": _ratio(float(np.mean(steps)), c1["tpot_ms"]["mean"])}
+        result["batch1"]["paired"] = {
+            "probe_step_ms": [round(x, 3) for x in steps],
+            "fraction_of_limit": _ratio(float(np.mean(steps)), c1["tpot_ms"]["mean"]),
+        }
     engine_runs = [r["engine_run"] for r in report["runs"] if r.get("engine_run")]
     if engine_runs:
         best = max(engine_runs, key=lambda r: r["tokens_per_s"])
         ebucket, eat = limit_at(limit, batches, best["mean_decode_batch"])
         decode_at = limit_at(limit, batches, best["decode_only_mean_batch"])[1] if best["decode_only_steps"] else 0.0
         result["engine_in_process"] = {
-            "runs": len(engine_runs), "output_tokens_per_s": round(best["tokens_per_s"], 1),
+            "runs": len(engine_runs),
+            "output_tokens_per_s": round(best["tokens_per_s"], 1),
             "each_tokens_per_s": [round(r["tokens_per_s"], 1) for r in engine_runs],
-            "mean_decode_batch": round(best["mean_decode_batch"], 3), "bucket": ebucket,
+            "mean_decode_batch": round(best["mean_decode_batch"], 3),
+            "bucket": ebucket,
             "fraction_of_limit": round(best["tokens_per_s"] / eat, 4),
             "decode_fraction_of_limit": round(best["decode_only_tokens_per_s"] / decode_at, 4) if decode_at else 0.0,
             "served_over_in_process": round(sat["output_tokens_per_s"] / best["tokens_per_s"], 4),
-            "cpu_ms_per_1k_tokens": round(min(r["cpu_ms_per_1k_tokens"] for r in engine_runs), 1)}
+            "cpu_ms_per_1k_tokens": round(min(r["cpu_ms_per_1k_tokens"] for r in engine_runs), 1),
+        }
         result["saturation"]["server_cpu_over_in_process_cpu"] = round(
-            served_cpu(sat)["server"] / result["engine_in_process"]["cpu_ms_per_1k_tokens"], 3)
+            served_cpu(sat)["server"] / result["engine_in_process"]["cpu_ms_per_1k_tokens"], 3
+        )
     return result

@@ -10,26 +10,25 @@ drift hits each alike; median, min and max over rounds are reported.
 Then the AllReduce share of a TP=N step (an estimate from a microbenchmark, bench/llm/allreduce.py), the KV-cache
 bytes per rank from each rank's manifest at the served num_blocks, and the resident memory of each agent process.
 """
+
 import json
 import os
 import time
-from typing import Dict, List
 
 import numpy as np
 import psutil
 
+from llm import allreduce  # bench/llm/allreduce.py
 from mindspore_serving.common.cpu_affinity import bind_threads
 from mindspore_serving.common.ms_cluster import free_port
 from mindspore_serving.llm.model_io import SeqStep
 from mindspore_serving.spec.llm_config import load_serving_config
 
-from llm import allreduce  # bench/llm/allreduce.py
-
 ALLREDUCES_PER_LAYER = 2  # after the attention's o projection and after the MLP's down projection
 BATCHES = (1, 8, 16)
 
 
-def prompts(count: int, length: int, vocab: int, seed: int = 0) -> List[List[int]]:
+def prompts(count: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return [[int(t) for t in rng.integers(3, vocab, length)] for _ in range(count)]
 
@@ -38,18 +37,26 @@ class Setup:
     """One way of running the steps: `runner` (GraphRunner or AgentRunner), with this process bound to `cpus`
     while it runs (None: unbound, as the worker is)."""
 
-    def __init__(self, name: str, runner, cpus, tables: List[List[int]], context: int, group=None):
+    def __init__(self, name: str, runner, cpus, tables: list[list[int]], context: int, group=None):
         self.name, self.runner, self.cpus, self.tables, self.context, self.group = (
-            name, runner, cpus, tables, context, group)
+            name,
+            runner,
+            cpus,
+            tables,
+            context,
+            group,
+        )
 
-    def prefill(self, tokens: List[List[int]]):
+    def prefill(self, tokens: list[list[int]]):
         for seq_id, (prompt, table) in enumerate(zip(tokens, self.tables)):
             self.runner.run([SeqStep(prompt, 0, table, seq_id)])
 
     def decode(self, batch: int, steps: int, warm: int = 2) -> float:
         """ms per decode step of `batch` rows, from position `context` on."""
+
         def step(k):
             self.runner.run([SeqStep([3 + (i + k) % 1000], self.context + k, self.tables[i], i) for i in range(batch)])
+
         for k in range(warm):
             step(k)
         started = time.perf_counter()
@@ -59,29 +66,39 @@ class Setup:
 
 
 def rss_mib(pid: int) -> float:
-    return psutil.Process(pid).memory_info().rss / 2 ** 20
+    return psutil.Process(pid).memory_info().rss / 2**20
 
 
-def kv_cache_bytes(graphs_dir: str, num_blocks: int) -> Dict[str, int]:
+def kv_cache_bytes(graphs_dir: str, num_blocks: int) -> dict[str, int]:
     with open(os.path.join(graphs_dir, "manifest.json"), encoding="utf-8") as stream:
         manifest = json.load(stream)
     cache = manifest["cache"]
     assert cache["dtype"] == "float32", cache
     per_layer = num_blocks * manifest["block_size"] * cache["num_kv_heads"] * cache["head_dim"] * 4 * 2
-    return {"num_blocks": num_blocks, "block_size": manifest["block_size"], "num_kv_heads": cache["num_kv_heads"],
-            "head_dim": cache["head_dim"], "num_layers": cache["num_layers"],
-            "bytes": per_layer * cache["num_layers"]}
+    return {
+        "num_blocks": num_blocks,
+        "block_size": manifest["block_size"],
+        "num_kv_heads": cache["num_kv_heads"],
+        "head_dim": cache["head_dim"],
+        "num_layers": cache["num_layers"],
+        "bytes": per_layer * cache["num_layers"],
+    }
 
 
-def summary(values: List[float]) -> Dict[str, float]:
-    return {"median": float(np.median(values)), "min": float(min(values)), "max": float(max(values)),
-            "rounds": [float(v) for v in values]}
+def summary(values: list[float]) -> dict[str, float]:
+    return {
+        "median": float(np.median(values)),
+        "min": float(min(values)),
+        "max": float(max(values)),
+        "rounds": [float(v) for v in values],
+    }
 
 
 def start_group(config, name: str):
     """startup_agents on free ports (a fixed agents.start_port may be taken on a shared machine) and an
     AgentRunner on them."""
     from mindspore_serving.worker.llm.agents import startup_agents
+
     host = config.agents.host
     addresses = [f"{host}:{free_port(host)}" for _ in range(config.agents.num_ranks)]
     started = time.perf_counter()
@@ -106,12 +123,21 @@ def run(tp1_path: str, tp_path: str, rounds: int, steps: int, context: int, allr
     blocks_per_seq = -(-(context + steps + 2) // 16)
     all_cores = sorted(os.sched_getaffinity(0))
     inproc_cpus = tp1.agents.cpus_of(0, "CPU")
-    results = {"configs": {"tp1": tp1_path, f"tp{n}": tp_path}, "tensor_parallel": n, "batches": batches,
-               "context_tokens": context, "steps_per_round": steps, "rounds": rounds, "cores": all_cores,
-               "inproc_cpu_affinity": inproc_cpus,
-               # the cores each agent binds itself to (agents.cpu_affinity), as they are started from this process
-               "agent_cpu_affinity": {"agents tp1": [tp1.agents.cpus_of(0, "CPU")],
-                                      f"agents tp{n}": [tpn.agents.cpus_of(r, "CPU") for r in range(n)]}}
+    results = {
+        "configs": {"tp1": tp1_path, f"tp{n}": tp_path},
+        "tensor_parallel": n,
+        "batches": batches,
+        "context_tokens": context,
+        "steps_per_round": steps,
+        "rounds": rounds,
+        "cores": all_cores,
+        "inproc_cpu_affinity": inproc_cpus,
+        # the cores each agent binds itself to (agents.cpu_affinity), as they are started from this process
+        "agent_cpu_affinity": {
+            "agents tp1": [tp1.agents.cpus_of(0, "CPU")],
+            f"agents tp{n}": [tpn.agents.cpus_of(r, "CPU") for r in range(n)],
+        },
+    }
 
     setups, groups, runners = [], [], []
     try:
@@ -134,7 +160,8 @@ def run(tp1_path: str, tp_path: str, rounds: int, steps: int, context: int, allr
         check = [SeqStep([tokens[i][-1]], context, setups[0].tables[i], i) for i in range(2)]
         logits = [setup.runner.run(check) for setup in setups]
         results["max_abs_logit_diff_vs_in_process"] = {
-            s.name: float(np.abs(l - logits[0]).max()) for s, l in zip(setups[1:], logits[1:])}
+            s.name: float(np.abs(l - logits[0]).max()) for s, l in zip(setups[1:], logits[1:])
+        }
 
         times = {s.name: {b: [] for b in batches} for s in setups}
         for r in range(rounds):
@@ -143,16 +170,22 @@ def run(tp1_path: str, tp_path: str, rounds: int, steps: int, context: int, allr
                 for batch in batches:
                     times[setup.name][batch].append(setup.decode(batch, steps))
             bind_threads(all_cores)
-            print(f"round {r + 1}/{rounds}: " + "; ".join(
-                f"{name} " + " ".join(f"b{b} {v[b][-1]:.1f}" for b in batches) for name, v in times.items()),
-                flush=True)
+            print(
+                f"round {r + 1}/{rounds}: "
+                + "; ".join(
+                    f"{name} " + " ".join(f"b{b} {v[b][-1]:.1f}" for b in batches) for name, v in times.items()
+                ),
+                flush=True,
+            )
         results["decode_step_ms"] = {name: {b: summary(v) for b, v in per.items()} for name, per in times.items()}
 
         memory = {}
         for setup in setups[1:]:
             group = setup.group
-            memory[setup.name] = {"agent_rss_mib": [rss_mib(p.pid) for p in group.processes],
-                                  "scheduler_rss_mib": rss_mib(group.scheduler.pid) if group.scheduler else None}
+            memory[setup.name] = {
+                "agent_rss_mib": [rss_mib(p.pid) for p in group.processes],
+                "scheduler_rss_mib": rss_mib(group.scheduler.pid) if group.scheduler else None,
+            }
         results["memory"] = memory
     finally:
         for runner in runners:
@@ -163,7 +196,8 @@ def run(tp1_path: str, tp_path: str, rounds: int, steps: int, context: int, allr
 
     results["kv_cache"] = {
         "tp1": [kv_cache_bytes(tp1.model.graphs[0], num_blocks)],
-        f"tp{n}": [kv_cache_bytes(g, num_blocks) for g in tpn.model.graphs]}
+        f"tp{n}": [kv_cache_bytes(g, num_blocks) for g in tpn.model.graphs],
+    }
 
     # AllReduce: after the agents are gone, on the cores the TP=N agents are bound to
     cpus = [tpn.agents.cpus_of(rank, "CPU") or all_cores for rank in range(n)]
@@ -197,16 +231,20 @@ def report(results: dict):
     n = results["tensor_parallel"]
     batches = results["batches"]
     names = list(results["decode_step_ms"])
-    print(f"\nDecode step ms ({results['context_tokens']}-token context, {results['steps_per_round']} steps x "
-          f"{results['rounds']} rounds; median [min-max])")
+    print(
+        f"\nDecode step ms ({results['context_tokens']}-token context, {results['steps_per_round']} steps x "
+        f"{results['rounds']} rounds; median [min-max])"
+    )
     print(f"{'batch':>6} " + " ".join(f"{name:>24}" for name in names) + f" {'tp' + str(n) + ' / tp1':>10}")
     for b in batches:
         cells = []
         for name in names:
             s = results["decode_step_ms"][name][b]
             cells.append(f"{s['median']:.2f} [{s['min']:.2f}-{s['max']:.2f}]")
-        ratio = (results["decode_step_ms"][f"agents tp{n}"][b]["median"]
-                 / results["decode_step_ms"]["agents tp1"][b]["median"])
+        ratio = (
+            results["decode_step_ms"][f"agents tp{n}"][b]["median"]
+            / results["decode_step_ms"]["agents tp1"][b]["median"]
+        )
         print(f"{b:>6} " + " ".join(f"{c:>24}" for c in cells) + f" {ratio:>10.2f}")
     cores = "; ".join(f"{k}: {v}" for k, v in results["agent_cpu_affinity"].items())
     print(f"agent cores: {cores}; in-process tp1: {results['inproc_cpu_affinity']}")
@@ -215,20 +253,28 @@ def report(results: dict):
 
     ar = results["allreduce"]
     k = ar["allreduces_per_step"]
-    print(f"\nAllReduce of [batch, {ar['hidden']}] float32 between {n} ranks: a microbenchmark estimate of what the "
-          f"{k} AllReduces of a step cost")
-    print(f"{'batch':>6} {'1 per graph ms':>15} {'x' + str(k):>6} {'share':>6} {str(k) + ' in one graph ms':>18} "
-          f"{'[min-max]':>12} {'tp step ms':>10} {'share':>6}")
+    print(
+        f"\nAllReduce of [batch, {ar['hidden']}] float32 between {n} ranks: a microbenchmark estimate of what the "
+        f"{k} AllReduces of a step cost"
+    )
+    print(
+        f"{'batch':>6} {'1 per graph ms':>15} {'x' + str(k):>6} {'share':>6} {str(k) + ' in one graph ms':>18} "
+        f"{'[min-max]':>12} {'tp step ms':>10} {'share':>6}"
+    )
     for b in batches:
         row = ar["batches"][b]
         chain = row[f"x{k}"]
-        print(f"{b:>6} {row['x1']['allreduce_ms']:>15.3f} {row['single_times_count_ms']:>6.2f} "
-              f"{row['single_times_count_share']:>6.0%} {chain['allreduce_ms']:>18.2f} "
-              f"{chain['allreduce_ms_min']:>5.2f}-{chain['allreduce_ms_max']:<6.2f} {row['tp_step_ms']:>10.2f} "
-              f"{row['share_of_tp_step']:>6.0%}")
-    print("AllReduce ms: a graph with the AllReduces minus the same graph without them, ranks in lockstep (a rank's "
-          "wait for a slower peer inside a real step is not in it); one per graph x" + str(k) + " also pays the "
-          "launch of a graph with a collective " + str(k) + " times: an upper bound")
+        print(
+            f"{b:>6} {row['x1']['allreduce_ms']:>15.3f} {row['single_times_count_ms']:>6.2f} "
+            f"{row['single_times_count_share']:>6.0%} {chain['allreduce_ms']:>18.2f} "
+            f"{chain['allreduce_ms_min']:>5.2f}-{chain['allreduce_ms_max']:<6.2f} {row['tp_step_ms']:>10.2f} "
+            f"{row['share_of_tp_step']:>6.0%}"
+        )
+    print(
+        "AllReduce ms: a graph with the AllReduces minus the same graph without them, ranks in lockstep (a rank's "
+        "wait for a slower peer inside a real step is not in it); one per graph x" + str(k) + " also pays the "
+        "launch of a graph with a collective " + str(k) + " times: an upper bound"
+    )
     if not ar["correct"]:
         print("WARNING: an AllReduce graph returned a wrong sum")
 
@@ -236,7 +282,7 @@ def report(results: dict):
     print(f"{'setup':>10} {'rank':>5} {'KV cache MiB':>13} {'agent RSS MiB':>14}")
     for key, name in (("tp1", "agents tp1"), (f"tp{n}", f"agents tp{n}")):
         for rank, (kv, rss) in enumerate(zip(results["kv_cache"][key], results["memory"][name]["agent_rss_mib"])):
-            print(f"{key:>10} {rank:>5} {kv['bytes'] / 2 ** 20:>13.1f} {rss:>14.0f}")
+            print(f"{key:>10} {rank:>5} {kv['bytes'] / 2**20:>13.1f} {rss:>14.0f}")
     sched = results["memory"][f"agents tp{n}"]["scheduler_rss_mib"]
     if sched is not None:
         print(f"cluster scheduler of tp{n}: {sched:.0f} MiB RSS")

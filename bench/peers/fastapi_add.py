@@ -5,6 +5,7 @@
 Same URL, body and reply as our classic REST route:
 POST /model/add:add_common  {"instances": [{"x1": [[..]], "x2": [[..]]}]} -> {"instances": [{"y": [[..]]}]}
 """
+
 import argparse
 
 import numpy as np
@@ -35,8 +36,16 @@ def main():
     parser.add_argument("--port", type=int, default=8001)
     args = parser.parse_args()
     print(f"fastapi peer listening on {args.host}:{args.port}", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
-                loop="uvloop", http="httptools", lifespan="off")
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        loop="uvloop",
+        http="httptools",
+        lifespan="off",
+    )
 
 
 if __name__ == "__main__":

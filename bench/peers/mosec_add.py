@@ -6,9 +6,9 @@ One Python worker, max_batch_size 8, max_wait_time 5 ms, mosec's default JSON co
 It takes the body of our classic REST route and answers in its shape:
 POST /inference  {"instances": [{"x1": [[..]], "x2": [[..]]}]} -> {"instances": [{"y": [[..]]}]}
 """
+
 import numpy as np
 from mosec import Worker
-
 from mosec_common import flatten, replies, serve  # bench/peers/mosec_common.py
 
 MAX_BATCH_SIZE = 8

@@ -1,4 +1,5 @@
 """What the mosec peers share: mosec's batches of request bodies in and out, and serving one worker class."""
+
 from mosec import Server
 
 
@@ -12,7 +13,7 @@ def replies(outputs: list, counts: list) -> list:
     """One reply body per request body: {"instances": [{"y": ...}, ...]}, its share of `outputs` in order."""
     answers, start = [], 0
     for count in counts:
-        answers.append({"instances": [{"y": value} for value in outputs[start:start + count]]})
+        answers.append({"instances": [{"y": value} for value in outputs[start : start + count]]})
         start += count
     return answers
 

@@ -8,12 +8,12 @@ codec in and out. The graph has a fixed batch of 64: a smaller batch is padded w
 It takes the body of our classic REST route and answers in its shape:
 POST /inference  {"instances": [{"x": [512 floats]}]} -> {"instances": [{"y": [16 floats]}]}
 """
+
 import os
 import sys
 
 import numpy as np
 from mosec import Worker
-
 from mosec_common import flatten, replies, serve  # bench/peers/mosec_common.py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -31,6 +31,7 @@ class DenseWorker(Worker):
         super().__init__()
         import mindspore as ms
         from mindspore import Tensor, nn
+
         ms.set_device("CPU")
         ms.set_context(mode=ms.GRAPH_MODE)
         self.tensor = Tensor
@@ -41,11 +42,11 @@ class DenseWorker(Worker):
         rows = [instance["x"] for instance in instances]
         outputs = []
         for start in range(0, len(rows), MAX_BATCH_SIZE):
-            chunk = rows[start:start + MAX_BATCH_SIZE]
+            chunk = rows[start : start + MAX_BATCH_SIZE]
             batch = np.empty((MAX_BATCH_SIZE, export_model.IN), np.float32)
-            batch[:len(chunk)] = np.asarray(chunk, np.float32)
-            batch[len(chunk):] = batch[0]
-            outputs.extend(self.net(self.tensor(batch)).asnumpy()[:len(chunk)].tolist())
+            batch[: len(chunk)] = np.asarray(chunk, np.float32)
+            batch[len(chunk) :] = batch[0]
+            outputs.extend(self.net(self.tensor(batch)).asnumpy()[: len(chunk)].tolist())
         return replies(outputs, counts)
 
 

@@ -9,6 +9,7 @@ bench/servables/dense_batch/export_model.py build them; only their MindSpore cal
 SERVABLES_DIR/add/1/tensor_add.mindir and SERVABLES_DIR/dense_batch/1/dense_batch.mindir, each checked by loading
 it back against numpy.
 """
+
 import importlib.util
 import os
 import sys
@@ -33,11 +34,12 @@ dense = _module("dense_export", os.path.join(BENCH, "servables", "dense_batch", 
 
 def export(net, inputs, path, expected):
     import mindspore as ms
+
     os.makedirs(os.path.dirname(path), exist_ok=True)
     if os.path.exists(path):
         os.chmod(path, 0o644)
         os.remove(path)
-    ms.export(net, *(ms.Tensor(x) for x in inputs), file_name=path[:-len(".mindir")], file_format="MINDIR")
+    ms.export(net, *(ms.Tensor(x) for x in inputs), file_name=path[: -len(".mindir")], file_format="MINDIR")
     os.chmod(path, 0o644)
     graph = ms.nn.GraphCell(ms.load(path))
     got = graph(*(ms.Tensor(x) for x in inputs)).asnumpy()
@@ -47,13 +49,18 @@ def export(net, inputs, path, expected):
 
 def main(servables: str):
     import mindspore as ms
+
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     rng = np.random.default_rng(3)
     x1, x2 = (rng.standard_normal((2, 2)).astype(np.float32) for _ in range(2))
     export(add._build_net(), [x1, x2], os.path.join(servables, "add", "1", "tensor_add.mindir"), x1 + x2)
     x = rng.standard_normal((dense.BATCH, dense.IN)).astype(np.float32)
-    export(dense._build_net(), [x], os.path.join(servables, "dense_batch", "1", "dense_batch.mindir"),
-           dense.numpy_forward(x))
+    export(
+        dense._build_net(),
+        [x],
+        os.path.join(servables, "dense_batch", "1", "dense_batch.mindir"),
+        dense.numpy_forward(x),
+    )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ this process's group.
 The worker dlopens libmindspore-lite.so through the loader's search path, which the loader reads only when a
 process starts: without the Lite folder on LD_LIBRARY_PATH this script puts it there and executes itself again.
 """
+
 import argparse
 import os
 import sys
@@ -36,8 +37,10 @@ def main():
     search = [path for path in os.environ.get("LD_LIBRARY_PATH", "").split(":") if path]
     if LITE_LIB not in search:
         if not os.path.isfile(os.path.join(LITE_LIB, "libmindspore-lite.so")):
-            sys.exit(f"{LITE_LIB}/libmindspore-lite.so is missing: run bench/peers/orig_ms_setup.py and start this "
-                     f"script with the python of the venv it built")
+            sys.exit(
+                f"{LITE_LIB}/libmindspore-lite.so is missing: run bench/peers/orig_ms_setup.py and start this "
+                f"script with the python of the venv it built"
+            )
         os.environ["LD_LIBRARY_PATH"] = ":".join([LITE_LIB] + search)
         os.execv(sys.executable, [sys.executable] + sys.argv)
 
@@ -46,9 +49,14 @@ def main():
     from mindspore_serving import server
     from mindspore_serving._mindspore_serving import ExitSignalHandle_
 
-    server.start_servables([server.ServableStartConfig(servable_directory=servables_dir, servable_name=name,
-                                                       device_type="CPU")
-                            for name in args.servables.split(",") if name], enable_lite=True)
+    server.start_servables(
+        [
+            server.ServableStartConfig(servable_directory=servables_dir, servable_name=name, device_type="CPU")
+            for name in args.servables.split(",")
+            if name
+        ],
+        enable_lite=True,
+    )
     grpc_address, rest_address = f"{args.host}:{args.grpc_port}", f"{args.host}:{args.rest_port}"
     server.start_grpc_server(grpc_address)
     server.start_restful_server(rest_address)

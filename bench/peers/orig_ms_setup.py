@@ -19,6 +19,7 @@ Each step is skipped when its result is there, so a second run takes a second. W
   the models exported with MindSpore 2.0.0 in a temporary venv (bench/peers/orig_ms_export.py), removed afterwards.
 - a check that the original picks Lite on the CPU (Worker_.get_device_type("cpu", True) == "Cpu").
 """
+
 import argparse
 import os
 import shutil
@@ -35,10 +36,18 @@ PYTHON = os.path.join(VENV, "bin", "python")
 LITE_LIB = os.path.join(VENV, "lite", "lib")
 SERVABLES = os.path.join(BASE, "servables")
 MODELS = {"add": "tensor_add.mindir", "dense_batch": "dense_batch.mindir"}
-CONFIGS = {"add": os.path.join(PEERS, "orig_ms_add", "servable_config.py"),
-           "dense_batch": os.path.join(BENCH, "servables", "dense_batch", "servable_config.py")}
-SERVING_PINS = ["mindspore-serving==2.0.2", "grpcio==1.47.0", "protobuf==3.20.3", "numpy==1.23.5", "psutil",
-                "packaging"]
+CONFIGS = {
+    "add": os.path.join(PEERS, "orig_ms_add", "servable_config.py"),
+    "dense_batch": os.path.join(BENCH, "servables", "dense_batch", "servable_config.py"),
+}
+SERVING_PINS = [
+    "mindspore-serving==2.0.2",
+    "grpcio==1.47.0",
+    "protobuf==3.20.3",
+    "numpy==1.23.5",
+    "psutil",
+    "packaging",
+]
 EXPORT_PINS = ["mindspore==2.0.0", "numpy==1.23.5", "protobuf==3.20.3", "pillow<10", "scipy<1.12"]
 PIP = ["-m", "pip", "install", "-q", "--disable-pip-version-check"]
 
@@ -63,10 +72,19 @@ def run(*command, **kwargs):
 
 
 def serving_venv_ok() -> bool:
-    return os.path.exists(PYTHON) and subprocess.run(
-        [PYTHON, "-c", "import mindspore_serving.server, packaging, numpy; "
-                       "assert int(numpy.__version__.split('.')[1]) < 24"], capture_output=True,
-        cwd=BASE).returncode == 0  # not where this project's own mindspore_serving could be imported instead
+    return (
+        os.path.exists(PYTHON)
+        and subprocess.run(
+            [
+                PYTHON,
+                "-c",
+                "import mindspore_serving.server, packaging, numpy; assert int(numpy.__version__.split('.')[1]) < 24",
+            ],
+            capture_output=True,
+            cwd=BASE,
+        ).returncode
+        == 0
+    )  # not where this project's own mindspore_serving could be imported instead
 
 
 def build_serving_venv():
@@ -83,16 +101,34 @@ def lite_ok() -> bool:
 def fetch_lite():
     say("fetching the mindspore-lite 2.0.0 wheel (cp37: only its native libraries are used)")
     with tempfile.TemporaryDirectory(dir=BASE) as scratch:
-        run(PYTHON, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps", "--only-binary=:all:",
-            "--python-version", "3.7", "--implementation", "cp", "--abi", "cp37m", "--platform",
-            "manylinux1_x86_64", "mindspore-lite==2.0.0", "-d", scratch)
+        run(
+            PYTHON,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.7",
+            "--implementation",
+            "cp",
+            "--abi",
+            "cp37m",
+            "--platform",
+            "manylinux1_x86_64",
+            "mindspore-lite==2.0.0",
+            "-d",
+            scratch,
+        )
         wheel = next(os.path.join(scratch, name) for name in os.listdir(scratch) if name.endswith(".whl"))
         staged = os.path.join(scratch, "lib")
         os.makedirs(staged)
         prefix = "mindspore_lite/lib/"
         with zipfile.ZipFile(wheel) as archive:
             for member in archive.infolist():
-                name = member.filename[len(prefix):]
+                name = member.filename[len(prefix) :]
                 if not member.filename.startswith(prefix) or not name or name.startswith("_c_lite_wrapper"):
                     continue
                 target = os.path.join(staged, name)
@@ -122,8 +158,18 @@ def build_stub():
         source = os.path.join(scratch, "empty.c")
         with open(source, "w") as stream:
             stream.write("/* no code: the library exists for its DT_NEEDED entry */\n")
-        run(compiler, "-shared", "-fPIC", "-o", os.path.join(LITE_LIB, "libmindspore-lite.so"), source,
-            f"-L{LITE_LIB}", "-Wl,--no-as-needed", "-l:libmindspore-extendrt_python.so", "-Wl,-rpath,$ORIGIN")
+        run(
+            compiler,
+            "-shared",
+            "-fPIC",
+            "-o",
+            os.path.join(LITE_LIB, "libmindspore-lite.so"),
+            source,
+            f"-L{LITE_LIB}",
+            "-Wl,--no-as-needed",
+            "-l:libmindspore-extendrt_python.so",
+            "-Wl,-rpath,$ORIGIN",
+        )
 
 
 def models_ok() -> bool:
@@ -133,8 +179,10 @@ def models_ok() -> bool:
 def export_models():
     export_venv = os.path.join(BASE, "export-venv")
     python = os.path.join(export_venv, "bin", "python")
-    if not os.path.exists(python) or subprocess.run([python, "-c", "import mindspore"],
-                                                    capture_output=True).returncode != 0:
+    if (
+        not os.path.exists(python)
+        or subprocess.run([python, "-c", "import mindspore"], capture_output=True).returncode != 0
+    ):
         say(f"creating {export_venv} for the export: {' '.join(EXPORT_PINS)} (about 950 MB)")
         run(python39(), "-m", "venv", export_venv)
         run(python, *PIP, "--no-cache-dir", *EXPORT_PINS)
@@ -150,9 +198,17 @@ def copy_configs():
 
 def device_check() -> str:
     env = dict(os.environ, LD_LIBRARY_PATH=":".join(p for p in (LITE_LIB, os.environ.get("LD_LIBRARY_PATH")) if p))
-    out = subprocess.run([PYTHON, "-c", "from mindspore_serving._mindspore_serving import Worker_; "
-                                        "print(Worker_.get_device_type('cpu', True))"],
-                         capture_output=True, text=True, env=env, cwd=BASE)
+    out = subprocess.run(
+        [
+            PYTHON,
+            "-c",
+            "from mindspore_serving._mindspore_serving import Worker_; print(Worker_.get_device_type('cpu', True))",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=BASE,
+    )
     return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-500:]
 
 
@@ -170,8 +226,12 @@ def main():
         print(PYTHON)
         return
     os.makedirs(BASE, exist_ok=True)
-    for ok, build in ((serving_venv_ok, build_serving_venv), (lite_ok, fetch_lite), (stub_ok, build_stub),
-                      (models_ok, export_models)):
+    for ok, build in (
+        (serving_venv_ok, build_serving_venv),
+        (lite_ok, fetch_lite),
+        (stub_ok, build_stub),
+        (models_ok, export_models),
+    ):
         if not ok():
             build()
     copy_configs()

@@ -1,5 +1,6 @@
 """What the bench servables' export_model.py scripts share: export a network to MindIR on CPU, check the file by
 loading it back against numpy, and the `--force` command line."""
+
 import argparse
 import os
 
@@ -10,15 +11,21 @@ def export_checked(build_net, numpy_forward, model_path: str, input_shape, toler
     """Exports `build_net()` for float32 inputs of `input_shape` to `model_path` (replacing it), loads it back with
     GraphCell and compares with `numpy_forward` on seeded inputs; returns [model_path]."""
     import mindspore as ms
+
     from mindspore_serving.common.ms_device import select_device
+
     select_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     os.makedirs(os.path.dirname(model_path), exist_ok=True)
     if os.path.exists(model_path):
         os.chmod(model_path, 0o644)
         os.remove(model_path)
-    ms.export(build_net(), ms.Tensor(np.zeros(input_shape, np.float32)), file_name=model_path[:-len(".mindir")],
-              file_format="MINDIR")
+    ms.export(
+        build_net(),
+        ms.Tensor(np.zeros(input_shape, np.float32)),
+        file_name=model_path[: -len(".mindir")],
+        file_format="MINDIR",
+    )
     os.chmod(model_path, 0o644)  # MindSpore writes it read-only for the owner
     graph = ms.nn.GraphCell(ms.load(model_path))
     x = np.random.default_rng(1).standard_normal(input_shape).astype(np.float32)

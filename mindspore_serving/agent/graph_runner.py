@@ -38,19 +38,27 @@ block_size and MAXB (= max_seq_len // block_size) are fixed by the export. num_b
 graphs were exported with a dynamic cache dimension (the exporter's default, manifest "num_blocks": null);
 otherwise it must equal the exported number.
 """
+
 import bisect
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-import numpy as np
 import mindspore as ms
-from mindspore import nn, Tensor
+import numpy as np
+from mindspore import Tensor, nn
 
 from mindspore_serving.agent.graph_weights import load_graph_weights
-from mindspore_serving.llm.model_io import (SCRATCH_BLOCK, MultiStepRunner, PromptScorer, SeqStep, StepLogits,
-                                            run_greedy_steps, slot_of)
+from mindspore_serving.llm.model_io import (
+    SCRATCH_BLOCK,
+    MultiStepRunner,
+    PromptScorer,
+    SeqStep,
+    StepLogits,
+    run_greedy_steps,
+    slot_of,
+)
 from mindspore_serving.llm.sampler import greedy_with_logprobs
 from mindspore_serving.models.llama.manifest import EMBEDDED_WEIGHTS_VERSION, MANIFEST, MANIFEST_VERSION
 
@@ -60,17 +68,19 @@ SUPPORTED_MANIFEST_VERSIONS = (EMBEDDED_WEIGHTS_VERSION, MANIFEST_VERSION)
 @dataclass
 class _Piece:
     """Tokens of one sequence computed in one graph call (a whole query or one chunk of it)."""
-    row: int                 # index into the `seqs` passed to run()
+
+    row: int  # index into the `seqs` passed to run()
     tokens: Sequence[int]
     start_pos: int
     block_table: Sequence[int]
-    last: bool               # its logits are the sequence's result
-    offset: int = 0          # where its tokens start in the sequence's query (chunks)
+    last: bool  # its logits are the sequence's result
+    offset: int = 0  # where its tokens start in the sequence's query (chunks)
 
 
 @dataclass
 class _Bucket:
     """One loaded graph and its preallocated input buffers."""
+
     phase: str
     batch: int
     length: int
@@ -99,7 +109,7 @@ class _Bucket:
         self.query_lens.fill(1)
         return self.input_ids, self.positions, self.block_tables, self.slot_mapping, self.query_lens
 
-    def run(self, pieces: List[_Piece], state: Sequence[Tensor], block_size: int) -> np.ndarray:
+    def run(self, pieces: list[_Piece], state: Sequence[Tensor], block_size: int) -> np.ndarray:
         """Logits [len(pieces), vocab]; rows past len(pieces) are padding (one token, scratch slot 0). `state`: the
         inputs after the step's (the caches, then the weights)."""
         ids, pos, tables, slots, qlens = self.reset(block_size)
@@ -108,16 +118,17 @@ class _Bucket:
             n, start, table = len(piece.tokens), piece.start_pos, piece.block_table
             ids[r, :n] = piece.tokens
             pos[r, :n] = np.arange(start, start + n, dtype=np.int32)
-            tables[r, :len(table)] = table
-            slots[r * l:r * l + n] = [slot_of(table, p, block_size) for p in range(start, start + n)]
+            tables[r, : len(table)] = table
+            slots[r * l : r * l + n] = [slot_of(table, p, block_size) for p in range(start, start + n)]
             qlens[r] = n
         out = self.graph(Tensor(ids), Tensor(pos), Tensor(tables), Tensor(slots), Tensor(qlens), *state)
-        return out.asnumpy()[:len(pieces)]
+        return out.asnumpy()[: len(pieces)]
 
 
 @dataclass
 class _MixedBucket:
     """A mixed graph (`batch` decode rows + `rows` prefill rows of `length` tokens) and its input buffers."""
+
     batch: int
     rows: int
     length: int
@@ -135,7 +146,7 @@ class _MixedBucket:
         self.slot_mapping = np.zeros((b + r * l,), np.int32)
         self.prefill_lens = np.ones((r,), np.int32)
 
-    def run(self, decode: List[_Piece], prefill: List[_Piece], state: Sequence[Tensor], block_size: int) -> np.ndarray:
+    def run(self, decode: list[_Piece], prefill: list[_Piece], state: Sequence[Tensor], block_size: int) -> np.ndarray:
         """Logits [batch + rows, vocab]: the decode rows, then the prefill rows (padding past the pieces given);
         `state` as for `_Bucket.run`."""
         b, l = self.batch, self.length
@@ -148,19 +159,27 @@ class _MixedBucket:
         for r, piece in enumerate(decode):
             self.decode_ids[r, 0] = piece.tokens[0]
             self.decode_positions[r, 0] = piece.start_pos
-            self.decode_tables[r, :len(piece.block_table)] = piece.block_table
+            self.decode_tables[r, : len(piece.block_table)] = piece.block_table
             self.slot_mapping[r] = slot_of(piece.block_table, piece.start_pos, block_size)
         for r, piece in enumerate(prefill):
             n, start, table = len(piece.tokens), piece.start_pos, piece.block_table
             self.prefill_ids[r, :n] = piece.tokens
             self.prefill_positions[r, :n] = np.arange(start, start + n, dtype=np.int32)
-            self.prefill_tables[r, :len(table)] = table
+            self.prefill_tables[r, : len(table)] = table
             first = b + r * l
-            self.slot_mapping[first:first + n] = [slot_of(table, p, block_size) for p in range(start, start + n)]
+            self.slot_mapping[first : first + n] = [slot_of(table, p, block_size) for p in range(start, start + n)]
             self.prefill_lens[r] = n
-        out = self.graph(Tensor(self.decode_ids), Tensor(self.decode_positions), Tensor(self.decode_tables),
-                         Tensor(self.prefill_ids), Tensor(self.prefill_positions), Tensor(self.prefill_tables),
-                         Tensor(self.slot_mapping), Tensor(self.prefill_lens), *state)
+        out = self.graph(
+            Tensor(self.decode_ids),
+            Tensor(self.decode_positions),
+            Tensor(self.decode_tables),
+            Tensor(self.prefill_ids),
+            Tensor(self.prefill_positions),
+            Tensor(self.prefill_tables),
+            Tensor(self.slot_mapping),
+            Tensor(self.prefill_lens),
+            *state,
+        )
         return out.asnumpy()
 
 
@@ -177,34 +196,50 @@ class GraphRunner(MultiStepRunner, PromptScorer):
             make the same graph calls in the same order: the calls depend only on the steps, which every rank gets.
     """
 
-    def __init__(self, manifest_dir: str, num_blocks: int, block_size: Optional[int] = None, warmup: bool = True,
-                 tensor_parallel: Optional[Tuple[int, int]] = None):
+    def __init__(
+        self,
+        manifest_dir: str,
+        num_blocks: int,
+        block_size: int | None = None,
+        warmup: bool = True,
+        tensor_parallel: tuple[int, int] | None = None,
+    ):
         path = os.path.join(manifest_dir, MANIFEST)
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path} not found: export the model first "
-                                    "(python -m mindspore_serving.models.llama.export --config ... --out DIR)")
+            raise FileNotFoundError(
+                f"{path} not found: export the model first "
+                "(python -m mindspore_serving.models.llama.export --config ... --out DIR)"
+            )
         with open(path, encoding="utf-8") as f:
             manifest = json.load(f)
         version = manifest.get("format_version")
         if version not in SUPPORTED_MANIFEST_VERSIONS:
-            raise ValueError(f"{path}: manifest format_version {version!r} is not supported "
-                             f"(supported: {SUPPORTED_MANIFEST_VERSIONS}); re-export the model")
+            raise ValueError(
+                f"{path}: manifest format_version {version!r} is not supported "
+                f"(supported: {SUPPORTED_MANIFEST_VERSIONS}); re-export the model"
+            )
         self.manifest = manifest
         exported = manifest.get("tensor_parallel", {"size": 1, "rank": 0})
         self.tensor_parallel = (int(exported["size"]), int(exported["rank"]))
         if tensor_parallel is not None and tuple(tensor_parallel) != self.tensor_parallel:
-            raise ValueError(f"{path}: the graphs are rank {self.tensor_parallel[1]} of a {self.tensor_parallel[0]}-way "
-                             f"tensor-parallel export, this process runs rank {tensor_parallel[1]} of "
-                             f"{tensor_parallel[0]}; list the rank directories in order in model.graphs and set "
-                             f"model.tensor_parallel to the export's")
+            raise ValueError(
+                f"{path}: the graphs are rank {self.tensor_parallel[1]} of a {self.tensor_parallel[0]}-way "
+                f"tensor-parallel export, this process runs rank {tensor_parallel[1]} of "
+                f"{tensor_parallel[0]}; list the rank directories in order in model.graphs and set "
+                f"model.tensor_parallel to the export's"
+            )
         self.block_size = int(manifest["block_size"])
         if block_size is not None and block_size != self.block_size:
-            raise ValueError(f"block_size={block_size} differs from the exported block_size={self.block_size}; "
-                             "it is fixed at export: re-export or use the exported value")
+            raise ValueError(
+                f"block_size={block_size} differs from the exported block_size={self.block_size}; "
+                "it is fixed at export: re-export or use the exported value"
+            )
         fixed = manifest.get("num_blocks")
         if fixed is not None and num_blocks != fixed:
-            raise ValueError(f"num_blocks={num_blocks} differs from the {fixed} fixed in the exported graphs; use "
-                             f"{fixed} or re-export with export.num_blocks unset (dynamic)")
+            raise ValueError(
+                f"num_blocks={num_blocks} differs from the {fixed} fixed in the exported graphs; use "
+                f"{fixed} or re-export with export.num_blocks unset (dynamic)"
+            )
         if num_blocks < 2:
             raise ValueError(f"num_blocks={num_blocks} must be >= 2 (block 0 is the scratch block)")
         self.num_blocks = num_blocks
@@ -214,18 +249,18 @@ class GraphRunner(MultiStepRunner, PromptScorer):
         cache = manifest["cache"]
         self.cache_shape = (num_blocks, self.block_size, cache["num_kv_heads"], cache["head_dim"])
         self.num_layers = int(cache["num_layers"])
-        self.weights: List[Tensor] = load_graph_weights(manifest_dir, manifest)
-        self.kv_caches: List[Tensor] = []
-        self.state: Tuple[Tensor, ...] = ()  # every graph's inputs after the step's: the caches, then the weights
+        self.weights: list[Tensor] = load_graph_weights(manifest_dir, manifest)
+        self.kv_caches: list[Tensor] = []
+        self.state: tuple[Tensor, ...] = ()  # every graph's inputs after the step's: the caches, then the weights
         self.reset_kv_caches()
 
-        self.decode_buckets: Dict[int, _Bucket] = {}
-        self.prefill_buckets: Dict[Tuple[int, int], _Bucket] = {}
-        self.score_buckets: Dict[int, _Bucket] = {}  # by length, loaded on first use (see the module docstring)
-        self._score_files: Dict[int, str] = {}
+        self.decode_buckets: dict[int, _Bucket] = {}
+        self.prefill_buckets: dict[tuple[int, int], _Bucket] = {}
+        self.score_buckets: dict[int, _Bucket] = {}  # by length, loaded on first use (see the module docstring)
+        self._score_files: dict[int, str] = {}
         self._manifest_dir = manifest_dir
-        self.mixed_buckets: Dict[Tuple[int, int, int], _MixedBucket] = {}  # (decode rows, prefill rows, length)
-        self.verify_buckets: Dict[int, _Bucket] = {}  # by batch; every one of length spec_tokens + 1
+        self.mixed_buckets: dict[tuple[int, int, int], _MixedBucket] = {}  # (decode rows, prefill rows, length)
+        self.verify_buckets: dict[int, _Bucket] = {}  # by batch; every one of length spec_tokens + 1
         for g in manifest["graphs"]:
             if g["phase"] == "score":
                 self._score_files[g["length"]] = g["file"]
@@ -250,8 +285,9 @@ class GraphRunner(MultiStepRunner, PromptScorer):
         for b in self.prefill_batches:
             for l in self.prefill_lengths:
                 if (b, l) not in self.prefill_buckets:
-                    raise ValueError(f"{path}: prefill buckets must be a full batch x length grid; "
-                                     f"prefill_b{b}_l{l} is missing")
+                    raise ValueError(
+                        f"{path}: prefill buckets must be a full batch x length grid; prefill_b{b}_l{l} is missing"
+                    )
         self.score_lengths = sorted(self._score_files)
         self.mixed_batches = sorted({b for b, _, _ in self.mixed_buckets})
         self.mixed_rows = sorted({r for _, r, _ in self.mixed_buckets})
@@ -261,29 +297,36 @@ class GraphRunner(MultiStepRunner, PromptScorer):
         self.verify_batches = sorted(self.verify_buckets)
         verify_lengths = {bucket.length for bucket in self.verify_buckets.values()}
         if len(verify_lengths) > 1:
-            raise ValueError(f"{path}: verify graphs of several lengths {sorted(verify_lengths)}; one per batch, "
-                             f"of spec_tokens + 1 tokens")
+            raise ValueError(
+                f"{path}: verify graphs of several lengths {sorted(verify_lengths)}; one per batch, "
+                f"of spec_tokens + 1 tokens"
+            )
         # the most proposed tokens a verified row may carry (its query: 1 + this many); 0: no verify graphs
         self.spec_tokens = verify_lengths.pop() - 1 if verify_lengths else 0
         self.calls = 0  # graph calls so far (tests and metrics)
         self.mixed_calls = 0  # of which mixed decode + prefill calls
         self.verify_calls = 0  # of which verify calls (speculative decoding)
         if warmup:
-            for bucket in (list(self.decode_buckets.values()) + list(self.prefill_buckets.values())
-                           + list(self.verify_buckets.values())):
+            for bucket in (
+                list(self.decode_buckets.values())
+                + list(self.prefill_buckets.values())
+                + list(self.verify_buckets.values())
+            ):
                 bucket.run([], self.state, self.block_size)
             for mixed in self.mixed_buckets.values():
                 mixed.run([], [], self.state, self.block_size)
 
     # --- the ModelRunner protocol -------------------------------------------------------------------------
 
-    def score_refusal(self) -> Optional[str]:
+    def score_refusal(self) -> str | None:
         if self.score_lengths:
             return None
-        return (f"the graphs of {self._manifest_dir} have no score graphs (exported before them, or with "
-                f"export.score_len_buckets empty): export them again to get prompt logprobs")
+        return (
+            f"the graphs of {self._manifest_dir} have no score graphs (exported before them, or with "
+            f"export.score_len_buckets empty): export them again to get prompt logprobs"
+        )
 
-    def run(self, seqs: List[SeqStep]):
+    def run(self, seqs: list[SeqStep]):
         """Logits [len(seqs), vocab_size] (float32) of the last token of each sequence; a StepLogits when a
         sequence asks for all its logits."""
         out = np.empty((len(seqs), self.vocab_size), np.float32)
@@ -309,7 +352,7 @@ class GraphRunner(MultiStepRunner, PromptScorer):
             if not fused:
                 self._run_decode(decode, out)
         # Prompts longer than the largest length bucket go in chunks, chunk k of every prompt in round k.
-        rounds: List[List[_Piece]] = []
+        rounds: list[list[_Piece]] = []
         for i, seq in enumerate(seqs):
             if i in fused or (seq.query_len == 1 and i not in scored):
                 continue
@@ -318,8 +361,11 @@ class GraphRunner(MultiStepRunner, PromptScorer):
                 if k == len(rounds):
                     rounds.append([])
                 end = min(begin + max_len, seq.query_len)
-                rounds[k].append(_Piece(i, seq.token_ids[begin:end], seq.start_pos + begin, seq.block_table,
-                                        end == seq.query_len, begin))
+                rounds[k].append(
+                    _Piece(
+                        i, seq.token_ids[begin:end], seq.start_pos + begin, seq.block_table, end == seq.query_len, begin
+                    )
+                )
         for pieces in rounds:
             self._run_decode([p for p in pieces if len(p.tokens) == 1 and p.row not in scored], out)
             self._run_prefill([p for p in pieces if len(p.tokens) > 1 and p.row not in scored], out)
@@ -327,7 +373,7 @@ class GraphRunner(MultiStepRunner, PromptScorer):
                 self._run_score(piece, out, scored[piece.row])
         return StepLogits(out, scored) if scored else out
 
-    def run_greedy(self, seqs: List[SeqStep], num_steps: int) -> Tuple[np.ndarray, np.ndarray]:
+    def run_greedy(self, seqs: list[SeqStep], num_steps: int) -> tuple[np.ndarray, np.ndarray]:
         """Multi-step greedy decoding (model_io.run_greedy_steps): `num_steps` calls of one decode bucket back to
         back, its block tables filled once, each step's argmax fed into the next. Prompts in `seqs` are computed
         by a first `run` (a mixed call with the decode rows when the buckets allow), the rest as decode rows."""
@@ -337,17 +383,21 @@ class GraphRunner(MultiStepRunner, PromptScorer):
             return run_greedy_steps(self, seqs, num_steps)
         if any(seq.query_len != 1 for seq in seqs):
             first, first_logprobs = greedy_with_logprobs(self.run(seqs))
-            rest, rest_logprobs = self.run_greedy([SeqStep([int(token)], seq.context_len, seq.block_table)
-                                                   for token, seq in zip(first, seqs)], num_steps - 1)
-            return (np.concatenate([np.asarray(first, np.int64)[:, None], rest], axis=1),
-                    np.concatenate([np.asarray(first_logprobs, np.float32)[:, None], rest_logprobs], axis=1))
+            rest, rest_logprobs = self.run_greedy(
+                [SeqStep([int(token)], seq.context_len, seq.block_table) for token, seq in zip(first, seqs)],
+                num_steps - 1,
+            )
+            return (
+                np.concatenate([np.asarray(first, np.int64)[:, None], rest], axis=1),
+                np.concatenate([np.asarray(first_logprobs, np.float32)[:, None], rest_logprobs], axis=1),
+            )
         for i, seq in enumerate(seqs):  # the last step writes position start_pos + num_steps - 1
             self._check(i, SeqStep([0] * num_steps, seq.start_pos, seq.block_table))
         bucket = self.decode_buckets[self.decode_batches[bisect.bisect_left(self.decode_batches, len(seqs))]]
         n, size = len(seqs), self.block_size
         ids, pos, tables, slots, qlens = bucket.reset(size)
         for r, seq in enumerate(seqs):
-            tables[r, :len(seq.block_table)] = seq.block_table
+            tables[r, : len(seq.block_table)] = seq.block_table
         tokens = np.zeros((n, num_steps), np.int64)
         logprobs = np.zeros((n, num_steps), np.float32)
         ids[:n, 0] = [seq.token_ids[0] for seq in seqs]
@@ -355,8 +405,9 @@ class GraphRunner(MultiStepRunner, PromptScorer):
             for r, seq in enumerate(seqs):
                 pos[r, 0] = seq.start_pos + step
                 slots[r] = slot_of(seq.block_table, seq.start_pos + step, size)
-            logits = bucket.graph(Tensor(ids), Tensor(pos), Tensor(tables), Tensor(slots), Tensor(qlens),
-                                  *self.state).asnumpy()[:n]
+            logits = bucket.graph(
+                Tensor(ids), Tensor(pos), Tensor(tables), Tensor(slots), Tensor(qlens), *self.state
+            ).asnumpy()[:n]
             self.calls += 1
             tokens[:, step], logprobs[:, step] = greedy_with_logprobs(logits)
             ids[:n, 0] = tokens[:, step]
@@ -373,23 +424,26 @@ class GraphRunner(MultiStepRunner, PromptScorer):
         if seq.query_len < 1:
             raise ValueError(f"seqs[{i}] has no tokens to compute")
         if seq.start_pos < 0 or seq.context_len > self.max_seq_len:
-            raise ValueError(f"seqs[{i}] spans positions [{seq.start_pos}, {seq.context_len}), beyond the graphs' "
-                             f"max_seq_len={self.max_seq_len}")
+            raise ValueError(
+                f"seqs[{i}] spans positions [{seq.start_pos}, {seq.context_len}), beyond the graphs' "
+                f"max_seq_len={self.max_seq_len}"
+            )
         needed = -(-seq.context_len // self.block_size)
         if not needed <= len(seq.block_table) <= self.max_blocks_per_seq:
-            raise ValueError(f"seqs[{i}] has {len(seq.block_table)} blocks; it needs {needed} (context "
-                             f"{seq.context_len}, block_size {self.block_size}) and at most "
-                             f"{self.max_blocks_per_seq}")
+            raise ValueError(
+                f"seqs[{i}] has {len(seq.block_table)} blocks; it needs {needed} (context "
+                f"{seq.context_len}, block_size {self.block_size}) and at most "
+                f"{self.max_blocks_per_seq}"
+            )
 
-    def _call(self, bucket: _Bucket, pieces: List[_Piece], out: np.ndarray):
+    def _call(self, bucket: _Bucket, pieces: list[_Piece], out: np.ndarray):
         logits = bucket.run(pieces, self.state, self.block_size)
         self.calls += 1
         for piece, row in zip(pieces, logits):
             if piece.last:
                 out[piece.row] = row
 
-    def _run_mixed(self, decode: List[_Piece], prefill: List[Tuple[int, SeqStep]],
-                   out: np.ndarray) -> Set[int]:
+    def _run_mixed(self, decode: list[_Piece], prefill: list[tuple[int, SeqStep]], out: np.ndarray) -> set[int]:
         """Computes the decode rows and the longest prefill rows that fit a mixed bucket in one mixed call when
         the buckets allow; returns the indices (in `seqs`) of the prefill rows it computed (empty: it ran
         nothing, the decode rows included)."""
@@ -398,7 +452,7 @@ class GraphRunner(MultiStepRunner, PromptScorer):
         longest = self.mixed_lengths[-1]
         fitting = sorted(((seq.query_len, i, seq) for i, seq in prefill if seq.query_len <= longest), reverse=True)
         # the longest prompts first: the most prefill work saved from separate calls
-        chosen = fitting[:self.mixed_rows[-1]]
+        chosen = fitting[: self.mixed_rows[-1]]
         if not chosen:
             return set()
         batch = self.mixed_batches[bisect.bisect_left(self.mixed_batches, len(decode))]
@@ -414,8 +468,7 @@ class GraphRunner(MultiStepRunner, PromptScorer):
             out[piece.row] = logits[batch + r]
         return {piece.row for piece in pieces}
 
-    def _run_verify(self, verify: List[_Piece], decode: List[_Piece], out: np.ndarray,
-                    every: Dict[int, np.ndarray]):
+    def _run_verify(self, verify: list[_Piece], decode: list[_Piece], out: np.ndarray, every: dict[int, np.ndarray]):
         """The verify rows (all_logits, at most spec_tokens + 1 tokens) and the one-token decode rows: one verify
         call when they all fit the largest verify bucket; else the verify rows in calls of the largest bucket (the
         last in the smallest that holds it), the decode rows in those calls' padding rows, and the rest of them in
@@ -425,7 +478,7 @@ class GraphRunner(MultiStepRunner, PromptScorer):
         if len(verify) + len(decode) <= largest:
             groups, rest = [verify + decode], []
         else:
-            groups = [verify[begin:begin + largest] for begin in range(0, len(verify), largest)]
+            groups = [verify[begin : begin + largest] for begin in range(0, len(verify), largest)]
             rest = list(decode)
             for group in groups:
                 room = self.verify_batches[bisect.bisect_left(self.verify_batches, len(group))] - len(group)
@@ -449,7 +502,7 @@ class GraphRunner(MultiStepRunner, PromptScorer):
         n = len(piece.tokens)
         logits = self._score_bucket(n).run([piece], self.state, self.block_size)[0, :n]
         self.calls += 1
-        every[piece.offset:piece.offset + n] = logits
+        every[piece.offset : piece.offset + n] = logits
         if piece.last:
             out[piece.row] = logits[-1]
 
@@ -462,15 +515,15 @@ class GraphRunner(MultiStepRunner, PromptScorer):
             self.score_buckets[length] = bucket
         return bucket
 
-    def _run_decode(self, pieces: List[_Piece], out: np.ndarray):
+    def _run_decode(self, pieces: list[_Piece], out: np.ndarray):
         largest = self.decode_batches[-1]
         for begin in range(0, len(pieces), largest):
-            group = pieces[begin:begin + largest]
+            group = pieces[begin : begin + largest]
             batch = self.decode_batches[bisect.bisect_left(self.decode_batches, len(group))]
             self._call(self.decode_buckets[batch], group, out)
 
-    def _run_prefill(self, pieces: List[_Piece], out: np.ndarray):
-        by_length: Dict[int, List[_Piece]] = {}
+    def _run_prefill(self, pieces: list[_Piece], out: np.ndarray):
+        by_length: dict[int, list[_Piece]] = {}
         for piece in pieces:
             length = self.prefill_lengths[bisect.bisect_left(self.prefill_lengths, len(piece.tokens))]
             by_length.setdefault(length, []).append(piece)
@@ -478,6 +531,6 @@ class GraphRunner(MultiStepRunner, PromptScorer):
         for length in sorted(by_length):
             group_all = by_length[length]
             for begin in range(0, len(group_all), largest):
-                group = group_all[begin:begin + largest]
+                group = group_all[begin : begin + largest]
                 batch = self.prefill_batches[bisect.bisect_left(self.prefill_batches, len(group))]
                 self._call(self.prefill_buckets[(batch, length)], group, out)

@@ -6,8 +6,9 @@ The exporter (models/llama/export.py) writes a rank's weights once, in the safet
 read arrays (`Tensor.from_numpy`: no second copy), so a rank holds each weight once whatever the number of graphs.
 A format 1 manifest (graphs that embed their own weights) has no weight inputs.
 """
+
 import os
-from typing import List, Mapping
+from collections.abc import Mapping
 
 from mindspore import Tensor
 from safetensors import SafetensorError, safe_open
@@ -15,7 +16,7 @@ from safetensors import SafetensorError, safe_open
 from mindspore_serving.models.llama.manifest import EMBEDDED_WEIGHTS_VERSION
 
 
-def weight_names(manifest: Mapping) -> List[str]:
+def weight_names(manifest: Mapping) -> list[str]:
     """The graphs' weight inputs, in order (none for graphs that embed their weights). Raises ValueError for a
     malformed "weights" section."""
     if manifest.get("format_version") == EMBEDDED_WEIGHTS_VERSION:
@@ -35,7 +36,7 @@ def weights_file(manifest_dir: str, manifest: Mapping) -> str:
     return os.path.join(manifest_dir, name)
 
 
-def load_graph_weights(manifest_dir: str, manifest: Mapping) -> List[Tensor]:
+def load_graph_weights(manifest_dir: str, manifest: Mapping) -> list[Tensor]:
     """The Tensors to pass to every graph after the caches, in the manifest's order. Raises FileNotFoundError when
     the weights file is missing, ValueError when it is unreadable or lacks a weight."""
     names = weight_names(manifest)
@@ -43,14 +44,14 @@ def load_graph_weights(manifest_dir: str, manifest: Mapping) -> List[Tensor]:
         return []
     path = weights_file(manifest_dir, manifest)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path} not found: the export in {manifest_dir} is incomplete; export the model "
-                                "again")
+        raise FileNotFoundError(f"{path} not found: the export in {manifest_dir} is incomplete; export the model again")
     try:
         with safe_open(path, framework="numpy") as stored:
             missing = sorted(set(names) - set(stored.keys()))
             if missing:
-                raise ValueError(f"{path} lacks the weight(s) {missing[:5]} that the graphs take; export the model "
-                                 "again")
+                raise ValueError(
+                    f"{path} lacks the weight(s) {missing[:5]} that the graphs take; export the model again"
+                )
             return [Tensor.from_numpy(stored.get_tensor(name)) for name in names]
     except SafetensorError as err:
         raise ValueError(f"{path} is not a readable safetensors file ({err}); export the model again") from None

@@ -8,6 +8,7 @@ One worker at a time: Attach carries the group's secret (stdin's first line, fro
 none), as does every Step; a caller without it gets PERMISSION_DENIED, and a second Attach while one is held
 ALREADY_EXISTS, neither touching the attached worker's session.
 """
+
 from mindspore_serving.common.native_protobuf import prefer_native_protobuf
 
 # the worker spawns agents after it imported MindSpore, which asked for the pure-Python protobuf (see the module)
@@ -20,18 +21,17 @@ import signal  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from concurrent import futures  # noqa: E402
-from typing import Optional  # noqa: E402
 
 import grpc  # noqa: E402
 
 from mindspore_serving import log  # noqa: E402
+from mindspore_serving.agent.steps import run_submitted  # noqa: E402
 from mindspore_serving.common import ms_cluster  # noqa: E402
 from mindspore_serving.common.cpu_affinity import bind_process  # noqa: E402
 from mindspore_serving.common.ms_device import resolve_device, select_device  # noqa: E402
 from mindspore_serving.ipc import agent as protocol  # noqa: E402
 from mindspore_serving.ipc import internal_tls  # noqa: E402
 from mindspore_serving.ipc.master_worker import read_secret, remove_socket, restrict_socket  # noqa: E402
-from mindspore_serving.agent.steps import run_submitted  # noqa: E402
 from mindspore_serving.llm.model_io import is_mixed_step  # noqa: E402
 from mindspore_serving.llm.prompt_scores import score_refusal  # noqa: E402
 from mindspore_serving.proto import agent_pb2, agent_pb2_grpc  # noqa: E402
@@ -48,22 +48,28 @@ class AgentServicer(agent_pb2_grpc.LlmAgentServicer):
     def __init__(self, runner, rank: int, device: str, on_detach, secret: str = ""):
         self.runner = runner
         self.secret = secret
-        self._attached = None               # the pid of the worker attached, once one is
+        self._attached = None  # the pid of the worker attached, once one is
         self.rank = rank
         self.device = device
         self.on_detach = on_detach
         self._turn = threading.Condition()  # one step at a time: the KV cache is shared state
-        self._done_step = 0                 # the attached worker's last step run
-        self._last_tokens = None            # (step id, last token per row) of the last greedy step
+        self._done_step = 0  # the attached worker's last step run
+        self._last_tokens = None  # (step id, last token per row) of the last greedy step
         self._decoder = protocol.StepDecoder()  # the block tables the worker sent, kept in step order
 
     def Info(self, request, context):
-        return agent_pb2.AgentInfo(protocol_version=protocol.AGENT_PROTOCOL_VERSION, rank=self.rank,
-                                   block_size=self.runner.block_size, num_blocks=self.runner.num_blocks,
-                                   max_seq_len=self.runner.max_seq_len, vocab_size=self.runner.vocab_size,
-                                   device=self.device, pid=os.getpid(),
-                                   score_refusal=score_refusal(self.runner) or "",
-                                   spec_tokens=getattr(self.runner, "spec_tokens", 0))
+        return agent_pb2.AgentInfo(
+            protocol_version=protocol.AGENT_PROTOCOL_VERSION,
+            rank=self.rank,
+            block_size=self.runner.block_size,
+            num_blocks=self.runner.num_blocks,
+            max_seq_len=self.runner.max_seq_len,
+            vocab_size=self.runner.vocab_size,
+            device=self.device,
+            pid=os.getpid(),
+            score_refusal=score_refusal(self.runner) or "",
+            spec_tokens=getattr(self.runner, "spec_tokens", 0),
+        )
 
     def _check_secret(self, given: str, context, what: str):
         if not protocol.secret_matches(self.secret, given):
@@ -77,8 +83,10 @@ class AgentServicer(agent_pb2_grpc.LlmAgentServicer):
         with self._turn:
             try:
                 if not self._turn.wait_for(lambda: self._done_step >= request.after_step_id, ORDER_TIMEOUT):
-                    raise RuntimeError(f"step {request.after_step_id}, which step {request.step_id} follows, did not "
-                                       f"come within {ORDER_TIMEOUT:.0f} s (the agent ran up to step {self._done_step})")
+                    raise RuntimeError(
+                        f"step {request.after_step_id}, which step {request.step_id} follows, did not "
+                        f"come within {ORDER_TIMEOUT:.0f} s (the agent ran up to step {self._done_step})"
+                    )
                 result = self._run(request, self._decoder.decode(request))
             except Exception as err:  # reported to the worker, which fails that step's requests
                 log.exception(f"agent rank {self.rank} step {request.step_id} failed")
@@ -97,8 +105,9 @@ class AgentServicer(agent_pb2_grpc.LlmAgentServicer):
     def _run(self, request, seqs):
         last, self._last_tokens = self._last_tokens, None  # a failing step leaves nothing to continue from
         tokens = last[1] if last is not None and last[0] == request.after_step_id else None
-        result, chosen = run_submitted(self.runner, seqs, request.greedy_steps, request.prev_rows, tokens,
-                                       request.logits_rows)
+        result, chosen = run_submitted(
+            self.runner, seqs, request.greedy_steps, request.prev_rows, tokens, request.logits_rows
+        )
         if chosen is not None:
             self._last_tokens = (request.step_id, chosen)
         return result
@@ -107,8 +116,10 @@ class AgentServicer(agent_pb2_grpc.LlmAgentServicer):
         self._check_secret(request.secret, context, f"Attach (pid {request.worker_pid})")
         with self._turn:
             if self._attached is not None:
-                log.warning(f"agent rank {self.rank}: refused an Attach from pid {request.worker_pid}: worker pid "
-                            f"{self._attached} is attached")
+                log.warning(
+                    f"agent rank {self.rank}: refused an Attach from pid {request.worker_pid}: worker pid "
+                    f"{self._attached} is attached"
+                )
                 context.abort(grpc.StatusCode.ALREADY_EXISTS, "another worker is attached to this agent")
             self._attached = request.worker_pid
         log.info(f"agent rank {self.rank}: worker pid {request.worker_pid} attached")
@@ -123,28 +134,41 @@ class AgentServicer(agent_pb2_grpc.LlmAgentServicer):
         self.on_detach(f"worker pid {request.worker_pid} detached")
 
 
-def _build_runner(graphs_dir: str, num_blocks: int, block_size: int, device_type: str, device_id: int,
-                  rank: int, tensor_parallel: int):
+def _build_runner(
+    graphs_dir: str, num_blocks: int, block_size: int, device_type: str, device_id: int, rank: int, tensor_parallel: int
+):
     # lazy: MindSpore loads only once the process is bound to its cores (agents.cpu_affinity), so that every
     # thread its runtime starts inherits the binding
     from mindspore_serving.agent.graph_runner import GraphRunner  # pylint: disable=import-outside-toplevel
+
     select_device(device_type, device_id)
     if tensor_parallel > 1:
         if not ms_cluster.is_cluster_rank():
-            raise RuntimeError(f"model.tensor_parallel is {tensor_parallel}: the agent must run as a cluster rank "
-                               "(start it with start_agent.py)")
+            raise RuntimeError(
+                f"model.tensor_parallel is {tensor_parallel}: the agent must run as a cluster rank "
+                "(start it with start_agent.py)"
+            )
         started = time.perf_counter()
         cluster_rank = ms_cluster.join_cluster()
         if cluster_rank != rank:
             raise RuntimeError(f"agent rank {rank} joined the cluster as rank {cluster_rank}")
-        log.info(f"agent rank {rank}: joined the cluster of {tensor_parallel} ranks in "
-                 f"{time.perf_counter() - started:.1f} s")
-    return GraphRunner(graphs_dir, num_blocks=num_blocks, block_size=block_size,
-                       tensor_parallel=(tensor_parallel, rank))
+        log.info(
+            f"agent rank {rank}: joined the cluster of {tensor_parallel} ranks in {time.perf_counter() - started:.1f} s"
+        )
+    return GraphRunner(
+        graphs_dir, num_blocks=num_blocks, block_size=block_size, tensor_parallel=(tensor_parallel, rank)
+    )
 
 
-def run_agent(config_path: str, rank: int, address: str, startup_fd: int, parent_pid: int, secret: str = "",
-              num_blocks: Optional[int] = None):
+def run_agent(
+    config_path: str,
+    rank: int,
+    address: str,
+    startup_fd: int,
+    parent_pid: int,
+    secret: str = "",
+    num_blocks: int | None = None,
+):
     """Body of an agent process: loads rank `rank`'s graphs, serves LlmAgent on `address`, reports ready or failed
     on the pipe `startup_fd`, and runs until signalled, detached, or orphaned. `num_blocks`: its KV-cache blocks,
     when its starter measured them (engine.kv_cache_memory_fraction); default engine.num_blocks."""
@@ -160,8 +184,15 @@ def run_agent(config_path: str, rank: int, address: str, startup_fd: int, parent
         if cpus is not None:
             log.info(f"agent rank {rank}: bound to CPU core(s) {cpus} (agents.cpu_affinity)")
         started = time.perf_counter()
-        runner = _build_runner(graphs, num_blocks or config.engine.num_blocks, config.engine.block_size, device,
-                               config.agents.device_ids[rank], rank, config.model.tensor_parallel)
+        runner = _build_runner(
+            graphs,
+            num_blocks or config.engine.num_blocks,
+            config.engine.block_size,
+            device,
+            config.agents.device_ids[rank],
+            rank,
+            config.model.tensor_parallel,
+        )
         log.info(f"agent rank {rank}: graphs of {graphs} loaded and warmed up in {time.perf_counter() - started:.1f} s")
 
         def detach(reason):
@@ -204,8 +235,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         secret = read_secret()  # stdin's first line, from the starter ("" for none)
-        code = run_agent(args.config, args.rank, args.address, args.startup_fd, args.parent_pid, secret,
-                         args.num_blocks)
+        code = run_agent(
+            args.config, args.rank, args.address, args.startup_fd, args.parent_pid, secret, args.num_blocks
+        )
     finally:
         os.close(args.startup_fd)
     if ms_cluster.is_cluster_rank():

@@ -1,15 +1,17 @@
 """How an agent computes a submitted step (model_io: steps in submission order, placeholder rows continued
 from the step submitted before): used by the agent's servicer and by `agent.testing.DeferredSubmitter`, its
 in-process stand-in."""
-from typing import List, Optional, Sequence
+
+from collections.abc import Sequence
 
 import numpy as np
 
 from mindspore_serving.llm.model_io import PLACEHOLDER, MultiStepRunner, SeqStep, is_mixed_step, mixed_step_result
 
 
-def fill_placeholders(seqs: Sequence[SeqStep], prev_rows: Sequence[int],
-                      last_tokens: Optional[np.ndarray]) -> List[SeqStep]:
+def fill_placeholders(
+    seqs: Sequence[SeqStep], prev_rows: Sequence[int], last_tokens: np.ndarray | None
+) -> list[SeqStep]:
     """`seqs` with each PLACEHOLDER token replaced by `last_tokens[prev_rows[i]]` (the last tokens the previous
     greedy step chose, one per row; None when there was none). Raises ValueError when a placeholder cannot be
     filled."""
@@ -23,17 +25,27 @@ def fill_placeholders(seqs: Sequence[SeqStep], prev_rows: Sequence[int],
             filled.append(seq)
             continue
         if last_tokens is None:
-            raise ValueError(f"sequence {i} continues row {row} of the previous step, which chose no tokens "
-                             f"(it was not a greedy step, or it failed)")
+            raise ValueError(
+                f"sequence {i} continues row {row} of the previous step, which chose no tokens "
+                f"(it was not a greedy step, or it failed)"
+            )
         if seq.token_ids != [PLACEHOLDER] or row >= len(last_tokens):
-            raise ValueError(f"sequence {i} (tokens {seq.token_ids[:4]}) cannot continue row {row} of a previous "
-                             f"step of {len(last_tokens)} rows; only one-token placeholder rows can")
+            raise ValueError(
+                f"sequence {i} (tokens {seq.token_ids[:4]}) cannot continue row {row} of a previous "
+                f"step of {len(last_tokens)} rows; only one-token placeholder rows can"
+            )
         filled.append(SeqStep([int(last_tokens[row])], seq.start_pos, seq.block_table, seq.seq_id))
     return filled
 
 
-def run_submitted(runner: MultiStepRunner, seqs: Sequence[SeqStep], greedy_steps: int, prev_rows: Sequence[int],
-                  last_tokens: Optional[np.ndarray], logits_rows: Sequence[int] = ()):
+def run_submitted(
+    runner: MultiStepRunner,
+    seqs: Sequence[SeqStep],
+    greedy_steps: int,
+    prev_rows: Sequence[int],
+    last_tokens: np.ndarray | None,
+    logits_rows: Sequence[int] = (),
+):
     """Computes one submitted step (see `submit` above) on a runner of this process: its placeholders filled from
     `last_tokens` (those of the step before); a mixed step (`logits_rows`) returns a MixedStep. Returns (its
     result, its last chosen token per row, for the step after it; None when it did not choose tokens)."""

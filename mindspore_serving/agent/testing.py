@@ -1,6 +1,7 @@
 """In-process stand-ins for an agent, for the engine's tests: steps are computed only when collected."""
+
+from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -20,10 +21,10 @@ class DeferredSubmitter(StepSubmitter):
 
     def __init__(self, runner):
         self.runner = runner
-        self._last_tokens: Optional[np.ndarray] = None
-        self._queue: List[Tuple[Future, list, int, Sequence[int], Sequence[int]]] = []
-        self.submissions: List[Tuple[List[SeqStep], int, List[int], int]] = []
-        self.logits_rows: List[Tuple[int, ...]] = []
+        self._last_tokens: np.ndarray | None = None
+        self._queue: list[tuple[Future, list, int, Sequence[int], Sequence[int]]] = []
+        self.submissions: list[tuple[list[SeqStep], int, list[int], int]] = []
+        self.logits_rows: list[tuple[int, ...]] = []
 
     def submit(self, seqs, greedy_steps=0, prev_rows=(), logits_rows=()):
         self.submissions.append((list(seqs), greedy_steps, list(prev_rows), len(self._queue)))
@@ -37,8 +38,7 @@ class DeferredSubmitter(StepSubmitter):
             queued, seqs, greedy_steps, prev_rows, logits_rows = self._queue.pop(0)
             last, self._last_tokens = self._last_tokens, None  # a failing step leaves nothing to continue from
             try:
-                result, self._last_tokens = run_submitted(self.runner, seqs, greedy_steps, prev_rows, last,
-                                                          logits_rows)
+                result, self._last_tokens = run_submitted(self.runner, seqs, greedy_steps, prev_rows, last, logits_rows)
             except Exception as err:  # pylint: disable=broad-except
                 queued.set_exception(err)
             else:

@@ -1,4 +1,5 @@
 """MindSpore Serving's Python gRPC client."""
+
 import grpc
 
 from mindspore_serving.client import convert
@@ -96,8 +97,7 @@ class Client:
         # a server started with an API key wants it on every call (metadata `authorization: Bearer <key>`)
         self.metadata = (("authorization", f"Bearer {check_str('api_key', api_key)}"),) if api_key is not None else None
 
-        options = [("grpc.max_send_message_length", MAX_MSG_BYTES),
-                   ("grpc.max_receive_message_length", MAX_MSG_BYTES)]
+        options = [("grpc.max_send_message_length", MAX_MSG_BYTES), ("grpc.max_receive_message_length", MAX_MSG_BYTES)]
         if ssl_config is not None:
             if not isinstance(ssl_config, SSLConfig):
                 raise RuntimeError("The type of ssl_config should be type of SSLConfig")
@@ -106,8 +106,9 @@ class Client:
             custom_ca = _read_file(ssl_config.custom_ca)
             if (certificate is None) != (private_key is None):
                 raise RuntimeError("The certificate and private_key should be passed at the same time")
-            credentials = grpc.ssl_channel_credentials(root_certificates=custom_ca, private_key=private_key,
-                                                       certificate_chain=certificate)
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=custom_ca, private_key=private_key, certificate_chain=certificate
+            )
             self.channel = grpc.secure_channel(address, credentials, options=options)
         else:
             self.channel = grpc.insecure_channel(address, options=options)

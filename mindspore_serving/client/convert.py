@@ -5,6 +5,7 @@ with dims [1]; Python bool/int/float -> `np.array((v,))` (shape (1,), bool/int64
 of per-instance dicts (`{"error": msg}` for a failed instance), or the dict `{"error": msg}` for a global
 error. Numbers come back as read-only numpy arrays (0-d for scalars), MS_STRING as str, MS_BYTES as bytes.
 """
+
 import numpy as np
 
 from mindspore_serving.common import tensor_codec

@@ -4,16 +4,16 @@ The master bumps its readiness signal where the readiness can change (its phase,
 a worker process started, dead, restarting or forgotten, a heartbeat's verdict); the health Watch streams and the
 front-end processes' readiness updates wait on it instead of reading the readiness on a timer.
 """
+
 import asyncio
 import threading
-from typing import List, Tuple
 
 
 class ChangeSignal:
     def __init__(self):
         self._lock = threading.Lock()
         self._version = 0
-        self._waiters: List[Tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
 
     @property
     def version(self) -> int:
@@ -40,7 +40,7 @@ class ChangeSignal:
             self._waiters.append((loop, future))
         try:
             await asyncio.wait_for(future, timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             with self._lock:
                 if (loop, future) in self._waiters:
                     self._waiters.remove((loop, future))

@@ -4,9 +4,9 @@ Every failure raises RuntimeError with MindSpore Serving's exact text, e.g.
 "Parameter 'device_ids' should be int or tuple/list of int, but actually <class 'str'>".
 Items of tuple/list parameters are reported as "The item value '<v>' in parameter '<n>' ...".
 """
+
 import os
 import sys
-from typing import Optional, Tuple
 
 
 def _subject(arg_name: str, value, is_item: bool) -> str:
@@ -40,8 +40,9 @@ def check_bool(arg_name: str, bool_val) -> bool:
     return bool_val
 
 
-def check_int(arg_name: str, int_val, minimum: Optional[int] = None, maximum: Optional[int] = None,
-              is_tuple_item: bool = False) -> int:
+def check_int(
+    arg_name: str, int_val, minimum: int | None = None, maximum: int | None = None, is_tuple_item: bool = False
+) -> int:
     """An int (bool rejected) inside the optional bounds [minimum, maximum]."""
     subject = _subject(arg_name, int_val, is_tuple_item)
     if not isinstance(int_val, int) or isinstance(int_val, bool):
@@ -60,7 +61,7 @@ def check_ip_port(arg_name: str, port) -> int:
     return check_int(arg_name, port, 1, 65535)
 
 
-def _check_int_items(arg_name: str, ints, minimum, maximum) -> Tuple[int, ...]:
+def _check_int_items(arg_name: str, ints, minimum, maximum) -> tuple[int, ...]:
     seen = []
     for item in ints:
         check_int(arg_name, item, minimum, maximum, is_tuple_item=True)
@@ -70,8 +71,9 @@ def _check_int_items(arg_name: str, ints, minimum, maximum) -> Tuple[int, ...]:
     return tuple(seen)
 
 
-def check_and_as_int_tuple_list(arg_name: str, ints, minimum: Optional[int] = None,
-                                maximum: Optional[int] = None) -> Tuple[int, ...]:
+def check_and_as_int_tuple_list(
+    arg_name: str, ints, minimum: int | None = None, maximum: int | None = None
+) -> tuple[int, ...]:
     """A single int or a tuple/list of distinct ints; returns a tuple."""
     if isinstance(ints, int) and not isinstance(ints, bool):
         ints = (ints,)
@@ -80,15 +82,16 @@ def check_and_as_int_tuple_list(arg_name: str, ints, minimum: Optional[int] = No
     return _check_int_items(arg_name, ints, minimum, maximum)
 
 
-def check_int_tuple_list(arg_name: str, ints, minimum: Optional[int] = None,
-                         maximum: Optional[int] = None) -> Tuple[int, ...]:
+def check_int_tuple_list(
+    arg_name: str, ints, minimum: int | None = None, maximum: int | None = None
+) -> tuple[int, ...]:
     """A tuple/list of distinct ints (a single int is rejected); returns a tuple."""
     if not isinstance(ints, (tuple, list)):
         raise RuntimeError(f"Parameter '{arg_name}' should be tuple/list of int, but actually {type(ints)}")
     return _check_int_items(arg_name, ints, minimum, maximum)
 
 
-def check_and_as_str_tuple_list(arg_name: str, strs) -> Tuple[str, ...]:
+def check_and_as_str_tuple_list(arg_name: str, strs) -> tuple[str, ...]:
     """A single str or a tuple/list of distinct non-empty strs; returns a tuple."""
     if isinstance(strs, str):
         strs = (strs,)
@@ -106,13 +109,12 @@ def check_and_as_str_tuple_list(arg_name: str, strs) -> Tuple[str, ...]:
     return tuple(seen)
 
 
-def check_str_tuple(arg_name: str, strs) -> Tuple[str, ...]:
+def check_str_tuple(arg_name: str, strs) -> tuple[str, ...]:
     """Alias of check_and_as_str_tuple_list."""
     return check_and_as_str_tuple_list(arg_name, strs)
 
 
-def check_int_tuple(arg_name: str, ints, minimum: Optional[int] = None,
-                    maximum: Optional[int] = None) -> Tuple[int, ...]:
+def check_int_tuple(arg_name: str, ints, minimum: int | None = None, maximum: int | None = None) -> tuple[int, ...]:
     """Alias of check_and_as_int_tuple_list (int or tuple/list of int)."""
     return check_and_as_int_tuple_list(arg_name, ints, minimum, maximum)
 

@@ -1,11 +1,11 @@
 """The environment of the processes this package starts (workers, agents)."""
+
 import os
-from typing import Dict
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def child_env() -> Dict[str, str]:
+def child_env() -> dict[str, str]:
     """This process's environment, with this copy of the package first on PYTHONPATH: a child started with
     `python -m mindspore_serving...` runs the same code as its parent, wherever that was imported from."""
     env = dict(os.environ)

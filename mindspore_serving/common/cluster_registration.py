@@ -8,10 +8,11 @@ registered keeps its connections to the scheduler for its whole life, while one 
 try; so a connection that lived HELD_S seconds shows a rank registered, and none within REGISTER_TIMEOUT of its start
 shows it is stuck. The scheduler never saw a stuck rank, so its starter stops it and starts it again.
 """
+
 import socket
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Optional
 
 from mindspore_serving import log
 from mindspore_serving.common.env_durations import duration_seconds
@@ -32,7 +33,7 @@ class RegistrationWatch:
         self.started = started
         self.timeout = timeout
         self.held = held
-        self._first_seen: Dict[int, float] = {}
+        self._first_seen: dict[int, float] = {}
 
     def observe(self, now: float, local_ports: Iterable[int]) -> str:
         self._first_seen = {port: self._first_seen.get(port, now) for port in set(local_ports)}
@@ -54,31 +55,36 @@ def scheduler_ips(host: str) -> set:
         return {host}
 
 
-def connection_ports(pid: int, ips: set, port: int) -> Optional[List[int]]:
+def connection_ports(pid: int, ips: set, port: int) -> list[int] | None:
     """Local ports of process `pid`'s established TCP connections to ips:port; None once the process is gone."""
     import psutil  # lazy: only starters of cluster ranks read connections
+
     try:
         connections = psutil.Process(pid).net_connections(kind="tcp")
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return None
     except psutil.AccessDenied:
         return []
-    return [c.laddr.port for c in connections
-            if c.raddr and c.raddr.port == port and c.raddr.ip in ips and c.status == psutil.CONN_ESTABLISHED]
+    return [
+        c.laddr.port
+        for c in connections
+        if c.raddr and c.raddr.port == port and c.raddr.ip in ips and c.status == psutil.CONN_ESTABLISHED
+    ]
 
 
 @dataclass
 class RankRegistrations:
     """The ranks a starter started into the cluster at host:port, watched until each registered. `stuck()` names
     those that did not within the timeout; `restart_stuck` has the starter restart them, at most MAX_RESTARTS times."""
+
     host: str
     port: int
     timeout: float = field(default_factory=register_timeout)
     clock: Callable[[], float] = time.monotonic
-    sample: Callable[[int, set, int], Optional[List[int]]] = connection_ports
+    sample: Callable[[int, set, int], list[int] | None] = connection_ports
     _ips: set = field(default_factory=set, init=False)
-    _watches: Dict[int, tuple] = field(default_factory=dict, init=False)  # rank -> (pid, RegistrationWatch)
-    _restarts: Dict[int, int] = field(default_factory=dict, init=False)
+    _watches: dict[int, tuple] = field(default_factory=dict, init=False)  # rank -> (pid, RegistrationWatch)
+    _restarts: dict[int, int] = field(default_factory=dict, init=False)
 
     def __post_init__(self):
         self._ips = scheduler_ips(self.host)
@@ -86,7 +92,7 @@ class RankRegistrations:
     def started(self, rank: int, pid: int):
         self._watches[rank] = (pid, RegistrationWatch(self.clock(), self.timeout))
 
-    def stuck(self) -> List[int]:
+    def stuck(self) -> list[int]:
         """Ranks whose process did not register within the timeout. Ranks seen registered are no longer watched,
         nor those whose process is gone (their starter sees it exit)."""
         stuck = []
@@ -99,14 +105,16 @@ class RankRegistrations:
                 stuck.append(rank)
         return stuck
 
-    def restart_stuck(self, restart: Callable[[int], int]) -> List[int]:
+    def restart_stuck(self, restart: Callable[[int], int]) -> list[int]:
         """Calls `restart(rank)`, which stops the rank's process and starts a new one and returns its pid, for each
         stuck rank, and returns those ranks; raises RuntimeError for a rank stuck after MAX_RESTARTS restarts."""
         stuck = self.stuck()
         for rank in stuck:
-            reason = (f"cluster rank {rank} did not register with the cluster scheduler at {self.host}:{self.port} "
-                      f"within {self.timeout:g} s of its start ({TIMEOUT_VAR}): MindSpore's client keeps failing to "
-                      "connect")
+            reason = (
+                f"cluster rank {rank} did not register with the cluster scheduler at {self.host}:{self.port} "
+                f"within {self.timeout:g} s of its start ({TIMEOUT_VAR}): MindSpore's client keeps failing to "
+                "connect"
+            )
             restarts = self._restarts.get(rank, 0)
             if restarts >= MAX_RESTARTS:
                 raise RuntimeError(f"{reason}; it was started {restarts + 1} times")
@@ -116,7 +124,6 @@ class RankRegistrations:
         return stuck
 
 
-def watching(address) -> Optional[RankRegistrations]:
+def watching(address) -> RankRegistrations | None:
     """A RankRegistrations for the cluster at `address` (a ClusterAddress), None without a cluster."""
     return None if address is None else RankRegistrations(address.host, address.port)
-

@@ -1,10 +1,11 @@
 """The CPU cores a process may run on, and binding its threads to some of them (agents, workers whose models'
 contexts name cores, the benchmarks' in-process engines)."""
+
 import os
-from typing import List, Optional, Sequence
+from collections.abc import Sequence
 
 
-def allowed_cpus() -> List[int]:
+def allowed_cpus() -> list[int]:
     """The cores this process may run on (its affinity), sorted; every core where the platform has no affinity."""
     try:
         return sorted(os.sched_getaffinity(0))
@@ -21,7 +22,7 @@ def bind_threads(cpus) -> None:
             pass  # the thread ended meanwhile
 
 
-def bind_process(cpus: Optional[Sequence[int]]) -> Optional[Sequence[int]]:
+def bind_process(cpus: Sequence[int] | None) -> Sequence[int] | None:
     """`bind_threads(cpus)` unless `cpus` is None (no binding); returns `cpus`."""
     if cpus is not None:
         bind_threads(cpus)

@@ -1,4 +1,5 @@
 """Durations that environment variables set (MS_SERVING_BATCH_WAIT_MS, MS_SERVING_WORKER_SPIN_US, ...)."""
+
 import os
 
 _PER_SECOND = {"seconds": 1.0, "milliseconds": 1e3, "microseconds": 1e6}

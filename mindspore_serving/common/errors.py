@@ -19,6 +19,7 @@ session (`ipc/llm_session.py`). Raise the class that names the failure.
     IncompleteGeneration incomplete_generation   FAILED
     (any other exception: a bug)  internal
 """
+
 import enum
 import os
 import re
@@ -32,12 +33,19 @@ SYSTEM_ERROR = 3
 WORKER_UNAVAILABLE = 4
 SERVABLE_UNAVAILABLE = 5
 
-CODE_NAMES = {OK: "OK", FAILED: "FAILED", INVALID_INPUTS: "INVALID_INPUTS", SYSTEM_ERROR: "SYSTEM_ERROR",
-              WORKER_UNAVAILABLE: "WORKER_UNAVAILABLE", SERVABLE_UNAVAILABLE: "SERVABLE_UNAVAILABLE"}
+CODE_NAMES = {
+    OK: "OK",
+    FAILED: "FAILED",
+    INVALID_INPUTS: "INVALID_INPUTS",
+    SYSTEM_ERROR: "SYSTEM_ERROR",
+    WORKER_UNAVAILABLE: "WORKER_UNAVAILABLE",
+    SERVABLE_UNAVAILABLE: "SERVABLE_UNAVAILABLE",
+}
 
 
 class Kind(enum.Enum):
     """What went wrong, as far as a client's retry decision goes; the value is TGI's `error_type`."""
+
     VALIDATION = "validation"
     OVERLOADED = "overloaded"
     NOT_FOUND = "not_found"
@@ -52,6 +60,7 @@ class Kind(enum.Enum):
 
 class ServingError(Exception):
     """An error with a MindSpore Serving status code; `message` is the text the client sees."""
+
     CODE = FAILED
     KIND = Kind.GENERATION
 
@@ -91,6 +100,7 @@ class InvalidParam(InvalidInputs):
 
 class SystemError_(_CodedError):  # pylint: disable=invalid-name,redefined-builtin
     """A failure of the serving system itself (not of the request); the trailing _ avoids the builtin."""
+
     CODE = SYSTEM_ERROR
 
 
@@ -121,11 +131,13 @@ class ServableUnavailable(_CodedError):
 
 class Overloaded(Failed):
     """Too many requests are queued; retry later (HTTP 429, gRPC RESOURCE_EXHAUSTED)."""
+
     KIND = Kind.OVERLOADED
 
 
 class PayloadTooLarge(InvalidInputs):
     """A request body beyond the route's limit (HTTP 413, gRPC RESOURCE_EXHAUSTED); the text names the limit."""
+
     KIND = Kind.TOO_LARGE
 
 
@@ -135,23 +147,38 @@ class GenerationFailed(Failed):
 
 class Unauthenticated(Failed):
     """The request carries no API key, or not the server's (HTTP 401, gRPC UNAUTHENTICATED)."""
+
     KIND = Kind.UNAUTHENTICATED
 
 
 class Forbidden(Failed):
     """The server does not allow this operation (model control off; HTTP 403, gRPC PERMISSION_DENIED)."""
+
     KIND = Kind.FORBIDDEN
 
 
 class IncompleteGeneration(Failed):
     """A generation's event stream ended without its final event."""
+
     KIND = Kind.INCOMPLETE
 
 
 _BY_CODE = {cls.CODE: cls for cls in (Failed, InvalidInputs, SystemError_, WorkerUnavailable, ServableUnavailable)}
 # the class a kind becomes when only the kind crossed a process boundary
-_BY_KIND = {cls.KIND: cls for cls in (InvalidInputs, Overloaded, ServableUnavailable, WorkerUnavailable, Failed,
-                                      IncompleteGeneration, Unauthenticated, Forbidden, PayloadTooLarge)}
+_BY_KIND = {
+    cls.KIND: cls
+    for cls in (
+        InvalidInputs,
+        Overloaded,
+        ServableUnavailable,
+        WorkerUnavailable,
+        Failed,
+        IncompleteGeneration,
+        Unauthenticated,
+        Forbidden,
+        PayloadTooLarge,
+    )
+}
 
 
 def make_error(code: int, message: str) -> ServingError:

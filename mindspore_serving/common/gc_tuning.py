@@ -7,6 +7,7 @@ loaded servable, the servers. `settle()` takes everything alive at that point ou
 (`gc.freeze`: it is never freed, and is not meant to be) and lets young passes come less often. Garbage that forms
 reference cycles is still collected, a little later.
 """
+
 import gc
 
 YOUNG_THRESHOLD = 20000

@@ -15,6 +15,7 @@ The classic and KServe routes and every gRPC message keep `max_msg_mb_size` (the
 as in MindSpore Serving). The master holds one Limits for the servers it starts, and hands it to its front-end
 processes inside their ServerConfig.
 """
+
 import dataclasses
 
 from mindspore_serving.common.check_type import check_int
@@ -40,8 +41,9 @@ class Limits:
         for name in ("read_timeout", "idle_timeout"):
             timeout = getattr(self, name)
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 3600:
-                raise RuntimeError(f"Parameter '{name}' should be a number of seconds in (0, 3600], but actually "
-                                   f"{timeout!r}")
+                raise RuntimeError(
+                    f"Parameter '{name}' should be a number of seconds in (0, 3600], but actually {timeout!r}"
+                )
 
     def to_proto(self) -> frontend_pb2.Limits:
         return frontend_pb2.Limits(**dataclasses.asdict(self))

@@ -1,17 +1,29 @@
 """The input shapes and dtypes recorded in a MindIR file (read with MindSpore's mind_ir protobuf), used by the
 workers and the rank agents that load graphs."""
-from typing import List, Optional, Tuple
 
 import numpy as np
 
 from mindspore_serving import log
 
 # mind_ir.proto TensorProto.DataType -> numpy
-MINDIR_DTYPES = {1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32, 7: np.int64,
-                 9: np.bool_, 10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64, 17: np.float64}
+MINDIR_DTYPES = {
+    1: np.float32,
+    2: np.uint8,
+    3: np.int8,
+    4: np.uint16,
+    5: np.int16,
+    6: np.int32,
+    7: np.int64,
+    9: np.bool_,
+    10: np.float16,
+    11: np.float64,
+    12: np.uint32,
+    13: np.uint64,
+    17: np.float64,
+}
 
 
-def _model_bytes(path: str, dec_key: Optional[bytes], dec_mode: str) -> Optional[bytes]:
+def _model_bytes(path: str, dec_key: bytes | None, dec_mode: str) -> bytes | None:
     """The serialized ModelProto of `path`. A file exported with `enc_key` is not a protobuf: it is decrypted in
     memory with `dec_key` by MindSpore's own decryption (the one `mindspore.load` uses), never written anywhere."""
     if dec_key:
@@ -26,13 +38,15 @@ def _model_bytes(path: str, dec_key: Optional[bytes], dec_mode: str) -> Optional
         return stream.read()
 
 
-def read_mindir_input_infos(path: str, dec_key: Optional[bytes] = None,
-                            dec_mode: str = "AES-GCM") -> Optional[List[Tuple[tuple, np.dtype]]]:
+def read_mindir_input_infos(
+    path: str, dec_key: bytes | None = None, dec_mode: str = "AES-GCM"
+) -> list[tuple[tuple, np.dtype]] | None:
     """(shape, dtype) of each graph input; None when the file cannot be read or parsed.
 
     An encrypted file needs the `dec_key`/`dec_mode` it was exported with: read it after `mindspore.load` has
     accepted the key, which gives the reason when the key is wrong."""
     from mindspore.train import mind_ir_pb2  # lazy: MindSpore loads only in processes that run models
+
     model = mind_ir_pb2.ModelProto()
     try:
         content = _model_bytes(path, dec_key, dec_mode)

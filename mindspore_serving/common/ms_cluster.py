@@ -17,6 +17,7 @@ MS_SERVING_CLUSTER_SERVER_PASSWORD and MS_SERVING_CLUSTER_CLIENT_PASSWORD, the s
 `mindspore.set_ps_context(enable_ssl=True, ...)` before `init()`: the scheduler and the ranks then speak mutual TLS,
 collectives included.
 """
+
 import argparse
 import os
 import socket
@@ -25,7 +26,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Dict, Optional
 
 from mindspore_serving import log
 from mindspore_serving.common.child_process import child_env
@@ -39,11 +39,12 @@ _PARENT_CHECK_SECONDS = 0.5
 @dataclass(frozen=True)
 class ClusterAddress:
     """Where a cluster's scheduler listens and how many ranks the cluster has."""
+
     host: str
     port: int
     ranks: int
 
-    def env(self, rank: Optional[int] = None) -> Dict[str, str]:
+    def env(self, rank: int | None = None) -> dict[str, str]:
         """The variables of a rank's process (`rank` given) or of the scheduler's (None)."""
         env = {"MS_SCHED_HOST": self.host, "MS_SCHED_PORT": str(self.port), "MS_WORKER_NUM": str(self.ranks)}
         if rank is None:
@@ -82,14 +83,20 @@ def start_scheduler(address: ClusterAddress, timeout: float = 60.0, **popen_kwar
     env[_PARENT_PID_VAR] = str(os.getpid())
     env["MS_SUBMODULE_LOG_v"] = log.pinned_submodule_config()
     env["GLOG_v"] = os.environ.get("MS_SERVING_SCHEDULER_GLOG_v", "3")
-    process = subprocess.Popen([sys.executable, "-m", SCHEDULER_MODULE], env=env, stdin=subprocess.DEVNULL,
-                               **popen_kwargs)
+    process = subprocess.Popen(
+        [sys.executable, "-m", SCHEDULER_MODULE], env=env, stdin=subprocess.DEVNULL, **popen_kwargs
+    )
     if not wait_listening(address, timeout, gone=lambda: process.poll() is not None):
         process.kill()
         process.wait()
-        raise RuntimeError(f"the cluster scheduler did not listen on {address} "
-                           + (f"(it exited with code {process.returncode})" if process.returncode is not None
-                              else f"within {timeout:.0f} s"))
+        raise RuntimeError(
+            f"the cluster scheduler did not listen on {address} "
+            + (
+                f"(it exited with code {process.returncode})"
+                if process.returncode is not None
+                else f"within {timeout:.0f} s"
+            )
+        )
     return process
 
 
@@ -105,7 +112,7 @@ def wait_listening(address: ClusterAddress, timeout: float, gone=lambda: False) 
         time.sleep(0.05)
 
 
-def rank_env(address: ClusterAddress, rank: int) -> Dict[str, str]:
+def rank_env(address: ClusterAddress, rank: int) -> dict[str, str]:
     """A child environment for rank `rank` of the cluster."""
     env = child_env()
     env.update(address.env(rank))
@@ -122,7 +129,7 @@ SERVER_PASSWORD_ENV = "MS_SERVING_CLUSTER_SERVER_PASSWORD"
 CLIENT_PASSWORD_ENV = "MS_SERVING_CLUSTER_CLIENT_PASSWORD"
 
 
-def cluster_ssl_settings(environ=None) -> Optional[Dict[str, object]]:
+def cluster_ssl_settings(environ=None) -> dict[str, object] | None:
     """The `mindspore.set_ps_context` arguments that turn on TLS for the cluster's channel, None without
     MS_SERVING_CLUSTER_SSL_CONFIG; RuntimeError when the file or a password is missing (MindSpore would refuse
     it later, with less to go on)."""
@@ -135,8 +142,12 @@ def cluster_ssl_settings(environ=None) -> Optional[Dict[str, object]]:
     missing = [name for name in (SERVER_PASSWORD_ENV, CLIENT_PASSWORD_ENV) if not environ.get(name)]
     if missing:
         raise RuntimeError(f"{SSL_CONFIG_ENV} needs the PKCS#12 passwords in {' and '.join(missing)}")
-    return dict(enable_ssl=True, config_file_path=os.path.abspath(path),
-                client_password=environ[CLIENT_PASSWORD_ENV], server_password=environ[SERVER_PASSWORD_ENV])
+    return dict(
+        enable_ssl=True,
+        config_file_path=os.path.abspath(path),
+        client_password=environ[CLIENT_PASSWORD_ENV],
+        server_password=environ[SERVER_PASSWORD_ENV],
+    )
 
 
 def _init_cluster():
@@ -144,6 +155,7 @@ def _init_cluster():
     settings = cluster_ssl_settings()
     import mindspore  # lazy: MindSpore loads only in the cluster's own processes
     from mindspore.communication import init  # lazy: as above
+
     if settings is not None:
         mindspore.set_ps_context(**settings)
     init()
@@ -153,6 +165,7 @@ def join_cluster() -> int:
     """`mindspore.communication.init()` in a rank process; returns this process's rank. Blocks until every rank
     has reached the scheduler."""
     from mindspore.communication import get_rank  # lazy: MindSpore loads only in processes that run models
+
     _init_cluster()
     return get_rank()
 

@@ -1,8 +1,8 @@
 """Choosing MindSpore's device: what this build offers, the name a servable asks for, and selecting it once per
 process (tolerating a runtime that already runs on it)."""
+
 import subprocess
 import sys
-from typing import List, Optional
 
 from mindspore_serving import log
 from mindspore_serving.common.child_process import child_env
@@ -19,6 +19,7 @@ def select_device(target: str = "CPU", device_id=None):
     MindSpore refuses set_device once its runtime has started (e.g. a test process that already ran a
     kernel); that is fine when the runtime already runs on `target`, and an error otherwise."""
     import mindspore as ms  # lazy: the master and the client never load MindSpore
+
     try:
         ms.set_device(target, None if target == "CPU" else device_id)
     except RuntimeError:
@@ -27,9 +28,10 @@ def select_device(target: str = "CPU", device_id=None):
     ms.set_context(mode=ms.GRAPH_MODE)
 
 
-def available_devices() -> List[str]:
+def available_devices() -> list[str]:
     """Device types this MindSpore build can use, best first."""
     import mindspore as ms  # lazy: the master and the client never load MindSpore
+
     found = []
     for name in ("Ascend", "GPU"):
         try:
@@ -41,18 +43,21 @@ def available_devices() -> List[str]:
     return found
 
 
-_probed: Optional[List[str]] = None
+_probed: list[str] | None = None
 
 
-def probe_available_devices() -> List[str]:
+def probe_available_devices() -> list[str]:
     """`available_devices()` answered by a child process, once per process: the master never loads MindSpore."""
     global _probed
     if _probed is None:
-        code = ("from mindspore_serving.common.ms_device import available_devices; "
-                f"print({_PROBE_PREFIX!r} + ','.join(available_devices()) + '#')")
+        code = (
+            "from mindspore_serving.common.ms_device import available_devices; "
+            f"print({_PROBE_PREFIX!r} + ','.join(available_devices()) + '#')"
+        )
         try:
-            done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(),
-                                  timeout=300, check=False)
+            done = subprocess.run(
+                [sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=300, check=False
+            )
             output = done.stdout
         except (OSError, subprocess.SubprocessError) as err:
             log.error(f"cannot ask MindSpore for its devices: {err}")
@@ -61,11 +66,11 @@ def probe_available_devices() -> List[str]:
         if start < 0:
             raise RuntimeError("Failed to get device type")
         start += len(_PROBE_PREFIX)
-        _probed = output[start:output.find("#", start)].split(",")
+        _probed = output[start : output.find("#", start)].split(",")
     return list(_probed)
 
 
-def supported_device_text(available: List[str]) -> str:
+def supported_device_text(available: list[str]) -> str:
     """MindSpore Serving's "None or 'Cpu'" / "None, 'Gpu' or 'Cpu'" for the device types of `available`."""
     default = _SERVING_NAMES[available[0]]
     if "CPU" in available and default != "Cpu":
@@ -73,19 +78,21 @@ def supported_device_text(available: List[str]) -> str:
     return f"None or '{default}'"
 
 
-def check_device_type(device_type: Optional[str], servable_name: str, available: List[str]):
+def check_device_type(device_type: str | None, servable_name: str, available: list[str]):
     """Raises MindSpore Serving's error when `device_type` ('ascend', 'gpu', 'cpu' or 'none') is not in
     `available`."""
     if device_type is None or device_type.lower() == "none":
         return
     name = _DEVICE_NAMES.get(device_type.lower())
     if name is None or name not in available:
-        raise RuntimeError(f"The device type '{device_type}' of servable name {servable_name} is inconsistent with "
-                           f"current running environment, supported device type: "
-                           f"{supported_device_text(available)}")
+        raise RuntimeError(
+            f"The device type '{device_type}' of servable name {servable_name} is inconsistent with "
+            f"current running environment, supported device type: "
+            f"{supported_device_text(available)}"
+        )
 
 
-def resolve_device(device_type: Optional[str], servable_name: str = "") -> str:
+def resolve_device(device_type: str | None, servable_name: str = "") -> str:
     """'cpu'/'gpu'/'ascend' (any case) to MindSpore's name; None or 'none' picks the best available."""
     available = available_devices()
     check_device_type(device_type, servable_name, available)

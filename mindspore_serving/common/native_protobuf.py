@@ -6,6 +6,7 @@ agents a worker spawns) inherit it, and every message of theirs would then go th
 several times slower. A process module that loads protobuf before MindSpore calls `prefer_native_protobuf()`
 before its first protobuf import, so it uses the implementation it gets with the variable unset.
 """
+
 import os
 
 _VARIABLE = "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"

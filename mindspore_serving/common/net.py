@@ -1,4 +1,5 @@
 """Small socket facts the processes need about each other's ports."""
+
 import socket
 
 

@@ -1,6 +1,6 @@
 """How many times something may be restarted within a window of time before it is given up."""
+
 import time
-from typing import List
 
 
 class RestartBudget:
@@ -10,7 +10,7 @@ class RestartBudget:
         self.max_restarts = max_restarts
         self.window = window
         self.clock = clock
-        self._times: List[float] = []
+        self._times: list[float] = []
 
     def spend(self) -> bool:
         now = self.clock()

@@ -9,12 +9,12 @@ A str/bytes that arrives with a shape other than [] or [1] keeps it (`tensor_cod
 so the master's input check can reject it with the reference text. Every error is an `errors.InvalidInputs`;
 those of the JSON rules carry the prefix "Parser request failed, ".
 """
+
 import base64
 import binascii
 import itertools
 import json
 import math
-from typing import List
 
 import numpy as np
 import orjson
@@ -26,17 +26,27 @@ PARSE_PREFIX = "Parser request failed, "
 
 # b64 object "type" values; the error text names a type by its alphabetically first alias
 B64_TYPES = {
-    "int8": np.dtype(np.int8), "int16": np.dtype(np.int16), "int32": np.dtype(np.int32),
-    "int64": np.dtype(np.int64), "uint8": np.dtype(np.uint8), "uint16": np.dtype(np.uint16),
-    "uint32": np.dtype(np.uint32), "uint64": np.dtype(np.uint64),
-    "fp16": np.dtype(np.float16), "fp32": np.dtype(np.float32), "fp64": np.dtype(np.float64),
-    "float16": np.dtype(np.float16), "float32": np.dtype(np.float32), "float64": np.dtype(np.float64),
-    "bool": np.dtype(np.bool_), "str": str, "bytes": bytes,
+    "int8": np.dtype(np.int8),
+    "int16": np.dtype(np.int16),
+    "int32": np.dtype(np.int32),
+    "int64": np.dtype(np.int64),
+    "uint8": np.dtype(np.uint8),
+    "uint16": np.dtype(np.uint16),
+    "uint32": np.dtype(np.uint32),
+    "uint64": np.dtype(np.uint64),
+    "fp16": np.dtype(np.float16),
+    "fp32": np.dtype(np.float32),
+    "fp64": np.dtype(np.float64),
+    "float16": np.dtype(np.float16),
+    "float32": np.dtype(np.float32),
+    "float64": np.dtype(np.float64),
+    "bool": np.dtype(np.bool_),
+    "str": str,
+    "bytes": bytes,
 }
 _TYPE_NAMES = {}
 for _alias in sorted(B64_TYPES):
     _TYPE_NAMES.setdefault(B64_TYPES[_alias], _alias)
-
 
 
 class _ParseError(Exception):
@@ -45,8 +55,10 @@ class _ParseError(Exception):
 
 # ----------------------------------------------------------------------------------------------- body
 
+
 class _Object(dict):
     """A JSON object from the duplicate-aware parser; `counts` holds how often each key appeared."""
+
     counts: dict
 
 
@@ -65,7 +77,7 @@ def _reject_constant(name):
 
 def _parse_int(text: str):
     value = int(text)
-    return value if -2 ** 63 <= value < 2 ** 64 else float(value)  # as orjson (and the reference) read them
+    return value if -(2**63) <= value < 2**64 else float(value)  # as orjson (and the reference) read them
 
 
 def load_json(body: bytes, max_bytes: int):
@@ -80,14 +92,18 @@ def load_json(body: bytes, max_bytes: int):
         raise errors.InvalidInputs(f"http message is bigger than {max_bytes}")
     try:
         if body.count(b'"instances"') > 1:  # rare: pay for the slower parser that sees duplicate keys
-            return json.loads(bytes(body).decode("utf-8"), object_pairs_hook=_pairs_hook,
-                              parse_constant=_reject_constant, parse_int=_parse_int)
+            return json.loads(
+                bytes(body).decode("utf-8"),
+                object_pairs_hook=_pairs_hook,
+                parse_constant=_reject_constant,
+                parse_int=_parse_int,
+            )
         return orjson.loads(body)
     except (ValueError, UnicodeDecodeError) as err:
         raise errors.InvalidInputs(f"Illegal JSON format.{err}") from None
 
 
-def parse_instances(document) -> List[dict]:
+def parse_instances(document) -> list[dict]:
     """The instances of a parsed request document, following MindSpore Serving's JSON rules."""
     try:
         return _parse_instances(document)
@@ -95,12 +111,11 @@ def parse_instances(document) -> List[dict]:
         raise errors.InvalidInputs(PARSE_PREFIX + str(err)) from None
 
 
-def parse_body(body: bytes, max_bytes: int) -> List[dict]:
+def parse_body(body: bytes, max_bytes: int) -> list[dict]:
     return parse_instances(load_json(body, max_bytes))
 
 
-
-def _parse_instances(document) -> List[dict]:
+def _parse_instances(document) -> list[dict]:
     count = 0
     if isinstance(document, dict):
         count = document.counts.get("instances", 0) if isinstance(document, _Object) else int("instances" in document)
@@ -197,8 +212,10 @@ def _check_object(obj: dict):
                 if not _is_unsigned(item):
                     raise _ParseError("json object, key is 'shape', array value should be unsigned integer")
                 if _wrap_int32(item) < 0:
-                    raise _ParseError("json object, key is 'shape', number value should not be negative number, "
-                                      f"shape value: {_dump(value)}")
+                    raise _ParseError(
+                        "json object, key is 'shape', number value should not be negative number, "
+                        f"shape value: {_dump(value)}"
+                    )
                 zero_before = zero_before or item == 0
         else:
             raise _ParseError(f"json object, key is not ['b64', 'type', 'shape'], fail key:{key}")
@@ -225,7 +242,7 @@ def _b64decode(value) -> bytes:
         raise _ParseError(f"'{value}' is illegal b64 encode string") from None
 
 
-def _string_value(kind, raw: bytes, shape: List[int]):
+def _string_value(kind, raw: bytes, shape: list[int]):
     if kind is str:
         text = raw.decode("utf-8", "surrogateescape")
         return text if shape in ([], [1]) else ShapedStr(text, shape)
@@ -238,14 +255,17 @@ def _parse_object(obj: dict):
     shape = [int(dim) for dim in obj.get("shape", [])]
     count = math.prod(shape)
     if kind in (str, bytes) and count != 1:
-        raise _ParseError("json object, only support scalar when data type is string or bytes, please check 'type' or "
-                          "'shape'")
+        raise _ParseError(
+            "json object, only support scalar when data type is string or bytes, please check 'type' or 'shape'"
+        )
     raw = _b64decode(obj["b64"])
     if kind in (str, bytes):
         return _string_value(kind, raw, shape)
     if len(raw) != kind.itemsize * count:
-        raise _ParseError(f"size is not matched, decode base64 size:{len(raw)}; Given info: type:{_TYPE_NAMES[kind]}; "
-                          f"type size:{kind.itemsize}; element nums:{count}")
+        raise _ParseError(
+            f"size is not matched, decode base64 size:{len(raw)}; Given info: type:{_TYPE_NAMES[kind]}; "
+            f"type size:{kind.itemsize}; element nums:{count}"
+        )
     return np.frombuffer(bytearray(raw), kind).reshape(shape)
 
 
@@ -346,8 +366,9 @@ def _parse_array(value: list):
         if not isinstance(node, list):
             raise _ParseError("invalid json array: json type is not array")
         if len(node) != shape[depth]:
-            raise _ParseError(f"invalid json array: json size is {len(node)}, the dim {depth} expected to be "
-                              f"{shape[depth]}")
+            raise _ParseError(
+                f"invalid json array: json size is {len(node)}, the dim {depth} expected to be {shape[depth]}"
+            )
         if depth + 1 < len(shape):
             for child in node:
                 walk(child, depth + 1)

@@ -6,8 +6,9 @@ scalars), a Python `str` (MS_STRING) or `bytes` (MS_BYTES). On the wire (`ms_ser
 - str/bytes: one element of `Tensor.bytes_val` (str as UTF-8), dims `[]` (or `[1]` from clients).
 All functions here are pure: no I/O, no globals besides constant tables.
 """
+
 import math
-from typing import Callable, Dict, Iterable, List, Optional, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -29,14 +30,15 @@ _NUMERIC = (
     (np.dtype(np.float32), pb.MS_FLOAT32),
     (np.dtype(np.float64), pb.MS_FLOAT64),
 )
-NUMPY_TO_PROTO: Dict[np.dtype, int] = dict(_NUMERIC)
-PROTO_TO_NUMPY: Dict[int, np.dtype] = {code: dtype for dtype, code in _NUMERIC}
+NUMPY_TO_PROTO: dict[np.dtype, int] = dict(_NUMERIC)
+PROTO_TO_NUMPY: dict[int, np.dtype] = {code: dtype for dtype, code in _NUMERIC}
 STRING_TYPES = (pb.MS_STRING, pb.MS_BYTES)
 
 _UTF8_ERRORS = "surrogateescape"  # str <-> bytes round-trips even for invalid UTF-8
 
 
 # ----------------------------------------------------------------------------------------------- dtypes
+
 
 def _native(dtype: np.dtype) -> np.dtype:
     return dtype.newbyteorder("=") if dtype.byteorder not in ("=", "|") else dtype
@@ -93,7 +95,8 @@ def format_shape(dims: Iterable[int]) -> str:
 
 # ------------------------------------------------------------------------------------- value <-> tensor
 
-def scalar_to_array(value) -> Optional[np.ndarray]:
+
+def scalar_to_array(value) -> np.ndarray | None:
     """A numpy scalar, or a Python bool, int or float (as bool, int64, float64), as a 0-d array; None for any
     other value."""
     if isinstance(value, np.generic):
@@ -116,7 +119,7 @@ def _as_array(value) -> np.ndarray:
     return array
 
 
-def value_to_tensor(value, tensor: Optional[pb.Tensor] = None, string_dims: Sequence[int] = ()) -> pb.Tensor:
+def value_to_tensor(value, tensor: pb.Tensor | None = None, string_dims: Sequence[int] = ()) -> pb.Tensor:
     """Writes one instance value into `tensor` (a new Tensor when None) and returns it.
 
     Numbers keep their dtype and shape; str/bytes become one `bytes_val` element with dims `string_dims`
@@ -150,8 +153,10 @@ def value_to_tensor(value, tensor: Optional[pb.Tensor] = None, string_dims: Sequ
 
 
 # DataType -> (native dtype, little-endian dtype, itemsize, whether the host is little-endian for it)
-_DECODE = {code: (dtype, dtype.newbyteorder("<"), dtype.itemsize, dtype.newbyteorder("<") == dtype)
-           for code, dtype in PROTO_TO_NUMPY.items()}
+_DECODE = {
+    code: (dtype, dtype.newbyteorder("<"), dtype.itemsize, dtype.newbyteorder("<") == dtype)
+    for code, dtype in PROTO_TO_NUMPY.items()
+}
 
 
 def tensor_to_value(tensor: pb.Tensor, copy: bool = True):
@@ -164,8 +169,11 @@ def tensor_to_value(tensor: pb.Tensor, copy: bool = True):
     decode = _DECODE.get(code)
     if decode is None:
         if code in STRING_TYPES:
-            items = [item.decode("utf-8", _UTF8_ERRORS) for item in tensor.bytes_val] \
-                if code == pb.MS_STRING else list(tensor.bytes_val)
+            items = (
+                [item.decode("utf-8", _UTF8_ERRORS) for item in tensor.bytes_val]
+                if code == pb.MS_STRING
+                else list(tensor.bytes_val)
+            )
             return items[0] if len(items) == 1 else items
         if tensor.WhichOneof("tensor_data") == "shm_data":
             raise ValueError("Tensor with shared memory data is not supported")
@@ -183,8 +191,9 @@ def tensor_to_value(tensor: pb.Tensor, copy: bool = True):
     return array.copy() if copy else array
 
 
-def instance_to_proto(instance: dict, instance_pb: Optional[pb.Instance] = None,
-                      string_dims: Sequence[int] = ()) -> pb.Instance:
+def instance_to_proto(
+    instance: dict, instance_pb: pb.Instance | None = None, string_dims: Sequence[int] = ()
+) -> pb.Instance:
     if instance_pb is None:
         instance_pb = pb.Instance()
     for name, value in instance.items():
@@ -203,21 +212,24 @@ def instances_to_proto(instances: Sequence[dict], repeated_field, string_dims: S
     return repeated_field
 
 
-def proto_to_instances(repeated_field, copy: bool = True) -> List[dict]:
+def proto_to_instances(repeated_field, copy: bool = True) -> list[dict]:
     return [proto_to_instance(instance_pb, copy) for instance_pb in repeated_field]
 
 
 # ------------------------------------------------------------------------------------- instance checks
 
-def check_tensor(tensor: pb.Tensor) -> Optional[str]:
+
+def check_tensor(tensor: pb.Tensor) -> str | None:
     """Why a request tensor is malformed (the `detail` text of MindSpore Serving), or None."""
     dims = tensor.shape.dims[:]  # a list; slicing is the fast way out of the repeated field
     if tensor.dtype in STRING_TYPES:
         if len(tensor.bytes_val) != 1:
             return "Instance tensor check failed: bytes or string type shape batch size can only be 1"
         if dims and dims != [1]:
-            return ("Instance tensor check failed: bytes or string type input  shape can only be (1,) or empty, "
-                    f"but given shape is {format_shape(dims)}")
+            return (
+                "Instance tensor check failed: bytes or string type input  shape can only be (1,) or empty, "
+                f"but given shape is {format_shape(dims)}"
+            )
         return None
     if dims and min(dims) <= 0:
         zero_dim = False
@@ -234,16 +246,23 @@ def check_tensor(tensor: pb.Tensor) -> Optional[str]:
         return None
     if tensor.WhichOneof("tensor_data") == "shm_data":
         if tensor.shm_data.data_size != expected:
-            return (f"Tensor check failed: input shared memory data size {tensor.shm_data.data_size} "
-                    f"not equal to expected size {expected}")
+            return (
+                f"Tensor check failed: input shared memory data size {tensor.shm_data.data_size} "
+                f"not equal to expected size {expected}"
+            )
         return None
     if len(tensor.data) != expected:
         return f"Tensor check failed: input data size {len(tensor.data)} invalid"
     return None
 
 
-def check_instance(items, input_names: Sequence[str], servable_name: str, method_name: str,
-                   check_item: Optional[Callable[[object], Optional[str]]] = None) -> Optional[str]:
+def check_instance(
+    items,
+    input_names: Sequence[str],
+    servable_name: str,
+    method_name: str,
+    check_item: Callable[[object], str | None] | None = None,
+) -> str | None:
     """Why an instance cannot enter a method (MindSpore Serving's text), or None.
 
     `items` maps input names to values (an Instance's `items`, or a decoded instance). The master passes
@@ -261,6 +280,7 @@ def check_instance(items, input_names: Sequence[str], servable_name: str, method
 
 
 # ------------------------------------------------------------------------------------------- replies
+
 
 def is_error(result) -> bool:
     return not isinstance(result, dict)

@@ -6,6 +6,7 @@ master on FrontendService (a unix socket beside the master's) and asks the maste
 knows (model control, metrics scrapes). It ignores SIGINT and SIGTERM: the master drains and ends it, and it
 exits by itself when the master is gone.
 """
+
 import asyncio
 import collections
 import json
@@ -13,7 +14,6 @@ import os
 import signal
 import threading
 import time
-from typing import Optional
 
 import grpc
 
@@ -27,9 +27,9 @@ from mindspore_serving.frontends.restful_server import RestfulFrontend
 from mindspore_serving.ipc import master_worker as ipc
 from mindspore_serving.master.control_service import worker_record
 from mindspore_serving.master.dispatcher import Dispatcher
+from mindspore_serving.master.frontend_processes import frontend_key
 from mindspore_serving.master.llm_backend import MasterLlmBackend
 from mindspore_serving.master.master import new_event_loop
-from mindspore_serving.master.frontend_processes import frontend_key
 from mindspore_serving.master.metrics import MasterMetrics, frontend_samples
 from mindspore_serving.master.readiness import STARTING, Readiness, readiness_from_json
 from mindspore_serving.master.worker_registry import WorkerRegistry
@@ -58,7 +58,9 @@ class RemoteModelControl:
     def _ask(self, action: str, name: str, version: int):
         async def ask():  # the call is made on the process's loop, where its channel lives
             return await self.process.master.ModelControl(
-                pb.ModelControlRequest(action=action, name=name, version=version), metadata=self.process.credentials)
+                pb.ModelControlRequest(action=action, name=name, version=version), metadata=self.process.credentials
+            )
+
         reply = asyncio.run_coroutine_threadsafe(ask(), self.process.loop).result()
         if reply.error_code:
             kinds = {kind.value: kind for kind in errors.Kind}
@@ -80,8 +82,9 @@ class RemoteMetrics:
         self.process = process
 
     async def render(self) -> bytes:
-        return (await self.process.master.Metrics(internal_pb2.Empty(), timeout=10,
-                                                  metadata=self.process.credentials)).text
+        return (
+            await self.process.master.Metrics(internal_pb2.Empty(), timeout=10, metadata=self.process.credentials)
+        ).text
 
 
 class FrontendProcess(frontend_pb2_grpc.FrontendServiceServicer):
@@ -97,13 +100,14 @@ class FrontendProcess(frontend_pb2_grpc.FrontendServiceServicer):
         # a servable the master runs but whose workers are all gone now: "retry later", not an unknown servable
         self.registry.expected = lambda name, _version: name in self.state.servables
         self.master_address = master_address
-        self.address = ipc.socket_address(ipc.runtime_directory_of(master_address),
-                                          f"serving_frontend_{index}_{os.getpid()}")
+        self.address = ipc.socket_address(
+            ipc.runtime_directory_of(master_address), f"serving_frontend_{index}_{os.getpid()}"
+        )
         self.master = None
         # the secret the master gave this process, on every call to the master
         self.credentials = ipc.peer_metadata(frontend_key(index), secret)
         self.frontends = {}
-        self.done: Optional[asyncio.Event] = None  # set by Close (on the loop, once serving)
+        self.done: asyncio.Event | None = None  # set by Close (on the loop, once serving)
 
     # ---- FrontendService ----
     async def Update(self, request, context):
@@ -135,16 +139,32 @@ class FrontendProcess(frontend_pb2_grpc.FrontendServiceServicer):
 
     async def _start_server(self, config: pb.ServerConfig):
         ssl_config = SslFiles(config) if config.tls else None
-        common = dict(llm_backend=self.llm_backend, readiness=lambda: self.state,
-                      model_control=RemoteModelControl(self) if config.model_control else None, reuse_port=True,
-                      access=Access(config.api_key or None, dict(config.restricted_api), tuple(config.open_api)),
-                      limits=Limits.from_proto(config.limits))
+        common = dict(
+            llm_backend=self.llm_backend,
+            readiness=lambda: self.state,
+            model_control=RemoteModelControl(self) if config.model_control else None,
+            reuse_port=True,
+            access=Access(config.api_key or None, dict(config.restricted_api), tuple(config.open_api)),
+            limits=Limits.from_proto(config.limits),
+        )
         if config.kind == "grpc":
-            frontend = GrpcFrontend(config.address, config.max_msg_mb_size, ssl_config, self.dispatcher,
-                                    readiness_changes=self.readiness_changes, **common)
+            frontend = GrpcFrontend(
+                config.address,
+                config.max_msg_mb_size,
+                ssl_config,
+                self.dispatcher,
+                readiness_changes=self.readiness_changes,
+                **common,
+            )
         else:
-            frontend = RestfulFrontend(config.address, config.max_msg_mb_size, ssl_config, self.dispatcher,
-                                       metrics=RemoteMetrics(self), **common)
+            frontend = RestfulFrontend(
+                config.address,
+                config.max_msg_mb_size,
+                ssl_config,
+                self.dispatcher,
+                metrics=RemoteMetrics(self),
+                **common,
+            )
         await frontend.start()
         self.frontends[config.kind] = frontend
 
@@ -154,8 +174,9 @@ class FrontendProcess(frontend_pb2_grpc.FrontendServiceServicer):
         return internal_pb2.Empty()
 
     async def Drain(self, request, context):
-        results = await asyncio.gather(*(f.drain_requests(request.grace) for f in self.frontends.values()),
-                                       return_exceptions=True)
+        results = await asyncio.gather(
+            *(f.drain_requests(request.grace) for f in self.frontends.values()), return_exceptions=True
+        )
         cut = collections.Counter()
         for result in results:
             if isinstance(result, BaseException):
@@ -183,9 +204,11 @@ class FrontendProcess(frontend_pb2_grpc.FrontendServiceServicer):
         ipc.restrict_socket(self.address)
         channel = grpc.aio.insecure_channel(self.master_address, options=ipc.INTERNAL_CHANNEL_OPTIONS)
         self.master = frontend_pb2_grpc.MasterFrontendStub(channel)
-        await self.master.Register(pb.FrontendHello(index=self.index, pid=os.getpid(), address=self.address),
-                                   metadata=self.credentials,
-                                   timeout=60)
+        await self.master.Register(
+            pb.FrontendHello(index=self.index, pid=os.getpid(), address=self.address),
+            metadata=self.credentials,
+            timeout=60,
+        )
         log.info(f"front-end process {self.index} (pid {os.getpid()}) registered with the master")
         await self.done.wait()
         await server.stop(0.5)

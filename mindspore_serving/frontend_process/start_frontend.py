@@ -1,4 +1,5 @@
 """Entry point of a front-end process (started by the master; what operators see in `ps`)."""
+
 import argparse
 
 from mindspore_serving.frontend_process.process import main

@@ -1,4 +1,5 @@
 """Checks of front-end listening addresses, with MindSpore Serving's messages."""
+
 import os
 
 
@@ -16,13 +17,14 @@ def check_address(address: str, server_tag: str):
     if not port.isdigit():
         raise RuntimeError(f"Serving Error: The port of the {server_tag} address '{address}' is not a number")
     if not 1 <= int(port) <= 65535:
-        raise RuntimeError(f"Serving Error: The port of the {server_tag} address '{address}' is out of legal range "
-                           f"[1 ~ 65535]")
+        raise RuntimeError(
+            f"Serving Error: The port of the {server_tag} address '{address}' is out of legal range [1 ~ 65535]"
+        )
     return ip.strip("[]"), int(port)
 
 
 def check_unix_address(address: str):
-    path = address[len("unix:"):]
+    path = address[len("unix:") :]
     if not path:
         raise RuntimeError("Serving Error: Empty grpc server unix domain socket address")
     directory = os.path.dirname(os.path.abspath(path))

@@ -15,15 +15,22 @@ Which key a group needs: its own when restricted (`--restricted_api model-reposi
 `--api_key`, if any. /ready's details (worker keys and pids) go to a caller with the admin group's key; with no
 key for it, to a caller on this host (loopback), unless the group is opened.
 """
+
 import re
-from typing import Iterable, Mapping, Optional
+from collections.abc import Iterable, Mapping
 
 from mindspore_serving.common import errors
 from mindspore_serving.frontends.auth import ApiKey, is_loopback
 from mindspore_serving.frontends.health import is_probe
 
 HEALTH, METADATA, METRICS, REPOSITORY, ADMIN, INFERENCE = (
-    "health", "metadata", "metrics", "model-repository", "admin", "inference")
+    "health",
+    "metadata",
+    "metrics",
+    "model-repository",
+    "admin",
+    "inference",
+)
 GROUPS = (HEALTH, METADATA, METRICS, REPOSITORY, ADMIN, INFERENCE)
 
 _ADMIN_PATHS = frozenset(("/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc"))
@@ -72,8 +79,9 @@ class Access:
     """The key each group needs (None: open), from the server's key, the restricted groups' keys and the groups
     opened explicitly."""
 
-    def __init__(self, api_key: Optional[str] = None, restricted: Optional[Mapping[str, str]] = None,
-                 opened: Iterable[str] = ()):
+    def __init__(
+        self, api_key: str | None = None, restricted: Mapping[str, str] | None = None, opened: Iterable[str] = ()
+    ):
         restricted = dict(restricted or {})
         self.opened = frozenset(check_groups(opened, "open_api"))
         check_groups(restricted, "restricted_api")
@@ -81,19 +89,27 @@ class Access:
         if both:
             raise RuntimeError(f"API group(s) {', '.join(sorted(both))} cannot be both restricted and open")
         main = ApiKey(api_key) if api_key else None
-        self.keys = {group: (ApiKey(restricted[group]) if group in restricted else
-                             None if group in self.opened or group == HEALTH else main) for group in GROUPS}
+        self.keys = {
+            group: (
+                ApiKey(restricted[group])
+                if group in restricted
+                else None
+                if group in self.opened or group == HEALTH
+                else main
+            )
+            for group in GROUPS
+        }
 
     @property
     def guarded(self) -> bool:
         """Whether any group needs a key."""
         return any(key is not None for key in self.keys.values())
 
-    def check_http(self, method: str, path: str, headers) -> Optional[errors.Unauthenticated]:
+    def check_http(self, method: str, path: str, headers) -> errors.Unauthenticated | None:
         key = self.keys[http_group(method, path)]
         return None if key is None else key.check_http(headers)
 
-    def check_grpc(self, rpc: str, metadata) -> Optional[errors.Unauthenticated]:
+    def check_grpc(self, rpc: str, metadata) -> errors.Unauthenticated | None:
         key = self.keys[grpc_group(rpc)]
         return None if key is None else key.check_grpc(metadata)
 

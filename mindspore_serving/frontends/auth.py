@@ -9,9 +9,10 @@ tritonclient's `headers=`). Keys are compared in constant time. A request withou
 protocol's error shape (frontends/errors.py) with `WWW-Authenticate: Bearer`, an RPC UNAUTHENTICATED; the reply
 never says what the key is, only that it is missing or wrong.
 """
+
 import hmac
 import ipaddress
-from typing import Iterable, Optional, Tuple
+from collections.abc import Iterable
 
 import grpc
 
@@ -27,7 +28,7 @@ class ApiKey:
             raise ValueError("an API key must not be empty")
         self._key = key.encode()
 
-    def check_http(self, headers: Iterable[Tuple[bytes, bytes]]) -> Optional[errors.Unauthenticated]:
+    def check_http(self, headers: Iterable[tuple[bytes, bytes]]) -> errors.Unauthenticated | None:
         """None when the request's headers carry the key, else the error to answer with."""
         given = None
         for name, value in headers:
@@ -38,14 +39,14 @@ class ApiKey:
                 given = value.strip()
         return self._verdict(given)
 
-    def check_grpc(self, metadata) -> Optional[errors.Unauthenticated]:
+    def check_grpc(self, metadata) -> errors.Unauthenticated | None:
         given = None
         for name, value in metadata or ():
             if name.lower() == "authorization":
                 given = _bearer(value.encode() if isinstance(value, str) else value)
         return self._verdict(given)
 
-    def _verdict(self, given: Optional[bytes]) -> Optional[errors.Unauthenticated]:
+    def _verdict(self, given: bytes | None) -> errors.Unauthenticated | None:
         if given is not None and hmac.compare_digest(given, self._key):
             return None
         return errors.Unauthenticated(MISSING if given is None else WRONG)
@@ -58,7 +59,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _bearer(value: bytes) -> Optional[bytes]:
+def _bearer(value: bytes) -> bytes | None:
     """The token of an `Authorization: Bearer <token>` value; None for another scheme."""
     scheme, _, token = value.partition(b" ")
     return token.strip() if scheme.lower() == b"bearer" else None
@@ -83,6 +84,7 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
 
 def _refusing(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
     """A handler of the same shape as `handler` that only ends the call with UNAUTHENTICATED."""
+
     async def unary(_request, context):
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 

@@ -13,10 +13,12 @@ The master stops every front end at the same moment with the same grace period (
 so one deadline covers all of them. Front ends guard only waits: a cut never interrupts the writing of an
 answer, and a request that ignores the cut is ended by its server `CUT_ANSWER_S` seconds later.
 """
+
 import asyncio
 import collections
 import inspect
-from typing import AsyncIterator, Counter, Optional, Set
+from collections import Counter
+from collections.abc import AsyncIterator
 
 from mindspore_serving.common import errors
 from mindspore_serving.frontends.errors import Protocol, http_error
@@ -43,10 +45,10 @@ class Drain:
     def __init__(self):
         self.accepting = True
         self._running: Counter[str] = collections.Counter()
-        self._idle: Optional[asyncio.Event] = None
-        self._guarded: Set[asyncio.Task] = set()
-        self._cut_tasks: Set[asyncio.Task] = set()
-        self._cut_error: Optional[errors.ServerStopping] = None
+        self._idle: asyncio.Event | None = None
+        self._guarded: set[asyncio.Task] = set()
+        self._cut_tasks: set[asyncio.Task] = set()
+        self._cut_error: errors.ServerStopping | None = None
 
     # NOTE: enter/leave rather than a context manager: they run twice per request on the hot path.
     def enter(self, kind: str) -> None:
@@ -70,7 +72,7 @@ class Drain:
         self._idle = asyncio.Event()
         try:
             await asyncio.wait_for(self._idle.wait(), max(timeout, 0.0))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return not self._running
         return True
 
@@ -131,8 +133,11 @@ class GuardedDispatcher:
         self._drain = drain
 
     async def predict(self, spec, instances, timeout=None):
-        call = (self._dispatcher.predict(spec, instances) if timeout is None
-                else self._dispatcher.predict(spec, instances, timeout=timeout))
+        call = (
+            self._dispatcher.predict(spec, instances)
+            if timeout is None
+            else self._dispatcher.predict(spec, instances, timeout=timeout)
+        )
         return await self._drain.guard(call)
 
     def __getattr__(self, name):

@@ -37,8 +37,8 @@ an unexpected exception as the classic protocols do. An unexpected exception's o
 (it may hold paths, reprs, other requests' data): its reply names the request id instead, and the front end that
 caught it logs it, traceback and all, on a line that ends with the same id.
 """
+
 import enum
-from typing import Dict, Tuple
 
 import grpc
 
@@ -117,7 +117,7 @@ _GRPC = {
 }
 
 
-def http_error(protocol: Protocol, error: BaseException) -> Tuple[int, dict]:
+def http_error(protocol: Protocol, error: BaseException) -> tuple[int, dict]:
     """(HTTP status, JSON body) of `error` in `protocol`'s shape."""
     kind = errors.kind_of(error)
     message = errors.message_of(error)
@@ -126,8 +126,9 @@ def http_error(protocol: Protocol, error: BaseException) -> Tuple[int, dict]:
         return status, {"error": prefix + message, "error_type": kind.value}
     if protocol is Protocol.OPENAI:
         status, error_type, code = _OPENAI[kind]
-        return status, {"error": {"message": message, "type": error_type, "param": getattr(error, "param", None),
-                                  "code": code}}
+        return status, {
+            "error": {"message": message, "type": error_type, "param": getattr(error, "param", None), "code": code}
+        }
     if protocol is Protocol.KSERVE:
         return _KSERVE[kind][0], {"error": message}
     return _MINDSPORE.get(kind, 200), {"error_msg": message}
@@ -138,7 +139,7 @@ def kserve_grpc_status(error: BaseException) -> grpc.StatusCode:
     return _KSERVE[errors.kind_of(error)][1]
 
 
-def http_error_headers(error: BaseException) -> Dict[str, str]:
+def http_error_headers(error: BaseException) -> dict[str, str]:
     """The headers of an error reply, the same in every protocol: Retry-After when the servable is unavailable
     for now (a client that honours it, as OpenAI's and TGI's do, retries after that many seconds)."""
     if errors.kind_of(error) is Kind.UNAVAILABLE:
@@ -157,7 +158,7 @@ def classic_error(error: BaseException) -> errors.ServingError:
     return errors.SystemError_(f"Serving Error: {errors.internal_text()}")
 
 
-def grpc_error(error: BaseException) -> Tuple[grpc.StatusCode, ms_service_pb2.ErrorMsg]:
+def grpc_error(error: BaseException) -> tuple[grpc.StatusCode, ms_service_pb2.ErrorMsg]:
     """The gRPC status that ends a call failing with `error`, and the ErrorMsg its reply carries when the status
     is OK. Overloaded ends the call with RESOURCE_EXHAUSTED, gRPC clients' back-pressure signal, and unavailable
     with UNAVAILABLE, their "retry later" (what gRPC retry policies retry on); any other error is a reply. An

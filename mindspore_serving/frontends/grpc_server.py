@@ -1,24 +1,25 @@
 """The public gRPC front end: MSService.Predict, wire-compatible with MindSpore Serving."""
+
 import collections
 import os
 import ssl
-from typing import Counter, Optional
+from collections import Counter
 
 import grpc
 from google.protobuf.message import DecodeError
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
+from mindspore_serving.common.limits import Limits
 from mindspore_serving.frontends import h2grpc, replies, request_ids
+from mindspore_serving.frontends.address import check_address, check_max_msg_mb_size, check_unix_address
 from mindspore_serving.frontends.api_groups import Access
 from mindspore_serving.frontends.auth import ApiKeyInterceptor
-from mindspore_serving.frontends.address import check_address, check_max_msg_mb_size, check_unix_address
 from mindspore_serving.frontends.drain import CUT_ANSWER_S, Drain, DrainingFrontend, GuardedBackend, GuardedDispatcher
 from mindspore_serving.frontends.errors import grpc_error
 from mindspore_serving.frontends.grpc_llm import predict_stream
 from mindspore_serving.frontends.health import HealthServicer, always_ready
 from mindspore_serving.frontends.kserve import add_kserve_servicer
-from mindspore_serving.common.limits import Limits
 from mindspore_serving.proto import ms_service_pb2, ms_service_pb2_grpc
 
 SERVICE_NAME = "mindspore.serving.proto.MSService"
@@ -30,7 +31,7 @@ class MSServiceServicer(ms_service_pb2_grpc.MSServiceServicer):
     that frontends/errors.py ends with a status: back-pressure (RESOURCE_EXHAUSTED) and a request-wide unavailable
     error, a stopping server's included (UNAVAILABLE: retry later)."""
 
-    def __init__(self, dispatcher, llm_backend=None, drain: Optional[Drain] = None):
+    def __init__(self, dispatcher, llm_backend=None, drain: Drain | None = None):
         self.drain = drain or Drain()
         self.dispatcher = GuardedDispatcher(dispatcher, self.drain)
         self.llm_backend = None if llm_backend is None else GuardedBackend(llm_backend, self.drain)
@@ -88,8 +89,9 @@ def _decode(raw: bytes) -> "ms_service_pb2.PredictRequest":
     try:
         return ms_service_pb2.PredictRequest.FromString(raw)
     except DecodeError as err:
-        raise errors.InvalidInputs(f"the request is not a valid mindspore.serving.proto.PredictRequest "
-                                   f"({len(raw)} bytes): {err}") from None
+        raise errors.InvalidInputs(
+            f"the request is not a valid mindspore.serving.proto.PredictRequest ({len(raw)} bytes): {err}"
+        ) from None
 
 
 def add_servicer(servicer: MSServiceServicer, server):
@@ -125,9 +127,11 @@ def read_ssl_files(ssl_config):
     """(private key, certificate chain, root certificates or None) read from the PEM files of a server
     SSLConfig, the clients' CA only with verify_client, as MindSpore Serving reads them. A file that cannot be read
     raises open()'s own error; contents gRPC cannot use fail the server's start."""
+
     def read(path):
         with open(path, "rb") as stream:
             return stream.read()
+
     certificate = read(ssl_config.certificate)
     private_key = read(ssl_config.private_key)
     root = read(ssl_config.custom_ca) if ssl_config.verify_client else None
@@ -139,20 +143,34 @@ def _credentials(ssl_config):
     itself, grpcio's credentials from the files' contents otherwise."""
     try:
         if SERVER_KIND != "grpcio":
-            return h2grpc.ssl_context(ssl_config.certificate, ssl_config.private_key, ssl_config.custom_ca,
-                                      bool(ssl_config.verify_client))
+            return h2grpc.ssl_context(
+                ssl_config.certificate, ssl_config.private_key, ssl_config.custom_ca, bool(ssl_config.verify_client)
+            )
         private_key, certificate, root = read_ssl_files(ssl_config)
-        return grpc.ssl_server_credentials([(private_key, certificate)], root_certificates=root,
-                                           require_client_auth=bool(ssl_config.verify_client))
+        return grpc.ssl_server_credentials(
+            [(private_key, certificate)], root_certificates=root, require_client_auth=bool(ssl_config.verify_client)
+        )
     except (ValueError, TypeError, ssl.SSLError) as err:
         raise RuntimeError(f"Serving Error: load ssl config failed: {err}") from err
 
 
 class GrpcFrontend(DrainingFrontend):
-    def __init__(self, address: str, max_msg_mb_size: int, ssl_config, dispatcher, extra_servicers=(),
-                 llm_backend=None, readiness=None, model_control=None, reuse_port: bool = False,
-                 api_key: Optional[str] = None, limits: Limits = Limits(), access: Optional[Access] = None,
-                 readiness_changes=None):
+    def __init__(
+        self,
+        address: str,
+        max_msg_mb_size: int,
+        ssl_config,
+        dispatcher,
+        extra_servicers=(),
+        llm_backend=None,
+        readiness=None,
+        model_control=None,
+        reuse_port: bool = False,
+        api_key: str | None = None,
+        limits: Limits = Limits(),
+        access: Access | None = None,
+        readiness_changes=None,
+    ):
         check_max_msg_mb_size(max_msg_mb_size)
         if address.startswith("unix:"):
             check_unix_address(address)
@@ -181,32 +199,48 @@ class GrpcFrontend(DrainingFrontend):
         # and grpcio closes it
         limits = self.limits
         if SERVER_KIND == "grpcio":
-            options = [("grpc.max_send_message_length", self.max_bytes),
-                       ("grpc.max_receive_message_length", self.max_bytes),
-                       ("grpc.so_reuseport", int(self.reuse_port)),
-                       ("grpc.max_concurrent_streams", limits.max_streams_per_conn),
-                       ("grpc.max_connection_idle_ms", int(limits.idle_timeout * 1000)),
-                       ("grpc.server_handshake_timeout_ms", int(limits.read_timeout * 1000)),
-                       ("grpc.max_allowed_incoming_connections", limits.max_connections)]
+            options = [
+                ("grpc.max_send_message_length", self.max_bytes),
+                ("grpc.max_receive_message_length", self.max_bytes),
+                ("grpc.so_reuseport", int(self.reuse_port)),
+                ("grpc.max_concurrent_streams", limits.max_streams_per_conn),
+                ("grpc.max_connection_idle_ms", int(limits.idle_timeout * 1000)),
+                ("grpc.server_handshake_timeout_ms", int(limits.read_timeout * 1000)),
+                ("grpc.max_allowed_incoming_connections", limits.max_connections),
+            ]
             interceptors = [ApiKeyInterceptor(self.access)] if self.access.guarded else None
-            return grpc.aio.server(options=options, interceptors=interceptors,
-                                   maximum_concurrent_rpcs=self.limits.max_concurrent_rpcs)
+            return grpc.aio.server(
+                options=options, interceptors=interceptors, maximum_concurrent_rpcs=self.limits.max_concurrent_rpcs
+            )
         access = self.access
-        authorize = None if not access.guarded else \
-            lambda method, metadata: getattr(access.check_grpc(method, metadata), "message", None)
-        return h2grpc.Server(self.max_bytes, limits.max_concurrent_rpcs, limits.max_streams_per_conn,
-                             reuse_port=self.reuse_port, authorize=authorize, read_timeout=limits.read_timeout,
-                             idle_timeout=limits.idle_timeout, max_connections=limits.max_connections)
+        authorize = (
+            None
+            if not access.guarded
+            else lambda method, metadata: getattr(access.check_grpc(method, metadata), "message", None)
+        )
+        return h2grpc.Server(
+            self.max_bytes,
+            limits.max_concurrent_rpcs,
+            limits.max_streams_per_conn,
+            reuse_port=self.reuse_port,
+            authorize=authorize,
+            read_timeout=limits.read_timeout,
+            idle_timeout=limits.idle_timeout,
+            max_connections=limits.max_connections,
+        )
 
     async def start(self):
         server = self._new_server()
         add_servicer(MSServiceServicer(self.dispatcher, self.llm_backend, self.drain), server)
         self.health.add_to_server(server)
-        add_kserve_servicer(GuardedDispatcher(self.dispatcher, self.drain), server, self.model_control)  # KServe v2 / Triton
+        add_kserve_servicer(
+            GuardedDispatcher(self.dispatcher, self.drain), server, self.model_control
+        )  # KServe v2 / Triton
         for add in self.extra_servicers:
             add(server)
-        failed = RuntimeError(f"Serving Error: Serving gRPC server start failed, create server failed, "
-                              f"address {self.address}")
+        failed = RuntimeError(
+            f"Serving Error: Serving gRPC server start failed, create server failed, address {self.address}"
+        )
         try:
             if self.ssl_config is not None:
                 port = server.add_secure_port(self.address, _credentials(self.ssl_config))

@@ -18,19 +18,20 @@ seconds, and every WATCH_INTERVAL seconds for a front end given no signal) and w
 changed, so that a thousand streams cost what one does; beyond `max_watch_streams` a new Watch ends with
 RESOURCE_EXHAUSTED.
 """
-import asyncio
-from typing import Callable, Optional
 
+import asyncio
+from collections.abc import Callable
+
+import grpc
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from mindspore_serving.common.change_signal import ChangeSignal
 from mindspore_serving.master.readiness import SERVING, Readiness
 
-WATCH_INTERVAL = 0.2   # how often Watch reads the readiness without a change signal
-WATCH_FALLBACK = 5.0   # ... and with one, in case a change went unsignalled
+WATCH_INTERVAL = 0.2  # how often Watch reads the readiness without a change signal
+WATCH_FALLBACK = 5.0  # ... and with one, in case a change went unsignalled
 PROBE_PATHS = frozenset(("/health", "/ready", "/v2/health/live", "/v2/health/ready"))
 GRPC_SERVICE_NAMES = ("", "mindspore.serving.proto.MSService")  # the whole server
 
@@ -47,7 +48,9 @@ def is_probe(path: str) -> bool:
     return path in PROBE_PATHS or (path.startswith("/v2/models/") and path.endswith("/ready"))
 
 
-def build_health_router(readiness: ReadinessSource, operator: Callable[[dict], bool] = lambda _scope: True) -> APIRouter:
+def build_health_router(
+    readiness: ReadinessSource, operator: Callable[[dict], bool] = lambda _scope: True
+) -> APIRouter:
     """The probe routes; `operator(scope)` says whether the caller may see /ready's worker details."""
     router = APIRouter()
 
@@ -78,8 +81,10 @@ def build_health_router(readiness: ReadinessSource, operator: Callable[[dict], b
     @router.get("/v2/models/{name}/versions/{version}/ready", summary="KServe v2 readiness of one model version")
     async def _v2_model_version_ready(name: str, version: str):
         if not version.isdigit():
-            return JSONResponse({"error": f"Request model {name} version {version}: the version is not an unsigned "
-                                          f"integer"}, status_code=400)
+            return JSONResponse(
+                {"error": f"Request model {name} version {version}: the version is not an unsigned integer"},
+                status_code=400,
+            )
         return _model_ready(readiness(), name, int(version))
 
     return router
@@ -94,8 +99,11 @@ def _model_ready(state: Readiness, name: str, version: int) -> JSONResponse:
         return JSONResponse({"error": f"{label} is not found"}, status_code=404)
     if not ready:
         servable = state.servables[name]
-        why = (f"{servable.state} ({servable.reason})" if not servable.ready
-               else f"no worker serves it (ready versions: {', '.join(map(str, servable.versions))})")
+        why = (
+            f"{servable.state} ({servable.reason})"
+            if not servable.ready
+            else f"no worker serves it (ready versions: {', '.join(map(str, servable.versions))})"
+        )
         return JSONResponse({"error": f"{label} is not ready: {why}"}, status_code=400)
     return JSONResponse({"name": name, "ready": True})
 
@@ -119,14 +127,13 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
     """grpc.health.v1.Health, whose statuses follow the master's readiness (Check and List compute it on each
     call; Watch streams share one reader, `_follow`)."""
 
-    def __init__(self, readiness: ReadinessSource, max_watch_streams: int = 1000,
-                 changes: Optional[ChangeSignal] = None):
+    def __init__(self, readiness: ReadinessSource, max_watch_streams: int = 1000, changes: ChangeSignal | None = None):
         self.readiness = readiness
         self.changes = changes  # bumped where the readiness may have changed
         self.max_watch_streams = max_watch_streams
         self._closed = asyncio.Event()
         self._watchers = 0
-        self._state = None          # the readiness the streams last saw
+        self._state = None  # the readiness the streams last saw
         self._changed = asyncio.Event()  # set (and replaced) when it changes
         self._follower = None
 
@@ -149,14 +156,17 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
     async def List(self, request, context):  # pylint: disable=invalid-name
         state = self.readiness()
         names = list(GRPC_SERVICE_NAMES) + list(state.servables)
-        return health_pb2.HealthListResponse(statuses={
-            name: health_pb2.HealthCheckResponse(status=grpc_status(state, name)) for name in names})
+        return health_pb2.HealthListResponse(
+            statuses={name: health_pb2.HealthCheckResponse(status=grpc_status(state, name)) for name in names}
+        )
 
     async def Watch(self, request, context):  # pylint: disable=invalid-name
         if self._watchers >= self.max_watch_streams:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"the server has reached its limit of {self.max_watch_streams} health Watch streams "
-                                f"(--max_watch_streams)")
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the server has reached its limit of {self.max_watch_streams} health Watch streams "
+                f"(--max_watch_streams)",
+            )
         self._watchers += 1
         try:
             if self._follower is None or self._follower.done():
@@ -187,5 +197,5 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
                 continue
             try:
                 await asyncio.wait_for(self._closed.wait(), WATCH_INTERVAL)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass

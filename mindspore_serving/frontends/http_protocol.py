@@ -12,12 +12,13 @@ first byte; between requests uvicorn's keep-alive timeout applies), or when its 
 for `read_timeout` seconds while the server is ready to read it). And beyond `max_connections` open connections a
 new request is refused in its protocol's shape (uvicorn's own limit answers a plain-text 503).
 """
-import asyncio
-from typing import Callable, Optional
 
-from mindspore_serving import log
+import asyncio
+from collections.abc import Callable
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from mindspore_serving import log
 
 
 class CorkedTransport:
@@ -60,13 +61,13 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
     """HttpToolsProtocol writing through a CorkedTransport (pass the class as uvicorn.Config(http=...)), with
     the read timeout and the connection limit of the class made by `limited_protocol` (none here)."""
 
-    read_timeout: Optional[float] = None
-    max_connections: Optional[int] = None
+    read_timeout: float | None = None
+    max_connections: int | None = None
     refuse_app = None  # the ASGI app that answers a request beyond max_connections
     # one timer per connection, created only when none is pending: arming a phase moves the deadline (a float),
     # and the timer, when it fires early, waits for the deadline it finds
-    _read_timer: Optional[asyncio.TimerHandle] = None
-    _read_deadline: Optional[float] = None
+    _read_timer: asyncio.TimerHandle | None = None
+    _read_deadline: float | None = None
     _read_what = ""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -126,12 +127,17 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
             self._arm(what)
             return
         client = "%s:%d" % tuple(self.client[:2]) if self.client else "a client"
-        log.warning(f"RESTful server: closing the connection of {client}: its {what} stalled for "
-                    f"{self.read_timeout:g} s (--read_timeout)")
+        log.warning(
+            f"RESTful server: closing the connection of {client}: its {what} stalled for "
+            f"{self.read_timeout:g} s (--read_timeout)"
+        )
         self.transport.close()
 
 
 def limited_protocol(read_timeout: float, max_connections: int, refuse_app: Callable) -> type:
     """A CorkedHttpToolsProtocol class with these limits, for one server's uvicorn.Config(http=...)."""
-    return type("LimitedHttpToolsProtocol", (CorkedHttpToolsProtocol,),
-                {"read_timeout": read_timeout, "max_connections": max_connections, "refuse_app": refuse_app})
+    return type(
+        "LimitedHttpToolsProtocol",
+        (CorkedHttpToolsProtocol,),
+        {"read_timeout": read_timeout, "max_connections": max_connections, "refuse_app": refuse_app},
+    )

@@ -10,17 +10,18 @@ and delegates to the dispatcher; errors map in frontends/errors.py (Protocol.KSE
 
 The health routes (`/v2/health/...`, `/v2/models/<model>/ready`) are not handled here.
 """
+
 import asyncio
-import threading
 import json
 import re
-from typing import List, Optional, Sequence, Tuple
-
+import threading
+from collections.abc import Sequence
 
 from mindspore_serving import __version__, log
 from mindspore_serving.common import errors
 from mindspore_serving.common.tensor_codec import proto_to_instance, value_to_tensor
-from mindspore_serving.frontends import kserve_codec as codec, request_ids
+from mindspore_serving.frontends import kserve_codec as codec
+from mindspore_serving.frontends import request_ids
 from mindspore_serving.frontends.errors import Protocol, classic_error, http_error, kserve_grpc_status
 from mindspore_serving.master.model_control import NO_CONTROL_TEXT, check_servable_name
 from mindspore_serving.proto import grpc_predict_v2_pb2 as v2
@@ -59,9 +60,11 @@ class KServe:
         model, _ = codec.resolve(self._workers(), name, version)
         return codec.model_metadata(model)
 
-    def repository_index(self) -> List[dict]:
-        return [{"name": model.name, "version": model.version, "state": "READY", "reason": ""}
-                for _, model in sorted(codec.catalog(self._workers()).items())]
+    def repository_index(self) -> list[dict]:
+        return [
+            {"name": model.name, "version": model.version, "state": "READY", "reason": ""}
+            for _, model in sorted(codec.catalog(self._workers()).items())
+        ]
 
     async def load(self, name: str, parameters: dict):
         """Loads servable `name` (parameter `version`: one version, else the newest) off the event loop."""
@@ -83,8 +86,14 @@ class KServe:
     def resolve(self, name: str, version: str = ""):
         return codec.resolve(self._workers(), name, version)
 
-    async def infer(self, model: codec.V2Model, number: int, tensors: Sequence[codec.V2Tensor],
-                    requested: Sequence[str] = (), timeout: Optional[float] = None) -> List[codec.V2Tensor]:
+    async def infer(
+        self,
+        model: codec.V2Model,
+        number: int,
+        tensors: Sequence[codec.V2Tensor],
+        requested: Sequence[str] = (),
+        timeout: float | None = None,
+    ) -> list[codec.V2Tensor]:
         """The output tensors; raises ServingError when the request or any of its instances failed."""
         instances = codec.tensors_to_instances(model, tensors)
         request = ms_service_pb2.PredictRequest()
@@ -113,14 +122,16 @@ def version_parameter(parameters: dict) -> int:
 # ------------------------------------------------------------------------------------------------ REST
 
 _MODEL = r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?"
-_ROUTES = [("GET", re.compile(r"/v2/?"), "server"),
-           ("GET", re.compile(_MODEL + "/?"), "metadata"),
-           ("POST", re.compile(_MODEL + "/infer"), "infer"),
-           ("POST", re.compile(r"/v2/repository/index"), "index"),
-           ("POST", re.compile(r"/v2/repository/models/(?P<name>[^/]+)/(?P<action>load|unload)"), "control")]
+_ROUTES = [
+    ("GET", re.compile(r"/v2/?"), "server"),
+    ("GET", re.compile(_MODEL + "/?"), "metadata"),
+    ("POST", re.compile(_MODEL + "/infer"), "infer"),
+    ("POST", re.compile(r"/v2/repository/index"), "index"),
+    ("POST", re.compile(r"/v2/repository/models/(?P<name>[^/]+)/(?P<action>load|unload)"), "control"),
+]
 
 
-def route_of(method: str, path: str) -> Optional[Tuple[str, dict]]:
+def route_of(method: str, path: str) -> tuple[str, dict] | None:
     """(route, path parameters) of a v2 request this module serves, or None (the health routes among them)."""
     if not path.startswith("/v2"):
         return None
@@ -133,18 +144,17 @@ def route_of(method: str, path: str) -> Optional[Tuple[str, dict]]:
     return None
 
 
-def _json(status: int, payload, extra=()) -> Tuple[int, list, bytes]:
+def _json(status: int, payload, extra=()) -> tuple[int, list, bytes]:
     body = json.dumps(payload, separators=(",", ":")).encode()
     return status, [(b"content-type", b"application/json")] + list(extra), body
 
 
-def handle_error(error: BaseException) -> Tuple[int, list, bytes]:
+def handle_error(error: BaseException) -> tuple[int, list, bytes]:
     status, payload = http_error(Protocol.KSERVE, error)
     return _json(status, payload)
 
 
-async def handle_rest(kserve: KServe, route: str, params: dict, headers: dict, body: bytes
-                      ) -> Tuple[int, list, bytes]:
+async def handle_rest(kserve: KServe, route: str, params: dict, headers: dict, body: bytes) -> tuple[int, list, bytes]:
     """(HTTP status, headers, body) of a v2 REST request; `headers` maps lower-case names to values."""
     try:
         if route == "server":
@@ -198,11 +208,15 @@ async def _infer_rest(kserve: KServe, params: dict, headers: dict, body: bytes):
     reply, header_length = codec.encode_rest_reply(model, str(number or model.version), request, out, binary)
     if header_length is None:
         return 200, [(b"content-type", b"application/json")], reply
-    return 200, [(b"content-type", b"application/octet-stream"),
-                 (codec.HEADER_LENGTH.encode(), str(header_length).encode())], reply
+    return (
+        200,
+        [(b"content-type", b"application/octet-stream"), (codec.HEADER_LENGTH.encode(), str(header_length).encode())],
+        reply,
+    )
 
 
 # ------------------------------------------------------------------------------------------------ gRPC
+
 
 class GRPCInferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
     """inference.GRPCInferenceService: converts and delegates to KServe; every error ends the call with the
@@ -234,8 +248,9 @@ class GRPCInferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
         try:
             model, number = self.kserve.resolve(request.model_name, request.model_version)
             tensors = codec.grpc_request_tensors(model.name, request)
-            out = await self.kserve.infer(model, number, tensors, [o.name for o in request.outputs],
-                                          timeout=context.time_remaining())
+            out = await self.kserve.infer(
+                model, number, tensors, [o.name for o in request.outputs], timeout=context.time_remaining()
+            )
             return codec.grpc_reply(model, str(number or model.version), request, out)
         except errors.ServingError as err:
             error = err
@@ -260,8 +275,10 @@ class GRPCInferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
 
     @staticmethod
     async def _control(operation, request, context):
-        parameters = {key: getattr(value, value.WhichOneof("parameter_choice") or "string_param")
-                      for key, value in request.parameters.items()}
+        parameters = {
+            key: getattr(value, value.WhichOneof("parameter_choice") or "string_param")
+            for key, value in request.parameters.items()
+        }
         try:
             await operation(request.model_name, parameters)
             return
@@ -274,8 +291,7 @@ class GRPCInferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
 
 
 def add_kserve_servicer(dispatcher, server, model_control=None):
-    v2_grpc.add_GRPCInferenceServiceServicer_to_server(GRPCInferenceServicer(KServe(dispatcher, model_control)),
-                                                       server)
+    v2_grpc.add_GRPCInferenceServiceServicer_to_server(GRPCInferenceServicer(KServe(dispatcher, model_control)), server)
 
 
 async def _in_thread(function, *args):

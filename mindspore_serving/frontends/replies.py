@@ -5,7 +5,8 @@ its JSON body in restful_codec with the same `global_error` rule, so both protoc
 Results are what the dispatcher answers: per instance an `Instance` message (passed through undecoded) or
 a ServingError.
 """
-from typing import Optional, Sequence
+
+from collections.abc import Sequence
 
 from mindspore_serving.common import errors
 from mindspore_serving.common.tensor_codec import error_msg, instance_to_proto, is_error
@@ -13,7 +14,7 @@ from mindspore_serving.frontends.errors import grpc_error
 from mindspore_serving.proto import ms_service_pb2
 
 
-def global_error(results) -> Optional[errors.ServingError]:
+def global_error(results) -> errors.ServingError | None:
     """The single error a reply carries instead of instances: `results` itself when it is one error, or the
     common error when every instance failed with the same code and text; None otherwise."""
     if not isinstance(results, (list, tuple)):

@@ -11,27 +11,27 @@ then the JSON rules; only errors of that last step carry the prefix "Parser requ
 The body's JSON rules (JSON values -> instance values) live in `common.restful_instances`, which a worker
 also uses to read warm-up files.
 """
+
 import base64
 import re
-from typing import List, Tuple
 
 import numpy as np
 import orjson
 
 from mindspore_serving.common import errors
-from mindspore_serving.common.restful_instances import (  # noqa: F401  (parse_body, PARSE_PREFIX: re-exported)
-    PARSE_PREFIX, load_json, parse_body, parse_instances)
+from mindspore_serving.common.restful_instances import PARSE_PREFIX, load_json, parse_body, parse_instances  # noqa: F401  (parse_body, PARSE_PREFIX: re-exported)
 from mindspore_serving.common.tensor_codec import is_error
 from mindspore_serving.frontends.errors import Protocol, classic_error, http_error
 from mindspore_serving.frontends.replies import global_error
 
 CONTENT_TYPE = "application/json"
 NOT_POST_ERROR = "http message only support POST right now"
-MAX_VERSION = 2 ** 32 - 1  # exclusive
+MAX_VERSION = 2**32 - 1  # exclusive
 
 _STOL = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]+)")
 
 # ------------------------------------------------------------------------------------------------ URL
+
 
 def _url_query(url: str, key: str) -> str:
     """The text after the first `key` + one separator, up to the next '/' or ':'."""
@@ -40,10 +40,10 @@ def _url_query(url: str, key: str) -> str:
         return ""
     begin = start + len(key) + 1
     ends = [pos for pos in (url.find("/", begin), url.find(":", begin)) if pos >= 0]
-    return url[begin:min(ends)] if ends else url[begin:]
+    return url[begin : min(ends)] if ends else url[begin:]
 
 
-def parse_url(url: str) -> Tuple[str, str, int]:
+def parse_url(url: str) -> tuple[str, str, int]:
     """(servable_name, method_name, version) of a request target such as `/model/add/version/1:add_common`.
 
     Pass the raw request target (path and query as sent, not percent-decoded)."""
@@ -56,19 +56,19 @@ def parse_url(url: str) -> Tuple[str, str, int]:
         match = _STOL.match(text)
         if match is None:
             raise errors.InvalidInputs(
-                f"please check url, the keyword:[version] value invalid, request version number {text}")
+                f"please check url, the keyword:[version] value invalid, request version number {text}"
+            )
         version = int(match.group(1))  # like std::stol: leading blanks, a sign, then digits; the rest is ignored
         if version < 0 or version >= MAX_VERSION:
             raise errors.InvalidInputs(f"please check url, version number range failed, request version number {text}")
     colon = url.find(":")
-    method_name = url[colon + 1:] if colon >= 0 else ""
+    method_name = url[colon + 1 :] if colon >= 0 else ""
     if not method_name:
         raise errors.InvalidInputs("please check url, the keyword:[service method] must contain.")
     return servable_name, method_name, version
 
 
-def parse_request(url: str, body: bytes, max_bytes: int,
-                  http_method: str = "POST") -> Tuple[str, str, int, List[dict]]:
+def parse_request(url: str, body: bytes, max_bytes: int, http_method: str = "POST") -> tuple[str, str, int, list[dict]]:
     """(servable_name, method_name, version, instances), checking in the reference's order."""
     if http_method.upper() != "POST":
         raise errors.InvalidInputs(NOT_POST_ERROR)

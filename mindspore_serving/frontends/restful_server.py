@@ -4,11 +4,12 @@ The classic route is a bare ASGI handler (it needs free key order in the URL, al
 and is the hot path); everything else (the OpenAPI page, health, and routes added by other servables)
 goes to a FastAPI app.
 """
+
 import asyncio
 import collections
 import socket
 import ssl
-from typing import Counter, Optional
+from collections import Counter
 
 import uvicorn
 from fastapi import Body, FastAPI, Response
@@ -16,18 +17,24 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
+from mindspore_serving.common.limits import Limits, payload_too_large
 from mindspore_serving.common.tensor_codec import instances_to_proto, proto_to_instance
 from mindspore_serving.frontends import kserve, request_ids, restful_codec
-from mindspore_serving.frontends.api_groups import Access
-from mindspore_serving.frontends.drain import (CUT_ANSWER_S, Drain, DrainingFrontend, GuardedBackend, GuardedDispatcher,
-                                               refusal_reply)
-from mindspore_serving.frontends.errors import Protocol, classic_error, http_error, http_error_headers
-from mindspore_serving.common.limits import Limits, payload_too_large
-from mindspore_serving.frontends.http_protocol import limited_protocol
-from mindspore_serving.frontends.health import always_ready, build_health_router, is_probe
-from mindspore_serving.frontends.replies import global_error
-from mindspore_serving.frontends.llm import build_llm_router, mindspore_generate_stream, sse
 from mindspore_serving.frontends.address import check_address, check_max_msg_mb_size
+from mindspore_serving.frontends.api_groups import Access
+from mindspore_serving.frontends.drain import (
+    CUT_ANSWER_S,
+    Drain,
+    DrainingFrontend,
+    GuardedBackend,
+    GuardedDispatcher,
+    refusal_reply,
+)
+from mindspore_serving.frontends.errors import Protocol, classic_error, http_error, http_error_headers
+from mindspore_serving.frontends.health import always_ready, build_health_router, is_probe
+from mindspore_serving.frontends.http_protocol import limited_protocol
+from mindspore_serving.frontends.llm import build_llm_router, mindspore_generate_stream, sse
+from mindspore_serving.frontends.replies import global_error
 from mindspore_serving.proto import ms_service_pb2
 
 _JSON_HEADERS = [(b"content-type", restful_codec.CONTENT_TYPE.encode())]
@@ -35,7 +42,7 @@ GENERATE_STREAM = "generate_stream"
 VLLM_PATHS = frozenset(("/tokenize", "/detokenize"))  # vLLM's routes outside /v1/, with OpenAI's errors
 
 
-def build_docs_app(llm_backend=None, readiness=None, access: Optional[Access] = None) -> FastAPI:
+def build_docs_app(llm_backend=None, readiness=None, access: Access | None = None) -> FastAPI:
     """The FastAPI app: documents the classic route and serves the rest: the health and readiness probes (from
     `readiness()`, the master's; ready when not given), and the LLM protocols when given a backend (OpenAI, TGI
     and MindSpore LLM-serving routes)."""
@@ -45,15 +52,20 @@ def build_docs_app(llm_backend=None, readiness=None, access: Optional[Access] = 
         app.include_router(build_llm_router(llm_backend, health_route=False))
 
     @app.post("/model/{servable_name}:{method_name}", summary="Call a method of the newest version of a servable")
-    async def _predict_doc(servable_name: str, method_name: str,
-                           body: dict = Body(..., examples=[{"instances": [{"x1": [[1.0, 2.0], [3.0, 4.0]],
-                                                                             "x2": [[1.0, 2.0], [3.0, 4.0]]}]}])):
+    async def _predict_doc(
+        servable_name: str,
+        method_name: str,
+        body: dict = Body(
+            ..., examples=[{"instances": [{"x1": [[1.0, 2.0], [3.0, 4.0]], "x2": [[1.0, 2.0], [3.0, 4.0]]}]}]
+        ),
+    ):
         """Body: `{"instances": [{input name: value}, ...]}`; values are JSON scalars, nested lists, or
         `{"b64": "...", "type": "float32", "shape": [2, 2]}`. Reply: `{"instances": [{output name: value}]}`
         or `{"error_msg": "..."}`, always with HTTP 200."""
 
-    @app.post("/model/{servable_name}/version/{version}:{method_name}",
-              summary="Call a method of one version of a servable")
+    @app.post(
+        "/model/{servable_name}/version/{version}:{method_name}", summary="Call a method of one version of a servable"
+    )
     async def _predict_version_doc(servable_name: str, version: int, method_name: str, body: dict = Body(...)):
         """As the route without version; version 0 means the newest."""
 
@@ -73,9 +85,18 @@ class RestfulApp:
     counted in `drain` while it runs, and refused with 503 once the server is stopping (probes aside: they are
     answered throughout and not counted)."""
 
-    def __init__(self, dispatcher, max_bytes: int, fallback, llm_backend=None, drain: Optional[Drain] = None,
-                 model_control=None, api_key: Optional[str] = None, limits: Limits = Limits(),
-                 access: Optional[Access] = None):
+    def __init__(
+        self,
+        dispatcher,
+        max_bytes: int,
+        fallback,
+        llm_backend=None,
+        drain: Drain | None = None,
+        model_control=None,
+        api_key: str | None = None,
+        limits: Limits = Limits(),
+        access: Access | None = None,
+    ):
         self.drain = drain or Drain()
         self.limits = limits
         self.access = access or Access(api_key)  # the key each route needs (api_groups.py)
@@ -146,8 +167,9 @@ class RestfulApp:
         if scope["type"] == "http" and is_probe(scope["path"]):
             await self(scope, receive, send)
             return
-        error = errors.Overloaded(f"the server has reached its limit of {self.limits.max_connections} open "
-                                  f"connections (--max_connections)")
+        error = errors.Overloaded(
+            f"the server has reached its limit of {self.limits.max_connections} open connections (--max_connections)"
+        )
         status, payload = http_error(self.protocol_of(scope), error)
         await _send_json(send, status, sse.dumps(payload), [(b"connection", b"close"), (b"retry-after", b"1")])
 
@@ -182,15 +204,21 @@ class RestfulApp:
         try:
             body = await read_body(scope, receive, self.max_bytes)
         except BodyTooLarge as err:
-            status, headers, reply = kserve.handle_error(errors.PayloadTooLarge(
-                payload_too_large(err.size, self.max_bytes, "KServe", "max_msg_mb_size")))
+            status, headers, reply = kserve.handle_error(
+                errors.PayloadTooLarge(payload_too_large(err.size, self.max_bytes, "KServe", "max_msg_mb_size"))
+            )
         else:
             if body is None:  # the client went away
                 return
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
             status, headers, reply = await kserve.handle_rest(self.kserve, route, params, headers, body)
-        await send({"type": "http.response.start", "status": status,
-                    "headers": headers + [(b"content-length", str(len(reply)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": headers + [(b"content-length", str(len(reply)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": reply})
 
     async def _with_body(self, scope, receive, send):
@@ -200,7 +228,7 @@ class RestfulApp:
         if body is not None:
             await self.fallback(scope, replay(body, receive), send)
 
-    async def _llm_body(self, scope, receive, send) -> Optional[bytes]:
+    async def _llm_body(self, scope, receive, send) -> bytes | None:
         """The body of a request to an LLM route, read within the LLM payload limit; None when it was refused
         (413 in the route's shape) or the client went away."""
         limit = self.limits.llm_payload_bytes
@@ -225,20 +253,22 @@ class RestfulApp:
         except Exception as err:
             log.exception("RESTful request failed")
             return classic_error(err)
-        return [result if isinstance(result, errors.ServingError) else proto_to_instance(result, copy=False)
-                for result in results]
+        return [
+            result if isinstance(result, errors.ServingError) else proto_to_instance(result, copy=False)
+            for result in results
+        ]
 
 
 class BodyTooLarge(Exception):
     """The request body is beyond the route's limit; `size` is its declared length, None when it was not declared
     (chunked) and the limit was passed while reading."""
 
-    def __init__(self, size: Optional[int]):
+    def __init__(self, size: int | None):
         super().__init__(size)
         self.size = size
 
 
-def declared_length(scope) -> Optional[int]:
+def declared_length(scope) -> int | None:
     """The request's Content-Length, None without one (uvicorn's parser refuses a malformed one)."""
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
@@ -249,7 +279,7 @@ def declared_length(scope) -> Optional[int]:
     return None
 
 
-async def read_body(scope, receive, limit: int) -> Optional[bytes]:
+async def read_body(scope, receive, limit: int) -> bytes | None:
     """The request body; None when the client went away. BodyTooLarge without reading anything when the declared
     length is beyond `limit`, or as soon as what arrived is: the rest is never read into memory (uvicorn drops it,
     and closes a connection whose body stalls, frontends/http_protocol.py)."""
@@ -276,12 +306,18 @@ def replay(body: bytes, receive):
 
     async def _receive():
         return first.pop() if first else await receive()
+
     return _receive
 
 
 async def _send_json(send, status: int, body: bytes, headers=()):
-    await send({"type": "http.response.start", "status": status,
-                "headers": _JSON_HEADERS + list(headers) + [(b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": _JSON_HEADERS + list(headers) + [(b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -298,8 +334,11 @@ def _stream_target(path: str):
 def _ssl_context_kwargs(ssl_config):
     if ssl_config is None:
         return {}
-    kwargs = {"ssl_certfile": ssl_config.certificate, "ssl_keyfile": ssl_config.private_key,
-              "ssl_version": ssl.PROTOCOL_TLS_SERVER}
+    kwargs = {
+        "ssl_certfile": ssl_config.certificate,
+        "ssl_keyfile": ssl_config.private_key,
+        "ssl_version": ssl.PROTOCOL_TLS_SERVER,
+    }
     if ssl_config.verify_client:
         kwargs.update(ssl_ca_certs=ssl_config.custom_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
     return kwargs
@@ -323,8 +362,9 @@ def _check_ssl(ssl_config):
         ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(ssl_config.certificate, ssl_config.private_key)
     except ssl.SSLError as err:
         if getattr(err, "reason", None) == "KEY_VALUES_MISMATCH":
-            raise RuntimeError(f"Serving Error: private_key is not consistent with certificate "
-                               f"{ssl_config.certificate}") from err
+            raise RuntimeError(
+                f"Serving Error: private_key is not consistent with certificate {ssl_config.certificate}"
+            ) from err
         raise RuntimeError(f"Serving Error: load private_key from {ssl_config.private_key} failed") from err
     except OSError as err:
         raise RuntimeError(f"Serving Error: load private_key from {ssl_config.private_key} failed") from err
@@ -342,9 +382,22 @@ def _with_tcp_proto(sock: socket.socket) -> socket.socket:
 
 
 class RestfulFrontend(DrainingFrontend):
-    def __init__(self, address: str, max_msg_mb_size: int, ssl_config, dispatcher, app: FastAPI = None,
-                 llm_backend=None, readiness=None, metrics=None, model_control=None, reuse_port: bool = False,
-                 api_key: Optional[str] = None, limits: Limits = Limits(), access: Optional[Access] = None):
+    def __init__(
+        self,
+        address: str,
+        max_msg_mb_size: int,
+        ssl_config,
+        dispatcher,
+        app: FastAPI = None,
+        llm_backend=None,
+        readiness=None,
+        metrics=None,
+        model_control=None,
+        reuse_port: bool = False,
+        api_key: str | None = None,
+        limits: Limits = Limits(),
+        access: Access | None = None,
+    ):
         check_max_msg_mb_size(max_msg_mb_size)
         access = access or Access(api_key)
         _check_ssl(ssl_config)  # before the address, as MindSpore Serving sets TLS up before binding
@@ -359,13 +412,28 @@ class RestfulFrontend(DrainingFrontend):
         app = app or build_docs_app(llm_backend, readiness, access)
         if metrics is not None:
             add_metrics_route(app, metrics)
-        self.app = RestfulApp(dispatcher, max_msg_mb_size * 1024 * 1024, app, llm_backend, self.drain, model_control,
-                              limits=limits, access=access)
+        self.app = RestfulApp(
+            dispatcher,
+            max_msg_mb_size * 1024 * 1024,
+            app,
+            llm_backend,
+            self.drain,
+            model_control,
+            limits=limits,
+            access=access,
+        )
         protocol = limited_protocol(limits.read_timeout, limits.max_connections, self.app.refuse_connection)
-        self.config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning",
-                                     timeout_keep_alive=limits.idle_timeout, access_log=False, lifespan="off",
-                                     http=protocol,
-                                     **_ssl_context_kwargs(ssl_config))
+        self.config = uvicorn.Config(
+            self.app,
+            host=self.host,
+            port=self.port,
+            log_level="warning",
+            timeout_keep_alive=limits.idle_timeout,
+            access_log=False,
+            lifespan="off",
+            http=protocol,
+            **_ssl_context_kwargs(ssl_config),
+        )
         self.server = None
         self._task = None
 
@@ -376,14 +444,16 @@ class RestfulFrontend(DrainingFrontend):
             self.config.load()
             sockets = [self._bind_shared() if self.reuse_port else _with_tcp_proto(self.config.bind_socket())]
         except (OSError, SystemExit) as err:
-            raise RuntimeError(f"Serving Error: RESTful server start failed, bind to the socket address "
-                               f"{self.address} failed") from err
+            raise RuntimeError(
+                f"Serving Error: RESTful server start failed, bind to the socket address {self.address} failed"
+            ) from err
         self._task = asyncio.ensure_future(server.serve(sockets=sockets))
         while not server.started:
             if self._task.done():
                 self._task.result()
-                raise RuntimeError(f"Serving Error: RESTful server start failed, bind to the socket address "
-                                   f"{self.address} failed")
+                raise RuntimeError(
+                    f"Serving Error: RESTful server start failed, bind to the socket address {self.address} failed"
+                )
             await asyncio.sleep(0.01)
         self.server = server
 
@@ -430,9 +500,11 @@ class RestfulFrontend(DrainingFrontend):
         self._close_port()
         try:
             await asyncio.wait_for(asyncio.shield(self._task), CUT_ANSWER_S)
-        except asyncio.TimeoutError:
-            log.warning(f"RESTful server: {len(server.server_state.tasks)} connection(s) still busy "
-                        f"{CUT_ANSWER_S:g} s after the cut; closing them")
+        except TimeoutError:
+            log.warning(
+                f"RESTful server: {len(server.server_state.tasks)} connection(s) still busy "
+                f"{CUT_ANSWER_S:g} s after the cut; closing them"
+            )
             server.force_exit = True
             await self._task
         self.server = None

@@ -2,11 +2,12 @@
 (SeqStep lists in, logits or greedy tokens out; the sequences with all_logits also get every token's logits, a
 StepLogits; a mixed step gets greedy tokens and the logits of some rows, and its rows verifying proposed tokens every
 position's logits or greedy tokens, a MixedStep). AGENT_PROTOCOL_VERSION guards both."""
+
 import hmac
 import os
 import struct
 from collections import OrderedDict
-from typing import Dict, List, Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -16,7 +17,7 @@ from mindspore_serving.proto import agent_pb2
 AGENT_PROTOCOL_VERSION = 8
 MAX_AGENT_MSG_BYTES = 512 * 1024 * 1024
 SECRET_METADATA = "ms-serving-agent-secret"  # Step calls: the agent group's secret
-SECRET_ENV = "MS_SERVING_AGENT_SECRET"      # the secret of agents started by start_agent.py, and of their worker
+SECRET_ENV = "MS_SERVING_AGENT_SECRET"  # the secret of agents started by start_agent.py, and of their worker
 
 
 def secret_matches(expected: str, given: str) -> bool:
@@ -24,8 +25,10 @@ def secret_matches(expected: str, given: str) -> bool:
     return not expected or hmac.compare_digest(expected.encode(), (given or "").encode())
 
 
-AGENT_CHANNEL_OPTIONS = [("grpc.max_send_message_length", MAX_AGENT_MSG_BYTES),
-                         ("grpc.max_receive_message_length", MAX_AGENT_MSG_BYTES)]
+AGENT_CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_AGENT_MSG_BYTES),
+    ("grpc.max_receive_message_length", MAX_AGENT_MSG_BYTES),
+]
 
 
 class StepEncoder:
@@ -37,7 +40,7 @@ class StepEncoder:
 
     def __init__(self, max_tables: int = 1024):
         self.max_tables = max_tables
-        self._tables: "OrderedDict[int, List[int]]" = OrderedDict()  # seq_id -> table as the agents keep it
+        self._tables: OrderedDict[int, list[int]] = OrderedDict()  # seq_id -> table as the agents keep it
         self._reset = False
 
     def reset(self):
@@ -46,10 +49,18 @@ class StepEncoder:
         self._tables.clear()
         self._reset = True
 
-    def encode(self, step_id: int, seqs: Sequence[SeqStep], greedy_steps: int = 0, after_step_id: int = 0,
-               prev_rows: Sequence[int] = (), logits_rows: Sequence[int] = ()) -> "agent_pb2.StepRequest":
-        request = agent_pb2.StepRequest(step_id=step_id, greedy_steps=greedy_steps, after_step_id=after_step_id,
-                                        reset_tables=self._reset)
+    def encode(
+        self,
+        step_id: int,
+        seqs: Sequence[SeqStep],
+        greedy_steps: int = 0,
+        after_step_id: int = 0,
+        prev_rows: Sequence[int] = (),
+        logits_rows: Sequence[int] = (),
+    ) -> "agent_pb2.StepRequest":
+        request = agent_pb2.StepRequest(
+            step_id=step_id, greedy_steps=greedy_steps, after_step_id=after_step_id, reset_tables=self._reset
+        )
         self._reset = False
         request.prev_rows.extend(prev_rows)
         request.logits_rows.extend(logits_rows)
@@ -74,7 +85,7 @@ class StepEncoder:
             return 0
         kept = self._tables.pop(seq.seq_id, None)
         self._tables[seq.seq_id] = list(seq.block_table)  # the newest at the end: pushed out last
-        if kept is not None and len(kept) <= len(seq.block_table) and seq.block_table[:len(kept)] == kept:
+        if kept is not None and len(kept) <= len(seq.block_table) and seq.block_table[: len(kept)] == kept:
             return len(kept)
         return 0
 
@@ -84,9 +95,9 @@ class StepDecoder:
     Messages must be decoded in step order (the agent runs steps in that order)."""
 
     def __init__(self):
-        self._tables: Dict[int, List[int]] = {}
+        self._tables: dict[int, list[int]] = {}
 
-    def decode(self, request: "agent_pb2.StepRequest") -> List[SeqStep]:
+    def decode(self, request: "agent_pb2.StepRequest") -> list[SeqStep]:
         if request.reset_tables:
             self._tables.clear()
         for seq_id in request.released_seq_ids:
@@ -98,20 +109,26 @@ class StepDecoder:
         starts = list(request.table_starts) or [0] * count
         every = set(request.all_logits_rows)
         seqs, token_at, table_at = [], 0, 0
-        for query_len, start_pos, sent, seq_id, start in zip(request.query_lens, request.start_pos,
-                                                               request.block_table_lens, seq_ids, starts):
-            table = ids[table_at:table_at + sent]
+        for query_len, start_pos, sent, seq_id, start in zip(
+            request.query_lens, request.start_pos, request.block_table_lens, seq_ids, starts
+        ):
+            table = ids[table_at : table_at + sent]
             if start:
                 kept = self._tables.get(seq_id)
                 if kept is None or len(kept) < start:
-                    raise RuntimeError(f"step {request.step_id}: sequence {seq_id} continues a table of {start} "
-                                       f"blocks that this agent does not hold "
-                                       f"({'none' if kept is None else len(kept)})")
+                    raise RuntimeError(
+                        f"step {request.step_id}: sequence {seq_id} continues a table of {start} "
+                        f"blocks that this agent does not hold "
+                        f"({'none' if kept is None else len(kept)})"
+                    )
                 table = kept[:start] + table
             if seq_id >= 0:
                 self._tables[seq_id] = table
-            seqs.append(SeqStep(tokens[token_at:token_at + query_len], start_pos, table, seq_id,
-                                all_logits=len(seqs) in every))
+            seqs.append(
+                SeqStep(
+                    tokens[token_at : token_at + query_len], start_pos, table, seq_id, all_logits=len(seqs) in every
+                )
+            )
             token_at += query_len
             table_at += sent
         return seqs
@@ -122,13 +139,14 @@ def encode_logits(step_id: int, result: StepResult) -> "agent_pb2.StepReply":
     sequences)."""
     logits, every = split_logits(result)
     logits = np.ascontiguousarray(logits, dtype="<f4")
-    reply = agent_pb2.StepReply(step_id=step_id, rows=logits.shape[0], vocab_size=logits.shape[1],
-                                logits=logits.tobytes())
+    reply = agent_pb2.StepReply(
+        step_id=step_id, rows=logits.shape[0], vocab_size=logits.shape[1], logits=logits.tobytes()
+    )
     _encode_every(reply, every)
     return reply
 
 
-def _encode_every(reply: "agent_pb2.StepReply", every: Dict[int, np.ndarray]) -> None:
+def _encode_every(reply: "agent_pb2.StepReply", every: dict[int, np.ndarray]) -> None:
     if every:
         rows = sorted(every)
         reply.every_rows.extend(rows)
@@ -136,13 +154,13 @@ def _encode_every(reply: "agent_pb2.StepReply", every: Dict[int, np.ndarray]) ->
         reply.every_logits = b"".join(np.ascontiguousarray(every[row], dtype="<f4").tobytes() for row in rows)
 
 
-def _decode_every(reply: "agent_pb2.StepReply") -> Dict[int, np.ndarray]:
+def _decode_every(reply: "agent_pb2.StepReply") -> dict[int, np.ndarray]:
     if not reply.every_rows:
         return {}
     flat = np.frombuffer(reply.every_logits, dtype="<f4").reshape(-1, reply.vocab_size)
     every, at = {}, 0
     for row, length in zip(reply.every_rows, reply.every_lens):
-        every[row] = flat[at:at + length]
+        every[row] = flat[at : at + length]
         at += length
     return every
 
@@ -193,22 +211,25 @@ def decode_mixed(reply: "agent_pb2.StepReply", num_logits_rows: int) -> MixedSte
     tokens, logprobs = decode_greedy(reply, 1)
     logits = np.frombuffer(reply.logits, dtype="<f4")
     if reply.vocab_size <= 0 or logits.size != num_logits_rows * reply.vocab_size:
-        raise RuntimeError(f"agent step {reply.step_id} returned {logits.size} logits for {num_logits_rows} rows of "
-                           f"a vocabulary of {reply.vocab_size}")
+        raise RuntimeError(
+            f"agent step {reply.step_id} returned {logits.size} logits for {num_logits_rows} rows of "
+            f"a vocabulary of {reply.vocab_size}"
+        )
     verified, at = {}, 0
     all_tokens = np.asarray(reply.verified_tokens, dtype=np.int64)
     all_logprobs = np.asarray(reply.verified_logprobs, dtype=np.float32)
     for row, length in zip(reply.verified_rows, reply.verified_lens):
-        verified[row] = (all_tokens[at:at + length], all_logprobs[at:at + length])
+        verified[row] = (all_tokens[at : at + length], all_logprobs[at : at + length])
         at += length
-    return MixedStep(tokens, logprobs, logits.reshape(num_logits_rows, reply.vocab_size), verified,
-                     _decode_every(reply))
+    return MixedStep(
+        tokens, logprobs, logits.reshape(num_logits_rows, reply.vocab_size), verified, _decode_every(reply)
+    )
 
 
 _FRAME = struct.Struct("<I")
 
 
-def write_startup_event(fd: int, rank: int, ready_pid: Optional[int] = None, failed_reason: Optional[str] = None):
+def write_startup_event(fd: int, rank: int, ready_pid: int | None = None, failed_reason: str | None = None):
     """Writes one AgentStartupEvent, framed, to the pipe `fd` (the agent's side)."""
     event = agent_pb2.AgentStartupEvent(protocol_version=AGENT_PROTOCOL_VERSION, rank=rank)
     if failed_reason is not None:
@@ -225,17 +246,19 @@ class StartupEventReader:
     def __init__(self):
         self._buffer = b""
 
-    def feed(self, data: bytes) -> List["agent_pb2.AgentStartupEvent"]:
+    def feed(self, data: bytes) -> list["agent_pb2.AgentStartupEvent"]:
         self._buffer += data
         events = []
         while len(self._buffer) >= _FRAME.size:
             (size,) = _FRAME.unpack_from(self._buffer)
             if len(self._buffer) < _FRAME.size + size:
                 break
-            event = agent_pb2.AgentStartupEvent.FromString(self._buffer[_FRAME.size:_FRAME.size + size])
-            self._buffer = self._buffer[_FRAME.size + size:]
+            event = agent_pb2.AgentStartupEvent.FromString(self._buffer[_FRAME.size : _FRAME.size + size])
+            self._buffer = self._buffer[_FRAME.size + size :]
             if event.protocol_version != AGENT_PROTOCOL_VERSION:
-                raise RuntimeError(f"agent rank {event.rank} speaks protocol {event.protocol_version}, this worker "
-                                   f"{AGENT_PROTOCOL_VERSION}")
+                raise RuntimeError(
+                    f"agent rank {event.rank} speaks protocol {event.protocol_version}, this worker "
+                    f"{AGENT_PROTOCOL_VERSION}"
+                )
             events.append(event)
         return events

@@ -16,12 +16,13 @@ rank passes to its starter on the start-up pipe (`ready_line`) and which AgentEx
 AgentFailed of a starter none of whose ranks registered yet goes without one, while ranks still register.
 `exposure_warning` says when a port is open beyond its host with neither the secret nor TLS.
 """
+
 import collections
 import hmac
 import ipaddress
 import os
 import secrets
-from typing import List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import grpc
 import numpy as np
@@ -31,17 +32,16 @@ from mindspore_serving.ipc import internal_tls
 from mindspore_serving.proto import distributed_pb2 as dpb
 
 DISTRIBUTED_PROTOCOL_VERSION = 2
-RANK_PREDICT_TIMEOUT = 10.0   # seconds the worker waits for one rank's result (as MindSpore Serving)
+RANK_PREDICT_TIMEOUT = 10.0  # seconds the worker waits for one rank's result (as MindSpore Serving)
 MAX_MSG_BYTES = 512 * 1024 * 1024
-CHANNEL_OPTIONS = [("grpc.max_send_message_length", MAX_MSG_BYTES),
-                   ("grpc.max_receive_message_length", MAX_MSG_BYTES)]
+CHANNEL_OPTIONS = [("grpc.max_send_message_length", MAX_MSG_BYTES), ("grpc.max_receive_message_length", MAX_MSG_BYTES)]
 
 SECRET_ENV = "MS_SERVING_DISTRIBUTED_SECRET"
 SECRET_METADATA = "ms-serving-distributed-secret"
 
-READY_PREFIX = b"ready"        # a rank agent writes `ready_line` on its start-up pipe once it has registered
+READY_PREFIX = b"ready"  # a rank agent writes `ready_line` on its start-up pipe once it has registered
 READY_LINE = READY_PREFIX + b"\n"  # a ready line without a notice token
-FAILED_PREFIX = b"failed: "   # ... or this, followed by the reason and a newline
+FAILED_PREFIX = b"failed: "  # ... or this, followed by the reason and a newline
 
 
 def new_token() -> str:
@@ -58,19 +58,19 @@ def ready_line(notice_token: str) -> bytes:
     return READY_PREFIX + b" " + notice_token.encode() + b"\n"
 
 
-def read_ready_line(buffer: bytes) -> Optional[str]:
+def read_ready_line(buffer: bytes) -> str | None:
     """The notice token of a complete ready line at the start of `buffer` ("" for READY_LINE); None otherwise."""
     line, newline, _ = buffer.partition(b"\n")
     if not newline or not (line == READY_PREFIX or line.startswith(READY_PREFIX + b" ")):
         return None
-    return line[len(READY_PREFIX) + 1:].decode(errors="replace")
+    return line[len(READY_PREFIX) + 1 :].decode(errors="replace")
 
 
-def tensor_infos_to_proto(infos: Sequence[Tuple[tuple, np.dtype]]) -> List[dpb.TensorInfo]:
+def tensor_infos_to_proto(infos: Sequence[tuple[tuple, np.dtype]]) -> list[dpb.TensorInfo]:
     return [dpb.TensorInfo(shape=list(shape), dtype=tensor_codec.dtype_to_proto(dtype)) for shape, dtype in infos]
 
 
-def tensor_infos_from_proto(infos) -> List[Tuple[tuple, np.dtype]]:
+def tensor_infos_from_proto(infos) -> list[tuple[tuple, np.dtype]]:
     return [(tuple(info.shape), tensor_codec.proto_to_dtype(info.dtype)) for info in infos]
 
 
@@ -79,11 +79,11 @@ def arrays_to_tensors(arrays: Sequence[np.ndarray], repeated_field):
         tensor_codec.value_to_tensor(np.ascontiguousarray(array), repeated_field.add())
 
 
-def tensors_to_arrays(tensors) -> List[np.ndarray]:
+def tensors_to_arrays(tensors) -> list[np.ndarray]:
     return [tensor_codec.tensor_to_value(tensor) for tensor in tensors]
 
 
-def _secret() -> Optional[str]:
+def _secret() -> str | None:
     return os.environ.get(SECRET_ENV) or None
 
 
@@ -100,20 +100,25 @@ def _is_loopback(address: str) -> bool:
         return False
 
 
-def exposure_warning(address: str, who: str, exposed: str) -> Optional[str]:
+def exposure_warning(address: str, who: str, exposed: str) -> str | None:
     """The warning to log when `who` listens on `address` beyond this host with neither the secret nor TLS set
     (`exposed`: what a stranger who reaches it can then do); None otherwise."""
     if _is_loopback(address) or _secret() is not None or internal_tls.from_env(internal_tls.DISTRIBUTED_PREFIX):
         return None
-    return (f"{who} on {address} can be reached beyond this host, and neither {SECRET_ENV} nor "
-            f"{'/'.join(internal_tls.variable_names(internal_tls.DISTRIBUTED_PREFIX))} is set: {exposed}. Set "
-            f"{SECRET_ENV} to the same random value on every host of the servable, give each host a certificate "
-            f"of one CA (those variables, or ssl_config=), or keep the address on a private network")
+    return (
+        f"{who} on {address} can be reached beyond this host, and neither {SECRET_ENV} nor "
+        f"{'/'.join(internal_tls.variable_names(internal_tls.DISTRIBUTED_PREFIX))} is set: {exposed}. Set "
+        f"{SECRET_ENV} to the same random value on every host of the servable, give each host a certificate "
+        f"of one CA (those variables, or ssl_config=), or keep the address on a private network"
+    )
 
 
-class _CallDetails(collections.namedtuple("_CallDetails", ("method", "timeout", "metadata", "credentials",
-                                                             "wait_for_ready", "compression")),
-                   grpc.ClientCallDetails):
+class _CallDetails(
+    collections.namedtuple(
+        "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")
+    ),
+    grpc.ClientCallDetails,
+):
     pass
 
 
@@ -123,14 +128,24 @@ class _SendSecret(grpc.UnaryUnaryClientInterceptor):
 
     def intercept_unary_unary(self, continuation, details, request):
         metadata = [*(details.metadata or ()), (SECRET_METADATA, self._secret)]
-        return continuation(_CallDetails(details.method, details.timeout, metadata, details.credentials,
-                                         getattr(details, "wait_for_ready", None),
-                                         getattr(details, "compression", None)), request)
+        return continuation(
+            _CallDetails(
+                details.method,
+                details.timeout,
+                metadata,
+                details.credentials,
+                getattr(details, "wait_for_ready", None),
+                getattr(details, "compression", None),
+            ),
+            request,
+        )
 
 
 def _refuse(_request, context):
-    context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                  f"the call does not carry this servable's {SECRET_ENV} (metadata {SECRET_METADATA})")
+    context.abort(
+        grpc.StatusCode.PERMISSION_DENIED,
+        f"the call does not carry this servable's {SECRET_ENV} (metadata {SECRET_METADATA})",
+    )
 
 
 class _WantSecret(grpc.ServerInterceptor):

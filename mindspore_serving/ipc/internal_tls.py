@@ -8,9 +8,10 @@ the address they dial (a subjectAltName with the host's IP). The variables trave
 environment, so setting them in the process that starts a group covers every process of it. None set: plaintext,
 as before. Some set: a RuntimeError that names the missing ones.
 """
+
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence, Tuple
 
 import grpc
 
@@ -19,7 +20,7 @@ AGENT_PREFIX = "MS_SERVING_AGENT_TLS"
 _PARTS = ("CERT", "KEY", "CA")
 
 
-def variable_names(prefix: str) -> Tuple[str, str, str]:
+def variable_names(prefix: str) -> tuple[str, str, str]:
     """The certificate, key and CA variables of a channel."""
     return tuple(f"{prefix}_{part}" for part in _PARTS)
 
@@ -27,17 +28,20 @@ def variable_names(prefix: str) -> Tuple[str, str, str]:
 @dataclass(frozen=True)
 class InternalTls:
     """This host's certificate chain and private key, and the group's CA certificates (PEM bytes)."""
+
     certificate: bytes
     private_key: bytes
     ca: bytes
 
     def server_credentials(self) -> grpc.ServerCredentials:
-        return grpc.ssl_server_credentials([(self.private_key, self.certificate)], root_certificates=self.ca,
-                                           require_client_auth=True)
+        return grpc.ssl_server_credentials(
+            [(self.private_key, self.certificate)], root_certificates=self.ca, require_client_auth=True
+        )
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
-        return grpc.ssl_channel_credentials(root_certificates=self.ca, private_key=self.private_key,
-                                            certificate_chain=self.certificate)
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.ca, private_key=self.private_key, certificate_chain=self.certificate
+        )
 
 
 def _read(variable: str, path: str) -> bytes:
@@ -51,7 +55,7 @@ def _read(variable: str, path: str) -> bytes:
     return content
 
 
-def from_env(prefix: str, environ: Optional[Mapping[str, str]] = None) -> Optional[InternalTls]:
+def from_env(prefix: str, environ: Mapping[str, str] | None = None) -> InternalTls | None:
     """The channel's TLS from the environment, None when none of its variables is set."""
     environ = os.environ if environ is None else environ
     names = variable_names(prefix)
@@ -68,10 +72,15 @@ def ssl_config_env(prefix: str, ssl_config) -> dict:
     """The variables that stand for an SSLConfig (certificate, private_key, custom_ca: the group's CA) given to
     the Python API; checked here, so a bad file fails the call that was given it."""
     if not getattr(ssl_config, "custom_ca", None):
-        raise RuntimeError("the ssl_config of an internal channel needs custom_ca: the CA that signed every host's "
-                           "certificate")
-    env = dict(zip(variable_names(prefix), (os.path.abspath(path) for path in
-                                             (ssl_config.certificate, ssl_config.private_key, ssl_config.custom_ca))))
+        raise RuntimeError(
+            "the ssl_config of an internal channel needs custom_ca: the CA that signed every host's certificate"
+        )
+    env = dict(
+        zip(
+            variable_names(prefix),
+            (os.path.abspath(path) for path in (ssl_config.certificate, ssl_config.private_key, ssl_config.custom_ca)),
+        )
+    )
     from_env(prefix, env)
     return env
 
@@ -80,14 +89,14 @@ def is_unix(address: str) -> bool:
     return address.startswith("unix:")
 
 
-def add_port(server: grpc.Server, address: str, tls: Optional[InternalTls]) -> int:
+def add_port(server: grpc.Server, address: str, tls: InternalTls | None) -> int:
     """Listens on `address`, with TLS when the channel has it (a unix socket never: it is private to the host)."""
     if tls is None or is_unix(address):
         return server.add_insecure_port(address)
     return server.add_secure_port(address, tls.server_credentials())
 
 
-def open_channel(address: str, options: Sequence[tuple], tls: Optional[InternalTls]) -> grpc.Channel:
+def open_channel(address: str, options: Sequence[tuple], tls: InternalTls | None) -> grpc.Channel:
     if tls is None or is_unix(address):
         return grpc.insecure_channel(address, options=list(options))
     return grpc.secure_channel(address, tls.channel_credentials(), options=list(options))

@@ -19,10 +19,12 @@ events it builds with `output_events` / `error_event` and the master reads with 
   `detokenize_request` on the master, `tokenize_reply` / `detokenize_reply` on the worker, read back with
   `read_tokenize_reply` / `read_detokenize_reply`, which raise a failure's ServingError.
 """
+
 import functools
 import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import Any, Union
 
 from mindspore_serving.common import errors
 from mindspore_serving.common.errors import Kind
@@ -37,6 +39,7 @@ _VERSION_FACT = "session_protocol"
 @dataclass
 class TopLogprob:
     """One of the most likely tokens at a position."""
+
     token_id: int
     text: str
     """The token's own text (decoded alone)."""
@@ -52,7 +55,7 @@ class TokenEvent:
     special: bool = False
     index: int = 0
     """Position of the token in the output (0 = first generated token)."""
-    top_logprobs: List[TopLogprob] = field(default_factory=list)
+    top_logprobs: list[TopLogprob] = field(default_factory=list)
     """The `top_logprobs` most likely tokens at this position, most likely first (empty when not asked)."""
     choice: int = 0
     """Which of the request's choices (n, best_of) this token belongs to."""
@@ -62,15 +65,16 @@ class TokenEvent:
 class PromptToken:
     token_id: int
     text: str
-    logprob: Optional[float]
+    logprob: float | None
     """log P(token | the tokens before it); None for the first token."""
-    top_logprobs: List[TopLogprob] = field(default_factory=list)
+    top_logprobs: list[TopLogprob] = field(default_factory=list)
 
 
 @dataclass
 class PromptEvent:
     """The prompt's tokens scored (SamplingParams.prompt_logprobs), sent before the first TokenEvent."""
-    tokens: List[PromptToken]
+
+    tokens: list[PromptToken]
 
 
 @dataclass
@@ -87,12 +91,12 @@ class Timing:
 class FinalEvent:
     text: str
     """The whole generated text (without the prompt)."""
-    token_ids: List[int]
+    token_ids: list[int]
     finish_reason: str
     """"eos", "length", "stop", "abort" or "error"."""
     prompt_tokens: int
     completion_tokens: int
-    timing: Optional[Timing] = None
+    timing: Timing | None = None
     prompt: str = ""
     """The prompt as the model saw it (after the chat template)."""
     choice: int = 0
@@ -108,28 +112,30 @@ GenerationEvent = Union[TokenEvent, FinalEvent, PromptEvent]
 class TokenizeRequest:
     """POST /tokenize: a prompt, or chat messages (dicts as OpenAI and Hugging Face write them: role, content,
     tool_calls, ...) through the model's chat template."""
+
     model: str
-    prompt: Optional[str] = None
+    prompt: str | None = None
     """Exactly one of prompt / messages is set."""
-    messages: Optional[List[Dict[str, Any]]] = None
+    messages: list[dict[str, Any]] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
-    add_special_tokens: Optional[bool] = None
+    add_special_tokens: bool | None = None
     """None: as a generation tokenizes (a prompt with the tokenizer's special tokens, a chat as its template
     says)."""
-    tools: Optional[List[Any]] = None
-    documents: Optional[List[Any]] = None
-    chat_template_kwargs: Optional[Dict[str, Any]] = None
+    tools: list[Any] | None = None
+    documents: list[Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     """More variables for the chat template."""
     return_token_strs: bool = False
 
 
 @dataclass
 class Tokenized:
-    token_ids: List[int]
+    token_ids: list[int]
     prompt: str
     """The text tokenized (a chat's, after its template)."""
-    token_strs: Optional[List[str]] = None
+    token_strs: list[str] | None = None
+
 
 # ------------------------------------------------------------------------------------- registration facts
 
@@ -140,13 +146,14 @@ def registration_facts(**facts) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def read_facts(text: Optional[str]) -> Optional[dict]:
+def read_facts(text: str | None) -> dict | None:
     """The facts of a worker that speaks this session protocol; None for any other worker. Parsed once per
     registration text (every generation looks its workers up); callers do not modify the dict."""
     if not text:
         return None
     facts = json.loads(text)
     return facts if facts.get(_VERSION_FACT) == LLM_SESSION_PROTOCOL_VERSION else None
+
 
 # ---------------------------------------------------------------------------------------- sampling params
 
@@ -175,7 +182,7 @@ def params_to_proto(params: SamplingParams, explicit: Iterable[str] = ()) -> pb.
     return message
 
 
-def params_from_proto(message: pb.SamplingParams, defaults: Optional[Mapping[str, Any]] = None) -> SamplingParams:
+def params_from_proto(message: pb.SamplingParams, defaults: Mapping[str, Any] | None = None) -> SamplingParams:
     """The request's params; a field it left unset takes `defaults` (the model's), then SamplingParams'."""
     values = dict(defaults or {})
     for item in fields(SamplingParams):
@@ -190,19 +197,30 @@ def params_from_proto(message: pb.SamplingParams, defaults: Optional[Mapping[str
             values[item.name] = getattr(message, item.name)
     return SamplingParams(**values)
 
+
 # --------------------------------------------------------------------------------------------- commands
 
 
-def generate_command(stream_id: int, request_id: str, params: SamplingParams, prompt: Optional[str] = None,
-                     messages: Optional[Iterable] = None, explicit: Iterable[str] = (),
-                     tools: Optional[Sequence[Any]] = None,
-                     template_kwargs: Optional[Mapping[str, Any]] = None,
-                     prompt_token_ids: Optional[Sequence[int]] = None) -> pb.SessionCommand:
+def generate_command(
+    stream_id: int,
+    request_id: str,
+    params: SamplingParams,
+    prompt: str | None = None,
+    messages: Iterable | None = None,
+    explicit: Iterable[str] = (),
+    tools: Sequence[Any] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+    prompt_token_ids: Sequence[int] | None = None,
+) -> pb.SessionCommand:
     """A new generation of `prompt`, of `prompt_token_ids`, or of chat `messages` (objects with `role` and
     `content`, or dicts); `explicit`: the sampling fields the request set itself; `tools` and `template_kwargs`
     go to the chat template."""
-    request = pb.GenerateRequest(request_id=request_id, params=params_to_proto(params, explicit),
-                                 tools_json=_json(tools), template_kwargs_json=_json(template_kwargs))
+    request = pb.GenerateRequest(
+        request_id=request_id,
+        params=params_to_proto(params, explicit),
+        tools_json=_json(tools),
+        template_kwargs_json=_json(template_kwargs),
+    )
     if messages is not None:
         request.messages.extend(chat_message(m) for m in messages)
     elif prompt_token_ids is not None:
@@ -218,14 +236,16 @@ def chat_message(message) -> pb.ChatMessage:
         return pb.ChatMessage(role=message.role, content=message.content)
     extra = {k: v for k, v in message.items() if k != "role" and not (k == "content" and isinstance(v, str))}
     content = message.get("content")  # a content that is not text (None, parts) crosses as it is, in extra
-    return pb.ChatMessage(role=str(message.get("role", "")), content=content if isinstance(content, str) else "",
-                          extra_json=_json(extra))
+    return pb.ChatMessage(
+        role=str(message.get("role", "")), content=content if isinstance(content, str) else "", extra_json=_json(extra)
+    )
 
 
-def read_chat_messages(messages: Iterable[pb.ChatMessage]) -> List[Dict[str, Any]]:
+def read_chat_messages(messages: Iterable[pb.ChatMessage]) -> list[dict[str, Any]]:
     """The messages as the chat template gets them: dicts with role, content and the message's other fields."""
-    return [{"role": m.role, "content": m.content, **(json.loads(m.extra_json) if m.extra_json else {})}
-            for m in messages]
+    return [
+        {"role": m.role, "content": m.content, **(json.loads(m.extra_json) if m.extra_json else {})} for m in messages
+    ]
 
 
 def _json(value) -> str:
@@ -239,6 +259,7 @@ def read_json(text: str):
 
 def abort_command(stream_id: int) -> pb.SessionCommand:
     return pb.SessionCommand(stream_id=stream_id, abort=True)
+
 
 # ------------------------------------------------------------------------------------ events, worker side
 
@@ -281,18 +302,24 @@ def error_event(error: BaseException) -> pb.GenerateEvent:
 def final_event(output) -> pb.GenerateEvent:
     """The Final of a finished RequestOutput (llm/engine.py), of its choice, with the engine's timings."""
     reason = output.finish_reason or FinishReason.ERROR
-    final = pb.Final(text=output.text, finish_reason=_FINISH_REASONS[reason],
-                     prompt_tokens=len(output.prompt_token_ids), completion_tokens=len(output.token_ids),
-                     prompt=output.prompt or "", choice=output.index,
-                     cumulative_logprob=output.cumulative_logprob)
+    final = pb.Final(
+        text=output.text,
+        finish_reason=_FINISH_REASONS[reason],
+        prompt_tokens=len(output.prompt_token_ids),
+        completion_tokens=len(output.token_ids),
+        prompt=output.prompt or "",
+        choice=output.index,
+        cumulative_logprob=output.cumulative_logprob,
+    )
     final.token_ids.extend(output.token_ids)
     metrics = output.metrics
     if metrics is not None:
         final.queue_time = metrics.queue_time or 0.0
         final.time_to_first_token = metrics.time_to_first_token or 0.0
         final.e2e_latency = metrics.e2e_latency or 0.0
-        final.inter_token_latency = inter_token_latency(metrics.first_token_time, metrics.last_token_time,
-                                                        len(output.token_ids)) or 0.0
+        final.inter_token_latency = (
+            inter_token_latency(metrics.first_token_time, metrics.last_token_time, len(output.token_ids)) or 0.0
+        )
     return pb.GenerateEvent(final=final)
 
 
@@ -300,8 +327,9 @@ def _no_text(token_id: int) -> str:
     return ""
 
 
-def output_events(output, index: int, special_ids=frozenset(),
-                  token_text: Callable[[int], str] = _no_text) -> List[pb.GenerateEvent]:
+def output_events(
+    output, index: int, special_ids=frozenset(), token_text: Callable[[int], str] = _no_text
+) -> list[pb.GenerateEvent]:
     """The events of one RequestOutput (one choice's, `output.index`): its scored prompt first when it carries one
     (PromptScores), a Token per new token with its own text, then the Final (or the Error) when it is the choice's
     last output. `index` numbers the choice's first new token; `special_ids` are the tokenizer's special tokens;
@@ -313,39 +341,55 @@ def output_events(output, index: int, special_ids=frozenset(),
     texts = output.new_token_texts or [""] * (len(output.new_token_ids) - 1) + [output.new_text]
     for position, token_id in enumerate(output.new_token_ids):
         logprob = output.new_logprobs[position] if position < len(output.new_logprobs) else 0.0
-        token = pb.Token(id=token_id, text=texts[position], logprob=logprob, special=token_id in special_ids,
-                         index=index + position, choice=output.index)
+        token = pb.Token(
+            id=token_id,
+            text=texts[position],
+            logprob=logprob,
+            special=token_id in special_ids,
+            index=index + position,
+            choice=output.index,
+        )
         if position < len(output.new_top_logprobs):
-            token.top_logprobs.extend(pb.TopLogprob(id=t, text=token_text(t), logprob=v)
-                                      for t, v in output.new_top_logprobs[position])
+            token.top_logprobs.extend(
+                pb.TopLogprob(id=t, text=token_text(t), logprob=v) for t, v in output.new_top_logprobs[position]
+            )
         events.append(pb.GenerateEvent(token=token))
     if output.finished:
         events.append(error_event(_output_error(output)) if output.error else final_event(output))
     return events
 
 
-def prompt_tokens(output, token_text: Callable[[int], str] = _no_text) -> List[PromptToken]:
+def prompt_tokens(output, token_text: Callable[[int], str] = _no_text) -> list[PromptToken]:
     """The scored prompt of a RequestOutput that carries one (prompt_logprobs, prompt_top_logprobs)."""
     tops = output.prompt_top_logprobs or []
-    return [PromptToken(token_id, token_text(token_id), output.prompt_logprobs[i],
-                        [TopLogprob(t, token_text(t), v) for t, v in tops[i]] if i < len(tops) else [])
-            for i, token_id in enumerate(output.prompt_token_ids)]
+    return [
+        PromptToken(
+            token_id,
+            token_text(token_id),
+            output.prompt_logprobs[i],
+            [TopLogprob(t, token_text(t), v) for t, v in tops[i]] if i < len(tops) else [],
+        )
+        for i, token_id in enumerate(output.prompt_token_ids)
+    ]
 
 
 def _output_error(output) -> errors.ServingError:
     """The error a failed RequestOutput ends with: its kind's class (a lost agent is unavailable), a generation
     failure otherwise."""
     kind = getattr(output, "error_kind", Kind.GENERATION)
-    return errors.GenerationFailed(output.error) if kind is Kind.GENERATION else errors.error_of_kind(kind, output.error)
+    return (
+        errors.GenerationFailed(output.error) if kind is Kind.GENERATION else errors.error_of_kind(kind, output.error)
+    )
+
 
 # ------------------------------------------------------------------------------------ events, master side
 
 
-def top_logprobs_proto(tops: Iterable[TopLogprob]) -> List[pb.TopLogprob]:
+def top_logprobs_proto(tops: Iterable[TopLogprob]) -> list[pb.TopLogprob]:
     return [pb.TopLogprob(id=t.token_id, text=t.text, logprob=t.logprob) for t in tops]
 
 
-def _read_tops(tops) -> List[TopLogprob]:
+def _read_tops(tops) -> list[TopLogprob]:
     return [TopLogprob(t.id, t.text, t.logprob) for t in tops]
 
 
@@ -366,32 +410,56 @@ def read_event(event: pb.GenerateEvent) -> GenerationEvent:
     which = event.WhichOneof("event")
     if which == "token":
         token = event.token
-        return TokenEvent(token.id, token.text, token.logprob, token.special, token.index,
-                          _read_tops(token.top_logprobs), token.choice)
+        return TokenEvent(
+            token.id,
+            token.text,
+            token.logprob,
+            token.special,
+            token.index,
+            _read_tops(token.top_logprobs),
+            token.choice,
+        )
     if which == "final":
         final = event.final
         timing = Timing(final.queue_time, final.time_to_first_token, final.inter_token_latency, final.e2e_latency)
         reason = _FINISH_REASON_OF.get(final.finish_reason, FinishReason.ERROR).value
-        return FinalEvent(final.text, list(final.token_ids), reason, final.prompt_tokens, final.completion_tokens,
-                          timing, final.prompt, final.choice, final.cumulative_logprob)
+        return FinalEvent(
+            final.text,
+            list(final.token_ids),
+            reason,
+            final.prompt_tokens,
+            final.completion_tokens,
+            timing,
+            final.prompt,
+            final.choice,
+            final.cumulative_logprob,
+        )
     if which == "prompt_scores":
-        return PromptEvent([PromptToken(t.id, t.text, t.logprob if t.HasField("logprob") else None,
-                                        _read_tops(t.top_logprobs)) for t in event.prompt_scores.tokens])
+        return PromptEvent(
+            [
+                PromptToken(t.id, t.text, t.logprob if t.HasField("logprob") else None, _read_tops(t.top_logprobs))
+                for t in event.prompt_scores.tokens
+            ]
+        )
     raise _raised(event.error)
 
 
 def _raised(error: pb.Error) -> errors.ServingError:
     return errors.error_of_kind(_KIND_OF.get(error.kind, Kind.GENERATION), error.message)
 
+
 # ---------------------------------------------------------------------------------- tokenize, detokenize
 
 
 def tokenize_request(request: TokenizeRequest) -> pb.TokenizeRequest:
-    message = pb.TokenizeRequest(add_generation_prompt=request.add_generation_prompt,
-                                 continue_final_message=request.continue_final_message,
-                                 tools_json=_json(request.tools), documents_json=_json(request.documents),
-                                 template_kwargs_json=_json(request.chat_template_kwargs),
-                                 return_token_strs=request.return_token_strs)
+    message = pb.TokenizeRequest(
+        add_generation_prompt=request.add_generation_prompt,
+        continue_final_message=request.continue_final_message,
+        tools_json=_json(request.tools),
+        documents_json=_json(request.documents),
+        template_kwargs_json=_json(request.chat_template_kwargs),
+        return_token_strs=request.return_token_strs,
+    )
     if request.add_special_tokens is not None:
         message.add_special_tokens = request.add_special_tokens
     if request.messages is not None:
@@ -404,15 +472,20 @@ def tokenize_request(request: TokenizeRequest) -> pb.TokenizeRequest:
 def read_tokenize_request(message: pb.TokenizeRequest) -> TokenizeRequest:
     """The worker's view (no model name: the worker serves one)."""
     return TokenizeRequest(
-        model="", prompt=None if message.messages else message.prompt,
+        model="",
+        prompt=None if message.messages else message.prompt,
         messages=read_chat_messages(message.messages) if message.messages else None,
-        add_generation_prompt=message.add_generation_prompt, continue_final_message=message.continue_final_message,
+        add_generation_prompt=message.add_generation_prompt,
+        continue_final_message=message.continue_final_message,
         add_special_tokens=message.add_special_tokens if message.HasField("add_special_tokens") else None,
-        tools=read_json(message.tools_json), documents=read_json(message.documents_json),
-        chat_template_kwargs=read_json(message.template_kwargs_json), return_token_strs=message.return_token_strs)
+        tools=read_json(message.tools_json),
+        documents=read_json(message.documents_json),
+        chat_template_kwargs=read_json(message.template_kwargs_json),
+        return_token_strs=message.return_token_strs,
+    )
 
 
-def tokenize_reply(result: Union[Tokenized, BaseException]) -> pb.TokenizeReply:
+def tokenize_reply(result: Tokenized | BaseException) -> pb.TokenizeReply:
     if isinstance(result, BaseException):
         return pb.TokenizeReply(error=_error(result))
     reply = pb.TokenizeReply(prompt=result.prompt)
@@ -432,7 +505,7 @@ def detokenize_request(token_ids: Iterable[int]) -> pb.DetokenizeRequest:
     return pb.DetokenizeRequest(token_ids=list(token_ids))
 
 
-def detokenize_reply(result: Union[str, BaseException]) -> pb.DetokenizeReply:
+def detokenize_reply(result: str | BaseException) -> pb.DetokenizeReply:
     if isinstance(result, BaseException):
         return pb.DetokenizeReply(error=_error(result))
     return pb.DetokenizeReply(prompt=result)

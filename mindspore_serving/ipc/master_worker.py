@@ -1,4 +1,5 @@
 """The master <-> worker boundary (internal.proto): protocol version, socket paths, channel options."""
+
 import hmac
 import os
 import secrets
@@ -7,7 +8,6 @@ import socket
 import stat
 import sys
 import tempfile
-from typing import Optional
 
 import grpc
 
@@ -56,15 +56,19 @@ def private_directory(path: str, create: bool = True) -> str:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except NotADirectoryError:
-        raise RuntimeError(f"Serving Error: {where} is not a directory (a link or a file); remove it, or start the "
-                           f"server in another working directory") from None
+        raise RuntimeError(
+            f"Serving Error: {where} is not a directory (a link or a file); remove it, or start the "
+            f"server in another working directory"
+        ) from None
     except OSError as err:
         raise RuntimeError(f"Serving Error: cannot open the directory {where}: {err.strerror}") from None
     try:
         info = os.fstat(fd)
         if info.st_uid != os.geteuid():
-            raise RuntimeError(f"Serving Error: the directory {where} belongs to another user (uid {info.st_uid}); "
-                               f"remove it, or start the server in another working directory")
+            raise RuntimeError(
+                f"Serving Error: the directory {where} belongs to another user (uid {info.st_uid}); "
+                f"remove it, or start the server in another working directory"
+            )
         if stat.S_IMODE(info.st_mode) != stat.S_IRWXU:
             os.fchmod(fd, stat.S_IRWXU)
     finally:
@@ -140,7 +144,7 @@ def restrict_socket(address: str) -> None:
 
 def socket_path(address: str) -> str:
     """The file of a `unix:` address (any other address as it is)."""
-    return address[len("unix:"):] if address.startswith("unix:") else address
+    return address[len("unix:") :] if address.startswith("unix:") else address
 
 
 def predict_address(grpc_address: str) -> str:
@@ -161,8 +165,8 @@ def worker_address(directory: str, servable_name: str, device_label: str) -> str
 # ---- who is calling: the master hands each child it starts a secret of its own, through the child's stdin (never
 # on the command line); the child sends it, with its key, on every call to the master, which refuses any other.
 
-PEER_KEY = "ms-serving-peer"        # metadata: the caller's key (a worker key, or "frontend/<index>")
-PEER_SECRET = "ms-serving-secret"   # metadata: the secret the master gave that child
+PEER_KEY = "ms-serving-peer"  # metadata: the caller's key (a worker key, or "frontend/<index>")
+PEER_SECRET = "ms-serving-secret"  # metadata: the secret the master gave that child
 
 
 def new_secret() -> str:
@@ -178,7 +182,7 @@ def peer_metadata(key: str, secret: str) -> tuple:
     return ((PEER_KEY, key), (PEER_SECRET, secret))
 
 
-def peer_of(metadata, secret_of) -> Optional[str]:
+def peer_of(metadata, secret_of) -> str | None:
     """The key of the child that made a call, when its metadata carry the secret `secret_of(key)` (None: a key the
     master did not start); None for any other caller."""
     values = {name: value for name, value in metadata or ()}

@@ -19,6 +19,7 @@ requests/s; at 64 clients 11.4k, 11.0k and 11.3k (calls overlap there: hardly an
 worker's CPU between calls: at one client 187 against ~330 us per request. The worker's default is 500 us
 (MS_SERVING_WORKER_SPIN_US).
 """
+
 import asyncio
 import os
 import select
@@ -27,11 +28,15 @@ import stat
 import struct
 import threading
 import time
-from typing import Awaitable, Callable, List, Optional
+from collections.abc import Awaitable, Callable
 
 from mindspore_serving import log
-from mindspore_serving.ipc.master_worker import (MAX_INTERNAL_MSG_BYTES, WorkerConnectionError, remove_socket,
-                                                 socket_path)
+from mindspore_serving.ipc.master_worker import (
+    MAX_INTERNAL_MSG_BYTES,
+    WorkerConnectionError,
+    remove_socket,
+    socket_path,
+)
 from mindspore_serving.proto import internal_pb2
 
 HEADER = struct.Struct("<I")
@@ -39,13 +44,13 @@ _SMALL_FRAME = 64 * 1024  # header and payload in one write below this size; two
 
 
 def frame_size(header: bytes) -> int:
-    size, = HEADER.unpack(header)
+    (size,) = HEADER.unpack(header)
     if size > MAX_INTERNAL_MSG_BYTES:
         raise WorkerConnectionError(f"a frame of {size} bytes exceeds the limit of {MAX_INTERNAL_MSG_BYTES}")
     return size
 
 
-def frame(payload: bytes) -> List[bytes]:
+def frame(payload: bytes) -> list[bytes]:
     """The parts to write for one frame: header and payload joined below _SMALL_FRAME, apart above it (no copy)."""
     header = HEADER.pack(len(payload))
     return [header + payload] if len(payload) < _SMALL_FRAME else [header, payload]
@@ -70,8 +75,8 @@ class PredictSocketServer:
         os.chmod(self.path, stat.S_IRUSR | stat.S_IWUSR)  # owner-only, as the gRPC sockets beside it
         self._listener.listen(64)
         self._lock = threading.Lock()
-        self._connections: List[socket.socket] = []
-        self._threads: List[threading.Thread] = []
+        self._connections: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []
         self._closed = False
         self._answering = 0  # calls being answered, on all connections
         self._acceptor = threading.Thread(target=self._accept, name="predict-accept", daemon=True)
@@ -162,10 +167,10 @@ class _Connection(asyncio.Protocol):
     """One connection of the master's end: a call at a time, its reply read as it arrives."""
 
     def __init__(self, on_lost: Callable):
-        self.transport: Optional[asyncio.Transport] = None
+        self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
-        self.waiter: Optional[asyncio.Future] = None
-        self.lost: Optional[str] = None
+        self.waiter: asyncio.Future | None = None
+        self.lost: str | None = None
         self.on_lost = on_lost
 
     def connection_made(self, transport):
@@ -176,14 +181,14 @@ class _Connection(asyncio.Protocol):
         if len(self.buffer) < HEADER.size:
             return
         try:
-            end = HEADER.size + frame_size(self.buffer[:HEADER.size])
+            end = HEADER.size + frame_size(self.buffer[: HEADER.size])
         except WorkerConnectionError as err:
             self._fail(str(err))
             self.transport.close()
             return
         if len(self.buffer) < end:
             return
-        payload = bytes(self.buffer[HEADER.size:end])
+        payload = bytes(self.buffer[HEADER.size : end])
         del self.buffer[:end]
         waiter, self.waiter = self.waiter, None
         if waiter is not None and not waiter.done():
@@ -219,7 +224,7 @@ class PredictChannel:
 
     def __init__(self, address: str):
         self.path = socket_path(address)
-        self._idle: List[_Connection] = []
+        self._idle: list[_Connection] = []
         self._closed = False
 
     async def _connect(self) -> _Connection:
@@ -227,7 +232,8 @@ class PredictChannel:
             raise WorkerConnectionError("the master closed its connections to this worker")
         try:
             _, conn = await asyncio.get_running_loop().create_unix_connection(
-                lambda: _Connection(self._forget), self.path)
+                lambda: _Connection(self._forget), self.path
+            )
         except OSError as err:
             raise WorkerConnectionError(f"cannot connect to {self.path}: {err}") from None
         return conn
@@ -236,7 +242,7 @@ class PredictChannel:
         if conn in self._idle:
             self._idle.remove(conn)
 
-    def begin(self, request, timeout: Optional[float] = None) -> Awaitable:
+    def begin(self, request, timeout: float | None = None) -> Awaitable:
         """The call of `call`, its request written at once when a connection is idle (a caller that has other work
         for this event-loop turn sends first and awaits later); otherwise written once connected, on await."""
         if not self._idle:
@@ -244,11 +250,11 @@ class PredictChannel:
         conn = self._idle.pop()
         return self._reply(conn, conn.send(request.SerializeToString()), timeout)
 
-    async def call(self, request, timeout: Optional[float] = None):
+    async def call(self, request, timeout: float | None = None):
         conn = self._idle.pop() if self._idle else await self._connect()
         return await self._reply(conn, conn.send(request.SerializeToString()), timeout)
 
-    async def _reply(self, conn: _Connection, sent: "asyncio.Future", timeout: Optional[float]):
+    async def _reply(self, conn: _Connection, sent: "asyncio.Future", timeout: float | None):
         try:
             async with asyncio.timeout(timeout):
                 payload = await sent

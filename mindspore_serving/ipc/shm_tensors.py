@@ -16,11 +16,12 @@ its workers' (`remove_blocks`); a master killed outright leaves them to the next
 
 Without shared memory (no /dev/shm, or it is full) the tensors travel in `Tensor.data`, as in every other message.
 """
+
 import itertools
 import math
 import os
 import sys
-from typing import Dict, List, Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -35,15 +36,15 @@ except ImportError:  # a platform without POSIX shared memory: tensors travel in
 
 PREFIX = "mss_"
 SHM_DIR = "/dev/shm"  # where Linux shows POSIX shared memory, for removing what dead workers left
-ALIGN = 64            # every tensor starts on a cache line
+ALIGN = 64  # every tensor starts on a cache line
 
 
-def block_prefix(master_pid: int, owner_pid: Optional[int] = None) -> str:
+def block_prefix(master_pid: int, owner_pid: int | None = None) -> str:
     """The name prefix of the blocks made by the workers of master `master_pid` (of worker `owner_pid` only)."""
     return f"{PREFIX}{master_pid}_" + ("" if owner_pid is None else f"{owner_pid}_")
 
 
-def remove_blocks(master_pid: int, owner_pid: Optional[int] = None) -> int:
+def remove_blocks(master_pid: int, owner_pid: int | None = None) -> int:
     """Unlinks the blocks left by the workers of master `master_pid` (of worker `owner_pid` only); how many."""
     prefix = block_prefix(master_pid, owner_pid)
     try:
@@ -70,7 +71,7 @@ def remove_orphan_blocks() -> int:
         return 0
     dead = set()
     for name in names:
-        master = name[len(PREFIX):].split("_", 1)[0]
+        master = name[len(PREFIX) :].split("_", 1)[0]
         if master.isdigit() and not _running(int(master)):
             dead.add(int(master))
     return sum(remove_blocks(master) for master in dead)
@@ -108,6 +109,7 @@ def _filter_tracker():
     if _tracker_filtered:
         return
     from multiprocessing import resource_tracker  # pylint: disable=import-outside-toplevel
+
     register, unregister = resource_tracker.register, resource_tracker.unregister
 
     def ours(name: str, rtype: str) -> bool:
@@ -168,7 +170,7 @@ class BlockNamer:
 _shm_failed = False  # warned once that shared memory could not be made
 
 
-def _new_block(namer: BlockNamer, size: int) -> Optional[CallBlock]:
+def _new_block(namer: BlockNamer, size: int) -> CallBlock | None:
     global _shm_failed  # pylint: disable=global-statement
     if shared_memory is None or namer is None or size == 0:
         return None
@@ -179,21 +181,26 @@ def _new_block(namer: BlockNamer, size: int) -> Optional[CallBlock]:
             continue
         except OSError as err:
             if not _shm_failed:
-                log.warning(f"model call tensors travel in the messages: cannot make shared memory of {size} "
-                            f"bytes: {err}")
+                log.warning(
+                    f"model call tensors travel in the messages: cannot make shared memory of {size} bytes: {err}"
+                )
                 _shm_failed = True
             return None
     return None
 
 
-def encode_call(instances: Sequence[Sequence[np.ndarray]], output_infos: Optional[Sequence], repeated_field,
-                namer: Optional[BlockNamer]) -> Optional[CallBlock]:
+def encode_call(
+    instances: Sequence[Sequence[np.ndarray]], output_infos: Sequence | None, repeated_field, namer: BlockNamer | None
+) -> CallBlock | None:
     """Appends one Instance per input tuple to `repeated_field` (a CallModelRequest's instances): inputs keyed by
     their index, in shared memory with a buffer for each output of `output_infos` (per-instance TensorInfo, None
     or dynamic shapes: no buffer) when a block can be made, else in the messages. Returns the block, which the
     caller releases once the call is answered, or None."""
-    outputs = [(index, np.dtype(info.dtype), tuple(info.shape)) for index, info in enumerate(output_infos or ())
-               if info.is_static]
+    outputs = [
+        (index, np.dtype(info.dtype), tuple(info.shape))
+        for index, info in enumerate(output_infos or ())
+        if info.is_static
+    ]
     output_size = sum(_aligned(info_nbytes(dtype, shape)) for _, dtype, shape in outputs)
     size = sum(_aligned(array.nbytes) for instance in instances for array in instance) + len(instances) * output_size
     block = _new_block(namer, size)
@@ -234,11 +241,13 @@ def _set_place(place: pb.ShmTensorData, block: CallBlock, offset: int, nbytes: i
 def _check_place(place: pb.ShmTensorData, block_size: int, dtype: np.dtype, dims: Sequence[int]):
     expected = math.prod(dims) * np.dtype(dtype).itemsize
     if place.data_size != expected or place.data_offset + place.data_size > block_size or min(dims, default=0) < 0:
-        raise ValueError(f"shared memory tensor of {place.data_size} bytes at offset {place.data_offset} does not "
-                         f"fit shape {list(dims)} of {np.dtype(dtype)} in a block of {block_size} bytes")
+        raise ValueError(
+            f"shared memory tensor of {place.data_size} bytes at offset {place.data_offset} does not "
+            f"fit shape {list(dims)} of {np.dtype(dtype)} in a block of {block_size} bytes"
+        )
 
 
-def decode_outputs(instance_pb: pb.Instance, count: int, block: Optional[CallBlock]) -> tuple:
+def decode_outputs(instance_pb: pb.Instance, count: int, block: CallBlock | None) -> tuple:
     """The outputs of one answered instance (copies, whether they came in the block or in the message)."""
     values = []
     for index in range(count):
@@ -247,8 +256,9 @@ def decode_outputs(instance_pb: pb.Instance, count: int, block: Optional[CallBlo
             raise RuntimeError(f"the model call answered without output {index}")
         if tensor.WhichOneof("tensor_data") == "shm_data":
             if block is None or tensor.shm_data.memory_key != block.name:
-                raise RuntimeError(f"the model call answered output {index} in unknown shared memory "
-                                   f"'{tensor.shm_data.memory_key}'")
+                raise RuntimeError(
+                    f"the model call answered output {index} in unknown shared memory '{tensor.shm_data.memory_key}'"
+                )
             values.append(block.read(tensor.shm_data, proto_to_dtype(tensor.dtype), tensor.shape.dims[:]))
         else:
             values.append(tensor_to_value(tensor))
@@ -259,7 +269,7 @@ class AttachedBlocks:
     """The serving worker's side of one call: the blocks it names, mapped until `close()`."""
 
     def __init__(self):
-        self._blocks: Dict[str, object] = {}
+        self._blocks: dict[str, object] = {}
 
     def _block(self, place: pb.ShmTensorData):
         block = self._blocks.get(place.memory_key)
@@ -272,7 +282,7 @@ class AttachedBlocks:
     def inputs(self, instance_pb: pb.Instance) -> tuple:
         """One instance's inputs, keyed "0".."n-1", as arrays of their own (copied out of shared memory)."""
         items = instance_pb.items
-        values: List[np.ndarray] = []
+        values: list[np.ndarray] = []
         for index in range(len(items)):
             tensor = items.get(str(index))
             if tensor is None:
@@ -283,8 +293,9 @@ class AttachedBlocks:
             block = self._block(tensor.shm_data)
             dtype, dims = proto_to_dtype(tensor.dtype), tensor.shape.dims[:]
             _check_place(tensor.shm_data, block.size, dtype, dims)
-            values.append(np.frombuffer(block.buf, dtype, math.prod(dims), tensor.shm_data.data_offset)
-                          .reshape(dims).copy())
+            values.append(
+                np.frombuffer(block.buf, dtype, math.prod(dims), tensor.shm_data.data_offset).reshape(dims).copy()
+            )
         return tuple(values)
 
     def write_outputs(self, outputs: Sequence, instance_pb: pb.Instance, answer_pb: pb.Instance):
@@ -293,8 +304,12 @@ class AttachedBlocks:
         for index, value in enumerate(outputs):
             tensor = answer_pb.items[str(index)]
             place = instance_pb.output_buffers.get(str(index))
-            if place is None or not isinstance(value, np.ndarray) or place.data_size != value.nbytes \
-                    or not value.nbytes:
+            if (
+                place is None
+                or not isinstance(value, np.ndarray)
+                or place.data_size != value.nbytes
+                or not value.nbytes
+            ):
                 value_to_tensor(value, tensor)
                 continue
             block = self._block(place)

@@ -4,8 +4,10 @@ The scheduler asks its policy before admitting each waiting request, in FCFS ord
 the policy holds back; budgets, blocks and max_num_seqs are the scheduler's own checks, the same under every
 policy. `make_batching_policy` picks the policy once, when the scheduler is built.
 """
+
 import itertools
-from typing import Deque, Sequence, Set
+from collections import deque
+from collections.abc import Sequence
 
 from mindspore_serving.llm.config import CONTINUOUS, STATIC, SchedulerConfig
 from mindspore_serving.llm.request import Request
@@ -14,7 +16,7 @@ from mindspore_serving.llm.request import Request
 class BatchingPolicy:
     """Admission rule of a scheduler; it sees the queues at each admission phase and every finished request."""
 
-    def open_admission(self, waiting: Deque[Request], num_running: int) -> None:
+    def open_admission(self, waiting: deque[Request], num_running: int) -> None:
         """Called once per step, before the waiting requests are considered."""
 
     def may_join(self, request: Request) -> bool:
@@ -40,9 +42,9 @@ class StaticBatching(BatchingPolicy):
 
     def __init__(self, max_num_seqs: int):
         self.max_num_seqs = max_num_seqs
-        self.batch: Set[str] = set()
+        self.batch: set[str] = set()
 
-    def open_admission(self, waiting: Deque[Request], num_running: int) -> None:
+    def open_admission(self, waiting: deque[Request], num_running: int) -> None:
         if not self.batch and not num_running:
             self.batch = {r.request_id for r in itertools.islice(waiting, self.max_num_seqs)}
 

@@ -18,17 +18,18 @@ which start after its shared blocks, so shared blocks are read-only and need no 
 for the choices of one request (`fork`, llm/choices.py): they share the prompt's full blocks, and each
 recomputes the partial last block into its own.
 """
+
 import hashlib
 from array import array
 from collections import OrderedDict
-from typing import Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 from mindspore_serving.llm.config import blocks_for
 from mindspore_serving.llm.model_io import SCRATCH_BLOCK
 from mindspore_serving.llm.request import Request
 
 
-def hash_block(parent_hash: Optional[bytes], token_ids: Sequence[int]) -> bytes:
+def hash_block(parent_hash: bytes | None, token_ids: Sequence[int]) -> bytes:
     """Hash of one full block: its tokens chained with the hash of the block before it."""
     h = hashlib.blake2b(digest_size=16)
     h.update(parent_hash or b"root")
@@ -41,17 +42,18 @@ class BlockManager:
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
         if num_blocks < 2 or block_size < 1:
-            raise ValueError(f"BlockManager needs num_blocks >= 2 (block 0 is scratch) and block_size >= 1, "
-                             f"got num_blocks={num_blocks}, block_size={block_size}")
+            raise ValueError(
+                f"BlockManager needs num_blocks >= 2 (block 0 is scratch) and block_size >= 1, "
+                f"got num_blocks={num_blocks}, block_size={block_size}"
+            )
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self._ref_count = [0] * num_blocks
-        self._block_hash: List[Optional[bytes]] = [None] * num_blocks
-        self._cached: Dict[bytes, int] = {}
-        self._free: "OrderedDict[int, None]" = OrderedDict(
-            (b, None) for b in range(num_blocks) if b != SCRATCH_BLOCK)
-        self._num_registered: Dict[str, int] = {}
+        self._block_hash: list[bytes | None] = [None] * num_blocks
+        self._cached: dict[bytes, int] = {}
+        self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks) if b != SCRATCH_BLOCK)
+        self._num_registered: dict[str, int] = {}
         self.prefix_cache_queries = 0
         """Prompt tokens looked up in the prefix cache."""
         self.prefix_cache_hits = 0
@@ -80,16 +82,16 @@ class BlockManager:
         return self._ref_count[block]
 
     # --- prefix cache -------------------------------------------------------------------------
-    def block_hashes(self, request: Request) -> List[bytes]:
+    def block_hashes(self, request: Request) -> list[bytes]:
         """Hashes of the request's full token blocks (computed once; tokens only ever get appended)."""
         hashes = request.block_hashes
         tokens = request.all_token_ids
         bs = self.block_size
         for i in range(len(hashes), len(tokens) // bs):
-            hashes.append(hash_block(hashes[-1] if hashes else None, tokens[i * bs:(i + 1) * bs]))
+            hashes.append(hash_block(hashes[-1] if hashes else None, tokens[i * bs : (i + 1) * bs]))
         return hashes
 
-    def get_computed_blocks(self, request: Request) -> Tuple[List[int], int]:
+    def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
         """Cached blocks holding the longest prefix of the request's tokens, and how many tokens they hold.
 
         At least the last token is always left to compute, because its logits are needed. No side
@@ -130,8 +132,9 @@ class BlockManager:
 
     def can_allocate(self, request: Request, num_new_tokens: int, computed_blocks: Sequence[int] = ()) -> bool:
         """Whether `allocate` would succeed."""
-        need = self._num_new_blocks(request, len(computed_blocks) * self.block_size + num_new_tokens,
-                                    len(computed_blocks))
+        need = self._num_new_blocks(
+            request, len(computed_blocks) * self.block_size + num_new_tokens, len(computed_blocks)
+        )
         # Cached blocks that nobody holds sit in the free queue; taking them removes them from it.
         evictable_hits = sum(1 for b in computed_blocks if self._ref_count[b] == 0)
         return need <= len(self._free) - evictable_hits
@@ -140,8 +143,9 @@ class BlockManager:
         """Gives a request without blocks the cached `computed_blocks` (from `get_computed_blocks`) plus
         fresh blocks for `num_new_tokens` more tokens. Returns False, changing nothing, when blocks are short."""
         if request.block_table:
-            raise RuntimeError(f"request {request.request_id} already holds blocks {request.block_table}; "
-                               f"use append_slots")
+            raise RuntimeError(
+                f"request {request.request_id} already holds blocks {request.block_table}; use append_slots"
+            )
         if not self.can_allocate(request, num_new_tokens, computed_blocks):
             return False
         for block in computed_blocks:
@@ -151,8 +155,9 @@ class BlockManager:
         if self.enable_prefix_caching:
             self.prefix_cache_queries += request.num_tokens
             self.prefix_cache_hits += len(computed_blocks) * self.block_size
-        need = self._num_new_blocks(request, len(computed_blocks) * self.block_size + num_new_tokens,
-                                    len(computed_blocks))
+        need = self._num_new_blocks(
+            request, len(computed_blocks) * self.block_size + num_new_tokens, len(computed_blocks)
+        )
         request.block_table.extend(self._pop_free() for _ in range(need))
         return True
 
@@ -180,8 +185,10 @@ class BlockManager:
         keep = blocks_for(num_tokens, self.block_size)
         for block in reversed(request.block_table[keep:]):
             if self._ref_count[block] != 1 or self._block_hash[block] is not None:
-                raise RuntimeError(f"block {block} of request {request.request_id} is shared or cached: it holds "
-                                   f"computed tokens and cannot be trimmed")
+                raise RuntimeError(
+                    f"block {block} of request {request.request_id} is shared or cached: it holds "
+                    f"computed tokens and cannot be trimmed"
+                )
             self._release(block, request)
         del request.block_table[keep:]
 

@@ -18,9 +18,11 @@ Tokenize the text without the tokenizer's own special tokens (HF: add_special_to
 the BOS token itself where the model wants one. `ChatTemplate.add_special_tokens` says so; the old Python
 format-string templates (`LegacyChatTemplate`) did not put it, so their text is tokenized as a plain prompt.
 """
+
 import datetime
 import json
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jinja2
 from jinja2 import nodes
@@ -44,6 +46,7 @@ class _TemplateRaised(jinja2.TemplateError):
 class _GenerationBlock(Extension):
     """`{% generation %}...{% endgeneration %}` marks the assistant's text (HF's assistant-mask support); it
     renders as its body."""
+
     tags = {"generation"}
 
     def parse(self, parser):
@@ -69,8 +72,9 @@ def _strftime_now(fmt):
 
 
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_GenerationBlock, loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationBlock, loopcontrols]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -80,21 +84,21 @@ def _environment() -> ImmutableSandboxedEnvironment:
 _ENV = _environment()
 
 
-def select_template(value: Union[str, Sequence[Mapping], None], tools: bool = False) -> Optional[str]:
+def select_template(value: str | Sequence[Mapping] | None, tools: bool = False) -> str | None:
     """The template text of tokenizer_config.json's `chat_template`: a string, or HF's list of named templates
     ({"name": ..., "template": ...}), of which "tool_use" is taken when the request has tools and the model has
     one, else "default". ValueError when the list has no default."""
     if value is None or isinstance(value, str):
         return value
-    if not isinstance(value, (list, tuple)) or not all(isinstance(t, Mapping) and isinstance(t.get("name"), str)
-                                                       and isinstance(t.get("template"), str) for t in value):
-        raise ValueError("chat_template must be a string or a list of {\"name\": ..., \"template\": ...} objects")
+    if not isinstance(value, (list, tuple)) or not all(
+        isinstance(t, Mapping) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str) for t in value
+    ):
+        raise ValueError('chat_template must be a string or a list of {"name": ..., "template": ...} objects')
     named = {t["name"]: t["template"] for t in value}
     if tools and TOOL_TEMPLATE_NAME in named:
         return named[TOOL_TEMPLATE_NAME]
     if DEFAULT_TEMPLATE_NAME not in named:
-        raise ValueError(f"chat_template lists templates {sorted(named)} but none named "
-                         f"{DEFAULT_TEMPLATE_NAME!r}")
+        raise ValueError(f"chat_template lists templates {sorted(named)} but none named {DEFAULT_TEMPLATE_NAME!r}")
     return named[DEFAULT_TEMPLATE_NAME]
 
 
@@ -105,24 +109,38 @@ class ChatTemplate:
     add_special_tokens = False
     """Whether the rendered text is tokenized with the tokenizer's own special tokens (HF: never for chat)."""
 
-    def __init__(self, text: str, special_tokens: Optional[Mapping[str, Any]] = None):
+    def __init__(self, text: str, special_tokens: Mapping[str, Any] | None = None):
         try:
             self._template = _ENV.from_string(text)
         except jinja2.TemplateSyntaxError as err:
             raise ValueError(f"the chat template is not valid Jinja: {err.message} (line {err.lineno})") from None
         self.text = text
-        self.special_tokens: Dict[str, Any] = dict(special_tokens or {})
+        self.special_tokens: dict[str, Any] = dict(special_tokens or {})
 
-    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
-               tools: Optional[List[Any]] = None, documents: Optional[List[Any]] = None,
-               continue_final_message: bool = False, **variables) -> str:
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[Any] | None = None,
+        documents: list[Any] | None = None,
+        continue_final_message: bool = False,
+        **variables,
+    ) -> str:
         """The prompt text of `messages`. ChatTemplateError when the template refuses them (raise_exception) or
         fails on them; its message says why."""
         if add_generation_prompt and continue_final_message:
-            raise ChatTemplateError("continue_final_message and add_generation_prompt cannot both be set: continue "
-                                    "the last message, or start the assistant's reply")
-        context = {**self.special_tokens, **variables, "messages": [dict(m) for m in messages],
-                   "add_generation_prompt": add_generation_prompt, "tools": tools, "documents": documents}
+            raise ChatTemplateError(
+                "continue_final_message and add_generation_prompt cannot both be set: continue "
+                "the last message, or start the assistant's reply"
+            )
+        context = {
+            **self.special_tokens,
+            **variables,
+            "messages": [dict(m) for m in messages],
+            "add_generation_prompt": add_generation_prompt,
+            "tools": tools,
+            "documents": documents,
+        }
         try:
             text = self._template.render(**context)
         except _TemplateRaised as err:
@@ -130,8 +148,9 @@ class ChatTemplate:
         except jinja2.TemplateError as err:  # undefined values used, sandbox refusals
             raise ChatTemplateError(f"the chat template failed on these messages: {err.message or err}") from None
         except (TypeError, ValueError, LookupError, AttributeError, ArithmeticError) as err:
-            raise ChatTemplateError(f"the chat template failed on these messages: {type(err).__name__}: "
-                                    f"{err}") from None
+            raise ChatTemplateError(
+                f"the chat template failed on these messages: {type(err).__name__}: {err}"
+            ) from None
         if continue_final_message:
             text = _cut_after_final_message(text, messages)
         return text
@@ -144,15 +163,18 @@ def _cut_after_final_message(text: str, messages: Sequence[Mapping[str, Any]]) -
         raise ChatTemplateError("continue_final_message needs at least one message")
     final = messages[-1].get("content")
     if isinstance(final, (list, tuple)):
-        final = next((part.get("text") for part in reversed(final) if isinstance(part, Mapping)
-                      and part.get("type") == "text"), None)
+        final = next(
+            (part.get("text") for part in reversed(final) if isinstance(part, Mapping) and part.get("type") == "text"),
+            None,
+        )
     if not isinstance(final, str) or not final.strip() or final.strip() not in text:
-        raise ChatTemplateError("continue_final_message is set but the last message's text does not appear in "
-                                "the rendered chat")
+        raise ChatTemplateError(
+            "continue_final_message is set but the last message's text does not appear in the rendered chat"
+        )
     where = text.rindex(final.strip())
-    if text[where:where + len(final.lstrip())] == final.lstrip():
-        return text[:where + len(final.lstrip())]
-    return text[:where + len(final.strip())]
+    if text[where : where + len(final.lstrip())] == final.lstrip():
+        return text[: where + len(final.lstrip())]
+    return text[: where + len(final.strip())]
 
 
 class LegacyChatTemplate:
@@ -166,13 +188,22 @@ class LegacyChatTemplate:
         self.template = template
         self.message_format = message_format
 
-    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
-               tools=None, documents=None, continue_final_message: bool = False, **variables) -> str:
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools=None,
+        documents=None,
+        continue_final_message: bool = False,
+        **variables,
+    ) -> str:
         del add_generation_prompt, tools, documents, continue_final_message, variables  # the format has none
         try:
-            rendered = "".join(self.message_format.format(role=m.get("role", ""), content=m.get("content", ""))
-                               for m in messages)
+            rendered = "".join(
+                self.message_format.format(role=m.get("role", ""), content=m.get("content", "")) for m in messages
+            )
             return self.template.format(messages=rendered)
         except (KeyError, IndexError, ValueError) as err:
-            raise ChatTemplateError(f"the chat template failed on these messages: {type(err).__name__}: "
-                                    f"{err}") from None
+            raise ChatTemplateError(
+                f"the chat template failed on these messages: {type(err).__name__}: {err}"
+            ) from None

@@ -16,13 +16,15 @@ tokens of all k choices are sampled, each choice with its own random stream (`ch
 
 Until it forks, a request holds one batch seat (max_num_seqs) per choice, so that its children always have a row.
 """
-from typing import Callable, Iterable, List, Optional
+
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
 from mindspore_serving.llm.request import Request
 
-def choice_generator(seed: Optional[int], choice: int) -> Optional[np.random.Generator]:
+
+def choice_generator(seed: int | None, choice: int) -> np.random.Generator | None:
     """The random stream of choice `choice`: seeded with seed + choice when the request has a seed (choice 0 is
     the request's own generator), else None (the engine's shared generator)."""
     return None if seed is None else np.random.default_rng(seed + choice)
@@ -39,8 +41,14 @@ def child_id(parent_id: str, choice: int, taken: Callable[[str], bool]) -> str:
 def make_child(parent: Request, choice: int, request_id: str) -> Request:
     """Choice `choice` of `parent`, not yet forked: the same prompt and params, no tokens computed or sampled, its
     own random stream and a copy of the parent's grammar state (taken before the parent's first token)."""
-    child = Request(request_id, parent.prompt_token_ids, parent.sampling_params, parent.arrival_time,
-                    parent.eos_token_ids, parent.prompt)
+    child = Request(
+        request_id,
+        parent.prompt_token_ids,
+        parent.sampling_params,
+        parent.arrival_time,
+        parent.eos_token_ids,
+        parent.prompt,
+    )
     child.group_id = parent.group_id
     child.choice = choice
     child.num_pending_choices = 0
@@ -53,9 +61,9 @@ def make_child(parent: Request, choice: int, request_id: str) -> Request:
     return child
 
 
-def make_children(parent: Request, taken: Callable[[str], bool]) -> List[Request]:
+def make_children(parent: Request, taken: Callable[[str], bool]) -> list[Request]:
     """The parent's pending choices (1..k-1) as child requests, with ids unique under `taken`."""
-    children: List[Request] = []
+    children: list[Request] = []
     ids = set()
     for choice in range(1, parent.num_pending_choices + 1):
         request_id = child_id(parent.request_id, choice, lambda i: i in ids or taken(i))
@@ -64,8 +72,7 @@ def make_children(parent: Request, taken: Callable[[str], bool]) -> List[Request
     return children
 
 
-def expand_rows(rows: List[int], requests: List[Request],
-                children_of: Callable[[Request], Iterable[Request]]) -> int:
+def expand_rows(rows: list[int], requests: list[Request], children_of: Callable[[Request], Iterable[Request]]) -> int:
     """Appends, for each request that forks at this sampled row, one (row, child) pair per child to `rows` and
     `requests` (in place), so that each child samples its first token from its parent's logits row. Returns how
     many rows there were before (the parents' own rows come first)."""

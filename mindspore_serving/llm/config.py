@@ -4,8 +4,10 @@
 field, the value and the fix, and combinations that could never serve a request (a pool too small for
 one sequence, a budget too small for a prompt without chunking) are rejected up front.
 """
+
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Optional, Union
 
 from mindspore_serving.llm.fields import check_known_fields
 
@@ -53,7 +55,7 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4
     """Longest n-gram matched."""
 
-    disable_by_batch_size: Optional[int] = None
+    disable_by_batch_size: int | None = None
     """A step with at least this many running requests does not speculate (every row decodes one token as without
     speculation): a busy batch fills the model call already. None: always speculate."""
 
@@ -64,11 +66,18 @@ class SpeculativeConfig:
         _check_int("prompt_lookup_min", self.prompt_lookup_min, 1, what="SpeculativeConfig")
         _check_int("prompt_lookup_max", self.prompt_lookup_max, 1, what="SpeculativeConfig")
         if self.prompt_lookup_max < self.prompt_lookup_min:
-            raise ValueError(f"SpeculativeConfig.prompt_lookup_max={self.prompt_lookup_max} is below "
-                             f"prompt_lookup_min={self.prompt_lookup_min}")
+            raise ValueError(
+                f"SpeculativeConfig.prompt_lookup_max={self.prompt_lookup_max} is below "
+                f"prompt_lookup_min={self.prompt_lookup_min}"
+            )
         if self.disable_by_batch_size is not None:
-            _check_int("disable_by_batch_size", self.disable_by_batch_size, 1, "use None to always speculate",
-                       what="SpeculativeConfig")
+            _check_int(
+                "disable_by_batch_size",
+                self.disable_by_batch_size,
+                1,
+                "use None to always speculate",
+                what="SpeculativeConfig",
+            )
 
     @classmethod
     def of(cls, value: Union[None, "SpeculativeConfig", Mapping[str, Any]]) -> Optional["SpeculativeConfig"]:
@@ -76,8 +85,9 @@ class SpeculativeConfig:
         if value is None or isinstance(value, cls):
             return value
         if not isinstance(value, Mapping):
-            raise ValueError(f"SchedulerConfig.speculative must be a mapping of SpeculativeConfig fields or None, "
-                             f"got {value!r}")
+            raise ValueError(
+                f"SchedulerConfig.speculative must be a mapping of SpeculativeConfig fields or None, got {value!r}"
+            )
         check_known_fields(cls, value, "SpeculativeConfig fields")
         return cls(**value)
 
@@ -118,11 +128,11 @@ class SchedulerConfig:
     """Split a prompt across steps when it does not fit in the step's remaining budget, so long prompts
     do not stall running decodes. Off: a prompt is computed in one step, or waits."""
 
-    max_prefill_tokens_per_step: Optional[int] = None
+    max_prefill_tokens_per_step: int | None = None
     """Cap on prompt (prefill) tokens per step, shared by all prefills of the step; the rest of the
     budget is kept for decodes. None: prefills may use whatever budget decodes leave."""
 
-    max_prefills_per_decode_step: Optional[int] = None
+    max_prefills_per_decode_step: int | None = None
     """When a step decodes running requests, at most this many prompts (new ones and chunks of admitted ones)
     join it; the others wait for the following steps, each of which decodes too. With mixed decode + prefill
     graphs of R prompt rows, R makes every such step one graph call instead of a mixed call plus prefill calls
@@ -147,7 +157,7 @@ class SchedulerConfig:
     runner that computes while the engine plans (a model_io.StepSubmitter: the agents); with any other runner
     the engine steps one after the other."""
 
-    speculative: Optional[SpeculativeConfig] = None
+    speculative: SpeculativeConfig | None = None
     """Speculative decoding (SpeculativeConfig; a mapping of its fields is turned into one). None: off. A step in
     which some row verifies proposed tokens is one step of its own (not a multi-step round, not planned ahead);
     steps without proposals run as without it."""
@@ -169,17 +179,18 @@ class SchedulerConfig:
         if self.max_prefills_per_decode_step is not None:
             _check_int("max_prefills_per_decode_step", self.max_prefills_per_decode_step, 1, "use None for no cap")
         if self.max_prefill_tokens_per_step is not None:
-            _check_int("max_prefill_tokens_per_step", self.max_prefill_tokens_per_step, 1,
-                       "use None for no cap")
+            _check_int("max_prefill_tokens_per_step", self.max_prefill_tokens_per_step, 1, "use None for no cap")
             if self.max_prefill_tokens_per_step > self.max_num_batched_tokens:
                 raise ValueError(
                     f"SchedulerConfig.max_prefill_tokens_per_step={self.max_prefill_tokens_per_step} exceeds "
-                    f"max_num_batched_tokens={self.max_num_batched_tokens}; lower it or use None (no cap)")
+                    f"max_num_batched_tokens={self.max_num_batched_tokens}; lower it or use None (no cap)"
+                )
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(
                 f"SchedulerConfig.max_num_batched_tokens={self.max_num_batched_tokens} is below "
                 f"max_num_seqs={self.max_num_seqs}, so running requests could not all decode in one step; "
-                f"raise max_num_batched_tokens to >= {self.max_num_seqs} or lower max_num_seqs")
+                f"raise max_num_batched_tokens to >= {self.max_num_seqs} or lower max_num_seqs"
+            )
         # The longest sequence keeps at most max_model_len - 1 tokens in the cache: the last token is
         # sampled but never computed.
         need = blocks_for(self.max_model_len - 1, self.block_size)
@@ -187,17 +198,22 @@ class SchedulerConfig:
             raise ValueError(
                 f"SchedulerConfig.num_blocks={self.num_blocks} (block_size={self.block_size}) cannot hold one "
                 f"sequence of max_model_len={self.max_model_len} tokens, which needs {need} blocks plus the "
-                f"scratch block; raise num_blocks to >= {need + 1} or lower max_model_len")
+                f"scratch block; raise num_blocks to >= {need + 1} or lower max_model_len"
+            )
         if not self.enable_chunked_prefill:
             prefill_cap = self.prefill_token_cap
             if prefill_cap < self.max_model_len:
-                name = ("max_num_batched_tokens" if self.max_prefill_tokens_per_step is None
-                        else "max_prefill_tokens_per_step")
+                name = (
+                    "max_num_batched_tokens"
+                    if self.max_prefill_tokens_per_step is None
+                    else "max_prefill_tokens_per_step"
+                )
                 raise ValueError(
                     f"SchedulerConfig.{name}={prefill_cap} is below max_model_len={self.max_model_len} "
                     f"with enable_chunked_prefill=False, so a long prompt (or a preempted request's recompute) "
                     f"could never be scheduled; raise {name} to >= {self.max_model_len}, lower max_model_len, "
-                    f"or enable chunked prefill")
+                    f"or enable chunked prefill"
+                )
 
     @property
     def prefill_token_cap(self) -> int:
@@ -221,11 +237,17 @@ class SchedulerConfig:
     def check_runner(self, runner) -> None:
         """Raises ValueError when this config does not fit the runner's KV cache or sequence length."""
         if runner.block_size != self.block_size:
-            raise ValueError(f"SchedulerConfig.block_size={self.block_size} differs from the model runner's "
-                             f"block_size={runner.block_size}; set block_size={runner.block_size}")
+            raise ValueError(
+                f"SchedulerConfig.block_size={self.block_size} differs from the model runner's "
+                f"block_size={runner.block_size}; set block_size={runner.block_size}"
+            )
         if self.num_blocks > runner.num_blocks:
-            raise ValueError(f"SchedulerConfig.num_blocks={self.num_blocks} exceeds the model runner's "
-                             f"num_blocks={runner.num_blocks}; set num_blocks <= {runner.num_blocks}")
+            raise ValueError(
+                f"SchedulerConfig.num_blocks={self.num_blocks} exceeds the model runner's "
+                f"num_blocks={runner.num_blocks}; set num_blocks <= {runner.num_blocks}"
+            )
         if self.max_model_len > runner.max_seq_len:
-            raise ValueError(f"SchedulerConfig.max_model_len={self.max_model_len} exceeds the model runner's "
-                             f"max_seq_len={runner.max_seq_len}; set max_model_len <= {runner.max_seq_len}")
+            raise ValueError(
+                f"SchedulerConfig.max_model_len={self.max_model_len} exceeds the model runner's "
+                f"max_seq_len={runner.max_seq_len}; set max_model_len <= {runner.max_seq_len}"
+            )

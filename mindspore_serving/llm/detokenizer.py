@@ -11,8 +11,9 @@ across tokens is found. The output is cut before it (or after it with include_st
 While stop strings are active, the last len(longest stop) - 1 characters are held back from the stream,
 since they may turn out to begin a stop string; `flush()` releases them when the request finishes.
 """
+
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
 
 # Prompt tokens decoded with the first output tokens, so the first word piece renders as mid-text.
 INITIAL_CONTEXT_TOKENS = 5
@@ -23,7 +24,7 @@ _REPLACEMENT_CHAR = "\ufffd"
 class DetokenizerUpdate:
     new_text: str
     """Text safe to stream now."""
-    stop_string: Optional[str] = None
+    stop_string: str | None = None
     """The stop string found by this update (the request must finish with reason "stop")."""
 
 
@@ -40,11 +41,18 @@ def make_decode(tokenizer, skip_special_tokens: bool):
 class IncrementalDetokenizer:
     """Turns one request's output tokens into text, a few tokens at a time."""
 
-    def __init__(self, tokenizer, prompt_token_ids: Sequence[int] = (), stop: Sequence[str] = (),
-                 include_stop_str_in_output: bool = False, skip_special_tokens: bool = True, decode=None):
+    def __init__(
+        self,
+        tokenizer,
+        prompt_token_ids: Sequence[int] = (),
+        stop: Sequence[str] = (),
+        include_stop_str_in_output: bool = False,
+        skip_special_tokens: bool = True,
+        decode=None,
+    ):
         self._decode = decode or make_decode(tokenizer, skip_special_tokens)
         context = list(prompt_token_ids[-INITIAL_CONTEXT_TOKENS:])
-        self._ids: List[int] = context
+        self._ids: list[int] = context
         self._prefix_offset = 0
         self._read_offset = len(context)
         self._stop = tuple(stop)
@@ -53,7 +61,7 @@ class IncrementalDetokenizer:
         self.output_text = ""
         """All output text so far (cut at a stop string once one is found)."""
         self._emitted = 0
-        self.stop_string: Optional[str] = None
+        self.stop_string: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -83,13 +91,13 @@ class IncrementalDetokenizer:
         return self._take(len(self.output_text))
 
     def _decode_new(self, final: bool = False) -> str:
-        prefix_text = self._decode(self._ids[self._prefix_offset:self._read_offset])
-        full_text = self._decode(self._ids[self._prefix_offset:])
+        prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        full_text = self._decode(self._ids[self._prefix_offset :])
         if len(full_text) <= len(prefix_text) or (full_text.endswith(_REPLACEMENT_CHAR) and not final):
             return ""  # nothing new yet, or a character still incomplete
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)
-        return full_text[len(prefix_text):]
+        return full_text[len(prefix_text) :]
 
     def _find_stop(self, new_from: int) -> None:
         # A stop string ending in the new text may start up to len(stop) - 1 characters before it.
@@ -102,11 +110,11 @@ class IncrementalDetokenizer:
         if best is not None:
             index, stop = best
             self.stop_string = stop
-            self.output_text = self.output_text[:index + len(stop) if self._include_stop else index]
+            self.output_text = self.output_text[: index + len(stop) if self._include_stop else index]
 
     def _take(self, upto: int) -> str:
         if upto <= self._emitted:
             return ""
-        text = self.output_text[self._emitted:upto]
+        text = self.output_text[self._emitted : upto]
         self._emitted = upto
         return text

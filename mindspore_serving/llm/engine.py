@@ -13,11 +13,13 @@ best_of choices are all reported, with their cumulative logprobs: ranking them i
 `add_request` rejects bad input with `InvalidRequestError` (a ValueError) and the engine keeps
 serving every other request. Not thread-safe: call it from one thread (a serving loop owns it).
 """
+
 import dataclasses
 import itertools
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import NamedTuple
 
 import numpy as np
 
@@ -40,6 +42,7 @@ PromptIds = Sequence[int]
 class EncodedPrompt(NamedTuple):
     """A prompt tokenized already (a chat after its template): the model gets `token_ids`, outputs report
     `text`."""
+
     text: str
     token_ids: PromptIds
 
@@ -47,50 +50,52 @@ class EncodedPrompt(NamedTuple):
 @dataclass
 class RequestMetrics:
     """Timestamps (engine clock, seconds) of one request, for TTFT / ITL / E2E metrics."""
+
     arrival_time: float
-    first_scheduled_time: Optional[float]
-    first_token_time: Optional[float]
-    last_token_time: Optional[float]
-    finished_time: Optional[float]
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    last_token_time: float | None
+    finished_time: float | None
     num_preemptions: int
     num_cached_tokens: int
     """Prompt tokens found in the prefix cache at the last admission."""
 
     @property
-    def queue_time(self) -> Optional[float]:
+    def queue_time(self) -> float | None:
         return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
 
     @property
-    def time_to_first_token(self) -> Optional[float]:
+    def time_to_first_token(self) -> float | None:
         return None if self.first_token_time is None else self.first_token_time - self.arrival_time
 
     @property
-    def e2e_latency(self) -> Optional[float]:
+    def e2e_latency(self) -> float | None:
         return None if self.finished_time is None else self.finished_time - self.arrival_time
 
 
 @dataclass
 class RequestOutput:
     """One step's news about one request, plus everything it has produced so far."""
+
     request_id: str
-    prompt: Optional[str]
-    prompt_token_ids: List[int]
-    new_token_ids: List[int]
+    prompt: str | None
+    prompt_token_ids: list[int]
+    new_token_ids: list[int]
     new_text: str
-    token_ids: List[int]
+    token_ids: list[int]
     """All output token ids so far (including a final EOS or stop token)."""
     text: str
     """All output text streamed so far (cut before a stop string). When finished, the whole text."""
     finished: bool
-    finish_reason: Optional[FinishReason]
-    new_token_texts: List[str] = field(default_factory=list)
+    finish_reason: FinishReason | None
+    new_token_texts: list[str] = field(default_factory=list)
     """The text of each new token (they join to `new_text`; a token may have none yet, e.g. half a UTF-8
     character, whose text then comes with a later token)."""
-    new_logprobs: List[float] = field(default_factory=list)
-    logprobs: List[float] = field(default_factory=list)
-    new_top_logprobs: List[List[Tuple[int, float]]] = field(default_factory=list)
-    metrics: Optional[RequestMetrics] = None
-    error: Optional[str] = None
+    new_logprobs: list[float] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    new_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    metrics: RequestMetrics | None = None
+    error: str | None = None
     error_kind: Kind = Kind.GENERATION
     """What kind of failure `error` is (common/errors.py): a lost agent is unavailable, not a model failure."""
     index: int = 0
@@ -98,10 +103,10 @@ class RequestOutput:
     choice's, and the request is over once every choice has finished."""
     cumulative_logprob: float = 0.0
     """Sum of the logprobs of the choice's tokens so far."""
-    prompt_logprobs: Optional[List[Optional[float]]] = None
+    prompt_logprobs: list[float | None] | None = None
     """SamplingParams.prompt_logprobs: log P(prompt token i | tokens before it), None for the first token; set on
     the request's first output only."""
-    prompt_top_logprobs: Optional[List[List[Tuple[int, float]]]] = None
+    prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
     """With prompt_logprobs: each prompt position's most likely (token id, logprob), most likely first."""
     num_choices: int = 1
     """The request's choices: it is over once this many of its outputs (one per choice) have `finished`."""
@@ -119,21 +124,28 @@ class _Group:
 class _Tracked:
     """What the engine keeps per live choice besides the core's Request."""
 
-    def __init__(self, request: Request, detokenizer: Optional[IncrementalDetokenizer], group: _Group):
+    def __init__(self, request: Request, detokenizer: IncrementalDetokenizer | None, group: _Group):
         self.request = request
         self.detokenizer = detokenizer
         self.group = group
         self.text = ""
-        self.logprobs: List[float] = []
+        self.logprobs: list[float] = []
         self.cumulative_logprob = 0.0
 
 
 class LLMEngine:
     """Generates text for many requests at once with continuous batching over a paged KV cache."""
 
-    def __init__(self, model_runner: ModelRunner, tokenizer=None, scheduler_config: Optional[SchedulerConfig] = None,
-                 *, eos_token_id: EosIds = None, seed: Optional[int] = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        model_runner: ModelRunner,
+        tokenizer=None,
+        scheduler_config: SchedulerConfig | None = None,
+        *,
+        eos_token_id: EosIds = None,
+        seed: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         """`tokenizer`: a `tokenizers.Tokenizer` or any object with encode(text) (-> ids or an object with
         .ids) and decode(ids); None serves token ids only. `eos_token_id`: the id, or the ids (a request stops
         on any of them), that end a generation; default the tokenizer's `eos_token_id` if it has one.
@@ -143,23 +155,30 @@ class LLMEngine:
         self.config = config
         self.tokenizer = tokenizer
         self.vocab_size = int(model_runner.vocab_size)
-        self.eos_token_ids = eos_ids(eos_token_id if eos_token_id is not None
-                                     else getattr(tokenizer, "eos_token_id", None))
+        self.eos_token_ids = eos_ids(
+            eos_token_id if eos_token_id is not None else getattr(tokenizer, "eos_token_id", None)
+        )
         self._clock = clock
-        self._tracked: Dict[str, _Tracked] = {}
+        self._tracked: dict[str, _Tracked] = {}
         """Live choices by their Request's id (a forked choice's id is its parent's with '#<choice>')."""
-        self._groups: Dict[str, _Group] = {}
+        self._groups: dict[str, _Group] = {}
         """Live requests by the id they were added with."""
         self._ids = itertools.count()
-        self._grammars: Optional[GrammarCompiler] = None
+        self._grammars: GrammarCompiler | None = None
         """Structured output's compiler, built from the tokenizer at the first request that has one."""
         self._score_refusal = score_refusal(model_runner)
         """Why requests for prompt logprobs are refused (None: they are served)."""
 
     # --- requests -----------------------------------------------------------------------------
-    def add_request(self, prompt: Optional[str] = None, params: Union[SamplingParams, dict, None] = None,
-                    request_id: Optional[str] = None, *, prompt_token_ids: Optional[PromptIds] = None,
-                    arrival_time: Optional[float] = None) -> str:
+    def add_request(
+        self,
+        prompt: str | None = None,
+        params: SamplingParams | dict | None = None,
+        request_id: str | None = None,
+        *,
+        prompt_token_ids: PromptIds | None = None,
+        arrival_time: float | None = None,
+    ) -> str:
         """Queues a request (text `prompt`, or `prompt_token_ids`, or both: the ids of a text tokenized already,
         such as a chat's after its template) and returns its id.
         Raises InvalidRequestError, leaving the engine unchanged, when the input is not acceptable."""
@@ -168,9 +187,14 @@ class LLMEngine:
         token_ids = self._prompt_ids(prompt, prompt_token_ids)
         self._check_lengths(len(token_ids), params)
         grammar = self._new_grammar(params.structured_output)
-        request = Request(request_id, token_ids, params,
-                          arrival_time=self._clock() if arrival_time is None else arrival_time,
-                          eos_token_id=self.eos_token_ids, prompt=prompt)
+        request = Request(
+            request_id,
+            token_ids,
+            params,
+            arrival_time=self._clock() if arrival_time is None else arrival_time,
+            eos_token_id=self.eos_token_ids,
+            prompt=prompt,
+        )
         request.grammar = grammar
         request.bad_words_ids = self._bad_words_ids(params)
         if params.prompt_logprobs is not None:
@@ -185,8 +209,13 @@ class LLMEngine:
         detokenizer = None
         if self.tokenizer is not None:
             params = request.sampling_params
-            detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params.stop,
-                                                 params.include_stop_str_in_output, params.skip_special_tokens)
+            detokenizer = IncrementalDetokenizer(
+                self.tokenizer,
+                request.prompt_token_ids,
+                params.stop,
+                params.include_stop_str_in_output,
+                params.skip_special_tokens,
+            )
         self._tracked[request.request_id] = _Tracked(request, detokenizer, group)
 
     def abort(self, request_id: str) -> bool:
@@ -209,7 +238,7 @@ class LLMEngine:
         return len(self._groups)
 
     @property
-    def stats(self) -> Optional[StepStats]:
+    def stats(self) -> StepStats | None:
         """Statistics of the last step."""
         return self.core.last_stats
 
@@ -217,7 +246,7 @@ class LLMEngine:
         self.core.add_step_listener(listener)
 
     # --- stepping -----------------------------------------------------------------------------
-    def step(self) -> List[RequestOutput]:
+    def step(self) -> list[RequestOutput]:
         """One model step for the current batch; an output for each choice that got tokens or finished."""
         core_outputs = self.core.step()
         forked = {request.request_id: request for request in self.core.take_forked()}
@@ -231,8 +260,11 @@ class LLMEngine:
             outputs.extend(self._to_outputs(out))
         return outputs
 
-    def generate(self, prompts: Union[str, PromptIds, Sequence[Union[str, PromptIds]]],
-                 params: Union[SamplingParams, Sequence[SamplingParams], None] = None) -> List[RequestOutput]:
+    def generate(
+        self,
+        prompts: str | PromptIds | Sequence[str | PromptIds],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
         """Runs the prompts to completion and returns their final outputs, in order. A single prompt
         (text or token ids) gives a list of one. A prompt with several choices (n / best_of) gives the final
         output of each choice, in choice order (RequestOutput.index), where one with a single choice gives one.
@@ -258,7 +290,7 @@ class LLMEngine:
             while self.has_unfinished():
                 self.step()
             raise
-        final: Dict[str, Dict[int, RequestOutput]] = {request_id: {} for request_id in ids}
+        final: dict[str, dict[int, RequestOutput]] = {request_id: {} for request_id in ids}
         while self.has_unfinished():
             for out in self.step():
                 if out.finished:
@@ -266,7 +298,7 @@ class LLMEngine:
         return [final[request_id][index] for request_id in ids for index in sorted(final[request_id])]
 
     # --- internals ----------------------------------------------------------------------------
-    def _to_outputs(self, out: EngineCoreOutput) -> List[RequestOutput]:
+    def _to_outputs(self, out: EngineCoreOutput) -> list[RequestOutput]:
         """The output of one choice; when a request finishes before it forked (aborted, failed), also the final
         outputs of the choices it never forked, with the same reason."""
         tracked = self._tracked[out.request_id]
@@ -277,11 +309,24 @@ class LLMEngine:
             unforked = request.num_pending_choices
             request.num_pending_choices = 0
             for choice in range(request.choice + 1, request.choice + 1 + unforked):
-                outputs.append(RequestOutput(
-                    request_id=group.request_id, prompt=request.prompt, prompt_token_ids=list(request.prompt_token_ids),
-                    new_token_ids=[], new_text="", token_ids=[], text="", finished=True,
-                    finish_reason=output.finish_reason, metrics=output.metrics, error=output.error,
-                    error_kind=output.error_kind, index=choice, num_choices=group.num_choices))
+                outputs.append(
+                    RequestOutput(
+                        request_id=group.request_id,
+                        prompt=request.prompt,
+                        prompt_token_ids=list(request.prompt_token_ids),
+                        new_token_ids=[],
+                        new_text="",
+                        token_ids=[],
+                        text="",
+                        finished=True,
+                        finish_reason=output.finish_reason,
+                        metrics=output.metrics,
+                        error=output.error,
+                        error_kind=output.error_kind,
+                        index=choice,
+                        num_choices=group.num_choices,
+                    )
+                )
             group.num_open -= 1 + unforked
             if group.num_open <= 0:
                 del self._groups[group.request_id]
@@ -302,7 +347,7 @@ class LLMEngine:
                     finished, reason = True, FinishReason.STOP
                     self._finish_for_stop_string(request)
                     out = _cut(out, i + 1, request)
-                    texts = texts[:i + 1]
+                    texts = texts[: i + 1]
                     break
             if finished:
                 tail = detok.flush()
@@ -321,16 +366,28 @@ class LLMEngine:
         if scores is not None and not scores.complete:
             scores = None  # it finished before its prompt was computed (aborted, failed)
         return RequestOutput(
-            request_id=tracked.group.request_id, prompt=request.prompt,
+            request_id=tracked.group.request_id,
+            prompt=request.prompt,
             prompt_token_ids=list(request.prompt_token_ids),
-            new_token_ids=list(out.new_token_ids), new_text=new_text, new_token_texts=texts,
+            new_token_ids=list(out.new_token_ids),
+            new_text=new_text,
+            new_token_texts=texts,
             token_ids=list(request.output_token_ids),
-            text=tracked.text, finished=finished, finish_reason=reason, new_logprobs=list(out.new_logprobs),
-            logprobs=list(tracked.logprobs), new_top_logprobs=list(out.new_top_logprobs),
-            metrics=_metrics(request), error=out.error, error_kind=out.error_kind, index=request.choice,
-            cumulative_logprob=tracked.cumulative_logprob, num_choices=tracked.group.num_choices,
+            text=tracked.text,
+            finished=finished,
+            finish_reason=reason,
+            new_logprobs=list(out.new_logprobs),
+            logprobs=list(tracked.logprobs),
+            new_top_logprobs=list(out.new_top_logprobs),
+            metrics=_metrics(request),
+            error=out.error,
+            error_kind=out.error_kind,
+            index=request.choice,
+            cumulative_logprob=tracked.cumulative_logprob,
+            num_choices=tracked.group.num_choices,
             prompt_logprobs=None if scores is None else scores.logprobs(),
-            prompt_top_logprobs=None if scores is None else scores.top_logprobs())
+            prompt_top_logprobs=None if scores is None else scores.top_logprobs(),
+        )
 
     def _finish_for_stop_string(self, request: Request) -> None:
         if not request.finished:
@@ -349,23 +406,30 @@ class LLMEngine:
         if bad:
             raise InvalidRequestError(f"stop_token_ids {bad} are outside the vocabulary [0, {self.vocab_size})")
         if params.stop and self.tokenizer is None:
-            raise InvalidRequestError("stop strings need a tokenizer; this engine serves token ids only "
-                                      "(use stop_token_ids)")
+            raise InvalidRequestError(
+                "stop strings need a tokenizer; this engine serves token ids only (use stop_token_ids)"
+            )
         if params.prompt_logprobs is not None and self._score_refusal is not None:
             raise InvalidRequestError(f"prompt_logprobs cannot be served by this model: {self._score_refusal}")
         if params.num_choices > self.config.max_num_seqs:
-            raise InvalidRequestError(f"{params.num_choices} choices (n / best_of) run as {params.num_choices} "
-                                      f"sequences, more than this engine runs at once (max_num_seqs "
-                                      f"{self.config.max_num_seqs}); ask for at most {self.config.max_num_seqs}")
-        for name, ids in (("logit_bias", [t for t, _ in params.logit_bias]),
-                          ("allowed_token_ids", params.allowed_token_ids)):
+            raise InvalidRequestError(
+                f"{params.num_choices} choices (n / best_of) run as {params.num_choices} "
+                f"sequences, more than this engine runs at once (max_num_seqs "
+                f"{self.config.max_num_seqs}); ask for at most {self.config.max_num_seqs}"
+            )
+        for name, ids in (
+            ("logit_bias", [t for t, _ in params.logit_bias]),
+            ("allowed_token_ids", params.allowed_token_ids),
+        ):
             bad = sorted({t for t in ids if t >= self.vocab_size})
             if bad:
-                raise InvalidRequestError(f"{name} names token ids {bad[:8]} outside the vocabulary "
-                                          f"[0, {self.vocab_size})")
+                raise InvalidRequestError(
+                    f"{name} names token ids {bad[:8]} outside the vocabulary [0, {self.vocab_size})"
+                )
         if params.bad_words and self.tokenizer is None:
-            raise InvalidRequestError("bad_words need a tokenizer; this engine serves token ids only "
-                                      "(use logit_bias or allowed_token_ids)")
+            raise InvalidRequestError(
+                "bad_words need a tokenizer; this engine serves token ids only (use logit_bias or allowed_token_ids)"
+            )
         return params
 
     def _bad_words_ids(self, params: SamplingParams) -> TokenSequences:
@@ -374,23 +438,24 @@ class LLMEngine:
             return ()
         return bad_words_token_ids(self._encode_without_special_tokens, params.bad_words)
 
-    def _encode_without_special_tokens(self, text: str) -> List[int]:
+    def _encode_without_special_tokens(self, text: str) -> list[int]:
         encoded = self.tokenizer.encode(text, add_special_tokens=False)
         return list(getattr(encoded, "ids", encoded))
 
-    def _new_grammar(self, spec: Optional[StructuredOutput]) -> Optional[GrammarState]:
+    def _new_grammar(self, spec: StructuredOutput | None) -> GrammarState | None:
         """The grammar state of a new request's structured output (None: none); InvalidRequestError when it does
         not compile or this engine cannot constrain its output."""
         if spec is None:
             return None
         if self._grammars is None:
             if self.tokenizer is None:
-                raise InvalidRequestError("structured output needs the model's tokenizer; this engine serves token "
-                                          "ids only")
+                raise InvalidRequestError(
+                    "structured output needs the model's tokenizer; this engine serves token ids only"
+                )
             self._grammars = GrammarCompiler.for_tokenizer(self.tokenizer, self.vocab_size, self.eos_token_ids)
         return self._grammars.new_matcher(spec)
 
-    def _check_request_id(self, request_id: Optional[str]) -> str:
+    def _check_request_id(self, request_id: str | None) -> str:
         if request_id is None:
             request_id = str(next(self._ids))
             while self._id_in_use(request_id):
@@ -404,10 +469,11 @@ class LLMEngine:
 
     def _id_in_use(self, request_id: str) -> bool:
         """An unfinished request's id, or one of its choices' (llm/choices.py)."""
-        return (request_id in self._groups or request_id in self._tracked
-                or self.core.get_request(request_id) is not None)
+        return (
+            request_id in self._groups or request_id in self._tracked or self.core.get_request(request_id) is not None
+        )
 
-    def _prompt_ids(self, prompt: Optional[str], prompt_token_ids: Optional[PromptIds]) -> List[int]:
+    def _prompt_ids(self, prompt: str | None, prompt_token_ids: PromptIds | None) -> list[int]:
         if prompt is None and prompt_token_ids is None:
             raise InvalidRequestError("give a prompt (text) or prompt_token_ids")
         if prompt is not None:
@@ -420,9 +486,11 @@ class LLMEngine:
                 raise InvalidRequestError("this engine has no tokenizer; send prompt_token_ids instead of text")
             char_limit = self.config.max_prompt_chars or 32 * self.config.max_model_len
             if len(prompt) > char_limit:
-                raise InvalidRequestError(f"prompt has {len(prompt)} characters, more than this model takes "
-                                          f"({char_limit}, engine.max_prompt_chars in the LLM config); shorten the "
-                                          f"prompt")
+                raise InvalidRequestError(
+                    f"prompt has {len(prompt)} characters, more than this model takes "
+                    f"({char_limit}, engine.max_prompt_chars in the LLM config); shorten the "
+                    f"prompt"
+                )
             encoded = self.tokenizer.encode(prompt)
             token_ids = list(getattr(encoded, "ids", encoded))
             if not token_ids:
@@ -446,12 +514,14 @@ class LLMEngine:
         if num_prompt_tokens >= limit:
             raise InvalidRequestError(
                 f"prompt has {num_prompt_tokens} tokens, but max_model_len is {limit} (prompt + new tokens); "
-                f"shorten the prompt to at most {limit - 1} tokens")
+                f"shorten the prompt to at most {limit - 1} tokens"
+            )
         if num_prompt_tokens + params.max_new_tokens > limit:
             raise InvalidRequestError(
                 f"prompt has {num_prompt_tokens} tokens and max_new_tokens is {params.max_new_tokens}, together "
                 f"{num_prompt_tokens + params.max_new_tokens} > max_model_len {limit}; lower max_new_tokens to "
-                f"at most {limit - num_prompt_tokens} or shorten the prompt")
+                f"at most {limit - num_prompt_tokens} or shorten the prompt"
+            )
 
 
 def _cut(out: EngineCoreOutput, count: int, request: Request) -> EngineCoreOutput:
@@ -461,11 +531,21 @@ def _cut(out: EngineCoreOutput, count: int, request: Request) -> EngineCoreOutpu
     if extra <= 0:
         return out
     request.pop_output_tokens(extra)
-    return dataclasses.replace(out, new_token_ids=out.new_token_ids[:count], new_logprobs=out.new_logprobs[:count],
-                               new_top_logprobs=out.new_top_logprobs[:count])
+    return dataclasses.replace(
+        out,
+        new_token_ids=out.new_token_ids[:count],
+        new_logprobs=out.new_logprobs[:count],
+        new_top_logprobs=out.new_top_logprobs[:count],
+    )
 
 
 def _metrics(request: Request) -> RequestMetrics:
-    return RequestMetrics(request.arrival_time, request.first_scheduled_time, request.first_token_time,
-                          request.last_token_time, request.finished_time, request.num_preemptions,
-                          request.num_cached_prompt_tokens)
+    return RequestMetrics(
+        request.arrival_time,
+        request.first_scheduled_time,
+        request.first_token_time,
+        request.last_token_time,
+        request.finished_time,
+        request.num_preemptions,
+        request.num_cached_prompt_tokens,
+    )

@@ -17,11 +17,13 @@ A request submitted with a `sink` does not queue its outputs on its own stream: 
 `sink.put(stream, item)` and calls `sink.flush()` once per loop iteration, so a consumer of many requests
 (the worker's session with the master) gets one batch per engine step instead of one wake-up per token.
 """
+
 import queue
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Protocol, Set
+from typing import Any, Protocol
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
@@ -59,17 +61,17 @@ class _Abort:
 class RequestStream:
     """The outputs of one request, in order; iterate it (blocking) or call `get`."""
 
-    def __init__(self, loop: "EngineLoop", request_id: str, sink: Optional[OutputSink] = None, tag: Any = None):
+    def __init__(self, loop: "EngineLoop", request_id: str, sink: OutputSink | None = None, tag: Any = None):
         self.loop = loop
         self.request_id = request_id
         self.sink = sink
         self.tag = tag  # the sink's own key for this request
-        self._outputs: "queue.Queue" = queue.Queue()
-        self.final: Optional[RequestOutput] = None
+        self._outputs: queue.Queue = queue.Queue()
+        self.final: RequestOutput | None = None
         """The last finished output (of the last choice to finish)."""
-        self.finals: List[RequestOutput] = []
+        self.finals: list[RequestOutput] = []
         """Each choice's finished output, in the order they came (the reader's side)."""
-        self.error: Optional[BaseException] = None
+        self.error: BaseException | None = None
         self._num_finished = 0  # choices whose finished output the loop has delivered (the loop's side)
 
     def _put(self, item):
@@ -79,7 +81,7 @@ class RequestStream:
             self.sink.put(self, item)
             self.loop._dirty.add(self.sink)
 
-    def get(self, timeout: Optional[float] = None):
+    def get(self, timeout: float | None = None):
         """The next RequestOutput; raises the request's error; None after the last output."""
         item = self._outputs.get(timeout=timeout)
         if item is _END:
@@ -114,30 +116,37 @@ class RequestStream:
 
 
 class EngineLoop:
-    def __init__(self, engine: LLMEngine, max_waiting: int = 256, request_timeout: float = 0.0,
-                 name: str = "llm-engine", stats_interval: float = 0.0):
+    def __init__(
+        self,
+        engine: LLMEngine,
+        max_waiting: int = 256,
+        request_timeout: float = 0.0,
+        name: str = "llm-engine",
+        stats_interval: float = 0.0,
+    ):
         self.engine = engine
         self.stats_interval = stats_interval  # seconds between statistics lines while busy (0: none)
         self.report = StepReport()
         engine.add_step_listener(self.report.add)
         self.max_waiting = max_waiting
         self.request_timeout = request_timeout
-        self._commands: "queue.Queue" = queue.Queue()
-        self._streams: Dict[str, RequestStream] = {}
-        self._deadlines: Dict[str, float] = {}
+        self._commands: queue.Queue = queue.Queue()
+        self._streams: dict[str, RequestStream] = {}
+        self._deadlines: dict[str, float] = {}
         self._ids = 0
         self._ids_lock = threading.Lock()
         self._admitted = 0  # requests accepted and not yet finished (for back-pressure)
-        self._dirty: Set[OutputSink] = set()  # sinks with items not yet flushed (loop thread only)
+        self._dirty: set[OutputSink] = set()  # sinks with items not yet flushed (loop thread only)
         self._closed = threading.Event()
-        self.failure: Optional[str] = None
+        self.failure: str | None = None
         self.closed_reason = "the LLM engine is stopped"
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     # ---- called from any thread ----
-    def submit(self, prompt, params=None, request_id: Optional[str] = None, sink: Optional[OutputSink] = None,
-               tag: Any = None) -> RequestStream:
+    def submit(
+        self, prompt, params=None, request_id: str | None = None, sink: OutputSink | None = None, tag: Any = None
+    ) -> RequestStream:
         """Queues a request (a prompt str, a list of token ids or an EncodedPrompt); raises errors.Overloaded
         when too many wait.
         With `sink`, its outputs go to the sink (see the module docstring), `tag` being its key there."""
@@ -146,8 +155,10 @@ class EngineLoop:
         with self._ids_lock:
             limit = self.engine_capacity()
             if self._admitted >= limit:
-                raise errors.Overloaded(f"Model is overloaded: {self._admitted} requests are in the engine, the limit is "
-                                     f"{limit} (max_num_seqs + max_queue_size); retry later")
+                raise errors.Overloaded(
+                    f"Model is overloaded: {self._admitted} requests are in the engine, the limit is "
+                    f"{limit} (max_num_seqs + max_queue_size); retry later"
+                )
             self._admitted += 1
             if request_id is None:
                 self._ids += 1
@@ -185,8 +196,9 @@ class EngineLoop:
                     for output in self.engine.step():
                         self._deliver(output)
                 self._flush()
-                if self.stats_interval and (self.report.due(self.stats_interval)
-                                            or (self.report.pending and not self.engine.has_unfinished())):
+                if self.stats_interval and (
+                    self.report.due(self.stats_interval) or (self.report.pending and not self.engine.has_unfinished())
+                ):
                     log.info(self.report.line())
         except Exception as err:  # the engine itself broke: every request gets the reason
             log.exception("LLM engine loop failed")
@@ -219,15 +231,25 @@ class EngineLoop:
     def _add(self, command: _Add):
         try:
             if isinstance(command.prompt, str):
-                self.engine.add_request(command.prompt, command.params, request_id=command.request_id,
-                                        arrival_time=command.arrival_time)
+                self.engine.add_request(
+                    command.prompt, command.params, request_id=command.request_id, arrival_time=command.arrival_time
+                )
             elif isinstance(command.prompt, EncodedPrompt):
-                self.engine.add_request(command.prompt.text, command.params, request_id=command.request_id,
-                                        prompt_token_ids=list(command.prompt.token_ids),
-                                        arrival_time=command.arrival_time)
+                self.engine.add_request(
+                    command.prompt.text,
+                    command.params,
+                    request_id=command.request_id,
+                    prompt_token_ids=list(command.prompt.token_ids),
+                    arrival_time=command.arrival_time,
+                )
             else:
-                self.engine.add_request(None, command.params, request_id=command.request_id,
-                                        prompt_token_ids=list(command.prompt), arrival_time=command.arrival_time)
+                self.engine.add_request(
+                    None,
+                    command.params,
+                    request_id=command.request_id,
+                    prompt_token_ids=list(command.prompt),
+                    arrival_time=command.arrival_time,
+                )
         except (InvalidRequestError, ValueError, TypeError) as err:
             self._release()
             command.stream._put(err if isinstance(err, errors.ServingError) else errors.InvalidInputs(str(err)))

@@ -5,6 +5,7 @@ parameters). It is a ValueError, so plain Python callers can catch it as one, an
 `InvalidInputs` ServingError, so the front ends map it to the INVALID_INPUTS status in their one
 error path. The engine keeps serving every other request after rejecting one.
 """
+
 from mindspore_serving.common.errors import InvalidInputs
 
 

@@ -1,5 +1,6 @@
 """The check that the engine's validated dataclasses (SchedulerConfig, SamplingParams) apply to keyword
 arguments from outside: an unknown name is refused, not dropped, and the message lists the known ones."""
+
 from dataclasses import fields
 
 

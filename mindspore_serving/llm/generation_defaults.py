@@ -5,15 +5,17 @@ repetition_penalty) and the end-of-sequence ids (`eos_token_id`: one id, or a li
 <|end_of_text|> and <|eot_id|>). A request's own values always win; fields neither sets keep SamplingParams'
 defaults. Other fields of the file (do_sample, max_length, ...) are not used.
 """
+
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any
 
 from mindspore_serving.llm.sampling_params import SamplingParams
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty")
 
 
-def _eos_ids(value) -> Tuple[int, ...]:
+def _eos_ids(value) -> tuple[int, ...]:
     if value is None:
         return ()
     ids = value if isinstance(value, (list, tuple)) else [value]
@@ -24,9 +26,9 @@ def _eos_ids(value) -> Tuple[int, ...]:
 
 @dataclass(frozen=True)
 class GenerationDefaults:
-    sampling: Dict[str, Any] = field(default_factory=dict)
+    sampling: dict[str, Any] = field(default_factory=dict)
     """SamplingParams fields the model sets (a subset of SAMPLING_FIELDS)."""
-    eos_token_ids: Tuple[int, ...] = ()
+    eos_token_ids: tuple[int, ...] = ()
     """The ids that end a generation; empty: the tokenizer's EOS."""
 
     @classmethod
@@ -41,11 +43,11 @@ class GenerationDefaults:
             raise ValueError(str(err)) from None
         return cls(sampling, _eos_ids(data.get("eos_token_id")))
 
-    def apply(self, params: Mapping[str, Any]) -> Dict[str, Any]:
+    def apply(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """A request's sampling fields (only those it set) completed with the model's defaults."""
         return {**self.sampling, **params}
 
-    def stop_ids(self, tokenizer_eos: Optional[int]) -> Tuple[int, ...]:
+    def stop_ids(self, tokenizer_eos: int | None) -> tuple[int, ...]:
         """The end-of-sequence ids the engine stops on: the model's, else the tokenizer's EOS (as transformers'
         generate does)."""
         if self.eos_token_ids:

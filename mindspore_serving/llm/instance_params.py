@@ -7,6 +7,7 @@ A tensor holds a scalar, a string or a list of numbers, so:
   * structured_output is the JSON text of `{"type", "value"}`.
 An instance's reply carries one text, so n and best_of must be 1 (refused by name otherwise).
 """
+
 import json
 
 import numpy as np
@@ -14,10 +15,28 @@ import numpy as np
 from mindspore_serving.llm.errors import InvalidRequestError
 
 # sampling fields accepted beside the prompt in an instance
-SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "do_sample",
-                   "ignore_eos", "stop", "stop_token_ids", "presence_penalty", "frequency_penalty", "min_p",
-                   "min_tokens", "bad_words", "allowed_token_ids", "logit_bias", "structured_output", "n",
-                   "best_of")
+SAMPLING_FIELDS = (
+    "max_new_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "repetition_penalty",
+    "seed",
+    "do_sample",
+    "ignore_eos",
+    "stop",
+    "stop_token_ids",
+    "presence_penalty",
+    "frequency_penalty",
+    "min_p",
+    "min_tokens",
+    "bad_words",
+    "allowed_token_ids",
+    "logit_bias",
+    "structured_output",
+    "n",
+    "best_of",
+)
 PROMPT_FIELDS = ("prompt", "inputs")
 _TEXT_LISTS = ("stop", "bad_words")
 _ID_LISTS = ("stop_token_ids", "allowed_token_ids")
@@ -52,8 +71,9 @@ def _field(name: str, value):
         try:
             return json.loads(value)
         except ValueError:
-            raise InvalidRequestError("logit_bias must be the JSON text of {\"<token id>\": bias} or a list of "
-                                      "[token id, bias] pairs") from None
+            raise InvalidRequestError(
+                'logit_bias must be the JSON text of {"<token id>": bias} or a list of [token id, bias] pairs'
+            ) from None
     return value
 
 

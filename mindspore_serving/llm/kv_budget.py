@@ -9,9 +9,10 @@ The budget is given as `engine.kv_cache_memory` (bytes: an int, or "2GiB", "512M
 `engine.kv_cache_memory_fraction` (of the memory available to the rank, less its weights), instead of
 `engine.num_blocks`; `KvCacheBudget` records which one a configuration chose.
 """
+
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping, Optional
 
 from mindspore_serving.llm.config import blocks_for
 
@@ -23,10 +24,22 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 
 DEFAULT_CACHE_DTYPE = "float32"
 """The cache dtype of a manifest that names none (the exporter's today)."""
 
-_UNITS = {"": 1, "b": 1,
-          "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6, "g": 10 ** 9, "gb": 10 ** 9,
-          "t": 10 ** 12, "tb": 10 ** 12,
-          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "t": 10**12,
+    "tb": 10**12,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+}
 _SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*")
 
 
@@ -39,16 +52,19 @@ def parse_size(value, name: str = MEMORY) -> int:
     or KiB/MiB/GiB/TiB (powers of 1024), any case: "2GiB", "512 MiB", "1.5GB", "1000000". A fraction of a
     byte is dropped. Raises KvBudgetError, naming `name`, for anything else or a size that is not positive."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise KvBudgetError(f"{name} must be a size in bytes (an int, or a string such as '2GiB', '512MiB', "
-                            f"'1.5GB'), got {value!r}")
+        raise KvBudgetError(
+            f"{name} must be a size in bytes (an int, or a string such as '2GiB', '512MiB', '1.5GB'), got {value!r}"
+        )
     if isinstance(value, int):
         size = value
     else:
         match = _SIZE.fullmatch(value)
         unit = match.group(2).lower() if match else None
         if unit not in _UNITS:
-            raise KvBudgetError(f"{name} {value!r} is not a size: give bytes, or a number with B, KB, MB, GB, TB "
-                                f"(powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. '2GiB'")
+            raise KvBudgetError(
+                f"{name} {value!r} is not a size: give bytes, or a number with B, KB, MB, GB, TB "
+                f"(powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. '2GiB'"
+            )
         number = match.group(1)
         whole, _, decimals = number.partition(".")
         # exact for decimals (1.5GB is 1500000000 bytes, not a float's rounding of it)
@@ -61,8 +77,9 @@ def parse_size(value, name: str = MEMORY) -> int:
 def parse_fraction(value, name: str = FRACTION) -> float:
     """A fraction in (0, 1]."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise KvBudgetError(f"{name} must be a number in (0, 1], the share of the memory available to a rank, "
-                            f"got {value!r}")
+        raise KvBudgetError(
+            f"{name} must be a number in (0, 1], the share of the memory available to a rank, got {value!r}"
+        )
     return float(value)
 
 
@@ -75,6 +92,7 @@ def min_blocks(max_model_len: int, block_size: int) -> int:
 @dataclass(frozen=True)
 class CacheGeometry:
     """What one KV-cache block of a rank takes: its layers, the rank's KV heads, head dim, tokens and dtype."""
+
     num_layers: int
     num_kv_heads: int
     head_dim: int
@@ -87,14 +105,21 @@ class CacheGeometry:
         (default float32)} and `block_size`."""
         cache = manifest.get("cache")
         if not isinstance(cache, Mapping):
-            raise KvBudgetError("the graphs' manifest has no 'cache' section (num_layers, num_kv_heads, head_dim); "
-                                "re-export the graphs")
+            raise KvBudgetError(
+                "the graphs' manifest has no 'cache' section (num_layers, num_kv_heads, head_dim); re-export the graphs"
+            )
         try:
-            geometry = cls(int(cache["num_layers"]), int(cache["num_kv_heads"]), int(cache["head_dim"]),
-                           int(manifest["block_size"]), str(cache.get("dtype") or DEFAULT_CACHE_DTYPE))
+            geometry = cls(
+                int(cache["num_layers"]),
+                int(cache["num_kv_heads"]),
+                int(cache["head_dim"]),
+                int(manifest["block_size"]),
+                str(cache.get("dtype") or DEFAULT_CACHE_DTYPE),
+            )
         except (KeyError, TypeError, ValueError) as err:
-            raise KvBudgetError(f"the graphs' manifest lacks a valid cache geometry ({err!r}); re-export the "
-                                f"graphs") from None
+            raise KvBudgetError(
+                f"the graphs' manifest lacks a valid cache geometry ({err!r}); re-export the graphs"
+            ) from None
         if geometry.dtype not in DTYPE_BYTES:
             raise KvBudgetError(f"the graphs' KV cache dtype {geometry.dtype!r} is not one of {sorted(DTYPE_BYTES)}")
         if min(geometry.num_layers, geometry.num_kv_heads, geometry.head_dim, geometry.block_size) < 1:
@@ -104,21 +129,22 @@ class CacheGeometry:
     @property
     def block_bytes(self) -> int:
         """Bytes of one block over all layers, keys and values."""
-        return (self.num_layers * 2 * self.block_size * self.num_kv_heads * self.head_dim
-                * DTYPE_BYTES[self.dtype])
+        return self.num_layers * 2 * self.block_size * self.num_kv_heads * self.head_dim * DTYPE_BYTES[self.dtype]
 
     def min_blocks(self, max_model_len: int) -> int:
         return min_blocks(max_model_len, self.block_size)
 
-    def blocks(self, max_model_len: int, budget_bytes: int, budget_text: Optional[str] = None) -> int:
+    def blocks(self, max_model_len: int, budget_bytes: int, budget_text: str | None = None) -> int:
         """The blocks `budget_bytes` holds; KvBudgetError when fewer than min_blocks. `budget_text` says what the
         budget came from in the error (default: the bytes)."""
         blocks = budget_bytes // self.block_bytes if budget_bytes > 0 else 0
         need = self.min_blocks(max_model_len)
         if blocks < need:
-            raise KvBudgetError(f"too little memory for even one sequence: {need * self.block_bytes} bytes needed "
-                                f"for max_model_len={max_model_len}, kv_cache_memory is "
-                                f"{budget_text or budget_bytes}")
+            raise KvBudgetError(
+                f"too little memory for even one sequence: {need * self.block_bytes} bytes needed "
+                f"for max_model_len={max_model_len}, kv_cache_memory is "
+                f"{budget_text or budget_bytes}"
+            )
         return blocks
 
 
@@ -139,6 +165,7 @@ def fraction_budget(fraction: float, available_bytes: int, weight_bytes: int, ra
 class KvCacheBudget:
     """How a configuration sizes the KV cache: `kind` is NUM_BLOCKS (engine.num_blocks, or its default), MEMORY
     (`value` bytes per rank) or FRACTION (`value` of the memory available to a rank)."""
+
     kind: str = NUM_BLOCKS
     value: float = 0
 
@@ -152,8 +179,10 @@ def choose_budget(engine: Mapping) -> KvCacheBudget:
     (none: num_blocks' default). Raises KvBudgetError naming them when several are given, or a bad value."""
     given = [name for name in (NUM_BLOCKS, MEMORY, FRACTION) if engine.get(name) is not None]
     if len(given) > 1:
-        raise KvBudgetError(f"give only one of engine.num_blocks, engine.kv_cache_memory and "
-                            f"engine.kv_cache_memory_fraction to size the KV cache, got {' and '.join(given)}")
+        raise KvBudgetError(
+            f"give only one of engine.num_blocks, engine.kv_cache_memory and "
+            f"engine.kv_cache_memory_fraction to size the KV cache, got {' and '.join(given)}"
+        )
     if given == [MEMORY]:
         return KvCacheBudget(MEMORY, parse_size(engine[MEMORY], f"engine.{MEMORY}"))
     if given == [FRACTION]:
@@ -164,6 +193,7 @@ def choose_budget(engine: Mapping) -> KvCacheBudget:
 @dataclass(frozen=True)
 class KvCacheCapacity:
     """What a cache of `num_blocks` blocks (scratch block included) holds, for the log and /metrics."""
+
     num_blocks: int
     block_size: int
     max_model_len: int
@@ -186,5 +216,7 @@ class KvCacheCapacity:
 
     def describe(self) -> str:
         memory = f" in {self.memory_bytes / MIB:.1f} MiB per rank" if self.block_bytes else " per rank"
-        return (f"KV cache: {self.num_blocks} blocks of {self.block_size} tokens, {self.tokens} tokens "
-                f"({self.sequences} sequences of max_model_len={self.max_model_len}){memory}")
+        return (
+            f"KV cache: {self.num_blocks} blocks of {self.block_size} tokens, {self.tokens} tokens "
+            f"({self.sequences} sequences of max_model_len={self.max_model_len}){memory}"
+        )

@@ -17,14 +17,15 @@ array at once (a Python loop only over rows and bad words, never over tokens), i
 A row may end with every logit -inf: nothing is allowed (the sampler reports token -1 for it).
 Token ids outside [0, vocab) in histories, biases or banned lists are ignored.
 """
+
 import itertools
-from typing import Callable, Collection, Optional, Sequence, Tuple
+from collections.abc import Callable, Collection, Sequence
 
 import numpy as np
 
 from mindspore_serving.llm.sampling_params import SamplingParams
 
-TokenSequences = Tuple[Tuple[int, ...], ...]
+TokenSequences = tuple[tuple[int, ...], ...]
 """Banned token sequences of one request (its bad words, tokenized)."""
 
 _ALL_ALLOWED = -1
@@ -33,12 +34,18 @@ _ALL_ALLOWED = -1
 
 def needs_processing(params: SamplingParams, num_output_tokens: int, bad_words_ids: TokenSequences) -> bool:
     """Whether `process_logits` would change this row (the grammar bitmask aside)."""
-    return (params.repetition_penalty != 1.0 or params.presence_penalty != 0 or params.frequency_penalty != 0
-            or bool(params.logit_bias) or bool(params.allowed_token_ids) or bool(bad_words_ids)
-            or num_output_tokens < params.min_tokens)
+    return (
+        params.repetition_penalty != 1.0
+        or params.presence_penalty != 0
+        or params.frequency_penalty != 0
+        or bool(params.logit_bias)
+        or bool(params.allowed_token_ids)
+        or bool(bad_words_ids)
+        or num_output_tokens < params.min_tokens
+    )
 
 
-def restricted_rows(bitmasks: Optional[np.ndarray], num_rows: int) -> Optional[np.ndarray]:
+def restricted_rows(bitmasks: np.ndarray | None, num_rows: int) -> np.ndarray | None:
     """Bool [num_rows]: the rows whose bitmask forbids something (None: no bitmasks at all)."""
     if bitmasks is None:
         return None
@@ -48,9 +55,15 @@ def restricted_rows(bitmasks: Optional[np.ndarray], num_rows: int) -> Optional[n
     return (bitmasks != _ALL_ALLOWED).any(axis=1)
 
 
-def process_logits(logits: np.ndarray, params: Sequence[SamplingParams], histories: Sequence[Sequence[int]],
-                   outputs: Sequence[Sequence[int]], eos_ids: Sequence[Collection[int]],
-                   bad_words_ids: Sequence[TokenSequences], bitmasks: Optional[np.ndarray] = None) -> np.ndarray:
+def process_logits(
+    logits: np.ndarray,
+    params: Sequence[SamplingParams],
+    histories: Sequence[Sequence[int]],
+    outputs: Sequence[Sequence[int]],
+    eos_ids: Sequence[Collection[int]],
+    bad_words_ids: Sequence[TokenSequences],
+    bitmasks: np.ndarray | None = None,
+) -> np.ndarray:
     """Applies steps 1-7 (module docstring) in place to `logits` [m, vocab] (float); per row its params, its
     prompt + output tokens, its output tokens, its end-of-sequence ids and its banned sequences; `bitmasks`
     [m, words] or None. Returns `logits`."""
@@ -75,7 +88,7 @@ def process_logits(logits: np.ndarray, params: Sequence[SamplingParams], histori
     return logits
 
 
-def _flat(token_lists: Sequence[Sequence[int]], vocab: int) -> Tuple[np.ndarray, np.ndarray]:
+def _flat(token_lists: Sequence[Sequence[int]], vocab: int) -> tuple[np.ndarray, np.ndarray]:
     """(row index, token id) of every token of every row, ids outside [0, vocab) left out."""
     lengths = [len(tokens) for tokens in token_lists]
     tokens = np.fromiter(itertools.chain.from_iterable(token_lists), dtype=np.int64, count=sum(lengths))
@@ -84,8 +97,7 @@ def _flat(token_lists: Sequence[Sequence[int]], vocab: int) -> Tuple[np.ndarray,
     return rows[inside], tokens[inside]
 
 
-def apply_repetition_penalties(logits: np.ndarray, histories: Sequence[Sequence[int]],
-                               penalties: np.ndarray) -> None:
+def apply_repetition_penalties(logits: np.ndarray, histories: Sequence[Sequence[int]], penalties: np.ndarray) -> None:
     """Each row's seen tokens (once however often seen): positive logits divided by its penalty, negative ones
     multiplied (1.0 leaves a row as it is)."""
     active = np.flatnonzero(penalties != 1.0)
@@ -97,8 +109,9 @@ def apply_repetition_penalties(logits: np.ndarray, histories: Sequence[Sequence[
     logits[rows, tokens] = np.where(values > 0, values / penalty, values * penalty)
 
 
-def apply_output_penalties(logits: np.ndarray, outputs: Sequence[Sequence[int]], presence: np.ndarray,
-                           frequency: np.ndarray) -> None:
+def apply_output_penalties(
+    logits: np.ndarray, outputs: Sequence[Sequence[int]], presence: np.ndarray, frequency: np.ndarray
+) -> None:
     """OpenAI's presence and frequency penalties over each row's output tokens."""
     active = np.flatnonzero((presence != 0) | (frequency != 0))
     vocab = logits.shape[1]
@@ -109,10 +122,14 @@ def apply_output_penalties(logits: np.ndarray, outputs: Sequence[Sequence[int]],
     logits[rows, tokens] -= frequency[rows] * counts + presence[rows]
 
 
-def apply_logit_bias(logits: np.ndarray, biases: Sequence[Tuple[Tuple[int, float], ...]]) -> None:
+def apply_logit_bias(logits: np.ndarray, biases: Sequence[tuple[tuple[int, float], ...]]) -> None:
     """Adds each row's (token id, bias) pairs."""
-    pairs = [(row, token, bias) for row, row_biases in enumerate(biases) for token, bias in row_biases
-             if 0 <= token < logits.shape[1]]
+    pairs = [
+        (row, token, bias)
+        for row, row_biases in enumerate(biases)
+        for token, bias in row_biases
+        if 0 <= token < logits.shape[1]
+    ]
     if pairs:
         rows, tokens, values = zip(*pairs)
         np.add.at(logits, (np.array(rows), np.array(tokens)), np.array(values, dtype=logits.dtype))
@@ -151,7 +168,7 @@ def banned_by_bad_words(outputs: Sequence[Sequence[int]], bad_words_ids: Sequenc
     return banned
 
 
-def early_stop_ids(params: SamplingParams, eos_ids: Collection[int], num_output_tokens: int) -> Tuple[int, ...]:
+def early_stop_ids(params: SamplingParams, eos_ids: Collection[int], num_output_tokens: int) -> tuple[int, ...]:
     """The ids that may not come yet because the output is shorter than min_tokens: the end-of-sequence ids
     (unless ignored) and the stop token ids; () once it has min_tokens tokens."""
     if num_output_tokens >= params.min_tokens:
@@ -184,7 +201,7 @@ def bad_words_token_ids(encode: Callable[[str], Sequence[int]], words: Sequence[
     sequences = []
     for word in words:
         stripped = word.lstrip()
-        for text in ((stripped, " " + stripped) if stripped else (word,)):
+        for text in (stripped, " " + stripped) if stripped else (word,):
             ids = tuple(int(t) for t in encode(text))
             if ids and ids not in sequences:
                 sequences.append(ids)

@@ -37,8 +37,10 @@ executor from them once, at start-up; see step_executor.py):
   (`MixedStep.every`), any other the greedy token and logprob at every position (`MixedStep.verified`), which
   is all a greedy row's verification needs.
 """
+
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
+from typing import Any, NamedTuple, Protocol, Union, runtime_checkable
 
 import numpy as np
 
@@ -51,9 +53,9 @@ PLACEHOLDER = -1
 
 @dataclass
 class SeqStep:
-    token_ids: List[int]
+    token_ids: list[int]
     start_pos: int
-    block_table: List[int]
+    block_table: list[int]
     seq_id: int = -1
     """The engine's id of the sequence (-1: none): a runner across processes sends its table once, then the
     blocks appended to it."""
@@ -73,9 +75,10 @@ class SeqStep:
 @dataclass
 class StepLogits:
     """What `run` returns when some sequence asks for the logits of every token it computes."""
+
     last: np.ndarray
     """float32 [len(seqs), vocab]: what `run` returns otherwise (each sequence's last token's logits)."""
-    every: Dict[int, np.ndarray]
+    every: dict[int, np.ndarray]
     """For each sequence index with `all_logits`: float32 [query_len, vocab], the logits of each token computed
     (row j: position start_pos + j)."""
 
@@ -85,16 +88,17 @@ StepResult = Union[np.ndarray, StepLogits]
 
 class MixedStep(NamedTuple):
     """What a mixed step (`StepSubmitter.submit` with `logits_rows`) returns."""
+
     tokens: np.ndarray
     """int64 [len(seqs), 1]: each row's greedy token (greedy_with_logprobs of its last token's logits)."""
     logprobs: np.ndarray
     """float32 [len(seqs), 1]: the log-probability of that token."""
     logits: np.ndarray
     """float32 [len(logits_rows), vocab]: the last token's logits of the rows in `logits_rows`, in that order."""
-    verified: Dict[int, Tuple[np.ndarray, np.ndarray]] = {}
+    verified: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     """For each `all_logits` row not in `logits_rows`: (int64 [query_len], float32 [query_len]) the greedy token and
     its logprob at each position."""
-    every: Dict[int, np.ndarray] = {}
+    every: dict[int, np.ndarray] = {}
     """For each `all_logits` row in `logits_rows`: float32 [query_len, vocab], every position's logits."""
 
 
@@ -117,11 +121,16 @@ def mixed_step_result(result: "StepResult", logits_rows: Sequence[int]) -> "Mixe
         else:
             row_tokens, row_logprobs = greedy_with_logprobs(values)
             verified[i] = (row_tokens.astype(np.int64), row_logprobs.astype(np.float32))
-    return MixedStep(tokens.astype(np.int64)[:, None], logprobs.astype(np.float32)[:, None],
-                     last[np.asarray(logits_rows, dtype=np.int64)], verified, every_logits)
+    return MixedStep(
+        tokens.astype(np.int64)[:, None],
+        logprobs.astype(np.float32)[:, None],
+        last[np.asarray(logits_rows, dtype=np.int64)],
+        verified,
+        every_logits,
+    )
 
 
-def split_logits(result: StepResult) -> Tuple[np.ndarray, Dict[int, np.ndarray]]:
+def split_logits(result: StepResult) -> tuple[np.ndarray, dict[int, np.ndarray]]:
     """(the last-token logits, every-token logits by sequence index) of what `run` returned."""
     if isinstance(result, StepLogits):
         return result.last, result.every
@@ -134,12 +143,13 @@ def slot_of(block_table: Sequence[int], position: int, block_size: int) -> int:
 
 class ModelRunner(Protocol):
     """Runs one step at a time over its paged KV cache of this geometry."""
+
     block_size: int
     num_blocks: int
     max_seq_len: int
     vocab_size: int
 
-    def run(self, seqs: List[SeqStep]) -> np.ndarray:
+    def run(self, seqs: list[SeqStep]) -> np.ndarray:
         """Logits [len(seqs), vocab_size] (float32) of the last token of each sequence (a `StepLogits` when a
         sequence asks for all its logits, see `PromptScorer`)."""
         ...
@@ -149,7 +159,7 @@ class ModelRunner(Protocol):
 class PromptScorer(Protocol):
     """A runner whose `run` may honour `SeqStep.all_logits` (the engine's prompt logprobs)."""
 
-    def score_refusal(self) -> Optional[str]:
+    def score_refusal(self) -> str | None:
         """None when `run` returns every token's logits for sequences with `all_logits`; else why it cannot
         (the engine refuses requests for prompt logprobs with this reason)."""
         ...
@@ -159,7 +169,7 @@ class PromptScorer(Protocol):
 class MultiStepRunner(ModelRunner, Protocol):
     """Also runs a greedy multi-step round in one call (SchedulerConfig.num_scheduler_steps)."""
 
-    def run_greedy(self, seqs: List[SeqStep], num_steps: int) -> Tuple[np.ndarray, np.ndarray]:
+    def run_greedy(self, seqs: list[SeqStep], num_steps: int) -> tuple[np.ndarray, np.ndarray]:
         """What run_greedy_steps(self, seqs, num_steps) returns, computed however the runner likes."""
         ...
 
@@ -183,7 +193,7 @@ def submits_mixed_steps(runner: Any) -> bool:
     return isinstance(runner, StepSubmitter) and getattr(runner, "mixed_steps", False) is True
 
 
-def run_greedy_steps(runner: ModelRunner, seqs: Sequence[SeqStep], num_steps: int) -> Tuple[np.ndarray, np.ndarray]:
+def run_greedy_steps(runner: ModelRunner, seqs: Sequence[SeqStep], num_steps: int) -> tuple[np.ndarray, np.ndarray]:
     """Multi-step greedy decoding over `runner.run`: the first step computes `seqs` as they are (decode rows, or
     whole prompts), each next one every row's argmax of the step before, at the row's next position; the rows'
     blocks already hold every position of the round. Returns the chosen tokens int64 [n, num_steps] and their
@@ -196,6 +206,7 @@ def run_greedy_steps(runner: ModelRunner, seqs: Sequence[SeqStep], num_steps: in
     step_seqs = list(seqs)
     for step in range(num_steps):
         tokens[:, step], logprobs[:, step] = greedy_with_logprobs(runner.run(step_seqs))
-        step_seqs = [SeqStep([int(token)], seq.context_len + step, seq.block_table)
-                     for token, seq in zip(tokens[:, step], seqs)]
+        step_seqs = [
+            SeqStep([int(token)], seq.context_len + step, seq.block_table) for token, seq in zip(tokens[:, step], seqs)
+        ]
     return tokens, logprobs

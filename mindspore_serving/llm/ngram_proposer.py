@@ -7,12 +7,13 @@ retrieved passage) and a model's own repetitions are what it catches.
 
 Pure logic over token ids; the scheduler asks it for each decode row it lets speculate (llm/scheduler.py).
 """
-from typing import List, Sequence
+
+from collections.abc import Sequence
 
 import numpy as np
 
 
-def propose_ngram(token_ids: Sequence[int], k: int, min_n: int, max_n: int) -> List[int]:
+def propose_ngram(token_ids: Sequence[int], k: int, min_n: int, max_n: int) -> list[int]:
     """Up to `k` tokens proposed to follow `token_ids` (see the module docstring); [] when no n-gram of length
     min_n..max_n recurs. The latest occurrence wins: it is the one nearest to what is being written."""
     length = len(token_ids)
@@ -36,4 +37,4 @@ def propose_ngram(token_ids: Sequence[int], k: int, min_n: int, max_n: int) -> L
     if run[best] < min_n:
         return []
     end = int(ends[best])
-    return tokens[end + 1:end + 1 + k].tolist()
+    return tokens[end + 1 : end + 1 + k].tolist()

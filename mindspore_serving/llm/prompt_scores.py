@@ -14,14 +14,15 @@ How they are computed (lm-evaluation-harness scores multiple choice this way: ec
 * the engine puts them on the request's first output (RequestOutput.prompt_logprobs: None at position 0;
   prompt_top_logprobs: [] at position 0, and with k = 0).
 """
-from typing import List, Mapping, Optional, Sequence, Tuple
+
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from mindspore_serving.llm.model_io import PromptScorer, StepResult, split_logits
 from mindspore_serving.llm.sampler import log_softmax, top_candidates
 
-TopLogprobs = List[Tuple[int, float]]
+TopLogprobs = list[tuple[int, float]]
 _ROWS_AT_ONCE = 32  # positions whose float64 log-softmax is held at once (a large vocabulary: ~40 MB)
 
 
@@ -33,7 +34,7 @@ class PromptScores:
         self.num_top = int(num_top)
         n = len(self.token_ids)
         self._logprobs = np.zeros(n, np.float64)
-        self._top: List[TopLogprobs] = [[] for _ in range(n)]
+        self._top: list[TopLogprobs] = [[] for _ in range(n)]
         self._done = np.zeros(n, bool)
         self._done[0] = True  # the first token has no score
 
@@ -46,7 +47,7 @@ class PromptScores:
         """Whether the logits of tokens [start_pos, start_pos + num_tokens) score a prompt position (those of
         position p score token p + 1), not scored yet."""
         end = min(start_pos + num_tokens + 1, len(self.token_ids))
-        return start_pos + 1 < end and not self._done[start_pos + 1:end].all()
+        return start_pos + 1 < end and not self._done[start_pos + 1 : end].all()
 
     def record(self, start_pos: int, logits: np.ndarray) -> None:
         """Scores the prompt tokens after positions start_pos... from their logits [num_tokens, vocab]."""
@@ -54,7 +55,7 @@ class PromptScores:
         for begin in range(0, max(count, 0), _ROWS_AT_ONCE):
             end = min(begin + _ROWS_AT_ONCE, count)
             rows = log_softmax(logits[begin:end])
-            targets = self.token_ids[start_pos + begin + 1:start_pos + end + 1]
+            targets = self.token_ids[start_pos + begin + 1 : start_pos + end + 1]
             positions = slice(start_pos + begin + 1, start_pos + end + 1)
             self._logprobs[positions] = rows[np.arange(end - begin), targets]
             self._done[positions] = True
@@ -62,11 +63,11 @@ class PromptScores:
                 for j, row in enumerate(rows):
                     self._top[start_pos + begin + 1 + j] = top_logprobs(row, self.num_top)
 
-    def logprobs(self) -> List[Optional[float]]:
+    def logprobs(self) -> list[float | None]:
         """log P(token i | tokens before it) per prompt position, None for the first (and any not scored)."""
         return [float(v) if done and i else None for i, (v, done) in enumerate(zip(self._logprobs, self._done))]
 
-    def top_logprobs(self) -> List[TopLogprobs]:
+    def top_logprobs(self) -> list[TopLogprobs]:
         """The `num_top` most likely (token id, logprob) per prompt position, most likely first ([] at 0)."""
         return [list(top) for top in self._top]
 
@@ -76,7 +77,7 @@ def top_logprobs(row: np.ndarray, k: int) -> TopLogprobs:
     return [(int(t), float(row[t])) for t in top_candidates(row, k)]
 
 
-def score_refusal(runner) -> Optional[str]:
+def score_refusal(runner) -> str | None:
     """None when `runner` returns every token's logits of the sequences that ask (model_io.PromptScorer); else
     why requests for prompt logprobs are refused."""
     if isinstance(runner, PromptScorer):

@@ -10,8 +10,10 @@ The request owns its tokens (prompt + output), how many of them are in the KV ca
 (`num_computed_tokens`), its block table, and its timestamps. "Finished" is derived from the status,
 never kept as a separate flag.
 """
+
 import enum
-from typing import FrozenSet, Iterable, List, Optional, Sequence, Tuple, Union
+from collections.abc import Iterable, Sequence
+from typing import Union
 
 import numpy as np
 
@@ -21,7 +23,7 @@ EosIds = Union[int, Iterable[int], None]
 """One end-of-sequence id, several, or None (none)."""
 
 
-def eos_ids(value: EosIds) -> FrozenSet[int]:
+def eos_ids(value: EosIds) -> frozenset[int]:
     if value is None:
         return frozenset()
     if isinstance(value, frozenset):
@@ -31,22 +33,22 @@ def eos_ids(value: EosIds) -> FrozenSet[int]:
     return frozenset(int(i) for i in value)
 
 
-def inter_token_latency(first_token_time: Optional[float], last_token_time: Optional[float],
-                        num_tokens: int) -> Optional[float]:
+def inter_token_latency(first_token_time: float | None, last_token_time: float | None, num_tokens: int) -> float | None:
     """Mean seconds between consecutive generated tokens; None before there are two."""
     if first_token_time is None or last_token_time is None or num_tokens < 2:
         return None
     return (last_token_time - first_token_time) / (num_tokens - 1)
 
 
-class FinishReason(str, enum.Enum):
+class FinishReason(enum.StrEnum):
     """Why a request finished; the value is the word the APIs report."""
-    EOS = "eos"            # generated the end-of-sequence token
-    STOP = "stop"          # a stop token id or a stop string
-    LENGTH = "length"      # max_new_tokens or max_model_len reached
-    ABORT = "abort"        # aborted by the client or the server
-    ERROR = "error"        # the model step failed for this request
-    GRAMMAR = "grammar"    # the structured output's grammar allows no further token
+
+    EOS = "eos"  # generated the end-of-sequence token
+    STOP = "stop"  # a stop token id or a stop string
+    LENGTH = "length"  # max_new_tokens or max_model_len reached
+    ABORT = "abort"  # aborted by the client or the server
+    ERROR = "error"  # the model step failed for this request
+    GRAMMAR = "grammar"  # the structured output's grammar allows no further token
 
     def __str__(self):
         return self.value
@@ -68,7 +70,7 @@ class RequestStatus(enum.Enum):
         return self in _FINISH_REASONS
 
     @property
-    def finish_reason(self) -> Optional[FinishReason]:
+    def finish_reason(self) -> FinishReason | None:
         return _FINISH_REASONS.get(self)
 
 
@@ -95,8 +97,15 @@ _ALLOWED = {
 class Request:
     """A request inside the engine: tokens, KV bookkeeping, status and timing."""
 
-    def __init__(self, request_id: str, prompt_token_ids: Sequence[int], sampling_params: SamplingParams,
-                 arrival_time: float, eos_token_id: EosIds = None, prompt: Optional[str] = None):
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling_params: SamplingParams,
+        arrival_time: float,
+        eos_token_id: EosIds = None,
+        prompt: str | None = None,
+    ):
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = tuple(int(t) for t in prompt_token_ids)
@@ -104,24 +113,25 @@ class Request:
         self.eos_token_ids = eos_ids(eos_token_id)
         """The ids that finish it with reason "eos" (a model may have several: LLaMA-3 has two)."""
         self.status = RequestStatus.WAITING
-        self.error: Optional[str] = None
+        self.error: str | None = None
         self.seq_id = -1
         """The scheduler's number for this request (SeqStep.seq_id), given when it is added."""
 
-        self.output_token_ids: List[int] = []
-        self._all_token_ids: List[int] = list(self.prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self._all_token_ids: list[int] = list(self.prompt_token_ids)
         self.num_computed_tokens = 0
         """Tokens whose keys/values are in the KV cache (prompt first, then outputs)."""
 
-        self.block_table: List[int] = []
+        self.block_table: list[int] = []
         """Physical KV blocks of this request, in position order; owned by the BlockManager."""
-        self.block_hashes: List[bytes] = []
+        self.block_hashes: list[bytes] = []
         """Chained hashes of this request's full token blocks (prefix caching); extended lazily."""
         self.num_cached_prompt_tokens = 0
         """Tokens found in the prefix cache at the last admission."""
 
-        self.generator: Optional[np.random.Generator] = (
-            np.random.default_rng(sampling_params.seed) if sampling_params.seed is not None else None)
+        self.generator: np.random.Generator | None = (
+            np.random.default_rng(sampling_params.seed) if sampling_params.seed is not None else None
+        )
 
         self.group_id = request_id
         """The id of the request this one is a choice of (SamplingParams n / best_of): its own for the first."""
@@ -129,7 +139,7 @@ class Request:
         """Which choice of its group this is (0: the request as added)."""
         self.num_pending_choices = sampling_params.num_choices - 1
         """Choices still to fork off this one: they do at its first sampled token (llm/choices.py)."""
-        self.bad_words_ids: Tuple[Tuple[int, ...], ...] = ()
+        self.bad_words_ids: tuple[tuple[int, ...], ...] = ()
         """The token sequences of SamplingParams.bad_words (the engine tokenizes them): the sampler bans the last
         token of each one after the others."""
         self.grammar = None
@@ -139,15 +149,15 @@ class Request:
         none. While not complete, the request computes its whole prompt and asks for every token's logits."""
 
         self.arrival_time = arrival_time
-        self.first_scheduled_time: Optional[float] = None
-        self.first_token_time: Optional[float] = None
-        self.last_token_time: Optional[float] = None
-        self.finished_time: Optional[float] = None
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
+        self.finished_time: float | None = None
         self.num_preemptions = 0
 
     # --- tokens -------------------------------------------------------------------------------
     @property
-    def all_token_ids(self) -> List[int]:
+    def all_token_ids(self) -> list[int]:
         """Prompt then output tokens. Read-only by convention: change it only through append_output_token."""
         return self._all_token_ids
 
@@ -185,7 +195,9 @@ class Request:
     def pop_output_tokens(self, count: int) -> None:
         """Takes back the last `count` output tokens (placeholders of tokens still being computed)."""
         if not 0 <= count <= self.num_output_tokens:
-            raise ValueError(f"request {self.request_id} has {self.num_output_tokens} output tokens, cannot take back {count}")
+            raise ValueError(
+                f"request {self.request_id} has {self.num_output_tokens} output tokens, cannot take back {count}"
+            )
         if count:
             del self.output_token_ids[-count:]
             del self._all_token_ids[-count:]
@@ -196,7 +208,7 @@ class Request:
         return self.status.finished
 
     @property
-    def finish_reason(self) -> Optional[FinishReason]:
+    def finish_reason(self) -> FinishReason | None:
         return self.status.finish_reason
 
     def set_status(self, status: RequestStatus) -> None:
@@ -204,7 +216,7 @@ class Request:
             raise RuntimeError(f"request {self.request_id}: illegal status change {self.status.name} -> {status.name}")
         self.status = status
 
-    def check_stop(self, max_model_len: int) -> Optional[RequestStatus]:
+    def check_stop(self, max_model_len: int) -> RequestStatus | None:
         """The finished status this request has reached after its last token, or None to go on."""
         params = self.sampling_params
         last = self.output_token_ids[-1]
@@ -219,5 +231,7 @@ class Request:
         return None
 
     def __repr__(self):
-        return (f"Request({self.request_id!r}, {self.status.name}, prompt={self.num_prompt_tokens}, "
-                f"output={self.num_output_tokens}, computed={self.num_computed_tokens}, blocks={self.block_table})")
+        return (
+            f"Request({self.request_id!r}, {self.status.name}, prompt={self.num_prompt_tokens}, "
+            f"output={self.num_output_tokens}, computed={self.num_computed_tokens}, blocks={self.block_table})"
+        )

@@ -21,8 +21,9 @@ The returned log-probability of the chosen token (and the optional top alternati
 logprobs_mode: "raw", the model's own distribution, log_softmax(logits); "processed", log_softmax of the logits
 after step 1, before temperature and truncation (a token step 1 banned has logprob -inf there).
 """
+
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Collection, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -35,15 +36,15 @@ NO_TOKEN = -1
 
 @dataclass
 class SamplerOutput:
-    token_ids: List[int]
+    token_ids: list[int]
     """The chosen token per row; NO_TOKEN (-1) where no token is allowed."""
-    logprobs: List[float]
+    logprobs: list[float]
     """log P(chosen token), under the distribution the row's logprobs_mode names."""
-    top_logprobs: List[List[Tuple[int, float]]] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     """Per row, the `top_logprobs` most likely (token id, logprob) pairs, most likely first (empty if not asked)."""
 
 
-def greedy_with_logprobs(logits: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+def greedy_with_logprobs(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per row of logits [n, vocab]: the argmax (ties go to the lowest id) and its log-probability, exactly
     as `Sampler.sample` computes them for a greedy row (model runners use it for multi-step decoding)."""
     logits = np.asarray(logits, dtype=np.float32)
@@ -71,13 +72,13 @@ def top_candidates(row: np.ndarray, k: int) -> np.ndarray:
     if k >= vocab:
         candidates = np.arange(vocab)
     else:
-        head = np.argpartition(row, vocab - k)[vocab - k:]
+        head = np.argpartition(row, vocab - k)[vocab - k :]
         # argpartition breaks ties at the k-th value arbitrarily: widen to every tie (in id order), then cut.
         candidates = np.flatnonzero(row >= row[head].min())
     return candidates[np.argsort(-row[candidates], kind="stable")][:k]
 
 
-def _draw(candidates: Optional[np.ndarray], weights: np.ndarray, generator: np.random.Generator) -> int:
+def _draw(candidates: np.ndarray | None, weights: np.ndarray, generator: np.random.Generator) -> int:
     """One id drawn from unnormalised `weights` over `candidates` (None: ids 0..len-1) with one uniform number."""
     cumulative = np.cumsum(weights)
     index = int(np.searchsorted(cumulative, generator.random() * cumulative[-1], side="right"))
@@ -86,8 +87,9 @@ def _draw(candidates: Optional[np.ndarray], weights: np.ndarray, generator: np.r
     return index if candidates is None else int(candidates[index])
 
 
-def _accept_or_draw(candidates: Optional[np.ndarray], weights: np.ndarray, proposed: Optional[int],
-                    generator: np.random.Generator) -> int:
+def _accept_or_draw(
+    candidates: np.ndarray | None, weights: np.ndarray, proposed: int | None, generator: np.random.Generator
+) -> int:
     """Rejection sampling of one proposed token: `proposed` with its probability under the weights, else a draw
     from the weights without it (renormalised); a plain draw when nothing is proposed. Either way the token is
     distributed as the weights say."""
@@ -117,16 +119,21 @@ class Sampler:
     # so peaked distributions never sort the whole vocabulary.
     TOP_P_FIRST_CANDIDATES = 64
 
-    def __init__(self, seed: Optional[int] = None):
+    def __init__(self, seed: int | None = None):
         self._rng = np.random.default_rng(seed)
 
-    def sample(self, logits: np.ndarray, params: Sequence[SamplingParams],
-               token_histories: Sequence[Sequence[int]],
-               generators: Optional[Sequence[Optional[np.random.Generator]]] = None, *,
-               output_token_ids: Optional[Sequence[Sequence[int]]] = None,
-               eos_token_ids: Optional[Sequence[Collection[int]]] = None,
-               bad_words_ids: Optional[Sequence[TokenSequences]] = None,
-               bitmasks: Optional[np.ndarray] = None) -> SamplerOutput:
+    def sample(
+        self,
+        logits: np.ndarray,
+        params: Sequence[SamplingParams],
+        token_histories: Sequence[Sequence[int]],
+        generators: Sequence[np.random.Generator | None] | None = None,
+        *,
+        output_token_ids: Sequence[Sequence[int]] | None = None,
+        eos_token_ids: Sequence[Collection[int]] | None = None,
+        bad_words_ids: Sequence[TokenSequences] | None = None,
+        bitmasks: np.ndarray | None = None,
+    ) -> SamplerOutput:
         """`logits` [n, vocab]; per row its params, its prompt + output tokens (repetition penalty), its own
         generator (None: the shared one), its output tokens (presence / frequency penalties, bad words,
         min_tokens; None: no output yet), its end-of-sequence ids (min_tokens; None: none), its banned token
@@ -138,8 +145,10 @@ class Sampler:
             raise ValueError(f"sampler expects logits [{n}, vocab], got shape {logits.shape}")
         per_row = (token_histories, generators, output_token_ids, eos_token_ids, bad_words_ids)
         if any(values is not None and len(values) != n for values in per_row):
-            raise ValueError("sampler needs one params, one token history and one generator per row (and one "
-                             "output, end-of-sequence set and bad word list where given)")
+            raise ValueError(
+                "sampler needs one params, one token history and one generator per row (and one "
+                "output, end-of-sequence set and bad word list where given)"
+            )
         outputs = output_token_ids if output_token_ids is not None else [()] * n
         bad_words = bad_words_ids if bad_words_ids is not None else [()] * n
         restricted = restricted_rows(bitmasks, n)
@@ -153,11 +162,14 @@ class Sampler:
         processed_logprobs = {}
         if processed_rows:
             processed = process_logits(
-                np.take(logits, processed_rows, axis=0), [params[i] for i in processed_rows],
-                [token_histories[i] for i in processed_rows], [outputs[i] for i in processed_rows],
+                np.take(logits, processed_rows, axis=0),
+                [params[i] for i in processed_rows],
+                [token_histories[i] for i in processed_rows],
+                [outputs[i] for i in processed_rows],
                 [eos_token_ids[i] if eos_token_ids is not None else () for i in processed_rows],
                 [bad_words[i] for i in processed_rows],
-                None if bitmasks is None else np.asarray(bitmasks)[processed_rows])
+                None if bitmasks is None else np.asarray(bitmasks)[processed_rows],
+            )
             best = np.argmax(processed, axis=1)
             allowed = processed[np.arange(len(processed_rows)), best] > -np.inf
             for k, i in enumerate(processed_rows):
@@ -166,26 +178,32 @@ class Sampler:
                     tokens[i] = NO_TOKEN
                     continue
                 if p.logprobs_mode == "processed":
-                    processed_logprobs[i] = processed[k] - _log_normaliser(processed[k:k + 1])[0]
+                    processed_logprobs[i] = processed[k] - _log_normaliser(processed[k : k + 1])[0]
                 tokens[i] = best[k] if p.greedy else self._sample_row(processed[k], p, self._generator(generators, i))
         return self._output(logits, params, tokens, processed_logprobs)
 
-    def sample_requests(self, logits: np.ndarray, requests: Sequence,
-                        bitmasks: Optional[np.ndarray] = None) -> SamplerOutput:
+    def sample_requests(
+        self, logits: np.ndarray, requests: Sequence, bitmasks: np.ndarray | None = None
+    ) -> SamplerOutput:
         """Convenience over `sample` for objects with sampling_params, all_token_ids, output_token_ids,
         eos_token_ids, bad_words_ids and generator (Request); `bitmasks` as in `sample`, a row per request."""
-        return self.sample(logits, [r.sampling_params for r in requests], [r.all_token_ids for r in requests],
-                           [r.generator for r in requests],
-                           output_token_ids=[r.output_token_ids for r in requests],
-                           eos_token_ids=[r.eos_token_ids for r in requests],
-                           bad_words_ids=[r.bad_words_ids for r in requests], bitmasks=bitmasks)
+        return self.sample(
+            logits,
+            [r.sampling_params for r in requests],
+            [r.all_token_ids for r in requests],
+            [r.generator for r in requests],
+            output_token_ids=[r.output_token_ids for r in requests],
+            eos_token_ids=[r.eos_token_ids for r in requests],
+            bad_words_ids=[r.bad_words_ids for r in requests],
+            bitmasks=bitmasks,
+        )
 
-    def _generator(self, generators: Optional[Sequence[Optional[np.random.Generator]]],
-                   row: int) -> np.random.Generator:
+    def _generator(self, generators: Sequence[np.random.Generator | None] | None, row: int) -> np.random.Generator:
         return generators[row] if generators is not None and generators[row] is not None else self._rng
 
-    def _output(self, logits: np.ndarray, params: Sequence[SamplingParams], tokens: np.ndarray,
-                processed_logprobs: dict) -> SamplerOutput:
+    def _output(
+        self, logits: np.ndarray, params: Sequence[SamplingParams], tokens: np.ndarray, processed_logprobs: dict
+    ) -> SamplerOutput:
         """The chosen tokens with their logprobs: raw rows from log_softmax(logits), processed rows from the
         processed logprobs given."""
         n = len(params)
@@ -214,7 +232,7 @@ class Sampler:
         return _draw(*cls._distribution(row, params), generator)
 
     @classmethod
-    def _distribution(cls, row: np.ndarray, params: SamplingParams) -> Tuple[Optional[np.ndarray], np.ndarray]:
+    def _distribution(cls, row: np.ndarray, params: SamplingParams) -> tuple[np.ndarray | None, np.ndarray]:
         """What a sampled row draws from: (candidate ids, None for every id in order; their unnormalised weights)
         after temperature, top_k, top_p and min_p."""
         row = np.asarray(row, dtype=np.float64) / params.temperature
@@ -249,8 +267,9 @@ class Sampler:
         return candidates, weights
 
     # --- speculative decoding -----------------------------------------------------------------
-    def verify(self, logits: np.ndarray, request, draft: Sequence[int],
-               bitmasks: Optional[np.ndarray] = None) -> SamplerOutput:
+    def verify(
+        self, logits: np.ndarray, request, draft: Sequence[int], bitmasks: np.ndarray | None = None
+    ) -> SamplerOutput:
         """Which of the proposed tokens `draft` a row keeps (speculative decoding), and the token that follows them:
         `logits` [len(draft) + 1, vocab], row j computed after the row's tokens and draft[:j]; `request` as for
         `sample_requests`. Returns the tokens kept, each with its logprob and top logprobs as `sample` gives them:
@@ -271,22 +290,29 @@ class Sampler:
         draft = [int(t) for t in draft]
         num_rows = len(draft) + 1
         if logits.ndim != 2 or logits.shape[0] != num_rows:
-            raise ValueError(f"verify expects logits [{num_rows}, vocab] for a draft of {len(draft)}, "
-                             f"got shape {logits.shape}")
+            raise ValueError(
+                f"verify expects logits [{num_rows}, vocab] for a draft of {len(draft)}, got shape {logits.shape}"
+            )
         params = request.sampling_params
         num_output = len(request.output_token_ids)
         processed = None
-        if bitmasks is not None or any(needs_processing(params, num_output + j, request.bad_words_ids)
-                                       for j in range(num_rows)):
+        if bitmasks is not None or any(
+            needs_processing(params, num_output + j, request.bad_words_ids) for j in range(num_rows)
+        ):
             # each position's tokens before it: the request's, then the proposed ones before that position
             history, output = list(request.all_token_ids), list(request.output_token_ids)
             processed = process_logits(
-                logits.copy(), [params] * num_rows, [history + draft[:j] for j in range(num_rows)],
-                [output + draft[:j] for j in range(num_rows)], [request.eos_token_ids] * num_rows,
-                [request.bad_words_ids] * num_rows, bitmasks)
+                logits.copy(),
+                [params] * num_rows,
+                [history + draft[:j] for j in range(num_rows)],
+                [output + draft[:j] for j in range(num_rows)],
+                [request.eos_token_ids] * num_rows,
+                [request.bad_words_ids] * num_rows,
+                bitmasks,
+            )
         rows = processed if processed is not None else logits
         generator = request.generator if request.generator is not None else self._rng
-        tokens: List[int] = []
+        tokens: list[int] = []
         for j in range(num_rows):
             row = rows[j]
             if not row.max() > -np.inf:
@@ -304,11 +330,15 @@ class Sampler:
                 break
         processed_logprobs = {}
         if processed is not None and params.logprobs_mode == "processed":
-            processed_logprobs = {j: processed[j] - _log_normaliser(processed[j:j + 1])[0]
-                                  for j in range(len(tokens)) if tokens[j] != NO_TOKEN}
-        return self._output(logits[:len(tokens)], [params] * len(tokens), np.asarray(tokens, np.int64),
-                            processed_logprobs)
+            processed_logprobs = {
+                j: processed[j] - _log_normaliser(processed[j : j + 1])[0]
+                for j in range(len(tokens))
+                if tokens[j] != NO_TOKEN
+            }
+        return self._output(
+            logits[: len(tokens)], [params] * len(tokens), np.asarray(tokens, np.int64), processed_logprobs
+        )
 
     @staticmethod
-    def _top(logprobs_row: np.ndarray, count: int) -> List[Tuple[int, float]]:
+    def _top(logprobs_row: np.ndarray, count: int) -> list[tuple[int, float]]:
         return [(int(t), float(logprobs_row[t])) for t in top_candidates(logprobs_row, count)]

@@ -4,24 +4,26 @@
 ValueError) whose message names the field, the value and the allowed range, e.g.
 "top_p must be in (0, 1], got 1.5".
 """
+
 import functools
 import json
 import math
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Tuple, Union
+from typing import Any, Optional
 
 import numpy as np
 
 from mindspore_serving.llm.errors import InvalidRequestError
 from mindspore_serving.llm.fields import check_known_fields
 
-_MAX_SEED = 2 ** 64 - 1
-MAX_STOP_STRINGS = 16   # the front ends take fewer (4, as TGI)
-MAX_STOP_LENGTH = 256   # characters of one stop string
+_MAX_SEED = 2**64 - 1
+MAX_STOP_STRINGS = 16  # the front ends take fewer (4, as TGI)
+MAX_STOP_LENGTH = 256  # characters of one stop string
 MAX_TOP_LOGPROBS = 20
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range of one bias: [-100, 100]
-MAX_CHOICES = 16        # n and best_of
+MAX_CHOICES = 16  # n and best_of
 LOGPROBS_MODES = ("raw", "processed")
 STRUCTURED_OUTPUT_TYPES = ("json", "json_object", "regex", "choice", "grammar")
 MAX_STRUCTURED_OUTPUT_CHARS = 256 * 1024
@@ -46,18 +48,22 @@ class StructuredOutput:
       * "choice": `value` is a JSON list of strings, the output is one of them;
       * "grammar": `value` is a Lark grammar (llguidance's dialect; GBNF is converted).
     """
+
     type: str
     value: str = ""
 
     def __post_init__(self):
         if self.type not in STRUCTURED_OUTPUT_TYPES:
-            raise InvalidRequestError(f"structured output type must be one of {list(STRUCTURED_OUTPUT_TYPES)}, "
-                                      f"got {self.type!r}")
+            raise InvalidRequestError(
+                f"structured output type must be one of {list(STRUCTURED_OUTPUT_TYPES)}, got {self.type!r}"
+            )
         if not isinstance(self.value, str):
             object.__setattr__(self, "value", json.dumps(self.value))
         if len(self.value) > MAX_STRUCTURED_OUTPUT_CHARS:
-            raise InvalidRequestError(f"the {self.type} of a structured output may have at most "
-                                      f"{MAX_STRUCTURED_OUTPUT_CHARS} characters, got {len(self.value)}")
+            raise InvalidRequestError(
+                f"the {self.type} of a structured output may have at most "
+                f"{MAX_STRUCTURED_OUTPUT_CHARS} characters, got {len(self.value)}"
+            )
         if self.type in ("json", "choice"):
             try:
                 parsed = json.loads(self.value)
@@ -65,8 +71,9 @@ class StructuredOutput:
                 raise InvalidRequestError(f"the {self.type} of a structured output is not valid JSON: {err}") from None
             if self.type == "json" and not isinstance(parsed, (dict, bool)):
                 raise InvalidRequestError(f"a JSON schema must be an object, got {type(parsed).__name__}")
-            if self.type == "choice" and (not isinstance(parsed, list) or not parsed
-                                          or not all(isinstance(c, str) for c in parsed)):
+            if self.type == "choice" and (
+                not isinstance(parsed, list) or not parsed or not all(isinstance(c, str) for c in parsed)
+            ):
                 raise InvalidRequestError("a choice structured output needs a non-empty list of strings")
         elif self.type in ("regex", "grammar") and not self.value:
             raise InvalidRequestError(f"a {self.type} structured output needs a non-empty {self.type}")
@@ -111,19 +118,19 @@ class SamplingParams:
     """> 0. Each token already in the prompt or the output has its logit divided by the penalty when
     positive and multiplied by it when negative (1.0: off)."""
 
-    do_sample: Optional[bool] = None
+    do_sample: bool | None = None
     """TGI's switch. False: greedy whatever the temperature. True: sample (temperature must be > 0).
     None: sample unless temperature == 0."""
 
-    seed: Optional[int] = None
+    seed: int | None = None
     """Seed of this request's own random generator: the same seed gives the same tokens whatever else is
     in the batch. None: use the engine's shared generator."""
 
-    stop: Tuple[str, ...] = ()
+    stop: tuple[str, ...] = ()
     """Stop strings: the output text is cut before the first occurrence and the request finishes with
     reason "stop". A single string is accepted."""
 
-    stop_token_ids: Tuple[int, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
     """Token ids that finish the request with reason "stop" (the token stays in the output ids)."""
 
     ignore_eos: bool = False
@@ -144,7 +151,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     """OpenAI's: subtracted from a token's logit once per time the output already holds it, in [-2, 2]."""
 
-    logit_bias: Tuple[Tuple[int, float], ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] = ()
     """Added to the logits of these token ids before sampling, each in [-100, 100] (OpenAI's; a dict
     {token id: bias} is accepted, its keys may be strings)."""
 
@@ -154,11 +161,11 @@ class SamplingParams:
     min_tokens: int = 0
     """End-of-sequence and stop token ids cannot end the output before it has this many tokens."""
 
-    bad_words: Tuple[str, ...] = ()
+    bad_words: tuple[str, ...] = ()
     """Words the output must not contain: the last token of each one's tokenization is banned after the
     tokens before it."""
 
-    allowed_token_ids: Tuple[int, ...] = ()
+    allowed_token_ids: tuple[int, ...] = ()
     """When set, only these token ids may be generated."""
 
     logprobs_mode: str = "raw"
@@ -166,18 +173,18 @@ class SamplingParams:
     the logits the sampler chose from ("processed": after penalties, biases and masks, before temperature and
     truncation)."""
 
-    prompt_logprobs: Optional[int] = None
+    prompt_logprobs: int | None = None
     """Score the prompt: each prompt token's log-probability (0), and its this many most likely alternatives;
     None: not scored."""
 
     n: int = 1
     """Choices returned; they share the prompt's computation and each samples on its own."""
 
-    best_of: Optional[int] = None
+    best_of: int | None = None
     """Choices generated (>= n), of which the n with the highest cumulative log-probability are returned;
     None: n."""
 
-    structured_output: Optional[StructuredOutput] = None
+    structured_output: StructuredOutput | None = None
     """A grammar the output must follow (JSON schema, regex, choice, Lark); a dict {type, value} is accepted."""
 
     def __post_init__(self):
@@ -188,20 +195,27 @@ class SamplingParams:
             raise InvalidRequestError(f"max_new_tokens must be an int >= 0, got {self.max_new_tokens!r}")
         if not _is_number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
             raise InvalidRequestError(
-                f"temperature must be a finite number >= 0 (0 means greedy), got {self.temperature!r}")
+                f"temperature must be a finite number >= 0 (0 means greedy), got {self.temperature!r}"
+            )
         if not _is_int(self.top_k) or self.top_k < -1:
             raise InvalidRequestError(f"top_k must be an int >= 0 (0 or -1 disables it), got {self.top_k!r}")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if (not _is_number(self.repetition_penalty) or not math.isfinite(self.repetition_penalty)
-                or self.repetition_penalty <= 0):
+        if (
+            not _is_number(self.repetition_penalty)
+            or not math.isfinite(self.repetition_penalty)
+            or self.repetition_penalty <= 0
+        ):
             raise InvalidRequestError(
-                f"repetition_penalty must be a finite number > 0 (1.0 is off), got {self.repetition_penalty!r}")
+                f"repetition_penalty must be a finite number > 0 (1.0 is off), got {self.repetition_penalty!r}"
+            )
         if self.do_sample is not None and not isinstance(self.do_sample, bool):
             raise InvalidRequestError(f"do_sample must be true, false or null, got {self.do_sample!r}")
         if self.do_sample is True and self.temperature == 0:
-            raise InvalidRequestError("do_sample=True needs temperature > 0, got temperature=0; "
-                                      "raise the temperature or set do_sample=False for greedy decoding")
+            raise InvalidRequestError(
+                "do_sample=True needs temperature > 0, got temperature=0; "
+                "raise the temperature or set do_sample=False for greedy decoding"
+            )
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= _MAX_SEED):
             raise InvalidRequestError(f"seed must be an int in [0, 2**64 - 1] or null, got {self.seed!r}")
         object.__setattr__(self, "stop", _as_stop_strings(self.stop))
@@ -210,8 +224,9 @@ class SamplingParams:
             if not isinstance(getattr(self, name), bool):
                 raise InvalidRequestError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if not _is_int(self.top_logprobs) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise InvalidRequestError(f"top_logprobs must be an int in [0, {MAX_TOP_LOGPROBS}], got "
-                                      f"{self.top_logprobs!r}")
+            raise InvalidRequestError(
+                f"top_logprobs must be an int in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}"
+            )
         self._validate_penalties()
         self._validate_choices()
         object.__setattr__(self, "structured_output", StructuredOutput.of(self.structured_output))
@@ -227,25 +242,30 @@ class SamplingParams:
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
             raise InvalidRequestError(f"min_tokens must be an int >= 0, got {self.min_tokens!r}")
         if self.min_tokens > self.max_new_tokens:
-            raise InvalidRequestError(f"min_tokens ({self.min_tokens}) must not exceed max_new_tokens "
-                                      f"({self.max_new_tokens})")
+            raise InvalidRequestError(
+                f"min_tokens ({self.min_tokens}) must not exceed max_new_tokens ({self.max_new_tokens})"
+            )
         object.__setattr__(self, "bad_words", _as_strings(self.bad_words, "bad_words"))
         object.__setattr__(self, "allowed_token_ids", _as_token_ids(self.allowed_token_ids, "allowed_token_ids"))
         if self.logprobs_mode not in LOGPROBS_MODES:
-            raise InvalidRequestError(f"logprobs_mode must be one of {list(LOGPROBS_MODES)}, got "
-                                      f"{self.logprobs_mode!r}")
-        if self.prompt_logprobs is not None and (not _is_int(self.prompt_logprobs)
-                                                 or not 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS):
-            raise InvalidRequestError(f"prompt_logprobs must be an int in [0, {MAX_TOP_LOGPROBS}] or null, got "
-                                      f"{self.prompt_logprobs!r}")
+            raise InvalidRequestError(
+                f"logprobs_mode must be one of {list(LOGPROBS_MODES)}, got {self.logprobs_mode!r}"
+            )
+        if self.prompt_logprobs is not None and (
+            not _is_int(self.prompt_logprobs) or not 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS
+        ):
+            raise InvalidRequestError(
+                f"prompt_logprobs must be an int in [0, {MAX_TOP_LOGPROBS}] or null, got {self.prompt_logprobs!r}"
+            )
 
     def _validate_choices(self) -> None:
         if not _is_int(self.n) or not 1 <= self.n <= MAX_CHOICES:
             raise InvalidRequestError(f"n must be an int in [1, {MAX_CHOICES}], got {self.n!r}")
         if self.best_of is not None:
             if not _is_int(self.best_of) or not self.n <= self.best_of <= MAX_CHOICES:
-                raise InvalidRequestError(f"best_of must be an int in [n, {MAX_CHOICES}] (n is {self.n}), got "
-                                          f"{self.best_of!r}")
+                raise InvalidRequestError(
+                    f"best_of must be an int in [n, {MAX_CHOICES}] (n is {self.n}), got {self.best_of!r}"
+                )
 
     @property
     def num_choices(self) -> int:
@@ -270,9 +290,15 @@ class SamplingParams:
     def processes_logits(self) -> bool:
         """True when the sampler changes the logits before choosing (llm/logits_processors.py): a repetition,
         presence or frequency penalty, a logit bias, allowed ids, bad words or min_tokens."""
-        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0 or self.frequency_penalty != 0
-                or bool(self.logit_bias) or bool(self.allowed_token_ids) or bool(self.bad_words)
-                or self.min_tokens > 0)
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0
+            or self.frequency_penalty != 0
+            or bool(self.logit_bias)
+            or bool(self.allowed_token_ids)
+            or bool(self.bad_words)
+            or self.min_tokens > 0
+        )
 
     @functools.cached_property  # frozen: asked for per row and step
     def plain_greedy(self) -> bool:
@@ -280,8 +306,15 @@ class SamplingParams:
         the model's own logits, raw logprobs of the chosen token only, one choice, nothing for the engine to look
         at between tokens (stop strings, a grammar). Prompt scores are the step's business: a row that asks for
         every position's logits (SeqStep.all_logits) is never the runner's to choose."""
-        return (self.greedy and not self.processes_logits and not self.stop and not self.top_logprobs
-                and self.logprobs_mode == "raw" and self.structured_output is None and self.num_choices == 1)
+        return (
+            self.greedy
+            and not self.processes_logits
+            and not self.stop
+            and not self.top_logprobs
+            and self.logprobs_mode == "raw"
+            and self.structured_output is None
+            and self.num_choices == 1
+        )
 
     @classmethod
     def from_dict(cls, values: dict) -> "SamplingParams":
@@ -292,7 +325,7 @@ class SamplingParams:
         return cls(**values)
 
 
-def _as_stop_strings(stop: Union[str, Sequence[str], None]) -> Tuple[str, ...]:
+def _as_stop_strings(stop: str | Sequence[str] | None) -> tuple[str, ...]:
     if stop is None:
         return ()
     if isinstance(stop, str):
@@ -305,12 +338,13 @@ def _as_stop_strings(stop: Union[str, Sequence[str], None]) -> Tuple[str, ...]:
         if not isinstance(item, str) or not item:
             raise InvalidRequestError(f"stop strings must be non-empty strings, got {item!r}")
         if len(item) > MAX_STOP_LENGTH:
-            raise InvalidRequestError(f"stop strings may have at most {MAX_STOP_LENGTH} characters, got one of "
-                                      f"{len(item)}")
+            raise InvalidRequestError(
+                f"stop strings may have at most {MAX_STOP_LENGTH} characters, got one of {len(item)}"
+            )
     return tuple(stop)
 
 
-def _as_token_ids(ids, name: str = "stop_token_ids") -> Tuple[int, ...]:
+def _as_token_ids(ids, name: str = "stop_token_ids") -> tuple[int, ...]:
     if ids is None:
         return ()
     if not isinstance(ids, (list, tuple)):
@@ -321,7 +355,7 @@ def _as_token_ids(ids, name: str = "stop_token_ids") -> Tuple[int, ...]:
     return tuple(int(i) for i in ids)
 
 
-def _as_strings(values, name: str) -> Tuple[str, ...]:
+def _as_strings(values, name: str) -> tuple[str, ...]:
     if values is None:
         return ()
     if isinstance(values, str):
@@ -331,7 +365,7 @@ def _as_strings(values, name: str) -> Tuple[str, ...]:
     return tuple(values)
 
 
-def _as_logit_bias(bias) -> Tuple[Tuple[int, float], ...]:
+def _as_logit_bias(bias) -> tuple[tuple[int, float], ...]:
     """{token id (int or its decimal text): bias} or (id, bias) pairs -> sorted (int, float) pairs."""
     if bias is None:
         return ()
@@ -343,8 +377,9 @@ def _as_logit_bias(bias) -> Tuple[Tuple[int, float], ...]:
             if not _is_int(token_id) or token_id < 0:
                 raise InvalidRequestError(f"logit_bias keys must be token ids (ints >= 0), got {token!r}")
             if not _is_number(value) or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
-                raise InvalidRequestError(f"logit_bias values must be in [-100, 100], got {value!r} for token "
-                                          f"{token_id}")
+                raise InvalidRequestError(
+                    f"logit_bias values must be in [-100, 100], got {value!r} for token {token_id}"
+                )
             pairs[int(token_id)] = float(value)
     except (TypeError, ValueError) as err:
         if isinstance(err, InvalidRequestError):

@@ -46,11 +46,12 @@ the request then forks: choices 1..k-1 join the running requests as children sha
 run, are preempted and finish like any request. `take_forked` hands the new children to the engine;
 `group_members` names every unfinished choice of a request (abort).
 """
+
 import itertools
 import time
 from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -66,6 +67,7 @@ from mindspore_serving.llm.request import FinishReason, Request, RequestStatus
 @dataclass
 class ScheduledSeq:
     """One request's share of a step."""
+
     request_id: str
     num_tokens: int
     """Tokens computed this step: a prompt chunk, a recompute chunk, or 1 for a decode."""
@@ -74,7 +76,7 @@ class ScheduledSeq:
     """True when this step computes the request's last known token, so its logits give the next token;
     False for a prefill chunk that stops short of the end (its logits are discarded)."""
     is_prefill: bool
-    draft: Tuple[int, ...] = ()
+    draft: tuple[int, ...] = ()
     """Tokens proposed to follow (speculative decoding): the row computes its token then these, asking for every
     position's logits, and keeps the longest prefix the model agrees with plus one token of its own."""
 
@@ -82,16 +84,17 @@ class ScheduledSeq:
 @dataclass
 class SchedulerOutput:
     """The plan of one step. `scheduled` rows are in the order the runner gets their `SeqStep`s."""
+
     step_id: int
-    scheduled: List[ScheduledSeq] = field(default_factory=list)
-    preempted_request_ids: List[str] = field(default_factory=list)
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted_request_ids: list[str] = field(default_factory=list)
 
     @property
-    def seq_steps(self) -> List[SeqStep]:
+    def seq_steps(self) -> list[SeqStep]:
         return [row.seq_step for row in self.scheduled]
 
     @property
-    def request_ids(self) -> List[str]:
+    def request_ids(self) -> list[str]:
         return [row.request_id for row in self.scheduled]
 
     @property
@@ -118,10 +121,11 @@ class SchedulerOutput:
 @dataclass
 class RequestDelta:
     """What one step changed for one request (returned by `update_from_output`)."""
+
     request_id: str
-    new_token_ids: List[int]
+    new_token_ids: list[int]
     finished: bool
-    finish_reason: Optional[FinishReason]
+    finish_reason: FinishReason | None
 
 
 class _Budget:
@@ -139,26 +143,27 @@ class Scheduler:
     """Batching over a paged KV cache; see the module docstring for the algorithm. `policy` defaults to the one
     config.batching names."""
 
-    def __init__(self, config: SchedulerConfig, clock: Callable[[], float] = time.monotonic,
-                 policy: Optional[BatchingPolicy] = None):
+    def __init__(
+        self, config: SchedulerConfig, clock: Callable[[], float] = time.monotonic, policy: BatchingPolicy | None = None
+    ):
         self.config = config
         self.clock = clock
         self.policy = policy or make_batching_policy(config)
         self.block_manager = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.waiting: Deque[Request] = deque()
-        self.running: List[Request] = []
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
         """Admission order: the last one is the newest, preempted first."""
-        self.requests: Dict[str, Request] = {}
+        self.requests: dict[str, Request] = {}
         """Unfinished requests by id."""
-        self._advanced: Dict[str, Tuple[int, int]] = {}
+        self._advanced: dict[str, tuple[int, int]] = {}
         """Requests holding PLACEHOLDER tokens (advance_in_flight): id -> (placeholders, computed tokens added)."""
-        self._draining: Dict[str, Request] = {}
+        self._draining: dict[str, Request] = {}
         """Requests out of the batch, blocks freed, whose last tokens are still being computed."""
-        self._forking: Dict[str, List[Request]] = {}
+        self._forking: dict[str, list[Request]] = {}
         """Requests sampling their first token (children_to_fork) -> their children, until they fork."""
-        self._groups: Dict[str, List[Request]] = {}
+        self._groups: dict[str, list[Request]] = {}
         """Group id -> every choice of a request that forked, until they have all finished."""
-        self._forked: List[Request] = []
+        self._forked: list[Request] = []
         """Children created since the last `take_forked`."""
         self._step_id = 0
         self._seq_ids = itertools.count()
@@ -176,13 +181,13 @@ class Scheduler:
         self.waiting.append(request)
         self.last_arrival_time = self.clock()
 
-    def get_request(self, request_id: str) -> Optional[Request]:
+    def get_request(self, request_id: str) -> Request | None:
         return self.requests.get(request_id)
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
-    def group_members(self, request_id: str) -> List[Request]:
+    def group_members(self, request_id: str) -> list[Request]:
         """The unfinished choices of the request added as `request_id` (itself, and its children once it forked);
         [] when none is left or the id is not a request's own (a child's)."""
         group = self._groups.get(request_id)
@@ -191,12 +196,12 @@ class Scheduler:
         request = self.requests.get(request_id)
         return [request] if request is not None and request.group_id == request_id else []
 
-    def take_forked(self) -> List[Request]:
+    def take_forked(self) -> list[Request]:
         """The children that forked off their requests since the last call (each got its first token then)."""
         forked, self._forked = self._forked, []
         return forked
 
-    def children_to_fork(self, request: Request) -> List[Request]:
+    def children_to_fork(self, request: Request) -> list[Request]:
         """The children `request` forks into at this sampled token (its first): one per pending choice, made once
         and kept until `update_from_output` forks them; [] when it has no pending choice. Their first tokens
         are sampled from the request's logits row, each with its own generator."""
@@ -208,8 +213,9 @@ class Scheduler:
         return children
 
     def _id_taken(self, request_id: str) -> bool:
-        return request_id in self.requests or any(request_id == c.request_id
-                                                  for children in self._forking.values() for c in children)
+        return request_id in self.requests or any(
+            request_id == c.request_id for children in self._forking.values() for c in children
+        )
 
     @property
     def num_waiting(self) -> int:
@@ -241,8 +247,8 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         self._step_id += 1
         budget = _Budget(self.config.max_num_batched_tokens, self.config.prefill_token_cap)
-        scheduled: Dict[str, int] = {}
-        preempted: List[str] = []
+        scheduled: dict[str, int] = {}
+        preempted: list[str] = []
         self._schedule_running(budget, scheduled, preempted)
         if not preempted:
             self._schedule_waiting(budget, scheduled)
@@ -254,10 +260,11 @@ class Scheduler:
         """Whether decode rows may carry proposed tokens now: speculative decoding is configured and the batch is
         below its disable_by_batch_size."""
         spec = self.config.speculative
-        return spec is not None and (spec.disable_by_batch_size is None
-                                     or len(self.running) < spec.disable_by_batch_size)
+        return spec is not None and (
+            spec.disable_by_batch_size is None or len(self.running) < spec.disable_by_batch_size
+        )
 
-    def _propose_drafts(self, budget: _Budget, scheduled: Dict[str, int]) -> Dict[str, Tuple[int, ...]]:
+    def _propose_drafts(self, budget: _Budget, scheduled: dict[str, int]) -> dict[str, tuple[int, ...]]:
         """The proposed tokens of the step's decode rows that speculate (request id -> draft), each cut to what
         the budget, the free blocks, max_new_tokens and max_model_len leave; asked for after every row and prompt
         of the step is placed, so that a proposal never delays a prompt or preempts anyone."""
@@ -269,9 +276,12 @@ class Scheduler:
                 continue
             params = request.sampling_params
             # every proposed token accepted plus the model's own must stay within the request's limits
-            room = min(spec.num_speculative_tokens, budget.tokens,
-                       params.max_new_tokens - request.num_output_tokens - 1,
-                       self.config.max_model_len - request.num_tokens - 1)
+            room = min(
+                spec.num_speculative_tokens,
+                budget.tokens,
+                params.max_new_tokens - request.num_output_tokens - 1,
+                self.config.max_model_len - request.num_tokens - 1,
+            )
             if room <= 0:
                 continue
             draft = propose_ngram(request.all_token_ids, room, spec.prompt_lookup_min, spec.prompt_lookup_max)
@@ -280,7 +290,7 @@ class Scheduler:
                 budget.take(len(draft), prefill=False)
         return drafts
 
-    def _schedule_running(self, budget: _Budget, scheduled: Dict[str, int], preempted: List[str]) -> None:
+    def _schedule_running(self, budget: _Budget, scheduled: dict[str, int], preempted: list[str]) -> None:
         decodes = [r for r in self.running if not r.is_prefilling]
         prefills = [r for r in self.running if r.is_prefilling]
         for request in decodes + prefills:
@@ -296,8 +306,9 @@ class Scheduler:
             scheduled[request.request_id] = num_tokens
             budget.take(num_tokens, request.is_prefilling)
 
-    def _reserve(self, request: Request, num_tokens: int, budget: _Budget, scheduled: Dict[str, int],
-                 preempted: List[str]) -> bool:
+    def _reserve(
+        self, request: Request, num_tokens: int, budget: _Budget, scheduled: dict[str, int], preempted: list[str]
+    ) -> bool:
         """Gets the request blocks for `num_tokens` more tokens, preempting the newest running requests
         (possibly the request itself) until they fit. False when the request itself was preempted."""
         while not self.block_manager.append_slots(request, num_tokens):
@@ -311,7 +322,7 @@ class Scheduler:
                 return False
         return True
 
-    def _schedule_waiting(self, budget: _Budget, scheduled: Dict[str, int]) -> None:
+    def _schedule_waiting(self, budget: _Budget, scheduled: dict[str, int]) -> None:
         config = self.config
         self.policy.open_admission(self.waiting, len(self.running))
         slots = self._prefill_slots(scheduled)
@@ -344,7 +355,7 @@ class Scheduler:
             if slots is not None:
                 slots -= 1
 
-    def _prefill_slots(self, scheduled: Dict[str, int]) -> Optional[int]:
+    def _prefill_slots(self, scheduled: dict[str, int]) -> int | None:
         """How many prompts may still join this step (SchedulerConfig.max_prefills_per_decode_step), None: any."""
         cap = self.config.max_prefills_per_decode_step
         if cap is None:
@@ -354,27 +365,36 @@ class Scheduler:
             return None
         return max(0, cap - prefills)
 
-    def _build_output(self, scheduled: Dict[str, int], preempted: List[str],
-                      drafts: Mapping[str, Tuple[int, ...]]) -> SchedulerOutput:
+    def _build_output(
+        self, scheduled: dict[str, int], preempted: list[str], drafts: Mapping[str, tuple[int, ...]]
+    ) -> SchedulerOutput:
         output = SchedulerOutput(step_id=self._step_id, preempted_request_ids=preempted)
         for request_id, num_tokens in scheduled.items():
             request = self.requests[request_id]
             start = request.num_computed_tokens
             end = start + num_tokens
             draft = drafts.get(request_id, ())
-            step = SeqStep(token_ids=request.all_token_ids[start:end] + list(draft), start_pos=start,
-                           block_table=list(request.block_table), seq_id=request.seq_id,
-                           all_logits=bool(draft) or (_scoring(request)
-                                                      and request.prompt_scores.wants_logits(start, num_tokens)))
+            step = SeqStep(
+                token_ids=request.all_token_ids[start:end] + list(draft),
+                start_pos=start,
+                block_table=list(request.block_table),
+                seq_id=request.seq_id,
+                all_logits=bool(draft) or (_scoring(request) and request.prompt_scores.wants_logits(start, num_tokens)),
+            )
             is_decode = num_tokens == 1 and request.num_output_tokens > 0 and end == request.num_tokens
             # max_new_tokens 0 (a scored prompt): the step that completes the prompt samples nothing
             samples = end == request.num_tokens and request.sampling_params.max_new_tokens > 0
-            output.scheduled.append(ScheduledSeq(request_id, num_tokens, step, samples=samples,
-                                                 is_prefill=not is_decode, draft=draft))
+            output.scheduled.append(
+                ScheduledSeq(request_id, num_tokens, step, samples=samples, is_prefill=not is_decode, draft=draft)
+            )
         return output
 
-    def update_from_output(self, output: SchedulerOutput, sampled_token_ids: Sequence[Union[None, int, Sequence[int]]],
-                           fork_token_ids: Optional[Mapping[int, Sequence[int]]] = None) -> List[RequestDelta]:
+    def update_from_output(
+        self,
+        output: SchedulerOutput,
+        sampled_token_ids: Sequence[None | int | Sequence[int]],
+        fork_token_ids: Mapping[int, Sequence[int]] | None = None,
+    ) -> list[RequestDelta]:
         """Records a finished step. `sampled_token_ids` has one entry per row of `output.scheduled`:
         the sampled token for rows with `samples`, anything (None) for the others; for a row with a draft, its
         tokens: the proposed tokens the model accepted (a prefix of the draft, whose keys/values the step wrote)
@@ -386,8 +406,9 @@ class Scheduler:
         now = self.clock()
         deltas = []
         forks = fork_token_ids or {}
-        for i, (row, request, token) in enumerate(self._live_rows(output, sampled_token_ids, "update_from_output",
-                                                                  with_skipped=True)):
+        for i, (row, request, token) in enumerate(
+            self._live_rows(output, sampled_token_ids, "update_from_output", with_skipped=True)
+        ):
             if request is None:
                 continue
             request.num_computed_tokens += row.num_tokens
@@ -402,12 +423,14 @@ class Scheduler:
                 raise ValueError(f"no sampled token for request {row.request_id}, which completed its tokens")
             children = self._fork(request, forks.get(i, ())) if request.num_pending_choices else []
             tokens = [int(token)] if isinstance(token, (int, np.integer)) else [int(t) for t in token]
-            if len(tokens) > 1 + len(row.draft) or tokens[:-1] != list(row.draft[:len(tokens) - 1]):
-                raise ValueError(f"request {row.request_id} got tokens {tokens} for its draft {list(row.draft)}: "
-                                 f"only an accepted prefix of the draft and one token may follow")
+            if len(tokens) > 1 + len(row.draft) or tokens[:-1] != list(row.draft[: len(tokens) - 1]):
+                raise ValueError(
+                    f"request {row.request_id} got tokens {tokens} for its draft {list(row.draft)}: "
+                    f"only an accepted prefix of the draft and one token may follow"
+                )
             for j, token_id in enumerate(tokens):
                 if self._accept(request, token_id, now):
-                    tokens = tokens[:j + 1]
+                    tokens = tokens[: j + 1]
                     break
                 if j < len(tokens) - 1:  # an accepted proposed token: the step wrote its keys and values
                     request.num_computed_tokens += 1
@@ -417,18 +440,21 @@ class Scheduler:
                 self.block_manager.trim(request, request.num_tokens)
             deltas.append(RequestDelta(request.request_id, tokens, request.finished, request.finish_reason))
             for child in children:
-                deltas.append(RequestDelta(child.request_id, list(child.output_token_ids), child.finished,
-                                           child.finish_reason))
+                deltas.append(
+                    RequestDelta(child.request_id, list(child.output_token_ids), child.finished, child.finish_reason)
+                )
         return deltas
 
-    def _fork(self, parent: Request, tokens: Sequence[int]) -> List[Request]:
+    def _fork(self, parent: Request, tokens: Sequence[int]) -> list[Request]:
         """Forks `parent`, whose prompt was just computed, into the children `children_to_fork` made, with their
         first `tokens`: they share its full blocks and run from now on (a child whose first token ends it
         finishes at once)."""
         children = self._forking.pop(parent.request_id, None)
         if children is None or len(tokens) != len(children):
-            raise ValueError(f"request {parent.request_id} forks into {parent.num_pending_choices} choices but got "
-                             f"{len(tokens)} first tokens for them")
+            raise ValueError(
+                f"request {parent.request_id} forks into {parent.num_pending_choices} choices but got "
+                f"{len(tokens)} first tokens for them"
+            )
         now = self.clock()
         parent.num_pending_choices = 0
         self._groups[parent.group_id] = [parent] + children
@@ -461,8 +487,13 @@ class Scheduler:
             # room in the batch: a prompt's first token goes out after one step, and a waiting one can join
             return 1
         requests = [self.requests[row.request_id] for row in output.scheduled]
-        num_steps = min([num_steps] + [self.config.max_model_len - r.num_computed_tokens - row.num_tokens + 1
-                                       for row, r in zip(output.scheduled, requests)])
+        num_steps = min(
+            [num_steps]
+            + [
+                self.config.max_model_len - r.num_computed_tokens - row.num_tokens + 1
+                for row, r in zip(output.scheduled, requests)
+            ]
+        )
         if num_steps <= 1:
             return 1
         for row, request in zip(output.scheduled, requests):
@@ -473,7 +504,7 @@ class Scheduler:
             row.seq_step.block_table = list(request.block_table)
         return num_steps
 
-    def update_from_steps(self, output: SchedulerOutput, token_ids) -> List[RequestDelta]:
+    def update_from_steps(self, output: SchedulerOutput, token_ids) -> list[RequestDelta]:
         """Records the steps of a plan given to `reserve_decode_steps`: `token_ids[i]` are row i's tokens, one
         per step (the first one completes the row's query: a decode token or a whole prompt). A request takes
         them in order until it stops (its remaining tokens were computed ahead and are dropped). Returns one
@@ -482,8 +513,10 @@ class Scheduler:
         deltas = []
         for row, request, tokens in self._live_rows(output, token_ids, "update_from_steps"):
             if request.num_pending_choices and row.samples:
-                raise RuntimeError(f"request {request.request_id} forks at this step: its first tokens are sampled "
-                                   f"by the engine (update_from_output), not chosen by the runner")
+                raise RuntimeError(
+                    f"request {request.request_id} forks at this step: its first tokens are sampled "
+                    f"by the engine (update_from_output), not chosen by the runner"
+                )
             self._rewind(request)
             draining = request.request_id in self._draining  # its blocks are gone: nothing to cache
             taken = []
@@ -495,8 +528,10 @@ class Scheduler:
                 if self._accept(request, int(token), now):
                     break
             if draining and not request.finished:
-                raise RuntimeError(f"request {request.request_id} left the batch to finish in step "
-                                   f"{output.step_id}, but {len(taken)} tokens did not finish it")
+                raise RuntimeError(
+                    f"request {request.request_id} left the batch to finish in step "
+                    f"{output.step_id}, but {len(taken)} tokens did not finish it"
+                )
             deltas.append(RequestDelta(request.request_id, taken, request.finished, request.finish_reason))
         return deltas
 
@@ -512,12 +547,18 @@ class Scheduler:
             request = self.requests.get(row.request_id)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue
-            if not row.samples or request.num_tokens_to_compute != row.num_tokens or request.request_id in self._advanced:
-                raise RuntimeError(f"request {request.request_id} cannot be advanced over step {output.step_id}: "
-                                   f"{request!r}")
+            if (
+                not row.samples
+                or request.num_tokens_to_compute != row.num_tokens
+                or request.request_id in self._advanced
+            ):
+                raise RuntimeError(
+                    f"request {request.request_id} cannot be advanced over step {output.step_id}: {request!r}"
+                )
             params = request.sampling_params
-            room = min(params.max_new_tokens - request.num_output_tokens,
-                       self.config.max_model_len - request.num_tokens)
+            room = min(
+                params.max_new_tokens - request.num_output_tokens, self.config.max_model_len - request.num_tokens
+            )
             if room <= num_steps:
                 # the blocks full of the tokens this plan computes stay shareable (whoever takes them runs after it)
                 request.num_computed_tokens += row.num_tokens
@@ -600,9 +641,13 @@ class Scheduler:
 def _may_speculate(request: Request) -> bool:
     """Whether a decoding request may verify proposed tokens this step: it knows its last token (not a
     placeholder of a step in flight) and its grammar, if any, still accepts tokens."""
-    return (request.num_output_tokens > 0 and request.output_token_ids[-1] != PLACEHOLDER
-            and (request.grammar is None or request.grammar.error is None)
-            and not request.num_pending_choices and not _scoring(request))
+    return (
+        request.num_output_tokens > 0
+        and request.output_token_ids[-1] != PLACEHOLDER
+        and (request.grammar is None or request.grammar.error is None)
+        and not request.num_pending_choices
+        and not _scoring(request)
+    )
 
 
 def _scoring(request: Request) -> bool:

@@ -30,9 +30,11 @@ other request goes on. A runner that fails with a ServingError says what kind of
 unavailable: retry later); the requests carry that kind and message, any other exception is a generation
 failure "model step failed: ...".
 """
+
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 import numpy as np
 
@@ -41,8 +43,16 @@ from mindspore_serving.common import errors
 from mindspore_serving.common.errors import Kind
 from mindspore_serving.llm.choices import expand_rows
 from mindspore_serving.llm.config import SchedulerConfig
-from mindspore_serving.llm.model_io import (PLACEHOLDER, MixedStep, ModelRunner, MultiStepRunner, StepLogits,
-                                            StepSubmitter, split_logits, submits_mixed_steps)
+from mindspore_serving.llm.model_io import (
+    PLACEHOLDER,
+    MixedStep,
+    ModelRunner,
+    MultiStepRunner,
+    StepLogits,
+    StepSubmitter,
+    split_logits,
+    submits_mixed_steps,
+)
 from mindspore_serving.llm.prompt_scores import record_prompt_scores
 from mindspore_serving.llm.request import FinishReason, RequestStatus
 from mindspore_serving.llm.sampler import Sampler
@@ -56,13 +66,14 @@ ARRIVAL_WINDOW_S = 1.0
 @dataclass
 class EngineCoreOutput:
     """What one step produced for one request (token ids only; text is the front end's job)."""
+
     request_id: str
-    new_token_ids: List[int] = field(default_factory=list)
-    new_logprobs: List[float] = field(default_factory=list)
-    new_top_logprobs: List[List[Tuple[int, float]]] = field(default_factory=list)
+    new_token_ids: list[int] = field(default_factory=list)
+    new_logprobs: list[float] = field(default_factory=list)
+    new_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     finished: bool = False
-    finish_reason: Optional[FinishReason] = None
-    error: Optional[str] = None
+    finish_reason: FinishReason | None = None
+    error: str | None = None
     error_kind: Kind = Kind.GENERATION
     """What kind of failure `error` is (common/errors.py), which decides the client's answer."""
 
@@ -70,10 +81,11 @@ class EngineCoreOutput:
 @dataclass
 class VerifyCounts:
     """What speculative decoding did in one step (vLLM's spec_decode metrics count the same)."""
-    num_drafts: int = 0           # rows that verified proposed tokens
-    num_draft_tokens: int = 0     # tokens proposed to them
+
+    num_drafts: int = 0  # rows that verified proposed tokens
+    num_draft_tokens: int = 0  # tokens proposed to them
     num_accepted_tokens: int = 0  # of which the model kept
-    accepted_per_position: List[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
     """[j]: drafts whose token j (0-based) was kept."""
 
     def add(self, draft_len: int, accepted: int) -> None:
@@ -83,7 +95,7 @@ class VerifyCounts:
         add_per_position(self.accepted_per_position, [1] * accepted)
 
 
-def add_per_position(totals: List[int], counts: Sequence[int]) -> None:
+def add_per_position(totals: list[int], counts: Sequence[int]) -> None:
     """Adds `counts` to `totals` position by position, growing `totals` as needed (accepted tokens per position)."""
     if len(totals) < len(counts):
         totals.extend([0] * (len(counts) - len(totals)))
@@ -91,8 +103,7 @@ def add_per_position(totals: List[int], counts: Sequence[int]) -> None:
         totals[j] += count
 
 
-StepRecorder = Callable[[SchedulerOutput, List[EngineCoreOutput], float, float, float, int, Optional[VerifyCounts]],
-                        None]
+StepRecorder = Callable[[SchedulerOutput, list[EngineCoreOutput], float, float, float, int, VerifyCounts | None], None]
 """Told of each step run: (plan, outputs, schedule_s, execute_s, update_s, model steps, what verification did or
 None)."""
 
@@ -110,29 +121,30 @@ def _call_now(function, *args) -> Future:
 @dataclass
 class _Submitted:
     """A step given to the runner and not yet collected."""
+
     plan: SchedulerOutput
-    greedy: bool                  # the runner returns tokens (else logits, sampled here)
+    greedy: bool  # the runner returns tokens (else logits, sampled here)
     num_steps: int
     future: Any
     schedule_s: float
     submitted: float
-    overlapped: bool = False      # submitted while the engine had other work (async scheduling)
-    masks: Optional[Future] = None  # the grammar bitmasks of its rows, computed while the model runs
-    logits_rows: Optional[List[int]] = None  # a mixed step's rows that the engine samples (model_io)
+    overlapped: bool = False  # submitted while the engine had other work (async scheduling)
+    masks: Future | None = None  # the grammar bitmasks of its rows, computed while the model runs
+    logits_rows: list[int] | None = None  # a mixed step's rows that the engine samples (model_io)
 
 
 @dataclass
 class _Sampled:
     token_id: int
     logprob: float
-    top_logprobs: List[Tuple[int, float]]
-    forks: Dict[str, "_Sampled"] = field(default_factory=dict)
+    top_logprobs: list[tuple[int, float]]
+    forks: dict[str, "_Sampled"] = field(default_factory=dict)
     """A request forking at this row (llm/choices.py): each child's id -> its first token, in choice order."""
-    accepted: List["_Sampled"] = field(default_factory=list)
+    accepted: list["_Sampled"] = field(default_factory=list)
     """A row that verified a draft: the proposed tokens the model kept, before `token_id`."""
 
     @property
-    def tokens(self) -> List["_Sampled"]:
+    def tokens(self) -> list["_Sampled"]:
         return self.accepted + [self]
 
 
@@ -140,17 +152,23 @@ class StepExecutor:
     """Collects a step from the runner and records its tokens with the scheduler; subclasses say how steps are
     planned and handed to the runner (`step`)."""
 
-    def __init__(self, scheduler: Scheduler, runner: ModelRunner, sampler: Sampler, on_step: StepRecorder,
-                 timer: Callable[[], float]):
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        runner: ModelRunner,
+        sampler: Sampler,
+        on_step: StepRecorder,
+        timer: Callable[[], float],
+    ):
         self.scheduler = scheduler
         self.runner = runner
         self.sampler = sampler
         self._on_step = on_step
         self._timer = timer
-        self._masker: Optional[BitmaskComputer] = None
+        self._masker: BitmaskComputer | None = None
         self._mixed_steps = submits_mixed_steps(runner)
 
-    def step(self) -> List[EngineCoreOutput]:
+    def step(self) -> list[EngineCoreOutput]:
         """Runs what the scheduler plans now (nothing when nothing is schedulable); the outputs of the requests
         whose steps were collected."""
         raise NotImplementedError
@@ -160,7 +178,7 @@ class StepExecutor:
         """A step was submitted and is not collected yet."""
         return False
 
-    def _collect(self, submitted: _Submitted) -> List[EngineCoreOutput]:
+    def _collect(self, submitted: _Submitted) -> list[EngineCoreOutput]:
         """Waits for a submitted step and records its tokens (sampling them first when the runner returned
         logits)."""
         plan, num_steps, greedy = submitted.plan, submitted.num_steps, submitted.greedy
@@ -209,7 +227,7 @@ class StepExecutor:
                 return False
         return True
 
-    def _mixed_rows(self, plan: SchedulerOutput) -> Optional[List[int]]:
+    def _mixed_rows(self, plan: SchedulerOutput) -> list[int] | None:
         """The rows the engine samples when the plan runs as a mixed step (model_io); None when it does not: the
         runner runs none, no row is the runner's to choose beside rows the engine samples or rows that verify
         proposed tokens (a greedy row's verification needs only the runner's greedy tokens), or a prompt chunk asks
@@ -229,8 +247,14 @@ class StepExecutor:
                 engine_rows.append(i)
         return engine_rows if runner_rows and (engine_rows or verifying) else None
 
-    def _sample(self, plan: SchedulerOutput, logits, bitmasks: Optional[np.ndarray] = None,
-                logits_rows: Optional[List[int]] = None, verified: Collection[int] = ()) -> Dict[int, _Sampled]:
+    def _sample(
+        self,
+        plan: SchedulerOutput,
+        logits,
+        bitmasks: np.ndarray | None = None,
+        logits_rows: list[int] | None = None,
+        verified: Collection[int] = (),
+    ) -> dict[int, _Sampled]:
         """Samples the rows that complete their tokens, but those in `verified` (rows with a draft, see `_verify`);
         `bitmasks`: the grammar bitmasks of the plan's rows; `logits_rows`: the plan's rows whose logits `logits`
         holds, in that order (None: every row)."""
@@ -238,12 +262,16 @@ class StepExecutor:
         expected = len(plan.scheduled) if logits_rows is None else len(logits_rows)
         if logits.ndim != 2 or logits.shape[0] != expected:
             which = "" if logits_rows is None else f"{expected} of "
-            raise RuntimeError(f"model runner returned logits of shape {logits.shape} "
-                               f"for {which}{len(plan.scheduled)} sequences")
+            raise RuntimeError(
+                f"model runner returned logits of shape {logits.shape} for {which}{len(plan.scheduled)} sequences"
+            )
         live = self.scheduler.requests  # a request may have finished since the plan (async scheduling: on EOS)
         candidates = range(len(plan.scheduled)) if logits_rows is None else logits_rows
-        rows = [i for i in candidates
-                if plan.scheduled[i].samples and plan.scheduled[i].request_id in live and i not in verified]
+        rows = [
+            i
+            for i in candidates
+            if plan.scheduled[i].samples and plan.scheduled[i].request_id in live and i not in verified
+        ]
         if not rows:
             return {}
         requests = [live[plan.scheduled[i].request_id] for i in rows]
@@ -253,16 +281,20 @@ class StepExecutor:
         else:
             where = {row: k for k, row in enumerate(logits_rows)}
             at = [where[i] for i in rows]
-        result = self.sampler.sample_requests(logits if at == list(range(len(logits))) else logits[at], requests,
-                                              bitmasks=None if bitmasks is None else bitmasks[rows])
+        result = self.sampler.sample_requests(
+            logits if at == list(range(len(logits))) else logits[at],
+            requests,
+            bitmasks=None if bitmasks is None else bitmasks[rows],
+        )
         tops = result.top_logprobs or [[] for _ in rows]
         sampled = {i: _Sampled(result.token_ids[k], result.logprobs[k], tops[k]) for k, i in enumerate(rows[:num_rows])}
         for k in range(num_rows, len(rows)):
             sampled[rows[k]].forks[requests[k].request_id] = _Sampled(result.token_ids[k], result.logprobs[k], tops[k])
         return sampled
 
-    def _verify(self, plan: SchedulerOutput, drafts: Dict[int, np.ndarray], counts: VerifyCounts,
-                masks: Dict[int, np.ndarray]) -> Dict[int, _Sampled]:
+    def _verify(
+        self, plan: SchedulerOutput, drafts: dict[int, np.ndarray], counts: VerifyCounts, masks: dict[int, np.ndarray]
+    ) -> dict[int, _Sampled]:
         """The tokens of the rows that verified a draft (`drafts`: row -> the logits of each of its positions;
         `masks`: row -> its grammar's mask at each position): the accepted prefix of the draft and the model's own
         token after it (Sampler.verify)."""
@@ -277,9 +309,15 @@ class StepExecutor:
             sampled[i] = _kept(row.draft, result.token_ids, result.logprobs, result.top_logprobs, counts)
         return sampled
 
-    def _sample_mixed(self, plan: SchedulerOutput, result: MixedStep, logits_rows: List[int],
-                      bitmasks: Optional[np.ndarray], draft_masks: Dict[int, np.ndarray],
-                      counts: VerifyCounts) -> Dict[int, _Sampled]:
+    def _sample_mixed(
+        self,
+        plan: SchedulerOutput,
+        result: MixedStep,
+        logits_rows: list[int],
+        bitmasks: np.ndarray | None,
+        draft_masks: dict[int, np.ndarray],
+        counts: VerifyCounts,
+    ) -> dict[int, _Sampled]:
         """The tokens of a mixed step (model_io.MixedStep): the engine samples `logits_rows` from their logits
         (verifying rows among them from every position's), the other rows that complete their tokens take the
         runner's greedy token and logprob (verifying rows: the agreeing prefix of their proposal and the token
@@ -290,8 +328,10 @@ class StepExecutor:
         live, engine_rows = self.scheduler.requests, set(logits_rows)
         missing = sorted(i for i in drafts if i not in (result.every if i in engine_rows else result.verified))
         if missing:
-            raise RuntimeError(f"model runner did not return what rows {missing} of step {plan.step_id} need to verify "
-                               f"their proposed tokens")
+            raise RuntimeError(
+                f"model runner did not return what rows {missing} of step {plan.step_id} need to verify "
+                f"their proposed tokens"
+            )
         sampled.update(self._verify(plan, {i: result.every[i] for i in drafts & engine_rows}, counts, draft_masks))
         for i, row in enumerate(plan.scheduled):
             if not row.samples or i in engine_rows or row.request_id not in live:
@@ -299,16 +339,23 @@ class StepExecutor:
             if i in drafts:  # the agreeing prefix of the proposal, then the runner's token after it
                 greedy_tokens, greedy_logprobs = result.verified[i]
                 accepted = _agreeing_prefix(row.draft, greedy_tokens)
-                sampled[i] = _kept(row.draft, greedy_tokens[:accepted + 1], greedy_logprobs[:accepted + 1], [],
-                                   counts)
+                sampled[i] = _kept(
+                    row.draft, greedy_tokens[: accepted + 1], greedy_logprobs[: accepted + 1], [], counts
+                )
             else:
                 sampled[i] = _Sampled(int(tokens[i, 0]), float(logprobs[i, 0]), [])
         return sampled
 
-    def _update(self, plan: SchedulerOutput, sampled: Dict[int, _Sampled]) -> List[EngineCoreOutput]:
+    def _update(self, plan: SchedulerOutput, sampled: dict[int, _Sampled]) -> list[EngineCoreOutput]:
         ended = self._end_rows_without_token(plan, sampled)
-        tokens = [None if i not in sampled else sampled[i].token_id if not sampled[i].accepted
-                  else [got.token_id for got in sampled[i].tokens] for i in range(len(plan.scheduled))]
+        tokens = [
+            None
+            if i not in sampled
+            else sampled[i].token_id
+            if not sampled[i].accepted
+            else [got.token_id for got in sampled[i].tokens]
+            for i in range(len(plan.scheduled))
+        ]
         by_id = {plan.scheduled[i].request_id: value for i, value in sampled.items()}
         forks = {}
         for i, value in sampled.items():
@@ -319,17 +366,25 @@ class StepExecutor:
         for delta in self.scheduler.update_from_output(plan, tokens, forks):
             got = by_id.get(delta.request_id)
             if got is None:  # finished without a token (max_new_tokens 0)
-                outputs.append(EngineCoreOutput(delta.request_id, finished=delta.finished,
-                                                finish_reason=delta.finish_reason))
+                outputs.append(
+                    EngineCoreOutput(delta.request_id, finished=delta.finished, finish_reason=delta.finish_reason)
+                )
                 continue
-            kept = got.tokens[:len(delta.new_token_ids)]  # a verified row stops where its request stops
-            outputs.append(EngineCoreOutput(delta.request_id, delta.new_token_ids, [k.logprob for k in kept],
-                                            [k.top_logprobs for k in kept] if got.top_logprobs else [],
-                                            delta.finished, delta.finish_reason))
+            kept = got.tokens[: len(delta.new_token_ids)]  # a verified row stops where its request stops
+            outputs.append(
+                EngineCoreOutput(
+                    delta.request_id,
+                    delta.new_token_ids,
+                    [k.logprob for k in kept],
+                    [k.top_logprobs for k in kept] if got.top_logprobs else [],
+                    delta.finished,
+                    delta.finish_reason,
+                )
+            )
         return ended + self._follow_grammars(outputs)
 
     # --- structured output --------------------------------------------------------------------
-    def _start_masks(self, plan: SchedulerOutput) -> Optional[Future]:
+    def _start_masks(self, plan: SchedulerOutput) -> Future | None:
         """Starts computing the grammar bitmasks of the plan's rows (None: no row has a grammar); called right
         before the runner gets the plan, so that they are computed while the model computes the step."""
         live = self.scheduler.requests
@@ -348,7 +403,7 @@ class StepExecutor:
             self._masker = BitmaskComputer(self.runner.vocab_size)
         return self._masker.start(rows, drafts)
 
-    def _end_rows_without_token(self, plan: SchedulerOutput, sampled: Dict[int, _Sampled]) -> List[EngineCoreOutput]:
+    def _end_rows_without_token(self, plan: SchedulerOutput, sampled: dict[int, _Sampled]) -> list[EngineCoreOutput]:
         """Ends the requests whose row allowed no token (the sampler's -1), before the tokens are recorded: reason
         "grammar" for a structured output, else "stop" (its own masks exclude every token)."""
         outputs = []
@@ -361,11 +416,16 @@ class StepExecutor:
                 reason = request.grammar.error or "the grammar allows no token here"
                 outputs.append(self._end(request, RequestStatus.FINISHED_GRAMMAR, f"structured output: {reason}"))
             else:
-                outputs.append(self._end(request, RequestStatus.FINISHED_STOP, "no token is allowed: "
-                                         "allowed_token_ids, bad words and min_tokens exclude every token"))
+                outputs.append(
+                    self._end(
+                        request,
+                        RequestStatus.FINISHED_STOP,
+                        "no token is allowed: allowed_token_ids, bad words and min_tokens exclude every token",
+                    )
+                )
         return outputs
 
-    def _follow_grammars(self, outputs: List[EngineCoreOutput]) -> List[EngineCoreOutput]:
+    def _follow_grammars(self, outputs: list[EngineCoreOutput]) -> list[EngineCoreOutput]:
         """Feeds the new tokens to the grammars of the requests that go on: a grammar that refuses one ends its
         request (reason "grammar"); a completed grammar whose end-of-sequence token cannot end the request now
         (ignore_eos, min_tokens not reached, or the engine knows no EOS) ends it with reason "stop"."""
@@ -383,7 +443,7 @@ class StepExecutor:
             out.finished, out.finish_reason = True, request.finish_reason
         return outputs
 
-    def _end(self, request, status: RequestStatus, why: Optional[str] = None) -> EngineCoreOutput:
+    def _end(self, request, status: RequestStatus, why: str | None = None) -> EngineCoreOutput:
         """Finishes a running request after its step (reason `status`); `why` is kept as request.error and logged.
         The output tells the front end that it finished (not that it failed: its tokens stand)."""
         if why is not None:
@@ -393,23 +453,33 @@ class StepExecutor:
         return EngineCoreOutput(request.request_id, finished=True, finish_reason=status.finish_reason)
 
     @staticmethod
-    def _check_steps(plan: SchedulerOutput, num_steps: int, result) -> Tuple[np.ndarray, np.ndarray]:
+    def _check_steps(plan: SchedulerOutput, num_steps: int, result) -> tuple[np.ndarray, np.ndarray]:
         tokens, logprobs = (np.asarray(a) for a in result)
         if tokens.shape != (len(plan.scheduled), num_steps) or logprobs.shape != tokens.shape:
-            raise RuntimeError(f"model runner returned tokens {tokens.shape} and logprobs {logprobs.shape} for "
-                               f"{len(plan.scheduled)} sequences and {num_steps} steps")
+            raise RuntimeError(
+                f"model runner returned tokens {tokens.shape} and logprobs {logprobs.shape} for "
+                f"{len(plan.scheduled)} sequences and {num_steps} steps"
+            )
         return tokens, logprobs
 
-    def _update_steps(self, plan: SchedulerOutput, tokens: np.ndarray, logprobs: np.ndarray) -> List[EngineCoreOutput]:
+    def _update_steps(self, plan: SchedulerOutput, tokens: np.ndarray, logprobs: np.ndarray) -> list[EngineCoreOutput]:
         rows = {row.request_id: i for i, row in enumerate(plan.scheduled)}
         outputs = []
         for delta in self.scheduler.update_from_steps(plan, tokens.tolist()):
-            chosen = logprobs[rows[delta.request_id], :len(delta.new_token_ids)]
-            outputs.append(EngineCoreOutput(delta.request_id, delta.new_token_ids, [float(v) for v in chosen], [],
-                                            delta.finished, delta.finish_reason))
+            chosen = logprobs[rows[delta.request_id], : len(delta.new_token_ids)]
+            outputs.append(
+                EngineCoreOutput(
+                    delta.request_id,
+                    delta.new_token_ids,
+                    [float(v) for v in chosen],
+                    [],
+                    delta.finished,
+                    delta.finish_reason,
+                )
+            )
         return outputs
 
-    def _fail(self, plan: SchedulerOutput, message: str, kind: Kind = Kind.GENERATION) -> List[EngineCoreOutput]:
+    def _fail(self, plan: SchedulerOutput, message: str, kind: Kind = Kind.GENERATION) -> list[EngineCoreOutput]:
         outputs = []
         for request_id in plan.request_ids:
             request = self.scheduler.get_request(request_id)
@@ -417,15 +487,18 @@ class StepExecutor:
                 continue
             request.error = message
             self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ERROR)
-            outputs.append(EngineCoreOutput(request_id, finished=True, finish_reason=FinishReason.ERROR,
-                                            error=message, error_kind=kind))
+            outputs.append(
+                EngineCoreOutput(
+                    request_id, finished=True, finish_reason=FinishReason.ERROR, error=message, error_kind=kind
+                )
+            )
         return outputs
 
 
 class SingleStepExecutor(StepExecutor):
     """One model step per `step()`: schedule -> run -> sample -> update."""
 
-    def step(self) -> List[EngineCoreOutput]:
+    def step(self) -> list[EngineCoreOutput]:
         t0 = self._timer()
         plan = self.scheduler.schedule()
         if plan.is_empty:
@@ -447,8 +520,15 @@ class MultiStepExecutor(SingleStepExecutor):
     """Like SingleStepExecutor, but a plan the runner can choose greedily runs as a round of up to
     `num_scheduler_steps` steps in one `run_greedy` call (Scheduler.reserve_decode_steps may cut it)."""
 
-    def __init__(self, scheduler: Scheduler, runner: MultiStepRunner, sampler: Sampler, on_step: StepRecorder,
-                 timer: Callable[[], float], num_scheduler_steps: int):
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        runner: MultiStepRunner,
+        sampler: Sampler,
+        on_step: StepRecorder,
+        timer: Callable[[], float],
+        num_scheduler_steps: int,
+    ):
         super().__init__(scheduler, runner, sampler, on_step, timer)
         self.num_scheduler_steps = num_scheduler_steps
 
@@ -466,11 +546,18 @@ class AsyncStepExecutor(StepExecutor):
     """Plans and submits step N+1 before collecting step N, when N's tokens are the runner's to choose; the
     rows of N+1 that continue from N carry placeholders the runner fills (Scheduler.advance_in_flight)."""
 
-    def __init__(self, scheduler: Scheduler, runner: StepSubmitter, sampler: Sampler, on_step: StepRecorder,
-                 timer: Callable[[], float], num_scheduler_steps: int):
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        runner: StepSubmitter,
+        sampler: Sampler,
+        on_step: StepRecorder,
+        timer: Callable[[], float],
+        num_scheduler_steps: int,
+    ):
         super().__init__(scheduler, runner, sampler, on_step, timer)
         self.num_scheduler_steps = num_scheduler_steps
-        self._in_flight: Optional[_Submitted] = None
+        self._in_flight: _Submitted | None = None
         self._planned_ahead = 0
         """Speculative decoding: model steps planned since proposals were last looked for (a step planned while
         another is in flight proposes nothing: its rows' last tokens are unknown)."""
@@ -482,11 +569,11 @@ class AsyncStepExecutor(StepExecutor):
     def has_in_flight(self) -> bool:
         return self._in_flight is not None
 
-    def step(self) -> List[EngineCoreOutput]:
+    def step(self) -> list[EngineCoreOutput]:
         """Returns the outputs of the step collected (and of a step that samples in the engine, which is
         collected at once)."""
         t0 = self._timer()
-        outputs: List[EngineCoreOutput] = []
+        outputs: list[EngineCoreOutput] = []
         in_flight, self._in_flight = self._in_flight, None
         if in_flight is not None:
             self.scheduler.advance_in_flight(in_flight.plan, in_flight.num_steps)
@@ -515,8 +602,9 @@ class AsyncStepExecutor(StepExecutor):
             future = self.runner.submit(plan.seq_steps, 1, prev_rows, logits_rows)
         else:
             future = self.runner.submit(plan.seq_steps, num_steps if greedy else 0, prev_rows)
-        submitted = _Submitted(plan, greedy, num_steps, future, t1 - t0, t1, overlapped=True, masks=masks,
-                               logits_rows=logits_rows)
+        submitted = _Submitted(
+            plan, greedy, num_steps, future, t1 - t0, t1, overlapped=True, masks=masks, logits_rows=logits_rows
+        )
         self._in_flight = submitted
         if in_flight is not None:
             outputs += self._collect(in_flight)
@@ -540,8 +628,10 @@ class AsyncStepExecutor(StepExecutor):
         (they overlap) but a little runner time each. A lone request (one client streaming) and the tail of a
         burst keep their rounds."""
         scheduler = self.scheduler
-        arriving = (1 < scheduler.num_running < scheduler.config.max_num_seqs
-                    and scheduler.clock() - scheduler.last_arrival_time < ARRIVAL_WINDOW_S)
+        arriving = (
+            1 < scheduler.num_running < scheduler.config.max_num_seqs
+            and scheduler.clock() - scheduler.last_arrival_time < ARRIVAL_WINDOW_S
+        )
         return 1 if arriving else self.num_scheduler_steps
 
 
@@ -553,11 +643,14 @@ def _plain(request) -> bool:
 def _eos_can_end(request) -> bool:
     """Whether the end-of-sequence token a completed grammar allows would end the request now."""
     params = request.sampling_params
-    return (not params.ignore_eos and request.num_output_tokens >= params.min_tokens
-            and bool(request.grammar.eos_token_ids & request.eos_token_ids))
+    return (
+        not params.ignore_eos
+        and request.num_output_tokens >= params.min_tokens
+        and bool(request.grammar.eos_token_ids & request.eos_token_ids)
+    )
 
 
-def _step_failure(err: Exception) -> Tuple[str, Kind]:
+def _step_failure(err: Exception) -> tuple[str, Kind]:
     """(message, kind) of the requests of a failed step: a ServingError's own, else a generation failure."""
     if isinstance(err, errors.ServingError):
         return err.message, err.KIND
@@ -572,8 +665,13 @@ def _agreeing_prefix(draft: Sequence[int], tokens: Sequence[int]) -> int:
     return accepted
 
 
-def _kept(draft: Sequence[int], tokens: Sequence[int], logprobs: Sequence[float],
-          top_logprobs: Sequence[List[Tuple[int, float]]], counts: VerifyCounts) -> _Sampled:
+def _kept(
+    draft: Sequence[int],
+    tokens: Sequence[int],
+    logprobs: Sequence[float],
+    top_logprobs: Sequence[list[tuple[int, float]]],
+    counts: VerifyCounts,
+) -> _Sampled:
     """What a verifying row keeps, counted in `counts`: `tokens` (an accepted prefix of `draft`, then one token of
     the model's own) with their logprobs and top logprobs (empty: none asked), as one _Sampled whose `accepted`
     holds all but the last."""
@@ -585,22 +683,26 @@ def _kept(draft: Sequence[int], tokens: Sequence[int], logprobs: Sequence[float]
     return last
 
 
-def _draft_logits(plan: SchedulerOutput, every: Dict[int, np.ndarray]) -> Dict[int, np.ndarray]:
+def _draft_logits(plan: SchedulerOutput, every: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
     """Takes out of `every` (a step's every-token logits by row) those of the rows that verified a draft."""
     drafts = {}
     for i, row in enumerate(plan.scheduled):
         if row.draft:
             if i not in every:
-                raise RuntimeError(f"model runner did not return every position's logits for row {i} of step "
-                                   f"{plan.step_id}, which verifies proposed tokens")
+                raise RuntimeError(
+                    f"model runner did not return every position's logits for row {i} of step "
+                    f"{plan.step_id}, which verifies proposed tokens"
+                )
             drafts[i] = every.pop(i)
             if drafts[i].shape[0] != 1 + len(row.draft):
-                raise RuntimeError(f"model runner returned logits of shape {drafts[i].shape} for row {i} of step "
-                                   f"{plan.step_id}, which computes {1 + len(row.draft)} tokens")
+                raise RuntimeError(
+                    f"model runner returned logits of shape {drafts[i].shape} for row {i} of step "
+                    f"{plan.step_id}, which computes {1 + len(row.draft)} tokens"
+                )
     return drafts
 
 
-def _prev_rows(plan: SchedulerOutput, in_flight: Optional[_Submitted]) -> List[int]:
+def _prev_rows(plan: SchedulerOutput, in_flight: _Submitted | None) -> list[int]:
     """For each row of `plan`, the row of the step in flight whose token it continues from (-1: none);
     [] when no row does."""
     rows = [row for row in plan.scheduled if row.seq_step.token_ids[-1] == PLACEHOLDER]
@@ -614,13 +716,21 @@ def _prev_rows(plan: SchedulerOutput, in_flight: Optional[_Submitted]) -> List[i
         elif row.request_id in where and row.seq_step.token_ids == [PLACEHOLDER]:
             prev.append(where[row.request_id])
         else:
-            raise RuntimeError(f"step {plan.step_id}: request {row.request_id} continues from a token no step "
-                               f"in flight computes ({row.seq_step.token_ids[:4]})")
+            raise RuntimeError(
+                f"step {plan.step_id}: request {row.request_id} continues from a token no step "
+                f"in flight computes ({row.seq_step.token_ids[:4]})"
+            )
     return prev
 
 
-def make_step_executor(config: SchedulerConfig, runner: ModelRunner, scheduler: Scheduler, sampler: Sampler,
-                       on_step: StepRecorder, timer: Callable[[], float]) -> StepExecutor:
+def make_step_executor(
+    config: SchedulerConfig,
+    runner: ModelRunner,
+    scheduler: Scheduler,
+    sampler: Sampler,
+    on_step: StepRecorder,
+    timer: Callable[[], float],
+) -> StepExecutor:
     """The executor for this config and runner. Async scheduling needs a runner that computes while the engine
     plans (a StepSubmitter), and rounds one that runs them (a MultiStepRunner); without them the engine steps one
     step at a time."""

@@ -6,9 +6,10 @@ it), preemptions, speculative decoding's acceptance (when it ran), the queue and
 let a reader diff two lines (a benchmark run, say) without the intervals lining up. Pure logic: the caller decides
 when to report (`EngineLoop`: every `stats_interval` seconds while busy, and each time the engine goes idle).
 """
+
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Callable, List, Optional
 
 from mindspore_serving.llm.engine_core import StepStats
 from mindspore_serving.llm.step_executor import add_per_position
@@ -16,19 +17,19 @@ from mindspore_serving.llm.step_executor import add_per_position
 
 @dataclass
 class StepCounters:
-    steps: int = 0             # engine steps (one scheduling round each)
-    model_steps: int = 0       # graph steps: a multi-step round counts its steps
-    prompt_steps: int = 0      # steps that computed prompt tokens
-    decode_steps: int = 0      # model steps with decode rows
-    decode_rows: int = 0       # decode rows summed over those model steps
-    generated: int = 0         # tokens sampled and kept
+    steps: int = 0  # engine steps (one scheduling round each)
+    model_steps: int = 0  # graph steps: a multi-step round counts its steps
+    prompt_steps: int = 0  # steps that computed prompt tokens
+    decode_steps: int = 0  # model steps with decode rows
+    decode_rows: int = 0  # decode rows summed over those model steps
+    generated: int = 0  # tokens sampled and kept
     prompt_tokens: int = 0
     preempted: int = 0
-    busy_s: float = 0.0        # schedule + execute + update
-    drafts: int = 0            # speculative decoding: rows that verified proposed tokens
-    draft_tokens: int = 0      # tokens proposed to them
-    accepted_tokens: int = 0   # of which the model kept
-    accepted_per_position: List[int] = field(default_factory=list)
+    busy_s: float = 0.0  # schedule + execute + update
+    drafts: int = 0  # speculative decoding: rows that verified proposed tokens
+    draft_tokens: int = 0  # tokens proposed to them
+    accepted_tokens: int = 0  # of which the model kept
+    accepted_per_position: list[int] = field(default_factory=list)
     """[j]: drafts whose token j was kept."""
 
     def add(self, stats: StepStats) -> None:
@@ -80,7 +81,7 @@ class StepReport:
         self.totals = StepCounters()
         self.window = StepCounters()
         self.window_started = 0.0  # when the window's first step began (idle time before it is not counted)
-        self.last: Optional[StepStats] = None
+        self.last: StepStats | None = None
 
     def add(self, stats: StepStats) -> None:
         if not self.window.steps:
@@ -102,19 +103,28 @@ class StepReport:
         new window."""
         now = self._clock()
         w, elapsed = self.window, max(now - self.window_started, 1e-9)
-        text = (f"engine: {w.steps} steps ({w.model_steps} model steps, {w.prompt_steps} with prompt tokens) in "
-                f"{elapsed:.2f} s, busy {w.busy_s / elapsed:.0%}: {w.generated} tokens generated "
-                f"({w.generated / elapsed:.1f}/s), {w.prompt_tokens} prompt tokens, mean decode batch "
-                f"{w.mean_decode_batch:.2f}, {w.preempted} preempted")
+        text = (
+            f"engine: {w.steps} steps ({w.model_steps} model steps, {w.prompt_steps} with prompt tokens) in "
+            f"{elapsed:.2f} s, busy {w.busy_s / elapsed:.0%}: {w.generated} tokens generated "
+            f"({w.generated / elapsed:.1f}/s), {w.prompt_tokens} prompt tokens, mean decode batch "
+            f"{w.mean_decode_batch:.2f}, {w.preempted} preempted"
+        )
         if w.drafts:
-            text += (f"; speculative decoding: {w.drafts} drafts, {w.accepted_tokens} of {w.draft_tokens} proposed "
-                     f"tokens accepted ({w.acceptance_rate:.1%}), mean accepted length {w.mean_accepted_length:.2f}")
+            text += (
+                f"; speculative decoding: {w.drafts} drafts, {w.accepted_tokens} of {w.draft_tokens} proposed "
+                f"tokens accepted ({w.acceptance_rate:.1%}), mean accepted length {w.mean_accepted_length:.2f}"
+            )
         if self.last is not None:
-            text += (f"; now {self.last.num_running} running, {self.last.num_waiting} waiting, KV cache "
-                     f"{self.last.kv_usage:.1%} used")
+            text += (
+                f"; now {self.last.num_running} running, {self.last.num_waiting} waiting, KV cache "
+                f"{self.last.kv_usage:.1%} used"
+            )
         # speculative decoding's counts once it has run
-        shown = [f.name for f in fields(StepCounters)
-                 if f.name != "accepted_per_position" and (self.totals.drafts or f.name not in _SPECULATIVE)]
+        shown = [
+            f.name
+            for f in fields(StepCounters)
+            if f.name != "accepted_per_position" and (self.totals.drafts or f.name not in _SPECULATIVE)
+        ]
         text += "; totals " + " ".join(f"{name}={_number(getattr(self.totals, name))}" for name in shown)
         self.window = StepCounters()
         return text

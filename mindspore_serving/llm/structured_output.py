@@ -14,12 +14,14 @@ A bitmask row is int32 [ceil(vocab / 32)]: bit j of word w allows token 32 * w +
 ones (-1). Once the grammar is complete the mask allows only the end-of-sequence tokens, so the request ends
 with reason "eos" as usual.
 """
+
 import json
 import os
 import re
 from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Dict, FrozenSet, Iterable, NamedTuple, Optional, Sequence, Tuple
+from typing import NamedTuple
 
 import llguidance
 import numpy as np
@@ -53,8 +55,10 @@ def tokenizer_json(tokenizer) -> str:
         to_str = getattr(candidate, "to_str", None)
         if callable(to_str):
             return to_str()
-    raise InvalidRequestError(f"structured output needs a Hugging Face tokenizer (tokenizer.json); this model's "
-                              f"tokenizer is a {type(tokenizer).__name__}")
+    raise InvalidRequestError(
+        f"structured output needs a Hugging Face tokenizer (tokenizer.json); this model's "
+        f"tokenizer is a {type(tokenizer).__name__}"
+    )
 
 
 def _condensed(error: str, keep_position: bool) -> str:
@@ -66,19 +70,19 @@ def _condensed(error: str, keep_position: bool) -> str:
     first = lines[0].strip()
     if not keep_position:
         first = _POSITION.sub("", first)
-    reasons = [line.strip()[len("error:"):].strip() for line in lines[1:] if line.strip().startswith("error:")]
+    reasons = [line.strip()[len("error:") :].strip() for line in lines[1:] if line.strip().startswith("error:")]
     return ": ".join([first.rstrip(":")] + reasons)
 
 
 class GrammarState:
     """One request's grammar: an llguidance matcher and how many output tokens it has consumed."""
 
-    def __init__(self, matcher: "llguidance.LLMatcher", eos_token_ids: FrozenSet[int]):
+    def __init__(self, matcher: "llguidance.LLMatcher", eos_token_ids: frozenset[int]):
         self.matcher = matcher
         self.eos_token_ids = eos_token_ids
         """The tokens the grammar allows once it is complete (the engine's EOS ids, else the tokenizer's)."""
         self.num_consumed = 0
-        self.error: Optional[str] = None
+        self.error: str | None = None
         """Why the grammar refused a token (set when `accept` returns False)."""
 
     def advance(self, output_token_ids: Sequence[int]) -> bool:
@@ -90,7 +94,7 @@ class GrammarState:
         if len(output_token_ids) < self.num_consumed:  # tokens taken back: forget them
             self.matcher.rollback(self.num_consumed - len(output_token_ids))
             self.num_consumed = len(output_token_ids)
-        for token_id in output_token_ids[self.num_consumed:]:
+        for token_id in output_token_ids[self.num_consumed :]:
             if not self.matcher.consume_token(int(token_id)):
                 self.error = _condensed(self.matcher.get_error() or f"token {token_id} is not allowed", True)
                 return False
@@ -117,25 +121,31 @@ class GrammarState:
 class GrammarCompiler:
     """Compiles StructuredOutputs for one tokenizer and vocabulary; keeps the last `cache_size` grammars."""
 
-    def __init__(self, tokenizer_json_text: str, vocab_size: int, eos_token_ids: Iterable[int] = (),
-                 cache_size: int = DEFAULT_CACHE_SIZE):
+    def __init__(
+        self,
+        tokenizer_json_text: str,
+        vocab_size: int,
+        eos_token_ids: Iterable[int] = (),
+        cache_size: int = DEFAULT_CACHE_SIZE,
+    ):
         eos = sorted(int(t) for t in eos_token_ids)
         try:
-            self.tokenizer = llguidance.LLTokenizer(tokenizer_json_text, n_vocab=int(vocab_size),
-                                                    eos_token=eos or None)
+            self.tokenizer = llguidance.LLTokenizer(tokenizer_json_text, n_vocab=int(vocab_size), eos_token=eos or None)
         except Exception as err:  # the Rust library raises ValueError or a bare Exception on a tokenizer it refuses
-            raise InvalidRequestError(f"structured output is not available with this model's tokenizer: "
-                                      f"{err}") from None
+            raise InvalidRequestError(
+                f"structured output is not available with this model's tokenizer: {err}"
+            ) from None
         self.vocab_size = int(vocab_size)
         self.eos_token_ids = frozenset(int(t) for t in self.tokenizer.eos_tokens)
         self.cache_size = cache_size
-        self._cache: "OrderedDict[Tuple[str, str], llguidance.LLMatcher]" = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str], llguidance.LLMatcher] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
     @classmethod
-    def for_tokenizer(cls, tokenizer, vocab_size: int, eos_token_ids: Iterable[int] = (),
-                      cache_size: int = DEFAULT_CACHE_SIZE) -> "GrammarCompiler":
+    def for_tokenizer(
+        cls, tokenizer, vocab_size: int, eos_token_ids: Iterable[int] = (), cache_size: int = DEFAULT_CACHE_SIZE
+    ) -> "GrammarCompiler":
         """From the engine's tokenizer (see `tokenizer_json`)."""
         return cls(tokenizer_json(tokenizer), vocab_size, eos_token_ids, cache_size)
 
@@ -161,8 +171,13 @@ class GrammarCompiler:
         return template
 
 
-_WHAT = {"json": "invalid JSON schema", "json_object": "JSON object", "regex": "invalid regex",
-         "choice": "invalid choice", "grammar": "invalid grammar"}
+_WHAT = {
+    "json": "invalid JSON schema",
+    "json_object": "JSON object",
+    "regex": "invalid regex",
+    "choice": "invalid choice",
+    "grammar": "invalid grammar",
+}
 
 
 def _compile_error(spec: StructuredOutput, error: str) -> str:
@@ -178,8 +193,9 @@ def grammar_text(spec: StructuredOutput) -> str:
     kind, value = spec.type, spec.value
     if kind in ("json", "json_object"):
         try:
-            return llguidance.LLMatcher.grammar_from_json_schema(value if kind == "json" else ANY_JSON_OBJECT_SCHEMA,
-                                                                 defaults=JSON_OPTIONS)
+            return llguidance.LLMatcher.grammar_from_json_schema(
+                value if kind == "json" else ANY_JSON_OBJECT_SCHEMA, defaults=JSON_OPTIONS
+            )
         except ValueError as err:
             raise InvalidRequestError(f"structured output: invalid JSON schema: {err}") from None
     if kind == "regex":
@@ -203,14 +219,15 @@ def default_mask_threads() -> int:
 class BitmaskComputer:
     """Computes the allowed-token bitmasks of a step's rows in the background (`start`), or at once (`compute`)."""
 
-    def __init__(self, vocab_size: int, num_threads: Optional[int] = None):
+    def __init__(self, vocab_size: int, num_threads: int | None = None):
         self.vocab_size = int(vocab_size)
         self.width = bitmask_width(self.vocab_size)
         self._executor = llguidance.LLExecutor(num_threads or default_mask_threads())
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-masks")
 
-    def start(self, rows: Sequence[Optional[GrammarState]],
-              drafts: Optional[Dict[int, Tuple[GrammarState, Sequence[int]]]] = None) -> Future:
+    def start(
+        self, rows: Sequence[GrammarState | None], drafts: dict[int, tuple[GrammarState, Sequence[int]]] | None = None
+    ) -> Future:
         """A future of the int32 [len(rows), width] bitmasks of `rows`: None is an unconstrained row (all -1), a
         state with an error allows nothing (all 0). The states must not be fed tokens until it is done.
         With `drafts` (row -> (state, proposed tokens): rows verifying a draft, speculative decoding), the future's
@@ -220,12 +237,12 @@ class BitmaskComputer:
             return self._pool.submit(self._fill_step, len(rows), self._split(rows), drafts)
         return self._pool.submit(self._fill, len(rows), *self._split(rows))
 
-    def compute(self, rows: Sequence[Optional[GrammarState]]) -> np.ndarray:
+    def compute(self, rows: Sequence[GrammarState | None]) -> np.ndarray:
         """The bitmasks of `rows`, computed in the caller's thread."""
         return self._fill(len(rows), *self._split(rows))
 
     @staticmethod
-    def _split(rows: Sequence[Optional[GrammarState]]):
+    def _split(rows: Sequence[GrammarState | None]):
         matchers = [(state.matcher, i) for i, state in enumerate(rows) if state is not None and state.error is None]
         dead = [i for i, state in enumerate(rows) if state is not None and state.error is not None]
         return matchers, dead
@@ -237,23 +254,27 @@ class BitmaskComputer:
         bitmask[dead] = 0
         return bitmask
 
-    def _fill_step(self, num_rows: int, split, drafts: Dict[int, Tuple[GrammarState, Sequence[int]]]) -> "StepMasks":
+    def _fill_step(self, num_rows: int, split, drafts: dict[int, tuple[GrammarState, Sequence[int]]]) -> "StepMasks":
         positions = {row: 1 + len(draft) for row, (_, draft) in drafts.items()}
         offsets, total = {}, 0
         for row, count in positions.items():
             offsets[row], total = total, total + count
         bitmask = np.full((max(total, 1), self.width), -1, dtype=np.int32)
-        live = [(state.matcher, offsets[row], [int(t) for t in draft])
-                for row, (state, draft) in drafts.items() if state.error is None]
+        live = [
+            (state.matcher, offsets[row], [int(t) for t in draft])
+            for row, (state, draft) in drafts.items()
+            if state.error is None
+        ]
         if live:
             # past a proposed token the grammar refuses, the masks are left allowing all: never read, as the
             # refused token cannot be accepted
             fill_next_token_bitmask_par_with_draft_tokens(self._executor, live, bitmask)
         for row, (state, _) in drafts.items():
             if state.error is not None:
-                bitmask[offsets[row]:offsets[row] + positions[row]] = 0
-        return StepMasks(self._fill(num_rows, *split),
-                         {row: bitmask[offsets[row]:offsets[row] + positions[row]] for row in drafts})
+                bitmask[offsets[row] : offsets[row] + positions[row]] = 0
+        return StepMasks(
+            self._fill(num_rows, *split), {row: bitmask[offsets[row] : offsets[row] + positions[row]] for row in drafts}
+        )
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -261,9 +282,10 @@ class BitmaskComputer:
 
 class StepMasks(NamedTuple):
     """The masks of a step with rows verifying drafts (BitmaskComputer.start with drafts)."""
+
     rows: np.ndarray
     """int32 [rows, width]: one per row of the step (what `start` gives without drafts)."""
-    drafts: Dict[int, np.ndarray]
+    drafts: dict[int, np.ndarray]
     """row -> int32 [1 + len(draft), width]: a verifying row's mask at each of its positions."""
 
 

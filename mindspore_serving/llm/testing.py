@@ -8,13 +8,20 @@ write, a block shared by mistake or a stale prefix block changes the next token,
 output of a request equals `reference_greedy` (the same runner on that request alone) only when the
 engine gives the runner exactly the right cache.
 """
+
 import hashlib
-from typing import List, Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from mindspore_serving.llm.model_io import (SCRATCH_BLOCK, MultiStepRunner, PromptScorer, SeqStep, StepLogits,
-                                            run_greedy_steps)
+from mindspore_serving.llm.model_io import (
+    SCRATCH_BLOCK,
+    MultiStepRunner,
+    PromptScorer,
+    SeqStep,
+    StepLogits,
+    run_greedy_steps,
+)
 
 _EMPTY = -1
 
@@ -23,29 +30,30 @@ class FakeModelRunner(MultiStepRunner, PromptScorer):
     """A MultiStepRunner with hash-derived logits read back from a paged token cache; a sequence with all_logits
     gets the logits of each of its positions, read back the same way (`StepLogits`)."""
 
-    def __init__(self, num_blocks: int = 64, block_size: int = 4, max_seq_len: int = 128, vocab_size: int = 64,
-                 seed: int = 0):
+    def __init__(
+        self, num_blocks: int = 64, block_size: int = 4, max_seq_len: int = 128, vocab_size: int = 64, seed: int = 0
+    ):
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.max_seq_len = max_seq_len
         self.vocab_size = vocab_size
         self.seed = seed
         self.cache = np.full((num_blocks, block_size), _EMPTY, dtype=np.int64)
-        self.calls: List[List[SeqStep]] = []
+        self.calls: list[list[SeqStep]] = []
         """Every `run` call's sequences, for tests that assert on batches."""
         self.num_computed_tokens = 0
         """Tokens written to the cache, all steps together."""
-        self.fail_next: Optional[Exception] = None
+        self.fail_next: Exception | None = None
         """Set to make the next `run` raise it (tests of the error path)."""
 
-    def run_greedy(self, seqs: List[SeqStep], num_steps: int):
+    def run_greedy(self, seqs: list[SeqStep], num_steps: int):
         """Multi-step greedy decoding through `run` (see model_io.run_greedy_steps)."""
         return run_greedy_steps(self, seqs, num_steps)
 
-    def score_refusal(self) -> Optional[str]:
+    def score_refusal(self) -> str | None:
         return None
 
-    def run(self, seqs: List[SeqStep]):
+    def run(self, seqs: list[SeqStep]):
         self.calls.append(seqs)
         if self.fail_next is not None:
             err, self.fail_next = self.fail_next, None
@@ -65,14 +73,16 @@ class FakeModelRunner(MultiStepRunner, PromptScorer):
             context = self.cache[blocks, positions % self.block_size]
             logits[row] = self.logits_for(context)
             if seq.all_logits:
-                every[row] = np.stack([self.logits_for(context[:end])
-                                       for end in range(seq.start_pos + 1, seq.context_len + 1)])
+                every[row] = np.stack(
+                    [self.logits_for(context[:end]) for end in range(seq.start_pos + 1, seq.context_len + 1)]
+                )
         return StepLogits(logits, every) if every else logits
 
     def logits_for(self, context: Sequence[int]) -> np.ndarray:
         """Logits after the token sequence `context` (the cache read back); a pure function of it."""
-        digest = hashlib.blake2b(np.asarray(context, dtype=np.int64).tobytes(), digest_size=8,
-                                 key=self.seed.to_bytes(8, "little")).digest()
+        digest = hashlib.blake2b(
+            np.asarray(context, dtype=np.int64).tobytes(), digest_size=8, key=self.seed.to_bytes(8, "little")
+        ).digest()
         rng = np.random.default_rng(int.from_bytes(digest, "little"))
         return (rng.standard_normal(self.vocab_size) * 3.0).astype(np.float32)
 
@@ -95,15 +105,20 @@ class FakeModelRunner(MultiStepRunner, PromptScorer):
             raise ValueError(f"token ids outside [0, {self.vocab_size})")
 
 
-def reference_greedy(runner_factory, prompt_token_ids: Sequence[int], max_new_tokens: int,
-                     eos_token_id: Optional[int] = None, stop_token_ids: Sequence[int] = ()) -> List[int]:
+def reference_greedy(
+    runner_factory,
+    prompt_token_ids: Sequence[int],
+    max_new_tokens: int,
+    eos_token_id: int | None = None,
+    stop_token_ids: Sequence[int] = (),
+) -> list[int]:
     """Greedy tokens of one request alone, without the scheduler: a fresh runner, a private block table
     (blocks 1, 2, ...), the whole prompt in one step, then one decode step per token."""
     runner = runner_factory()
     tokens = list(prompt_token_ids)
     table = list(range(1, runner.num_blocks))
     step = SeqStep(list(tokens), 0, table)
-    output: List[int] = []
+    output: list[int] = []
     while True:
         token = int(np.argmax(runner.run([step])[0]))
         output.append(token)

@@ -8,14 +8,13 @@ configuration and the worker can name a format without the front ends:
   * "llama3_json": LLaMA 3.1/3.2: the output is `{"name": ..., "parameters": {...}}` (several joined by ";"),
     optionally after `<|python_tag|>`.
 """
-from typing import Optional
 
 HERMES = "hermes"
 LLAMA3_JSON = "llama3_json"
 TOOL_CALL_PARSERS = (HERMES, LLAMA3_JSON)
 
 
-def detect_tool_call_parser(template_text: Optional[str]) -> Optional[str]:
+def detect_tool_call_parser(template_text: str | None) -> str | None:
     """The format a chat template teaches its model to call tools in, from the template's text: one that writes
     `<tool_call>` is Hermes-style; one that handles `<|python_tag|>` or the `ipython` role (the role LLaMA 3.1
     gives tool results) is LLaMA 3's JSON. None: no known format (a model that calls no tools, or another

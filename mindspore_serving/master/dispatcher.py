@@ -20,12 +20,13 @@ together in one WorkerPredictRequest (a call to a worker costs far more than an 
 The worker runs the instances of a call together (so they share model batches) and answers them in order;
 the answers are split back to their requests. A lost worker fails every request of its calls at once.
 """
+
 import asyncio
 import collections
 import functools
 import itertools
 import time
-from typing import Awaitable, Callable, List, Optional, Sequence, Tuple
+from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
 
@@ -42,12 +43,11 @@ from mindspore_serving.spec.llm import LLM_EXTENSION
 DEFAULT_MAX_ENQUEUED_REQUESTS = 10000
 DEFAULT_MAX_ENQUEUED_BYTES = 1 << 30  # serialized instances of the requests held at once
 DEFAULT_REQUEST_TIMEOUT = 300.0  # seconds a request without a deadline of its own (REST) may take; 0: none
-MAX_CALLS_IN_FLIGHT = 2    # per worker and method; the second only carries a full call
-MAX_CALL_INSTANCES = 64    # instances in one call (at least one batch of the worker)
+MAX_CALLS_IN_FLIGHT = 2  # per worker and method; the second only carries a full call
+MAX_CALL_INSTANCES = 64  # instances in one call (at least one batch of the worker)
 MAX_CALL_BYTES = 64 << 20  # serialized instances in one call (a larger chunk still goes, alone)
-SETTLE_SECONDS = 0.02      # how long a partial batch for an idle worker may wait for more (see _settle_delay)
-SETTLE_MAX_SECONDS = 0.1   # ... at most, when answered clients took that long to come back last time
-
+SETTLE_SECONDS = 0.02  # how long a partial batch for an idle worker may wait for more (see _settle_delay)
+SETTLE_MAX_SECONDS = 0.1  # ... at most, when answered clients took that long to come back last time
 
 
 class LoopClock:
@@ -67,10 +67,18 @@ class LoopClock:
 class _Chunk:
     """Instances of one public request bound for one worker call, the future of their answers, the request's
     deadline (clock time, or None) and its id (the one its reply carries, "" when it has none)."""
+
     __slots__ = ("spec", "instances", "future", "nbytes", "deadline", "queued_at", "request_id")
 
-    def __init__(self, spec, instances: Sequence, future: "asyncio.Future", deadline: Optional[float] = None,
-                 nbytes: Optional[int] = None, request_id: str = ""):
+    def __init__(
+        self,
+        spec,
+        instances: Sequence,
+        future: "asyncio.Future",
+        deadline: float | None = None,
+        nbytes: int | None = None,
+        request_id: str = "",
+    ):
         self.spec = spec
         self.instances = instances
         self.future = future
@@ -94,17 +102,17 @@ class _WorkerQueue:
         self.pipelined = not self.continuous and signature is not None and not signature.only_model_stage
         self.batch_size = max(1, worker.batch_size)
         self.max_instances = max(self.batch_size, MAX_CALL_INSTANCES // self.batch_size * self.batch_size)
-        self.pending: "collections.deque[_Chunk]" = collections.deque()
+        self.pending: collections.deque[_Chunk] = collections.deque()
         self.pending_count = 0
         self.in_flight = 0
-        self.scheduled = False      # a flush is due (next turn, or `timer`)
-        self.timer = None           # the delayed flush while a partial batch waits
-        self.arrived = False        # a chunk came since the last flush attempt
-        self.settle_until = None    # end of the wait for a burst being read
-        self.owed = 0               # instances answered whose clients have not sent anything since
-        self.owed_since = None      # when the oldest of them was answered
+        self.scheduled = False  # a flush is due (next turn, or `timer`)
+        self.timer = None  # the delayed flush while a partial batch waits
+        self.arrived = False  # a chunk came since the last flush attempt
+        self.settle_until = None  # end of the wait for a burst being read
+        self.owed = 0  # instances answered whose clients have not sent anything since
+        self.owed_since = None  # when the oldest of them was answered
         self.owed_limit = SETTLE_SECONDS  # how long to wait for them: twice their last return, within limits
-        self.tasks = set()          # the calls in flight (a task needs a reference until it is done)
+        self.tasks = set()  # the calls in flight (a task needs a reference until it is done)
 
     def put(self, item: _Chunk):
         item.queued_at = self.clock.now()
@@ -136,7 +144,7 @@ class _WorkerQueue:
             self.scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)  # the next turn: chunks arriving now join
 
-    def _settle_delay(self) -> Optional[float]:
+    def _settle_delay(self) -> float | None:
         """How long a partial batch for an idle worker still waits (0: one more loop turn), or None.
 
         Only for a model with a batch dimension, where every batch costs as much as a full one. It waits while
@@ -144,8 +152,12 @@ class _WorkerQueue:
         their next request once answered), at most `owed_limit` (SETTLE_SECONDS, or twice as long as they took
         to come back last time, up to SETTLE_MAX_SECONDS); or while chunks keep arriving turn after turn (a
         burst being read), at most SETTLE_SECONDS. A lone request never waits."""
-        if self.continuous or self.batch_size == 1 or (self.in_flight and not self.pipelined) \
-                or self.pending_count >= self.batch_size:
+        if (
+            self.continuous
+            or self.batch_size == 1
+            or (self.in_flight and not self.pipelined)
+            or self.pending_count >= self.batch_size
+        ):
             self.settle_until = None
             return None
         now = self.clock.now()
@@ -178,8 +190,13 @@ class _WorkerQueue:
             if self.pipelined and self.in_flight == 0 and self.pending_count > 1:
                 limit = min(limit, (self.pending_count + 1) // 2)  # two calls: the second's Python follows the first's
             chunks, count, nbytes = [], 0, 0
-            while self.pending and (not chunks or (count + len(self.pending[0].instances) <= limit
-                                                   and nbytes + self.pending[0].nbytes <= MAX_CALL_BYTES)):
+            while self.pending and (
+                not chunks
+                or (
+                    count + len(self.pending[0].instances) <= limit
+                    and nbytes + self.pending[0].nbytes <= MAX_CALL_BYTES
+                )
+            ):
                 item = self.pending.popleft()
                 size = len(item.instances)
                 self.pending_count -= size
@@ -195,7 +212,7 @@ class _WorkerQueue:
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)
 
-    def _send(self, chunks: List[_Chunk]) -> Tuple[str, Awaitable]:
+    def _send(self, chunks: list[_Chunk]) -> tuple[str, Awaitable]:
         """Sends the chunks to the worker as one call, now: the replies to earlier calls that this event-loop turn
         also hands back (each resuming its request's task) would otherwise go first, the worker idle meanwhile.
         Returns the call's id and what its reply is awaited with."""
@@ -226,7 +243,7 @@ class _WorkerQueue:
             failed.set_exception(err)
             return request_id, failed
 
-    async def _call(self, chunks: List[_Chunk], count: int, request_id: str, sent: Awaitable):
+    async def _call(self, chunks: list[_Chunk], count: int, request_id: str, sent: Awaitable):
         worker = self.worker
         try:
             reply = await sent
@@ -240,7 +257,8 @@ class _WorkerQueue:
             for item in chunks:
                 error = errors.WorkerUnavailable(
                     f"Request {request_repr(item.spec.name, item.spec.method_name, item.spec.version_number)}, "
-                    f"servable is not available: {what}")
+                    f"servable is not available: {what}"
+                )
                 _set_result(item.future, [error] * len(item.instances))
             return
         except asyncio.CancelledError:
@@ -270,13 +288,13 @@ class _WorkerQueue:
                     item.future.set_exception(err)
 
 
-def _requests_of(chunks: List[_Chunk]) -> str:
+def _requests_of(chunks: list[_Chunk]) -> str:
     """The public requests of a call as a log line names them, by the ids their replies carry."""
     ids = [item.request_id or "(no id)" for item in chunks]
     return ("request " if len(ids) == 1 else "requests ") + ", ".join(ids)
 
 
-def _merge_parts(reasons: List[Optional[str]], parts: List[List[int]], part_answers: List[list]) -> list:
+def _merge_parts(reasons: list[str | None], parts: list[list[int]], part_answers: list[list]) -> list:
     """The answers of a request cut into parts, in its order; invalid instances (a reason) get InvalidInputs."""
     results: list = [errors.InvalidInputs(reason) if reason else None for reason in reasons]
     for part, answers in zip(parts, part_answers):
@@ -290,7 +308,7 @@ def _set_result(future: "asyncio.Future", result):
         future.set_result(result)
 
 
-def _split_reply(worker: WorkerRecord, reply, chunks: List[_Chunk], count: int):
+def _split_reply(worker: WorkerRecord, reply, chunks: list[_Chunk], count: int):
     """Hands each chunk the answers of its instances: the Instance message or a ServingError."""
     instances, error_msgs = reply.instances, reply.error_msg
     answered = min(len(instances), len(error_msgs))
@@ -299,8 +317,9 @@ def _split_reply(worker: WorkerRecord, reply, chunks: List[_Chunk], count: int):
         answers = []
         for index in range(position, position + len(item.instances)):
             if index >= answered:
-                answers.append(errors.SystemError_(f"Serving Error: the worker answered {answered} of {count} "
-                                                   f"instances"))
+                answers.append(
+                    errors.SystemError_(f"Serving Error: the worker answered {answered} of {count} instances")
+                )
                 continue
             error = error_msgs[index]
             if error.error_code:
@@ -313,7 +332,7 @@ def _split_reply(worker: WorkerRecord, reply, chunks: List[_Chunk], count: int):
 
 
 class Dispatcher:
-    def __init__(self, registry: WorkerRegistry, clock=None, metrics: Optional[MasterMetrics] = None):
+    def __init__(self, registry: WorkerRegistry, clock=None, metrics: MasterMetrics | None = None):
         self.registry = registry
         self.metrics = metrics if metrics is not None else MasterMetrics()
         self.clock = clock if clock is not None else LoopClock()
@@ -324,7 +343,7 @@ class Dispatcher:
         self.enqueued = 0
         self._ids = itertools.count(1)
 
-    async def predict(self, spec, instances: Sequence, timeout: Optional[float] = None) -> list:
+    async def predict(self, spec, instances: Sequence, timeout: float | None = None) -> list:
         """Answers every instance of a request; raises ServingError for a request-wide failure.
 
         `timeout`: the seconds the request may take (a gRPC client's deadline); None: `request_timeout` (0: none).
@@ -335,13 +354,16 @@ class Dispatcher:
             raise errors.InvalidInputs("Instances count of request cannot be 0")
         if self.enqueued >= self.max_enqueued_requests:
             self.metrics.rejected += 1
-            raise errors.ServingError(errors.FAILED, f"Serving Error: enqueued requests count exceeds the limit "
-                                                     f"{self.max_enqueued_requests}")
+            raise errors.ServingError(
+                errors.FAILED, f"Serving Error: enqueued requests count exceeds the limit {self.max_enqueued_requests}"
+            )
         nbytes = sum(instance.ByteSize() for instance in instances)
         if self.enqueued and self.enqueued_bytes + nbytes > self.max_enqueued_bytes:  # one alone always goes
             self.metrics.rejected += 1
-            raise errors.Overloaded(f"Serving Error: enqueued requests size exceeds the limit "
-                                    f"{self.max_enqueued_bytes} bytes (--max_enqueued_mb)")
+            raise errors.Overloaded(
+                f"Serving Error: enqueued requests size exceeds the limit "
+                f"{self.max_enqueued_bytes} bytes (--max_enqueued_mb)"
+            )
         if timeout is None:
             timeout = self.request_timeout or None
         # an unknown servable or method is refused before it is counted: clients do not make new label values
@@ -352,9 +374,14 @@ class Dispatcher:
         self.enqueued += 1
         self.enqueued_bytes += nbytes
         try:
-            pending, merge = self._answers(spec, candidates, instances,
-                                           None if timeout is None else self.clock.now() + timeout, nbytes,
-                                           log.current_request_id() or "")
+            pending, merge = self._answers(
+                spec,
+                candidates,
+                instances,
+                None if timeout is None else self.clock.now() + timeout,
+                nbytes,
+                log.current_request_id() or "",
+            )
             answers = await (pending if timeout is None else self._within(pending, timeout, spec))
             if merge is not None:
                 answers = merge(answers)
@@ -389,31 +416,50 @@ class Dispatcher:
         except asyncio.CancelledError:
             if not expired:  # the request itself was cancelled
                 raise
-            raise errors.Failed(f"Request {request_repr(spec.name, spec.method_name, spec.version_number)}, "
-                                f"deadline of {timeout:g} s exceeded") from None
+            raise errors.Failed(
+                f"Request {request_repr(spec.name, spec.method_name, spec.version_number)}, "
+                f"deadline of {timeout:g} s exceeded"
+            ) from None
         finally:
             timer.cancel()
 
-    def _answers(self, spec, candidates: List[WorkerRecord], instances: Sequence,
-                 deadline: Optional[float], nbytes: Optional[int] = None, request_id: str = ""
-                 ) -> Tuple["asyncio.Future", Optional[Callable[[list], list]]]:
+    def _answers(
+        self,
+        spec,
+        candidates: list[WorkerRecord],
+        instances: Sequence,
+        deadline: float | None,
+        nbytes: int | None = None,
+        request_id: str = "",
+    ) -> tuple["asyncio.Future", Callable[[list], list] | None]:
         """Queues the request: invalid instances get their error, the rest go to workers in chunks of at most a
         batch. Returns a future of the answers and, when the request was cut, the function that puts the chunks'
         answers (a list per chunk) back in the request's order."""
         input_names = candidates[0].input_names(spec.method_name)
-        reasons = [check_instance(instance.items, input_names, spec.name, spec.method_name, check_tensor)
-                   for instance in instances]
+        reasons = [
+            check_instance(instance.items, input_names, spec.name, spec.method_name, check_tensor)
+            for instance in instances
+        ]
         batch = max(w.batch_size for w in candidates) if len(candidates) > 1 else candidates[0].batch_size
         if len(instances) <= batch and not any(reasons):  # the common case: one chunk, all instances valid
             return self._enqueue(spec, candidates, instances, deadline, nbytes, request_id), None
         valid = [index for index, reason in enumerate(reasons) if reason is None]
-        parts = [valid[start:start + batch] for start in range(0, len(valid), max(1, batch))]
-        futures = [self._enqueue(spec, candidates, [instances[i] for i in part], deadline, request_id=request_id)
-                   for part in parts]
+        parts = [valid[start : start + batch] for start in range(0, len(valid), max(1, batch))]
+        futures = [
+            self._enqueue(spec, candidates, [instances[i] for i in part], deadline, request_id=request_id)
+            for part in parts
+        ]
         return asyncio.gather(*futures), functools.partial(_merge_parts, reasons, parts)
 
-    def _enqueue(self, spec, candidates: List[WorkerRecord], instances: Sequence, deadline: Optional[float] = None,
-                 nbytes: Optional[int] = None, request_id: str = "") -> "asyncio.Future":
+    def _enqueue(
+        self,
+        spec,
+        candidates: list[WorkerRecord],
+        instances: Sequence,
+        deadline: float | None = None,
+        nbytes: int | None = None,
+        request_id: str = "",
+    ) -> "asyncio.Future":
         """Queues one chunk for the least busy worker; the future gets one answer per instance (`nbytes`: their
         serialized size, when the caller knows it; `request_id`: the request's, for the worker's log)."""
         worker = self.registry.pick(candidates)
@@ -424,4 +470,3 @@ class Dispatcher:
         worker.outstanding += len(instances)
         queue.put(_Chunk(spec, instances, future, deadline, nbytes, request_id))
         return future
-

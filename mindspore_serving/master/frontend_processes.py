@@ -16,6 +16,7 @@ Model control and metrics scrapes that reach a front-end process are answered by
 A front-end process that dies is restarted (at most MAX_QUICK_RESTARTS times within RESTART_WINDOW); the
 connections it held fail at once (reset), and the other front ends keep serving.
 """
+
 import asyncio
 import collections
 import json
@@ -23,8 +24,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Counter, Dict, List, Optional
 
 import grpc
 
@@ -40,10 +42,10 @@ from mindspore_serving.proto import frontend_pb2 as pb
 from mindspore_serving.proto import frontend_pb2_grpc, internal_pb2
 
 FRONTEND_MODULE = "mindspore_serving.frontend_process.start_frontend"
-START_TIMEOUT = 60.0        # seconds a front-end process has to register
-READINESS_FALLBACK = 5.0    # the master compares its readiness with what the processes were told at each signalled
+START_TIMEOUT = 60.0  # seconds a front-end process has to register
+READINESS_FALLBACK = 5.0  # the master compares its readiness with what the processes were told at each signalled
 #                             change, and at least this often in case a change went unsignalled
-CALL_TIMEOUT = 10.0         # an update or a server start the process must answer within
+CALL_TIMEOUT = 10.0  # an update or a server start the process must answer within
 MAX_QUICK_RESTARTS = 5
 RESTART_WINDOW = 60.0
 
@@ -51,15 +53,15 @@ RESTART_WINDOW = 60.0
 @dataclass
 class FrontendChild:
     index: int
-    process: Optional[subprocess.Popen] = None
+    process: subprocess.Popen | None = None
     registered: threading.Event = field(default_factory=threading.Event)
     pid: int = 0
     address: str = ""  # its FrontendService, once registered (a unix socket the master removes when it ends)
     secret: str = field(default="", repr=False)  # what its calls to the master carry (ipc.peer_metadata)
-    channel: Optional[grpc.aio.Channel] = None
-    stub: Optional[frontend_pb2_grpc.FrontendServiceStub] = None
-    updates: Optional[asyncio.Queue] = None  # FrontendUpdates to send in order (on the master loop)
-    sender: Optional[asyncio.Task] = None
+    channel: grpc.aio.Channel | None = None
+    stub: frontend_pb2_grpc.FrontendServiceStub | None = None
+    updates: asyncio.Queue | None = None  # FrontendUpdates to send in order (on the master loop)
+    sender: asyncio.Task | None = None
     starts: int = 0
     restarted: int = 0
     restarts: RestartBudget = field(default_factory=lambda: RestartBudget(MAX_QUICK_RESTARTS, RESTART_WINDOW))
@@ -72,20 +74,30 @@ class FrontendChild:
 class FrontendProcesses:
     """The master's front-end processes; also one of its front ends (stop_accepting / drain_requests / close)."""
 
-    def __init__(self, count: int, master_address: str, loop: asyncio.AbstractEventLoop, registry,
-                 readiness: Callable, settings: Callable[[], dict], readiness_changes: Optional[ChangeSignal] = None):
+    def __init__(
+        self,
+        count: int,
+        master_address: str,
+        loop: asyncio.AbstractEventLoop,
+        registry,
+        readiness: Callable,
+        settings: Callable[[], dict],
+        readiness_changes: ChangeSignal | None = None,
+    ):
         self.master_address = master_address
         self.loop = loop
         self.registry = registry
-        self.readiness = readiness    # () -> Readiness
+        self.readiness = readiness  # () -> Readiness
         self.readiness_changes = readiness_changes or ChangeSignal()  # bumped where the readiness may change
-        self.settings = settings      # () -> {"request_timeout", "max_enqueued_requests", "max_enqueued_bytes", "llm_token_timeout"}
-        self.children: Dict[int, FrontendChild] = {index: FrontendChild(index) for index in range(1, count)}
-        self.servers: List[pb.ServerConfig] = []
+        self.settings = (
+            settings  # () -> {"request_timeout", "max_enqueued_requests", "max_enqueued_bytes", "llm_token_timeout"}
+        )
+        self.children: dict[int, FrontendChild] = {index: FrontendChild(index) for index in range(1, count)}
+        self.servers: list[pb.ServerConfig] = []
         self._stopping = threading.Event()
-        self._monitor: Optional[threading.Thread] = None
+        self._monitor: threading.Thread | None = None
         self._told_readiness = ""
-        self._readiness_task: Optional[asyncio.Task] = None
+        self._readiness_task: asyncio.Task | None = None
         registry.listeners.append(self._on_worker_change)
 
     # ---- start ----
@@ -97,25 +109,40 @@ class FrontendProcesses:
         for child in self.children.values():
             while not child.registered.wait(0.05):
                 if child.process.poll() is not None:
-                    raise RuntimeError(f"Serving Error: front-end process {child.index} exited at start "
-                                       f"(code {child.process.returncode}), see {child.log_path}")
+                    raise RuntimeError(
+                        f"Serving Error: front-end process {child.index} exited at start "
+                        f"(code {child.process.returncode}), see {child.log_path}"
+                    )
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"Serving Error: front-end process {child.index} did not register within "
-                                       f"{START_TIMEOUT:g} s, see {child.log_path}")
+                    raise RuntimeError(
+                        f"Serving Error: front-end process {child.index} did not register within "
+                        f"{START_TIMEOUT:g} s, see {child.log_path}"
+                    )
         self._readiness_task = asyncio.run_coroutine_threadsafe(self._follow_readiness(), self.loop)
         self._monitor = threading.Thread(target=self._watch, name="frontend-monitor", daemon=True)
         self._monitor.start()
-        log.info(f"Serving: {len(self.children)} front-end process(es) serve beside the master: "
-                 + ", ".join(f"{c.index} (pid {c.pid})" for c in self.children.values()))
+        log.info(
+            f"Serving: {len(self.children)} front-end process(es) serve beside the master: "
+            + ", ".join(f"{c.index} (pid {c.pid})" for c in self.children.values())
+        )
 
     def _spawn(self, child: FrontendChild):
         child.registered.clear()
         with log.open_private(child.log_path, "w" if child.starts == 0 else "a") as log_file:
             child.process = subprocess.Popen(
-                [sys.executable, "-m", FRONTEND_MODULE, f"--index={child.index}",
-                 f"--master_address={self.master_address}"],
-                stdin=subprocess.PIPE, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
-                env=child_env())
+                [
+                    sys.executable,
+                    "-m",
+                    FRONTEND_MODULE,
+                    f"--index={child.index}",
+                    f"--master_address={self.master_address}",
+                ],
+                stdin=subprocess.PIPE,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=child_env(),
+            )
         child.secret = ipc.new_secret()  # through the pipe, never on the command line; new for each start
         child.process.stdin.write(child.secret.encode() + b"\n")
         child.process.stdin.close()
@@ -220,30 +247,35 @@ class FrontendProcesses:
                     return
                 asyncio.run_coroutine_threadsafe(self._forget(child), self.loop)
                 if not child.restarts.spend():
-                    log.error(f"front-end process {child.index} died {MAX_QUICK_RESTARTS} times within "
-                              f"{RESTART_WINDOW:.0f} s; it is not restarted again, see {child.log_path}")
+                    log.error(
+                        f"front-end process {child.index} died {MAX_QUICK_RESTARTS} times within "
+                        f"{RESTART_WINDOW:.0f} s; it is not restarted again, see {child.log_path}"
+                    )
                     continue
-                log.warning(f"front-end process {child.index} (pid {process.pid}) died unexpectedly (exit code "
-                            f"{process.returncode}); its connections are lost, restarting it")
+                log.warning(
+                    f"front-end process {child.index} (pid {process.pid}) died unexpectedly (exit code "
+                    f"{process.returncode}); its connections are lost, restarting it"
+                )
                 try:
                     self._spawn(child)
                     child.restarted += 1
                 except OSError as err:
                     log.error(f"cannot restart front-end process {child.index}: {err}")
 
-    def restart_counts(self) -> Dict[int, int]:
+    def restart_counts(self) -> dict[int, int]:
         return {child.index: child.restarted for child in self.children.values()}
 
     # ---- metrics ----
     async def metrics(self, timeout: float) -> list:
         """The MetricsReply of every process that answers within `timeout` seconds."""
         children = self._live()
-        replies = await asyncio.gather(*(c.stub.Metrics(internal_pb2.Empty(), timeout=timeout) for c in children),
-                                       return_exceptions=True)
+        replies = await asyncio.gather(
+            *(c.stub.Metrics(internal_pb2.Empty(), timeout=timeout) for c in children), return_exceptions=True
+        )
         return [reply for reply in replies if not isinstance(reply, BaseException)]
 
     # ---- stop: one of the master's front ends ----
-    def _live(self) -> List[FrontendChild]:
+    def _live(self) -> list[FrontendChild]:
         return [c for c in self.children.values() if c.registered.is_set() and c.stub is not None]
 
     def stop_accepting(self):
@@ -256,8 +288,10 @@ class FrontendProcesses:
         """The processes' drains, together; the requests they cut, by kind."""
         self._stopping.set()
         children = self._live()
-        replies = await asyncio.gather(*(c.stub.Drain(pb.DrainRequest(grace=grace), timeout=grace + CALL_TIMEOUT)
-                                         for c in children), return_exceptions=True)
+        replies = await asyncio.gather(
+            *(c.stub.Drain(pb.DrainRequest(grace=grace), timeout=grace + CALL_TIMEOUT) for c in children),
+            return_exceptions=True,
+        )
         cut: Counter = collections.Counter()
         for child, reply in zip(children, replies):
             if isinstance(reply, BaseException):
@@ -270,8 +304,9 @@ class FrontendProcesses:
         """Closes the processes' ports, then ends them."""
         self._stopping.set()
         children = self._live()
-        await asyncio.gather(*(c.stub.Close(internal_pb2.Empty(), timeout=CALL_TIMEOUT) for c in children),
-                             return_exceptions=True)
+        await asyncio.gather(
+            *(c.stub.Close(internal_pb2.Empty(), timeout=CALL_TIMEOUT) for c in children), return_exceptions=True
+        )
         if self._readiness_task is not None:
             self._readiness_task.cancel()
         for child in self.children.values():
@@ -318,7 +353,7 @@ class MasterFrontendServicer(frontend_pb2_grpc.MasterFrontendServicer):
 
     def _secret_of(self, key: str) -> str:
         processes = self.master.frontend_processes
-        for child in (processes.children.values() if processes is not None else ()):
+        for child in processes.children.values() if processes is not None else ():
             if frontend_key(child.index) == key:
                 return child.secret
         return ""
@@ -326,8 +361,10 @@ class MasterFrontendServicer(frontend_pb2_grpc.MasterFrontendServicer):
     async def _check_caller(self, context, index=None):
         caller = ipc.peer_of(context.invocation_metadata(), self._secret_of)
         if caller is None or (index is not None and caller != frontend_key(index)):
-            log.warning("refused a call on the master's front-end socket: the caller is not a front-end process "
-                        "this master started")
+            log.warning(
+                "refused a call on the master's front-end socket: the caller is not a front-end process "
+                "this master started"
+            )
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "not a front-end process this master started")
 
     async def Register(self, request, context):
@@ -345,8 +382,9 @@ class MasterFrontendServicer(frontend_pb2_grpc.MasterFrontendServicer):
     async def ModelControl(self, request, context):
         await self._check_caller(context)
         if not self.master.model_control_open():
-            return pb.ModelControlReply(error_code=errors.Forbidden.CODE, error_msg=NO_CONTROL_TEXT,
-                                        kind=errors.Kind.FORBIDDEN.value)
+            return pb.ModelControlReply(
+                error_code=errors.Forbidden.CODE, error_msg=NO_CONTROL_TEXT, kind=errors.Kind.FORBIDDEN.value
+            )
         control = self.master.model_control
         action = control.load_by_name if request.action == "load" else control.unload
         try:

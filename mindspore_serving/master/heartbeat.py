@@ -8,9 +8,10 @@ reason)` is called once for it (the master then kills it: its requests fail, and
 Each answer also says whether the worker can serve now (`PingReply.not_ready`, kept on its record for the
 master's readiness): an LLM worker stays registered while its agents restart, but is not ready meanwhile.
 """
+
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Dict
 
 import grpc
 
@@ -25,7 +26,7 @@ DEFAULT_MISSES = 3
 @dataclass
 class HeartbeatSettings:
     interval: float = DEFAULT_INTERVAL  # seconds between pings, and how long a ping may take
-    misses: int = DEFAULT_MISSES        # unanswered pings in a row after which a worker is not responding
+    misses: int = DEFAULT_MISSES  # unanswered pings in a row after which a worker is not responding
 
     @property
     def budget(self) -> float:
@@ -36,13 +37,18 @@ class HeartbeatSettings:
 class WorkerHeartbeat:
     """Pings the registry's workers from the master's event loop (start() there, stop() to end)."""
 
-    def __init__(self, registry: WorkerRegistry, settings: HeartbeatSettings,
-                 on_unresponsive: Callable[[WorkerRecord, str], None], on_change: Callable[[], None] = lambda: None):
+    def __init__(
+        self,
+        registry: WorkerRegistry,
+        settings: HeartbeatSettings,
+        on_unresponsive: Callable[[WorkerRecord, str], None],
+        on_change: Callable[[], None] = lambda: None,
+    ):
         self.registry = registry
         self.settings = settings
         self.on_unresponsive = on_unresponsive
         self.on_change = on_change  # a worker's readiness changed (its not_ready, or given up as hung)
-        self._missed: Dict[tuple, int] = {}  # (key, pid) -> pings missed in a row
+        self._missed: dict[tuple, int] = {}  # (key, pid) -> pings missed in a row
         self._task = None
         self._pings = set()  # pings in flight (a task needs a reference until it is done)
 
@@ -89,8 +95,10 @@ class WorkerHeartbeat:
             return
         missed = self._missed[key] = self._missed.get(key, 0) + 1
         if missed >= self.settings.misses and self.registry.get(record.key) is record and record.lost_reason is None:
-            reason = (f"the worker of {record.servable_name} (pid {record.pid}) is not responding "
-                      f"({missed} heartbeats of {self.settings.interval:g} s missed)")
+            reason = (
+                f"the worker of {record.servable_name} (pid {record.pid}) is not responding "
+                f"({missed} heartbeats of {self.settings.interval:g} s missed)"
+            )
             record.lost_reason = reason
             self.on_change()
             log.error(reason)

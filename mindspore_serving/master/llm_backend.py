@@ -10,9 +10,10 @@ A request with several choices (n / best_of) streams the events of all of them a
 choice (or at an Error); its prompt tokens count once in the metrics, its completion tokens summed over the
 choices.
 """
+
 import asyncio
 import itertools
-from typing import AsyncIterator, Dict, List, Optional, Set
+from collections.abc import AsyncIterator
 
 import grpc
 
@@ -20,9 +21,16 @@ from mindspore_serving import log
 from mindspore_serving.common import errors
 from mindspore_serving.ipc import llm_session
 from mindspore_serving.llm.sampling_params import SamplingParams
+from mindspore_serving.master.llm_types import (
+    FinalEvent,
+    GenerationEvent,
+    GenerationRequest,
+    ModelInfo,
+    TokenEvent,
+    Tokenized,
+    TokenizeRequest,
+)
 from mindspore_serving.master.metrics import MasterMetrics
-from mindspore_serving.master.llm_types import (FinalEvent, GenerationEvent, GenerationRequest, ModelInfo,
-                                                TokenEvent, Tokenized, TokenizeRequest)
 from mindspore_serving.master.worker_registry import WorkerRegistry
 from mindspore_serving.proto import llm_worker_pb2 as pb
 from mindspore_serving.proto import llm_worker_pb2_grpc
@@ -42,7 +50,7 @@ class WorkerSession:
         self.worker = worker
         self.closed = False
         self._ids = itertools.count(1)
-        self._queues: Dict[int, asyncio.Queue] = {}
+        self._queues: dict[int, asyncio.Queue] = {}
         self._call = llm_worker_pb2_grpc.LlmWorkerStub(worker.channel).Session()
         self._write_lock = asyncio.Lock()
         self._reader = asyncio.ensure_future(self._read())
@@ -63,8 +71,10 @@ class WorkerSession:
         finally:
             self.closed = True
             if self._queues:
-                log.warning(f"LLM session with worker pid {self.worker.pid} ended ({reason}) with "
-                            f"{len(self._queues)} generation(s) running")
+                log.warning(
+                    f"LLM session with worker pid {self.worker.pid} ended ({reason}) with "
+                    f"{len(self._queues)} generation(s) running"
+                )
             for events in self._queues.values():
                 events.put_nowait(_LOST)
 
@@ -76,11 +86,19 @@ class WorkerSession:
         stream_id = next(self._ids)
         self._queues[stream_id] = asyncio.Queue()
         try:
-            await self._write(llm_session.generate_command(stream_id, request_id, params, request.prompt,
-                                                           request.messages, explicit=request.params,
-                                                           tools=request.tools,
-                                                           template_kwargs=request.chat_template_kwargs,
-                                                           prompt_token_ids=request.prompt_token_ids))
+            await self._write(
+                llm_session.generate_command(
+                    stream_id,
+                    request_id,
+                    params,
+                    request.prompt,
+                    request.messages,
+                    explicit=request.params,
+                    tools=request.tools,
+                    template_kwargs=request.chat_template_kwargs,
+                    prompt_token_ids=request.prompt_token_ids,
+                )
+            )
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
             del self._queues[stream_id]
             self.closed = True
@@ -112,28 +130,37 @@ DEFAULT_TOKEN_TIMEOUT = 60.0  # seconds a generation may go without an event (a 
 
 
 class MasterLlmBackend:
-    def __init__(self, registry: WorkerRegistry, token_timeout: float = DEFAULT_TOKEN_TIMEOUT,
-                 metrics: Optional[MasterMetrics] = None):
+    def __init__(
+        self,
+        registry: WorkerRegistry,
+        token_timeout: float = DEFAULT_TOKEN_TIMEOUT,
+        metrics: MasterMetrics | None = None,
+    ):
         self.registry = registry
         self.metrics = metrics if metrics is not None else MasterMetrics()
         self.token_timeout = token_timeout
         self._ids = itertools.count(1)
-        self._sessions: Dict[tuple, WorkerSession] = {}  # (worker key, pid) -> its session
-        self._known: Set[str] = set()  # every LLM servable a worker has registered, live or not now
+        self._sessions: dict[tuple, WorkerSession] = {}  # (worker key, pid) -> its session
+        self._known: set[str] = set()  # every LLM servable a worker has registered, live or not now
 
-    def models(self) -> List[ModelInfo]:
+    def models(self) -> list[ModelInfo]:
         infos = {}
         for record in self.registry.all():
             data = llm_session.read_facts(record.extensions.get(LLM_EXTENSION))
             if data is not None and record.servable_name not in infos:
-                infos[record.servable_name] = ModelInfo(record.servable_name, data["max_model_len"],
-                                                        data["max_num_seqs"], data["max_queue_size"],
-                                                        data["vocab_size"], data.get("device", "CPU"),
-                                                        data.get("tool_call_parser"))
+                infos[record.servable_name] = ModelInfo(
+                    record.servable_name,
+                    data["max_model_len"],
+                    data["max_num_seqs"],
+                    data["max_queue_size"],
+                    data["vocab_size"],
+                    data.get("device", "CPU"),
+                    data.get("tool_call_parser"),
+                )
         self._known.update(infos)
         return list(infos.values())
 
-    def unavailable_models(self) -> Dict[str, str]:
+    def unavailable_models(self) -> dict[str, str]:
         live = {info.name for info in self.models()}
         return {name: _restarting(name) for name in sorted(self._known - live)}
 
@@ -150,8 +177,11 @@ class MasterLlmBackend:
     def _pick(self, model: str):
         """A live LLM worker of `model`, the least busy."""
         try:
-            candidates = [w for w in self.registry.candidates(model, GENERATE_METHOD, 0)
-                          if llm_session.read_facts(w.extensions.get(LLM_EXTENSION)) is not None]
+            candidates = [
+                w
+                for w in self.registry.candidates(model, GENERATE_METHOD, 0)
+                if llm_session.read_facts(w.extensions.get(LLM_EXTENSION)) is not None
+            ]
         except errors.ServableUnavailable:
             if model in self._known:  # served, but its worker is gone for now: retry later
                 raise errors.WorkerUnavailable(_restarting(model)) from None
@@ -166,17 +196,19 @@ class MasterLlmBackend:
         worker = self._pick(model)
         try:
             return await getattr(llm_worker_pb2_grpc.LlmWorkerStub(worker.channel), rpc)(
-                message, timeout=self.token_timeout or None)
+                message, timeout=self.token_timeout or None
+            )
         except grpc.aio.AioRpcError as err:
             log.warning(f"LLM {rpc} on worker pid {worker.pid} failed: {err.code().name} {err.details()}")
-            raise errors.WorkerUnavailable(f"Model {model} is not available: {rpc} failed on its worker "
-                                           f"({err.code().name})") from None
+            raise errors.WorkerUnavailable(
+                f"Model {model} is not available: {rpc} failed on its worker ({err.code().name})"
+            ) from None
 
     async def tokenize(self, request: TokenizeRequest) -> Tokenized:
         reply = await self._unary(request.model, "Tokenize", llm_session.tokenize_request(request))
         return llm_session.read_tokenize_reply(reply, request.return_token_strs)
 
-    async def detokenize(self, model: str, token_ids: List[int]) -> str:
+    async def detokenize(self, model: str, token_ids: list[int]) -> str:
         reply = await self._unary(model, "Detokenize", llm_session.detokenize_request(token_ids))
         return llm_session.read_detokenize_reply(reply)
 
@@ -191,7 +223,7 @@ class MasterLlmBackend:
 
         session = self._session(worker)
         worker.outstanding += 1
-        stream_id: Optional[int] = None
+        stream_id: int | None = None
         done = False
         stats = self.metrics.llm_model(request.model)
         clock = asyncio.get_running_loop().time
@@ -208,11 +240,14 @@ class MasterLlmBackend:
             while True:
                 try:
                     event = await asyncio.wait_for(session.next_event(stream_id), self.token_timeout or None)
-                except asyncio.TimeoutError:
-                    log.error(f"generation {request_id} on worker pid {worker.pid}: no token for "
-                              f"{self.token_timeout:g} s; aborting it")
-                    raise errors.WorkerUnavailable(f"Model {request.model} is not available: no token for "
-                                                   f"{self.token_timeout:g} s") from None
+                except TimeoutError:
+                    log.error(
+                        f"generation {request_id} on worker pid {worker.pid}: no token for "
+                        f"{self.token_timeout:g} s; aborting it"
+                    )
+                    raise errors.WorkerUnavailable(
+                        f"Model {request.model} is not available: no token for {self.token_timeout:g} s"
+                    ) from None
                 if event is _LOST:
                     done = True
                     raise lost()

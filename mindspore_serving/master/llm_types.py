@@ -12,15 +12,25 @@ Errors are `mindspore_serving.common.errors.ServingError` subclasses:
 - anything else: HTTP 500.
 Cancelling the consuming task (e.g. the HTTP client went away) must abort the request in the engine.
 """
+
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Dict, List, Optional, Protocol
+from typing import Protocol
 
 from mindspore_serving.common import errors
-# the events are the LLM worker session's messages as the master reads them
-from mindspore_serving.ipc.llm_session import (FinalEvent, GenerationEvent, PromptEvent, PromptToken,  # noqa: F401
-                                               Timing, TokenEvent, TopLogprob)
-from mindspore_serving.ipc.llm_session import Tokenized, TokenizeRequest  # noqa: F401
 
+# the events are the LLM worker session's messages as the master reads them
+from mindspore_serving.ipc.llm_session import (  # noqa: F401  # noqa: F401
+    FinalEvent,
+    GenerationEvent,
+    PromptEvent,
+    PromptToken,
+    Timing,
+    TokenEvent,
+    Tokenized,
+    TokenizeRequest,
+    TopLogprob,
+)
 
 Overloaded = errors.Overloaded  # the engine's queue is full; retry later
 
@@ -35,19 +45,19 @@ class ChatMessage:
 class GenerationRequest:
     model: str
     """The servable name, e.g. "llama_tiny"."""
-    prompt: Optional[str] = None
+    prompt: str | None = None
     """Text prompt; exactly one of prompt / messages is set."""
-    messages: Optional[List[ChatMessage]] = None
+    messages: list[ChatMessage] | None = None
     """Chat messages; the model's chat template (LLM configuration) turns them into a prompt."""
-    params: Dict[str, object] = field(default_factory=dict)
+    params: dict[str, object] = field(default_factory=dict)
     """SamplingParams fields (llm/sampling_params.py): max_new_tokens, temperature (0 = greedy), top_k, top_p, ...,
     n, best_of, prompt_logprobs, structured_output."""
-    request_id: Optional[str] = None
-    tools: Optional[List[dict]] = None
+    request_id: str | None = None
+    tools: list[dict] | None = None
     """Tool definitions for the chat template (OpenAI's `tools`)."""
-    chat_template_kwargs: Optional[Dict[str, object]] = None
+    chat_template_kwargs: dict[str, object] | None = None
     """More variables for the chat template."""
-    prompt_token_ids: Optional[List[int]] = None
+    prompt_token_ids: list[int] | None = None
     """A prompt given as token ids (then `prompt` and `messages` are None)."""
 
 
@@ -59,16 +69,16 @@ class ModelInfo:
     max_queue_size: int
     vocab_size: int
     device: str = "CPU"
-    tool_call_parser: Optional[str] = None
+    tool_call_parser: str | None = None
     """The format the model writes tool calls in (llm/tool_call_formats.py), or None: no calls are read."""
 
 
 class LlmBackend(Protocol):
-    def models(self) -> List[ModelInfo]:
+    def models(self) -> list[ModelInfo]:
         """The LLM servables being served (empty while none is up)."""
         ...
 
-    def unavailable_models(self) -> Dict[str, str]:
+    def unavailable_models(self) -> dict[str, str]:
         """The LLM servables this server serves that have no live worker at the moment (dead, restarting),
         each with the message that says so: a request for one is unavailable (retry later), not unknown."""
         ...
@@ -83,6 +93,6 @@ class LlmBackend(Protocol):
         """
         ...
 
-    async def detokenize(self, model: str, token_ids: List[int]) -> str:
+    async def detokenize(self, model: str, token_ids: list[int]) -> str:
         """The text of `token_ids`, special tokens included."""
         ...

@@ -1,12 +1,12 @@
 """The master: one asyncio loop (in its own thread) hosting the control service, the front ends and the
 calls to workers, plus the worker processes it owns. Public `server.*` functions drive it."""
+
 import asyncio
 import collections
 import os
 import signal
 import threading
 import time
-from typing import List, Optional
 
 import grpc
 from prometheus_client import CollectorRegistry, start_http_server
@@ -17,12 +17,16 @@ from mindspore_serving.common.change_signal import ChangeSignal
 from mindspore_serving.common.limits import Limits
 from mindspore_serving.ipc import master_worker as ipc
 from mindspore_serving.master.control_service import MasterControlServicer
+from mindspore_serving.master.dispatcher import (
+    DEFAULT_MAX_ENQUEUED_BYTES,
+    DEFAULT_MAX_ENQUEUED_REQUESTS,
+    DEFAULT_REQUEST_TIMEOUT,
+    Dispatcher,
+)
 from mindspore_serving.master.frontend_processes import FrontendProcesses, MasterFrontendServicer
-from mindspore_serving.master.dispatcher import (DEFAULT_MAX_ENQUEUED_BYTES, DEFAULT_MAX_ENQUEUED_REQUESTS,
-                                                 DEFAULT_REQUEST_TIMEOUT, Dispatcher)
 from mindspore_serving.master.heartbeat import HeartbeatSettings, WorkerHeartbeat
-from mindspore_serving.master.metrics import MasterMetrics, MetricsCollector
 from mindspore_serving.master.llm_backend import DEFAULT_TOKEN_TIMEOUT, MasterLlmBackend
+from mindspore_serving.master.metrics import MasterMetrics, MetricsCollector
 from mindspore_serving.master.model_control import ModelControl
 from mindspore_serving.master.readiness import IDLE, SERVING, STARTING, STOPPING, Readiness
 from mindspore_serving.master.readiness import readiness as server_readiness
@@ -41,12 +45,20 @@ MASTER_EXIT_S = 1.5
 WORKER_STOP_MIN = 1.0
 """Workers always get at least this long to exit cleanly before they are killed."""
 
-_settings = {"max_enqueued_requests": DEFAULT_MAX_ENQUEUED_REQUESTS, "max_enqueued_bytes": DEFAULT_MAX_ENQUEUED_BYTES,
-             "stop_grace": DEFAULT_STOP_GRACE,
-             "heartbeat": HeartbeatSettings(), "request_timeout": DEFAULT_REQUEST_TIMEOUT,
-             "llm_token_timeout": DEFAULT_TOKEN_TIMEOUT, "frontend_processes": 1,
-             "api_key": os.environ.get("MS_SERVING_API_KEY") or None, "model_control": "none",
-             "limits": Limits(), "restricted_api": {}, "open_api": ()}
+_settings = {
+    "max_enqueued_requests": DEFAULT_MAX_ENQUEUED_REQUESTS,
+    "max_enqueued_bytes": DEFAULT_MAX_ENQUEUED_BYTES,
+    "stop_grace": DEFAULT_STOP_GRACE,
+    "heartbeat": HeartbeatSettings(),
+    "request_timeout": DEFAULT_REQUEST_TIMEOUT,
+    "llm_token_timeout": DEFAULT_TOKEN_TIMEOUT,
+    "frontend_processes": 1,
+    "api_key": os.environ.get("MS_SERVING_API_KEY") or None,
+    "model_control": "none",
+    "limits": Limits(),
+    "restricted_api": {},
+    "open_api": (),
+}
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -55,6 +67,7 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     if os.environ.get("MS_SERVING_EVENT_LOOP", "uvloop").lower() != "asyncio":
         try:
             import uvloop  # pylint: disable=import-outside-toplevel
+
             return uvloop.new_event_loop()
         except ImportError:
             pass
@@ -78,22 +91,25 @@ class Master:
         self.dispatcher.max_enqueued_bytes = _settings["max_enqueued_bytes"]
         self.dispatcher.request_timeout = _settings["request_timeout"]
         self.address = ipc.master_address()
-        self.processes = WorkerProcesses(self.address, self._on_worker_death, self._on_all_workers_exited,
-                                         on_change=self.readiness_changes.notify)
+        self.processes = WorkerProcesses(
+            self.address, self._on_worker_death, self._on_all_workers_exited, on_change=self.readiness_changes.notify
+        )
         self.registry.expected = self._has_planned_workers
-        self.metrics_collector = MetricsCollector(self.metrics, self.dispatcher, self.registry, self.processes,
-                                                  self.loop)
+        self.metrics_collector = MetricsCollector(
+            self.metrics, self.dispatcher, self.registry, self.processes, self.loop
+        )
         self.model_control = ModelControl(self.processes, self.registry, get_stop_grace, self._close_channels)
         self.metrics_server = None  # (http server, thread) of start_metrics_server, if any
         # "grpc" / "restful" -> object with stop_accepting(), async drain_requests(grace) -> Counter of requests cut,
         # and async close() (its port stays open until then, for the probes)
         self.frontends = {}
-        self.frontend_processes: Optional[FrontendProcesses] = None  # with frontend_processes > 1, once serving
+        self.frontend_processes: FrontendProcesses | None = None  # with frontend_processes > 1, once serving
         self.stopped = threading.Event()
         self._phase = IDLE  # STARTING while start_servables runs, then SERVING (stop: STOPPING)
         self._control_server = self.run(self._start_control_server())
-        self.heartbeat = WorkerHeartbeat(self.registry, _settings["heartbeat"], self._on_worker_unresponsive,
-                                         on_change=self.readiness_changes.notify)
+        self.heartbeat = WorkerHeartbeat(
+            self.registry, _settings["heartbeat"], self._on_worker_unresponsive, on_change=self.readiness_changes.notify
+        )
         self.loop.call_soon_threadsafe(self.heartbeat.start)
         print(f"Serving: Master server start success, listening on {self.address}", flush=True)
 
@@ -106,14 +122,15 @@ class Master:
         self._phase = phase
         self.readiness_changes.notify()
 
-    def run(self, coro, timeout: Optional[float] = None):
+    def run(self, coro, timeout: float | None = None):
         """Runs a coroutine on the master loop from any other thread and returns its result."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     async def _start_control_server(self):
         server = grpc.aio.server(options=ipc.INTERNAL_CHANNEL_OPTIONS)
-        internal_pb2_grpc.add_MasterControlServicer_to_server(MasterControlServicer(self.registry, self.processes),
-                                                              server)
+        internal_pb2_grpc.add_MasterControlServicer_to_server(
+            MasterControlServicer(self.registry, self.processes), server
+        )
         frontend_pb2_grpc.add_MasterFrontendServicer_to_server(MasterFrontendServicer(self), server)
         server.add_insecure_port(self.address)
         await server.start()
@@ -129,11 +146,18 @@ class Master:
         """Whether clients may load and unload servables (--model_control explicit)."""
         return _settings["model_control"] == "explicit"
 
-    def ensure_frontend_processes(self) -> Optional[FrontendProcesses]:
+    def ensure_frontend_processes(self) -> FrontendProcesses | None:
         """The front-end processes, started on the first public server (None with frontend_processes 1)."""
         if self.frontend_processes is None and _settings["frontend_processes"] > 1:
-            processes = FrontendProcesses(_settings["frontend_processes"], self.address, self.loop, self.registry,
-                                          self.readiness, self._frontend_settings, self.readiness_changes)
+            processes = FrontendProcesses(
+                _settings["frontend_processes"],
+                self.address,
+                self.loop,
+                self.registry,
+                self.readiness,
+                self._frontend_settings,
+                self.readiness_changes,
+            )
             self.frontend_processes = processes
             try:
                 processes.start()
@@ -146,10 +170,12 @@ class Master:
         return self.frontend_processes
 
     def _frontend_settings(self) -> dict:
-        return {"request_timeout": self.dispatcher.request_timeout,
-                "max_enqueued_requests": self.dispatcher.max_enqueued_requests,
-                "max_enqueued_bytes": self.dispatcher.max_enqueued_bytes,
-                "llm_token_timeout": self.llm_backend.token_timeout}
+        return {
+            "request_timeout": self.dispatcher.request_timeout,
+            "max_enqueued_requests": self.dispatcher.max_enqueued_requests,
+            "max_enqueued_bytes": self.dispatcher.max_enqueued_bytes,
+            "llm_token_timeout": self.llm_backend.token_timeout,
+        }
 
     def start_metrics_server(self, host: str, port: int):
         """Serves GET /metrics on a port of its own (prometheus-client's HTTP server, in its threads)."""
@@ -159,7 +185,7 @@ class Master:
         registry.register(self.metrics_collector)
         self.metrics_server = start_http_server(port, addr=host, registry=registry)
 
-    def start_workers(self, plans: List[WorkerPlan]):
+    def start_workers(self, plans: list[WorkerPlan]):
         self.phase = STARTING
         self.processes.start(plans)
         self.now_serving()
@@ -176,8 +202,9 @@ class Master:
 
     def _has_planned_workers(self, servable_name: str, version_number: int) -> bool:
         """Whether this master runs workers of the servable (of that version; 0: any), registered or not."""
-        return any(version_number in (0, worker.plan.version_number)
-                   for worker in self.processes.of_servable(servable_name))
+        return any(
+            version_number in (0, worker.plan.version_number) for worker in self.processes.of_servable(servable_name)
+        )
 
     def _on_worker_death(self, worker: WorkerProcess):
         record = self.registry.remove(worker.plan.key)
@@ -199,7 +226,7 @@ class Master:
     def _on_all_workers_exited(self):
         stop_master()
 
-    def stop(self, grace: Optional[float] = None):
+    def stop(self, grace: float | None = None):
         """Stops the front ends (one drain: all refuse new requests at once, and requests in flight have `grace`
         seconds to finish, default the stop_grace setting), then the workers and the loop."""
         if self.stopped.is_set():
@@ -236,11 +263,14 @@ class Master:
         names = list(self.frontends)
         for name in names:  # all at once: no front end serves new requests while another drains
             self.frontends[name].stop_accepting()
-        log.warning(f"Serving: the front ends ({', '.join(names)}) refuse new requests; requests in flight have "
-                    f"{grace:g} s to finish")
+        log.warning(
+            f"Serving: the front ends ({', '.join(names)}) refuse new requests; requests in flight have "
+            f"{grace:g} s to finish"
+        )
         started = self.loop.time()
-        results = await asyncio.gather(*(self.frontends[name].drain_requests(grace) for name in names),
-                                       return_exceptions=True)
+        results = await asyncio.gather(
+            *(self.frontends[name].drain_requests(grace) for name in names), return_exceptions=True
+        )
         # the ports close together once every front end drained: until then probes see live and not ready
         closed = await asyncio.gather(*(self.frontends[name].close() for name in names), return_exceptions=True)
         for name, failure in zip(names, closed):
@@ -253,9 +283,11 @@ class Master:
             elif result:
                 cut.update(result)
         if cut:
-            log.warning(f"Serving: the grace period of {grace:g} s ended with {sum(cut.values())} request(s) still "
-                        f"running, answered with an unavailable error: "
-                        + ", ".join(f"{count} {kind}" for kind, count in sorted(cut.items())))
+            log.warning(
+                f"Serving: the grace period of {grace:g} s ended with {sum(cut.values())} request(s) still "
+                f"running, answered with an unavailable error: "
+                + ", ".join(f"{count} {kind}" for kind, count in sorted(cut.items()))
+            )
         else:
             log.info(f"Serving: the front ends drained in {self.loop.time() - started:.2f} s")
 
@@ -265,12 +297,12 @@ def describe(error: BaseException) -> str:
     return str(error) or repr(error)
 
 
-def set_api_key(key: Optional[str]):
+def set_api_key(key: str | None):
     """The key every public request but the probes needs (None: none), for the servers started from now on."""
     _settings["api_key"] = key or None
 
 
-def get_api_key() -> Optional[str]:
+def get_api_key() -> str | None:
     return _settings["api_key"]
 
 
@@ -369,11 +401,11 @@ def get_heartbeat() -> HeartbeatSettings:
     return _settings["heartbeat"]
 
 
-_master: Optional[Master] = None
+_master: Master | None = None
 _master_lock = threading.Lock()
 
 
-def get_master(create: bool = True) -> Optional[Master]:
+def get_master(create: bool = True) -> Master | None:
     global _master
     with _master_lock:
         if _master is None and create:
@@ -381,7 +413,7 @@ def get_master(create: bool = True) -> Optional[Master]:
         return _master
 
 
-def stop_master(grace: Optional[float] = None):
+def stop_master(grace: float | None = None):
     global _master
     with _master_lock:
         master, _master = _master, None

@@ -7,9 +7,10 @@ separate metrics port's thread, prometheus-client's own server) asks every regis
 scrape), adds the worker's servable, version and device labels and builds one family per name of
 `common.metrics.FAMILIES`.
 """
+
 import asyncio
 from collections import defaultdict
-from typing import Dict, List, Sequence, Tuple
+from collections.abc import Sequence
 
 import grpc
 from prometheus_client import generate_latest
@@ -25,6 +26,7 @@ SCRAPE_TIMEOUT = 2.0  # seconds a worker has to answer a scrape
 
 class MethodStats:
     """One servable version's method, updated in place by the dispatcher."""
+
     __slots__ = ("outcomes", "latency", "queue", "instances")
 
     def __init__(self):
@@ -36,12 +38,13 @@ class MethodStats:
 
 class LlmStats:
     """One LLM servable's requests, updated in place by the LLM backend."""
+
     __slots__ = ("prompt_tokens", "generation_tokens", "finished", "ttft", "tpot", "e2e")
 
     def __init__(self):
         self.prompt_tokens = 0
         self.generation_tokens = 0
-        self.finished: Dict[str, int] = defaultdict(int)  # finish reason -> requests
+        self.finished: dict[str, int] = defaultdict(int)  # finish reason -> requests
         self.ttft = m.histogram(m.L + "time_to_first_token_seconds")
         self.tpot = m.histogram(m.L + "time_per_output_token_seconds")
         self.e2e = m.histogram(m.L + "e2e_request_latency_seconds")
@@ -49,8 +52,8 @@ class LlmStats:
 
 class MasterMetrics:
     def __init__(self):
-        self.methods: Dict[Tuple[str, int, str], MethodStats] = {}
-        self.llm: Dict[str, LlmStats] = {}
+        self.methods: dict[tuple[str, int, str], MethodStats] = {}
+        self.llm: dict[str, LlmStats] = {}
         self.rejected = 0
 
     def method(self, servable: str, version: int, method: str) -> MethodStats:
@@ -86,14 +89,16 @@ class MetricsCollector:
         self.loop = loop
         self.frontend_processes = None  # FrontendProcesses, once the master runs some
 
-    async def gather(self) -> Tuple[List[tuple], list]:
+    async def gather(self) -> tuple[list[tuple], list]:
         """(worker record, its MetricsReply) of every worker that answered, and the MetricsReply of every
         front-end process that did."""
         frontends = self.frontend_processes
         pending = asyncio.ensure_future(frontends.metrics(SCRAPE_TIMEOUT)) if frontends is not None else None
         records = self.registry.all()
-        replies = await asyncio.gather(*(r.stub.Metrics(internal_pb2.Empty(), timeout=SCRAPE_TIMEOUT)
-                                         for r in records if r.stub is not None), return_exceptions=True)
+        replies = await asyncio.gather(
+            *(r.stub.Metrics(internal_pb2.Empty(), timeout=SCRAPE_TIMEOUT) for r in records if r.stub is not None),
+            return_exceptions=True,
+        )
         answered = []
         for record, reply in zip([r for r in records if r.stub is not None], replies):
             if isinstance(reply, grpc.aio.AioRpcError):
@@ -114,22 +119,30 @@ class MetricsCollector:
         workers, frontends = asyncio.run_coroutine_threadsafe(self.gather(), self.loop).result(SCRAPE_TIMEOUT + 1)
         return self.families(workers, frontends)
 
-    def families(self, workers: List[tuple], frontends: Sequence = ()) -> list:
+    def families(self, workers: list[tuple], frontends: Sequence = ()) -> list:
         """The families of one scrape: the master's own points, each worker's samples (with its servable,
         version and device labels) and each front-end process's (MetricsReply), the same series summed."""
-        points: Dict[str, list] = defaultdict(list)  # name -> [(label values, number or Histogram)]
+        points: dict[str, list] = defaultdict(list)  # name -> [(label values, number or Histogram)]
         self._master_points(points)
         for record, reply in workers:
-            _add_samples(points, reply.samples, {"servable": record.servable_name, "model_name": record.servable_name,
-                                                 "version": str(record.version_number), "device": record.device_label})
+            _add_samples(
+                points,
+                reply.samples,
+                {
+                    "servable": record.servable_name,
+                    "model_name": record.servable_name,
+                    "version": str(record.version_number),
+                    "device": record.device_label,
+                },
+            )
         for reply in frontends:
             _add_samples(points, reply.samples, {})
         return [_family(name, m.FAMILIES[name], _summed(points[name])) for name in m.FAMILIES if name in points]
 
-    def _master_points(self, points: Dict[str, list]):
+    def _master_points(self, points: dict[str, list]):
         _add_samples(points, frontend_samples(self.metrics, self.dispatcher, 0), {})
         points[m.P + "max_enqueued_requests"].append(((), self.dispatcher.max_enqueued_requests))
-        alive: Dict[tuple, int] = defaultdict(int)
+        alive: dict[tuple, int] = defaultdict(int)
         versions = {}
         for record in self.registry.all():
             alive[(record.servable_name, str(record.version_number))] += 1
@@ -138,18 +151,18 @@ class MetricsCollector:
                 in_flight = record.outstanding
             else:
                 in_flight = sum(queue.in_flight for queue in list(record.queues.values()))
-            points[m.P + "worker_calls_in_flight"].append(((record.servable_name, str(record.version_number),
-                                                            record.device_label), in_flight))
+            points[m.P + "worker_calls_in_flight"].append(
+                ((record.servable_name, str(record.version_number), record.device_label), in_flight)
+            )
         for labels, count in alive.items():
             points[m.P + "workers_alive"].append((labels, count))
         for key, restarts in self.processes.restart_counts():
             plan = restarts[0]
             version = versions.get(key, plan.version_number)
-            points[m.P + "worker_restarts"].append(((plan.servable_name, str(version), plan.device_label),
-                                                    restarts[1]))
+            points[m.P + "worker_restarts"].append(((plan.servable_name, str(version), plan.device_label), restarts[1]))
 
 
-def frontend_samples(metrics: MasterMetrics, dispatcher, index: int) -> List:
+def frontend_samples(metrics: MasterMetrics, dispatcher, index: int) -> list:
     """What one front end (the master: 0, a front-end process: its index) counted: its requests per servable
     method, what it holds and refused, its LLM requests; as MetricSamples (a front-end process's Metrics answer)."""
     out, total = [], 0
@@ -177,7 +190,7 @@ def frontend_samples(metrics: MasterMetrics, dispatcher, index: int) -> List:
     return out
 
 
-def _add_samples(points: Dict[str, list], samples, base: Dict[str, str]):
+def _add_samples(points: dict[str, list], samples, base: dict[str, str]):
     """Adds MetricSamples to `points`; a label a sample lacks comes from `base`."""
     for sample in samples:
         family = m.FAMILIES.get(sample.name)
@@ -189,7 +202,7 @@ def _add_samples(points: Dict[str, list], samples, base: Dict[str, str]):
 
 def _summed(points: list) -> list:
     """One point per label values: those several processes reported are added up."""
-    merged: Dict[tuple, object] = {}
+    merged: dict[tuple, object] = {}
     for labels, value in points:
         if labels not in merged:
             merged[labels] = value

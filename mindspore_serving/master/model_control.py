@@ -9,10 +9,11 @@ Draining a worker: it leaves the registry (no new request picks it), the request
 are answered (its `outstanding` falls to 0, within the stop grace), then it gets SIGTERM. One operation runs at
 a time; each blocks (a worker's start does until it registers), so the front ends call it from a thread.
 """
+
 import re
 import threading
 import time
-from typing import Callable, List, Optional
+from collections.abc import Callable
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
@@ -31,15 +32,21 @@ NO_CONTROL_TEXT = "model control is off on this server (start it with --model_co
 def check_servable_name(name: str):
     """Raises InvalidInputs for a name that cannot be a servable directory's (empty, a path, hidden)."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise errors.InvalidInputs(f"invalid servable name {name!r}: expected a directory name of letters, digits, "
-                                   f"'_', '.' or '-'")
+        raise errors.InvalidInputs(
+            f"invalid servable name {name!r}: expected a directory name of letters, digits, '_', '.' or '-'"
+        )
 
 
 class ModelControl:
     """Loads and unloads servables on a running master."""
 
-    def __init__(self, processes: WorkerProcesses, registry: WorkerRegistry, grace: Callable[[], float],
-                 close_channels: Callable[[object], None]):
+    def __init__(
+        self,
+        processes: WorkerProcesses,
+        registry: WorkerRegistry,
+        grace: Callable[[], float],
+        close_channels: Callable[[object], None],
+    ):
         self.processes = processes
         self.registry = registry
         self.grace = grace
@@ -47,7 +54,7 @@ class ModelControl:
         self._lock = threading.Lock()
         # set by the server: (servable name, version, device plans of running workers) -> worker plans; raises
         # FileNotFoundError for an unknown servable and another error for a malformed one
-        self.plans_for: Optional[Callable[[str, int], List[WorkerPlan]]] = None
+        self.plans_for: Callable[[str, int], list[WorkerPlan]] | None = None
 
     def load_by_name(self, name: str, version: int = 0):
         """Loads servable `name` of the server's servable directory (version 0: the newest)."""
@@ -62,7 +69,7 @@ class ModelControl:
             raise errors.InvalidInputs(f"failed to load '{name}': {err}") from None
         self.load(plans)
 
-    def load(self, plans: List[WorkerPlan]):
+    def load(self, plans: list[WorkerPlan]):
         """Starts the plans' workers; once all registered, the workers they replace drain and stop.
 
         Raises InvalidInputs with the reason when a worker fails to start; what served before still does."""
@@ -79,8 +86,10 @@ class ModelControl:
                 self.processes.load(plans)
             except RuntimeError as err:
                 raise errors.InvalidInputs(f"failed to load servable {plans[0].servable_name}: {err}") from None
-            log.info(f"loaded servable {plans[0].servable_name} version {plans[0].version_number} "
-                     f"({', '.join(plan.key for plan in plans)})")
+            log.info(
+                f"loaded servable {plans[0].servable_name} version {plans[0].version_number} "
+                f"({', '.join(plan.key for plan in plans)})"
+            )
             self._retire([w.plan.key for w in replaced])
 
     def unload(self, name: str, version: int = 0):
@@ -88,15 +97,16 @@ class ModelControl:
 
         Raises InvalidInputs when none is loaded."""
         with self._lock:
-            keys = [w.plan.key for w in self.processes.of_servable(name)
-                    if version == 0 or w.plan.version_number == version]
+            keys = [
+                w.plan.key for w in self.processes.of_servable(name) if version == 0 or w.plan.version_number == version
+            ]
             if not keys:
                 what = f"servable {name}" + (f" version {version}" if version else "")
                 raise errors.InvalidInputs(f"failed to unload {what}: it is not loaded")
             self._retire(keys)
             log.info(f"unloaded servable {name}" + (f" version {version}" if version else ""))
 
-    def _retire(self, keys: List[str]):
+    def _retire(self, keys: list[str]):
         workers = self.processes.detach(keys)
         records = [r for r in (self.registry.remove(w.plan.key) for w in workers) if r is not None]
         deadline = time.monotonic() + self.grace()

@@ -8,8 +8,9 @@ Live means the master answers; ready means it would serve every configured serva
 
 The front ends answer `GET /ready`, the KServe v2 probes and grpc.health.v1 from `Master.readiness()`.
 """
+
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
 
 IDLE, STARTING, SERVING, STOPPING = "idle", "starting", "serving", "stopping"
 """The master's phases: no servable started yet, start_servables running, serving, stopping (the drain)."""
@@ -22,10 +23,11 @@ restart); dead and being restarted; hung (about to be killed); exited and not re
 @dataclass(frozen=True)
 class PlannedWorker:
     """One worker the master was asked to run (WorkerProcesses' view of it)."""
+
     key: str
     servable_name: str
     running: bool  # its process runs or is being started; False once it exited for good
-    starts: int    # how often it was started, the start to come included while it is being restarted (a first
+    starts: int  # how often it was started, the start to come included while it is being restarted (a first
     #               start is `starting`, later ones `restarting`)
 
 
@@ -34,8 +36,8 @@ class WorkerState:
     key: str
     state: str
     reason: str = ""
-    pid: Optional[int] = None
-    version: Optional[int] = None  # the version it serves, once registered
+    pid: int | None = None
+    version: int | None = None  # the version it serves, once registered
 
     def to_json(self) -> dict:
         out = {"key": self.key, "state": self.state}
@@ -69,7 +71,7 @@ class ServableState:
 class Readiness:
     ready: bool
     phase: str
-    servables: Dict[str, ServableState] = field(default_factory=dict)
+    servables: dict[str, ServableState] = field(default_factory=dict)
     live: bool = True
 
     @property
@@ -83,10 +85,9 @@ class Readiness:
             return "the servables are starting"
         if self.phase == STOPPING:
             return "the server is stopping"
-        return "; ".join(f"servable {s.name} is {s.state} ({s.reason})" for s in self.servables.values()
-                         if not s.ready)
+        return "; ".join(f"servable {s.name} is {s.state} ({s.reason})" for s in self.servables.values() if not s.ready)
 
-    def model_ready(self, name: str, version: int = 0) -> Optional[bool]:
+    def model_ready(self, name: str, version: int = 0) -> bool | None:
         """Whether servable `name` (`version`, 0: any) can serve now; None when the server has no such servable."""
         servable = self.servables.get(name)
         if servable is None:
@@ -95,14 +96,18 @@ class Readiness:
 
     def to_json(self, details: bool = True) -> dict:
         """The state as /ready shows it; without `details`, each servable's workers (keys, pids) are left out."""
-        out = {"live": self.live, "ready": self.ready, "phase": self.phase,
-               "servables": {name: s.to_json(details) for name, s in self.servables.items()}}
+        out = {
+            "live": self.live,
+            "ready": self.ready,
+            "phase": self.phase,
+            "servables": {name: s.to_json(details) for name, s in self.servables.items()},
+        }
         if not self.ready:
             out["reason"] = self.reason
         return out
 
 
-def _worker_state(planned: Optional[PlannedWorker], record) -> WorkerState:
+def _worker_state(planned: PlannedWorker | None, record) -> WorkerState:
     key = planned.key if planned is not None else record.key
     if record is None:
         if not planned.running:
@@ -126,7 +131,7 @@ def readiness(phase: str, planned: Sequence[PlannedWorker], records: Sequence) -
     """The server's readiness from the master's `phase`, the workers it runs (`planned`) and the registered
     `records` (WorkerRecord: key, pid, servable_name, version_number, lost_reason, not_ready)."""
     by_key = {record.key: record for record in records}
-    workers: Dict[str, List[WorkerState]] = {}
+    workers: dict[str, list[WorkerState]] = {}
     for plan in planned:
         workers.setdefault(plan.servable_name, []).append(_worker_state(plan, by_key.pop(plan.key, None)))
     for record in by_key.values():  # registered without a plan of this master: still serves
@@ -136,8 +141,7 @@ def readiness(phase: str, planned: Sequence[PlannedWorker], records: Sequence) -
         state = min((w.state for w in states), key=_SERVABLE_STATE_ORDER.index)
         ready = state == READY and phase != STOPPING
         versions = sorted({w.version for w in states if w.state == READY})
-        servables[name] = ServableState(name, ready, STOPPING if phase == STOPPING else state, versions,
-                                        tuple(states))
+        servables[name] = ServableState(name, ready, STOPPING if phase == STOPPING else state, versions, tuple(states))
     ready = phase == SERVING and all(s.ready for s in servables.values())
     return Readiness(ready, phase, servables)
 
@@ -146,8 +150,9 @@ def readiness_from_json(data: dict) -> Readiness:
     """The Readiness whose `to_json()` is `data` (how the master tells its front-end processes)."""
     servables = {}
     for name, servable in data.get("servables", {}).items():
-        workers = tuple(WorkerState(w["key"], w["state"], w.get("reason", ""), w.get("pid"), w.get("version"))
-                        for w in servable.get("workers", ()))
-        servables[name] = ServableState(name, servable["ready"], servable["state"], list(servable["versions"]),
-                                        workers)
+        workers = tuple(
+            WorkerState(w["key"], w["state"], w.get("reason", ""), w.get("pid"), w.get("version"))
+            for w in servable.get("workers", ())
+        )
+        servables[name] = ServableState(name, servable["ready"], servable["state"], list(servable["versions"]), workers)
     return Readiness(data["ready"], data["phase"], servables, data.get("live", True))

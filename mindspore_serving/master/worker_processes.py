@@ -1,12 +1,13 @@
 """Starts worker processes, waits for them to register, notices deaths and restarts them."""
+
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
 
 from mindspore_serving import log
 from mindspore_serving.common import metrics
@@ -20,7 +21,7 @@ LOG_DIR = "serving_logs"
 MONITOR_INTERVAL = 0.05
 START_TIMEOUT = float(os.environ.get("MS_SERVING_WORKER_START_TIMEOUT", "600"))
 STOP_GRACE = 10.0
-MAX_QUICK_RESTARTS = 5      # restarts allowed within RESTART_WINDOW before a worker is given up
+MAX_QUICK_RESTARTS = 5  # restarts allowed within RESTART_WINDOW before a worker is given up
 RESTART_WINDOW = 60.0
 WORKER_MODULE = "mindspore_serving.worker.start_worker"  # what operators look for in `ps`
 EXTRA_WORKER_MODULE = "mindspore_serving.worker.start_extra_worker"
@@ -30,22 +31,23 @@ DISTRIBUTED_WORKER_MODULE = "mindspore_serving.worker.distributed.start_distribu
 @dataclass
 class WorkerPlan:
     """Everything needed to (re)start one worker."""
+
     servable_directory: str
     servable_name: str
     version_number: int
-    device_type: Optional[str]
+    device_type: str | None
     device_id: int
-    dec_key: Optional[bytes] = field(repr=False)  # never in a log line
+    dec_key: bytes | None = field(repr=False)  # never in a log line
     dec_mode: str
     # an extra worker (num_parallel_workers beyond the device ids): it runs the servable's Python stages and calls
     # the models of its device workers; with no device ids at all it loads them itself and owns a device
-    extra_index: Optional[int] = None
+    extra_index: int | None = None
     device_ids_empty: bool = False
     # a distributed servable's worker (server.distributed.start_servable) when rank_table_json_file is set
     rank_table_json_file: str = ""
     distributed_address: str = ""
     wait_agents_time_in_seconds: int = 0
-    env: Dict[str, str] = field(default_factory=dict)  # added to the child's environment (a distributed worker's TLS)
+    env: dict[str, str] = field(default_factory=dict)  # added to the child's environment (a distributed worker's TLS)
     # >0 for a worker loaded beside a running one of the same servable, version and device (a reload): its key
     # differs, so that both can be registered while the old one drains
     generation: int = 0
@@ -101,20 +103,35 @@ class WorkerPlan:
     def start_timeout(self) -> float:
         """A distributed worker waits for its agents as long as the user asked (0: forever)."""
         if self.distributed:
-            return self.wait_agents_time_in_seconds + START_TIMEOUT if self.wait_agents_time_in_seconds else float("inf")
+            return (
+                self.wait_agents_time_in_seconds + START_TIMEOUT if self.wait_agents_time_in_seconds else float("inf")
+            )
         return START_TIMEOUT
 
-    def command(self, master_address: str) -> List[str]:
+    def command(self, master_address: str) -> list[str]:
         if self.distributed:
-            return [sys.executable, "-m", DISTRIBUTED_WORKER_MODULE, f"--servable_directory={self.servable_directory}",
-                    f"--servable_name={self.servable_name}", f"--version_number={self.version_number}",
-                    f"--rank_table_json_file={self.rank_table_json_file}",
-                    f"--distributed_address={self.distributed_address}",
-                    f"--wait_agents_time_in_seconds={self.wait_agents_time_in_seconds}",
-                    f"--master_address={master_address}", f"--worker_key={self.key}"]
-        cmd = [sys.executable, "-m", EXTRA_WORKER_MODULE if self.extra else WORKER_MODULE,
-               f"--servable_directory={self.servable_directory}", f"--servable_name={self.servable_name}",
-               f"--version_number={self.version_number}", f"--device_type={self.device_type or 'none'}"]
+            return [
+                sys.executable,
+                "-m",
+                DISTRIBUTED_WORKER_MODULE,
+                f"--servable_directory={self.servable_directory}",
+                f"--servable_name={self.servable_name}",
+                f"--version_number={self.version_number}",
+                f"--rank_table_json_file={self.rank_table_json_file}",
+                f"--distributed_address={self.distributed_address}",
+                f"--wait_agents_time_in_seconds={self.wait_agents_time_in_seconds}",
+                f"--master_address={master_address}",
+                f"--worker_key={self.key}",
+            ]
+        cmd = [
+            sys.executable,
+            "-m",
+            EXTRA_WORKER_MODULE if self.extra else WORKER_MODULE,
+            f"--servable_directory={self.servable_directory}",
+            f"--servable_name={self.servable_name}",
+            f"--version_number={self.version_number}",
+            f"--device_type={self.device_type or 'none'}",
+        ]
         if self.extra:
             cmd.append(f"--extra_index={self.extra_index}")
             if self.device_ids_empty:
@@ -130,14 +147,14 @@ class WorkerPlan:
 @dataclass
 class WorkerProcess:
     plan: WorkerPlan
-    process: Optional[subprocess.Popen] = None
+    process: subprocess.Popen | None = None
     registered: threading.Event = field(default_factory=threading.Event)
-    failure: Optional[str] = None
+    failure: str | None = None
     starts: int = 0
     restarts: RestartBudget = field(default_factory=lambda: RestartBudget(MAX_QUICK_RESTARTS, RESTART_WINDOW))
     expected_exit: bool = False
     restarting: bool = False  # between its death and its new process: readiness says "restarting", not "stopped"
-    restarted: int = 0   # times the master restarted it after it died
+    restarted: int = 0  # times the master restarted it after it died
     python_stages: bool = True  # as registered: some method has a stage that is not a model (extra workers help)
     secret: str = field(default="", repr=False)  # what its calls to the master carry (ipc.peer_metadata)
 
@@ -145,16 +162,21 @@ class WorkerProcess:
 class WorkerProcesses:
     """The set of worker processes of one master."""
 
-    def __init__(self, master_address: str, on_death: Callable[[WorkerProcess], None],
-                 on_all_exited: Callable[[], None], on_change: Callable[[], None] = lambda: None):
+    def __init__(
+        self,
+        master_address: str,
+        on_death: Callable[[WorkerProcess], None],
+        on_all_exited: Callable[[], None],
+        on_change: Callable[[], None] = lambda: None,
+    ):
         self.master_address = master_address
         self.on_death = on_death
         self.on_all_exited = on_all_exited
         self.on_change = on_change  # what planned() says may have changed (the master's readiness)
-        self.workers: Dict[str, WorkerProcess] = {}
+        self.workers: dict[str, WorkerProcess] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._monitor: Optional[threading.Thread] = None
+        self._monitor: threading.Thread | None = None
         shm_tensors.remove_orphan_blocks()  # model-call memory of a master killed before it could remove it
 
     # ---- start ----
@@ -167,8 +189,14 @@ class WorkerProcesses:
         worker.failure = None
         worker.expected_exit = False
         worker.secret = ipc.new_secret()  # a new one for each start: a dead worker's no longer opens anything
-        worker.process = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log_file, stderr=subprocess.STDOUT,
-                                          start_new_session=True, env={**child_env(), **plan.env})
+        worker.process = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**child_env(), **plan.env},
+        )
         log_file.close()
         # the secret, and the decryption key, travel through a pipe, never on the command line
         worker.process.stdin.write(worker.secret.encode() + b"\n")
@@ -179,7 +207,7 @@ class WorkerProcesses:
         self.on_change()
         log.info(f"started worker {plan.key} pid {worker.process.pid}, log {plan.log_path}")
 
-    def start(self, plans: List[WorkerPlan]):
+    def start(self, plans: list[WorkerPlan]):
         """Starts the workers and blocks until all have registered; raises with the reason otherwise.
 
         As in MindSpore Serving, the extra workers start once the device workers have registered, and none starts
@@ -188,18 +216,23 @@ class WorkerProcesses:
         self._start_and_wait(self._useful_extras([plan for plan in plans if plan.extra]))
         self.ensure_monitor()
 
-    def _useful_extras(self, plans: List[WorkerPlan]) -> List[WorkerPlan]:
+    def _useful_extras(self, plans: list[WorkerPlan]) -> list[WorkerPlan]:
         with self._lock:
-            model_only = {(w.plan.servable_name, w.plan.version_number) for w in self.workers.values()
-                          if not w.plan.extra and w.registered.is_set() and not w.python_stages}
-        skipped = sorted({plan.servable_name for plan in plans
-                          if (plan.servable_name, plan.version_number) in model_only})
+            model_only = {
+                (w.plan.servable_name, w.plan.version_number)
+                for w in self.workers.values()
+                if not w.plan.extra and w.registered.is_set() and not w.python_stages
+            }
+        skipped = sorted(
+            {plan.servable_name for plan in plans if (plan.servable_name, plan.version_number) in model_only}
+        )
         for name in skipped:
-            log.warning(f"There is no need to startup additional worker processes, all stages are models, "
-                        f"servable: {name}")
+            log.warning(
+                f"There is no need to startup additional worker processes, all stages are models, servable: {name}"
+            )
         return [plan for plan in plans if (plan.servable_name, plan.version_number) not in model_only]
 
-    def _start_and_wait(self, plans: List[WorkerPlan]):
+    def _start_and_wait(self, plans: list[WorkerPlan]):
         new = []
         with self._lock:
             for plan in plans:
@@ -214,19 +247,25 @@ class WorkerProcesses:
             deadline = start + plan.start_timeout
             while not worker.registered.wait(0.05):
                 if worker.failure is not None:
-                    raise RuntimeError(f"Fail to start workers: {{servable name:{plan.servable_name}, "
-                                       f"{plan.where}, <{worker.failure}>}}")
+                    raise RuntimeError(
+                        f"Fail to start workers: {{servable name:{plan.servable_name}, "
+                        f"{plan.where}, <{worker.failure}>}}"
+                    )
                 if worker.process.poll() is not None:
-                    raise RuntimeError(f"Fail to start workers because of death of one worker "
-                                       f"(servable {plan.servable_name}, {plan.where}, "
-                                       f"exit code {worker.process.returncode}, see {plan.log_path})")
+                    raise RuntimeError(
+                        f"Fail to start workers because of death of one worker "
+                        f"(servable {plan.servable_name}, {plan.where}, "
+                        f"exit code {worker.process.returncode}, see {plan.log_path})"
+                    )
                 if self._stop.is_set():
                     raise RuntimeError("Fail to start workers because of signal SIGINT or SIGTERM")
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"Fail to start workers: {{servable name:{plan.servable_name}, "
-                                       f"{plan.where}, <no registration within {plan.start_timeout} s>}}")
+                    raise RuntimeError(
+                        f"Fail to start workers: {{servable name:{plan.servable_name}, "
+                        f"{plan.where}, <no registration within {plan.start_timeout} s>}}"
+                    )
 
-    def load(self, plans: List[WorkerPlan]):
+    def load(self, plans: list[WorkerPlan]):
         """Starts more workers while the others serve and blocks until they have registered; when one fails,
         every worker of this call is killed and forgotten before the error is raised (the others are untouched)."""
         try:
@@ -239,11 +278,11 @@ class WorkerProcesses:
                     worker.process.wait()
             raise
 
-    def of_servable(self, servable_name: str) -> List[WorkerProcess]:
+    def of_servable(self, servable_name: str) -> list[WorkerProcess]:
         with self._lock:
             return [w for w in self.workers.values() if w.plan.servable_name == servable_name]
 
-    def detach(self, keys) -> List[WorkerProcess]:
+    def detach(self, keys) -> list[WorkerProcess]:
         """Forgets workers `keys` (an unload): the monitor neither restarts them nor counts them any more."""
         with self._lock:
             detached = [self.workers.pop(key) for key in list(keys) if key in self.workers]
@@ -270,16 +309,22 @@ class WorkerProcesses:
         worker.process = None  # a detached worker: planned() no longer shows it
         _remove_call_blocks(worker.plan, process.pid)
 
-    def planned(self) -> List[PlannedWorker]:
+    def planned(self) -> list[PlannedWorker]:
         """The workers this master runs, for its readiness (a worker given up has no process any more)."""
         with self._lock:
             workers = list(self.workers.values())
-        return [PlannedWorker(key=w.plan.key, servable_name=w.plan.servable_name,
-                              running=w.process is not None or w.starts == 0 or w.restarting,
-                              starts=w.starts + int(w.restarting)) for w in workers]
+        return [
+            PlannedWorker(
+                key=w.plan.key,
+                servable_name=w.plan.servable_name,
+                running=w.process is not None or w.starts == 0 or w.restarting,
+                starts=w.starts + int(w.restarting),
+            )
+            for w in workers
+        ]
 
     # ---- notices from workers (called from the control service) ----
-    def find(self, key: str) -> Optional[WorkerProcess]:
+    def find(self, key: str) -> WorkerProcess | None:
         with self._lock:
             return self.workers.get(key)
 
@@ -353,7 +398,7 @@ class WorkerProcesses:
             worker.restarting = False
             self.on_change()
 
-    def _restart_after_death(self, worker: WorkerProcess, plan: WorkerPlan, code: Optional[int]):
+    def _restart_after_death(self, worker: WorkerProcess, plan: WorkerPlan, code: int | None):
         kill_group(worker.process)  # what it started (LLM agents) goes with it, even if stopped or hung
         _remove_call_blocks(plan, worker.process.pid)
         worker.process = None
@@ -364,12 +409,15 @@ class WorkerProcesses:
             log.warning(f"worker {plan.key} exited (code {code})")
             return
         if not plan.restartable:
-            log.error(f"worker {plan.key} exited (code {code}); a distributed worker is not restarted, "
-                      f"see {plan.log_path}")
+            log.error(
+                f"worker {plan.key} exited (code {code}); a distributed worker is not restarted, see {plan.log_path}"
+            )
             return
         if not worker.restarts.spend():
-            log.error(f"worker {plan.key} died {MAX_QUICK_RESTARTS} times within {RESTART_WINDOW:.0f} s; "
-                      f"it is not restarted again, see {plan.log_path}")
+            log.error(
+                f"worker {plan.key} died {MAX_QUICK_RESTARTS} times within {RESTART_WINDOW:.0f} s; "
+                f"it is not restarted again, see {plan.log_path}"
+            )
             return
         log.warning(f"worker {plan.key} died unexpectedly (exit code {code}); restarting it")
         try:
@@ -407,7 +455,7 @@ class WorkerProcesses:
         shm_tensors.remove_blocks(os.getpid())  # what killed extra workers left
 
 
-def device_owners_gone(workers: List[WorkerProcess]) -> bool:
+def device_owners_gone(workers: list[WorkerProcess]) -> bool:
     """Whether no worker that occupies a device runs any more (then the server exits). Extra workers that call
     other workers' models do not count, unless no worker owns a device."""
     owners = [w for w in workers if w.plan.owns_device] or workers

@@ -1,8 +1,10 @@
 """The master's view of live workers: who serves which servable version and method, and how busy they are."""
+
 import itertools
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
 
 from mindspore_serving.common import errors, metrics
 
@@ -15,22 +17,22 @@ class WorkerRecord:
     servable_name: str
     version_number: int
     batch_size: int
-    methods: Dict[str, Any]                    # method name -> MethodSignature
-    extensions: Dict[str, str] = field(default_factory=dict)
+    methods: dict[str, Any]  # method name -> MethodSignature
+    extensions: dict[str, str] = field(default_factory=dict)
     device_id: int = 0
-    extra_index: Optional[int] = None          # an extra worker's number (num_parallel_workers)
-    owns_device: bool = True                   # it runs its models itself: extra workers' model calls may go to it
-    model_infos: Any = None                    # its models' shapes (internal ModelInfo by key), when it owns them
+    extra_index: int | None = None  # an extra worker's number (num_parallel_workers)
+    owns_device: bool = True  # it runs its models itself: extra workers' model calls may go to it
+    model_infos: Any = None  # its models' shapes (internal ModelInfo by key), when it owns them
     stub: Any = None
     channel: Any = None
-    predict: Any = None                        # its Predict socket (ipc/predict_socket.py), if it offers one
-    outstanding: int = 0                       # instances queued or sent and not yet answered
-    served: int = 0                            # request chunks answered since registration
-    lost_reason: Optional[str] = None          # why the master gave up on it (not responding), once it did
-    not_ready: str = ""                        # why it cannot serve now though alive (its last heartbeat's answer)
+    predict: Any = None  # its Predict socket (ipc/predict_socket.py), if it offers one
+    outstanding: int = 0  # instances queued or sent and not yet answered
+    served: int = 0  # request chunks answered since registration
+    lost_reason: str | None = None  # why the master gave up on it (not responding), once it did
+    not_ready: str = ""  # why it cannot serve now though alive (its last heartbeat's answer)
     registration: Any = field(default=None, repr=False)  # its RegisterRequest (front-end processes get a copy)
-    queues: Dict[str, Any] = field(default_factory=dict, repr=False)  # method -> the dispatcher's queue
-    _input_names: Dict[str, List[str]] = field(default_factory=dict, repr=False)
+    queues: dict[str, Any] = field(default_factory=dict, repr=False)  # method -> the dispatcher's queue
+    _input_names: dict[str, list[str]] = field(default_factory=dict, repr=False)
 
     @property
     def device_label(self) -> str:
@@ -43,7 +45,7 @@ class WorkerRecord:
         if self.channel is not None:
             await self.channel.close()
 
-    def input_names(self, method_name: str) -> List[str]:
+    def input_names(self, method_name: str) -> list[str]:
         """The input names of a method, read once from its signature."""
         names = self._input_names.get(method_name)
         if names is None:
@@ -61,17 +63,17 @@ def request_repr(servable_name: str, method_name: str, version_number: int) -> s
 class WorkerRegistry:
     def __init__(self):
         self._lock = threading.Lock()
-        self._workers: Dict[str, WorkerRecord] = {}
+        self._workers: dict[str, WorkerRecord] = {}
         self._turn = itertools.count()
         # (servable, method, version) -> candidates; emptied whenever a worker comes or goes
-        self._candidates: Dict[tuple, List[WorkerRecord]] = {}
+        self._candidates: dict[tuple, list[WorkerRecord]] = {}
         # called with ("added", record) / ("removed", record) after every change (front-end processes follow them)
-        self.listeners: List[Callable[[str, WorkerRecord], None]] = []
+        self.listeners: list[Callable[[str, WorkerRecord], None]] = []
         # (servable name, version; 0: any) -> whether workers of it are planned though none is registered now
         # (dead, restarting): then a request is unavailable ("retry later"), not of an unknown servable
         self.expected: Callable[[str, int], bool] = lambda _name, _version: False
 
-    def add(self, record: WorkerRecord) -> Optional[WorkerRecord]:
+    def add(self, record: WorkerRecord) -> WorkerRecord | None:
         """Registers a worker; returns the record it replaces (same key), if any."""
         with self._lock:
             old = self._workers.get(record.key)
@@ -80,7 +82,7 @@ class WorkerRegistry:
         self._tell("added", record)
         return old
 
-    def remove(self, key: str, pid: Optional[int] = None) -> Optional[WorkerRecord]:
+    def remove(self, key: str, pid: int | None = None) -> WorkerRecord | None:
         with self._lock:
             record = self._workers.get(key)
             if record is None or (pid is not None and record.pid != pid):
@@ -90,15 +92,15 @@ class WorkerRegistry:
         self._tell("removed", record)
         return record
 
-    def get(self, key: str) -> Optional[WorkerRecord]:
+    def get(self, key: str) -> WorkerRecord | None:
         with self._lock:
             return self._workers.get(key)
 
-    def all(self) -> List[WorkerRecord]:
+    def all(self) -> list[WorkerRecord]:
         with self._lock:
             return list(self._workers.values())
 
-    def clear(self) -> List[WorkerRecord]:
+    def clear(self) -> list[WorkerRecord]:
         with self._lock:
             records = list(self._workers.values())
             self._workers.clear()
@@ -111,11 +113,11 @@ class WorkerRegistry:
         for listener in list(self.listeners):
             listener(change, record)
 
-    def servable_versions(self, servable_name: str) -> List[int]:
+    def servable_versions(self, servable_name: str) -> list[int]:
         with self._lock:
             return sorted({w.version_number for w in self._workers.values() if w.servable_name == servable_name})
 
-    def candidates(self, servable_name: str, method_name: str, version_number: int) -> List[WorkerRecord]:
+    def candidates(self, servable_name: str, method_name: str, version_number: int) -> list[WorkerRecord]:
         """Workers that can serve the request; version 0 means the newest running version.
 
         The list is shared between calls until a worker comes or goes: callers must not change it."""
@@ -144,13 +146,16 @@ class WorkerRegistry:
                 cache[key] = with_method
         return with_method
 
-    def model_owners(self, servable_name: str, version_number: int) -> List[WorkerRecord]:
+    def model_owners(self, servable_name: str, version_number: int) -> list[WorkerRecord]:
         """The workers of a servable version that run its models themselves (where extra workers' calls go)."""
         with self._lock:
-            return [w for w in self._workers.values() if w.owns_device and w.servable_name == servable_name
-                    and w.version_number == version_number]
+            return [
+                w
+                for w in self._workers.values()
+                if w.owns_device and w.servable_name == servable_name and w.version_number == version_number
+            ]
 
-    def pick(self, candidates: List[WorkerRecord]) -> WorkerRecord:
+    def pick(self, candidates: list[WorkerRecord]) -> WorkerRecord:
         """The worker with the least outstanding work; ties rotate."""
         if len(candidates) == 1:
             return candidates[0]

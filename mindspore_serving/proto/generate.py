@@ -6,6 +6,7 @@ Without names every .proto of the folder is compiled. The protos import each oth
 (`import "ms_service.proto";`), so protoc's output says `import ms_service_pb2`; that import is rewritten
 to the package-relative `from . import ms_service_pb2` so the modules work inside `mindspore_serving.proto`.
 """
+
 import argparse
 import glob
 import os
@@ -18,6 +19,7 @@ _BARE_IMPORT = re.compile(r"^import (\w+_pb2) as (\w+)$", re.MULTILINE)
 
 def _protoc_include() -> str:
     import grpc_tools  # pylint: disable=import-outside-toplevel
+
     return os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
 
 
@@ -32,16 +34,23 @@ def fix_imports(path: str):
 
 def generate(protos=None, out_dir: str = PROTO_DIR):
     from grpc_tools import protoc  # pylint: disable=import-outside-toplevel
+
     if not protos:
         protos = sorted(os.path.basename(p) for p in glob.glob(os.path.join(PROTO_DIR, "*.proto")))
     os.makedirs(out_dir, exist_ok=True)
     for proto in protos:
         name = os.path.basename(proto)
-        args = ["grpc_tools.protoc", f"-I{PROTO_DIR}", f"-I{_protoc_include()}",
-                f"--python_out={out_dir}", f"--grpc_python_out={out_dir}", name]
+        args = [
+            "grpc_tools.protoc",
+            f"-I{PROTO_DIR}",
+            f"-I{_protoc_include()}",
+            f"--python_out={out_dir}",
+            f"--grpc_python_out={out_dir}",
+            name,
+        ]
         if protoc.main(args) != 0:
             raise RuntimeError(f"protoc failed on {name}")
-        stem = name[:-len(".proto")]
+        stem = name[: -len(".proto")]
         for suffix in ("_pb2.py", "_pb2_grpc.py"):
             fix_imports(os.path.join(out_dir, stem + suffix))
         print(f"generated {stem}_pb2.py and {stem}_pb2_grpc.py in {out_dir}")

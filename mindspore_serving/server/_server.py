@@ -1,22 +1,36 @@
 """start_servables / load_servable / unload_servable / start_grpc_server / start_restful_server / stop on top of the
 master."""
+
 import os
 
 from mindspore_serving import log
+from mindspore_serving.common import check_type, errors
 from mindspore_serving.frontends.address import check_address
+from mindspore_serving.frontends.api_groups import Access
 from mindspore_serving.frontends.grpc_server import GrpcFrontend, read_ssl_files
 from mindspore_serving.frontends.restful_server import RestfulFrontend
-from mindspore_serving.frontends.api_groups import Access
-from mindspore_serving.master.master import (get_api_groups, get_api_key, get_master, get_request_limits,
-                                             install_signal_handlers, set_model_control, stop_master)
+from mindspore_serving.master.master import (
+    get_api_groups,
+    get_api_key,
+    get_master,
+    get_request_limits,
+    install_signal_handlers,
+    set_model_control,
+    stop_master,
+)
 from mindspore_serving.master.worker_processes import WorkerPlan
+from mindspore_serving.proto import frontend_pb2
 from mindspore_serving.server.master.context import check_grace
 from mindspore_serving.server.model_repository import DEFAULT_POLL_INTERVAL, RepositoryPoller, parse_policies
 from mindspore_serving.server.ssl_config import SSLConfig
-from mindspore_serving.common import check_type, errors
-from mindspore_serving.proto import frontend_pb2
-from mindspore_serving.server.start_config import (DistributedStartConfig, ServableStartConfig, check_device_types,
-                                                   check_servable_configs, check_servable_location, merge_config)
+from mindspore_serving.server.start_config import (
+    DistributedStartConfig,
+    ServableStartConfig,
+    check_device_types,
+    check_servable_configs,
+    check_servable_location,
+    merge_config,
+)
 
 _GRPC, _RESTFUL = "grpc", "restful"
 
@@ -26,17 +40,30 @@ def _plans(configs):
     for config in configs:
         if isinstance(config, DistributedStartConfig):
             check_servable_location(config.servable_directory, config.servable_name)
-            plans.append(WorkerPlan(servable_directory=config.servable_directory, servable_name=config.servable_name,
-                                    version_number=config.version_number, device_type=None, device_id=0,
-                                    dec_key=None, dec_mode="AES-GCM",
-                                    rank_table_json_file=config.rank_table_json_file,
-                                    distributed_address=config.distributed_address,
-                                    wait_agents_time_in_seconds=config.wait_agents_time_in_seconds,
-                                    env=config.tls_env))
+            plans.append(
+                WorkerPlan(
+                    servable_directory=config.servable_directory,
+                    servable_name=config.servable_name,
+                    version_number=config.version_number,
+                    device_type=None,
+                    device_id=0,
+                    dec_key=None,
+                    dec_mode="AES-GCM",
+                    rank_table_json_file=config.rank_table_json_file,
+                    distributed_address=config.distributed_address,
+                    wait_agents_time_in_seconds=config.wait_agents_time_in_seconds,
+                    env=config.tls_env,
+                )
+            )
             continue
-        common = dict(servable_directory=config.servable_directory, servable_name=config.servable_name,
-                      version_number=config.version_number, device_type=config.device_type, dec_key=config.dec_key,
-                      dec_mode=config.dec_mode)
+        common = dict(
+            servable_directory=config.servable_directory,
+            servable_name=config.servable_name,
+            version_number=config.version_number,
+            device_type=config.device_type,
+            dec_key=config.dec_key,
+            dec_mode=config.dec_mode,
+        )
         for device_id in config.device_ids:
             plans.append(WorkerPlan(device_id=device_id, **common))
         # extra workers run the Python stages too (worker/extra_worker.py); without device ids they are the only
@@ -76,18 +103,21 @@ def _enable_model_control(master, configs):
 
     def plans_for(name: str, version: int):
         if not os.path.isdir(os.path.join(template.servable_directory, name)):
-            raise FileNotFoundError(f"servable '{name}' is not in the servable directory "
-                                    f"{template.servable_directory}")
+            raise FileNotFoundError(f"servable '{name}' is not in the servable directory {template.servable_directory}")
         running = [w.plan for w in master.processes.of_servable(name)]
         device_ids = tuple(sorted({p.device_id for p in running if not p.extra})) or template.device_ids
         device_type = running[0].device_type if running else template.device_type
         same = name == template.servable_name  # an encrypted servable reloads with its key
-        config = ServableStartConfig(template.servable_directory, name, device_ids=device_ids,
-                                     version_number=version,
-                                     device_type=None if device_type in (None, "none") else device_type,
-                                     num_parallel_workers=template.num_parallel_workers,
-                                     dec_key=template.dec_key if same else None,
-                                     dec_mode=template.dec_mode if same else "AES-GCM")
+        config = ServableStartConfig(
+            template.servable_directory,
+            name,
+            device_ids=device_ids,
+            version_number=version,
+            device_type=None if device_type in (None, "none") else device_type,
+            num_parallel_workers=template.num_parallel_workers,
+            dec_key=template.dec_key if same else None,
+            dec_mode=template.dec_mode if same else "AES-GCM",
+        )
         return _plans(merge_config([config]))
 
     master.model_control.plans_for = plans_for
@@ -126,8 +156,14 @@ def unload_servable(servable_name, version_number=0):
 _pollers = []
 
 
-def start_model_control_poll(servable_directory, servable_names=None, version_policy="latest:1", device_ids=(0,),
-                             device_type=None, interval=DEFAULT_POLL_INTERVAL):
+def start_model_control_poll(
+    servable_directory,
+    servable_names=None,
+    version_policy="latest:1",
+    device_ids=(0,),
+    device_type=None,
+    interval=DEFAULT_POLL_INTERVAL,
+):
     """Serves what `servable_directory` holds and follows it: every `interval` seconds, version folders added or
     removed and changed servable_config.py files are loaded, unloaded and reloaded (`server.model_repository`).
 
@@ -142,15 +178,22 @@ def start_model_control_poll(servable_directory, servable_names=None, version_po
     def load(name: str, version: int):
         if get_master(create=False) is None and _pollers:
             raise RuntimeError("the server stopped")
-        load_servable(ServableStartConfig(directory, name, device_ids=device_ids, version_number=version,
-                                          device_type=device_type))
+        load_servable(
+            ServableStartConfig(directory, name, device_ids=device_ids, version_number=version, device_type=device_type)
+        )
 
     def unload(name: str, version: int):
         if get_master(create=False) is not None:
             unload_servable(name, version)
 
-    poller = RepositoryPoller(directory, list(servable_names) if servable_names else None,
-                              lambda name: per_servable.get(name, default), load, unload, interval)
+    poller = RepositoryPoller(
+        directory,
+        list(servable_names) if servable_names else None,
+        lambda name: per_servable.get(name, default),
+        load,
+        unload,
+        interval,
+    )
     poller.poll_once()
     _pollers.append(poller)
     poller.start()
@@ -165,10 +208,19 @@ def _start_frontend(kind: str, label: str, frontend_class, address, max_msg_mb_s
     shared = master.frontend_count() > 1 and not str(address).startswith("unix:")
     # without model control open to clients, their load/unload requests get 403 / PERMISSION_DENIED
     model_control = master.model_control if master.model_control_open() else None
-    frontend = frontend_class(address, max_msg_mb_size, ssl_config, master.dispatcher, llm_backend=master.llm_backend,
-                              readiness=master.readiness, reuse_port=shared, access=_access(),
-                              model_control=model_control, limits=get_request_limits(),
-                              **{name: getattr(master, attribute) for name, attribute in extra.items()})
+    frontend = frontend_class(
+        address,
+        max_msg_mb_size,
+        ssl_config,
+        master.dispatcher,
+        llm_backend=master.llm_backend,
+        readiness=master.readiness,
+        reuse_port=shared,
+        access=_access(),
+        model_control=model_control,
+        limits=get_request_limits(),
+        **{name: getattr(master, attribute) for name, attribute in extra.items()},
+    )
     master.run(frontend.start())
     master.frontends[kind] = frontend
     if shared:
@@ -180,8 +232,11 @@ def _start_frontend(kind: str, label: str, frontend_class, address, max_msg_mb_s
             master.frontends.pop(kind, None)
             master.run(frontend.close())
             raise
-    print(f"Serving: {label} start success, listening on {address}"
-          + (f" ({master.frontend_count()} processes)" if shared else ""), flush=True)
+    print(
+        f"Serving: {label} start success, listening on {address}"
+        + (f" ({master.frontend_count()} processes)" if shared else ""),
+        flush=True,
+    )
 
 
 def _access() -> Access:
@@ -190,13 +245,20 @@ def _access() -> Access:
     return Access(get_api_key(), restricted, opened)
 
 
-def _server_config(kind: str, address: str, max_msg_mb_size: int, ssl_config,
-                   model_control: bool) -> frontend_pb2.ServerConfig:
+def _server_config(
+    kind: str, address: str, max_msg_mb_size: int, ssl_config, model_control: bool
+) -> frontend_pb2.ServerConfig:
     """What a front-end process needs to open the same server."""
-    config = frontend_pb2.ServerConfig(kind=kind, address=address, max_msg_mb_size=max_msg_mb_size,
-                                       api_key=get_api_key() or "",
-                                       model_control=model_control, limits=get_request_limits().to_proto(),
-                                       restricted_api=get_api_groups()[0], open_api=get_api_groups()[1])
+    config = frontend_pb2.ServerConfig(
+        kind=kind,
+        address=address,
+        max_msg_mb_size=max_msg_mb_size,
+        api_key=get_api_key() or "",
+        model_control=model_control,
+        limits=get_request_limits().to_proto(),
+        restricted_api=get_api_groups()[0],
+        open_api=get_api_groups()[1],
+    )
     if ssl_config is not None:
         config.tls = True
         config.certificate = ssl_config.certificate
@@ -212,16 +274,24 @@ def start_grpc_server(address, max_msg_mb_size=100, ssl_config=None):
         if not isinstance(ssl_config, SSLConfig):
             raise RuntimeError("The type of ssl_config should be type of SSLConfig")
         read_ssl_files(ssl_config)  # as MindSpore Serving: an unreadable file fails before anything else
-    _start_frontend(_GRPC, "Serving gRPC server", GrpcFrontend, address, max_msg_mb_size, ssl_config,
-                    readiness_changes="readiness_changes")
+    _start_frontend(
+        _GRPC,
+        "Serving gRPC server",
+        GrpcFrontend,
+        address,
+        max_msg_mb_size,
+        ssl_config,
+        readiness_changes="readiness_changes",
+    )
 
 
 def start_restful_server(address, max_msg_mb_size=100, ssl_config=None):
     """Serves the RESTful API on `ip:port`; request bodies up to `max_msg_mb_size` MiB."""
     if ssl_config is not None and not isinstance(ssl_config, SSLConfig):
         raise RuntimeError("The type of ssl_config should be class of SSLConfig")  # sic: gRPC's says "type of"
-    _start_frontend(_RESTFUL, "RESTful server", RestfulFrontend, address, max_msg_mb_size, ssl_config,
-                    metrics="metrics_collector")
+    _start_frontend(
+        _RESTFUL, "RESTful server", RestfulFrontend, address, max_msg_mb_size, ssl_config, metrics="metrics_collector"
+    )
 
 
 def start_metrics_server(address):

@@ -11,11 +11,12 @@
 A version whose load failed is not retried until its signature changes (a copy that was still being written
 fails once, and loads when complete).
 """
+
 import os
 import re
 import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from mindspore_serving import log
 
@@ -26,9 +27,10 @@ DEFAULT_POLL_INTERVAL = 0.5
 @dataclass(frozen=True)
 class VersionPolicy:
     """Which of a servable's version folders are served (Triton's version_policy)."""
-    kind: str = "latest"           # "latest", "all" or "specific"
-    count: int = 1                 # latest: how many of the newest
-    versions: Tuple[int, ...] = ()  # specific: which
+
+    kind: str = "latest"  # "latest", "all" or "specific"
+    count: int = 1  # latest: how many of the newest
+    versions: tuple[int, ...] = ()  # specific: which
 
     @staticmethod
     def parse(text: str) -> "VersionPolicy":
@@ -48,19 +50,21 @@ class VersionPolicy:
                     return VersionPolicy("specific", 0, versions)
         except ValueError:
             pass
-        raise ValueError(f"invalid version policy {text!r}: expected 'latest:N' (N >= 1), 'all' or "
-                         f"'specific:V1,V2,...' (versions >= 1)")
+        raise ValueError(
+            f"invalid version policy {text!r}: expected 'latest:N' (N >= 1), 'all' or "
+            f"'specific:V1,V2,...' (versions >= 1)"
+        )
 
-    def select(self, available: Iterable[int]) -> Set[int]:
+    def select(self, available: Iterable[int]) -> set[int]:
         available = sorted(set(available))
         if self.kind == "all":
             return set(available)
         if self.kind == "specific":
             return set(available) & set(self.versions)
-        return set(available[-self.count:])
+        return set(available[-self.count :])
 
 
-def parse_policies(text: str) -> Tuple[VersionPolicy, Dict[str, VersionPolicy]]:
+def parse_policies(text: str) -> tuple[VersionPolicy, dict[str, VersionPolicy]]:
     """`--version_policy`: a default policy and per-servable ones, `;`-separated: `latest:2;add=specific:1,2`."""
     default, per_servable = VersionPolicy(), {}
     for item in (part.strip() for part in text.split(";")):
@@ -76,8 +80,8 @@ def parse_policies(text: str) -> Tuple[VersionPolicy, Dict[str, VersionPolicy]]:
 
 @dataclass(frozen=True)
 class ServableSnapshot:
-    config_signature: tuple                                   # servable_config.py's (mtime, size)
-    versions: Dict[int, tuple] = field(default_factory=dict)  # version -> signature of its folder's files
+    config_signature: tuple  # servable_config.py's (mtime, size)
+    versions: dict[int, tuple] = field(default_factory=dict)  # version -> signature of its folder's files
 
 
 def _signature(path: str) -> tuple:
@@ -96,7 +100,7 @@ def _folder_signature(path: str) -> tuple:
     return tuple(sorted(entries))
 
 
-def scan(directory: str, names: Optional[Sequence[str]] = None) -> Dict[str, ServableSnapshot]:
+def scan(directory: str, names: Sequence[str] | None = None) -> dict[str, ServableSnapshot]:
     """The servables of `directory` (those with a servable_config.py; only `names` when given)."""
     found = {}
     try:
@@ -123,8 +127,11 @@ class Change:
     version: int
 
 
-def plan_changes(snapshot: Dict[str, ServableSnapshot], served: Dict[Tuple[str, int], tuple],
-                 policy_of: Callable[[str], VersionPolicy]) -> List[Change]:
+def plan_changes(
+    snapshot: dict[str, ServableSnapshot],
+    served: dict[tuple[str, int], tuple],
+    policy_of: Callable[[str], VersionPolicy],
+) -> list[Change]:
     """Loads (new versions, and served ones whose files or servable_config.py changed), then unloads (versions
     the policy no longer selects, or whose folder or servable is gone). `served` maps (servable, version) to
     the signature it was loaded with: (config signature, folder signature)."""
@@ -145,22 +152,29 @@ def plan_changes(snapshot: Dict[str, ServableSnapshot], served: Dict[Tuple[str, 
 class RepositoryPoller:
     """A thread that keeps what is served equal to what the servable directory holds, by the policies."""
 
-    def __init__(self, directory: str, names: Optional[Sequence[str]], policy_of: Callable[[str], VersionPolicy],
-                 load: Callable[[str, int], None], unload: Callable[[str, int], None],
-                 interval: float = DEFAULT_POLL_INTERVAL):
+    def __init__(
+        self,
+        directory: str,
+        names: Sequence[str] | None,
+        policy_of: Callable[[str], VersionPolicy],
+        load: Callable[[str, int], None],
+        unload: Callable[[str, int], None],
+        interval: float = DEFAULT_POLL_INTERVAL,
+    ):
         self.directory, self.names, self.policy_of = directory, names, policy_of
         self.load, self.unload, self.interval = load, unload, interval
-        self.served: Dict[Tuple[str, int], tuple] = {}
-        self._failed: Dict[Tuple[str, int], tuple] = {}  # signature of a load that failed: not retried as is
+        self.served: dict[tuple[str, int], tuple] = {}
+        self._failed: dict[tuple[str, int], tuple] = {}  # signature of a load that failed: not retried as is
         self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
     def poll_once(self):
         """One scan, and the loads and unloads it calls for (a load that failed as is before is skipped)."""
         snapshot = scan(self.directory, self.names)
         for change in plan_changes(snapshot, self.served, self.policy_of):
-            if change.action == "load" and \
-                    self._failed.get((change.servable, change.version)) == _signature_of(snapshot, change):
+            if change.action == "load" and self._failed.get((change.servable, change.version)) == _signature_of(
+                snapshot, change
+            ):
                 continue
             key = (change.servable, change.version)
             if change.action == "load":
@@ -202,6 +216,6 @@ class RepositoryPoller:
         self._stop.set()
 
 
-def _signature_of(snapshot: Dict[str, ServableSnapshot], change: Change) -> tuple:
+def _signature_of(snapshot: dict[str, ServableSnapshot], change: Change) -> tuple:
     servable = snapshot[change.servable]
     return (servable.config_signature, servable.versions.get(change.version, ()))

@@ -1,4 +1,5 @@
 """TLS settings of the gRPC and RESTful front ends."""
+
 from mindspore_serving.common.check_type import check_bool, check_str
 
 

@@ -1,12 +1,12 @@
 """`ServableStartConfig`, servable version resolution and the merge of several start configs."""
+
 import copy
 import operator
 import os
-from typing import Callable, List, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 from mindspore_serving import log
-from mindspore_serving.common import check_type
-from mindspore_serving.common import ms_device
+from mindspore_serving.common import check_type, ms_device
 from mindspore_serving.ipc import internal_tls
 
 SERVABLE_CONFIG_FILE = "servable_config.py"
@@ -14,7 +14,7 @@ DEVICE_TYPES = ("ascend", "gpu", "cpu")
 DEC_MODES = ("AES-GCM", "AES-CBC")
 
 
-def _read_only(name: str, doc: Optional[str] = None) -> property:
+def _read_only(name: str, doc: str | None = None) -> property:
     """The public attribute `name` over the private `_<name>`, the one that `_replace` changes."""
     return property(operator.attrgetter("_" + name), doc=doc)
 
@@ -38,14 +38,24 @@ class ServableStartConfig:
         RuntimeError: a parameter is invalid.
     """
 
-    def __init__(self, servable_directory, servable_name, device_ids=None, version_number=0, device_type=None,
-                 num_parallel_workers=0, dec_key=None, dec_mode="AES-GCM"):
+    def __init__(
+        self,
+        servable_directory,
+        servable_name,
+        device_ids=None,
+        version_number=0,
+        device_type=None,
+        num_parallel_workers=0,
+        dec_key=None,
+        dec_mode="AES-GCM",
+    ):
         check_type.check_str("servable_directory", servable_directory)
         self._servable_directory = check_type.get_abs_path(servable_directory)
         log.info(f"servable directory {servable_directory!r} resolved to {self._servable_directory!r}")
         self._servable_name = check_type.check_str("servable_name", servable_name)
-        self._device_ids = () if device_ids is None else \
-            check_type.check_and_as_int_tuple_list("device_ids", device_ids, 0)
+        self._device_ids = (
+            () if device_ids is None else check_type.check_and_as_int_tuple_list("device_ids", device_ids, 0)
+        )
         self._version_number = check_type.check_int("version_number", version_number, 0)
         self._device_type = _check_device_type(device_type)
         check_type.check_int("num_parallel_workers", num_parallel_workers, 0, 64)
@@ -77,10 +87,12 @@ class ServableStartConfig:
         return new
 
     def __repr__(self):
-        return (f"ServableStartConfig(servable_directory={self._servable_directory!r}, "
-                f"servable_name={self._servable_name!r}, device_ids={self._device_ids}, "
-                f"version_number={self._version_number}, device_type={self._device_type!r}, "
-                f"num_parallel_workers={self._num_parallel_workers}, dec_mode={self._dec_mode!r})")
+        return (
+            f"ServableStartConfig(servable_directory={self._servable_directory!r}, "
+            f"servable_name={self._servable_name!r}, device_ids={self._device_ids}, "
+            f"version_number={self._version_number}, device_type={self._device_type!r}, "
+            f"num_parallel_workers={self._num_parallel_workers}, dec_mode={self._dec_mode!r})"
+        )
 
 
 def _check_device_type(device_type) -> str:
@@ -88,12 +100,13 @@ def _check_device_type(device_type) -> str:
         return "none"
     check_type.check_str("device_type", device_type)
     if device_type.lower() not in DEVICE_TYPES:
-        raise RuntimeError(f"Unsupported device type '{device_type}', only support 'Ascend', 'GPU', 'CPU' and None, "
-                           f"case ignored")
+        raise RuntimeError(
+            f"Unsupported device type '{device_type}', only support 'Ascend', 'GPU', 'CPU' and None, case ignored"
+        )
     return device_type.lower()
 
 
-def _check_dec_key(dec_key) -> Optional[bytes]:
+def _check_dec_key(dec_key) -> bytes | None:
     if dec_key is None:
         return None
     check_type.check_bytes("dec_key", dec_key)
@@ -124,12 +137,16 @@ def check_servable_location(servable_directory: str, servable_name: str):
     """Raises when `<servable_directory>/<servable_name>/servable_config.py` is missing."""
     config_dir = os.path.join(servable_directory, servable_name)
     if not os.path.isdir(config_dir):
-        raise RuntimeError(f"Check servable config failed, directory '{config_dir}' not exist, servable directory "
-                           f"'{servable_directory}', servable name '{servable_name}'")
+        raise RuntimeError(
+            f"Check servable config failed, directory '{config_dir}' not exist, servable directory "
+            f"'{servable_directory}', servable name '{servable_name}'"
+        )
     config_file = os.path.join(config_dir, SERVABLE_CONFIG_FILE)
     if not os.path.isfile(config_file):
-        raise RuntimeError(f"Check servable config failed, file '{config_file}' not exist,  servable directory "
-                           f"'{servable_directory}', servable name '{servable_name}'")
+        raise RuntimeError(
+            f"Check servable config failed, file '{config_file}' not exist,  servable directory "
+            f"'{servable_directory}', servable name '{servable_name}'"
+        )
 
 
 def check_servable_configs(servable_configs, config_types: Sequence[type] = ()) -> list:
@@ -141,12 +158,15 @@ def check_servable_configs(servable_configs, config_types: Sequence[type] = ()) 
     if isinstance(servable_configs, accepted):
         return [servable_configs]
     if not isinstance(servable_configs, (list, tuple)):
-        raise RuntimeError(f"Parameter '{servable_configs}' should be ServableStartConfig, list or tuple of "
-                           f"ServableStartConfig, but actually {type(servable_configs)}")
+        raise RuntimeError(
+            f"Parameter '{servable_configs}' should be ServableStartConfig, list or tuple of "
+            f"ServableStartConfig, but actually {type(servable_configs)}"
+        )
     for config in servable_configs:
         if not isinstance(config, accepted):
-            raise RuntimeError(f"The item of parameter '{servable_configs}' should be ServableStartConfig, but "
-                               f"actually {type(config)}")
+            raise RuntimeError(
+                f"The item of parameter '{servable_configs}' should be ServableStartConfig, but actually {type(config)}"
+            )
     return list(servable_configs)
 
 
@@ -168,7 +188,7 @@ def device_share_allowed(device_type: str) -> bool:
     return device_type != "ascend"
 
 
-def merge_config(configs, allow_reuse_device: Optional[Callable[[str], bool]] = None) -> List:
+def merge_config(configs, allow_reuse_device: Callable[[str], bool] | None = None) -> list:
     """Checks the configs of start_servables and merges those of the same servable and version.
 
     * one servable name must always come with the same servable directory, holding servable_config.py;
@@ -194,8 +214,10 @@ def merge_config(configs, allow_reuse_device: Optional[Callable[[str], bool]] = 
             check_servable_location(directory, name)
             groups[name], directories[name] = {}, directory
         elif directories[name] != directory:
-            raise RuntimeError(f"The servable directory of servable name {name} is different in multiple "
-                               f"configurations, servable directory: {directory} and {directories[name]}")
+            raise RuntimeError(
+                f"The servable directory of servable name {name} is different in multiple "
+                f"configurations, servable directory: {directory} and {directories[name]}"
+            )
         versions = groups[name]
         version = resolve_version(directory, name, config.version_number)
         old = versions.get(version)
@@ -203,11 +225,13 @@ def merge_config(configs, allow_reuse_device: Optional[Callable[[str], bool]] = 
             versions[version] = config._replace(version_number=version)  # pylint: disable=protected-access
             continue
         if old.dec_key != config.dec_key or old.dec_mode != config.dec_mode:
-            raise RuntimeError(f"The dec key or dec mode of servable name {name} is different in multiple "
-                               f"configurations.")
+            raise RuntimeError(
+                f"The dec key or dec mode of servable name {name} is different in multiple configurations."
+            )
         device_ids = old.device_ids + tuple(item for item in config.device_ids if item not in old.device_ids)
         versions[version] = old._replace(  # pylint: disable=protected-access
-            device_ids=device_ids, num_parallel_workers=max(old.num_parallel_workers, config.num_parallel_workers))
+            device_ids=device_ids, num_parallel_workers=max(old.num_parallel_workers, config.num_parallel_workers)
+        )
     merged = [config for versions in groups.values() for config in versions.values()]
     _check_device_reuse(merged, allow_reuse_device)
     return merged + others
@@ -218,8 +242,9 @@ def _check_device_reuse(configs, allow_reuse_device):
     for config in configs:
         for device_id in config.device_ids:
             if device_id in used and not allow_reuse_device(config.device_type):
-                raise RuntimeError(f"Ascend 910 device id {device_id} is used repeatedly in servable "
-                                       f"{config.servable_name}")
+                raise RuntimeError(
+                    f"Ascend 910 device id {device_id} is used repeatedly in servable {config.servable_name}"
+                )
             used.add(device_id)
 
 
@@ -228,8 +253,16 @@ class DistributedStartConfig:
     rank agents listed in the rank table. Checked as MindSpore Serving checks it; relative paths are resolved
     against the directory of the running script."""
 
-    def __init__(self, servable_directory, servable_name, rank_table_json_file, version_number=1,
-                 distributed_address="127.0.0.1:6200", wait_agents_time_in_seconds=0, ssl_config=None):
+    def __init__(
+        self,
+        servable_directory,
+        servable_name,
+        rank_table_json_file,
+        version_number=1,
+        distributed_address="127.0.0.1:6200",
+        wait_agents_time_in_seconds=0,
+        ssl_config=None,
+    ):
         check_type.check_str("servable_directory", servable_directory)
         check_type.check_str("servable_name", servable_name)
         check_type.check_int("version_number", version_number, 0)
@@ -243,5 +276,6 @@ class DistributedStartConfig:
         self.distributed_address = distributed_address
         self.wait_agents_time_in_seconds = wait_agents_time_in_seconds
         # the distributed worker's environment for mutual TLS with its agents (ipc.internal_tls)
-        self.tls_env = {} if ssl_config is None else internal_tls.ssl_config_env(internal_tls.DISTRIBUTED_PREFIX,
-                                                                                 ssl_config)
+        self.tls_env = (
+            {} if ssl_config is None else internal_tls.ssl_config_env(internal_tls.DISTRIBUTED_PREFIX, ssl_config)
+        )

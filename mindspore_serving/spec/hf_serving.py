@@ -15,13 +15,15 @@ hold max_model_len rounded up to the block size. With speculative decoding (`spe
 object of SpeculativeConfig fields) verify graphs of num_speculative_tokens proposed tokens too, one per decode batch,
 and llm.yaml's engine.speculative.
 """
+
 import dataclasses
 import hashlib
 import json
 import os
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any
 
 from mindspore_serving.llm.config import SpeculativeConfig
 from mindspore_serving.llm.kv_budget import CacheGeometry, KvBudgetError, min_blocks, parse_size
@@ -85,17 +87,17 @@ class HfModelSettings:
     model_cache: str
     """Absolute path of the directory holding one cache directory per (name, key)."""
     tensor_parallel: int = 1
-    max_model_len: Optional[int] = None
+    max_model_len: int | None = None
     """None: max_position_embeddings capped to DEFAULT_MAX_MODEL_LEN."""
-    kv_cache_memory: Union[None, int, str] = None
+    kv_cache_memory: None | int | str = None
     """KV-cache bytes per rank (engine.kv_cache_memory); None: engine.num_blocks for DEFAULT_SEQUENCES_IN_CACHE."""
-    buckets: Tuple[Tuple[str, Tuple[int, ...]], ...] = ()
+    buckets: tuple[tuple[str, tuple[int, ...]], ...] = ()
     """(field of BUCKET_FIELDS, sizes) chosen instead of the defaults."""
-    device_type: Optional[str] = None
+    device_type: str | None = None
     """The agents' device (None: the best available); the graphs are exported on it (None: CPU)."""
-    device_ids: Tuple[int, ...] = ()
+    device_ids: tuple[int, ...] = ()
     """The agents' device ids, one per rank (empty: 0 .. tensor_parallel - 1)."""
-    speculative: Optional[SpeculativeConfig] = None
+    speculative: SpeculativeConfig | None = None
     """n-gram speculative decoding (engine.speculative), with verify graphs of its num_speculative_tokens; None:
     off."""
 
@@ -103,8 +105,10 @@ class HfModelSettings:
         if not isinstance(self.model_dir, str) or not self.model_dir:
             raise HfModelError(f"the model directory must be a path, got {self.model_dir!r}")
         if not isinstance(self.served_model_name, str) or not _NAME.fullmatch(self.served_model_name):
-            raise HfModelError(f"served model name {self.served_model_name!r} is not valid: use letters, digits, "
-                               f"'_' and '-', starting with a letter or digit")
+            raise HfModelError(
+                f"served model name {self.served_model_name!r} is not valid: use letters, digits, "
+                f"'_' and '-', starting with a letter or digit"
+            )
         _positive_int("tensor_parallel", self.tensor_parallel)
         if self.max_model_len is not None:
             _positive_int("max_model_len", self.max_model_len, 2)
@@ -116,38 +120,59 @@ class HfModelSettings:
         buckets = dict(self.buckets)
         unknown = sorted(set(buckets) - set(BUCKET_FIELDS))
         if unknown or len(buckets) != len(self.buckets):
-            raise HfModelError(f"buckets: unknown or repeated field(s) {unknown or list(buckets)}; valid fields are "
-                               f"{list(BUCKET_FIELDS)}")
+            raise HfModelError(
+                f"buckets: unknown or repeated field(s) {unknown or list(buckets)}; valid fields are "
+                f"{list(BUCKET_FIELDS)}"
+            )
         for name, sizes in self.buckets:
-            if not isinstance(sizes, tuple) or not sizes or sorted(set(sizes)) != list(sizes) or any(
-                    isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
+            if (
+                not isinstance(sizes, tuple)
+                or not sizes
+                or sorted(set(sizes)) != list(sizes)
+                or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes)
+            ):
                 raise HfModelError(f"{name} must be increasing positive ints, got {sizes!r}")
         if self.device_ids and len(self.device_ids) != self.tensor_parallel:
-            raise HfModelError(f"{len(self.device_ids)} device id(s) {list(self.device_ids)} for tensor_parallel="
-                               f"{self.tensor_parallel}: give one device id per rank")
+            raise HfModelError(
+                f"{len(self.device_ids)} device id(s) {list(self.device_ids)} for tensor_parallel="
+                f"{self.tensor_parallel}: give one device id per rank"
+            )
         if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
             raise HfModelError(f"speculative must be a SpeculativeConfig or None, got {self.speculative!r}")
 
     @classmethod
-    def create(cls, model_dir: str, served_model_name: Optional[str] = None, model_cache: str = "model_cache",
-               buckets: Optional[Mapping[str, Any]] = None, speculative_config=None, **settings) -> "HfModelSettings":
+    def create(
+        cls,
+        model_dir: str,
+        served_model_name: str | None = None,
+        model_cache: str = "model_cache",
+        buckets: Mapping[str, Any] | None = None,
+        speculative_config=None,
+        **settings,
+    ) -> "HfModelSettings":
         """Settings from a user's values: paths as given (the caller makes them absolute), `buckets` a mapping of
         BUCKET_FIELDS to lists, the name defaulting to the directory's (`default_served_name`), `speculative_config`
         as `parse_speculative_config` takes it."""
         if buckets is not None and not isinstance(buckets, Mapping):
             raise HfModelError(f"buckets must map {list(BUCKET_FIELDS)} to lists of sizes, got {buckets!r}")
-        pairs = tuple((name, tuple(sizes) if isinstance(sizes, (list, tuple)) else sizes)
-                      for name, sizes in (buckets or {}).items())
-        return cls(model_dir=model_dir, served_model_name=served_model_name or default_served_name(model_dir),
-                   model_cache=model_cache, buckets=pairs, speculative=parse_speculative_config(speculative_config),
-                   **settings)
+        pairs = tuple(
+            (name, tuple(sizes) if isinstance(sizes, (list, tuple)) else sizes)
+            for name, sizes in (buckets or {}).items()
+        )
+        return cls(
+            model_dir=model_dir,
+            served_model_name=served_model_name or default_served_name(model_dir),
+            model_cache=model_cache,
+            buckets=pairs,
+            speculative=parse_speculative_config(speculative_config),
+            **settings,
+        )
 
 
 SPECULATIVE_EXAMPLE = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}'
 
 
-def parse_speculative_config(value: Union[None, str, Mapping[str, Any], SpeculativeConfig]
-                             ) -> Optional[SpeculativeConfig]:
+def parse_speculative_config(value: None | str | Mapping[str, Any] | SpeculativeConfig) -> SpeculativeConfig | None:
     """The speculative decoding asked for, as vLLM's `--speculative_config` takes it: a JSON object of
     SpeculativeConfig fields (text, or the mapping it reads as), a SpeculativeConfig, or None / JSON null (off).
     HfModelError, saying what is wrong, for text that is not JSON, anything but an object, an unknown field or a
@@ -156,38 +181,46 @@ def parse_speculative_config(value: Union[None, str, Mapping[str, Any], Speculat
         try:
             value = json.loads(value)
         except ValueError as err:
-            raise HfModelError(f"speculative_config {value!r} is not JSON ({err}); give an object of "
-                               f"SpeculativeConfig fields, e.g. {SPECULATIVE_EXAMPLE}") from None
+            raise HfModelError(
+                f"speculative_config {value!r} is not JSON ({err}); give an object of "
+                f"SpeculativeConfig fields, e.g. {SPECULATIVE_EXAMPLE}"
+            ) from None
     if value is None or isinstance(value, SpeculativeConfig):
         return value
     if not isinstance(value, Mapping):
-        raise HfModelError(f"speculative_config must be an object of SpeculativeConfig fields (or null: off), got "
-                           f"{value!r}; e.g. {SPECULATIVE_EXAMPLE}")
+        raise HfModelError(
+            f"speculative_config must be an object of SpeculativeConfig fields (or null: off), got "
+            f"{value!r}; e.g. {SPECULATIVE_EXAMPLE}"
+        )
     try:
         return SpeculativeConfig.of(value)
     except ValueError as err:
         raise HfModelError(f"speculative_config: {err}") from None
 
 
-def speculative_per_model(values: Sequence[str], models: int) -> Tuple[Optional[SpeculativeConfig], ...]:
+def speculative_per_model(values: Sequence[str], models: int) -> tuple[SpeculativeConfig | None, ...]:
     """The speculative decoding of each of `models` served models from the texts given (serving_server.py's
     repeatable --speculative_config): none, off for all; one, for all; one per model, in their order ("null": off
     for that one)."""
     if len(values) not in (0, 1, models):
-        raise HfModelError(f"speculative_config is given {len(values)} time(s) for {models} model(s): give one "
-                           f"(every model), one per model in their order (null: none), or none")
+        raise HfModelError(
+            f"speculative_config is given {len(values)} time(s) for {models} model(s): give one "
+            f"(every model), one per model in their order (null: none), or none"
+        )
     configs = tuple(parse_speculative_config(value) for value in values)
     return configs * models if len(configs) == 1 else configs or (None,) * models
 
 
-def served_max_model_len(settings: HfModelSettings, max_position_embeddings: Optional[int]) -> int:
+def served_max_model_len(settings: HfModelSettings, max_position_embeddings: int | None) -> int:
     """The max model length served: the one asked for, which may not exceed max_position_embeddings, or
     max_position_embeddings capped to DEFAULT_MAX_MODEL_LEN."""
     if settings.max_model_len is None:
         return min(max_position_embeddings or DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN)
     if max_position_embeddings is not None and settings.max_model_len > max_position_embeddings:
-        raise HfModelError(f"max_model_len {settings.max_model_len} exceeds the model's max_position_embeddings "
-                           f"{max_position_embeddings}; lower it")
+        raise HfModelError(
+            f"max_model_len {settings.max_model_len} exceeds the model's max_position_embeddings "
+            f"{max_position_embeddings}; lower it"
+        )
     return settings.max_model_len
 
 
@@ -196,7 +229,7 @@ def graph_len(max_model_len: int) -> int:
     return -(-max_model_len // BLOCK_SIZE) * BLOCK_SIZE
 
 
-def _powers_of_two(low: int, high: int) -> Tuple[int, ...]:
+def _powers_of_two(low: int, high: int) -> tuple[int, ...]:
     sizes, size = [], low
     while size <= high:
         sizes.append(size)
@@ -204,11 +237,14 @@ def _powers_of_two(low: int, high: int) -> Tuple[int, ...]:
     return tuple(sizes)
 
 
-def default_buckets(max_model_len: int) -> Dict[str, Tuple[int, ...]]:
+def default_buckets(max_model_len: int) -> dict[str, tuple[int, ...]]:
     """The buckets compiled unless chosen: see the module's docstring."""
     top = min(graph_len(max_model_len), MAX_PREFILL_LEN)
-    return {"decode_batch_buckets": DEFAULT_DECODE_BATCHES, "prefill_batch_buckets": DEFAULT_PREFILL_BATCHES,
-            "prefill_len_buckets": _powers_of_two(MIN_PREFILL_LEN, top) or (top,)}
+    return {
+        "decode_batch_buckets": DEFAULT_DECODE_BATCHES,
+        "prefill_batch_buckets": DEFAULT_PREFILL_BATCHES,
+        "prefill_len_buckets": _powers_of_two(MIN_PREFILL_LEN, top) or (top,),
+    }
 
 
 def check_tensor_parallel(cfg: LlamaConfig, tp: int):
@@ -231,8 +267,9 @@ def export_model_file(settings: HfModelSettings, cfg: LlamaConfig, max_model_len
         score = (max(buckets["prefill_len_buckets"]),)
         # verify graphs (one per decode batch) only with speculation: without, the export and its key are unchanged
         spec_tokens = settings.speculative.num_speculative_tokens if settings.speculative else 0
-        return ModelFile(model, ExportConfig(block_size=BLOCK_SIZE, score_len_buckets=score, spec_tokens=spec_tokens,
-                                             **buckets))
+        return ModelFile(
+            model, ExportConfig(block_size=BLOCK_SIZE, score_len_buckets=score, spec_tokens=spec_tokens, **buckets)
+        )
     except ValueError as err:
         raise HfModelError(str(err)) from None
 
@@ -242,7 +279,7 @@ def cache_geometry(model_file: ModelFile, tp: int) -> CacheGeometry:
     return CacheGeometry(m.num_layers, m.num_kv_heads // tp, m.head_dim, model_file.export.block_size)
 
 
-def check_kv_cache_memory(settings: HfModelSettings, model_file: ModelFile, max_model_len: int) -> Optional[int]:
+def check_kv_cache_memory(settings: HfModelSettings, model_file: ModelFile, max_model_len: int) -> int | None:
     """The KV-cache blocks of settings.kv_cache_memory (None without one); HfModelError when it cannot hold one
     sequence of max_model_len."""
     if settings.kv_cache_memory is None:
@@ -251,7 +288,8 @@ def check_kv_cache_memory(settings: HfModelSettings, model_file: ModelFile, max_
     budget = parse_size(given, "kv_cache_memory")
     try:
         return cache_geometry(model_file, settings.tensor_parallel).blocks(
-            max_model_len, budget, f"{budget} ({given})" if isinstance(given, str) else None)
+            max_model_len, budget, f"{budget} ({given})" if isinstance(given, str) else None
+        )
     except KvBudgetError as err:
         raise HfModelError(f"kv_cache_memory: {err}") from None
 
@@ -263,8 +301,12 @@ def cache_key(file_digests: Mapping[str, str], model_file: ModelFile, tp: int) -
     tensor parallelism and the exporter's manifest format (graphs of another format are exported again). The served
     name, the engine (the other speculative settings too) and the agents are not in it: they are read from llm.yaml
     at every start."""
-    data = {"format": MANIFEST_VERSION, "files": dict(sorted(file_digests.items())), "model_file": model_file.to_dict(),
-            "tensor_parallel": tp}
+    data = {
+        "format": MANIFEST_VERSION,
+        "files": dict(sorted(file_digests.items())),
+        "model_file": model_file.to_dict(),
+        "tensor_parallel": tp,
+    }
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
@@ -272,7 +314,7 @@ def cache_dir_name(name: str, key: str) -> str:
     return f"{name}-{key[:16]}"
 
 
-def rank_dirs(tp: int) -> Tuple[str, ...]:
+def rank_dirs(tp: int) -> tuple[str, ...]:
     """The graph directories of the ranks, relative to the cache directory."""
     return tuple(f"{GRAPHS_DIR}/rank_{rank}" for rank in range(tp))
 
@@ -282,8 +324,9 @@ def default_num_blocks(max_model_len: int) -> int:
     return DEFAULT_SEQUENCES_IN_CACHE * (min_blocks(max_model_len, BLOCK_SIZE) - 1) + 1
 
 
-def llm_config(settings: HfModelSettings, model_file: ModelFile, max_model_len: int, tokenizer: str,
-               generation_config: Optional[str]) -> Dict[str, Any]:
+def llm_config(
+    settings: HfModelSettings, model_file: ModelFile, max_model_len: int, tokenizer: str, generation_config: str | None
+) -> dict[str, Any]:
     """The LLM configuration (the YAML's content, README "LLM configuration") of the exported graphs; paths of
     the cache directory relative to it, `tokenizer` and `generation_config` as given. The chat template is the
     model's own (next to the tokenizer). The engine runs as the bundled model's does: continuous batching, prefix
@@ -291,42 +334,66 @@ def llm_config(settings: HfModelSettings, model_file: ModelFile, max_model_len: 
     settings.speculative says."""
     ex = model_file.export
     max_num_seqs = ex.decode_batch_buckets[-1]
-    model = {"config": MODEL_CONFIG_FILE, "graphs": list(rank_dirs(settings.tensor_parallel)),
-             "tensor_parallel": settings.tensor_parallel, "tokenizer": tokenizer}
+    model = {
+        "config": MODEL_CONFIG_FILE,
+        "graphs": list(rank_dirs(settings.tensor_parallel)),
+        "tensor_parallel": settings.tensor_parallel,
+        "tokenizer": tokenizer,
+    }
     if generation_config is not None:
         model["generation_config"] = generation_config
     # a whole prefill chunk of the largest length bucket beside a full decode batch, each row with its proposed
     # tokens when it speculates
     decode_tokens = max_num_seqs * (1 + (settings.speculative.num_speculative_tokens if settings.speculative else 0))
-    engine = {"batching": "continuous", "max_model_len": max_model_len, "max_num_seqs": max_num_seqs,
-              "max_num_batched_tokens": ex.prefill_len_buckets[-1] + decode_tokens}
+    engine = {
+        "batching": "continuous",
+        "max_model_len": max_model_len,
+        "max_num_seqs": max_num_seqs,
+        "max_num_batched_tokens": ex.prefill_len_buckets[-1] + decode_tokens,
+    }
     if settings.kv_cache_memory is not None:
         engine["kv_cache_memory"] = settings.kv_cache_memory
     else:
         engine["num_blocks"] = default_num_blocks(max_model_len)
-    engine.update({"enable_prefix_caching": True, "enable_chunked_prefill": True, "num_scheduler_steps": 4,
-                   "async_scheduling": True, "max_queue_size": 256, "request_timeout": 0})
+    engine.update(
+        {
+            "enable_prefix_caching": True,
+            "enable_chunked_prefill": True,
+            "num_scheduler_steps": 4,
+            "async_scheduling": True,
+            "max_queue_size": 256,
+            "request_timeout": 0,
+        }
+    )
     if settings.speculative is not None:
         engine["speculative"] = dataclasses.asdict(settings.speculative)
-    agents = {"device_type": settings.device_type,
-              "device_ids": list(settings.device_ids or range(settings.tensor_parallel)),
-              "host": "127.0.0.1", "start_port": 0, "cpu_affinity": "auto"}
+    agents = {
+        "device_type": settings.device_type,
+        "device_ids": list(settings.device_ids or range(settings.tensor_parallel)),
+        "host": "127.0.0.1",
+        "start_port": 0,
+        "cpu_affinity": "auto",
+    }
     return {"model": model, "engine": engine, "agents": agents}
 
 
 def llm_config_header(settings: HfModelSettings) -> str:
     """The comment that opens the written llm.yaml."""
-    return (f"# The LLM configuration serving {settings.served_model_name} (README, \"LLM configuration\"), written\n"
-            f"# from the Hugging Face directory {settings.model_dir!r}\n"
-            f"# at every start of serving_server.py --model (or register.declare_llm(model_dir=...)): to keep your\n"
-            f"# edits, copy this directory's llm.yaml and serve it with register.declare_llm(config_file=...).\n"
-            f"# The weights are in each graphs/rank_*/weights.safetensors; model.checkpoint is not used.\n")
+    return (
+        f'# The LLM configuration serving {settings.served_model_name} (README, "LLM configuration"), written\n'
+        f"# from the Hugging Face directory {settings.model_dir!r}\n"
+        f"# at every start of serving_server.py --model (or register.declare_llm(model_dir=...)): to keep your\n"
+        f"# edits, copy this directory's llm.yaml and serve it with register.declare_llm(config_file=...).\n"
+        f"# The weights are in each graphs/rank_*/weights.safetensors; model.checkpoint is not used.\n"
+    )
 
 
 def servable_config_source(settings: HfModelSettings) -> str:
     """servable_config.py of the written servable `<cache>/servables/<name>/`: declares the LLM of llm.yaml."""
-    return (f'"""Servable `{settings.served_model_name}`: a Hugging Face model served from the LLM configuration '
-            f'../../{LLM_CONFIG_FILE}\n(written with this file by serving_server.py --model)."""\n'
-            f"# model directory: {settings.model_dir!r}\n"
-            "from mindspore_serving.server import register\n\n"
-            f"register.declare_llm(config_file=\"../../{LLM_CONFIG_FILE}\")\n")
+    return (
+        f'"""Servable `{settings.served_model_name}`: a Hugging Face model served from the LLM configuration '
+        f'../../{LLM_CONFIG_FILE}\n(written with this file by serving_server.py --model)."""\n'
+        f"# model directory: {settings.model_dir!r}\n"
+        "from mindspore_serving.server import register\n\n"
+        f'register.declare_llm(config_file="../../{LLM_CONFIG_FILE}")\n'
+    )

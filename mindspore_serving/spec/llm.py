@@ -1,4 +1,5 @@
 """What `declare_llm` records: an LLM servable served by the continuous-batching engine, and its one method."""
+
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
@@ -15,7 +16,7 @@ GENERATE_OUTPUTS = ["text", "token_ids", "finish_reason", "prompt_tokens", "comp
 
 @dataclass(frozen=True)
 class LlmDeclaration:
-    config_file: Optional[str]
+    config_file: str | None
     """Absolute path of the LLM configuration YAML (model, engine, agents); None with hf_model."""
     hf_model: Optional["HfModelSettings"] = None
     """A Hugging Face model directory to serve instead: the worker exports its graphs into the model cache when

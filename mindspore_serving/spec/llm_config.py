@@ -60,11 +60,13 @@ Sections (relative paths are relative to the YAML file's own directory):
 
 Every error names the field and how to fix it.
 """
+
 import dataclasses
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any
 
 import yaml
 
@@ -72,8 +74,15 @@ from mindspore_serving.common.cpu_affinity import allowed_cpus
 from mindspore_serving.llm.chat_template import ChatTemplate
 from mindspore_serving.llm.config import SchedulerConfig
 from mindspore_serving.llm.generation_defaults import GenerationDefaults
-from mindspore_serving.llm.kv_budget import FRACTION, MEMORY, CacheGeometry, KvBudgetError, KvCacheBudget, \
-    choose_budget, min_blocks
+from mindspore_serving.llm.kv_budget import (
+    FRACTION,
+    MEMORY,
+    CacheGeometry,
+    KvBudgetError,
+    KvCacheBudget,
+    choose_budget,
+    min_blocks,
+)
 from mindspore_serving.llm.tool_call_formats import TOOL_CALL_PARSERS
 from mindspore_serving.models.llama.config import ModelFile, load_config
 
@@ -108,41 +117,43 @@ def _path(base: str, section: str, name: str, value, must_exist: bool = True) ->
         raise ConfigError(f"'{section}.{name}' must be a path string, got {value!r}")
     path = value if os.path.isabs(value) else os.path.normpath(os.path.join(base, value))
     if must_exist and not os.path.exists(path):
-        raise ConfigError(f"'{section}.{name}': '{path}' does not exist; fix the path (relative paths are relative "
-                          f"to the configuration file's directory)")
+        raise ConfigError(
+            f"'{section}.{name}': '{path}' does not exist; fix the path (relative paths are relative "
+            f"to the configuration file's directory)"
+        )
     return path
 
 
 @dataclass(frozen=True)
 class ModelSection:
     config: str
-    checkpoint: Optional[str]
-    graphs: Tuple[str, ...]
+    checkpoint: str | None
+    graphs: tuple[str, ...]
     tokenizer: str
-    chat_template: Optional[str] = None
+    chat_template: str | None = None
     """The template text `model.chat_template` gives (Jinja; or the old format string when chat_message is set);
     None: the model's own, next to the tokenizer."""
-    chat_message: Optional[str] = None
+    chat_message: str | None = None
     """Set only for an old-style chat_template (a Python format string): how each message is rendered."""
     tensor_parallel: int = 1
-    generation_config: Optional[str] = None
+    generation_config: str | None = None
     """The generation_config.json the defaults come from, or None."""
     generation_defaults: GenerationDefaults = field(default_factory=GenerationDefaults, compare=False)
-    tool_call_parser: Optional[str] = None
+    tool_call_parser: str | None = None
     """The format of the model's tool calls (a TOOL_CALL_PARSERS name); None: the chat template's, if any."""
-    export: Tuple[Tuple[str, Any], ...] = ()
+    export: tuple[tuple[str, Any], ...] = ()
     """(ExportConfig field, value) of `model.export`: replace the model file's export fields for these graphs."""
 
 
 @dataclass(frozen=True)
 class AgentSection:
-    device_type: Optional[str] = None
-    device_ids: Tuple[int, ...] = (0,)
+    device_type: str | None = None
+    device_ids: tuple[int, ...] = (0,)
     host: str = "127.0.0.1"
     start_port: int = 0
-    cpu_affinity: Union[None, str, Tuple[Tuple[int, ...], ...]] = None
-    rank_hosts: Optional[Tuple[str, ...]] = None
-    scheduler_address: Optional[str] = None
+    cpu_affinity: None | str | tuple[tuple[int, ...], ...] = None
+    rank_hosts: tuple[str, ...] | None = None
+    scheduler_address: str | None = None
     heartbeat_interval: float = 1.0
     heartbeat_misses: int = 3
 
@@ -156,16 +167,16 @@ class AgentSection:
     def num_ranks(self) -> int:
         return len(self.device_ids)
 
-    def ranks_on(self, host: str) -> List[int]:
+    def ranks_on(self, host: str) -> list[int]:
         """The ranks that run on `host`."""
         return [rank for rank in range(self.num_ranks) if self.host_of(rank) == host]
 
     @property
-    def local_ranks(self) -> List[int]:
+    def local_ranks(self) -> list[int]:
         """The ranks the worker starts itself: those on its own host."""
         return self.ranks_on(self.host)
 
-    def cpus_of(self, rank: int, device: str, cpu_count: Optional[int] = None) -> Optional[List[int]]:
+    def cpus_of(self, rank: int, device: str, cpu_count: int | None = None) -> list[int] | None:
         """The cores rank `rank`'s agent binds to on `device`, or None (no binding).
 
         auto, on CPU: MindSpore's CPU runtime keeps two threads busy per graph call (one spinning while the other
@@ -183,7 +194,7 @@ class AgentSection:
             return [cores[rank % len(cores)]]
         share = (len(cores) - 1) // self.num_ranks
         end = len(cores) - rank * share
-        return cores[end - share:end]
+        return cores[end - share : end]
 
 
 @dataclass(frozen=True)
@@ -194,7 +205,7 @@ class LlmServingConfig:
     agents: AgentSection
     max_queue_size: int = 256
     request_timeout: float = 0.0
-    raw: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     stats_interval: float = 10.0
     kv_cache: KvCacheBudget = field(default_factory=KvCacheBudget)
     """How the KV cache is sized. kv_cache_memory: engine.num_blocks is what the budget holds (computed at load from
@@ -205,7 +216,7 @@ class LlmServingConfig:
         """The model file, its export section merged with `model.export`: what the graphs are exported from."""
         return _model_file(self.model)
 
-    def stale_graphs(self) -> Optional[str]:
+    def stale_graphs(self) -> str | None:
         """Why the exported graphs no longer match the model config (buckets, network or tensor parallelism
         changed), or None."""
         wanted = self.model_file().to_dict()
@@ -214,8 +225,10 @@ class LlmServingConfig:
                 manifest = json.load(stream)
             if manifest.get("model") != wanted["model"] or manifest.get("export") != wanted["export"]:
                 return f"{graphs_dir} was exported with another model config"
-            if manifest.get("tensor_parallel", {"size": 1, "rank": 0}) != {"size": self.model.tensor_parallel,
-                                                                           "rank": rank}:
+            if manifest.get("tensor_parallel", {"size": 1, "rank": 0}) != {
+                "size": self.model.tensor_parallel,
+                "rank": rank,
+            }:
                 return f"{graphs_dir} is not rank {rank} of a {self.model.tensor_parallel}-way export"
         return None
 
@@ -227,7 +240,7 @@ class LlmServingConfig:
 _ENGINE_EXTRA = ("max_queue_size", "request_timeout", "stats_interval", MEMORY, FRACTION)
 
 
-def read_manifest(graphs_dir: str) -> Optional[Dict[str, Any]]:
+def read_manifest(graphs_dir: str) -> dict[str, Any] | None:
     """The manifest.json of an exported graph directory, or None when there is none yet."""
     path = os.path.join(graphs_dir, "manifest.json")
     if not os.path.isfile(path):
@@ -254,13 +267,15 @@ def _kv_cache(data: Mapping, kwargs: dict, graphs_dir: str) -> KvCacheBudget:
     try:
         manifest = read_manifest(graphs_dir)
     except (OSError, ValueError) as err:
-        raise ConfigError(f"'model.graphs': cannot read the manifest of {os.path.basename(graphs_dir)}: "
-                          f"{err}") from None
+        raise ConfigError(
+            f"'model.graphs': cannot read the manifest of {os.path.basename(graphs_dir)}: {err}"
+        ) from None
     if manifest is not None:  # else not exported yet: the export reads this configuration too
         try:
             given = data[MEMORY]
             kwargs["num_blocks"] = CacheGeometry.from_manifest(manifest).blocks(
-                max_model_len, int(budget.value), f"{budget.value} ({given})" if isinstance(given, str) else None)
+                max_model_len, int(budget.value), f"{budget.value} ({given})" if isinstance(given, str) else None
+            )
         except KvBudgetError as err:
             raise ConfigError(f"'engine.{MEMORY}': {err}") from None
     return budget
@@ -280,18 +295,27 @@ def _model_file(model: ModelSection) -> ModelFile:
         raise ConfigError(f"'model.export': {err}") from None
 
 
-def _export_overrides(value) -> Tuple[Tuple[str, Any], ...]:
+def _export_overrides(value) -> tuple[tuple[str, Any], ...]:
     if value is None:
         return ()
     if not isinstance(value, Mapping):
-        raise ConfigError(f"'model.export' must be a mapping of export fields (e.g. {{spec_tokens: 4}}), got "
-                          f"{value!r}")
+        raise ConfigError(f"'model.export' must be a mapping of export fields (e.g. {{spec_tokens: 4}}), got {value!r}")
     return tuple((str(k), tuple(v) if isinstance(v, list) else v) for k, v in value.items())
 
 
 def _model_section(base: str, data: Mapping, num_ranks: int) -> ModelSection:
-    known = ("config", "checkpoint", "graphs", "tokenizer", "chat_template", "chat_message", "tensor_parallel",
-             "generation_config", "tool_call_parser", "export")
+    known = (
+        "config",
+        "checkpoint",
+        "graphs",
+        "tokenizer",
+        "chat_template",
+        "chat_message",
+        "tensor_parallel",
+        "generation_config",
+        "tool_call_parser",
+        "export",
+    )
     _reject_unknown("model", data, known)
     if "config" not in data:
         raise ConfigError("'model.config' is missing; point it at the model YAML (sections model: and export:)")
@@ -301,40 +325,54 @@ def _model_section(base: str, data: Mapping, num_ranks: int) -> ModelSection:
     if not isinstance(graphs, list) or not graphs:
         raise ConfigError(f"'model.graphs' must list one exported-graph directory per rank, got {graphs!r}")
     if len(graphs) not in (1, num_ranks):
-        raise ConfigError(f"'model.graphs' lists {len(graphs)} directories but 'agents.device_ids' has {num_ranks} "
-                          f"ranks; give one directory, or one per rank")
+        raise ConfigError(
+            f"'model.graphs' lists {len(graphs)} directories but 'agents.device_ids' has {num_ranks} "
+            f"ranks; give one directory, or one per rank"
+        )
     tp = data.get("tensor_parallel", len(graphs))
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise ConfigError(f"'model.tensor_parallel' must be an int >= 1, got {tp!r}")
     if tp > 1 and not len(graphs) == tp == num_ranks:
-        raise ConfigError(f"'model.tensor_parallel' is {tp}: list one graph directory per rank in 'model.graphs' "
-                          f"(has {len(graphs)}) and one device per rank in 'agents.device_ids' (has {num_ranks})")
+        raise ConfigError(
+            f"'model.tensor_parallel' is {tp}: list one graph directory per rank in 'model.graphs' "
+            f"(has {len(graphs)}) and one device per rank in 'agents.device_ids' (has {num_ranks})"
+        )
     checkpoint = data.get("checkpoint")
     tokenizer = _path(base, "model", "tokenizer", data.get("tokenizer"))
     template, message = _chat_template(base, data.get("chat_template"), data.get("chat_message"))
     generation_config, defaults = _generation_config(base, data.get("generation_config"), tokenizer)
     parser = data.get("tool_call_parser")
     if parser is not None and parser not in TOOL_CALL_PARSERS:
-        raise ConfigError(f"'model.tool_call_parser' must be one of {list(TOOL_CALL_PARSERS)} or null (the chat "
-                          f"template's), got {parser!r}")
+        raise ConfigError(
+            f"'model.tool_call_parser' must be one of {list(TOOL_CALL_PARSERS)} or null (the chat "
+            f"template's), got {parser!r}"
+        )
     return ModelSection(
         config=_path(base, "model", "config", data["config"]),
         checkpoint=_path(base, "model", "checkpoint", checkpoint) if checkpoint is not None else None,
         graphs=tuple(_path(base, "model", "graphs", g, must_exist=False) for g in graphs),
-        tokenizer=tokenizer, chat_template=template, chat_message=message, tensor_parallel=tp,
-        generation_config=generation_config, generation_defaults=defaults, tool_call_parser=parser,
-        export=_export_overrides(data.get("export")))
+        tokenizer=tokenizer,
+        chat_template=template,
+        chat_message=message,
+        tensor_parallel=tp,
+        generation_config=generation_config,
+        generation_defaults=defaults,
+        tool_call_parser=parser,
+        export=_export_overrides(data.get("export")),
+    )
 
 
-def _chat_template(base: str, value, message) -> Tuple[Optional[str], Optional[str]]:
+def _chat_template(base: str, value, message) -> tuple[str | None, str | None]:
     """(template text, chat_message) of `model.chat_template`: a Jinja file or inline Jinja, or the old Python
     format string with {messages} (then with chat_message, by default LEGACY_CHAT_MESSAGE)."""
     if message is not None and not isinstance(message, str):
         raise ConfigError(f"'model.chat_message' must be a string, got {message!r}")
     if value is None:
         if message is not None:
-            raise ConfigError("'model.chat_message' goes with an old-style 'model.chat_template' (a format string "
-                              "with {messages}); remove it, or give that template")
+            raise ConfigError(
+                "'model.chat_message' goes with an old-style 'model.chat_template' (a format string "
+                "with {messages}); remove it, or give that template"
+            )
         return None, None
     if not isinstance(value, str) or not value:
         raise ConfigError(f"'model.chat_template' must be a template file or a template, got {value!r}")
@@ -342,8 +380,10 @@ def _chat_template(base: str, value, message) -> Tuple[Optional[str], Optional[s
     if not is_jinja and "{messages}" in value:
         return value, message if message is not None else LEGACY_CHAT_MESSAGE
     if message is not None:
-        raise ConfigError("'model.chat_message' goes only with an old-style 'model.chat_template' (a format string "
-                          "with {messages}); a Jinja template renders the messages itself: remove chat_message")
+        raise ConfigError(
+            "'model.chat_message' goes only with an old-style 'model.chat_template' (a format string "
+            "with {messages}); a Jinja template renders the messages itself: remove chat_message"
+        )
     where = "model.chat_template"
     if not is_jinja:
         path = _path(base, "model", "chat_template", value)
@@ -360,7 +400,7 @@ def _chat_template(base: str, value, message) -> Tuple[Optional[str], Optional[s
     return value, None
 
 
-def _generation_config(base: str, value, tokenizer: str) -> Tuple[Optional[str], GenerationDefaults]:
+def _generation_config(base: str, value, tokenizer: str) -> tuple[str | None, GenerationDefaults]:
     """The generation_config.json of the model (named, or next to the tokenizer) and its defaults."""
     if value is None:
         directory = tokenizer if os.path.isdir(tokenizer) else os.path.dirname(tokenizer)
@@ -384,57 +424,85 @@ def _generation_config(base: str, value, tokenizer: str) -> Tuple[Optional[str],
 def _agent_section(data: Mapping) -> AgentSection:
     _reject_unknown("agents", data, [f.name for f in fields(AgentSection)])
     device_type = data.get("device_type")
-    if device_type is not None and (not isinstance(device_type, str)
-                                    or device_type.lower() not in ("cpu", "gpu", "ascend", "none")):
+    if device_type is not None and (
+        not isinstance(device_type, str) or device_type.lower() not in ("cpu", "gpu", "ascend", "none")
+    ):
         raise ConfigError(f"'agents.device_type' must be CPU, GPU, Ascend or null, got {device_type!r}")
     ids = data.get("device_ids", [0])
     if isinstance(ids, int) and not isinstance(ids, bool):
         ids = [ids]
-    if not isinstance(ids, list) or not ids or any(isinstance(i, bool) or not isinstance(i, int) or i < 0
-                                                   for i in ids):
+    if not isinstance(ids, list) or not ids or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
         raise ConfigError(f"'agents.device_ids' must be a non-empty list of ints >= 0, got {ids!r}")
     host = data.get("host", "127.0.0.1")
     if not isinstance(host, str) or not host:
         raise ConfigError(f"'agents.host' must be an address string, got {host!r}")
     port = data.get("start_port", 0)
     if isinstance(port, bool) or not isinstance(port, int) or not (port == 0 or 1 <= port <= 65535 - len(ids)):
-        raise ConfigError(f"'agents.start_port' must be 0 (free ports) or a port in [1, {65535 - len(ids)}], got {port!r}")
+        raise ConfigError(
+            f"'agents.start_port' must be 0 (free ports) or a port in [1, {65535 - len(ids)}], got {port!r}"
+        )
     rank_hosts = data.get("rank_hosts")
     if rank_hosts is not None:
-        if (not isinstance(rank_hosts, list) or len(rank_hosts) != len(ids)
-                or any(not isinstance(h, str) or not h for h in rank_hosts)):
+        if (
+            not isinstance(rank_hosts, list)
+            or len(rank_hosts) != len(ids)
+            or any(not isinstance(h, str) or not h for h in rank_hosts)
+        ):
             raise ConfigError(f"'agents.rank_hosts' must list one host per rank ({len(ids)}), got {rank_hosts!r}")
         if set(rank_hosts) != {host} and not port:
-            raise ConfigError("'agents.rank_hosts' puts ranks on other hosts: set 'agents.start_port' (the worker "
-                              "must know where they listen) and 'agents.scheduler_address'")
+            raise ConfigError(
+                "'agents.rank_hosts' puts ranks on other hosts: set 'agents.start_port' (the worker "
+                "must know where they listen) and 'agents.scheduler_address'"
+            )
         rank_hosts = tuple(rank_hosts)
     scheduler = data.get("scheduler_address")
     if scheduler is not None:
         name, sep, sched_port = str(scheduler).rpartition(":")
-        if not isinstance(scheduler, str) or not sep or not name or not sched_port.isdigit() \
-                or not 1 <= int(sched_port) <= 65535:
+        if (
+            not isinstance(scheduler, str)
+            or not sep
+            or not name
+            or not sched_port.isdigit()
+            or not 1 <= int(sched_port) <= 65535
+        ):
             raise ConfigError(f"'agents.scheduler_address' must be host:port, got {scheduler!r}")
     elif rank_hosts is not None and set(rank_hosts) != {host}:
-        raise ConfigError("'agents.rank_hosts' puts ranks on other hosts: set 'agents.scheduler_address' "
-                          "(host:port of the cluster scheduler, on the host of rank 0) for them to join")
+        raise ConfigError(
+            "'agents.rank_hosts' puts ranks on other hosts: set 'agents.scheduler_address' "
+            "(host:port of the cluster scheduler, on the host of rank 0) for them to join"
+        )
     interval = data.get("heartbeat_interval", 1.0)
     if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0:
         raise ConfigError(f"'agents.heartbeat_interval' must be a number of seconds > 0, got {interval!r}")
     misses = data.get("heartbeat_misses", 3)
     if isinstance(misses, bool) or not isinstance(misses, int) or misses < 1:
         raise ConfigError(f"'agents.heartbeat_misses' must be an int >= 1, got {misses!r}")
-    return AgentSection(device_type, tuple(ids), host, port, _cpu_affinity(data.get("cpu_affinity"), len(ids)),
-                        rank_hosts, scheduler, float(interval), misses)
+    return AgentSection(
+        device_type,
+        tuple(ids),
+        host,
+        port,
+        _cpu_affinity(data.get("cpu_affinity"), len(ids)),
+        rank_hosts,
+        scheduler,
+        float(interval),
+        misses,
+    )
 
 
 def _cpu_affinity(value, num_ranks: int):
     if value is None or value == "auto":
         return value
-    if (not isinstance(value, list) or len(value) != num_ranks
-            or any(not isinstance(cores, list) or not cores for cores in value)
-            or any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for cores in value for c in cores)):
-        raise ConfigError(f"'agents.cpu_affinity' must be null, auto, or one non-empty list of core ids >= 0 per "
-                          f"rank ({num_ranks} rank(s)), got {value!r}")
+    if (
+        not isinstance(value, list)
+        or len(value) != num_ranks
+        or any(not isinstance(cores, list) or not cores for cores in value)
+        or any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for cores in value for c in cores)
+    ):
+        raise ConfigError(
+            f"'agents.cpu_affinity' must be null, auto, or one non-empty list of core ids >= 0 per "
+            f"rank ({num_ranks} rank(s)), got {value!r}"
+        )
     return tuple(tuple(cores) for cores in value)
 
 
@@ -445,21 +513,26 @@ def _check_speculative(scheduler: SchedulerConfig, spec_tokens: int, graphs_dir:
         return
     wanted = scheduler.speculative.num_speculative_tokens
     if spec_tokens < wanted:
-        raise ConfigError(f"'engine.speculative.num_speculative_tokens' is {wanted} but the graphs' "
-                          f"export.spec_tokens is {spec_tokens}: set 'model.export: {{spec_tokens: {wanted}}}' (or "
-                          f"lower num_speculative_tokens) and re-export the graphs")
+        raise ConfigError(
+            f"'engine.speculative.num_speculative_tokens' is {wanted} but the graphs' "
+            f"export.spec_tokens is {spec_tokens}: set 'model.export: {{spec_tokens: {wanted}}}' (or "
+            f"lower num_speculative_tokens) and re-export the graphs"
+        )
     if not check_graphs:
         return
     try:
         manifest = read_manifest(graphs_dir)
     except (OSError, ValueError) as err:
-        raise ConfigError(f"'model.graphs': cannot read the manifest of {os.path.basename(graphs_dir)}: "
-                          f"{err}") from None
+        raise ConfigError(
+            f"'model.graphs': cannot read the manifest of {os.path.basename(graphs_dir)}: {err}"
+        ) from None
     exported = (manifest or {}).get("spec_tokens", 0)
     if manifest is not None and exported < wanted:
-        raise ConfigError(f"'engine.speculative.num_speculative_tokens' is {wanted} but the graphs in {graphs_dir} "
-                          f"were exported with export.spec_tokens {exported}: re-export them (python "
-                          f"servables/export_models.py, or models/llama/export.py) with export.spec_tokens >= {wanted}")
+        raise ConfigError(
+            f"'engine.speculative.num_speculative_tokens' is {wanted} but the graphs in {graphs_dir} "
+            f"were exported with export.spec_tokens {exported}: re-export them (python "
+            f"servables/export_models.py, or models/llama/export.py) with export.spec_tokens >= {wanted}"
+        )
 
 
 def _engine_section(data: Mapping, max_seq_len: int, block_size: int, graphs_dir: str):
@@ -468,12 +541,15 @@ def _engine_section(data: Mapping, max_seq_len: int, block_size: int, graphs_dir
     kwargs = {k: v for k, v in data.items() if k not in _ENGINE_EXTRA}
     kwargs.setdefault("max_model_len", max_seq_len)
     if kwargs.get("block_size", block_size) != block_size:
-        raise ConfigError(f"'engine.block_size' is {kwargs['block_size']} but the graphs were exported with "
-                          f"block_size {block_size}; remove engine.block_size or re-export")
+        raise ConfigError(
+            f"'engine.block_size' is {kwargs['block_size']} but the graphs were exported with "
+            f"block_size {block_size}; remove engine.block_size or re-export"
+        )
     kwargs["block_size"] = block_size
     if kwargs["max_model_len"] > max_seq_len:
-        raise ConfigError(f"'engine.max_model_len' {kwargs['max_model_len']} exceeds the model's max_seq_len "
-                          f"{max_seq_len}; lower it")
+        raise ConfigError(
+            f"'engine.max_model_len' {kwargs['max_model_len']} exceeds the model's max_seq_len {max_seq_len}; lower it"
+        )
     kv_cache = _kv_cache(data, kwargs, graphs_dir)
     try:
         scheduler = SchedulerConfig(**kwargs)
@@ -509,9 +585,13 @@ def load_serving_config(path: str, check_graphs: bool = True) -> LlmServingConfi
     agents = _agent_section(_section(data, "agents", required=False))
     model = _model_section(base, _section(data, "model"), agents.num_ranks)
     model_file = _model_file(model)
-    engine, queue, seconds, kv_cache = _engine_section(_section(data, "engine", required=False),
-                                                       model_file.model.max_seq_len, model_file.export.block_size,
-                                                       model.graphs[0])
+    engine, queue, seconds, kv_cache = _engine_section(
+        _section(data, "engine", required=False),
+        model_file.model.max_seq_len,
+        model_file.export.block_size,
+        model.graphs[0],
+    )
     _check_speculative(engine, model_file.export.spec_tokens, model.graphs[0], check_graphs)
-    return LlmServingConfig(path, model, engine, agents, queue, seconds["request_timeout"], dict(data),
-                            seconds["stats_interval"], kv_cache)
+    return LlmServingConfig(
+        path, model, engine, agents, queue, seconds["request_timeout"], dict(data), seconds["stats_interval"], kv_cache
+    )

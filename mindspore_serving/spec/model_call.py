@@ -3,16 +3,17 @@
 The worker runtime installs the function that really runs a model with `set_model_call_handler`; the
 register DSL reads it. Neither imports the other.
 """
-from typing import Callable, List, Optional, Tuple
+
+from collections.abc import Callable
 
 import numpy as np
 
 # fn(model_key, subgraph, instances) -> one tuple of outputs per instance
-ModelCallHandler = Callable[[str, int, List[Tuple[np.ndarray, ...]]], List[Tuple[np.ndarray, ...]]]
-_model_call_handler: Optional[ModelCallHandler] = None
+ModelCallHandler = Callable[[str, int, list[tuple[np.ndarray, ...]]], list[tuple[np.ndarray, ...]]]
+_model_call_handler: ModelCallHandler | None = None
 
 
-def set_model_call_handler(handler: Optional[ModelCallHandler]):
+def set_model_call_handler(handler: ModelCallHandler | None):
     """Installs (or, with None, removes) the function that runs `Model.call` requests.
 
     `handler(model_key, subgraph, instances)` gets a list with one tuple of numpy arrays per instance and
@@ -23,7 +24,7 @@ def set_model_call_handler(handler: Optional[ModelCallHandler]):
     _model_call_handler = handler
 
 
-def get_model_call_handler() -> Optional[ModelCallHandler]:
+def get_model_call_handler() -> ModelCallHandler | None:
     return _model_call_handler
 
 

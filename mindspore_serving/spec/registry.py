@@ -3,20 +3,20 @@
 A worker imports one `servable_config.py`; the declarations land in a `ServableSpec` keyed by the
 servable name, which is the name of the directory holding that file.
 """
+
 import os
 import sys
-from typing import Dict, Optional, Tuple
 
 from mindspore_serving.spec.servable import ServableSpec
 
 SERVABLE_CONFIG_FILE = "servable_config.py"
 
-_servables: Dict[str, ServableSpec] = {}
+_servables: dict[str, ServableSpec] = {}
 # "<servable>.<function name>" -> (inputs count, outputs count, batch_size enabled)
-_stage_functions: Dict[str, Tuple[int, int, bool]] = {}
+_stage_functions: dict[str, tuple[int, int, bool]] = {}
 
 
-def get_servable_spec(name: str) -> Optional[ServableSpec]:
+def get_servable_spec(name: str) -> ServableSpec | None:
     """The declarations of servable `name`, or None when its servable_config.py declared nothing."""
     return _servables.get(name)
 
@@ -34,7 +34,7 @@ def reset_registry():
     _stage_functions.clear()
 
 
-def stage_function_info(key: str) -> Optional[Tuple[int, int, bool]]:
+def stage_function_info(key: str) -> tuple[int, int, bool] | None:
     return _stage_functions.get(key)
 
 
@@ -42,7 +42,7 @@ def set_stage_function_info(key: str, inputs_count: int, outputs_count: int, bat
     _stage_functions[key] = (inputs_count, outputs_count, batch_enabled)
 
 
-def servable_location() -> Tuple[str, str]:
+def servable_location() -> tuple[str, str]:
     """(servable directory, servable name) of the servable_config.py found on the call stack.
 
     For `<servable_directory>/<servable_name>/servable_config.py` the name is `<servable_name>`.

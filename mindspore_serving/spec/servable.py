@@ -4,8 +4,10 @@ The register DSL (`declare_model`, `register_method`, `add_stage`) fills these o
 when a worker imports `servable_config.py`; the worker then executes them. Stage index 0
 stands for the method's inputs; stages added with `add_stage` are numbered from 1.
 """
+
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any
 
 STAGE_FUNCTION = "function"
 STAGE_MODEL = "model"
@@ -18,6 +20,7 @@ BUILTIN_STAGE_NAMES = ("argmax_cpp",)
 @dataclass(frozen=True)
 class TensorRef:
     """One value inside a method: output `output_index` of stage `stage_index` (0 = method inputs)."""
+
     stage_index: int
     output_index: int
 
@@ -25,25 +28,26 @@ class TensorRef:
 @dataclass
 class ModelSpec:
     """One `declare_model` call; several files form one model with several subgraphs."""
+
     model_key: str
-    model_files: Tuple[str, ...]
+    model_files: tuple[str, ...]
     model_format: str
     with_batch_dim: bool = True
-    without_batch_dim_inputs: Tuple[int, ...] = ()
+    without_batch_dim_inputs: tuple[int, ...] = ()
     context: Any = None
-    config_file: Optional[str] = None
+    config_file: str | None = None
     # subgraph index -> (inputs count, outputs count), as used by add_stage / Model.call registration
-    io_counts: Dict[int, Tuple[int, int]] = field(default_factory=dict)
+    io_counts: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass
 class StageSpec:
     kind: str
     tag: str
-    inputs: List[TensorRef]
+    inputs: list[TensorRef]
     outputs_count: int
-    batch_size: Optional[int] = None
-    function: Optional[Callable] = None
+    batch_size: int | None = None
+    function: Callable | None = None
     function_key: str = ""
     model_key: str = ""
     subgraph: int = 0
@@ -53,10 +57,10 @@ class StageSpec:
 @dataclass
 class MethodSpec:
     name: str
-    input_names: List[str]
-    output_names: List[str] = field(default_factory=list)
-    stages: List[StageSpec] = field(default_factory=list)
-    outputs: List[TensorRef] = field(default_factory=list)
+    input_names: list[str]
+    output_names: list[str] = field(default_factory=list)
+    stages: list[StageSpec] = field(default_factory=list)
+    outputs: list[TensorRef] = field(default_factory=list)
 
     @property
     def only_model_stage(self) -> bool:
@@ -66,6 +70,7 @@ class MethodSpec:
 @dataclass(frozen=True)
 class DistributedSpec:
     """`server.distributed.declare_servable`: the model (keyed by the servable name) runs on rank agents."""
+
     rank_size: int
     stage_size: int
     enable_pipeline_infer: bool = False
@@ -74,12 +79,12 @@ class DistributedSpec:
 @dataclass
 class ServableSpec:
     name: str
-    models: Dict[str, ModelSpec] = field(default_factory=dict)
-    methods: Dict[str, MethodSpec] = field(default_factory=dict)
+    models: dict[str, ModelSpec] = field(default_factory=dict)
+    methods: dict[str, MethodSpec] = field(default_factory=dict)
     # set by declarations that hand the servable to another runtime (e.g. an LLM engine)
     extension: Any = None
     # set by server.distributed.declare_servable; declare_model then refuses to declare models
     distributed: bool = False
-    distributed_spec: Optional[DistributedSpec] = None
+    distributed_spec: DistributedSpec | None = None
     # set by register.enable_warmup(generate=True): methods without a warm-up file are warmed up with zeros
     warmup_generate: bool = False

@@ -11,27 +11,28 @@ One caller at a time leads: it runs batches for the whole queue until its own ro
 to the oldest waiting call (whose thread wakes and goes on) or, with none waiting, leaves. So the graph never
 idles while rows wait, no thread polls, and a call waits for at most the runs ahead of it plus its own.
 """
+
 import collections
 import threading
-from typing import Callable, Deque, List, Optional
+from collections.abc import Callable
 
 import numpy as np
 
-RunBatch = Callable[[List[np.ndarray], int], List[np.ndarray]]
+RunBatch = Callable[[list[np.ndarray], int], list[np.ndarray]]
 """(inputs padded to a full batch, rows that are real) -> the graph's outputs, batch first."""
 
 
 class _Call:
     __slots__ = ("inputs", "count", "taken", "outputs", "done_rows", "error", "wake", "lead")
 
-    def __init__(self, inputs: List[np.ndarray]):
+    def __init__(self, inputs: list[np.ndarray]):
         self.inputs = inputs
         self.count = len(inputs[0])
-        self.taken = 0                       # rows handed to runs so far
-        self.outputs: List[list] = []        # per run that served it: (offset in the call, output arrays)
+        self.taken = 0  # rows handed to runs so far
+        self.outputs: list[list] = []  # per run that served it: (offset in the call, output arrays)
         self.done_rows = 0
-        self.error: Optional[BaseException] = None
-        self.wake = threading.Event()        # its rows are done, or it leads now
+        self.error: BaseException | None = None
+        self.wake = threading.Event()  # its rows are done, or it leads now
         self.lead = False
 
     @property
@@ -44,10 +45,10 @@ class BatchCombiner:
         self.run_batch = run_batch
         self.batch_size = batch_size
         self._lock = threading.Lock()
-        self._queue: Deque[_Call] = collections.deque()  # calls with rows not yet taken by a run
+        self._queue: collections.deque[_Call] = collections.deque()  # calls with rows not yet taken by a run
         self._leading = False
 
-    def run(self, inputs: List[np.ndarray]) -> List[np.ndarray]:
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """The outputs of the call's rows (`inputs`: arrays of the same length, batch first), batch first.
         Raises what the graph raised on a run that held some of its rows."""
         call = _Call(inputs)
@@ -76,7 +77,7 @@ class BatchCombiner:
                 parts = self._take()
             self._run(parts)
 
-    def _take(self) -> List[tuple]:
+    def _take(self) -> list[tuple]:
         """Up to a batch of rows from the head of the queue: [(call, first row, rows)] (under the lock)."""
         parts, room = [], self.batch_size
         while self._queue and room:
@@ -89,10 +90,12 @@ class BatchCombiner:
                 self._queue.popleft()
         return parts
 
-    def _run(self, parts: List[tuple]):
+    def _run(self, parts: list[tuple]):
         count = sum(rows for _, _, rows in parts)
-        inputs = [_batch([call.inputs[index][start:start + rows] for call, start, rows in parts], self.batch_size)
-                  for index in range(len(parts[0][0].inputs))]
+        inputs = [
+            _batch([call.inputs[index][start : start + rows] for call, start, rows in parts], self.batch_size)
+            for index in range(len(parts[0][0].inputs))
+        ]
         try:
             outputs = self.run_batch(inputs, count)
         except BaseException as err:  # pylint: disable=broad-except
@@ -108,7 +111,7 @@ class BatchCombiner:
         finished = []
         with self._lock:
             for call, start, rows in parts:
-                call.outputs.append((start, [output[offset:offset + rows] for output in outputs]))
+                call.outputs.append((start, [output[offset : offset + rows] for output in outputs]))
                 offset += rows
                 call.done_rows += rows
                 if call.finished:
@@ -117,7 +120,7 @@ class BatchCombiner:
             call.wake.set()
 
 
-def _result(call: _Call) -> List[np.ndarray]:
+def _result(call: _Call) -> list[np.ndarray]:
     if call.error is not None:
         raise call.error
     pieces = sorted(call.outputs, key=lambda piece: piece[0])
@@ -126,7 +129,7 @@ def _result(call: _Call) -> List[np.ndarray]:
     return [np.concatenate([arrays[index] for _, arrays in pieces]) for index in range(len(pieces[0][1]))]
 
 
-def _batch(pieces: List[np.ndarray], batch_size: int) -> np.ndarray:
+def _batch(pieces: list[np.ndarray], batch_size: int) -> np.ndarray:
     """The rows of `pieces`, in order, padded to `batch_size` with copies of the first row; contiguous."""
     count = sum(len(piece) for piece in pieces)
     if len(pieces) == 1 and count == batch_size:
@@ -135,7 +138,7 @@ def _batch(pieces: List[np.ndarray], batch_size: int) -> np.ndarray:
     batch = np.empty((batch_size,) + first.shape[1:], first.dtype)
     offset = 0
     for piece in pieces:
-        batch[offset:offset + len(piece)] = piece
+        batch[offset : offset + len(piece)] = piece
         offset += len(piece)
     batch[offset:] = first[0]
     return batch

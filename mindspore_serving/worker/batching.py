@@ -3,19 +3,21 @@
 A batch closes when it is full, when nothing more is expected (no fixed wait for a lone
 request), or when the batch wait expires while more instances are still on their way.
 """
+
 import queue
 import threading
 import time
-from typing import Callable, List, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 SENTINEL = object()  # ends a batch loop
-WAKE = object()      # re-evaluates whether more instances are expected
+WAKE = object()  # re-evaluates whether more instances are expected
 
 
-def collect_batch(source: "queue.Queue", max_size: int, max_wait: float,
-                  more_expected: Callable[[], bool] = lambda: False) -> Optional[list]:
+def collect_batch(
+    source: "queue.Queue", max_size: int, max_wait: float, more_expected: Callable[[], bool] = lambda: False
+) -> list | None:
     """Takes up to `max_size` items from `source`; returns None when the sentinel arrives first.
 
     Blocks for the first item, then takes whatever is queued. When the batch is not full it waits
@@ -76,8 +78,9 @@ class ExpectedCounter:
         return self._count > 0
 
 
-def merge_inputs(instances: Sequence[Sequence[np.ndarray]], batch_size: int,
-                 no_batch_inputs: Sequence[int] = ()) -> List[np.ndarray]:
+def merge_inputs(
+    instances: Sequence[Sequence[np.ndarray]], batch_size: int, no_batch_inputs: Sequence[int] = ()
+) -> list[np.ndarray]:
     """Stacks per-instance inputs along a new first dimension of `batch_size`.
 
     Empty slots are padded with copies of instance 0; inputs without a batch dimension are taken
@@ -101,7 +104,7 @@ def merge_inputs(instances: Sequence[Sequence[np.ndarray]], batch_size: int,
     return merged
 
 
-def split_outputs(outputs: Sequence[np.ndarray], count: int) -> List[tuple]:
+def split_outputs(outputs: Sequence[np.ndarray], count: int) -> list[tuple]:
     """Splits batched outputs (checked: ModelExecutor's run) along dimension 0 into `count` per-instance output
     tuples."""
     return [tuple(np.ascontiguousarray(output[slot]) for output in outputs) for slot in range(count)]

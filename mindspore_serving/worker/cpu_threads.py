@@ -10,23 +10,27 @@ MindSpore's default of 25 threads (whatever the machine) on every core.
 
 Only on CPU.
 """
-from typing import Iterable, List, Optional, Set, Tuple
+
+from collections.abc import Iterable
 
 from mindspore_serving import log
 from mindspore_serving.common.cpu_affinity import allowed_cpus, bind_threads
 
 
-def declared_thread_num(model_specs: Iterable) -> Optional[int]:
+def declared_thread_num(model_specs: Iterable) -> int | None:
     """The largest `thread_num` of the models' contexts, or None when no model sets one."""
-    found = [spec.context.model_context.thread_num for spec in model_specs
-             if spec.context is not None and (getattr(spec.context.model_context, "thread_num", 0) or 0) > 0]
+    found = [
+        spec.context.model_context.thread_num
+        for spec in model_specs
+        if spec.context is not None and (getattr(spec.context.model_context, "thread_num", 0) or 0) > 0
+    ]
     return max(found) if found else None  # an unset thread_num is -1
 
 
-def declared_cores(model_specs: Iterable) -> Optional[List[int]]:
+def declared_cores(model_specs: Iterable) -> list[int] | None:
     """The cores the models' contexts bind them to (the union of their thread_affinity_core_list), sorted; None
     when no model sets one."""
-    cores: Set[int] = set()
+    cores: set[int] = set()
     for spec in model_specs:
         if spec.context is not None:
             cores.update(getattr(spec.context.model_context, "thread_affinity_core_list", None) or ())
@@ -42,14 +46,17 @@ def apply_cpu_affinity(model_specs: Iterable, servable_name: str):
     allowed = allowed_cpus()
     missing = [core for core in cores if core not in allowed]
     if missing:
-        raise RuntimeError(f"servable {servable_name}: thread_affinity_core_list {cores} names core(s) "
-                           f"{missing} this worker cannot run on (its cores: {allowed})")
+        raise RuntimeError(
+            f"servable {servable_name}: thread_affinity_core_list {cores} names core(s) "
+            f"{missing} this worker cannot run on (its cores: {allowed})"
+        )
     bind_threads(cores)
-    log.info(f"servable {servable_name}: worker bound to CPU core(s) {cores} (register.Context("
-             f"thread_affinity_core_list))")
+    log.info(
+        f"servable {servable_name}: worker bound to CPU core(s) {cores} (register.Context(thread_affinity_core_list))"
+    )
 
 
-def choose_cpu_threads(model_specs: Iterable) -> Tuple[int, str]:
+def choose_cpu_threads(model_specs: Iterable) -> tuple[int, str]:
     """(thread count, where it comes from)."""
     declared = declared_thread_num(model_specs)
     if declared is not None:
@@ -60,6 +67,7 @@ def choose_cpu_threads(model_specs: Iterable) -> Tuple[int, str]:
 def apply_cpu_threads(model_specs: Iterable, servable_name: str):
     """Sets MindSpore's CPU kernel threads for this process (once; MindSpore refuses a second setting)."""
     import mindspore as ms  # lazy: only a worker that loads models on CPU gets here
+
     count, source = choose_cpu_threads(model_specs)
     try:
         ms.device_context.cpu.op_tuning.threads_num(count)

@@ -12,8 +12,10 @@ general path accepts them); otherwise, or when the graph fails, the call takes t
 (MethodRunner), which gives each instance its own answer or error text. Only on CPU: a device context may be
 bound to the thread of the model's executor.
 """
+
 import sys
-from typing import List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 import numpy as np
 
@@ -50,12 +52,16 @@ class DirectBatch:
         if not isinstance(executor, ModelExecutor) or len(method.stages) != 1 or sys.byteorder != "little":
             return False
         stage, model = method.stages[0], executor.model
-        return (getattr(model, "device_target", "CPU") == "CPU" and not executor.no_batch_inputs
-                and len(stage.inputs) == executor.inputs_count and all(ref.stage_index == 0 for ref in stage.inputs)
-                and all(ref.stage_index == 1 for ref in method.outputs)
-                and all(info.is_static and np.dtype(info.dtype) in NUMPY_TO_PROTO for info in executor.instance_infos))
+        return (
+            getattr(model, "device_target", "CPU") == "CPU"
+            and not executor.no_batch_inputs
+            and len(stage.inputs) == executor.inputs_count
+            and all(ref.stage_index == 0 for ref in stage.inputs)
+            and all(ref.stage_index == 1 for ref in method.outputs)
+            and all(info.is_static and np.dtype(info.dtype) in NUMPY_TO_PROTO for info in executor.instance_infos)
+        )
 
-    def _inputs(self, instances_pb: Sequence) -> Optional[List[np.ndarray]]:
+    def _inputs(self, instances_pb: Sequence) -> list[np.ndarray] | None:
         """The model inputs of all instances, batch first; None when one instance does not feed the model exactly."""
         count, arrays = len(instances_pb), []
         for name, info, code in zip(self.input_names, self.infos, self.codes):
@@ -71,7 +77,7 @@ class DirectBatch:
             arrays.append(np.frombuffer(b"".join(parts), info.dtype).reshape((count,) + tuple(info.shape)))
         return arrays
 
-    def run(self, instances_pb: Sequence) -> Optional[list]:
+    def run(self, instances_pb: Sequence) -> list | None:
         """Per instance a dict of output name -> value, as MethodRunner answers; None: take the general path."""
         inputs = self._inputs(instances_pb)
         if inputs is None:
@@ -79,19 +85,20 @@ class DirectBatch:
         try:
             return self._run_batches(inputs) if self.batched else self._run_each(inputs)
         except Exception as err:  # the general path runs it again and words the error per instance
-            log.warning(f"model {self.executor.model.spec.model_key} failed on the direct path, the call takes the "
-                        f"general path: {err}")
+            log.warning(
+                f"model {self.executor.model.spec.model_key} failed on the direct path, the call takes the "
+                f"general path: {err}"
+            )
             return None
 
-    def _run_batches(self, inputs: List[np.ndarray]) -> list:
+    def _run_batches(self, inputs: list[np.ndarray]) -> list:
         # full batches, shared with the calls of other connections that wait for the graph (batch_combiner.py)
         outputs = self.executor.combiner.run(inputs)
         return [{name: row[index] for name, index in self.outputs} for row in split_outputs(outputs, len(inputs[0]))]
 
-    def _run_each(self, inputs: List[np.ndarray]) -> list:
+    def _run_each(self, inputs: list[np.ndarray]) -> list:
         answers = []
         for slot in range(len(inputs[0])):
             outputs = self.executor.run_instance([array[slot] for array in inputs])
             answers.append({name: outputs[index] for name, index in self.outputs})
         return answers
-

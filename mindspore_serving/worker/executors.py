@@ -1,10 +1,11 @@
 """Threads that run batches: one per model subgraph and one per batched Python stage."""
+
 import queue
 import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
@@ -28,7 +29,7 @@ class _BatchLoop:
     def __init__(self, name: str, batch_size: int, max_wait: float):
         self.batch_size = max(1, batch_size)
         self.max_wait = max_wait
-        self.queue: "queue.Queue" = queue.Queue()
+        self.queue: queue.Queue = queue.Queue()
         self.expected = ExpectedCounter(self.queue)
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
@@ -51,7 +52,7 @@ class _BatchLoop:
                 return
             self._run(items)
 
-    def _run(self, items: List[_Item]):
+    def _run(self, items: list[_Item]):
         raise NotImplementedError
 
 
@@ -66,8 +67,9 @@ class ModelExecutor(_BatchLoop):
         self.no_batch_inputs = tuple(model.spec.without_batch_dim_inputs)
         self._graph_lock = threading.Lock()  # one graph call at a time, whichever thread makes it
         self.combiner = BatchCombiner(self.run_merged, model.batch_size)  # direct calls share batches through it
-        self.stats = WORKER_METRICS.model(model.spec.model_key if len(model.subgraphs) == 1
-                                          else f"{model.spec.model_key}:{subgraph}")
+        self.stats = WORKER_METRICS.model(
+            model.spec.model_key if len(model.subgraphs) == 1 else f"{model.spec.model_key}:{subgraph}"
+        )
         super().__init__(f"model-{model.spec.model_key}-{subgraph}", model.batch_size, max_wait)
         # A model whose batches hold one instance has nothing to wait for: the caller's thread runs it at once,
         # which saves two thread hand-offs per instance; instances still run one at a time, in submit order.
@@ -78,7 +80,7 @@ class ModelExecutor(_BatchLoop):
     def inputs_count(self) -> int:
         return len(self.instance_infos)
 
-    def check(self, inputs: Sequence) -> Optional[str]:
+    def check(self, inputs: Sequence) -> str | None:
         return check_model_inputs(inputs, self.instance_infos)
 
     def submit(self, inputs: tuple) -> Future:
@@ -89,17 +91,17 @@ class ModelExecutor(_BatchLoop):
         self._run([_Item(inputs, future)])
         return future
 
-    def _run(self, items: List[_Item]):
+    def _run(self, items: list[_Item]):
         with self._graph_lock:
             self._run_locked(items)
 
-    def run_merged(self, batch: List[np.ndarray], count: int) -> list:
+    def run_merged(self, batch: list[np.ndarray], count: int) -> list:
         """Runs inputs already merged into a full batch whose first `count` rows are instances (the others pad);
         the outputs, batch first. Raises what the graph raises."""
         with self._graph_lock:
             return self._run_batch(batch, count, time.perf_counter())
 
-    def run_instance(self, inputs: List[np.ndarray]) -> list:
+    def run_instance(self, inputs: list[np.ndarray]) -> list:
         """Runs one instance of a model without a batch dimension; its outputs. Raises what the graph raises."""
         with self._graph_lock:
             return self._run_one(inputs)
@@ -110,7 +112,7 @@ class ModelExecutor(_BatchLoop):
         self.stats.record(1, 0, time.perf_counter() - started)
         return outputs
 
-    def _run_batch(self, batch: List[np.ndarray], count: int, started: float) -> list:
+    def _run_batch(self, batch: list[np.ndarray], count: int, started: float) -> list:
         outputs = self.graph.run(batch)
         for output in outputs:
             if output.ndim == 0 or output.shape[0] < count:
@@ -118,13 +120,14 @@ class ModelExecutor(_BatchLoop):
         self.stats.record(count, self.batch_size - count, time.perf_counter() - started)
         return outputs
 
-    def _run_locked(self, items: List[_Item]):
+    def _run_locked(self, items: list[_Item]):
         started = time.perf_counter()
         try:
             instances = [shape_to_model(item.inputs, self.instance_infos) for item in items]
             if self.model.spec.with_batch_dim:
-                outputs = self._run_batch(merge_inputs(instances, self.batch_size, self.no_batch_inputs), len(items),
-                                          started)
+                outputs = self._run_batch(
+                    merge_inputs(instances, self.batch_size, self.no_batch_inputs), len(items), started
+                )
                 results = split_outputs(outputs, len(items))
             else:  # one graph call per instance
                 results = [tuple(self._run_one(instance)) for instance in instances]
@@ -137,7 +140,7 @@ class ModelExecutor(_BatchLoop):
             item.future.set_result(result)
 
 
-def run_batch_function(function: Callable, instances: List[tuple], outputs_count: int) -> list:
+def run_batch_function(function: Callable, instances: list[tuple], outputs_count: int) -> list:
     """Calls a batched Python stage; returns per instance either its output tuple or an exception.
 
     The function gets the list of input tuples and returns a list/tuple or yields one result per
@@ -146,7 +149,7 @@ def run_batch_function(function: Callable, instances: List[tuple], outputs_count
     """
     results: list = []
     while len(results) < len(instances):
-        pending = instances[len(results):]
+        pending = instances[len(results) :]
         try:
             produced = iter(function(pending))
         except Exception as err:
@@ -158,8 +161,10 @@ def run_batch_function(function: Callable, instances: List[tuple], outputs_count
                 output = next(produced)
             except StopIteration:
                 missing = len(instances) - len(results)
-                error = RuntimeError(f"the number of results returned is less than the number of instances, "
-                                     f"{missing} instance(s) got no result")
+                error = RuntimeError(
+                    f"the number of results returned is less than the number of instances, "
+                    f"{missing} instance(s) got no result"
+                )
                 results.extend([error] * missing)
                 break
             except Exception as err:
@@ -178,17 +183,18 @@ def run_batch_function(function: Callable, instances: List[tuple], outputs_count
 class FunctionBatcher(_BatchLoop):
     """Collects instances for a Python stage declared with `batch_size` and runs them in the stage pool."""
 
-    def __init__(self, name: str, function: Callable, batch_size: int, outputs_count: int,
-                 pool: Executor, max_wait: float):
+    def __init__(
+        self, name: str, function: Callable, batch_size: int, outputs_count: int, pool: Executor, max_wait: float
+    ):
         self.function = function
         self.outputs_count = outputs_count
         self.pool = pool
         super().__init__(f"stage-{name}", batch_size, max_wait)
 
-    def _run(self, items: List[_Item]):
+    def _run(self, items: list[_Item]):
         self.pool.submit(self._call, items)
 
-    def _call(self, items: List[_Item]):
+    def _call(self, items: list[_Item]):
         results = run_batch_function(self.function, [item.inputs for item in items], self.outputs_count)
         for item, result in zip(items, results):
             if isinstance(result, BaseException):

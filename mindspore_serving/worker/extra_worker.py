@@ -10,6 +10,7 @@ shapes, and its model stages and Model.call go through the master to a worker th
 As in MindSpore Serving, it loads the models itself, and then owns a device, when they run on CPU: device type
 "cpu", or device type None with no device_ids (the only workers of such a servable are extra workers).
 """
+
 from mindspore_serving.common.native_protobuf import prefer_native_protobuf
 
 prefer_native_protobuf()  # before protobuf is imported (see the module)
@@ -23,8 +24,7 @@ from mindspore_serving.ipc import shm_tensors  # noqa: E402
 from mindspore_serving.proto import internal_pb2  # noqa: E402
 from mindspore_serving.worker import process  # noqa: E402
 from mindspore_serving.worker.remote_model import RemoteModelExecutor, model_infos, remote_models  # noqa: E402
-from mindspore_serving.worker.servable_loader import (import_servable_config, load_servable,  # noqa: E402
-                                                      resolve_version)
+from mindspore_serving.worker.servable_loader import import_servable_config, load_servable, resolve_version  # noqa: E402
 from mindspore_serving.worker.servable_runtime import ServableRuntime  # noqa: E402
 
 GET_MODEL_INFO_TIMEOUT = 30.0
@@ -60,24 +60,42 @@ class ExtraWorker(process.Worker):
         spec = import_servable_config(args.servable_directory, args.servable_name)
         if spec is None or not spec.methods and spec.extension is None:
             raise RuntimeError("There is no method registered for servable")
-        if spec.extension is not None and args.device_ids_empty or \
-                spec.models and loads_models_itself(args.device_type, args.device_ids_empty):
+        if (
+            spec.extension is not None
+            and args.device_ids_empty
+            or spec.models
+            and loads_models_itself(args.device_type, args.device_ids_empty)
+        ):
             self.owns_models = True
             device_type = "cpu" if spec.extension is None and args.device_type.lower() == "none" else args.device_type
-            return load_servable(args.servable_directory, args.servable_name, args.version_number, device_type,
-                                 args.device_id, dec_key, args.dec_mode, on_fatal=self.fail,
-                                 socket_directory=self.socket_directory)
+            return load_servable(
+                args.servable_directory,
+                args.servable_name,
+                args.version_number,
+                device_type,
+                args.device_id,
+                dec_key,
+                args.dec_mode,
+                on_fatal=self.fail,
+                socket_directory=self.socket_directory,
+            )
         if spec.extension is not None:
             raise RuntimeError(f"servable {args.servable_name} is served by its device workers alone")
         version = resolve_version(args.servable_directory, args.servable_name, args.version_number, bool(spec.models))
         models = {}
         if spec.models:
-            reply = self.master.GetModelInfo(internal_pb2.GetModelInfoRequest(
-                servable_name=args.servable_name, version_number=version), timeout=GET_MODEL_INFO_TIMEOUT)
+            reply = self.master.GetModelInfo(
+                internal_pb2.GetModelInfoRequest(servable_name=args.servable_name, version_number=version),
+                timeout=GET_MODEL_INFO_TIMEOUT,
+            )
             models = remote_models(spec, reply)
-        make_executor = functools.partial(RemoteModelExecutor, call=self.master.CallModel, version_number=version,
-                                          servable_name=args.servable_name,
-                                          namer=shm_tensors.BlockNamer(self.parent_pid))
+        make_executor = functools.partial(
+            RemoteModelExecutor,
+            call=self.master.CallModel,
+            version_number=version,
+            servable_name=args.servable_name,
+            namer=shm_tensors.BlockNamer(self.parent_pid),
+        )
         version_dir = os.path.join(args.servable_directory, args.servable_name, str(version))
         runtime = ServableRuntime(spec, version_dir, models=models, make_executor=make_executor)
         runtime.device_type = "none"

@@ -7,8 +7,9 @@ reports it ("Call <stage> Failed, ... error msg: <exception>"), its text cut of 
 (errors.client_text); the exception itself, traceback and all, is the InstanceError's `__cause__`, for the
 worker's log (worker/service.py logs it with the request's id).
 """
+
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
-from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -28,7 +29,7 @@ class ModelStage:
     def __init__(self, executor: ModelExecutor):
         self.executor = executor
 
-    def check(self, inputs: tuple) -> Optional[str]:
+    def check(self, inputs: tuple) -> str | None:
         return self.executor.check(inputs)
 
     def submit(self, inputs: tuple) -> Future:
@@ -43,7 +44,7 @@ class FunctionStage:
         self.outputs_count = outputs_count
         self.pool = pool
 
-    def check(self, inputs: tuple) -> Optional[str]:
+    def check(self, inputs: tuple) -> str | None:
         return None
 
     def submit(self, inputs: tuple) -> Future:
@@ -57,7 +58,7 @@ class BatchFunctionStage:
     def __init__(self, batcher: FunctionBatcher):
         self.batcher = batcher
 
-    def check(self, inputs: tuple) -> Optional[str]:
+    def check(self, inputs: tuple) -> str | None:
         return None
 
     def submit(self, inputs: tuple) -> Future:
@@ -67,7 +68,7 @@ class BatchFunctionStage:
 class ArgmaxStage:
     """The built-in "argmax_cpp" stage: index of the largest element."""
 
-    def check(self, inputs: tuple) -> Optional[str]:
+    def check(self, inputs: tuple) -> str | None:
         if len(inputs) != 1 or not isinstance(inputs[0], np.ndarray):
             return "argmax_cpp expects one numeric tensor input"
         return None
@@ -91,28 +92,31 @@ class MethodRunner:
         self.servable_name = servable_name
         self.method = method
         self.stages = list(stages)
-        self._model_stage_indexes = [index for index, stage in enumerate(self.stages, start=1)
-                                     if isinstance(stage, ModelStage)]
+        self._model_stage_indexes = [
+            index for index, stage in enumerate(self.stages, start=1) if isinstance(stage, ModelStage)
+        ]
 
     def _stage_error(self, index: int, err: BaseException) -> str:
         """The client's text of the exception a stage raised: MindSpore Serving's, without paths and reprs."""
         spec: StageSpec = self.method.stages[index - 1]
         if isinstance(err, InstanceError):
             return client_text(str(err))
-        return client_text(f"Call {spec.tag} Failed, method: '{self.method.name}', stage index(begin with 1): "
-                           f"{index}, error msg: {err}")
+        return client_text(
+            f"Call {spec.tag} Failed, method: '{self.method.name}', stage index(begin with 1): "
+            f"{index}, error msg: {err}"
+        )
 
     def _retract_after(self, index: int):
         for later in self._model_stage_indexes:
             if later > index:
                 self.stages[later - 1].executor.expected.retract()
 
-    def run(self, instances: Sequence[Dict]) -> List:
+    def run(self, instances: Sequence[dict]) -> list:
         """Per instance: a dict of output name -> value, or an InstanceError."""
         count = len(instances)
-        values: List[Dict[TensorRef, object]] = [{} for _ in range(count)]
-        errors: List[Optional[str]] = [None] * count
-        causes: Dict[int, BaseException] = {}  # position -> the exception a stage raised for it
+        values: list[dict[TensorRef, object]] = [{} for _ in range(count)]
+        errors: list[str | None] = [None] * count
+        causes: dict[int, BaseException] = {}  # position -> the exception a stage raised for it
         input_names = self.method.input_names
         for position, instance in enumerate(instances):
             errors[position] = check_instance(instance, input_names, self.servable_name, self.method.name)
@@ -148,17 +152,18 @@ class MethodRunner:
                 for output_index, value in enumerate(outputs):
                     values[position][TensorRef(index, output_index)] = value
 
-        results: List = []
+        results: list = []
         for position in range(count):
             if errors[position] is not None:
                 error = InstanceError(errors[position])
                 error.__cause__ = causes.get(position)
                 results.append(error)
                 continue
-            results.append({name: values[position][ref]
-                            for name, ref in zip(self.method.output_names, self.method.outputs)})
+            results.append(
+                {name: values[position][ref] for name, ref in zip(self.method.output_names, self.method.outputs)}
+            )
         return results
 
     @staticmethod
-    def _value(instance_values: Dict[TensorRef, object], ref: TensorRef):
+    def _value(instance_values: dict[TensorRef, object], ref: TensorRef):
         return stage_input(instance_values[ref])

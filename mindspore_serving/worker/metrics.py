@@ -1,6 +1,5 @@
 """A worker's metric bookkeeping: per model, the batches its calls carried and how long they ran. Updated in place
 by the model executors' threads; read by `WorkerService.Metrics` when the master scrapes."""
-from typing import Dict, List
 
 from mindspore_serving.common import metrics as m
 
@@ -21,7 +20,7 @@ class ModelStats:
 
 class WorkerMetrics:
     def __init__(self):
-        self.models: Dict[str, ModelStats] = {}
+        self.models: dict[str, ModelStats] = {}
 
     def model(self, model_key: str) -> ModelStats:
         stats = self.models.get(model_key)
@@ -29,7 +28,7 @@ class WorkerMetrics:
             stats = self.models[model_key] = ModelStats()
         return stats
 
-    def samples(self) -> List:
+    def samples(self) -> list:
         out = []
         for key, stats in list(self.models.items()):
             labels = {"model": key}

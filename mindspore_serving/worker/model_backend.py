@@ -3,24 +3,33 @@
 MindSpore is imported where a model is loaded or run, not at module import: the stage and batching modules
 (and their tests) use TensorInfo and kmsi_name without paying MindSpore's start-up.
 """
+
 import os
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import List, Optional, Sequence
 
 import numpy as np
 
 from mindspore_serving import log
 from mindspore_serving.common.mindir_info import read_mindir_input_infos
 
-_KMSI_NAMES = {np.dtype(np.bool_): "kMSI_Bool", np.dtype(np.int8): "kMSI_Int8", np.dtype(np.uint8): "kMSI_Uint8",
-               np.dtype(np.int16): "kMSI_Int16", np.dtype(np.uint16): "kMSI_Uint16",
-               np.dtype(np.int32): "kMSI_Int32", np.dtype(np.uint32): "kMSI_Uint32",
-               np.dtype(np.int64): "kMSI_Int64", np.dtype(np.uint64): "kMSI_Uint64",
-               np.dtype(np.float16): "kMSI_Float16", np.dtype(np.float32): "kMSI_Float32",
-               np.dtype(np.float64): "kMSI_Float64"}
+_KMSI_NAMES = {
+    np.dtype(np.bool_): "kMSI_Bool",
+    np.dtype(np.int8): "kMSI_Int8",
+    np.dtype(np.uint8): "kMSI_Uint8",
+    np.dtype(np.int16): "kMSI_Int16",
+    np.dtype(np.uint16): "kMSI_Uint16",
+    np.dtype(np.int32): "kMSI_Int32",
+    np.dtype(np.uint32): "kMSI_Uint32",
+    np.dtype(np.int64): "kMSI_Int64",
+    np.dtype(np.uint64): "kMSI_Uint64",
+    np.dtype(np.float16): "kMSI_Float16",
+    np.dtype(np.float32): "kMSI_Float32",
+    np.dtype(np.float64): "kMSI_Float64",
+}
 
 
 def kmsi_name(value) -> str:
@@ -48,8 +57,7 @@ class TensorInfo:
         return all(dim >= 0 for dim in self.shape)
 
 
-def read_mindir_inputs(path: str, dec_key: Optional[bytes] = None,
-                       dec_mode: str = "AES-GCM") -> Optional[List[TensorInfo]]:
+def read_mindir_inputs(path: str, dec_key: bytes | None = None, dec_mode: str = "AES-GCM") -> list[TensorInfo] | None:
     """Input shapes and dtypes recorded in a MindIR file (decrypted with `dec_key` when it is encrypted); None when
     the file cannot be read or parsed."""
     infos = read_mindir_input_infos(path, dec_key, dec_mode)
@@ -64,7 +72,7 @@ _GRAPH_LOCK = threading.Lock()
 class Subgraph:
     """One loaded graph: its GraphCell and the shapes and dtypes of its inputs and outputs."""
 
-    def __init__(self, path: str, dec_key: Optional[bytes] = None, dec_mode: str = "AES-GCM"):
+    def __init__(self, path: str, dec_key: bytes | None = None, dec_mode: str = "AES-GCM"):
         if not os.path.isfile(path):
             raise RuntimeError(f"model file '{path}' not exist")
         self.path = path
@@ -80,6 +88,7 @@ class Subgraph:
     def _load_cell(self):
         import mindspore as ms  # lazy: see the module docstring
         from mindspore import nn  # lazy: see the module docstring
+
         return nn.GraphCell(ms.load(self.path, **self._load_kwargs))
 
     def reload(self):
@@ -88,14 +97,14 @@ class Subgraph:
         with _GRAPH_LOCK:
             self.cell, self._phases = cell, {}
 
-    def _probe_outputs(self) -> List[TensorInfo]:
+    def _probe_outputs(self) -> list[TensorInfo]:
         """Runs the graph once on zeros: warms it up and reveals the output shapes and dtypes."""
         zeros = self._zeros()
         if zeros is None:
             return []
         return [TensorInfo(out.shape, out.dtype) for out in self.run(zeros)]
 
-    def _zeros(self) -> Optional[List[np.ndarray]]:
+    def _zeros(self) -> list[np.ndarray] | None:
         """Zeros of the graph's full input shapes; None when one of them is not static."""
         if not all(info.is_static for info in self.inputs):
             return None
@@ -114,8 +123,9 @@ class Subgraph:
                 return made
         return calls
 
-    def run(self, inputs: Sequence[np.ndarray]) -> List[np.ndarray]:
+    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         from mindspore import Tensor  # lazy: see the module docstring
+
         arrays = [np.ascontiguousarray(value) for value in inputs]
         signature = tuple((array.shape, array.dtype.str) for array in arrays)
         # from_numpy shares the arrays' memory (they live until the call returns); Tensor() would copy them
@@ -161,9 +171,16 @@ class _CompiledRunner:
             except ImportError:
                 from mindspore.common.api import _cell_graph_executor, _convert_python_data  # older releases
             from mindspore.nn.cell import _DEFAULT_JIT_CONFIG  # lazy: see the module docstring
+
             executor = _cell_graph_executor._graph_executor
-            self._calls = (executor, executor.get_args_for_run, executor.set_jit_config, executor.has_compiled,
-                           _convert_python_data, _DEFAULT_JIT_CONFIG)
+            self._calls = (
+                executor,
+                executor.get_args_for_run,
+                executor.set_jit_config,
+                executor.has_compiled,
+                _convert_python_data,
+                _DEFAULT_JIT_CONFIG,
+            )
         except Exception as err:
             log.info(f"GraphCell fast call unavailable, using the public call: {err}")
             self._calls = None
@@ -172,15 +189,18 @@ class _CompiledRunner:
     def available(self) -> bool:
         return self._calls is not None
 
-    def phase_of(self, cell) -> Optional[tuple]:
+    def phase_of(self, cell) -> tuple | None:
         """What the cell's last call compiled (phase, mutable flags, modified sequences), or None."""
         if self._calls is None:
             return None
         phase = getattr(cell, "compile_phase", None)
         if not isinstance(phase, str) or not self._calls[3](phase):
             return None
-        return (phase, list(getattr(cell, "_has_mutable_args_list", None) or []),
-                list(getattr(cell, "sequence_modified", None) or []))
+        return (
+            phase,
+            list(getattr(cell, "_has_mutable_args_list", None) or []),
+            list(getattr(cell, "sequence_modified", None) or []),
+        )
 
     def __call__(self, cell, tensors, compiled: tuple):
         executor, get_args, set_jit_config, _, convert, default_jit_config = self._calls
@@ -190,7 +210,7 @@ class _CompiledRunner:
         return convert(executor(args, phase))
 
 
-_runner: Optional[_CompiledRunner] = None
+_runner: _CompiledRunner | None = None
 
 
 def compiled_runner() -> _CompiledRunner:
@@ -208,8 +228,9 @@ def _as_list(values) -> str:
 class LoadedModel:
     """A declared model: one or more subgraphs sharing a batch size."""
 
-    def __init__(self, spec, version_dir: str, dec_key: Optional[bytes] = None, dec_mode: str = "AES-GCM"):
+    def __init__(self, spec, version_dir: str, dec_key: bytes | None = None, dec_mode: str = "AES-GCM"):
         import mindspore as ms  # lazy: see the module docstring
+
         self.spec = spec
         self.subgraphs = [Subgraph(os.path.join(version_dir, name), dec_key, dec_mode) for name in spec.model_files]
         self.batch_size = self._check_batch_size()
@@ -223,8 +244,9 @@ class LoadedModel:
         for index, graph in enumerate(self.subgraphs):
             size = self._subgraph_batch_size(graph)
             if batch and size != batch:
-                raise RuntimeError(f"Expect batch size to be same, last batch size: {batch}, subgraph {index} batch "
-                                   f"size: {size}")
+                raise RuntimeError(
+                    f"Expect batch size to be same, last batch size: {batch}, subgraph {index} batch size: {size}"
+                )
             batch = size
         return batch
 
@@ -238,19 +260,24 @@ class LoadedModel:
                 if kind == "input" and index in excluded:
                     continue
                 if not info.shape:
-                    tail = (f", when with_batch_dim is true and without_batch_dim_inputs is {_as_list(excluded)}"
-                            if kind == "input" else "")
+                    tail = (
+                        f", when with_batch_dim is true and without_batch_dim_inputs is {_as_list(excluded)}"
+                        if kind == "input"
+                        else ""
+                    )
                     raise RuntimeError(f"The shape of model {kind} {index} cannot be empty{tail}")
                 if info.shape[0] <= 0:
                     raise RuntimeError(f"The shape of model {kind} {index} is invalid, shape: {_as_list(info.shape)}")
                 if batch == 0:
                     batch = info.shape[0]
                 elif info.shape[0] != batch:
-                    raise RuntimeError(f"The shape {_as_list(info.shape)} of model {kind} {index} does not match "
-                                       f"current batch size {batch}")
+                    raise RuntimeError(
+                        f"The shape {_as_list(info.shape)} of model {kind} {index} does not match "
+                        f"current batch size {batch}"
+                    )
         return batch or 1
 
-    def instance_inputs(self, subgraph: int) -> List[TensorInfo]:
+    def instance_inputs(self, subgraph: int) -> list[TensorInfo]:
         """Shape and dtype that one instance must provide for each input of a subgraph."""
         infos = []
         for index, info in enumerate(self.subgraphs[subgraph].inputs):
@@ -258,7 +285,7 @@ class LoadedModel:
             infos.append(TensorInfo(info.shape[1:] if batched else info.shape, info.dtype))
         return infos
 
-    def instance_outputs(self, subgraph: int) -> List[TensorInfo]:
+    def instance_outputs(self, subgraph: int) -> list[TensorInfo]:
         """Shape and dtype of each output of a subgraph for one instance (none when they depend on the inputs)."""
         outputs = self.subgraphs[subgraph].outputs
         if not self.spec.with_batch_dim:

@@ -3,13 +3,14 @@
 Started by the master as `python -m mindspore_serving.worker.start_worker --servable_directory ... --master_address ...`.
 It exits on SIGINT/SIGTERM, when the master asks, or when its parent process goes away.
 """
+
 from mindspore_serving.common.native_protobuf import prefer_native_protobuf
 
 prefer_native_protobuf()  # before protobuf is imported (see the module)
 
 # pylint: disable=wrong-import-position
-import os  # noqa: E402
 import argparse  # noqa: E402
+import os  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
@@ -26,8 +27,8 @@ from mindspore_serving.proto import internal_pb2, internal_pb2_grpc  # noqa: E40
 from mindspore_serving.worker.remote_model import model_infos  # noqa: E402
 from mindspore_serving.worker.servable_loader import load_servable  # noqa: E402
 from mindspore_serving.worker.service import WorkerServicer  # noqa: E402
-from mindspore_serving.worker.signatures import method_signature  # noqa: E402
 from mindspore_serving.worker.settling import settle_graphs  # noqa: E402
+from mindspore_serving.worker.signatures import method_signature  # noqa: E402
 from mindspore_serving.worker.warmup import warm_up  # noqa: E402
 
 PARENT_CHECK_SECONDS = 0.1
@@ -73,7 +74,8 @@ class Worker:
         self.stopping = threading.Event()
         # the secret the master gave this worker (main reads it): every call to the master carries it
         self.master = internal_pb2_grpc.MasterControlStub(
-            ipc.master_channel(args.master_address, args.worker_key, getattr(args, "secret", "")))
+            ipc.master_channel(args.master_address, args.worker_key, getattr(args, "secret", ""))
+        )
         self.server = None
         self.predict_server = None
         self.runtime = None
@@ -83,8 +85,12 @@ class Worker:
 
     def notify_failed(self, message: str):
         try:
-            self.master.NotifyFailed(internal_pb2.NotifyFailedRequest(
-                worker_pid=os.getpid(), worker_key=self.args.worker_key, error_msg=message), timeout=5)
+            self.master.NotifyFailed(
+                internal_pb2.NotifyFailedRequest(
+                    worker_pid=os.getpid(), worker_key=self.args.worker_key, error_msg=message
+                ),
+                timeout=5,
+            )
         except grpc.RpcError as err:
             log.error(f"cannot tell the master that the worker failed: {err}")
 
@@ -92,9 +98,17 @@ class Worker:
         """The servable's runtime and its resolved version."""
         args = self.args
         dec_key = bytes.fromhex(sys.stdin.readline().strip()) if args.read_dec_key else None
-        return load_servable(args.servable_directory, args.servable_name, args.version_number,
-                             args.device_type, args.device_id, dec_key, args.dec_mode, on_fatal=self.fail,
-                             socket_directory=self.socket_directory)
+        return load_servable(
+            args.servable_directory,
+            args.servable_name,
+            args.version_number,
+            args.device_type,
+            args.device_id,
+            dec_key,
+            args.dec_mode,
+            on_fatal=self.fail,
+            socket_directory=self.socket_directory,
+        )
 
     def start(self):
         args = self.args
@@ -103,8 +117,10 @@ class Worker:
         # before registering: the master counts a registered worker as ready
         warm_up(self.runtime, os.path.join(args.servable_directory, args.servable_name))
         settle_graphs(getattr(self.runtime, "models", {}))
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=128, thread_name_prefix="worker-rpc"),
-                                  options=ipc.INTERNAL_CHANNEL_OPTIONS)
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=128, thread_name_prefix="worker-rpc"),
+            options=ipc.INTERNAL_CHANNEL_OPTIONS,
+        )
         servicer = WorkerServicer(self.runtime, self.request_exit)
         internal_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, self.server)
         self.runtime.add_servicers(self.server)
@@ -112,28 +128,52 @@ class Worker:
         self.server.add_insecure_port(self.address)
         self.server.start()
         ipc.restrict_socket(self.address)
-        self.predict_server = PredictSocketServer(ipc.predict_address(self.address),
-                                                  lambda request: servicer.Predict(request, None),
-                                                  spin_s=predict_spin_seconds())
+        self.predict_server = PredictSocketServer(
+            ipc.predict_address(self.address),
+            lambda request: servicer.Predict(request, None),
+            spin_s=predict_spin_seconds(),
+        )
         spec = self.runtime.spec
         methods = []
         for m in spec.methods.values():
             inputs, outputs, batched = method_signature(m, getattr(self.runtime, "models", {}))
-            methods.append(internal_pb2.MethodSignature(name=m.name, input_names=m.input_names,
-                                                        output_names=m.output_names,
-                                                        only_model_stage=m.only_model_stage, inputs=inputs,
-                                                        outputs=outputs, batched=batched))
+            methods.append(
+                internal_pb2.MethodSignature(
+                    name=m.name,
+                    input_names=m.input_names,
+                    output_names=m.output_names,
+                    only_model_stage=m.only_model_stage,
+                    inputs=inputs,
+                    outputs=outputs,
+                    batched=batched,
+                )
+            )
         gc_tuning.settle()  # what it loaded stays for its lifetime: out of the collector's way before requests come
-        reply = self.master.Register(internal_pb2.RegisterRequest(
-            protocol_version=ipc.PROTOCOL_VERSION, worker_pid=os.getpid(), address=self.address,
-            servable_name=spec.name, version_number=version, batch_size=self.runtime.batch_size, methods=methods,
-            device_type=self.runtime.device_type, device_id=args.device_id, worker_key=args.worker_key,
-            extensions=self.runtime.extensions(), predict_address=self.predict_server.address,
-            **self.registration()), timeout=30)
+        reply = self.master.Register(
+            internal_pb2.RegisterRequest(
+                protocol_version=ipc.PROTOCOL_VERSION,
+                worker_pid=os.getpid(),
+                address=self.address,
+                servable_name=spec.name,
+                version_number=version,
+                batch_size=self.runtime.batch_size,
+                methods=methods,
+                device_type=self.runtime.device_type,
+                device_id=args.device_id,
+                worker_key=args.worker_key,
+                extensions=self.runtime.extensions(),
+                predict_address=self.predict_server.address,
+                **self.registration(),
+            ),
+            timeout=30,
+        )
         if reply.error.error_code:
             raise RuntimeError(reply.error.error_msg.decode())
-        print(f"Serving: Start servable success, servable directory: '{args.servable_directory}', "
-              f"servable name: '{spec.name}', version number: {version}", flush=True)
+        print(
+            f"Serving: Start servable success, servable directory: '{args.servable_directory}', "
+            f"servable name: '{spec.name}', version number: {version}",
+            flush=True,
+        )
 
     @property
     def device_label(self) -> str:
@@ -161,8 +201,12 @@ class Worker:
     def shutdown(self, tell_master: bool):
         if tell_master:
             try:
-                self.master.Exit(internal_pb2.ExitRequest(worker_pid=os.getpid(), worker_key=self.args.worker_key,
-                                                          reason="worker stopping"), timeout=2)
+                self.master.Exit(
+                    internal_pb2.ExitRequest(
+                        worker_pid=os.getpid(), worker_key=self.args.worker_key, reason="worker stopping"
+                    ),
+                    timeout=2,
+                )
             except grpc.RpcError:
                 pass
         if self.predict_server is not None:

@@ -6,7 +6,8 @@ MindSpore. Its model stages and Model.call send the instances through the master
 the models, which runs them in the same batches as its own (`serve_model_call`). Tensors travel in shared memory
 (ipc/shm_tensors.py).
 """
-from typing import Callable, Dict, List, Optional
+
+from collections.abc import Callable
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
@@ -24,6 +25,7 @@ MAX_CALL_INSTANCES = 64
 
 # ------------------------------------------------------------------------------------- model infos
 
+
 def _info_to_proto(info: TensorInfo) -> pb.TensorInfo:
     message = pb.TensorInfo(size=max(0, info.nbytes))
     message.shape.dims.extend(int(dim) for dim in info.shape)
@@ -34,14 +36,14 @@ def _info_to_proto(info: TensorInfo) -> pb.TensorInfo:
     return message
 
 
-def _info_from_proto(message: pb.TensorInfo) -> Optional[TensorInfo]:
+def _info_from_proto(message: pb.TensorInfo) -> TensorInfo | None:
     try:
         return TensorInfo(tuple(message.shape.dims), proto_to_dtype(message.dtype))
     except ValueError:  # a dtype without numpy counterpart: unknown
         return None
 
 
-def model_infos(models: Dict[str, LoadedModel]) -> Dict[str, internal_pb2.ModelInfo]:
+def model_infos(models: dict[str, LoadedModel]) -> dict[str, internal_pb2.ModelInfo]:
     """What a worker that loaded `models` registers about them."""
     infos = {}
     for key, model in models.items():
@@ -76,14 +78,16 @@ class RemoteModel(LoadedModel):
         self.device_target = "remote"
 
 
-def remote_models(spec, reply: internal_pb2.GetModelInfoReply) -> Dict[str, RemoteModel]:
+def remote_models(spec, reply: internal_pb2.GetModelInfoReply) -> dict[str, RemoteModel]:
     """The servable's declared models from the master's GetModelInfo answer; RuntimeError when it failed."""
     if reply.error.error_code:
         raise RuntimeError(reply.error.error_msg.decode(errors="replace"))
     missing = [key for key in spec.models if key not in reply.model_infos]
     if missing:
-        raise RuntimeError(f"the workers that loaded servable {spec.name} do not have models {missing}: their "
-                           f"servable_config.py differs from this one")
+        raise RuntimeError(
+            f"the workers that loaded servable {spec.name} do not have models {missing}: their "
+            f"servable_config.py differs from this one"
+        )
     return {key: RemoteModel(model_spec, reply.model_infos[key]) for key, model_spec in spec.models.items()}
 
 
@@ -96,8 +100,16 @@ class RemoteModelExecutor(_BatchLoop):
     """An extra worker's executor of one model subgraph: collects the instances its stages submit (those announced
     to it arrive together) and sends them in one call to a worker that owns the model."""
 
-    def __init__(self, model: RemoteModel, subgraph: int, max_wait: float, call: ModelCaller,
-                 version_number: int, servable_name: str, namer: Optional[shm_tensors.BlockNamer]):
+    def __init__(
+        self,
+        model: RemoteModel,
+        subgraph: int,
+        max_wait: float,
+        call: ModelCaller,
+        version_number: int,
+        servable_name: str,
+        namer: shm_tensors.BlockNamer | None,
+    ):
         self.model = model
         self.subgraph = subgraph
         self.instance_infos = model.instance_inputs(subgraph)
@@ -105,10 +117,17 @@ class RemoteModelExecutor(_BatchLoop):
         self._call = call
         self._namer = namer
         self._told = False  # logged how its calls travel
-        self._request_head = internal_pb2.CallModelRequest(servable_name=servable_name, version_number=version_number,
-                                                           model_key=model.spec.model_key, subgraph=subgraph)
-        super().__init__(f"remote-{model.spec.model_key}-{subgraph}",
-                         max(model.batch_size, MAX_CALL_INSTANCES // model.batch_size * model.batch_size), max_wait)
+        self._request_head = internal_pb2.CallModelRequest(
+            servable_name=servable_name,
+            version_number=version_number,
+            model_key=model.spec.model_key,
+            subgraph=subgraph,
+        )
+        super().__init__(
+            f"remote-{model.spec.model_key}-{subgraph}",
+            max(model.batch_size, MAX_CALL_INSTANCES // model.batch_size * model.batch_size),
+            max_wait,
+        )
 
     @property
     def inputs_count(self) -> int:
@@ -116,17 +135,20 @@ class RemoteModelExecutor(_BatchLoop):
 
     check = ModelExecutor.check
 
-    def _run(self, items: List[_Item]):
+    def _run(self, items: list[_Item]):
         request = internal_pb2.CallModelRequest()
         request.CopyFrom(self._request_head)
         block = None
         try:
-            block = shm_tensors.encode_call([item.inputs for item in items], self.output_infos, request.instances,
-                                            self._namer)
+            block = shm_tensors.encode_call(
+                [item.inputs for item in items], self.output_infos, request.instances, self._namer
+            )
             if not self._told:
                 self._told = True
-                log.info(f"model {self.model.spec.model_key} subgraph {self.subgraph} runs in a worker owning it; "
-                         f"the tensors of its calls travel " + ("in shared memory" if block else "in the messages"))
+                log.info(
+                    f"model {self.model.spec.model_key} subgraph {self.subgraph} runs in a worker owning it; "
+                    f"the tensors of its calls travel " + ("in shared memory" if block else "in the messages")
+                )
             reply = self._call(request)
             results = self._answers(reply, len(items), block)
         except Exception as err:  # the call could not be made: every instance gets the reason
@@ -160,12 +182,13 @@ class RemoteModelExecutor(_BatchLoop):
 
 # ------------------------------------------------------------------------------------- the owner
 
+
 def serve_model_call(runtime, request: internal_pb2.CallModelRequest) -> internal_pb2.CallModelReply:
     """Runs a forwarded model call on this worker's models, in the same batches as its own instances."""
     reply = internal_pb2.CallModelReply()
     blocks = shm_tensors.AttachedBlocks()
     try:
-        instances: List[Optional[tuple]] = []
+        instances: list[tuple | None] = []
         results: list = []
         for instance_pb in request.instances:
             try:

@@ -1,21 +1,24 @@
 """Finds, imports and loads a servable inside a worker process."""
+
 import importlib
 import os
 import sys
-from typing import Optional, Tuple
 
 from mindspore_serving import log
+from mindspore_serving.common.ms_device import resolve_device, select_device
 from mindspore_serving.spec.llm import LlmDeclaration
 from mindspore_serving.spec.registry import get_servable_spec
-from mindspore_serving.common.ms_device import resolve_device, select_device
 from mindspore_serving.worker.cpu_threads import apply_cpu_affinity, apply_cpu_threads
 from mindspore_serving.worker.llm.runtime import LlmRuntime
 from mindspore_serving.worker.servable_runtime import ServableRuntime
 
 
 def newest_version_number(servable_path: str) -> int:
-    versions = [int(name) for name in os.listdir(servable_path)
-                if name.isdigit() and os.path.isdir(os.path.join(servable_path, name))]
+    versions = [
+        int(name)
+        for name in os.listdir(servable_path)
+        if name.isdigit() and os.path.isdir(os.path.join(servable_path, name))
+    ]
     return max(versions, default=0)
 
 
@@ -37,14 +40,18 @@ def resolve_version(servable_directory: str, servable_name: str, version_number:
         return version_number or 1
     newest = newest_version_number(servable_path)
     if newest == 0:
-        raise RuntimeError(f"There is no valid version directory of models while there are models declared in "
-                           f"servable_config.py, servable directory: {servable_directory}, "
-                           f"servable name: {servable_name}")
+        raise RuntimeError(
+            f"There is no valid version directory of models while there are models declared in "
+            f"servable_config.py, servable directory: {servable_directory}, "
+            f"servable name: {servable_name}"
+        )
     version_number = version_number or newest
     if not os.path.isdir(os.path.join(servable_path, str(version_number))):
-        raise RuntimeError(f"Start servable failed: There is no specified version directory of models, specified "
-                           f"version number: {version_number}, servable directory: '{servable_directory}', "
-                           f"servable name: '{servable_name}'")
+        raise RuntimeError(
+            f"Start servable failed: There is no specified version directory of models, specified "
+            f"version number: {version_number}, servable directory: '{servable_directory}', "
+            f"servable name: '{servable_name}'"
+        )
     return version_number
 
 
@@ -53,15 +60,24 @@ def _prepare_hf_model(settings) -> str:
     when the model cache lacks them."""
     from mindspore_serving.spec.hf_serving import HfModelError  # only servables declared with model_dir need them
     from mindspore_serving.worker.llm import hf_model  # as above
+
     try:
         return hf_model.prepare(settings, log=log.info).config_file
     except HfModelError as err:
         raise RuntimeError(f"Start servable {settings.served_model_name} failed: {err}") from None
 
 
-def load_servable(servable_directory: str, servable_name: str, version_number: int, device_type: Optional[str],
-                  device_id: int, dec_key: Optional[bytes] = None, dec_mode: str = "AES-GCM",
-                  on_fatal=None, socket_directory: str = "") -> Tuple[ServableRuntime, int]:
+def load_servable(
+    servable_directory: str,
+    servable_name: str,
+    version_number: int,
+    device_type: str | None,
+    device_id: int,
+    dec_key: bytes | None = None,
+    dec_mode: str = "AES-GCM",
+    on_fatal=None,
+    socket_directory: str = "",
+) -> tuple[ServableRuntime, int]:
     """The servable's runtime and its resolved version; `on_fatal(reason)` is called when an LLM servable
     loses its agents, which listen in `socket_directory` (the server's runtime directory)."""
     spec = import_servable_config(servable_directory, servable_name)

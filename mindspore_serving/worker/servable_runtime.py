@@ -1,7 +1,8 @@
 """A servable inside a worker: its loaded models, batch executors and method runners."""
+
 import os
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from mindspore_serving import log
 from mindspore_serving.common.env_durations import duration_seconds
@@ -9,8 +10,13 @@ from mindspore_serving.spec.model_call import call_prefix, set_model_call_handle
 from mindspore_serving.spec.servable import STAGE_BUILTIN, STAGE_FUNCTION, STAGE_MODEL, ServableSpec
 from mindspore_serving.worker.direct_batch import DirectBatch
 from mindspore_serving.worker.executors import FunctionBatcher, ModelExecutor
-from mindspore_serving.worker.method_runner import (BUILTIN_STAGES, BatchFunctionStage, FunctionStage, MethodRunner,
-                                                     ModelStage)
+from mindspore_serving.worker.method_runner import (
+    BUILTIN_STAGES,
+    BatchFunctionStage,
+    FunctionStage,
+    MethodRunner,
+    ModelStage,
+)
 from mindspore_serving.worker.model_backend import LoadedModel
 
 DEFAULT_BATCH_WAIT_MS = 2.0
@@ -25,9 +31,11 @@ def _load_failed_text(servable_name: str, model_spec, version_dir: str, err: Exc
     """MindSpore Serving's words for a model that did not load; `err` (e.g. mindspore.load's "Load MindIR
     failed. The file may be encrypted and decrypt failed, ...") is the reason."""
     context = model_spec.context.model_context.as_string() if model_spec.context is not None else "{}"
-    return (f"Load model failed, servable directory: '{os.path.dirname(os.path.dirname(version_dir))}', "
-            f"servable name: '{servable_name}', model file: '[{', '.join(model_spec.model_files)}]', version number "
-            f"{os.path.basename(version_dir)},model context: {context}, load error details: {err}")
+    return (
+        f"Load model failed, servable directory: '{os.path.dirname(os.path.dirname(version_dir))}', "
+        f"servable name: '{servable_name}', model file: '[{', '.join(model_spec.model_files)}]', version number "
+        f"{os.path.basename(version_dir)},model context: {context}, load error details: {err}"
+    )
 
 
 def _submit_together(executor, instances: Sequence[Sequence]) -> list:
@@ -37,9 +45,16 @@ def _submit_together(executor, instances: Sequence[Sequence]) -> list:
 
 
 class ServableRuntime:
-    def __init__(self, spec: ServableSpec, version_dir: str, dec_key: Optional[bytes] = None,
-                 dec_mode: str = "AES-GCM", batch_wait: Optional[float] = None,
-                 models: Optional[Dict[str, LoadedModel]] = None, make_executor: Callable = ModelExecutor):
+    def __init__(
+        self,
+        spec: ServableSpec,
+        version_dir: str,
+        dec_key: bytes | None = None,
+        dec_mode: str = "AES-GCM",
+        batch_wait: float | None = None,
+        models: dict[str, LoadedModel] | None = None,
+        make_executor: Callable = ModelExecutor,
+    ):
         """`models`, when given, are the servable's models already loaded (e.g. run by a distributed servable's
         rank agents, or by another worker for an extra worker); otherwise each declared model is loaded from
         `version_dir`. `make_executor(model, subgraph, batch_wait)` makes the executor of each model subgraph.
@@ -48,7 +63,7 @@ class ServableRuntime:
         the worker's main thread): a servable's Python work spreads over processes, its extra workers."""
         self.spec = spec
         self.batch_wait = batch_wait_seconds() if batch_wait is None else batch_wait
-        self.models: Dict[str, LoadedModel] = dict(models or {})
+        self.models: dict[str, LoadedModel] = dict(models or {})
         for key, model_spec in spec.models.items():
             if key in self.models:
                 continue
@@ -58,16 +73,20 @@ class ServableRuntime:
                 raise RuntimeError(_load_failed_text(spec.name, model_spec, version_dir, err)) from err
         self._check_io_counts()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix=f"{spec.name}-stage")
-        self.executors: Dict[Tuple[str, int], ModelExecutor] = {
+        self.executors: dict[tuple[str, int], ModelExecutor] = {
             (key, index): make_executor(model, index, self.batch_wait)
-            for key, model in self.models.items() for index in range(len(model.subgraphs))}
-        self._batchers: List[FunctionBatcher] = []
-        self.methods = {name: MethodRunner(spec.name, method, [self._build_stage(method, stage)
-                                                                for stage in method.stages])
-                        for name, method in spec.methods.items()}
+            for key, model in self.models.items()
+            for index in range(len(model.subgraphs))
+        }
+        self._batchers: list[FunctionBatcher] = []
+        self.methods = {
+            name: MethodRunner(spec.name, method, [self._build_stage(method, stage) for stage in method.stages])
+            for name, method in spec.methods.items()
+        }
         # model-only methods that may skip MethodRunner
-        self.direct = {name: direct for name, runner in self.methods.items()
-                       if (direct := DirectBatch.of(runner)) is not None}
+        self.direct = {
+            name: direct for name, runner in self.methods.items() if (direct := DirectBatch.of(runner)) is not None
+        }
         self._install_model_call()
 
     device_type = "CPU"
@@ -82,7 +101,7 @@ class ServableRuntime:
     def end_streams(self, timeout: float):
         """Called before the worker's server stops; classic servables keep no long-lived streams."""
 
-    def extensions(self) -> Dict[str, str]:
+    def extensions(self) -> dict[str, str]:
         """Extra registration facts for the master (e.g. an LLM engine's description)."""
         return {}
 
@@ -95,17 +114,23 @@ class ServableRuntime:
         for key, model in self.models.items():
             for subgraph, (inputs, outputs) in model.spec.io_counts.items():
                 if subgraph >= len(model.subgraphs):
-                    raise RuntimeError(f"The model does not have subgraph of index {subgraph}, "
-                                       f"the subgraph count of the model is {len(model.subgraphs)}")
+                    raise RuntimeError(
+                        f"The model does not have subgraph of index {subgraph}, "
+                        f"the subgraph count of the model is {len(model.subgraphs)}"
+                    )
                 graph = model.subgraphs[subgraph]
                 if inputs != len(graph.inputs):
-                    raise RuntimeError(f"The inputs count {inputs} in register_method not equal to the count "
-                                       f"{len(graph.inputs)} defined in model, model info: {key}, subgraph: "
-                                       f"{subgraph}")
+                    raise RuntimeError(
+                        f"The inputs count {inputs} in register_method not equal to the count "
+                        f"{len(graph.inputs)} defined in model, model info: {key}, subgraph: "
+                        f"{subgraph}"
+                    )
                 if graph.outputs and outputs != len(graph.outputs):
-                    raise RuntimeError(f"The outputs count {outputs} in register_method not equal to the count "
-                                       f"{len(graph.outputs)} defined in model, model info: {key}, subgraph: "
-                                       f"{subgraph}")
+                    raise RuntimeError(
+                        f"The outputs count {outputs} in register_method not equal to the count "
+                        f"{len(graph.outputs)} defined in model, model info: {key}, subgraph: "
+                        f"{subgraph}"
+                    )
 
     def _method_batch_size(self, method, stage) -> int:
         if stage.batch_size:
@@ -124,30 +149,40 @@ class ServableRuntime:
             return BUILTIN_STAGES[stage.builtin_name]()
         if stage.kind == STAGE_FUNCTION and stage.batch_size is None:
             return FunctionStage(stage.function, stage.outputs_count, self.pool)
-        batcher = FunctionBatcher(stage.function_key or stage.tag, stage.function, self._method_batch_size(method, stage),
-                                  stage.outputs_count, self.pool, self.batch_wait)
+        batcher = FunctionBatcher(
+            stage.function_key or stage.tag,
+            stage.function,
+            self._method_batch_size(method, stage),
+            stage.outputs_count,
+            self.pool,
+            self.batch_wait,
+        )
         self._batchers.append(batcher)
         return BatchFunctionStage(batcher)
 
     def _install_model_call(self):
         set_model_call_handler(self.model_call)
 
-    def model_call(self, model_key: str, subgraph: int, instances: Sequence[tuple]) -> List[tuple]:
+    def model_call(self, model_key: str, subgraph: int, instances: Sequence[tuple]) -> list[tuple]:
         """Runs instances through a model from inside a Python stage (`Model.call`)."""
         prefix = call_prefix(model_key, subgraph)
         model = self.models.get(model_key)
         if model is None:
             raise RuntimeError(prefix + "the model is not declared or not loaded")
         if subgraph >= len(model.subgraphs):
-            raise RuntimeError(prefix + f"The model does not have subgraph of index {subgraph}, "
-                                        f"the subgraph count of the model is {len(model.subgraphs)}")
+            raise RuntimeError(
+                prefix + f"The model does not have subgraph of index {subgraph}, "
+                f"the subgraph count of the model is {len(model.subgraphs)}"
+            )
         if not instances:
             raise RuntimeError(prefix + "Input instances count is 0")
         executor = self.executors[(model_key, subgraph)]
         for index, instance in enumerate(instances):
             if len(instance) != executor.inputs_count:
-                raise RuntimeError(prefix + f"The inputs count {len(instance)} of instance {index} is not equal to "
-                                            f"the inputs count {executor.inputs_count} of the model")
+                raise RuntimeError(
+                    prefix + f"The inputs count {len(instance)} of instance {index} is not equal to "
+                    f"the inputs count {executor.inputs_count} of the model"
+                )
             reason = executor.check(instance)
             if reason is not None:
                 raise RuntimeError(prefix + reason)
@@ -175,7 +210,7 @@ class ServableRuntime:
                 results[index] = err
         return results
 
-    def predict_direct(self, method_name: str, instances_pb: Sequence) -> Optional[list]:
+    def predict_direct(self, method_name: str, instances_pb: Sequence) -> list | None:
         """A model-only method's answers computed from the request's Instance messages as they are
         (direct_batch.py), or None when the call needs the general path (`predict` on decoded instances)."""
         direct = self.direct.get(method_name)

@@ -3,6 +3,7 @@
 A call may carry several public requests; its log lines about one of them end with that request's id (the one
 its reply carries, from `client_request_ids`), as the front end's lines about it do. A stage's exception is
 logged there with its traceback; the client gets only its text, cut of paths and reprs (method_runner.py)."""
+
 import time
 
 from mindspore_serving import log
@@ -60,8 +61,12 @@ def _log_failures(request, method_name: str, groups: list, failures: list):
         index, failure = failures[first]
         cause = failure.__cause__ if isinstance(failure, InstanceError) else failure
         more = f" ({position - first - 1} more of its instances failed)" if position - first > 1 else ""
-        _log_for(client_id, log.error, f"method {method_name}, instance {index - start} failed: {failure}{more}",
-                 exc_info=cause)
+        _log_for(
+            client_id,
+            log.error,
+            f"method {method_name}, instance {index - start} failed: {failure}{more}",
+            exc_info=cause,
+        )
 
 
 class WorkerServicer(internal_pb2_grpc.WorkerServiceServicer):
@@ -83,8 +88,10 @@ class WorkerServicer(internal_pb2_grpc.WorkerServiceServicer):
         if failures:
             _log_failures(request, spec.method_name, groups, failures)
         if log.info_enabled():  # built per call only when it is written (GLOG_v <= 1)
-            cost = (f"Method {spec.method_name} WorkerRequestHandle Time Cost # "
-                    f"{(time.perf_counter() - started) * 1000:.3f} ms ---------------------")
+            cost = (
+                f"Method {spec.method_name} WorkerRequestHandle Time Cost # "
+                f"{(time.perf_counter() - started) * 1000:.3f} ms ---------------------"
+            )
             for client_id in _client_ids(request, len(groups)):  # once per public request, as MindSpore Serving
                 _log_for(client_id, log.info, cost)
         return reply
@@ -98,8 +105,11 @@ class WorkerServicer(internal_pb2_grpc.WorkerServiceServicer):
             try:
                 decoded = proto_to_instances(instances_pb[start:end])
             except Exception as err:
-                _log_for(_client_ids(request, len(groups))[group], log.exception,
-                         f"method {method_name}: the request's instances cannot be decoded (call {request.request_id})")
+                _log_for(
+                    _client_ids(request, len(groups))[group],
+                    log.exception,
+                    f"method {method_name}: the request's instances cannot be decoded (call {request.request_id})",
+                )
                 results[start:end] = [InstanceError(str(err))] * (end - start)
                 continue
             runnable.extend(range(start, end))
@@ -109,8 +119,10 @@ class WorkerServicer(internal_pb2_grpc.WorkerServiceServicer):
                 answers = self.runtime.predict(method_name, instances)
             except Exception as err:  # one path for anything the method could not even start with
                 ids = _client_ids(request, len(groups))
-                log.exception(f"method {method_name} failed for every request of call {request.request_id} "
-                              f"(request{'s' if len(ids) > 1 else ''} {', '.join(ids)})")
+                log.exception(
+                    f"method {method_name} failed for every request of call {request.request_id} "
+                    f"(request{'s' if len(ids) > 1 else ''} {', '.join(ids)})"
+                )
                 answers = [InstanceError(str(err))] * len(instances)
             for index, answer in zip(runnable, answers):
                 results[index] = answer

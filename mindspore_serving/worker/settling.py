@@ -15,10 +15,10 @@ checked: when MindSpore's own threads work during its calls (more than SPLIT_US_
 a small graph run in the calling thread leaves them idle), it is loaded afresh, which makes new kernels that
 choose again, and settled again, up to SETTLE_ATTEMPTS times. With the check, 0 of 22 such workers ended split.
 """
+
 import math
 import os
 import time
-from typing import Dict, Optional
 
 from mindspore_serving import log
 from mindspore_serving.worker.model_backend import LoadedModel
@@ -32,7 +32,7 @@ CHECK_CALLS = 50
 HELPER_THREADS = ("KernelThread", "ActorThread")  # MindSpore's CPU kernel and actor threads, by their names
 
 
-def settle_graphs(models: Dict[str, LoadedModel]):
+def settle_graphs(models: dict[str, LoadedModel]):
     """Runs each graph that this worker runs on CPU on zeros, SETTLE_CALLS times or for SETTLE_SECONDS, so that
     MindSpore times its choices while nothing else runs in this worker; a small graph whose kernels then run split
     over MindSpore's threads is loaded afresh and settled again (see the module docstring). Models whose inputs
@@ -61,16 +61,20 @@ def _settle_graph(name: str, graph):
             log.info(f"{name} settled: {calls} calls on zeros in {took * 1000:.1f} ms")
             return
         if attempt == SETTLE_ATTEMPTS:
-            log.warning(f"{name}: MindSpore still runs its kernels split over its threads ({split:.0f} us of their "
-                        f"CPU per call) after {attempt} settlings; register.Context(thread_num=1) keeps a small "
-                        f"model in the calling thread")
+            log.warning(
+                f"{name}: MindSpore still runs its kernels split over its threads ({split:.0f} us of their "
+                f"CPU per call) after {attempt} settlings; register.Context(thread_num=1) keeps a small "
+                f"model in the calling thread"
+            )
             return
-        log.info(f"{name}: MindSpore chose to split its kernels over its threads ({split:.0f} us of their CPU per "
-                 f"call); loaded afresh to settle again")
+        log.info(
+            f"{name}: MindSpore chose to split its kernels over its threads ({split:.0f} us of their CPU per "
+            f"call); loaded afresh to settle again"
+        )
         graph.reload()
 
 
-def split_cpu_per_call(graph) -> Optional[float]:
+def split_cpu_per_call(graph) -> float | None:
     """For a small graph (a call under SMALL_GRAPH_S): the CPU (us) MindSpore's own threads use per call of it, over
     CHECK_CALLS calls on zeros. None for a larger graph, or where /proc cannot tell."""
     before = helper_cpu_ns()
@@ -85,7 +89,7 @@ def split_cpu_per_call(graph) -> Optional[float]:
     return (after - before) / calls / 1000
 
 
-def helper_cpu_ns() -> Optional[int]:
+def helper_cpu_ns() -> int | None:
     """The CPU time (ns) MindSpore's own threads in this process have used; None where /proc cannot say."""
     total = 0
     try:

@@ -6,7 +6,6 @@ batch dimension.
 An input that goes first to a Python stage, or an output that a Python stage makes, has no declared type:
 it is sent as unknown (any dtype and shape).
 """
-from typing import List, Optional, Tuple
 
 from mindspore_serving import log
 from mindspore_serving.common.tensor_codec import dtype_to_proto
@@ -51,7 +50,7 @@ def _output_info(models, method: MethodSpec, ref: TensorRef):
     return info
 
 
-def input_infos(method: MethodSpec, models) -> List[Optional[object]]:
+def input_infos(method: MethodSpec, models) -> list[object | None]:
     """The instance TensorInfo of each method input that goes straight to a model stage, None for the others
     (or when the models cannot tell)."""
     infos = []
@@ -64,14 +63,16 @@ def input_infos(method: MethodSpec, models) -> List[Optional[object]]:
     return infos
 
 
-def method_signature(method: MethodSpec, models) -> Tuple[List, List, bool]:
+def method_signature(method: MethodSpec, models) -> tuple[list, list, bool]:
     """(input TensorSignatures, output TensorSignatures, batched) of a method of a servable whose loaded models
     are `models` (model key -> LoadedModel). Anything the models cannot tell (e.g. a distributed servable's
     remote graphs) is unknown."""
-    batched = any(stage.kind == STAGE_MODEL and stage.model_key in models
-                  and models[stage.model_key].spec.with_batch_dim for stage in method.stages)
+    batched = any(
+        stage.kind == STAGE_MODEL and stage.model_key in models and models[stage.model_key].spec.with_batch_dim
+        for stage in method.stages
+    )
 
-    def safely(find, *args) -> Optional[object]:
+    def safely(find, *args) -> object | None:
         try:
             return find(models, method, *args)
         except Exception as err:  # pylint: disable=broad-except
@@ -80,5 +81,5 @@ def method_signature(method: MethodSpec, models) -> Tuple[List, List, bool]:
 
     inputs = [_known(name, safely(_input_info, index)) for index, name in enumerate(method.input_names)]
     outputs = [_known(name, safely(_output_info, ref)) for name, ref in zip(method.output_names, method.outputs)]
-    outputs += [internal_pb2.TensorSignature(name=name) for name in method.output_names[len(outputs):]]
+    outputs += [internal_pb2.TensorSignature(name=name) for name in method.output_names[len(outputs) :]]
     return inputs, outputs, batched

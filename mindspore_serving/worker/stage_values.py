@@ -1,5 +1,6 @@
 """Values passed between stages: what a stage may return and how model inputs are checked."""
-from typing import Optional, Sequence, Tuple
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -18,8 +19,10 @@ def to_stage_value(value):
         return array
     if hasattr(value, "asnumpy"):
         return np.ascontiguousarray(value.asnumpy())
-    raise TypeError(f"output type {type(value).__name__} is not supported, expect numpy array, "
-                    f"numpy scalar, bool, int, float, str, bytes or mindspore Tensor")
+    raise TypeError(
+        f"output type {type(value).__name__} is not supported, expect numpy array, "
+        f"numpy scalar, bool, int, float, str, bytes or mindspore Tensor"
+    )
 
 
 def normalize_outputs(result, outputs_count: int) -> tuple:
@@ -42,22 +45,26 @@ def to_model_input(value):
     return value
 
 
-def check_model_inputs(values: Sequence, infos: Sequence[TensorInfo]) -> Optional[str]:
+def check_model_inputs(values: Sequence, infos: Sequence[TensorInfo]) -> str | None:
     """The first reason why one instance's values cannot feed the model, or None."""
     if len(values) != len(infos):
         return f"The inputs count {len(values)} is not equal to the inputs count {len(infos)} of the model"
     for index, (value, info) in enumerate(zip(values, infos)):
         if not isinstance(value, np.ndarray):
-            return (f"Given model input {index} data type {kmsi_name(value)} not match the data type "
-                    f"{kmsi_name(info.dtype)} defined in model")
+            return (
+                f"Given model input {index} data type {kmsi_name(value)} not match the data type "
+                f"{kmsi_name(info.dtype)} defined in model"
+            )
         if info.is_static and value.nbytes != info.nbytes:
             return f"Given model input {index} size {value.nbytes} not match the size {info.nbytes} defined in model"
         if value.dtype != info.dtype:
-            return (f"Given model input {index} data type {kmsi_name(value.dtype)} not match the data type "
-                    f"{kmsi_name(info.dtype)} defined in model")
+            return (
+                f"Given model input {index} data type {kmsi_name(value.dtype)} not match the data type "
+                f"{kmsi_name(info.dtype)} defined in model"
+            )
     return None
 
 
-def shape_to_model(values: Sequence[np.ndarray], infos: Sequence[TensorInfo]) -> Tuple[np.ndarray, ...]:
+def shape_to_model(values: Sequence[np.ndarray], infos: Sequence[TensorInfo]) -> tuple[np.ndarray, ...]:
     """Reshapes checked inputs to the model's shapes (only the byte size is compared, as in MindSpore Serving)."""
     return tuple(value.reshape(info.shape) if info.is_static else value for value, info in zip(values, infos))

@@ -1,5 +1,6 @@
 """Entry of a worker process, started by the master as `python -m mindspore_serving.worker.start_worker ...`
 (the name operators look for in `ps`)."""
+
 import sys
 
 from mindspore_serving.worker.process import main

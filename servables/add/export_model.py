@@ -3,6 +3,7 @@
 Run from anywhere: ``python servables/add/export_model.py``. The MindIR is written to
 ``servables/add/1/tensor_add.mindir`` and checked by loading it back.
 """
+
 import os
 
 import numpy as np
@@ -14,7 +15,9 @@ MODEL_FILES = ["tensor_add.mindir"]
 
 def _set_context():
     import mindspore as ms
+
     from mindspore_serving.common.ms_device import select_device
+
     select_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
 
@@ -38,6 +41,7 @@ def _build_net():
 
 def main():
     import mindspore as ms
+
     _set_context()
     os.makedirs(VERSION_DIR, exist_ok=True)
     x1 = np.ones([2, 2], np.float32)

@@ -1,4 +1,5 @@
 """Servable `add`: y = x1 + x2 on [2, 2] float32 tensors (tensor_add.mindir, no batch dimension)."""
+
 import numpy as np
 
 from mindspore_serving.server import register

@@ -6,6 +6,7 @@ Start the server first (`python serving_server.py`), then:
 
 Exits with a non-zero status when a result differs from numpy.
 """
+
 import argparse
 import json
 import sys
@@ -50,8 +51,9 @@ def run_restful(address):
     x1 = [[1.0, 2.0], [3.0, 4.0]]
     x2 = [[0.5, 0.5], [0.5, 0.5]]
     body = json.dumps({"instances": [{"x1": x1, "x2": x2}]}).encode()
-    request = urllib.request.Request(f"http://{address}/model/add:add_common", data=body,
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"http://{address}/model/add:add_common", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=60) as response:
         reply = json.loads(response.read())
     return check("REST add_common", reply.get("instances", reply), [np.add(x1, x2)])

@@ -6,6 +6,7 @@
 Run from anywhere: ``python servables/add_sub/export_model.py``. The MindIR files are written to
 ``servables/add_sub/1/`` and checked by loading them back.
 """
+
 import os
 
 import numpy as np
@@ -17,7 +18,9 @@ MODEL_FILES = ["tensor_add.mindir", "tensor_sub.mindir"]
 
 def _set_context():
     import mindspore as ms
+
     from mindspore_serving.common.ms_device import select_device
+
     select_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
 
@@ -51,6 +54,7 @@ def _build_nets():
 
 def main():
     import mindspore as ms
+
     _set_context()
     os.makedirs(VERSION_DIR, exist_ok=True)
     add_net, sub_net = _build_nets()

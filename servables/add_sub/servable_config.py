@@ -4,6 +4,7 @@ dimension) and Python stages.
 * add_sub_only_model(x1, x2, x3) -> y = (x1 + x2) - x3
 * add_sub_complex(x1, x2, x3)    -> y = 2 * ((x1 + 1) + x2 - x3)
 """
+
 import numpy as np
 
 from mindspore_serving.server import register

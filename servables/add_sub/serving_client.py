@@ -9,6 +9,7 @@ Start the server first (`python serving_server.py`), then:
 
 Exits with a non-zero status when a result differs from numpy.
 """
+
 import argparse
 import json
 import sys
@@ -47,8 +48,9 @@ def run_restful(address):
     """RESTful: POST /model/<servable>:<method> with nested JSON lists (floats become float32)."""
     x1, x2, x3 = [[1.0, 2.0], [3.0, 4.0]], [[1.0, 1.0], [1.0, 1.0]], [[0.5, 0.5], [0.5, 0.5]]
     body = json.dumps({"instances": [{"x1": x1, "x2": x2, "x3": x3}]}).encode()
-    request = urllib.request.Request(f"http://{address}/model/add_sub:add_sub_complex", data=body,
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"http://{address}/model/add_sub:add_sub_complex", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=60) as response:
         reply = json.loads(response.read())
     expected = 2 * (np.add(x1, 1) + np.array(x2) - np.array(x3))

@@ -5,6 +5,7 @@ If the checkpoint is missing, train_lenet.py is run first. The export is verifie
 comparing it with the network it came from, and with a numpy re-implementation of the network.
 Run from anywhere: ``python servables/lenet/export_model.py``.
 """
+
 import os
 import sys
 
@@ -19,18 +20,21 @@ BATCH_SIZE = 2
 
 def _set_context():
     import mindspore as ms
+
     from mindspore_serving.common.ms_device import select_device
+
     select_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
 
 
 def numpy_lenet(params, x):
     """Reference forward pass in numpy from the checkpoint parameters (a dict name -> array)."""
+
     def conv(x, w, b):  # valid 2-D convolution, stride 1
         k = w.shape[-1]
         n, c, h, width = x.shape
         out_h, out_w = h - k + 1, width - k + 1
-        cols = np.stack([x[:, :, i:i + out_h, j:j + out_w] for i in range(k) for j in range(k)], axis=2)
+        cols = np.stack([x[:, :, i : i + out_h, j : j + out_w] for i in range(k) for j in range(k)], axis=2)
         cols = cols.reshape(n, c, k, k, out_h, out_w)
         return np.einsum("nckloq,fckl->nfoq", cols, w) + b.reshape(1, -1, 1, 1)
 
@@ -51,11 +55,13 @@ def numpy_lenet(params, x):
 
 def main():
     import mindspore as ms
+
     _set_context()
     if HERE not in sys.path:
         sys.path.insert(0, HERE)
     if not os.path.exists(CKPT_FILE):
         import train_lenet
+
         train_lenet.main()
     from lenet_net import LeNet5
 

@@ -1,5 +1,6 @@
 """LeNet-5 style network for 32x32 single-channel digits (conv-pool-conv-pool-dense x3), shared by
 train_lenet.py and export_model.py."""
+
 import mindspore.nn as nn
 import mindspore.ops as ops
 
@@ -19,8 +20,8 @@ class LeNet5(nn.Cell):
         self.flatten = ops.Flatten()
 
     def construct(self, x):
-        x = self.max_pool2d(self.relu(self.conv1(x)))   # [N, 6, 14, 14]
-        x = self.max_pool2d(self.relu(self.conv2(x)))   # [N, 16, 5, 5]
+        x = self.max_pool2d(self.relu(self.conv1(x)))  # [N, 6, 14, 14]
+        x = self.max_pool2d(self.relu(self.conv2(x)))  # [N, 16, 5, 5]
         x = self.flatten(x)
         x = self.relu(self.fc1(x))
         x = self.relu(self.fc2(x))

@@ -4,6 +4,7 @@ as 32x32 grayscale PNG files: ``images/digit_<label>_<i>.png``.
 The pixels are exactly those the model was trained on (8x8 -> uint8 -> bilinear 32x32), so the served
 pre-processing of these files reproduces the training inputs. Run from anywhere: ``python servables/lenet/make_images.py``.
 """
+
 import os
 import sys
 
@@ -18,6 +19,7 @@ def main(per_label=PER_LABEL):
     if HERE not in sys.path:
         sys.path.insert(0, HERE)
     from train_lenet import load_split
+
     _, _, x_test, y_test = load_split()
     os.makedirs(IMAGES_DIR, exist_ok=True)
     written = []

@@ -6,6 +6,7 @@
 `image` is an encoded image file (PNG, JPEG, ...; any size, colour or grayscale) sent as bytes. `label` is the
 predicted digit as a str, e.g. "7".
 """
+
 import io
 
 import numpy as np
@@ -38,8 +39,9 @@ def preprocess(image):
     with Image.open(io.BytesIO(_image_bytes(image))) as img:
         width, height = img.size  # read from the header: nothing is decoded yet
         if width * height > MAX_PIXELS:
-            raise ValueError(f"the image has {width}x{height} pixels, more than this servable decodes "
-                             f"({MAX_PIXELS} pixels)")
+            raise ValueError(
+                f"the image has {width}x{height} pixels, more than this servable decodes ({MAX_PIXELS} pixels)"
+            )
         gray = img.convert("L")
     if gray.size != (IMAGE_SIZE, IMAGE_SIZE):
         gray = gray.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BILINEAR)

@@ -10,6 +10,7 @@ Start the server first (`python serving_server.py`), then:
 The file names hold the true digit (images/digit_<label>_<n>.png). Exits with a non-zero status when the two
 protocols disagree or when fewer than 80% of the digits are recognised.
 """
+
 import argparse
 import base64
 import glob
@@ -47,9 +48,11 @@ def run_grpc(address):
 def run_restful(address):
     """Bytes travel in JSON as {"b64": ...} (the type defaults to bytes)."""
     instances = [{"image": {"b64": base64.b64encode(read(path)).decode()}} for path in IMAGES]
-    request = urllib.request.Request(f"http://{address}/model/lenet:classify_top1_batch",
-                                     data=json.dumps({"instances": instances}).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"http://{address}/model/lenet:classify_top1_batch",
+        data=json.dumps({"instances": instances}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=60) as response:
         reply = json.loads(response.read())
     return labels_of("REST classify_top1_batch", reply.get("instances", reply))

@@ -6,6 +6,7 @@ does the same on PNG images. The checkpoint is written to ``lenet_digits.ckpt`` 
 
 Run from anywhere: ``python servables/lenet/train_lenet.py`` (about 10-20 s on 2 cores).
 """
+
 import os
 import sys
 import time
@@ -42,11 +43,13 @@ def load_split():
     """(train_images, train_labels, test_images, test_labels); images are 32x32 uint8 arrays."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
+
     digits = load_digits()
     images = np.stack([np.asarray(digit_to_image(d)) for d in digits.images])
     labels = digits.target.astype(np.int32)
-    x_train, x_test, y_train, y_test = train_test_split(images, labels, test_size=TEST_FRACTION,
-                                                        random_state=SPLIT_SEED, stratify=labels)
+    x_train, x_test, y_train, y_test = train_test_split(
+        images, labels, test_size=TEST_FRACTION, random_state=SPLIT_SEED, stratify=labels
+    )
     return x_train, y_train, x_test, y_test
 
 
@@ -57,6 +60,7 @@ def to_batch(images):
 
 def evaluate(net, images, labels):
     import mindspore as ms
+
     x = to_batch(images)
     logits = net(ms.Tensor(x)).asnumpy()
     return float((logits.argmax(axis=1) == labels).mean())
@@ -65,6 +69,7 @@ def evaluate(net, images, labels):
 def main():
     import mindspore as ms
     import mindspore.nn as nn
+
     if HERE not in sys.path:
         sys.path.insert(0, HERE)
     from lenet_net import LeNet5
@@ -89,15 +94,17 @@ def main():
         order = rng.permutation(len(train_x))
         losses = []
         for i in range(steps_per_epoch):
-            idx = order[i * BATCH:(i + 1) * BATCH]
+            idx = order[i * BATCH : (i + 1) * BATCH]
             losses.append(float(step(ms.Tensor(train_x[idx]), ms.Tensor(y_train[idx])).asnumpy()))
         print(f"epoch {epoch + 1}/{EPOCHS} loss {np.mean(losses):.4f}")
     net.set_train(False)
     train_acc = evaluate(net, x_train, y_train)
     test_acc = evaluate(net, x_test, y_test)
     ms.save_checkpoint(net, CKPT_FILE)
-    print(f"train accuracy {train_acc:.4f}, test accuracy {test_acc:.4f} ({len(y_test)} images), "
-          f"{time.time() - start:.1f} s; saved {CKPT_FILE} ({os.path.getsize(CKPT_FILE)} bytes)")
+    print(
+        f"train accuracy {train_acc:.4f}, test accuracy {test_acc:.4f} ({len(y_test)} images), "
+        f"{time.time() - start:.1f} s; saved {CKPT_FILE} ({os.path.getsize(CKPT_FILE)} bytes)"
+    )
     return test_acc
 
 

@@ -8,6 +8,7 @@ configuration's `model.export` fields over it.
 An earlier export of the same network and weights (in the graphs' own directory, or `reuse_dir`) is reused: its
 weights and the graphs wanted are kept, and only the others compiled (export.py, `reusable_graphs`).
 """
+
 import os
 import sys
 
@@ -25,6 +26,7 @@ def stale(config_path=CONFIG):
     sys.path.insert(0, ROOT)
     from mindspore_serving.models.llama.manifest import outdated_format
     from mindspore_serving.spec.llm_config import load_serving_config
+
     config = load_serving_config(config_path, check_graphs=False)
     for graphs_dir in config.model.graphs:
         reason = outdated_format(graphs_dir)
@@ -38,16 +40,25 @@ def main(config_path=CONFIG, reuse=True, reuse_dir=None):
     is tensor-parallel); returns their manifests. `reuse`: keep what an earlier export in the graphs' directory (or
     in `reuse_dir`, one rank's graphs) has of them; False compiles everything."""
     sys.path.insert(0, ROOT)
-    from mindspore_serving.spec.llm_config import load_serving_config
     from mindspore_serving.models.llama.export import export_graphs, export_tensor_parallel
+    from mindspore_serving.spec.llm_config import load_serving_config
+
     config = load_serving_config(config_path, check_graphs=False)
     model_file = config.model_file()
     if config.model.tensor_parallel > 1:
-        return export_tensor_parallel(model_file, list(config.model.graphs), checkpoint=config.model.checkpoint,
-                                      reuse=reuse)
-    return [export_graphs(model_file, graphs_dir, checkpoint=config.model.checkpoint, jobs=min(2, os.cpu_count() or 1),
-                          reuse_dir=(reuse_dir or graphs_dir) if reuse else None)
-            for graphs_dir in config.model.graphs]
+        return export_tensor_parallel(
+            model_file, list(config.model.graphs), checkpoint=config.model.checkpoint, reuse=reuse
+        )
+    return [
+        export_graphs(
+            model_file,
+            graphs_dir,
+            checkpoint=config.model.checkpoint,
+            jobs=min(2, os.cpu_count() or 1),
+            reuse_dir=(reuse_dir or graphs_dir) if reuse else None,
+        )
+        for graphs_dir in config.model.graphs
+    ]
 
 
 if __name__ == "__main__":

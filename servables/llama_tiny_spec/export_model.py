@@ -4,6 +4,7 @@
 The model file and the checkpoint are llama_tiny's, so its exported weights and graphs (servables/llama_tiny/1/, when
 exported) are copied and only the verify graphs compiled (export.py, `reusable_graphs`); otherwise every graph is.
 """
+
 import os
 import sys
 

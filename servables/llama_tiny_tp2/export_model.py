@@ -4,6 +4,7 @@ and 1/rank_1/.
 The weights come from the committed checkpoint, as for llama_tiny; the two ranks run as a MindSpore cluster while
 they export (models/llama/export.py, export_tensor_parallel).
 """
+
 import os
 import sys
 

@@ -3,6 +3,7 @@
 The same methods and answers as `llama_tiny` (greedy outputs are equal); each agent holds half of the model and of
 the KV cache.
 """
+
 from mindspore_serving.server import register
 
 register.declare_llm(config_file="../../config/llama_tiny_tp2.yaml")

@@ -6,6 +6,7 @@
 The weights are fixed (seeded) and also saved as ``1/weights.npz`` (arrays "w0", "w1") so that tests can compute
 numpy references. Run from anywhere: ``python servables/matmul/export_model.py``.
 """
+
 import os
 
 import numpy as np
@@ -29,7 +30,9 @@ def make_weights():
 
 def _set_context():
     import mindspore as ms
+
     from mindspore_serving.common.ms_device import select_device
+
     select_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
 
@@ -55,6 +58,7 @@ def _build_net(weight, name):
 
 def main():
     import mindspore as ms
+
     _set_context()
     os.makedirs(VERSION_DIR, exist_ok=True)
     weights = make_weights()

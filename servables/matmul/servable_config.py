@@ -5,10 +5,12 @@
 
 Method predict(x1, x2) -> (y1, y2): a single Python stage calls both subgraphs through Model.call.
 """
+
 from mindspore_serving.server import register
 
-model = register.declare_model(model_file=["matmul_0.mindir", "matmul_1.mindir"], model_format="MindIR",
-                               with_batch_dim=False)
+model = register.declare_model(
+    model_file=["matmul_0.mindir", "matmul_1.mindir"], model_format="MindIR", with_batch_dim=False
+)
 
 
 def process(x1, x2):

@@ -9,6 +9,7 @@ Start the server first (`python serving_server.py`), then:
 
 Exits with a non-zero status when a result differs from numpy.
 """
+
 import argparse
 import base64
 import json
@@ -57,8 +58,9 @@ def run_restful(address, w0, w1):
     x1 = np.full((128, 96), 0.5, np.float32)
     x2 = np.arange(8 * 96, dtype=np.float32).reshape(8, 96) / 768
     body = json.dumps({"instances": [{"x1": tensor_b64(x1), "x2": tensor_b64(x2)}]}).encode()
-    request = urllib.request.Request(f"http://{address}/model/matmul:predict", data=body,
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"http://{address}/model/matmul:predict", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=60) as response:
         reply = json.loads(response.read())
     return check("REST predict", reply.get("instances", reply), [(x1 @ w0, x2 @ w1)])

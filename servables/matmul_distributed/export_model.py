@@ -11,6 +11,7 @@ the matching columns of x and all-reduces the partial products, so every rank re
 
 Run from anywhere: ``python servables/matmul_distributed/export_model.py`` (a scheduler and 2 rank processes).
 """
+
 import os
 import subprocess
 import sys
@@ -21,8 +22,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 VERSION_DIR = os.path.join(HERE, "model")
 RANKS = 2
 ROWS, FEATURES = 4, 8
-MODEL_FILES = [f"device{r}/matmul.mindir" for r in range(RANKS)] + \
-              [f"pipeline/stage{s}.mindir" for s in range(RANKS)] + ["weight.npy"]
+MODEL_FILES = (
+    [f"device{r}/matmul.mindir" for r in range(RANKS)]
+    + [f"pipeline/stage{s}.mindir" for s in range(RANKS)]
+    + ["weight.npy"]
+)
 SEED = 20240602
 
 
@@ -33,9 +37,11 @@ def make_weight():
 def _rank_main():
     """One rank of the export cluster: exports its shard's graph and its pipeline stage, checks both."""
     import mindspore as ms
-    from mindspore import nn, ops, Tensor
+    from mindspore import Tensor, nn, ops
+
     from mindspore_serving.common.ms_cluster import join_cluster
     from mindspore_serving.common.ms_device import select_device
+
     select_device("CPU")
     rank = join_cluster()
     weight = make_weight()
@@ -49,7 +55,7 @@ def _rank_main():
             self.all_reduce = ops.AllReduce()
 
         def construct(self, x):
-            return self.all_reduce(ops.matmul(x[:, rank * half:(rank + 1) * half], self.weight))
+            return self.all_reduce(ops.matmul(x[:, rank * half : (rank + 1) * half], self.weight))
 
     class FirstStage(nn.Cell):
         def __init__(self):
@@ -68,9 +74,14 @@ def _rank_main():
             return partial + ops.matmul(x[:, half:], self.weight)
 
     x = np.arange(ROWS * FEATURES, dtype=np.float32).reshape(ROWS, FEATURES) / 10
-    for sub, net, inputs in ((f"device{rank}/matmul", RowParallelMatMul(), [x]),
-                             (f"pipeline/stage{rank}", FirstStage() if rank == 0 else LastStage(),
-                              [x] if rank == 0 else [x, x[:, :half] @ weight[:half]])):
+    for sub, net, inputs in (
+        (f"device{rank}/matmul", RowParallelMatMul(), [x]),
+        (
+            f"pipeline/stage{rank}",
+            FirstStage() if rank == 0 else LastStage(),
+            [x] if rank == 0 else [x, x[:, :half] @ weight[:half]],
+        ),
+    ):
         base = os.path.join(VERSION_DIR, sub)
         os.makedirs(os.path.dirname(base), exist_ok=True)
         ms.export(net, *[Tensor(v) for v in inputs], file_name=base, file_format="MINDIR")
@@ -88,13 +99,17 @@ def _rank_main():
 def main():
     """Runs the export cluster (a scheduler and RANKS rank processes of this script) and waits for it."""
     from mindspore_serving.common.ms_cluster import ClusterAddress, free_port, rank_env, start_scheduler
+
     os.makedirs(VERSION_DIR, exist_ok=True)
     np.save(os.path.join(VERSION_DIR, "weight.npy"), make_weight())
     cluster = ClusterAddress("127.0.0.1", free_port("127.0.0.1"), RANKS)
     procs = [start_scheduler(cluster, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    procs += [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--rank"],
-                               env=dict(rank_env(cluster, r), GLOG_v="3"))
-              for r in range(RANKS)]
+    procs += [
+        subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--rank"], env=dict(rank_env(cluster, r), GLOG_v="3")
+        )
+        for r in range(RANKS)
+    ]
     try:
         codes = [p.wait(timeout=300) for p in procs[1:]]
     finally:

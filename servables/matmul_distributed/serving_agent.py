@@ -4,6 +4,7 @@
 
 Model files are relative to this script. Ctrl-C or SIGTERM stops the agents (and then the server's worker).
 """
+
 import argparse
 
 from mindspore_serving.server import distributed
@@ -21,9 +22,13 @@ def main():
     args = parser.parse_args()
     first = args.rank_start or 0
     model_files = [f"{args.model_dir.format(first + i)}/{args.model_name}" for i in range(args.ranks)]
-    distributed.startup_agents(distributed_address=args.distributed, model_files=model_files,
-                               agent_start_port=args.agent_start_port, agent_ip=args.agent_ip,
-                               rank_start=args.rank_start)
+    distributed.startup_agents(
+        distributed_address=args.distributed,
+        model_files=model_files,
+        agent_start_port=args.agent_start_port,
+        agent_ip=args.agent_ip,
+        rank_start=args.rank_start,
+    )
 
 
 if __name__ == "__main__":

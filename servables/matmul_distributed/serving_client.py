@@ -7,6 +7,7 @@ Start serving_server.py and serving_agent.py first, then:
 
 Exits with a non-zero status when a result differs from numpy.
 """
+
 import argparse
 import json
 import os
@@ -38,8 +39,9 @@ def run_grpc(address, servable, weight):
 def run_restful(address, servable, weight):
     x = np.arange(32, dtype=np.float32).reshape(4, 8) / 8
     body = json.dumps({"instances": [{"x": x.tolist()}]}).encode()
-    request = urllib.request.Request(f"http://{address}/model/{servable}:predict", data=body,
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"http://{address}/model/{servable}:predict", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=60) as response:
         reply = json.loads(response.read())
     instances = reply.get("instances")

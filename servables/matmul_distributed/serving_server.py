@@ -4,6 +4,7 @@ started by serving_agent.py, then gRPC and RESTful front ends open.
     python servables/matmul_distributed/serving_server.py [--grpc 127.0.0.1:5500] [--rest 127.0.0.1:1500]
                                                           [--distributed 127.0.0.1:6200]
 """
+
 import argparse
 import os
 
@@ -20,8 +21,13 @@ def main():
     parser.add_argument("--distributed", default="127.0.0.1:6200", help="where the worker waits for the agents")
     parser.add_argument("--rank_table", default=os.path.join(HERE, "rank_table_2pcs.json"), help="rank table file")
     args = parser.parse_args()
-    distributed.start_servable(os.path.dirname(HERE), "matmul_distributed", rank_table_json_file=args.rank_table,
-                               version_number=1, distributed_address=args.distributed)
+    distributed.start_servable(
+        os.path.dirname(HERE),
+        "matmul_distributed",
+        rank_table_json_file=args.rank_table,
+        version_number=1,
+        distributed_address=args.distributed,
+    )
     server.start_grpc_server(args.grpc)
     if args.rest:
         server.start_restful_server(args.rest)

@@ -1,6 +1,6 @@
 """Servers shared by the end-to-end modules whose tests only read from them."""
-import pytest
 
+import pytest
 from llm_setup import SPEC_CONFIG, write_config, write_servable
 from serving_process import start_server
 
@@ -12,8 +12,9 @@ def llm_server(tmp_path_factory):
     directory = tmp_path_factory.mktemp("llm")
     config = write_config(directory, start_port=0)
     servables = write_servable(directory, config)
-    proc, grpc_addr, rest_addr = start_server(directory, servables=("llama_tiny",),
-                                              extra_args=["--servable_directory", servables])
+    proc, grpc_addr, rest_addr = start_server(
+        directory, servables=("llama_tiny",), extra_args=["--servable_directory", servables]
+    )
     try:
         yield proc, grpc_addr, rest_addr, config
     finally:
@@ -27,4 +28,5 @@ def runner():
     graphs; each engine allocates its own blocks, and what they count of the runner they count as differences."""
     from mindspore_serving.agent.graph_runner import GraphRunner  # lazy: MindSpore only where a model runs
     from mindspore_serving.spec.llm_config import load_serving_config  # lazy: as above
+
     return GraphRunner(load_serving_config(SPEC_CONFIG).model.graphs[0], num_blocks=256)

@@ -1,4 +1,5 @@
 """End to end: serving_server.py with the bundled servables, real workers, gRPC and RESTful calls."""
+
 import base64
 import glob
 import os
@@ -6,9 +7,9 @@ import os
 import numpy as np
 import pytest
 import requests
+from serving_process import SERVABLES, start_server
 
 from mindspore_serving.client import Client
-from serving_process import SERVABLES, start_server
 
 IMAGES = sorted(glob.glob(os.path.join(SERVABLES, "lenet", "images", "*.png")))
 
@@ -19,8 +20,9 @@ def label_of(path):
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    proc, grpc_addr, rest_addr = start_server(tmp_path_factory.mktemp("classic"),
-                                              servables=("add", "add_sub", "matmul", "lenet"))
+    proc, grpc_addr, rest_addr = start_server(
+        tmp_path_factory.mktemp("classic"), servables=("add", "add_sub", "matmul", "lenet")
+    )
     try:
         yield proc, grpc_addr, f"http://{rest_addr}"
     finally:
@@ -51,7 +53,13 @@ def test_mixed_good_and_bad_instances(served):
     bad_dtype = np.ones((2, 2), np.int32)
     bad_size = np.ones((3, 2), np.float32)
     result = Client(grpc_addr, "add", "add_common").infer(
-        [{"x1": good, "x2": good}, {"x1": bad_dtype, "x2": good}, {"x1": good, "x2": bad_size}, {"x1": good, "x2": good}])
+        [
+            {"x1": good, "x2": good},
+            {"x1": bad_dtype, "x2": good},
+            {"x1": good, "x2": bad_size},
+            {"x1": good, "x2": good},
+        ]
+    )
     np.testing.assert_array_equal(result[0]["y"], good * 2)
     assert "data type kMSI_Int32 not match the data type kMSI_Float32" in result[1]["error"]
     assert "size 24 not match the size 16" in result[2]["error"]
@@ -62,8 +70,10 @@ def test_missing_input_and_unknown_method(served):
     _, grpc_addr, _ = served
     x = np.ones((2, 2), np.float32)
     result = Client(grpc_addr, "add", "add_common").infer({"x1": x})
-    assert result == {"error": "Cannot find input x2 in instance input , servable add, method add_common"} or \
-        "Cannot find input x2" in result["error"]
+    assert (
+        result == {"error": "Cannot find input x2 in instance input , servable add, method add_common"}
+        or "Cannot find input x2" in result["error"]
+    )
     result = Client(grpc_addr, "add", "no_such_method").infer({"x1": x, "x2": x})
     assert "method is not available" in result["error"]
     result = Client(grpc_addr, "no_such_servable", "m").infer({"x1": x})
@@ -112,11 +122,14 @@ def test_lenet_accuracy_over_bundled_images(served):
 def test_stage_that_raises_fails_only_its_instance(served):
     _, grpc_addr, _ = served
     good = open(IMAGES[0], "rb").read()
-    result = Client(grpc_addr, "lenet", "classify_top1").infer([{"image": good}, {"image": b"not a png"},
-                                                                 {"image": good}])
+    result = Client(grpc_addr, "lenet", "classify_top1").infer(
+        [{"image": good}, {"image": b"not a png"}, {"image": good}]
+    )
     assert result[0]["label"] == label_of(IMAGES[0])
-    assert "Call Function 'lenet.preprocess' Failed, method: 'classify_top1', stage index(begin with 1): 1" \
+    assert (
+        "Call Function 'lenet.preprocess' Failed, method: 'classify_top1', stage index(begin with 1): 1"
         in result[1]["error"]
+    )
     assert "<_io.BytesIO object>" in result[1]["error"] and " at 0x" not in result[1]["error"]  # PIL's repr, cut
     assert result[2]["label"] == label_of(IMAGES[0])
 
@@ -132,21 +145,37 @@ def test_async_inference(served):
 
 def test_restful_every_servable(served):
     _, _, url = served
-    reply = requests.post(f"{url}/model/add:add_common",
-                          json={"instances": [{"x1": [[1.0, 2.0], [3.0, 4.0]], "x2": [[1.0, 1.0], [1.0, 1.0]]}]}).json()
+    reply = requests.post(
+        f"{url}/model/add:add_common",
+        json={"instances": [{"x1": [[1.0, 2.0], [3.0, 4.0]], "x2": [[1.0, 1.0], [1.0, 1.0]]}]},
+    ).json()
     assert reply == {"instances": [{"y": [[2.0, 3.0], [4.0, 5.0]]}]}
-    reply = requests.post(f"{url}/model/add/version/1:add_cast",
-                          json={"instances": {"x1": [[1, 2], [3, 4]], "x2": [[1, 1], [1, 1]]}}).json()
+    reply = requests.post(
+        f"{url}/model/add/version/1:add_cast", json={"instances": {"x1": [[1, 2], [3, 4]], "x2": [[1, 1], [1, 1]]}}
+    ).json()
     assert reply == {"instances": [{"y": [[2.0, 3.0], [4.0, 5.0]]}]}
-    reply = requests.post(f"{url}/model/add_sub:add_sub_only_model",
-                          json={"instances": [{"x1": [[1.0, 2.0], [3.0, 4.0]], "x2": [[1.0, 1.0], [1.0, 1.0]],
-                                               "x3": [[2.0, 2.0], [2.0, 2.0]]}]}).json()
+    reply = requests.post(
+        f"{url}/model/add_sub:add_sub_only_model",
+        json={
+            "instances": [
+                {"x1": [[1.0, 2.0], [3.0, 4.0]], "x2": [[1.0, 1.0], [1.0, 1.0]], "x3": [[2.0, 2.0], [2.0, 2.0]]}
+            ]
+        },
+    ).json()
     assert reply == {"instances": [{"y": [[0.0, 1.0], [2.0, 3.0]]}]}
     x1 = np.ones((128, 96), np.float32)
     x2 = np.ones((8, 96), np.float32)
-    reply = requests.post(f"{url}/model/matmul:predict", json={"instances": [{
-        "x1": {"b64": base64.b64encode(x1.tobytes()).decode(), "type": "fp32", "shape": [128, 96]},
-        "x2": {"b64": base64.b64encode(x2.tobytes()).decode(), "type": "fp32", "shape": [8, 96]}}]}).json()
+    reply = requests.post(
+        f"{url}/model/matmul:predict",
+        json={
+            "instances": [
+                {
+                    "x1": {"b64": base64.b64encode(x1.tobytes()).decode(), "type": "fp32", "shape": [128, 96]},
+                    "x2": {"b64": base64.b64encode(x2.tobytes()).decode(), "type": "fp32", "shape": [8, 96]},
+                }
+            ]
+        },
+    ).json()
     weights = np.load(os.path.join(SERVABLES, "matmul", "1", "weights.npz"))
     np.testing.assert_allclose(np.array(reply["instances"][0]["y1"]), x1 @ weights["w0"], rtol=1e-4, atol=1e-4)
     images = [{"image": {"b64": base64.b64encode(open(p, "rb").read()).decode()}} for p in IMAGES[:3]]
@@ -156,18 +185,24 @@ def test_restful_every_servable(served):
 
 def test_restful_errors_keep_server_serving(served):
     _, _, url = served
-    assert requests.post(f"{url}/model/add:add_common", data=b"{not json").json()["error_msg"].startswith(
-        "Illegal JSON format.")
+    assert (
+        requests.post(f"{url}/model/add:add_common", data=b"{not json")
+        .json()["error_msg"]
+        .startswith("Illegal JSON format.")
+    )
     assert requests.post(f"{url}/model/nope:add_common", json={"instances": [{"x1": 1}]}).json() == {
-        "error_msg": "Request servable(nope) method(add_common) , servable is not available"}
+        "error_msg": "Request servable(nope) method(add_common) , servable is not available"
+    }
     reply = requests.post(f"{url}/model/add:add_common", json={"instances": [{"x1": [[1.0]], "x2": [[1.0]]}]}).json()
     assert "not match the size 16 defined in model" in reply["error_msg"]
     reply = requests.post(f"{url}/model/add:add_common", json={"instances": [{"x1": {"b64": "abc"}}]}).json()
     assert "is illegal b64 encode string" in reply["error_msg"]
     reply = requests.get(f"{url}/model/add:add_common").json()
     assert reply == {"error_msg": "http message only support POST right now"}
-    ok = requests.post(f"{url}/model/add:add_common",
-                       json={"instances": [{"x1": [[1.0, 2.0], [3.0, 4.0]], "x2": [[1.0, 1.0], [1.0, 1.0]]}]}).json()
+    ok = requests.post(
+        f"{url}/model/add:add_common",
+        json={"instances": [{"x1": [[1.0, 2.0], [3.0, 4.0]], "x2": [[1.0, 1.0], [1.0, 1.0]]}]},
+    ).json()
     assert ok == {"instances": [{"y": [[2.0, 3.0], [4.0, 5.0]]}]}
 
 

@@ -1,10 +1,10 @@
 """The example clients servables/<name>/serving_client.py, each run as a script against serving_server.py."""
+
 import os
 import subprocess
 import sys
 
 import pytest
-
 from serving_process import SERVABLES, start_server
 
 EXAMPLES = ("add", "add_sub", "matmul", "lenet")
@@ -23,8 +23,13 @@ def server(tmp_path_factory):
 def test_example_client_succeeds(server, servable, tmp_path):
     grpc_addr, rest_addr = server
     script = os.path.join(SERVABLES, servable, "serving_client.py")
-    done = subprocess.run([sys.executable, script, "--grpc", grpc_addr, "--rest", rest_addr], cwd=str(tmp_path),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180)
+    done = subprocess.run(
+        [sys.executable, script, "--grpc", grpc_addr, "--rest", rest_addr],
+        cwd=str(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=180,
+    )
     output = done.stdout.decode(errors="replace")
     assert done.returncode == 0, output
     assert "MISMATCH" not in output and "FAILED" not in output, output

@@ -3,6 +3,7 @@ Against one real server (add, slow and the tiny LLM): every protocol is answered
 process killed under load fails only its own connections, fast, and comes back, and SIGTERM drains both at once.
 Which front end answered is read from `mindspore_serving_frontend_requests_total{frontend=...}`; every request
 opens a connection of its own, so that the kernel spreads them over both listeners."""
+
 import os
 import shutil
 import signal
@@ -14,13 +15,13 @@ import numpy as np
 import psutil
 import pytest
 import requests
+from certificates import make_certs
+from llm_setup import write_config, write_servable
+from serving_process import ROOT, SERVABLES, free_port, start_server, wait_until
 
 from mindspore_serving.client import Client
 from mindspore_serving.proto import grpc_predict_v2_pb2 as kserve_pb2
 from mindspore_serving.proto import grpc_predict_v2_pb2_grpc as kserve_grpc
-from llm_setup import write_config, write_servable
-from certificates import make_certs
-from serving_process import ROOT, SERVABLES, free_port, start_server, wait_until
 
 SLOW_SERVABLE = os.path.join(ROOT, "tests", "servables", "slow")
 FRONTEND_MODULE = "mindspore_serving.frontend_process"
@@ -39,8 +40,10 @@ def server(tmp_path_factory):
     shutil.copytree(os.path.join(SERVABLES, "add"), os.path.join(servables, "add"))
     shutil.copytree(SLOW_SERVABLE, os.path.join(servables, "slow"))
     proc, grpc_addr, rest_addr = start_server(
-        directory, servables=("add", "slow", "llama_tiny"),
-        extra_args=["--servable_directory", servables, "--frontend_processes", "2", "--grace", str(GRACE)])
+        directory,
+        servables=("add", "slow", "llama_tiny"),
+        extra_args=["--servable_directory", servables, "--frontend_processes", "2", "--grace", str(GRACE)],
+    )
     try:
         yield proc, grpc_addr, f"http://{rest_addr}"
     finally:
@@ -48,8 +51,11 @@ def server(tmp_path_factory):
 
 
 def frontend_pids(proc):
-    return [p.pid for p in psutil.Process(proc.proc.pid).children(recursive=True)
-            if FRONTEND_MODULE in " ".join(p.cmdline())]
+    return [
+        p.pid
+        for p in psutil.Process(proc.proc.pid).children(recursive=True)
+        if FRONTEND_MODULE in " ".join(p.cmdline())
+    ]
 
 
 def answered(url, **tls):
@@ -82,7 +88,8 @@ def rest_add(url):
 
 def grpc_add(grpc_addr):
     result = Client(grpc_addr, "add", "add_common").infer(
-        [{"x1": np.ones((2, 2), np.float32), "x2": np.ones((2, 2), np.float32)}])
+        [{"x1": np.ones((2, 2), np.float32), "x2": np.ones((2, 2), np.float32)}]
+    )
     assert result[0]["y"].tolist() == [[2.0, 2.0], [2.0, 2.0]], result
 
 
@@ -104,14 +111,20 @@ def kserve_grpc_add(grpc_addr):
 
 
 def openai_completion(url):
-    reply = requests.post(url + "/v1/completions", timeout=60,
-                          json={"model": "llama_tiny", "prompt": PROMPT, "max_tokens": 3, "temperature": 0})
+    reply = requests.post(
+        url + "/v1/completions",
+        timeout=60,
+        json={"model": "llama_tiny", "prompt": PROMPT, "max_tokens": 3, "temperature": 0},
+    )
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 3, reply.text
 
 
 def grpc_token_stream(grpc_addr):
-    replies = list(Client(grpc_addr, "llama_tiny", "generate").infer_stream(
-        {"prompt": PROMPT, "max_new_tokens": np.int32(3), "ignore_eos": np.bool_(True)}))
+    replies = list(
+        Client(grpc_addr, "llama_tiny", "generate").infer_stream(
+            {"prompt": PROMPT, "max_new_tokens": np.int32(3), "ignore_eos": np.bool_(True)}
+        )
+    )
     assert replies[-1].get("finished"), replies[-1]
 
 
@@ -142,8 +155,11 @@ def test_front_end_killed_under_load_fails_fast_and_comes_back(server):
             except Exception as err:  # a connection the killed process held
                 outcomes.append((started, time.monotonic(), err))
 
-    threads = [threading.Thread(target=load, args=(call,), daemon=True)
-               for call in (lambda: rest_add(url), lambda: grpc_add(grpc_addr)) for _ in range(3)]
+    threads = [
+        threading.Thread(target=load, args=(call,), daemon=True)
+        for call in (lambda: rest_add(url), lambda: grpc_add(grpc_addr))
+        for _ in range(3)
+    ]
     for thread in threads:
         thread.start()
     try:
@@ -175,14 +191,20 @@ def test_sigterm_drains_every_front_end(server):
     results, threads = [], []
 
     def stream():
-        with requests.post(url + "/v1/completions", stream=True, timeout=60,
-                           json={"model": "llama_tiny", "prompt": PROMPT, "max_tokens": 60, "ignore_eos": True,
-                                 "stream": True}) as response:
+        with requests.post(
+            url + "/v1/completions",
+            stream=True,
+            timeout=60,
+            json={"model": "llama_tiny", "prompt": PROMPT, "max_tokens": 60, "ignore_eos": True, "stream": True},
+        ) as response:
             results.append([line for line in response.iter_lines(decode_unicode=True) if line.startswith("data:")])
 
     def connections(pid):
-        return sum(1 for conn in psutil.Process(pid).net_connections("tcp")
-                   if conn.laddr and conn.laddr.port == rest_port and conn.status == psutil.CONN_ESTABLISHED)
+        return sum(
+            1
+            for conn in psutil.Process(pid).net_connections("tcp")
+            if conn.laddr and conn.laddr.port == rest_port and conn.status == psutil.CONN_ESTABLISHED
+        )
 
     for _ in range(12):  # until both processes hold one
         thread = threading.Thread(target=stream, daemon=True)
@@ -222,10 +244,12 @@ def test_tls_with_client_verification_through_every_front_end(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     certs = make_certs(str(tmp_path))
-    ssl_config = server.SSLConfig(certificate=certs["server.crt"], private_key=certs["server.key"],
-                                  custom_ca=certs["ca.crt"], verify_client=True)
-    client_ssl = ClientSSLConfig(certificate=certs["client.crt"], private_key=certs["client.key"],
-                                 custom_ca=certs["ca.crt"])
+    ssl_config = server.SSLConfig(
+        certificate=certs["server.crt"], private_key=certs["server.key"], custom_ca=certs["ca.crt"], verify_client=True
+    )
+    client_ssl = ClientSSLConfig(
+        certificate=certs["client.crt"], private_key=certs["client.key"], custom_ca=certs["ca.crt"]
+    )
     grpc_addr, rest_addr = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     url, tls = f"https://{rest_addr}", dict(verify=certs["ca.crt"], cert=(certs["client.crt"], certs["client.key"]))
 
@@ -234,7 +258,8 @@ def test_tls_with_client_verification_through_every_front_end(tmp_path, monkeypa
 
     def grpc_call():
         result = Client(grpc_addr, "add", "add_common", ssl_config=client_ssl).infer(
-            {"x1": np.ones((2, 2), np.float32), "x2": np.ones((2, 2), np.float32)})
+            {"x1": np.ones((2, 2), np.float32), "x2": np.ones((2, 2), np.float32)}
+        )
         assert result[0]["y"].tolist() == [[2.0, 2.0], [2.0, 2.0]], result
 
     try:
@@ -246,8 +271,12 @@ def test_tls_with_client_verification_through_every_front_end(tmp_path, monkeypa
         reaches_both(url, grpc_call, **tls)
         no_cert = ClientSSLConfig(custom_ca=certs["ca.crt"])
         for _ in range(8):  # wherever the connection lands
-            assert "Grpc Error" in Client(grpc_addr, "add", "add_common", ssl_config=no_cert).infer(
-                {"x1": np.ones((2, 2), np.float32), "x2": np.ones((2, 2), np.float32)})["error"]
+            assert (
+                "Grpc Error"
+                in Client(grpc_addr, "add", "add_common", ssl_config=no_cert).infer(
+                    {"x1": np.ones((2, 2), np.float32), "x2": np.ones((2, 2), np.float32)}
+                )["error"]
+            )
             with pytest.raises((requests.exceptions.SSLError, requests.exceptions.ConnectionError)):
                 requests.post(url + "/model/add:add_common", verify=certs["ca.crt"], json=ADD_BODY, timeout=10)
     finally:

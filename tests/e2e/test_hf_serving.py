@@ -14,6 +14,7 @@ stay transformers', and a longer run must verify drafts (/metrics) and equal lla
 speculation. Then the model cache: a second start with the same settings uses the graphs exported at the first, a
 changed setting exports again, and a tensor parallelism that does not divide the heads is refused before any export.
 """
+
 import collections
 import glob
 import json
@@ -23,7 +24,6 @@ import numpy as np
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
-
 from serving_process import ROOT, ServingProcess, free_port
 
 # the server's start exports 5 models, then 2 tensor-parallel ones in their workers, and starts 9 agents: 90-150 s on
@@ -32,9 +32,9 @@ pytestmark = pytest.mark.timeout(480)
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "hf")
 TP1 = ["llama3", "llama2_linear", "mistral", "qwen2", "qwen3"]
-TP2 = {"llama3_tp2": "llama3", "qwen2_tp2": "qwen2"}     # servable -> fixture
-LOGPROB_ATOL = 1e-4   # measured differences are ~2e-6
-LOGIT_RTOL = 1e-5     # of the logits' largest magnitude, as tests/unit/test_hf_models.py
+TP2 = {"llama3_tp2": "llama3", "qwen2_tp2": "qwen2"}  # servable -> fixture
+LOGPROB_ATOL = 1e-4  # measured differences are ~2e-6
+LOGIT_RTOL = 1e-5  # of the logits' largest magnitude, as tests/unit/test_hf_models.py
 SMALL = {"decode_batch_buckets": [1, 2], "prefill_batch_buckets": [1], "prefill_len_buckets": [32]}
 MAX_MODEL_LEN = 128
 SPECULATIVE = {"llama3": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}}
@@ -43,7 +43,8 @@ SPECULATIVE = {"llama3": {"method": "ngram", "num_speculative_tokens": 4, "promp
 
 def flags(cache):
     return ["--model_cache", cache, "--max_model_len", str(MAX_MODEL_LEN)] + [
-        arg for field, sizes in SMALL.items() for arg in (f"--{field}", ",".join(map(str, sizes)))]
+        arg for field, sizes in SMALL.items() for arg in (f"--{field}", ",".join(map(str, sizes)))
+    ]
 
 
 def expected(fixture):
@@ -58,12 +59,23 @@ def server(tmp_path_factory):
     for servable, fixture in TP2.items():
         os.makedirs(directory / "servables" / servable)
         with open(directory / "servables" / servable / "servable_config.py", "w", encoding="utf-8") as stream:
-            stream.write("from mindspore_serving.server import register\n"
-                         f"register.declare_llm(model_dir={os.path.join(FIXTURES, fixture)!r}, tensor_parallel=2, "
-                         f"max_model_len={MAX_MODEL_LEN}, model_cache={cache!r}, buckets={SMALL!r})\n")
+            stream.write(
+                "from mindspore_serving.server import register\n"
+                f"register.declare_llm(model_dir={os.path.join(FIXTURES, fixture)!r}, tensor_parallel=2, "
+                f"max_model_len={MAX_MODEL_LEN}, model_cache={cache!r}, buckets={SMALL!r})\n"
+            )
     rest = f"127.0.0.1:{free_port()}"
-    args = [os.path.join(ROOT, "serving_server.py"), "--grpc", f"127.0.0.1:{free_port()}", "--rest", rest,
-            "--servable_directory", str(directory / "servables"), "--servables", ",".join(TP2)]
+    args = [
+        os.path.join(ROOT, "serving_server.py"),
+        "--grpc",
+        f"127.0.0.1:{free_port()}",
+        "--rest",
+        rest,
+        "--servable_directory",
+        str(directory / "servables"),
+        "--servables",
+        ",".join(TP2),
+    ]
     args += [arg for fixture in TP1 for arg in ("--model", os.path.join(FIXTURES, fixture))] + flags(cache)
     args += [arg for fixture in TP1 for arg in ("--speculative_config", json.dumps(SPECULATIVE.get(fixture)))]
     proc = ServingProcess(args, str(directory))
@@ -96,16 +108,39 @@ def test_greedy_tokens_and_logprobs_equal_transformers(server, name):
     prompts = exp["prompts"]
     for prompt in prompts:  # the server's tokenizer gives transformers' prompt ids (bos where the family adds one)
         assert post(url, "/tokenize", {"model": name, "prompt": prompt["text"]})["tokens"] == prompt["input_ids"]
-    reply = post(url, f"/model/{name}:generate", {"instances": [
-        {"prompt": p["text"], "max_new_tokens": 16, "temperature": 0, "ignore_eos": True, "repetition_penalty": 1.0}
-        for p in prompts]})
+    reply = post(
+        url,
+        f"/model/{name}:generate",
+        {
+            "instances": [
+                {
+                    "prompt": p["text"],
+                    "max_new_tokens": 16,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                    "repetition_penalty": 1.0,
+                }
+                for p in prompts
+            ]
+        },
+    )
     assert [i["token_ids"] for i in reply["instances"]] == [p["greedy_ids"] for p in prompts]
     if name in SPECULATIVE:
         _check_speculation(url, name, prompts[-1])
     for row, prompt in zip(logits.astype(np.float64), prompts):
-        choice = post(url, "/v1/completions", {"model": name, "prompt": prompt["text"], "max_tokens": 16,
-                                               "temperature": 0, "ignore_eos": True, "repetition_penalty": 1.0,
-                                               "logprobs": 0})["choices"][0]
+        choice = post(
+            url,
+            "/v1/completions",
+            {
+                "model": name,
+                "prompt": prompt["text"],
+                "max_tokens": 16,
+                "temperature": 0,
+                "ignore_eos": True,
+                "repetition_penalty": 1.0,
+                "logprobs": 0,
+            },
+        )["choices"][0]
         log_softmax = row - row.max() - np.log(np.exp(row - row.max()).sum())
         assert abs(choice["logprobs"]["token_logprobs"][0] - log_softmax[prompt["greedy_ids"][0]]) < LOGPROB_ATOL
 
@@ -116,8 +151,17 @@ def _check_speculation(url, name, prompt):
     for proposals every few rounds), the first 16 are transformers' and all are those of the same weights served
     without speculation (the TP=2 servable)."""
     before = _spec_metrics(url, name)
-    body = {"instances": [{"prompt": prompt["text"], "max_new_tokens": 48, "temperature": 0, "ignore_eos": True,
-                           "repetition_penalty": 1.0}]}
+    body = {
+        "instances": [
+            {
+                "prompt": prompt["text"],
+                "max_new_tokens": 48,
+                "temperature": 0,
+                "ignore_eos": True,
+                "repetition_penalty": 1.0,
+            }
+        ]
+    }
     tokens = post(url, f"/model/{name}:generate", body)["instances"][0]["token_ids"]
     assert (_spec_metrics(url, name) - before)["drafts"] > 0
     assert tokens[:16] == prompt["greedy_ids"]
@@ -133,8 +177,10 @@ def _spec_metrics(url, name) -> collections.Counter:
     for family in text_string_to_metric_families(reply.text):
         for sample in family.samples:
             for counter in ("drafts", "accepted_tokens"):
-                if sample.name == f"mindspore_serving:spec_decode_num_{counter}_total" and \
-                        sample.labels.get("model_name") == name:
+                if (
+                    sample.name == f"mindspore_serving:spec_decode_num_{counter}_total"
+                    and sample.labels.get("model_name") == name
+                ):
                     found[counter] += sample.value
     return found
 
@@ -157,8 +203,11 @@ def test_chat_templates_give_apply_chat_template_ids(server, name):
 
 def test_chat_completion_and_tgi_style_route(server):
     url = server[0]
-    reply = post(url, "/v1/chat/completions", {"model": "qwen2_tp2", "max_tokens": 4, "temperature": 0,
-                                               "messages": [{"role": "user", "content": "Hello"}]})
+    reply = post(
+        url,
+        "/v1/chat/completions",
+        {"model": "qwen2_tp2", "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": "Hello"}]},
+    )
     assert reply["model"] == "qwen2_tp2" and reply["usage"]["completion_tokens"] <= 4
     reply = post(url, "/models/mistral/generate", {"inputs": "Hello", "parameters": {"max_new_tokens": 3}})
     assert reply["generated_text"] is not None
@@ -169,6 +218,7 @@ def test_exported_graphs_give_transformers_logits(server):
     ms = pytest.importorskip("mindspore")  # noqa: F841
     from mindspore_serving.agent.graph_runner import GraphRunner
     from mindspore_serving.llm.model_io import SeqStep
+
     cache = server[1]
     for fixture in TP1:
         (graphs,) = glob.glob(os.path.join(cache, f"{fixture}-*", "graphs", "rank_0"))
@@ -197,8 +247,15 @@ def test_the_cache_is_used_until_a_setting_changes(server, tmp_path):
     qwen2 = os.path.join(FIXTURES, "qwen2")
     out, code = run_cli(tmp_path, "--model", qwen2, *flags(cache))
     assert code == 0 and "qwen2: using the graphs exported at" in out and "exporting" not in out, out
-    out, _ = run_cli(tmp_path, "--model", qwen2, *flags(cache), "--prefill_len_buckets", "16,32",
-                     wait_for="qwen2: exporting 5 graphs")
+    out, _ = run_cli(
+        tmp_path,
+        "--model",
+        qwen2,
+        *flags(cache),
+        "--prefill_len_buckets",
+        "16,32",
+        wait_for="qwen2: exporting 5 graphs",
+    )
     assert len([d for d in glob.glob(os.path.join(cache, "qwen2-*")) if os.path.isdir(d)]) == 2  # a new one
     out, code = run_cli(tmp_path, "--model", qwen2, *flags(cache), "--tensor_parallel", "3")
     assert code != 0 and "tensor_parallel=3 does not divide the model's num_attention_heads=4" in out, out

@@ -1,4 +1,5 @@
 """Process lifecycle end to end: worker death and restart, SIGTERM, start-up failures."""
+
 import os
 import signal
 import time
@@ -6,23 +7,30 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import psutil
+from serving_process import ROOT, ServingProcess, free_port, start_server, wait_until
 
 from mindspore_serving.client import Client
-from serving_process import ROOT, ServingProcess, free_port, start_server, wait_until
 
 TEST_SERVABLES = os.path.join(ROOT, "tests", "servables")
 
 
 def workers_of(proc):
-    return [p for p in psutil.Process(proc.proc.pid).children(recursive=True)
-            if any("start_worker" in part for part in p.cmdline())]
+    return [
+        p
+        for p in psutil.Process(proc.proc.pid).children(recursive=True)
+        if any("start_worker" in part for part in p.cmdline())
+    ]
 
 
 def test_killed_worker_fails_in_flight_requests_and_is_restarted(tmp_path):
     marker = tmp_path / "stage_started"
-    proc, grpc_addr, _ = start_server(tmp_path, servables=("slow",), rest=False,
-                                      extra_args=["--servable_directory", TEST_SERVABLES],
-                                      env={"GLOG_v": "1", "SLOW_STAGE_STARTED": str(marker)})
+    proc, grpc_addr, _ = start_server(
+        tmp_path,
+        servables=("slow",),
+        rest=False,
+        extra_args=["--servable_directory", TEST_SERVABLES],
+        env={"GLOG_v": "1", "SLOW_STAGE_STARTED": str(marker)},
+    )
     try:
         (worker,) = workers_of(proc)
         client = Client(grpc_addr, "slow", "sleep")
@@ -69,24 +77,39 @@ def test_master_killed_workers_follow(tmp_path):
 
 
 def test_broken_servable_fails_start_with_reason(tmp_path):
-    args = [os.path.join(ROOT, "serving_server.py"), "--grpc", f"127.0.0.1:{free_port()}", "--rest", "",
-            "--servables", "broken", "--servable_directory", TEST_SERVABLES]
+    args = [
+        os.path.join(ROOT, "serving_server.py"),
+        "--grpc",
+        f"127.0.0.1:{free_port()}",
+        "--rest",
+        "",
+        "--servables",
+        "broken",
+        "--servable_directory",
+        TEST_SERVABLES,
+    ]
     proc = ServingProcess(args, str(tmp_path))
     try:
         code = proc.wait_exit(120)
         out = proc.output()
         assert code != 0
-        assert "Fail to start workers: {servable name:broken, device id:0, <import broken.servable_config failed, " \
-               "this servable is broken on purpose>}" in out
+        assert (
+            "Fail to start workers: {servable name:broken, device id:0, <import broken.servable_config failed, "
+            "this servable is broken on purpose>}" in out
+        )
     finally:
         proc.close()
 
 
 def test_sigterm_lets_requests_in_flight_finish(tmp_path):
     marker = tmp_path / "stage_started"
-    proc, grpc_addr, _ = start_server(tmp_path, servables=("slow",), rest=False,
-                                      extra_args=["--servable_directory", TEST_SERVABLES],
-                                      env={"SLOW_STAGE_STARTED": str(marker)})
+    proc, grpc_addr, _ = start_server(
+        tmp_path,
+        servables=("slow",),
+        rest=False,
+        extra_args=["--servable_directory", TEST_SERVABLES],
+        env={"SLOW_STAGE_STARTED": str(marker)},
+    )
     try:
         client = Client(grpc_addr, "slow", "sleep")
         with ThreadPoolExecutor(1) as pool:

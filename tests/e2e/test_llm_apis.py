@@ -1,17 +1,18 @@
 """Every LLM API against a real server: greedy output equals the engine's offline output; streaming,
 cancellation, queue overflow and bad input."""
+
 import json
 import threading
 
-import requests
 import numpy as np
 import pytest
+import requests
+from llm_setup import offline_greedy, write_config, write_servable
+from serving_process import start_server
 
 from mindspore_serving.client import Client
 from mindspore_serving.models.llama.tokenizer import TextTokenizer
 from mindspore_serving.spec.llm_config import load_serving_config
-from llm_setup import offline_greedy, write_config, write_servable
-from serving_process import start_server
 
 PROMPT = "And the king of"
 N = 12
@@ -22,8 +23,9 @@ def server(tmp_path_factory):
     directory = tmp_path_factory.mktemp("llm_apis")
     config = write_config(directory, start_port=0, max_num_seqs=2, max_queue_size=1)
     servables = write_servable(directory, config)
-    proc, grpc_addr, rest_addr = start_server(directory, servables=("llama_tiny",),
-                                              extra_args=["--servable_directory", servables])
+    proc, grpc_addr, rest_addr = start_server(
+        directory, servables=("llama_tiny",), extra_args=["--servable_directory", servables]
+    )
     try:
         yield grpc_addr, f"http://{rest_addr}", config
     finally:
@@ -38,38 +40,50 @@ def expected(server):
 def sse_events(response):
     for line in response.iter_lines(decode_unicode=True):
         if line and line.startswith("data:"):
-            payload = line[len("data:"):].strip()
+            payload = line[len("data:") :].strip()
             if payload != "[DONE]":
                 yield json.loads(payload)
 
 
 def test_classic_generate_and_stream(server, expected):
     grpc_addr, url, _ = server
-    reply = requests.post(f"{url}/model/llama_tiny:generate", timeout=60,
-                       json={"instances": [{"prompt": PROMPT, "max_new_tokens": N, "temperature": 0.0}]}).json()
+    reply = requests.post(
+        f"{url}/model/llama_tiny:generate",
+        timeout=60,
+        json={"instances": [{"prompt": PROMPT, "max_new_tokens": N, "temperature": 0.0}]},
+    ).json()
     assert reply["instances"][0]["token_ids"] == expected.token_ids
-    with requests.post(f"{url}/model/llama_tiny:generate_stream", timeout=60, stream=True,
-                       json={"instances": [{"inputs": PROMPT, "max_new_tokens": N, "temperature": 0.0}]}) as response:
+    with requests.post(
+        f"{url}/model/llama_tiny:generate_stream",
+        timeout=60,
+        stream=True,
+        json={"instances": [{"inputs": PROMPT, "max_new_tokens": N, "temperature": 0.0}]},
+    ) as response:
         events = list(sse_events(response))
     tokens = [e["token"]["id"] for e in events if e.get("token")]
     assert tokens == expected.token_ids
-    streamed = list(Client(grpc_addr, "llama_tiny", "generate").infer_stream(
-        {"prompt": PROMPT, "max_new_tokens": np.int32(N), "temperature": np.float32(0)}))
+    streamed = list(
+        Client(grpc_addr, "llama_tiny", "generate").infer_stream(
+            {"prompt": PROMPT, "max_new_tokens": np.int32(N), "temperature": np.float32(0)}
+        )
+    )
     assert [int(e["token_id"]) for e in streamed if "token_id" in e] == expected.token_ids
     assert streamed[-1]["finished"] and streamed[-1]["text"] == expected.text
 
 
 def test_tgi_routes(server, expected):
     _, url, _ = server
-    reply = requests.post(f"{url}/generate", timeout=60, json={"inputs": PROMPT, "parameters": {
-        "max_new_tokens": N, "details": True}})
+    reply = requests.post(
+        f"{url}/generate", timeout=60, json={"inputs": PROMPT, "parameters": {"max_new_tokens": N, "details": True}}
+    )
     assert reply.status_code == 200
     body = reply.json()
     assert body["generated_text"] == expected.text
     assert [t["id"] for t in body["details"]["tokens"]] == expected.token_ids
     assert int(reply.headers["x-generated-tokens"]) == N
-    with requests.post(f"{url}/generate_stream", timeout=60, stream=True,
-                       json={"inputs": PROMPT, "parameters": {"max_new_tokens": N}}) as response:
+    with requests.post(
+        f"{url}/generate_stream", timeout=60, stream=True, json={"inputs": PROMPT, "parameters": {"max_new_tokens": N}}
+    ) as response:
         events = list(sse_events(response))
     assert events[-1]["generated_text"] == expected.text
     assert requests.get(f"{url}/info").status_code == 200
@@ -80,8 +94,11 @@ def test_tgi_routes(server, expected):
 
 def test_mindspore_llm_serving_routes(server, expected):
     _, url, _ = server
-    reply = requests.post(f"{url}/models/llama_tiny/generate", timeout=60,
-                       json={"inputs": PROMPT, "parameters": {"max_new_tokens": N, "do_sample": False}})
+    reply = requests.post(
+        f"{url}/models/llama_tiny/generate",
+        timeout=60,
+        json={"inputs": PROMPT, "parameters": {"max_new_tokens": N, "do_sample": False}},
+    )
     assert reply.status_code == 200
     assert expected.text in json.dumps(reply.json())
 
@@ -96,8 +113,9 @@ def test_openai_client(server, expected):
     assert completion.usage.completion_tokens == N
     chunks = client.completions.create(model="llama_tiny", prompt=PROMPT, max_tokens=N, temperature=0, stream=True)
     assert "".join(c.choices[0].text for c in chunks if c.choices) == expected.text
-    chat = client.chat.completions.create(model="llama_tiny", max_tokens=4,
-                                          messages=[{"role": "user", "content": "Who was king?"}])
+    chat = client.chat.completions.create(
+        model="llama_tiny", max_tokens=4, messages=[{"role": "user", "content": "Who was king?"}]
+    )
     assert chat.choices[0].message.content is not None
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="nope", prompt=PROMPT, max_tokens=2)
@@ -116,15 +134,16 @@ def test_tokenize_and_detokenize_show_what_the_model_gets(server):
     text = "<s><|system|>\nBe brief.\n<|user|>\nWho was king?\n<|assistant|>\n"
     assert chat["tokens"] == tokenizer.encode(text, add_special_tokens=False) and chat["tokens"][0] == 1
     assert (chat["count"], chat["max_model_len"]) == (len(chat["tokens"]), serving.engine.max_model_len)
-    completion = requests.post(f"{url}/v1/chat/completions", timeout=60, json={
-        "model": "llama_tiny", "messages": messages, "max_tokens": 1}).json()
+    completion = requests.post(
+        f"{url}/v1/chat/completions", timeout=60, json={"model": "llama_tiny", "messages": messages, "max_tokens": 1}
+    ).json()
     assert completion["usage"]["prompt_tokens"] == chat["count"]
     prompt = requests.post(f"{url}/tokenize", timeout=60, json={"prompt": PROMPT}).json()
     assert prompt["tokens"] == tokenizer.encode(PROMPT)
     back = requests.post(f"{url}/detokenize", timeout=60, json={"model": "llama_tiny", "tokens": chat["tokens"]})
     assert back.json() == {"prompt": tokenizer.decode(chat["tokens"], skip_special_tokens=False)}
     assert back.json()["prompt"].startswith("<s>")
-    bad = requests.post(f"{url}/detokenize", timeout=60, json={"tokens": [10 ** 6]})
+    bad = requests.post(f"{url}/detokenize", timeout=60, json={"tokens": [10**6]})
     assert bad.status_code == 400 and "vocabulary" in bad.json()["error"]["message"]
 
 

@@ -4,6 +4,7 @@
 computed in mixed decode + prefill graphs); each one's tokens must equal the tokens of the same request run alone. Also with prefix caching, and with preemption forced by a
 tiny block pool.
 """
+
 import numpy as np
 import pytest
 
@@ -76,9 +77,12 @@ def test_multi_step_decoding_matches_alone(runner, alone):
     requests, expected = alone
     rounds = []
     mixed_before = runner.mixed_calls
-    got, _ = run_staggered(runner, config_for(runner, num_scheduler_steps=4, max_num_seqs=4),
-                           requests, listener=lambda stats: rounds.append((stats.num_model_steps,
-                                                                           stats.num_prefill_seqs)))
+    got, _ = run_staggered(
+        runner,
+        config_for(runner, num_scheduler_steps=4, max_num_seqs=4),
+        requests,
+        listener=lambda stats: rounds.append((stats.num_model_steps, stats.num_prefill_seqs)),
+    )
     assert got == expected
     assert max(steps for steps, _ in rounds) == 4  # decode steps ran four at a time, the argmax fed back
     # prompts that filled the batch joined rounds: computed in a round's first step (mixed graphs)
@@ -108,9 +112,14 @@ def test_preemption_with_tiny_block_pool_matches_alone(runner, alone):
     assert sum(preempted) > 0
 
 
-@pytest.mark.parametrize("overrides", [dict(num_scheduler_steps=4, max_num_seqs=4, enable_prefix_caching=True),
-                                       dict(num_scheduler_steps=2, num_blocks=17)],
-                         ids=["rounds-of-4", "tiny-block-pool"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(num_scheduler_steps=4, max_num_seqs=4, enable_prefix_caching=True),
+        dict(num_scheduler_steps=2, num_blocks=17),
+    ],
+    ids=["rounds-of-4", "tiny-block-pool"],
+)
 def test_async_scheduling_matches_alone(runner, alone, overrides):
     requests, expected = alone
     ahead = Ahead(runner)
@@ -126,13 +135,20 @@ def test_mixed_steps_match_alone(runner, alone):
     rows take the graph's argmax beside the sampled rows, and every request gets its tokens alone."""
     requests, expected = alone
     requests, expected = requests[:12], list(expected[:12])
-    sampled = {i: {"temperature": 0.8, "top_k": 20, "seed": i, "max_new_tokens": n, "ignore_eos": True}
-               for i, (_, n) in enumerate(requests) if i % 4 == 1}
+    sampled = {
+        i: {"temperature": 0.8, "top_k": 20, "seed": i, "max_new_tokens": n, "ignore_eos": True}
+        for i, (_, n) in enumerate(requests)
+        if i % 4 == 1
+    }
     single = LLMEngine(runner, scheduler_config=config_for(runner))
     for i, params in sampled.items():
         expected[i] = single.generate([requests[i][0]], params)[0].token_ids
     ahead = Ahead(runner, mixed_steps=True)
-    got, _ = run_staggered(ahead, config_for(runner, async_scheduling=True, num_scheduler_steps=4), requests,
-                           params_for=lambda i, n: sampled.get(i, greedy(n)))
+    got, _ = run_staggered(
+        ahead,
+        config_for(runner, async_scheduling=True, num_scheduler_steps=4),
+        requests,
+        params_for=lambda i, n: sampled.get(i, greedy(n)),
+    )
     assert got == expected
     assert any(ahead.deferred.logits_rows)  # some steps were mixed

@@ -1,5 +1,6 @@
 """The LLM HTTP routes on a real uvicorn server (fake backend), driven by real client libraries: `openai`,
 TGI's `text-generation` client and huggingface_hub's `InferenceClient`."""
+
 import dataclasses
 import json
 import socket
@@ -12,8 +13,8 @@ from fastapi import FastAPI, Request
 
 from mindspore_serving.common import errors
 from mindspore_serving.frontends.llm import build_llm_router, mindspore_generate_stream
-from mindspore_serving.master.llm_types import Overloaded
 from mindspore_serving.frontends.llm.testing import DEFAULT_MODEL, FakeLlmBackend
+from mindspore_serving.master.llm_types import Overloaded
 
 openai = pytest.importorskip("openai")
 
@@ -30,8 +31,9 @@ class _Server:
         self.socket.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.socket.getsockname()[1]}"
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]},
-                                       name="llm-http-e2e", daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.socket]}, name="llm-http-e2e", daemon=True
+        )
 
     def start(self):
         self.thread.start()
@@ -91,28 +93,34 @@ def _oai(url):
 
 # openai
 
+
 def test_openai_models_and_completions(oai, backend):
     assert [m.id for m in oai.models.list().data] == [MODEL]
     completion = oai.completions.create(model=MODEL, prompt="Hi there", max_tokens=3, temperature=0, seed=1)
     assert completion.object == "text_completion"
     assert completion.choices[0].text == "Hello, world"
     assert completion.choices[0].finish_reason == "length"
-    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens, completion.usage.total_tokens) == \
-        (2, 3, 5)
+    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens, completion.usage.total_tokens) == (
+        2,
+        3,
+        5,
+    )
     assert backend.requests[-1].params == {"max_new_tokens": 3, "temperature": 0, "seed": 1}
 
 
 def test_openai_completion_stream(oai):
-    chunks = list(oai.completions.create(model=MODEL, prompt="Hi there", stream=True,
-                                         stream_options={"include_usage": True}))
+    chunks = list(
+        oai.completions.create(model=MODEL, prompt="Hi there", stream=True, stream_options={"include_usage": True})
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == "Hello, world!"
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 5
 
 
 def test_openai_chat(oai, backend):
-    chat = oai.chat.completions.create(model=MODEL, messages=[{"role": "system", "content": "Be brief."},
-                                                              {"role": "user", "content": "Hi"}])
+    chat = oai.chat.completions.create(
+        model=MODEL, messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    )
     assert chat.object == "chat.completion"
     assert chat.choices[0].message.role == "assistant"
     assert chat.choices[0].message.content == "Hello, world!"
@@ -122,9 +130,16 @@ def test_openai_chat(oai, backend):
 
 
 def test_openai_chat_stream_with_usage_and_logprobs(oai):
-    chunks = list(oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
-                                              stream=True, stream_options={"include_usage": True}, logprobs=True,
-                                              max_tokens=2))
+    chunks = list(
+        oai.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Hi"}],
+            stream=True,
+            stream_options={"include_usage": True},
+            logprobs=True,
+            max_tokens=2,
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello,"
     assert [c.choices[0].logprobs.content[0].logprob for c in chunks[1:3]] == [-0.25, -0.5]
@@ -149,8 +164,9 @@ def test_openai_n_choices_streamed(oai):
         texts[chunk.choices[0].index] = texts.get(chunk.choices[0].index, "") + chunk.choices[0].text
     assert texts == {0: "Hello,", 1: "Hello1,", 2: "Hello2,"}
     roles, contents, finishes = {}, {}, {}
-    for chunk in oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], n=3,
-                                             max_tokens=2, stream=True):
+    for chunk in oai.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], n=3, max_tokens=2, stream=True
+    ):
         choice = chunk.choices[0]
         roles.setdefault(choice.index, choice.delta.role)
         contents[choice.index] = contents.get(choice.index, "") + (choice.delta.content or "")
@@ -165,8 +181,9 @@ def test_openai_logprobs_and_top_logprobs(oai, backend):
     logprobs = completion.choices[0].logprobs
     assert (logprobs.tokens, logprobs.token_logprobs) == (["Hello", ","], [-0.25, -0.5])
     assert logprobs.top_logprobs == [{"Hello": -0.25, " alt0": -1.25}, {",": -0.5, " alt0": -1.5}]
-    chat = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], logprobs=True,
-                                       top_logprobs=2, max_tokens=1)
+    chat = oai.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], logprobs=True, top_logprobs=2, max_tokens=1
+    )
     [item] = chat.choices[0].logprobs.content
     assert (item.token, item.logprob) == ("Hello", -0.25)
     assert [(t.token, t.logprob) for t in item.top_logprobs] == [("Hello", -0.25), (" alt0", -1.25)]
@@ -176,45 +193,77 @@ def test_openai_logprobs_and_top_logprobs(oai, backend):
 def test_openai_scoring_request_of_lm_eval(oai, backend):
     """lm-evaluation-harness `local-completions`: {"model", "prompt", "echo", "logprobs", "max_tokens": 0,
     "temperature": 0}; it reads token_logprobs of the prompt's continuation and top_logprobs for greediness."""
-    completion = oai.completions.create(model=MODEL, prompt="The cat sat", echo=True, logprobs=1, max_tokens=0,
-                                        temperature=0)
+    completion = oai.completions.create(
+        model=MODEL, prompt="The cat sat", echo=True, logprobs=1, max_tokens=0, temperature=0
+    )
     choice = completion.choices[0]
     assert (choice.text, choice.finish_reason) == ("The cat sat", "length")
     assert choice.logprobs.tokens == ["The", " cat", " sat"]
     assert choice.logprobs.token_logprobs == [None, -1.0, -1.0]
     assert choice.logprobs.top_logprobs[1:] == [{" alt0": -0.5, " cat": -1.0}, {" alt0": -0.5, " sat": -1.0}]
     assert completion.usage.completion_tokens == 0
-    assert backend.requests[-1].params == {"max_new_tokens": 0, "temperature": 0, "top_logprobs": 1,
-                                           "prompt_logprobs": 1}
+    assert backend.requests[-1].params == {
+        "max_new_tokens": 0,
+        "temperature": 0,
+        "top_logprobs": 1,
+        "prompt_logprobs": 1,
+    }
     # its default sends batches of token-id prompts
-    completion = oai.completions.create(model=MODEL, prompt=[[5, 7, 9], [3, 4]], echo=True, logprobs=1,
-                                        max_tokens=0, temperature=0)
+    completion = oai.completions.create(
+        model=MODEL, prompt=[[5, 7, 9], [3, 4]], echo=True, logprobs=1, max_tokens=0, temperature=0
+    )
     assert [r.prompt_token_ids for r in backend.requests[-2:]] == [[5, 7, 9], [3, 4]]
     assert [(c.index, c.logprobs.tokens, c.logprobs.token_logprobs) for c in completion.choices] == [
-        (0, ["t5", " t7", " t9"], [None, -1.0, -1.0]), (1, ["t3", " t4"], [None, -1.0])]
+        (0, ["t5", " t7", " t9"], [None, -1.0, -1.0]),
+        (1, ["t3", " t4"], [None, -1.0]),
+    ]
 
 
 def test_openai_response_format_and_vllm_constraints(oai, backend):
     schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-    oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Where?"}], response_format={
-        "type": "json_schema", "json_schema": {"name": "place", "schema": schema, "strict": True}})
+    oai.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Where?"}],
+        response_format={"type": "json_schema", "json_schema": {"name": "place", "schema": schema, "strict": True}},
+    )
     assert backend.requests[-1].params["structured_output"] == {"type": "json", "value": schema}
-    oai.completions.create(model=MODEL, prompt="Yes or no?",
-                           extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
+    oai.completions.create(
+        model=MODEL, prompt="Yes or no?", extra_body={"structured_outputs": {"choice": ["yes", "no"]}}
+    )
     assert backend.requests[-1].params["structured_output"] == {"type": "choice", "value": ["yes", "no"]}
-    oai.completions.create(model=MODEL, prompt="x", presence_penalty=0.5, frequency_penalty=0.5, logit_bias={"7": -100},
-                           extra_body={"min_p": 0.1, "min_tokens": 1, "bad_words": ["no"], "allowed_token_ids": [7]})
-    assert backend.requests[-1].params == {"max_new_tokens": 16, "presence_penalty": 0.5, "frequency_penalty": 0.5,
-                                           "logit_bias": {"7": -100}, "min_p": 0.1, "min_tokens": 1,
-                                           "bad_words": ["no"], "allowed_token_ids": [7]}
+    oai.completions.create(
+        model=MODEL,
+        prompt="x",
+        presence_penalty=0.5,
+        frequency_penalty=0.5,
+        logit_bias={"7": -100},
+        extra_body={"min_p": 0.1, "min_tokens": 1, "bad_words": ["no"], "allowed_token_ids": [7]},
+    )
+    assert backend.requests[-1].params == {
+        "max_new_tokens": 16,
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.5,
+        "logit_bias": {"7": -100},
+        "min_p": 0.1,
+        "min_tokens": 1,
+        "bad_words": ["no"],
+        "allowed_token_ids": [7],
+    }
     with pytest.raises(openai.BadRequestError, match="cannot be used together") as caught:
         oai.completions.create(model=MODEL, prompt="x", extra_body={"guided_regex": "a", "guided_choice": ["a"]})
     assert caught.value.param == "guided_choice"
 
 
 def test_openai_tools(oai, backend):
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            },
+        }
+    ]
     backend.served = [dataclasses.replace(DEFAULT_MODEL, tool_call_parser="hermes")]
     backend.reply = ["<tool_call>", '{"name": "get_weather", ', '"arguments": {"city": "Paris"}}', "</tool_call>"]
     messages = [{"role": "user", "content": "Weather in Paris?"}]
@@ -224,7 +273,10 @@ def test_openai_tools(oai, backend):
     assert choice.message.content is None
     [call] = choice.message.tool_calls
     assert (call.type, call.function.name, json.loads(call.function.arguments)) == (
-        "function", "get_weather", {"city": "Paris"})
+        "function",
+        "get_weather",
+        {"city": "Paris"},
+    )
     assert backend.requests[-1].tools == tools
     calls, finish = {}, None
     for chunk in oai.chat.completions.create(model=MODEL, messages=messages, tools=tools, stream=True):
@@ -237,11 +289,17 @@ def test_openai_tools(oai, backend):
     assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [("get_weather", {"city": "Paris"})]
     # the call and its result go back to the model as the next turn's messages
     backend.reply = ["It is sunny."]
-    answer = oai.chat.completions.create(model=MODEL, tools=tools, messages=messages + [
-        choice.message, {"role": "tool", "tool_call_id": call.id, "content": "sunny"}])
+    answer = oai.chat.completions.create(
+        model=MODEL,
+        tools=tools,
+        messages=messages + [choice.message, {"role": "tool", "tool_call_id": call.id, "content": "sunny"}],
+    )
     assert answer.choices[0].message.content == "It is sunny."
     assert [m["role"] if isinstance(m, dict) else m.role for m in backend.requests[-1].messages] == [
-        "user", "assistant", "tool"]
+        "user",
+        "assistant",
+        "tool",
+    ]
     assert backend.requests[-1].messages[1]["tool_calls"][0]["id"] == call.id
 
 
@@ -288,6 +346,7 @@ def _wait_for_outcome(backend):
 
 # TGI's text-generation client
 
+
 def test_text_generation_client(url, backend):
     text_generation = pytest.importorskip("text_generation")
     client = text_generation.Client(url, timeout=30)
@@ -323,8 +382,10 @@ def test_text_generation_client_errors(url, backend):
 
 # huggingface_hub's InferenceClient (TGI's compat route "/")
 
+
 def test_inference_client_text_generation(url):
     from huggingface_hub import InferenceClient  # pylint: disable=import-outside-toplevel
+
     client = InferenceClient(model=url, timeout=30)
     assert client.text_generation("Hi there", max_new_tokens=3, return_full_text=False) == "Hello, world"
     assert client.text_generation("Hi ", max_new_tokens=1) == "Hi Hello"  # "/" defaults to the full text, as TGI
@@ -342,6 +403,7 @@ def test_inference_client_text_generation(url):
 def test_inference_client_errors_and_chat(url, backend):
     from huggingface_hub import InferenceClient  # pylint: disable=import-outside-toplevel
     from huggingface_hub.errors import GenerationError, OverloadedError  # pylint: disable=import-outside-toplevel
+
     client = InferenceClient(model=url, timeout=30)
     backend.fail_before = Overloaded("queue is full")
     with pytest.raises(OverloadedError):
@@ -352,32 +414,51 @@ def test_inference_client_errors_and_chat(url, backend):
         list(client.text_generation("Hi", stream=True))
     backend.fail_after = None
     chat = InferenceClient(base_url=url, timeout=30).chat_completion(
-        [{"role": "user", "content": "Hi"}], model=MODEL, max_tokens=2)
+        [{"role": "user", "content": "Hi"}], model=MODEL, max_tokens=2
+    )
     assert chat.choices[0].message.content == "Hello,"
 
 
 def test_inference_client_grammar_top_tokens_prefill_and_best_of(url, backend):
     from huggingface_hub import InferenceClient  # pylint: disable=import-outside-toplevel
     from huggingface_hub.errors import ValidationError  # pylint: disable=import-outside-toplevel
+
     client = InferenceClient(model=url, timeout=30)
-    output = client.text_generation("Hi there", max_new_tokens=2, details=True, top_n_tokens=2,
-                                    decoder_input_details=True, return_full_text=False,
-                                    grammar={"type": "json", "value": {"properties": {"a": {"type": "string"}}}})
+    output = client.text_generation(
+        "Hi there",
+        max_new_tokens=2,
+        details=True,
+        top_n_tokens=2,
+        decoder_input_details=True,
+        return_full_text=False,
+        grammar={"type": "json", "value": {"properties": {"a": {"type": "string"}}}},
+    )
     assert backend.requests[-1].params["structured_output"] == {
-        "type": "json", "value": '{"properties": {"a": {"type": "string"}}}'}
+        "type": "json",
+        "value": '{"properties": {"a": {"type": "string"}}}',
+    }
     assert output.generated_text == "Hello,"
     assert [t.text for t in output.details.tokens] == ["Hello", ","]
     # huggingface_hub leaves a list of lists as JSON: each top token is a dict
     assert [[t["text"] for t in top] for top in output.details.top_tokens] == [["Hello", " alt0"], [",", " alt0"]]
     assert [(t.text, t.logprob) for t in output.details.prefill] == [("Hi", None), (" there", -1.0)]
-    events = list(client.text_generation("Hi there", stream=True, details=True, top_n_tokens=1, max_new_tokens=2,
-                                         grammar={"type": "regex", "value": "Hel+o,"}))
+    events = list(
+        client.text_generation(
+            "Hi there",
+            stream=True,
+            details=True,
+            top_n_tokens=1,
+            max_new_tokens=2,
+            grammar={"type": "regex", "value": "Hel+o,"},
+        )
+    )
     assert [[t.text for t in e.top_tokens] for e in events] == [["Hello"], [","]]
     assert events[-1].generated_text == "Hi thereHello,"  # "/" returns the full text by default, as TGI
     backend.choice_bias = {1: 0.5}  # the second candidate is the likelier one
     try:
-        output = client.text_generation("Hi", best_of=2, do_sample=True, max_new_tokens=2, details=True,
-                                        return_full_text=False)
+        output = client.text_generation(
+            "Hi", best_of=2, do_sample=True, max_new_tokens=2, details=True, return_full_text=False
+        )
     finally:
         backend.choice_bias = {}
     assert output.generated_text == "Hello1,"

@@ -2,6 +2,7 @@
 engine), with the real `openai` client: structured output under concurrent sampled load, n choices, top logprobs,
 lm-evaluation-harness's `local-completions` scoring request checked against the engine's own prompt logprobs, forced
 tool calls; and with huggingface_hub's InferenceClient: TGI's grammar, top tokens and prefill."""
+
 import json
 from concurrent.futures import ThreadPoolExecutor
 
@@ -9,17 +10,22 @@ import jsonschema
 import numpy as np
 import pydantic
 import pytest
-
 from llm_setup import offline_engine
 
 openai = pytest.importorskip("openai")
 
 MODEL = "llama_tiny"
 PROMPT = "And God said"
-SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "tags"],
-          "properties": {"name": {"type": "string", "maxLength": 10},
-                         "age": {"type": "integer", "minimum": 0, "maximum": 120},
-                         "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3}}}
+SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "age", "tags"],
+    "properties": {
+        "name": {"type": "string", "maxLength": 10},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
+    },
+}
 CONCURRENT_REQUESTS = 200
 
 
@@ -29,8 +35,14 @@ def _client(llm_server):
 
 
 def _constrained(client, prompt: str, seed=None, temperature=0.9):
-    return client.completions.create(model=MODEL, prompt=prompt, max_tokens=96, temperature=temperature, seed=seed,
-                                     extra_body={"structured_outputs": {"json": SCHEMA}}).choices[0]
+    return client.completions.create(
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=96,
+        temperature=temperature,
+        seed=seed,
+        extra_body={"structured_outputs": {"json": SCHEMA}},
+    ).choices[0]
 
 
 def test_structured_output_follows_its_schema_in_every_sampled_concurrent_request(client):
@@ -62,28 +74,37 @@ class Person(pydantic.BaseModel):
 def test_chat_completions_parse_reads_a_pydantic_model_back(client):
     """The openai client's own structured output helper: it sends the model's strict JSON schema as response_format
     and parses the reply into the model."""
-    reply = client.chat.completions.parse(model=MODEL, messages=[{"role": "user", "content": "Who was king?"}],
-                                          response_format=Person, max_tokens=96, temperature=0.8, seed=3)
+    reply = client.chat.completions.parse(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Who was king?"}],
+        response_format=Person,
+        max_tokens=96,
+        temperature=0.8,
+        seed=3,
+    )
     person = reply.choices[0].message.parsed
     assert isinstance(person, Person) and 0 <= person.age <= 120
 
 
 def test_a_bad_schema_is_refused_before_generating(client):
     with pytest.raises(openai.BadRequestError) as info:
-        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8,
-                                  extra_body={"structured_outputs": {"regex": "[a-"}})
+        client.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=8, extra_body={"structured_outputs": {"regex": "[a-"}}
+        )
     assert "regex" in str(info.value)
 
 
 def test_n_choices_with_top_logprobs(client):
-    reply = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, n=3, temperature=1.0, seed=7,
-                                      logprobs=3)
+    reply = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=6, n=3, temperature=1.0, seed=7, logprobs=3
+    )
     assert sorted(c.index for c in reply.choices) == [0, 1, 2]
     assert reply.usage.completion_tokens == sum(len(c.logprobs.tokens) for c in reply.choices)
     for choice in reply.choices:
         assert len(choice.logprobs.top_logprobs) == len(choice.logprobs.tokens)
-        for token, logprob, top in zip(choice.logprobs.tokens, choice.logprobs.token_logprobs,
-                                       choice.logprobs.top_logprobs):
+        for token, logprob, top in zip(
+            choice.logprobs.tokens, choice.logprobs.token_logprobs, choice.logprobs.top_logprobs
+        ):
             assert 1 <= len(top) <= 4 and max(top.values()) >= logprob - 1e-4  # the 3 likeliest and the chosen
     again = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, n=3, temperature=1.0, seed=7)
     assert [c.text for c in again.choices] == [c.text for c in reply.choices]
@@ -97,12 +118,13 @@ def test_lm_eval_local_completions_scores_equal_the_engines_log_softmax(client, 
     batch = [engine.tokenizer.encode(t) for t in texts]
     batch = [list(getattr(ids, "ids", ids)) for ids in batch]
     for max_tokens in (0, 1):
-        reply = client.completions.create(model=MODEL, prompt=batch, echo=True, logprobs=1, max_tokens=max_tokens,
-                                          temperature=0, seed=1234)
+        reply = client.completions.create(
+            model=MODEL, prompt=batch, echo=True, logprobs=1, max_tokens=max_tokens, temperature=0, seed=1234
+        )
         assert len(reply.choices) == len(batch)
         for choice in sorted(reply.choices, key=lambda c: c.index):
             ids = batch[choice.index]
-            scored = choice.logprobs.token_logprobs[:len(ids)]
+            scored = choice.logprobs.token_logprobs[: len(ids)]
             assert scored[0] is None
             expected = _prompt_logprobs(engine, ids)
             np.testing.assert_allclose(scored[1:], expected, atol=2e-4)
@@ -115,19 +137,37 @@ def _prompt_logprobs(engine, ids):
     return [v for v in output.prompt_logprobs[1:]]
 
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather of a city",
-    "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "days"],
-                   "properties": {"city": {"type": "string", "maxLength": 12},
-                                  "days": {"type": "integer", "minimum": 1, "maximum": 7}}}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather of a city",
+        "parameters": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["city", "days"],
+            "properties": {
+                "city": {"type": "string", "maxLength": 12},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
+        },
+    },
+}
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
 
 
 def _chat(client, tool_choice, **kwargs):
     # NOTE: one call at most: the tiny model, forced to call, would call on until max_tokens cuts the JSON
-    return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Weather in Ur?"}],
-                                          tools=[WEATHER, TIME], tool_choice=tool_choice, max_tokens=64,
-                                          temperature=0, parallel_tool_calls=False, **kwargs)
+    return client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Weather in Ur?"}],
+        tools=[WEATHER, TIME],
+        tool_choice=tool_choice,
+        max_tokens=64,
+        temperature=0,
+        parallel_tool_calls=False,
+        **kwargs,
+    )
 
 
 def test_forced_tool_calls_come_back_as_tool_calls_streamed_or_not(client):
@@ -148,22 +188,39 @@ def test_forced_tool_calls_come_back_as_tool_calls_streamed_or_not(client):
                 entry = calls.setdefault(delta.index, {"name": "", "arguments": ""})
                 entry["name"] += delta.function.name or ""
                 entry["arguments"] += delta.function.arguments or ""
-        assert [(c.function.name, c.function.arguments) for c in message.tool_calls] == \
-            [(calls[i]["name"], calls[i]["arguments"]) for i in sorted(calls)]
+        assert [(c.function.name, c.function.arguments) for c in message.tool_calls] == [
+            (calls[i]["name"], calls[i]["arguments"]) for i in sorted(calls)
+        ]
     # the call and its result go back through the chat template for the next turn
     follow = client.chat.completions.create(
-        model=MODEL, max_tokens=4, temperature=0, tools=[WEATHER],
-        messages=[{"role": "user", "content": "Weather in Ur?"}, message.model_dump(exclude_none=True),
-                  {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "sunny"}])
+        model=MODEL,
+        max_tokens=4,
+        temperature=0,
+        tools=[WEATHER],
+        messages=[
+            {"role": "user", "content": "Weather in Ur?"},
+            message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "sunny"},
+        ],
+    )
     assert follow.choices[0].finish_reason in ("stop", "length")
 
 
 def test_tgi_grammar_top_tokens_and_prefill_with_huggingface_hub(llm_server):
     huggingface_hub = pytest.importorskip("huggingface_hub")
     tgi = huggingface_hub.InferenceClient(f"http://{llm_server[2]}")
-    reply = tgi.text_generation(PROMPT, max_new_tokens=24, details=True, top_n_tokens=3, decoder_input_details=True,
-                                grammar={"type": "regex", "value": "(yes|no), [0-9]{1,3}"}, seed=5, do_sample=True,
-                                temperature=1.0, return_full_text=False)
+    reply = tgi.text_generation(
+        PROMPT,
+        max_new_tokens=24,
+        details=True,
+        top_n_tokens=3,
+        decoder_input_details=True,
+        grammar={"type": "regex", "value": "(yes|no), [0-9]{1,3}"},
+        seed=5,
+        do_sample=True,
+        temperature=1.0,
+        return_full_text=False,
+    )
     assert reply.details.finish_reason == "eos_token"
     assert reply.generated_text.split(", ")[0] in ("yes", "no") and reply.generated_text.split(", ")[1].isdigit()
     assert len(reply.details.top_tokens) == len(reply.details.tokens)

@@ -1,12 +1,13 @@
 """The LLM servable end to end: start_agent.py, and serving_server.py whose worker drives agents over gRPC."""
+
 import os
 
 import numpy as np
 import psutil
-
-from mindspore_serving.client import Client
 from llm_setup import offline_greedy, write_config, write_servable
 from serving_process import ROOT, ServingProcess, assert_sigterm_stops_all, free_port, start_server, wait_recovered
+
+from mindspore_serving.client import Client
 
 PROMPT = "And God said"
 
@@ -20,6 +21,7 @@ def test_start_agent_script_reports_ready_and_stops(tmp_path):
         assert agents
         # agents.cpu_affinity: auto binds the (CPU) agent to its share of the cores, threads included
         from mindspore_serving.spec.llm_config import load_serving_config
+
         expected = load_serving_config(config).agents.cpus_of(0, "CPU")
         (agent,) = [p for p in agents if "mindspore_serving.agent.start_agent" in p.cmdline()]
         assert agent.cpu_affinity() == expected
@@ -46,7 +48,8 @@ def test_start_agent_reports_a_broken_config(tmp_path):
 def test_generate_over_grpc_matches_offline_greedy(llm_server):
     _, grpc_addr, _, config = llm_server
     result = Client(grpc_addr, "llama_tiny", "generate").infer(
-        {"prompt": PROMPT, "max_new_tokens": np.int32(16), "temperature": np.float32(0.0)})
+        {"prompt": PROMPT, "max_new_tokens": np.int32(16), "temperature": np.float32(0.0)}
+    )
     expected = offline_greedy(config, PROMPT, 16)
     assert result[0]["token_ids"].tolist() == expected.token_ids
     assert result[0]["text"] == expected.text
@@ -58,8 +61,14 @@ def test_concurrent_generation_and_bad_input(llm_server):
     _, grpc_addr, _, _ = llm_server
     client = Client(grpc_addr, "llama_tiny", "generate")
     good = {"prompt": PROMPT, "max_new_tokens": np.int32(8), "temperature": np.float32(0.0)}
-    instances = [good, {"prompt": ""}, {"prompt": PROMPT, "top_p": np.float32(1.5)},
-                 {"prompt": PROMPT, "temperature": np.float32(-1.0)}, {"prompt": "x " * 400}, good]
+    instances = [
+        good,
+        {"prompt": ""},
+        {"prompt": PROMPT, "top_p": np.float32(1.5)},
+        {"prompt": PROMPT, "temperature": np.float32(-1.0)},
+        {"prompt": "x " * 400},
+        good,
+    ]
     result = client.infer(instances)
     assert result[0]["token_ids"].tolist() == result[5]["token_ids"].tolist()
     assert "empty" in result[1]["error"]
@@ -78,8 +87,10 @@ def test_concurrent_greedy_requests_through_the_agents_match_each_alone(llm_serv
     client = Client(grpc_addr, "llama_tiny", "generate")
     words = ["light", "waters", "firmament", "earth", "seed", "night", "day", "heaven"]
     requests = [(f"{PROMPT} {words[i % 8]}" + " and the" * (i % 3), 4 + (7 * i) % 37) for i in range(24)]
-    futures = [client.infer_async({"prompt": prompt, "max_new_tokens": np.int32(n), "temperature": np.float32(0.0)})
-               for prompt, n in requests]
+    futures = [
+        client.infer_async({"prompt": prompt, "max_new_tokens": np.int32(n), "temperature": np.float32(0.0)})
+        for prompt, n in requests
+    ]
     served = [future.result()[0] for future in futures]
     for (prompt, n), got in zip(requests, served):
         expected = offline_greedy(config, prompt, n)
@@ -90,8 +101,14 @@ def test_concurrent_greedy_requests_through_the_agents_match_each_alone(llm_serv
 def test_seeded_sampling_is_reproducible(llm_server):
     _, grpc_addr, _, _ = llm_server
     client = Client(grpc_addr, "llama_tiny", "generate")
-    sampled = {"prompt": PROMPT, "max_new_tokens": np.int32(12), "temperature": np.float32(0.9),
-               "top_k": np.int32(20), "top_p": np.float32(0.9), "seed": np.int64(1234)}
+    sampled = {
+        "prompt": PROMPT,
+        "max_new_tokens": np.int32(12),
+        "temperature": np.float32(0.9),
+        "top_k": np.int32(20),
+        "top_p": np.float32(0.9),
+        "seed": np.int64(1234),
+    }
     first, second = client.infer([sampled, sampled])
     assert first["token_ids"].tolist() == second["token_ids"].tolist()
 
@@ -99,8 +116,13 @@ def test_seeded_sampling_is_reproducible(llm_server):
 def test_a_dead_agent_is_replaced_in_its_worker_and_a_dead_worker_is_restarted(tmp_path):
     config = write_config(tmp_path, start_port=0)
     servables = write_servable(tmp_path, config)
-    proc, grpc_addr, _ = start_server(tmp_path, servables=("llama_tiny",), rest=False,
-                                      extra_args=["--servable_directory", servables], env={"GLOG_v": "1"})
+    proc, grpc_addr, _ = start_server(
+        tmp_path,
+        servables=("llama_tiny",),
+        rest=False,
+        extra_args=["--servable_directory", servables],
+        env={"GLOG_v": "1"},
+    )
     try:
         client = Client(grpc_addr, "llama_tiny", "generate")
         assert client.infer({"prompt": PROMPT, "max_new_tokens": np.int32(4)})[0]["completion_tokens"].item() == 4
@@ -111,8 +133,10 @@ def test_a_dead_agent_is_replaced_in_its_worker_and_a_dead_worker_is_restarted(t
         for agent in agents:
             agent.kill()
         # the worker starts a new agent itself (only what died is reloaded) and stays registered meanwhile
-        wait_recovered(lambda: client.infer({"prompt": PROMPT, "max_new_tokens": np.int32(4)})[0]
-                       ["completion_tokens"].item() == 4, 300)
+        wait_recovered(
+            lambda: client.infer({"prompt": PROMPT, "max_new_tokens": np.int32(4)})[0]["completion_tokens"].item() == 4,
+            300,
+        )
         assert worker.is_running() and "Register success" not in proc.output().split("all workers have registered")[-1]
 
         # the worker dies in the middle of a stream: the stream ends with an error, the next session works

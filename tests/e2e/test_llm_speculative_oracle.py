@@ -3,17 +3,18 @@ verify graphs of 1 + 4 tokens): greedy output with n-gram speculation equals the
 without it, token for token and logprob for logprob, under continuous batching, prefix caching, preemption,
 multi-step rounds and async scheduling; stop strings, stop tokens and max_tokens cut where they would without it.
 """
+
 import json
 import os
 
 import numpy as np
 import pytest
+from llm_setup import ROOT, SPEC_CONFIG
 
 from mindspore_serving.agent.testing import Ahead
 from mindspore_serving.llm import LLMEngine, SamplingParams, SchedulerConfig
 from mindspore_serving.llm.sampling_params import StructuredOutput
 from mindspore_serving.spec.llm_config import load_serving_config
-from llm_setup import ROOT, SPEC_CONFIG
 
 NUM_REQUESTS = 12
 SPEC = dict(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=4)
@@ -27,6 +28,7 @@ def serving_config():
 @pytest.fixture(scope="module")
 def tokenizer(serving_config):
     from mindspore_serving.models.llama.tokenizer import TextTokenizer
+
     return TextTokenizer.from_file(serving_config.model.tokenizer)
 
 
@@ -39,7 +41,7 @@ def workload(tokenizer):
     requests = []
     for i in range(NUM_REQUESTS):
         start = 40 * (i // 3) if i % 3 else int(rng.integers(0, len(lines) - 5))
-        text = " ".join(lines[start:start + int(rng.integers(1, 6))])
+        text = " ".join(lines[start : start + int(rng.integers(1, 6))])
         requests.append((tokenizer.encode(text)[:120], int(rng.integers(8, 61))))
     return requests
 
@@ -78,20 +80,26 @@ def alone(runner, tokenizer):
     return requests, [engine.generate([prompt], greedy(n))[0] for prompt, n in requests]
 
 
-@pytest.mark.parametrize("overrides", [
-    dict(enable_prefix_caching=True, num_scheduler_steps=4),
-    dict(num_blocks=17),  # one max-length sequence fits, eight concurrent ones do not: preemption
-    dict(async_scheduling=True, num_scheduler_steps=4, enable_prefix_caching=True),
-], ids=["prefix-caching-rounds", "tiny-block-pool", "async"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(enable_prefix_caching=True, num_scheduler_steps=4),
+        dict(num_blocks=17),  # one max-length sequence fits, eight concurrent ones do not: preemption
+        dict(async_scheduling=True, num_scheduler_steps=4, enable_prefix_caching=True),
+    ],
+    ids=["prefix-caching-rounds", "tiny-block-pool", "async"],
+)
 def test_greedy_output_with_speculation_equals_each_request_alone_without(runner, alone, overrides):
     requests, expected = alone
     verify_calls = runner.verify_calls
     model = Ahead(runner, mixed_steps=True) if overrides.get("async_scheduling") else runner
-    got, (drafts, proposed, accepted), engine = run_staggered(model, config_for(runner, speculative=SPEC, **overrides),
-                                                              requests)
+    got, (drafts, proposed, accepted), engine = run_staggered(
+        model, config_for(runner, speculative=SPEC, **overrides), requests
+    )
     assert [o.token_ids for o in got] == [o.token_ids for o in expected]
-    np.testing.assert_allclose(np.concatenate([o.logprobs for o in got]),
-                               np.concatenate([o.logprobs for o in expected]), rtol=0, atol=1e-4)
+    np.testing.assert_allclose(
+        np.concatenate([o.logprobs for o in got]), np.concatenate([o.logprobs for o in expected]), rtol=0, atol=1e-4
+    )
     assert drafts > 0 and 0 < accepted <= proposed
     assert runner.verify_calls > verify_calls  # verified in the verify graphs
     if "num_blocks" in overrides:
@@ -102,7 +110,7 @@ def test_stop_strings_stop_tokens_and_max_tokens_cut_where_they_would_without_sp
     requests, expected = alone
     # stop on text and on a token the plain outputs reach in their middle
     texts = [tokenizer.decode(o.token_ids) for o in expected]
-    stop_text = next(text[len(text) // 2:len(text) // 2 + 6] for text in texts if len(text) > 20)
+    stop_text = next(text[len(text) // 2 : len(text) // 2 + 6] for text in texts if len(text) > 20)
     stop_id = expected[0].token_ids[len(expected[0].token_ids) // 2]
 
     def params(n):
@@ -121,8 +129,13 @@ def test_stop_strings_stop_tokens_and_max_tokens_cut_where_they_would_without_sp
 def test_structured_output_masks_apply_per_accepted_token(runner, tokenizer, alone):
     """Greedy JSON under a schema: with speculation each position is masked as if the tokens before it were
     generated, so the output equals the one without, and stays valid."""
-    schema = json.dumps({"type": "object", "properties": {"names": {"type": "array", "items": {"type": "string"}}},
-                         "required": ["names"]})
+    schema = json.dumps(
+        {
+            "type": "object",
+            "properties": {"names": {"type": "array", "items": {"type": "string"}}},
+            "required": ["names"],
+        }
+    )
     requests, _ = alone
     params = SamplingParams(temperature=0.0, max_new_tokens=60, structured_output=StructuredOutput("json", schema))
 

@@ -6,6 +6,7 @@ survives the loss of a rank: here rank 1 plays a second host (bound to 127.0.0.2
 --rank_start 1, speaking mutual TLS with the worker, and MindSpore's cluster channel over its own TLS), is killed
 mid-stream, and both hosts start their ranks again.
 """
+
 import collections
 import socket
 import threading
@@ -17,15 +18,15 @@ import psutil
 import pytest
 import requests
 import yaml
+from certificates import make_cluster_ssl, make_host_certs
+from llm_setup import TP2_CONFIG, bundled_config, offline_greedy, write_config, write_servable
 from prometheus_client.parser import text_string_to_metric_families
+from serving_process import ROOT, ServingProcess, assert_sigterm_stops_all, free_port, start_server, wait_recovered
 
 from mindspore_serving.client import Client
 from mindspore_serving.common.cluster_registration import MAX_RESTARTS
 from mindspore_serving.ipc import internal_tls
 from mindspore_serving.proto import agent_pb2, agent_pb2_grpc
-from certificates import make_cluster_ssl, make_host_certs
-from llm_setup import TP2_CONFIG, bundled_config, offline_greedy, write_config, write_servable
-from serving_process import ROOT, ServingProcess, assert_sigterm_stops_all, free_port, start_server, wait_recovered
 
 PROMPT = "And God said"
 ATOL = 1e-4
@@ -38,8 +39,13 @@ def tp1_config(tmp_path_factory):
 
 
 def tp2_config(directory, **agents):
-    return write_config(directory, start_port=agents.pop("start_port", 0), agents=agents,
-                        data=bundled_config(TP2_CONFIG), name="tp2.yaml")
+    return write_config(
+        directory,
+        start_port=agents.pop("start_port", 0),
+        agents=agents,
+        data=bundled_config(TP2_CONFIG),
+        name="tp2.yaml",
+    )
 
 
 def tokens(seed, n):
@@ -58,8 +64,9 @@ def test_tensor_parallel_logits_equal_the_single_rank_model_and_sigterm_stops_th
 
     path = tp2_config(tmp_path, start_port=free_port(), scheduler_address=f"127.0.0.1:{free_port()}")
     config = load_serving_config(path)
-    proc = ServingProcess([f"{ROOT}/start_agent.py", "--config", path], str(tmp_path),
-                          env={"MS_SERVING_AGENT_SECRET": "tp-test"})
+    proc = ServingProcess(
+        [f"{ROOT}/start_agent.py", "--config", path], str(tmp_path), env={"MS_SERVING_AGENT_SECRET": "tp-test"}
+    )
     runner = None
     try:
         reference = GraphRunner(load_serving_config(tp1_config).model.graphs[0], num_blocks=config.engine.num_blocks)
@@ -71,10 +78,10 @@ def test_tensor_parallel_logits_equal_the_single_rank_model_and_sigterm_stops_th
         runner = AgentRunner(agent_addresses(config), secret="tp-test")
         a, b, c = tokens(0, 20), tokens(1, 150), tokens(2, 70)
         steps = [
-            [SeqStep(a, 0, [1, 2])],                                    # prefill
-            [SeqStep(b, 0, list(range(3, 13)))],                        # longer than the largest bucket: chunks
+            [SeqStep(a, 0, [1, 2])],  # prefill
+            [SeqStep(b, 0, list(range(3, 13)))],  # longer than the largest bucket: chunks
             [SeqStep([a[-1]], 20, [1, 2]), SeqStep([b[-1]], 150, list(range(3, 13)))],  # decode
-            [SeqStep(c[:40], 0, [13, 14, 15, 16, 17])],                 # chunked prefill: a first chunk ...
+            [SeqStep(c[:40], 0, [13, 14, 15, 16, 17])],  # chunked prefill: a first chunk ...
             [SeqStep([a[0]], 21, [1, 2]), SeqStep(c[40:], 40, [13, 14, 15, 16, 17])],  # ... the rest beside a decode
         ]
         for i, seqs in enumerate(steps):
@@ -107,8 +114,9 @@ def tp2_server(tmp_path_factory):
     with open(config, "w", encoding="utf-8") as stream:
         yaml.safe_dump(data, stream)
     servables = write_servable(directory, config, name="llama_tiny_tp2")
-    proc, grpc_addr, rest_addr = start_server(directory, servables=("llama_tiny_tp2",),
-                                              extra_args=["--servable_directory", servables])
+    proc, grpc_addr, rest_addr = start_server(
+        directory, servables=("llama_tiny_tp2",), extra_args=["--servable_directory", servables]
+    )
     try:
         yield grpc_addr, rest_addr
     finally:
@@ -122,8 +130,10 @@ def test_concurrent_greedy_requests_on_two_ranks_equal_each_alone_on_one(tp2_ser
     client = Client(tp2_server[0], "llama_tiny_tp2", "generate")
     words = ["light", "waters", "firmament", "earth", "seed", "night", "day", "heaven"]
     requests = [(f"{PROMPT} {words[i % 8]}" + " and the" * (i % 3), 4 + (7 * i) % 29) for i in range(16)]
-    futures = [client.infer_async({"prompt": prompt, "max_new_tokens": np.int32(n), "temperature": np.float32(0.0)})
-               for prompt, n in requests]
+    futures = [
+        client.infer_async({"prompt": prompt, "max_new_tokens": np.int32(n), "temperature": np.float32(0.0)})
+        for prompt, n in requests
+    ]
     for (prompt, n), future in zip(requests, futures):
         got = future.result()[0]
         expected = offline_greedy(tp1_config, prompt, n)
@@ -145,9 +155,9 @@ def _spec_metrics(rest_addr: str) -> dict:
         for sample in family.samples:
             if sample.labels.get("model_name") != "llama_tiny_tp2":
                 continue
-            name = sample.name[len("mindspore_serving:spec_decode_num_"):]
+            name = sample.name[len("mindspore_serving:spec_decode_num_") :]
             if name in ("drafts_total", "draft_tokens_total", "accepted_tokens_total"):
-                found[name[:-len("_total")]] += sample.value
+                found[name[: -len("_total")]] += sample.value
             elif name == "accepted_tokens_per_pos_total":
                 found[("per_pos", sample.labels["position"])] += sample.value
     return found
@@ -167,27 +177,41 @@ def _ports_for_two_hosts():
 
 
 def _agents_of(process, rank):
-    return [p for p in psutil.Process(process.proc.pid).children(recursive=True)
-            if "mindspore_serving.agent.start_agent" in " ".join(p.cmdline()) and f"--rank={rank}" in p.cmdline()]
+    return [
+        p
+        for p in psutil.Process(process.proc.pid).children(recursive=True)
+        if "mindspore_serving.agent.start_agent" in " ".join(p.cmdline()) and f"--rank={rank}" in p.cmdline()
+    ]
 
 
 def test_a_rank_on_a_second_host_joins_and_its_loss_fails_streams_fast_then_the_group_recovers(tmp_path, tp1_config):
-    config = tp2_config(tmp_path, start_port=_ports_for_two_hosts(), rank_hosts=["127.0.0.1", SECOND_HOST],
-                        scheduler_address=f"127.0.0.1:{free_port()}")
+    config = tp2_config(
+        tmp_path,
+        start_port=_ports_for_two_hosts(),
+        rank_hosts=["127.0.0.1", SECOND_HOST],
+        scheduler_address=f"127.0.0.1:{free_port()}",
+    )
     servables = write_servable(tmp_path, config, name="llama_tiny_tp2")
     # the hosts share the group's secret and speak mutual TLS, each with a certificate for its own IP
     certs = make_host_certs(str(tmp_path), ["127.0.0.1", SECOND_HOST])
     names = internal_tls.variable_names(internal_tls.AGENT_PREFIX)
     cluster_ssl = make_cluster_ssl(str(tmp_path), ["127.0.0.1", SECOND_HOST])  # MindSpore's channel too
-    envs = [dict(zip(names, (*certs[ip], certs["ca"])), MS_SERVING_AGENT_SECRET="between-hosts", **cluster_ssl)
-            for ip in ("127.0.0.1", SECOND_HOST)]
-    second_host = ServingProcess([f"{ROOT}/start_agent.py", "--config", config, "--rank_start", "1"], str(tmp_path),
-                                 env=envs[1])
+    envs = [
+        dict(zip(names, (*certs[ip], certs["ca"])), MS_SERVING_AGENT_SECRET="between-hosts", **cluster_ssl)
+        for ip in ("127.0.0.1", SECOND_HOST)
+    ]
+    second_host = ServingProcess(
+        [f"{ROOT}/start_agent.py", "--config", config, "--rank_start", "1"], str(tmp_path), env=envs[1]
+    )
     server = None
     try:
-        server, grpc_addr, _ = start_server(tmp_path, servables=("llama_tiny_tp2",), rest=False,
-                                            extra_args=["--servable_directory", servables],
-                                            env=dict(envs[0], GLOG_v="1"))
+        server, grpc_addr, _ = start_server(
+            tmp_path,
+            servables=("llama_tiny_tp2",),
+            rest=False,
+            extra_args=["--servable_directory", servables],
+            env=dict(envs[0], GLOG_v="1"),
+        )
         second_host.wait_for("all agents started", timeout=60)
         assert f"{SECOND_HOST}:" in second_host.output()
         (remote,) = _agents_of(second_host, 1)
@@ -202,8 +226,10 @@ def test_a_rank_on_a_second_host_joins_and_its_loss_fails_streams_fast_then_the_
         request = {"prompt": PROMPT, "max_new_tokens": np.int32(8), "temperature": np.float32(0.0)}
         assert client.infer(request)[0]["token_ids"].tolist() == expected.token_ids
 
-        streams = [client.infer_stream({"prompt": f"{PROMPT} {i}", "max_new_tokens": np.int32(200),
-                                        "ignore_eos": True}) for i in range(3)]
+        streams = [
+            client.infer_stream({"prompt": f"{PROMPT} {i}", "max_new_tokens": np.int32(200), "ignore_eos": True})
+            for i in range(3)
+        ]
         for stream in streams:
             assert "token_id" in next(stream)
         ended = {}
@@ -236,8 +262,11 @@ def test_a_rank_that_does_not_register_in_time_is_started_again_then_the_start_f
     # MindSpore's rank client can keep failing to connect to the scheduler for minutes; its starter restarts such a
     # rank. A timeout shorter than MindSpore's import makes every start of a rank count as stuck.
     config = tp2_config(tmp_path, start_port=free_port(), scheduler_address=f"127.0.0.1:{free_port()}")
-    proc = ServingProcess([f"{ROOT}/start_agent.py", "--config", config], str(tmp_path),
-                          env={"MS_SERVING_CLUSTER_REGISTER_TIMEOUT": "0.3"})
+    proc = ServingProcess(
+        [f"{ROOT}/start_agent.py", "--config", config],
+        str(tmp_path),
+        env={"MS_SERVING_CLUSTER_REGISTER_TIMEOUT": "0.3"},
+    )
     try:
         assert proc.wait_exit(60) != 0
         out = proc.output()
@@ -245,7 +274,10 @@ def test_a_rank_that_does_not_register_in_time_is_started_again_then_the_start_f
         assert out.count("starting it again") >= MAX_RESTARTS  # each rank's; the first to run out ends the start
         assert f"it was started {MAX_RESTARTS + 1} times" in out
         assert "MS_SERVING_CLUSTER_REGISTER_TIMEOUT" in out
-        assert not [p for p in psutil.process_iter(["cmdline"])
-                    if config in " ".join(p.info["cmdline"] or []) and p.pid != proc.proc.pid]
+        assert not [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if config in " ".join(p.info["cmdline"] or []) and p.pid != proc.proc.pid
+        ]
     finally:
         proc.close()

@@ -4,10 +4,11 @@ prefill graph's for the same tokens, and a step of verified rows and one-token d
 decode rows get the decode graph's logits. Rows past the largest verify bucket, and steps that also prefill, still
 get every row's logits right.
 """
+
 import numpy as np
 import pytest
-
 from llm_setup import CONFIG, SPEC_CONFIG
+
 from mindspore_serving.agent.process import AgentServicer
 from mindspore_serving.llm.model_io import SeqStep, StepLogits
 from mindspore_serving.models.llama.export import graph_specs, reusable_graphs
@@ -67,8 +68,9 @@ def test_a_verify_step_is_one_call_with_the_score_and_decode_graphs_logits(runne
     sequence = tokens(1, 25)
     runner.run([SeqStep(sequence[:20], 0, [1, 2])])  # the context, in the cache
     before = runner.calls
-    result = runner.run([SeqStep([7], 0, [3]), SeqStep(sequence[20:], 20, [1, 2], all_logits=True),
-                         SeqStep([9], 0, [4])])
+    result = runner.run(
+        [SeqStep([7], 0, [3]), SeqStep(sequence[20:], 20, [1, 2], all_logits=True), SeqStep([9], 0, [4])]
+    )
     assert runner.calls == before + 1
     assert isinstance(result, StepLogits) and list(result.every) == [1] and result.every[1].shape == (K + 1, 2048)
     whole = score(runner, sequence, 10)
@@ -85,8 +87,14 @@ def test_short_verify_rows_and_a_prefill_row_in_one_step(runner):
     logprobs) goes to the score graphs."""
     one, three, prompt, scored = tokens(2, 1), tokens(3, 3), tokens(4, 12), tokens(5, K + 3)
     before = runner.calls
-    result = runner.run([SeqStep(one, 0, [40], all_logits=True), SeqStep(prompt, 0, [41]),
-                         SeqStep(three, 0, [42], all_logits=True), SeqStep([11], 0, [43])])
+    result = runner.run(
+        [
+            SeqStep(one, 0, [40], all_logits=True),
+            SeqStep(prompt, 0, [41]),
+            SeqStep(three, 0, [42], all_logits=True),
+            SeqStep([11], 0, [43]),
+        ]
+    )
     assert runner.calls == before + 2 and sorted(result.every) == [0, 2]
     assert_close(result.every[0], score(runner, one, 50))
     assert_close(result.every[2], score(runner, three, 51))
@@ -105,8 +113,9 @@ def test_rows_past_the_largest_verify_bucket(runner):
     padding row, the other 13 in decode_b16; each row's logits as computed alone."""
     verified = [tokens(10 + i, K + 1) for i in range(3)]
     decode = tokens(20, 14)
-    seqs = ([SeqStep(t, 0, [60 + i], all_logits=True) for i, t in enumerate(verified)]
-            + [SeqStep([t], 0, [70 + i]) for i, t in enumerate(decode)])
+    seqs = [SeqStep(t, 0, [60 + i], all_logits=True) for i, t in enumerate(verified)] + [
+        SeqStep([t], 0, [70 + i]) for i, t in enumerate(decode)
+    ]
     before = runner.calls
     result = runner.run(seqs)
     assert runner.calls == before + 2 and sorted(result.every) == [0, 1, 2]

@@ -1,15 +1,18 @@
 """The log variables in a real server: the master and its worker follow GLOG_v and each writes its own file."""
+
 import os
 import re
 
 import numpy as np
 import psutil
-
-from mindspore_serving.client import Client
 from serving_process import start_server
 
-HEADER = re.compile(r"^\[(DEBUG|INFO|WARNING|ERROR)\] SERVING\((\d+):(\d+),MainProcess\):"
-                    r"\d{4}-\d\d-\d\d-\d\d:\d\d:\d\d\.\d{3}\.\d{3} \[([^\]]+):(\d+)\] (.*)$")
+from mindspore_serving.client import Client
+
+HEADER = re.compile(
+    r"^\[(DEBUG|INFO|WARNING|ERROR)\] SERVING\((\d+):(\d+),MainProcess\):"
+    r"\d{4}-\d\d-\d\d-\d\d:\d\d:\d\d\.\d{3}\.\d{3} \[([^\]]+):(\d+)\] (.*)$"
+)
 X = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
 
 
@@ -38,19 +41,25 @@ def test_master_and_worker_follow_glog_v_and_write_their_own_files(tmp_path):
         # GLOG_stderrthreshold=1: INFO reaches the master's output and the worker's log in serving_logs too
         master = records(proc.output(), master_pid)
         assert ("INFO", "mindspore_serving/master/control_service.py") in {(lvl, path) for lvl, path, _ in master}
-        registered = re.compile(rf"Register success: worker address: unix:unix_socket_files/{master_pid}_\w+/"
-                                rf"serving_worker_add_device0_{worker.pid},")
+        registered = re.compile(
+            rf"Register success: worker address: unix:unix_socket_files/{master_pid}_\w+/"
+            rf"serving_worker_add_device0_{worker.pid},"
+        )
         assert any(level == "INFO" and registered.match(msg) for level, _, msg in master)
         worker_log = (tmp_path / "serving_logs" / "log_add_device0_version1.log").read_text()
-        costs = [msg for level, path, msg in records(worker_log, worker.pid)
-                 if level == "INFO" and path == "mindspore_serving/worker/service.py"]
+        costs = [
+            msg
+            for level, path, msg in records(worker_log, worker.pid)
+            if level == "INFO" and path == "mindspore_serving/worker/service.py"
+        ]
         assert len(costs) == 2
         # MindSpore Serving's line, then the public request's id (x-request-id of its reply)
         cost = re.compile(r"Method add_common WorkerRequestHandle Time Cost # \d+\.\d+ ms -+ \[request [0-9a-f]{32}\]")
         assert all(cost.fullmatch(msg) for msg in costs)
         cores = len(os.sched_getaffinity(worker.pid))
-        threads = {msg for _, path, msg in records(worker_log, worker.pid)
-                   if path == "mindspore_serving/worker/cpu_threads.py"}
+        threads = {
+            msg for _, path, msg in records(worker_log, worker.pid) if path == "mindspore_serving/worker/cpu_threads.py"
+        }
         assert f"servable add: MindSpore CPU kernel threads {cores} (the cores this worker may use)" in threads
 
         # GLOG_logtostderr=0: one mindspore_serving.log.<pid> per process in GLOG_log_dir, at GLOG_v's level

@@ -6,6 +6,7 @@ One server for the module (GLOG_v=1):
 * add_only (add's model, only a model stage, bound to one core by its model context): no extra worker, a warning;
 * add without device_ids: one extra worker that loads the model on CPU itself.
 """
+
 import os
 import shutil
 import signal
@@ -14,10 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import psutil
 import pytest
+from serving_process import ROOT, SERVABLES, ServingProcess, free_port, wait_until
 
 from mindspore_serving.client import Client
 from mindspore_serving.ipc import shm_tensors
-from serving_process import ROOT, SERVABLES, ServingProcess, free_port, wait_until
 
 EXTRA_MODULE = "mindspore_serving.worker.start_extra_worker"
 DEVICE_MODULE = "mindspore_serving.worker.start_worker"
@@ -30,7 +31,7 @@ server.start_servables([server.ServableStartConfig(bundled, "add_sub", device_id
                         server.ServableStartConfig(bundled, "add")])
 server.start_grpc_server(sys.argv[1])
 """
-ADD_ONLY = '''from mindspore_serving.server import register
+ADD_ONLY = """from mindspore_serving.server import register
 
 tensor_add = register.declare_model(model_file="tensor_add.mindir", model_format="MindIR", with_batch_dim=False,
                                     context=register.Context(thread_affinity_core_list=[{core}]))
@@ -40,7 +41,7 @@ tensor_add = register.declare_model(model_file="tensor_add.mindir", model_format
 def add_common(x1, x2):
     y = register.add_stage(tensor_add, x1, x2, outputs_count=1)
     return y
-'''
+"""
 X = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
 CORE = min(os.sched_getaffinity(0))
 HANDLED = "WorkerRequestHandle Time Cost # "
@@ -56,9 +57,11 @@ def serving(tmp_path_factory):
     shutil.copy(os.path.join(SERVABLES, "add", "1", "tensor_add.mindir"), local / "add_only" / "1")
     (cwd / "server.py").write_text(SCRIPT)
     grpc_addr = f"127.0.0.1:{free_port()}"
-    proc = ServingProcess([str(cwd / "server.py"), grpc_addr, SERVABLES, str(local)], str(cwd),
-                          env={"GLOG_v": "1", "PYTHONPATH": os.pathsep.join(
-                              filter(None, [ROOT, os.environ.get("PYTHONPATH")]))})
+    proc = ServingProcess(
+        [str(cwd / "server.py"), grpc_addr, SERVABLES, str(local)],
+        str(cwd),
+        env={"GLOG_v": "1", "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))},
+    )
     try:
         proc.wait_for("gRPC server start success")
         yield proc, grpc_addr, cwd
@@ -95,8 +98,7 @@ def blocks_of(proc):
 def test_extra_workers_start_beside_the_device_workers_except_for_model_only_servables(serving):
     proc, _, cwd = serving
     extras = {name: workers(proc, EXTRA_MODULE, name) for name in ("add_sub", "matmul", "add_only", "add")}
-    assert {name: len(found) for name, found in extras.items()} == {"add_sub": 1, "matmul": 1, "add_only": 0,
-                                                                    "add": 1}
+    assert {name: len(found) for name, found in extras.items()} == {"add_sub": 1, "matmul": 1, "add_only": 0, "add": 1}
     assert len(workers(proc, DEVICE_MODULE)) == 3  # add_sub, matmul, add_only
     assert not workers(proc, DEVICE_MODULE, "add")
     logs = os.listdir(cwd / "serving_logs")
@@ -106,8 +108,10 @@ def test_extra_workers_start_beside_the_device_workers_except_for_model_only_ser
     pid = extras["add_sub"][0].pid
     (runtime,) = os.listdir(cwd / "unix_socket_files")  # the server's runtime directory
     assert f"serving_worker_add_sub_version1_extra0_{pid}" in os.listdir(cwd / "unix_socket_files" / runtime)
-    assert "There is no need to startup additional worker processes, all stages are models, servable: add_only" \
+    assert (
+        "There is no need to startup additional worker processes, all stages are models, servable: add_only"
         in proc.output()
+    )
     # an extra worker that calls the device worker's models needs no MindSpore; one without device ids loads it
     assert not loads_mindspore(extras["add_sub"][0]) and not loads_mindspore(extras["matmul"][0])
     assert loads_mindspore(extras["add"][0])
@@ -126,8 +130,9 @@ def test_concurrent_requests_are_answered_by_device_and_extra_workers(serving):
         rng = np.random.default_rng(i)
         x1, x2 = rng.random((128, 96), np.float32), rng.random((8, 96), np.float32)  # 48 KiB through shared memory
         (result,) = Client(grpc_addr, "matmul", "predict").infer({"x1": x1, "x2": x2})
-        return np.allclose(result["y1"], x1 @ weights["w0"], rtol=1e-4, atol=1e-4) and \
-            np.allclose(result["y2"], x2 @ weights["w1"], rtol=1e-4, atol=1e-4)
+        return np.allclose(result["y1"], x1 @ weights["w0"], rtol=1e-4, atol=1e-4) and np.allclose(
+            result["y2"], x2 @ weights["w1"], rtol=1e-4, atol=1e-4
+        )
 
     with ThreadPoolExecutor(8) as pool:
         assert all(pool.map(add_sub, range(24)))
@@ -137,8 +142,10 @@ def test_concurrent_requests_are_answered_by_device_and_extra_workers(serving):
     assert "Method predict " + HANDLED in log_of(cwd, "log_matmul_extra0_version1.log")
     for name, model in (("add_sub", "tensor_add.mindir"), ("matmul", "matmul_0.mindir;matmul_1.mindir")):
         extra_log = log_of(cwd, f"log_{name}_extra0_version1.log")
-        assert f"model {model} subgraph 0 runs in a worker owning it; the tensors of its calls travel in shared " \
-               f"memory" in extra_log
+        assert (
+            f"model {model} subgraph 0 runs in a worker owning it; the tensors of its calls travel in shared "
+            f"memory" in extra_log
+        )
     assert blocks_of(proc) == []
 
 
@@ -164,8 +171,9 @@ def test_a_model_context_binds_its_worker_and_every_thread_of_it_to_its_cores(se
     affinities = {os.sched_getaffinity(thread.id) == {CORE} for thread in worker.threads()}
     assert affinities == {True}, f"every thread of the add_only worker, MindSpore's included, runs on core {CORE}"
     log = log_of(cwd, "log_add_only_device0_version1.log")
-    assert (f"servable add_only: worker bound to CPU core(s) [{CORE}] (register.Context(thread_affinity_core_list))"
-            in log)
+    assert (
+        f"servable add_only: worker bound to CPU core(s) [{CORE}] (register.Context(thread_affinity_core_list))" in log
+    )
     assert "servable add_only: MindSpore CPU kernel threads 1 (the cores this worker may use)" in log
     (result,) = Client(grpc_addr, "add_only", "add_common").infer({"x1": X, "x2": X})
     np.testing.assert_array_equal(result["y"], X * 2)
@@ -177,11 +185,17 @@ def test_a_killed_extra_worker_is_restarted_and_the_server_keeps_serving(serving
     registered = proc.output().count("Register success")
     extra.kill()
     proc.wait_for("Register success", count=registered + 1, timeout=120)
-    wait_until(lambda: [p.pid for p in workers(proc, EXTRA_MODULE, "add_sub")] not in ([], [extra.pid]), 30,
-               "a new extra worker")
+    wait_until(
+        lambda: [p.pid for p in workers(proc, EXTRA_MODULE, "add_sub")] not in ([], [extra.pid]),
+        30,
+        "a new extra worker",
+    )
     with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(lambda i: Client(grpc_addr, "add_sub", "add_sub_complex").infer(
-            {"x1": X, "x2": X, "x3": X}), range(8)))
+        results = list(
+            pool.map(
+                lambda i: Client(grpc_addr, "add_sub", "add_sub_complex").infer({"x1": X, "x2": X, "x3": X}), range(8)
+            )
+        )
     assert all(np.array_equal(result[0]["y"], 2 * (X + 1)) for result in results), results
 
 
@@ -193,6 +207,7 @@ def test_sigterm_stops_every_worker_and_leaves_no_shared_memory(serving):
     assert proc.wait_exit(60) == 0
     _, alive = psutil.wait_procs(children, timeout=30)
     assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
-    assert not [name for name in os.listdir(shm_tensors.SHM_DIR)
-                if name.startswith(shm_tensors.block_prefix(master_pid))]
+    assert not [
+        name for name in os.listdir(shm_tensors.SHM_DIR) if name.startswith(shm_tensors.block_prefix(master_pid))
+    ]
     assert not os.listdir(cwd / "unix_socket_files")  # the server removed its runtime directory

@@ -8,6 +8,7 @@
 
 One server start serves every test but the wrong-key one, which runs first, before it.
 """
+
 import base64
 import os
 import secrets
@@ -21,10 +22,10 @@ import numpy as np
 import psutil
 import pytest
 import requests
+from serving_process import ROOT, SERVABLES, free_port
 
 from mindspore_serving import server
 from mindspore_serving.client import Client
-from serving_process import ROOT, SERVABLES, free_port
 
 KEY = secrets.token_hex(8).encode()  # 16 printable bytes, new on each run
 X = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
@@ -51,8 +52,15 @@ def encrypted(tmp_path_factory):
     (servable / "1").mkdir(parents=True)
     shutil.copy(os.path.join(SERVABLES, "add", "servable_config.py"), servable)
     shutil.copytree(os.path.join(SERVABLES, "add", "warmup"), servable / "warmup")
-    subprocess.run([sys.executable, "-c", _EXPORT, os.path.join(SERVABLES, "add"), str(servable / "1" / "tensor_add")],
-                   input=KEY.hex(), text=True, check=True, capture_output=True, cwd=ROOT, timeout=300)
+    subprocess.run(
+        [sys.executable, "-c", _EXPORT, os.path.join(SERVABLES, "add"), str(servable / "1" / "tensor_add")],
+        input=KEY.hex(),
+        text=True,
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     return str(directory)
 
 
@@ -78,8 +86,9 @@ def test_a_wrong_key_fails_start_with_mindspore_s_reason(encrypted, tmp_path):
     run = _InProcessServer(tmp_path)
     try:
         with pytest.raises(RuntimeError) as info:
-            server.start_servables(server.ServableStartConfig(encrypted, "add_enc", device_ids=0,
-                                                              dec_key=b"0" * 16, dec_mode="AES-GCM"))
+            server.start_servables(
+                server.ServableStartConfig(encrypted, "add_enc", device_ids=0, dec_key=b"0" * 16, dec_mode="AES-GCM")
+            )
     finally:
         run.stop()
     assert str(info.value) == (
@@ -87,7 +96,8 @@ def test_a_wrong_key_fails_start_with_mindspore_s_reason(encrypted, tmp_path):
         f"'{encrypted}', servable name: 'add_enc', model file: '[tensor_add.mindir]', version number 1,model "
         f"context: {{}}, load error details: Load MindIR failed. The file may be encrypted and decrypt failed, you can "
         f"check whether the values of the arguments 'dec_key' and 'dec_mode' are the same as when exported MindIR "
-        f"file, or check the file integrity.>}}")
+        f"file, or check the file integrity.>}}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -97,10 +107,13 @@ def shared(encrypted, tmp_path_factory):
     old_level = os.environ.get("MS_SUBMODULE_LOG_v")
     os.environ["MS_SUBMODULE_LOG_v"] = "{SERVING:0}"  # the workers log everything: the key must still not show
     try:
-        server.start_servables([
-            server.ServableStartConfig(encrypted, "add_enc", device_ids=0, dec_key=KEY, dec_mode="AES-GCM"),
-            server.ServableStartConfig(SERVABLES, "add", device_ids=0),
-            server.ServableStartConfig(SERVABLES, "add_sub", device_ids=0)])
+        server.start_servables(
+            [
+                server.ServableStartConfig(encrypted, "add_enc", device_ids=0, dec_key=KEY, dec_mode="AES-GCM"),
+                server.ServableStartConfig(SERVABLES, "add", device_ids=0),
+                server.ServableStartConfig(SERVABLES, "add_sub", device_ids=0),
+            ]
+        )
         if old_level is None:
             del os.environ["MS_SUBMODULE_LOG_v"]
         else:
@@ -116,8 +129,9 @@ def shared(encrypted, tmp_path_factory):
 def workers():
     """The workers of the in-process server: this process's own children (a server process of another module,
     such as the session's LLM server, has its workers below it)."""
-    return [p for p in psutil.Process().children(recursive=False)
-            if any("start_worker" in part for part in p.cmdline())]
+    return [
+        p for p in psutil.Process().children(recursive=False) if any("start_worker" in part for part in p.cmdline())
+    ]
 
 
 def test_encrypted_model_round_trip(shared):
@@ -126,8 +140,9 @@ def test_encrypted_model_round_trip(shared):
     np.testing.assert_array_equal(result[0]["y"], X * 2)
     result = Client(grpc_addr, "add_enc", "add_cast").infer({"x1": X.astype(np.int32), "x2": X})
     np.testing.assert_array_equal(result[0]["y"], X * 2)
-    reply = requests.post(f"{url}/model/add_enc:add_common",
-                          json={"instances": [{"x1": X.tolist(), "x2": X.tolist()}]}, timeout=60).json()
+    reply = requests.post(
+        f"{url}/model/add_enc:add_common", json={"instances": [{"x1": X.tolist(), "x2": X.tolist()}]}, timeout=60
+    ).json()
     assert reply == {"instances": [{"y": (X * 2).tolist()}]}
 
 
@@ -154,28 +169,37 @@ def test_the_key_is_in_no_command_line_log_or_file(shared):
 
 def test_several_servables_on_one_device(shared):
     _, grpc_addr, _ = shared
-    assert sorted(part for worker in workers() for part in worker.cmdline() if part.startswith("--device_id=")) == \
-        ["--device_id=0"] * 3
+    assert (
+        sorted(part for worker in workers() for part in worker.cmdline() if part.startswith("--device_id="))
+        == ["--device_id=0"] * 3
+    )
     np.testing.assert_array_equal(Client(grpc_addr, "add", "add_common").infer({"x1": X, "x2": X})[0]["y"], X * 2)
     result = Client(grpc_addr, "add_sub", "add_sub_only_model").infer({"x1": X, "x2": X, "x3": X})
     np.testing.assert_array_equal(result[0]["y"], X)
 
 
-@pytest.mark.parametrize("array, text", [
-    (np.ones((2, 2), np.bool_), "Given model input 0 size 4 not match the size 16 defined in model"),
-    (np.ones((3, 3), np.bool_), "Given model input 0 size 9 not match the size 16 defined in model"),
-    (np.ones((4, 4), np.bool_), "Given model input 0 data type kMSI_Bool not match the data type kMSI_Float32 "
-                                "defined in model"),
-])
+@pytest.mark.parametrize(
+    "array, text",
+    [
+        (np.ones((2, 2), np.bool_), "Given model input 0 size 4 not match the size 16 defined in model"),
+        (np.ones((3, 3), np.bool_), "Given model input 0 size 9 not match the size 16 defined in model"),
+        (
+            np.ones((4, 4), np.bool_),
+            "Given model input 0 data type kMSI_Bool not match the data type kMSI_Float32 defined in model",
+        ),
+    ],
+)
 def test_a_bool_array_for_a_float_model_gets_the_model_stage_message(shared, array, text):
     _, grpc_addr, url = shared
     assert Client(grpc_addr, "add", "add_common").infer({"x1": array, "x2": X}) == {"error": text}
-    reply = requests.post(f"{url}/model/add:add_common",
-                          json={"instances": [{"x1": array.tolist(), "x2": X.tolist()}]}, timeout=60)
+    reply = requests.post(
+        f"{url}/model/add:add_common", json={"instances": [{"x1": array.tolist(), "x2": X.tolist()}]}, timeout=60
+    )
     assert reply.status_code == 200 and reply.json() == {"error_msg": text}
     b64 = {"b64": base64.b64encode(array.tobytes()).decode(), "type": "bool", "shape": list(array.shape)}
-    reply = requests.post(f"{url}/model/add:add_common", json={"instances": [{"x1": b64, "x2": X.tolist()}]},
-                          timeout=60)
+    reply = requests.post(
+        f"{url}/model/add:add_common", json={"instances": [{"x1": b64, "x2": X.tolist()}]}, timeout=60
+    )
     assert reply.json() == {"error_msg": text}
 
 
@@ -183,8 +207,9 @@ def test_a_bool_array_for_a_float_model_gets_the_model_stage_message(shared, arr
 def test_a_b64_bytes_scalar_reaches_the_model_stage(shared, shape):
     _, _, url = shared
     value = {"b64": base64.b64encode(b"abc").decode(), "shape": shape}
-    reply = requests.post(f"{url}/model/add:add_common", json={"instances": [{"x1": value, "x2": X.tolist()}]},
-                          timeout=60)
+    reply = requests.post(
+        f"{url}/model/add:add_common", json={"instances": [{"x1": value, "x2": X.tolist()}]}, timeout=60
+    )
     assert reply.json() == {"error_msg": "Given model input 0 size 3 not match the size 16 defined in model"}
 
 

@@ -1,6 +1,7 @@
 """Model control end to end: in-process, server.load_servable / unload_servable, KServe v2's repository
 load/unload over REST and gRPC, bad input, and a version switch with no failed request under load; and
 serving_server.py --model_control poll following version folders."""
+
 import os
 import shutil
 import signal
@@ -10,14 +11,18 @@ import time
 import grpc
 import pytest
 import requests
+from serving_process import SERVABLES, free_port, start_server, wait_until
 
 from mindspore_serving import server
 from mindspore_serving.proto import grpc_predict_v2_pb2 as v2
 from mindspore_serving.proto import grpc_predict_v2_pb2_grpc as v2_grpc
-from serving_process import SERVABLES, free_port, start_server, wait_until
 
-INFER = {"inputs": [{"name": "x1", "datatype": "FP32", "shape": [2, 2], "data": [1, 2, 3, 4]},
-                    {"name": "x2", "datatype": "FP32", "shape": [2, 2], "data": [1, 1, 1, 1]}]}
+INFER = {
+    "inputs": [
+        {"name": "x1", "datatype": "FP32", "shape": [2, 2], "data": [1, 2, 3, 4]},
+        {"name": "x2", "datatype": "FP32", "shape": [2, 2], "data": [1, 1, 1, 1]},
+    ]
+}
 
 
 def copy_add(repository, versions=(1,)):
@@ -72,30 +77,47 @@ def test_bad_input_leaves_serving_untouched(serving):
     answers = {
         "missing": requests.post(base + "/v2/repository/models/missing/load", timeout=30),
         "empty": requests.post(base + "/v2/repository/models/empty/load", timeout=30),
-        "no model": requests.post(base + "/v2/repository/models/add/load", json={"parameters": {"version": 3}},
-                                  timeout=60),
-        "bad version": requests.post(base + "/v2/repository/models/add/load", json={"parameters": {"version": "x"}},
-                                     timeout=30),
+        "no model": requests.post(
+            base + "/v2/repository/models/add/load", json={"parameters": {"version": 3}}, timeout=60
+        ),
+        "bad version": requests.post(
+            base + "/v2/repository/models/add/load", json={"parameters": {"version": "x"}}, timeout=30
+        ),
         "bad body": requests.post(base + "/v2/repository/models/add/load", data=b"{", timeout=30),
         "unload missing": requests.post(base + "/v2/repository/models/missing/unload", timeout=30),
-        "unload version": requests.post(base + "/v2/repository/models/add/unload", json={"parameters": {"version": 7}},
-                                        timeout=30),
+        "unload version": requests.post(
+            base + "/v2/repository/models/add/unload", json={"parameters": {"version": 7}}, timeout=30
+        ),
     }
     statuses = {what: reply.status_code for what, reply in answers.items()}
-    assert statuses == {"missing": 404, "empty": 400, "no model": 400, "bad version": 400, "bad body": 400,
-                        "unload missing": 400, "unload version": 400}, {k: r.text for k, r in answers.items()}
+    assert statuses == {
+        "missing": 404,
+        "empty": 400,
+        "no model": 400,
+        "bad version": 400,
+        "bad body": 400,
+        "unload missing": 400,
+        "unload version": 400,
+    }, {k: r.text for k, r in answers.items()}
     assert "not in the servable directory" in answers["missing"].json()["error"]
     assert "servable_config.py" in answers["empty"].json()["error"]
     assert "Fail to start workers" in answers["no model"].json()["error"]
     assert "not loaded" in answers["unload missing"].json()["error"]
     with grpc.insecure_channel(grpc_addr) as channel:
         stub = v2_grpc.GRPCInferenceServiceStub(channel)
-        for call, request, code in ((stub.RepositoryModelLoad, v2.RepositoryModelLoadRequest(model_name="missing"),
-                                     grpc.StatusCode.NOT_FOUND),
-                                    (stub.RepositoryModelLoad, v2.RepositoryModelLoadRequest(model_name="../add"),
-                                     grpc.StatusCode.INVALID_ARGUMENT),
-                                    (stub.RepositoryModelUnload, v2.RepositoryModelUnloadRequest(model_name="nothing"),
-                                     grpc.StatusCode.INVALID_ARGUMENT)):
+        for call, request, code in (
+            (stub.RepositoryModelLoad, v2.RepositoryModelLoadRequest(model_name="missing"), grpc.StatusCode.NOT_FOUND),
+            (
+                stub.RepositoryModelLoad,
+                v2.RepositoryModelLoadRequest(model_name="../add"),
+                grpc.StatusCode.INVALID_ARGUMENT,
+            ),
+            (
+                stub.RepositoryModelUnload,
+                v2.RepositoryModelUnloadRequest(model_name="nothing"),
+                grpc.StatusCode.INVALID_ARGUMENT,
+            ),
+        ):
             with pytest.raises(grpc.RpcError) as failure:
                 call(request, timeout=30)
             assert failure.value.code() == code, failure.value.details()
@@ -147,14 +169,17 @@ def test_version_switch_under_load_fails_no_request(serving):
     repository, base, grpc_addr = serving
     add_version(repository, 2)
     with ClientsUnderLoad(base) as load:
-        reply = requests.post(base + "/v2/repository/models/add/load", json={"parameters": {"version": 2}},
-                              timeout=120)
+        reply = requests.post(base + "/v2/repository/models/add/load", json={"parameters": {"version": 2}}, timeout=120)
         assert reply.status_code == 200, reply.text
         before_unload = len(load.seen)
         with grpc.insecure_channel(grpc_addr) as channel:
             stub = v2_grpc.GRPCInferenceServiceStub(channel)
-            stub.RepositoryModelUnload(v2.RepositoryModelUnloadRequest(
-                model_name="add", parameters={"version": v2.ModelRepositoryParameter(int64_param=1)}), timeout=60)
+            stub.RepositoryModelUnload(
+                v2.RepositoryModelUnloadRequest(
+                    model_name="add", parameters={"version": v2.ModelRepositoryParameter(int64_param=1)}
+                ),
+                timeout=60,
+            )
         load.more(20)
     assert not load.failures, load.failures[:3]
     assert load.seen[0] == "1" and load.seen[-1] == "2" and before_unload > 0, (load.seen[:3], load.seen[-3:])
@@ -180,8 +205,12 @@ def test_python_api_reload_and_unload(serving):
 def test_poll_mode_follows_version_folders(tmp_path):
     repository = str(tmp_path / "repository")
     copy_add(repository)
-    proc, _, rest = start_server(tmp_path, servables=(), env={"GLOG_v": "1"},
-                                 extra_args=("--servable_directory", repository, "--model_control", "poll"))
+    proc, _, rest = start_server(
+        tmp_path,
+        servables=(),
+        env={"GLOG_v": "1"},
+        extra_args=("--servable_directory", repository, "--model_control", "poll"),
+    )
     base = f"http://{rest}"
     try:
         assert index(base) == [("add.add_cast", "1"), ("add.add_common", "1")]
@@ -195,8 +224,7 @@ def test_poll_mode_follows_version_folders(tmp_path):
             os.rename(staging, os.path.join(repository, "add", "2"))
             proc.wait_for("model control: loading servable add version 2", timeout=2)
             assert time.monotonic() - added < 2
-            wait_until(lambda: index(base) == [("add.add_cast", "2"), ("add.add_common", "2")], 60,
-                       "version 2 alone")
+            wait_until(lambda: index(base) == [("add.add_cast", "2"), ("add.add_common", "2")], 60, "version 2 alone")
             load.more(20)
         assert not load.failures, load.failures[:3]
         assert load.seen[0] == "1" and load.seen[-1] == "2", (load.seen[:3], load.seen[-3:])

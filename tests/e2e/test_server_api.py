@@ -1,4 +1,5 @@
 """The server API in-process: restart after stop(), unix sockets, TLS, limits, address errors, generated clients."""
+
 import importlib
 import os
 import signal
@@ -11,13 +12,13 @@ import grpc
 import numpy as np
 import pytest
 import requests
+from certificates import make_certs
+from serving_process import ROOT, SERVABLES, free_port
 
 from mindspore_serving import server
 from mindspore_serving.client import Client
-from mindspore_serving.master.master import get_master
 from mindspore_serving.client import SSLConfig as ClientSSLConfig
-from certificates import make_certs
-from serving_process import ROOT, SERVABLES, free_port
+from mindspore_serving.master.master import get_master
 
 TEST_SERVABLES = os.path.join(ROOT, "tests", "servables")
 X = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
@@ -48,8 +49,9 @@ def test_restart_after_stop_on_same_ports(serving):
         serving.start_restful_server(rest_addr)
         result = Client(grpc_addr, "add", "add_common").infer({"x1": X, "x2": X})
         np.testing.assert_array_equal(result[0]["y"], X * 2)
-        reply = requests.post(f"http://{rest_addr}/model/add:add_common",
-                              json={"instances": [{"x1": X.tolist(), "x2": X.tolist()}]}).json()
+        reply = requests.post(
+            f"http://{rest_addr}/model/add:add_common", json={"instances": [{"x1": X.tolist(), "x2": X.tolist()}]}
+        ).json()
         assert reply == {"instances": [{"y": (X * 2).tolist()}]}
         serving.stop()
 
@@ -74,14 +76,18 @@ def test_front_end_errors(serving):
 
 def test_start_servables_reports_worker_failure(serving):
     config = server.ServableStartConfig(servable_directory=TEST_SERVABLES, servable_name="broken", device_ids=0)
-    with pytest.raises(RuntimeError, match=r"Fail to start workers: \{servable name:broken, device id:0, <"
-                                           r"import broken.servable_config failed"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"Fail to start workers: \{servable name:broken, device id:0, <"
+        r"import broken.servable_config failed",
+    ):
         serving.start_servables(config)
 
 
 def test_missing_version_fails_start(serving):
-    with pytest.raises(RuntimeError, match="There is no specified version directory of models, specified version "
-                                           "number: 9"):
+    with pytest.raises(
+        RuntimeError, match="There is no specified version directory of models, specified version number: 9"
+    ):
         serving.start_servables(add_config(version_number=9))
 
 
@@ -94,15 +100,18 @@ def test_unix_socket_grpc(serving, tmp_path):
 
 
 def test_python_stage_errors_stay_per_instance(serving):
-    serving.start_servables(server.ServableStartConfig(servable_directory=TEST_SERVABLES, servable_name="faulty",
-                                                       device_ids=0))
+    serving.start_servables(
+        server.ServableStartConfig(servable_directory=TEST_SERVABLES, servable_name="faulty", device_ids=0)
+    )
     address = f"127.0.0.1:{free_port()}"
     serving.start_grpc_server(address)
     ok, bad = np.array([1.0], np.float32), np.array([-1.0], np.float32)
     result = Client(address, "faulty", "double_positive").infer([{"x": ok}, {"x": bad}, {"x": ok}])
     assert result[0]["y"] == 2.0 and result[2]["y"] == 2.0
-    assert "Call Function 'faulty.check_positive' Failed, method: 'double_positive', stage index(begin with 1): 1, " \
-           "error msg: negative input" in result[1]["error"]
+    assert (
+        "Call Function 'faulty.check_positive' Failed, method: 'double_positive', stage index(begin with 1): 1, "
+        "error msg: negative input" in result[1]["error"]
+    )
     result = Client(address, "faulty", "wrong_count").infer([{"x": ok}])
     assert "not equal to outputs_count 2" in result["error"]
     result = Client(address, "faulty", "square_batch").infer([{"x": ok * 3}, {"x": ok * 4}])
@@ -113,8 +122,10 @@ def test_python_stage_errors_stay_per_instance(serving):
 
 def test_max_enqueued_requests(serving):
     from mindspore_serving.server.master import context
-    serving.start_servables(server.ServableStartConfig(servable_directory=TEST_SERVABLES, servable_name="slow",
-                                                       device_ids=0))
+
+    serving.start_servables(
+        server.ServableStartConfig(servable_directory=TEST_SERVABLES, servable_name="slow", device_ids=0)
+    )
     address = f"127.0.0.1:{free_port()}"
     serving.start_grpc_server(address)
     context.set_max_enqueued_requests(1)
@@ -141,7 +152,7 @@ def test_message_size_limits(serving):
     big = np.zeros((600, 600), np.float32)
     result = Client(grpc_addr, "add", "add_common").infer({"x1": big, "x2": big})
     assert result["error"].startswith("Grpc Error, (8, 'resource exhausted')")
-    body = b'{"instances": [{"x1": [' + b"1.0," * 400000 + b'1.0]}]}'
+    body = b'{"instances": [{"x1": [' + b"1.0," * 400000 + b"1.0]}]}"
     reply = requests.post(f"http://{rest_addr}/model/add:add_common", data=body).json()
     assert reply == {"error_msg": "http message is bigger than 1048576"}
     assert Client(grpc_addr, "add", "add_common").infer({"x1": X, "x2": X})[0]["y"].tolist() == (X * 2).tolist()
@@ -149,8 +160,9 @@ def test_message_size_limits(serving):
 
 def test_tls_grpc_and_restful_with_client_verification(serving, tmp_path):
     certs = make_certs(str(tmp_path))
-    ssl_config = server.SSLConfig(certificate=certs["server.crt"], private_key=certs["server.key"],
-                                  custom_ca=certs["ca.crt"], verify_client=True)
+    ssl_config = server.SSLConfig(
+        certificate=certs["server.crt"], private_key=certs["server.key"], custom_ca=certs["ca.crt"], verify_client=True
+    )
     serving.start_servables(add_config())
     grpc_addr, rest_addr = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     garbage = tmp_path / "garbage.key"
@@ -162,19 +174,25 @@ def test_tls_grpc_and_restful_with_client_verification(serving, tmp_path):
     for key in (str(garbage), certs["server.crt"]):  # MindSpore Serving's gRPC server reports any bad key so
         with pytest.raises(RuntimeError) as info:
             serving.start_grpc_server(grpc_addr, ssl_config=server.SSLConfig(certs["server.crt"], key))
-        assert str(info.value) == f"Serving Error: Serving gRPC server start failed, create server failed, address " \
-                                  f"{grpc_addr}"
+        assert (
+            str(info.value) == f"Serving Error: Serving gRPC server start failed, create server failed, address "
+            f"{grpc_addr}"
+        )
     serving.start_grpc_server(grpc_addr, ssl_config=ssl_config)
     serving.start_restful_server(rest_addr, ssl_config=ssl_config)
-    client_ssl = ClientSSLConfig(certificate=certs["client.crt"], private_key=certs["client.key"],
-                                 custom_ca=certs["ca.crt"])
+    client_ssl = ClientSSLConfig(
+        certificate=certs["client.crt"], private_key=certs["client.key"], custom_ca=certs["ca.crt"]
+    )
     result = Client(grpc_addr, "add", "add_common", ssl_config=client_ssl).infer({"x1": X, "x2": X})
     np.testing.assert_array_equal(result[0]["y"], X * 2)
     no_cert = Client(grpc_addr, "add", "add_common", ssl_config=ClientSSLConfig(custom_ca=certs["ca.crt"]))
     assert "Grpc Error" in no_cert.infer({"x1": X, "x2": X})["error"]
-    reply = requests.post(f"https://{rest_addr}/model/add:add_common", verify=certs["ca.crt"],
-                          cert=(certs["client.crt"], certs["client.key"]),
-                          json={"instances": [{"x1": X.tolist(), "x2": X.tolist()}]}).json()
+    reply = requests.post(
+        f"https://{rest_addr}/model/add:add_common",
+        verify=certs["ca.crt"],
+        cert=(certs["client.crt"], certs["client.key"]),
+        json={"instances": [{"x1": X.tolist(), "x2": X.tolist()}]},
+    ).json()
     assert reply == {"instances": [{"y": (X * 2).tolist()}]}
     # the server refuses the handshake; depending on timing the client sees an SSL error or a dropped connection
     with pytest.raises((requests.exceptions.SSLError, requests.exceptions.ConnectionError)):
@@ -184,8 +202,18 @@ def test_tls_grpc_and_restful_with_client_verification(serving, tmp_path):
 def test_client_generated_from_proto(serving, tmp_path):
     """A client built from ms_service.proto alone, in a separate step, talks to the server unchanged."""
     proto_dir = os.path.join(ROOT, "mindspore_serving", "proto")
-    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{proto_dir}", f"--python_out={tmp_path}",
-                    f"--grpc_python_out={tmp_path}", os.path.join(proto_dir, "ms_service.proto")], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{proto_dir}",
+            f"--python_out={tmp_path}",
+            f"--grpc_python_out={tmp_path}",
+            os.path.join(proto_dir, "ms_service.proto"),
+        ],
+        check=True,
+    )
     sys.path.insert(0, str(tmp_path))
     try:
         pb2 = importlib.import_module("ms_service_pb2")

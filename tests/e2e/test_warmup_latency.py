@@ -1,13 +1,15 @@
 """Warm-up end to end: a copy of `lenet` started with and without its warmup/ folder. The worker logs the
 warm-up per method before it registers, and the first request succeeds either way; the first-request
 latencies are printed (measured, never asserted: see README.md, "Warm-up")."""
+
 import glob
 import os
 import shutil
 import time
 
-from mindspore_serving.client import Client
 from serving_process import SERVABLES, start_server
+
+from mindspore_serving.client import Client
 
 IMAGE = os.path.join(SERVABLES, "lenet", "images", "digit_7_0.png")
 
@@ -21,8 +23,9 @@ def copy_lenet(directory, with_warmup):
 def first_requests(tmp_path, with_warmup):
     """(worker log, seconds of the first request, seconds of the second) of a fresh server."""
     servables = copy_lenet(tmp_path / "servables", with_warmup)
-    proc, grpc_addr, _ = start_server(tmp_path, servables=("lenet",), rest=False,
-                                      extra_args=["--servable_directory", servables], env={"GLOG_v": "1"})
+    proc, grpc_addr, _ = start_server(
+        tmp_path, servables=("lenet",), rest=False, extra_args=["--servable_directory", servables], env={"GLOG_v": "1"}
+    )
     try:
         with open(IMAGE, "rb") as stream:
             image = stream.read()
@@ -48,6 +51,8 @@ def test_warmup_runs_before_the_worker_is_ready_and_first_requests_succeed(tmp_p
         assert f"warm-up of method {method}: 2 instances in" in warm_log
     # the warm-up ran before the worker told the master it started
     assert warm_log.index("warm-up of method classify_top1:") < warm_log.index("Start servable success")
-    print(f"\nlenet classify_top1 first request: without warm-up {cold_first * 1000:.1f} ms "
-          f"(second {cold_second * 1000:.1f} ms), with warm-up {warm_first * 1000:.1f} ms "
-          f"(second {warm_second * 1000:.1f} ms)")
+    print(
+        f"\nlenet classify_top1 first request: without warm-up {cold_first * 1000:.1f} ms "
+        f"(second {cold_second * 1000:.1f} ms), with warm-up {warm_first * 1000:.1f} ms "
+        f"(second {warm_second * 1000:.1f} ms)"
+    )

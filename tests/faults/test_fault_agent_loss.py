@@ -1,6 +1,7 @@
 """A killed LLM agent, end to end: every request in flight or queued gets "unavailable, retry later" (HTTP 503 +
 Retry-After, or an error event of the unavailable type) whose text names the model and what happened, and the
 service comes back on its own. Also: garbage sent to MSService/Predict is INVALID_ARGUMENT."""
+
 import json
 import signal
 import threading
@@ -10,7 +11,6 @@ import grpc
 import psutil
 import pytest
 import requests
-
 from llm_setup import write_config, write_servable
 from serving_process import start_server
 
@@ -19,13 +19,19 @@ RECOVERY_S = 120
 
 
 def agents_of(proc):
-    return [p for p in psutil.Process(proc.proc.pid).children(recursive=True)
-            if "mindspore_serving.agent.start_agent" in p.cmdline()]
+    return [
+        p
+        for p in psutil.Process(proc.proc.pid).children(recursive=True)
+        if "mindspore_serving.agent.start_agent" in p.cmdline()
+    ]
 
 
 def completion(url, **extra):
-    return requests.post(f"{url}/v1/completions", timeout=60,
-                         json={"model": MODEL, "prompt": "And the king of", "max_tokens": 8, **extra})
+    return requests.post(
+        f"{url}/v1/completions",
+        timeout=60,
+        json={"model": MODEL, "prompt": "And the king of", "max_tokens": 8, **extra},
+    )
 
 
 def assert_retry_later(reply):
@@ -42,8 +48,9 @@ def assert_names_the_loss(text):
 def _server(tmp_path):
     # one sequence at a time: the second and third requests wait in the engine's queue
     config = write_config(tmp_path, start_port=0, max_num_seqs=1, max_queue_size=4)
-    proc, grpc_addr, rest_addr = start_server(tmp_path, servables=(MODEL,),
-                                              extra_args=["--servable_directory", write_servable(tmp_path, config)])
+    proc, grpc_addr, rest_addr = start_server(
+        tmp_path, servables=(MODEL,), extra_args=["--servable_directory", write_servable(tmp_path, config)]
+    )
     try:
         yield proc, grpc_addr, f"http://{rest_addr}"
     finally:
@@ -54,14 +61,19 @@ def test_a_killed_agent_fails_every_request_as_unavailable_then_service_recovers
     proc, _, url = server
     (agent,) = agents_of(proc)
     results = {}
-    stream = requests.post(f"{url}/v1/completions", stream=True, timeout=60, json={
-        "model": MODEL, "prompt": "And the king of", "max_tokens": 240, "temperature": 0, "stream": True})
-    events = (line[len("data: "):] for line in stream.iter_lines(decode_unicode=True) if line.startswith("data: "))
+    stream = requests.post(
+        f"{url}/v1/completions",
+        stream=True,
+        timeout=60,
+        json={"model": MODEL, "prompt": "And the king of", "max_tokens": 240, "temperature": 0, "stream": True},
+    )
+    events = (line[len("data: ") :] for line in stream.iter_lines(decode_unicode=True) if line.startswith("data: "))
     next(events)  # the stream is running
 
     def tgi():
-        results["tgi"] = requests.post(f"{url}/generate", timeout=60,
-                                       json={"inputs": "Once", "parameters": {"max_new_tokens": 8}})
+        results["tgi"] = requests.post(
+            f"{url}/generate", timeout=60, json={"inputs": "Once", "parameters": {"max_new_tokens": 8}}
+        )
 
     def queued():
         results["queued"] = completion(url)

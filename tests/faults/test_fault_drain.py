@@ -1,6 +1,7 @@
 """SIGTERM drains both front ends at once within one grace period (`--grace`), against a real server serving a
 slow classic servable and the tiny LLM: requests in flight that fit finish, new ones are refused on both front
 ends, those cut at the end get their protocol's error, and every process is gone within grace + 5 s."""
+
 import json
 import os
 import shutil
@@ -11,10 +12,10 @@ import time
 import numpy as np
 import psutil
 import requests
-
-from mindspore_serving.client import Client
 from llm_setup import write_config, write_servable
 from serving_process import ROOT, start_server, wait_until
+
+from mindspore_serving.client import Client
 
 SLOW_SERVABLE = os.path.join(ROOT, "tests", "servables", "slow")
 PROMPT = "And the king of"
@@ -34,6 +35,7 @@ class Background:
                 self.results[name] = fn(*args)
             except Exception as err:  # the test asserts on it
                 self.results[name] = err
+
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
         self._threads.append(thread)
@@ -50,9 +52,12 @@ def start(tmp_path, grace, **engine):
     servables = write_servable(tmp_path, config)
     shutil.copytree(SLOW_SERVABLE, os.path.join(servables, "slow"))
     marker = tmp_path / "stage_started"
-    proc, grpc_addr, rest_addr = start_server(tmp_path, servables=("slow", "llama_tiny"),
-                                              extra_args=["--servable_directory", servables, "--grace", str(grace)],
-                                              env={"SLOW_STAGE_STARTED": str(marker)})
+    proc, grpc_addr, rest_addr = start_server(
+        tmp_path,
+        servables=("slow", "llama_tiny"),
+        extra_args=["--servable_directory", servables, "--grace", str(grace)],
+        env={"SLOW_STAGE_STARTED": str(marker)},
+    )
     return proc, grpc_addr, f"http://{rest_addr}", marker
 
 
@@ -67,7 +72,7 @@ def open_sse(url, path, body, first_event: threading.Event):
         for line in response.iter_lines(decode_unicode=True):
             if line.startswith("data:"):
                 first_event.set()
-                payload = line[len("data:"):].strip()
+                payload = line[len("data:") :].strip()
                 events.append(payload if payload == "[DONE]" else json.loads(payload))
         return response.status_code, response.headers.get("content-type"), events
 
@@ -75,7 +80,8 @@ def open_sse(url, path, body, first_event: threading.Event):
 def grpc_stream(grpc_addr, max_new_tokens, first_reply: threading.Event):
     replies = []
     for reply in Client(grpc_addr, "llama_tiny", "generate").infer_stream(
-            {"prompt": PROMPT, "max_new_tokens": np.int32(max_new_tokens), "ignore_eos": np.bool_(True)}):
+        {"prompt": PROMPT, "max_new_tokens": np.int32(max_new_tokens), "ignore_eos": np.bool_(True)}
+    ):
         first_reply.set()
         replies.append(reply)
     return replies
@@ -83,8 +89,11 @@ def grpc_stream(grpc_addr, max_new_tokens, first_reply: threading.Event):
 
 def rest_connections(proc, port):
     """Connections the server process has accepted on `port` (a request sent on one is being served)."""
-    return sum(1 for conn in psutil.Process(proc.proc.pid).net_connections("tcp")
-               if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_ESTABLISHED)
+    return sum(
+        1
+        for conn in psutil.Process(proc.proc.pid).net_connections("tcp")
+        if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_ESTABLISHED
+    )
 
 
 def sigterm_and_time(proc):
@@ -135,12 +144,18 @@ def test_sigterm_finishes_requests_in_flight_and_refuses_new_ones(tmp_path):
         # a TGI unary generation and a gRPC token stream; all fit in the grace period
         background.start("grpc_predict", grpc_client.infer, {"seconds": np.float32(1.0)})
         wait_until(lambda: stage_starts(marker) > stages_before, 60, "the slow stage started")
-        background.start("classic", requests.post, url + "/model/slow:sleep",
-                         None, {"instances": [{"seconds": 0.5}]})
-        background.start("tgi", requests.post, url + "/generate",
-                         None, {"inputs": PROMPT, "parameters": {"max_new_tokens": 100}})
-        background.start("sse", open_sse, url, "/v1/completions",
-                         {"model": "llama_tiny", "prompt": PROMPT, "max_tokens": 100, "stream": True}, sse_started)
+        background.start("classic", requests.post, url + "/model/slow:sleep", None, {"instances": [{"seconds": 0.5}]})
+        background.start(
+            "tgi", requests.post, url + "/generate", None, {"inputs": PROMPT, "parameters": {"max_new_tokens": 100}}
+        )
+        background.start(
+            "sse",
+            open_sse,
+            url,
+            "/v1/completions",
+            {"model": "llama_tiny", "prompt": PROMPT, "max_tokens": 100, "stream": True},
+            sse_started,
+        )
         background.start("grpc_stream", grpc_stream, grpc_addr, 100, stream_started)
         assert sse_started.wait(60) and stream_started.wait(60)
         # the keep-alive session's connection, the classic call's, the TGI call's and the stream's
@@ -153,8 +168,9 @@ def test_sigterm_finishes_requests_in_flight_and_refuses_new_ones(tmp_path):
         except requests.ConnectionError as err:
             refused_rest = err
         try:
-            refused_keep_alive = keep_alive.post(url + "/v1/completions", timeout=10,
-                                                 json={"model": "llama_tiny", "prompt": PROMPT, "max_tokens": 2})
+            refused_keep_alive = keep_alive.post(
+                url + "/v1/completions", timeout=10, json={"model": "llama_tiny", "prompt": PROMPT, "max_tokens": 2}
+            )
         except requests.ConnectionError as err:
             refused_keep_alive = err
         refused_grpc_open = grpc_client.infer({"seconds": np.float32(0)})
@@ -187,9 +203,14 @@ def test_requests_past_the_grace_period_get_their_protocols_error(tmp_path):
     sse_started, stream_started = threading.Event(), threading.Event()
     try:
         background.start("classic", requests.post, url + "/model/slow:sleep", None, {"instances": [{"seconds": 30}]})
-        background.start("sse", open_sse, url, "/v1/completions",
-                         {"model": "llama_tiny", "prompt": PROMPT, "max_tokens": 250, "ignore_eos": True,
-                          "stream": True}, sse_started)
+        background.start(
+            "sse",
+            open_sse,
+            url,
+            "/v1/completions",
+            {"model": "llama_tiny", "prompt": PROMPT, "max_tokens": 250, "ignore_eos": True, "stream": True},
+            sse_started,
+        )
         background.start("grpc_stream", grpc_stream, grpc_addr, 250, stream_started)
         wait_until(lambda: stage_starts(marker) > 0, 60, "the slow stage started")
         assert sse_started.wait(60) and stream_started.wait(60)
@@ -212,6 +233,8 @@ def test_requests_past_the_grace_period_get_their_protocols_error(tmp_path):
     assert "grace period" in events[-2]["error"]["message"]
     assert_unavailable_grpc(results["grpc_stream"])
     log = proc.output()
-    assert ("the grace period of 1 s ended with 3 request(s) still running, answered with an unavailable error: "
-            "1 RESTful POST /model/slow:sleep, 1 RESTful POST /v1/completions, 1 gRPC PredictStream llama_tiny") in log
+    assert (
+        "the grace period of 1 s ended with 3 request(s) still running, answered with an unavailable error: "
+        "1 RESTful POST /model/slow:sleep, 1 RESTful POST /v1/completions, 1 gRPC PredictStream llama_tiny"
+    ) in log
     assert "Internal Server Error" not in log

@@ -4,6 +4,7 @@ One server serves `add` and the tiny LLM. For each fault, concurrent requests ru
 must be answered (an answer or an error, never silence) within the bound, and the service must come back by
 itself within the recovery bound. At the end SIGTERM stops the server and every process it started.
 """
+
 import json
 import os
 import shutil
@@ -15,12 +16,12 @@ import numpy as np
 import psutil
 import pytest
 import requests
-
-from mindspore_serving.client import Client
 from llm_setup import write_config, write_servable
 from serving_process import ROOT, assert_sigterm_stops_all, start_server, wait_recovered
 
-ANSWER_BOUND_S = 5.0     # every request in flight is answered within this after the fault
+from mindspore_serving.client import Client
+
+ANSWER_BOUND_S = 5.0  # every request in flight is answered within this after the fault
 RECOVERY_BOUND_S = 90.0  # the service answers again within this (a worker or agent group restarts on 2 busy cores)
 X = [[1.0, 2.0], [3.0, 4.0]]
 
@@ -31,8 +32,9 @@ def server(tmp_path_factory):
     config = write_config(directory, start_port=0)
     servables = write_servable(directory, config)
     shutil.copytree(os.path.join(ROOT, "servables", "add"), os.path.join(servables, "add"))  # beside the LLM
-    proc, grpc_addr, rest_addr = start_server(directory, servables=("add", "llama_tiny"),
-                                              extra_args=["--servable_directory", servables])
+    proc, grpc_addr, rest_addr = start_server(
+        directory, servables=("add", "llama_tiny"), extra_args=["--servable_directory", servables]
+    )
     try:
         yield proc, grpc_addr, f"http://{rest_addr}"
         children = psutil.Process(proc.proc.pid).children(recursive=True)
@@ -42,8 +44,7 @@ def server(tmp_path_factory):
 
 
 def _process_of(proc, marker):
-    (found,) = [p for p in psutil.Process(proc.proc.pid).children(recursive=True)
-                if marker in " ".join(p.cmdline())]
+    (found,) = [p for p in psutil.Process(proc.proc.pid).children(recursive=True) if marker in " ".join(p.cmdline())]
     return found
 
 
@@ -57,10 +58,13 @@ def _add_grpc(grpc_addr):
 
 
 def _sse(rest):
-    with requests.post(f"{rest}/v1/completions", stream=True, timeout=60,
-                       json={"model": "llama_tiny", "prompt": "And God said", "max_tokens": 200, "stream": True,
-                             "ignore_eos": True}) as reply:
-        events = [line[len(b"data: "):] for line in reply.iter_lines() if line.startswith(b"data: ")]
+    with requests.post(
+        f"{rest}/v1/completions",
+        stream=True,
+        timeout=60,
+        json={"model": "llama_tiny", "prompt": "And God said", "max_tokens": 200, "stream": True, "ignore_eos": True},
+    ) as reply:
+        events = [line[len(b"data: ") :] for line in reply.iter_lines() if line.startswith(b"data: ")]
     return reply.status_code, [json.loads(e) for e in events if e != b"[DONE]"]
 
 
@@ -95,8 +99,9 @@ def _add_works(rest):
 
 
 def _llm_works(rest):
-    reply = requests.post(f"{rest}/v1/completions", timeout=30,
-                          json={"model": "llama_tiny", "prompt": "And God", "max_tokens": 4})
+    reply = requests.post(
+        f"{rest}/v1/completions", timeout=30, json={"model": "llama_tiny", "prompt": "And God", "max_tokens": 4}
+    )
     return reply.status_code == 200
 
 
@@ -121,10 +126,16 @@ def test_an_llm_agent_that_hangs_or_dies_ends_every_stream_fast_and_the_group_co
     proc, grpc_addr, rest = server
     victim = _process_of(proc, "mindspore_serving.agent.start_agent")
     calls = {f"sse{i}": (lambda: _sse(rest)) for i in range(2)}
-    calls["grpc_stream"] = lambda: list(Client(grpc_addr, "llama_tiny", "generate").infer_stream(
-        {"prompt": "And God said", "max_new_tokens": np.int32(200), "ignore_eos": True}))
-    calls["classic_rest"] = lambda: requests.post(f"{rest}/model/llama_tiny:generate", timeout=60, json={
-        "instances": [{"prompt": "And God said", "max_new_tokens": 200, "ignore_eos": True}]}).json()
+    calls["grpc_stream"] = lambda: list(
+        Client(grpc_addr, "llama_tiny", "generate").infer_stream(
+            {"prompt": "And God said", "max_new_tokens": np.int32(200), "ignore_eos": True}
+        )
+    )
+    calls["classic_rest"] = lambda: requests.post(
+        f"{rest}/model/llama_tiny:generate",
+        timeout=60,
+        json={"instances": [{"prompt": "And God said", "max_new_tokens": 200, "ignore_eos": True}]},
+    ).json()
     answers = _under_fault(calls, victim, sig)
     assert set(answers) == set(calls)
     for name, (after, result) in answers.items():

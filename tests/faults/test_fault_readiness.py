@@ -1,20 +1,21 @@
 """Readiness on real servers: /ready, the KServe v2 probes and grpc.health.v1 go false while the servables start,
 while a killed worker restarts, while a killed LLM agent's group restarts and during a SIGTERM drain, and true
 again after each; /health (live) answers throughout."""
+
 import os
 import shutil
 import signal
 import threading
 
+import grpc
 import numpy as np
 import psutil
 import requests
-import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from mindspore_serving.client import Client
 from llm_setup import write_config, write_servable
 from serving_process import ROOT, SERVABLES, ServingProcess, free_port, wait_until
+
+from mindspore_serving.client import Client
 
 SLOW_SERVABLE = os.path.join(ROOT, "tests", "servables", "slow")
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -76,8 +77,11 @@ def test_ready_only_after_start_up_and_again_after_a_killed_worker_restarted(tmp
     script = tmp_path / "frontends_first.py"
     script.write_text(FRONTENDS_FIRST)
     grpc_addr, rest_addr = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    proc = ServingProcess([str(script), grpc_addr, rest_addr, SERVABLES], str(tmp_path),
-                          env={"PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))})
+    proc = ServingProcess(
+        [str(script), grpc_addr, rest_addr, SERVABLES],
+        str(tmp_path),
+        env={"PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))},
+    )
     probes = None
     try:
         proc.wait_for("RESTful server start success")
@@ -112,9 +116,23 @@ def test_not_ready_while_llm_agents_restart_and_during_a_sigterm_drain(tmp_path)
     grpc_addr, rest_addr = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     grace = 6.0
     marker = tmp_path / "stage_started"
-    proc = ServingProcess([os.path.join(ROOT, "serving_server.py"), "--grpc", grpc_addr, "--rest", rest_addr,
-                           "--servables", "slow,llama_tiny", "--servable_directory", servables,
-                           "--grace", str(grace)], str(tmp_path), env={"SLOW_STAGE_STARTED": str(marker)})
+    proc = ServingProcess(
+        [
+            os.path.join(ROOT, "serving_server.py"),
+            "--grpc",
+            grpc_addr,
+            "--rest",
+            rest_addr,
+            "--servables",
+            "slow,llama_tiny",
+            "--servable_directory",
+            servables,
+            "--grace",
+            str(grace),
+        ],
+        str(tmp_path),
+        env={"SLOW_STAGE_STARTED": str(marker)},
+    )
     probes = None
     try:
         proc.wait_for("RESTful server start success")
@@ -134,8 +152,11 @@ def test_not_ready_while_llm_agents_restart_and_during_a_sigterm_drain(tmp_path)
 
         # a request in flight keeps the drain open; meanwhile live, not ready, NOT_SERVING; other calls refused
         results = {}
-        slow = threading.Thread(target=lambda: results.update(
-            slow=Client(grpc_addr, "slow", "sleep").infer({"seconds": np.float32(grace - 2)})))
+        slow = threading.Thread(
+            target=lambda: results.update(
+                slow=Client(grpc_addr, "slow", "sleep").infer({"seconds": np.float32(grace - 2)})
+            )
+        )
         slow.start()
         wait_until(marker.exists, 30, "the slow request running")
         proc.proc.send_signal(signal.SIGTERM)
@@ -146,8 +167,12 @@ def test_not_ready_while_llm_agents_restart_and_during_a_sigterm_drain(tmp_path)
         assert probes.seen == [draining], probes.seen
         assert requests.get(probes.url + "/v2/health/live", timeout=5).status_code == 200
         assert requests.get(probes.url + "/v2/health/ready", timeout=5).status_code == 400
-        assert requests.post(probes.url + "/model/slow:sleep", json={"instances": [{"seconds": 0.0}]},
-                             timeout=5).status_code == 503
+        assert (
+            requests.post(
+                probes.url + "/model/slow:sleep", json={"instances": [{"seconds": 0.0}]}, timeout=5
+            ).status_code
+            == 503
+        )
         slow.join(grace + 10)
         assert proc.wait_exit(grace + 10) == 0
         assert results["slow"][0]["y"].item() == grace - 2

@@ -1,5 +1,4 @@
 import pytest
-
 from secured_server import ADMIN_KEY, KEY, READ_TIMEOUT
 from serving_process import start_server
 
@@ -18,10 +17,21 @@ def secured(server_directory):
     key_file = directory / "key"
     key_file.write_text(KEY + "\n")
     proc, grpc_addr, rest_addr = start_server(
-        directory, servables=("add", "llama_tiny"),
-        extra_args=["--frontend_processes", "2", "--api_key_file", str(key_file),
-                    "--read_timeout", str(READ_TIMEOUT), "--restricted_api", f"model-repository,admin={ADMIN_KEY}",
-                    "--open_api", "metrics"])
+        directory,
+        servables=("add", "llama_tiny"),
+        extra_args=[
+            "--frontend_processes",
+            "2",
+            "--api_key_file",
+            str(key_file),
+            "--read_timeout",
+            str(READ_TIMEOUT),
+            "--restricted_api",
+            f"model-repository,admin={ADMIN_KEY}",
+            "--open_api",
+            "metrics",
+        ],
+    )
     try:
         yield proc, grpc_addr, f"http://{rest_addr}"
     finally:

@@ -2,6 +2,7 @@
 two front ends (the master and a front-end process, so that what travels to front-end processes is checked too),
 an API key from a file, the model-repository and admin groups behind a key of their own, metrics open, model
 control left at its default (off), and a short read timeout."""
+
 import numpy as np
 
 KEY = "s3cret-key-for-tests"

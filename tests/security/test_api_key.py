@@ -2,6 +2,7 @@
 process is checked too) wants the key on every route and RPC but the probes. Without it or with a wrong one,
 each protocol answers 401 in its own shape (gRPC UNAUTHENTICATED); with it, the real clients work unchanged: ours with `api_key=`, `openai`
 with `api_key=`, huggingface_hub with `token=`, plain HTTP with `Authorization: Bearer` or `x-api-key`."""
+
 import os
 import subprocess
 
@@ -10,22 +11,30 @@ import numpy as np
 import pytest
 import requests
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from secured_server import ADD_BODY, ADMIN, ADMIN_KEY, KEY, PROMPT, TRIES, X
+from serving_process import ROOT, SERVABLES
 
 from mindspore_serving.client import Client
 from mindspore_serving.proto import grpc_predict_v2_pb2 as kserve_pb2
 from mindspore_serving.proto import grpc_predict_v2_pb2_grpc as kserve_grpc
 from mindspore_serving.proto import ms_service_pb2
-from serving_process import ROOT, SERVABLES
 
-from secured_server import ADD_BODY, ADMIN, ADMIN_KEY, KEY, PROMPT, TRIES, X
 
-@pytest.mark.parametrize("path, body, shape", [
-    ("/model/add:add_common", ADD_BODY, lambda body: set(body) == {"error_msg"}),
-    ("/v2/models/add.add_common/infer", {"inputs": []}, lambda body: set(body) == {"error"}),
-    ("/v1/completions", {"model": "llama_tiny", "prompt": PROMPT},
-     lambda body: body["error"]["code"] == "invalid_api_key" and body["error"]["type"] == "invalid_request_error"),
-    ("/generate", {"inputs": PROMPT}, lambda body: body["error_type"] == "unauthenticated"),
-])
+@pytest.mark.parametrize(
+    "path, body, shape",
+    [
+        ("/model/add:add_common", ADD_BODY, lambda body: set(body) == {"error_msg"}),
+        ("/v2/models/add.add_common/infer", {"inputs": []}, lambda body: set(body) == {"error"}),
+        (
+            "/v1/completions",
+            {"model": "llama_tiny", "prompt": PROMPT},
+            lambda body: (
+                body["error"]["code"] == "invalid_api_key" and body["error"]["type"] == "invalid_request_error"
+            ),
+        ),
+        ("/generate", {"inputs": PROMPT}, lambda body: body["error_type"] == "unauthenticated"),
+    ],
+)
 def test_rest_without_the_key_gets_401_in_its_protocols_shape(server, path, body, shape):
     _, url = server
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"x-api-key": "wrong"}, {"Authorization": KEY}):
@@ -81,8 +90,9 @@ def test_probes_are_open(server):
     with grpc.insecure_channel(grpc_addr) as channel:
         status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10).status
         assert status == health_pb2.HealthCheckResponse.SERVING
-        assert kserve_grpc.GRPCInferenceServiceStub(channel).ServerReady(kserve_pb2.ServerReadyRequest(),
-                                                                         timeout=10).ready
+        assert (
+            kserve_grpc.GRPCInferenceServiceStub(channel).ServerReady(kserve_pb2.ServerReadyRequest(), timeout=10).ready
+        )
 
 
 def test_rest_with_the_key(server):
@@ -96,16 +106,28 @@ def test_rest_with_the_key(server):
 def test_grpc_client_with_and_without_the_key(server):
     grpc_addr, _ = server
     for _ in range(TRIES):
-        assert Client(grpc_addr, "add", "add_common").infer({"x1": X, "x2": X})["error"].startswith(
-            "Grpc Error, (16, 'unauthenticated')")
-        assert Client(grpc_addr, "add", "add_common", api_key="wrong").infer({"x1": X, "x2": X})["error"] == \
-            "Grpc Error, (16, 'unauthenticated'), Unauthorized: the API key is not valid"
+        assert (
+            Client(grpc_addr, "add", "add_common")
+            .infer({"x1": X, "x2": X})["error"]
+            .startswith("Grpc Error, (16, 'unauthenticated')")
+        )
+        assert (
+            Client(grpc_addr, "add", "add_common", api_key="wrong").infer({"x1": X, "x2": X})["error"]
+            == "Grpc Error, (16, 'unauthenticated'), Unauthorized: the API key is not valid"
+        )
         result = Client(grpc_addr, "add", "add_common", api_key=KEY).infer({"x1": X, "x2": X})
         np.testing.assert_array_equal(result[0]["y"], X * 2)
-    assert "error" in list(Client(grpc_addr, "llama_tiny", "generate").infer_stream(
-        {"prompt": PROMPT, "max_new_tokens": np.int32(2)}))[-1]
-    streamed = list(Client(grpc_addr, "llama_tiny", "generate", api_key=KEY).infer_stream(
-        {"prompt": PROMPT, "max_new_tokens": np.int32(2), "ignore_eos": np.bool_(True)}))
+    assert (
+        "error"
+        in list(
+            Client(grpc_addr, "llama_tiny", "generate").infer_stream({"prompt": PROMPT, "max_new_tokens": np.int32(2)})
+        )[-1]
+    )
+    streamed = list(
+        Client(grpc_addr, "llama_tiny", "generate", api_key=KEY).infer_stream(
+            {"prompt": PROMPT, "max_new_tokens": np.int32(2), "ignore_eos": np.bool_(True)}
+        )
+    )
     assert streamed[-1].get("finished"), streamed[-1]
 
 
@@ -134,7 +156,8 @@ def test_openai_and_huggingface_clients(server):
         with pytest.raises(openai.AuthenticationError):
             client.models.list()
     text = huggingface_hub.InferenceClient(model=url, token=KEY, timeout=60).text_generation(
-        PROMPT, max_new_tokens=3, return_full_text=False)
+        PROMPT, max_new_tokens=3, return_full_text=False
+    )
     assert isinstance(text, str) and text
     with pytest.raises(Exception) as info:  # huggingface_hub words a TGI error_type it does not know as UnknownError
         huggingface_hub.InferenceClient(model=url, token="wrong", timeout=60).text_generation(PROMPT, max_new_tokens=3)
@@ -148,10 +171,26 @@ def test_triton_clients_with_headers(server, tmp_path):
     if not os.path.exists(client_python):
         pytest.skip("the Triton client virtualenv .venv-clients is missing: run `make clients` (or `make test`)")
     env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    done = subprocess.run([client_python, os.path.join(ROOT, "tests", "e2e", "kserve_clients", "triton_checks.py"),
-                           "--http", url[len("http://"):], "--grpc", grpc_addr, "--api_key", KEY,
-                           "--images", os.path.join(SERVABLES, "lenet", "images"), "api_key"],
-                          cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+    done = subprocess.run(
+        [
+            client_python,
+            os.path.join(ROOT, "tests", "e2e", "kserve_clients", "triton_checks.py"),
+            "--http",
+            url[len("http://") :],
+            "--grpc",
+            grpc_addr,
+            "--api_key",
+            KEY,
+            "--images",
+            os.path.join(SERVABLES, "lenet", "images"),
+            "api_key",
+        ],
+        cwd=str(tmp_path),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=120,
+    )
     output = done.stdout.decode(errors="replace")
     assert done.returncode == 0 and "PASS api_key" in output, output
 
@@ -196,8 +235,9 @@ def test_every_rpc_but_the_probes_needs_the_key(server, path, request_message, s
     keys = [None, "wrong"] + ([KEY] if "/Repository" in path else [])
     with grpc.insecure_channel(grpc_addr) as channel:
         kind = channel.unary_stream if streaming else channel.unary_unary
-        call = kind(path, request_serializer=type(request_message).SerializeToString,
-                    response_deserializer=lambda data: data)
+        call = kind(
+            path, request_serializer=type(request_message).SerializeToString, response_deserializer=lambda data: data
+        )
         for key in keys:
             metadata = None if key is None else (("authorization", f"Bearer {key}"),)
             with pytest.raises(grpc.RpcError) as info:

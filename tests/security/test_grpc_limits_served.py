@@ -1,15 +1,16 @@
 """The gRPC port of the secured server (secured_server.py), on both of its front ends, with a raw HTTP/2 client: a
 call without the key is refused from its HEADERS, before its body is sent whole, and a connection that sends no
 call is closed within the read timeout while other clients are served."""
+
 import socket
 import time
 
 import hpack
 import numpy as np
+from secured_server import KEY, READ_TIMEOUT, TRIES, X
 
 from mindspore_serving.client import Client
 from mindspore_serving.frontends.h2grpc import frames as f
-from secured_server import KEY, READ_TIMEOUT, TRIES, X
 
 PREDICT = "/mindspore.serving.proto.MSService/Predict"
 
@@ -40,13 +41,22 @@ def test_grpc_port_refuses_a_keyless_call_at_its_headers_and_closes_a_connection
     silent = [_connect(grpc_addr) for _ in range(2 * TRIES)]  # the preface, and never a call
     try:
         started = time.monotonic()
-        headers = hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"), (":path", PREDICT),
-                                          (":authority", "x"), ("content-type", "application/grpc"),
-                                          ("te", "trailers")])
+        headers = hpack.Encoder().encode(
+            [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", PREDICT),
+                (":authority", "x"),
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+            ]
+        )
         for _ in range(TRIES):  # new connections: both front ends answer some
             with _connect(grpc_addr) as sock:  # 16 KiB of a 50 MiB message: the rest is never sent
-                sock.sendall(f.frame(f.HEADERS, f.END_HEADERS, 1, headers) +
-                             f.frame(f.DATA, 0, 1, b"\x00" + (50 << 20).to_bytes(4, "big") + b"\x00" * 16379))
+                sock.sendall(
+                    f.frame(f.HEADERS, f.END_HEADERS, 1, headers)
+                    + f.frame(f.DATA, 0, 1, b"\x00" + (50 << 20).to_bytes(4, "big") + b"\x00" * 16379)
+                )
                 fields = _closing_fields(sock, 1)
             assert fields["grpc-status"] == "16", fields  # UNAUTHENTICATED
         client = Client(grpc_addr, "add", "add_common", api_key=KEY)

@@ -2,6 +2,7 @@
 route's limit is refused from its declared length, before it is sent; a slowloris connection is closed within
 the read timeout while other clients are served; a thousand health Watch streams stay open while inference goes
 on; the LLM's stop strings and prompts are capped with texts that name the limit."""
+
 import asyncio
 import socket
 import time
@@ -12,17 +13,22 @@ import psutil
 import pytest
 import requests
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from mindspore_serving.client import Client
 from raw_http import read_reply
 from secured_server import ADD_BODY, ADMIN_KEY, AUTH, KEY, PROMPT, READ_TIMEOUT, TRIES, X
 
-CLASSIC = 100 << 20   # max_msg_mb_size's default, in bytes
-LLM = 2_000_000       # --llm_payload_limit's default
+from mindspore_serving.client import Client
+
+CLASSIC = 100 << 20  # max_msg_mb_size's default, in bytes
+LLM = 2_000_000  # --llm_payload_limit's default
 WATCH_STREAMS = 1000
 
 POST_ROUTES = [  # path, declared length beyond its limit, status, a check of the body
-    ("/model/add:add_common", CLASSIC + 1, 200, lambda body: body == {"error_msg": f"http message is bigger than {CLASSIC}"}),
+    (
+        "/model/add:add_common",
+        CLASSIC + 1,
+        200,
+        lambda body: body == {"error_msg": f"http message is bigger than {CLASSIC}"},
+    ),
     ("/model/add/version/1:add_common", CLASSIC + 1, 200, lambda body: "bigger than" in body["error_msg"]),
     ("/v2/models/add.add_common/infer", CLASSIC + 1, 413, lambda body: "max_msg_mb_size" in body["error"]),
     ("/v2/repository/models/add/load", CLASSIC + 1, 413, lambda body: "max_msg_mb_size" in body["error"]),
@@ -42,14 +48,15 @@ POST_ROUTES = [  # path, declared length beyond its limit, status, a check of th
 
 
 def _address(url: str):
-    host, port = url[len("http://"):].rsplit(":", 1)
+    host, port = url[len("http://") :].rsplit(":", 1)
     return host, int(port)
 
 
 def _head(path: str, length: int, key=None) -> bytes:
     auth = f"Authorization: Bearer {key}\r\n" if key else ""
-    return (f"POST {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\n"
-            f"Content-Length: {length}\r\n\r\n{{").encode()
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n{{"
+    ).encode()
 
 
 @pytest.mark.parametrize("path, length, status, check", POST_ROUTES, ids=[route[0] for route in POST_ROUTES])
@@ -98,10 +105,13 @@ def test_a_thousand_health_watch_streams_while_inference_goes_on(server, server_
 
     async def scenario():
         # four connections (channels of their own subchannel pool), each within max_streams_per_conn (512)
-        channels = [grpc.aio.insecure_channel(grpc_addr, options=[("grpc.use_local_subchannel_pool", 1)])
-                    for _ in range(4)]
-        calls = [health_pb2_grpc.HealthStub(channels[i % 4]).Watch(health_pb2.HealthCheckRequest())
-                 for i in range(WATCH_STREAMS)]
+        channels = [
+            grpc.aio.insecure_channel(grpc_addr, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(4)
+        ]
+        calls = [
+            health_pb2_grpc.HealthStub(channels[i % 4]).Watch(health_pb2.HealthCheckRequest())
+            for i in range(WATCH_STREAMS)
+        ]
         try:
             firsts = await asyncio.wait_for(asyncio.gather(*(call.read() for call in calls)), 120)
             assert {first.status for first in firsts} == {health_pb2.HealthCheckResponse.SERVING}
@@ -119,14 +129,18 @@ def test_a_thousand_health_watch_streams_while_inference_goes_on(server, server_
                 call.cancel()
             for channel in channels:
                 await channel.close()
+
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("body, text", [
-    ({"stop": ["x"] * 5}, "stop"),
-    ({"stop": ["x" * 257]}, "at most 256 characters"),
-    ({"prompt": "a" * 200_000}, "engine.max_prompt_chars"),
-])
+@pytest.mark.parametrize(
+    "body, text",
+    [
+        ({"stop": ["x"] * 5}, "stop"),
+        ({"stop": ["x" * 257]}, "at most 256 characters"),
+        ({"prompt": "a" * 200_000}, "engine.max_prompt_chars"),
+    ],
+)
 def test_llm_requests_beyond_the_engine_s_caps_are_refused(server, body, text):
     _, url = server
     request = {"model": "llama_tiny", "prompt": PROMPT, "max_tokens": 2, **body}

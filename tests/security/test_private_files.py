@@ -2,12 +2,12 @@
 directory of sockets, of its own, only its user can enter, its sockets and every log file owner-only, and no TCP
 port but its two public ones (every internal channel of a server on one host is a unix socket, the LLM agent's
 included)."""
+
 import os
 import stat
 
 import psutil
 import requests
-
 from secured_server import ADD_BODY, AUTH
 
 
@@ -40,8 +40,12 @@ def test_no_tcp_port_is_open_but_the_public_ones(server, server_process):
     assert requests.get(url + "/v1/models", headers=AUTH, timeout=30).status_code == 200  # every process is up
     processes = [psutil.Process(server_process.proc.pid)]
     processes += processes[0].children(recursive=True)
-    listening = {(c.laddr.ip, c.laddr.port) for p in processes for c in p.net_connections(kind="inet")
-                 if c.status == psutil.CONN_LISTEN}
+    listening = {
+        (c.laddr.ip, c.laddr.port)
+        for p in processes
+        for c in p.net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN
+    }
     public = {int(grpc_addr.rsplit(":", 1)[1]), int(url.rsplit(":", 1)[1])}
     assert {port for _, port in listening} == public, listening
     assert {ip for ip, _ in listening} <= {"127.0.0.1", "::ffff:127.0.0.1"}, listening

@@ -1,5 +1,6 @@
 """The LLM routes on a FastAPI app of their own over a fake backend: the fixtures of the LLM HTTP unit tests
 (import them into a test module to use them)."""
+
 import pytest
 from fastapi import FastAPI
 from starlette.testclient import TestClient

@@ -1,5 +1,6 @@
 """The worker's watch over its agents: a rank that stops answering (a hung process) is lost within the heartbeat
 budget, the step in flight fails at once with the reason, and later steps are refused."""
+
 import threading
 import time
 from concurrent import futures
@@ -23,8 +24,14 @@ class HangingAgent(agent_pb2_grpc.LlmAgentServicer):
     def Info(self, request, context):
         if self.hang.is_set():
             self.release.wait(10)
-        return agent_pb2.AgentInfo(protocol_version=protocol.AGENT_PROTOCOL_VERSION, block_size=4, num_blocks=8,
-                                   max_seq_len=32, vocab_size=8, device="CPU")
+        return agent_pb2.AgentInfo(
+            protocol_version=protocol.AGENT_PROTOCOL_VERSION,
+            block_size=4,
+            num_blocks=8,
+            max_seq_len=32,
+            vocab_size=8,
+            device="CPU",
+        )
 
     def Step(self, request, context):
         self.release.wait(10)
@@ -50,8 +57,9 @@ def agent():
 def test_a_hung_rank_fails_the_step_in_flight_within_the_heartbeat_budget(agent):
     servicer, address = agent
     lost = []
-    runner = AgentRunner([address], lambda rank, reason: lost.append((rank, reason)),
-                         heartbeat_interval=0.2, heartbeat_misses=2)
+    runner = AgentRunner(
+        [address], lambda rank, reason: lost.append((rank, reason)), heartbeat_interval=0.2, heartbeat_misses=2
+    )
     try:
         call = runner.submit([SeqStep([1, 2], 0, [1])])
         servicer.hang.set()

@@ -1,14 +1,16 @@
 """An agent's Step service without gRPC: steps run in the order the worker sent them (after_step_id), and rows
 continuing a greedy step get its last tokens (async scheduling)."""
+
 import threading
 from concurrent import futures
 
 import grpc
 import numpy as np
 import pytest
+from grpc_fakes import FakeFuture
 
-from mindspore_serving.ipc import agent as protocol
 from mindspore_serving.agent.process import AgentServicer
+from mindspore_serving.ipc import agent as protocol
 from mindspore_serving.llm.config import SchedulerConfig
 from mindspore_serving.llm.engine import LLMEngine
 from mindspore_serving.llm.model_io import PLACEHOLDER, MixedStep, SeqStep, run_greedy_steps
@@ -16,7 +18,6 @@ from mindspore_serving.llm.sampler import greedy_with_logprobs
 from mindspore_serving.llm.testing import FakeModelRunner
 from mindspore_serving.proto import agent_pb2, agent_pb2_grpc
 from mindspore_serving.worker.llm.agent_client import AgentLost, AgentRunner, _StepCall
-from grpc_fakes import FakeFuture
 
 
 def make_runner():
@@ -51,9 +52,11 @@ def decode_steps(steps, encoder=None, decoder=None):
 
 
 def test_a_named_sequence_sends_its_table_once_then_the_blocks_appended():
-    steps = [[SeqStep([1, 2, 3, 4, 5], 0, [7, 8], seq_id=0)],
-             [SeqStep([6], 5, [7, 8], seq_id=0), SeqStep([9, 9], 0, [3], seq_id=1)],
-             [SeqStep([7], 6, [7, 8, 11], seq_id=0), SeqStep([1], 2, [3], seq_id=1)]]
+    steps = [
+        [SeqStep([1, 2, 3, 4, 5], 0, [7, 8], seq_id=0)],
+        [SeqStep([6], 5, [7, 8], seq_id=0), SeqStep([9, 9], 0, [3], seq_id=1)],
+        [SeqStep([7], 6, [7, 8, 11], seq_id=0), SeqStep([1], 2, [3], seq_id=1)],
+    ]
     messages, decoded = decode_steps(steps)
     assert decoded == steps
     assert [list(m.block_tables) for m in messages] == [[7, 8], [3], [11]]
@@ -62,8 +65,10 @@ def test_a_named_sequence_sends_its_table_once_then_the_blocks_appended():
 
 def test_a_table_that_does_not_extend_the_kept_one_is_sent_whole():
     # preempted and scheduled again on other blocks, or unnamed
-    steps = [[SeqStep([1, 2], 0, [7, 8], seq_id=0), SeqStep([4], 3, [5], seq_id=-1)],
-             [SeqStep([1, 2, 3], 0, [9, 8], seq_id=0), SeqStep([4], 4, [5], seq_id=-1)]]
+    steps = [
+        [SeqStep([1, 2], 0, [7, 8], seq_id=0), SeqStep([4], 3, [5], seq_id=-1)],
+        [SeqStep([1, 2, 3], 0, [9, 8], seq_id=0), SeqStep([4], 4, [5], seq_id=-1)],
+    ]
     messages, decoded = decode_steps(steps)
     assert decoded == steps
     assert list(messages[1].block_tables) == [9, 8, 5] and not messages[1].table_starts
@@ -71,8 +76,12 @@ def test_a_table_that_does_not_extend_the_kept_one_is_sent_whole():
 
 def test_tables_pushed_out_are_released_on_both_sides():
     encoder, decoder = protocol.StepEncoder(max_tables=2), protocol.StepDecoder()
-    steps = [[SeqStep([1], 0, [1], seq_id=0)], [SeqStep([1], 0, [2], seq_id=1)], [SeqStep([1], 0, [3], seq_id=2)],
-             [SeqStep([2], 1, [1], seq_id=0)]]
+    steps = [
+        [SeqStep([1], 0, [1], seq_id=0)],
+        [SeqStep([1], 0, [2], seq_id=1)],
+        [SeqStep([1], 0, [3], seq_id=2)],
+        [SeqStep([2], 1, [1], seq_id=0)],
+    ]
     messages, decoded = decode_steps(steps, encoder, decoder)
     assert decoded == steps
     assert list(messages[2].released_seq_ids) == [0]
@@ -112,8 +121,7 @@ def test_placeholder_rows_continue_from_the_last_greedy_step():
     agent = servicer(make_runner())
     first = protocol.decode_greedy(agent.Step(encode(1, PROMPTS, greedy_steps=2), None), 2)
     follow = [SeqStep([PLACEHOLDER], 4, [1, 2]), SeqStep([PLACEHOLDER], 3, [3, 4])]
-    second = protocol.decode_greedy(agent.Step(encode(2, follow, 2, after_step_id=1,
-                                                                    prev_rows=[0, 1]), None), 2)
+    second = protocol.decode_greedy(agent.Step(encode(2, follow, 2, after_step_id=1, prev_rows=[0, 1]), None), 2)
     want, _ = run_greedy_steps(make_runner(), PROMPTS, 4)
     np.testing.assert_array_equal(np.concatenate([first[0], second[0]], axis=1), want)
 
@@ -123,8 +131,9 @@ def test_a_step_waits_for_the_step_it_follows():
     agent = servicer(runner)
     follow = [SeqStep([PLACEHOLDER], 3, [1, 2]), SeqStep([PLACEHOLDER], 2, [3, 4])]
     replies = {}
-    later = threading.Thread(target=lambda: replies.setdefault(
-        2, agent.Step(encode(2, follow, 1, after_step_id=1, prev_rows=[0, 1]), None)))
+    later = threading.Thread(
+        target=lambda: replies.setdefault(2, agent.Step(encode(2, follow, 1, after_step_id=1, prev_rows=[0, 1]), None))
+    )
     later.start()  # sent second, arrives first
     replies[1] = agent.Step(encode(1, PROMPTS, greedy_steps=1), None)
     later.join(timeout=30)
@@ -222,8 +231,11 @@ def test_every_token_s_logits_of_the_sequences_that_ask_cross_the_boundary():
     """A sequence with all_logits keeps the flag through the step message, and the reply carries its every-token
     logits (a StepLogits) beside every sequence's last ones; the agent says it can score."""
     agent = servicer(make_runner())
-    steps = [SeqStep([5, 6, 7], 0, [1, 2], all_logits=True), SeqStep([9, 10], 0, [3, 4]),
-             SeqStep([3, 4, 5, 6, 7], 0, [5, 6], all_logits=True)]
+    steps = [
+        SeqStep([5, 6, 7], 0, [1, 2], all_logits=True),
+        SeqStep([9, 10], 0, [3, 4]),
+        SeqStep([3, 4, 5, 6, 7], 0, [5, 6], all_logits=True),
+    ]
     request = encode(1, steps)
     assert list(request.all_logits_rows) == [0, 2] and protocol.StepDecoder().decode(request) == steps
     got = protocol.decode_logits(agent.Step(request, None))
@@ -266,8 +278,11 @@ def test_a_mixed_step_s_verifying_rows_bring_greedy_tokens_or_every_logit_back_a
     logits, any other only the greedy token and logprob at each position; a one-step greedy step with such rows
     and no logits rows is a mixed step too. A mixed step is one step."""
     agent = servicer(make_runner())
-    steps = [SeqStep([5, 6, 7], 0, [1, 2], all_logits=True), SeqStep([9, 10], 0, [3, 4]),
-             SeqStep([3, 4, 5], 0, [5, 6], all_logits=True)]
+    steps = [
+        SeqStep([5, 6, 7], 0, [1, 2], all_logits=True),
+        SeqStep([9, 10], 0, [3, 4]),
+        SeqStep([3, 4, 5], 0, [5, 6], all_logits=True),
+    ]
     want = make_runner().run(steps)
     for step_id, logits_rows in ((1, [2]), (2, [])):
         reply = agent.Step(encode(step_id, steps, 1, after_step_id=step_id - 1, logits_rows=logits_rows), None)
@@ -286,8 +301,9 @@ def test_a_mixed_step_s_verifying_rows_bring_greedy_tokens_or_every_logit_back_a
         assert len(reply.logits) == len(logits_rows) * 32 * 4  # no other row's logits cross
     assert "is one step, not 2" in agent.Step(encode(3, PROMPTS, 2, after_step_id=2, logits_rows=[0]), None).error
     with pytest.raises(RuntimeError, match="returned 64 logits for 1 rows"):
-        protocol.decode_mixed(protocol.encode_mixed(4, MixedStep(np.zeros((2, 1), np.int64), np.zeros((2, 1)),
-                                                                 np.zeros((2, 32)))), 1)
+        protocol.decode_mixed(
+            protocol.encode_mixed(4, MixedStep(np.zeros((2, 1), np.int64), np.zeros((2, 1)), np.zeros((2, 32)))), 1
+        )
 
 
 class RecordingServicer(AgentServicer):
@@ -307,6 +323,7 @@ def test_an_engine_over_an_agent_runs_mixed_steps_with_the_tokens_of_each_reques
     """The engine over an AgentRunner and an agent's Step service in this process over the fake model: steps where
     a seeded sampled request decodes beside greedy ones are mixed steps naming its row only, and every request gets
     the tokens it gets alone."""
+
     def model():
         return FakeModelRunner(num_blocks=64, block_size=4, max_seq_len=64, vocab_size=32)
 
@@ -316,12 +333,18 @@ def test_an_engine_over_an_agent_runs_mixed_steps_with_the_tokens_of_each_reques
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     runner = AgentRunner([f"127.0.0.1:{port}"], heartbeat_interval=5.0)
-    requests = [([5, 6, 7], dict(temperature=0)), ([9, 10], dict(temperature=0.9, seed=3)),
-                ([11, 12, 13, 14], dict(temperature=0)), ([8, 4], dict(temperature=0))]
+    requests = [
+        ([5, 6, 7], dict(temperature=0)),
+        ([9, 10], dict(temperature=0.9, seed=3)),
+        ([11, 12, 13, 14], dict(temperature=0)),
+        ([8, 4], dict(temperature=0)),
+    ]
     try:
         engine = LLMEngine(runner, None, SchedulerConfig.for_runner(runner, max_num_seqs=4, **extra), eos_token_id=1)
-        ids = [engine.add_request(None, dict(p, max_new_tokens=10, ignore_eos=True), prompt_token_ids=prompt)
-               for prompt, p in requests]
+        ids = [
+            engine.add_request(None, dict(p, max_new_tokens=10, ignore_eos=True), prompt_token_ids=prompt)
+            for prompt, p in requests
+        ]
         finals = {}
         while engine.has_unfinished():
             finals.update((o.request_id, o.token_ids) for o in engine.step() if o.finished)

@@ -1,6 +1,7 @@
 """Speculative steps across the agent boundary: rows that ask for every token's logits (a row's last token and its
 proposed ones) come back with those logits, several rows of them in one step, beside plain decode rows; and the
 worker learns the verify length of its ranks (AgentInfo.spec_tokens, the least over the ranks)."""
+
 from concurrent import futures
 
 import grpc
@@ -15,8 +16,11 @@ from mindspore_serving.proto import agent_pb2_grpc
 from mindspore_serving.worker.llm.agent_client import AgentRunner
 
 # a verify step: two rows of last token + proposed tokens (all_logits) around a one-token decode row
-STEP = [SeqStep([5, 6, 7, 8, 9], 3, [1, 5], seq_id=0, all_logits=True), SeqStep([4], 2, [2], seq_id=1),
-        SeqStep([11, 12], 6, [3, 4], seq_id=2, all_logits=True)]
+STEP = [
+    SeqStep([5, 6, 7, 8, 9], 3, [1, 5], seq_id=0, all_logits=True),
+    SeqStep([4], 2, [2], seq_id=1),
+    SeqStep([11, 12], 6, [3, 4], seq_id=2, all_logits=True),
+]
 
 
 def fake_model(spec_tokens=None):

@@ -1,5 +1,6 @@
 """The package's architecture: the import contracts of .importlinter hold, would fail on the cycles the
 layout removed, and every import inside a function says why it is there."""
+
 import ast
 import os
 import pathlib
@@ -17,8 +18,14 @@ pytestmark = pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter
 
 
 def lint(cwd: pathlib.Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(LINT_IMPORTS), "--no-cache", "--no-logo", str(cwd / ".importlinter")], cwd=cwd,
-                          capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache", "--no-logo", str(cwd / ".importlinter")],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_contracts_hold():
@@ -78,6 +85,7 @@ def test_test_modules_have_unique_names():
     """pytest imports test modules by their base name (the test folders are not packages): two files of one name in
     different folders stop the whole run at collection."""
     tests = os.path.join(ROOT, "tests")
-    names = [name for _, _, files in os.walk(tests) for name in files
-             if name.startswith("test_") and name.endswith(".py")]
+    names = [
+        name for _, _, files in os.walk(tests) for name in files if name.startswith("test_") and name.endswith(".py")
+    ]
     assert sorted({n for n in names if names.count(n) > 1}) == []

@@ -1,5 +1,6 @@
 """API-key checks (frontends/auth.py): which headers and metadata carry the key, what a missing or wrong one
 answers in each protocol, and that the probes stay open."""
+
 import asyncio
 import os
 import re
@@ -17,17 +18,20 @@ from mindspore_serving.frontends.errors import Protocol, grpc_error, http_error,
 KEY = ApiKey("k3y")
 
 
-@pytest.mark.parametrize("headers, failure", [
-    ([(b"authorization", b"Bearer k3y")], None),
-    ([(b"Authorization", b"bearer  k3y ")], None),
-    ([(b"x-api-key", b"k3y")], None),
-    ([(b"x-api-key", b"wrong"), (b"authorization", b"Bearer k3y")], None),
-    ([], MISSING),
-    ([(b"authorization", b"k3y")], MISSING),           # no scheme
-    ([(b"authorization", b"Basic azN5")], MISSING),
-    ([(b"authorization", b"Bearer k3")], WRONG),
-    ([(b"x-api-key", b"k3y2")], WRONG),
-])
+@pytest.mark.parametrize(
+    "headers, failure",
+    [
+        ([(b"authorization", b"Bearer k3y")], None),
+        ([(b"Authorization", b"bearer  k3y ")], None),
+        ([(b"x-api-key", b"k3y")], None),
+        ([(b"x-api-key", b"wrong"), (b"authorization", b"Bearer k3y")], None),
+        ([], MISSING),
+        ([(b"authorization", b"k3y")], MISSING),  # no scheme
+        ([(b"authorization", b"Basic azN5")], MISSING),
+        ([(b"authorization", b"Bearer k3")], WRONG),
+        ([(b"x-api-key", b"k3y2")], WRONG),
+    ],
+)
 def test_http_headers(headers, failure):
     result = KEY.check_http(headers)
     assert (result.message if result else None) == failure
@@ -68,13 +72,20 @@ def intercepted(method, metadata=(), kind="unary_unary"):
     async def continuation(_details):
         return handler
 
-    return handler, asyncio.run(ApiKeyInterceptor(Access("k3y")).intercept_service(continuation,
-                                                                                   Details(method, metadata)))
+    return handler, asyncio.run(
+        ApiKeyInterceptor(Access("k3y")).intercept_service(continuation, Details(method, metadata))
+    )
 
 
-@pytest.mark.parametrize("method", ["/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch",
-                                    "/inference.GRPCInferenceService/ServerReady",
-                                    "/inference.GRPCInferenceService/ModelReady"])
+@pytest.mark.parametrize(
+    "method",
+    [
+        "/grpc.health.v1.Health/Check",
+        "/grpc.health.v1.Health/Watch",
+        "/inference.GRPCInferenceService/ServerReady",
+        "/inference.GRPCInferenceService/ModelReady",
+    ],
+)
 def test_probes_need_no_key(method):
     handler, result = intercepted(method)
     assert result is handler
@@ -101,30 +112,47 @@ def test_an_rpc_without_the_key_ends_unauthenticated_with_a_handler_of_its_shape
     assert getattr(allowed, kind)(None, None) == "served"
 
 
-@pytest.mark.parametrize("method, path, group", [
-    ("GET", "/health", "health"), ("GET", "/ready", "health"), ("GET", "/v2/health/live", "health"),
-    ("GET", "/v2/models/add/versions/1/ready", "health"),
-    ("GET", "/v2", "metadata"), ("GET", "/v2/models/add.add_common", "metadata"),
-    ("GET", "/v2/models/add/versions/2", "metadata"), ("GET", "/v1/models", "metadata"),
-    ("GET", "/v1/models/llama_tiny", "metadata"), ("GET", "/info", "metadata"),
-    ("GET", "/metrics", "metrics"),
-    ("POST", "/v2/repository/index", "model-repository"), ("POST", "/v2/repository/models/add/load", "model-repository"),
-    ("GET", "/docs", "admin"), ("GET", "/openapi.json", "admin"),
-    ("POST", "/model/add:add_common", "inference"), ("POST", "/v2/models/add/infer", "inference"),
-    ("POST", "/v1/completions", "inference"), ("POST", "/generate", "inference"), ("POST", "/v1/models", "inference"),
-])
+@pytest.mark.parametrize(
+    "method, path, group",
+    [
+        ("GET", "/health", "health"),
+        ("GET", "/ready", "health"),
+        ("GET", "/v2/health/live", "health"),
+        ("GET", "/v2/models/add/versions/1/ready", "health"),
+        ("GET", "/v2", "metadata"),
+        ("GET", "/v2/models/add.add_common", "metadata"),
+        ("GET", "/v2/models/add/versions/2", "metadata"),
+        ("GET", "/v1/models", "metadata"),
+        ("GET", "/v1/models/llama_tiny", "metadata"),
+        ("GET", "/info", "metadata"),
+        ("GET", "/metrics", "metrics"),
+        ("POST", "/v2/repository/index", "model-repository"),
+        ("POST", "/v2/repository/models/add/load", "model-repository"),
+        ("GET", "/docs", "admin"),
+        ("GET", "/openapi.json", "admin"),
+        ("POST", "/model/add:add_common", "inference"),
+        ("POST", "/v2/models/add/infer", "inference"),
+        ("POST", "/v1/completions", "inference"),
+        ("POST", "/generate", "inference"),
+        ("POST", "/v1/models", "inference"),
+    ],
+)
 def test_http_groups(method, path, group):
     assert http_group(method, path) == group
 
 
-@pytest.mark.parametrize("rpc, group", [
-    ("/grpc.health.v1.Health/Watch", "health"), ("/inference.GRPCInferenceService/ServerLive", "health"),
-    ("/inference.GRPCInferenceService/ModelMetadata", "metadata"),
-    ("/inference.GRPCInferenceService/ModelStatistics", "metrics"),
-    ("/inference.GRPCInferenceService/RepositoryModelUnload", "model-repository"),
-    ("/inference.GRPCInferenceService/ModelInfer", "inference"),
-    ("/mindspore.serving.proto.MSService/PredictStream", "inference"),
-])
+@pytest.mark.parametrize(
+    "rpc, group",
+    [
+        ("/grpc.health.v1.Health/Watch", "health"),
+        ("/inference.GRPCInferenceService/ServerLive", "health"),
+        ("/inference.GRPCInferenceService/ModelMetadata", "metadata"),
+        ("/inference.GRPCInferenceService/ModelStatistics", "metrics"),
+        ("/inference.GRPCInferenceService/RepositoryModelUnload", "model-repository"),
+        ("/inference.GRPCInferenceService/ModelInfer", "inference"),
+        ("/mindspore.serving.proto.MSService/PredictStream", "inference"),
+    ],
+)
 def test_grpc_groups(rpc, group):
     assert grpc_group(rpc) == group
 
@@ -155,11 +183,14 @@ def test_without_any_key_only_a_restricted_group_is_guarded():
     assert Access(opened=["admin"]).is_operator({"client": ("10.0.0.1", 5)})
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(opened=["nope"]), "open_api: unknown API group 'nope'; the groups are " + ", ".join(GROUPS)),
-    (dict(restricted={"infer": "k"}), "restricted_api: unknown API group 'infer'"),
-    (dict(restricted={"metrics": "k"}, opened=["metrics"]), "metrics cannot be both restricted and open"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(opened=["nope"]), "open_api: unknown API group 'nope'; the groups are " + ", ".join(GROUPS)),
+        (dict(restricted={"infer": "k"}), "restricted_api: unknown API group 'infer'"),
+        (dict(restricted={"metrics": "k"}, opened=["metrics"]), "metrics cannot be both restricted and open"),
+    ],
+)
 def test_bad_group_settings(kwargs, message):
     with pytest.raises(RuntimeError, match=re.escape(message)):
         Access("k", **kwargs)
@@ -168,10 +199,13 @@ def test_bad_group_settings(kwargs, message):
 def test_the_key_comes_from_the_environment_a_file_or_the_call(tmp_path, monkeypatch):
     code = "from mindspore_serving.master import master; print(master.get_api_key())"
     env = {**os.environ, "MS_SERVING_API_KEY": "from-env"}
-    assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          check=True).stdout.strip() == "from-env"
+    assert (
+        subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.strip()
+        == "from-env"
+    )
     from mindspore_serving.master import master  # pylint: disable=import-outside-toplevel
     from mindspore_serving.server.master import context  # pylint: disable=import-outside-toplevel
+
     monkeypatch.setitem(master._settings, "api_key", None)  # pylint: disable=protected-access
     key_file = tmp_path / "key"
     key_file.write_text("from-file\nignored\n")
@@ -180,10 +214,12 @@ def test_the_key_comes_from_the_environment_a_file_or_the_call(tmp_path, monkeyp
     context.set_api_key("from-call")
     assert master.get_api_key() == "from-call"
     key_file.write_text("\n")
-    for kwargs, message in [({"key_file": str(key_file)}, "is empty"),
-                            ({"key_file": str(tmp_path / "none")}, "read the API key from"),
-                            ({"key": " spaced "}, "without surrounding spaces"),
-                            ({"key": "a", "key_file": str(key_file)}, "cannot both be set")]:
+    for kwargs, message in [
+        ({"key_file": str(key_file)}, "is empty"),
+        ({"key_file": str(tmp_path / "none")}, "read the API key from"),
+        ({"key": " spaced "}, "without surrounding spaces"),
+        ({"key": "a", "key_file": str(key_file)}, "cannot both be set"),
+    ]:
         with pytest.raises(RuntimeError, match=message):
             context.set_api_key(**kwargs)
     assert master.get_api_key() == "from-call"

@@ -1,6 +1,7 @@
 """Calls that meet at a busy graph share its next batches (worker/batch_combiner.py): how a worker fed by
 several connections (a second call in flight, front-end processes) keeps its batches full. A fake graph that
 blocks until released stands in for MindSpore; threads play the connections."""
+
 import threading
 import time
 
@@ -59,6 +60,7 @@ def run_in_thread(combiner, inputs, results, name):
             results[name] = combiner.run(inputs)
         except Exception as err:  # the test asserts on it
             results[name] = err
+
     thread = threading.Thread(target=run)
     thread.start()
     return thread
@@ -68,7 +70,9 @@ def test_a_call_alone_runs_in_full_batches_and_gets_its_rows_back_in_order():
     graph = Graph()
     outputs = BatchCombiner(graph, BATCH).run(rows(0, 19))
     assert graph.runs == [list(range(0, 8)), list(range(8, 16)), list(range(16, 19))]
-    assert outputs[0][:, 0].tolist() == [2.0 * x for x in range(19)] and outputs[1].tolist() == [3.0 * x for x in range(19)]
+    assert outputs[0][:, 0].tolist() == [2.0 * x for x in range(19)] and outputs[1].tolist() == [
+        3.0 * x for x in range(19)
+    ]
 
 
 def test_calls_that_wait_for_the_graph_share_its_next_batch():
@@ -76,8 +80,9 @@ def test_calls_that_wait_for_the_graph_share_its_next_batch():
     combiner = BatchCombiner(graph, BATCH)
     results = {}
     # a's batch runs; b and c come meanwhile, from two other connections
-    threads = queued_behind_a_running_call(combiner, graph, results, ("a", rows(0, 4)), ("b", rows(100, 3)),
-                                           ("c", rows(200, 4)))
+    threads = queued_behind_a_running_call(
+        combiner, graph, results, ("a", rows(0, 4)), ("b", rows(100, 3)), ("c", rows(200, 4))
+    )
     graph.release.set()
     for thread in threads:
         thread.join(10)
@@ -91,8 +96,9 @@ def test_a_call_spread_over_runs_shared_with_others_gets_all_its_rows():
     graph = Graph(block_first=True)
     combiner = BatchCombiner(graph, BATCH)
     results = {}
-    threads = queued_behind_a_running_call(combiner, graph, results, ("a", rows(0, 2)), ("b", rows(100, 6)),
-                                           ("c", rows(200, 5)))
+    threads = queued_behind_a_running_call(
+        combiner, graph, results, ("a", rows(0, 2)), ("b", rows(100, 6)), ("c", rows(200, 5))
+    )
     graph.release.set()
     for thread in threads:
         thread.join(10)
@@ -105,8 +111,9 @@ def test_a_failed_run_fails_the_calls_it_held_and_the_others_still_run():
     combiner = BatchCombiner(graph, 4)
     results = {}
     # b's first run fails: the rest of b is not run
-    threads = queued_behind_a_running_call(combiner, graph, results, ("a", rows(0, 4)), ("b", rows(100, 6)),
-                                           ("c", rows(200, 2)))
+    threads = queued_behind_a_running_call(
+        combiner, graph, results, ("a", rows(0, 4)), ("b", rows(100, 6)), ("c", rows(200, 2))
+    )
     graph.release.set()
     for thread in threads:
         thread.join(10)

@@ -1,11 +1,18 @@
 """Batch boundaries, merge, pad and split as pure functions driven from a queue."""
+
 import queue
 
 import numpy as np
 import pytest
 
-from mindspore_serving.worker.batching import (SENTINEL, WAKE, ExpectedCounter, collect_batch, merge_inputs,
-                                               split_outputs)
+from mindspore_serving.worker.batching import (
+    SENTINEL,
+    WAKE,
+    ExpectedCounter,
+    collect_batch,
+    merge_inputs,
+    split_outputs,
+)
 from mindspore_serving.worker.executors import run_batch_function
 
 

@@ -2,6 +2,7 @@
 transformers' apply_chat_template (tests/fixtures/hf/<name>/expected.json), through the master <-> worker wire;
 HF's conventions (tojson, raise_exception, strftime_now, loop controls, the sandbox); the bundled model's
 template renders what its old format string did; the model's generation defaults."""
+
 import datetime
 import json
 import os
@@ -50,9 +51,13 @@ def test_the_models_own_template_gives_apply_chat_templates_ids(prompters, name,
     if name not in prompters:
         prompters[name] = prompter(os.path.join(FIXTURES, name))
     extra = {key: value for key, value in case.items() if key not in CASE_FIELDS}  # e.g. enable_thinking
-    request = llm_session.TokenizeRequest(name, messages=case["messages"], tools=case.get("tools"),
-                                          add_generation_prompt=case["add_generation_prompt"],
-                                          chat_template_kwargs=extra or None)
+    request = llm_session.TokenizeRequest(
+        name,
+        messages=case["messages"],
+        tools=case.get("tools"),
+        add_generation_prompt=case["add_generation_prompt"],
+        chat_template_kwargs=extra or None,
+    )
     wire = llm_session.read_tokenize_request(llm_session.tokenize_request(request))  # as the worker gets it
     if "error" in case:  # the template's raise_exception: the client's error, with the template's message
         with pytest.raises(errors.InvalidInputs) as refused:
@@ -87,16 +92,19 @@ def test_openai_style_tool_calls_render_as_the_templates_expect():
     call["function"]["arguments"] = json.dumps(call["function"]["arguments"], separators=(",", ":"))
     messages[2]["tool_call_id"] = "call_abc"
     request = llm_session.TokenizeRequest("qwen2", messages=messages, tools=case["tools"])
-    tokenized = prompter(os.path.join(FIXTURES, "qwen2")).tokenize(llm_session.read_tokenize_request(
-        llm_session.tokenize_request(request)))
+    tokenized = prompter(os.path.join(FIXTURES, "qwen2")).tokenize(
+        llm_session.read_tokenize_request(llm_session.tokenize_request(request))
+    )
     assert (tokenized.prompt, tokenized.token_ids) == (case["text"], case["ids"])
     assert call["function"]["arguments"] == '{"city":"Paris"}'  # the request's messages are left as they were
     call["function"]["arguments"] = "not json"  # passed as sent
     assert "not json" in prompter(os.path.join(FIXTURES, "qwen2")).chat(messages, tools=case["tools"]).text
 
 
-@pytest.mark.parametrize("name, parser", [("qwen2", "hermes"), ("qwen3", "hermes"), ("llama3", None),
-                                          ("llama2_linear", None), ("mistral", None)])
+@pytest.mark.parametrize(
+    "name, parser",
+    [("qwen2", "hermes"), ("qwen3", "hermes"), ("llama3", None), ("llama2_linear", None), ("mistral", None)],
+)
 def test_the_tool_call_format_a_models_template_prompts_for(name, parser):
     assert detect_tool_call_parser(prompter(os.path.join(FIXTURES, name)).tools_template_text) == parser
 
@@ -113,16 +121,24 @@ def test_a_generation_and_tokenize_agree_on_the_chats_ids():
 
 # --- the bundled model ------------------------------------------------------------------------------------
 
+
 def test_the_bundled_template_renders_what_its_old_format_string_did():
     bundled = prompter(BUNDLED_TOKENIZER)
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello there"},
-                {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "bye"}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hello there"},
+        {"role": "assistant", "content": "Hi."},
+        {"role": "user", "content": "bye"},
+    ]
     old_text = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages) + "<|assistant|>\n"
     chat = bundled.chat(messages)
     assert chat.text == "<s>" + old_text
     assert chat.token_ids == bundled.tokenizer.encode(old_text)  # the ids the old format string gave
-    legacy = Prompter(bundled.tokenizer, SimpleNamespace(chat_template="{messages}<|assistant|>\n",
-                                                         chat_message="<|{role}|>\n{content}\n"), 100_000)
+    legacy = Prompter(
+        bundled.tokenizer,
+        SimpleNamespace(chat_template="{messages}<|assistant|>\n", chat_message="<|{role}|>\n{content}\n"),
+        100_000,
+    )
     assert legacy.chat(messages) == (old_text, chat.token_ids)
 
 
@@ -136,12 +152,14 @@ def test_a_model_without_a_template_refuses_chats(tmp_path):
 
 
 def test_a_configured_template_wins_over_the_models_own():
-    own = prompter(BUNDLED_TOKENIZER, SimpleNamespace(chat_template="{{ eos_token }}{{ messages[0].content }}",
-                                                      chat_message=None))
+    own = prompter(
+        BUNDLED_TOKENIZER, SimpleNamespace(chat_template="{{ eos_token }}{{ messages[0].content }}", chat_message=None)
+    )
     assert own.chat([{"role": "user", "content": "hi"}]).text == "</s>hi"
 
 
 # --- Hugging Face's conventions ---------------------------------------------------------------------------
+
 
 def render(template, messages=(), **kwargs):
     return ChatTemplate(template, {"bos_token": "<s>"}).render(list(messages), **kwargs)
@@ -162,8 +180,10 @@ def test_raise_exception_is_a_client_error_with_the_templates_message():
 def test_strftime_now_loop_controls_and_generation_blocks():
     today = datetime.datetime.now().strftime("%d %b %Y")
     assert render("{{ strftime_now('%d %b %Y') }}") in (today, datetime.datetime.now().strftime("%d %b %Y"))
-    looped = render("{% for m in messages %}{% if loop.index > 2 %}{% break %}{% endif %}{{ m.content }}"
-                    "{% endfor %}", [{"content": c} for c in "abcd"])
+    looped = render(
+        "{% for m in messages %}{% if loop.index > 2 %}{% break %}{% endif %}{{ m.content }}{% endfor %}",
+        [{"content": c} for c in "abcd"],
+    )
     assert looped == "ab"
     assert render("{% generation %}{{ bos_token }}x{% endgeneration %}") == "<s>x"
 
@@ -178,12 +198,15 @@ def test_tools_documents_and_generation_prompt_reach_the_template():
     assert render("{{ tools is none }}{{ documents is none }}") == "TrueTrue"
 
 
-@pytest.mark.parametrize("template, message", [
-    ("{{ messages[0].content.upper() }}", "'dict object' has no attribute 'content'"),
-    ("{{ nothing.here }}", "'nothing' is undefined"),
-    ("{{ messages.append(1) }}", "unsafe"),
-    ("{{ ''.__class__.__mro__ }}", ""),
-])
+@pytest.mark.parametrize(
+    "template, message",
+    [
+        ("{{ messages[0].content.upper() }}", "'dict object' has no attribute 'content'"),
+        ("{{ nothing.here }}", "'nothing' is undefined"),
+        ("{{ messages.append(1) }}", "unsafe"),
+        ("{{ ''.__class__.__mro__ }}", ""),
+    ],
+)
 def test_failures_and_sandbox_refusals_are_client_errors(template, message):
     try:
         text = render(template, [{"role": "user"}])
@@ -196,8 +219,10 @@ def test_failures_and_sandbox_refusals_are_client_errors(template, message):
 def test_continue_final_message():
     template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}</>\n{% endfor %}"
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hel"}]
-    assert render(template, messages, add_generation_prompt=False, continue_final_message=True) == \
-        "<user>hi</>\n<assistant>Hel"
+    assert (
+        render(template, messages, add_generation_prompt=False, continue_final_message=True)
+        == "<user>hi</>\n<assistant>Hel"
+    )
     with pytest.raises(ChatTemplateError, match="cannot both be set"):
         render(template, messages, continue_final_message=True)
 
@@ -224,23 +249,31 @@ def test_legacy_template_renders_as_before():
 
 # --- generation defaults ----------------------------------------------------------------------------------
 
+
 def test_generation_defaults_from_the_models_config():
-    defaults = GenerationDefaults.from_config({"eos_token_id": [508, 511], "temperature": 0.6, "top_p": 0.9,
-                                               "do_sample": True, "bos_token_id": 507})
+    defaults = GenerationDefaults.from_config(
+        {"eos_token_id": [508, 511], "temperature": 0.6, "top_p": 0.9, "do_sample": True, "bos_token_id": 507}
+    )
     assert defaults.sampling == {"temperature": 0.6, "top_p": 0.9}
     assert defaults.stop_ids(tokenizer_eos=511) == (508, 511)
-    assert defaults.apply({"temperature": 0.0, "max_new_tokens": 5}) == {"temperature": 0.0, "top_p": 0.9,
-                                                                         "max_new_tokens": 5}
+    assert defaults.apply({"temperature": 0.0, "max_new_tokens": 5}) == {
+        "temperature": 0.0,
+        "top_p": 0.9,
+        "max_new_tokens": 5,
+    }
     assert GenerationDefaults.from_config({"eos_token_id": 2}).stop_ids(7) == (2,)
     assert GenerationDefaults().stop_ids(7) == (7,) and GenerationDefaults().stop_ids(None) == ()
 
 
-@pytest.mark.parametrize("data, message", [
-    ({"eos_token_id": "2"}, "eos_token_id must be a token id or a list"),
-    ({"eos_token_id": []}, "eos_token_id must be"),
-    ({"top_k": -5}, "top_k must be an int >= 0"),
-    ([], "must hold a JSON object"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"eos_token_id": "2"}, "eos_token_id must be a token id or a list"),
+        ({"eos_token_id": []}, "eos_token_id must be"),
+        ({"top_k": -5}, "top_k must be an int >= 0"),
+        ([], "must hold a JSON object"),
+    ],
+)
 def test_bad_generation_defaults_are_named(data, message):
     with pytest.raises(ValueError, match=message):
         GenerationDefaults.from_config(data)

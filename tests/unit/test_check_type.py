@@ -1,4 +1,5 @@
 """The parameter validators and their exact error texts."""
+
 import os
 import re
 import sys

@@ -1,5 +1,6 @@
 """mindspore_serving.client: conversions without a server, then infer/infer_async against an in-process
 fake MSService."""
+
 import os
 import shutil
 import tempfile
@@ -9,8 +10,7 @@ import grpc
 import numpy as np
 import pytest
 
-from mindspore_serving.client import Client, SSLConfig
-from mindspore_serving.client import convert
+from mindspore_serving.client import Client, SSLConfig, convert
 from mindspore_serving.common import errors
 from mindspore_serving.common import tensor_codec as tc
 from mindspore_serving.frontends import replies
@@ -19,8 +19,20 @@ from mindspore_serving.proto import ms_service_pb2_grpc as pb_grpc
 
 NEVER_CONNECTED = "127.0.0.1:1"  # argument validation only: these clients never connect
 
-ALL_DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64,
-              np.float16, np.float32, np.float64]
+ALL_DTYPES = [
+    np.bool_,
+    np.int8,
+    np.uint8,
+    np.int16,
+    np.uint16,
+    np.int32,
+    np.uint32,
+    np.int64,
+    np.uint64,
+    np.float16,
+    np.float32,
+    np.float64,
+]
 
 
 def request_of(instances):
@@ -29,10 +41,14 @@ def request_of(instances):
 
 # ---------------------------------------------------------------------------------------- conversions
 
+
 def test_request_spec_and_single_dict():
     request = request_of({"x": np.ones(2, np.float32)})
-    assert (request.servable_spec.name, request.servable_spec.method_name, request.servable_spec.version_number) \
-        == ("add", "add_common", 3)
+    assert (request.servable_spec.name, request.servable_spec.method_name, request.servable_spec.version_number) == (
+        "add",
+        "add_common",
+        3,
+    )
     assert len(request.instances) == 1
     assert len(request_of(({"x": 1}, {"x": 2})).instances) == 2
 
@@ -74,7 +90,7 @@ def test_conversion_errors():
     with pytest.raises(RuntimeError, match="^Unknown data type complex128$"):
         request_of({"x": np.array([1j])})
     with pytest.raises(RuntimeError, match="^Unknown data type object$"):
-        request_of({"x": 2 ** 70})
+        request_of({"x": 2**70})
 
 
 def reply_of(results, spec=None):
@@ -82,8 +98,10 @@ def reply_of(results, spec=None):
     spec = spec if spec is not None else pb.ServableSpec()
     if isinstance(results, errors.ServingError):
         return replies.error_reply(spec, results)
-    return replies.predict_reply(spec, [result if isinstance(result, errors.ServingError)
-                                        else tc.instance_to_proto(result) for result in results])
+    return replies.predict_reply(
+        spec,
+        [result if isinstance(result, errors.ServingError) else tc.instance_to_proto(result) for result in results],
+    )
 
 
 def _reply(results):
@@ -91,8 +109,9 @@ def _reply(results):
 
 
 def test_parse_reply_values():
-    results = convert.parse_reply(_reply([{"y": np.array([[1, 2]], np.int32), "s": "abc", "b": b"\x01",
-                                           "z": np.array(2.5, np.float32)}]))
+    results = convert.parse_reply(
+        _reply([{"y": np.array([[1, 2]], np.int32), "s": "abc", "b": b"\x01", "z": np.array(2.5, np.float32)}])
+    )
     assert isinstance(results, list) and len(results) == 1
     item = results[0]
     assert item["y"].dtype == np.int32 and item["y"].tolist() == [[1, 2]]
@@ -101,8 +120,9 @@ def test_parse_reply_values():
 
 
 def test_parse_reply_errors():
-    assert convert.parse_reply(_reply(errors.ServableUnavailable("servable is not available"))) == \
-        {"error": "servable is not available"}
+    assert convert.parse_reply(_reply(errors.ServableUnavailable("servable is not available"))) == {
+        "error": "servable is not available"
+    }
     assert convert.parse_reply(_reply([errors.Failed("x"), errors.Failed("x")])) == {"error": "x"}
     results = convert.parse_reply(_reply([{"y": np.ones(1)}, errors.InvalidInputs("bad")]))
     assert results[1] == {"error": "bad"} and results[0]["y"].tolist() == [1.0]
@@ -138,6 +158,7 @@ def test_ssl_config_needs_certificate_and_key_together(tmp_path):
 
 # ------------------------------------------------------------------------------------ in-process server
 
+
 class FakeMSService(pb_grpc.MSServiceServicer):
     """Echoes the inputs, or answers according to the method name."""
 
@@ -145,18 +166,24 @@ class FakeMSService(pb_grpc.MSServiceServicer):
         method = request.servable_spec.method_name
         instances = tc.proto_to_instances(request.instances)
         if method == "global_error":
-            return reply_of(errors.ServableUnavailable(
-                f"Request servable({request.servable_spec.name}) method({method}) , servable is not available"))
+            return reply_of(
+                errors.ServableUnavailable(
+                    f"Request servable({request.servable_spec.name}) method({method}) , servable is not available"
+                )
+            )
         if method == "fail_odd":
-            results = [errors.InvalidInputs(f"instance {i} failed") if i % 2 else instance
-                       for i, instance in enumerate(instances)]
+            results = [
+                errors.InvalidInputs(f"instance {i} failed") if i % 2 else instance
+                for i, instance in enumerate(instances)
+            ]
             return reply_of(results)
         if method == "fail_all_same":
             return reply_of([errors.Failed("Preprocess Failed") for _ in instances])
         if method == "abort":
             context.abort(grpc.StatusCode.UNAVAILABLE, "going away")
-        results = [dict(instance, version=np.array(request.servable_spec.version_number, np.int64))
-                   for instance in instances]
+        results = [
+            dict(instance, version=np.array(request.servable_spec.version_number, np.int64)) for instance in instances
+        ]
         return reply_of(results, request.servable_spec)
 
 
@@ -164,8 +191,9 @@ class FakeMSService(pb_grpc.MSServiceServicer):
 def server():
     unix_dir = tempfile.mkdtemp(prefix="msc")
     unix_address = "unix:" + os.path.join(unix_dir, "s.sock")
-    grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=4),
-                              options=[("grpc.max_receive_message_length", 1024 * 1024)])
+    grpc_server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=4), options=[("grpc.max_receive_message_length", 1024 * 1024)]
+    )
     pb_grpc.add_MSServiceServicer_to_server(FakeMSService(), grpc_server)
     port = grpc_server.add_insecure_port("127.0.0.1:0")
     grpc_server.add_insecure_port(unix_address)
@@ -180,9 +208,17 @@ def server():
 def test_infer_round_trip(server):
     address, _ = server
     with Client(address, "add", "echo", version_number=2) as client:
-        instances = [{"f": np.arange(4, dtype=np.float16).reshape(2, 2), "s": "abc", "b": b"\x00\xff", "i": 7,
-                      "x": 1.5, "t": True}, {"f": np.zeros((0, 3), np.float32), "s": "", "b": b"", "i": -1,
-                                             "x": 0.0, "t": False}]
+        instances = [
+            {
+                "f": np.arange(4, dtype=np.float16).reshape(2, 2),
+                "s": "abc",
+                "b": b"\x00\xff",
+                "i": 7,
+                "x": 1.5,
+                "t": True,
+            },
+            {"f": np.zeros((0, 3), np.float32), "s": "", "b": b"", "i": -1, "x": 0.0, "t": False},
+        ]
         result = client.infer(instances)
     assert isinstance(result, list) and len(result) == 2
     first = result[0]
@@ -218,14 +254,16 @@ def test_infer_async(server):
         pending = [client.infer_async({"x": np.array([i], np.int32)}) for i in range(4)]
         results = [future.result() for future in pending]
         assert [r[0]["x"].tolist() for r in results] == [[0], [1], [2], [3]]
-        assert Client(address, "add", "global_error").infer_async({"x": 1}).result() == \
-            {"error": "Request servable(add) method(global_error) , servable is not available"}
+        assert Client(address, "add", "global_error").infer_async({"x": 1}).result() == {
+            "error": "Request servable(add) method(global_error) , servable is not available"
+        }
 
 
 def test_global_and_per_instance_errors(server):
     address, _ = server
-    assert Client(address, "add", "global_error").infer([{"x": 1}, {"x": 2}]) == \
-        {"error": "Request servable(add) method(global_error) , servable is not available"}
+    assert Client(address, "add", "global_error").infer([{"x": 1}, {"x": 2}]) == {
+        "error": "Request servable(add) method(global_error) , servable is not available"
+    }
     assert Client(address, "add", "fail_all_same").infer([{"x": 1}, {"x": 2}]) == {"error": "Preprocess Failed"}
     result = Client(address, "add", "fail_odd").infer([{"x": 1}, {"x": 2}, {"x": 3}])
     assert isinstance(result, list) and result[1] == {"error": "instance 1 failed"}

@@ -1,9 +1,10 @@
 """RegistrationWatch and RankRegistrations: when a cluster rank counts as registered, stuck, or gone, and how its
 starter restarts it (fake clock and connection samples; the real ones are psutil's)."""
+
 import pytest
+from serving_process import free_port
 
 from mindspore_serving.common import cluster_registration as cr
-from serving_process import free_port
 
 PORT = free_port()  # the scheduler's port the messages name (nothing listens)
 
@@ -47,8 +48,9 @@ class Clock:
 
 def tracker(samples, timeout=10.0):
     clock = Clock()
-    return cr.RankRegistrations("127.0.0.1", PORT, timeout=timeout, clock=clock,
-                                sample=lambda pid, ips, port: samples.get(pid, [])), clock
+    return cr.RankRegistrations(
+        "127.0.0.1", PORT, timeout=timeout, clock=clock, sample=lambda pid, ips, port: samples.get(pid, [])
+    ), clock
 
 
 def test_a_stuck_rank_is_restarted_and_its_new_process_watched_afresh():
@@ -90,8 +92,9 @@ def test_a_rank_stuck_after_every_restart_fails_the_start_with_the_reason():
         for _ in range(cr.MAX_RESTARTS + 2):
             clock.now += 6.0
             registrations.restart_stuck(lambda rank: next(pids))
-    assert (f"cluster rank 0 did not register with the cluster scheduler at 127.0.0.1:{PORT} within 5 s"
-            in str(err.value))
+    assert f"cluster rank 0 did not register with the cluster scheduler at 127.0.0.1:{PORT} within 5 s" in str(
+        err.value
+    )
     assert f"started {cr.MAX_RESTARTS + 1} times" in str(err.value)
     assert cr.TIMEOUT_VAR in str(err.value)
 
@@ -115,6 +118,7 @@ def test_the_timeout_is_read_from_the_environment(monkeypatch):
 def test_connection_ports_reads_a_real_process():
     import os
     import socket
+
     server = socket.create_server(("127.0.0.1", 0))
     client = socket.create_connection(server.getsockname())
     try:
@@ -128,6 +132,7 @@ def test_connection_ports_reads_a_real_process():
 
 def test_the_distributed_starter_waits_on_the_ready_pipe_of_a_restarted_rank():
     import os
+
     from mindspore_serving.agent.distributed import startup
     from mindspore_serving.ipc import distributed as protocol
 
@@ -173,6 +178,7 @@ class FakeProcess:
 
 def test_the_llm_starter_replaces_a_stuck_rank_and_reads_the_new_ones_pipe():
     import os
+
     from mindspore_serving.ipc import agent as protocol
     from mindspore_serving.worker.llm import agents
 

@@ -1,5 +1,6 @@
 """MindSpore's TLS on the cluster channel (ms_cluster.cluster_ssl_settings): off without its variable, the
 `set_ps_context` arguments with it, and a missing file or password named before any process starts."""
+
 import pytest
 
 from mindspore_serving.common import ms_cluster
@@ -13,8 +14,9 @@ def test_off_without_the_config_variable():
 def test_the_settings_mindspore_takes(tmp_path):
     config = tmp_path / "ssl.json"
     config.write_text("{}")
-    settings = ms_cluster.cluster_ssl_settings({SSL_CONFIG_ENV: str(config), SERVER_PASSWORD_ENV: "s",
-                                                CLIENT_PASSWORD_ENV: "c"})
+    settings = ms_cluster.cluster_ssl_settings(
+        {SSL_CONFIG_ENV: str(config), SERVER_PASSWORD_ENV: "s", CLIENT_PASSWORD_ENV: "c"}
+    )
     assert settings == dict(enable_ssl=True, config_file_path=str(config), client_password="c", server_password="s")
 
 

@@ -1,6 +1,7 @@
 """Where a worker runs MindSpore's CPU kernels: the cores of its models' register.Context(thread_affinity_core_list)
 (their union), and on how many threads: a model's register.Context(thread_num), the largest when several models set
 one, else the cores the worker may run on."""
+
 import os
 
 import pytest
@@ -31,8 +32,12 @@ def test_thread_num_is_checked_when_declared():
 
 
 def test_the_cores_are_the_union_of_the_models_lists_and_none_when_no_model_sets_one():
-    specs = [model(register.Context(thread_affinity_core_list=[3, 1])), model(),
-             model(register.Context(thread_num=2)), model(register.Context(thread_affinity_core_list=(1, 2)))]
+    specs = [
+        model(register.Context(thread_affinity_core_list=[3, 1])),
+        model(),
+        model(register.Context(thread_num=2)),
+        model(register.Context(thread_affinity_core_list=(1, 2))),
+    ]
     assert cpu_threads.declared_cores(specs) == [1, 2, 3]
     assert cpu_threads.declared_cores([model(), model(register.Context(thread_num=2))]) is None
 
@@ -62,5 +67,7 @@ def test_a_core_the_worker_cannot_run_on_is_refused(monkeypatch):
     monkeypatch.setattr(cpu_threads, "bind_threads", lambda cores: pytest.fail("bound"))
     with pytest.raises(RuntimeError) as info:
         cpu_threads.apply_cpu_affinity([model(register.Context(thread_affinity_core_list=[1, 4, 7]))], "add")
-    assert str(info.value) == ("servable add: thread_affinity_core_list [1, 4, 7] names core(s) [4, 7] this worker "
-                               "cannot run on (its cores: [0, 1])")
+    assert str(info.value) == (
+        "servable add: thread_affinity_core_list [1, 4, 7] names core(s) [4, 7] this worker "
+        "cannot run on (its cores: [0, 1])"
+    )

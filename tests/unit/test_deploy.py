@@ -4,6 +4,7 @@ No Docker daemon and no cluster: the manifests are checked offline against the K
 kubernetes-validate bundles (strict: unknown fields are errors), and against the server itself: the ports in
 serving_server.py's flags, the routes of the RESTful app, and the drain time that --grace sets.
 """
+
 import ast
 import os
 import re
@@ -73,6 +74,7 @@ def _port_of(address):
 
 # --- Dockerfile ---------------------------------------------------------------------------------------------
 
+
 def _dockerfile_instructions():
     """(INSTRUCTION, argument) pairs, continuation lines joined, comments dropped."""
     text = re.sub(r"\\\n", " ", _read("Dockerfile"))
@@ -121,16 +123,19 @@ def test_dockerfile_runs_serving_server_as_non_root_on_all_interfaces():
 
 
 def test_dockerignore_keeps_local_state_and_exported_models_out():
-    patterns = {line.strip() for line in _read(".dockerignore").splitlines()
-                if line.strip() and not line.startswith("#")}
+    patterns = {
+        line.strip() for line in _read(".dockerignore").splitlines() if line.strip() and not line.startswith("#")
+    }
     assert {".venv", "serving_logs", "bench/results", ".git"} <= patterns
     # every exported-model pattern of .gitignore, so that the image exports its own
-    model_patterns = {line.strip().rstrip("/") for line in _read(".gitignore").splitlines()
-                      if line.startswith("servables/")}
+    model_patterns = {
+        line.strip().rstrip("/") for line in _read(".gitignore").splitlines() if line.startswith("servables/")
+    }
     assert model_patterns and model_patterns <= patterns, model_patterns - patterns
 
 
 # --- Kubernetes manifests -----------------------------------------------------------------------------------
+
 
 def test_kustomization_lists_every_manifest():
     kustomization = yaml.safe_load(_read("deploy", "kustomization.yaml"))
@@ -171,15 +176,19 @@ def test_container_args_match_the_service_and_the_dockerfile():
     assert all(_port_of(flags[f])[0] == "0.0.0.0" for f in ("--grpc", "--rest"))
     service = _one("Service")
     assert service["spec"]["selector"] == _one("Deployment")["spec"]["selector"]["matchLabels"]
-    assert {(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]} == \
-        {("grpc", 5500, "grpc"), ("rest", 1500, "rest")}
+    assert {(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]} == {
+        ("grpc", 5500, "grpc"),
+        ("rest", 1500, "rest"),
+    }
 
 
 def test_the_api_key_comes_from_a_secret_in_kubernetes_and_docker():
     flags = _flags(_container()["args"])
     key_file = flags["--api_key_file"]
-    assert key_file == _flags(_exec_form([arg for word, arg in _dockerfile_instructions() if word == "CMD"][-1]))[
-        "--api_key_file"]
+    assert (
+        key_file
+        == _flags(_exec_form([arg for word, arg in _dockerfile_instructions() if word == "CMD"][-1]))["--api_key_file"]
+    )
     pod = _one("Deployment")["spec"]["template"]["spec"]
     mount = next(m for m in _container()["volumeMounts"] if key_file.startswith(m["mountPath"] + "/"))
     assert mount["readOnly"] is True
@@ -208,8 +217,11 @@ def _probes():
 
 def test_probes_use_the_rest_port_and_their_routes():
     probes = _probes()
-    assert {kind: p["httpGet"]["path"] for kind, p in probes.items()} == \
-        {"startupProbe": "/health", "livenessProbe": "/health", "readinessProbe": "/ready"}
+    assert {kind: p["httpGet"]["path"] for kind, p in probes.items()} == {
+        "startupProbe": "/health",
+        "livenessProbe": "/health",
+        "readinessProbe": "/ready",
+    }
     assert all(p["httpGet"]["port"] == "rest" for p in probes.values())
 
 
@@ -223,13 +235,17 @@ def test_startup_probe_allows_model_loading():
 def test_prometheus_annotations_point_at_metrics_on_the_rest_port():
     annotations = _one("Deployment")["spec"]["template"]["metadata"]["annotations"]
     rest_port = _port_of(_flags(_container()["args"])["--rest"])[1]
-    assert annotations == {"prometheus.io/scrape": "true", "prometheus.io/port": str(rest_port),
-                           "prometheus.io/path": "/metrics"}
+    assert annotations == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(rest_port),
+        "prometheus.io/path": "/metrics",
+    }
 
 
 @pytest.mark.parametrize("path", ["/health", "/ready", "/metrics"])
 def test_probed_and_scraped_paths_are_served(path):
     from fastapi.testclient import TestClient
+
     from mindspore_serving.frontends.restful_server import add_metrics_route
 
     class Collector:
@@ -258,8 +274,11 @@ def test_resources_have_requests_and_limits():
 def test_hpa_scales_the_deployment_on_the_documented_metrics():
     hpa = _one("HorizontalPodAutoscaler")
     deployment = _one("Deployment")
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
-                                             "name": deployment["metadata"]["name"]}
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": deployment["metadata"]["name"],
+    }
     pods_metrics = [m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"] if m["type"] == "Pods"]
     assert pods_metrics == ["mindspore_serving_enqueued_requests", "mindspore_serving_num_requests_waiting"]
     assert [m["resource"]["name"] for m in hpa["spec"]["metrics"] if m["type"] == "Resource"] == ["cpu"]
@@ -269,6 +288,7 @@ def test_hpa_scales_the_deployment_on_the_documented_metrics():
     exposed = [re.search(r'__name__="([^"]+)"', r["seriesQuery"]).group(1) for r in rules]
     assert exposed == ["mindspore_serving_enqueued_requests", "mindspore_serving:num_requests_waiting"]
     from mindspore_serving.common.metrics import FAMILIES, GAUGE
+
     assert all(FAMILIES[name].kind == GAUGE for name in exposed)  # what GET /metrics really exposes
     readme = _read("README.md")
     assert all(name in readme for name in exposed + pods_metrics)

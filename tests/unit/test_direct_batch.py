@@ -1,8 +1,10 @@
 """Model-only methods run straight from the request's bytes (worker/direct_batch.py): the same answers as the
 general path (MethodRunner), full batches padded as merge_inputs pads, and the general path whenever an instance
 does not feed the model exactly or the graph fails. A fake graph stands in for MindSpore."""
+
 import numpy as np
 import pytest
+from stage_fakes import FakeLoadedModel, function_spec, method, model_spec, ref
 
 from mindspore_serving.common.tensor_codec import instance_to_proto, tensor_to_value
 from mindspore_serving.proto import internal_pb2
@@ -11,7 +13,6 @@ from mindspore_serving.worker.executors import ModelExecutor
 from mindspore_serving.worker.method_runner import MethodRunner, ModelStage
 from mindspore_serving.worker.model_backend import TensorInfo
 from mindspore_serving.worker.service import WorkerServicer
-from stage_fakes import FakeLoadedModel, function_spec, method, model_spec, ref
 
 INFOS = [TensorInfo((2,), np.dtype(np.float32)), TensorInfo((), np.dtype(np.int32))]
 
@@ -22,8 +23,13 @@ def double_and_total(x, k):
 
 def model_method():
     """m(a, b) -> (total, double): the model's inputs in the other order, its outputs swapped."""
-    return method("m", ["b", "a"], ["total", "double"], [model_spec("fake.mindir", ref(0, 1), ref(0, 0),
-                                                                     outputs_count=2)], [ref(1, 1), ref(1, 0)])
+    return method(
+        "m",
+        ["b", "a"],
+        ["total", "double"],
+        [model_spec("fake.mindir", ref(0, 1), ref(0, 0), outputs_count=2)],
+        [ref(1, 1), ref(1, 0)],
+    )
 
 
 class Runtime:
@@ -60,9 +66,12 @@ def request_of(instances):
 
 
 def answers_of(reply):
-    return [error.error_msg.decode() if error.error_code else
-            {name: tensor_to_value(tensor).tolist() for name, tensor in instance.items.items()}
-            for instance, error in zip(reply.instances, reply.error_msg)]
+    return [
+        error.error_msg.decode()
+        if error.error_code
+        else {name: tensor_to_value(tensor).tolist() for name, tensor in instance.items.items()}
+        for instance, error in zip(reply.instances, reply.error_msg)
+    ]
 
 
 def instances(count):
@@ -81,15 +90,18 @@ def test_the_direct_path_answers_as_the_general_path_in_full_padded_batches(coun
         direct.close()
         general.close()
     assert direct.general_calls == 0 and general.general_calls == 1
-    assert answers_of(direct_reply) == answers_of(general_reply) == [
-        {"total": [2 * i + 1 + 10 * i], "double": [2 * i, 2 * i + 2]} for i in range(count)]
+    assert (
+        answers_of(direct_reply)
+        == answers_of(general_reply)
+        == [{"total": [2 * i + 1 + 10 * i], "double": [2 * i, 2 * i + 2]} for i in range(count)]
+    )
     batches = direct.model.subgraphs[0].calls
     assert [len(call[0]) for call in batches] == [4] * len(batches) and len(batches) == (count + 3) // 4
     padded = batches[-1][0]
     last = (count - 1) // 4 * 4  # the first instance of the last batch pads it
     pads = 4 - (count - last)
     if pads:
-        np.testing.assert_array_equal(padded[count - last:], [[last, last + 1]] * pads)
+        np.testing.assert_array_equal(padded[count - last :], [[last, last + 1]] * pads)
     assert padded.dtype == np.float32 and batches[0][1].dtype == np.int32 and batches[0][1].shape == (4,)
 
 
@@ -104,8 +116,10 @@ def test_an_instance_that_does_not_feed_the_model_exactly_sends_the_call_the_gen
             answers = answers_of(reply)
             assert answers[0] == {"total": [1], "double": [0, 2]} and isinstance(answers[1], str)
         assert runtime.general_calls == 2
-        assert "input 0 size 16 not match the size 8" in answers_of(
-            WorkerServicer(runtime, None).Predict(request_of([wrong_dtype]), None))[0]
+        assert (
+            "input 0 size 16 not match the size 8"
+            in answers_of(WorkerServicer(runtime, None).Predict(request_of([wrong_dtype]), None))[0]
+        )
     finally:
         runtime.close()
 
@@ -121,8 +135,14 @@ def test_a_failing_graph_is_answered_by_the_general_path_with_its_error_text():
     finally:
         runtime.close()
     assert runtime.general_calls == 1
-    assert answers == ["Call Model 'fake.mindir' Failed, method: 'm', stage index(begin with 1): 1, error msg: "
-                       "model predict failed: graph broke"] * 2
+    assert (
+        answers
+        == [
+            "Call Model 'fake.mindir' Failed, method: 'm', stage index(begin with 1): 1, error msg: "
+            "model predict failed: graph broke"
+        ]
+        * 2
+    )
 
 
 @pytest.mark.timeout(60)
@@ -139,8 +159,11 @@ def test_a_model_without_a_batch_dimension_runs_once_per_instance_and_answers_as
         direct.close()
         general.close()
     assert direct.general_calls == 0 and len(direct.model.subgraphs[0].calls) == 3
-    assert answers_of(direct_reply) == answers_of(general_reply) == [
-        {"total": 2 * i + 1 + 10 * i, "double": [2 * i, 2 * i + 2]} for i in range(3)]
+    assert (
+        answers_of(direct_reply)
+        == answers_of(general_reply)
+        == [{"total": 2 * i + 1 + 10 * i, "double": [2 * i, 2 * i + 2]} for i in range(3)]
+    )
 
 
 def test_only_a_method_of_one_model_stage_on_cpu_goes_direct():
@@ -149,8 +172,13 @@ def test_only_a_method_of_one_model_stage_on_cpu_goes_direct():
     try:
         assert DirectBatch.applies(model_method(), executor)
         assert not DirectBatch.applies(model_method(), None)
-        with_python = method("p", ["a", "b"], ["y"], [function_spec(np.negative, ref(0)),
-                                                      model_spec("fake.mindir", ref(1), ref(0, 1))], [ref(2)])
+        with_python = method(
+            "p",
+            ["a", "b"],
+            ["y"],
+            [function_spec(np.negative, ref(0)), model_spec("fake.mindir", ref(1), ref(0, 1))],
+            [ref(2)],
+        )
         assert not DirectBatch.applies(with_python, executor)
         model.device_target = "Ascend"
         assert not DirectBatch.applies(model_method(), executor)

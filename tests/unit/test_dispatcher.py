@@ -1,5 +1,6 @@
 """The master's Dispatcher with fake worker stubs and a clock the tests move: checks, chunking, routing, ordering
 and limits; nothing waits for time to pass."""
+
 import asyncio
 
 import grpc
@@ -31,9 +32,17 @@ class FakeWorkerStub:
     async def Predict(self, request, timeout=None):  # pylint: disable=invalid-name
         xs = [int(tensor_to_value(instance.items["x"])[0]) for instance in request.request.instances]
         released = asyncio.Event()
-        call = {"worker": self.name, "xs": xs, "spec": request.request.servable_spec, "request_id": request.request_id,
-                "sizes": list(request.request_sizes), "ids": list(request.client_request_ids), "release": released,
-                "returned": False, "timeout": timeout}
+        call = {
+            "worker": self.name,
+            "xs": xs,
+            "spec": request.request.servable_spec,
+            "request_id": request.request_id,
+            "sizes": list(request.request_sizes),
+            "ids": list(request.client_request_ids),
+            "release": released,
+            "returned": False,
+            "timeout": timeout,
+        }
         self.calls.append(call)
         try:
             if self.hold:
@@ -60,13 +69,22 @@ def reply_of(request) -> "internal_pb2.WorkerPredictReply":
     return reply
 
 
-def add_worker(registry, name, pid, calls, batch_size=2, version=1, input_names=("x",), python_stages=False,
-               **stub_options):
-    method = internal_pb2.MethodSignature(name="m", input_names=list(input_names), output_names=["y"],
-                                          only_model_stage=not python_stages)
-    record = WorkerRecord(key=name, pid=pid, address=f"unix:{name}", servable_name="add", version_number=version,
-                          batch_size=batch_size, methods={"m": method},
-                          stub=FakeWorkerStub(name, calls, **stub_options))
+def add_worker(
+    registry, name, pid, calls, batch_size=2, version=1, input_names=("x",), python_stages=False, **stub_options
+):
+    method = internal_pb2.MethodSignature(
+        name="m", input_names=list(input_names), output_names=["y"], only_model_stage=not python_stages
+    )
+    record = WorkerRecord(
+        key=name,
+        pid=pid,
+        address=f"unix:{name}",
+        servable_name="add",
+        version_number=version,
+        batch_size=batch_size,
+        methods={"m": method},
+        stub=FakeWorkerStub(name, calls, **stub_options),
+    )
     registry.add(record)
     return record
 
@@ -135,9 +153,11 @@ def settled(dispatcher, tasks, calls):
     """Nothing more happens until the test acts: every request reached its worker's queue, no flush is due on a
     coming loop turn (one may wait on the clock), and every call sent reached its stub and waits there."""
     queues = [queue for worker in dispatcher.registry.all() for queue in worker.queues.values()]
-    return (dispatcher.enqueued == sum(1 for task in tasks if not task.done())
-            and not any(queue.scheduled and queue.timer is None for queue in queues)
-            and sum(len(queue.tasks) for queue in queues) == sum(1 for call in calls if not call["returned"]))
+    return (
+        dispatcher.enqueued == sum(1 for task in tasks if not task.done())
+        and not any(queue.scheduled and queue.timer is None for queue in queues)
+        and sum(len(queue.tasks) for queue in queues) == sum(1 for call in calls if not call["returned"])
+    )
 
 
 # ---------------------------------------------------------------- chunking and routing
@@ -204,8 +224,9 @@ def test_concurrent_requests_travel_in_one_call_and_get_their_own_answers():
     dispatcher = dispatcher_of(registry)
 
     async def scenario():
-        return await asyncio.gather(*[dispatcher.predict(spec_of(), instances_of(*xs))
-                                      for xs in ([1], [2, -3], [4], [-5])])
+        return await asyncio.gather(
+            *[dispatcher.predict(spec_of(), instances_of(*xs)) for xs in ([1], [2, -3], [4], [-5])]
+        )
 
     answers = asyncio.run(scenario())
     assert [call["xs"] for call in calls] == [[1, 2, -3, 4, -5]]
@@ -231,8 +252,11 @@ def test_each_request_of_a_call_carries_the_id_its_front_end_bound():
     dispatcher = dispatcher_of(registry)
 
     async def scenario():
-        return await asyncio.gather(predict_as(dispatcher, "req-a", [1]), predict_as(dispatcher, "req-b", [2, 3]),
-                                    predict_as(dispatcher, None, [4]))
+        return await asyncio.gather(
+            predict_as(dispatcher, "req-a", [1]),
+            predict_as(dispatcher, "req-b", [2, 3]),
+            predict_as(dispatcher, None, [4]),
+        )
 
     answers = asyncio.run(scenario())
     assert [[y_of(answer) for answer in request] for request in answers] == [[10], [20, 30], [40]]
@@ -242,6 +266,7 @@ def test_each_request_of_a_call_carries_the_id_its_front_end_bound():
 
 def test_calls_in_flight_per_worker_are_limited_and_the_rest_waits_for_one_of_them(monkeypatch):
     from mindspore_serving.master import dispatcher as dispatcher_module
+
     assert dispatcher_module.MAX_CALLS_IN_FLIGHT == 2
     monkeypatch.setattr(dispatcher_module, "MAX_CALL_INSTANCES", 2)
     registry = WorkerRegistry()
@@ -257,10 +282,10 @@ def test_calls_in_flight_per_worker_are_limited_and_the_rest_waits_for_one_of_th
                 tasks.append(asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(x))))
             await until(lambda: settled(dispatcher, tasks, calls))
 
-        await submit(0)        # idle worker: a call at once
-        await submit(1)        # busy: one instance is not a full call
+        await submit(0)  # idle worker: a call at once
+        await submit(1)  # busy: one instance is not a full call
         in_flight_1 = len(calls)
-        await submit(2)        # a full call (2 instances) goes while the first is in flight
+        await submit(2)  # a full call (2 instances) goes while the first is in flight
         await submit(3, 4, 5)  # two calls in flight: everything waits
         waiting = (len(calls), worker.outstanding)
         calls[0]["release"].set()
@@ -283,6 +308,7 @@ def test_calls_in_flight_per_worker_are_limited_and_the_rest_waits_for_one_of_th
 
 def test_a_busy_worker_gets_only_full_calls_and_an_idle_one_what_is_there(monkeypatch):
     from mindspore_serving.master import dispatcher as dispatcher_module
+
     monkeypatch.setattr(dispatcher_module, "MAX_CALL_INSTANCES", 4)
     registry = WorkerRegistry()
     calls = []
@@ -313,6 +339,7 @@ def test_a_worker_that_batches_continuously_gets_each_request_at_once_in_a_call_
     """An LLM worker batches requests itself, step by step: a short request sent while a long one runs must not
     wait for it (head-of-line blocking), neither in the queue nor in the same call."""
     from mindspore_serving.spec.llm import LLM_EXTENSION
+
     registry = WorkerRegistry()
     calls = []
     record = add_worker(registry, "llm", 1, calls, batch_size=16, hold=True)
@@ -482,6 +509,7 @@ def test_a_lone_request_to_a_batched_worker_does_not_wait_for_the_settle_time():
 
 def test_a_cancelled_request_leaves_the_queue(monkeypatch):
     from mindspore_serving.master import dispatcher as dispatcher_module
+
     monkeypatch.setattr(dispatcher_module, "MAX_CALL_INSTANCES", 1)  # every chunk is a full call
     registry = WorkerRegistry()
     calls = []
@@ -514,6 +542,7 @@ def test_a_cancelled_request_leaves_the_queue(monkeypatch):
 
 def test_a_request_whose_client_goes_away_counts_as_cancelled_and_one_cut_by_the_stop_as_a_server_error():
     from mindspore_serving.frontends.drain import Drain, GuardedDispatcher
+
     registry = WorkerRegistry()
     calls = []
     worker = add_worker(registry, "w", 1, calls, batch_size=1, hold=True)
@@ -541,8 +570,12 @@ def test_a_request_whose_client_goes_away_counts_as_cancelled_and_one_cut_by_the
         await until(lambda: not worker.outstanding)
 
     asyncio.run(scenario())
-    assert dispatcher.metrics.method("add", 1, "m").outcomes == {"success": 0, "client_error": 0, "server_error": 2,
-                                                                  "cancelled": 2}
+    assert dispatcher.metrics.method("add", 1, "m").outcomes == {
+        "success": 0,
+        "client_error": 0,
+        "server_error": 2,
+        "cancelled": 2,
+    }
     assert dispatcher.enqueued == 0
 
 
@@ -570,8 +603,9 @@ def test_invalid_instances_are_answered_without_reaching_a_worker():
     assert [(call["xs"], call["sizes"]) for call in calls] == [([1, 2, 3], [2, 1])]  # the valid ones, no gaps
     assert y_of(results[0]) == 10 and y_of(results[3]) == 20 and y_of(results[4]) == 30
     assert isinstance(results[1], errors.InvalidInputs)
-    assert results[1].message == ("Instances input x check failed, detail: "
-                                  "Tensor check failed: input data size 4 invalid")
+    assert results[1].message == (
+        "Instances input x check failed, detail: Tensor check failed: input data size 4 invalid"
+    )
     assert results[2].message == "Cannot find input x in instance input , servable add, method m"
 
 
@@ -649,8 +683,9 @@ def test_enqueued_count_is_released_after_errors():
 
 
 def unavailable():
-    return grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
-                                details="Socket closed")
+    return grpc.aio.AioRpcError(
+        grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), details="Socket closed"
+    )
 
 
 def test_a_lost_worker_fails_its_chunk_with_worker_unavailable():
@@ -689,8 +724,10 @@ def test_every_chunk_lost_gives_one_global_error():
     registry = WorkerRegistry()
     add_worker(registry, "dead", 5, [], batch_size=2, raise_error=unavailable())
     results = asyncio.run(dispatcher_of(registry).predict(spec_of(version=1), instances_of(0, 1, 2)))
-    text = ("Request servable(add) method(m)  version(1) , servable is not available: the worker (pid 5) stopped "
-            "while handling it")
+    text = (
+        "Request servable(add) method(m)  version(1) , servable is not available: the worker (pid 5) stopped "
+        "while handling it"
+    )
     assert [(result.code, result.message) for result in results] == [(errors.WORKER_UNAVAILABLE, text)] * 3
     reply = predict_reply(spec_of(version=1), results)
     assert len(reply.instances) == 0
@@ -703,8 +740,10 @@ def test_a_lost_worker_fails_each_request_of_a_shared_call_with_its_own_text():
     dispatcher = dispatcher_of(registry)
 
     async def scenario():
-        return await asyncio.gather(dispatcher.predict(spec_of(version=0), instances_of(1)),
-                                    dispatcher.predict(spec_of(version=1), instances_of(2, 3)))
+        return await asyncio.gather(
+            dispatcher.predict(spec_of(version=0), instances_of(1)),
+            dispatcher.predict(spec_of(version=1), instances_of(2, 3)),
+        )
 
     newest, first = asyncio.run(scenario())
     tail = "servable is not available: the worker (pid 9) stopped while handling it"
@@ -733,8 +772,12 @@ def test_a_closed_channel_counts_as_a_lost_worker():
     record = add_worker(registry, "closed", 10, [], raise_error=grpc.aio.UsageError("Channel is closed."))
     results = asyncio.run(dispatcher_of(registry).predict(spec_of(), instances_of(1)))
     assert [(r.code, r.message) for r in results] == [
-        (errors.WORKER_UNAVAILABLE, "Request servable(add) method(m) , servable is not available: the worker (pid 10) "
-                                    "stopped while handling it")]
+        (
+            errors.WORKER_UNAVAILABLE,
+            "Request servable(add) method(m) , servable is not available: the worker (pid 10) "
+            "stopped while handling it",
+        )
+    ]
     assert record.outstanding == 0
 
 
@@ -744,8 +787,11 @@ def test_other_failures_of_a_call_reach_every_request_in_it():
     dispatcher = dispatcher_of(registry)
 
     async def scenario():
-        return await asyncio.gather(dispatcher.predict(spec_of(), instances_of(1)),
-                                    dispatcher.predict(spec_of(), instances_of(2)), return_exceptions=True)
+        return await asyncio.gather(
+            dispatcher.predict(spec_of(), instances_of(1)),
+            dispatcher.predict(spec_of(), instances_of(2)),
+            return_exceptions=True,
+        )
 
     assert [str(result) for result in asyncio.run(scenario())] == ["odd failure", "odd failure"]
     assert dispatcher.enqueued == 0
@@ -753,6 +799,7 @@ def test_other_failures_of_a_call_reach_every_request_in_it():
 
 def test_a_call_carries_at_most_max_call_bytes_but_a_large_chunk_still_goes(monkeypatch):
     from mindspore_serving.master import dispatcher as dispatcher_module
+
     size = instances_of(1)[0].ByteSize()
     monkeypatch.setattr(dispatcher_module, "MAX_CALL_BYTES", 2 * size)
     registry = WorkerRegistry()
@@ -762,8 +809,9 @@ def test_a_call_carries_at_most_max_call_bytes_but_a_large_chunk_still_goes(monk
     dispatcher = dispatcher_of(registry, clock)
 
     async def scenario():
-        tasks = [asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(*xs)))
-                 for xs in ([1], [2], [3], [4, 5, 6])]
+        tasks = [
+            asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(*xs))) for xs in ([1], [2], [3], [4, 5, 6])
+        ]
         # [4, 5, 6] is a partial batch once [3] is answered: it waits for that client, who does not come back
         await until(lambda: settled(dispatcher, tasks, calls) and clock.pending())
         clock.advance(SETTLE_SECONDS)

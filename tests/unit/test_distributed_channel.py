@@ -2,13 +2,15 @@
 refuse calls without it with PERMISSION_DENIED, and channels made by `protocol.channel` send it; with
 MS_SERVING_DISTRIBUTED_TLS_* (ipc.internal_tls) they speak mutual TLS and take only clients with a certificate of
 the group's CA. Without either, a worker or rank agents listening beyond loopback log what is exposed."""
+
 import os
 from concurrent import futures
 
 import grpc
 import pytest
-
 from certificates import make_host_certs
+from serving_process import free_port
+
 from mindspore_serving.agent.distributed import startup
 from mindspore_serving.ipc import distributed as protocol
 from mindspore_serving.ipc import internal_tls
@@ -16,7 +18,6 @@ from mindspore_serving.proto import distributed_pb2 as dpb
 from mindspore_serving.proto import distributed_pb2_grpc as dpb_grpc
 from mindspore_serving.server import SSLConfig
 from mindspore_serving.worker.distributed import process
-from serving_process import free_port
 
 PORT = free_port()  # an address the warnings name (nothing listens)
 
@@ -57,8 +58,9 @@ def served(monkeypatch):
 
 
 def _exit(channel, reason="rank 1 lost"):
-    return dpb_grpc.DistributedWorkerStub(channel).AgentExit(dpb.AgentNotice(agent_ip="127.0.0.1", reason=reason),
-                                                             timeout=10)
+    return dpb_grpc.DistributedWorkerStub(channel).AgentExit(
+        dpb.AgentNotice(agent_ip="127.0.0.1", reason=reason), timeout=10
+    )
 
 
 def test_calls_without_the_secret_are_refused_and_change_nothing(served, monkeypatch):
@@ -66,8 +68,9 @@ def test_calls_without_the_secret_are_refused_and_change_nothing(served, monkeyp
     for metadata in ((), ((protocol.SECRET_METADATA, "wrong"),)):
         with grpc.insecure_channel(address) as channel:
             with pytest.raises(grpc.RpcError) as refused:
-                dpb_grpc.DistributedWorkerStub(channel).AgentExit(dpb.AgentNotice(reason="forged"), timeout=10,
-                                                                  metadata=metadata)
+                dpb_grpc.DistributedWorkerStub(channel).AgentExit(
+                    dpb.AgentNotice(reason="forged"), timeout=10, metadata=metadata
+                )
         assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
         assert protocol.SECRET_ENV in refused.value.details()
     monkeypatch.setenv(protocol.SECRET_ENV, "another")
@@ -114,11 +117,15 @@ def logged(monkeypatch):
     return lines
 
 
-def test_listening_beyond_loopback_without_secret_or_tls_is_logged_with_what_is_open_and_the_fix(logged,
-                                                                                                  monkeypatch):
+def test_listening_beyond_loopback_without_secret_or_tls_is_logged_with_what_is_open_and_the_fix(logged, monkeypatch):
     monkeypatch.delenv(protocol.SECRET_ENV, raising=False)
-    for address in (f"127.0.0.1:{PORT}", f"127.0.0.2:{PORT}", f"localhost:{PORT}", f"[::1]:{PORT}",
-                    "unix:/tmp/worker.sock"):
+    for address in (
+        f"127.0.0.1:{PORT}",
+        f"127.0.0.2:{PORT}",
+        f"localhost:{PORT}",
+        f"[::1]:{PORT}",
+        "unix:/tmp/worker.sock",
+    ):
         assert protocol.exposure_warning(address, "it", "all") is None
     process.warn_if_exposed(f"127.0.0.1:{PORT}")
     startup._warn_if_exposed("127.0.0.1", 7000, 2)
@@ -126,9 +133,11 @@ def test_listening_beyond_loopback_without_secret_or_tls_is_logged_with_what_is_
     process.warn_if_exposed(f"0.0.0.0:{PORT}")
     startup._warn_if_exposed("10.0.0.2", 7000, 2)
     worker, agents = logged
-    assert worker.startswith(f"the distributed worker on 0.0.0.0:{PORT} can be reached beyond this host, and neither "
-                             f"{protocol.SECRET_ENV} nor {CERT}/{KEY}/{CA} is set: any process that reaches it "
-                             "can read the rank table")
+    assert worker.startswith(
+        f"the distributed worker on 0.0.0.0:{PORT} can be reached beyond this host, and neither "
+        f"{protocol.SECRET_ENV} nor {CERT}/{KEY}/{CA} is set: any process that reaches it "
+        "can read the rank table"
+    )
     assert agents.startswith("the rank agents on 10.0.0.2:7000-7001 can be reached beyond this host")
     for text in (worker, agents):
         assert f"Set {protocol.SECRET_ENV} to the same random value on every host" in text
@@ -174,9 +183,11 @@ def test_plaintext_no_certificate_or_another_ca_is_refused(tls_worker, certs, mo
     own = internal_tls.from_env(PREFIX)
     with open(certs[1]["127.0.0.1"][0], "rb") as cert, open(certs[1]["127.0.0.1"][1], "rb") as key:
         foreign = grpc.ssl_channel_credentials(own.ca, key.read(), cert.read())  # trusts the server, wrong CA
-    callers = [grpc.insecure_channel(address),
-               grpc.secure_channel(address, grpc.ssl_channel_credentials(own.ca)),  # no client certificate
-               grpc.secure_channel(address, foreign)]
+    callers = [
+        grpc.insecure_channel(address),
+        grpc.secure_channel(address, grpc.ssl_channel_credentials(own.ca)),  # no client certificate
+        grpc.secure_channel(address, foreign),
+    ]
     for channel in callers:
         with channel, pytest.raises(grpc.RpcError) as refused:
             _exit(channel, "forged")
@@ -193,12 +204,14 @@ def test_half_a_setting_or_an_unreadable_file_is_an_error(certs, tmp_path):
     with pytest.raises(RuntimeError, match=f"{KEY}, {CA} not set"):
         internal_tls.from_env(PREFIX, {CERT: paths["127.0.0.1"][0]})
     with pytest.raises(RuntimeError, match=f"{CA}: cannot read"):
-        internal_tls.from_env(PREFIX, {CERT: paths["127.0.0.1"][0], KEY: paths["127.0.0.1"][1],
-                                       CA: str(tmp_path / "missing.crt")})
+        internal_tls.from_env(
+            PREFIX, {CERT: paths["127.0.0.1"][0], KEY: paths["127.0.0.1"][1], CA: str(tmp_path / "missing.crt")}
+        )
     (tmp_path / "text.crt").write_text("not a certificate")
     with pytest.raises(RuntimeError, match="not a PEM file"):
-        internal_tls.from_env(PREFIX, {CERT: paths["127.0.0.1"][0], KEY: paths["127.0.0.1"][1],
-                                       CA: str(tmp_path / "text.crt")})
+        internal_tls.from_env(
+            PREFIX, {CERT: paths["127.0.0.1"][0], KEY: paths["127.0.0.1"][1], CA: str(tmp_path / "text.crt")}
+        )
 
 
 def test_an_ssl_config_stands_for_the_variables_and_needs_the_group_s_ca(certs):

@@ -1,5 +1,6 @@
 """server.distributed's pure logic: rank table parsing, the rank checks, declare_servable, startup_agents'
 parameter checks and rank selection, and the agents' tensor-info checks, with MindSpore Serving's texts."""
+
 import importlib.util
 import itertools
 import json
@@ -8,16 +9,18 @@ import textwrap
 
 import numpy as np
 import pytest
+from serving_process import free_port
 
-from mindspore_serving.agent.distributed.startup_checks import (check_startup_args, resolve_model_files,
-                                                                select_local_ranks)
+from mindspore_serving.agent.distributed.startup_checks import (
+    check_startup_args,
+    resolve_model_files,
+    select_local_ranks,
+)
 from mindspore_serving.server import distributed
 from mindspore_serving.spec.registry import get_servable_spec, reset_registry
 from mindspore_serving.worker.distributed.agent_group import RankAgent, check_agent_infos
-from mindspore_serving.worker.distributed.rank_table import (RankConfig, check_rank_config, parse_rank_table,
-                                                             stage_ranks)
+from mindspore_serving.worker.distributed.rank_table import RankConfig, check_rank_config, parse_rank_table, stage_ranks
 from mindspore_serving.worker.model_backend import TensorInfo
-from serving_process import free_port
 
 WORKER_ADDRESS = f"127.0.0.1:{free_port()}"  # only checked, never dialled: still a port nothing else holds
 
@@ -29,39 +32,71 @@ def raises(text):
 
 
 def server_list(*servers):
-    return json.dumps({"server_list": [{"server_id": ip, "device": [
-        {"device_id": str(d), "device_ip": "10.0.0.1", "rank_id": str(r)} for d, r in devices]}
-        for ip, devices in servers]})
+    return json.dumps(
+        {
+            "server_list": [
+                {
+                    "server_id": ip,
+                    "device": [{"device_id": str(d), "device_ip": "10.0.0.1", "rank_id": str(r)} for d, r in devices],
+                }
+                for ip, devices in servers
+            ]
+        }
+    )
 
 
 # ---------------------------------------------------------------- rank table
 
+
 def test_server_list_ranks_in_file_order():
     table = server_list(("10.0.0.1", [(0, 0), (1, 1)]), ("10.0.0.2", [(0, 2)]))
-    assert parse_rank_table(table, "t.json") == [RankConfig("10.0.0.1", 0), RankConfig("10.0.0.1", 1),
-                                                 RankConfig("10.0.0.2", 0)]
+    assert parse_rank_table(table, "t.json") == [
+        RankConfig("10.0.0.1", 0),
+        RankConfig("10.0.0.1", 1),
+        RankConfig("10.0.0.2", 0),
+    ]
 
 
 def test_group_list_ranks():
-    table = json.dumps({"group_list": [{"instance_list": [
-        {"server_id": "10.0.0.1", "rank_id": "0", "devices": [{"device_id": "3"}]},
-        {"server_id": "10.0.0.2", "rank_id": "1", "devices": [{"device_id": "0"}]}]}]})
+    table = json.dumps(
+        {
+            "group_list": [
+                {
+                    "instance_list": [
+                        {"server_id": "10.0.0.1", "rank_id": "0", "devices": [{"device_id": "3"}]},
+                        {"server_id": "10.0.0.2", "rank_id": "1", "devices": [{"device_id": "0"}]},
+                    ]
+                }
+            ]
+        }
+    )
     assert parse_rank_table(table, "t.json") == [RankConfig("10.0.0.1", 3), RankConfig("10.0.0.2", 0)]
 
 
-@pytest.mark.parametrize("table, message", [
-    ("[1]", "t.json is not json object"),
-    ("{", "parse error:"),
-    ("{}", "server_list attr is empty int.json"),
-    (json.dumps({"server_list": [{"device": []}]}), "server_id attr is empty int.json"),
-    (json.dumps({"server_list": [{"server_id": "a", "device": []}]}), "device attr is empty int.json"),
-    (json.dumps({"server_list": [{"server_id": "a", "device": [{"rank_id": "0"}]}]}), "device_id attr is empty int.json"),
-    (json.dumps({"server_list": [{"server_id": "a", "device": [{"device_id": "x", "rank_id": "0"}]}]}),
-     "device_idattr is invalid argument int.json"),
-    (json.dumps({"server_list": [{"server_id": "a", "device": [{"device_id": "0"}]}]}), "rank_id attr is empty int.json"),
-    (server_list(("a", [(0, 1)])), "device size not match rank_id int.json"),
-    (json.dumps({"group_list": []}), "group_list attr is empty int.json"),
-])
+@pytest.mark.parametrize(
+    "table, message",
+    [
+        ("[1]", "t.json is not json object"),
+        ("{", "parse error:"),
+        ("{}", "server_list attr is empty int.json"),
+        (json.dumps({"server_list": [{"device": []}]}), "server_id attr is empty int.json"),
+        (json.dumps({"server_list": [{"server_id": "a", "device": []}]}), "device attr is empty int.json"),
+        (
+            json.dumps({"server_list": [{"server_id": "a", "device": [{"rank_id": "0"}]}]}),
+            "device_id attr is empty int.json",
+        ),
+        (
+            json.dumps({"server_list": [{"server_id": "a", "device": [{"device_id": "x", "rank_id": "0"}]}]}),
+            "device_idattr is invalid argument int.json",
+        ),
+        (
+            json.dumps({"server_list": [{"server_id": "a", "device": [{"device_id": "0"}]}]}),
+            "rank_id attr is empty int.json",
+        ),
+        (server_list(("a", [(0, 1)])), "device size not match rank_id int.json"),
+        (json.dumps({"group_list": []}), "group_list attr is empty int.json"),
+    ],
+)
 def test_rank_table_errors(table, message):
     with raises(message):
         parse_rank_table(table, "t.json")
@@ -94,6 +129,7 @@ def test_stage_ranks():
 
 # ---------------------------------------------------------------- declare_servable
 
+
 @pytest.fixture
 def registry():
     reset_registry()
@@ -111,33 +147,46 @@ def load(tmp_path, body, name="svc"):
 
 
 def test_declare_servable_declares_a_model_keyed_by_the_servable(tmp_path, registry):
-    load(tmp_path, """
+    load(
+        tmp_path,
+        """
         model = distributed.declare_servable(rank_size=2, stage_size=1, with_batch_dim=False)
         @register.register_method(output_names="y")
         def predict(x):
             return register.add_stage(model, x, outputs_count=1)
-    """)
+    """,
+    )
     spec = get_servable_spec("svc")
     assert spec.distributed and spec.distributed_spec.rank_size == 2 and spec.distributed_spec.stage_size == 1
     assert spec.models["svc"].with_batch_dim is False and spec.models["svc"].io_counts == {0: (1, 1)}
 
 
-@pytest.mark.parametrize("body, message", [
-    ("distributed.declare_servable(2, 1)\nregister.declare_model('a.mindir', 'MindIR')",
-     "Declare model failed, servable has already been declared as distributed servable"),
-    ("register.declare_model('a.mindir', 'MindIR')\ndistributed.declare_servable(2, 1)",
-     "Declare distributed model failed, servable has already been declared as local servable"),
-    ("distributed.declare_servable(2, 1)\ndistributed.declare_servable(2, 1)",
-     "Declare distributed model failed, servable is repeatedly been declared as distributed servable"),
-    ("distributed.declare_servable(0, 1)", "Parameter 'rank_size' should be >= 1"),
-    ("distributed.declare_servable(2, 1, with_batch_dim=1)", "Parameter 'with_batch_dim' should be bool"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (
+            "distributed.declare_servable(2, 1)\nregister.declare_model('a.mindir', 'MindIR')",
+            "Declare model failed, servable has already been declared as distributed servable",
+        ),
+        (
+            "register.declare_model('a.mindir', 'MindIR')\ndistributed.declare_servable(2, 1)",
+            "Declare distributed model failed, servable has already been declared as local servable",
+        ),
+        (
+            "distributed.declare_servable(2, 1)\ndistributed.declare_servable(2, 1)",
+            "Declare distributed model failed, servable is repeatedly been declared as distributed servable",
+        ),
+        ("distributed.declare_servable(0, 1)", "Parameter 'rank_size' should be >= 1"),
+        ("distributed.declare_servable(2, 1, with_batch_dim=1)", "Parameter 'with_batch_dim' should be bool"),
+    ],
+)
 def test_declare_servable_errors(tmp_path, registry, body, message):
     with raises(message):
         load(tmp_path, body)
 
 
 # ---------------------------------------------------------------- startup_agents
+
 
 def test_startup_args():
     assert check_startup_args(WORKER_ADDRESS, ["a", "b"], None, 7000, None, "AES-GCM") == (("a", "b"), None)
@@ -179,9 +228,11 @@ def test_model_files_per_local_rank(tmp_path):
 
 # ---------------------------------------------------------------- agents' tensor infos
 
+
 def agent(rank, inputs, outputs):
     def infos(shapes):
         return [TensorInfo(shape, np.dtype(np.float32)) for shape in shapes]
+
     return RankAgent(rank, "", infos(inputs), infos(outputs), None, None)
 
 

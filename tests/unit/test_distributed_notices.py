@@ -5,6 +5,7 @@ RegisterAgent hands each rank a notice token, and a rank registers once. AgentEx
 only with a registered rank's notice token; without one, only AgentFailed is heard, while ranks still register and
 naming a host of the rank table. A rank takes Predict and Exit only with the call token it registered with. Each
 refusal is PERMISSION_DENIED with a warning naming the caller, and changes nothing."""
+
 from concurrent import futures
 
 import grpc
@@ -60,8 +61,11 @@ def cluster(monkeypatch, said):
         return f"{host}:{port}"
 
     group = AgentGroup([RankConfig("127.0.0.1", 0), RankConfig("127.0.0.2", 1)], rank_size=2, stage_size=1)
-    worker = serve(service.DistributedWorkerServicer(group, ModelSpec.__new__(ModelSpec), "{}"),
-                   dpb_grpc.add_DistributedWorkerServicer_to_server, "127.0.0.1")
+    worker = serve(
+        service.DistributedWorkerServicer(group, ModelSpec.__new__(ModelSpec), "{}"),
+        dpb_grpc.add_DistributedWorkerServicer_to_server,
+        "127.0.0.1",
+    )
     channel = protocol.channel(worker)
     channels.append(channel)
     stub = dpb_grpc.DistributedWorkerStub(channel)
@@ -69,11 +73,22 @@ def cluster(monkeypatch, said):
     def rank(rank_id, call_token=None):
         graph, exits = _Graph(), []
         call_token = call_token or protocol.new_token()
-        address = serve(rank_agent.RankAgentServicer(graph, rank_id, lambda: exits.append(True), call_token),
-                        dpb_grpc.add_RankAgentServicer_to_server, "127.0.0.2")
-        reply = stub.RegisterAgent(dpb.RegisterAgentRequest(
-            protocol_version=protocol.DISTRIBUTED_PROTOCOL_VERSION, rank_id=rank_id, address=address, inputs=INFOS,
-            outputs=INFOS, call_token=call_token), timeout=10)
+        address = serve(
+            rank_agent.RankAgentServicer(graph, rank_id, lambda: exits.append(True), call_token),
+            dpb_grpc.add_RankAgentServicer_to_server,
+            "127.0.0.2",
+        )
+        reply = stub.RegisterAgent(
+            dpb.RegisterAgentRequest(
+                protocol_version=protocol.DISTRIBUTED_PROTOCOL_VERSION,
+                rank_id=rank_id,
+                address=address,
+                inputs=INFOS,
+                outputs=INFOS,
+                call_token=call_token,
+            ),
+            timeout=10,
+        )
         return address, graph, exits, reply
 
     yield group, stub, rank
@@ -95,8 +110,9 @@ def test_each_rank_gets_its_own_notice_token_and_a_second_registration_is_refuse
     first = rank(0)[3]
     address, _, _, again = rank(0)
     assert again.error.error_code and not again.notice_token
-    assert again.error.error_msg.decode() == (f"rank 0 is already registered, with address {group.agents[0].address}; "
-                                              f"a second registration of it is refused")
+    assert again.error.error_msg.decode() == (
+        f"rank 0 is already registered, with address {group.agents[0].address}; a second registration of it is refused"
+    )
     assert group.agents[0].address != address and group.notice_sender(first.notice_token) == 0
     assert [line for line in said if line.startswith("rank 0 registered again") and address in line]
     second = rank(1)[3]
@@ -109,13 +125,13 @@ def test_exit_notices_need_a_registered_rank_s_token(cluster, said):
     registered = rank(0)[3]
     foreign = protocol.new_token()
     for token in ("", foreign):
-        details = _refused(stub.AgentExit, dpb.AgentNotice(agent_ip="127.0.0.1", reason="forged",
-                                                           notice_token=token))
+        details = _refused(stub.AgentExit, dpb.AgentNotice(agent_ip="127.0.0.1", reason="forged", notice_token=token))
         assert "notice token" in details and foreign not in details
     assert not group.failed.is_set()
     assert len(said) == 2 and all("refused" in line and "from ipv4:127.0.0.1:" in line for line in said)
-    stub.AgentExit(dpb.AgentNotice(agent_ip="127.0.0.1", reason="rank 0 lost", notice_token=registered.notice_token),
-                   timeout=10)
+    stub.AgentExit(
+        dpb.AgentNotice(agent_ip="127.0.0.1", reason="rank 0 lost", notice_token=registered.notice_token), timeout=10
+    )
     assert group.failed.is_set() and group.failure == "agents on 127.0.0.1 exited: rank 0 lost"
 
 

@@ -1,4 +1,5 @@
 """frontends/drain.py on its own: counting requests in flight, refusing, and the cut at the end of the grace."""
+
 import asyncio
 
 import pytest
@@ -59,8 +60,10 @@ def test_the_cut_ends_guarded_waits_with_server_stopping_and_names_them():
 
     cut, outcomes, cancelling = run(scenario())
     assert cut == {"x": 2, "y": 1}
-    assert outcomes == ["Serving Error: the server stopped before this request finished "
-                        "(its grace period of 0.05 s ended)"] * 3
+    assert (
+        outcomes
+        == ["Serving Error: the server stopped before this request finished (its grace period of 0.05 s ended)"] * 3
+    )
     assert cancelling == [0, 0, 0]  # the cut's cancellation is undone: the tasks go on answering
 
 

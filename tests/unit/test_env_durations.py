@@ -1,4 +1,5 @@
 """Durations read from environment variables: the batch wait (milliseconds) and the Predict polling (microseconds)."""
+
 import pytest
 
 from mindspore_serving.common.env_durations import duration_seconds
@@ -8,8 +9,11 @@ from mindspore_serving.worker.servable_runtime import DEFAULT_BATCH_WAIT_MS, bat
 def test_a_duration_is_read_in_its_unit_with_a_default_and_no_negative(monkeypatch):
     monkeypatch.delenv("MS_SERVING_TEST_WAIT", raising=False)
     assert duration_seconds("MS_SERVING_TEST_WAIT", 0.25, "milliseconds") == 0.25
-    for text, unit, seconds in (("3", "milliseconds", 0.003), ("250", "microseconds", 0.00025),
-                                ("-1", "milliseconds", 0.0)):
+    for text, unit, seconds in (
+        ("3", "milliseconds", 0.003),
+        ("250", "microseconds", 0.00025),
+        ("-1", "milliseconds", 0.0),
+    ):
         monkeypatch.setenv("MS_SERVING_TEST_WAIT", text)
         assert duration_seconds("MS_SERVING_TEST_WAIT", 0.25, unit) == seconds
     monkeypatch.setenv("MS_SERVING_TEST_WAIT", "soon")

@@ -7,6 +7,7 @@
 
 `make test` runs servables/export_models.py first; the fixture below also exports whatever is missing.
 """
+
 import glob
 import importlib.util
 import inspect
@@ -41,6 +42,7 @@ def ms():
     export_models = load_module("_test_servables_export_models", os.path.join(SERVABLES, "export_models.py"))
     export_models.main([])  # exports only what is missing
     from mindspore_serving.common.ms_device import select_device
+
     select_device("CPU")
     return mindspore
 
@@ -69,6 +71,7 @@ def rand(rng, *shape):
 def lenet_preprocess(png_bytes):
     """Independent re-statement of the served pre-processing: grayscale, 32x32, (x / 255 - 0.5) / 0.5."""
     from PIL import Image
+
     img = Image.open(io.BytesIO(png_bytes)).convert("L")
     if img.size != (32, 32):
         img = img.resize((32, 32), Image.Resampling.BILINEAR)
@@ -84,6 +87,7 @@ def lenet_images():
 
 # ---------------------------------------------------------------------------------------------------------------------
 # MindIR files against numpy
+
 
 def test_add_mindir(ms):
     rng = np.random.default_rng(1)
@@ -125,12 +129,12 @@ def test_lenet_classifies_the_bundled_digits(ms):
     cell = graph(ms, "lenet", "lenet.mindir")
     logits = []
     for i in range(0, len(x), 2):  # the model's batch size is 2; pad a last odd instance with a copy
-        batch = x[i:i + 2]
+        batch = x[i : i + 2]
         if len(batch) == 1:
             batch = np.concatenate([batch, batch])
         out = run(ms, cell, batch)
         assert out.shape == (2, 10) and out.dtype == np.float32
-        logits.append(out[:len(x[i:i + 2])])
+        logits.append(out[: len(x[i : i + 2])])
     predicted = np.concatenate(logits).argmax(axis=1)
     accuracy = float((predicted == np.array(labels)).mean())
     assert accuracy > 0.8, (accuracy, list(zip(labels, predicted)))
@@ -144,7 +148,9 @@ def test_lenet_artefacts_are_small():
 
 def test_lenet_mindir_matches_numpy_forward(ms):
     exporter = load_module("_test_servables_lenet_export", os.path.join(SERVABLES, "lenet", "export_model.py"))
-    params = {k: v.asnumpy() for k, v in ms.load_checkpoint(os.path.join(SERVABLES, "lenet", "lenet_digits.ckpt")).items()}
+    params = {
+        k: v.asnumpy() for k, v in ms.load_checkpoint(os.path.join(SERVABLES, "lenet", "lenet_digits.ckpt")).items()
+    }
     x = np.random.default_rng(4).uniform(-1, 1, (2, 1, 32, 32)).astype(np.float32)
     y = run(ms, graph(ms, "lenet", "lenet.mindir"), x)
     np.testing.assert_allclose(y, exporter.numpy_lenet(params, x), rtol=1e-3, atol=1e-3)
@@ -160,6 +166,7 @@ def test_export_models_is_quick_when_nothing_is_missing(ms, capsys):
 
 # ---------------------------------------------------------------------------------------------------------------------
 # servable_config.py files, through a stand-in for the register DSL
+
 
 class Placeholder:
     def __init__(self, stage, index):
@@ -186,8 +193,16 @@ class StubRegister(types.ModuleType):
     def enable_warmup(self, generate=True):
         self.warmup_generate = generate
 
-    def declare_model(self, model_file, model_format, with_batch_dim=True, options=None,
-                      without_batch_dim_inputs=None, context=None, config_file=None):
+    def declare_model(
+        self,
+        model_file,
+        model_format,
+        with_batch_dim=True,
+        options=None,
+        without_batch_dim_inputs=None,
+        context=None,
+        config_file=None,
+    ):
         assert model_format.lower() == "mindir"
         files = list(model_file) if isinstance(model_file, (list, tuple)) else [model_file]
         model = StubModel(self.servable, files, with_batch_dim, self.runner)
@@ -206,6 +221,7 @@ class StubRegister(types.ModuleType):
             self.methods[fn.__name__] = dict(inputs=inputs, outputs=names, stages=self._stages, returns=returns)
             self._stages = None
             return fn
+
         return decorate
 
     def add_stage(self, stage, *args, outputs_count, batch_size=None, tag=None):
@@ -265,7 +281,9 @@ def test_add_servable_config(ms, monkeypatch):
     _, register = load_config(ms, "add", monkeypatch)
     assert [(m.files, m.with_batch_dim) for m in register.models] == [(["tensor_add.mindir"], False)]
     assert {n: (m["inputs"], m["outputs"]) for n, m in register.methods.items()} == {
-        "add_common": (["x1", "x2"], ["y"]), "add_cast": (["x1", "x2"], ["y"])}
+        "add_common": (["x1", "x2"], ["y"]),
+        "add_cast": (["x1", "x2"], ["y"]),
+    }
     assert register.warmup_generate
     rng = np.random.default_rng(5)
     x1, x2 = rand(rng, 2, 2), rand(rng, 2, 2)
@@ -280,9 +298,13 @@ def test_add_servable_config(ms, monkeypatch):
 def test_add_sub_servable_config(ms, monkeypatch):
     _, register = load_config(ms, "add_sub", monkeypatch)
     assert [(m.files, m.with_batch_dim) for m in register.models] == [
-        (["tensor_add.mindir"], False), (["tensor_sub.mindir"], False)]
+        (["tensor_add.mindir"], False),
+        (["tensor_sub.mindir"], False),
+    ]
     assert {n: (m["inputs"], m["outputs"]) for n, m in register.methods.items()} == {
-        "add_sub_only_model": (["x1", "x2", "x3"], ["y"]), "add_sub_complex": (["x1", "x2", "x3"], ["y"])}
+        "add_sub_only_model": (["x1", "x2", "x3"], ["y"]),
+        "add_sub_complex": (["x1", "x2", "x3"], ["y"]),
+    }
     rng = np.random.default_rng(6)
     x1, x2, x3 = rand(rng, 2, 2), rand(rng, 2, 2), rand(rng, 2, 2)
     (y,) = call_method(register, "add_sub_only_model", x1, x2, x3)
@@ -294,10 +316,10 @@ def test_add_sub_servable_config(ms, monkeypatch):
 
 def test_matmul_servable_config(ms, monkeypatch):
     _, register = load_config(ms, "matmul", monkeypatch)
-    assert [(m.files, m.with_batch_dim) for m in register.models] == [
-        (["matmul_0.mindir", "matmul_1.mindir"], False)]
+    assert [(m.files, m.with_batch_dim) for m in register.models] == [(["matmul_0.mindir", "matmul_1.mindir"], False)]
     assert {n: (m["inputs"], m["outputs"]) for n, m in register.methods.items()} == {
-        "predict": (["x1", "x2"], ["y1", "y2"])}
+        "predict": (["x1", "x2"], ["y1", "y2"])
+    }
     weights = np.load(os.path.join(SERVABLES, "matmul", "1", "weights.npz"))
     rng = np.random.default_rng(7)
     x1, x2 = rand(rng, 128, 96), rand(rng, 8, 96)
@@ -308,10 +330,13 @@ def test_matmul_servable_config(ms, monkeypatch):
 
 def test_lenet_servable_config(ms, monkeypatch):
     from PIL import Image
+
     config, register = load_config(ms, "lenet", monkeypatch)
     assert [(m.files, m.with_batch_dim) for m in register.models] == [(["lenet.mindir"], True)]
     assert {n: (m["inputs"], m["outputs"]) for n, m in register.methods.items()} == {
-        "classify_top1": (["image"], ["label"]), "classify_top1_batch": (["image"], ["label"])}
+        "classify_top1": (["image"], ["label"]),
+        "classify_top1_batch": (["image"], ["label"]),
+    }
     assert [s["batch_size"] for s in register.methods["classify_top1_batch"]["stages"]][0] == 2
 
     paths, labels = lenet_images()
@@ -334,8 +359,12 @@ def test_lenet_servable_config(ms, monkeypatch):
     # a decompression bomb (a small PNG of 5000x5000 pixels) is refused from its header, before decoding
     bomb = io.BytesIO()
     Image.new("L", (5000, 5000)).save(bomb, format="PNG")
-    with pytest.warns(Image.DecompressionBombWarning), pytest.raises(  # PIL warns up to twice its limit
-            ValueError, match=r"5000x5000 pixels, more than this servable decodes \(16777216 pixels\)"):
+    with (
+        pytest.warns(Image.DecompressionBombWarning),
+        pytest.raises(  # PIL warns up to twice its limit
+            ValueError, match=r"5000x5000 pixels, more than this servable decodes \(16777216 pixels\)"
+        ),
+    ):
         config.preprocess(bomb.getvalue())
     assert config.postprocess_top1(np.eye(10, dtype=np.float32)[7]) == "7"
 

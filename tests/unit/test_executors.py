@@ -1,4 +1,5 @@
 """ModelExecutor: where a model's graph runs (caller's thread for batches of one on CPU, else the batch thread)."""
+
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -26,8 +27,9 @@ class ThreadRecordingGraph:
 
 class FakeModel:
     def __init__(self, batch_size, with_batch_dim, device_target=None, fail_on=None):
-        self.spec = ModelSpec(model_key="fake.mindir", model_files=("fake.mindir",), model_format="MindIR",
-                              with_batch_dim=with_batch_dim)
+        self.spec = ModelSpec(
+            model_key="fake.mindir", model_files=("fake.mindir",), model_format="MindIR", with_batch_dim=with_batch_dim
+        )
         self.subgraphs = [ThreadRecordingGraph(fail_on)]
         self.batch_size = batch_size
         if device_target is not None:

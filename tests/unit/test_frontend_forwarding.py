@@ -1,5 +1,6 @@
 """What a front-end process asks the master (MasterFrontend over a real unix-socket gRPC channel): model control
 runs in the master and its errors come back with their code and text; a metrics scrape is the master's."""
+
 import asyncio
 import threading
 from types import SimpleNamespace

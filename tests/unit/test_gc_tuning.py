@@ -1,4 +1,5 @@
 """gc_tuning.settle: what is alive leaves the collector's sight, young passes come less often, an off switch stays."""
+
 import gc
 
 import pytest

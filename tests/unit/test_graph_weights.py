@@ -1,14 +1,15 @@
 """Weights stored once per export directory: the agent's loader (agent/graph_weights.py) and the staleness of exports
 of an older manifest format (models/llama/manifest.py, the bundled servables' exporter). No graphs are compiled."""
+
 import importlib.util
 import json
 import os
 
 import numpy as np
 import pytest
+from llm_setup import ROOT, bundled_config, write_config
 from safetensors.numpy import save_file
 
-from llm_setup import ROOT, bundled_config, write_config
 from mindspore_serving.models.llama.manifest import MANIFEST_VERSION, outdated_format
 
 ms = pytest.importorskip("mindspore")
@@ -42,8 +43,11 @@ def test_graphs_that_embed_their_weights_take_none(tmp_path):
 
 def test_a_missing_or_incomplete_weights_file_asks_for_an_export(tmp_path):
     directory, manifest, _ = export_dir(tmp_path, names=NAMES + ["lm_head"])
-    with pytest.raises(ValueError, match=r"lacks the weight\(s\) \['lm_head'\] that the graphs take; export the "
-                                         "model again"):
+    with pytest.raises(
+        ValueError,
+        match=r"lacks the weight\(s\) \['lm_head'\] that the graphs take; export the "
+        "model again",
+    ):
         load_graph_weights(directory, manifest)
     (tmp_path / "weights.safetensors").write_bytes(b"\x10\0\0\0\0\0\0\0{not a header}")
     with pytest.raises(ValueError, match="is not a readable safetensors file"):
@@ -73,12 +77,14 @@ def test_an_export_of_an_older_format_is_stale_for_the_bundled_exporter(tmp_path
     graphs.mkdir()
     assert "has no readable manifest.json" in outdated_format(str(graphs))
     (graphs / "manifest.json").write_text(json.dumps({"format_version": 1}))
-    assert outdated_format(str(graphs)) == (f"{graphs} holds manifest format 1, the exporter writes format "
-                                            f"{MANIFEST_VERSION}")
+    assert outdated_format(str(graphs)) == (
+        f"{graphs} holds manifest format 1, the exporter writes format {MANIFEST_VERSION}"
+    )
     data = bundled_config()
     data["model"]["graphs"] = [str(graphs)]
-    spec = importlib.util.spec_from_file_location("_test_llama_tiny_export_model",
-                                                  os.path.join(ROOT, "servables", "llama_tiny", "export_model.py"))
+    spec = importlib.util.spec_from_file_location(
+        "_test_llama_tiny_export_model", os.path.join(ROOT, "servables", "llama_tiny", "export_model.py")
+    )
     exporter = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(exporter)
     assert exporter.stale(write_config(tmp_path, data=data)) == outdated_format(str(graphs))

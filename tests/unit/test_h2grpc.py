@@ -1,15 +1,16 @@
 """The gRPC server of frontends/h2grpc under grpcio's own client: unary and server-streaming calls, statuses and
 metadata both ways, deadlines, messages beyond the windows and the limit, unknown methods, authorization, the
 concurrent-call limit, TLS with client certificates, unix sockets and a graceful stop."""
+
 import asyncio
 import socket
 import threading
 
 import grpc
 import pytest
-
 from certificates import make_certs
 from serving_process import wait_until
+
 from mindspore_serving.frontends import h2grpc
 
 SERVICE = "test.Echo"
@@ -46,10 +47,12 @@ class Served:
     def __init__(self, address="127.0.0.1:0", context=None, **options):
         self.loop = asyncio.new_event_loop()
         self.server = h2grpc.Server(options.pop("max_message_bytes", 4 << 20), **options)
-        handlers = {"Echo": grpc.unary_unary_rpc_method_handler(_echo),
-                    "Count": grpc.unary_stream_rpc_method_handler(_count),
-                    "Broken": grpc.unary_unary_rpc_method_handler(_broken),
-                    "Big": grpc.unary_unary_rpc_method_handler(_big)}
+        handlers = {
+            "Echo": grpc.unary_unary_rpc_method_handler(_echo),
+            "Count": grpc.unary_stream_rpc_method_handler(_count),
+            "Broken": grpc.unary_unary_rpc_method_handler(_broken),
+            "Big": grpc.unary_unary_rpc_method_handler(_big),
+        }
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         port = self.server.add_secure_port(address, context) if context else self.server.add_insecure_port(address)
         self.address = address if address.startswith("unix:") else f"127.0.0.1:{port}"
@@ -73,6 +76,7 @@ def served():
     def serve(*args, **kwargs):
         made.append(Served(*args, **kwargs))
         return made[-1]
+
     yield serve
     for server in made:
         server.close()
@@ -85,8 +89,9 @@ def _call(channel, method, request=b"", **kwargs):
 def test_unary_calls_with_metadata_both_ways(served):
     server = served()
     with grpc.insecure_channel(server.address) as channel:
-        reply, call = channel.unary_unary(f"/{SERVICE}/Echo").with_call(b"hello", timeout=10,
-                                                                         metadata=(("x-any", "v"),))
+        reply, call = channel.unary_unary(f"/{SERVICE}/Echo").with_call(
+            b"hello", timeout=10, metadata=(("x-any", "v"),)
+        )
         assert reply == b"hello"
         assert ("x-trailer", "t") in call.trailing_metadata() and ("x-raw-bin", b"\x00\xff") in call.trailing_metadata()
         assert [_call(channel, "Echo", b"%d" % i) for i in range(50)] == [b"%d" % i for i in range(50)]
@@ -150,8 +155,10 @@ def test_authorization_and_the_concurrent_call_limit(served):
             _call(channel, "Echo")
         assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED and refused.value.details() == "no key"
         key = (("authorization", "Bearer k"),)
-        slow = [channel.unary_unary(f"/{SERVICE}/Echo").future(b"", timeout=10, metadata=key + (("x-sleep", "1"),))
-                for _ in range(2)]
+        slow = [
+            channel.unary_unary(f"/{SERVICE}/Echo").future(b"", timeout=10, metadata=key + (("x-sleep", "1"),))
+            for _ in range(2)
+        ]
         with pytest.raises(grpc.RpcError) as busy:
             _call(channel, "Echo", metadata=key)
         assert busy.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -187,8 +194,9 @@ def test_tls_with_client_certificates(served, tmp_path):
 def test_unix_socket_and_graceful_stop(served, tmp_path):
     server = served(f"unix:{tmp_path}/grpc.sock")
     with grpc.insecure_channel(server.address) as channel:
-        running = channel.unary_unary(f"/{SERVICE}/Echo").future(b"in flight", timeout=10,
-                                                                 metadata=(("x-sleep", "0.5"),))
+        running = channel.unary_unary(f"/{SERVICE}/Echo").future(
+            b"in flight", timeout=10, metadata=(("x-sleep", "0.5"),)
+        )
         wait_until(lambda: server.server.active_calls == 1, 10, "the call running")
         stopping = asyncio.run_coroutine_threadsafe(server.server.stop(5), server.loop)
         assert running.result() == b"in flight"  # finished within the grace
@@ -214,7 +222,9 @@ def _read_until_closed(sock) -> bytes:
 
 def test_a_peer_that_breaks_the_protocol_is_closed_and_others_are_served(served):
     import hpack
+
     from mindspore_serving.frontends.h2grpc import frames
+
     server = served()
     with _raw(server.address) as sock:  # not HTTP/2 at all
         sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -225,8 +235,9 @@ def test_a_peer_that_breaks_the_protocol_is_closed_and_others_are_served(served)
         for _ in range(8):
             sock.sendall(frames.frame(frames.CONTINUATION, 0, 1, b"\x00" * 16000))
         replies = frames.cut(_read_until_closed(sock), 1 << 20)[0]
-        assert (frames.GOAWAY, frames.ENHANCE_YOUR_CALM) in [(kind, frames.u32(payload[4:8]))
-                                                             for kind, _, _, payload in replies if kind == frames.GOAWAY]
+        assert (frames.GOAWAY, frames.ENHANCE_YOUR_CALM) in [
+            (kind, frames.u32(payload[4:8])) for kind, _, _, payload in replies if kind == frames.GOAWAY
+        ]
     with grpc.insecure_channel(server.address) as channel:
         assert _call(channel, "Echo", b"fine") == b"fine"
 
@@ -234,7 +245,9 @@ def test_a_peer_that_breaks_the_protocol_is_closed_and_others_are_served(served)
 def _closing_blocks(sock, count: int):
     """The decoded closing header blocks (END_STREAM) of `count` streams, read from a raw connection."""
     import hpack
+
     from mindspore_serving.frontends.h2grpc import frames
+
     decoder, buffer, closing = hpack.Decoder(), b"", {}
     while len(closing) < count:
         chunk = sock.recv(65536)
@@ -252,11 +265,20 @@ def _closing_blocks(sock, count: int):
 
 def test_a_repeated_header_block_is_decoded_once_until_the_table_changes(served):
     import hpack
+
     from mindspore_serving.frontends.h2grpc import frames
+
     server = served()
     encoder = hpack.Encoder()
-    fields = [(":method", "POST"), (":scheme", "http"), (":path", f"/{SERVICE}/Echo"), (":authority", "x"),
-              ("content-type", "application/grpc"), ("te", "trailers"), ("x-fail", "from the table")]
+    fields = [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", f"/{SERVICE}/Echo"),
+        (":authority", "x"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+        ("x-fail", "from the table"),
+    ]
     first, again = encoder.encode(fields), encoder.encode(fields)
     assert min(again) > 0x80 and len(again) == len(fields)  # one byte per field: what a repeating client sends
     with _raw(server.address) as sock:
@@ -270,15 +292,16 @@ def test_a_repeated_header_block_is_decoded_once_until_the_table_changes(served)
         assert list(connection.blocks) == [again]  # the first block added to the table: never remembered
         assert [closing[stream_id]["grpc-status"] for stream_id in (1, 3, 5)] == ["9"] * 3
         assert {closing[stream_id]["grpc-message"] for stream_id in (1, 3, 5)} == {
-            "asked to fail: from the table %C3%BCn%C3%AFcode %25"}
+            "asked to fail: from the table %C3%BCn%C3%AFcode %25"
+        }
     with _raw(server.address) as sock:  # a block past the header list limit: a compression error
         encoder = hpack.Encoder()
         padded = fields[:-1] + [("x-pad", "p" * 3000)]
         sent = frames.PREFACE + frames.settings([])
         sent += frames.frame(frames.HEADERS, frames.END_HEADERS | frames.END_STREAM, 1, encoder.encode(padded))
         pad_index = bytes((encoder.encode([("x-pad", "p" * 3000)])[0],))
-        sent += frames.frame(frames.HEADERS, frames.END_HEADERS | frames.END_STREAM, 3,
-                             encoder.encode(fields[:-1]) + pad_index * 6)
+        sent += frames.frame(
+            frames.HEADERS, frames.END_HEADERS | frames.END_STREAM, 3, encoder.encode(fields[:-1]) + pad_index * 6
+        )
         sock.sendall(sent)
         assert _closing_blocks(sock, 2)["goaway"] == frames.COMPRESSION_ERROR
-

@@ -2,8 +2,9 @@
 and a fake clock: calls refused at their HEADERS with their bodies dropped (and the window given back), a message
 refused from its length prefix, the bodies a connection holds capped, the read and idle timeouts, and the
 connection limit. No sockets, no sleeps."""
-import hpack
+
 import grpc
+import hpack
 import pytest
 
 from mindspore_serving.frontends import h2grpc
@@ -110,18 +111,26 @@ class Client:
         self.connection.data_received(b"".join(data))
 
     def headers(self, stream_id, method="Echo", key=True, end=False, path=None):
-        fields = [(":method", "POST"), (":scheme", "http"), (":path", path or f"/{SERVICE}/{method}"),
-                  (":authority", "x"), ("content-type", "application/grpc"), ("te", "trailers")]
+        fields = [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", path or f"/{SERVICE}/{method}"),
+            (":authority", "x"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+        ]
         fields += [KEY] if key else []
         return f.frame(f.HEADERS, f.END_HEADERS | (f.END_STREAM if end else 0), stream_id, self.encoder.encode(fields))
 
     def frames(self):
         """The frames the server sent since the last look: (type, flags, stream id, payload or decoded fields)."""
-        got, rest = f.cut(self.transport.sent[self.read:], 1 << 20)
+        got, rest = f.cut(self.transport.sent[self.read :], 1 << 20)
         assert not rest
         self.read = len(self.transport.sent)
-        return [(kind, flags, stream, dict(self.decoder.decode(payload)) if kind == f.HEADERS else payload)
-                for kind, flags, stream, payload in got]
+        return [
+            (kind, flags, stream, dict(self.decoder.decode(payload)) if kind == f.HEADERS else payload)
+            for kind, flags, stream, payload in got
+        ]
 
     def status(self, stream_id):
         """(grpc-status, grpc-message) of the trailers-only answer on a stream, from the frames since the last look."""
@@ -143,7 +152,7 @@ def _data(stream_id, payload, end=False):
 
 
 def _body_frames(stream_id, body, end=False):
-    chunks = [body[i:i + FRAME] for i in range(0, len(body), FRAME)]
+    chunks = [body[i : i + FRAME] for i in range(0, len(body), FRAME)]
     return [_data(stream_id, chunk, end and i == len(chunks) - 1) for i, chunk in enumerate(chunks)]
 
 
@@ -159,14 +168,21 @@ def serve():
     def make(**options):
         options.setdefault("read_timeout", READ_S)
         options.setdefault("idle_timeout", IDLE_S)
-        server = h2grpc.Server(options.pop("max_message_bytes", 1 << 20),
-                               authorize=lambda method, metadata: None if KEY in metadata else "no key", **options)
+        server = h2grpc.Server(
+            options.pop("max_message_bytes", 1 << 20),
+            authorize=lambda method, metadata: None if KEY in metadata else "no key",
+            **options,
+        )
         handler = grpc.unary_unary_rpc_method_handler(lambda request, context: request)
         check = grpc.unary_unary_rpc_method_handler(lambda request, context: request)
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Echo": handler}),
-                                         grpc.method_handlers_generic_handler("grpc.health.v1.Health",
-                                                                              {"Check": check})))
+        server.add_generic_rpc_handlers(
+            (
+                grpc.method_handlers_generic_handler(SERVICE, {"Echo": handler}),
+                grpc.method_handlers_generic_handler("grpc.health.v1.Health", {"Check": check}),
+            )
+        )
         return server, loop
+
     return make
 
 
@@ -176,8 +192,10 @@ def test_a_call_is_refused_at_its_headers_and_its_body_dropped_with_the_window_g
     client.frames()
     client.send(client.headers(1, key=False))
     answer = client.frames()
-    assert [(kind, stream) for kind, _, stream, _ in answer if kind != f.SETTINGS] == [(f.HEADERS, 1),
-                                                                                      (f.RST_STREAM, 1)]
+    assert [(kind, stream) for kind, _, stream, _ in answer if kind != f.SETTINGS] == [
+        (f.HEADERS, 1),
+        (f.RST_STREAM, 1),
+    ]
     assert (answer[-2][3]["grpc-status"], answer[-2][3]["grpc-message"]) == ("16", "no key")
     assert f.u32(answer[-1][3]) == f.NO_ERROR
     # a client that sends its body anyway: dropped, nothing held, its bytes given back to the connection's window
@@ -201,7 +219,8 @@ def test_a_message_over_the_limit_is_refused_from_its_length_prefix(serve, split
     answer = client.frames()
     closing = [fields for kind, flags, _, fields in answer if kind == f.HEADERS and flags & f.END_STREAM]
     assert [(fields["grpc-status"], fields["grpc-message"]) for fields in closing] == [
-        ("8", f"Received message larger than max ({(1 << 20) + 1} vs. {1 << 20})")]
+        ("8", f"Received message larger than max ({(1 << 20) + 1} vs. {1 << 20})")
+    ]
     assert (f.RST_STREAM, 1) in [(kind, stream) for kind, _, stream, _ in answer]
     assert client.connection.buffered == 0
 
@@ -224,8 +243,11 @@ def test_the_bodies_one_connection_holds_are_capped_and_it_stays_usable(serve):
     assert most <= limit + h2.CONNECTION_WINDOW
     held = [stream.id for stream in client.connection.streams.values()]
     assert held == [1, 3] and client.connection.buffered <= limit  # the newest were refused
-    closing = [(stream, fields["grpc-status"]) for kind, flags, stream, fields in answers + client.frames()
-               if kind == f.HEADERS and flags & f.END_STREAM]
+    closing = [
+        (stream, fields["grpc-status"])
+        for kind, flags, stream, fields in answers + client.frames()
+        if kind == f.HEADERS and flags & f.END_STREAM
+    ]
     assert closing == [(stream_id, "8") for stream_id in range(37, 3, -2)]
     client.send(*_body_frames(1, b"m" * ((1 << 20) - (900 << 10)), end=True))  # a held body completes: it runs
     assert list(client.connection.streams) == [1, 3] and client.connection.streams[1].task is not None
@@ -283,8 +305,10 @@ def test_a_connection_beyond_the_limit_answers_health_checks_and_refuses_other_c
     beyond.send(beyond.headers(1, path="/grpc.health.v1.Health/Check"), _data(1, _message(0), end=True))
     assert beyond.connection.streams[1].task is not None  # a full server is live: its health is answered
     beyond.send(beyond.headers(3), _data(3, _message(3), end=True))
-    assert beyond.status(3) == (grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], "the server has reached its limit "
-                                "of 1 open connections (--max_connections)")
+    assert beyond.status(3) == (
+        grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],
+        "the server has reached its limit of 1 open connections (--max_connections)",
+    )
     beyond.connection._reply(beyond.connection.streams[1], b"", h2.ServicerContext((), None, "peer"))
     assert beyond.closed()  # its answers given, it is closed
     first.send(first.headers(1), _data(1, _message(3), end=True))

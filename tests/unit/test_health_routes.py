@@ -1,5 +1,6 @@
 """The probes of both front ends against a readiness given by the test: REST codes and bodies (answered while the
 app drains, never counted as requests in flight) and grpc.health.v1 statuses."""
+
 import asyncio
 import json
 
@@ -17,8 +18,22 @@ ADD = PlannedWorker(key="add/v0/device0", servable_name="add", running=True, sta
 
 
 def state(phase=SERVING, registered=True, not_ready=""):
-    records = [WorkerRecord(key=ADD.key, pid=9, address="unix:x", servable_name="add", version_number=1,
-                            batch_size=1, methods={}, not_ready=not_ready)] if registered else []
+    records = (
+        [
+            WorkerRecord(
+                key=ADD.key,
+                pid=9,
+                address="unix:x",
+                servable_name="add",
+                version_number=1,
+                batch_size=1,
+                methods={},
+                not_ready=not_ready,
+            )
+        ]
+        if registered
+        else []
+    )
     return readiness(phase, [ADD], records)
 
 
@@ -32,9 +47,20 @@ def get(app, path, client=("127.0.0.1", 1), headers=()):
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "method": "GET", "path": path, "raw_path": path.encode(), "query_string": b"",
-             "headers": list(headers), "scheme": "http", "server": ("127.0.0.1", 80), "client": client,
-             "http_version": "1.1", "root_path": "", "asgi": {"version": "3.0"}}
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "headers": list(headers),
+        "scheme": "http",
+        "server": ("127.0.0.1", 80),
+        "client": client,
+        "http_version": "1.1",
+        "root_path": "",
+        "asgi": {"version": "3.0"},
+    }
     asyncio.run(app(scope, receive, send))
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return sent[0]["status"], json.loads(body)
@@ -55,7 +81,9 @@ def test_rest_probes_follow_readiness_and_say_why():
     assert get(app, "/v2/models/add/ready") == (200, {"name": "add", "ready": True})
     assert get(app, "/v2/models/add/versions/1/ready") == (200, {"name": "add", "ready": True})
     assert get(app, "/v2/models/add/versions/2/ready") == (
-        400, {"error": "model add version 2 is not ready: no worker serves it (ready versions: 1)"})
+        400,
+        {"error": "model add version 2 is not ready: no worker serves it (ready versions: 1)"},
+    )
     assert get(app, "/v2/models/nope/ready") == (404, {"error": "model nope is not found"})
 
     current[0] = state(registered=False)  # the worker died and restarts
@@ -64,7 +92,9 @@ def test_rest_probes_follow_readiness_and_say_why():
     assert body["reason"] == f"servable add is restarting ({ADD.key}: died; not registered again yet)"
     assert get(app, "/v2/health/ready") == (400, {"error": body["reason"]})
     assert get(app, "/v2/models/add/ready") == (
-        400, {"error": f"model add is not ready: restarting ({ADD.key}: died; not registered again yet)"})
+        400,
+        {"error": f"model add is not ready: restarting ({ADD.key}: died; not registered again yet)"},
+    )
     assert get(app, "/health") == (200, {"status": "ok"})
 
 
@@ -90,19 +120,29 @@ class _Context:
         raise grpc.RpcError(details)
 
 
-@pytest.mark.parametrize("current, expected", [
-    (state(), {"": "SERVING", "mindspore.serving.proto.MSService": "SERVING", "add": "SERVING"}),
-    (state(not_ready="the agents of add are restarting"),
-     {"": "NOT_SERVING", "mindspore.serving.proto.MSService": "NOT_SERVING", "add": "NOT_SERVING"}),
-    (state(STOPPING), {"": "NOT_SERVING", "mindspore.serving.proto.MSService": "NOT_SERVING", "add": "NOT_SERVING"}),
-])
+@pytest.mark.parametrize(
+    "current, expected",
+    [
+        (state(), {"": "SERVING", "mindspore.serving.proto.MSService": "SERVING", "add": "SERVING"}),
+        (
+            state(not_ready="the agents of add are restarting"),
+            {"": "NOT_SERVING", "mindspore.serving.proto.MSService": "NOT_SERVING", "add": "NOT_SERVING"},
+        ),
+        (
+            state(STOPPING),
+            {"": "NOT_SERVING", "mindspore.serving.proto.MSService": "NOT_SERVING", "add": "NOT_SERVING"},
+        ),
+    ],
+)
 def test_grpc_health_statuses_follow_readiness(current, expected):
     servicer = HealthServicer(lambda: current)
     name = health_pb2.HealthCheckResponse.ServingStatus.Name
 
     async def scenario():
-        checks = {service: name((await servicer.Check(health_pb2.HealthCheckRequest(service=service),
-                                                      _Context())).status) for service in expected}
+        checks = {
+            service: name((await servicer.Check(health_pb2.HealthCheckRequest(service=service), _Context())).status)
+            for service in expected
+        }
         listed = await servicer.List(health_pb2.HealthListRequest(), _Context())
         context = _Context()
         with pytest.raises(grpc.RpcError):

@@ -8,6 +8,7 @@ weights byte or export setting exports again, an interrupted export (no marker) 
 checkpoint, heads that tensor parallelism does not divide and a KV budget too small for one sequence are refused
 before anything is exported. tests/e2e/test_hf_serving.py serves the fixtures for real.
 """
+
 import dataclasses
 import json
 import os
@@ -41,9 +42,15 @@ def exports(monkeypatch):
         m, tp = model_file["model"], int(args["tensor_parallel"])
         for rank in range(tp):
             os.makedirs(os.path.join(args["out"], f"rank_{rank}"))
-            manifest = {"block_size": 16, "cache": {"num_layers": m["num_layers"], "num_kv_heads": m["num_kv_heads"]
-                                                    // tp, "head_dim": m.get("head_dim", 16)},
-                        "spec_tokens": model_file["export"].get("spec_tokens", 0)}
+            manifest = {
+                "block_size": 16,
+                "cache": {
+                    "num_layers": m["num_layers"],
+                    "num_kv_heads": m["num_kv_heads"] // tp,
+                    "head_dim": m.get("head_dim", 16),
+                },
+                "spec_tokens": model_file["export"].get("spec_tokens", 0),
+            }
             with open(os.path.join(args["out"], f"rank_{rank}", "manifest.json"), "w", encoding="utf-8") as f:
                 json.dump(manifest, f)
         runs.append(args)
@@ -70,21 +77,27 @@ def test_names_lengths_and_buckets():
     assert plan.served_max_model_len(base, None) == 2048
     with pytest.raises(HfModelError, match="max_model_len 4096 exceeds the model's max_position_embeddings 1024"):
         plan.served_max_model_len(settings("/m/x", "/c", max_model_len=4096), 1024)
-    assert plan.default_buckets(2048) == {"decode_batch_buckets": (1, 2, 4, 8, 16), "prefill_batch_buckets": (1,),
-                                          "prefill_len_buckets": (16, 32, 64, 128)}
-    assert plan.default_buckets(100)["prefill_len_buckets"] == (16, 32, 64)   # the graphs hold 112 tokens
+    assert plan.default_buckets(2048) == {
+        "decode_batch_buckets": (1, 2, 4, 8, 16),
+        "prefill_batch_buckets": (1,),
+        "prefill_len_buckets": (16, 32, 64, 128),
+    }
+    assert plan.default_buckets(100)["prefill_len_buckets"] == (16, 32, 64)  # the graphs hold 112 tokens
     assert plan.default_buckets(10)["prefill_len_buckets"] == (16,)
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"served_model_name": "a/b"}, "served model name 'a/b' is not valid"),
-    ({"tensor_parallel": 0}, "tensor_parallel must be an int >= 1"),
-    ({"max_model_len": 1}, "max_model_len must be an int >= 2"),
-    ({"kv_cache_memory": "2 parsecs"}, "kv_cache_memory '2 parsecs' is not a size"),
-    ({"buckets": {"decode_batch": [1]}}, r"unknown or repeated field\(s\) \['decode_batch'\]"),
-    ({"buckets": {"prefill_len_buckets": [32, 16]}}, "prefill_len_buckets must be increasing positive ints"),
-    ({"tensor_parallel": 2, "device_ids": (0,)}, r"1 device id\(s\) \[0\] for tensor_parallel=2"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"served_model_name": "a/b"}, "served model name 'a/b' is not valid"),
+        ({"tensor_parallel": 0}, "tensor_parallel must be an int >= 1"),
+        ({"max_model_len": 1}, "max_model_len must be an int >= 2"),
+        ({"kv_cache_memory": "2 parsecs"}, "kv_cache_memory '2 parsecs' is not a size"),
+        ({"buckets": {"decode_batch": [1]}}, r"unknown or repeated field\(s\) \['decode_batch'\]"),
+        ({"buckets": {"prefill_len_buckets": [32, 16]}}, "prefill_len_buckets must be increasing positive ints"),
+        ({"tensor_parallel": 2, "device_ids": (0,)}, r"1 device id\(s\) \[0\] for tensor_parallel=2"),
+    ],
+)
 def test_bad_settings_are_named(values, message):
     with pytest.raises(HfModelError, match=message):
         settings("/m/llama", "/c", **values)
@@ -92,34 +105,52 @@ def test_bad_settings_are_named(values, message):
 
 def test_speculative_config_is_vllms_json_object():
     spec = SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_max=3)
-    assert plan.parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}') \
-        == spec == plan.parse_speculative_config({"num_speculative_tokens": 3, "prompt_lookup_max": 3})
+    assert (
+        plan.parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}')
+        == spec
+        == plan.parse_speculative_config({"num_speculative_tokens": 3, "prompt_lookup_max": 3})
+    )
     assert plan.parse_speculative_config("null") is None and plan.parse_speculative_config(None) is None
     assert plan.speculative_per_model([], 2) == (None, None)
     assert plan.speculative_per_model(['{"num_speculative_tokens": 3, "prompt_lookup_max": 3}'], 2) == (spec, spec)
     assert plan.speculative_per_model(["null", '{"num_speculative_tokens": 3, "prompt_lookup_max": 3}'], 2) == (
-        None, spec)
+        None,
+        spec,
+    )
     with pytest.raises(HfModelError, match=r"speculative_config is given 2 time\(s\) for 3 model\(s\)"):
         plan.speculative_per_model(["null", "null"], 3)
 
 
-@pytest.mark.parametrize("text, message", [
-    ('{"method": "ngram",', r"speculative_config '\{\"method\": \"ngram\",' is not JSON \(Expecting"),
-    ("[4]", r"must be an object of SpeculativeConfig fields \(or null: off\), got \[4\]"),
-    ('{"method": "ngram", "model": "draft"}', r"unknown SpeculativeConfig fields \['model'\]; known: "
-                                             r"\['disable_by_batch_size', 'method'"),
-    ('{"method": "eagle"}', r"SpeculativeConfig.method must be one of \('ngram',\), got 'eagle'"),
-    ('{"num_speculative_tokens": 0}', "SpeculativeConfig.num_speculative_tokens must be >= 1, got 0"),
-    ('{"prompt_lookup_min": 3, "prompt_lookup_max": 2}', "prompt_lookup_max=2 is below prompt_lookup_min=3"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"method": "ngram",', r"speculative_config '\{\"method\": \"ngram\",' is not JSON \(Expecting"),
+        ("[4]", r"must be an object of SpeculativeConfig fields \(or null: off\), got \[4\]"),
+        (
+            '{"method": "ngram", "model": "draft"}',
+            r"unknown SpeculativeConfig fields \['model'\]; known: "
+            r"\['disable_by_batch_size', 'method'",
+        ),
+        ('{"method": "eagle"}', r"SpeculativeConfig.method must be one of \('ngram',\), got 'eagle'"),
+        ('{"num_speculative_tokens": 0}', "SpeculativeConfig.num_speculative_tokens must be >= 1, got 0"),
+        ('{"prompt_lookup_min": 3, "prompt_lookup_max": 2}', "prompt_lookup_max=2 is below prompt_lookup_min=3"),
+    ],
+)
 def test_bad_speculative_configs_are_refused(text, message):
     with pytest.raises(HfModelError, match=message):
         settings("/m/llama", "/c", speculative_config=text)
 
 
 def test_speculation_exports_verify_graphs_under_another_key():
-    cfg = LlamaConfig(vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                      intermediate_size=128, max_seq_len=128)
+    cfg = LlamaConfig(
+        vocab_size=512,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=128,
+        max_seq_len=128,
+    )
     files = {"config.json": "0" * 64}
     plain = plan.export_model_file(settings("/m/llama", "/c"), cfg, 128)
     # the key of this model and settings before verify graphs existed: the caches of models served without
@@ -131,28 +162,46 @@ def test_speculation_exports_verify_graphs_under_another_key():
     assert model_file.export == dataclasses.replace(plain.export, spec_tokens=3)
     assert model_file.export.spec_batches == (1, 2, 4, 8, 16)
     keys = {plan.cache_key(files, plain, 1), plan.cache_key(files, model_file, 1)}
-    keys.add(plan.cache_key(files, plan.export_model_file(settings("/m/llama", "/c", speculative_config={
-        "num_speculative_tokens": 4}), cfg, 128), 1))
+    keys.add(
+        plan.cache_key(
+            files,
+            plan.export_model_file(
+                settings("/m/llama", "/c", speculative_config={"num_speculative_tokens": 4}), cfg, 128
+            ),
+            1,
+        )
+    )
     assert len(keys) == 3
     lookup = settings("/m/llama", "/c", speculative_config={"num_speculative_tokens": 3, "prompt_lookup_max": 2})
     assert plan.cache_key(files, plan.export_model_file(lookup, cfg, 128), 1) == plan.cache_key(files, model_file, 1)
     engine = plan.llm_config(spec, model_file, 128, "tokenizer.json", None)["engine"]
-    assert engine["speculative"] == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
-                                     "prompt_lookup_max": 4, "disable_by_batch_size": 8}
+    assert engine["speculative"] == {
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_min": 1,
+        "prompt_lookup_max": 4,
+        "disable_by_batch_size": 8,
+    }
     unspeculative = plan.llm_config(settings("/m/llama", "/c"), plain, 128, "t.json", None)["engine"]
     assert "speculative" not in unspeculative
     # the step's budget holds a prompt chunk beside a full batch of rows with their proposals
     assert unspeculative["max_num_batched_tokens"] == 128 + 16
     assert engine["max_num_batched_tokens"] == 128 + 16 * (1 + 3)
     with pytest.raises(HfModelError, match="spec_tokens=200: a verified row of spec_tokens \\+ 1 tokens exceeds"):
-        plan.export_model_file(settings("/m/llama", "/c", speculative_config={"num_speculative_tokens": 200}),
-                               cfg, 128)
+        plan.export_model_file(settings("/m/llama", "/c", speculative_config={"num_speculative_tokens": 200}), cfg, 128)
 
 
 def test_a_speculating_model_serves_its_verify_graphs(qwen2, tmp_path, exports):
     lines = []
-    prepared = hf_model.prepare(settings(qwen2, tmp_path / "cache", max_model_len=128, speculative_config=(
-        '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}')), lines.append)
+    prepared = hf_model.prepare(
+        settings(
+            qwen2,
+            tmp_path / "cache",
+            max_model_len=128,
+            speculative_config=('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}'),
+        ),
+        lines.append,
+    )
     assert lines[0] == f"Qwen2_5-tiny: exporting 15 graphs into {prepared.cache_dir} (max_model_len 128)"  # 5 verify
     config = load_serving_config(prepared.config_file)
     assert config.engine.speculative == SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_max=4)
@@ -187,8 +236,11 @@ def test_an_export_is_used_until_its_content_or_settings_change(qwen2, tmp_path,
     assert budget.cache_dir == first.cache_dir and len(exports) == 1
     assert load_serving_config(budget.config_file).engine.num_blocks == (1 << 20) // (2 * 2 * 16 * 2 * 16 * 4)
 
-    changed = [settings(qwen2, cache, max_model_len=256), settings(qwen2, cache, max_model_len=128, buckets={
-        "decode_batch_buckets": [1, 2]}), settings(qwen2, cache, max_model_len=128, tensor_parallel=2)]
+    changed = [
+        settings(qwen2, cache, max_model_len=256),
+        settings(qwen2, cache, max_model_len=128, buckets={"decode_batch_buckets": [1, 2]}),
+        settings(qwen2, cache, max_model_len=128, tensor_parallel=2),
+    ]
     for count, each in enumerate(changed, start=2):
         assert hf_model.prepare(each, lines.append).exported and len(exports) == count
     assert exports[-1]["tensor_parallel"] == "2"
@@ -223,6 +275,7 @@ def _truncate(name):
     def truncate(d):
         path = os.path.join(d, name)
         os.truncate(path, os.path.getsize(path) - 100)
+
     return truncate
 
 
@@ -232,29 +285,57 @@ def _edit_config(file="config.json", **fields):
         data = json.load(open(path, encoding="utf-8"))
         data.update(fields)
         json.dump(data, open(path, "w", encoding="utf-8"))
+
     return edit
 
 
-@pytest.mark.parametrize("change, values, message", [
-    (_drop("config.json"), {}, "the model directory has no config.json"),
-    (_drop("model.safetensors"), {}, r"the model directory has no \*.safetensors weights"),
-    (_drop("tokenizer.json"), {}, "the model directory has no tokenizer.json"),
-    (_edit_config(hidden_size=32), {}, r"tensor model.embed_tokens.weight has shape \[512, 64\], config.json implies "
-                                       r"\[512, 32\]"),
-    (_edit_config(intermediate_size=96), {}, r"tensor model.layers.0.mlp.down_proj.weight has shape \[64, 128\], "
-                                             r"config.json implies \[64, 96\]"),
-    (_truncate("model.safetensors"), {}, r"model.safetensors: tensor .* does not fit its data offsets; the file is "
-                                         r"truncated or corrupt"),
-    (_edit_config(architectures=["GPT2LMHeadModel"]), {}, "architecture 'GPT2LMHeadModel' is not supported"),
-    (_edit_config(hidden_act="gelu"), {}, 'hidden_act="gelu" is not supported'),
-    (_edit_config("generation_config.json", eos_token_id="x"), {}, "generation_config.json: eos_token_id must be"),
-    (lambda d: None, {"tensor_parallel": 4}, r"tensor_parallel=4 does not divide the model's num_key_value_heads=2 "
-                                             r".*valid tensor_parallel values: \[1, 2\]"),
-    (lambda d: None, {"kv_cache_memory": "16KiB"}, r"kv_cache_memory: too little memory for even one sequence: "
-                                                   r"\d+ bytes needed for max_model_len=1024, kv_cache_memory is "
-                                                   r"16384 \(16KiB\)"),
-    (lambda d: None, {"max_model_len": 2048}, "max_model_len 2048 exceeds the model's max_position_embeddings 1024"),
-])
+@pytest.mark.parametrize(
+    "change, values, message",
+    [
+        (_drop("config.json"), {}, "the model directory has no config.json"),
+        (_drop("model.safetensors"), {}, r"the model directory has no \*.safetensors weights"),
+        (_drop("tokenizer.json"), {}, "the model directory has no tokenizer.json"),
+        (
+            _edit_config(hidden_size=32),
+            {},
+            r"tensor model.embed_tokens.weight has shape \[512, 64\], config.json implies "
+            r"\[512, 32\]",
+        ),
+        (
+            _edit_config(intermediate_size=96),
+            {},
+            r"tensor model.layers.0.mlp.down_proj.weight has shape \[64, 128\], "
+            r"config.json implies \[64, 96\]",
+        ),
+        (
+            _truncate("model.safetensors"),
+            {},
+            r"model.safetensors: tensor .* does not fit its data offsets; the file is "
+            r"truncated or corrupt",
+        ),
+        (_edit_config(architectures=["GPT2LMHeadModel"]), {}, "architecture 'GPT2LMHeadModel' is not supported"),
+        (_edit_config(hidden_act="gelu"), {}, 'hidden_act="gelu" is not supported'),
+        (_edit_config("generation_config.json", eos_token_id="x"), {}, "generation_config.json: eos_token_id must be"),
+        (
+            lambda d: None,
+            {"tensor_parallel": 4},
+            r"tensor_parallel=4 does not divide the model's num_key_value_heads=2 "
+            r".*valid tensor_parallel values: \[1, 2\]",
+        ),
+        (
+            lambda d: None,
+            {"kv_cache_memory": "16KiB"},
+            r"kv_cache_memory: too little memory for even one sequence: "
+            r"\d+ bytes needed for max_model_len=1024, kv_cache_memory is "
+            r"16384 \(16KiB\)",
+        ),
+        (
+            lambda d: None,
+            {"max_model_len": 2048},
+            "max_model_len 2048 exceeds the model's max_position_embeddings 1024",
+        ),
+    ],
+)
 def test_refusals_come_before_any_export(qwen2, tmp_path, exports, change, values, message):
     change(qwen2)
     with pytest.raises(HfModelError, match=message):
@@ -284,23 +365,40 @@ def _declare(tmp_path, source, name="chat"):
 
 
 def test_declare_llm_records_a_model_directory(tmp_path, registry):
-    spec = _declare(tmp_path, "register.declare_llm(model_dir='models/qwen', tensor_parallel=2, max_model_len=512, "
-                              "kv_cache_memory='1GiB', buckets={'decode_batch_buckets': [1, 4]}, "
-                              "speculative_config={'num_speculative_tokens': 2})\n")
-    assert spec.extension == LlmDeclaration(None, HfModelSettings(
-        model_dir=str(tmp_path / "chat" / "models" / "qwen"), served_model_name="chat",
-        model_cache=os.path.abspath("model_cache"), tensor_parallel=2, max_model_len=512, kv_cache_memory="1GiB",
-        buckets=(("decode_batch_buckets", (1, 4)),), speculative=SpeculativeConfig(num_speculative_tokens=2)))
+    spec = _declare(
+        tmp_path,
+        "register.declare_llm(model_dir='models/qwen', tensor_parallel=2, max_model_len=512, "
+        "kv_cache_memory='1GiB', buckets={'decode_batch_buckets': [1, 4]}, "
+        "speculative_config={'num_speculative_tokens': 2})\n",
+    )
+    assert spec.extension == LlmDeclaration(
+        None,
+        HfModelSettings(
+            model_dir=str(tmp_path / "chat" / "models" / "qwen"),
+            served_model_name="chat",
+            model_cache=os.path.abspath("model_cache"),
+            tensor_parallel=2,
+            max_model_len=512,
+            kv_cache_memory="1GiB",
+            buckets=(("decode_batch_buckets", (1, 4)),),
+            speculative=SpeculativeConfig(num_speculative_tokens=2),
+        ),
+    )
     assert list(spec.methods) == ["generate"]
 
 
-@pytest.mark.parametrize("source, message", [
-    ("register.declare_llm()\n", "give either config_file"),
-    ("register.declare_llm(config_file='a.yaml', model_dir='m')\n", "give either config_file"),
-    ("register.declare_llm(model_dir='m', tensor_parallel=0)\n", "servable chat: tensor_parallel must be an int"),
-    ("register.declare_llm(model_dir='m', speculative_config={'k': 2})\n",
-     r"servable chat: speculative_config: unknown SpeculativeConfig fields \['k'\]"),
-])
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ("register.declare_llm()\n", "give either config_file"),
+        ("register.declare_llm(config_file='a.yaml', model_dir='m')\n", "give either config_file"),
+        ("register.declare_llm(model_dir='m', tensor_parallel=0)\n", "servable chat: tensor_parallel must be an int"),
+        (
+            "register.declare_llm(model_dir='m', speculative_config={'k': 2})\n",
+            r"servable chat: speculative_config: unknown SpeculativeConfig fields \['k'\]",
+        ),
+    ],
+)
 def test_declare_llm_refusals(tmp_path, registry, source, message):
     with pytest.raises(RuntimeError, match=f"Declare LLM failed, {message}"):
         _declare(tmp_path, source)

@@ -11,6 +11,7 @@ shape, and the row-parallel partial sums (o_proj, down_proj) are added here as t
 logits must again be transformers'. Then the refusals: unknown architecture, unsupported RoPE scaling, too short a
 sliding window, a missing or misshapen tensor, and tensor parallelism not dividing the heads.
 """
+
 import dataclasses
 import json
 import os
@@ -23,14 +24,15 @@ ms = pytest.importorskip("mindspore")
 from mindspore import Tensor, ops  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
-from mindspore_serving.models.llama.config import LlamaConfig  # noqa: E402
 from mindspore_serving.llm.generation_defaults import GenerationDefaults  # noqa: E402
+from mindspore_serving.models.llama.config import (
+    LlamaConfig,
+    check_tensor_parallel,
+)
 from mindspore_serving.models.llama.hf.config import UnsupportedModelError, read_hf_config, read_json  # noqa: E402
 from mindspore_serving.models.llama.hf.loader import build_hf_model  # noqa: E402
 from mindspore_serving.models.llama.hf.weights import bfloat16_to_float32, load_hf_weights  # noqa: E402
-from mindspore_serving.models.llama.config import check_tensor_parallel  # noqa: E402
-from mindspore_serving.models.llama.model import (LlamaModel, linear, rms_norm, rotary_cos_sin,  # noqa: E402
-                                                  shard_weights)
+from mindspore_serving.models.llama.model import LlamaModel, linear, rms_norm, rotary_cos_sin, shard_weights  # noqa: E402
 
 # NOTE: MindSpore's first PyNative op in a process initialises its NumPy C API, which fails once here (an extension
 # built for NumPy 1.x); a pyboost op (*, //) then raises SystemError, while a Tensor slice absorbs it.
@@ -62,13 +64,13 @@ def greedy(step, prompts, steps):
     for s in range(steps):
         ids = np.zeros((len(rows), width), np.int32)
         for i, row in enumerate(rows):
-            ids[i, :len(row)] = row
+            ids[i, : len(row)] = row
         logits = step(Tensor(ids)).asnumpy()
         last = logits[np.arange(len(rows)), [len(r) - 1 for r in rows]]
         first = last if s == 0 else first
         for row, row_logits in zip(rows, last):
             row.append(int(row_logits.argmax()))
-    return first, [row[len(p):] for row, p in zip(rows, prompts)]
+    return first, [row[len(p) :] for row, p in zip(rows, prompts)]
 
 
 def test_fixtures_are_present():
@@ -79,7 +81,7 @@ def test_fixtures_are_present():
 def test_logits_and_greedy_tokens_equal_transformers(name):
     exp, want = expected(name)
     model = build_hf_model(os.path.join(FIXTURES, name))
-    assert model.cfg.max_seq_len == 1024          # max_position_embeddings
+    assert model.cfg.max_seq_len == 1024  # max_position_embeddings
     prompts = [p["input_ids"] for p in exp["prompts"]]
     first, tokens = greedy(ms.jit(model.forward_full, jit_level="O0"), prompts, GREEDY_STEPS)
     for i, p in enumerate(exp["prompts"]):
@@ -90,8 +92,13 @@ def test_logits_and_greedy_tokens_equal_transformers(name):
 def test_configs_map_each_family():
     cfgs = {name: read_hf_config(os.path.join(FIXTURES, name)) for name in NAMES}
     llama3, extras = cfgs["llama3"]
-    assert llama3.rope_scaling == {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    assert llama3.rope_scaling == {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
     assert llama3.tie_word_embeddings and llama3.rope_theta == 500000.0 and llama3.head_dim == 16
     assert extras["eos_token_ids"] == [508, 511] and extras["torch_dtype"] == "bfloat16"
     generation = GenerationDefaults.from_config(read_json(os.path.join(FIXTURES, "llama3"), "generation_config.json"))
@@ -102,13 +109,13 @@ def test_configs_map_each_family():
     assert cfgs["mistral"][0].sliding_window == 4096
     assert cfgs["qwen2"][0].qkv_bias and not cfgs["qwen2"][0].qk_norm
     assert cfgs["qwen3"][0].qk_norm and cfgs["qwen3"][0].head_dim == 32 and not cfgs["qwen3"][0].qkv_bias
-    for cfg, _ in cfgs.values():                                  # the config round-trips through its dict
+    for cfg, _ in cfgs.values():  # the config round-trips through its dict
         assert LlamaConfig.from_dict(cfg.to_dict()) == cfg
 
 
 def test_bfloat16_widens_exactly():
     bits = np.array([0x3F80, 0xC000, 0x7F80, 0x0001, 0x3E4D], np.uint16)
-    assert bfloat16_to_float32(bits).tolist() == [1.0, -2.0, np.inf, np.float32(2.0 ** -133), 0.2001953125]
+    assert bfloat16_to_float32(bits).tolist() == [1.0, -2.0, np.inf, np.float32(2.0**-133), 0.2001953125]
 
 
 def slots(table, positions, block_size):
@@ -124,20 +131,35 @@ def test_paged_and_mixed_steps_equal_transformers(name):
     model = build_hf_model(os.path.join(FIXTURES, name))
     cfg, block, maxb = model.cfg, 8, 8
     first, second = exp["prompts"][0]["input_ids"], exp["prompts"][1]["input_ids"]
-    caches = [Tensor(np.zeros((1 + 2 * maxb, block, cfg.num_kv_heads, cfg.head_dim), np.float32))
-              for _ in range(2 * cfg.num_layers)]
+    caches = [
+        Tensor(np.zeros((1 + 2 * maxb, block, cfg.num_kv_heads, cfg.head_dim), np.float32))
+        for _ in range(2 * cfg.num_layers)
+    ]
     tables = [list(range(1, 1 + maxb)), list(range(1 + maxb, 1 + 2 * maxb))]
     n = len(first) - 1
 
     def i32(value):
         return Tensor(np.array(value, np.int32))
 
-    model(i32([first[:n]]), i32([list(range(n))]), i32(tables[:1]), i32(slots(tables[0], range(n), block)),
-          i32([n]), *caches)
+    model(
+        i32([first[:n]]),
+        i32([list(range(n))]),
+        i32(tables[:1]),
+        i32(slots(tables[0], range(n), block)),
+        i32([n]),
+        *caches,
+    )
     logits = model.construct_mixed(
-        i32([[first[n]]]), i32([[n]]), i32(tables[:1]), i32([second]), i32([list(range(len(second)))]),
-        i32(tables[1:]), i32(slots(tables[0], [n], block) + slots(tables[1], range(len(second)), block)),
-        i32([len(second)]), *caches).asnumpy()
+        i32([[first[n]]]),
+        i32([[n]]),
+        i32(tables[:1]),
+        i32([second]),
+        i32([list(range(len(second)))]),
+        i32(tables[1:]),
+        i32(slots(tables[0], [n], block) + slots(tables[1], range(len(second)), block)),
+        i32([len(second)]),
+        *caches,
+    ).asnumpy()
     assert_logits_close(logits[0], want[0])
     assert_logits_close(logits[1], want[1])
 
@@ -146,18 +168,22 @@ def forward_tp2(cfg, whole, input_ids):
     """forward_full over the two tensor-parallel shards of `whole`, the AllReduce of the row-parallel o_proj and
     down_proj outputs done here as a sum of the ranks' partial products."""
     tp = 2
-    shard_cfg = dataclasses.replace(cfg, num_heads=cfg.num_heads // tp, num_kv_heads=cfg.num_kv_heads // tp,
-                                    intermediate_size=cfg.intermediate_size // tp)
+    shard_cfg = dataclasses.replace(
+        cfg,
+        num_heads=cfg.num_heads // tp,
+        num_kv_heads=cfg.num_kv_heads // tp,
+        intermediate_size=cfg.intermediate_size // tp,
+    )
     ranks = []
     for rank in range(tp):
-        model = LlamaModel(shard_cfg)           # one rank's shapes, without the AllReduce (no cluster here)
+        model = LlamaModel(shard_cfg)  # one rank's shapes, without the AllReduce (no cluster here)
         params = dict(model.parameters_and_names())
         for name, value in shard_weights(cfg, whole, tp, rank).items():
             params[name].set_data(Tensor(value))
         ranks.append(model)
     model = ranks[0]
     b, t = input_ids.shape
-    keys = model.position_table[:t]             # as forward_full builds them (see its note on ops.arange)
+    keys = model.position_table[:t]  # as forward_full builds them (see its note on ops.arange)
     cos, sin = rotary_cos_sin(ops.expand_dims(keys, 0), model.inv_freq)
     mask = model.mask_bias(ops.expand_dims(ops.expand_dims(keys, 0) <= ops.expand_dims(keys, 1), 0))
     x = ops.gather(model.embed_tokens, Tensor(input_ids), 0)
@@ -166,8 +192,11 @@ def forward_tp2(cfg, whole, input_ids):
         x = x + sum(linear(lay.attend(*lay.qkv(lay.weights(), x, cos, sin), mask), lay.o_proj) for lay in layers)
         partial = []
         for lay in layers:
-            gate, up = ops.split(linear(rms_norm(x, lay.post_attn_norm, cfg.rms_norm_eps), lay.gate_up_proj),
-                                 cfg.intermediate_size // tp, -1)
+            gate, up = ops.split(
+                linear(rms_norm(x, lay.post_attn_norm, cfg.rms_norm_eps), lay.gate_up_proj),
+                cfg.intermediate_size // tp,
+                -1,
+            )
             partial.append(linear(ops.silu(gate) * up, lay.down_proj))
         x = x + sum(partial)
     return model.logits(model.weights(), x.reshape(b * t, -1)).asnumpy().reshape(b, t, -1)
@@ -215,16 +244,19 @@ def test_unknown_architecture_is_refused(qwen2_dir):
     assert "'GPTNeoXForCausalLM' is not supported" in msg and "Qwen2ForCausalLM" in msg
 
 
-@pytest.mark.parametrize("changes, named", [
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, 'rope_scaling.rope_type="yarn"'),
-    ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, 'rope_scaling.rope_type="dynamic"'),
-    ({"hidden_act": "gelu"}, 'hidden_act="gelu"'),
-    ({"mlp_bias": True}, "mlp_bias=true"),
-    ({"attention_bias": True}, "attention_bias=true"),
-    ({"partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5"),
-    ({"quantization_config": {"quant_method": "awq"}}, "quantization_config="),
-    ({"layer_types": ["full_attention", "chunked_attention"]}, "layer_types="),
-])
+@pytest.mark.parametrize(
+    "changes, named",
+    [
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, 'rope_scaling.rope_type="yarn"'),
+        ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, 'rope_scaling.rope_type="dynamic"'),
+        ({"hidden_act": "gelu"}, 'hidden_act="gelu"'),
+        ({"mlp_bias": True}, "mlp_bias=true"),
+        ({"attention_bias": True}, "attention_bias=true"),
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5"),
+        ({"quantization_config": {"quant_method": "awq"}}, "quantization_config="),
+        ({"layer_types": ["full_attention", "chunked_attention"]}, "layer_types="),
+    ],
+)
 def test_fields_that_change_the_math_are_refused(qwen2_dir, changes, named):
     edit_config(qwen2_dir, **changes)
     assert named in refusal(qwen2_dir)
@@ -235,7 +267,7 @@ def test_a_sliding_window_shorter_than_the_served_length_is_refused(qwen2_dir, t
     msg = refusal(qwen2_dir)
     assert "sliding_window=64 (enabled by use_sliding_window)" in msg and "max length 1024" in msg
     assert build_hf_model(str(qwen2_dir), max_seq_len=64).cfg.sliding_window == 64
-    edit_config(qwen2_dir, max_window_layers=2)               # layers from max_window_layers on slide: none
+    edit_config(qwen2_dir, max_window_layers=2)  # layers from max_window_layers on slide: none
     assert build_hf_model(str(qwen2_dir)).cfg.sliding_window is None
     edit_config(qwen2_dir, layer_types=["full_attention", "sliding_attention"])
     assert "sliding_window=64 (used by the sliding_attention layers of layer_types)" in refusal(qwen2_dir)
@@ -265,8 +297,9 @@ def test_an_unexpected_tensor_is_refused(qwen2_dir):
 
 def test_a_misshapen_tensor_is_refused(qwen2_dir):
     edit_config(qwen2_dir, intermediate_size=96)
-    assert "tensor model.layers.0.mlp.down_proj.weight has shape [64, 128], config.json implies [64, 96]" in \
-        refusal(qwen2_dir)
+    assert "tensor model.layers.0.mlp.down_proj.weight has shape [64, 128], config.json implies [64, 96]" in refusal(
+        qwen2_dir
+    )
 
 
 def test_a_missing_shard_is_refused(tmp_path):
@@ -279,8 +312,11 @@ def test_a_missing_shard_is_refused(tmp_path):
 def test_tensor_parallelism_must_divide_the_heads():
     cfg, _ = read_hf_config(os.path.join(FIXTURES, "qwen3"))
     check_tensor_parallel(cfg, 2)
-    with pytest.raises(ValueError, match=r"tensor_parallel=4 does not divide the model's num_kv_heads=2 .*"
-                                         r"valid tensor_parallel values: \[1, 2\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"tensor_parallel=4 does not divide the model's num_kv_heads=2 .*"
+        r"valid tensor_parallel values: \[1, 2\]",
+    ):
         check_tensor_parallel(cfg, 4)
     with pytest.raises(ValueError, match="tensor_parallel=3 does not divide the model's num_heads=4"):
         build_hf_model(os.path.join(FIXTURES, "qwen3"), tp=3)

@@ -1,4 +1,5 @@
 """KServe v2 <-> MindSpore Serving instances (frontends/kserve_codec.py): names, checks, encodings."""
+
 import json
 import struct
 from types import SimpleNamespace
@@ -9,21 +10,34 @@ import pytest
 from mindspore_serving.common import errors
 from mindspore_serving.frontends import kserve_codec as codec
 from mindspore_serving.proto import grpc_predict_v2_pb2 as v2
-from mindspore_serving.proto import internal_pb2, ms_service_pb2 as ms
+from mindspore_serving.proto import internal_pb2
+from mindspore_serving.proto import ms_service_pb2 as ms
 
 
 def signature(name, inputs, outputs, batched=False):
     """inputs/outputs: [(name, dtype code or None, shape)]."""
+
     def tensors(items):
-        return [internal_pb2.TensorSignature(name=n, dtype=d, shape=s, known=True) if d is not None
-                else internal_pb2.TensorSignature(name=n) for n, d, s in items]
-    return internal_pb2.MethodSignature(name=name, input_names=[i[0] for i in inputs],
-                                        output_names=[o[0] for o in outputs], inputs=tensors(inputs),
-                                        outputs=tensors(outputs), batched=batched)
+        return [
+            internal_pb2.TensorSignature(name=n, dtype=d, shape=s, known=True)
+            if d is not None
+            else internal_pb2.TensorSignature(name=n)
+            for n, d, s in items
+        ]
+
+    return internal_pb2.MethodSignature(
+        name=name,
+        input_names=[i[0] for i in inputs],
+        output_names=[o[0] for o in outputs],
+        inputs=tensors(inputs),
+        outputs=tensors(outputs),
+        batched=batched,
+    )
 
 
-ADD = signature("add_common", [("x1", ms.MS_FLOAT32, [2, 2]), ("x2", ms.MS_FLOAT32, [2, 2])],
-                [("y", ms.MS_FLOAT32, [2, 2])])
+ADD = signature(
+    "add_common", [("x1", ms.MS_FLOAT32, [2, 2]), ("x2", ms.MS_FLOAT32, [2, 2])], [("y", ms.MS_FLOAT32, [2, 2])]
+)
 LENET = signature("classify", [("image", None, [])], [("label", None, [])], batched=True)
 ROWS = signature("rows", [("x", ms.MS_INT32, [3])], [("y", ms.MS_INT32, [3])], batched=True)
 
@@ -33,8 +47,9 @@ def worker(servable, version, *signatures):
 
 
 def test_names_are_the_servable_alone_when_it_has_one_method():
-    models = codec.catalog([worker("add", 1, ADD, signature("add_cast", [], [])), worker("lenet", 1, LENET),
-                            worker("lenet", 2, LENET)])
+    models = codec.catalog(
+        [worker("add", 1, ADD, signature("add_cast", [], [])), worker("lenet", 1, LENET), worker("lenet", 2, LENET)]
+    )
     assert sorted(models) == ["add.add_cast", "add.add_common", "lenet"]
     assert models["lenet"].versions == [1, 2] and models["lenet"].version == "2"
     model, number = codec.resolve([worker("lenet", 1, LENET)], "lenet.classify", "1")
@@ -84,10 +99,16 @@ def test_batched_request_splits_rows_into_instances_and_stacks_outputs():
     assert labels[0].datatype == "BYTES" and list(labels[0].data) == ["7", "2"]
 
 
-@pytest.mark.parametrize("tensor, text", [
-    (codec.V2Tensor("x1", "FP64", np.zeros((2, 2))), "input 'x1' has datatype FP64, but the model expects FP32"),
-    (codec.V2Tensor("x1", "FP32", np.zeros((2, 3), np.float32)), "input 'x1' has shape [2, 3], but the model expects [2, 2]"),
-])
+@pytest.mark.parametrize(
+    "tensor, text",
+    [
+        (codec.V2Tensor("x1", "FP64", np.zeros((2, 2))), "input 'x1' has datatype FP64, but the model expects FP32"),
+        (
+            codec.V2Tensor("x1", "FP32", np.zeros((2, 3), np.float32)),
+            "input 'x1' has shape [2, 3], but the model expects [2, 2]",
+        ),
+    ],
+)
 def test_datatype_and_shape_must_match_the_model(tensor, text):
     model = codec.V2Model("add", "add", "add_common", [1], ADD)
     other = codec.V2Tensor("x2", "FP32", np.zeros((2, 2), np.float32))
@@ -113,10 +134,16 @@ def test_missing_unknown_and_size_errors_name_the_input():
 def test_rest_binary_data_round_trip():
     model = codec.V2Model("add", "add", "add_common", [1], ADD)
     x = np.arange(4, dtype=np.float32).reshape(2, 2)
-    header = json.dumps({"id": "r1", "inputs": [
-        {"name": "x1", "datatype": "FP32", "shape": [2, 2], "parameters": {"binary_data_size": 16}},
-        {"name": "x2", "datatype": "FP32", "shape": [2, 2], "data": [[0, 1], [2, 3]]}],
-        "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}).encode()
+    header = json.dumps(
+        {
+            "id": "r1",
+            "inputs": [
+                {"name": "x1", "datatype": "FP32", "shape": [2, 2], "parameters": {"binary_data_size": 16}},
+                {"name": "x2", "datatype": "FP32", "shape": [2, 2], "data": [[0, 1], [2, 3]]},
+            ],
+            "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
     tensors, outputs, request = codec.parse_rest_request("add", header + x.tobytes(), len(header))
     assert np.array_equal(tensors[0].data, x) and np.array_equal(tensors[1].data, x)
     assert outputs == [("y", True)]

@@ -3,13 +3,14 @@
 If one of these starts failing after a MindSpore upgrade, the LLM graphs' in-place cache update (model.py,
 `DecoderLayer.forward_paged`) and agent/graph_runner.py must be revisited.
 """
+
 import os
 
 import numpy as np
 import pytest
 
 ms = pytest.importorskip("mindspore")
-from mindspore import nn, ops, Tensor  # noqa: E402
+from mindspore import Tensor, nn, ops  # noqa: E402
 
 NB, BS, H, D = 4, 8, 2, 4
 

@@ -1,12 +1,13 @@
 """engine.kv_cache_memory and engine.kv_cache_memory_fraction end to end without MindSpore: the configuration
 turns a budget into engine.num_blocks with a (fake) rank manifest, the agents' starter measures a fraction once and
 hands every agent its blocks, and the worker's engine takes the blocks its agents hold."""
+
 import json
 import os
 
 import pytest
-
 from llm_setup import bundled_config, write_config
+
 from mindspore_serving.llm.kv_budget import FRACTION, MEMORY, NUM_BLOCKS, KvCacheCapacity
 from mindspore_serving.spec.llm_config import ConfigError, load_serving_config
 from mindspore_serving.worker.llm import agents as agents_module
@@ -14,8 +15,11 @@ from mindspore_serving.worker.llm import kv_cache
 from mindspore_serving.worker.llm.runtime import LlmRuntime
 
 BLOCK = 4 * 2 * 16 * 2 * 32 * 4  # the tiny model's rank: 4 layers, K and V, 16 tokens, 2 heads of 32, float32
-MANIFEST = {"block_size": 16, "max_seq_len": 256, "cache": {"num_layers": 4, "num_kv_heads": 2, "head_dim": 32,
-                                                            "dtype": "float32"}}
+MANIFEST = {
+    "block_size": 16,
+    "max_seq_len": 256,
+    "cache": {"num_layers": 4, "num_kv_heads": 2, "head_dim": 32, "dtype": "float32"},
+}
 WEIGHTS = 1 << 20
 
 
@@ -45,17 +49,22 @@ def test_kv_cache_memory_gives_the_blocks(tmp_path, graphs):
 
 
 def test_too_little_kv_cache_memory_is_refused_at_load(tmp_path, graphs):
-    with pytest.raises(ConfigError, match=r"^'engine.kv_cache_memory': too little memory for even one sequence: "
-                                          r"557056 bytes needed for max_model_len=256, kv_cache_memory is 556032 "
-                                          r"\(543KiB\)$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^'engine.kv_cache_memory': too little memory for even one sequence: "
+        r"557056 bytes needed for max_model_len=256, kv_cache_memory is 556032 "
+        r"\(543KiB\)$",
+    ):
         load_serving_config(config_with(tmp_path, graphs, kv_cache_memory="543KiB"))
     with pytest.raises(ConfigError, match="engine.kv_cache_memory 'lots' is not a size"):
         load_serving_config(config_with(tmp_path, graphs, kv_cache_memory="lots"))
 
 
 def test_only_one_way_of_sizing(tmp_path, graphs):
-    with pytest.raises(ConfigError, match="give only one of engine.num_blocks, engine.kv_cache_memory and "
-                                          "engine.kv_cache_memory_fraction"):
+    with pytest.raises(
+        ConfigError,
+        match="give only one of engine.num_blocks, engine.kv_cache_memory and engine.kv_cache_memory_fraction",
+    ):
         load_serving_config(config_with(tmp_path, graphs, num_blocks=64, kv_cache_memory_fraction=0.5))
     config = load_serving_config(config_with(tmp_path, graphs))  # none given: num_blocks' default, as before
     assert config.kv_cache.kind == NUM_BLOCKS and config.engine.num_blocks == 1024
@@ -73,9 +82,12 @@ def test_fraction_is_measured_once_for_the_ranks_started(tmp_path, graphs):
     assert WEIGHTS < weights < WEIGHTS + 1024  # the weights file and the manifest
     available = 64 << 20
     assert kv_cache.measured_num_blocks(config, [0], available) == (available // 2 - weights) // BLOCK
-    with pytest.raises(RuntimeError, match=r"engine.kv_cache_memory_fraction: too little memory for even one "
-                                           r"sequence: 557056 bytes needed for max_model_len=256, kv_cache_memory "
-                                           r"is -\d+ \(0.5 of 2 MiB available, less 1.0 MiB of weights"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"engine.kv_cache_memory_fraction: too little memory for even one "
+        r"sequence: 557056 bytes needed for max_model_len=256, kv_cache_memory "
+        r"is -\d+ \(0.5 of 2 MiB available, less 1.0 MiB of weights",
+    ):
         kv_cache.measured_num_blocks(config, [0], 2 << 20)
     memory = load_serving_config(config_with(tmp_path, graphs, kv_cache_memory="16MiB"))
     assert kv_cache.measured_num_blocks(memory, [0]) is None  # every process computes it alike
@@ -83,8 +95,9 @@ def test_fraction_is_measured_once_for_the_ranks_started(tmp_path, graphs):
 
 def test_fraction_is_refused_off_cpu(tmp_path, graphs):
     config = load_serving_config(config_with(tmp_path, graphs, device_type="GPU", kv_cache_memory_fraction=0.9))
-    with pytest.raises(RuntimeError, match="measured on CPU hosts only; the agents run on GPU.*give "
-                                           "engine.kv_cache_memory"):
+    with pytest.raises(
+        RuntimeError, match="measured on CPU hosts only; the agents run on GPU.*give engine.kv_cache_memory"
+    ):
         kv_cache.measured_num_blocks(config, [0], 1 << 30)
 
 

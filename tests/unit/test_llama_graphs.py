@@ -7,6 +7,7 @@ on non-contiguous blocks, a mixed-length batch with padding, chunked and prefix-
 prompts longer than the largest length bucket, batches larger than the largest bucket, that padding only ever
 writes into the scratch block 0, and the score graphs' logits of every position.
 """
+
 import json
 import os
 
@@ -26,11 +27,27 @@ from mindspore_serving.models.llama.model import build_model  # noqa: E402
 ATOL = 1e-4
 VOCAB, BLOCK, MAX_LEN, NUM_BLOCKS = 96, 8, 64, 24
 CFG = ModelFile(
-    LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64,
-                max_seq_len=MAX_LEN, initializer_range=0.1, tie_word_embeddings=False),
-    ExportConfig(block_size=BLOCK, prefill_batch_buckets=(1, 2), prefill_len_buckets=(8, 16),
-                 decode_batch_buckets=(1, 4), mixed_decode_buckets=(2,), mixed_len_buckets=(8, 16),
-                 mixed_prefill_rows=(1, 2)))
+    LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=64,
+        max_seq_len=MAX_LEN,
+        initializer_range=0.1,
+        tie_word_embeddings=False,
+    ),
+    ExportConfig(
+        block_size=BLOCK,
+        prefill_batch_buckets=(1, 2),
+        prefill_len_buckets=(8, 16),
+        decode_batch_buckets=(1, 4),
+        mixed_decode_buckets=(2,),
+        mixed_len_buckets=(8, 16),
+        mixed_prefill_rows=(1, 2),
+    ),
+)
 
 
 @pytest.fixture(scope="module")
@@ -63,10 +80,22 @@ def assert_close(got, want):
 def test_manifest_lists_every_bucket(exported):
     _, _, manifest = exported
     files = sorted(g["file"] for g in manifest["graphs"])
-    assert files == sorted(["prefill_b1_l8.mindir", "prefill_b1_l16.mindir", "prefill_b2_l8.mindir",
-                            "prefill_b2_l16.mindir", "decode_b1.mindir", "decode_b4.mindir",
-                            "mixed_b2_l8.mindir", "mixed_b2_l16.mindir", "mixed_b2_r2_l8.mindir",
-                            "mixed_b2_r2_l16.mindir", "score_b1_l8.mindir", "score_b1_l16.mindir"])
+    assert files == sorted(
+        [
+            "prefill_b1_l8.mindir",
+            "prefill_b1_l16.mindir",
+            "prefill_b2_l8.mindir",
+            "prefill_b2_l16.mindir",
+            "decode_b1.mindir",
+            "decode_b4.mindir",
+            "mixed_b2_l8.mindir",
+            "mixed_b2_l16.mindir",
+            "mixed_b2_r2_l8.mindir",
+            "mixed_b2_r2_l16.mindir",
+            "score_b1_l8.mindir",
+            "score_b1_l16.mindir",
+        ]
+    )
     assert manifest["max_blocks_per_seq"] == MAX_LEN // BLOCK
     assert manifest["inputs"][:5] == ["input_ids", "positions", "block_tables", "slot_mapping", "query_lens"]
     assert manifest["inputs"][5:] == ["key_cache_0", "value_cache_0", "key_cache_1", "value_cache_1"]
@@ -86,7 +115,7 @@ def test_the_weights_are_stored_once_and_no_graph_holds_them(exported, runner):
     for graph in manifest["graphs"]:
         with open(os.path.join(out, graph["file"]), "rb") as f:
             assert row not in f.read(), graph["file"]
-    assert runner.state[len(runner.kv_caches):] == tuple(runner.weights)
+    assert runner.state[len(runner.kv_caches) :] == tuple(runner.weights)
     assert len(runner.weights) == len(model.weight_names())
 
 
@@ -96,12 +125,18 @@ def test_exports_that_embed_their_weights_still_run(exported, runner, tmp_path):
     _, model, manifest = exported
     specs = [GraphSpec("prefill", 1, 8), GraphSpec("decode", 1, 1)]
     for spec in specs:
-        ms.export(model, *example_inputs(CFG, spec), file_name=str(tmp_path / spec.file[:-len(".mindir")]),
-                  file_format="MINDIR")
+        ms.export(
+            model,
+            *example_inputs(CFG, spec),
+            file_name=str(tmp_path / spec.file[: -len(".mindir")]),
+            file_format="MINDIR",
+        )
     assert model.embed_tokens.asnumpy()[5].tobytes() in (tmp_path / "decode_b1.mindir").read_bytes()
     old = {k: v for k, v in manifest.items() if k != "weights"}
-    old.update(format_version=1, graphs=[{"file": s.file, "phase": s.phase, "batch": s.batch, "length": s.length,
-                                          "rows": 1} for s in specs])
+    old.update(
+        format_version=1,
+        graphs=[{"file": s.file, "phase": s.phase, "batch": s.batch, "length": s.length, "rows": 1} for s in specs],
+    )
     (tmp_path / "manifest.json").write_text(json.dumps(old))
     embedded = GraphRunner(str(tmp_path), num_blocks=NUM_BLOCKS, warmup=False)
     assert embedded.weights == [] and embedded.state == tuple(embedded.kv_caches)
@@ -116,11 +151,11 @@ def test_prefill_then_decode_on_non_contiguous_blocks(exported, runner):
     model = exported[1]
     runner.reset_kv_caches()
     tokens = tokens_of(0, 11)
-    table = [7, 3, 19]                      # out of order, not adjacent; room for 24 tokens
+    table = [7, 3, 19]  # out of order, not adjacent; room for 24 tokens
     logits = runner.run([SeqStep(tokens, 0, table)])
     assert logits.shape == (1, VOCAB) and logits.dtype == np.float32
     assert_close(logits[0], reference(model, tokens))
-    for _ in range(6):                      # crosses from block 3 into block 19
+    for _ in range(6):  # crosses from block 3 into block 19
         nxt = int(np.argmax(logits[0]))
         logits = runner.run([SeqStep([nxt], len(tokens), table)])
         tokens.append(nxt)
@@ -165,9 +200,15 @@ def test_mixed_steps_compute_decode_rows_and_prompts_in_one_call(exported, runne
     b.append(6)
     c, d, f = tokens_of(22, 12), tokens_of(23, 5), tokens_of(26, 3)
     before = (runner.calls, runner.mixed_calls)
-    logits = runner.run([SeqStep([a[-1]], len(a) - 1, tables["a"]), SeqStep(c, 0, tables["c"]),
-                         SeqStep([b[-1]], len(b) - 1, tables["b"]), SeqStep(d, 0, tables["d"]),
-                         SeqStep(f, 0, tables["f"])])
+    logits = runner.run(
+        [
+            SeqStep([a[-1]], len(a) - 1, tables["a"]),
+            SeqStep(c, 0, tables["c"]),
+            SeqStep([b[-1]], len(b) - 1, tables["b"]),
+            SeqStep(d, 0, tables["d"]),
+            SeqStep(f, 0, tables["f"]),
+        ]
+    )
     # one mixed call (a, b, c, d: the two longest prompts) and one prefill call (f)
     assert (runner.calls - before[0], runner.mixed_calls - before[1]) == (2, 1)
     for row, tokens in enumerate([a, c, b, d, f]):
@@ -192,8 +233,8 @@ def test_chunked_and_prefix_cached_prefill(exported, runner):
     model = exported[1]
     prompt = tokens_of(4, 21)
     table = [11, 3, 8]
-    runner.run([SeqStep(prompt[:13], 0, table)])              # first chunk
-    logits = runner.run([SeqStep(prompt[13:], 13, table)])    # second chunk reads the first from the cache
+    runner.run([SeqStep(prompt[:13], 0, table)])  # first chunk
+    logits = runner.run([SeqStep(prompt[13:], 13, table)])  # second chunk reads the first from the cache
     assert_close(logits[0], reference(model, prompt))
     # a second sequence sharing the first full block (prefix cache): only its tail is computed
     other = prompt[:BLOCK] + tokens_of(5, 6)
@@ -249,11 +290,13 @@ def test_runner_keeps_a_block_count_fixed_at_export(exported, tmp_path):
 
 def test_config_validation_names_the_field():
     with pytest.raises(ValueError, match="num_heads"):
-        LlamaConfig(vocab_size=8, hidden_size=30, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=8,
-                    max_seq_len=16)
+        LlamaConfig(
+            vocab_size=8, hidden_size=30, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=8, max_seq_len=16
+        )
     with pytest.raises(ValueError, match="num_kv_heads"):
-        LlamaConfig(vocab_size=8, hidden_size=24, num_layers=1, num_heads=6, num_kv_heads=4, intermediate_size=8,
-                    max_seq_len=16)
+        LlamaConfig(
+            vocab_size=8, hidden_size=24, num_layers=1, num_heads=6, num_kv_heads=4, intermediate_size=8, max_seq_len=16
+        )
     with pytest.raises(ValueError, match="unknown field"):
         LlamaConfig.from_dict({"vocab_size": 8, "hidden": 16})
     with pytest.raises(ValueError, match="block_size"):
@@ -265,6 +308,7 @@ def test_greedy_rounds_equal_single_steps(exported, runner):
     through run(), across a block boundary and for a batch that pads its bucket."""
     from mindspore_serving.llm.model_io import run_greedy_steps
     from mindspore_serving.llm.sampler import greedy_with_logprobs
+
     prompts = {0: (tokens_of(30, 6), [3, 9]), 1: (tokens_of(31, 7), [4, 10]), 2: (tokens_of(32, 2), [5, 11])}
     results = []
     for loop in (runner.run_greedy, lambda seqs, steps: run_greedy_steps(runner, seqs, steps)):

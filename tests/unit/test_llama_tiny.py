@@ -1,4 +1,5 @@
 """The bundled tiny model (tokenizer, config, checkpoint), the tokenizer wrapper, and the export CLI."""
+
 import json
 import os
 
@@ -26,7 +27,7 @@ def test_bundled_tokenizer_and_config_agree():
     assert (tok.pad_id, tok.bos_id, tok.eos_id) == (0, 1, 2)
     assert (cfg.model.pad_token_id, cfg.model.bos_token_id, cfg.model.eos_token_id) == (0, 1, 2)
     text = "And the LORD said unto Moses, Go in unto Pharaoh."
-    ids = tok.encode(text)                          # the post-processor prepends <s>, as in training
+    ids = tok.encode(text)  # the post-processor prepends <s>, as in training
     assert ids[0] == tok.bos_id and len(ids) < len(text) // 2
     assert tok.encode(text, add_bos=True) == ids
     assert tok.encode(text, add_special_tokens=False) == ids[1:]
@@ -53,8 +54,12 @@ def _tiny_tokenizer(tmp_path, specials):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=specials, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=specials,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(["hello world, hello tokenizer"] * 20, trainer)
     path = tmp_path / "tokenizer.json"
     tok.save(str(path))
@@ -68,8 +73,9 @@ def test_any_tokenizer_json_is_accepted(tmp_path):
     assert tok.encode("hello", add_bos=True) == tok.encode("hello")
     assert tok.decode(tok.encode("hello world")) == "hello world"
     # a tokenizer_config.json beside it names the specials; explicit ids win over everything
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "<|pad|>"},
-                                                                "bos_token": "<|endoftext|>"}))
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": {"content": "<|pad|>"}, "bos_token": "<|endoftext|>"})
+    )
     tok = TextTokenizer.from_file(str(tmp_path))
     assert (tok.bos_id, tok.eos_id) == (0, 1)
     assert TextTokenizer.from_file(str(path), eos_id=5).eos_id == 5
@@ -85,14 +91,17 @@ def test_export_cli_writes_graphs_and_manifest(tmp_path):
         "model: {vocab_size: 32, hidden_size: 16, num_layers: 1, num_heads: 2, num_kv_heads: 1,\n"
         "        intermediate_size: 32, max_seq_len: 32}\n"
         "export: {block_size: 8, prefill_batch_buckets: [1], prefill_len_buckets: [8], decode_batch_buckets: [2],\n"
-        "         score_len_buckets: []}\n")  # no score graph
+        "         score_len_buckets: []}\n"
+    )  # no score graph
     out = tmp_path / "graphs"
     export.main(["--config", str(tmp_path / "model.yaml"), "--out", str(out), "--jobs", "1"])
     manifest = json.loads((out / "manifest.json").read_text())
     assert [g["file"] for g in manifest["graphs"]] == ["prefill_b1_l8.mindir", "decode_b2.mindir"]
     assert manifest["cache"]["shape"] == [-1, 8, 1, 8] and manifest["max_blocks_per_seq"] == 4
     assert all((out / g["file"]).is_file() for g in manifest["graphs"])
-    (tmp_path / "bad.yaml").write_text("model: {vocab_size: 32, hidden_size: 16, num_layers: 1, num_heads: 3,\n"
-                                       "        num_kv_heads: 1, intermediate_size: 32, max_seq_len: 32}\n")
+    (tmp_path / "bad.yaml").write_text(
+        "model: {vocab_size: 32, hidden_size: 16, num_layers: 1, num_heads: 3,\n"
+        "        num_kv_heads: 1, intermediate_size: 32, max_seq_len: 32}\n"
+    )
     with pytest.raises(ValueError, match="hidden_size=16 is not a multiple of num_heads=3"):
         export.main(["--config", str(tmp_path / "bad.yaml"), "--out", str(out)])

@@ -1,4 +1,5 @@
 """BlockManager: allocation, ref counts, prefix caching (chained hashes, LRU eviction)."""
+
 import pytest
 
 from mindspore_serving.llm.block_manager import BlockManager, hash_block
@@ -28,10 +29,10 @@ def test_allocate_append_free_counts():
     assert SCRATCH_BLOCK not in req.block_table
     assert bm.num_free_blocks == 5 and bm.usage == pytest.approx(3 / 8)
     req.num_computed_tokens = 10
-    assert bm.append_slots(req, 2)          # positions 10, 11 still fit in block 3
+    assert bm.append_slots(req, 2)  # positions 10, 11 still fit in block 3
     assert len(req.block_table) == 3
     req.num_computed_tokens = 12
-    assert bm.append_slots(req, 1)          # position 12 opens a 4th block
+    assert bm.append_slots(req, 1)  # position 12 opens a 4th block
     assert len(req.block_table) == 4 and bm.num_free_blocks == 4
     bm.free(req)
     assert req.block_table == [] and bm.num_free_blocks == 8
@@ -80,7 +81,7 @@ def test_prefix_blocks_are_shared_with_ref_counts():
     a = make_request("a", list(range(10)))
     assert bm.allocate(a, 10)
     computed(bm, a, 10)
-    assert bm.num_cached_blocks == 2                    # two full blocks; the partial third is not cached
+    assert bm.num_cached_blocks == 2  # two full blocks; the partial third is not cached
 
     b = make_request("b", list(range(8)) + [50, 51, 52])
     blocks, num_tokens = bm.get_computed_blocks(b)
@@ -88,7 +89,7 @@ def test_prefix_blocks_are_shared_with_ref_counts():
     free_before = bm.num_free_blocks
     assert bm.allocate(b, 3, blocks)
     assert b.block_table[:2] == a.block_table[:2] and b.block_table[2] not in a.block_table
-    assert bm.num_free_blocks == free_before - 1          # only the new block came from the pool
+    assert bm.num_free_blocks == free_before - 1  # only the new block came from the pool
     assert [bm.ref_count(x) for x in a.block_table] == [2, 2, 1]
     assert bm.prefix_cache_queries == 10 + 11 and bm.prefix_cache_hits == 8
 
@@ -103,7 +104,7 @@ def test_no_hit_when_an_earlier_block_differs():
     a = make_request("a", [1, 2, 3, 4, 5, 6, 7, 8, 9])
     bm.allocate(a, 9)
     computed(bm, a, 9)
-    c = make_request("c", [0, 2, 3, 4, 5, 6, 7, 8, 9])     # same second block, other first block
+    c = make_request("c", [0, 2, 3, 4, 5, 6, 7, 8, 9])  # same second block, other first block
     assert bm.get_computed_blocks(c) == ([], 0)
 
 
@@ -112,7 +113,7 @@ def test_the_last_token_is_always_computed():
     a = make_request("a", list(range(12)))
     bm.allocate(a, 12)
     computed(bm, a, 12)
-    same = make_request("same", list(range(8)))         # its whole prompt is cached, in two blocks
+    same = make_request("same", list(range(8)))  # its whole prompt is cached, in two blocks
     blocks, num_tokens = bm.get_computed_blocks(same)
     assert len(blocks) == 1 and num_tokens == 4
 
@@ -121,7 +122,7 @@ def test_blocks_are_cached_only_once_computed():
     bm = BlockManager(num_blocks=16, block_size=BS, enable_prefix_caching=True)
     a = make_request("a", list(range(9)))
     bm.allocate(a, 9)
-    bm.cache_full_blocks(a)                              # nothing computed yet
+    bm.cache_full_blocks(a)  # nothing computed yet
     assert bm.num_cached_blocks == 0
     computed(bm, a, 5)
     assert bm.num_cached_blocks == 1
@@ -152,34 +153,34 @@ def test_freed_cached_blocks_stay_hittable_and_count_as_free():
     assert blocks == cached and num_tokens == 8
     # 16 tokens need 4 blocks: the 2 cached ones are taken out of the free queue, so 2 more must be fresh.
     assert bm.can_allocate(b, 8, blocks)
-    assert not bm.can_allocate(b, 13, blocks)           # 21 tokens = 6 blocks > 4
+    assert not bm.can_allocate(b, 13, blocks)  # 21 tokens = 6 blocks > 4
     assert bm.allocate(b, 8, blocks)
     assert bm.num_free_blocks == 0 and b.block_table[:2] == cached
 
 
 def test_uncached_free_blocks_are_reused_before_cached_ones():
     bm = BlockManager(num_blocks=5, block_size=BS, enable_prefix_caching=True)
-    a = make_request("a", list(range(10)))              # 2 full blocks + 1 partial
+    a = make_request("a", list(range(10)))  # 2 full blocks + 1 partial
     bm.allocate(a, 10)
     computed(bm, a, 10)
     partial = a.block_table[2]
     bm.free(a)
     other = make_request("other", [60, 61])
     bm.allocate(other, 2)
-    assert other.block_table == [partial]              # uncached blocks first; cached ones kept for hits
+    assert other.block_table == [partial]  # uncached blocks first; cached ones kept for hits
     assert bm.num_cached_blocks == 2
 
 
 def test_lru_eviction_drops_the_tail_of_a_prefix_first():
     bm = BlockManager(num_blocks=4, block_size=BS, enable_prefix_caching=True)
-    a = make_request("a", list(range(12)) + [40])          # 3 full blocks, all cached once computed
+    a = make_request("a", list(range(12)) + [40])  # 3 full blocks, all cached once computed
     bm.allocate(a, 12)
     computed(bm, a, 12)
     head, middle, tail = a.block_table
     bm.free(a)
     taker = make_request("taker", [70, 71, 72])
     bm.allocate(taker, 3)
-    assert taker.block_table == [tail]                     # the deepest block is evicted first
+    assert taker.block_table == [tail]  # the deepest block is evicted first
     blocks, num_tokens = bm.get_computed_blocks(make_request("again", list(range(12)) + [41]))
     assert blocks == [head, middle] and num_tokens == 8
 
@@ -189,7 +190,7 @@ def test_same_block_computed_twice_keeps_one_cached_copy():
     a = make_request("a", list(range(6)))
     b = make_request("b", list(range(6)))
     bm.allocate(a, 6)
-    bm.allocate(b, 6)                                      # admitted in the same step: no hit yet
+    bm.allocate(b, 6)  # admitted in the same step: no hit yet
     computed(bm, a, 6)
     computed(bm, b, 6)
     assert bm.num_cached_blocks == 1

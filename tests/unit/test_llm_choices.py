@@ -5,6 +5,7 @@ The oracle: the fake runner derives logits from the KV cache it reads back, so a
 request alone with the choice's seed (seed + choice) only when its blocks are right; greedy choices equal the
 greedy tokens of the request alone.
 """
+
 import pytest
 
 from mindspore_serving.agent.testing import AheadRunner
@@ -25,8 +26,9 @@ PROMPT = [3, 4, 5, 6, 7, 8, 9, 10, 11, 12]  # two full blocks and a tail of 2
 
 
 def make_runner(num_blocks=128, ahead=False):
-    return (AheadRunner if ahead else FakeModelRunner)(num_blocks=num_blocks, block_size=BS, max_seq_len=MAX_LEN,
-                                                       vocab_size=VOCAB)
+    return (AheadRunner if ahead else FakeModelRunner)(
+        num_blocks=num_blocks, block_size=BS, max_seq_len=MAX_LEN, vocab_size=VOCAB
+    )
 
 
 def make_engine(num_blocks=128, **overrides):
@@ -47,8 +49,9 @@ def alone(params, prompt=PROMPT):
 
 def prompt_tokens_computed(engine, prompt_len):
     """KV positions below the prompt's end that the runner computed, every row of every step."""
-    return sum(max(0, min(seq.context_len, prompt_len) - seq.start_pos)
-               for call in engine.core.runner.calls for seq in call)
+    return sum(
+        max(0, min(seq.context_len, prompt_len) - seq.start_pos) for call in engine.core.runner.calls for seq in call
+    )
 
 
 def check_all_blocks_free(engine):
@@ -96,16 +99,23 @@ def test_greedy_choices_are_identical_and_equal_the_request_alone():
     assert len({out.cumulative_logprob for out in outputs}) == 1
 
 
-@pytest.mark.parametrize("config", [dict(num_scheduler_steps=4),
-                                    dict(enable_chunked_prefill=False, max_num_batched_tokens=MAX_LEN),
-                                    dict(max_num_batched_tokens=8), dict(batching="static"),
-                                    dict(async_scheduling=True, num_scheduler_steps=3)],
-                         ids=["multi-step", "no-chunking", "chunked-prompt", "static", "async"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(num_scheduler_steps=4),
+        dict(enable_chunked_prefill=False, max_num_batched_tokens=MAX_LEN),
+        dict(max_num_batched_tokens=8),
+        dict(batching="static"),
+        dict(async_scheduling=True, num_scheduler_steps=3),
+    ],
+    ids=["multi-step", "no-chunking", "chunked-prompt", "static", "async"],
+)
 def test_choices_under_other_schedules(config):
     want = reference_greedy(make_runner, PROMPT, 8, EOS)
     engine = make_engine(**config)
-    outputs = engine.generate([PROMPT, PROMPT[:3]], [SamplingParams(max_new_tokens=8, temperature=0, n=2),
-                                                     sampled(n=3, seed=9)])
+    outputs = engine.generate(
+        [PROMPT, PROMPT[:3]], [SamplingParams(max_new_tokens=8, temperature=0, n=2), sampled(n=3, seed=9)]
+    )
     assert [out.token_ids for out in outputs[:2]] == [want] * 2
     assert [out.token_ids for out in outputs[2:]] == [alone(sampled(n=1, seed=9 + i), PROMPT[:3]) for i in range(3)]
     check_all_blocks_free(engine)
@@ -136,8 +146,10 @@ def test_each_choice_gets_its_own_top_logprobs_and_only_the_first_output_the_sco
 def test_without_new_tokens_every_choice_ends_with_reason_length(prompt_logprobs):
     engine = make_engine()
     outputs = engine.generate([PROMPT], SamplingParams(max_new_tokens=0, n=2, prompt_logprobs=prompt_logprobs))
-    assert [(out.index, out.finish_reason, out.token_ids) for out in outputs] == [(0, FinishReason.LENGTH, []),
-                                                                                   (1, FinishReason.LENGTH, [])]
+    assert [(out.index, out.finish_reason, out.token_ids) for out in outputs] == [
+        (0, FinishReason.LENGTH, []),
+        (1, FinishReason.LENGTH, []),
+    ]
     assert (outputs[0].prompt_logprobs is not None) == (prompt_logprobs is not None)
     check_all_blocks_free(engine)
 
@@ -179,7 +191,8 @@ def test_aborting_a_request_before_it_forked_ends_every_choice():
     engine.abort("r")
     outputs = engine.step()
     assert [(out.index, out.finished, out.finish_reason) for out in outputs] == [
-        (i, True, FinishReason.ABORT) for i in range(3)]
+        (i, True, FinishReason.ABORT) for i in range(3)
+    ]
     check_all_blocks_free(engine)
 
 
@@ -204,12 +217,16 @@ def test_a_choice_ending_early_leaves_the_others_running():
     check_all_blocks_free(engine)
 
 
-@pytest.mark.parametrize("config", [dict(), dict(enable_prefix_caching=True), dict(batching="static")],
-                         ids=["no-prefix-cache", "prefix-cache", "static"])
+@pytest.mark.parametrize(
+    "config",
+    [dict(), dict(enable_prefix_caching=True), dict(batching="static")],
+    ids=["no-prefix-cache", "prefix-cache", "static"],
+)
 def test_preempted_choices_recompute_their_own_tokens(config):
     engine = make_engine(num_blocks=26, **config)
-    ids = [engine.add_request(None, sampled(n=4, seed=20 * k, max_new=24), prompt_token_ids=PROMPT[k:])
-           for k in range(2)]
+    ids = [
+        engine.add_request(None, sampled(n=4, seed=20 * k, max_new=24), prompt_token_ids=PROMPT[k:]) for k in range(2)
+    ]
     finals, preempted = {}, set()
     while engine.has_unfinished():
         for out in engine.step():
@@ -253,8 +270,11 @@ def test_choice_ids_never_clash_with_a_request_s_own():
         for out in engine.step():
             if out.finished:
                 finals[(out.request_id, out.index)] = out.token_ids
-    assert finals == {("r#1", 0): alone(sampled(n=1, seed=1)), ("r", 0): alone(sampled(n=1, seed=5)),
-                      ("r", 1): alone(sampled(n=1, seed=6))}
+    assert finals == {
+        ("r#1", 0): alone(sampled(n=1, seed=1)),
+        ("r", 0): alone(sampled(n=1, seed=5)),
+        ("r", 1): alone(sampled(n=1, seed=6)),
+    }
     engine.add_request(None, sampled(n=2), "x", prompt_token_ids=PROMPT)
     engine.step()
     with pytest.raises(InvalidRequestError, match="already in use"):
@@ -283,16 +303,19 @@ def test_an_aborted_stream_ends_once_each_choice_did():
         stream = loop.submit(PROMPT, sampled(n=2, max_new=80))
         stream.abort()
         list(stream)
-        assert sorted((out.index, out.finish_reason) for out in stream.finals) == [(0, FinishReason.ABORT),
-                                                                                    (1, FinishReason.ABORT)]
+        assert sorted((out.index, out.finish_reason) for out in stream.finals) == [
+            (0, FinishReason.ABORT),
+            (1, FinishReason.ABORT),
+        ]
     finally:
         loop.close()
 
 
 # --- the scheduler ----------------------------------------------------------------------------
 def test_the_scheduler_forks_a_request_at_its_first_sampled_token():
-    sched = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16, max_model_len=32, block_size=4,
-                                      num_blocks=32))
+    sched = Scheduler(
+        SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16, max_model_len=32, block_size=4, num_blocks=32)
+    )
     request = Request("r", list(range(100, 106)), SamplingParams(max_new_tokens=2, temperature=0, n=3), 0.0)
     sched.add_request(request)
     plan = sched.schedule()
@@ -311,8 +334,9 @@ def test_the_scheduler_forks_a_request_at_its_first_sampled_token():
 
 
 def test_a_fork_without_its_children_s_tokens_is_refused():
-    sched = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16, max_model_len=32, block_size=4,
-                                      num_blocks=32))
+    sched = Scheduler(
+        SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16, max_model_len=32, block_size=4, num_blocks=32)
+    )
     request = Request("r", [5, 6], SamplingParams(temperature=0, n=2), 0.0)
     sched.add_request(request)
     plan = sched.schedule()

@@ -1,4 +1,5 @@
 """Incremental detokenization: never half a UTF-8 character, stop strings across token boundaries."""
+
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -13,8 +14,12 @@ def tokenizer():
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  special_tokens=["<eos>"], show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<eos>"],
+        show_progress=False,
+    )
     tok.train_from_iterator(["hello world, the quick brown fox jumps over the lazy dog. the end. " * 20], trainer)
     return tok
 
@@ -23,7 +28,7 @@ def stream(detok, ids, chunk=1):
     """Feeds ids `chunk` at a time; returns the deltas and the stop string (if any)."""
     deltas, stop = [], None
     for i in range(0, len(ids), chunk):
-        update = detok.update(ids[i:i + chunk])
+        update = detok.update(ids[i : i + chunk])
         deltas.append(update.new_text)
         if update.stop_string is not None:
             stop = update.stop_string
@@ -34,7 +39,7 @@ def stream(detok, ids, chunk=1):
 
 def test_characters_split_over_tokens_are_held_back(tokenizer):
     ids = tokenizer.encode(TEXT).ids
-    assert any(tokenizer.decode([i]) == "\ufffd" for i in ids)       # the test is about something
+    assert any(tokenizer.decode([i]) == "\ufffd" for i in ids)  # the test is about something
     for chunk in (1, 2, 3):
         deltas, stop = stream(IncrementalDetokenizer(tokenizer), ids, chunk)
         assert stop is None
@@ -64,11 +69,14 @@ def test_stop_string_inside_one_token(tokenizer):
     assert "".join(deltas) == "hello " == detok.output_text
 
 
-@pytest.mark.parametrize("stop_string, expected", [
-    ("你好", "héllo "),            # bytes of two characters over six tokens
-    ("lo 你", "hél"),               # ASCII and multi-byte tokens together
-    ("world, na", "héllo 你好 🙂 "),
-])
+@pytest.mark.parametrize(
+    "stop_string, expected",
+    [
+        ("你好", "héllo "),  # bytes of two characters over six tokens
+        ("lo 你", "hél"),  # ASCII and multi-byte tokens together
+        ("world, na", "héllo 你好 🙂 "),
+    ],
+)
 def test_stop_string_across_tokens(tokenizer, stop_string, expected):
     ids = tokenizer.encode(TEXT).ids
     detok = IncrementalDetokenizer(tokenizer, stop=[stop_string])
@@ -84,7 +92,7 @@ def test_text_that_may_start_a_stop_string_is_held_back(tokenizer):
     for i in ids:
         streamed += detok.update([i]).new_text
         assert len(detok.output_text) - len(streamed) <= len("fox jumps") - 1
-    assert streamed == "the quick b"                        # the last 8 characters may begin "fox jumps"
+    assert streamed == "the quick b"  # the last 8 characters may begin "fox jumps"
     assert streamed + detok.flush() == "the quick brown fox"
 
 
@@ -93,7 +101,7 @@ def test_include_stop_string_and_earliest_stop_wins(tokenizer):
     detok = IncrementalDetokenizer(tokenizer, stop=["quick", "the", "fox"], include_stop_str_in_output=True)
     deltas, stop = stream(detok, ids)
     assert stop == "the" and "".join(deltas) == "hello world, the"
-    assert detok.update(tokenizer.encode(" more").ids).new_text == ""   # finished: nothing more
+    assert detok.update(tokenizer.encode(" more").ids).new_text == ""  # finished: nothing more
 
 
 def test_special_tokens_are_skipped_unless_asked(tokenizer):

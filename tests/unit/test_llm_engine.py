@@ -4,6 +4,7 @@ The oracle: for greedy decoding, the tokens served for each request under any lo
 at different steps, chunked prefill, prefix caching, preemption by a tiny block pool, static batching)
 equal the tokens of that request computed alone, without the scheduler (`reference_greedy`).
 """
+
 import itertools
 import random
 import re
@@ -12,13 +13,13 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from mindspore_serving.agent.testing import AheadRunner
 from mindspore_serving.llm.config import SchedulerConfig
 from mindspore_serving.llm.engine import LLMEngine
 from mindspore_serving.llm.errors import InvalidRequestError
 from mindspore_serving.llm.logits_processors import bad_words_token_ids
 from mindspore_serving.llm.request import FinishReason
 from mindspore_serving.llm.sampling_params import SamplingParams
-from mindspore_serving.agent.testing import AheadRunner
 from mindspore_serving.llm.testing import FakeModelRunner, reference_greedy
 
 VOCAB = 64
@@ -29,8 +30,9 @@ NUM_REQUESTS = 32
 
 
 def make_runner(num_blocks=256, vocab_size=VOCAB, ahead=False):
-    return (AheadRunner if ahead else FakeModelRunner)(num_blocks=num_blocks, block_size=BS, max_seq_len=MAX_LEN,
-                                                       vocab_size=vocab_size)
+    return (AheadRunner if ahead else FakeModelRunner)(
+        num_blocks=num_blocks, block_size=BS, max_seq_len=MAX_LEN, vocab_size=vocab_size
+    )
 
 
 def make_engine(num_blocks=256, tokenizer=None, eos=EOS, vocab_size=VOCAB, **overrides):
@@ -103,21 +105,37 @@ def check_all_blocks_free(engine):
 
 
 # --- the oracle -----------------------------------------------------------------------------
-@pytest.mark.parametrize("config", [
-    dict(),
-    dict(max_num_batched_tokens=8),
-    dict(max_prefill_tokens_per_step=8),
-    dict(max_num_seqs=32, max_num_batched_tokens=64),
-    dict(enable_chunked_prefill=False, max_num_batched_tokens=MAX_LEN),
-    dict(batching="static"),
-    dict(num_scheduler_steps=4),
-    dict(num_scheduler_steps=3, batching="static"),
-    dict(async_scheduling=True),
-    dict(async_scheduling=True, num_scheduler_steps=4),
-    dict(async_scheduling=True, num_scheduler_steps=3, batching="static"),
-    dict(async_scheduling=True, max_num_batched_tokens=8, num_scheduler_steps=2),
-], ids=["continuous", "tiny-budget", "prefill-share", "wide", "no-chunking", "static", "multi-step",
-        "multi-step-static", "async", "async-multi-step", "async-multi-step-static", "async-tiny-budget"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(),
+        dict(max_num_batched_tokens=8),
+        dict(max_prefill_tokens_per_step=8),
+        dict(max_num_seqs=32, max_num_batched_tokens=64),
+        dict(enable_chunked_prefill=False, max_num_batched_tokens=MAX_LEN),
+        dict(batching="static"),
+        dict(num_scheduler_steps=4),
+        dict(num_scheduler_steps=3, batching="static"),
+        dict(async_scheduling=True),
+        dict(async_scheduling=True, num_scheduler_steps=4),
+        dict(async_scheduling=True, num_scheduler_steps=3, batching="static"),
+        dict(async_scheduling=True, max_num_batched_tokens=8, num_scheduler_steps=2),
+    ],
+    ids=[
+        "continuous",
+        "tiny-budget",
+        "prefill-share",
+        "wide",
+        "no-chunking",
+        "static",
+        "multi-step",
+        "multi-step-static",
+        "async",
+        "async-multi-step",
+        "async-multi-step-static",
+        "async-tiny-budget",
+    ],
+)
 def test_greedy_tokens_equal_each_request_alone(expected, config):
     engine = make_engine(**config)
     outputs = serve(engine, WORKLOAD)
@@ -127,12 +145,20 @@ def test_greedy_tokens_equal_each_request_alone(expected, config):
     check_all_blocks_free(engine)
 
 
-@pytest.mark.parametrize("config", [dict(), dict(batching="static"), dict(max_num_batched_tokens=8),
-                                    dict(num_scheduler_steps=4), dict(async_scheduling=True),
-                                    dict(async_scheduling=True, num_scheduler_steps=4)],
-                         ids=["continuous", "static", "tiny-budget", "multi-step", "async", "async-multi-step"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(),
+        dict(batching="static"),
+        dict(max_num_batched_tokens=8),
+        dict(num_scheduler_steps=4),
+        dict(async_scheduling=True),
+        dict(async_scheduling=True, num_scheduler_steps=4),
+    ],
+    ids=["continuous", "static", "tiny-budget", "multi-step", "async", "async-multi-step"],
+)
 def test_greedy_tokens_survive_preemption(expected, config):
-    engine = make_engine(num_blocks=26, **config)     # 25 blocks: one sequence of MAX_LEN tokens fits
+    engine = make_engine(num_blocks=26, **config)  # 25 blocks: one sequence of MAX_LEN tokens fits
     outputs = serve(engine, WORKLOAD)
     assert engine.core.scheduler.num_preemptions > 0
     assert sum(o.metrics.num_preemptions for o in outputs) == engine.core.scheduler.num_preemptions
@@ -156,8 +182,7 @@ def test_greedy_tokens_with_prefix_caching(expected_shared):
 @pytest.mark.parametrize("steps", [1, 4])
 @pytest.mark.parametrize("ahead", [False, True], ids=["sync", "async"])
 def test_greedy_tokens_with_prefix_caching_and_preemption(expected_shared, steps, ahead):
-    engine = make_engine(num_blocks=26, enable_prefix_caching=True, num_scheduler_steps=steps,
-                         async_scheduling=ahead)
+    engine = make_engine(num_blocks=26, enable_prefix_caching=True, num_scheduler_steps=steps, async_scheduling=ahead)
     outputs = serve(engine, SHARED_WORKLOAD)
     assert engine.core.scheduler.num_preemptions > 0
     check_oracle(outputs, expected_shared, SHARED_WORKLOAD)
@@ -171,9 +196,9 @@ def test_async_scheduling_submits_each_step_before_collecting_the_one_in_flight(
     check_oracle(outputs, expected, WORKLOAD)
     check_all_blocks_free(engine)
     submissions = engine.core.runner.deferred.submissions
-    assert max(in_flight for *_, in_flight in submissions) == 1       # never two steps ahead
+    assert max(in_flight for *_, in_flight in submissions) == 1  # never two steps ahead
     ahead = [s for s in submissions if s[3] == 1]
-    assert len(ahead) > 0.6 * len(submissions)    # the others follow an idle engine or a prompt chunk
+    assert len(ahead) > 0.6 * len(submissions)  # the others follow an idle engine or a prompt chunk
     continued = [s for s in ahead if s[2]]
     assert continued and all(rows.count(-1) < len(rows) for _, _, rows, _ in continued)
     for seqs, _, rows, _ in continued:  # rows continuing a step in flight are one-token placeholder rows
@@ -242,8 +267,10 @@ def test_async_scheduling_with_sampled_and_penalized_requests_in_the_batch(expec
     """The plain greedy rows of a step that samples the others in the engine are the runner's to choose (a mixed
     step: only the others' logits come back), and every request gets the tokens it gets alone."""
     engine = make_engine(async_scheduling=True, num_scheduler_steps=4, max_num_seqs=6)
-    extra = [([3, 4, 5], SamplingParams(max_new_tokens=15, temperature=0.8, top_k=20, seed=7)),
-             ([9, 8, 7, 6], SamplingParams(max_new_tokens=12, temperature=0, repetition_penalty=1.3))]
+    extra = [
+        ([3, 4, 5], SamplingParams(max_new_tokens=15, temperature=0.8, top_k=20, seed=7)),
+        ([9, 8, 7, 6], SamplingParams(max_new_tokens=12, temperature=0, repetition_penalty=1.3)),
+    ]
     alone = [make_engine().generate([prompt], params)[0].token_ids for prompt, params in extra]
     names, finals, extra_seqs = {}, {}, set()
 
@@ -266,8 +293,11 @@ def test_async_scheduling_with_sampled_and_penalized_requests_in_the_batch(expec
     assert [finals[i] for i in range(10)] == expected[:10]
     assert [finals["extra0"], finals["extra1"]] == alone
     deferred = engine.core.runner.deferred
-    mixed = [(seqs, prev_rows, rows) for (seqs, greedy_steps, prev_rows, _), rows
-             in zip(deferred.submissions, deferred.logits_rows) if rows]
+    mixed = [
+        (seqs, prev_rows, rows)
+        for (seqs, greedy_steps, prev_rows, _), rows in zip(deferred.submissions, deferred.logits_rows)
+        if rows
+    ]
     for (seqs, _, _, _), rows in zip(deferred.submissions, deferred.logits_rows):
         decoding = {seq.seq_id in extra_seqs for seq in seqs if len(seq.token_ids) == 1}
         assert rows or decoding != {True, False}  # a step where both kinds decode is mixed
@@ -346,20 +376,25 @@ def test_multi_step_decoding_stops_at_a_stop_token_inside_a_round():
     stop = free_run[6]  # a token produced in the middle of the second round
     want = reference_greedy(make_runner, prompt, 20, stop_token_ids=[stop])
     engine = make_engine(num_scheduler_steps=4)
-    out = engine.generate([prompt], SamplingParams(max_new_tokens=20, temperature=0, stop_token_ids=(stop,),
-                                                   ignore_eos=True))[0]
+    out = engine.generate(
+        [prompt], SamplingParams(max_new_tokens=20, temperature=0, stop_token_ids=(stop,), ignore_eos=True)
+    )[0]
     assert out.token_ids == want and out.finish_reason is FinishReason.STOP
     check_all_blocks_free(engine)
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(max_new_tokens=8, temperature=0.7, seed=1),
-    SamplingParams(max_new_tokens=8, temperature=0, repetition_penalty=1.3),
-    SamplingParams(max_new_tokens=8, temperature=0, top_logprobs=2),
-    SamplingParams(max_new_tokens=8, temperature=0, frequency_penalty=0.5),
-    SamplingParams(max_new_tokens=8, temperature=0, logit_bias={3: 2.0}),
-    SamplingParams(max_new_tokens=8, temperature=0, logprobs_mode="processed"),
-], ids=["sampled", "repetition-penalty", "top-logprobs", "frequency-penalty", "logit-bias", "processed-logprobs"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_new_tokens=8, temperature=0.7, seed=1),
+        SamplingParams(max_new_tokens=8, temperature=0, repetition_penalty=1.3),
+        SamplingParams(max_new_tokens=8, temperature=0, top_logprobs=2),
+        SamplingParams(max_new_tokens=8, temperature=0, frequency_penalty=0.5),
+        SamplingParams(max_new_tokens=8, temperature=0, logit_bias={3: 2.0}),
+        SamplingParams(max_new_tokens=8, temperature=0, logprobs_mode="processed"),
+    ],
+    ids=["sampled", "repetition-penalty", "top-logprobs", "frequency-penalty", "logit-bias", "processed-logprobs"],
+)
 def test_rows_that_need_the_engine_between_tokens_run_one_step_at_a_time(params):
     engine = make_engine(num_scheduler_steps=4)
     steps = []
@@ -375,10 +410,10 @@ def test_a_prompt_filling_the_batch_joins_a_round():
     engine.add_step_listener(lambda stats: steps.append((stats.num_model_steps, stats.num_prefill_seqs)))
     params = SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True)
     first = engine.add_request(None, params, prompt_token_ids=[5, 6, 7])
-    outputs = {first: [t for out in engine.step() for t in out.new_token_ids]}   # the prompt alone: room left
-    outputs[first] += [t for out in engine.step() for t in out.new_token_ids]    # a round of 4 decode steps
+    outputs = {first: [t for out in engine.step() for t in out.new_token_ids]}  # the prompt alone: room left
+    outputs[first] += [t for out in engine.step() for t in out.new_token_ids]  # a round of 4 decode steps
     second = engine.add_request(None, params, prompt_token_ids=[8, 9])
-    while engine.has_unfinished():      # the newcomer fills the batch: its prompt is a round's first step
+    while engine.has_unfinished():  # the newcomer fills the batch: its prompt is a round's first step
         for out in engine.step():
             outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
     assert steps[:3] == [(1, 1), (4, 0), (4, 1)]
@@ -412,8 +447,11 @@ def test_seeded_sampling_is_independent_of_the_batch():
     busy = make_engine(num_blocks=26)
     rng = random.Random(3)
     for i in range(12):
-        busy.add_request(None, SamplingParams(max_new_tokens=rng.randint(5, 40), temperature=1.0),
-                         prompt_token_ids=[rng.randrange(2, VOCAB) for _ in range(rng.randint(1, 40))])
+        busy.add_request(
+            None,
+            SamplingParams(max_new_tokens=rng.randint(5, 40), temperature=1.0),
+            prompt_token_ids=[rng.randrange(2, VOCAB) for _ in range(rng.randint(1, 40))],
+        )
         if i % 3 == 0:
             busy.step()
     mine = busy.add_request(None, params, prompt_token_ids=prompt)
@@ -427,30 +465,39 @@ def test_seeded_sampling_is_independent_of_the_batch():
 
 
 # --- bad input, abort, failures -------------------------------------------------------------
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(prompt=""), "prompt is empty"),
-    (dict(prompt="hello"), "this engine has no tokenizer; send prompt_token_ids"),
-    (dict(prompt_token_ids=[]), "prompt_token_ids is empty"),
-    (dict(prompt_token_ids=[3, VOCAB]), f"prompt_token_ids must hold ints in [0, {VOCAB}), got {VOCAB}"),
-    (dict(prompt_token_ids=[3, True]), "prompt_token_ids must hold ints"),
-    (dict(prompt_token_ids=[3] * MAX_LEN), f"prompt has {MAX_LEN} tokens, but max_model_len is {MAX_LEN}"),
-    (dict(prompt_token_ids=[3] * 90, params=SamplingParams(max_new_tokens=10)),
-     "together 100 > max_model_len 96; lower max_new_tokens to at most 6"),
-    (dict(prompt_token_ids=[3], params={"top_p": 1.5}), "top_p must be in (0, 1], got 1.5"),
-    (dict(prompt_token_ids=[3], params={"max_tokens": 4}), "unknown sampling parameters ['max_tokens']"),
-    (dict(prompt_token_ids=[3], params="greedy"), "params must be SamplingParams, a dict or None"),
-    (dict(prompt_token_ids=[3], params=SamplingParams(stop=["x"])), "stop strings need a tokenizer"),
-    (dict(prompt_token_ids=[3], params=SamplingParams(stop_token_ids=[VOCAB])), "outside the vocabulary"),
-    (dict(prompt_token_ids=[3], params=SamplingParams(bad_words=["x"])), "bad_words need a tokenizer"),
-    (dict(prompt_token_ids=[3], params=SamplingParams(logit_bias={VOCAB: 1.0, 2: -1.0})),
-     f"logit_bias names token ids [{VOCAB}] outside the vocabulary [0, {VOCAB})"),
-    (dict(prompt_token_ids=[3], params=SamplingParams(allowed_token_ids=[5, VOCAB + 1, VOCAB + 1])),
-     f"allowed_token_ids names token ids [{VOCAB + 1}] outside the vocabulary"),
-    (dict(prompt="", prompt_token_ids=[3]), "prompt is empty"),
-    (dict(), "give a prompt (text) or prompt_token_ids"),
-    (dict(prompt_token_ids=[3], request_id="busy"), "request_id 'busy' is already in use"),
-    (dict(prompt_token_ids=[3], request_id=""), "request_id must be a non-empty string"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(prompt=""), "prompt is empty"),
+        (dict(prompt="hello"), "this engine has no tokenizer; send prompt_token_ids"),
+        (dict(prompt_token_ids=[]), "prompt_token_ids is empty"),
+        (dict(prompt_token_ids=[3, VOCAB]), f"prompt_token_ids must hold ints in [0, {VOCAB}), got {VOCAB}"),
+        (dict(prompt_token_ids=[3, True]), "prompt_token_ids must hold ints"),
+        (dict(prompt_token_ids=[3] * MAX_LEN), f"prompt has {MAX_LEN} tokens, but max_model_len is {MAX_LEN}"),
+        (
+            dict(prompt_token_ids=[3] * 90, params=SamplingParams(max_new_tokens=10)),
+            "together 100 > max_model_len 96; lower max_new_tokens to at most 6",
+        ),
+        (dict(prompt_token_ids=[3], params={"top_p": 1.5}), "top_p must be in (0, 1], got 1.5"),
+        (dict(prompt_token_ids=[3], params={"max_tokens": 4}), "unknown sampling parameters ['max_tokens']"),
+        (dict(prompt_token_ids=[3], params="greedy"), "params must be SamplingParams, a dict or None"),
+        (dict(prompt_token_ids=[3], params=SamplingParams(stop=["x"])), "stop strings need a tokenizer"),
+        (dict(prompt_token_ids=[3], params=SamplingParams(stop_token_ids=[VOCAB])), "outside the vocabulary"),
+        (dict(prompt_token_ids=[3], params=SamplingParams(bad_words=["x"])), "bad_words need a tokenizer"),
+        (
+            dict(prompt_token_ids=[3], params=SamplingParams(logit_bias={VOCAB: 1.0, 2: -1.0})),
+            f"logit_bias names token ids [{VOCAB}] outside the vocabulary [0, {VOCAB})",
+        ),
+        (
+            dict(prompt_token_ids=[3], params=SamplingParams(allowed_token_ids=[5, VOCAB + 1, VOCAB + 1])),
+            f"allowed_token_ids names token ids [{VOCAB + 1}] outside the vocabulary",
+        ),
+        (dict(prompt="", prompt_token_ids=[3]), "prompt is empty"),
+        (dict(), "give a prompt (text) or prompt_token_ids"),
+        (dict(prompt_token_ids=[3], request_id="busy"), "request_id 'busy' is already in use"),
+        (dict(prompt_token_ids=[3], request_id=""), "request_id must be a non-empty string"),
+    ],
+)
 def test_bad_requests_are_refused_while_others_keep_running(expected, kwargs, message):
     engine = make_engine()
     workload = WORKLOAD[:6]
@@ -460,8 +507,9 @@ def test_bad_requests_are_refused_while_others_keep_running(expected, kwargs, me
     before = engine.num_unfinished
     kwargs = dict(kwargs)
     with pytest.raises(InvalidRequestError) as info:
-        engine.add_request(kwargs.pop("prompt", None), kwargs.pop("params", None), kwargs.pop("request_id", None),
-                           **kwargs)
+        engine.add_request(
+            kwargs.pop("prompt", None), kwargs.pop("params", None), kwargs.pop("request_id", None), **kwargs
+        )
     assert message in str(info.value)
     assert isinstance(info.value, ValueError)
     assert engine.num_unfinished == before
@@ -476,8 +524,8 @@ def test_abort_in_any_state_frees_blocks_and_reports_once(expected):
     params = [SamplingParams(max_new_tokens=m, temperature=0) for _, m, _ in WORKLOAD[:4]]
     ids = [engine.add_request(None, p, prompt_token_ids=w[0]) for p, w in zip(params, WORKLOAD[:4])]
     engine.step()
-    assert engine.abort(ids[0])              # running
-    assert engine.abort(ids[3])              # waiting
+    assert engine.abort(ids[0])  # running
+    assert engine.abort(ids[3])  # waiting
     assert not engine.abort(ids[3]) and not engine.abort("nobody")
     finals = {}
     while engine.has_unfinished():
@@ -494,8 +542,10 @@ def test_abort_in_any_state_frees_blocks_and_reports_once(expected):
 @pytest.mark.parametrize("steps", [1, 4])
 def test_a_failed_model_step_fails_only_its_requests(expected, steps):
     engine = make_engine(max_num_seqs=2, num_scheduler_steps=steps)
-    first = [engine.add_request(None, SamplingParams(max_new_tokens=m, temperature=0), prompt_token_ids=p)
-             for p, m, _ in WORKLOAD[:2]]
+    first = [
+        engine.add_request(None, SamplingParams(max_new_tokens=m, temperature=0), prompt_token_ids=p)
+        for p, m, _ in WORKLOAD[:2]
+    ]
     engine.step()
     engine.core.runner.fail_next = RuntimeError("device lost")
     outputs = engine.step()
@@ -513,15 +563,20 @@ def tokenizer():
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  special_tokens=["<eos>"], show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<eos>"],
+        show_progress=False,
+    )
     tok.train_from_iterator(["hello world, the quick brown fox jumps over the lazy dog. " * 20], trainer)
     return tok
 
 
 def text_engine(tokenizer, **overrides):
-    return make_engine(tokenizer=tokenizer, eos=tokenizer.token_to_id("<eos>"),
-                       vocab_size=tokenizer.get_vocab_size(), **overrides)
+    return make_engine(
+        tokenizer=tokenizer, eos=tokenizer.token_to_id("<eos>"), vocab_size=tokenizer.get_vocab_size(), **overrides
+    )
 
 
 @pytest.mark.parametrize("steps", [1, 4])
@@ -549,12 +604,12 @@ def test_stop_string_cuts_the_text_and_frees_the_request(tokenizer):
     prompt = "hello world"
     free = text_engine(tokenizer).generate(prompt, SamplingParams(max_new_tokens=40, temperature=0))[0]
     text = free.text
-    stop = re.search("[a-z]{4,}", text[3:]).group(0)         # a word from the middle of the free output
+    stop = re.search("[a-z]{4,}", text[3:]).group(0)  # a word from the middle of the free output
     engine = text_engine(tokenizer)
     out = engine.generate(prompt, SamplingParams(max_new_tokens=40, temperature=0, stop=[stop]))[0]
     assert out.finish_reason is FinishReason.STOP
-    assert out.text == text[:text.index(stop)]
-    assert out.token_ids == free.token_ids[:len(out.token_ids)] and len(out.token_ids) < len(free.token_ids)
+    assert out.text == text[: text.index(stop)]
+    assert out.token_ids == free.token_ids[: len(out.token_ids)] and len(out.token_ids) < len(free.token_ids)
     assert not engine.has_unfinished()
     check_all_blocks_free(engine)
 
@@ -565,14 +620,13 @@ def test_bad_words_keep_their_token_sequences_out_of_the_output(tokenizer):
     word = re.search("[a-z]{4,}", free.text).group(0)
     banned = bad_words_token_ids(lambda text: tokenizer.encode(text, add_special_tokens=False).ids, [word])
     assert any(_occurs(sequence, free.token_ids) for sequence in banned)
-    out = text_engine(tokenizer).generate(prompt, SamplingParams(max_new_tokens=30, temperature=0,
-                                                                 bad_words=[word]))[0]
+    out = text_engine(tokenizer).generate(prompt, SamplingParams(max_new_tokens=30, temperature=0, bad_words=[word]))[0]
     assert out.token_ids != free.token_ids
     assert not any(_occurs(sequence, out.token_ids) for sequence in banned)
 
 
 def _occurs(sequence, tokens) -> bool:
-    return any(tuple(tokens[i:i + len(sequence)]) == tuple(sequence) for i in range(len(tokens)))
+    return any(tuple(tokens[i : i + len(sequence)]) == tuple(sequence) for i in range(len(tokens)))
 
 
 @pytest.mark.parametrize("config", [dict(), dict(num_scheduler_steps=4), dict(async_scheduling=True)])
@@ -604,8 +658,13 @@ def test_generate_keeps_order_and_refuses_a_busy_engine(expected):
 def test_step_stats_and_request_metrics():
     ticks = itertools.count()
     runner = make_runner()
-    engine = LLMEngine(runner, None, SchedulerConfig.for_runner(runner, max_num_seqs=8, max_num_batched_tokens=32),
-                       eos_token_id=EOS, clock=lambda: float(next(ticks)))
+    engine = LLMEngine(
+        runner,
+        None,
+        SchedulerConfig.for_runner(runner, max_num_seqs=8, max_num_batched_tokens=32),
+        eos_token_id=EOS,
+        clock=lambda: float(next(ticks)),
+    )
     stats = []
     engine.add_step_listener(stats.append)
     outputs = serve(engine, WORKLOAD)
@@ -625,14 +684,17 @@ def test_step_stats_and_request_metrics():
 def test_config_must_fit_the_runner():
     runner = make_runner(num_blocks=30)
     with pytest.raises(ValueError, match="block_size=8 differs from the model runner's block_size=4"):
-        LLMEngine(runner, None, SchedulerConfig(block_size=8, num_blocks=16, max_model_len=64,
-                                                max_num_batched_tokens=64))
+        LLMEngine(
+            runner, None, SchedulerConfig(block_size=8, num_blocks=16, max_model_len=64, max_num_batched_tokens=64)
+        )
     with pytest.raises(ValueError, match="num_blocks=32 exceeds the model runner's num_blocks=30"):
-        LLMEngine(runner, None, SchedulerConfig(block_size=4, num_blocks=32, max_model_len=64,
-                                                max_num_batched_tokens=64))
+        LLMEngine(
+            runner, None, SchedulerConfig(block_size=4, num_blocks=32, max_model_len=64, max_num_batched_tokens=64)
+        )
     with pytest.raises(ValueError, match="max_model_len=100 exceeds the model runner's max_seq_len=96"):
-        LLMEngine(runner, None, SchedulerConfig(block_size=4, num_blocks=30, max_model_len=100,
-                                                max_num_batched_tokens=128))
+        LLMEngine(
+            runner, None, SchedulerConfig(block_size=4, num_blocks=30, max_model_len=100, max_num_batched_tokens=128)
+        )
     default = LLMEngine(runner).config
     assert (default.num_blocks, default.block_size, default.max_model_len) == (30, 4, 96)
 
@@ -659,8 +721,11 @@ def test_a_prompt_beyond_the_character_limit_is_refused_before_it_is_tokenized()
         default.add_request("x" * (32 * MAX_LEN + 1), SamplingParams(max_new_tokens=1))
 
 
-@pytest.mark.parametrize("config", [dict(), dict(num_scheduler_steps=4), dict(async_scheduling=True)],
-                         ids=["continuous", "multi-step", "async"])
+@pytest.mark.parametrize(
+    "config",
+    [dict(), dict(num_scheduler_steps=4), dict(async_scheduling=True)],
+    ids=["continuous", "multi-step", "async"],
+)
 def test_a_request_stops_on_any_of_several_eos_ids(config):
     prompt = [5, 9, 14, 3]
     free = reference_greedy(make_runner, prompt, 40)  # no eos: the tokens the fake model writes
@@ -671,15 +736,17 @@ def test_a_request_stops_on_any_of_several_eos_ids(config):
     for eos, stop_at in (([late[0], early[0]], early[1]), ((late[0],), late[1]), (early[0], early[1])):
         engine = make_engine(eos=eos, **config)
         (out,) = engine.generate([prompt], SamplingParams(max_new_tokens=40, temperature=0))
-        assert (out.token_ids, out.finish_reason) == (free[:stop_at + 1], FinishReason.EOS), eos
+        assert (out.token_ids, out.finish_reason) == (free[: stop_at + 1], FinishReason.EOS), eos
     ignored = make_engine(eos=[late[0], early[0]], **config).generate(
-        [prompt], SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True))[0]
+        [prompt], SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True)
+    )[0]
     assert (ignored.token_ids, ignored.finish_reason) == (free, FinishReason.LENGTH)
 
 
 def test_a_prompt_tokenized_already_keeps_its_text_and_its_ids():
     engine = make_engine()
-    request_id = engine.add_request("<s>[user]hi", SamplingParams(max_new_tokens=2, temperature=0),
-                                    prompt_token_ids=[5, 9, 14])
+    request_id = engine.add_request(
+        "<s>[user]hi", SamplingParams(max_new_tokens=2, temperature=0), prompt_token_ids=[5, 9, 14]
+    )
     outputs = [out for _ in range(10) for out in engine.step() if out.request_id == request_id]
     assert (outputs[-1].prompt, outputs[-1].prompt_token_ids) == ("<s>[user]hi", [5, 9, 14])

@@ -1,4 +1,5 @@
 """The threaded engine loop over the fake runner: streaming, abort, back-pressure, timeouts, bad input."""
+
 import pytest
 
 from mindspore_serving.common import errors
@@ -84,7 +85,9 @@ def test_close_fails_pending_requests(runner):
     loop.close()
     with pytest.raises(errors.ServingError):
         stream.result()
-    with pytest.raises(errors.WorkerUnavailable, match="the LLM engine is stopping"):  # retry later, not "no such model"
+    with pytest.raises(
+        errors.WorkerUnavailable, match="the LLM engine is stopping"
+    ):  # retry later, not "no such model"
         loop.submit([1], GREEDY)
 
 
@@ -93,6 +96,7 @@ class _CollectingSink:
 
     def __init__(self):
         import queue
+
         self.pending, self.batches = [], queue.SimpleQueue()
 
     def put(self, stream, item):
@@ -143,8 +147,9 @@ def test_sink_gets_validation_errors_and_close_errors(runner):
         loop.submit([1, 2], {"temperature": 0.0, "max_new_tokens": 60, "ignore_eos": True}, sink=sink, tag="long")
     finally:
         loop.close("stopping for the test")
-    items = [item for batch in iter(lambda: None if sink.batches.empty() else sink.batches.get(), None)
-             for _, item in batch]
+    items = [
+        item for batch in iter(lambda: None if sink.batches.empty() else sink.batches.get(), None) for _, item in batch
+    ]
     assert isinstance(items[-1], errors.WorkerUnavailable) and items[-1].message == "stopping for the test"
 
 
@@ -161,18 +166,26 @@ def test_a_request_arrives_when_it_is_submitted_not_when_the_loop_takes_it(runne
         loop.close()
 
 
-@pytest.mark.parametrize("failure, kind, text", [
-    (errors.WorkerUnavailable("LLM agent rank 0 of m is gone"), errors.WorkerUnavailable,
-     r"^LLM agent rank 0 of m is gone$"),
-    (RuntimeError("boom"), errors.ServingError, r"^LLM engine failed: RuntimeError: boom$"),
-])
+@pytest.mark.parametrize(
+    "failure, kind, text",
+    [
+        (
+            errors.WorkerUnavailable("LLM agent rank 0 of m is gone"),
+            errors.WorkerUnavailable,
+            r"^LLM agent rank 0 of m is gone$",
+        ),
+        (RuntimeError("boom"), errors.ServingError, r"^LLM engine failed: RuntimeError: boom$"),
+    ],
+)
 def test_a_broken_step_fails_the_requests_keeping_an_unavailable_reason(runner, monkeypatch, failure, kind, text):
     """A model runner that lost its agent before the worker closed the loop still means "retry later"; anything
     else is the engine's failure."""
     loop = make_loop(runner)
     try:
+
         def broken():
             raise failure
+
         monkeypatch.setattr(loop.engine, "step", broken)
         stream = loop.submit([1, 2], GREEDY)
         with pytest.raises(kind, match=text) as info:

@@ -1,5 +1,6 @@
 """What every LLM protocol shares: a client that goes away cancels the backend's stream (streamed and not),
 keep-alive comments, the per-request timing log line, and the one error -> HTTP mapping table."""
+
 import asyncio
 
 import grpc
@@ -10,12 +11,12 @@ from starlette.testclient import TestClient
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
-from mindspore_serving.frontends.llm import build_llm_router, mindspore_generate_stream
-from mindspore_serving.master.llm_types import Overloaded
 from mindspore_serving.common.errors import GenerationFailed, IncompleteGeneration, InvalidParam
 from mindspore_serving.frontends.errors import RETRY_AFTER_S, Protocol, grpc_error, http_error, http_error_headers
+from mindspore_serving.frontends.llm import build_llm_router, mindspore_generate_stream
 from mindspore_serving.frontends.llm.testing import FakeLlmBackend, call_asgi, parse_sse
 from mindspore_serving.llm.errors import InvalidRequestError
+from mindspore_serving.master.llm_types import Overloaded
 
 DEADLINE_S = 30
 """A broken disconnect path fails the test instead of hanging it."""
@@ -28,9 +29,14 @@ STREAMS = [  # route, body, number of data events sent before the first token
     ("/models/llama_tiny/generate_stream", {"inputs": "Hi"}, 0),
     ("/model/llama_tiny:generate_stream", {"instances": [{"prompt": "Hi"}]}, 0),
 ]
-FULL = [("/generate", {"inputs": "Hi"}), ("/", {"inputs": "Hi"}),
-        ("/v1/completions", {"model": "llama_tiny", "prompt": "Hi"}), ("/v1/chat/completions", CHAT),
-        ("/models/llama_tiny/generate", {"inputs": "Hi"}), ("/models/llama_tiny", {"inputs": "Hi"})]
+FULL = [
+    ("/generate", {"inputs": "Hi"}),
+    ("/", {"inputs": "Hi"}),
+    ("/v1/completions", {"model": "llama_tiny", "prompt": "Hi"}),
+    ("/v1/chat/completions", CHAT),
+    ("/models/llama_tiny/generate", {"inputs": "Hi"}),
+    ("/models/llama_tiny", {"inputs": "Hi"}),
+]
 
 
 def build_app(backend: FakeLlmBackend, **options) -> FastAPI:
@@ -69,8 +75,9 @@ def test_disconnect_message_mid_stream_cancels_the_backend_stream(route, body, h
     async def scenario():
         disconnect = asyncio.Event()
         backend.on_stall = disconnect.set
-        return await asyncio.wait_for(call_asgi(build_app(backend), route, orjson.dumps(body),
-                                                disconnect=disconnect), DEADLINE_S)
+        return await asyncio.wait_for(
+            call_asgi(build_app(backend), route, orjson.dumps(body), disconnect=disconnect), DEADLINE_S
+        )
 
     status, chunks = asyncio.run(scenario())
     assert status == 200
@@ -87,8 +94,9 @@ def test_disconnect_while_generating_a_full_reply_cancels_it(route, body):
     async def scenario():
         disconnect = asyncio.Event()
         backend.on_stall = disconnect.set
-        return await asyncio.wait_for(call_asgi(build_app(backend), route, orjson.dumps(body),
-                                                disconnect=disconnect), DEADLINE_S)
+        return await asyncio.wait_for(
+            call_asgi(build_app(backend), route, orjson.dumps(body), disconnect=disconnect), DEADLINE_S
+        )
 
     status, chunks = asyncio.run(scenario())
     assert (status, chunks) == (None, [])  # nothing was sent: nobody is listening
@@ -126,8 +134,9 @@ def test_timing_is_logged_per_request(monkeypatch):
     with TestClient(build_app(backend)) as client:
         client.post("/generate_stream", json={"inputs": "Hi there"})
         backend.stall_after = 1
-        with client.stream("POST", "/v1/completions", json={"model": "llama_tiny", "prompt": "x",
-                                                            "stream": True}) as reply:
+        with client.stream(
+            "POST", "/v1/completions", json={"model": "llama_tiny", "prompt": "x", "stream": True}
+        ) as reply:
             next(reply.iter_lines())
         backend.stall_after = None
         backend.fail_before = Overloaded("queue is full")
@@ -145,21 +154,39 @@ def test_timing_is_logged_per_request(monkeypatch):
 OK, EXHAUSTED, UNAVAILABLE = grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE
 
 
-@pytest.mark.parametrize("error, tgi, openai, mindspore, grpc_status", [
-    (InvalidParam("bad", "top_k"), (422, "validation"), (400, "invalid_request_error", None), 200, OK),
-    (InvalidRequestError("bad"), (422, "validation"), (400, "invalid_request_error", None), 200, OK),
-    (Overloaded("full"), (429, "overloaded"), (429, "requests", "rate_limit_exceeded"), 200, EXHAUSTED),
-    (errors.ServableUnavailable("gone"), (404, "not_found"), (404, "invalid_request_error", "model_not_found"),
-     200, OK),
-    (errors.WorkerUnavailable("down"), (503, "unavailable"), (503, "server_error", "service_unavailable"),
-     503, UNAVAILABLE),
-    (errors.Failed("oops"), (424, "generation"), (500, "server_error", None), 200, OK),
-    (errors.SystemError_("oops"), (424, "generation"), (500, "server_error", None), 200, OK),
-    (GenerationFailed("oops"), (424, "generation"), (500, "server_error", None), 200, OK),
-    (IncompleteGeneration("cut"), (500, "incomplete_generation"), (500, "server_error", "incomplete_generation"),
-     200, OK),
-    (KeyError("bug"), (500, "internal"), (500, "server_error", None), 200, OK),
-])
+@pytest.mark.parametrize(
+    "error, tgi, openai, mindspore, grpc_status",
+    [
+        (InvalidParam("bad", "top_k"), (422, "validation"), (400, "invalid_request_error", None), 200, OK),
+        (InvalidRequestError("bad"), (422, "validation"), (400, "invalid_request_error", None), 200, OK),
+        (Overloaded("full"), (429, "overloaded"), (429, "requests", "rate_limit_exceeded"), 200, EXHAUSTED),
+        (
+            errors.ServableUnavailable("gone"),
+            (404, "not_found"),
+            (404, "invalid_request_error", "model_not_found"),
+            200,
+            OK,
+        ),
+        (
+            errors.WorkerUnavailable("down"),
+            (503, "unavailable"),
+            (503, "server_error", "service_unavailable"),
+            503,
+            UNAVAILABLE,
+        ),
+        (errors.Failed("oops"), (424, "generation"), (500, "server_error", None), 200, OK),
+        (errors.SystemError_("oops"), (424, "generation"), (500, "server_error", None), 200, OK),
+        (GenerationFailed("oops"), (424, "generation"), (500, "server_error", None), 200, OK),
+        (
+            IncompleteGeneration("cut"),
+            (500, "incomplete_generation"),
+            (500, "server_error", "incomplete_generation"),
+            200,
+            OK,
+        ),
+        (KeyError("bug"), (500, "internal"), (500, "server_error", None), 200, OK),
+    ],
+)
 def test_error_mapping_table(error, tgi, openai, mindspore, grpc_status):
     status, body = http_error(Protocol.TGI, error)
     assert (status, body["error_type"]) == tgi

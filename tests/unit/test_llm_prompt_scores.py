@@ -5,6 +5,7 @@ The oracle: a prompt's logprobs equal log_softmax of the fake runner's logits af
 the prefix cache, preemption, the requests batched beside it or an agent process between engine and model; and the
 requests batched beside a scored one get the tokens they get alone.
 """
+
 from concurrent import futures
 
 import grpc
@@ -70,8 +71,9 @@ def drive(engine, requests):
     return [outputs[i] for i in ids]
 
 
-@pytest.mark.parametrize("runner_class, extra", [(FakeModelRunner, {}),
-                                                 (AheadRunner, dict(async_scheduling=True, num_scheduler_steps=4))])
+@pytest.mark.parametrize(
+    "runner_class, extra", [(FakeModelRunner, {}), (AheadRunner, dict(async_scheduling=True, num_scheduler_steps=4))]
+)
 def test_scored_prompt_in_chunks_beside_plain_requests(runner_class, extra):
     """A 23-token prompt computed in chunks of the token budget, joining a running batch, its first block in the
     prefix cache already (a scored request computes it anyway): its first output carries every position's
@@ -81,20 +83,24 @@ def test_scored_prompt_in_chunks_beside_plain_requests(runner_class, extra):
     shared = prompt_of(1, 8)
     scored = shared + prompt_of(2, 15)
     plain = [(shared + prompt_of(3, 3), 6), (prompt_of(4, 5), 9), (shared + prompt_of(5, 2), 4)]
-    requests = [(plain[0][0], dict(GREEDY, max_new_tokens=plain[0][1])),
-                (scored, dict(GREEDY, max_new_tokens=3, prompt_logprobs=3)),
-                (plain[1][0], dict(GREEDY, max_new_tokens=plain[1][1])),
-                (plain[2][0], dict(GREEDY, max_new_tokens=plain[2][1]))]
+    requests = [
+        (plain[0][0], dict(GREEDY, max_new_tokens=plain[0][1])),
+        (scored, dict(GREEDY, max_new_tokens=3, prompt_logprobs=3)),
+        (plain[1][0], dict(GREEDY, max_new_tokens=plain[1][1])),
+        (plain[2][0], dict(GREEDY, max_new_tokens=plain[2][1])),
+    ]
     outputs = drive(engine, requests)
     scored_outputs = outputs[1]
     assert_scores(scored_outputs[0], scored, 3)
     assert all(out.prompt_logprobs is None for out in scored_outputs[1:])
     assert all(out.prompt_logprobs is None for outs in outputs[:1] + outputs[2:] for out in outs)
     assert scored_outputs[-1].token_ids == reference_greedy(
-        lambda: FakeModelRunner(block_size=BS, max_seq_len=MAX_LEN, vocab_size=VOCAB), scored, 3)
+        lambda: FakeModelRunner(block_size=BS, max_seq_len=MAX_LEN, vocab_size=VOCAB), scored, 3
+    )
     for outs, (prompt, n) in zip(outputs[:1] + outputs[2:], plain):
         assert outs[-1].token_ids == reference_greedy(
-            lambda: FakeModelRunner(block_size=BS, max_seq_len=MAX_LEN, vocab_size=VOCAB), prompt, n)
+            lambda: FakeModelRunner(block_size=BS, max_seq_len=MAX_LEN, vocab_size=VOCAB), prompt, n
+        )
     steps = [seq for call in runner.calls for seq in call if seq.all_logits]
     assert steps[0].start_pos == 0 and sum(s.query_len for s in steps) == len(scored)  # no cache hit, chunked
     assert len(steps) > 2
@@ -120,8 +126,9 @@ def test_preempted_scored_prompt_keeps_its_scores():
     those of its prompt."""
     engine, _ = make_engine(num_blocks=14, max_num_batched_tokens=16, max_model_len=32)
     prompts = [prompt_of(10 + i, 13) for i in range(4)]
-    requests = [(p, dict(GREEDY, max_new_tokens=12, prompt_logprobs=2 if i == 3 else None))
-                for i, p in enumerate(prompts)]
+    requests = [
+        (p, dict(GREEDY, max_new_tokens=12, prompt_logprobs=2 if i == 3 else None)) for i, p in enumerate(prompts)
+    ]
     outputs = drive(engine, requests)
     assert engine.core.scheduler.num_preemptions > 0
     assert_scores(outputs[3][0], prompts[3], 2)
@@ -131,15 +138,17 @@ def test_max_new_tokens_zero_scores_the_prompt_and_generates_nothing():
     engine, runner = make_engine()
     prompt = prompt_of(20, 11)
     plain = prompt_of(21, 6)
-    outputs = drive(engine, [(prompt, dict(GREEDY, max_new_tokens=0, prompt_logprobs=0)),
-                             (plain, dict(GREEDY, max_new_tokens=5))])
+    outputs = drive(
+        engine, [(prompt, dict(GREEDY, max_new_tokens=0, prompt_logprobs=0)), (plain, dict(GREEDY, max_new_tokens=5))]
+    )
     (only,) = outputs[0]
     assert only.finished and only.finish_reason is FinishReason.LENGTH
     assert only.token_ids == [] and only.new_token_ids == [] and only.logprobs == []
     assert_scores(only, prompt, 0)
     assert all(top == [] for top in only.prompt_top_logprobs)
     assert outputs[1][-1].token_ids == reference_greedy(
-        lambda: FakeModelRunner(block_size=BS, max_seq_len=MAX_LEN, vocab_size=VOCAB), plain, 5)
+        lambda: FakeModelRunner(block_size=BS, max_seq_len=MAX_LEN, vocab_size=VOCAB), plain, 5
+    )
     assert not engine.has_unfinished() and engine.core.scheduler.block_manager.usage == 0
 
 
@@ -203,15 +212,19 @@ def test_scores_come_through_an_agent():
     runner = AgentRunner([f"127.0.0.1:{port}"], heartbeat_interval=5.0)
     try:
         assert runner.score_refusal() is None
-        config = SchedulerConfig.for_runner(runner, max_num_seqs=4, max_num_batched_tokens=8, async_scheduling=True,
-                                            num_scheduler_steps=4)
+        config = SchedulerConfig.for_runner(
+            runner, max_num_seqs=4, max_num_batched_tokens=8, async_scheduling=True, num_scheduler_steps=4
+        )
         engine = LLMEngine(runner, None, config, eos_token_id=1)
         prompt, plain = prompt_of(50, 19), prompt_of(51, 4)
-        outputs = drive(engine, [(plain, dict(GREEDY, max_new_tokens=6)),
-                                 (prompt, dict(GREEDY, max_new_tokens=0, prompt_logprobs=4))])
+        outputs = drive(
+            engine,
+            [(plain, dict(GREEDY, max_new_tokens=6)), (prompt, dict(GREEDY, max_new_tokens=0, prompt_logprobs=4))],
+        )
         assert_scores(outputs[1][0], prompt, 4)
         assert outputs[0][-1].token_ids == reference_greedy(
-            lambda: FakeModelRunner(block_size=BS, max_seq_len=MAX_LEN, vocab_size=VOCAB), plain, 6)
+            lambda: FakeModelRunner(block_size=BS, max_seq_len=MAX_LEN, vocab_size=VOCAB), plain, 6
+        )
     finally:
         runner.close()
         server.stop(0)

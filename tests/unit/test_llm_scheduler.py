@@ -2,6 +2,7 @@
 
 The model is never run: each step's sampled tokens are literal (token 7 unless a test says otherwise).
 """
+
 import random
 
 import pytest
@@ -29,8 +30,13 @@ def make_scheduler(**overrides):
 
 def add(sched, request_id, prompt_len, max_new=8, first_token=100, eos=None, **params):
     tokens = [first_token + i for i in range(prompt_len)]
-    request = Request(request_id, tokens, SamplingParams(max_new_tokens=max_new, temperature=0, **params),
-                      arrival_time=sched.clock(), eos_token_id=eos)
+    request = Request(
+        request_id,
+        tokens,
+        SamplingParams(max_new_tokens=max_new, temperature=0, **params),
+        arrival_time=sched.clock(),
+        eos_token_id=eos,
+    )
     sched.add_request(request)
     return request
 
@@ -65,14 +71,14 @@ def test_decodes_first_then_prefills_within_the_budget():
     b = add(sched, "B", 8, first_token=200)
     c = add(sched, "C", 5, first_token=300)
     out, deltas = step(sched)
-    assert layout(out) == [("A", 1), ("B", 8), ("C", 1)]      # C gets the last token of the budget
+    assert layout(out) == [("A", 1), ("B", 8), ("C", 1)]  # C gets the last token of the budget
     assert [row.is_prefill for row in out.scheduled] == [False, True, True]
     assert [row.samples for row in out.scheduled] == [True, True, False]
     a_step, b_step, c_step = out.seq_steps
     assert (a_step.token_ids, a_step.start_pos, a_step.block_table) == ([7], 6, a.block_table)
     assert (b_step.token_ids, b_step.start_pos) == (list(range(200, 208)), 0)
     assert (c_step.token_ids, c_step.start_pos, len(c_step.block_table)) == ([300], 0, 1)
-    assert [d.request_id for d in deltas] == ["A", "B"]        # the C chunk yields no token
+    assert [d.request_id for d in deltas] == ["A", "B"]  # the C chunk yields no token
 
     out, _ = step(sched)
     assert layout(out) == [("A", 1), ("B", 1), ("C", 4)]
@@ -107,7 +113,7 @@ def test_prefill_share_is_capped_per_step():
     add(sched, "C", 3)
     assert layout(step(sched)[0]) == [("A", 1), ("B", 4)]
     assert layout(step(sched)[0]) == [("A", 1), ("B", 4)]
-    assert layout(step(sched)[0]) == [("A", 1), ("B", 2), ("C", 2)]   # the share is split, FCFS
+    assert layout(step(sched)[0]) == [("A", 1), ("B", 2), ("C", 2)]  # the share is split, FCFS
     assert layout(step(sched)[0]) == [("A", 1), ("B", 1), ("C", 1)]
 
 
@@ -115,7 +121,7 @@ def test_prompts_joining_a_decoding_step_are_capped():
     sched = make_scheduler(max_num_batched_tokens=32, max_prefills_per_decode_step=1)
     add(sched, "A", 2)
     add(sched, "B", 3)
-    assert layout(step(sched)[0]) == [("A", 2), ("B", 3)]                 # nothing decodes yet: no cap
+    assert layout(step(sched)[0]) == [("A", 2), ("B", 3)]  # nothing decodes yet: no cap
     add(sched, "C", 4)
     add(sched, "D", 5)
     assert layout(step(sched)[0]) == [("A", 1), ("B", 1), ("C", 4)]
@@ -138,7 +144,7 @@ def test_without_chunking_a_prompt_waits_until_it_fits_whole():
     sched = make_scheduler(max_num_batched_tokens=16, max_model_len=16, enable_chunked_prefill=False)
     add(sched, "A", 3)
     add(sched, "B", 14, max_new=2)
-    assert layout(step(sched)[0]) == [("A", 3)]               # 14 > 13 left: B waits, not cut
+    assert layout(step(sched)[0]) == [("A", 3)]  # 14 > 13 left: B waits, not cut
     assert layout(step(sched)[0]) == [("A", 1), ("B", 14)]
 
     chunked = make_scheduler(max_num_batched_tokens=16, max_model_len=16)
@@ -155,13 +161,14 @@ def test_max_num_seqs_caps_the_running_set():
     out, deltas = step(sched)
     assert layout(out) == [("A", 2), ("B", 2)]
     assert [d.finished for d in deltas] == [True, False]
-    assert layout(step(sched)[0]) == [("B", 1), ("C", 2)]     # C joins the step after A left
+    assert layout(step(sched)[0]) == [("B", 1), ("C", 2)]  # C joins the step after A left
 
 
 def test_limits_hold_on_a_random_workload():
     rng = random.Random(0)
-    sched = make_scheduler(max_num_seqs=5, max_num_batched_tokens=12, max_prefill_tokens_per_step=9,
-                           max_model_len=48, num_blocks=40)
+    sched = make_scheduler(
+        max_num_seqs=5, max_num_batched_tokens=12, max_prefill_tokens_per_step=9, max_model_len=48, num_blocks=40
+    )
     requests = []
     for i in range(30):
         requests.append(add(sched, f"r{i}", rng.randint(1, 30), max_new=rng.randint(1, 15)))
@@ -171,7 +178,7 @@ def test_limits_hold_on_a_random_workload():
         assert out.num_batched_tokens <= 12 and out.num_prefill_tokens <= 9 + out.num_decode_tokens
         assert len(out.scheduled) <= 5 and len(set(out.request_ids)) == len(out.request_ids)
         tables = [b for s in out.seq_steps for b in s.block_table]
-        assert len(tables) == len(set(tables))                # no block shared without prefix caching
+        assert len(tables) == len(set(tables))  # no block shared without prefix caching
     for request in requests:
         assert request.status is RequestStatus.FINISHED_LENGTH
         assert request.num_output_tokens == request.sampling_params.max_new_tokens
@@ -181,31 +188,31 @@ def test_limits_hold_on_a_random_workload():
 
 # --- preemption ---------------------------------------------------------------------------
 def test_preemption_takes_the_newest_running_request_and_recomputes_it():
-    sched = make_scheduler(num_blocks=5, max_model_len=16)       # 4 usable blocks of 4 tokens
+    sched = make_scheduler(num_blocks=5, max_model_len=16)  # 4 usable blocks of 4 tokens
     a = add(sched, "A", 4, max_new=10)
     b = add(sched, "B", 4, max_new=10, first_token=200)
     c = add(sched, "C", 4, max_new=10, first_token=300)
     assert layout(step(sched)[0]) == [("A", 4), ("B", 4), ("C", 4)]
     assert sched.block_manager.num_free_blocks == 1
 
-    out, _ = step(sched)                                          # A and B both need a second block
+    out, _ = step(sched)  # A and B both need a second block
     assert layout(out) == [("A", 1), ("B", 1)]
     assert out.preempted_request_ids == ["C"]
     assert c.status is RequestStatus.PREEMPTED and c.num_preemptions == 1
     assert c.block_table == [] and c.num_computed_tokens == 0 and c.output_token_ids == [7]
     assert list(sched.waiting) == [c]
 
-    for _ in range(3):                                            # no room for C to come back
+    for _ in range(3):  # no room for C to come back
         assert layout(step(sched)[0]) == [("A", 1), ("B", 1)]
-    out, _ = step(sched)                                          # A needs a third block: B is newest
+    out, _ = step(sched)  # A needs a third block: B is newest
     assert layout(out) == [("A", 1)] and out.preempted_request_ids == ["B"]
-    assert list(sched.waiting) == [b, c]                          # the last preempted goes first
+    assert list(sched.waiting) == [b, c]  # the last preempted goes first
     assert b.output_token_ids == [7] * 5
 
     while a.status is RequestStatus.RUNNING:
         out, _ = step(sched)
     assert a.status is RequestStatus.FINISHED_LENGTH
-    out, _ = step(sched)                                          # B comes back: prompt + its 5 tokens
+    out, _ = step(sched)  # B comes back: prompt + its 5 tokens
     assert layout(out) == [("B", 9)]
     assert out.seq_steps[0].token_ids == [200, 201, 202, 203] + [7] * 5
     assert out.seq_steps[0].start_pos == 0 and out.scheduled[0].samples
@@ -216,11 +223,11 @@ def test_preemption_takes_the_newest_running_request_and_recomputes_it():
 
 
 def test_a_request_may_preempt_itself_when_it_is_the_newest():
-    sched = make_scheduler(num_blocks=3, max_model_len=9)         # 2 usable blocks
+    sched = make_scheduler(num_blocks=3, max_model_len=9)  # 2 usable blocks
     add(sched, "A", 2, max_new=6)
     b = add(sched, "B", 4, max_new=5)
     step(sched)
-    out, _ = step(sched)                                          # A fits its block; B needs a new one
+    out, _ = step(sched)  # A fits its block; B needs a new one
     assert layout(out) == [("A", 1)] and out.preempted_request_ids == ["B"]
     assert b.status is RequestStatus.PREEMPTED
 
@@ -230,7 +237,7 @@ def test_nothing_joins_in_a_step_that_preempted():
     add(sched, "A", 4)
     add(sched, "B", 4)
     step(sched)
-    add(sched, "C", 1)                                            # would fit in the block freed by B
+    add(sched, "C", 1)  # would fit in the block freed by B
     out, _ = step(sched)
     assert out.preempted_request_ids == ["B"] and layout(out) == [("A", 1)]
     assert [r.request_id for r in sched.waiting] == ["B", "C"]
@@ -256,7 +263,7 @@ def test_abort_frees_blocks_in_every_state():
     newer = add(sched, "newer", 4)
     third = add(sched, "third", 4)
     step(sched)
-    step(sched)                                                   # preempts "third"
+    step(sched)  # preempts "third"
     assert third.status is RequestStatus.PREEMPTED
     assert sched.finish_request("third")
     assert sched.finish_request("decoding")
@@ -286,9 +293,9 @@ def test_static_batch_runs_until_all_its_requests_finish():
     add(sched, "C", 2, max_new=1)
     assert layout(step(sched)[0]) == [("A", 2), ("B", 2)]
     add(sched, "D", 2, max_new=1)
-    assert layout(step(sched)[0]) == [("B", 1)]                   # A left, but nobody joins
+    assert layout(step(sched)[0]) == [("B", 1)]  # A left, but nobody joins
     assert layout(step(sched)[0]) == [("B", 1)]
-    assert layout(step(sched)[0]) == [("C", 2), ("D", 2)]         # the next batch
+    assert layout(step(sched)[0]) == [("C", 2), ("D", 2)]  # the next batch
     assert not sched.has_unfinished()
 
 
@@ -320,11 +327,11 @@ def test_static_batch_members_come_back_after_preemption_before_others():
 def test_an_aborted_member_of_the_static_batch_ends_it_when_the_others_are_done():
     sched = make_scheduler(max_num_seqs=2, max_num_batched_tokens=4, batching="static")
     add(sched, "A", 4, max_new=2)
-    add(sched, "B", 4, max_new=1)                                 # in the batch, but no budget left this step
+    add(sched, "B", 4, max_new=1)  # in the batch, but no budget left this step
     add(sched, "C", 2, max_new=1)
     assert layout(step(sched)[0]) == [("A", 4)]
     assert sched.finish_request("B")
-    assert layout(step(sched)[0]) == [("A", 1)]                   # C is not in the batch
+    assert layout(step(sched)[0]) == [("A", 1)]  # C is not in the batch
     assert layout(step(sched)[0]) == [("C", 2)]
 
 
@@ -341,16 +348,20 @@ def test_the_policy_is_chosen_from_the_config_or_given():
     add(sched, "vip-1", 2)
     add(sched, "guest", 2)
     add(sched, "vip-2", 2)
-    assert layout(step(sched)[0]) == [("vip-1", 2)]               # admission stops at the first one held back
+    assert layout(step(sched)[0]) == [("vip-1", 2)]  # admission stops at the first one held back
+
 
 # --- stopping -----------------------------------------------------------------------------
-@pytest.mark.parametrize("params, token, status", [
-    (dict(eos=2), 2, RequestStatus.FINISHED_EOS),
-    (dict(eos=2, ignore_eos=True), 2, None),
-    (dict(stop_token_ids=(5, 6)), 6, RequestStatus.FINISHED_STOP),
-    (dict(max_new=1), 9, RequestStatus.FINISHED_LENGTH),
-    (dict(), 9, None),
-])
+@pytest.mark.parametrize(
+    "params, token, status",
+    [
+        (dict(eos=2), 2, RequestStatus.FINISHED_EOS),
+        (dict(eos=2, ignore_eos=True), 2, None),
+        (dict(stop_token_ids=(5, 6)), 6, RequestStatus.FINISHED_STOP),
+        (dict(max_new=1), 9, RequestStatus.FINISHED_LENGTH),
+        (dict(), 9, None),
+    ],
+)
 def test_finish_conditions(params, token, status):
     sched = make_scheduler()
     request = add(sched, "A", 3, **{"max_new": 4, **params})
@@ -406,8 +417,13 @@ def test_timestamps_follow_the_clock():
     sched.update_from_output(out, [7])
     sched.clock.now = 4.0
     step(sched)
-    assert (request.arrival_time, request.first_scheduled_time, request.first_token_time,
-            request.last_token_time, request.finished_time) == (1.0, 2.0, 3.0, 4.0, 4.0)
+    assert (
+        request.arrival_time,
+        request.first_scheduled_time,
+        request.first_token_time,
+        request.last_token_time,
+        request.finished_time,
+    ) == (1.0, 2.0, 3.0, 4.0, 4.0)
 
 
 def test_update_checks_its_input():
@@ -429,18 +445,23 @@ def test_duplicate_ids_and_illegal_transitions_are_refused():
         request.set_status(RequestStatus.PREEMPTED)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(max_num_seqs=0), "max_num_seqs must be >= 1, got 0"),
-    (dict(block_size=True), "block_size must be an int, got True"),
-    (dict(batching="dynamic"), "batching must be one of ('continuous', 'static'), got 'dynamic'"),
-    (dict(num_blocks=4, block_size=4, max_model_len=32), "num_blocks=4 (block_size=4) cannot hold one sequence"),
-    (dict(max_num_batched_tokens=8, max_num_seqs=16), "max_num_batched_tokens=8 is below max_num_seqs=16"),
-    (dict(enable_chunked_prefill=False, max_num_batched_tokens=64, max_model_len=128),
-     "max_num_batched_tokens=64 is below max_model_len=128 with enable_chunked_prefill=False"),
-    (dict(max_prefill_tokens_per_step=100, max_num_batched_tokens=64), "exceeds max_num_batched_tokens=64"),
-    (dict(max_prefills_per_decode_step=0), "max_prefills_per_decode_step must be >= 1, got 0; use None for no cap"),
-    (dict(async_scheduling="yes"), "async_scheduling must be True or False, got 'yes'"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(max_num_seqs=0), "max_num_seqs must be >= 1, got 0"),
+        (dict(block_size=True), "block_size must be an int, got True"),
+        (dict(batching="dynamic"), "batching must be one of ('continuous', 'static'), got 'dynamic'"),
+        (dict(num_blocks=4, block_size=4, max_model_len=32), "num_blocks=4 (block_size=4) cannot hold one sequence"),
+        (dict(max_num_batched_tokens=8, max_num_seqs=16), "max_num_batched_tokens=8 is below max_num_seqs=16"),
+        (
+            dict(enable_chunked_prefill=False, max_num_batched_tokens=64, max_model_len=128),
+            "max_num_batched_tokens=64 is below max_model_len=128 with enable_chunked_prefill=False",
+        ),
+        (dict(max_prefill_tokens_per_step=100, max_num_batched_tokens=64), "exceeds max_num_batched_tokens=64"),
+        (dict(max_prefills_per_decode_step=0), "max_prefills_per_decode_step must be >= 1, got 0; use None for no cap"),
+        (dict(async_scheduling="yes"), "async_scheduling must be True or False, got 'yes'"),
+    ],
+)
 def test_config_errors_name_field_value_and_fix(overrides, message):
     values = dict(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=32, block_size=4, num_blocks=64)
     values.update(overrides)
@@ -470,7 +491,9 @@ def test_a_step_in_flight_is_taken_as_done_and_its_real_tokens_replace_the_place
     assert following.scheduled[0].seq_step.token_ids == [-1] and following.scheduled[0].seq_step.start_pos == 9
     deltas = sched.update_from_steps(plan, [[11, 12, 13, 14], [21, 22, 23, 24]])
     assert [(d.request_id, d.new_token_ids, d.finish_reason) for d in deltas] == [
-        ("a", [11, 12, 13], FinishReason.LENGTH), ("b", [21, 22, 23, 24], None)]
+        ("a", [11, 12, 13], FinishReason.LENGTH),
+        ("b", [21, 22, 23, 24], None),
+    ]
     assert a.finished and "a" not in sched.requests
     assert b.output_token_ids == [21, 22, 23, 24] and b.num_computed_tokens == 9
     # shareable: a's full prompt block (when it left the batch) and b's two full blocks, with its real tokens

@@ -1,10 +1,12 @@
 """The LLM servable's YAML configuration: the bundled file loads, every bad field is named, CPU binding rules."""
+
 import json
 import os
 
 import pytest
+from llm_setup import CONFIG as BUNDLED
+from llm_setup import bundled_config, write_config
 
-from llm_setup import CONFIG as BUNDLED, bundled_config, write_config
 from mindspore_serving.common.cpu_affinity import bind_process
 from mindspore_serving.spec.llm_config import AgentSection, ConfigError, load_serving_config
 
@@ -21,37 +23,52 @@ def test_bundled_config_loads():
     assert config.engine.max_num_seqs == 16 and config.engine.block_size == 16
     assert config.agents.cpu_affinity == "auto" and config.agents.num_ranks == 1
     assert config.stats_interval == 10.0 and config.request_timeout == 0.0
-    assert config.with_agent_port(0).agents == AgentSection(config.agents.device_type, config.agents.device_ids,
-                                                            config.agents.host, 0, "auto")
+    assert config.with_agent_port(0).agents == AgentSection(
+        config.agents.device_type, config.agents.device_ids, config.agents.host, 0, "auto"
+    )
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda d: d["engine"].update(num_blockz=3), r"'engine' has unknown field\(s\) \['num_blockz'\]"),
-    (lambda d: d["agents"].update(device_ids=[]), "'agents.device_ids' must be a non-empty list"),
-    (lambda d: d["agents"].update(device_type="TPU"), "'agents.device_type' must be CPU, GPU, Ascend or null"),
-    (lambda d: d["agents"].update(start_port=70000), "'agents.start_port' must be 0"),
-    (lambda d: d["agents"].update(cpu_affinity="all"), "'agents.cpu_affinity' must be null, auto"),
-    (lambda d: d["agents"].update(cpu_affinity=[[0], [1]]), r"one non-empty list of core ids >= 0 per rank \(1"),
-    (lambda d: d["agents"].update(cpu_affinity=[[-1]]), "'agents.cpu_affinity' must be"),
-    (lambda d: d["engine"].update(max_model_len=100000), "'engine.max_model_len' 100000 exceeds"),
-    (lambda d: d["engine"].update(block_size=8), "'engine.block_size' is 8 but the graphs were exported with"),
-    (lambda d: d["engine"].update(max_queue_size=0), "'engine.max_queue_size' must be an int >= 1"),
-    (lambda d: d["engine"].update(request_timeout=-1), "'engine.request_timeout' must be a number of seconds"),
-    (lambda d: d["engine"].update(stats_interval="often"), "'engine.stats_interval' must be a number of seconds"),
-    (lambda d: d["model"].update(chat_template="no_such.jinja"), r"'model.chat_template': '.*no_such.jinja' does "
-                                                                  r"not exist"),
-    (lambda d: d["model"].update(chat_template="{% for m in messages %}"), r"'model.chat_template' "
-                                                                           r"\(model.chat_template\): the chat "
-                                                                           r"template is not valid Jinja"),
-    (lambda d: d["model"].update(chat_template="{{ x }}", chat_message="{role}"), "'model.chat_message' goes only "
-                                                                                 "with an old-style"),
-    (lambda d: d["model"].update(chat_message="{role}"), "'model.chat_message' goes with an old-style"),
-    (lambda d: d["model"].update(generation_config="missing.json"), "'model.generation_config': .* does not exist"),
-    (lambda d: d["model"].update(tool_call_parser="mistral"), r"'model.tool_call_parser' must be one of \['hermes', "
-                                                               r"'llama3_json'\] or null"),
-    (lambda d: d["model"].pop("config"), "'model.config' is missing"),
-    (lambda d: d.update(extra={}), r"'<top level>' has unknown field\(s\) \['extra'\]"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: d["engine"].update(num_blockz=3), r"'engine' has unknown field\(s\) \['num_blockz'\]"),
+        (lambda d: d["agents"].update(device_ids=[]), "'agents.device_ids' must be a non-empty list"),
+        (lambda d: d["agents"].update(device_type="TPU"), "'agents.device_type' must be CPU, GPU, Ascend or null"),
+        (lambda d: d["agents"].update(start_port=70000), "'agents.start_port' must be 0"),
+        (lambda d: d["agents"].update(cpu_affinity="all"), "'agents.cpu_affinity' must be null, auto"),
+        (lambda d: d["agents"].update(cpu_affinity=[[0], [1]]), r"one non-empty list of core ids >= 0 per rank \(1"),
+        (lambda d: d["agents"].update(cpu_affinity=[[-1]]), "'agents.cpu_affinity' must be"),
+        (lambda d: d["engine"].update(max_model_len=100000), "'engine.max_model_len' 100000 exceeds"),
+        (lambda d: d["engine"].update(block_size=8), "'engine.block_size' is 8 but the graphs were exported with"),
+        (lambda d: d["engine"].update(max_queue_size=0), "'engine.max_queue_size' must be an int >= 1"),
+        (lambda d: d["engine"].update(request_timeout=-1), "'engine.request_timeout' must be a number of seconds"),
+        (lambda d: d["engine"].update(stats_interval="often"), "'engine.stats_interval' must be a number of seconds"),
+        (
+            lambda d: d["model"].update(chat_template="no_such.jinja"),
+            r"'model.chat_template': '.*no_such.jinja' does "
+            r"not exist",
+        ),
+        (
+            lambda d: d["model"].update(chat_template="{% for m in messages %}"),
+            r"'model.chat_template' "
+            r"\(model.chat_template\): the chat "
+            r"template is not valid Jinja",
+        ),
+        (
+            lambda d: d["model"].update(chat_template="{{ x }}", chat_message="{role}"),
+            "'model.chat_message' goes only with an old-style",
+        ),
+        (lambda d: d["model"].update(chat_message="{role}"), "'model.chat_message' goes with an old-style"),
+        (lambda d: d["model"].update(generation_config="missing.json"), "'model.generation_config': .* does not exist"),
+        (
+            lambda d: d["model"].update(tool_call_parser="mistral"),
+            r"'model.tool_call_parser' must be one of \['hermes', "
+            r"'llama3_json'\] or null",
+        ),
+        (lambda d: d["model"].pop("config"), "'model.config' is missing"),
+        (lambda d: d.update(extra={}), r"'<top level>' has unknown field\(s\) \['extra'\]"),
+    ],
+)
 def test_bad_fields_are_named(tmp_path, change, message):
     with pytest.raises(ConfigError, match=message):
         load_serving_config(write(tmp_path, change))
@@ -63,13 +80,16 @@ def test_explicit_cpu_affinity_per_rank(tmp_path):
     assert agents.cpus_of(0, "CPU") == [0, 1] and agents.cpus_of(1, "GPU") == [2]
 
 
-@pytest.mark.parametrize("ranks, cores, expected", [
-    (1, 2, [[1]]),                      # a small host: the agent on the last core, core 0 left to the others
-    (1, 16, [list(range(1, 16))]),
-    (2, 16, [list(range(9, 16)), list(range(2, 9))]),
-    (1, 1, [[0]]),
-    (3, 2, [[0], [1], [0]]),            # more ranks than cores: one core each, shared
-])
+@pytest.mark.parametrize(
+    "ranks, cores, expected",
+    [
+        (1, 2, [[1]]),  # a small host: the agent on the last core, core 0 left to the others
+        (1, 16, [list(range(1, 16))]),
+        (2, 16, [list(range(9, 16)), list(range(2, 9))]),
+        (1, 1, [[0]]),
+        (3, 2, [[0], [1], [0]]),  # more ranks than cores: one core each, shared
+    ],
+)
 def test_auto_cpu_affinity_shares_all_cores_but_one(ranks, cores, expected):
     agents = AgentSection(device_ids=tuple(range(ranks)), cpu_affinity="auto")
     assert [agents.cpus_of(rank, "CPU", cpu_count=cores) for rank in range(ranks)] == expected
@@ -83,6 +103,7 @@ def test_no_binding_off_cpu_or_when_unset():
 
 def test_bind_sets_every_thread_of_the_process():
     import threading
+
     before = os.sched_getaffinity(0)
     started, release = threading.Event(), threading.Event()
     thread = threading.Thread(target=lambda: (started.set(), release.wait(10)))
@@ -126,7 +147,8 @@ def test_generation_config_next_to_the_tokenizer_or_named(tmp_path):
     tokenizer = bundled_config()["model"]["tokenizer"]
     (tmp_path / "tokenizer.json").write_bytes(open(tokenizer, "rb").read())
     (tmp_path / "generation_config.json").write_text(
-        json.dumps({"eos_token_id": [5, 7], "temperature": 0.6, "top_p": 0.9, "do_sample": True}), encoding="utf-8")
+        json.dumps({"eos_token_id": [5, 7], "temperature": 0.6, "top_p": 0.9, "do_sample": True}), encoding="utf-8"
+    )
     next_to = write(tmp_path, lambda d: d["model"].update(tokenizer=str(tmp_path / "tokenizer.json")))
     model = load_serving_config(next_to).model
     assert model.generation_config == str(tmp_path / "generation_config.json")

@@ -1,5 +1,6 @@
 """The master's LLM backend against a fake worker: an in-process gRPC server whose Session hands each command
 to the test and sends back the batches the test writes. Every wait has a deadline."""
+
 import asyncio
 
 import grpc
@@ -46,14 +47,17 @@ class FakeWorker(llm_worker_pb2_grpc.LlmWorkerServicer):
 
 
 def facts(version=llm_session.LLM_SESSION_PROTOCOL_VERSION):
-    text = llm_session.registration_facts(model_id="tiny", max_model_len=64, max_num_seqs=4, max_queue_size=8,
-                                          vocab_size=100)
-    return text.replace(f'"session_protocol": {llm_session.LLM_SESSION_PROTOCOL_VERSION}',
-                        f'"session_protocol": {version}')
+    text = llm_session.registration_facts(
+        model_id="tiny", max_model_len=64, max_num_seqs=4, max_queue_size=8, vocab_size=100
+    )
+    return text.replace(
+        f'"session_protocol": {llm_session.LLM_SESSION_PROTOCOL_VERSION}', f'"session_protocol": {version}'
+    )
 
 
 def run(scenario, version=llm_session.LLM_SESSION_PROTOCOL_VERSION):
     """Runs `scenario(backend, worker)` against a fake worker registered as servable "tiny"."""
+
     async def main():
         worker = FakeWorker()
         server = grpc.aio.server()
@@ -62,14 +66,25 @@ def run(scenario, version=llm_session.LLM_SESSION_PROTOCOL_VERSION):
         await server.start()
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
         registry = WorkerRegistry()
-        registry.add(WorkerRecord(key="tiny@0", pid=4242, address="", servable_name="tiny", version_number=1,
-                                  batch_size=4, methods={GENERATE_METHOD: None},
-                                  extensions={LLM_EXTENSION: facts(version)}, channel=channel))
+        registry.add(
+            WorkerRecord(
+                key="tiny@0",
+                pid=4242,
+                address="",
+                servable_name="tiny",
+                version_number=1,
+                batch_size=4,
+                methods={GENERATE_METHOD: None},
+                extensions={LLM_EXTENSION: facts(version)},
+                channel=channel,
+            )
+        )
         try:
             return await asyncio.wait_for(scenario(MasterLlmBackend(registry), worker), DEADLINE_S)
         finally:
             await channel.close()
             await server.stop(None)
+
     return asyncio.run(main())
 
 
@@ -78,18 +93,32 @@ def token(token_id, text, index, special=False):
 
 
 def final():
-    return pb.GenerateEvent(final=pb.Final(text="ab", token_ids=[11, 12], finish_reason=pb.FINISH_REASON_LENGTH,
-                                           prompt_tokens=3, completion_tokens=2, queue_time=0.5,
-                                           time_to_first_token=1.0, inter_token_latency=0.25, e2e_latency=2.0,
-                                           prompt="Hi"))
+    return pb.GenerateEvent(
+        final=pb.Final(
+            text="ab",
+            token_ids=[11, 12],
+            finish_reason=pb.FINISH_REASON_LENGTH,
+            prompt_tokens=3,
+            completion_tokens=2,
+            queue_time=0.5,
+            time_to_first_token=1.0,
+            inter_token_latency=0.25,
+            e2e_latency=2.0,
+            prompt="Hi",
+        )
+    )
 
 
 def error(kind, message):
     return pb.GenerateEvent(error=pb.Error(kind=kind, message=message))
 
 
-REQUEST = GenerationRequest(model="tiny", prompt="Hi", params={"max_new_tokens": 2, "temperature": 0,
-                                                               "seed": 0, "stop": ["\n"]}, request_id="r-1")
+REQUEST = GenerationRequest(
+    model="tiny",
+    prompt="Hi",
+    params={"max_new_tokens": 2, "temperature": 0, "seed": 0, "stop": ["\n"]},
+    request_id="r-1",
+)
 
 
 def test_a_generation_yields_its_tokens_then_its_final_event():
@@ -100,7 +129,8 @@ def test_a_generation_yields_its_tokens_then_its_final_event():
         generate = command.generate
         assert (generate.request_id, generate.prompt) == ("r-1", "Hi")
         assert llm_session.params_from_proto(generate.params) == SamplingParams(
-            max_new_tokens=2, temperature=0.0, seed=0, stop=("\n",))
+            max_new_tokens=2, temperature=0.0, seed=0, stop=("\n",)
+        )
         assert generate.params.HasField("seed") and not generate.params.HasField("do_sample")
         worker.send(command.stream_id, token(11, "a", 0), token(12, "b", 1, special=True), final())
         received = [await first] + [event async for event in events]
@@ -111,21 +141,34 @@ def test_a_generation_yields_its_tokens_then_its_final_event():
     assert tokens_and_final[:2] == [TokenEvent(11, "a", -0.25, False, 0), TokenEvent(12, "b", -0.25, True, 1)]
     last = tokens_and_final[2]
     assert isinstance(last, FinalEvent) and len(tokens_and_final) == 3
-    assert (last.text, last.token_ids, last.finish_reason, last.prompt_tokens, last.completion_tokens,
-            last.prompt) == ("ab", [11, 12], "length", 3, 2, "Hi")
-    assert (last.timing.queue_time, last.timing.time_to_first_token, last.timing.inter_token_latency,
-            last.timing.e2e_latency) == (0.5, 1.0, 0.25, 2.0)
+    assert (last.text, last.token_ids, last.finish_reason, last.prompt_tokens, last.completion_tokens, last.prompt) == (
+        "ab",
+        [11, 12],
+        "length",
+        3,
+        2,
+        "Hi",
+    )
+    assert (
+        last.timing.queue_time,
+        last.timing.time_to_first_token,
+        last.timing.inter_token_latency,
+        last.timing.e2e_latency,
+    ) == (0.5, 1.0, 0.25, 2.0)
 
 
-@pytest.mark.parametrize("kind,raised", [
-    (pb.ERROR_KIND_VALIDATION, errors.InvalidInputs),
-    (pb.ERROR_KIND_OVERLOADED, errors.Overloaded),
-    (pb.ERROR_KIND_NOT_FOUND, errors.ServableUnavailable),
-    (pb.ERROR_KIND_UNAVAILABLE, errors.WorkerUnavailable),
-    (pb.ERROR_KIND_GENERATION, errors.Failed),
-    (pb.ERROR_KIND_INCOMPLETE, errors.IncompleteGeneration),
-    (pb.ERROR_KIND_INTERNAL, errors.Failed),
-])
+@pytest.mark.parametrize(
+    "kind,raised",
+    [
+        (pb.ERROR_KIND_VALIDATION, errors.InvalidInputs),
+        (pb.ERROR_KIND_OVERLOADED, errors.Overloaded),
+        (pb.ERROR_KIND_NOT_FOUND, errors.ServableUnavailable),
+        (pb.ERROR_KIND_UNAVAILABLE, errors.WorkerUnavailable),
+        (pb.ERROR_KIND_GENERATION, errors.Failed),
+        (pb.ERROR_KIND_INCOMPLETE, errors.IncompleteGeneration),
+        (pb.ERROR_KIND_INTERNAL, errors.Failed),
+    ],
+)
 def test_an_error_event_raises_the_exception_of_its_kind(kind, raised):
     async def scenario(backend, worker):
         events = backend.stream(REQUEST)
@@ -214,25 +257,44 @@ def test_a_worker_of_another_session_protocol_is_not_used():
 
 def test_models_carry_the_tool_call_parser_their_worker_announces():
     registry = WorkerRegistry()
-    for name, extra in (("qwen", {"tool_call_parser": "hermes"}), ("plain", {"tool_call_parser": None}),
-                        ("older", {})):
-        text = llm_session.registration_facts(model_id=name, max_model_len=64, max_num_seqs=4, max_queue_size=8,
-                                              vocab_size=100, **extra)
-        registry.add(WorkerRecord(key=f"{name}@0", pid=1, address="", servable_name=name, version_number=1,
-                                  batch_size=4, methods={GENERATE_METHOD: None}, extensions={LLM_EXTENSION: text}))
+    for name, extra in (("qwen", {"tool_call_parser": "hermes"}), ("plain", {"tool_call_parser": None}), ("older", {})):
+        text = llm_session.registration_facts(
+            model_id=name, max_model_len=64, max_num_seqs=4, max_queue_size=8, vocab_size=100, **extra
+        )
+        registry.add(
+            WorkerRecord(
+                key=f"{name}@0",
+                pid=1,
+                address="",
+                servable_name=name,
+                version_number=1,
+                batch_size=4,
+                methods={GENERATE_METHOD: None},
+                extensions={LLM_EXTENSION: text},
+            )
+        )
     parsers = {info.name: info.tool_call_parser for info in MasterLlmBackend(registry).models()}
     assert parsers == {"qwen": "hermes", "plain": None, "older": None}
 
 
 def choice_final(choice, completion_tokens, cumulative_logprob):
-    return pb.GenerateEvent(final=pb.Final(text="x", token_ids=[11] * completion_tokens, prompt_tokens=3,
-                                           completion_tokens=completion_tokens, finish_reason=pb.FINISH_REASON_LENGTH,
-                                           choice=choice, cumulative_logprob=cumulative_logprob))
+    return pb.GenerateEvent(
+        final=pb.Final(
+            text="x",
+            token_ids=[11] * completion_tokens,
+            prompt_tokens=3,
+            completion_tokens=completion_tokens,
+            finish_reason=pb.FINISH_REASON_LENGTH,
+            choice=choice,
+            cumulative_logprob=cumulative_logprob,
+        )
+    )
 
 
 def test_a_generation_with_several_choices_ends_after_the_final_of_each():
-    request = GenerationRequest(model="tiny", prompt="Hi", params={"max_new_tokens": 2, "n": 2, "best_of": 3},
-                                request_id="r-2")
+    request = GenerationRequest(
+        model="tiny", prompt="Hi", params={"max_new_tokens": 2, "n": 2, "best_of": 3}, request_id="r-2"
+    )
 
     async def scenario(backend, worker):
         events = backend.stream(request)
@@ -241,8 +303,9 @@ def test_a_generation_with_several_choices_ends_after_the_final_of_each():
         assert llm_session.params_from_proto(command.generate.params).num_choices == 3
         prompt = llm_session.prompt_scores_event([llm_session.PromptToken(5, "H", None)])
         second = pb.GenerateEvent(token=pb.Token(id=12, text="b", logprob=-1.0, index=0, choice=2))
-        worker.send(command.stream_id, prompt, token(11, "a", 0), second, choice_final(2, 1, -1.0),
-                    choice_final(0, 2, -0.5))
+        worker.send(
+            command.stream_id, prompt, token(11, "a", 0), second, choice_final(2, 1, -1.0), choice_final(0, 2, -0.5)
+        )
         received = [await first]
         worker.send(command.stream_id, choice_final(1, 2, -0.75))
         received += [event async for event in events]
@@ -251,8 +314,14 @@ def test_a_generation_with_several_choices_ends_after_the_final_of_each():
         return received, (stats.prompt_tokens, stats.generation_tokens, dict(stats.finished))
 
     received, stats = run(scenario)
-    assert [type(e).__name__ for e in received] == ["PromptEvent", "TokenEvent", "TokenEvent", "FinalEvent",
-                                                    "FinalEvent", "FinalEvent"]
+    assert [type(e).__name__ for e in received] == [
+        "PromptEvent",
+        "TokenEvent",
+        "TokenEvent",
+        "FinalEvent",
+        "FinalEvent",
+        "FinalEvent",
+    ]
     assert [e.choice for e in received[1:3]] == [0, 2]
     assert [(e.choice, e.cumulative_logprob) for e in received[3:]] == [(2, -1.0), (0, -0.5), (1, -0.75)]
     assert stats == (3, 5, {"length": 1})

@@ -1,5 +1,6 @@
 """The worker's LLM session service against a fake master: commands from a queue, a fake engine runtime whose
 outputs the test hands to the session as the engine loop would, and the replies read with deadlines."""
+
 import queue
 import threading
 from types import SimpleNamespace
@@ -31,6 +32,7 @@ class FakeStream:
 
 class FakeTokenizer:
     """One id per character (its code point), BOS (1) first with the special tokens."""
+
     special_ids = frozenset({EOS})
     special_tokens = {"bos_token": "<s>", "eos_token": "</s>"}
     chat_template = None
@@ -114,10 +116,21 @@ class FakeMaster:
 
 
 def output(new_ids, texts, finished=False, reason=None, token_ids=None, error=None, metrics=None):
-    return RequestOutput(request_id="r", prompt="Hi", prompt_token_ids=[5, 6, 7], new_token_ids=list(new_ids),
-                         new_text="".join(texts), token_ids=list(token_ids or new_ids), text="".join(texts),
-                         finished=finished, finish_reason=reason, new_token_texts=list(texts),
-                         new_logprobs=[-0.5] * len(new_ids), metrics=metrics, error=error)
+    return RequestOutput(
+        request_id="r",
+        prompt="Hi",
+        prompt_token_ids=[5, 6, 7],
+        new_token_ids=list(new_ids),
+        new_text="".join(texts),
+        token_ids=list(token_ids or new_ids),
+        text="".join(texts),
+        finished=finished,
+        finish_reason=reason,
+        new_token_texts=list(texts),
+        new_logprobs=[-0.5] * len(new_ids),
+        metrics=metrics,
+        error=error,
+    )
 
 
 def deliver(sink, stream, item):
@@ -150,19 +163,41 @@ def test_a_generation_sends_its_tokens_then_its_final_event(master):
     assert [s.stream_id for s in batch.streams] == [1]
     tokens = [llm_session.read_event(e) for e in batch.streams[0].events]
     assert [(t.token_id, t.text, t.logprob, t.special, t.index) for t in tokens] == [
-        (11, "a", -0.5, False, 0), (12, "b", -0.5, False, 1)]
+        (11, "a", -0.5, False, 0),
+        (12, "b", -0.5, False, 1),
+    ]
 
-    metrics = RequestMetrics(arrival_time=10.0, first_scheduled_time=10.5, first_token_time=11.0,
-                             last_token_time=12.0, finished_time=12.5, num_preemptions=0, num_cached_tokens=0)
-    deliver(sink, stream, output([EOS], [""], finished=True, reason=FinishReason.EOS, token_ids=[11, 12, EOS],
-                                 metrics=metrics))
+    metrics = RequestMetrics(
+        arrival_time=10.0,
+        first_scheduled_time=10.5,
+        first_token_time=11.0,
+        last_token_time=12.0,
+        finished_time=12.5,
+        num_preemptions=0,
+        num_cached_tokens=0,
+    )
+    deliver(
+        sink,
+        stream,
+        output([EOS], [""], finished=True, reason=FinishReason.EOS, token_ids=[11, 12, EOS], metrics=metrics),
+    )
     events = [llm_session.read_event(e) for e in master.reply().streams[0].events]
     token, final = events
     assert (token.token_id, token.special, token.index) == (EOS, True, 2)
-    assert (final.text, final.token_ids, final.finish_reason, final.prompt_tokens, final.completion_tokens,
-            final.prompt) == ("", [11, 12, EOS], "eos", 3, 3, "Hi")
-    assert (final.timing.queue_time, final.timing.time_to_first_token, final.timing.inter_token_latency,
-            final.timing.e2e_latency) == (0.5, 1.0, 0.5, 2.5)
+    assert (
+        final.text,
+        final.token_ids,
+        final.finish_reason,
+        final.prompt_tokens,
+        final.completion_tokens,
+        final.prompt,
+    ) == ("", [11, 12, EOS], "eos", 3, 3, "Hi")
+    assert (
+        final.timing.queue_time,
+        final.timing.time_to_first_token,
+        final.timing.inter_token_latency,
+        final.timing.e2e_latency,
+    ) == (0.5, 1.0, 0.5, 2.5)
 
 
 def test_chat_messages_become_the_prompt_through_the_template(master):
@@ -171,11 +206,14 @@ def test_chat_messages_become_the_prompt_through_the_template(master):
     assert prompt == EncodedPrompt("<user:hello;bot:hi;>", [1] + [ord(c) for c in "<user:hello;bot:hi;>"])
 
 
-@pytest.mark.parametrize("refusal,kind", [
-    (errors.Overloaded("Model is overloaded: full"), pb.ERROR_KIND_OVERLOADED),
-    (errors.InvalidInputs("prompt is empty"), pb.ERROR_KIND_VALIDATION),
-    (errors.WorkerUnavailable("the LLM engine is stopped"), pb.ERROR_KIND_UNAVAILABLE),
-])
+@pytest.mark.parametrize(
+    "refusal,kind",
+    [
+        (errors.Overloaded("Model is overloaded: full"), pb.ERROR_KIND_OVERLOADED),
+        (errors.InvalidInputs("prompt is empty"), pb.ERROR_KIND_VALIDATION),
+        (errors.WorkerUnavailable("the LLM engine is stopped"), pb.ERROR_KIND_UNAVAILABLE),
+    ],
+)
 def test_a_refused_submit_is_an_error_event_of_its_kind(master, refusal, kind):
     master.runtime.refuse = refusal
     master.send(llm_session.generate_command(4, "req-4", SamplingParams(), prompt="Hi"))
@@ -184,11 +222,14 @@ def test_a_refused_submit_is_an_error_event_of_its_kind(master, refusal, kind):
     assert [(e.error.kind, e.error.message) for e in events.events] == [(kind, refusal.message)]
 
 
-@pytest.mark.parametrize("failure,kind,message", [
-    (ValueError("prompt is too long"), pb.ERROR_KIND_VALIDATION, "prompt is too long"),
-    (RuntimeError("agent lost"), pb.ERROR_KIND_GENERATION, "agent lost"),
-    (errors.SystemError_("LLM engine failed: boom"), pb.ERROR_KIND_GENERATION, "LLM engine failed: boom"),
-])
+@pytest.mark.parametrize(
+    "failure,kind,message",
+    [
+        (ValueError("prompt is too long"), pb.ERROR_KIND_VALIDATION, "prompt is too long"),
+        (RuntimeError("agent lost"), pb.ERROR_KIND_GENERATION, "agent lost"),
+        (errors.SystemError_("LLM engine failed: boom"), pb.ERROR_KIND_GENERATION, "LLM engine failed: boom"),
+    ],
+)
 def test_an_engine_failure_is_an_error_event_of_its_kind(master, failure, kind, message):
     _, _, _, sink, stream = start(master, prompt="Hi")
     deliver(sink, stream, failure)
@@ -227,9 +268,11 @@ def test_ending_the_sessions_waits_for_running_requests(master):
     assert not stream.aborted.is_set()
 
 
-JINJA = ("{% for m in messages %}{% if m.role == 'bot' and loop.first %}{{ raise_exception('start with the user') }}"
-         "{% endif %}{{ bos_token if loop.first }}[{{ m.role }}]{{ m.content }}{% endfor %}"
-         "{% if add_generation_prompt %}[bot]{% endif %}")
+JINJA = (
+    "{% for m in messages %}{% if m.role == 'bot' and loop.first %}{{ raise_exception('start with the user') }}"
+    "{% endif %}{{ bos_token if loop.first }}[{{ m.role }}]{{ m.content }}{% endfor %}"
+    "{% if add_generation_prompt %}[bot]{% endif %}"
+)
 
 
 def jinja_master(generation_defaults=None):
@@ -251,11 +294,15 @@ def test_a_jinja_chat_is_tokenized_without_the_tokenizers_special_tokens():
 def test_a_template_refusal_is_a_validation_error_with_its_message():
     fake = jinja_master()
     try:
-        fake.send(llm_session.generate_command(2, "req-2", SamplingParams(),
-                                               messages=[SimpleNamespace(role="bot", content="hi")]))
+        fake.send(
+            llm_session.generate_command(
+                2, "req-2", SamplingParams(), messages=[SimpleNamespace(role="bot", content="hi")]
+            )
+        )
         (events,) = fake.reply().streams
         assert [(e.error.kind, e.error.message) for e in events.events] == [
-            (pb.ERROR_KIND_VALIDATION, "start with the user")]
+            (pb.ERROR_KIND_VALIDATION, "start with the user")
+        ]
     finally:
         fake.leave()
 
@@ -266,8 +313,11 @@ def test_the_models_defaults_fill_what_the_request_left_unset():
         _, params, *_ = start(fake, params=SamplingParams(max_new_tokens=3), prompt="Hi")
         assert (params.max_new_tokens, params.temperature, params.top_p, params.top_k) == (3, 0.6, 0.9, 20)
         # what a request sets wins, also when it is the engine's own default
-        fake.send(llm_session.generate_command(3, "req-3", SamplingParams(temperature=1.0, top_k=0), prompt="Hi",
-                                               explicit=("temperature", "top_k")))
+        fake.send(
+            llm_session.generate_command(
+                3, "req-3", SamplingParams(temperature=1.0, top_k=0), prompt="Hi", explicit=("temperature", "top_k")
+            )
+        )
         _, params, *_ = fake.runtime.submitted.get(timeout=DEADLINE_S)
         assert (params.temperature, params.top_p, params.top_k) == (1.0, 0.9, 0)
     finally:
@@ -277,10 +327,10 @@ def test_the_models_defaults_fill_what_the_request_left_unset():
 def test_tokenize_and_detokenize_answer_with_the_workers_tokenizer_and_template():
     fake = jinja_master()
     try:
-        chat = llm_session.TokenizeRequest("tiny", messages=[{"role": "user", "content": "hi"}],
-                                           return_token_strs=True)
+        chat = llm_session.TokenizeRequest("tiny", messages=[{"role": "user", "content": "hi"}], return_token_strs=True)
         tokenized = llm_session.read_tokenize_reply(
-            fake.servicer.Tokenize(llm_session.tokenize_request(chat), None), return_token_strs=True)
+            fake.servicer.Tokenize(llm_session.tokenize_request(chat), None), return_token_strs=True
+        )
         assert (tokenized.prompt, tokenized.token_ids) == ("<s>[user]hi[bot]", [ord(c) for c in "<s>[user]hi[bot]"])
         assert "".join(tokenized.token_strs) == "<s>[user]hi[bot]"
         plain = llm_session.TokenizeRequest("tiny", prompt="ab")
@@ -297,14 +347,28 @@ def test_tokenize_and_detokenize_answer_with_the_workers_tokenizer_and_template(
         fake.leave()
 
 
-def choice_output(index, new_ids, finished=False, num_choices=2, cumulative_logprob=0.0, error=None, tops=None,
-                  **fields):
-    return RequestOutput(request_id="r", prompt="Hi", prompt_token_ids=[5, 6, 7], new_token_ids=list(new_ids),
-                         new_text="", token_ids=list(new_ids), text="", finished=finished,
-                         finish_reason=FinishReason.LENGTH if finished else None,
-                         new_token_texts=[chr(i) for i in new_ids], new_logprobs=[-0.5] * len(new_ids),
-                         new_top_logprobs=tops or [], error=error, index=index, num_choices=num_choices,
-                         cumulative_logprob=cumulative_logprob, **fields)
+def choice_output(
+    index, new_ids, finished=False, num_choices=2, cumulative_logprob=0.0, error=None, tops=None, **fields
+):
+    return RequestOutput(
+        request_id="r",
+        prompt="Hi",
+        prompt_token_ids=[5, 6, 7],
+        new_token_ids=list(new_ids),
+        new_text="",
+        token_ids=list(new_ids),
+        text="",
+        finished=finished,
+        finish_reason=FinishReason.LENGTH if finished else None,
+        new_token_texts=[chr(i) for i in new_ids],
+        new_logprobs=[-0.5] * len(new_ids),
+        new_top_logprobs=tops or [],
+        error=error,
+        index=index,
+        num_choices=num_choices,
+        cumulative_logprob=cumulative_logprob,
+        **fields,
+    )
 
 
 def session_of(master):
@@ -346,14 +410,29 @@ def test_top_logprobs_carry_each_alternative_s_own_text_with_special_tokens(mast
 
 def test_a_scored_prompt_comes_first_as_one_event(master):
     _, _, _, sink, stream = start(master, prompt="Hi")
-    deliver(sink, stream, choice_output(0, [97], num_choices=1, prompt_logprobs=[None, -1.0, -2.0],
-                                        prompt_top_logprobs=[[], [(6, -1.0), (65, -1.5)], [(66, -0.5)]]))
+    deliver(
+        sink,
+        stream,
+        choice_output(
+            0,
+            [97],
+            num_choices=1,
+            prompt_logprobs=[None, -1.0, -2.0],
+            prompt_top_logprobs=[[], [(6, -1.0), (65, -1.5)], [(66, -0.5)]],
+        ),
+    )
     scores, token = events_of(master.reply())
     assert isinstance(scores, llm_session.PromptEvent) and token.token_id == 97
-    assert [(t.token_id, t.text, t.logprob) for t in scores.tokens] == [(5, "\x05", None), (6, "\x06", -1.0),
-                                                                        (7, "\x07", -2.0)]
-    assert [[(t.token_id, t.text) for t in p.top_logprobs] for p in scores.tokens] == [[], [(6, "\x06"), (65, "A")],
-                                                                                        [(66, "B")]]
+    assert [(t.token_id, t.text, t.logprob) for t in scores.tokens] == [
+        (5, "\x05", None),
+        (6, "\x06", -1.0),
+        (7, "\x07", -2.0),
+    ]
+    assert [[(t.token_id, t.text) for t in p.top_logprobs] for p in scores.tokens] == [
+        [],
+        [(6, "\x06"), (65, "A")],
+        [(66, "B")],
+    ]
 
 
 def test_a_failed_choice_ends_the_stream_once_and_aborts_the_others(master):

@@ -1,12 +1,13 @@
 """The configuration of verify graphs (speculative decoding): ExportConfig.spec_tokens / spec_batch_buckets, an LLM
 YAML's `model.export` over its model file's export section, and engine.speculative refused unless the graphs verify
 that many proposed tokens."""
+
 import json
 import os
 
 import pytest
-
 from llm_setup import ROOT, TP2_CONFIG, bundled_config, write_config
+
 from mindspore_serving.models.llama.config import ExportConfig, LlamaConfig, ModelFile
 from mindspore_serving.spec.llm_config import ConfigError, load_serving_config
 
@@ -41,8 +42,9 @@ def test_spec_fields_are_validated_and_kept_out_of_exports_without_them():
         ExportConfig(spec_tokens=True)
     with pytest.raises(ValueError, match="spec_batch_buckets must be strictly increasing"):
         ExportConfig(spec_tokens=2, spec_batch_buckets=(4, 1))
-    model = LlamaConfig(vocab_size=8, hidden_size=8, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=8,
-                        max_seq_len=16)
+    model = LlamaConfig(
+        vocab_size=8, hidden_size=8, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=8, max_seq_len=16
+    )
     small = {"block_size": 8, "prefill_len_buckets": (8,), "decode_batch_buckets": (1,)}
     with pytest.raises(ValueError, match="spec_tokens=16: a verified row of spec_tokens \\+ 1 tokens exceeds"):
         ModelFile(model, ExportConfig(spec_tokens=16, **small))
@@ -66,19 +68,25 @@ def test_stale_graphs_compares_with_the_merged_export(tmp_path):
     assert "exported with another model config" in load_serving_config(config_path(tmp_path)).stale_graphs()
 
 
-@pytest.mark.parametrize("export, message", [
-    ("spec_tokens", "'model.export' must be a mapping of export fields"),
-    ({"spec_tokenz": 4}, r"'model.export': ExportConfig: unknown field\(s\) \['spec_tokenz'\]"),
-    ({"spec_tokens": 300}, "'model.export': ExportConfig.spec_tokens=300"),
-])
+@pytest.mark.parametrize(
+    "export, message",
+    [
+        ("spec_tokens", "'model.export' must be a mapping of export fields"),
+        ({"spec_tokenz": 4}, r"'model.export': ExportConfig: unknown field\(s\) \['spec_tokenz'\]"),
+        ({"spec_tokens": 300}, "'model.export': ExportConfig.spec_tokens=300"),
+    ],
+)
 def test_bad_model_export_is_named(tmp_path, export, message):
     with pytest.raises(ConfigError, match=message):
         load_serving_config(config_path(tmp_path, export=export))
 
 
 def test_speculation_needs_verify_graphs_of_as_many_tokens(tmp_path):
-    with pytest.raises(ConfigError, match=r"num_speculative_tokens' is 4 but the graphs' export.spec_tokens is 0: "
-                                          r"set 'model.export: \{spec_tokens: 4\}'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"num_speculative_tokens' is 4 but the graphs' export.spec_tokens is 0: "
+        r"set 'model.export: \{spec_tokens: 4\}'",
+    ):
         load_serving_config(config_path(tmp_path, speculative=SPECULATIVE))
     with pytest.raises(ConfigError, match="export.spec_tokens is 2"):
         load_serving_config(config_path(tmp_path, export={"spec_tokens": 2}, speculative=SPECULATIVE))
@@ -86,8 +94,9 @@ def test_speculation_needs_verify_graphs_of_as_many_tokens(tmp_path):
     config = load_serving_config(config_path(tmp_path, export={"spec_tokens": 4}, speculative=SPECULATIVE))
     assert config.engine.speculative.num_speculative_tokens == 4
     with pytest.raises(ConfigError, match="'engine': SpeculativeConfig.prompt_lookup_max must be >= 1"):
-        load_serving_config(config_path(tmp_path, export={"spec_tokens": 4},
-                                        speculative=dict(SPECULATIVE, prompt_lookup_max=0)))
+        load_serving_config(
+            config_path(tmp_path, export={"spec_tokens": 4}, speculative=dict(SPECULATIVE, prompt_lookup_max=0))
+        )
 
 
 def test_speculation_needs_the_exported_graphs_to_verify_as_many_tokens(tmp_path):

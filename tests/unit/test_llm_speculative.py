@@ -1,5 +1,6 @@
 """Speculative decoding in the engine: n-gram proposals, lossless acceptance (greedy: token for token; sampled:
 the model's distribution), and how it composes with batching, preemption, prefix caching and async steps."""
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -55,27 +56,37 @@ SPEC = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1, prompt_l
 
 # --- proposals --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("tokens, k, lo, hi, proposed", [
-    ([1, 2, 3, 4, 1, 2, 3], 4, 1, 4, [4, 1, 2, 3]),        # the 3-gram 1 2 3 recurs: what followed it
-    ([1, 2, 3, 0, 2, 3, 4, 7, 1, 2, 3], 2, 1, 4, [0, 2]),  # the longest match wins over a later shorter one
-    ([5, 2, 9, 6, 2, 8, 2], 3, 1, 4, [8, 2]),              # the latest of equally long matches
-    ([7, 1, 2, 3, 9, 8, 2, 3], 4, 3, 4, []),               # only a 2-gram recurs: below prompt_lookup_min
-    ([5, 6, 7], 4, 1, 4, []),                              # nothing recurs
-    ([1, 2, 1, 2, 1, 2], 1, 1, 4, [1]),                    # cut to k
-])
+
+@pytest.mark.parametrize(
+    "tokens, k, lo, hi, proposed",
+    [
+        ([1, 2, 3, 4, 1, 2, 3], 4, 1, 4, [4, 1, 2, 3]),  # the 3-gram 1 2 3 recurs: what followed it
+        ([1, 2, 3, 0, 2, 3, 4, 7, 1, 2, 3], 2, 1, 4, [0, 2]),  # the longest match wins over a later shorter one
+        ([5, 2, 9, 6, 2, 8, 2], 3, 1, 4, [8, 2]),  # the latest of equally long matches
+        ([7, 1, 2, 3, 9, 8, 2, 3], 4, 3, 4, []),  # only a 2-gram recurs: below prompt_lookup_min
+        ([5, 6, 7], 4, 1, 4, []),  # nothing recurs
+        ([1, 2, 1, 2, 1, 2], 1, 1, 4, [1]),  # cut to k
+    ],
+)
 def test_ngram_proposals(tokens, k, lo, hi, proposed):
     assert propose_ngram(tokens, k, lo, hi) == proposed
 
 
 # --- greedy: token for token ------------------------------------------------------------------
 
-@pytest.mark.parametrize("runner_class, overrides", [
-    (EchoingRunner, dict(num_scheduler_steps=1)),
-    (EchoingRunner, dict(num_scheduler_steps=4)),
-    (AheadEchoingRunner, dict(num_scheduler_steps=4, async_scheduling=True)),
-], ids=["single-steps", "rounds", "async"])
+
+@pytest.mark.parametrize(
+    "runner_class, overrides",
+    [
+        (EchoingRunner, dict(num_scheduler_steps=1)),
+        (EchoingRunner, dict(num_scheduler_steps=4)),
+        (AheadEchoingRunner, dict(num_scheduler_steps=4, async_scheduling=True)),
+    ],
+    ids=["single-steps", "rounds", "async"],
+)
 def test_greedy_output_and_logprobs_equal_those_without_speculation_under_preemption_and_prefix_caching(
-        runner_class, overrides):
+    runner_class, overrides
+):
     # 10 requests of up to 80 tokens on 23 usable blocks of 4: they preempt each other; small budget: chunked prompts
     token_prompts = prompts(10)
     params = SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True, top_logprobs=2)
@@ -100,8 +111,9 @@ def test_after_a_step_a_verifying_request_holds_the_blocks_decoding_would():
                 held.append(len(request.block_table) - blocks_for(request.num_tokens, runner.block_size))
 
     eng.add_step_listener(check)
-    _, (drafts, proposed, accepted) = generate(eng, prompts(4, seed=7),
-                                               SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True))
+    _, (drafts, proposed, accepted) = generate(
+        eng, prompts(4, seed=7), SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True)
+    )
     assert drafts > 0 and accepted < proposed and held and max(held) == 0
 
 
@@ -109,8 +121,9 @@ def test_stops_penalties_and_min_tokens_apply_per_accepted_token():
     token_prompts = prompts(6, seed=1)
     runner = EchoingRunner(num_blocks=64)
     # which tokens the plain run produces: stop on one of them, ban another
-    free = [o.token_ids for o in engine(runner).generate(token_prompts, SamplingParams(max_new_tokens=30,
-                                                                                      temperature=0))]
+    free = [
+        o.token_ids for o in engine(runner).generate(token_prompts, SamplingParams(max_new_tokens=30, temperature=0))
+    ]
     stop_id = free[0][12]
     cases = [
         SamplingParams(max_new_tokens=30, temperature=0, stop_token_ids=[stop_id]),
@@ -138,18 +151,25 @@ def test_through_mixed_steps_greedy_rows_verify_from_the_runner_s_tokens_and_sam
         return SamplingParams(max_new_tokens=30, temperature=0, ignore_eos=True)
 
     def run(runner, **overrides):
-        return [o.token_ids for o in engine(runner, SPEC, **overrides).generate(
-            token_prompts, [params_for(i) for i in range(len(token_prompts))])]
+        return [
+            o.token_ids
+            for o in engine(runner, SPEC, **overrides).generate(
+                token_prompts, [params_for(i) for i in range(len(token_prompts))]
+            )
+        ]
 
     ahead = AheadEchoingRunner(num_blocks=64)
     assert run(ahead, async_scheduling=True) == run(EchoingRunner(num_blocks=64))
-    mixed = [(seqs, rows) for (seqs, greedy_steps, *_), rows in zip(ahead.deferred.submissions,
-                                                                      ahead.deferred.logits_rows)
-             if greedy_steps == 1 and any(seq.all_logits for seq in seqs)]
+    mixed = [
+        (seqs, rows)
+        for (seqs, greedy_steps, *_), rows in zip(ahead.deferred.submissions, ahead.deferred.logits_rows)
+        if greedy_steps == 1 and any(seq.all_logits for seq in seqs)
+    ]
     # rows of greedy requests (even seq ids: the order they were added) verify from the runner's tokens, those of
     # sampled ones from their logits
-    verifying = [(i in rows, seq.seq_id % 2 == 1) for seqs, rows in mixed for i, seq in enumerate(seqs)
-                 if seq.all_logits]
+    verifying = [
+        (i in rows, seq.seq_id % 2 == 1) for seqs, rows in mixed for i, seq in enumerate(seqs) if seq.all_logits
+    ]
     greedy = [brings_logits for brings_logits, is_sampled in verifying if not is_sampled]
     sampled = [brings_logits for brings_logits, is_sampled in verifying if is_sampled]
     assert greedy and not any(greedy) and sampled and all(sampled)
@@ -163,8 +183,7 @@ def test_async_steps_are_planned_ahead_while_the_text_proposes_nothing():
     plain, _ = generate(engine(AheadRunner(num_blocks=64)), token_prompts, params)
     runner = AheadRunner(num_blocks=64)  # hash-derived logits: the output does not repeat itself
     speculative = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=3)
-    got, _ = generate(engine(runner, speculative, num_scheduler_steps=4, async_scheduling=True), token_prompts,
-                      params)
+    got, _ = generate(engine(runner, speculative, num_scheduler_steps=4, async_scheduling=True), token_prompts, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in plain]
     submissions = runner.deferred.submissions
     assert sum(1 for *_, in_flight in submissions if in_flight) > len(submissions) / 2
@@ -173,8 +192,10 @@ def test_async_steps_are_planned_ahead_while_the_text_proposes_nothing():
 def test_choices_and_prompt_logprobs_speculate_like_any_request():
     """n choices fork and then verify proposals each; a request scoring its prompt speculates once it is scored."""
     token_prompts = prompts(2, seed=6)
-    cases = [SamplingParams(max_new_tokens=25, temperature=0, n=3, ignore_eos=True),
-             SamplingParams(max_new_tokens=25, temperature=0, prompt_logprobs=2, ignore_eos=True)]
+    cases = [
+        SamplingParams(max_new_tokens=25, temperature=0, n=3, ignore_eos=True),
+        SamplingParams(max_new_tokens=25, temperature=0, prompt_logprobs=2, ignore_eos=True),
+    ]
     for params in cases:
         plain = engine(EchoingRunner(num_blocks=64)).generate(token_prompts, params)
         speculated, counts = generate(engine(EchoingRunner(num_blocks=64), SPEC), token_prompts, params)
@@ -205,6 +226,7 @@ def test_sampled_requests_speculate_and_stay_seeded():
 
 # --- sampled: the model's distribution ----------------------------------------------------------
 
+
 class _Row:
     """What Sampler.verify reads of a request."""
 
@@ -217,11 +239,15 @@ class _Row:
         self.generator = generator
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(temperature=1.0),
-    SamplingParams(temperature=0.8, top_k=5, top_p=0.9),
-    SamplingParams(temperature=1.2, min_p=0.05, presence_penalty=0.5),
-], ids=["plain", "top-k-top-p", "min-p-penalty"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.8, top_k=5, top_p=0.9),
+        SamplingParams(temperature=1.2, min_p=0.05, presence_penalty=0.5),
+    ],
+    ids=["plain", "top-k-top-p", "min-p-penalty"],
+)
 def test_rejection_sampling_keeps_the_models_distribution(params):
     """Over many draws at a fixed context, the tokens a verified row emits are distributed as plain sampling
     draws them: the first token as p_0, and, after an accepted first proposal, the second as p_1."""

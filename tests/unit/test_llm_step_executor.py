@@ -3,6 +3,7 @@
 The runners are scripted: the token after a sequence is 10 + its context length, whatever the tokens, so
 every output below is literal. A submitted step computes nothing until its result is asked for.
 """
+
 from concurrent.futures import Future
 
 import numpy as np
@@ -14,8 +15,12 @@ from mindspore_serving.llm.request import FinishReason, Request
 from mindspore_serving.llm.sampler import Sampler
 from mindspore_serving.llm.sampling_params import SamplingParams
 from mindspore_serving.llm.scheduler import Scheduler
-from mindspore_serving.llm.step_executor import (AsyncStepExecutor, MultiStepExecutor, SingleStepExecutor,
-                                                 make_step_executor)
+from mindspore_serving.llm.step_executor import (
+    AsyncStepExecutor,
+    MultiStepExecutor,
+    SingleStepExecutor,
+    make_step_executor,
+)
 
 VOCAB = 64
 
@@ -26,6 +31,7 @@ def next_token(context_len):
 
 class ScriptedRunner:
     """Only `run`: the one-hot logits of next_token."""
+
     block_size, num_blocks, max_seq_len, vocab_size = 4, 64, 32, VOCAB
 
     def __init__(self):
@@ -100,16 +106,25 @@ def make_executor(runner, **overrides):
     config = SchedulerConfig(**values)
     scheduler = Scheduler(config, clock=FakeClock())
     steps = []
-    executor = make_step_executor(config, runner, scheduler, Sampler(),
-                                  lambda plan, outputs, *times_steps_counts: steps.append(times_steps_counts[3]),
-                                  timer=lambda: 0.0)
+    executor = make_step_executor(
+        config,
+        runner,
+        scheduler,
+        Sampler(),
+        lambda plan, outputs, *times_steps_counts: steps.append(times_steps_counts[3]),
+        timer=lambda: 0.0,
+    )
     return executor, scheduler, steps
 
 
 def add(scheduler, request_id, prompt_len, max_new, first_token=100, **params):
     params = dict(dict(temperature=0), **params)
-    request = Request(request_id, [first_token + i for i in range(prompt_len)],
-                      SamplingParams(max_new_tokens=max_new, **params), arrival_time=scheduler.clock())
+    request = Request(
+        request_id,
+        [first_token + i for i in range(prompt_len)],
+        SamplingParams(max_new_tokens=max_new, **params),
+        arrival_time=scheduler.clock(),
+    )
     scheduler.add_request(request)
     return request
 
@@ -119,16 +134,27 @@ def summary(outputs):
 
 
 # --- the factory ----------------------------------------------------------------------------
-@pytest.mark.parametrize("runner, overrides, chosen", [
-    (ScriptedRunner(), dict(num_scheduler_steps=4, async_scheduling=True), SingleStepExecutor),
-    (ScriptedMultiStepRunner(), dict(), SingleStepExecutor),
-    (ScriptedMultiStepRunner(), dict(num_scheduler_steps=4), MultiStepExecutor),
-    (ScriptedMultiStepRunner(), dict(num_scheduler_steps=4, async_scheduling=True), MultiStepExecutor),
-    (ScriptedSubmitter(), dict(num_scheduler_steps=4), MultiStepExecutor),
-    (ScriptedSubmitter(), dict(async_scheduling=True), AsyncStepExecutor),
-    (Forwarding(ScriptedMultiStepRunner()), dict(async_scheduling=True), AsyncStepExecutor),
-], ids=["run-only", "one-step-rounds", "rounds", "rounds-without-submit", "submitter-without-async", "async",
-        "wrapper-with-submit"])
+@pytest.mark.parametrize(
+    "runner, overrides, chosen",
+    [
+        (ScriptedRunner(), dict(num_scheduler_steps=4, async_scheduling=True), SingleStepExecutor),
+        (ScriptedMultiStepRunner(), dict(), SingleStepExecutor),
+        (ScriptedMultiStepRunner(), dict(num_scheduler_steps=4), MultiStepExecutor),
+        (ScriptedMultiStepRunner(), dict(num_scheduler_steps=4, async_scheduling=True), MultiStepExecutor),
+        (ScriptedSubmitter(), dict(num_scheduler_steps=4), MultiStepExecutor),
+        (ScriptedSubmitter(), dict(async_scheduling=True), AsyncStepExecutor),
+        (Forwarding(ScriptedMultiStepRunner()), dict(async_scheduling=True), AsyncStepExecutor),
+    ],
+    ids=[
+        "run-only",
+        "one-step-rounds",
+        "rounds",
+        "rounds-without-submit",
+        "submitter-without-async",
+        "async",
+        "wrapper-with-submit",
+    ],
+)
 def test_the_executor_follows_the_config_and_what_the_runner_declares(runner, overrides, chosen):
     assert type(make_executor(runner, **overrides)[0]) is chosen
 
@@ -142,8 +168,7 @@ def test_single_steps_schedule_run_sample_update():
     assert summary(executor.step()) == [("a", [13], False), ("b", [15], True)]
     assert summary(executor.step()) == [("a", [14], True)]
     assert executor.step() == [] and not scheduler.has_unfinished()
-    assert runner.calls == [("run", [([100, 101, 102], 0), ([200, 201, 202, 203, 204], 0)]),
-                            ("run", [([13], 3)])]
+    assert runner.calls == [("run", [([100, 101, 102], 0), ([200, 201, 202, 203, 204], 0)]), ("run", [([13], 3)])]
     assert steps == [1, 1]
 
 
@@ -169,9 +194,11 @@ def test_rounds_run_greedy_decodes_back_to_back_and_each_request_takes_what_it_n
     # b stops after two more tokens; the rest of its round is dropped
     assert summary(executor.step()) == [("a", [14, 15, 16, 17], False), ("b", [13, 14], True)]
     assert summary(executor.step()) == [("a", [18], True)]
-    assert runner.calls == [("run", [([100, 101, 102], 0), ([200, 201], 0)]),
-                            ("run_greedy", [([13], 3), ([12], 2)], 4),
-                            ("run_greedy", [([17], 7)], 4)]
+    assert runner.calls == [
+        ("run", [([100, 101, 102], 0), ([200, 201], 0)]),
+        ("run_greedy", [([13], 3), ([12], 2)], 4),
+        ("run_greedy", [([17], 7)], 4),
+    ]
     assert steps == [1, 4, 4]
 
 
@@ -189,7 +216,7 @@ def test_a_sampled_request_keeps_the_batch_to_single_steps():
 def test_async_submits_the_next_step_before_collecting_the_one_in_flight():
     runner = ScriptedSubmitter()
     executor, scheduler, steps = make_executor(runner, async_scheduling=True, num_scheduler_steps=2)
-    add(scheduler, "a", 3, max_new=3)             # a lone request keeps its rounds even right after arriving
+    add(scheduler, "a", 3, max_new=3)  # a lone request keeps its rounds even right after arriving
     assert executor.step() == [] and executor.has_in_flight
     assert summary(executor.step()) == [("a", [13], False)]
     # a reaches max_new_tokens within the round in flight: it leaves the batch, nothing more is planned
@@ -214,8 +241,8 @@ def test_async_rounds_are_single_steps_while_requests_keep_arriving_to_a_batch_w
     executor, scheduler, _ = make_executor(runner, async_scheduling=True, num_scheduler_steps=4)
     add(scheduler, "a", 3, max_new=30)
     add(scheduler, "b", 3, max_new=30, first_token=200)
-    executor.step()                               # both prompts, the last arrival just now
+    executor.step()  # both prompts, the last arrival just now
     executor.step()
-    scheduler.clock.now += 1.5                    # nobody arrived for a while (the tail of a burst)
+    scheduler.clock.now += 1.5  # nobody arrived for a while (the tail of a burst)
     executor.step()
     assert [greedy_steps for greedy_steps, _, _ in runner.submissions] == [1, 1, 4]

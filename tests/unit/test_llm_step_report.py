@@ -1,4 +1,5 @@
 """The engine's statistics line: windows, multi-step rounds, totals, and the loop that logs it."""
+
 import logging
 import re
 
@@ -10,14 +11,31 @@ from mindspore_serving.llm.step_report import StepReport
 from mindspore_serving.llm.testing import FakeModelRunner
 
 
-def stats(decode=0, prefill=0, prefill_tokens=0, new=0, model_steps=1, seconds=0.01, running=3, waiting=1,
-          **speculative):
-    return StepStats(step_id=0, num_seqs=decode + prefill, num_prefill_seqs=prefill, num_decode_seqs=decode,
-                     num_prefill_tokens=prefill_tokens, num_decode_tokens=decode * model_steps,
-                     num_batched_tokens=prefill_tokens + decode, token_budget_usage=0.5, num_preempted=0,
-                     num_new_tokens=new, num_finished=0, num_running=running, num_waiting=waiting, kv_usage=0.25,
-                     num_free_blocks=10, schedule_s=0.0, execute_s=seconds, update_s=0.0,
-                     num_model_steps=model_steps, **speculative)
+def stats(
+    decode=0, prefill=0, prefill_tokens=0, new=0, model_steps=1, seconds=0.01, running=3, waiting=1, **speculative
+):
+    return StepStats(
+        step_id=0,
+        num_seqs=decode + prefill,
+        num_prefill_seqs=prefill,
+        num_decode_seqs=decode,
+        num_prefill_tokens=prefill_tokens,
+        num_decode_tokens=decode * model_steps,
+        num_batched_tokens=prefill_tokens + decode,
+        token_budget_usage=0.5,
+        num_preempted=0,
+        num_new_tokens=new,
+        num_finished=0,
+        num_running=running,
+        num_waiting=waiting,
+        kv_usage=0.25,
+        num_free_blocks=10,
+        schedule_s=0.0,
+        execute_s=seconds,
+        update_s=0.0,
+        num_model_steps=model_steps,
+        **speculative,
+    )
 
 
 class Clock:
@@ -37,18 +55,27 @@ def test_window_counts_from_its_first_step_and_decode_batch_is_per_model_step():
     report = StepReport(clock)
     assert not report.pending and not report.due(1.0)
     clock.now = 500.0  # idle time before the first step is not part of the window
-    report.add(stats(prefill=2, prefill_tokens=40, new=2, seconds=0.5))       # prompts only: no decode batch
+    report.add(stats(prefill=2, prefill_tokens=40, new=2, seconds=0.5))  # prompts only: no decode batch
     clock.now = 501.0
-    report.add(stats(decode=4, prefill=1, prefill_tokens=10, new=5))          # a mixed step: 4 decode rows
-    report.add(stats(decode=8, new=30, model_steps=4))                        # a round of 4: 30 tokens kept
+    report.add(stats(decode=4, prefill=1, prefill_tokens=10, new=5))  # a mixed step: 4 decode rows
+    report.add(stats(decode=8, new=30, model_steps=4))  # a round of 4: 30 tokens kept
     assert report.pending and report.due(1.5) and not report.due(2.0)
     line = report.line()
     assert "3 steps (6 model steps, 2 with prompt tokens) in 1.50 s" in line
     assert "37 tokens generated (24.7/s), 50 prompt tokens" in line
     assert "mean decode batch 6.80" in line  # (4 + 30) rows over 1 + 4 decode model steps
     assert "now 3 running, 1 waiting, KV cache 25.0% used" in line
-    assert totals(line) == {"steps": 3, "model_steps": 6, "prompt_steps": 2, "decode_steps": 5, "decode_rows": 34,
-                            "generated": 37, "prompt_tokens": 50, "preempted": 0, "busy_s": 0.52}
+    assert totals(line) == {
+        "steps": 3,
+        "model_steps": 6,
+        "prompt_steps": 2,
+        "decode_steps": 5,
+        "decode_rows": 34,
+        "generated": 37,
+        "prompt_tokens": 50,
+        "preempted": 0,
+        "busy_s": 0.52,
+    }
     assert not report.pending
     report.add(stats(decode=2, new=2))
     later = report.line()
@@ -65,8 +92,9 @@ def test_engine_loop_logs_a_line_when_it_goes_idle(caplog):
     logger.addHandler(caplog.handler)
     try:
         with caplog.at_level(logging.INFO, logger="mindspore_serving"):
-            streams = [loop.submit([1, 2, 3], {"temperature": 0.0, "max_new_tokens": 5, "ignore_eos": True})
-                       for _ in range(3)]
+            streams = [
+                loop.submit([1, 2, 3], {"temperature": 0.0, "max_new_tokens": 5, "ignore_eos": True}) for _ in range(3)
+            ]
             for stream in streams:
                 stream.result()
             loop.close()

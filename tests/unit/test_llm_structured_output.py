@@ -3,6 +3,7 @@ runner with hash-derived random logits: grammars compile or are refused with a r
 sampled requests follows its grammar, a greedy request's output does not depend on its batch, a grammar that
 allows nothing ends its request with reason "grammar", and the masks of a step are computed while it runs.
 """
+
 import json
 import os
 import re
@@ -59,9 +60,11 @@ def tokenizer():
 
 def make_engine(tokenizer, num_blocks=1024, max_num_seqs=64, eos=EOS, ahead=False, runner=None, **overrides):
     runner = runner or (AheadRunner if ahead else FakeModelRunner)(
-        num_blocks=num_blocks, block_size=BS, max_seq_len=256, vocab_size=VOCAB)
-    config = SchedulerConfig.for_runner(runner, max_num_seqs=max_num_seqs, max_num_batched_tokens=512,
-                                        async_scheduling=ahead, **overrides)
+        num_blocks=num_blocks, block_size=BS, max_seq_len=256, vocab_size=VOCAB
+    )
+    config = SchedulerConfig.for_runner(
+        runner, max_num_seqs=max_num_seqs, max_num_batched_tokens=512, async_scheduling=ahead, **overrides
+    )
     return LLMEngine(runner, tokenizer, config, eos_token_id=eos, seed=0)
 
 
@@ -71,14 +74,17 @@ def params(kind, value="", **kwargs):
 
 
 # --- compiling ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("kind, value, message", [
-    ("regex", "[a-", 'structured output: invalid regex "[a-": regex parse error: unclosed character class'),
-    ("json", '{"type": "bogus"}', "structured output: invalid JSON schema: Invalid type: bogus"),
-    ("json", '{"type": "array", "uniqueItems": true}', 'invalid JSON schema: Unimplemented keys: ["uniqueItems"]'),
-    ("json", '{"properties": {"a": {"$ref": "#/nope"}}}', "invalid JSON schema: Pointer '/nope' does not exist"),
-    ("grammar", "start: foo", 'structured output: invalid grammar: at 1(8): unknown name: "foo"'),
-    ("grammar", "root ::= item\n", "structured output: invalid GBNF grammar: Rule 'item' not found"),
-])
+@pytest.mark.parametrize(
+    "kind, value, message",
+    [
+        ("regex", "[a-", 'structured output: invalid regex "[a-": regex parse error: unclosed character class'),
+        ("json", '{"type": "bogus"}', "structured output: invalid JSON schema: Invalid type: bogus"),
+        ("json", '{"type": "array", "uniqueItems": true}', 'invalid JSON schema: Unimplemented keys: ["uniqueItems"]'),
+        ("json", '{"properties": {"a": {"$ref": "#/nope"}}}', "invalid JSON schema: Pointer '/nope' does not exist"),
+        ("grammar", "start: foo", 'structured output: invalid grammar: at 1(8): unknown name: "foo"'),
+        ("grammar", "root ::= item\n", "structured output: invalid GBNF grammar: Rule 'item' not found"),
+    ],
+)
 def test_a_structured_output_that_does_not_compile_is_refused_naming_the_problem(tokenizer, kind, value, message):
     engine = make_engine(tokenizer)
     with pytest.raises(InvalidRequestError) as caught:
@@ -171,8 +177,12 @@ def _finals(engine):
 def test_fifty_sampled_json_requests_in_one_batch_all_follow_the_schema(tokenizer, ahead):
     engine = make_engine(tokenizer, ahead=ahead, num_scheduler_steps=4)
     schema = StructuredOutput("json", json.dumps(SCHEMA))
-    ids = [engine.add_request(f"item {i}:", SamplingParams(max_new_tokens=150, temperature=1.0, seed=i,
-                                                              structured_output=schema)) for i in range(50)]
+    ids = [
+        engine.add_request(
+            f"item {i}:", SamplingParams(max_new_tokens=150, temperature=1.0, seed=i, structured_output=schema)
+        )
+        for i in range(50)
+    ]
     plain = engine.add_request("free text", SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True))
     finals = _finals(engine)
     for request_id in ids:
@@ -185,16 +195,26 @@ def test_fifty_sampled_json_requests_in_one_batch_all_follow_the_schema(tokenize
 def test_json_object_regex_choice_and_grammars_are_followed(tokenizer):
     engine = make_engine(tokenizer)
     cases = {
-        "object": (params("json_object", max_new_tokens=200, temperature=0.7, seed=1),
-                   lambda text: isinstance(json.loads(text), dict)),
-        "regex": (params("regex", r"[a-z]{3}-[0-9]{2}", temperature=1.0, seed=2),
-                  lambda text: re.fullmatch(r"[a-z]{3}-[0-9]{2}", text)),
-        "choice": (params("choice", json.dumps(["yes", "no", 'say "maybe"\n']), temperature=1.0, seed=3),
-                   lambda text: text in ("yes", "no", 'say "maybe"\n')),
-        "lark": (params("grammar", 'start: "(" NUM ("," NUM)* ")"\nNUM: /[0-9]{1,2}/', temperature=1.0, seed=4),
-                 lambda text: re.fullmatch(r"\([0-9]{1,2}(,[0-9]{1,2})*\)", text)),
-        "gbnf": (params("grammar", 'root ::= "ab" digit\ndigit ::= [0-9]', temperature=1.0, seed=5),
-                 lambda text: re.fullmatch(r"ab[0-9]", text)),
+        "object": (
+            params("json_object", max_new_tokens=200, temperature=0.7, seed=1),
+            lambda text: isinstance(json.loads(text), dict),
+        ),
+        "regex": (
+            params("regex", r"[a-z]{3}-[0-9]{2}", temperature=1.0, seed=2),
+            lambda text: re.fullmatch(r"[a-z]{3}-[0-9]{2}", text),
+        ),
+        "choice": (
+            params("choice", json.dumps(["yes", "no", 'say "maybe"\n']), temperature=1.0, seed=3),
+            lambda text: text in ("yes", "no", 'say "maybe"\n'),
+        ),
+        "lark": (
+            params("grammar", 'start: "(" NUM ("," NUM)* ")"\nNUM: /[0-9]{1,2}/', temperature=1.0, seed=4),
+            lambda text: re.fullmatch(r"\([0-9]{1,2}(,[0-9]{1,2})*\)", text),
+        ),
+        "gbnf": (
+            params("grammar", 'root ::= "ab" digit\ndigit ::= [0-9]', temperature=1.0, seed=5),
+            lambda text: re.fullmatch(r"ab[0-9]", text),
+        ),
     }
     ids = {name: engine.add_request("go", p) for name, (p, _) in cases.items()}
     finals = _finals(engine)
@@ -211,9 +231,13 @@ def test_a_greedy_structured_request_gets_the_same_tokens_alone_and_among_others
     (expected,) = alone.generate(["record:"], greedy)
     check_schema_output(expected.text)
     crowded = make_engine(tokenizer, max_num_seqs=16, ahead=ahead, num_scheduler_steps=4)
-    others = [crowded.add_request(f"other {i}", SamplingParams(max_new_tokens=40, temperature=1.0, seed=i,
-                                                                structured_output=schema if i % 2 else None))
-              for i in range(12)]
+    others = [
+        crowded.add_request(
+            f"other {i}",
+            SamplingParams(max_new_tokens=40, temperature=1.0, seed=i, structured_output=schema if i % 2 else None),
+        )
+        for i in range(12)
+    ]
     crowded.step()
     target = crowded.add_request("record:", greedy)  # joins a batch already decoding
     finals = _finals(crowded)
@@ -245,8 +269,12 @@ def test_plain_greedy_rows_beside_a_structured_one_keep_the_runner_s_tokens(toke
 def test_preempted_structured_requests_recompute_without_feeding_their_grammar_twice(tokenizer):
     engine = make_engine(tokenizer, num_blocks=72, max_num_seqs=16)  # too few blocks: preemptions
     schema = StructuredOutput("json", json.dumps(SCHEMA))
-    ids = [engine.add_request(f"row {i}", SamplingParams(max_new_tokens=150, temperature=1.0, seed=i,
-                                                           structured_output=schema)) for i in range(16)]
+    ids = [
+        engine.add_request(
+            f"row {i}", SamplingParams(max_new_tokens=150, temperature=1.0, seed=i, structured_output=schema)
+        )
+        for i in range(16)
+    ]
     finals = _finals(engine)
     assert engine.core.scheduler.num_preemptions > 0
     for request_id in ids:
@@ -327,8 +355,16 @@ def test_the_masks_of_a_step_are_started_before_the_model_runs_it(tokenizer, mon
 
 def test_each_choice_of_a_structured_request_follows_the_grammar_on_its_own(tokenizer):
     engine = make_engine(tokenizer)
-    engine.add_request("q", SamplingParams(n=4, max_new_tokens=150, temperature=1.0, seed=3,
-                                           structured_output=StructuredOutput("json", json.dumps(SCHEMA))))
+    engine.add_request(
+        "q",
+        SamplingParams(
+            n=4,
+            max_new_tokens=150,
+            temperature=1.0,
+            seed=3,
+            structured_output=StructuredOutput("json", json.dumps(SCHEMA)),
+        ),
+    )
     finals = [o for o in _run(engine) if o.finished]
     assert sorted(o.index for o in finals) == [0, 1, 2, 3]
     for out in finals:

@@ -1,5 +1,6 @@
 """What a log line cannot be made to do by the text it quotes: start a line of its own (newlines, C1 controls,
 Unicode line separators), or recolour a terminal; in messages and in the exceptions of a traceback alike."""
+
 import builtins
 import logging
 import sys
@@ -56,8 +57,15 @@ def test_grouped_exceptions_are_escaped_too():
 
 def test_the_formatter_escapes_what_log_exception_writes():
     formatter = log._Formatter()  # pylint: disable=protected-access
-    record = logging.LogRecord("mindspore_serving", logging.ERROR, "/x/mindspore_serving/w.py", 3, "failed %s",
-                               ("q\nq",), _exc_info(lambda: _raise(FORGED)))
+    record = logging.LogRecord(
+        "mindspore_serving",
+        logging.ERROR,
+        "/x/mindspore_serving/w.py",
+        3,
+        "failed %s",
+        ("q\nq",),
+        _exc_info(lambda: _raise(FORGED)),
+    )
     lines = formatter.format(record).split("\n")
     assert lines[0].endswith("[mindspore_serving/w.py:3] failed q\\nq")
     assert lines[-1] == f"ValueError: {ESCAPED}"

@@ -1,5 +1,6 @@
 """The master's heartbeat: a worker that stops answering pings is given up after its misses, once, and a worker
 that answers (even with an error) or is removed is left alone."""
+
 import asyncio
 
 import grpc
@@ -33,8 +34,16 @@ class FakeStub:
 
 
 def worker(registry, key):
-    record = WorkerRecord(key=key, pid=len(registry.all()) + 1, address="unix:x", servable_name=key, version_number=1,
-                          batch_size=1, methods={}, stub=FakeStub())
+    record = WorkerRecord(
+        key=key,
+        pid=len(registry.all()) + 1,
+        address="unix:x",
+        servable_name=key,
+        version_number=1,
+        batch_size=1,
+        methods={},
+        stub=FakeStub(),
+    )
     registry.add(record)
     return record
 

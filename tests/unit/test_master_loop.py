@@ -1,4 +1,5 @@
 """The master's event loop: uvloop when installed, asyncio's on request; grpc.aio works on it."""
+
 import asyncio
 
 import grpc

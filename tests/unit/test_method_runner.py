@@ -3,6 +3,7 @@
 Stages are real StageSpec/MethodSpec objects (built by hand or recorded from a servable_config.py written into
 tmp_path) run by fake executors, or by a real ModelExecutor over a fake graph. No processes, no MindSpore.
 """
+
 import importlib.util
 import io
 import itertools
@@ -11,15 +12,21 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from stage_fakes import FakeLoadedModel, function_spec, method, model_spec, ref
 
 from mindspore_serving.spec import model_call as model_module
 from mindspore_serving.spec.registry import get_servable_spec, reset_registry
 from mindspore_serving.spec.servable import STAGE_BUILTIN, STAGE_MODEL, StageSpec
 from mindspore_serving.worker.executors import FunctionBatcher, ModelExecutor
-from mindspore_serving.worker.method_runner import (ArgmaxStage, BatchFunctionStage, FunctionStage, InstanceError,
-                                                     MethodRunner, ModelStage)
+from mindspore_serving.worker.method_runner import (
+    ArgmaxStage,
+    BatchFunctionStage,
+    FunctionStage,
+    InstanceError,
+    MethodRunner,
+    ModelStage,
+)
 from mindspore_serving.worker.model_backend import TensorInfo
-from stage_fakes import FakeLoadedModel, function_spec, method, model_spec, ref
 
 _module_ids = itertools.count()
 
@@ -83,8 +90,9 @@ def errors_of(results):
 def test_echo_method_returns_the_inputs_unchanged():
     spec = method("echo", ["x", "s", "b"], ["b", "x", "s"], [], [ref(0, 2), ref(0, 0), ref(0, 1)])
     x = np.arange(4, dtype=np.float32)
-    results = MethodRunner("svc", spec, []).run([{"x": x, "s": "text", "b": b"\x00\xff"},
-                                                 {"x": x * 2, "s": "", "b": b""}])
+    results = MethodRunner("svc", spec, []).run(
+        [{"x": x, "s": "text", "b": b"\x00\xff"}, {"x": x * 2, "s": "", "b": b""}]
+    )
     assert results[0]["x"] is x
     assert results[0]["s"] == "text"
     assert isinstance(results[0]["b"], bytes) and results[0]["b"] == b"\x00\xff"
@@ -97,8 +105,11 @@ def test_echo_method_reports_missing_inputs_per_instance():
     spec = method("echo", ["x1", "x2"], ["y"], [], [ref(0, 1)])
     results = MethodRunner("svc", spec, []).run([{"x1": 1, "x2": 2}, {"x1": 1}, {"x2": 5}])
     assert results[0] == {"y": 2}
-    assert errors_of(results) == [None, "Cannot find input x2 in instance input , servable svc, method echo",
-                                  "Cannot find input x1 in instance input , servable svc, method echo"]
+    assert errors_of(results) == [
+        None,
+        "Cannot find input x2 in instance input , servable svc, method echo",
+        "Cannot find input x1 in instance input , servable svc, method echo",
+    ]
     assert all(isinstance(result, InstanceError) for result in results[1:])
 
 
@@ -117,9 +128,13 @@ def test_python_stages_see_bytes_as_uint8_arrays_and_str_as_str():
         seen.append((b, s))
         return b.size, s.upper()
 
-    spec = method("m", ["b", "s"], ["n", "u", "b"], [function_spec(inspect_inputs, ref(0, 0), ref(0, 1),
-                                                                  outputs_count=2)],
-                  [ref(1, 0), ref(1, 1), ref(0, 0)])
+    spec = method(
+        "m",
+        ["b", "s"],
+        ["n", "u", "b"],
+        [function_spec(inspect_inputs, ref(0, 0), ref(0, 1), outputs_count=2)],
+        [ref(1, 0), ref(1, 1), ref(0, 0)],
+    )
     stages = [FunctionStage(inspect_inputs, 2, InlineExecutor())]
     results = MethodRunner("svc", spec, stages).run([{"b": b"\x01\x02\x03", "s": "abc"}])
     b, s = seen[0]
@@ -174,9 +189,14 @@ def test_a_failing_instance_gets_its_own_error_and_the_others_go_on():
 
     spec = method("m", ["x"], ["y"], [function_spec(check_value, ref(0))], [ref(1)])
     results = MethodRunner("svc", spec, [FunctionStage(check_value, 1, InlineExecutor())]).run(
-        [{"x": np.array(0)}, {"x": np.array(1)}, {"x": np.array(2)}])
-    assert errors_of(results) == [None, "Call Function 'svc.check_value' Failed, method: 'm', stage index(begin with "
-                                        "1): 1, error msg: one is not allowed", None]
+        [{"x": np.array(0)}, {"x": np.array(1)}, {"x": np.array(2)}]
+    )
+    assert errors_of(results) == [
+        None,
+        "Call Function 'svc.check_value' Failed, method: 'm', stage index(begin with "
+        "1): 1, error msg: one is not allowed",
+        None,
+    ]
     assert results[0]["y"].item() == 0
     assert results[2]["y"].item() == 20
 
@@ -187,8 +207,10 @@ def test_a_stage_error_keeps_its_message_without_paths_or_reprs_and_its_exceptio
 
     spec = method("m", ["x"], ["y"], [function_spec(parse, ref(0))], [ref(1)])
     results = MethodRunner("svc", spec, [FunctionStage(parse, 1, InlineExecutor())]).run([{"x": np.array(0)}])
-    assert errors_of(results) == ["Call Function 'svc.parse' Failed, method: 'm', stage index(begin with 1): 1, "
-                                  "error msg: cannot read BytesIO from x.py: <_io.BytesIO object>"]
+    assert errors_of(results) == [
+        "Call Function 'svc.parse' Failed, method: 'm', stage index(begin with 1): 1, "
+        "error msg: cannot read BytesIO from x.py: <_io.BytesIO object>"
+    ]
     cause = results[0].__cause__
     assert isinstance(cause, TypeError) and "/usr/lib/servables/x.py" in str(cause) and " at 0x" in str(cause)
     assert cause.__traceback__ is not None  # the worker logs it, traceback and all
@@ -206,8 +228,9 @@ def test_an_instance_failing_at_stage_1_never_reaches_stage_2():
         reached.append(x.item())
         return x * 2
 
-    spec = method("m", ["x"], ["y"], [function_spec(first, ref(0)), function_spec(second, ref(1), tag="Post")],
-                  [ref(2)])
+    spec = method(
+        "m", ["x"], ["y"], [function_spec(first, ref(0)), function_spec(second, ref(1), tag="Post")], [ref(2)]
+    )
     stages = [FunctionStage(first, 1, InlineExecutor()), FunctionStage(second, 1, InlineExecutor())]
     results = MethodRunner("svc", spec, stages).run([{"x": np.array(v)} for v in (3, -1, 4, -2)])
     assert reached == [4, 5]
@@ -215,7 +238,8 @@ def test_an_instance_failing_at_stage_1_never_reaches_stage_2():
         None,
         "Call Function 'svc.first' Failed, method: 'm', stage index(begin with 1): 1, error msg: negative -1",
         None,
-        "Call Function 'svc.first' Failed, method: 'm', stage index(begin with 1): 1, error msg: negative -2"]
+        "Call Function 'svc.first' Failed, method: 'm', stage index(begin with 1): 1, error msg: negative -2",
+    ]
     assert [results[0]["y"].item(), results[2]["y"].item()] == [8, 10]
 
 
@@ -226,8 +250,9 @@ def test_the_stage_index_and_tag_of_a_later_stage_appear_in_its_error():
     def second(x):
         raise KeyError("k")
 
-    spec = method("predict", ["x"], ["y"], [function_spec(first, ref(0)), function_spec(second, ref(1), tag="Post")],
-                  [ref(2)])
+    spec = method(
+        "predict", ["x"], ["y"], [function_spec(first, ref(0)), function_spec(second, ref(1), tag="Post")], [ref(2)]
+    )
     stages = [FunctionStage(first, 1, InlineExecutor()), FunctionStage(second, 1, InlineExecutor())]
     results = MethodRunner("svc", spec, stages).run([{"x": 1}])
     assert errors_of(results) == ["Call Post Failed, method: 'predict', stage index(begin with 1): 2, error msg: 'k'"]
@@ -251,18 +276,32 @@ def test_missing_input_never_reaches_any_stage():
 
     spec = method("m", ["x1", "x2"], ["y"], [function_spec(record, ref(0, 0), ref(0, 1))], [ref(1)])
     results = MethodRunner("add", spec, [FunctionStage(record, 1, InlineExecutor())]).run(
-        [{"x1": "a"}, {"x1": "b", "x2": "c"}])
+        [{"x1": "a"}, {"x1": "b", "x2": "c"}]
+    )
     assert calls == [("b", "c")]
     assert errors_of(results) == ["Cannot find input x2 in instance input , servable add, method m", None]
     assert results[1] == {"y": "b"}
 
 
 def test_builtin_argmax_stage():
-    spec = method("m", ["x"], ["label"], [StageSpec(kind=STAGE_BUILTIN, tag="Function 'argmax_cpp'",
-                                                    inputs=[ref(0)], outputs_count=1, builtin_name="argmax_cpp")],
-                  [ref(1)])
-    results = MethodRunner("svc", spec, [ArgmaxStage()]).run([{"x": np.array([0.1, 0.7, 0.2], np.float32)},
-                                                              {"x": "text"}])
+    spec = method(
+        "m",
+        ["x"],
+        ["label"],
+        [
+            StageSpec(
+                kind=STAGE_BUILTIN,
+                tag="Function 'argmax_cpp'",
+                inputs=[ref(0)],
+                outputs_count=1,
+                builtin_name="argmax_cpp",
+            )
+        ],
+        [ref(1)],
+    )
+    results = MethodRunner("svc", spec, [ArgmaxStage()]).run(
+        [{"x": np.array([0.1, 0.7, 0.2], np.float32)}, {"x": "text"}]
+    )
     assert results[0]["label"].dtype == np.int64 and results[0]["label"].item() == 1
     assert errors_of(results) == [None, "argmax_cpp expects one numeric tensor input"]
 
@@ -271,11 +310,11 @@ def test_builtin_argmax_stage():
 
 
 def test_model_checks_fail_only_their_instance_with_the_check_text():
-    executor = FakeModelExecutor(lambda x: (x + 1,),
-                                 reject=lambda inputs: "bad size" if inputs[0].size != 4 else None)
+    executor = FakeModelExecutor(lambda x: (x + 1,), reject=lambda inputs: "bad size" if inputs[0].size != 4 else None)
     spec = method("m", ["x"], ["y"], [model_spec("add.mindir", ref(0))], [ref(1)])
     results = MethodRunner("svc", spec, [ModelStage(executor)]).run(
-        [{"x": np.zeros(4)}, {"x": np.zeros(3)}, {"x": np.ones(4)}])
+        [{"x": np.zeros(4)}, {"x": np.zeros(3)}, {"x": np.ones(4)}]
+    )
     assert errors_of(results) == [None, "bad size", None]
     np.testing.assert_array_equal(results[2]["y"], np.full(4, 2.0))
     assert len(executor.submitted) == 2
@@ -290,16 +329,23 @@ def test_expected_counters_are_announced_and_retracted_for_every_model_stage():
 
     model_a = FakeModelExecutor(lambda x: (x + 100,), reject=lambda inputs: "a rejects 2" if inputs[0] == 2 else None)
     model_b = FakeModelExecutor(lambda x: (x * 2,))
-    spec = method("m", ["x"], ["y"], [function_spec(pre, ref(0)), model_spec("a.mindir", ref(1)),
-                                      model_spec("b.mindir", ref(2))], [ref(3)])
-    runner = MethodRunner("svc", spec, [FunctionStage(pre, 1, InlineExecutor()), ModelStage(model_a),
-                                        ModelStage(model_b)])
+    spec = method(
+        "m",
+        ["x"],
+        ["y"],
+        [function_spec(pre, ref(0)), model_spec("a.mindir", ref(1)), model_spec("b.mindir", ref(2))],
+        [ref(3)],
+    )
+    runner = MethodRunner(
+        "svc", spec, [FunctionStage(pre, 1, InlineExecutor()), ModelStage(model_a), ModelStage(model_b)]
+    )
     results = runner.run([{"x": np.array(0)}, {"x": np.array(1)}, {"x": np.array(2)}, {"y": np.array(3)}])
     assert errors_of(results) == [
         None,
         "Call Function 'svc.pre' Failed, method: 'm', stage index(begin with 1): 1, error msg: pre failed",
         "a rejects 2",
-        "Cannot find input x in instance input , servable svc, method m"]
+        "Cannot find input x in instance input , servable svc, method m",
+    ]
     assert results[0]["y"].item() == 200
     # 3 instances have all their inputs; the one failing at stage 1 is retracted from both model queues,
     # the one rejected by model a from a's queue and b's
@@ -316,8 +362,9 @@ def test_a_model_failure_retracts_the_later_model_stages():
     model_b = FakeModelExecutor(lambda x: (x,))
     spec = method("m", ["x"], ["y"], [model_spec("a.mindir", ref(0)), model_spec("b.mindir", ref(1))], [ref(2)])
     results = MethodRunner("svc", spec, [ModelStage(model_a), ModelStage(model_b)]).run([{"x": 1}, {"x": 2}])
-    text = ("Call Model 'a.mindir' Failed, method: 'm', stage index(begin with 1): 1, error msg: model predict failed: "
-            "boom")
+    text = (
+        "Call Model 'a.mindir' Failed, method: 'm', stage index(begin with 1): 1, error msg: model predict failed: boom"
+    )
     assert errors_of(results) == [text, text]
     assert model_b.submitted == []
     assert model_b.expected.events == [("announce", 2), ("retract", 1), ("retract", 1)]
@@ -336,16 +383,23 @@ def test_request_instances_share_one_padded_model_batch():
     model = FakeLoadedModel(4, [TensorInfo((2,), np.dtype(np.float32))], lambda x: (x * 2, x.sum(axis=1)))
     executor = ModelExecutor(model, 0, max_wait=5.0)
     try:
-        spec = method("m", ["x"], ["double", "total"],
-                      [function_spec(pre, ref(0)), model_spec("fake.mindir", ref(1), outputs_count=2)],
-                      [ref(2, 0), ref(2, 1)])
+        spec = method(
+            "m",
+            ["x"],
+            ["double", "total"],
+            [function_spec(pre, ref(0)), model_spec("fake.mindir", ref(1), outputs_count=2)],
+            [ref(2, 0), ref(2, 1)],
+        )
         runner = MethodRunner("svc", spec, [FunctionStage(pre, 1, InlineExecutor()), ModelStage(executor)])
         inputs = [np.array([1, 2], np.float32), np.array([-1, 0], np.float32), np.array([3, 4], np.float32)]
         results = runner.run([{"x": x} for x in inputs])
     finally:
         executor.close()
-    assert errors_of(results) == [None, "Call Function 'svc.pre' Failed, method: 'm', stage index(begin with 1): 1, "
-                                        "error msg: negative", None]
+    assert errors_of(results) == [
+        None,
+        "Call Function 'svc.pre' Failed, method: 'm', stage index(begin with 1): 1, error msg: negative",
+        None,
+    ]
     np.testing.assert_array_equal(results[0]["double"], [2, 4])
     assert results[0]["total"].item() == 3
     np.testing.assert_array_equal(results[2]["double"], [6, 8])
@@ -362,13 +416,15 @@ def test_model_executor_rejects_with_the_model_check_texts():
     try:
         spec = method("m", ["x"], ["y"], [model_spec("fake.mindir", ref(0))], [ref(1)])
         results = MethodRunner("svc", spec, [ModelStage(executor)]).run(
-            [{"x": np.zeros((2, 2), np.int32)}, {"x": np.zeros((3, 2), np.float32)}, {"x": np.ones(4, np.float32)}])
+            [{"x": np.zeros((2, 2), np.int32)}, {"x": np.zeros((3, 2), np.float32)}, {"x": np.ones(4, np.float32)}]
+        )
     finally:
         executor.close()
     assert errors_of(results) == [
         "Given model input 0 data type kMSI_Int32 not match the data type kMSI_Float32 defined in model",
         "Given model input 0 size 24 not match the size 16 defined in model",
-        None]
+        None,
+    ]
     np.testing.assert_array_equal(results[2]["y"], np.ones((2, 2)))
 
 
@@ -403,13 +459,15 @@ def test_batched_python_stage_fails_only_the_instance_whose_item_raises():
     try:
         spec = method("m", ["data"], ["total"], [function_spec(decode, ref(0), batch_size=4)], [ref(1)])
         results = MethodRunner("svc", spec, [BatchFunctionStage(batcher)]).run(
-            [{"data": b"\x01\x02"}, {"data": b""}, {"data": b"\x05"}])
+            [{"data": b"\x01\x02"}, {"data": b""}, {"data": b"\x05"}]
+        )
     finally:
         batcher.close()
         pool.shutdown()
     assert results[0]["total"].item() == 3
-    assert errors_of(results)[1] == ("Call Function 'svc.decode' Failed, method: 'm', stage index(begin with 1): 1, "
-                                     "error msg: empty")
+    assert errors_of(results)[1] == (
+        "Call Function 'svc.decode' Failed, method: 'm', stage index(begin with 1): 1, error msg: empty"
+    )
     assert results[2]["total"].item() == 5
 
 
@@ -447,7 +505,9 @@ def build_stages(method_spec, models):
 
 
 def test_recorded_pipeline_runs_per_instance(tmp_path, registry):
-    servable = load_config(tmp_path, """
+    servable = load_config(
+        tmp_path,
+        """
         tensor_add = register.declare_model(model_file="tensor_add.mindir", model_format="MindIR",
                                             with_batch_dim=False)
 
@@ -469,22 +529,29 @@ def test_recorded_pipeline_runs_per_instance(tmp_path, registry):
         @register.register_method(output_names=["a"])
         def echo(a):
             return a
-    """, name="adder")
+    """,
+        name="adder",
+    )
     add = FakeModelExecutor(lambda a, b: (a + b,))
     complex_add = servable.methods["complex_add"]
     runner = MethodRunner("adder", complex_add, build_stages(complex_add, {"tensor_add.mindir": add}))
     ones = np.ones((2, 2), np.float32)
-    results = runner.run([{"x1": ones, "x2": ones}, {"x1": ones.astype(np.int32), "x2": ones},
-                          {"x1": ones * 3, "x2": ones * 5}])
+    results = runner.run(
+        [{"x1": ones, "x2": ones}, {"x1": ones.astype(np.int32), "x2": ones}, {"x1": ones * 3, "x2": ones * 5}]
+    )
     np.testing.assert_array_equal(results[0]["y"], np.full((2, 2), 6.0))
     assert results[0]["echo"] is ones
-    assert errors_of(results)[1] == ("Call Function 'adder.add_one' Failed, method: 'complex_add', stage index(begin "
-                                     "with 1): 1, error msg: x1 should be float32, got int32")
+    assert errors_of(results)[1] == (
+        "Call Function 'adder.add_one' Failed, method: 'complex_add', stage index(begin "
+        "with 1): 1, error msg: x1 should be float32, got int32"
+    )
     np.testing.assert_array_equal(results[2]["y"], np.full((2, 2), 18.0))
     np.testing.assert_array_equal(results[2]["echo"], ones * 5)
     assert len(add.submitted) == 2
     assert add.expected.events == [("announce", 3), ("retract", 1), ("arrived", 1), ("arrived", 1)]
 
     echo = servable.methods["echo"]
-    assert MethodRunner("adder", echo, build_stages(echo, {})).run([{"a": b"\x00"}, {"a": "s"}]) == \
-        [{"a": b"\x00"}, {"a": "s"}]
+    assert MethodRunner("adder", echo, build_stages(echo, {})).run([{"a": b"\x00"}, {"a": "s"}]) == [
+        {"a": b"\x00"},
+        {"a": "s"},
+    ]

@@ -1,4 +1,5 @@
 """Metric bookkeeping: histograms, outcomes, and families built from master and worker samples."""
+
 from types import SimpleNamespace
 
 from prometheus_client import generate_latest
@@ -34,19 +35,39 @@ def test_families_from_master_and_worker_samples():
     worker = WorkerMetrics()
     worker.model("lenet.mindir").record(2, 0, 0.01)
     worker.model("lenet.mindir").record(1, 1, 0.01)
-    record = SimpleNamespace(servable_name="lenet", version_number=1, device_label="0", pid=7, key="k",
-                             extensions={}, queues={}, outstanding=0, stub=None)
+    record = SimpleNamespace(
+        servable_name="lenet",
+        version_number=1,
+        device_label="0",
+        pid=7,
+        key="k",
+        extensions={},
+        queues={},
+        outstanding=0,
+        stub=None,
+    )
     registry = SimpleNamespace(all=lambda: [record])
-    processes = SimpleNamespace(restart_counts=lambda: [("k", (SimpleNamespace(servable_name="lenet", version_number=0,
-                                                                                device_label="0"), 2))])
+    processes = SimpleNamespace(
+        restart_counts=lambda: [("k", (SimpleNamespace(servable_name="lenet", version_number=0, device_label="0"), 2))]
+    )
     dispatcher = SimpleNamespace(enqueued=0, max_enqueued_requests=10)
     collector = MetricsCollector(metrics, dispatcher, registry, processes, loop=None)
     reply = SimpleNamespace(samples=worker.samples())
     text = generate_latest(_Families(collector.families([(record, reply)]))).decode()
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for family in text_string_to_metric_families(text) for s in family.samples}
-    assert samples[(m.P + "requests_total", (("method", "add_common"), ("outcome", "success"),
-                                             ("servable", "add"), ("version", "1")))] == 3
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert (
+        samples[
+            (
+                m.P + "requests_total",
+                (("method", "add_common"), ("outcome", "success"), ("servable", "add"), ("version", "1")),
+            )
+        ]
+        == 3
+    )
     assert samples[(m.P + "rejected_requests_total", ())] == 2
     lenet = (("device", "0"), ("model", "lenet.mindir"), ("servable", "lenet"), ("version", "1"))
     assert samples[(m.P + "model_batch_size_count", lenet)] == 2
@@ -59,6 +80,7 @@ def test_families_from_master_and_worker_samples():
 def test_front_end_processes_samples_add_up_with_the_masters():
     """A front-end process's counts (MetricsReply of frontend_samples) join the master's: the same series summed,
     histograms bucket by bucket, and one frontend_requests series per front end."""
+
     def front_end(successes, latency):
         metrics = MasterMetrics()
         stats = metrics.method("add", 1, "add_common")
@@ -69,11 +91,15 @@ def test_front_end_processes_samples_add_up_with_the_masters():
 
     dispatcher = SimpleNamespace(enqueued=1, max_enqueued_requests=10)
     child = SimpleNamespace(samples=frontend_samples(front_end(5, 0.2), SimpleNamespace(enqueued=2), 1))
-    collector = MetricsCollector(front_end(3, 0.002), dispatcher, SimpleNamespace(all=list),
-                                 SimpleNamespace(restart_counts=list), loop=None)
+    collector = MetricsCollector(
+        front_end(3, 0.002), dispatcher, SimpleNamespace(all=list), SimpleNamespace(restart_counts=list), loop=None
+    )
     text = generate_latest(_Families(collector.families([], [child]))).decode()
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for family in text_string_to_metric_families(text) for s in family.samples}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
     labels = (("method", "add_common"), ("servable", "add"), ("version", "1"))
     assert samples[(m.P + "requests_total", labels[:1] + (("outcome", "success"),) + labels[1:])] == 8
     assert samples[(m.P + "request_duration_seconds_count", labels)] == 2

@@ -4,6 +4,7 @@ The fast call uses MindSpore's private executor API (model_backend._CompiledRunn
 gives the public call's results, is really used after the first call of an input signature, and falls back to
 the public call when it is unavailable or fails.
 """
+
 import os
 
 import numpy as np
@@ -19,6 +20,7 @@ def ms():
     if not os.path.isfile(ADD_MINDIR):
         pytest.skip("servables/add/1/tensor_add.mindir is missing (make models)")
     from mindspore_serving.common.ms_device import select_device
+
     select_device("CPU")
     mindspore.set_context(mode=mindspore.GRAPH_MODE)
     return mindspore
@@ -27,6 +29,7 @@ def ms():
 @pytest.fixture()
 def add_graph(ms):
     from mindspore_serving.worker.model_backend import Subgraph
+
     return Subgraph(ADD_MINDIR)
 
 
@@ -46,8 +49,10 @@ def public_calls(ms, monkeypatch):
 
 def pairs(count, seed=0):
     rng = np.random.default_rng(seed)
-    return [(rng.standard_normal((2, 2)).astype(np.float32), rng.standard_normal((2, 2)).astype(np.float32))
-            for _ in range(count)]
+    return [
+        (rng.standard_normal((2, 2)).astype(np.float32), rng.standard_normal((2, 2)).astype(np.float32))
+        for _ in range(count)
+    ]
 
 
 def test_probe_reveals_inputs_and_outputs(add_graph):
@@ -57,6 +62,7 @@ def test_probe_reveals_inputs_and_outputs(add_graph):
 
 def test_fast_call_is_used_after_the_first_call_and_matches_the_public_call(ms, add_graph, public_calls):
     from mindspore_serving.worker.model_backend import compiled_runner
+
     assert compiled_runner().available, "MindSpore's executor internals changed: the fast call is off"
     for x1, x2 in pairs(20):
         (y,) = add_graph.run([x1, x2])
@@ -105,6 +111,7 @@ def test_each_new_signature_goes_through_the_public_call_once(add_graph, public_
 
 def test_without_the_fast_call_every_call_is_public(add_graph, public_calls, monkeypatch):
     from mindspore_serving.worker import model_backend
+
     monkeypatch.setattr(model_backend._CompiledRunner, "phase_of", lambda self, cell: None)
     add_graph._phases.clear()
     for x1, x2 in pairs(3):
@@ -133,6 +140,7 @@ def export_encrypted(ms, directory, enc_mode):
     """The add model of servables/add exported with `enc_key=KEY`: not a parseable protobuf any more."""
     import importlib.util
     import sys
+
     name = "_test_model_backend_add_export"
     module = sys.modules.get(name)
     if module is None:
@@ -150,6 +158,7 @@ def export_encrypted(ms, directory, enc_mode):
 def test_an_encrypted_model_loads_with_its_key(ms, tmp_path, mode):
     from mindspore_serving.common.mindir_info import read_mindir_input_infos
     from mindspore_serving.worker.model_backend import Subgraph
+
     path = export_encrypted(ms, tmp_path, mode)
     assert read_mindir_input_infos(path) is None  # without the key it is no protobuf
     graph = Subgraph(path, KEY, mode)
@@ -161,10 +170,14 @@ def test_an_encrypted_model_loads_with_its_key(ms, tmp_path, mode):
 
 def test_a_wrong_key_fails_with_mindspore_s_reason(ms, tmp_path):
     from mindspore_serving.worker.model_backend import Subgraph
+
     path = export_encrypted(ms, tmp_path, "AES-GCM")
-    with pytest.raises(RuntimeError, match="Load MindIR failed. The file may be encrypted and decrypt failed, you can "
-                                           "check whether the values of the arguments 'dec_key' and 'dec_mode' are "
-                                           "the same as when exported MindIR file, or check the file integrity."):
+    with pytest.raises(
+        RuntimeError,
+        match="Load MindIR failed. The file may be encrypted and decrypt failed, you can "
+        "check whether the values of the arguments 'dec_key' and 'dec_mode' are "
+        "the same as when exported MindIR file, or check the file integrity.",
+    ):
         Subgraph(path, b"x" * 32, "AES-GCM")
     with pytest.raises(RuntimeError, match="Load MindIR failed"):
         Subgraph(path, KEY, "AES-CBC")
@@ -176,6 +189,7 @@ def test_a_wrong_key_fails_with_mindspore_s_reason(ms, tmp_path):
 class _Graph:
     def __init__(self, inputs, outputs):
         from mindspore_serving.worker.model_backend import TensorInfo
+
         self.inputs = [TensorInfo(tuple(shape), np.dtype(np.float32)) for shape in inputs]
         self.outputs = [TensorInfo(tuple(shape), np.dtype(np.float32)) for shape in outputs]
 
@@ -183,6 +197,7 @@ class _Graph:
 def _model(graphs, with_batch_dim=True, without_batch_dim_inputs=()):
     from mindspore_serving.spec.servable import ModelSpec
     from mindspore_serving.worker.model_backend import LoadedModel
+
     model = LoadedModel.__new__(LoadedModel)  # the graphs as loading would have given them
     model.spec = ModelSpec("m.mindir", ("m.mindir",), "MindIR", with_batch_dim, tuple(without_batch_dim_inputs))
     model.subgraphs = graphs
@@ -194,14 +209,24 @@ def test_batch_size_checks_have_mindspore_serving_s_texts():
     assert _model([_Graph([[4, 3], []], [[4]])], without_batch_dim_inputs=[1])._check_batch_size() == 4
     assert _model([_Graph([[], [7]], [[]])], with_batch_dim=False)._check_batch_size() == 1
     cases = [
-        (_model([_Graph([[4, 3], []], [[4]])], without_batch_dim_inputs=[0]),
-         "The shape of model input 1 cannot be empty, when with_batch_dim is true and without_batch_dim_inputs is [0]"),
+        (
+            _model([_Graph([[4, 3], []], [[4]])], without_batch_dim_inputs=[0]),
+            "The shape of model input 1 cannot be empty, when with_batch_dim is true and without_batch_dim_inputs is [0]",
+        ),
         (_model([_Graph([[4, 3]], [[]])]), "The shape of model output 0 cannot be empty"),
-        (_model([_Graph([[4, 3], [2, 3]], [[4]])]), "The shape [2, 3] of model input 1 does not match current batch size 4"),
-        (_model([_Graph([[4, 3]], [[4], [3, 1]])]), "The shape [3, 1] of model output 1 does not match current batch size 4"),
+        (
+            _model([_Graph([[4, 3], [2, 3]], [[4]])]),
+            "The shape [2, 3] of model input 1 does not match current batch size 4",
+        ),
+        (
+            _model([_Graph([[4, 3]], [[4], [3, 1]])]),
+            "The shape [3, 1] of model output 1 does not match current batch size 4",
+        ),
         (_model([_Graph([[-1, 3]], [[4]])]), "The shape of model input 0 is invalid, shape: [-1, 3]"),
-        (_model([_Graph([[4, 3]], [[4]]), _Graph([[2, 3]], [[2]])]),
-         "Expect batch size to be same, last batch size: 4, subgraph 1 batch size: 2"),
+        (
+            _model([_Graph([[4, 3]], [[4]]), _Graph([[2, 3]], [[2]])]),
+            "Expect batch size to be same, last batch size: 4, subgraph 1 batch size: 2",
+        ),
     ]
     for model, text in cases:
         with pytest.raises(RuntimeError) as info:
@@ -211,23 +236,29 @@ def test_batch_size_checks_have_mindspore_serving_s_texts():
 
 def test_io_counts_of_register_method_must_match_the_model():
     from mindspore_serving.worker.servable_runtime import ServableRuntime
+
     model = _model([_Graph([[4, 3], [4, 3]], [[4], [4]])])
     runtime = ServableRuntime.__new__(ServableRuntime)
     runtime.models = {"m.mindir": model}
     model.spec.io_counts[0] = (3, 2)
     with pytest.raises(RuntimeError) as info:
         runtime._check_io_counts()
-    assert str(info.value) == ("The inputs count 3 in register_method not equal to the count 2 defined in model, model "
-                               "info: m.mindir, subgraph: 0")
+    assert str(info.value) == (
+        "The inputs count 3 in register_method not equal to the count 2 defined in model, model "
+        "info: m.mindir, subgraph: 0"
+    )
     model.spec.io_counts[0] = (2, 3)
     with pytest.raises(RuntimeError) as info:
         runtime._check_io_counts()
-    assert str(info.value) == ("The outputs count 3 in register_method not equal to the count 2 defined in model, "
-                               "model info: m.mindir, subgraph: 0")
+    assert str(info.value) == (
+        "The outputs count 3 in register_method not equal to the count 2 defined in model, "
+        "model info: m.mindir, subgraph: 0"
+    )
 
 
 def test_the_graph_runs_on_zeros_the_calls_asked_within_the_budget(add_graph, monkeypatch):
     from mindspore_serving.worker.model_backend import TensorInfo
+
     seen = []
     run = add_graph.run
 

@@ -1,5 +1,6 @@
 """Model control's logic without processes: version policies, the directory scan and its diff, the poller's
 retries, ModelControl's reload keys, failures and drain, and the v2 load/unload parameters."""
+
 import os
 
 import pytest
@@ -9,16 +10,32 @@ from mindspore_serving.frontends.kserve import _control_parameters, version_para
 from mindspore_serving.master import model_control as control
 from mindspore_serving.master.worker_processes import WorkerPlan, WorkerProcess
 from mindspore_serving.master.worker_registry import WorkerRecord, WorkerRegistry
-from mindspore_serving.server.model_repository import (Change, RepositoryPoller, ServableSnapshot, VersionPolicy,
-                                                       parse_policies, plan_changes, scan)
-
+from mindspore_serving.server.model_repository import (
+    Change,
+    RepositoryPoller,
+    ServableSnapshot,
+    VersionPolicy,
+    parse_policies,
+    plan_changes,
+    scan,
+)
 
 # ---- version policy
 
-@pytest.mark.parametrize("text, available, selected", [
-    ("latest:1", [1, 2, 3], {3}), ("latest", [1, 2], {2}), ("latest:2", [3, 1, 7], {3, 7}), ("latest:5", [1], {1}),
-    ("all", [1, 4], {1, 4}), ("specific:1,3", [1, 2, 3], {1, 3}), ("specific:9", [1, 2], set()),
-    ("latest:1", [], set())])
+
+@pytest.mark.parametrize(
+    "text, available, selected",
+    [
+        ("latest:1", [1, 2, 3], {3}),
+        ("latest", [1, 2], {2}),
+        ("latest:2", [3, 1, 7], {3, 7}),
+        ("latest:5", [1], {1}),
+        ("all", [1, 4], {1, 4}),
+        ("specific:1,3", [1, 2, 3], {1, 3}),
+        ("specific:9", [1, 2], set()),
+        ("latest:1", [], set()),
+    ],
+)
 def test_version_policy_selects(text, available, selected):
     assert VersionPolicy.parse(text).select(available) == selected
 
@@ -37,6 +54,7 @@ def test_parse_policies_default_and_per_servable():
 
 
 # ---- scan and diff
+
 
 def snap(config=("c",), **versions):
     return ServableSnapshot(config, {int(v[1:]): sig for v, sig in versions.items()})
@@ -61,8 +79,9 @@ def test_plan_reloads_on_a_changed_config_or_folder_and_unloads_what_is_gone():
 
 def test_plan_follows_each_servables_policy():
     policies = {"add": VersionPolicy("all", 0)}
-    changes = plan_changes({"add": snap(v1="a", v2="b"), "mul": snap(v1="a", v2="b")}, {},
-                           lambda name: policies.get(name, VersionPolicy()))
+    changes = plan_changes(
+        {"add": snap(v1="a", v2="b"), "mul": snap(v1="a", v2="b")}, {}, lambda name: policies.get(name, VersionPolicy())
+    )
     assert changes == [Change("load", "add", 1), Change("load", "add", 2), Change("load", "mul", 2)]
 
 
@@ -107,6 +126,7 @@ def test_poller_applies_changes_and_retries_a_failed_load_only_once_it_changed(t
 
 # ---- ModelControl on fake processes
 
+
 class FakeProcesses:
     def __init__(self):
         self.workers, self.loaded, self.terminated, self.fail = {}, [], [], None
@@ -133,8 +153,17 @@ def plan(version=1, device=0):
 
 
 def record(key, outstanding=0):
-    return WorkerRecord(key=key, pid=1, address="a", servable_name="add", version_number=1, batch_size=1, methods={},
-                        outstanding=outstanding, channel=object())
+    return WorkerRecord(
+        key=key,
+        pid=1,
+        address="a",
+        servable_name="add",
+        version_number=1,
+        batch_size=1,
+        methods={},
+        outstanding=outstanding,
+        channel=object(),
+    )
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """The master's monitor does not take a worker that start() registered but has not spawned yet for an exited one
 (it would stop the whole server when a servable is loaded after every other was unloaded)."""
+
 import threading
 
 from mindspore_serving.master.worker_processes import WorkerPlan, WorkerProcess, WorkerProcesses

@@ -1,5 +1,6 @@
 """The master's Predict calls over the worker's unix socket (ipc/predict_socket.py): both real ends in one
 process, a thread per connection on the worker's side and an asyncio channel on the master's."""
+
 import asyncio
 import os
 import shutil
@@ -8,8 +9,8 @@ import threading
 
 import pytest
 
-from mindspore_serving.ipc.master_worker import CONNECTION_ERRORS, WorkerConnectionError
 from mindspore_serving.ipc import predict_socket
+from mindspore_serving.ipc.master_worker import CONNECTION_ERRORS, WorkerConnectionError
 from mindspore_serving.ipc.predict_socket import PredictChannel, PredictSocketServer
 from mindspore_serving.proto import internal_pb2
 
@@ -63,8 +64,9 @@ def test_calls_get_their_own_replies_small_and_large_one_after_another_and_toget
     first, large, together = serve_and_run(address, echo, scenario, spin_s)
     assert (first.request_id, first.error_msg[0].error_msg) == ("a", b"4")
     assert (large.request_id, large.error_msg[0].error_msg) == ("b", str(3 << 20).encode())
-    assert [(r.request_id, r.error_msg[0].error_msg) for r in together] == [(f"c{i}", str(i + 1).encode())
-                                                                             for i in range(4)]
+    assert [(r.request_id, r.error_msg[0].error_msg) for r in together] == [
+        (f"c{i}", str(i + 1).encode()) for i in range(4)
+    ]
 
 
 def test_a_call_out_of_time_fails_and_its_late_reply_never_answers_the_next_call(address):
@@ -109,11 +111,11 @@ def test_a_stopped_or_missing_worker_is_a_connection_error(address):
         return answered
 
     assert serve_and_run(address, echo, scenario).request_id == "in flight"
-    assert not os.path.exists(address[len("unix:"):])  # the stopped worker removed its socket file
+    assert not os.path.exists(address[len("unix:") :])  # the stopped worker removed its socket file
 
 
 def test_a_socket_file_left_by_a_killed_worker_is_replaced(address):
-    with open(address[len("unix:"):], "w", encoding="utf-8"):
+    with open(address[len("unix:") :], "w", encoding="utf-8"):
         pass
 
     async def scenario(_server, channel):
@@ -126,7 +128,7 @@ def test_a_frame_that_is_not_a_request_closes_the_connection(address):
     server = PredictSocketServer(address, echo)
 
     async def scenario():
-        reader, writer = await asyncio.open_unix_connection(address[len("unix:"):])
+        reader, writer = await asyncio.open_unix_connection(address[len("unix:") :])
         writer.write(b"\3\0\0\0\xff\xff\xff")
         await writer.drain()
         return await reader.read()
@@ -167,7 +169,7 @@ def test_an_idle_connection_polls_before_it_blocks_but_not_while_another_call_is
 
     first_connection, while_held, held, other = serve_and_run(address, handle, scenario, spin_s=0.05)
     assert (held, other) == ("held", "c")
-    (thread, seconds), = first_connection
+    ((thread, seconds),) = first_connection
     assert seconds == 0.05 and len(while_held) >= 3  # before "a", "b" and "held" at least
     assert {ident for ident, _ in while_held} == {thread}  # the second connection never spun: a call was being answered
 
@@ -175,6 +177,7 @@ def test_an_idle_connection_polls_before_it_blocks_but_not_while_another_call_is
 def test_polling_ends_when_data_arrives_or_the_time_is_up():
     import select
     import socket
+
     left, right = socket.socketpair()
     with left, right:
         poller = select.poll()
@@ -186,14 +189,16 @@ def test_polling_ends_when_data_arrives_or_the_time_is_up():
 
 def test_the_worker_reads_its_polling_time_from_the_environment(monkeypatch):
     from mindspore_serving.worker.process import SPIN_VARIABLE, predict_spin_seconds
+
     monkeypatch.delenv(SPIN_VARIABLE, raising=False)
     assert predict_spin_seconds() == predict_socket.DEFAULT_SPIN_S == 0.0005
     for text, seconds in (("0", 0.0), ("250", 0.00025), ("-3", 0.0)):
         monkeypatch.setenv(SPIN_VARIABLE, text)
         assert predict_spin_seconds() == seconds
     monkeypatch.setenv(SPIN_VARIABLE, "fast")
-    with pytest.raises(ValueError, match="MS_SERVING_WORKER_SPIN_US should be a number of microseconds, but got "
-                                         "'fast'"):
+    with pytest.raises(
+        ValueError, match="MS_SERVING_WORKER_SPIN_US should be a number of microseconds, but got 'fast'"
+    ):
         predict_spin_seconds()
 
 

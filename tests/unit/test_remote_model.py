@@ -1,5 +1,6 @@
 """An extra worker's runtime against an owner's runtime in one process: the model calls go through CallModel
 messages and shared memory (no master, no MindSpore: the owner's model is numpy)."""
+
 import functools
 import os
 
@@ -8,12 +9,18 @@ import pytest
 
 from mindspore_serving.ipc import shm_tensors
 from mindspore_serving.proto import internal_pb2
-from mindspore_serving.spec.servable import (STAGE_FUNCTION, STAGE_MODEL, MethodSpec, ModelSpec, ServableSpec,
-                                             StageSpec, TensorRef)
+from mindspore_serving.spec.servable import (
+    STAGE_FUNCTION,
+    STAGE_MODEL,
+    MethodSpec,
+    ModelSpec,
+    ServableSpec,
+    StageSpec,
+    TensorRef,
+)
 from mindspore_serving.worker.method_runner import InstanceError
 from mindspore_serving.worker.model_backend import LoadedModel, TensorInfo
-from mindspore_serving.worker.remote_model import (RemoteModelExecutor, model_infos, remote_models,
-                                                   serve_model_call)
+from mindspore_serving.worker.remote_model import RemoteModelExecutor, model_infos, remote_models, serve_model_call
 from mindspore_serving.worker.servable_runtime import ServableRuntime
 
 MASTER_PID = os.getpid()  # a running "master": no master starting meanwhile takes its blocks for orphans
@@ -51,9 +58,16 @@ def add_one(x):
 def make_spec():
     spec = ServableSpec(name="demo")
     spec.models["net"] = ModelSpec("net", ("net.mindir",), "MindIR", with_batch_dim=True, io_counts={0: (1, 1)})
-    spec.methods["double"] = MethodSpec(name="double", input_names=["x"], output_names=["y"], stages=[
-        StageSpec(STAGE_FUNCTION, "add_one", [TensorRef(0, 0)], 1, function=add_one),
-        StageSpec(STAGE_MODEL, "net", [TensorRef(1, 0)], 1, model_key="net")], outputs=[TensorRef(2, 0)])
+    spec.methods["double"] = MethodSpec(
+        name="double",
+        input_names=["x"],
+        output_names=["y"],
+        stages=[
+            StageSpec(STAGE_FUNCTION, "add_one", [TensorRef(0, 0)], 1, function=add_one),
+            StageSpec(STAGE_MODEL, "net", [TensorRef(1, 0)], 1, model_key="net"),
+        ],
+        outputs=[TensorRef(2, 0)],
+    )
     return spec
 
 
@@ -72,8 +86,9 @@ def runtimes():
         assert request.instances[0].items["0"].WhichOneof("tensor_data") == "shm_data"
         return serve_model_call(owner, request)
 
-    make_executor = functools.partial(RemoteModelExecutor, call=call, version_number=1, servable_name="demo",
-                                      namer=shm_tensors.BlockNamer(MASTER_PID))
+    make_executor = functools.partial(
+        RemoteModelExecutor, call=call, version_number=1, servable_name="demo", namer=shm_tensors.BlockNamer(MASTER_PID)
+    )
     extra = ServableRuntime(spec, "", batch_wait=0.05, models=remote_models(spec, reply), make_executor=make_executor)
     yield extra, owner, requests
     extra.close()
@@ -116,8 +131,11 @@ def test_model_call_from_a_python_stage_goes_to_the_owner(runtimes):
     outputs = extra.model_call("net", 0, [(np.ones(3, np.float32),), (np.zeros(3, np.float32),)])
     assert [out[0].tolist() for out in outputs] == [[2, 2, 2], [0, 0, 0]]
     assert len(requests) == 1
-    with pytest.raises(RuntimeError, match=r"Model\(net\).call\(\) failed: Given model input 0 data type "
-                                           r"kMSI_Int32 not match the data type kMSI_Float32"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"Model\(net\).call\(\) failed: Given model input 0 data type "
+        r"kMSI_Int32 not match the data type kMSI_Float32",
+    ):
         extra.model_call("net", 0, [(np.ones(3, np.int32),)])
 
 

@@ -1,4 +1,5 @@
 """The public gRPC replies of the front ends, read back the way the client reads them."""
+
 import numpy as np
 import pytest
 
@@ -42,10 +43,13 @@ def test_predict_reply_empty_global_message_becomes_predict_failed():
     assert [(e.error_code, e.error_msg.decode()) for e in reply.error_msg] == [(errors.FAILED, "Predict failed")]
 
 
-@pytest.mark.parametrize("results", [
-    [errors.InvalidInputs("bad"), errors.InvalidInputs("other")],
-    [errors.Failed("x"), errors.InvalidInputs("x")],  # same text, different codes
-])
+@pytest.mark.parametrize(
+    "results",
+    [
+        [errors.InvalidInputs("bad"), errors.InvalidInputs("other")],
+        [errors.Failed("x"), errors.InvalidInputs("x")],  # same text, different codes
+    ],
+)
 def test_predict_reply_different_errors_stay_per_instance(results):
     reply = predict_reply(spec_of(), results)
     assert len(reply.instances) == 2 and all(len(instance.items) == 0 for instance in reply.instances)
@@ -54,11 +58,16 @@ def test_predict_reply_different_errors_stay_per_instance(results):
 
 
 def test_predict_reply_mixed_results_are_per_instance():
-    reply = predict_reply(spec_of(), [ok_instance(1), errors.InvalidInputs("bad"), ok_instance(3),
-                                      errors.Failed("worse")])
+    reply = predict_reply(
+        spec_of(), [ok_instance(1), errors.InvalidInputs("bad"), ok_instance(3), errors.Failed("worse")]
+    )
     assert len(reply.instances) == len(reply.error_msg) == 4
     assert [(e.error_code, e.error_msg.decode()) for e in reply.error_msg] == [
-        (errors.OK, ""), (errors.INVALID_INPUTS, "bad"), (errors.OK, ""), (errors.FAILED, "worse")]
+        (errors.OK, ""),
+        (errors.INVALID_INPUTS, "bad"),
+        (errors.OK, ""),
+        (errors.FAILED, "worse"),
+    ]
     assert len(reply.instances[1].items) == 0 and len(reply.instances[3].items) == 0
     results = reply_to_results(reply)
     assert float(results[0]["y"][0]) == 1.0 and float(results[2]["y"][0]) == 3.0
@@ -86,5 +95,5 @@ def test_global_error_rule():
     assert global_error(gone) is gone  # the request failed as a whole
     assert global_error([]) is None
     assert global_error([{"y": 1}, gone]) is None
-    assert (global_error([(errors.INVALID_INPUTS, "p"), errors.InvalidInputs("p")]).message, ) == ("p", )
+    assert (global_error([(errors.INVALID_INPUTS, "p"), errors.InvalidInputs("p")]).message,) == ("p",)
     assert global_error([errors.Failed("p"), errors.InvalidInputs("p")]) is None

@@ -3,6 +3,7 @@ enforce them: bodies beyond a route's limit get 413 (the classic route: MindSpor
 they are read, stalled request heads and bodies are closed, connections beyond the limit refused in the route's
 shape (probes answered), health Watch streams capped and sharing one readiness reader, the dispatcher's queue
 bounded by bytes, stop strings and prompts capped."""
+
 import asyncio
 import json
 import socket
@@ -11,6 +12,9 @@ import time
 
 import grpc
 import pytest
+from raw_http import closed_within, read_reply
+from serving_process import wait_until
+from test_restful_server import EchoDispatcher, free_port
 
 from mindspore_serving.common import errors
 from mindspore_serving.common.change_signal import ChangeSignal
@@ -21,9 +25,6 @@ from mindspore_serving.frontends.restful_server import BodyTooLarge, RestfulFron
 from mindspore_serving.llm.errors import InvalidRequestError
 from mindspore_serving.llm.sampling_params import MAX_STOP_LENGTH, MAX_STOP_STRINGS, SamplingParams
 from mindspore_serving.master.readiness import SERVING, Readiness
-from raw_http import closed_within, read_reply
-from serving_process import wait_until
-from test_restful_server import EchoDispatcher, free_port
 
 LLM_LIMIT = 1000
 READ_TIMEOUT = 0.5
@@ -42,6 +43,7 @@ def _serve(limits: Limits):
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
+
     return server, close
 
 
@@ -59,20 +61,46 @@ def _connect(port: int) -> socket.socket:
     return sock
 
 
-@pytest.mark.parametrize("path, declared, status, check", [
-    ("/v1/completions", 10 << 20, 413,
-     lambda body: body["error"]["code"] == "payload_too_large" and "--llm_payload_limit" in body["error"]["message"]),
-    ("/tokenize", 10 << 20, 413,
-     lambda body: body["error"]["code"] == "payload_too_large" and "--llm_payload_limit" in body["error"]["message"]),
-    ("/generate", 10 << 20, 413,
-     lambda body: body["error_type"] == "payload_too_large" and f"limit of {LLM_LIMIT} bytes" in body["error"]),
-    ("/v2/models/add/infer", 200 << 20, 413, lambda body: "max_msg_mb_size" in body["error"]),
-    ("/model/add:add_common", 200 << 20, 200, lambda body: body == {"error_msg": "http message is bigger than 1048576"}),
-])
+@pytest.mark.parametrize(
+    "path, declared, status, check",
+    [
+        (
+            "/v1/completions",
+            10 << 20,
+            413,
+            lambda body: (
+                body["error"]["code"] == "payload_too_large" and "--llm_payload_limit" in body["error"]["message"]
+            ),
+        ),
+        (
+            "/tokenize",
+            10 << 20,
+            413,
+            lambda body: (
+                body["error"]["code"] == "payload_too_large" and "--llm_payload_limit" in body["error"]["message"]
+            ),
+        ),
+        (
+            "/generate",
+            10 << 20,
+            413,
+            lambda body: body["error_type"] == "payload_too_large" and f"limit of {LLM_LIMIT} bytes" in body["error"],
+        ),
+        ("/v2/models/add/infer", 200 << 20, 413, lambda body: "max_msg_mb_size" in body["error"]),
+        (
+            "/model/add:add_common",
+            200 << 20,
+            200,
+            lambda body: body == {"error_msg": "http message is bigger than 1048576"},
+        ),
+    ],
+)
 def test_a_declared_body_beyond_the_limit_is_refused_before_it_is_sent(frontend, path, declared, status, check):
     with _connect(frontend.port) as sock:
-        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     f"Content-Length: {declared}\r\n\r\n{{".encode())
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {declared}\r\n\r\n{{".encode()
+        )
         got, body = read_reply(sock)  # answered while nearly all of the body is still to come
     assert got == status and check(body), body
 
@@ -90,14 +118,16 @@ def test_a_chunked_body_is_refused_once_it_passes_the_limit(frontend):
 def test_a_body_within_the_limit_reaches_the_route(frontend):
     with _connect(frontend.port) as sock:
         payload = json.dumps({"model": "m", "prompt": "p"}).encode()
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload)
+        )
         got, _ = read_reply(sock)
     assert got == 404  # no LLM routes on this front end: the FastAPI app answered, with the body read
 
 
 def test_a_slow_request_head_is_closed_while_other_clients_are_served(frontend):
-    idle = _connect(frontend.port)                       # sends nothing at all
+    idle = _connect(frontend.port)  # sends nothing at all
     slow = _connect(frontend.port)
     slow.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # never ends its head
     try:
@@ -112,7 +142,7 @@ def test_a_slow_request_head_is_closed_while_other_clients_are_served(frontend):
 
 def test_a_stalled_body_is_closed(frontend):
     with _connect(frontend.port) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"a\":")
+        sock.sendall(b'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"a":')
         assert closed_within(sock, CLOSE_WITHIN)
 
 
@@ -147,6 +177,7 @@ def test_read_body_checks_the_declared_length_first_and_counts_what_arrives():
     async def scenario():
         async def never():
             raise AssertionError("read although the declared length is over the limit")
+
         with pytest.raises(BodyTooLarge) as caught:
             await read_body({"headers": [(b"content-length", b"11")]}, never, 10)
         assert caught.value.size == 11
@@ -155,16 +186,19 @@ def test_read_body_checks_the_declared_length_first_and_counts_what_arrives():
 
         async def chunks():
             return messages.pop()
+
         with pytest.raises(BodyTooLarge) as caught:
             await read_body({"headers": []}, chunks, 10)
         assert caught.value.size is None
 
         async def gone():
             return {"type": "http.disconnect"}
+
         assert await read_body({"headers": []}, gone, 10) is None
         again = replay(b"abc", gone)
         assert await again() == {"type": "http.request", "body": b"abc", "more_body": False}
         assert await again() == {"type": "http.disconnect"}
+
     asyncio.run(scenario())
 
 
@@ -178,11 +212,24 @@ def test_too_large_is_413_in_every_http_protocol_and_resource_exhausted_on_grpc(
 
 
 def test_limits_are_checked_and_travel_to_front_end_processes():
-    limits = Limits(llm_payload_bytes=5, read_timeout=2.5, max_connections=3, max_concurrent_rpcs=4,
-                    max_streams_per_conn=6, max_watch_streams=0, idle_timeout=7.5)
+    limits = Limits(
+        llm_payload_bytes=5,
+        read_timeout=2.5,
+        max_connections=3,
+        max_concurrent_rpcs=4,
+        max_streams_per_conn=6,
+        max_watch_streams=0,
+        idle_timeout=7.5,
+    )
     assert Limits.from_proto(limits.to_proto()) == limits
-    for bad in ({"read_timeout": 0}, {"read_timeout": True}, {"max_connections": 0}, {"llm_payload_bytes": -1},
-                {"idle_timeout": 0}, {"idle_timeout": 7200}):
+    for bad in (
+        {"read_timeout": 0},
+        {"read_timeout": True},
+        {"max_connections": 0},
+        {"llm_payload_bytes": -1},
+        {"idle_timeout": 0},
+        {"idle_timeout": 7200},
+    ):
         with pytest.raises(RuntimeError):
             Limits(**bad)
 
@@ -225,6 +272,7 @@ def test_health_watch_streams_are_capped_and_share_one_readiness_reader(monkeypa
         for stream in streams:
             await stream.aclose()
         assert servicer._watchers == 0  # pylint: disable=protected-access
+
     asyncio.run(scenario())
 
 
@@ -253,6 +301,7 @@ def test_health_watch_reads_the_readiness_only_when_a_change_is_signalled():
         servicer.close()
         for stream in streams:
             await stream.aclose()
+
     asyncio.run(scenario())
 
 

@@ -1,4 +1,5 @@
 """The RESTful front end on a real socket with a fake dispatcher: keep-alive replies are not held back by Nagle."""
+
 import asyncio
 import http.client
 import json
@@ -19,8 +20,9 @@ class EchoDispatcher:
     """y = x1 + x2 for every instance, answered at once."""
 
     async def predict(self, spec, instances):
-        return [instance_to_proto({"y": tensor_to_value(i.items["x1"]) + tensor_to_value(i.items["x2"])})
-                for i in instances]
+        return [
+            instance_to_proto({"y": tensor_to_value(i.items["x1"]) + tensor_to_value(i.items["x2"])}) for i in instances
+        ]
 
 
 def free_port():
@@ -132,15 +134,37 @@ def test_corked_transport_sends_one_turn_s_writes_together_and_flushes_before_cl
 
 def _self_signed(directory, name):
     import subprocess
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                    "-keyout", f"{name}.key", "-out", f"{name}.crt", "-days", "1", "-subj", "/CN=localhost"],
-                   cwd=directory, check=True, capture_output=True)
+
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.crt",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+        ],
+        cwd=directory,
+        check=True,
+        capture_output=True,
+    )
     return str(directory / f"{name}.crt"), str(directory / f"{name}.key")
 
 
 def test_bad_tls_files_fail_with_mindspore_serving_s_texts(tmp_path):
     from mindspore_serving.frontends.restful_server import _check_ssl
     from mindspore_serving.server import SSLConfig
+
     cert, key = _self_signed(tmp_path, "a")
     _, other_key = _self_signed(tmp_path, "b")
     garbage = tmp_path / "garbage.pem"
@@ -156,8 +180,10 @@ def test_bad_tls_files_fail_with_mindspore_serving_s_texts(tmp_path):
         (SSLConfig(key, key), f"Serving Error: load certificate_chain from {key} failed"),
         (SSLConfig(missing, str(garbage)), f"Serving Error: load certificate_chain from {missing} failed"),
         (SSLConfig(cert, other_key), f"Serving Error: private_key is not consistent with certificate {cert}"),
-        (SSLConfig(cert, key, custom_ca=str(garbage), verify_client=True),
-         f"Serving Error: load root certificate from {garbage} failed"),
+        (
+            SSLConfig(cert, key, custom_ca=str(garbage), verify_client=True),
+            f"Serving Error: load root certificate from {garbage} failed",
+        ),
     ]
     for ssl_config, text in cases:
         with pytest.raises(RuntimeError) as info:
@@ -170,6 +196,7 @@ def test_bad_tls_files_fail_with_mindspore_serving_s_texts(tmp_path):
 
 def test_server_api_ssl_config_checks(tmp_path):
     from mindspore_serving import server
+
     cert, _ = _self_signed(tmp_path, "a")
     with pytest.raises(RuntimeError, match="^The type of ssl_config should be class of SSLConfig$"):
         server.start_restful_server(f"127.0.0.1:{free_port()}", ssl_config="x")
@@ -177,5 +204,6 @@ def test_server_api_ssl_config_checks(tmp_path):
         server.start_grpc_server(f"127.0.0.1:{free_port()}", ssl_config="x")
     # the gRPC server's files are read first, by open(), whose error comes out as it is
     with pytest.raises(FileNotFoundError, match="missing.pem"):
-        server.start_grpc_server(f"127.0.0.1:{free_port()}",
-                                 ssl_config=server.SSLConfig(cert, str(tmp_path / "missing.pem")))
+        server.start_grpc_server(
+            f"127.0.0.1:{free_port()}", ssl_config=server.SSLConfig(cert, str(tmp_path / "missing.pem"))
+        )

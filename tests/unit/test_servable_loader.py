@@ -1,4 +1,5 @@
 """Finding the version directory and importing servable_config.py inside a worker (no models are loaded)."""
+
 import itertools
 import os
 import sys
@@ -8,8 +9,12 @@ import pytest
 
 from mindspore_serving.spec import model_call as model_module
 from mindspore_serving.spec.registry import reset_registry
-from mindspore_serving.worker.servable_loader import (import_servable_config, load_servable, newest_version_number,
-                                                      resolve_version)
+from mindspore_serving.worker.servable_loader import (
+    import_servable_config,
+    load_servable,
+    newest_version_number,
+    resolve_version,
+)
 
 _names = itertools.count()
 PREFIX = "loader_servable_"
@@ -36,7 +41,8 @@ def write_config(directory, name, body):
     servable = directory / name
     servable.mkdir(parents=True, exist_ok=True)
     (servable / "servable_config.py").write_text(
-        "from mindspore_serving.server import register\n" + textwrap.dedent(body))
+        "from mindspore_serving.server import register\n" + textwrap.dedent(body)
+    )
     return servable
 
 
@@ -86,8 +92,10 @@ def test_models_without_any_version_directory(tmp_path):
     (tmp_path / "svc").mkdir()
     with pytest.raises(RuntimeError) as info:
         resolve_version(str(tmp_path), "svc", 0, has_models=True)
-    assert str(info.value) == (f"There is no valid version directory of models while there are models declared in "
-                               f"servable_config.py, servable directory: {tmp_path}, servable name: svc")
+    assert str(info.value) == (
+        f"There is no valid version directory of models while there are models declared in "
+        f"servable_config.py, servable directory: {tmp_path}, servable name: svc"
+    )
     # MindSpore Serving looks for any version directory before the one asked for
     with pytest.raises(RuntimeError, match="There is no valid version directory of models"):
         resolve_version(str(tmp_path), "svc", 2, has_models=True)
@@ -97,8 +105,10 @@ def test_missing_specified_version_directory(tmp_path):
     (tmp_path / "svc" / "1").mkdir(parents=True)
     with pytest.raises(RuntimeError) as info:
         resolve_version(str(tmp_path), "svc", 2, has_models=True)
-    assert str(info.value) == (f"Start servable failed: There is no specified version directory of models, specified "
-                               f"version number: 2, servable directory: '{tmp_path}', servable name: 'svc'")
+    assert str(info.value) == (
+        f"Start servable failed: There is no specified version directory of models, specified "
+        f"version number: 2, servable directory: '{tmp_path}', servable name: 'svc'"
+    )
 
 
 def test_a_file_named_like_the_version_is_not_a_version_directory(tmp_path):
@@ -116,13 +126,17 @@ def test_a_file_named_like_the_version_is_not_a_version_directory(tmp_path):
 
 def test_import_returns_the_declarations(tmp_path):
     name = unique_name()
-    write_config(tmp_path, name, """
+    write_config(
+        tmp_path,
+        name,
+        """
         model = register.declare_model("net.mindir", "MindIR")
 
         @register.register_method(output_names="y")
         def predict(x):
             return register.add_stage(model, x, outputs_count=1)
-    """)
+    """,
+    )
     spec = import_servable_config(str(tmp_path), name)
     assert spec.name == name
     assert list(spec.models) == ["net.mindir"]
@@ -132,11 +146,15 @@ def test_import_returns_the_declarations(tmp_path):
 
 def test_import_does_not_add_the_directory_twice(tmp_path):
     name = unique_name()
-    write_config(tmp_path, name, """
+    write_config(
+        tmp_path,
+        name,
+        """
         @register.register_method(output_names="y")
         def echo(y):
             return y
-    """)
+    """,
+    )
     sys.path.insert(0, str(tmp_path))
     import_servable_config(str(tmp_path), name)
     assert sys.path.count(str(tmp_path)) == 1
@@ -144,9 +162,13 @@ def test_import_does_not_add_the_directory_twice(tmp_path):
 
 def test_import_error_in_servable_config(tmp_path):
     name = unique_name()
-    write_config(tmp_path, name, """
+    write_config(
+        tmp_path,
+        name,
+        """
         raise ValueError("broken config")
-    """)
+    """,
+    )
     with pytest.raises(RuntimeError) as info:
         import_servable_config(str(tmp_path), name)
     assert str(info.value) == f"import {name}.servable_config failed, broken config"
@@ -155,15 +177,20 @@ def test_import_error_in_servable_config(tmp_path):
 
 def test_register_error_in_servable_config(tmp_path):
     name = unique_name()
-    write_config(tmp_path, name, """
+    write_config(
+        tmp_path,
+        name,
+        """
         @register.register_method(output_names=["y", "z"])
         def predict(x):
             return x
-    """)
+    """,
+    )
     with pytest.raises(RuntimeError) as info:
         import_servable_config(str(tmp_path), name)
-    assert str(info.value) == (f"import {name}.servable_config failed, "
-                               f"Method return output size 1 not match registered 2")
+    assert str(info.value) == (
+        f"import {name}.servable_config failed, Method return output size 1 not match registered 2"
+    )
 
 
 def test_import_of_a_missing_servable(tmp_path):
@@ -201,9 +228,13 @@ def test_config_that_declares_nothing_gives_none(tmp_path):
 
 def test_load_without_methods(tmp_path):
     name = unique_name()
-    write_config(tmp_path, name, """
+    write_config(
+        tmp_path,
+        name,
+        """
         model = register.declare_model("net.mindir", "MindIR")
-    """)
+    """,
+    )
     with pytest.raises(RuntimeError) as info:
         load_servable(str(tmp_path), name, 0, "cpu", 0)
     assert str(info.value) == "There is no method registered for servable"
@@ -219,28 +250,38 @@ def test_load_with_an_empty_config(tmp_path):
 
 def test_load_with_models_but_no_version_directory(tmp_path):
     name = unique_name()
-    write_config(tmp_path, name, """
+    write_config(
+        tmp_path,
+        name,
+        """
         model = register.declare_model("net.mindir", "MindIR")
 
         @register.register_method(output_names="y")
         def predict(x):
             return register.add_stage(model, x, outputs_count=1)
-    """)
+    """,
+    )
     with pytest.raises(RuntimeError) as info:
         load_servable(str(tmp_path), name, 0, "cpu", 0)
-    assert str(info.value) == (f"There is no valid version directory of models while there are models declared in "
-                               f"servable_config.py, servable directory: {tmp_path}, servable name: {name}")
+    assert str(info.value) == (
+        f"There is no valid version directory of models while there are models declared in "
+        f"servable_config.py, servable directory: {tmp_path}, servable name: {name}"
+    )
 
 
 def test_load_with_a_missing_version(tmp_path):
     name = unique_name()
-    servable = write_config(tmp_path, name, """
+    servable = write_config(
+        tmp_path,
+        name,
+        """
         model = register.declare_model("net.mindir", "MindIR")
 
         @register.register_method(output_names="y")
         def predict(x):
             return register.add_stage(model, x, outputs_count=1)
-    """)
+    """,
+    )
     (servable / "1").mkdir()
     with pytest.raises(RuntimeError, match=r"specified version number: 3, servable directory: "):
         load_servable(str(tmp_path), name, 3, "cpu", 0)
@@ -249,20 +290,26 @@ def test_load_with_a_missing_version(tmp_path):
 def test_load_failure_names_files_context_and_reason(tmp_path):
     pytest.importorskip("mindspore")
     name = unique_name()
-    servable = write_config(tmp_path, name, """
+    servable = write_config(
+        tmp_path,
+        name,
+        """
         context = register.Context(thread_num=2)
         model = register.declare_model(["net.mindir", "net2.mindir"], "MindIR", context=context)
 
         @register.register_method(output_names="y")
         def predict(x):
             return register.add_stage(model, x, outputs_count=1)
-    """)
+    """,
+    )
     (servable / "1").mkdir()
     with pytest.raises(RuntimeError) as info:
         load_servable(str(tmp_path), name, 1, "cpu", 0)
-    assert str(info.value) == (f"Load model failed, servable directory: '{tmp_path}', servable name: '{name}', model "
-                               f"file: '[net.mindir, net2.mindir]', version number 1,model context: {{thread num: 2}}, "
-                               f"load error details: model file '{servable / '1' / 'net.mindir'}' not exist")
+    assert str(info.value) == (
+        f"Load model failed, servable directory: '{tmp_path}', servable name: '{name}', model "
+        f"file: '[net.mindir, net2.mindir]', version number 1,model context: {{thread num: 2}}, "
+        f"load error details: model file '{servable / '1' / 'net.mindir'}' not exist"
+    )
 
 
 def test_a_model_context_naming_a_core_the_worker_cannot_use_fails_the_load(tmp_path):
@@ -270,16 +317,23 @@ def test_a_model_context_naming_a_core_the_worker_cannot_use_fails_the_load(tmp_
     name = unique_name()
     affinity = os.sched_getaffinity(0)
     core = min(affinity)
-    servable = write_config(tmp_path, name, f"""
+    servable = write_config(
+        tmp_path,
+        name,
+        f"""
         model = register.declare_model("net.mindir", "MindIR",
                                        context=register.Context(thread_affinity_core_list=[{core}, 4096]))
 
         @register.register_method(output_names="y")
         def predict(x):
             return register.add_stage(model, x, outputs_count=1)
-    """)
+    """,
+    )
     (servable / "1").mkdir()
-    with pytest.raises(RuntimeError, match=rf"servable {name}: thread_affinity_core_list \[{core}, 4096\] names "
-                                           rf"core\(s\) \[4096\] this worker cannot run on \(its cores: \["):
+    with pytest.raises(
+        RuntimeError,
+        match=rf"servable {name}: thread_affinity_core_list \[{core}, 4096\] names "
+        rf"core\(s\) \[4096\] this worker cannot run on \(its cores: \[",
+    ):
         load_servable(str(tmp_path), name, 1, "cpu", 0)
     assert os.sched_getaffinity(0) == affinity  # nothing was bound

@@ -1,5 +1,6 @@
 """Settling (worker/settling.py): each CPU graph run on zeros before the worker registers, and a small graph whose
 kernels still run split over MindSpore's threads loaded afresh and settled again."""
+
 import os
 import threading
 
@@ -49,27 +50,45 @@ def loaded_model(device_target, graphs):
 def test_every_graph_run_here_on_cpu_is_settled_and_the_others_are_left(said, monkeypatch):
     monkeypatch.setattr(settling, "split_cpu_per_call", lambda graph: 0.0)
     settled = []
-    models = {"cpu": loaded_model("CPU", [FakeGraph("a", settled), FakeGraph("b", settled, error=RuntimeError("x")),
-                                          FakeGraph("c", settled, calls=0)]),
-              "gpu": loaded_model("GPU", [FakeGraph("d", settled)]),
-              "elsewhere": RemoteModel()}
+    models = {
+        "cpu": loaded_model(
+            "CPU",
+            [
+                FakeGraph("a", settled),
+                FakeGraph("b", settled, error=RuntimeError("x")),
+                FakeGraph("c", settled, calls=0),
+            ],
+        ),
+        "gpu": loaded_model("GPU", [FakeGraph("d", settled)]),
+        "elsewhere": RemoteModel(),
+    }
     settle_graphs(models)
-    assert settled == [("a", settling.SETTLE_CALLS, settling.SETTLE_SECONDS), ("c", settling.SETTLE_CALLS,
-                                                                           settling.SETTLE_SECONDS)]
+    assert settled == [
+        ("a", settling.SETTLE_CALLS, settling.SETTLE_SECONDS),
+        ("c", settling.SETTLE_CALLS, settling.SETTLE_SECONDS),
+    ]
     assert [level for level, _ in said] == ["info", "warning"]  # graph 2 has dynamic shapes: nothing to say
     assert said[0][1].startswith("model cpu graph 0 settled: 50 calls on zeros in ")
     assert said[1][1] == "model cpu graph 1 was not settled: x"
 
 
-@pytest.mark.parametrize("splits, reloads, last_words", [
-    ([None], 0, "settled: 50 calls"),  # a larger graph, or no /proc: not checked
-    ([1.5], 0, "settled: 50 calls"),  # within SPLIT_US_PER_CALL
-    ([40.0, 0.0], 1, "settled: 50 calls"),
-    ([40.0, 35.0, 30.0], 2, "still runs its kernels split over its threads (30 us of their CPU per call) after 3 "
-                            "settlings; register.Context(thread_num=1) keeps a small model in the calling thread"),
-])
-def test_a_small_graph_whose_kernels_run_split_is_loaded_afresh_and_settled_again(said, monkeypatch, splits,
-                                                                                  reloads, last_words):
+@pytest.mark.parametrize(
+    "splits, reloads, last_words",
+    [
+        ([None], 0, "settled: 50 calls"),  # a larger graph, or no /proc: not checked
+        ([1.5], 0, "settled: 50 calls"),  # within SPLIT_US_PER_CALL
+        ([40.0, 0.0], 1, "settled: 50 calls"),
+        (
+            [40.0, 35.0, 30.0],
+            2,
+            "still runs its kernels split over its threads (30 us of their CPU per call) after 3 "
+            "settlings; register.Context(thread_num=1) keeps a small model in the calling thread",
+        ),
+    ],
+)
+def test_a_small_graph_whose_kernels_run_split_is_loaded_afresh_and_settled_again(
+    said, monkeypatch, splits, reloads, last_words
+):
     measured = iter(splits)
     monkeypatch.setattr(settling, "split_cpu_per_call", lambda graph: next(measured))
     settled = []
@@ -110,14 +129,18 @@ class CountingGraph:
         return calls
 
 
-@pytest.mark.parametrize("call_s, helper_ns, static, expected", [
-    (0.0001, 30_000, True, 30.0),  # small, split: its threads' CPU per call, in us
-    (0.0001, 0, True, 0.0),
-    (0.002, 30_000, True, None),  # larger than SMALL_GRAPH_S: its threads may well be worth it
-    (0.0001, 30_000, False, None),  # dynamic shapes
-])
-def test_the_split_is_measured_as_the_cpu_of_mindspores_threads_per_call_of_a_small_graph(monkeypatch, call_s,
-                                                                                        helper_ns, static, expected):
+@pytest.mark.parametrize(
+    "call_s, helper_ns, static, expected",
+    [
+        (0.0001, 30_000, True, 30.0),  # small, split: its threads' CPU per call, in us
+        (0.0001, 0, True, 0.0),
+        (0.002, 30_000, True, None),  # larger than SMALL_GRAPH_S: its threads may well be worth it
+        (0.0001, 30_000, False, None),  # dynamic shapes
+    ],
+)
+def test_the_split_is_measured_as_the_cpu_of_mindspores_threads_per_call_of_a_small_graph(
+    monkeypatch, call_s, helper_ns, static, expected
+):
     clock, helper = [0.0], [0]
     monkeypatch.setattr(settling.time, "perf_counter", lambda: clock[0])
     monkeypatch.setattr(settling, "helper_cpu_ns", lambda: helper[0])

@@ -1,4 +1,5 @@
 """The shared-memory codec of extra workers' model calls: both sides in one process, no block left behind."""
+
 import os
 
 import numpy as np
@@ -39,8 +40,12 @@ def serve(request, run):
 def test_inputs_and_outputs_travel_in_one_block_released_after_the_answer(namer):
     x = [np.arange(128 * 128, dtype=np.float32).reshape(128, 128) + i for i in range(3)]  # 64 KiB each
     request = internal_pb2.CallModelRequest()
-    block = shm_tensors.encode_call([(xi, np.int32(i) * np.ones(1, np.int32)) for i, xi in enumerate(x)],
-                                    [TensorInfo((128, 128), np.float32)], request.instances, namer)
+    block = shm_tensors.encode_call(
+        [(xi, np.int32(i) * np.ones(1, np.int32)) for i, xi in enumerate(x)],
+        [TensorInfo((128, 128), np.float32)],
+        request.instances,
+        namer,
+    )
     assert block is not None and blocks_left() == [block.name]
     tensor = request.instances[1].items["0"]
     assert tensor.WhichOneof("tensor_data") == "shm_data" and not tensor.data
@@ -64,8 +69,9 @@ def test_inputs_and_outputs_travel_in_one_block_released_after_the_answer(namer)
 
 def test_an_output_of_another_size_comes_back_in_the_message(namer):
     request = internal_pb2.CallModelRequest()
-    block = shm_tensors.encode_call([(np.ones(4, np.float32),)], [TensorInfo((4,), np.float32)], request.instances,
-                                    namer)
+    block = shm_tensors.encode_call(
+        [(np.ones(4, np.float32),)], [TensorInfo((4,), np.float32)], request.instances, namer
+    )
     reply = serve(request, lambda inputs: (np.ones(5, np.float64),))
     tensor = reply.instances[0].items["0"]
     assert tensor.WhichOneof("tensor_data") == "data"
@@ -76,8 +82,10 @@ def test_an_output_of_another_size_comes_back_in_the_message(namer):
 
 def test_without_shared_memory_tensors_travel_in_the_messages():
     request = internal_pb2.CallModelRequest()
-    assert shm_tensors.encode_call([(np.ones(3, np.int64),)], [TensorInfo((3,), np.int64)], request.instances,
-                                   None) is None
+    assert (
+        shm_tensors.encode_call([(np.ones(3, np.int64),)], [TensorInfo((3,), np.int64)], request.instances, None)
+        is None
+    )
     assert request.instances[0].items["0"].WhichOneof("tensor_data") == "data"
     assert not request.instances[0].output_buffers
     reply = serve(request, lambda inputs: (inputs[0] + 1,))
@@ -87,8 +95,12 @@ def test_without_shared_memory_tensors_travel_in_the_messages():
 
 def test_dynamic_output_shapes_get_no_buffer_and_empty_tensors_no_place(namer):
     request = internal_pb2.CallModelRequest()
-    block = shm_tensors.encode_call([(np.ones(2, np.float32), np.zeros((0, 3), np.float32))],
-                                    [TensorInfo((-1,), np.float32)], request.instances, namer)
+    block = shm_tensors.encode_call(
+        [(np.ones(2, np.float32), np.zeros((0, 3), np.float32))],
+        [TensorInfo((-1,), np.float32)],
+        request.instances,
+        namer,
+    )
     assert not request.instances[0].output_buffers
     assert request.instances[0].items["1"].WhichOneof("tensor_data") == "data"  # no bytes: nothing to place
     reply = serve(request, lambda inputs: (inputs[0], inputs[1]))

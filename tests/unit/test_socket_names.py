@@ -1,4 +1,5 @@
 """The files a server makes in its working directory: its runtime directory of unix sockets, and per-worker logs."""
+
 import os
 import stat
 
@@ -10,8 +11,16 @@ from mindspore_serving.master.worker_processes import WorkerPlan
 
 
 def plan(name, **kwargs):
-    return WorkerPlan(servable_directory="/s", servable_name=name, version_number=2, device_type=None, device_id=1,
-                      dec_key=None, dec_mode="AES-GCM", **kwargs)
+    return WorkerPlan(
+        servable_directory="/s",
+        servable_name=name,
+        version_number=2,
+        device_type=None,
+        device_id=1,
+        dec_key=None,
+        dec_mode="AES-GCM",
+        **kwargs,
+    )
 
 
 def test_the_master_makes_a_runtime_directory_of_its_own(tmp_path, monkeypatch):
@@ -37,8 +46,10 @@ def test_a_long_address_keeps_its_directory_and_the_ends_of_its_name():
     assert address.endswith(f"mmm_device1_{os.getpid()}") and "___" in address
     assert len(ipc.socket_path(ipc.predict_address(address)).encode()) < 107  # AF_UNIX's limit
     fits = "a" * (90 - len(f"unix:{directory}/serving_worker__device1_{os.getpid()}"))
-    assert ipc.worker_address(directory, fits, "device1") == \
-        f"unix:{directory}/serving_worker_{fits}_device1_{os.getpid()}"
+    assert (
+        ipc.worker_address(directory, fits, "device1")
+        == f"unix:{directory}/serving_worker_{fits}_device1_{os.getpid()}"
+    )
 
 
 def test_a_starting_master_removes_what_killed_servers_left(tmp_path, monkeypatch):
@@ -69,8 +80,9 @@ def test_a_child_refuses_a_runtime_directory_that_is_not_private(tmp_path, monke
 
 def test_worker_log_files():
     assert plan("add").log_path == os.path.join("serving_logs", "log_add_device1_version2.log")
-    assert plan("dist", rank_table_json_file="r.json").log_path == os.path.join("serving_logs",
-                                                                                  "log_dist_distributed.log")
+    assert plan("dist", rank_table_json_file="r.json").log_path == os.path.join(
+        "serving_logs", "log_dist_distributed.log"
+    )
     assert plan("add", extra_index=0).log_path == os.path.join("serving_logs", "log_add_extra0_version2.log")
 
 

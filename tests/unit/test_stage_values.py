@@ -1,10 +1,16 @@
 """Values passed between stages: what a Python stage may return, and the per-instance model input checks."""
+
 import numpy as np
 import pytest
 
 from mindspore_serving.worker.model_backend import TensorInfo, kmsi_name
-from mindspore_serving.worker.stage_values import (check_model_inputs, normalize_outputs, shape_to_model,
-                                                   to_model_input, to_stage_value)
+from mindspore_serving.worker.stage_values import (
+    check_model_inputs,
+    normalize_outputs,
+    shape_to_model,
+    to_model_input,
+    to_stage_value,
+)
 
 F32_2X2 = TensorInfo((2, 2), np.dtype(np.float32))
 
@@ -22,8 +28,9 @@ class FakeMsTensor:
 # ---------------------------------------------------------------- to_stage_value
 
 
-@pytest.mark.parametrize("value, dtype", [(True, np.bool_), (False, np.bool_), (7, np.int64), (-3, np.int64),
-                                          (2.5, np.float64)])
+@pytest.mark.parametrize(
+    "value, dtype", [(True, np.bool_), (False, np.bool_), (7, np.int64), (-3, np.int64), (2.5, np.float64)]
+)
 def test_python_scalars_become_0d_arrays(value, dtype):
     result = to_stage_value(value)
     assert isinstance(result, np.ndarray)
@@ -68,13 +75,17 @@ def test_asnumpy_objects_are_unwrapped():
     np.testing.assert_array_equal(result, [[1, 0], [3, 2]])
 
 
-@pytest.mark.parametrize("value, name", [([1, 2], "list"), (None, "NoneType"), ({"a": 1}, "dict"),
-                                         (bytearray(b"a"), "bytearray"), ((1,), "tuple")])
+@pytest.mark.parametrize(
+    "value, name",
+    [([1, 2], "list"), (None, "NoneType"), ({"a": 1}, "dict"), (bytearray(b"a"), "bytearray"), ((1,), "tuple")],
+)
 def test_unsupported_values_raise_type_error(value, name):
     with pytest.raises(TypeError) as info:
         to_stage_value(value)
-    assert str(info.value) == (f"output type {name} is not supported, expect numpy array, numpy scalar, bool, int, "
-                               f"float, str, bytes or mindspore Tensor")
+    assert str(info.value) == (
+        f"output type {name} is not supported, expect numpy array, numpy scalar, bool, int, "
+        f"float, str, bytes or mindspore Tensor"
+    )
 
 
 # ---------------------------------------------------------------- normalize_outputs
@@ -140,34 +151,48 @@ def test_only_the_byte_size_is_compared_not_the_shape():
 
 
 def test_size_mismatch_text():
-    assert check_model_inputs([np.zeros((2, 2), np.float32), np.zeros((3, 2), np.float32)], [F32_2X2, F32_2X2]) == \
-        "Given model input 1 size 24 not match the size 16 defined in model"
+    assert (
+        check_model_inputs([np.zeros((2, 2), np.float32), np.zeros((3, 2), np.float32)], [F32_2X2, F32_2X2])
+        == "Given model input 1 size 24 not match the size 16 defined in model"
+    )
 
 
 def test_dtype_mismatch_text_with_kmsi_names():
-    assert check_model_inputs([np.zeros((2, 2), np.int32)], [F32_2X2]) == \
-        "Given model input 0 data type kMSI_Int32 not match the data type kMSI_Float32 defined in model"
+    assert (
+        check_model_inputs([np.zeros((2, 2), np.int32)], [F32_2X2])
+        == "Given model input 0 data type kMSI_Int32 not match the data type kMSI_Float32 defined in model"
+    )
     info = TensorInfo((4,), np.dtype(np.int16))
-    assert check_model_inputs([np.zeros(4, np.float16)], [info]) == \
-        "Given model input 0 data type kMSI_Float16 not match the data type kMSI_Int16 defined in model"
+    assert (
+        check_model_inputs([np.zeros(4, np.float16)], [info])
+        == "Given model input 0 data type kMSI_Float16 not match the data type kMSI_Int16 defined in model"
+    )
 
 
 def test_size_is_checked_before_dtype():
     # int64 [2, 2] is 32 bytes: the size text wins over the dtype text
-    assert check_model_inputs([np.zeros((2, 2), np.int64)], [F32_2X2]) == \
-        "Given model input 0 size 32 not match the size 16 defined in model"
+    assert (
+        check_model_inputs([np.zeros((2, 2), np.int64)], [F32_2X2])
+        == "Given model input 0 size 32 not match the size 16 defined in model"
+    )
 
 
 def test_str_and_bytes_values_report_their_type():
-    assert check_model_inputs(["abc"], [F32_2X2]) == \
-        "Given model input 0 data type kMSI_String not match the data type kMSI_Float32 defined in model"
-    assert check_model_inputs([np.zeros((2, 2), np.float32), b"abc"], [F32_2X2, F32_2X2]) == \
-        "Given model input 1 data type kMSI_Bytes not match the data type kMSI_Float32 defined in model"
+    assert (
+        check_model_inputs(["abc"], [F32_2X2])
+        == "Given model input 0 data type kMSI_String not match the data type kMSI_Float32 defined in model"
+    )
+    assert (
+        check_model_inputs([np.zeros((2, 2), np.float32), b"abc"], [F32_2X2, F32_2X2])
+        == "Given model input 1 data type kMSI_Bytes not match the data type kMSI_Float32 defined in model"
+    )
 
 
 def test_inputs_count_mismatch_text():
-    assert check_model_inputs([np.zeros((2, 2), np.float32)], [F32_2X2, F32_2X2]) == \
-        "The inputs count 1 is not equal to the inputs count 2 of the model"
+    assert (
+        check_model_inputs([np.zeros((2, 2), np.float32)], [F32_2X2, F32_2X2])
+        == "The inputs count 1 is not equal to the inputs count 2 of the model"
+    )
     assert check_model_inputs([], [F32_2X2]) == "The inputs count 0 is not equal to the inputs count 1 of the model"
 
 
@@ -176,8 +201,10 @@ def test_dynamic_dims_skip_the_size_check_but_not_the_dtype_check():
     assert not dynamic.is_static
     assert dynamic.nbytes == -1
     assert check_model_inputs([np.zeros((5, 3), np.float32)], [dynamic]) is None
-    assert check_model_inputs([np.zeros((5, 3), np.int32)], [dynamic]) == \
-        "Given model input 0 data type kMSI_Int32 not match the data type kMSI_Float32 defined in model"
+    assert (
+        check_model_inputs([np.zeros((5, 3), np.int32)], [dynamic])
+        == "Given model input 0 data type kMSI_Int32 not match the data type kMSI_Float32 defined in model"
+    )
 
 
 def test_first_failing_input_is_reported():
@@ -186,12 +213,23 @@ def test_first_failing_input_is_reported():
     assert check_model_inputs(values, infos) == "Given model input 1 size 24 not match the size 12 defined in model"
 
 
-@pytest.mark.parametrize("dtype, name", [(np.bool_, "kMSI_Bool"), (np.int8, "kMSI_Int8"), (np.uint8, "kMSI_Uint8"),
-                                         (np.int16, "kMSI_Int16"), (np.uint16, "kMSI_Uint16"),
-                                         (np.int32, "kMSI_Int32"), (np.uint32, "kMSI_Uint32"),
-                                         (np.int64, "kMSI_Int64"), (np.uint64, "kMSI_Uint64"),
-                                         (np.float16, "kMSI_Float16"), (np.float32, "kMSI_Float32"),
-                                         (np.float64, "kMSI_Float64")])
+@pytest.mark.parametrize(
+    "dtype, name",
+    [
+        (np.bool_, "kMSI_Bool"),
+        (np.int8, "kMSI_Int8"),
+        (np.uint8, "kMSI_Uint8"),
+        (np.int16, "kMSI_Int16"),
+        (np.uint16, "kMSI_Uint16"),
+        (np.int32, "kMSI_Int32"),
+        (np.uint32, "kMSI_Uint32"),
+        (np.int64, "kMSI_Int64"),
+        (np.uint64, "kMSI_Uint64"),
+        (np.float16, "kMSI_Float16"),
+        (np.float32, "kMSI_Float32"),
+        (np.float64, "kMSI_Float64"),
+    ],
+)
 def test_kmsi_names(dtype, name):
     assert kmsi_name(np.dtype(dtype)) == name
     assert kmsi_name(dtype) == name

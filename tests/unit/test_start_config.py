@@ -1,4 +1,5 @@
 """ServableStartConfig validation, version resolution and merge_config."""
+
 import os
 import re
 import sys
@@ -7,8 +8,12 @@ import pytest
 
 from mindspore_serving.server import start_config
 from mindspore_serving.server._servable_local import merge_config
-from mindspore_serving.server.start_config import (ServableStartConfig, check_servable_configs, newest_version,
-                                                   resolve_version)
+from mindspore_serving.server.start_config import (
+    ServableStartConfig,
+    check_servable_configs,
+    newest_version,
+    resolve_version,
+)
 
 
 def raises(text):
@@ -50,8 +55,16 @@ def test_defaults_and_properties(tmp_path):
     assert cfg.num_parallel_workers == 0
     assert cfg.dec_key is None
     assert cfg.dec_mode == "AES-GCM"
-    for name in ("servable_directory", "servable_name", "device_ids", "version_number", "device_type",
-                 "num_parallel_workers", "dec_key", "dec_mode"):
+    for name in (
+        "servable_directory",
+        "servable_name",
+        "device_ids",
+        "version_number",
+        "device_type",
+        "num_parallel_workers",
+        "dec_key",
+        "dec_mode",
+    ):
         with pytest.raises(AttributeError):
             setattr(cfg, name, None)
 
@@ -192,23 +205,37 @@ def test_merge_same_version(tmp_path):
 def test_merge_keeps_versions_and_servables_apart(tmp_path):
     directory = make_servable(tmp_path, versions=(1, 2))
     make_servable(tmp_path, name="sub")
-    merged = merge_config([config(directory, device_ids=0, version_number=1),
-                           config(directory, device_ids=1, version_number=2),
-                           config(directory, name="sub", device_ids=2)], allow_reuse_device=never_share)
+    merged = merge_config(
+        [
+            config(directory, device_ids=0, version_number=1),
+            config(directory, device_ids=1, version_number=2),
+            config(directory, name="sub", device_ids=2),
+        ],
+        allow_reuse_device=never_share,
+    )
     assert [(cfg.servable_name, cfg.version_number, cfg.device_ids) for cfg in merged] == [
-        ("add", 1, (0,)), ("add", 2, (1,)), ("sub", 1, (2,))]
+        ("add", 1, (0,)),
+        ("add", 2, (1,)),
+        ("sub", 1, (2,)),
+    ]
 
 
 def test_merge_dec_key_conflict(tmp_path):
     directory = make_servable(tmp_path)
     with raises("The dec key or dec mode of servable name add is different in multiple configurations."):
-        merge_config([config(directory, device_ids=0, dec_key=b"a" * 16),
-                      config(directory, device_ids=1, dec_key=b"b" * 16)])
+        merge_config(
+            [config(directory, device_ids=0, dec_key=b"a" * 16), config(directory, device_ids=1, dec_key=b"b" * 16)]
+        )
     with raises("The dec key or dec mode of servable name add is different in multiple configurations."):
-        merge_config([config(directory, device_ids=0, dec_key=b"a" * 16),
-                      config(directory, device_ids=1, dec_key=b"a" * 16, dec_mode="AES-CBC")])
-    merged = merge_config([config(directory, device_ids=0, dec_key=b"a" * 16),
-                           config(directory, device_ids=1, dec_key=b"a" * 16)])
+        merge_config(
+            [
+                config(directory, device_ids=0, dec_key=b"a" * 16),
+                config(directory, device_ids=1, dec_key=b"a" * 16, dec_mode="AES-CBC"),
+            ]
+        )
+    merged = merge_config(
+        [config(directory, device_ids=0, dec_key=b"a" * 16), config(directory, device_ids=1, dec_key=b"a" * 16)]
+    )
     assert merged[0].dec_key == b"a" * 16 and merged[0].device_ids == (0, 1)
 
 
@@ -221,13 +248,17 @@ def test_merge_directory_conflict(tmp_path):
 
 def test_merge_missing_directory_and_config_file(tmp_path):
     directory = str(tmp_path)
-    with raises(f"Check servable config failed, directory '{os.path.join(os.path.realpath(directory), 'add')}' "
-                f"not exist, servable directory '{os.path.realpath(directory)}', servable name 'add'"):
+    with raises(
+        f"Check servable config failed, directory '{os.path.join(os.path.realpath(directory), 'add')}' "
+        f"not exist, servable directory '{os.path.realpath(directory)}', servable name 'add'"
+    ):
         merge_config([config(directory)])
     make_servable(tmp_path, config=False)
     real = os.path.realpath(directory)
-    with raises(f"Check servable config failed, file '{os.path.join(real, 'add', 'servable_config.py')}' not exist,"
-                f"  servable directory '{real}', servable name 'add'"):  # two spaces, as MindSpore Serving has them
+    with raises(
+        f"Check servable config failed, file '{os.path.join(real, 'add', 'servable_config.py')}' not exist,"
+        f"  servable directory '{real}', servable name 'add'"
+    ):  # two spaces, as MindSpore Serving has them
         merge_config([config(directory)])
 
 
@@ -235,13 +266,18 @@ def test_merge_device_reuse(tmp_path):
     directory = make_servable(tmp_path, versions=(1, 2))
     make_servable(tmp_path, name="sub")
     with raises("Ascend 910 device id 0 is used repeatedly in servable sub"):
-        merge_config([config(directory, device_ids=0), config(directory, name="sub", device_ids=(1, 0))],
-                     allow_reuse_device=never_share)
+        merge_config(
+            [config(directory, device_ids=0), config(directory, name="sub", device_ids=(1, 0))],
+            allow_reuse_device=never_share,
+        )
     with raises("Ascend 910 device id 1 is used repeatedly in servable add"):
-        merge_config([config(directory, device_ids=1, version_number=1),
-                      config(directory, device_ids=1, version_number=2)], allow_reuse_device=never_share)
-    merged = merge_config([config(directory, device_ids=0), config(directory, name="sub", device_ids=0)],
-                          allow_reuse_device=always_share)
+        merge_config(
+            [config(directory, device_ids=1, version_number=1), config(directory, device_ids=1, version_number=2)],
+            allow_reuse_device=never_share,
+        )
+    merged = merge_config(
+        [config(directory, device_ids=0), config(directory, name="sub", device_ids=0)], allow_reuse_device=always_share
+    )
     assert [cfg.device_ids for cfg in merged] == [(0,), (0,)]
 
 
@@ -252,10 +288,18 @@ def test_default_device_sharing_rule(tmp_path):
     directory = make_servable(tmp_path)
     make_servable(tmp_path, name="sub")
     with raises("Ascend 910 device id 0 is used repeatedly in servable sub"):
-        merge_config([config(directory, device_ids=0, device_type="Ascend"),
-                      config(directory, name="sub", device_ids=0, device_type="Ascend")])
-    merged = merge_config([config(directory, device_ids=0, device_type="GPU"),
-                           config(directory, name="sub", device_ids=0, device_type="GPU")])
+        merge_config(
+            [
+                config(directory, device_ids=0, device_type="Ascend"),
+                config(directory, name="sub", device_ids=0, device_type="Ascend"),
+            ]
+        )
+    merged = merge_config(
+        [
+            config(directory, device_ids=0, device_type="GPU"),
+            config(directory, name="sub", device_ids=0, device_type="GPU"),
+        ]
+    )
     assert len(merged) == 2
 
 
@@ -269,27 +313,39 @@ def test_merge_passes_other_configs_through(tmp_path):
 def test_merge_checks_device_reuse_after_merging(tmp_path):
     """MindSpore Serving merges first: the same device in two configs of one servable version is one worker."""
     directory = make_servable(tmp_path, versions=(1,))
-    merged = merge_config([config(directory, device_ids=2, version_number=0),
-                           config(directory, device_ids=2, version_number=1)], allow_reuse_device=never_share)
+    merged = merge_config(
+        [config(directory, device_ids=2, version_number=0), config(directory, device_ids=2, version_number=1)],
+        allow_reuse_device=never_share,
+    )
     assert [(cfg.version_number, cfg.device_ids) for cfg in merged] == [(1, (2,))]
 
 
 def test_merge_groups_by_servable_name(tmp_path):
     directory = make_servable(tmp_path, versions=(1, 2))
     make_servable(tmp_path, name="add2")
-    merged = merge_config([config(directory, device_ids=(1, 3), version_number=1),
-                           config(directory, name="add2", device_ids=0),
-                           config(directory, device_ids=(4, 5), version_number=1),
-                           config(directory, device_ids=6, version_number=2)], allow_reuse_device=never_share)
+    merged = merge_config(
+        [
+            config(directory, device_ids=(1, 3), version_number=1),
+            config(directory, name="add2", device_ids=0),
+            config(directory, device_ids=(4, 5), version_number=1),
+            config(directory, device_ids=6, version_number=2),
+        ],
+        allow_reuse_device=never_share,
+    )
     assert [(cfg.servable_name, cfg.version_number, cfg.device_ids) for cfg in merged] == [
-        ("add", 1, (1, 3, 4, 5)), ("add", 2, (6,)), ("add2", 1, (0,))]
+        ("add", 1, (1, 3, 4, 5)),
+        ("add", 2, (6,)),
+        ("add2", 1, (0,)),
+    ]
 
 
 def test_merge_directory_conflict_names_both_directories(tmp_path):
     first = make_servable(tmp_path / "one")
     second = make_servable(tmp_path / "two")
-    with raises(f"The servable directory of servable name add is different in multiple configurations, servable "
-                f"directory: {os.path.realpath(second)} and {os.path.realpath(first)}"):
+    with raises(
+        f"The servable directory of servable name add is different in multiple configurations, servable "
+        f"directory: {os.path.realpath(second)} and {os.path.realpath(first)}"
+    ):
         merge_config([config(first, device_ids=0), config(second, device_ids=1)])
 
 
@@ -298,6 +354,7 @@ def devices(monkeypatch):
     """What MindSpore offers, as the master's probe would say (MindSpore Serving's UT stub has
     SERVING_ENABLE_GPU_DEVICE / SERVING_ENABLE_CPU_DEVICE for the same)."""
     from mindspore_serving.common import ms_device
+
     found = ["CPU"]
     asked = []
 
@@ -312,21 +369,32 @@ def devices(monkeypatch):
 def test_device_type_must_be_available(tmp_path, devices):
     found, asked = devices
     from mindspore_serving import server
+
     directory = make_servable(tmp_path)
     start_config.check_device_types([config(directory, device_type="CPU"), config(directory)])
     assert not asked  # CPU is always there and 'none' takes the best: MindSpore is not asked
-    with raises("The device type 'ascend' of servable name add is inconsistent with current running environment, "
-                "supported device type: None or 'Cpu'"):
+    with raises(
+        "The device type 'ascend' of servable name add is inconsistent with current running environment, "
+        "supported device type: None or 'Cpu'"
+    ):
         server.start_servables(config(directory, device_ids=0, device_type="Ascend"))
     found[:] = ["GPU", "CPU"]
-    with raises("The device type 'ascend' of servable name add is inconsistent with current running environment, "
-                "supported device type: None, 'Gpu' or 'Cpu'"):
-        server.start_servables([config(directory, device_ids=0, device_type="Ascend"),
-                                config(directory, device_ids=1, device_type="Ascend")])
+    with raises(
+        "The device type 'ascend' of servable name add is inconsistent with current running environment, "
+        "supported device type: None, 'Gpu' or 'Cpu'"
+    ):
+        server.start_servables(
+            [
+                config(directory, device_ids=0, device_type="Ascend"),
+                config(directory, device_ids=1, device_type="Ascend"),
+            ]
+        )
     start_config.check_device_types([config(directory, device_type="gpu")])
     found[:] = ["Ascend", "CPU"]
-    with raises("The device type 'gpu' of servable name add is inconsistent with current running environment, "
-                "supported device type: None, 'Ascend' or 'Cpu'"):
+    with raises(
+        "The device type 'gpu' of servable name add is inconsistent with current running environment, "
+        "supported device type: None, 'Ascend' or 'Cpu'"
+    ):
         start_config.check_device_types([config(directory, device_type="GPU")])
 
 
@@ -341,22 +409,35 @@ def test_device_reuse_follows_the_device(tmp_path, devices):
     found[:] = ["Ascend", "CPU"]
     with raises("Ascend 910 device id 0 is used repeatedly in servable add_x"):
         merge_config(same_device)
-    assert len(merge_config([config(directory, device_ids=0, device_type="CPU"),
-                             config(directory, name="add_x", device_ids=0, device_type="CPU")])) == 2
+    assert (
+        len(
+            merge_config(
+                [
+                    config(directory, device_ids=0, device_type="CPU"),
+                    config(directory, name="add_x", device_ids=0, device_type="CPU"),
+                ]
+            )
+        )
+        == 2
+    )
 
 
 def test_worker_side_device_check_has_the_same_text(monkeypatch):
     from mindspore_serving.common import ms_device
+
     monkeypatch.setattr(ms_device, "available_devices", lambda: ["CPU"])
     assert ms_device.resolve_device("none") == "CPU"
     assert ms_device.resolve_device("cpu") == "CPU"
-    with raises("The device type 'gpu' of servable name add is inconsistent with current running environment, "
-                "supported device type: None or 'Cpu'"):
+    with raises(
+        "The device type 'gpu' of servable name add is inconsistent with current running environment, "
+        "supported device type: None or 'Cpu'"
+    ):
         ms_device.resolve_device("gpu", "add")
 
 
 def test_probe_asks_a_child_process_once(monkeypatch):
     from mindspore_serving.common import ms_device
+
     runs = []
 
     class Done:
@@ -375,6 +456,7 @@ def test_probe_asks_a_child_process_once(monkeypatch):
 
 def test_probe_runs_mindspore_in_a_child(monkeypatch):
     from mindspore_serving.common import ms_device
+
     pytest.importorskip("mindspore")
     monkeypatch.setattr(ms_device, "_probed", None)
     available = ms_device.probe_available_devices()
@@ -383,13 +465,17 @@ def test_probe_runs_mindspore_in_a_child(monkeypatch):
 
 def test_model_control_reloads_an_encrypted_servable_with_its_key(tmp_path):
     from types import SimpleNamespace
+
     from mindspore_serving.server import _server
+
     directory = make_servable(tmp_path, name="enc")
     make_servable(tmp_path, name="plain")
-    master = SimpleNamespace(model_control=SimpleNamespace(plans_for=None),
-                             processes=SimpleNamespace(of_servable=lambda name: []))
-    _server._enable_model_control(master, [config(directory, name="enc", device_ids=0, dec_key=b"k" * 16,
-                                                  dec_mode="AES-CBC")])
+    master = SimpleNamespace(
+        model_control=SimpleNamespace(plans_for=None), processes=SimpleNamespace(of_servable=lambda name: [])
+    )
+    _server._enable_model_control(
+        master, [config(directory, name="enc", device_ids=0, dec_key=b"k" * 16, dec_mode="AES-CBC")]
+    )
     (plan,) = master.model_control.plans_for("enc", 1)
     assert (plan.dec_key, plan.dec_mode, plan.device_id) == (b"k" * 16, "AES-CBC", 0)
     (plan,) = master.model_control.plans_for("plain", 1)

@@ -1,4 +1,5 @@
 """Instances <-> ms_service.proto, the master's input checks and the reply's error_msg rules."""
+
 import numpy as np
 import pytest
 
@@ -7,24 +8,48 @@ from mindspore_serving.common import tensor_codec as tc
 from mindspore_serving.proto import ms_service_pb2 as pb
 
 NUMERIC = [
-    (np.bool_, pb.MS_BOOL, "kMSI_Bool"), (np.int8, pb.MS_INT8, "kMSI_Int8"), (np.uint8, pb.MS_UINT8, "kMSI_Uint8"),
-    (np.int16, pb.MS_INT16, "kMSI_Int16"), (np.uint16, pb.MS_UINT16, "kMSI_Uint16"),
-    (np.int32, pb.MS_INT32, "kMSI_Int32"), (np.uint32, pb.MS_UINT32, "kMSI_Uint32"),
-    (np.int64, pb.MS_INT64, "kMSI_Int64"), (np.uint64, pb.MS_UINT64, "kMSI_Uint64"),
-    (np.float16, pb.MS_FLOAT16, "kMSI_Float16"), (np.float32, pb.MS_FLOAT32, "kMSI_Float32"),
+    (np.bool_, pb.MS_BOOL, "kMSI_Bool"),
+    (np.int8, pb.MS_INT8, "kMSI_Int8"),
+    (np.uint8, pb.MS_UINT8, "kMSI_Uint8"),
+    (np.int16, pb.MS_INT16, "kMSI_Int16"),
+    (np.uint16, pb.MS_UINT16, "kMSI_Uint16"),
+    (np.int32, pb.MS_INT32, "kMSI_Int32"),
+    (np.uint32, pb.MS_UINT32, "kMSI_Uint32"),
+    (np.int64, pb.MS_INT64, "kMSI_Int64"),
+    (np.uint64, pb.MS_UINT64, "kMSI_Uint64"),
+    (np.float16, pb.MS_FLOAT16, "kMSI_Float16"),
+    (np.float32, pb.MS_FLOAT32, "kMSI_Float32"),
     (np.float64, pb.MS_FLOAT64, "kMSI_Float64"),
 ]
 
 
 def test_proto_enum_values_are_the_reference_ones():
-    assert [pb.DataType.Value(n) for n in (
-        "MS_UNKNOWN", "MS_BOOL", "MS_INT8", "MS_UINT8", "MS_INT16", "MS_UINT16", "MS_INT32", "MS_UINT32", "MS_INT64",
-        "MS_UINT64", "MS_FLOAT16", "MS_FLOAT32", "MS_FLOAT64", "MS_STRING", "MS_BYTES")] == list(range(15))
+    assert [
+        pb.DataType.Value(n)
+        for n in (
+            "MS_UNKNOWN",
+            "MS_BOOL",
+            "MS_INT8",
+            "MS_UINT8",
+            "MS_INT16",
+            "MS_UINT16",
+            "MS_INT32",
+            "MS_UINT32",
+            "MS_INT64",
+            "MS_UINT64",
+            "MS_FLOAT16",
+            "MS_FLOAT32",
+            "MS_FLOAT64",
+            "MS_STRING",
+            "MS_BYTES",
+        )
+    ] == list(range(15))
 
 
 def test_proto_field_numbers_are_the_reference_ones():
     def numbers(message):
         return {f.name: f.number for f in message.DESCRIPTOR.fields}
+
     assert numbers(pb.PredictRequest) == {"servable_spec": 1, "instances": 2}
     assert numbers(pb.PredictReply) == {"servable_spec": 1, "instances": 3, "error_msg": 4}
     assert numbers(pb.ServableSpec) == {"name": 1, "method_name": 2, "version_number": 3}
@@ -95,7 +120,9 @@ def test_scalars_and_python_numbers():
 
 def test_str_and_bytes():
     tensor = tc.value_to_tensor("héllo")
-    assert tensor.dtype == pb.MS_STRING and list(tensor.shape.dims) == [] and list(tensor.bytes_val) == ["héllo".encode()]
+    assert (
+        tensor.dtype == pb.MS_STRING and list(tensor.shape.dims) == [] and list(tensor.bytes_val) == ["héllo".encode()]
+    )
     assert tc.tensor_to_value(tensor) == "héllo"
     tensor = tc.value_to_tensor("x", string_dims=(1,))
     assert list(tensor.shape.dims) == [1]
@@ -138,6 +165,7 @@ def test_instances_round_trip():
 
 # ----------------------------------------------------------------------------------------- master checks
 
+
 def _tensor(dtype, dims, data=b"", bytes_val=()):
     tensor = pb.Tensor(dtype=dtype, data=data, bytes_val=list(bytes_val))
     tensor.shape.dims.extend(dims)
@@ -146,20 +174,27 @@ def _tensor(dtype, dims, data=b"", bytes_val=()):
 
 def test_check_tensor_texts():
     assert tc.check_tensor(_tensor(pb.MS_FLOAT32, [2, 2], b"\x00" * 16)) is None
-    assert tc.check_tensor(_tensor(pb.MS_FLOAT32, [2, 2], b"\x00" * 12)) == \
-        "Tensor check failed: input data size 12 invalid"
+    assert (
+        tc.check_tensor(_tensor(pb.MS_FLOAT32, [2, 2], b"\x00" * 12))
+        == "Tensor check failed: input data size 12 invalid"
+    )
     assert tc.check_tensor(_tensor(pb.MS_FLOAT32, [2, -1], b"")) == "Tensor check failed: input  shape [2, -1] invalid"
     assert tc.check_tensor(_tensor(pb.MS_FLOAT32, [0, 2], b"")) == "Tensor check failed: input  shape [0, 2] invalid"
     assert tc.check_tensor(_tensor(pb.MS_FLOAT32, [2, 0], b"")) is None
-    assert tc.check_tensor(_tensor(pb.MS_UNKNOWN, [2], b"")) == \
-        "Tensor check failed: input data type proto::MS_UNKNOWN invalid"
+    assert (
+        tc.check_tensor(_tensor(pb.MS_UNKNOWN, [2], b""))
+        == "Tensor check failed: input data type proto::MS_UNKNOWN invalid"
+    )
     assert tc.check_tensor(_tensor(pb.MS_STRING, [1, 1], bytes_val=[b"a"])) == (
         "Instance tensor check failed: bytes or string type input  shape can only be (1,) or empty, "
-        "but given shape is [1, 1]")
+        "but given shape is [1, 1]"
+    )
     assert tc.check_tensor(_tensor(pb.MS_BYTES, [], bytes_val=[b"a"])) is None
     assert tc.check_tensor(_tensor(pb.MS_BYTES, [1], bytes_val=[b"a"])) is None
-    assert tc.check_tensor(_tensor(pb.MS_BYTES, [2], bytes_val=[b"a", b"b"])) == \
-        "Instance tensor check failed: bytes or string type shape batch size can only be 1"
+    assert (
+        tc.check_tensor(_tensor(pb.MS_BYTES, [2], bytes_val=[b"a", b"b"]))
+        == "Instance tensor check failed: bytes or string type shape batch size can only be 1"
+    )
     shm = _tensor(pb.MS_FLOAT32, [2])
     shm.shm_data.data_size = 4
     assert tc.check_tensor(shm) == "Tensor check failed: input shared memory data size 4 not equal to expected size 8"
@@ -175,17 +210,24 @@ def _instance(**items):
     return result
 
 
-@pytest.mark.parametrize("item, detail", [
-    (_tensor(pb.MS_FLOAT32, [2], data=b"\0" * 7), "Tensor check failed: input data size 7 invalid"),
-    (_tensor(pb.MS_FLOAT32, [-1, 2]), "Tensor check failed: input  shape [-1, 2] invalid"),
-    (_tensor(pb.MS_FLOAT32, [0, 3]), "Tensor check failed: input  shape [0, 3] invalid"),
-    (_tensor(pb.MS_STRING, [1, 1], bytes_val=[b"a"]),
-     "Instance tensor check failed: bytes or string type input  shape can only be (1,) or empty, but given shape is "
-     "[1, 1]"),
-    (_tensor(pb.MS_BYTES, [2], bytes_val=[b"a"]),
-     "Instance tensor check failed: bytes or string type input  shape can only be (1,) or empty, but given shape is "
-     "[2]"),
-])
+@pytest.mark.parametrize(
+    "item, detail",
+    [
+        (_tensor(pb.MS_FLOAT32, [2], data=b"\0" * 7), "Tensor check failed: input data size 7 invalid"),
+        (_tensor(pb.MS_FLOAT32, [-1, 2]), "Tensor check failed: input  shape [-1, 2] invalid"),
+        (_tensor(pb.MS_FLOAT32, [0, 3]), "Tensor check failed: input  shape [0, 3] invalid"),
+        (
+            _tensor(pb.MS_STRING, [1, 1], bytes_val=[b"a"]),
+            "Instance tensor check failed: bytes or string type input  shape can only be (1,) or empty, but given shape is "
+            "[1, 1]",
+        ),
+        (
+            _tensor(pb.MS_BYTES, [2], bytes_val=[b"a"]),
+            "Instance tensor check failed: bytes or string type input  shape can only be (1,) or empty, but given shape is "
+            "[2]",
+        ),
+    ],
+)
 def test_check_instance_with_tensor_checks(item, detail):
     reason = tc.check_instance(_instance(x=GOOD, s=item).items, ["x", "s"], "add", "m", tc.check_tensor)
     assert reason == f"Instances input s check failed, detail: {detail}"
@@ -193,25 +235,50 @@ def test_check_instance_with_tensor_checks(item, detail):
 
 def test_check_instance_missing_input_and_valid_instances():
     text = _tensor(pb.MS_STRING, [], bytes_val=[b"abc"])
-    reasons = [tc.check_instance(instance.items, ["x1", "x2"], "add", "m", tc.check_tensor) for instance in [
-        _instance(x1=GOOD, x2=text), _instance(x1=GOOD), _instance(x2=GOOD), _instance(x1=GOOD, x2=GOOD, extra=GOOD)]]
-    assert reasons == [None, "Cannot find input x2 in instance input , servable add, method m",
-                       "Cannot find input x1 in instance input , servable add, method m", None]
+    reasons = [
+        tc.check_instance(instance.items, ["x1", "x2"], "add", "m", tc.check_tensor)
+        for instance in [
+            _instance(x1=GOOD, x2=text),
+            _instance(x1=GOOD),
+            _instance(x2=GOOD),
+            _instance(x1=GOOD, x2=GOOD, extra=GOOD),
+        ]
+    ]
+    assert reasons == [
+        None,
+        "Cannot find input x2 in instance input , servable add, method m",
+        "Cannot find input x1 in instance input , servable add, method m",
+        None,
+    ]
 
 
 def test_check_instance_of_decoded_values_only_looks_for_missing_inputs():
     assert tc.check_instance({"x": np.ones(2), "s": "a"}, ["x", "s"], "n", "m") is None
-    assert tc.check_instance({"x": np.ones(2)}, ["y"], "n", "m") == \
-        "Cannot find input y in instance input , servable n, method m"
+    assert (
+        tc.check_instance({"x": np.ones(2)}, ["y"], "n", "m")
+        == "Cannot find input y in instance input , servable n, method m"
+    )
 
 
 # ------------------------------------------------------------------------------------------------ errors
 
+
 def test_error_hierarchy():
-    assert (errors.OK, errors.FAILED, errors.INVALID_INPUTS, errors.SYSTEM_ERROR, errors.WORKER_UNAVAILABLE,
-            errors.SERVABLE_UNAVAILABLE) == (0, 1, 2, 3, 4, 5)
-    for cls, code in ((errors.Failed, 1), (errors.InvalidInputs, 2), (errors.SystemError_, 3),
-                      (errors.WorkerUnavailable, 4), (errors.ServableUnavailable, 5)):
+    assert (
+        errors.OK,
+        errors.FAILED,
+        errors.INVALID_INPUTS,
+        errors.SYSTEM_ERROR,
+        errors.WORKER_UNAVAILABLE,
+        errors.SERVABLE_UNAVAILABLE,
+    ) == (0, 1, 2, 3, 4, 5)
+    for cls, code in (
+        (errors.Failed, 1),
+        (errors.InvalidInputs, 2),
+        (errors.SystemError_, 3),
+        (errors.WorkerUnavailable, 4),
+        (errors.ServableUnavailable, 5),
+    ):
         err = cls("text")
         assert isinstance(err, errors.ServingError) and err.code == code and err.message == "text"
         assert str(err) == "text"
@@ -222,6 +289,7 @@ def test_error_hierarchy():
 
 
 # ------------------------------------------------------------------------------------------------ replies
+
 
 def test_reply_to_results_rejects_inconsistent_counts():
     reply = pb.PredictReply()

@@ -2,6 +2,7 @@
 streamed deltas add up to the message of the whole output, each call announced by one delta with its id, type
 and name and then given its arguments; the formats' examples (malformed calls stay content); the constraints of
 a forced tool_choice compile in llguidance and their output is read back; the request's tools are checked."""
+
 import json
 
 import llguidance
@@ -15,23 +16,41 @@ from mindspore_serving.llm.tool_call_formats import TOOL_CALL_PARSERS, detect_to
 
 NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_-]{0,12}", fullmatch=True)
 TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
-SCALARS = st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False, allow_infinity=False) \
-    | TEXT
-VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXT, inner, max_size=3),
-                      max_leaves=8)
+SCALARS = (
+    st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.floats(allow_nan=False, allow_infinity=False) | TEXT
+)
+VALUES = st.recursive(
+    SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXT, inner, max_size=3), max_leaves=8
+)
 ARGUMENTS = st.dictionaries(TEXT, VALUES, max_size=4)
 CALLS = st.lists(st.tuples(NAMES, ARGUMENTS), max_size=3)
 # text around calls, with the pieces a splitter must not take for a call (or must take for one that fails)
-TRICKY = st.sampled_from(["<tool_call>", "</tool_call>", "<tool_", "<", "{", "}", ";", " ", "\n", "\t",
-                          "<|python_tag|>", '{"name": 1}', '{"name": "x", "arguments": {}}', "é", "天"])
+TRICKY = st.sampled_from(
+    [
+        "<tool_call>",
+        "</tool_call>",
+        "<tool_",
+        "<",
+        "{",
+        "}",
+        ";",
+        " ",
+        "\n",
+        "\t",
+        "<|python_tag|>",
+        '{"name": 1}',
+        '{"name": "x", "arguments": {}}',
+        "é",
+        "天",
+    ]
+)
 CONTENT = st.lists(TRICKY | TEXT, max_size=6).map("".join)
 
 
 def dumps(value, style) -> str:
     """JSON as a model may write it: spaced or not, indented or not, escaped or not."""
     indent, spaced, ascii_only = style
-    return json.dumps(value, indent=indent, ensure_ascii=ascii_only,
-                      separators=(", ", ": ") if spaced else (",", ":"))
+    return json.dumps(value, indent=indent, ensure_ascii=ascii_only, separators=(", ", ": ") if spaced else (",", ":"))
 
 
 STYLES = st.tuples(st.sampled_from([None, 2]), st.booleans(), st.booleans())
@@ -46,10 +65,15 @@ def hermes_outputs(draw):
     for index, (name, arguments) in enumerate(calls):
         body = dumps({"name": name, "arguments": arguments}, draw(STYLES))
         if draw(st.integers(0, 9)) == 0:
-            body = body[:draw(st.integers(0, len(body)))]  # malformed: stays content
+            body = body[: draw(st.integers(0, len(body)))]  # malformed: stays content
         closed = index < len(calls) - 1 or draw(st.booleans())
-        parts.append(draw(st.sampled_from(["", "\n", "\n\n", " "])) + "<tool_call>\n" + body + "\n"
-                     + ("</tool_call>" if closed else ""))
+        parts.append(
+            draw(st.sampled_from(["", "\n", "\n\n", " "]))
+            + "<tool_call>\n"
+            + body
+            + "\n"
+            + ("</tool_call>" if closed else "")
+        )
         if closed:
             parts.append(draw(st.sampled_from(["", "\n", " \n"]) | CONTENT))
     return "".join(parts)
@@ -62,10 +86,11 @@ def llama3_outputs(draw):
     if not calls or draw(st.integers(0, 5)) == 0:
         return draw(CONTENT)
     key = draw(st.sampled_from(["parameters", "arguments"]))
-    text = draw(st.sampled_from(["; ", ";", ";\n"])).join(dumps({"name": name, key: arguments}, draw(STYLES))
-                                                          for name, arguments in calls)
+    text = draw(st.sampled_from(["; ", ";", ";\n"])).join(
+        dumps({"name": name, key: arguments}, draw(STYLES)) for name, arguments in calls
+    )
     if draw(st.integers(0, 9)) == 0:
-        text = text[:draw(st.integers(0, len(text)))]
+        text = text[: draw(st.integers(0, len(text)))]
     return draw(st.sampled_from(["", " ", "\n"])) + draw(st.sampled_from(["", "<|python_tag|>"])) + text
 
 
@@ -141,8 +166,9 @@ def test_llama3_streamed_deltas_add_up_to_the_whole_message(case):
 @settings(max_examples=100, deadline=None)
 @given(CALLS.filter(bool), CONTENT.filter(lambda t: "<tool_call>" not in t), STYLES)
 def test_hermes_reads_back_every_call_written(calls, before, style):
-    text = before + "".join(f"<tool_call>\n{dumps({'name': n, 'arguments': a}, style)}\n</tool_call>\n"
-                            for n, a in calls)
+    text = before + "".join(
+        f"<tool_call>\n{dumps({'name': n, 'arguments': a}, style)}\n</tool_call>\n" for n, a in calls
+    )
     content, parsed = tc.get_parser("hermes", tc.sequential_ids()).parse(text)
     assert [(c.name, json.loads(c.arguments)) for c in parsed] == [(n, a) for n, a in calls]
     assert content == (before.rstrip() or None)
@@ -155,6 +181,7 @@ def test_llama3_reads_back_every_call_written(calls, style):
     content, parsed = tc.get_parser("llama3_json").parse(text)
     assert content is None and [(c.name, json.loads(c.arguments)) for c in parsed] == [(n, a) for n, a in calls]
 
+
 # --- examples ----------------------------------------------------------------------------------------------
 
 
@@ -165,18 +192,29 @@ def feed_all(parser, chunks):
 
 
 def test_hermes_example_and_its_stream():
-    text = ('Let me check.\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "°C"}}\n'
-            '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+    text = (
+        'Let me check.\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "°C"}}\n'
+        '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    )
     parser = tc.get_parser("hermes", tc.sequential_ids())
     content, calls = parser.parse(text)
     assert content == "Let me check."
-    assert calls == [tc.ToolCall("call_0", "get_weather", '{"city":"Paris","unit":"°C"}'),
-                     tc.ToolCall("call_1", "get_time", "{}")]
+    assert calls == [
+        tc.ToolCall("call_0", "get_weather", '{"city":"Paris","unit":"°C"}'),
+        tc.ToolCall("call_1", "get_time", "{}"),
+    ]
     assert tc.assistant_message(content, calls) == {
-        "role": "assistant", "content": "Let me check.",
-        "tool_calls": [{"id": "call_0", "type": "function",
-                        "function": {"name": "get_weather", "arguments": '{"city":"Paris","unit":"°C"}'}},
-                       {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]}
+        "role": "assistant",
+        "content": "Let me check.",
+        "tool_calls": [
+            {
+                "id": "call_0",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city":"Paris","unit":"°C"}'},
+            },
+            {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}},
+        ],
+    }
     deltas, last = feed_all(tc.get_parser("hermes", tc.sequential_ids()), ["Let me check.\n\n<tool", "_call>\n{"])
     assert deltas == [{"content": "Let me check."}]  # the rest is undecided: held back, and content at the end
     assert last == [{"content": "\n\n<tool_call>\n{"}]
@@ -184,12 +222,15 @@ def test_hermes_example_and_its_stream():
 
 def test_hermes_malformed_or_foreign_calls_stay_content():
     parser = tc.get_parser("hermes")
-    for text in ['<tool_call>\n{"name": "f", "arguments": {"a": 1}\n</tool_call>',  # a brace short
-                 '<tool_call>\n{"arguments": {}}\n</tool_call>',  # no name
-                 '<tool_call>\n{"name": "f", "arguments": [1]}\n</tool_call>',  # arguments not an object
-                 '<tool_call>\n{"name": "f", "arguments": {}} trailing\n</tool_call>',
-                 '<tool_call>\n{"name": "f", "arguments": {"x": NaN}}\n</tool_call>',
-                 'a <tool_call', "<tool_call>"]:
+    for text in [
+        '<tool_call>\n{"name": "f", "arguments": {"a": 1}\n</tool_call>',  # a brace short
+        '<tool_call>\n{"arguments": {}}\n</tool_call>',  # no name
+        '<tool_call>\n{"name": "f", "arguments": [1]}\n</tool_call>',  # arguments not an object
+        '<tool_call>\n{"name": "f", "arguments": {}} trailing\n</tool_call>',
+        '<tool_call>\n{"name": "f", "arguments": {"x": NaN}}\n</tool_call>',
+        "a <tool_call",
+        "<tool_call>",
+    ]:
         assert parser.parse(text) == (text, []), text
         deltas, last = feed_all(parser, list(text))
         assert tc.fold_deltas(deltas + last) == {"role": "assistant", "content": text}
@@ -202,11 +243,17 @@ def test_hermes_arguments_given_as_json_text_and_an_unclosed_last_call():
 
 def test_llama3_examples():
     parser = tc.get_parser("llama3_json", tc.sequential_ids())
-    content, calls = parser.parse('<|python_tag|>{"name": "f", "parameters": {"q": "x"}}; {"name": "g", '
-                                  '"arguments": {}}')
+    content, calls = parser.parse(
+        '<|python_tag|>{"name": "f", "parameters": {"q": "x"}}; {"name": "g", "arguments": {}}'
+    )
     assert content is None and calls == [tc.ToolCall("call_0", "f", '{"q":"x"}'), tc.ToolCall("call_1", "g", "{}")]
-    for text in ['{"name": "f", "parameters": {}} and then text', '{"a": 1}', "{not json", "<|python_tag|>",
-                 '<|python_tag|>print("hi")']:
+    for text in [
+        '{"name": "f", "parameters": {}} and then text',
+        '{"a": 1}',
+        "{not json",
+        "<|python_tag|>",
+        '<|python_tag|>print("hi")',
+    ]:
         assert parser.parse(text) == (text, [])
     deltas, last = feed_all(parser, ["Hel", "lo {"])
     assert deltas == [{"content": "Hel"}, {"content": "lo {"}] and last == []
@@ -239,14 +286,21 @@ def test_the_registry_names_the_configurations_formats():
     with pytest.raises(KeyError, match="hermes"):
         tc.get_parser("nope")
 
+
 # --- forced tool_choice ------------------------------------------------------------------------------------
 
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "the weather",
-                                           "parameters": {"type": "object",
-                                                          "properties": {"city": {"type": "string"}},
-                                                          "required": ["city"]}}},
-         {"type": "function", "function": {"name": "now"}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "the weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    },
+    {"type": "function", "function": {"name": "now"}},
+]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 
@@ -267,27 +321,34 @@ def test_required_and_named_constraints_compile():
     assert second["properties"]["parameters"] == tc.NO_PARAMETERS
     assert compiles(tc.tool_choice_constraint(TOOLS, "required", parallel_tool_calls=False))["maxItems"] == 1
     assert compiles(tc.tool_choice_constraint(TOOLS, NAMED)) == TOOLS[0]["function"]["parameters"]
-    assert compiles(tc.tool_choice_constraint(TOOLS, {"type": "function", "function": {"name": "now"}})) \
+    assert (
+        compiles(tc.tool_choice_constraint(TOOLS, {"type": "function", "function": {"name": "now"}}))
         == tc.NO_PARAMETERS
+    )
     assert tc.tool_choice_constraint(TOOLS, "auto") is None and tc.tool_choice_constraint(TOOLS, "none") is None
 
 
 def test_forced_tool_calls_read_the_constrained_output():
     ids = tc.sequential_ids()
     assert tc.forced_tool_calls('{"city": "Zürich"}', TOOLS, NAMED, ids) == [
-        tc.ToolCall("call_0", "get_weather", '{"city":"Zürich"}')]
+        tc.ToolCall("call_0", "get_weather", '{"city":"Zürich"}')
+    ]
     text = '[{"name": "now", "parameters": {}}, {"name": "get_weather", "parameters": {"city": "Oslo"}}]'
     assert tc.forced_tool_calls(text, TOOLS, "required", ids) == [
-        tc.ToolCall("call_1", "now", "{}"), tc.ToolCall("call_2", "get_weather", '{"city":"Oslo"}')]
+        tc.ToolCall("call_1", "now", "{}"),
+        tc.ToolCall("call_2", "get_weather", '{"city":"Oslo"}'),
+    ]
     for bad in ['{"city": "Zü', "[]", '[{"name": "other", "parameters": {}}]', '{"city": 1']:
         assert tc.forced_tool_calls(bad, TOOLS, "required") == []
     assert tc.forced_tool_calls('{"city": "Zü', TOOLS, NAMED) == []
     parser = tc.forced_parser(TOOLS, NAMED, tc.sequential_ids())
     deltas, last = feed_all(parser, ['{"ci', 'ty": "Rome"}'])
-    assert deltas == [] and tc.fold_deltas(last) == tc.assistant_message(None, [
-        tc.ToolCall("call_0", "get_weather", '{"city":"Rome"}')])
+    assert deltas == [] and tc.fold_deltas(last) == tc.assistant_message(
+        None, [tc.ToolCall("call_0", "get_weather", '{"city":"Rome"}')]
+    )
     with pytest.raises(ValueError):
         tc.forced_parser(TOOLS, "auto")
+
 
 # --- the request's tools -----------------------------------------------------------------------------------
 
@@ -299,35 +360,55 @@ def test_check_tools_resolves_tool_choice():
     assert tc.check_tools(TOOLS, NAMED) == NAMED
 
 
-@pytest.mark.parametrize("tools, tool_choice, param, words", [
-    ({"type": "function"}, None, "tools", "array"),
-    ([1], None, "tools[0]", "object"),
-    ([{"type": "code", "function": {"name": "f"}}], None, "tools[0].type", "'function'"),
-    ([{"type": "function", "function": {"name": "f"}, "extra": 1}], None, "tools[0].extra", "unknown"),
-    ([{"type": "function"}], None, "tools[0].function", "object"),
-    ([{"type": "function", "function": {"name": "a b"}}], None, "tools[0].function.name", "letters"),
-    ([{"type": "function", "function": {"name": "f", "parameters": []}}], None, "tools[0].function.parameters",
-     "JSON Schema"),
-    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}], None,
-     "tools[0].function.parameters", "'object'"),
-    ([{"type": "function", "function": {"name": "f", "description": 3}}], None, "tools[0].function.description",
-     "string"),
-    ([{"type": "function", "function": {"name": "f", "strict": "yes"}}], None, "tools[0].function.strict",
-     "boolean"),
-    ([{"type": "function", "function": {"name": "f", "colour": 1}}], None, "tools[0].function.colour", "unknown"),
-    (TOOLS + [TOOLS[1]], None, "tools[2].function.name", "duplicate"),
-    (TOOLS, "sometimes", "tool_choice", "sometimes"),
-    (TOOLS, 3, "tool_choice", "string or an object"),
-    (TOOLS, {"type": "function", "function": {"name": "missing"}}, "tool_choice", "missing"),
-    (TOOLS, {"type": "function", "name": "now"}, "tool_choice", "expected"),
-    (None, "auto", "tool_choice", "needs 'tools'"),
-    ([], "required", "tool_choice", "needs 'tools'"),
-    (None, NAMED, "tool_choice", "needs 'tools'"),
-])
+@pytest.mark.parametrize(
+    "tools, tool_choice, param, words",
+    [
+        ({"type": "function"}, None, "tools", "array"),
+        ([1], None, "tools[0]", "object"),
+        ([{"type": "code", "function": {"name": "f"}}], None, "tools[0].type", "'function'"),
+        ([{"type": "function", "function": {"name": "f"}, "extra": 1}], None, "tools[0].extra", "unknown"),
+        ([{"type": "function"}], None, "tools[0].function", "object"),
+        ([{"type": "function", "function": {"name": "a b"}}], None, "tools[0].function.name", "letters"),
+        (
+            [{"type": "function", "function": {"name": "f", "parameters": []}}],
+            None,
+            "tools[0].function.parameters",
+            "JSON Schema",
+        ),
+        (
+            [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}],
+            None,
+            "tools[0].function.parameters",
+            "'object'",
+        ),
+        (
+            [{"type": "function", "function": {"name": "f", "description": 3}}],
+            None,
+            "tools[0].function.description",
+            "string",
+        ),
+        (
+            [{"type": "function", "function": {"name": "f", "strict": "yes"}}],
+            None,
+            "tools[0].function.strict",
+            "boolean",
+        ),
+        ([{"type": "function", "function": {"name": "f", "colour": 1}}], None, "tools[0].function.colour", "unknown"),
+        (TOOLS + [TOOLS[1]], None, "tools[2].function.name", "duplicate"),
+        (TOOLS, "sometimes", "tool_choice", "sometimes"),
+        (TOOLS, 3, "tool_choice", "string or an object"),
+        (TOOLS, {"type": "function", "function": {"name": "missing"}}, "tool_choice", "missing"),
+        (TOOLS, {"type": "function", "name": "now"}, "tool_choice", "expected"),
+        (None, "auto", "tool_choice", "needs 'tools'"),
+        ([], "required", "tool_choice", "needs 'tools'"),
+        (None, NAMED, "tool_choice", "needs 'tools'"),
+    ],
+)
 def test_check_tools_names_the_field(tools, tool_choice, param, words):
     with pytest.raises(InvalidParam) as refused:
         tc.check_tools(tools, tool_choice)
     assert refused.value.param == param and words in refused.value.message
+
 
 # --- the format a model's chat template prompts for --------------------------------------------------------
 

@@ -2,6 +2,7 @@
 hop (agent client -> engine step -> session event -> master -> front end), and each protocol answers it as
 such: HTTP 503 + Retry-After (OpenAI, TGI, MindSpore shapes), gRPC UNAVAILABLE. Also: a malformed protobuf is
 INVALID_ARGUMENT."""
+
 import asyncio
 import json
 import threading
@@ -10,7 +11,10 @@ import grpc
 import numpy as np
 import pytest
 from fastapi import FastAPI
+from grpc_fakes import FakeFuture
+from serving_process import free_port
 from starlette.testclient import TestClient
+from test_llm_step_executor import ScriptedRunner, add, make_executor
 
 from mindspore_serving.common import errors
 from mindspore_serving.common.errors import Kind
@@ -29,9 +33,6 @@ from mindspore_serving.master.worker_registry import WorkerRecord, WorkerRegistr
 from mindspore_serving.proto import agent_pb2, ms_service_pb2, ms_service_pb2_grpc
 from mindspore_serving.spec.llm import GENERATE_METHOD, LLM_EXTENSION
 from mindspore_serving.worker.llm.agent_client import AgentLost, _StepCall
-from grpc_fakes import FakeFuture
-from serving_process import free_port
-from test_llm_step_executor import ScriptedRunner, add, make_executor
 
 LOST = f"LLM agent rank 1 of llama_tiny is gone (127.0.0.1:{free_port()}: UNAVAILABLE: Socket closed)"
 
@@ -80,6 +81,7 @@ def test_rank_zero_failing_only_when_its_result_is_read_is_still_an_agent_lost()
     assert info.value.message == "LLM agent rank 0 of llama_tiny did not answer the step (UNAVAILABLE: Socket closed)"
     assert failures == [True]
 
+
 # --- engine step -> session event -> master -----------------------------------------------------------
 
 
@@ -110,13 +112,24 @@ def test_any_other_step_failure_stays_a_generation_failure():
 
 
 def _failed_output(kind):
-    return RequestOutput(request_id="r", prompt="Hi", prompt_token_ids=[5], new_token_ids=[], new_text="",
-                         token_ids=[], text="", finished=True, finish_reason=FinishReason.ERROR, error=LOST,
-                         error_kind=kind)
+    return RequestOutput(
+        request_id="r",
+        prompt="Hi",
+        prompt_token_ids=[5],
+        new_token_ids=[],
+        new_text="",
+        token_ids=[],
+        text="",
+        finished=True,
+        finish_reason=FinishReason.ERROR,
+        error=LOST,
+        error_kind=kind,
+    )
 
 
-@pytest.mark.parametrize("kind, raised", [(Kind.UNAVAILABLE, errors.WorkerUnavailable),
-                                          (Kind.GENERATION, errors.Failed)])
+@pytest.mark.parametrize(
+    "kind, raised", [(Kind.UNAVAILABLE, errors.WorkerUnavailable), (Kind.GENERATION, errors.Failed)]
+)
 def test_the_error_event_carries_the_kind_to_the_master(kind, raised):
     (event,) = llm_session.output_events(_failed_output(kind), 0)
     with pytest.raises(raised) as info:
@@ -125,10 +138,19 @@ def test_the_error_event_carries_the_kind_to_the_master(kind, raised):
 
 
 def _llm_record(pid=4242):
-    facts = llm_session.registration_facts(model_id="tiny", max_model_len=64, max_num_seqs=4, max_queue_size=8,
-                                           vocab_size=100)
-    return WorkerRecord(key="tiny@0", pid=pid, address="", servable_name="tiny", version_number=1, batch_size=4,
-                        methods={GENERATE_METHOD: None}, extensions={LLM_EXTENSION: facts})
+    facts = llm_session.registration_facts(
+        model_id="tiny", max_model_len=64, max_num_seqs=4, max_queue_size=8, vocab_size=100
+    )
+    return WorkerRecord(
+        key="tiny@0",
+        pid=pid,
+        address="",
+        servable_name="tiny",
+        version_number=1,
+        batch_size=4,
+        methods={GENERATE_METHOD: None},
+        extensions={LLM_EXTENSION: facts},
+    )
 
 
 def test_a_served_model_without_a_live_worker_is_unavailable_and_an_unknown_one_not_found():
@@ -147,6 +169,7 @@ def test_a_served_model_without_a_live_worker_is_unavailable_and_an_unknown_one_
     assert backend.unavailable_models() == {"tiny": info.value.message}
     with pytest.raises(errors.ServableUnavailable):
         asyncio.run(first_event("nope"))
+
 
 # --- front ends ----------------------------------------------------------------------------------------
 
@@ -172,8 +195,12 @@ def test_a_model_down_for_now_is_503_with_retry_after_in_every_http_protocol(htt
     text = backend.down["llama_tiny"]
     body = _retry_later(client.post("/v1/completions", json={"model": "llama_tiny", "prompt": "Hi"}))
     assert body["error"] == {"message": text, "type": "server_error", "param": None, "code": "service_unavailable"}
-    body = _retry_later(client.post("/v1/chat/completions", json={
-        "model": "llama_tiny", "messages": [{"role": "user", "content": "Hi"}], "stream": True}))
+    body = _retry_later(
+        client.post(
+            "/v1/chat/completions",
+            json={"model": "llama_tiny", "messages": [{"role": "user", "content": "Hi"}], "stream": True},
+        )
+    )
     assert body["error"]["code"] == "service_unavailable"
     assert _retry_later(client.post("/generate", json={"inputs": "Hi"})) == {"error": text, "error_type": "unavailable"}
     assert _retry_later(client.post("/generate_stream", json={"inputs": "Hi"}))["error_type"] == "unavailable"
@@ -186,15 +213,16 @@ def test_a_model_down_for_now_is_503_with_retry_after_in_every_http_protocol(htt
 def test_an_agent_lost_mid_stream_ends_the_stream_with_an_unavailable_event(http):
     backend, client = http
     backend.fail_after = (2, AgentLost(LOST))
-    with client.stream("POST", "/v1/completions", json={"model": "llama_tiny", "prompt": "Hi",
-                                                        "stream": True}) as reply:
-        events = [line[len("data: "):] for line in reply.iter_lines() if line.startswith("data: ")]
+    with client.stream(
+        "POST", "/v1/completions", json={"model": "llama_tiny", "prompt": "Hi", "stream": True}
+    ) as reply:
+        events = [line[len("data: ") :] for line in reply.iter_lines() if line.startswith("data: ")]
     assert reply.status_code == 200 and events[-1] == "[DONE]"
     error = json.loads(events[-2])["error"]
     assert (error["message"], error["type"], error["code"]) == (LOST, "server_error", "service_unavailable")
     with client.stream("POST", "/generate_stream", json={"inputs": "Hi"}) as reply:
         last = [line for line in reply.iter_lines() if line.startswith("data:")][-1]
-    assert json.loads(last[len("data:"):]) == {"error": LOST, "error_type": "unavailable"}
+    assert json.loads(last[len("data:") :]) == {"error": LOST, "error_type": "unavailable"}
     assert_no_repr(LOST)
 
 
@@ -208,10 +236,15 @@ class _Dispatcher:
 
     async def predict(self, spec, instances, timeout=None):
         if spec.name == "down":
-            return [errors.WorkerUnavailable("Request servable(down) method(m) , servable is not available: the "
-                                             "worker (pid 7) stopped while handling it")] * len(instances)
-        return [instance_to_proto({"y": tensor_to_value(i.items["x1"]) + tensor_to_value(i.items["x2"])})
-                for i in instances]
+            return [
+                errors.WorkerUnavailable(
+                    "Request servable(down) method(m) , servable is not available: the "
+                    "worker (pid 7) stopped while handling it"
+                )
+            ] * len(instances)
+        return [
+            instance_to_proto({"y": tensor_to_value(i.items["x1"]) + tensor_to_value(i.items["x2"])}) for i in instances
+        ]
 
 
 def test_the_classic_restful_route_is_503_with_retry_after_when_the_servable_is_down():
@@ -220,8 +253,10 @@ def test_the_classic_restful_route_is_503_with_retry_after_when_the_servable_is_
 
     client = TestClient(RestfulApp(_Dispatcher(), 1 << 20, unused))  # no lifespan: only HTTP reaches the app
     body = _retry_later(client.post("/model/down:m", json={"instances": [{"x1": 1.0, "x2": 2.0}]}))
-    assert body == {"error_msg": "Request servable(down) method(m) , servable is not available: the worker "
-                                 "(pid 7) stopped while handling it"}
+    assert body == {
+        "error_msg": "Request servable(down) method(m) , servable is not available: the worker "
+        "(pid 7) stopped while handling it"
+    }
     ok = client.post("/model/add:add_common", json={"instances": [{"x1": 1.0, "x2": 2.0}]})
     assert ok.status_code == 200 and ok.json() == {"instances": [{"y": 3.0}]} and "retry-after" not in ok.headers
 

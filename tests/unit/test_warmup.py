@@ -1,4 +1,5 @@
 """Warm-up (worker/warmup.py): reading warm-up files, generating zeros, running the plan, and its errors."""
+
 import base64
 import json
 from types import SimpleNamespace
@@ -8,8 +9,14 @@ import pytest
 
 from mindspore_serving.spec.servable import STAGE_FUNCTION, STAGE_MODEL, MethodSpec, ServableSpec, StageSpec, TensorRef
 from mindspore_serving.worker.model_backend import TensorInfo
-from mindspore_serving.worker.warmup import (WarmupError, generated_instances, read_warmup_files, run_warmup,
-                                             warm_up, warmup_plan)
+from mindspore_serving.worker.warmup import (
+    WarmupError,
+    generated_instances,
+    read_warmup_files,
+    run_warmup,
+    warm_up,
+    warmup_plan,
+)
 
 
 class FakeModel:
@@ -24,11 +31,20 @@ class FakeModel:
 def make_spec(generate=False):
     """Method `add(x1, x2)` straight into a model; method `classify(image)` through a Python stage first."""
     spec = ServableSpec(name="demo", warmup_generate=generate)
-    spec.methods["add"] = MethodSpec(name="add", input_names=["x1", "x2"], output_names=["y"], stages=[
-        StageSpec(STAGE_MODEL, "net", [TensorRef(0, 0), TensorRef(0, 1)], 1, model_key="net")],
-        outputs=[TensorRef(1, 0)])
-    spec.methods["classify"] = MethodSpec(name="classify", input_names=["image"], output_names=["label"], stages=[
-        StageSpec(STAGE_FUNCTION, "pre", [TensorRef(0, 0)], 1)], outputs=[TensorRef(1, 0)])
+    spec.methods["add"] = MethodSpec(
+        name="add",
+        input_names=["x1", "x2"],
+        output_names=["y"],
+        stages=[StageSpec(STAGE_MODEL, "net", [TensorRef(0, 0), TensorRef(0, 1)], 1, model_key="net")],
+        outputs=[TensorRef(1, 0)],
+    )
+    spec.methods["classify"] = MethodSpec(
+        name="classify",
+        input_names=["image"],
+        output_names=["label"],
+        stages=[StageSpec(STAGE_FUNCTION, "pre", [TensorRef(0, 0)], 1)],
+        outputs=[TensorRef(1, 0)],
+    )
     return spec
 
 
@@ -89,8 +105,11 @@ def test_a_document_without_instances_fails(tmp_path):
 
 def test_a_file_for_an_unknown_method_fails_naming_the_methods(tmp_path):
     write(tmp_path, "add_common.json", {"instances": [{"x1": 1.0, "x2": 2.0}]})
-    with pytest.raises(WarmupError, match=r"servable 'demo' has no method 'add_common', its methods: \['add', "
-                                          r"'classify'\]"):
+    with pytest.raises(
+        WarmupError,
+        match=r"servable 'demo' has no method 'add_common', its methods: \['add', "
+        r"'classify'\]",
+    ):
         read_warmup_files(str(tmp_path), make_spec())
 
 
@@ -126,6 +145,7 @@ def test_files_win_over_generated_zeros_and_generation_needs_the_opt_in(tmp_path
 
 def test_warm_up_runs_every_method_of_the_plan_and_logs_its_time(tmp_path, monkeypatch):
     from mindspore_serving.worker import warmup
+
     said = []
     monkeypatch.setattr(warmup.log, "info", said.append)  # the package's logger does not propagate to caplog
     write(tmp_path, "add.json", {"instances": [{"x1": 1.0, "x2": 2.0}, {"x1": 3.0, "x2": 4.0}]})
@@ -135,8 +155,13 @@ def test_warm_up_runs_every_method_of_the_plan_and_logs_its_time(tmp_path, monke
     assert any(text.startswith("warm-up of method add: 2 instances in") for text in said)
 
 
-@pytest.mark.parametrize("fail, reason", [("raise", "warm-up of method 'add' failed: 'add'"),
-                                          ("instance", "warm-up of method 'add' failed, instance 0: Call pre Failed")])
+@pytest.mark.parametrize(
+    "fail, reason",
+    [
+        ("raise", "warm-up of method 'add' failed: 'add'"),
+        ("instance", "warm-up of method 'add' failed, instance 0: Call pre Failed"),
+    ],
+)
 def test_a_failing_warmup_raises_the_reason(fail, reason):
     runtime = FakeRuntime(make_spec(), fail=fail)
     with pytest.raises(WarmupError, match=reason):

@@ -1,4 +1,5 @@
 """The master's registry of live workers: routing by servable, version and method, and picking the least busy."""
+
 import collections
 import itertools
 
@@ -11,9 +12,16 @@ _pids = itertools.count(1000)
 
 
 def record(key, servable="add", version=1, methods=("add_common",), pid=None, batch_size=1, outstanding=0):
-    return WorkerRecord(key=key, pid=pid if pid is not None else next(_pids), address=f"unix:{key}",
-                        servable_name=servable, version_number=version, batch_size=batch_size,
-                        methods={name: object() for name in methods}, outstanding=outstanding)
+    return WorkerRecord(
+        key=key,
+        pid=pid if pid is not None else next(_pids),
+        address=f"unix:{key}",
+        servable_name=servable,
+        version_number=version,
+        batch_size=batch_size,
+        methods={name: object() for name in methods},
+        outstanding=outstanding,
+    )
 
 
 def registry_of(*records):
@@ -39,8 +47,13 @@ def test_request_repr():
 
 
 def test_version_0_picks_the_newest_running_version():
-    registry = registry_of(record("a1", version=1), record("a3", version=3), record("b3", version=3),
-                           record("a2", version=2), record("other", servable="sub", version=9))
+    registry = registry_of(
+        record("a1", version=1),
+        record("a3", version=3),
+        record("b3", version=3),
+        record("a2", version=2),
+        record("other", servable="sub", version=9),
+    )
     assert keys(registry.candidates("add", "add_common", 0)) == ["a3", "b3"]
 
 
@@ -56,12 +69,15 @@ def test_only_workers_with_the_method():
     assert keys(registry.candidates("add", "add_common", 1)) == ["a", "b"]
 
 
-@pytest.mark.parametrize("servable, method, version, text", [
-    ("nope", "add_common", 0, "Request servable(nope) method(add_common) , servable is not available"),
-    ("add", "add_common", 5, "Request servable(add) method(add_common)  version(5) , servable is not available"),
-    ("add", "missing", 0, "Request servable(add) method(missing) , method is not available"),
-    ("add", "missing", 1, "Request servable(add) method(missing)  version(1) , method is not available"),
-])
+@pytest.mark.parametrize(
+    "servable, method, version, text",
+    [
+        ("nope", "add_common", 0, "Request servable(nope) method(add_common) , servable is not available"),
+        ("add", "add_common", 5, "Request servable(add) method(add_common)  version(5) , servable is not available"),
+        ("add", "missing", 0, "Request servable(add) method(missing) , method is not available"),
+        ("add", "missing", 1, "Request servable(add) method(missing)  version(1) , method is not available"),
+    ],
+)
 def test_unavailable_texts(servable, method, version, text):
     registry = registry_of(record("a1", version=1), record("a2", version=2))
     with pytest.raises(errors.ServableUnavailable) as info:
@@ -80,8 +96,10 @@ def test_a_planned_servable_without_a_live_worker_is_unavailable_not_unknown():
     """Its worker died and is being restarted: the client is told to retry (gRPC UNAVAILABLE), with the same text."""
     registry = registry_of(record("other", servable="sub"))
     registry.expected = lambda name, version: name == "add" and version in (0, 1)
-    for version, text in ((0, "Request servable(add) method(add_common) , servable is not available"),
-                          (1, "Request servable(add) method(add_common)  version(1) , servable is not available")):
+    for version, text in (
+        (0, "Request servable(add) method(add_common) , servable is not available"),
+        (1, "Request servable(add) method(add_common)  version(1) , servable is not available"),
+    ):
         with pytest.raises(errors.WorkerUnavailable) as info:
             registry.candidates("add", "add_common", version)
         assert str(info.value) == text
@@ -169,8 +187,12 @@ def test_remove_without_pid_and_clear():
 
 
 def test_servable_versions():
-    registry = registry_of(record("a3", version=3), record("a1", version=1), record("b3", version=3),
-                           record("s", servable="sub", version=7))
+    registry = registry_of(
+        record("a3", version=3),
+        record("a1", version=1),
+        record("b3", version=3),
+        record("s", servable="sub", version=7),
+    )
     assert registry.servable_versions("add") == [1, 3]
     assert registry.servable_versions("sub") == [7]
     assert registry.servable_versions("none") == []
@@ -194,9 +216,11 @@ def test_candidates_are_cached_until_a_worker_comes_or_goes():
 
 def test_record_input_names_are_read_once():
     from mindspore_serving.proto import internal_pb2
+
     method = internal_pb2.MethodSignature(name="m", input_names=["x1", "x2"])
-    rec = WorkerRecord(key="k", pid=1, address="a", servable_name="s", version_number=1, batch_size=1,
-                       methods={"m": method})
+    rec = WorkerRecord(
+        key="k", pid=1, address="a", servable_name="s", version_number=1, batch_size=1, methods={"m": method}
+    )
     assert rec.input_names("m") == ["x1", "x2"]
     assert rec.input_names("m") is rec.input_names("m")
 

@@ -1,4 +1,5 @@
 """WorkerServicer.Predict with a fake runtime: one call may carry several public requests (request_sizes)."""
+
 import io
 
 import numpy as np
@@ -23,8 +24,10 @@ class FakeRuntime:
         self.calls.append((method_name, [int(instance["x"][0]) for instance in instances]))
         if self.fail_with is not None:
             raise self.fail_with
-        return [InstanceError(f"negative input {int(i['x'][0])}") if i["x"][0] < 0 else {"y": i["x"] * 10}
-                for i in instances]
+        return [
+            InstanceError(f"negative input {int(i['x'][0])}") if i["x"][0] < 0 else {"y": i["x"] * 10}
+            for i in instances
+        ]
 
 
 def request_of(groups, bad=()):
@@ -97,8 +100,13 @@ def lines(monkeypatch):
     """(level, message, the request id the line ends with, exc_info) of each line the worker logs."""
     said = []
     for level in ("info", "error", "exception"):
-        monkeypatch.setattr(log, level, lambda message, level=level, exc_info=None: said.append(
-            (level, message, log.current_request_id(), exc_info)))
+        monkeypatch.setattr(
+            log,
+            level,
+            lambda message, level=level, exc_info=None: said.append(
+                (level, message, log.current_request_id(), exc_info)
+            ),
+        )
     monkeypatch.setattr(log, "info_enabled", lambda: True)
     return said
 
@@ -128,9 +136,12 @@ def test_a_stage_error_is_logged_once_per_request_with_its_id_and_traceback(line
     assert answers_of(reply)[:3] == [10, (errors.INVALID_INPUTS, "Call pre Failed, error msg: negative -2"), 30]
     failed = [line for line in lines if line[0] == "error"]
     assert [(message, request_id) for _, message, request_id, _ in failed] == [
-        ("method m, instance 0 failed: Call pre Failed, error msg: negative -2 (1 more of its instances failed)",
-         "req-b"),
-        ("method m, instance 0 failed: Call pre Failed, error msg: negative -5", "7")]  # no id: the call's
+        (
+            "method m, instance 0 failed: Call pre Failed, error msg: negative -2 (1 more of its instances failed)",
+            "req-b",
+        ),
+        ("method m, instance 0 failed: Call pre Failed, error msg: negative -5", "7"),
+    ]  # no id: the call's
     cause = failed[0][3]
     assert isinstance(cause, ValueError) and "object at 0x" in str(cause) and cause.__traceback__ is not None
     handled = [request_id for level, message, request_id, _ in lines if level == "info"]
@@ -147,7 +158,8 @@ def test_a_method_that_cannot_start_is_logged_with_every_request_id(lines):
     request = request_with_ids([[1], [2]], ["req-a", "req-b"])
     WorkerServicer(FakeRuntime(fail_with=KeyError("m")), lambda reason: None).Predict(request, None)
     assert [message for level, message, _, _ in lines if level == "exception"] == [
-        "method m failed for every request of call 7 (requests req-a, req-b)"]
+        "method m failed for every request of call 7 (requests req-a, req-b)"
+    ]
 
 
 def test_no_line_for_a_successful_call_when_info_is_not_written(lines, monkeypatch):

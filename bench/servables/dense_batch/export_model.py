@@ -9,13 +9,14 @@ Shapes: x float32 [BATCH, IN] -> Dense(IN, HIDDEN)+ReLU -> Dense(HIDDEN, HIDDEN)
 Its cost grows slowly with the batch size (a batch of 64 costs a few times a batch of 1: the weights are read
 once per call), which is what makes cross-request batching pay.
 """
+
 import os
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from mindir_export import command_line, export_checked  # noqa: E402  (bench/servables/mindir_export.py)
+from mindir_export import command_line, export_checked
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VERSION_DIR = os.path.join(HERE, "1")
@@ -30,9 +31,13 @@ def _weights():
     """(weight [out, in], bias [out]) per layer, scaled so that activations stay O(1)."""
     rng = np.random.default_rng(SEED)
     dims = [IN, HIDDEN, HIDDEN, OUT]
-    return [((rng.standard_normal((d_out, d_in)) / np.sqrt(d_in)).astype(np.float32),
-             (rng.standard_normal(d_out) * 0.01).astype(np.float32))
-            for d_in, d_out in zip(dims[:-1], dims[1:])]
+    return [
+        (
+            (rng.standard_normal((d_out, d_in)) / np.sqrt(d_in)).astype(np.float32),
+            (rng.standard_normal(d_out) * 0.01).astype(np.float32),
+        )
+        for d_in, d_out in zip(dims[:-1], dims[1:])
+    ]
 
 
 def numpy_forward(x: np.ndarray) -> np.ndarray:
@@ -53,8 +58,15 @@ def _build_net():
     cells = []
     for index, (weight, bias) in enumerate(layers):
         activation = "relu" if index < len(layers) - 1 else None
-        cells.append(nn.Dense(weight.shape[1], weight.shape[0], weight_init=ms.Tensor(weight),
-                              bias_init=ms.Tensor(bias), activation=activation))
+        cells.append(
+            nn.Dense(
+                weight.shape[1],
+                weight.shape[0],
+                weight_init=ms.Tensor(weight),
+                bias_init=ms.Tensor(bias),
+                activation=activation,
+            )
+        )
     return nn.SequentialCell(cells)
 
 

@@ -5,6 +5,7 @@ Dense(512, 2048) + ReLU -> Dense(2048, 2048) + ReLU -> Dense(2048, 16) -> y floa
 Declared with with_batch_dim=True, so one instance is x [512] -> y [16] and the worker merges up to
 64 concurrent instances into one model call.
 """
+
 from mindspore_serving.server import register
 
 model = register.declare_model(model_file="dense_batch.mindir", model_format="MindIR", with_batch_dim=True)

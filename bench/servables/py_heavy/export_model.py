@@ -8,13 +8,14 @@ it back and comparing with numpy. The weights are fixed (seeded), so every expor
 Shapes: x float32 [BATCH, IN] -> Dense(IN, OUT) -> y float32 [BATCH, OUT]. The model is cheap on purpose: the
 servable's cost is its Python pre-processing (servable_config.py).
 """
+
 import os
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from mindir_export import command_line, export_checked  # noqa: E402  (bench/servables/mindir_export.py)
+from mindir_export import command_line, export_checked
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VERSION_DIR = os.path.join(HERE, "1")
@@ -27,8 +28,10 @@ SEED = 20241
 
 def _weights():
     rng = np.random.default_rng(SEED)
-    return ((rng.standard_normal((OUT, IN)) / np.sqrt(IN)).astype(np.float32),
-            (rng.standard_normal(OUT) * 0.01).astype(np.float32))
+    return (
+        (rng.standard_normal((OUT, IN)) / np.sqrt(IN)).astype(np.float32),
+        (rng.standard_normal(OUT) * 0.01).astype(np.float32),
+    )
 
 
 def numpy_forward(x: np.ndarray) -> np.ndarray:
@@ -44,6 +47,7 @@ def missing() -> bool:
 def _build_net():
     import mindspore as ms
     from mindspore import nn
+
     weight, bias = _weights()
     return nn.Dense(IN, OUT, weight_init=ms.Tensor(weight), bias_init=ms.Tensor(bias))
 

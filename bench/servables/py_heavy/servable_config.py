@@ -5,6 +5,7 @@ Method predict(x float32 [64]) -> y float32 [16] = model(2 x). The pre-processin
 so one worker process serves at most about 200 instances/s whatever its threads: what extra worker processes
 (num_parallel_workers) are for.
 """
+
 import numpy as np
 
 from mindspore_serving.server import register

@@ -7,6 +7,7 @@ FAILED_PREFIX + reason) on the pipe its starter passed; it takes Predict and Exi
 registered with. It leaves with os._exit (MindSpore's exit handlers can block) when the worker says Exit, on
 SIGINT/SIGTERM, or when its starter is gone.
 """
+
 import argparse
 import os
 import signal
@@ -35,6 +36,7 @@ class RankGraph:
     def __init__(self, path: str, dec_key=None, dec_mode="AES-GCM"):
         import mindspore as ms  # lazy: MindSpore loads only in rank processes
         from mindspore import nn  # lazy: as above
+
         kwargs = {"dec_key": dec_key, "dec_mode": dec_mode} if dec_key else {}
         self.cell = nn.GraphCell(ms.load(path, **kwargs))
         self.inputs = read_mindir_input_infos(path, dec_key, dec_mode)
@@ -45,6 +47,7 @@ class RankGraph:
 
     def run(self, inputs):
         from mindspore import Tensor  # lazy: as above
+
         result = self.cell(*[Tensor(np.ascontiguousarray(value)) for value in inputs])
         if not isinstance(result, (tuple, list)):
             result = (result,)
@@ -63,10 +66,14 @@ class RankAgentServicer(dpb_grpc.RankAgentServicer):
 
     def _check_caller(self, request, context, call: str):
         if not protocol.same_token(request.call_token, self.call_token):
-            log.warning(f"rank {self.rank_id}: a {call} call from {context.peer()} is refused: it does not carry "
-                        f"the call token this rank registered with")
-            context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                          f"rank {self.rank_id} takes calls only from the worker it registered with")
+            log.warning(
+                f"rank {self.rank_id}: a {call} call from {context.peer()} is refused: it does not carry "
+                f"the call token this rank registered with"
+            )
+            context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"rank {self.rank_id} takes calls only from the worker it registered with",
+            )
 
     def Predict(self, request, context):
         self._check_caller(request, context, "Predict")
@@ -76,8 +83,9 @@ class RankAgentServicer(dpb_grpc.RankAgentServicer):
                 outputs = self.graph.run(inputs)
         except Exception as err:  # the worker turns it into the request's error
             log.exception(f"rank {self.rank_id} predict failed")
-            return dpb.RankPredictReply(request_id=request.request_id,
-                                        error=pb.ErrorMsg(error_code=1, error_msg=str(err).encode()))
+            return dpb.RankPredictReply(
+                request_id=request.request_id, error=pb.ErrorMsg(error_code=1, error_msg=str(err).encode())
+            )
         reply = dpb.RankPredictReply(request_id=request.request_id)
         if request.return_result:
             protocol.arrays_to_tensors(outputs, reply.outputs)
@@ -119,10 +127,18 @@ def _start(args, stop: threading.Event):
         raise RuntimeError(f"cannot listen on agent address {args.agent_address}")
     server.start()
     with protocol.channel(args.distributed_address) as channel:
-        reply = dpb_grpc.DistributedWorkerStub(channel).RegisterAgent(dpb.RegisterAgentRequest(
-            protocol_version=protocol.DISTRIBUTED_PROTOCOL_VERSION, rank_id=args.rank_id, address=args.agent_address,
-            inputs=protocol.tensor_infos_to_proto(graph.inputs), outputs=protocol.tensor_infos_to_proto(graph.outputs),
-            pid=os.getpid(), call_token=call_token), timeout=30)
+        reply = dpb_grpc.DistributedWorkerStub(channel).RegisterAgent(
+            dpb.RegisterAgentRequest(
+                protocol_version=protocol.DISTRIBUTED_PROTOCOL_VERSION,
+                rank_id=args.rank_id,
+                address=args.agent_address,
+                inputs=protocol.tensor_infos_to_proto(graph.inputs),
+                outputs=protocol.tensor_infos_to_proto(graph.outputs),
+                pid=os.getpid(),
+                call_token=call_token,
+            ),
+            timeout=30,
+        )
     if reply.error.error_code:
         raise RuntimeError(f"register rank {args.rank_id} failed: {reply.error.error_msg.decode(errors='replace')}")
     return server, reply.notice_token
@@ -135,7 +151,7 @@ def main(argv=None):
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     try:
-        server, notice_token = _start(args, stop)  # noqa: F841  (kept alive: a collected grpc.server stops serving)
+        server, notice_token = _start(args, stop)
     except Exception as err:  # reported to the starter, which stops the whole group
         log.exception(f"rank {args.rank_id} failed to start")
         os.write(args.ready_fd, protocol.FAILED_PREFIX + str(err).replace("\n", " ").encode() + b"\n")

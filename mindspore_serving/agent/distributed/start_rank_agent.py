@@ -1,5 +1,6 @@
 """Entry of a rank agent process of `server.distributed`, started by startup_agents as
 `python -m mindspore_serving.agent.distributed.start_rank_agent ...`."""
+
 from mindspore_serving.common.native_protobuf import prefer_native_protobuf
 
 prefer_native_protobuf()  # before protobuf is imported (see the module)

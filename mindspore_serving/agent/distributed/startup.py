@@ -8,6 +8,7 @@ gave the rank: the notices this machine sends the worker carry one of them. Afte
 keeps the process alive: when any rank process or the scheduler dies, or on SIGINT/SIGTERM, it tells the
 worker (AgentExit) and stops the whole group, since the other ranks would block in their next collective.
 """
+
 import os
 import select
 import signal
@@ -16,13 +17,15 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
 
 import grpc
 
 from mindspore_serving import log
-from mindspore_serving.agent.distributed.startup_checks import (check_startup_args, resolve_model_files,
-                                                                select_local_ranks)
+from mindspore_serving.agent.distributed.startup_checks import (
+    check_startup_args,
+    resolve_model_files,
+    select_local_ranks,
+)
 from mindspore_serving.common import check_type, cluster_registration
 from mindspore_serving.common.ms_cluster import ClusterAddress, free_port, parse_address, rank_env, start_scheduler
 from mindspore_serving.ipc import distributed as protocol
@@ -31,8 +34,8 @@ from mindspore_serving.proto import distributed_pb2 as dpb
 from mindspore_serving.proto import distributed_pb2_grpc as dpb_grpc
 
 RANK_AGENT_MODULE = "mindspore_serving.agent.distributed.start_rank_agent"
-CONFIG_WAIT_SECONDS = 60.0      # how long to retry reaching the worker and to wait for the scheduler's address
-START_WAIT_SECONDS = 600.0      # how long the ranks may take to load their graphs and register
+CONFIG_WAIT_SECONDS = 60.0  # how long to retry reaching the worker and to wait for the scheduler's address
+START_WAIT_SECONDS = 600.0  # how long the ranks may take to load their graphs and register
 MONITOR_INTERVAL = 0.1
 STOP_GRACE = 2.0
 
@@ -45,8 +48,11 @@ def acquire_config(distributed_address: str, need_scheduler: bool) -> dpb.AgentC
         stub = dpb_grpc.DistributedWorkerStub(channel)
         while True:
             try:
-                config = stub.AcquireConfig(dpb.AcquireConfigRequest(
-                    protocol_version=protocol.DISTRIBUTED_PROTOCOL_VERSION), timeout=5, wait_for_ready=True)
+                config = stub.AcquireConfig(
+                    dpb.AcquireConfigRequest(protocol_version=protocol.DISTRIBUTED_PROTOCOL_VERSION),
+                    timeout=5,
+                    wait_for_ready=True,
+                )
                 if config.error.error_code:
                     raise RuntimeError(config.error.error_msg.decode(errors="replace"))
                 if not need_scheduler or config.scheduler_address:
@@ -72,12 +78,13 @@ def _notify_worker(distributed_address: str, agent_ip: str, reason: str, failed:
 @dataclass
 class AgentGroupProcesses:
     """The processes this machine started: the ranks and, on rank 0's machine, the cluster's scheduler."""
+
     distributed_address: str
     agent_ip: str
-    ranks: List[subprocess.Popen] = field(default_factory=list)
-    scheduler: Optional[subprocess.Popen] = None
+    ranks: list[subprocess.Popen] = field(default_factory=list)
+    scheduler: subprocess.Popen | None = None
     stop_event: threading.Event = field(default_factory=threading.Event)
-    notice_tokens: Dict[int, str] = field(default_factory=dict)  # index in `ranks` -> its ready line's token
+    notice_tokens: dict[int, str] = field(default_factory=dict)  # index in `ranks` -> its ready line's token
 
     def notice_token(self) -> str:
         """A notice token of one of these ranks ("" while none registered)."""
@@ -86,7 +93,7 @@ class AgentGroupProcesses:
     def notify_worker(self, reason: str, failed: bool):
         _notify_worker(self.distributed_address, self.agent_ip, reason, failed, self.notice_token())
 
-    def all(self) -> List[subprocess.Popen]:
+    def all(self) -> list[subprocess.Popen]:
         return self.ranks + ([self.scheduler] if self.scheduler is not None else [])
 
     def kill_all(self):
@@ -101,7 +108,7 @@ class AgentGroupProcesses:
                 process.kill()
                 process.wait()
 
-    def lost(self) -> Optional[str]:
+    def lost(self) -> str | None:
         for index, process in enumerate(self.ranks):
             if process.poll() is not None:
                 return f"Child {index}, pid={process.pid} has exited"
@@ -123,7 +130,7 @@ class AgentGroupProcesses:
         log.warning(f"agents on {self.agent_ip} stopped: {reason}")
 
 
-def _wait_ready(group: AgentGroupProcesses, ready_fds: List[int], restart_stuck):
+def _wait_ready(group: AgentGroupProcesses, ready_fds: list[int], restart_stuck):
     """Waits for every rank's ready line. `restart_stuck()` restarts the ranks stuck joining the cluster and returns
     their indexes, whose entries of `ready_fds` and group.ranks it replaced."""
     pending = {fd: index for index, fd in enumerate(ready_fds)}
@@ -149,7 +156,7 @@ def _wait_ready(group: AgentGroupProcesses, ready_fds: List[int], restart_stuck)
                 log.info(f"Child {index}: Receive success")
                 del pending[fd]
             elif buffers[fd].startswith(protocol.FAILED_PREFIX) and buffers[fd].endswith(b"\n"):
-                reason = buffers[fd][len(protocol.FAILED_PREFIX):].decode(errors="replace").strip()
+                reason = buffers[fd][len(protocol.FAILED_PREFIX) :].decode(errors="replace").strip()
                 raise RuntimeError(f"Child {index} exception happen: {reason}")
             elif not chunk:
                 del pending[fd]
@@ -167,15 +174,25 @@ def _install_signal_handlers(group: AgentGroupProcesses):
         signal.signal(signum, lambda *_: group.stop_event.set())
 
 
-def startup_agents(distributed_address, model_files, group_config_files=None, agent_start_port=7000, agent_ip=None,
-                   rank_start=None, dec_key=None, dec_mode="AES-GCM", ssl_config=None):
+def startup_agents(
+    distributed_address,
+    model_files,
+    group_config_files=None,
+    agent_start_port=7000,
+    agent_ip=None,
+    rank_start=None,
+    dec_key=None,
+    dec_mode="AES-GCM",
+    ssl_config=None,
+):
     """See server.distributed.startup_agents."""
     log.get_level()  # a bad log variable raises its ValueError before anything starts
     if ssl_config is not None:  # this process's channels and, inherited, its ranks'
         os.environ.update(internal_tls.ssl_config_env(internal_tls.DISTRIBUTED_PREFIX, ssl_config))
     internal_tls.from_env(internal_tls.DISTRIBUTED_PREFIX)  # half a TLS setting fails before anything starts
-    model_files, _ = check_startup_args(distributed_address, model_files, group_config_files, agent_start_port,
-                                        dec_key, dec_mode)
+    model_files, _ = check_startup_args(
+        distributed_address, model_files, group_config_files, agent_start_port, dec_key, dec_mode
+    )
     if (agent_ip is None) != (rank_start is None):
         select_local_ranks([], agent_ip, rank_start, agent_start_port)  # raises the pairing error
     config = acquire_config(distributed_address, need_scheduler=False)
@@ -186,24 +203,38 @@ def startup_agents(distributed_address, model_files, group_config_files=None, ag
     _warn_if_exposed(local_ip, agent_start_port, len(local_ranks))
     _install_signal_handlers(group)
     ready_fds = []
-    summary = (f"distributed worker_address: {distributed_address}, agent_ip: {local_ip}, agent_start_port: "
-               f"{agent_start_port}, device ids: {[config.rank_list[r].device_id for r in local_ranks]}, rank ids: "
-               f"{local_ranks}, model files: {paths}")
+    summary = (
+        f"distributed worker_address: {distributed_address}, agent_ip: {local_ip}, agent_start_port: "
+        f"{agent_start_port}, device ids: {[config.rank_list[r].device_id for r in local_ranks]}, rank ids: "
+        f"{local_ranks}, model files: {paths}"
+    )
     try:
         cluster = _cluster_address(group, config, local_ranks, local_ip)
         registrations = cluster_registration.watching(cluster)
 
-        def spawn(index: int) -> Tuple[subprocess.Popen, int]:
+        def spawn(index: int) -> tuple[subprocess.Popen, int]:
             rank_id = local_ranks[index]
             read_fd, write_fd = os.pipe()
-            cmd = [sys.executable, "-m", RANK_AGENT_MODULE, f"--rank_id={rank_id}",
-                   f"--device_id={config.rank_list[rank_id].device_id}", f"--model_file={paths[index]}",
-                   f"--agent_address={local_ip}:{agent_start_port + index}",
-                   f"--distributed_address={distributed_address}", f"--ready_fd={write_fd}", f"--dec_mode={dec_mode}"]
+            cmd = [
+                sys.executable,
+                "-m",
+                RANK_AGENT_MODULE,
+                f"--rank_id={rank_id}",
+                f"--device_id={config.rank_list[rank_id].device_id}",
+                f"--model_file={paths[index]}",
+                f"--agent_address={local_ip}:{agent_start_port + index}",
+                f"--distributed_address={distributed_address}",
+                f"--ready_fd={write_fd}",
+                f"--dec_mode={dec_mode}",
+            ]
             if dec_key:
                 cmd.append("--read_dec_key")
-            process = subprocess.Popen(cmd, env=rank_env(cluster, rank_id), pass_fds=(write_fd,),
-                                       stdin=subprocess.PIPE if dec_key else subprocess.DEVNULL)
+            process = subprocess.Popen(
+                cmd,
+                env=rank_env(cluster, rank_id),
+                pass_fds=(write_fd,),
+                stdin=subprocess.PIPE if dec_key else subprocess.DEVNULL,
+            )
             os.close(write_fd)
             if dec_key:  # the key travels through a pipe, never on the command line
                 process.stdin.write(dec_key.hex().encode() + b"\n")
@@ -224,8 +255,9 @@ def startup_agents(distributed_address, model_files, group_config_files=None, ag
             group.ranks[index], ready_fds[index] = spawn(index)
             return group.ranks[index].pid
 
-        _wait_ready(group, ready_fds,
-                    lambda: [local_ranks.index(rank) for rank in registrations.restart_stuck(restart)])
+        _wait_ready(
+            group, ready_fds, lambda: [local_ranks.index(rank) for rank in registrations.restart_stuck(restart)]
+        )
     except BaseException as err:
         log.error(f"Failed to start agents, {summary}: {err}")
         print(f"Failed to start agents, {summary}", flush=True)
@@ -243,15 +275,18 @@ def startup_agents(distributed_address, model_files, group_config_files=None, ag
 def _warn_if_exposed(local_ip: str, agent_start_port: int, count: int):
     ports = f"{agent_start_port}" if count == 1 else f"{agent_start_port}-{agent_start_port + count - 1}"
     exposed = protocol.exposure_warning(
-        f"{local_ip}:{ports}", "the rank agents",
+        f"{local_ip}:{ports}",
+        "the rank agents",
         "their inputs, outputs and call tokens travel in plaintext, so a host that sees the traffic can read them "
-        "and call the ranks with those tokens")
+        "and call the ranks with those tokens",
+    )
     if exposed:
         log.warning(exposed)
 
 
-def _cluster_address(group: AgentGroupProcesses, config: dpb.AgentConfig, local_ranks: List[int],
-                     local_ip: str) -> ClusterAddress:
+def _cluster_address(
+    group: AgentGroupProcesses, config: dpb.AgentConfig, local_ranks: list[int], local_ip: str
+) -> ClusterAddress:
     """Rank 0's machine starts the scheduler on its ip and publishes it; the others read it from the worker."""
     if 0 not in local_ranks:
         config = acquire_config(group.distributed_address, need_scheduler=True)
@@ -260,6 +295,7 @@ def _cluster_address(group: AgentGroupProcesses, config: dpb.AgentConfig, local_
     group.scheduler = start_scheduler(cluster)
     with protocol.channel(group.distributed_address) as channel:
         dpb_grpc.DistributedWorkerStub(channel).PublishScheduler(
-            dpb.PublishSchedulerRequest(scheduler_address=str(cluster)), timeout=5)
+            dpb.PublishSchedulerRequest(scheduler_address=str(cluster)), timeout=5
+        )
     log.info(f"the cluster scheduler of the agents listens on {cluster}")
     return cluster

@@ -1,15 +1,17 @@
 """startup_agents' checks and rank selection (pure logic, MindSpore Serving's texts)."""
+
 import os
 import socket
-from typing import Callable, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Sequence
 
 from mindspore_serving.common import check_type
 
 DEC_MODES = ("AES-GCM", "AES-CBC")
 
 
-def check_startup_args(distributed_address, model_files, group_config_files, agent_start_port, dec_key,
-                       dec_mode) -> Tuple[Tuple[str, ...], Optional[Tuple[str, ...]]]:
+def check_startup_args(
+    distributed_address, model_files, group_config_files, agent_start_port, dec_key, dec_mode
+) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
     """The parameters of startup_agents; returns model_files (and group_config_files) as tuples."""
     check_type.check_str("distributed_address", distributed_address)
     check_type.check_int("agent_start_port", agent_start_port, 1, 65535 - 7)
@@ -29,7 +31,7 @@ def check_startup_args(distributed_address, model_files, group_config_files, age
     return model_files, group_config_files
 
 
-def _file_tuple(name: str, files) -> Tuple[str, ...]:
+def _file_tuple(name: str, files) -> tuple[str, ...]:
     if isinstance(files, (list, tuple)) and any(isinstance(item, (list, tuple)) for item in files):
         raise RuntimeError(f"Parameter '{name}' with several graphs per rank is not supported, give one file per rank")
     return check_type.check_and_as_str_tuple_list(name, files)
@@ -45,22 +47,31 @@ def can_bind(ip: str, port: int) -> bool:
             return False
 
 
-def select_local_ranks(rank_ips: Sequence[str], agent_ip, rank_start, agent_start_port: int,
-                       bindable: Callable[[str, int], bool] = can_bind) -> Tuple[str, List[int]]:
+def select_local_ranks(
+    rank_ips: Sequence[str],
+    agent_ip,
+    rank_start,
+    agent_start_port: int,
+    bindable: Callable[[str, int], bool] = can_bind,
+) -> tuple[str, list[int]]:
     """(this machine's ip, the rank ids it runs). Without agent_ip the ip is the first rank table ip (in rank
     order) that this machine can bind; with agent_ip and rank_start, the ranks are those on rank_start's machine."""
     if agent_ip is None:
         if rank_start is not None:
-            raise RuntimeError("Parameter 'agent_ip' and parameter 'rank_start' must have values at the same time, "
-                               "or both None at the same time.")
+            raise RuntimeError(
+                "Parameter 'agent_ip' and parameter 'rank_start' must have values at the same time, "
+                "or both None at the same time."
+            )
         ips = list(dict.fromkeys(rank_ips))
         local_ip = next((ip for ip in ips if bindable(ip, agent_start_port)), None)
         if local_ip is None:
             raise RuntimeError(f"Get local machine ip failed, rank table ips: {set(ips)}, bind port {agent_start_port}")
         return local_ip, [rank for rank, ip in enumerate(rank_ips) if ip == local_ip]
     if rank_start is None:
-        raise RuntimeError("Parameter 'agent_ip' and parameter 'rank_start' must have values at the same time, "
-                           "or both None at the same time.")
+        raise RuntimeError(
+            "Parameter 'agent_ip' and parameter 'rank_start' must have values at the same time, "
+            "or both None at the same time."
+        )
     check_type.check_str("agent_ip", agent_ip)
     check_type.check_int("rank_start", rank_start, 0)
     if rank_start >= len(rank_ips):
@@ -71,11 +82,13 @@ def select_local_ranks(rank_ips: Sequence[str], agent_ip, rank_start, agent_star
     return agent_ip, [rank for rank, ip in enumerate(rank_ips) if ip == table_ip]
 
 
-def resolve_model_files(model_files: Sequence[str], local_ranks: Sequence[int], base_dir: str) -> List[str]:
+def resolve_model_files(model_files: Sequence[str], local_ranks: Sequence[int], base_dir: str) -> list[str]:
     """One readable file per local rank, made absolute against `base_dir` (the running script's directory)."""
     if len(local_ranks) != len(model_files):
-        raise RuntimeError(f"Card count {list(local_ranks)} described rank table does not equal to model files size "
-                           f"{len(model_files)}, model files: {tuple(model_files)}")
+        raise RuntimeError(
+            f"Card count {list(local_ranks)} described rank table does not equal to model files size "
+            f"{len(model_files)}, model files: {tuple(model_files)}"
+        )
     paths = []
     for name in model_files:
         path = os.path.realpath(os.path.join(base_dir, name))

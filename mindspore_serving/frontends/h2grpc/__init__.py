@@ -13,6 +13,7 @@ reads a call and, with the reply ready, one write sends it.
     connection.py  one HTTP/2 connection (asyncio.Protocol): streams, flow control, calls
     server.py    the listening server: ports, TLS, limits, graceful stop
 """
+
 from mindspore_serving.frontends.h2grpc.server import Server, ssl_context
 
 __all__ = ["Server", "ssl_context"]

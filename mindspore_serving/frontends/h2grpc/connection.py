@@ -17,9 +17,9 @@ What a client may hold of a connection is bounded before its bodies arrive:
   body stalls that long (a call running, waiting on the server, is not stalled), or when it has had no stream
   open for `idle_timeout`.
 """
+
 import asyncio
 import collections
-from typing import Deque, Dict, List, Optional, Tuple
 
 import grpc
 import hpack
@@ -29,12 +29,12 @@ from mindspore_serving.frontends.h2grpc import frames as f
 from mindspore_serving.frontends.h2grpc import wire
 from mindspore_serving.frontends.h2grpc.context import ServicerContext
 
-STREAM_WINDOW = 1 << 20          # what a client may send on one stream before we acknowledge it
-CONNECTION_WINDOW = 16 << 20     # ... and on the whole connection
-MAX_HEADER_LIST = 16 << 10       # request header fields, decoded
-MAX_HEADER_BLOCK = 64 << 10      # a request's header block, encoded (HEADERS and CONTINUATION frames)
-LINGER_S = 1.0                   # a failed connection reads and drops what the peer sends, at most this long
-CACHED_BLOCKS = 32               # header blocks remembered per connection, with their fields
+STREAM_WINDOW = 1 << 20  # what a client may send on one stream before we acknowledge it
+CONNECTION_WINDOW = 16 << 20  # ... and on the whole connection
+MAX_HEADER_LIST = 16 << 10  # request header fields, decoded
+MAX_HEADER_BLOCK = 64 << 10  # a request's header block, encoded (HEADERS and CONTINUATION frames)
+LINGER_S = 1.0  # a failed connection reads and drops what the peer sends, at most this long
+CACHED_BLOCKS = 32  # header blocks remembered per connection, with their fields
 UNEXPECTED = "Unexpected error in RPC handling"
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"  # still answered on a connection beyond the limit: a full server is live
 
@@ -69,30 +69,46 @@ RESPONSE_BLOCK = header_block(wire.RESPONSE_HEADERS)
 
 
 class Stream:
-    __slots__ = ("id", "headers", "body", "receiving", "unacked", "send_window", "outbox", "trailers", "task",
-                 "refused", "writable", "answered", "handler", "metadata", "timeout", "last_read")
+    __slots__ = (
+        "id",
+        "headers",
+        "body",
+        "receiving",
+        "unacked",
+        "send_window",
+        "outbox",
+        "trailers",
+        "task",
+        "refused",
+        "writable",
+        "answered",
+        "handler",
+        "metadata",
+        "timeout",
+        "last_read",
+    )
 
     def __init__(self, stream_id: int, headers, send_window: int, now: float = 0.0):
         self.id = stream_id
         self.headers = headers
-        self.body: List[bytes] = []
-        self.receiving = 0          # bytes of body held (counted in the connection's `buffered`)
-        self.unacked = 0            # bytes received and not yet given back with WINDOW_UPDATE
+        self.body: list[bytes] = []
+        self.receiving = 0  # bytes of body held (counted in the connection's `buffered`)
+        self.unacked = 0  # bytes received and not yet given back with WINDOW_UPDATE
         self.send_window = send_window
-        self.outbox: Deque[bytes] = collections.deque()  # DATA payloads waiting for window
-        self.trailers: Optional[bytes] = None            # the closing header block, after the outbox
-        self.task: Optional[asyncio.Task] = None
-        self.refused = False        # answered already (an error before the handler)
-        self.writable: Optional[asyncio.Event] = None    # a streaming handler waiting for window
-        self.answered = False       # response headers sent
-        self.handler = None         # the method handler, metadata and grpc-timeout of an admitted call
+        self.outbox: collections.deque[bytes] = collections.deque()  # DATA payloads waiting for window
+        self.trailers: bytes | None = None  # the closing header block, after the outbox
+        self.task: asyncio.Task | None = None
+        self.refused = False  # answered already (an error before the handler)
+        self.writable: asyncio.Event | None = None  # a streaming handler waiting for window
+        self.answered = False  # response headers sent
+        self.handler = None  # the method handler, metadata and grpc-timeout of an admitted call
         self.metadata: tuple = ()
-        self.timeout: Optional[float] = None
-        self.last_read = now        # when its HEADERS or its last DATA arrived (loop time)
+        self.timeout: float | None = None
+        self.last_read = now  # when its HEADERS or its last DATA arrived (loop time)
 
 
 class Connection(asyncio.Protocol):
-    def __init__(self, server, loop: Optional[asyncio.AbstractEventLoop] = None):
+    def __init__(self, server, loop: asyncio.AbstractEventLoop | None = None):
         self.server = server
         self.loop = loop or asyncio.get_event_loop()
         self.transport = None
@@ -100,24 +116,24 @@ class Connection(asyncio.Protocol):
         self.buffer = b""
         self.preface = False
         self.decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
-        self.blocks: Dict[bytes, tuple] = {}  # block -> its fields, for blocks that leave the table as it is
-        self.streams: Dict[int, Stream] = {}
-        self.last_stream_id = 0     # 0: no call's HEADERS yet
+        self.blocks: dict[bytes, tuple] = {}  # block -> its fields, for blocks that leave the table as it is
+        self.streams: dict[int, Stream] = {}
+        self.last_stream_id = 0  # 0: no call's HEADERS yet
         self.send_window = f.DEFAULT_WINDOW
         self.peer_initial_window = f.DEFAULT_WINDOW
         self.peer_max_frame = f.DEFAULT_MAX_FRAME
-        self.unacked = 0            # bytes of DATA received and not yet given back to the connection's window
-        self.buffered = 0           # bytes of request bodies held, not yet handed to their calls
-        self.continuing = None      # (stream id, flags, [fragments], size) while a header block spans frames
-        self.out: List[bytes] = []
+        self.unacked = 0  # bytes of DATA received and not yet given back to the connection's window
+        self.buffered = 0  # bytes of request bodies held, not yet handed to their calls
+        self.continuing = None  # (stream id, flags, [fragments], size) while a header block spans frames
+        self.out: list[bytes] = []
         self.flush_scheduled = False
         self.closed = False
         self.going_away = False
-        self.over_limit = False     # opened beyond the server's max_connections: its calls are refused
-        self.now = 0.0              # loop time of the read being handled
-        self.idle_since = 0.0       # loop time since which no stream is open
+        self.over_limit = False  # opened beyond the server's max_connections: its calls are refused
+        self.now = 0.0  # loop time of the read being handled
+        self.idle_since = 0.0  # loop time since which no stream is open
         self.opened = 0.0
-        self.timer: Optional[asyncio.TimerHandle] = None
+        self.timer: asyncio.TimerHandle | None = None
 
     # ---- transport ----
     def connection_made(self, transport):
@@ -128,9 +144,15 @@ class Connection(asyncio.Protocol):
         if self.over_limit:
             server.note_over_limit()
         server.connections.add(self)
-        self.out.append(f.settings([(f.MAX_CONCURRENT_STREAMS, server.max_streams_per_connection),
-                                    (f.INITIAL_WINDOW_SIZE, STREAM_WINDOW),
-                                    (f.MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST)]))
+        self.out.append(
+            f.settings(
+                [
+                    (f.MAX_CONCURRENT_STREAMS, server.max_streams_per_connection),
+                    (f.INITIAL_WINDOW_SIZE, STREAM_WINDOW),
+                    (f.MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST),
+                ]
+            )
+        )
         self.out.append(f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW))
         self._flush()
         self.opened = self.idle_since = self.now = self.loop.time()
@@ -182,7 +204,7 @@ class Connection(asyncio.Protocol):
                 return
             if not buffer.startswith(f.PREFACE):
                 raise f.ConnectionError_(f.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
-            buffer = buffer[len(f.PREFACE):]
+            buffer = buffer[len(f.PREFACE) :]
             self.preface = True
             if f.first_frame_is_settings(buffer) is False:
                 raise f.ConnectionError_(f.PROTOCOL_ERROR, "the first frame is not SETTINGS")
@@ -320,8 +342,10 @@ class Connection(asyncio.Protocol):
         server = self.server
         path, metadata, timeout = _request_of(stream.headers)
         if self.over_limit and path != HEALTH_CHECK:
-            raise wire.CallError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"the server has reached its limit of "
-                                 f"{server.max_connections} open connections (--max_connections)")
+            raise wire.CallError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the server has reached its limit of {server.max_connections} open connections (--max_connections)",
+            )
         handler = server.handler(path, metadata)
         if handler is None:
             raise wire.CallError(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
@@ -362,8 +386,10 @@ class Connection(asyncio.Protocol):
             raise f.ConnectionError_(f.PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
         # else a stream already reset, refused or answered: its data is dropped
         if self.unacked >= CONNECTION_WINDOW // 2:
-            if self.buffered > self.server.max_buffered_bytes and \
-                    self.unacked > CONNECTION_WINDOW - f.DEFAULT_MAX_FRAME:
+            if (
+                self.buffered > self.server.max_buffered_bytes
+                and self.unacked > CONNECTION_WINDOW - f.DEFAULT_MAX_FRAME
+            ):
                 self._shed_bodies()  # the client can send no more: whatever it sends, buffered stays bounded
             self._give_back()
 
@@ -402,8 +428,10 @@ class Connection(asyncio.Protocol):
         """The window is withheld and the client can send no more: no held body can complete, so the newest are
         refused until the rest fit under the limit, and the window opens again."""
         limit = self.server.max_buffered_bytes
-        refusal = wire.CallError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                 f"the connection holds more than {limit} bytes of request bodies not yet complete")
+        refusal = wire.CallError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"the connection holds more than {limit} bytes of request bodies not yet complete",
+        )
         shed = []
         for stream in reversed(list(self.streams.values())):
             if self.buffered <= limit:
@@ -411,8 +439,10 @@ class Connection(asyncio.Protocol):
             if stream.task is None and stream.receiving:
                 shed.append(stream.id)
                 self._refuse(stream, refusal, rest_unwanted=True)
-        log.warning(f"gRPC server: {self.peer} sent more than {limit} bytes of request bodies that are not complete "
-                    f"on one connection: refused the calls of streams {shed}")
+        log.warning(
+            f"gRPC server: {self.peer} sent more than {limit} bytes of request bodies that are not complete "
+            f"on one connection: refused the calls of streams {shed}"
+        )
 
     def _release(self, stream: Stream):
         """Drops a stream's body from what the connection holds, and gives back the window it held up."""
@@ -587,7 +617,7 @@ class Connection(asyncio.Protocol):
         elif next_at is not None:
             self.timer = self.loop.call_at(next_at, self._timed)
 
-    def _expired(self, now: float) -> Tuple[Optional[str], bool, Optional[float]]:
+    def _expired(self, now: float) -> tuple[str | None, bool, float | None]:
         """(why the connection is closed now or None, whether the client stalled (else it was idle), when to look
         again or None)."""
         server = self.server
@@ -612,8 +642,11 @@ class Connection(asyncio.Protocol):
                     if now < due:
                         next_at = min(next_at, due)
                     elif not withheld:
-                        return f"the request body of {_path(stream)} stalled for {read:g} s (--read_timeout)", \
-                            True, None
+                        return (
+                            f"the request body of {_path(stream)} stalled for {read:g} s (--read_timeout)",
+                            True,
+                            None,
+                        )
         return None, False, next_at
 
     # ---- stopping ----

@@ -1,7 +1,8 @@
 """The servicer context of one call: what grpc.aio's ServicerContext offers our servicers (abort, deadline,
 metadata both ways, peer), with grpc.aio's own AbortError, so handlers behave as they do under grpcio."""
+
 import time
-from typing import Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import grpc
 
@@ -9,18 +10,18 @@ import grpc
 class ServicerContext:
     __slots__ = ("_metadata", "_deadline", "_peer", "trailing", "code", "details")
 
-    def __init__(self, metadata: Tuple[Tuple[str, object], ...], timeout: Optional[float], peer: str):
+    def __init__(self, metadata: tuple[tuple[str, object], ...], timeout: float | None, peer: str):
         self._metadata = metadata
         self._deadline = None if timeout is None else time.monotonic() + timeout
         self._peer = peer
-        self.trailing: Sequence[Tuple[str, object]] = ()
-        self.code: Optional[grpc.StatusCode] = None  # set by abort or set_code
+        self.trailing: Sequence[tuple[str, object]] = ()
+        self.code: grpc.StatusCode | None = None  # set by abort or set_code
         self.details = ""
 
     def invocation_metadata(self):
         return self._metadata
 
-    def time_remaining(self) -> Optional[float]:
+    def time_remaining(self) -> float | None:
         return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
 
     def set_trailing_metadata(self, metadata) -> None:

@@ -1,7 +1,7 @@
 """HTTP/2 framing (RFC 9113) as the gRPC server needs it: frame types, flags, settings, building frames and cutting
 a byte stream into them. Pure: no I/O."""
+
 import struct
-from typing import List, Optional, Tuple
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -14,16 +14,29 @@ PADDED = 0x8
 PRIORITY_FLAG = 0x20
 
 # settings identifiers
-HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE = \
+HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE = (
     range(1, 7)
+)
 
 # error codes
-NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR, SETTINGS_TIMEOUT, STREAM_CLOSED, FRAME_SIZE_ERROR, \
-    REFUSED_STREAM, CANCEL, COMPRESSION_ERROR, CONNECT_ERROR, ENHANCE_YOUR_CALM = range(12)
+(
+    NO_ERROR,
+    PROTOCOL_ERROR,
+    INTERNAL_ERROR,
+    FLOW_CONTROL_ERROR,
+    SETTINGS_TIMEOUT,
+    STREAM_CLOSED,
+    FRAME_SIZE_ERROR,
+    REFUSED_STREAM,
+    CANCEL,
+    COMPRESSION_ERROR,
+    CONNECT_ERROR,
+    ENHANCE_YOUR_CALM,
+) = range(12)
 
 DEFAULT_WINDOW = 65535
 DEFAULT_MAX_FRAME = 16384
-MAX_WINDOW = 2 ** 31 - 1
+MAX_WINDOW = 2**31 - 1
 
 _U32 = struct.Struct(">I")
 _SETTING = struct.Struct(">HI")
@@ -42,11 +55,11 @@ def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
     return bytes((size >> 16, (size >> 8) & 0xFF, size & 0xFF, kind, flags)) + _U32.pack(stream_id) + payload
 
 
-def settings(values: List[Tuple[int, int]]) -> bytes:
+def settings(values: list[tuple[int, int]]) -> bytes:
     return frame(SETTINGS, 0, 0, b"".join(_SETTING.pack(key, value) for key, value in values))
 
 
-def parse_settings(payload: bytes) -> List[Tuple[int, int]]:
+def parse_settings(payload: bytes) -> list[tuple[int, int]]:
     if len(payload) % 6:
         raise ConnectionError_(FRAME_SIZE_ERROR, "SETTINGS payload is not a multiple of 6")
     return [_SETTING.unpack_from(payload, offset) for offset in range(0, len(payload), 6)]
@@ -70,7 +83,7 @@ def u32(payload: bytes) -> int:
     return _U32.unpack(payload)[0]
 
 
-def cut(buffer: bytes, max_frame: int) -> Tuple[List[Tuple[int, int, int, bytes]], bytes]:
+def cut(buffer: bytes, max_frame: int) -> tuple[list[tuple[int, int, int, bytes]], bytes]:
     """The whole frames at the start of `buffer` as (type, flags, stream id, payload), and the rest."""
     frames = []
     pos, end = 0, len(buffer)
@@ -81,7 +94,7 @@ def cut(buffer: bytes, max_frame: int) -> Tuple[List[Tuple[int, int, int, bytes]
         if end - pos < 9 + size:
             break
         stream_id = _U32.unpack_from(buffer, pos + 5)[0] & 0x7FFFFFFF
-        frames.append((buffer[pos + 3], buffer[pos + 4], stream_id, buffer[pos + 9:pos + 9 + size]))
+        frames.append((buffer[pos + 3], buffer[pos + 4], stream_id, buffer[pos + 9 : pos + 9 + size]))
         pos += 9 + size
     return frames, buffer[pos:]
 
@@ -101,6 +114,6 @@ def unpad(flags: int, payload: bytes, priority: bool = False) -> bytes:
     return payload[start:end]
 
 
-def first_frame_is_settings(buffer: bytes) -> Optional[bool]:
+def first_frame_is_settings(buffer: bytes) -> bool | None:
     """After the preface a client's first frame must be SETTINGS: None until its header has arrived."""
     return None if len(buffer) < 9 else buffer[3] == SETTINGS

@@ -3,13 +3,14 @@ stop with grace), with the limits grpcio offers (message size, calls at once, st
 authorization hook in place of an interceptor, and what one client may hold of it: open connections, request
 bodies held per connection, the time to a connection's first call and between a body's reads, idle connections
 (connection.py applies them)."""
+
 import asyncio
 import os
 import socket
 import ssl
 import stat
 from collections import namedtuple
-from typing import Callable, Dict, List, Optional, Tuple
+from collections.abc import Callable
 
 from mindspore_serving import log
 from mindspore_serving.frontends.h2grpc.connection import Connection
@@ -18,7 +19,7 @@ BACKLOG = 1024
 _CallDetails = namedtuple("_CallDetails", ("method", "invocation_metadata"))
 
 
-def ssl_context(certificate: str, private_key: str, custom_ca: Optional[str], verify_client: bool) -> ssl.SSLContext:
+def ssl_context(certificate: str, private_key: str, custom_ca: str | None, verify_client: bool) -> ssl.SSLContext:
     """TLS for the port, HTTP/2 by ALPN; with `verify_client` clients need a certificate signed by `custom_ca`."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -38,11 +39,18 @@ class Server:
     bodies one connection may hold before their calls start (at least one whole message; default
     `buffered_bodies_limit`)."""
 
-    def __init__(self, max_message_bytes: int, max_concurrent_rpcs: Optional[int] = None,
-                 max_streams_per_connection: int = 100, reuse_port: bool = False,
-                 authorize: Optional[Callable[[str, tuple], Optional[str]]] = None,
-                 read_timeout: Optional[float] = None, idle_timeout: Optional[float] = None,
-                 max_connections: Optional[int] = None, max_buffered_bytes: Optional[int] = None):
+    def __init__(
+        self,
+        max_message_bytes: int,
+        max_concurrent_rpcs: int | None = None,
+        max_streams_per_connection: int = 100,
+        reuse_port: bool = False,
+        authorize: Callable[[str, tuple], str | None] | None = None,
+        read_timeout: float | None = None,
+        idle_timeout: float | None = None,
+        max_connections: int | None = None,
+        max_buffered_bytes: int | None = None,
+    ):
         self.max_message_bytes = max_message_bytes
         self.max_concurrent_rpcs = max_concurrent_rpcs if max_concurrent_rpcs is not None else float("inf")
         self.max_streams_per_connection = max_streams_per_connection
@@ -52,20 +60,23 @@ class Server:
         self.idle_timeout = idle_timeout
         self.timer_period = min((t for t in (read_timeout, idle_timeout) if t), default=None)  # connections' timer
         self.max_connections = max_connections if max_connections is not None else float("inf")
-        self.max_buffered_bytes = buffered_bodies_limit(max_message_bytes) if max_buffered_bytes is None else \
-            max_buffered_bytes
+        self.max_buffered_bytes = (
+            buffered_bodies_limit(max_message_bytes) if max_buffered_bytes is None else max_buffered_bytes
+        )
         if self.max_buffered_bytes < max_message_bytes + 5:
-            raise ValueError(f"max_buffered_bytes ({self.max_buffered_bytes}) must hold one whole message "
-                             f"(max_message_bytes {max_message_bytes} + 5)")
+            raise ValueError(
+                f"max_buffered_bytes ({self.max_buffered_bytes}) must hold one whole message "
+                f"(max_message_bytes {max_message_bytes} + 5)"
+            )
         self._full_noted = False  # a connection beyond max_connections was logged, and none closed since
-        self._generic: List = []
-        self._methods: Dict[str, object] = {}
-        self._sockets: List[Tuple[socket.socket, Optional[ssl.SSLContext]]] = []
-        self._listeners: List[asyncio.AbstractServer] = []
+        self._generic: list = []
+        self._methods: dict[str, object] = {}
+        self._sockets: list[tuple[socket.socket, ssl.SSLContext | None]] = []
+        self._listeners: list[asyncio.AbstractServer] = []
         self.connections = set()
         self.active_calls = 0
         self.stopping = False
-        self._idle: Optional[asyncio.Event] = None
+        self._idle: asyncio.Event | None = None
 
     # ---- handlers (what the generated add_*Servicer_to_server functions call) ----
     def add_generic_rpc_handlers(self, handlers):
@@ -86,7 +97,7 @@ class Server:
                 return handler
         return None
 
-    def authorize(self, path: str, metadata) -> Optional[str]:
+    def authorize(self, path: str, metadata) -> str | None:
         """None when the call may run, else the UNAUTHENTICATED details."""
         return None if self._authorize is None else self._authorize(path, metadata)
 
@@ -97,9 +108,9 @@ class Server:
     def add_secure_port(self, address: str, context: ssl.SSLContext) -> int:
         return self._bind(address, context)
 
-    def _bind(self, address: str, context: Optional[ssl.SSLContext]) -> int:
+    def _bind(self, address: str, context: ssl.SSLContext | None) -> int:
         if address.startswith("unix:"):
-            path = address[len("unix:"):]
+            path = address[len("unix:") :]
             path = path[2:] if path.startswith("///") else path
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -155,8 +166,10 @@ class Server:
         """A connection opened beyond max_connections: logged once until connections close."""
         if not self._full_noted:
             self._full_noted = True
-            log.warning(f"gRPC server: {len(self.connections)} connections open, the limit (--max_connections): "
-                        f"the calls of further connections are refused")
+            log.warning(
+                f"gRPC server: {len(self.connections)} connections open, the limit (--max_connections): "
+                f"the calls of further connections are refused"
+            )
 
     def connection_closed(self, connection: Connection):
         self.connections.discard(connection)
@@ -168,7 +181,7 @@ class Server:
         if self._idle is not None and not any(c.streams for c in self.connections):
             self._idle.set()
 
-    async def stop(self, grace: Optional[float]):
+    async def stop(self, grace: float | None):
         """Closes the ports and tells every connection to go away; calls running may finish within `grace`
         seconds (None or 0: none), the rest end with UNAVAILABLE."""
         self.stopping = True
@@ -182,7 +195,7 @@ class Server:
         if grace and any(c.streams for c in self.connections):
             try:
                 await asyncio.wait_for(self._idle.wait(), grace)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         for connection in list(self.connections):
             connection.abort_calls()

@@ -17,21 +17,21 @@ Usage::
 
     app.include_router(build_llm_router(backend))
 """
-from typing import Optional
 
 from fastapi import APIRouter
 
-from mindspore_serving.master.llm_types import LlmBackend
 from mindspore_serving.frontends.llm.mindspore_llm import build_llm_serving_router, mindspore_generate_stream
 from mindspore_serving.frontends.llm.openai_api import build_openai_router
-from mindspore_serving.frontends.llm.tokenize_api import build_tokenize_router
 from mindspore_serving.frontends.llm.tgi import build_tgi_router
+from mindspore_serving.frontends.llm.tokenize_api import build_tokenize_router
+from mindspore_serving.master.llm_types import LlmBackend
 
 __all__ = ["build_llm_router", "mindspore_generate_stream"]
 
 
-def build_llm_router(backend: LlmBackend, default_model: Optional[str] = None, keep_alive_s: float = 15.0,
-                     health_route: bool = True) -> APIRouter:
+def build_llm_router(
+    backend: LlmBackend, default_model: str | None = None, keep_alive_s: float = 15.0, health_route: bool = True
+) -> APIRouter:
     """All LLM routes on one router.
 
     default_model: the model of TGI's routes (which name none); None: the only language model served.

@@ -8,24 +8,31 @@ ending with its own FinalEvent) and keeps them; `events()` yields the TokenEvent
 the backend's iterator, which aborts the request in the engine when the client went away, and logs the
 request's timing.
 """
+
 import asyncio
 import math
 import time
-from typing import AsyncIterator, Dict, List, Optional, Union
+from collections.abc import AsyncIterator
 
 import anyio
 
 from mindspore_serving import log
-from mindspore_serving.master.llm_types import (FinalEvent, GenerationRequest, LlmBackend, ModelInfo,
-                                                PromptEvent, TokenEvent)
 from mindspore_serving.common.errors import GenerationFailed, IncompleteGeneration, message_of
 from mindspore_serving.llm.request import inter_token_latency
+from mindspore_serving.master.llm_types import (
+    FinalEvent,
+    GenerationRequest,
+    LlmBackend,
+    ModelInfo,
+    PromptEvent,
+    TokenEvent,
+)
 
 _CLOSE_TIMEOUT_S = 5.0
 """How long closing the backend's iterator may take (it normally only cancels a call)."""
 
 
-def _ms(seconds: Optional[float]) -> str:
+def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.1f}ms"
 
 
@@ -40,33 +47,39 @@ def _check(final: FinalEvent, request_id: str) -> None:
         raise GenerationFailed(f"request {request_id} was aborted before it finished")
 
 
-def finite(value: float, default: Optional[float] = None) -> Optional[float]:
+def finite(value: float, default: float | None = None) -> float | None:
     """`value` as a JSON-safe float (log-probabilities can be -inf)."""
     value = float(value)
     return value if math.isfinite(value) else default
 
 
 class Generation:
-    def __init__(self, backend: LlmBackend, request: GenerationRequest, model: ModelInfo, protocol: str,
-                 arrival: Optional[float] = None):
+    def __init__(
+        self,
+        backend: LlmBackend,
+        request: GenerationRequest,
+        model: ModelInfo,
+        protocol: str,
+        arrival: float | None = None,
+    ):
         self.backend = backend
         self.request = request
         self.model = model
         self.protocol = protocol
         self.arrival = time.perf_counter() if arrival is None else arrival
         self.created = int(time.time())
-        self.submitted: Optional[float] = None
-        self.first_token_at: Optional[float] = None
-        self.last_token_at: Optional[float] = None
-        self.ended: Optional[float] = None
-        self.tokens: List[TokenEvent] = []
+        self.submitted: float | None = None
+        self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
+        self.ended: float | None = None
+        self.tokens: list[TokenEvent] = []
         """Every choice's tokens, in the order they came."""
-        self.finals: Dict[int, FinalEvent] = {}
+        self.finals: dict[int, FinalEvent] = {}
         """The FinalEvent of each choice that finished, by choice index."""
-        self.final: Optional[FinalEvent] = None
+        self.final: FinalEvent | None = None
         """The first FinalEvent (the only one of a request with one choice)."""
-        self.prompt_scores: Optional[PromptEvent] = None
-        self.error: Optional[BaseException] = None
+        self.prompt_scores: PromptEvent | None = None
+        self.error: BaseException | None = None
         self._events = None
         self._first = None
         self._closed = False
@@ -76,7 +89,7 @@ class Generation:
         return self.request.request_id or ""
 
     @property
-    def max_new_tokens(self) -> Optional[int]:
+    def max_new_tokens(self) -> int | None:
         value = self.request.params.get("max_new_tokens")
         return value if isinstance(value, int) else None
 
@@ -90,7 +103,7 @@ class Generation:
     def done(self) -> bool:
         return len(self.finals) >= self.num_choices
 
-    def choice_tokens(self, choice: int) -> List[TokenEvent]:
+    def choice_tokens(self, choice: int) -> list[TokenEvent]:
         return [t for t in self.tokens if t.choice == choice]
 
     @property
@@ -128,7 +141,7 @@ class Generation:
         except StopAsyncIteration:
             return None
 
-    async def outputs(self) -> AsyncIterator[Union[TokenEvent, FinalEvent]]:
+    async def outputs(self) -> AsyncIterator[TokenEvent | FinalEvent]:
         """Every choice's TokenEvents and FinalEvents as they come, until each choice has its FinalEvent
         (`finals`, `final`). Raises GenerationFailed when the engine finished a choice with "error" or
         "abort", IncompleteGeneration when the stream ends before every FinalEvent came."""
@@ -210,14 +223,18 @@ class Generation:
         t = self.timings()
         prompt_tokens = self.final.prompt_tokens if self.final is not None else "-"
         completion_tokens = self.completion_tokens
-        text = (f"LLM request {self.request_id} ({self.protocol}, model {self.request.model}) {self.outcome()}: "
-                f"prompt_tokens={prompt_tokens} completion_tokens={completion_tokens} "
-                f"queue={_ms(t['queue_time'])} ttft={_ms(t['time_to_first_token'])} "
-                f"itl={_ms(t['inter_token_latency'])} e2e={_ms(t['e2e_latency'])}")
+        text = (
+            f"LLM request {self.request_id} ({self.protocol}, model {self.request.model}) {self.outcome()}: "
+            f"prompt_tokens={prompt_tokens} completion_tokens={completion_tokens} "
+            f"queue={_ms(t['queue_time'])} ttft={_ms(t['time_to_first_token'])} "
+            f"itl={_ms(t['inter_token_latency'])} e2e={_ms(t['e2e_latency'])}"
+        )
         engine = self.final.timing if self.final is not None else None
         if engine is not None:
-            text += (f" (engine: ttft={_ms(engine.time_to_first_token)} itl={_ms(engine.inter_token_latency)} "
-                     f"e2e={_ms(engine.e2e_latency)})")
+            text += (
+                f" (engine: ttft={_ms(engine.time_to_first_token)} itl={_ms(engine.inter_token_latency)} "
+                f"e2e={_ms(engine.e2e_latency)})"
+            )
         return text
 
     def timing_headers(self, compute_characters: int) -> dict:
@@ -249,7 +266,7 @@ class GenerationBatch:
     the others aborts them). Streamed, they are read one after the other (the engine still generates them at
     once; the events wait in the backend)."""
 
-    def __init__(self, items: List[Generation]):
+    def __init__(self, items: list[Generation]):
         self.items = items
 
     @property

@@ -21,23 +21,23 @@
    (top_logprobs and prompt_logprobs when asked). Errors are the classic
    `{"error_msg": ...}` (HTTP 200, as the classic route always answers), or a `data: {"error_msg"}` event.
 """
+
 import time
-from typing import AsyncIterator, List, Optional, Union
+from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from mindspore_serving.frontends.llm import sse
-from mindspore_serving.master.llm_types import GenerationRequest, LlmBackend, PromptEvent
 from mindspore_serving.common.errors import InvalidParam
 from mindspore_serving.frontends.errors import Protocol, http_error
+from mindspore_serving.frontends.llm import sse
 from mindspore_serving.frontends.llm.generation import Generation, finite
-from mindspore_serving.frontends.llm.params import (load_json, new_request_id, parse_body, sampling_params,
-                                                    served_model)
+from mindspore_serving.frontends.llm.params import load_json, new_request_id, parse_body, sampling_params, served_model
 from mindspore_serving.frontends.llm.responses import error_response, guarded, json_reply, stream_reply
 from mindspore_serving.frontends.llm.schemas_tgi import LlmServingRequest
 from mindspore_serving.frontends.llm.tgi import prefill_json, token_json, top_tokens_json
 from mindspore_serving.llm.instance_params import check_one_choice
+from mindspore_serving.master.llm_types import GenerationRequest, LlmBackend, PromptEvent
 
 LLM_SERVING = Protocol.TGI
 """LLM-serving copies TGI's API, errors included."""
@@ -45,12 +45,12 @@ CLASSIC = Protocol.MINDSPORE
 RETRY_MS = 30000
 
 
-def _top_logprobs(tops) -> List[dict]:
+def _top_logprobs(tops) -> list[dict]:
     """The most likely tokens at a position as the classic route writes them (id, text, logprob)."""
     return [{"id": t.token_id, "text": t.text, "logprob": finite(t.logprob)} for t in tops]
 
 
-def _prompt_tokens(prompt: Optional[PromptEvent], top: bool = False) -> List[dict]:
+def _prompt_tokens(prompt: PromptEvent | None, top: bool = False) -> list[dict]:
     """The scored prompt as TGI's `prefill` (id, text, logprob: null for the first token), with `top` each token's
     top_logprobs too."""
     tokens = prefill_json(prompt)
@@ -75,9 +75,16 @@ def full_payload(generation: Generation, request: LlmServingRequest) -> dict:
     final = generation.final
     prefill = _prompt_tokens(generation.prompt_scores) if params.decoder_input_details else tokens[:1]
     top_tokens = [top_tokens_json(t) for t in generation.tokens] if params.top_tokens else [tokens[:1]]
-    return {"generated_text": _text(generation, request), "finish_reason": final.finish_reason,
-            "generated_tokens": final.completion_tokens, "prefill": prefill,
-            "seed": params.seed or 0, "tokens": tokens, "top_tokens": top_tokens, "details": None}
+    return {
+        "generated_text": _text(generation, request),
+        "finish_reason": final.finish_reason,
+        "generated_tokens": final.completion_tokens,
+        "prefill": prefill,
+        "seed": params.seed or 0,
+        "tokens": tokens,
+        "top_tokens": top_tokens,
+        "details": None,
+    }
 
 
 async def llm_serving_events(generation: Generation, request: LlmServingRequest) -> AsyncIterator[bytes]:
@@ -88,11 +95,22 @@ async def llm_serving_events(generation: Generation, request: LlmServingRequest)
     params = request.parameters
     async for token in generation.events():
         item = token_json(token)
-        yield encode({"details": None, "generated_text": token.text, "tokens": item,
-                      "top_tokens": top_tokens_json(token) if params.top_tokens else [item]})
+        yield encode(
+            {
+                "details": None,
+                "generated_text": token.text,
+                "tokens": item,
+                "top_tokens": top_tokens_json(token) if params.top_tokens else [item],
+            }
+        )
     final = generation.final
-    last = {"details": None, "generated_text": _text(generation, request), "finish_reason": final.finish_reason,
-            "generated_tokens": final.completion_tokens, "tokens": [token_json(t) for t in generation.tokens]}
+    last = {
+        "details": None,
+        "generated_text": _text(generation, request),
+        "finish_reason": final.finish_reason,
+        "generated_tokens": final.completion_tokens,
+        "tokens": [token_json(t) for t in generation.tokens],
+    }
     if params.decoder_input_details:
         last["prefill"] = _prompt_tokens(generation.prompt_scores)
     yield encode(last)
@@ -103,23 +121,32 @@ def build_llm_serving_router(backend: LlmBackend, keep_alive_s: float = 15.0) ->
 
     def start(model: str, request: LlmServingRequest, arrival: float) -> Generation:
         info = served_model(backend, model)
-        gen_request = GenerationRequest(model=info.name, prompt=request.inputs,
-                                        params=request.parameters.engine_params(), request_id=new_request_id())
+        gen_request = GenerationRequest(
+            model=info.name,
+            prompt=request.inputs,
+            params=request.parameters.engine_params(),
+            request_id=new_request_id(),
+        )
         return Generation(backend, gen_request, info, "llm-serving", arrival)
 
     def full(model: str, request: LlmServingRequest, arrival: float) -> Response:
         generation = start(model, request, arrival)
-        return json_reply(generation, LLM_SERVING,
-                          lambda gen: (full_payload(gen, request), gen.timing_headers(len(request.inputs))))
+        return json_reply(
+            generation, LLM_SERVING, lambda gen: (full_payload(gen, request), gen.timing_headers(len(request.inputs)))
+        )
 
     def streamed(model: str, request: LlmServingRequest, arrival: float) -> Response:
         generation = start(model, request, arrival)
         raw = request.parameters.return_protocol == "raw"
         encode = sse.raw_line if raw else sse.event
-        return stream_reply(generation, LLM_SERVING, lambda: llm_serving_events(generation, request),
-                            lambda exc: encode(http_error(LLM_SERVING, exc)[1]),
-                            media_type=sse.RAW_MEDIA_TYPE if raw else sse.SSE_MEDIA_TYPE,
-                            keep_alive_s=0.0 if raw else keep_alive_s)
+        return stream_reply(
+            generation,
+            LLM_SERVING,
+            lambda: llm_serving_events(generation, request),
+            lambda exc: encode(http_error(LLM_SERVING, exc)[1]),
+            media_type=sse.RAW_MEDIA_TYPE if raw else sse.SSE_MEDIA_TYPE,
+            keep_alive_s=0.0 if raw else keep_alive_s,
+        )
 
     @router.post("/models/{model}", summary="Generate; streamed when `stream` is true (MindSpore LLM-serving)")
     @guarded(LLM_SERVING)
@@ -145,12 +172,14 @@ def build_llm_serving_router(backend: LlmBackend, keep_alive_s: float = 15.0) ->
 
 # MindSpore Serving classic: /model/{model}:generate_stream
 
-def _classic_request(model: str, body: Union[bytes, dict]) -> GenerationRequest:
+
+def _classic_request(model: str, body: bytes | dict) -> GenerationRequest:
     data = load_json(bytes(body)) if isinstance(body, (bytes, bytearray)) else body
     instances = data.get("instances") if isinstance(data, dict) else None
     if not isinstance(instances, list) or len(instances) != 1 or not isinstance(instances[0], dict):
-        raise InvalidParam('the body must be {"instances": [{"prompt": str, <sampling parameters>}]} with exactly '
-                           'one instance')
+        raise InvalidParam(
+            'the body must be {"instances": [{"prompt": str, <sampling parameters>}]} with exactly one instance'
+        )
     fields = dict(instances[0])
     prompts = [key for key in ("prompt", "inputs") if key in fields]
     if len(prompts) != 1:
@@ -173,21 +202,27 @@ async def classic_events(generation: Generation) -> AsyncIterator[bytes]:
     final = generation.final
     timings = generation.timings()
     engine = final.timing
-    last = {"generated_text": final.text, "finish_reason": final.finish_reason, "token_ids": list(final.token_ids),
-            "details": {"prompt_tokens": final.prompt_tokens, "completion_tokens": final.completion_tokens,
-                        "queue_time": engine.queue_time if engine else None,
-                        "time_to_first_token": engine.time_to_first_token if engine
-                        else timings["time_to_first_token"],
-                        "inter_token_latency": engine.inter_token_latency if engine
-                        else timings["inter_token_latency"],
-                        "e2e_latency": engine.e2e_latency if engine else timings["e2e_latency"]}}
+    last = {
+        "generated_text": final.text,
+        "finish_reason": final.finish_reason,
+        "token_ids": list(final.token_ids),
+        "details": {
+            "prompt_tokens": final.prompt_tokens,
+            "completion_tokens": final.completion_tokens,
+            "queue_time": engine.queue_time if engine else None,
+            "time_to_first_token": engine.time_to_first_token if engine else timings["time_to_first_token"],
+            "inter_token_latency": engine.inter_token_latency if engine else timings["inter_token_latency"],
+            "e2e_latency": engine.e2e_latency if engine else timings["e2e_latency"],
+        },
+    }
     if params.get("prompt_logprobs") is not None:
         last["prompt_logprobs"] = _prompt_tokens(generation.prompt_scores, top=params["prompt_logprobs"] > 0)
     yield sse.event(last)
 
 
-async def mindspore_generate_stream(backend: LlmBackend, model: str, body: Union[bytes, dict],
-                                    keep_alive_s: float = 15.0) -> Response:
+async def mindspore_generate_stream(
+    backend: LlmBackend, model: str, body: bytes | dict, keep_alive_s: float = 15.0
+) -> Response:
     """The reply of `POST /model/{model}:generate_stream`: an ASGI response (`await reply(scope, receive, send)`)
     that streams SSE; it aborts the generation when the client disconnects."""
     arrival = time.perf_counter()
@@ -196,5 +231,10 @@ async def mindspore_generate_stream(backend: LlmBackend, model: str, body: Union
         generation = Generation(backend, request, served_model(backend, model), "mindspore", arrival)
     except Exception as exc:  # the classic error reply, whatever failed
         return error_response(CLASSIC, exc)
-    return stream_reply(generation, CLASSIC, lambda: classic_events(generation),
-                        lambda exc: sse.event(http_error(CLASSIC, exc)[1]), keep_alive_s=keep_alive_s)
+    return stream_reply(
+        generation,
+        CLASSIC,
+        lambda: classic_events(generation),
+        lambda exc: sse.event(http_error(CLASSIC, exc)[1]),
+        keep_alive_s=keep_alive_s,
+    )

@@ -1,15 +1,16 @@
 """What every protocol does with a request before generating: parse the JSON body into the protocol's
 pydantic model, pick the served model, and check the sampling parameters the way the engine will."""
+
 import uuid
-from typing import Dict, List, Optional, Type, TypeVar
+from typing import TypeVar
 
 import orjson
 import pydantic
 
 from mindspore_serving.common import errors
-from mindspore_serving.master.llm_types import LlmBackend, ModelInfo
 from mindspore_serving.common.errors import InvalidParam
 from mindspore_serving.llm.sampling_params import SamplingParams
+from mindspore_serving.master.llm_types import LlmBackend, ModelInfo
 
 Model = TypeVar("Model", bound=pydantic.BaseModel)
 
@@ -34,8 +35,9 @@ def describe(error: pydantic.ValidationError, unknown_field: str) -> InvalidPara
         if item["type"] == "extra_forbidden":
             messages.append(unknown_field.format(name=name))
         elif item["type"] == "value_error":  # our validators' messages name the field already
-            messages.append(item["msg"][len(_VALUE_ERROR_PREFIX):] if item["msg"].startswith(_VALUE_ERROR_PREFIX)
-                            else item["msg"])
+            messages.append(
+                item["msg"][len(_VALUE_ERROR_PREFIX) :] if item["msg"].startswith(_VALUE_ERROR_PREFIX) else item["msg"]
+            )
         elif item["type"] == "missing":
             messages.append(f"`{name}` is required")
         else:
@@ -54,7 +56,7 @@ def load_json(body: bytes) -> dict:
     return data
 
 
-def parse_body(body: bytes, model: Type[Model], unknown_field: str = "unknown field `{name}`") -> Model:
+def parse_body(body: bytes, model: type[Model], unknown_field: str = "unknown field `{name}`") -> Model:
     """The request body as `model`; InvalidParam (a validation error) when it is not."""
     data = load_json(body)
     try:
@@ -63,15 +65,17 @@ def parse_body(body: bytes, model: Type[Model], unknown_field: str = "unknown fi
         raise describe(exc, unknown_field) from None
 
 
-def served_model(backend: LlmBackend, name: Optional[str]) -> ModelInfo:
+def served_model(backend: LlmBackend, name: str | None) -> ModelInfo:
     """The ModelInfo of `name`, or of the only model served when `name` is None. A model this server serves
     whose worker is down for now is unavailable (503, retry later); only a name it does not serve is unknown."""
     models = backend.models()
     if models and name is None:
         if len(models) > 1:
-            raise InvalidParam(f"several language models are served ({', '.join(m.name for m in models)}); this "
-                               f"route serves one: start the server with a default model, or use "
-                               f"/models/{{model}}/generate or the OpenAI routes, which name the model")
+            raise InvalidParam(
+                f"several language models are served ({', '.join(m.name for m in models)}); this "
+                f"route serves one: start the server with a default model, or use "
+                f"/models/{{model}}/generate or the OpenAI routes, which name the model"
+            )
         return models[0]
     for info in models:
         if info.name == name:
@@ -83,11 +87,12 @@ def served_model(backend: LlmBackend, name: Optional[str]) -> ModelInfo:
         raise errors.WorkerUnavailable(next(iter(down.values())))
     if not models and not down:
         raise errors.WorkerUnavailable("no language model is being served at the moment")
-    raise errors.ServableUnavailable(f"The model `{name}` does not exist; served language models: "
-                                     f"{', '.join([m.name for m in models] + list(down))}")
+    raise errors.ServableUnavailable(
+        f"The model `{name}` does not exist; served language models: {', '.join([m.name for m in models] + list(down))}"
+    )
 
 
-def sampling_params(**values) -> Dict[str, object]:
+def sampling_params(**values) -> dict[str, object]:
     """The engine's sampling parameters (None values left out, so the engine's defaults apply), checked now
     so that a bad value is rejected before any generation starts."""
     params = {k: v for k, v in values.items() if v is not None}
@@ -97,7 +102,7 @@ def sampling_params(**values) -> Dict[str, object]:
     return params
 
 
-def stop_list(stop, max_count: int, field: str = "stop") -> Optional[List[str]]:
+def stop_list(stop, max_count: int, field: str = "stop") -> list[str] | None:
     if stop is None:
         return None
     stops = [stop] if isinstance(stop, str) else list(stop)

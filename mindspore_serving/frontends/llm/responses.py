@@ -6,21 +6,22 @@ the request in the engine. Both wait for the backend's first event before choosi
 error raised up front gets the protocol's status and JSON body; an error after the stream started becomes
 one error event (`error_chunk`), never a silent close.
 """
+
 import contextlib
 import functools
-from typing import AsyncIterator, Awaitable, Callable, Dict, Optional, Tuple
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from mindspore_serving import log
-from mindspore_serving.frontends.llm import sse
 from mindspore_serving.common.errors import Kind, kind_of
 from mindspore_serving.frontends.errors import Protocol, http_error, http_error_headers
+from mindspore_serving.frontends.llm import sse
 from mindspore_serving.frontends.llm.generation import Generation
 
-Headers = Dict[str, str]
+Headers = dict[str, str]
 
 
 def _raw_headers(headers: Headers, media_type: str):
@@ -29,7 +30,7 @@ def _raw_headers(headers: Headers, media_type: str):
     return items
 
 
-async def send_json(send: Send, status: int, payload, headers: Optional[Headers] = None) -> None:
+async def send_json(send: Send, status: int, payload, headers: Headers | None = None) -> None:
     body = sse.dumps(payload)
     raw = _raw_headers(headers or {}, sse.JSON_MEDIA_TYPE) + [(b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": raw})
@@ -50,8 +51,9 @@ def error_response(protocol: Protocol, exc: BaseException) -> Response:
     """A plain reply for an error found before any generation started."""
     log_failure(protocol, exc)
     status, payload = http_error(protocol, exc)
-    return Response(sse.dumps(payload), status_code=status, media_type=sse.JSON_MEDIA_TYPE,
-                    headers=http_error_headers(exc))
+    return Response(
+        sse.dumps(payload), status_code=status, media_type=sse.JSON_MEDIA_TYPE, headers=http_error_headers(exc)
+    )
 
 
 class WatchedResponse(Response):
@@ -66,6 +68,7 @@ class WatchedResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             async with anyio.create_task_group() as group:
+
                 async def run():
                     try:
                         await self.produce(send)
@@ -84,8 +87,9 @@ class WatchedResponse(Response):
             await self.background()
 
 
-def json_reply(generation: Generation, protocol: Protocol,
-               build: Callable[[Generation], Tuple[object, Headers]]) -> Response:
+def json_reply(
+    generation: Generation, protocol: Protocol, build: Callable[[Generation], tuple[object, Headers]]
+) -> Response:
     """Runs the generation to its end, then answers `build(generation)` -> (JSON payload, headers)."""
 
     async def produce(send: Send) -> None:
@@ -106,9 +110,15 @@ def json_reply(generation: Generation, protocol: Protocol,
     return WatchedResponse(produce)
 
 
-def stream_reply(generation: Generation, protocol: Protocol, chunks: Callable[[], AsyncIterator[bytes]],
-                 error_chunk: Callable[[BaseException], bytes], headers: Optional[Headers] = None,
-                 media_type: str = sse.SSE_MEDIA_TYPE, keep_alive_s: float = 0.0) -> Response:
+def stream_reply(
+    generation: Generation,
+    protocol: Protocol,
+    chunks: Callable[[], AsyncIterator[bytes]],
+    error_chunk: Callable[[BaseException], bytes],
+    headers: Headers | None = None,
+    media_type: str = sse.SSE_MEDIA_TYPE,
+    keep_alive_s: float = 0.0,
+) -> Response:
     """Streams `chunks()` (built from `generation.events()`); a keep-alive comment goes out every
     `keep_alive_s` seconds while the stream is open (0: none)."""
 

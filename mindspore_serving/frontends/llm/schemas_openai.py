@@ -12,18 +12,24 @@ choices are known only at the end), a stream with prompt_logprobs (as vLLM), top
 logprobs=true, two output constraints at once (a forced tool_choice is one), tools or tool_choice that are
 not OpenAI's shapes.
 """
-from typing import Any, Dict, List, Literal, Optional, Union
+
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mindspore_serving.master.llm_types import ChatMessage
 from mindspore_serving.common.errors import InvalidParam
-from mindspore_serving.frontends.llm.output_constraints import (GUIDED_FIELDS, Constraint, ResponseFormat,
-                                                                StructuredOutputs, one_constraint,
-                                                                request_constraints)
+from mindspore_serving.frontends.llm.output_constraints import (
+    GUIDED_FIELDS,
+    Constraint,
+    ResponseFormat,
+    StructuredOutputs,
+    one_constraint,
+    request_constraints,
+)
 from mindspore_serving.frontends.llm.params import sampling_params, stop_list
 from mindspore_serving.frontends.llm.tool_calls import check_tools, tool_choice_constraint
 from mindspore_serving.llm.sampling_params import MAX_TOP_LOGPROBS
+from mindspore_serving.master.llm_types import ChatMessage
 
 UNKNOWN_FIELD = "Unrecognized request argument supplied: {name}"
 MAX_STOP_SEQUENCES = 4
@@ -38,58 +44,60 @@ def _refuse(name: str, why: str = "is not supported by this server") -> InvalidP
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    include_usage: Optional[bool] = None
+    include_usage: bool | None = None
 
 
 class OpenAiRequest(BaseModel):
     """The fields both generation routes share; each maps to one SamplingParams field (`engine_params`)."""
+
     model_config = ConfigDict(extra="forbid")
 
     model: str
-    max_tokens: Optional[int] = Field(None, ge=1)
-    temperature: Optional[float] = Field(None, ge=0, le=2)
-    top_p: Optional[float] = Field(None, gt=0, le=1)
-    n: Optional[int] = Field(None, ge=1)
-    stream: Optional[bool] = False
-    stream_options: Optional[StreamOptions] = None
-    stop: Optional[Union[str, List[str]]] = None
-    seed: Optional[int] = None
-    presence_penalty: Optional[float] = Field(None, ge=-2, le=2)
-    frequency_penalty: Optional[float] = Field(None, ge=-2, le=2)
-    logit_bias: Optional[Dict[str, float]] = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    n: int | None = Field(None, ge=1)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
     """Token id (as text) -> bias in [-100, 100]."""
-    response_format: Optional[ResponseFormat] = None
-    user: Optional[str] = None
+    response_format: ResponseFormat | None = None
+    user: str | None = None
     """Informational only."""
     # vLLM's extra sampling parameters
-    top_k: Optional[int] = None
-    min_p: Optional[float] = None
-    repetition_penalty: Optional[float] = None
-    min_tokens: Optional[int] = None
-    ignore_eos: Optional[bool] = None
-    stop_token_ids: Optional[List[int]] = None
-    bad_words: Optional[List[str]] = None
-    allowed_token_ids: Optional[List[int]] = None
-    skip_special_tokens: Optional[bool] = None
-    include_stop_str_in_output: Optional[bool] = None
-    prompt_logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    allowed_token_ids: list[int] | None = None
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     """Score the prompt: the reply holds vLLM's `prompt_logprobs` (not streamed)."""
-    logprobs_mode: Optional[Literal["raw", "processed"]] = None
-    structured_outputs: Optional[StructuredOutputs] = None
-    guided_json: Optional[Union[str, Dict[str, Any], bool]] = None
-    guided_regex: Optional[str] = None
-    guided_choice: Optional[List[str]] = None
-    guided_grammar: Optional[str] = None
-    guided_decoding_backend: Optional[str] = None
+    logprobs_mode: Literal["raw", "processed"] | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: str | dict[str, Any] | bool | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
     """Accepted and ignored: one grammar engine serves every constraint."""
-    guided_whitespace_pattern: Optional[str] = None
+    guided_whitespace_pattern: str | None = None
     """Accepted and ignored."""
 
     def check(self) -> None:
         """Refuses combinations the API does not allow; InvalidParam names the field."""
         if self.stream_options is not None and not self.stream:
-            raise InvalidParam("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
-                               "stream_options")
+            raise InvalidParam(
+                "The 'stream_options' parameter is only allowed when 'stream' is enabled.", "stream_options"
+            )
         if self.stream and self.prompt_logprobs is not None:
             raise InvalidParam("'prompt_logprobs' is not available when 'stream' is enabled", "prompt_logprobs")
 
@@ -97,45 +105,60 @@ class OpenAiRequest(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options is not None and self.stream_options.include_usage)
 
-    def constraints(self) -> List[Constraint]:
+    def constraints(self) -> list[Constraint]:
         """The output constraints the request names (output_constraints.py)."""
         guided = {name: getattr(self, name) for name, _ in GUIDED_FIELDS}
         return request_constraints(self.response_format, self.structured_outputs, guided)
 
-    def engine_params(self, max_new_tokens: Optional[int], structured_output: Optional[dict] = None,
-                      **route_params) -> dict:
+    def engine_params(self, max_new_tokens: int | None, structured_output: dict | None = None, **route_params) -> dict:
         """The engine's sampling parameters: the fields the request set (None: the engine's default)."""
-        return sampling_params(max_new_tokens=max_new_tokens, temperature=self.temperature, top_p=self.top_p,
-                               top_k=self.top_k, min_p=self.min_p, repetition_penalty=self.repetition_penalty,
-                               presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-                               logit_bias=self.logit_bias or None, seed=self.seed,
-                               stop=stop_list(self.stop, MAX_STOP_SEQUENCES), stop_token_ids=self.stop_token_ids,
-                               min_tokens=self.min_tokens, bad_words=self.bad_words or None,
-                               allowed_token_ids=self.allowed_token_ids or None, ignore_eos=self.ignore_eos,
-                               skip_special_tokens=self.skip_special_tokens,
-                               include_stop_str_in_output=self.include_stop_str_in_output,
-                               logprobs_mode=self.logprobs_mode, n=self.n, structured_output=structured_output,
-                               **route_params)
+        return sampling_params(
+            max_new_tokens=max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            logit_bias=self.logit_bias or None,
+            seed=self.seed,
+            stop=stop_list(self.stop, MAX_STOP_SEQUENCES),
+            stop_token_ids=self.stop_token_ids,
+            min_tokens=self.min_tokens,
+            bad_words=self.bad_words or None,
+            allowed_token_ids=self.allowed_token_ids or None,
+            ignore_eos=self.ignore_eos,
+            skip_special_tokens=self.skip_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            logprobs_mode=self.logprobs_mode,
+            n=self.n,
+            structured_output=structured_output,
+            **route_params,
+        )
 
 
 class CompletionRequest(OpenAiRequest):
-    prompt: Union[str, List[str], List[int], List[List[int]]]
-    max_tokens: Optional[int] = Field(None, ge=0)
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(None, ge=0)
     """0 with echo: only the prompt, scored when logprobs is set (finish_reason "length")."""
-    suffix: Optional[str] = None
-    echo: Optional[bool] = False
-    logprobs: Optional[int] = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
-    best_of: Optional[int] = Field(None, ge=1)
+    suffix: str | None = None
+    echo: bool | None = False
+    logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+    best_of: int | None = Field(None, ge=1)
 
     def check(self) -> None:
         super().check()
         if self.suffix:
             raise _refuse("suffix", "is not supported: this model has no fill-in-the-middle template")
         if self.stream and self.best_of is not None and self.best_of > (self.n or 1):
-            raise InvalidParam(f"'best_of' greater than 'n' cannot be streamed (best_of={self.best_of}, "
-                               f"n={self.n or 1}): the best choices are known only at the end", "best_of")
+            raise InvalidParam(
+                f"'best_of' greater than 'n' cannot be streamed (best_of={self.best_of}, "
+                f"n={self.n or 1}): the best choices are known only at the end",
+                "best_of",
+            )
 
-    def prompt_inputs(self) -> List[Union[str, List[int]]]:
+    def prompt_inputs(self) -> list[str | list[int]]:
         """The prompts: texts, or token ids (lm-evaluation-harness sends a batch of token-id prompts by
         default)."""
         prompt = self.prompt
@@ -156,51 +179,57 @@ class CompletionRequest(OpenAiRequest):
         """echo with logprobs: the prompt's tokens come first in the logprobs, scored by the engine."""
         return bool(self.echo) and self.logprobs is not None
 
-    def engine_prompt_logprobs(self) -> Optional[int]:
+    def engine_prompt_logprobs(self) -> int | None:
         """The prompt scoring the engine does: vLLM's prompt_logprobs, and echo's logprobs alternatives."""
         wanted = [k for k in (self.prompt_logprobs, self.logprobs if self.scores_prompt else None) if k is not None]
         return max(wanted) if wanted else None
 
     def generation_params(self) -> dict:
-        return self.engine_params(self.max_new_tokens(), one_constraint(self.constraints()),
-                                  top_logprobs=self.logprobs or None, best_of=self.best_of,
-                                  prompt_logprobs=self.engine_prompt_logprobs())
+        return self.engine_params(
+            self.max_new_tokens(),
+            one_constraint(self.constraints()),
+            top_logprobs=self.logprobs or None,
+            best_of=self.best_of,
+            prompt_logprobs=self.engine_prompt_logprobs(),
+        )
 
 
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="allow")
     type: str
-    text: Optional[str] = None
+    text: str | None = None
 
 
 class ChatMessageIn(BaseModel):
     """A message of `messages`: a role and its content, an assistant's earlier tool calls, a tool's result.
     The fields the openai client writes back when a reply's message is resent (refusal, annotations, audio,
     function_call, all null) are accepted too."""
+
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Optional[Union[str, List[ContentPart]]] = None
-    name: Optional[str] = None
-    tool_calls: Optional[List[Dict[str, Any]]] = None
-    tool_call_id: Optional[str] = None
-    refusal: Optional[str] = None
-    annotations: Optional[List[Any]] = None
-    audio: Optional[Dict[str, Any]] = None
-    function_call: Optional[Dict[str, Any]] = None
-    reasoning_content: Optional[str] = None
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    refusal: str | None = None
+    annotations: list[Any] | None = None
+    audio: dict[str, Any] | None = None
+    function_call: dict[str, Any] | None = None
+    reasoning_content: str | None = None
 
-    def text(self, index: int) -> Optional[str]:
+    def text(self, index: int) -> str | None:
         if self.content is None or isinstance(self.content, str):
             return self.content
         texts = []
         for part in self.content:
             if part.type != "text" or part.text is None:
-                raise _refuse(f"messages.{index}.content", f"parts of type {part.type!r} are not supported; send "
-                                                           f"text parts")
+                raise _refuse(
+                    f"messages.{index}.content", f"parts of type {part.type!r} are not supported; send text parts"
+                )
             texts.append(part.text)
         return "".join(texts)
 
-    def for_template(self, index: int) -> Union[ChatMessage, Dict[str, Any]]:
+    def for_template(self, index: int) -> ChatMessage | dict[str, Any]:
         """A ChatMessage when the message is a role and a text; else a dict of its fields set (the chat
         template sees tool_calls, tool_call_id, name, ...)."""
         text = self.text(index)
@@ -211,23 +240,26 @@ class ChatMessageIn(BaseModel):
 
 
 class ChatCompletionRequest(OpenAiRequest):
-    messages: List[ChatMessageIn] = Field(min_length=1)
-    max_completion_tokens: Optional[int] = Field(None, ge=1)
-    logprobs: Optional[bool] = False
-    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    tools: Optional[List[Dict[str, Any]]] = None
-    tool_choice: Optional[Union[str, Dict[str, Any]]] = None
-    parallel_tool_calls: Optional[bool] = None
-    chat_template_kwargs: Optional[Dict[str, Any]] = None
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     """vLLM's: more variables for the chat template (e.g. enable_thinking)."""
-    metadata: Optional[dict] = None
-    store: Optional[bool] = None
-    service_tier: Optional[str] = None
+    metadata: dict | None = None
+    store: bool | None = None
+    service_tier: str | None = None
 
     @model_validator(mode="after")
     def _max_tokens(self):
-        if self.max_completion_tokens is not None and self.max_tokens is not None \
-                and self.max_completion_tokens != self.max_tokens:
+        if (
+            self.max_completion_tokens is not None
+            and self.max_tokens is not None
+            and self.max_completion_tokens != self.max_tokens
+        ):
             raise ValueError("give one of max_tokens and max_completion_tokens")
         return self
 
@@ -237,12 +269,12 @@ class ChatCompletionRequest(OpenAiRequest):
             raise InvalidParam("'top_logprobs' requires 'logprobs' to be true", "top_logprobs")
         self.effective_tool_choice()
 
-    def effective_tool_choice(self) -> Union[str, Dict[str, Any]]:
-        """"none", "auto", "required" or the named function (tool_calls.check_tools: InvalidParam naming the
+    def effective_tool_choice(self) -> str | dict[str, Any]:
+        """ "none", "auto", "required" or the named function (tool_calls.check_tools: InvalidParam naming the
         field when tools or tool_choice are wrong)."""
         return check_tools(self.tools, self.tool_choice)
 
-    def constraints(self) -> List[Constraint]:
+    def constraints(self) -> list[Constraint]:
         """The output constraints, a forced tool_choice's JSON ("required", a named function) among them."""
         found = super().constraints()
         forced = tool_choice_constraint(self.tools, self.effective_tool_choice(), self.parallel_tool_calls is not False)
@@ -250,14 +282,18 @@ class ChatCompletionRequest(OpenAiRequest):
             found.append(("tool_choice", {"type": forced.type, "value": forced.value}))
         return found
 
-    def chat_messages(self) -> List[Union[ChatMessage, Dict[str, Any]]]:
+    def chat_messages(self) -> list[ChatMessage | dict[str, Any]]:
         return [m.for_template(i) for i, m in enumerate(self.messages)]
 
-    def max_new_tokens(self) -> Optional[int]:
+    def max_new_tokens(self) -> int | None:
         """None leaves the engine's default (OpenAI's "as many as fit" needs the prompt's length)."""
         return self.max_completion_tokens or self.max_tokens
 
     def generation_params(self) -> dict:
         top_logprobs = self.top_logprobs if self.logprobs else None
-        return self.engine_params(self.max_new_tokens(), one_constraint(self.constraints()),
-                                  top_logprobs=top_logprobs or None, prompt_logprobs=self.prompt_logprobs)
+        return self.engine_params(
+            self.max_new_tokens(),
+            one_constraint(self.constraints()),
+            top_logprobs=top_logprobs or None,
+            prompt_logprobs=self.prompt_logprobs,
+        )

@@ -9,7 +9,8 @@ TGI's parameters map onto the engine's: `grammar` -> structured_output, `top_n_t
 `decoder_input_details` -> prompt_logprobs=0, `frequency_penalty` -> frequency_penalty, `best_of` -> n (every
 candidate comes back and the front end keeps the best, as TGI's router does).
 """
-from typing import Any, Dict, List, Literal, Optional, Union
+
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
 
@@ -42,8 +43,12 @@ _OPEN_UNIT = (_given(lambda value: not 0.0 < value < 1.0), "must be > 0.0 and < 
 # field -> its rules, checked in order: (refuses(value), the message after "`<field>` ", or a function of the value
 # that gives it). As in TGI a range is checked before the refusal of what this engine cannot honour.
 _PARAMETER_RULES = {
-    "best_of": [(_given(lambda value: not 0 < value <= MAX_BEST_OF),
-                 lambda value: f"must be > 0 and <= {MAX_BEST_OF}. Given: {value}")],
+    "best_of": [
+        (
+            _given(lambda value: not 0 < value <= MAX_BEST_OF),
+            lambda value: f"must be > 0 and <= {MAX_BEST_OF}. Given: {value}",
+        )
+    ],
     "temperature": [_STRICTLY_POSITIVE],
     "repetition_penalty": [_STRICTLY_POSITIVE],
     "frequency_penalty": [(_given(lambda value: not -2.0 <= value <= 2.0), "must be >= -2.0 and <= 2.0")],
@@ -51,13 +56,21 @@ _PARAMETER_RULES = {
     "top_p": [_OPEN_UNIT],
     "typical_p": [_OPEN_UNIT, (_is_set, _UNSUPPORTED)],
     "max_new_tokens": [_STRICTLY_POSITIVE],
-    "stop": [(lambda value: len(value) > MAX_STOP_SEQUENCES,
-              lambda value: f"supports up to {MAX_STOP_SEQUENCES} stop sequences. Given: {len(value)}")],
+    "stop": [
+        (
+            lambda value: len(value) > MAX_STOP_SEQUENCES,
+            lambda value: f"supports up to {MAX_STOP_SEQUENCES} stop sequences. Given: {len(value)}",
+        )
+    ],
     "truncate": [(_is_set, _UNSUPPORTED)],
     "watermark": [(bool, _UNSUPPORTED)],
     "seed": [(_given(lambda value: value < 0), "must be positive")],
-    "top_n_tokens": [(_given(lambda value: not 0 <= value <= MAX_TOP_N_TOKENS),
-                      lambda value: f"must be >= 0 and <= {MAX_TOP_N_TOKENS}. Given: {value}")],
+    "top_n_tokens": [
+        (
+            _given(lambda value: not 0 <= value <= MAX_TOP_N_TOKENS),
+            lambda value: f"must be >= 0 and <= {MAX_TOP_N_TOKENS}. Given: {value}",
+        )
+    ],
     "adapter_id": [(_is_set, _UNSUPPORTED)],
 }
 
@@ -75,6 +88,7 @@ def _refuse_false(text: str):
 
 class _Prompt(BaseModel):
     """What every generate body starts with: a non-empty `inputs`; no field beyond the declared ones."""
+
     model_config = ConfigDict(extra="forbid")
 
     inputs: str
@@ -86,6 +100,7 @@ class TgiGrammar(BaseModel):
     """TGI's `grammar`: `{"type": "json" (alias "json_object"), "value": <JSON schema, or its text>}`,
     `{"type": "regex", "value": <regular expression>}` or `{"type": "json_schema", "value": {"name"?, "schema"}}`.
     A "json_object" without a value asks for any JSON object."""
+
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["json", "json_object", "regex", "json_schema"]
@@ -103,8 +118,9 @@ class TgiGrammar(BaseModel):
         elif self.type == "json_schema":
             kind = "json"
             if not isinstance(value, dict) or not isinstance(value.get("schema"), dict):
-                raise ValueError("grammar is not valid: a json_schema grammar's value is {\"name\"?, \"schema\": "
-                                 "<JSON schema object>}")
+                raise ValueError(
+                    'grammar is not valid: a json_schema grammar\'s value is {"name"?, "schema": <JSON schema object>}'
+                )
             value = value["schema"]
         else:
             kind = "regex"
@@ -119,25 +135,25 @@ class TgiGrammar(BaseModel):
 class TgiParameters(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    best_of: Optional[int] = None
-    temperature: Optional[float] = None
-    repetition_penalty: Optional[float] = None
-    frequency_penalty: Optional[float] = None
-    top_k: Optional[int] = None
-    top_p: Optional[float] = None
-    typical_p: Optional[float] = None
+    best_of: int | None = None
+    temperature: float | None = None
+    repetition_penalty: float | None = None
+    frequency_penalty: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    typical_p: float | None = None
     do_sample: bool = False
-    max_new_tokens: Optional[int] = TGI_DEFAULT_MAX_NEW_TOKENS
-    return_full_text: Optional[bool] = None
-    stop: List[str] = []
-    truncate: Optional[int] = None
+    max_new_tokens: int | None = TGI_DEFAULT_MAX_NEW_TOKENS
+    return_full_text: bool | None = None
+    stop: list[str] = []
+    truncate: int | None = None
     watermark: bool = False
     details: bool = False
     decoder_input_details: bool = False
-    seed: Optional[int] = None
-    top_n_tokens: Optional[int] = None
-    grammar: Optional[TgiGrammar] = None
-    adapter_id: Optional[str] = None
+    seed: int | None = None
+    top_n_tokens: int | None = None
+    grammar: TgiGrammar | None = None
+    adapter_id: str | None = None
 
     @field_validator(*_PARAMETER_RULES)
     @classmethod
@@ -157,8 +173,13 @@ class TgiParameters(BaseModel):
     def _best_of(self):
         # TGI's router: best_of > 1 needs one of the sampling fields set, and no seed (each candidate has its own)
         if self.best_of is not None and self.best_of > 1:
-            if not (self.do_sample or self.temperature is not None or self.top_k is not None
-                    or self.top_p is not None or self.typical_p is not None):
+            if not (
+                self.do_sample
+                or self.temperature is not None
+                or self.top_k is not None
+                or self.top_p is not None
+                or self.typical_p is not None
+            ):
                 raise ValueError("you must use sampling when `best_of` is > 1")
             if self.seed is not None:
                 raise ValueError("`seed` must not be set when `best_of` > 1")
@@ -174,8 +195,12 @@ class TgiParameters(BaseModel):
     @property
     def sampling(self) -> bool:
         """TGI samples when asked to, or when any sampling knob is set away from its neutral value."""
-        return (self.do_sample or (self.temperature is not None and self.temperature != 1.0)
-                or self.top_k is not None or (self.top_p is not None and self.top_p < 1.0))
+        return (
+            self.do_sample
+            or (self.temperature is not None and self.temperature != 1.0)
+            or self.top_k is not None
+            or (self.top_p is not None and self.top_p < 1.0)
+        )
 
     @property
     def candidates(self) -> int:
@@ -183,15 +208,23 @@ class TgiParameters(BaseModel):
         return self.best_of or 1
 
     def engine_params(self) -> dict:
-        return sampling_params(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
-                               top_k=self.top_k, top_p=self.top_p, repetition_penalty=self.repetition_penalty,
-                               frequency_penalty=self.frequency_penalty, do_sample=self.sampling, seed=self.seed,
-                               stop=self.stop or None, top_logprobs=self.top_n_tokens or None,
-                               prompt_logprobs=0 if self.decoder_input_details else None,
-                               n=self.candidates if self.candidates > 1 else None,
-                               structured_output=self._structured_output())
+        return sampling_params(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            repetition_penalty=self.repetition_penalty,
+            frequency_penalty=self.frequency_penalty,
+            do_sample=self.sampling,
+            seed=self.seed,
+            stop=self.stop or None,
+            top_logprobs=self.top_n_tokens or None,
+            prompt_logprobs=0 if self.decoder_input_details else None,
+            n=self.candidates if self.candidates > 1 else None,
+            structured_output=self._structured_output(),
+        )
 
-    def _structured_output(self) -> Optional[dict]:
+    def _structured_output(self) -> dict | None:
         if self.grammar is None:
             return None
         constraint = self.grammar.structured_output()
@@ -205,15 +238,18 @@ class TgiRequest(_Prompt):
     add_special_tokens: bool = True
 
     _add_special_tokens = field_validator("add_special_tokens")(
-        _refuse_false("`add_special_tokens` = false is not supported by this server"))
+        _refuse_false("`add_special_tokens` = false is not supported by this server")
+    )
 
     def check_stream(self) -> None:
         """TGI's refusals of a streamed request (both are non-streamed features)."""
         if self.parameters.candidates != 1:
             raise InvalidParam("`best_of` != 1 is not supported when streaming tokens", "parameters.best_of")
         if self.parameters.decoder_input_details:
-            raise InvalidParam("`decoder_input_details` == true is not supported when streaming tokens",
-                               "parameters.decoder_input_details")
+            raise InvalidParam(
+                "`decoder_input_details` == true is not supported when streaming tokens",
+                "parameters.decoder_input_details",
+            )
 
 
 class LlmServingParameters(BaseModel):
@@ -225,9 +261,10 @@ class LlmServingParameters(BaseModel):
     bad_words, allowed_token_ids, logit_bias ({token id: bias}) and structured_output ({"type", "value"}); the
     reference's TGI fields `top_n_tokens` (or `top_logprobs`) and `decoder_input_details` take effect (the
     reply's `top_tokens` and `prefill` then hold what they name). The reply carries one text: n must be 1."""
+
     model_config = ConfigDict(extra="forbid")
 
-    do_sample: Optional[bool] = False
+    do_sample: bool | None = False
     top_k: int = 3
     top_p: float = 1.0
     temperature: float = 1.0
@@ -235,25 +272,25 @@ class LlmServingParameters(BaseModel):
     max_new_tokens: int = 300
     return_full_text: bool = True
     return_protocol: Literal["sse", "raw"] = "sse"
-    seed: Optional[int] = None
-    stop: Optional[Union[str, List[str]]] = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
     # the engine's sampling fields (validated by the engine, whose messages name them)
-    presence_penalty: Optional[float] = None
-    frequency_penalty: Optional[float] = None
-    min_p: Optional[float] = None
-    min_tokens: Optional[int] = None
-    bad_words: Optional[Union[str, List[str]]] = None
-    allowed_token_ids: Optional[List[int]] = None
-    logit_bias: Optional[Dict[str, float]] = None
-    structured_output: Optional[Dict[str, Any]] = None
-    top_logprobs: Optional[int] = None
-    n: Optional[int] = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    min_p: float | None = None
+    min_tokens: int | None = None
+    bad_words: str | list[str] | None = None
+    allowed_token_ids: list[int] | None = None
+    logit_bias: dict[str, float] | None = None
+    structured_output: dict[str, Any] | None = None
+    top_logprobs: int | None = None
+    n: int | None = None
     # TGI fields the reference accepts
     details: bool = False
     decoder_input_details: bool = False
-    top_n_tokens: Optional[int] = None
-    truncate: Optional[int] = None
-    typical_p: Optional[float] = None
+    top_n_tokens: int | None = None
+    truncate: int | None = None
+    typical_p: float | None = None
     watermark: bool = False
 
     @model_validator(mode="after")
@@ -275,15 +312,26 @@ class LlmServingParameters(BaseModel):
         return self.top_n_tokens or self.top_logprobs or 0
 
     def engine_params(self) -> dict:
-        return sampling_params(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
-                               top_p=self.top_p, repetition_penalty=self.repetition_penalty,
-                               do_sample=bool(self.do_sample), seed=self.seed,
-                               stop=stop_list(self.stop, MAX_STOP_SEQUENCES, "parameters.stop"),
-                               presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-                               min_p=self.min_p, min_tokens=self.min_tokens, bad_words=self.bad_words,
-                               allowed_token_ids=self.allowed_token_ids, logit_bias=self.logit_bias,
-                               structured_output=self.structured_output, top_logprobs=self.top_tokens or None,
-                               prompt_logprobs=0 if self.decoder_input_details else None)
+        return sampling_params(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            repetition_penalty=self.repetition_penalty,
+            do_sample=bool(self.do_sample),
+            seed=self.seed,
+            stop=stop_list(self.stop, MAX_STOP_SEQUENCES, "parameters.stop"),
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            min_p=self.min_p,
+            min_tokens=self.min_tokens,
+            bad_words=self.bad_words,
+            allowed_token_ids=self.allowed_token_ids,
+            logit_bias=self.logit_bias,
+            structured_output=self.structured_output,
+            top_logprobs=self.top_tokens or None,
+            prompt_logprobs=0 if self.decoder_input_details else None,
+        )
 
 
 class LlmServingRequest(_Prompt):

@@ -3,6 +3,7 @@
 An SSE event is `data: <one line of JSON>` followed by an empty line; JSON text never holds a raw newline,
 so one `data:` line always carries the whole object. A line starting with ":" is a comment (keep-alive).
 """
+
 import orjson
 
 SSE_MEDIA_TYPE = "text/event-stream"

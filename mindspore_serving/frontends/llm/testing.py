@@ -11,17 +11,28 @@ then fake ones (" alt0", " alt1", ...); prompt_logprobs sends a PromptEvent firs
 words. `outcomes[request_id]` records how each stream ended: "finished",
 "failed", "cancelled" (the consumer's task was cancelled) or "closed" (the iterator was closed early).
 """
+
 import asyncio
-import threading
 import re
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+import threading
+from collections.abc import Callable, Sequence
 
 import orjson
 
 from mindspore_serving.common import errors
-from mindspore_serving.master.llm_types import (FinalEvent, GenerationRequest, ModelInfo, PromptEvent, PromptToken,
-                                                Timing, Tokenized, TokenEvent, TokenizeRequest, TopLogprob)
 from mindspore_serving.llm.sampling_params import SamplingParams
+from mindspore_serving.master.llm_types import (
+    FinalEvent,
+    GenerationRequest,
+    ModelInfo,
+    PromptEvent,
+    PromptToken,
+    Timing,
+    TokenEvent,
+    Tokenized,
+    TokenizeRequest,
+    TopLogprob,
+)
 
 EOS_TOKEN_ID = 2
 EOS_TEXT = "</s>"
@@ -41,7 +52,7 @@ def render_chat(messages, add_generation_prompt: bool = True) -> str:
     return text + "<|assistant|>\n" if add_generation_prompt else text
 
 
-def fake_token_ids(text: str, add_special_tokens: bool) -> List[int]:
+def fake_token_ids(text: str, add_special_tokens: bool) -> list[int]:
     """The fake's tokenizer: one id per word (FIRST_TOKEN_ID + its length), BOS (1) first when asked."""
     return ([1] if add_special_tokens else []) + [FIRST_TOKEN_ID + len(word) for word in text.split()]
 
@@ -50,15 +61,16 @@ def logprob_of(position: int) -> float:
     return -0.25 * (position + 1)
 
 
-def alternatives(token_id: int, text: str, logprob: float, count: int) -> List[TopLogprob]:
+def alternatives(token_id: int, text: str, logprob: float, count: int) -> list[TopLogprob]:
     """The fake's most likely tokens at a position: the token itself, then " alt0", " alt1", ..."""
     if count == 0:
         return []
-    return [TopLogprob(token_id, text, logprob)] + [TopLogprob(ALT_TOKEN_ID + j, f" alt{j}", logprob - 1.0 - j)
-                                                    for j in range(count - 1)]
+    return [TopLogprob(token_id, text, logprob)] + [
+        TopLogprob(ALT_TOKEN_ID + j, f" alt{j}", logprob - 1.0 - j) for j in range(count - 1)
+    ]
 
 
-def prompt_pieces(request: GenerationRequest) -> List[Tuple[int, str]]:
+def prompt_pieces(request: GenerationRequest) -> list[tuple[int, str]]:
     """The fake's prompt tokens (id, text): one per word of a text prompt (the spaces around it included, so
     the texts make the prompt again), or the ids of a token-id prompt with their texts as `detokenize` gives
     them ("t5", " t7", ...)."""
@@ -68,7 +80,7 @@ def prompt_pieces(request: GenerationRequest) -> List[Tuple[int, str]]:
     return [(FIRST_TOKEN_ID + len(piece.strip()), piece) for piece in re.findall(r"\s*\S+(?:\s+$)?", prompt)]
 
 
-def prompt_scores(pieces: List[Tuple[int, str]], count: int) -> PromptEvent:
+def prompt_scores(pieces: list[tuple[int, str]], count: int) -> PromptEvent:
     """The fake's scored prompt: every token after the first has PROMPT_LOGPROB, " alt0" (-0.5) is likelier and
     the token itself is second among the alternatives."""
     tokens = []
@@ -83,31 +95,30 @@ def prompt_scores(pieces: List[Tuple[int, str]], count: int) -> PromptEvent:
 
 
 class FakeLlmBackend:
-    def __init__(self, models: Optional[Sequence[ModelInfo]] = None,
-                 reply: Sequence[str] = ("Hello", ",", " world", "!")):
-        self.served: List[ModelInfo] = list(models) if models is not None else [DEFAULT_MODEL]
-        self.down: Dict[str, str] = {}
+    def __init__(self, models: Sequence[ModelInfo] | None = None, reply: Sequence[str] = ("Hello", ",", " world", "!")):
+        self.served: list[ModelInfo] = list(models) if models is not None else [DEFAULT_MODEL]
+        self.down: dict[str, str] = {}
         """Models served but down for now (name -> why), as a master whose worker is restarting reports them."""
         self.reply = list(reply)
-        self.requests: List[GenerationRequest] = []
-        self.tokenize_requests: List[TokenizeRequest] = []
-        self.outcomes: Dict[str, str] = {}
-        self.fail_before: Optional[BaseException] = None
-        self.fail_after: Optional[Tuple[int, BaseException]] = None
-        self.finish_reason: Optional[str] = None
+        self.requests: list[GenerationRequest] = []
+        self.tokenize_requests: list[TokenizeRequest] = []
+        self.outcomes: dict[str, str] = {}
+        self.fail_before: BaseException | None = None
+        self.fail_after: tuple[int, BaseException] | None = None
+        self.finish_reason: str | None = None
         self.omit_final = False
-        self.stall_after: Optional[int] = None
-        self.choice_bias: Dict[int, float] = {}
+        self.stall_after: int | None = None
+        self.choice_bias: dict[int, float] = {}
         """Added to every token log-probability of a choice (by choice index)."""
         self.stalled = threading.Event()
         """Set when a stream stalls; a test in another thread can wait on it."""
-        self.on_stall: Optional[Callable[[], None]] = None
+        self.on_stall: Callable[[], None] | None = None
         """Called (in the event loop) when a stream stalls."""
 
-    def models(self) -> List[ModelInfo]:
+    def models(self) -> list[ModelInfo]:
         return list(self.served)
 
-    def unavailable_models(self) -> Dict[str, str]:
+    def unavailable_models(self) -> dict[str, str]:
         return dict(self.down)
 
     def stream(self, request: GenerationRequest):
@@ -123,7 +134,7 @@ class FakeLlmBackend:
         ids = fake_token_ids(text, special)
         return Tokenized(ids, text, [f"t{i}" for i in ids] if request.return_token_strs else None)
 
-    async def detokenize(self, model: str, token_ids: List[int]) -> str:
+    async def detokenize(self, model: str, token_ids: list[int]) -> str:
         if self.fail_before is not None:
             raise self.fail_before
         vocab = next(m.vocab_size for m in self.served if m.name == model)
@@ -132,7 +143,7 @@ class FakeLlmBackend:
                 raise errors.InvalidInputs(f"token id {token_id} is not in this model's vocabulary [0, {vocab})")
         return " ".join(f"t{i}" for i in token_ids)
 
-    def _script(self, params: SamplingParams, choice: int = 0) -> Tuple[List[Tuple[int, str, bool, str]], str]:
+    def _script(self, params: SamplingParams, choice: int = 0) -> tuple[list[tuple[int, str, bool, str]], str]:
         """(token id, text it adds, special, its own text) of each token of a choice, and its finish reason,
         stop strings applied."""
         reply = list(self.reply)
@@ -148,27 +159,43 @@ class FakeLlmBackend:
             token_id, piece = FIRST_TOKEN_ID + position % len(reply), reply[position % len(reply)]
             stop_at = min((i for i in ((text + piece).find(s) for s in params.stop) if i >= 0), default=-1)
             if stop_at >= 0:
-                tokens.append((token_id, (text + piece)[:stop_at][len(text):], False, piece))
+                tokens.append((token_id, (text + piece)[:stop_at][len(text) :], False, piece))
                 finish = "stop"
                 break
             tokens.append((token_id, piece, False, piece))
             text += piece
         return tokens, finish
 
-    def _token(self, params: SamplingParams, choice: int, position: int,
-               token: Tuple[int, str, bool, str]) -> TokenEvent:
+    def _token(
+        self, params: SamplingParams, choice: int, position: int, token: tuple[int, str, bool, str]
+    ) -> TokenEvent:
         token_id, piece, special, alone = token
         logprob = logprob_of(position) + self.choice_bias.get(choice, 0.0)
-        return TokenEvent(token_id, piece, logprob, special, position,
-                          alternatives(token_id, alone, logprob, params.top_logprobs), choice)
+        return TokenEvent(
+            token_id,
+            piece,
+            logprob,
+            special,
+            position,
+            alternatives(token_id, alone, logprob, params.top_logprobs),
+            choice,
+        )
 
-    def _final(self, params: SamplingParams, prompt: str, choice: int, tokens: List[Tuple[int, str, bool, str]],
-               finish: str) -> FinalEvent:
+    def _final(
+        self, params: SamplingParams, prompt: str, choice: int, tokens: list[tuple[int, str, bool, str]], finish: str
+    ) -> FinalEvent:
         cumulative = sum(self._token(params, choice, p, t).logprob for p, t in enumerate(tokens))
-        return FinalEvent(text="".join(t[1] for t in tokens), token_ids=[t[0] for t in tokens],
-                          finish_reason=self.finish_reason or finish, prompt_tokens=max(len(prompt.split()), 1),
-                          completion_tokens=len(tokens), timing=TIMING, prompt=prompt, choice=choice,
-                          cumulative_logprob=cumulative)
+        return FinalEvent(
+            text="".join(t[1] for t in tokens),
+            token_ids=[t[0] for t in tokens],
+            finish_reason=self.finish_reason or finish,
+            prompt_tokens=max(len(prompt.split()), 1),
+            completion_tokens=len(tokens),
+            timing=TIMING,
+            prompt=prompt,
+            choice=choice,
+            cumulative_logprob=cumulative,
+        )
 
     async def _stream(self, request: GenerationRequest):
         self.requests.append(request)
@@ -231,7 +258,7 @@ class ScriptedLlmBackend(FakeLlmBackend):
             yield event
 
 
-def parse_sse(body: str) -> List[object]:
+def parse_sse(body: str) -> list[object]:
     """The data of each event of an SSE body, JSON-decoded ("[DONE]" kept as text); raises AssertionError when
     the body is not well-formed: every block ends with an empty line and holds only `data: <one JSON line>`,
     `retry: <ms>` or `: comment` lines."""
@@ -256,15 +283,20 @@ def parse_sse(body: str) -> List[object]:
     return events
 
 
-async def call_asgi(app, path: str, body: bytes, disconnect_after_chunks: Optional[int] = None,
-                    disconnect: Optional[asyncio.Event] = None,
-                    method: str = "POST") -> Tuple[Optional[int], List[bytes]]:
+async def call_asgi(
+    app,
+    path: str,
+    body: bytes,
+    disconnect_after_chunks: int | None = None,
+    disconnect: asyncio.Event | None = None,
+    method: str = "POST",
+) -> tuple[int | None, list[bytes]]:
     """Calls an ASGI app as a server would (ASGI spec 2.4) and returns (status or None, body chunks). The
     client disconnects once `disconnect_after_chunks` non-empty body chunks came (0: right after sending the
     request), or when `disconnect` is set (e.g. from FakeLlmBackend.on_stall)."""
     disconnect = disconnect or asyncio.Event()
     state = {"sent": False, "status": None}
-    chunks: List[bytes] = []
+    chunks: list[bytes] = []
     if disconnect_after_chunks == 0:
         disconnect.set()
 
@@ -286,9 +318,19 @@ async def call_asgi(app, path: str, body: bytes, disconnect_after_chunks: Option
             elif disconnect_after_chunks is not None and len(chunks) >= disconnect_after_chunks:
                 disconnect.set()
 
-    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1",
-             "method": method, "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
-             "root_path": "", "headers": [(b"host", b"testserver"), (b"content-type", b"application/json")],
-             "client": ("127.0.0.1", 50000), "server": ("testserver", 80)}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"testserver"), (b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("testserver", 80),
+    }
     await app(scope, receive, send)
     return state["status"], chunks

@@ -13,27 +13,31 @@ Streams: one event per token, `{"index", "token": {id, text, logprob, special}, 
 last token is held back only when it is known to be the last (it reaches max_new_tokens); otherwise the last
 event carries an empty special token. Errors: `{"error", "error_type"}` (see errors.py).
 """
+
 import time
-from typing import AsyncIterator, List, Optional, Sequence, Tuple
+from collections.abc import AsyncIterator, Sequence
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 import mindspore_serving
-from mindspore_serving.frontends.llm import sse
-from mindspore_serving.master.llm_types import (FinalEvent, GenerationRequest, LlmBackend, PromptEvent,
-                                                TokenEvent)
 from mindspore_serving.frontends.errors import Protocol, http_error
+from mindspore_serving.frontends.llm import sse
 from mindspore_serving.frontends.llm.generation import Generation, finite
 from mindspore_serving.frontends.llm.params import new_request_id, parse_body, served_model
 from mindspore_serving.frontends.llm.responses import guarded, json_reply, stream_reply
 from mindspore_serving.frontends.llm.schemas_tgi import MAX_BEST_OF, MAX_STOP_SEQUENCES, TgiRequest
+from mindspore_serving.master.llm_types import FinalEvent, GenerationRequest, LlmBackend, PromptEvent, TokenEvent
 
-FINISH_REASONS = {"eos": "eos_token", "stop": "stop_sequence", "length": "length",
-                  "grammar": "eos_token"}  # TGI's grammars end with the end-of-sequence token
+FINISH_REASONS = {
+    "eos": "eos_token",
+    "stop": "stop_sequence",
+    "length": "length",
+    "grammar": "eos_token",
+}  # TGI's grammars end with the end-of-sequence token
 PROTOCOL = Protocol.TGI
 
-Candidate = Tuple[List[TokenEvent], FinalEvent]
+Candidate = tuple[list[TokenEvent], FinalEvent]
 """One generated sequence: its tokens and its FinalEvent."""
 
 
@@ -41,22 +45,31 @@ def token_json(token: TokenEvent) -> dict:
     return {"id": token.token_id, "text": token.text, "logprob": finite(token.logprob), "special": token.special}
 
 
-def top_tokens_json(token: TokenEvent) -> List[dict]:
+def top_tokens_json(token: TokenEvent) -> list[dict]:
     """TGI's `top_tokens` at one position. Only the chosen token is known to be special or not; its
     alternatives are reported as ordinary tokens."""
-    return [{"id": top.token_id, "text": top.text, "logprob": finite(top.logprob),
-             "special": token.special and top.token_id == token.token_id} for top in token.top_logprobs]
+    return [
+        {
+            "id": top.token_id,
+            "text": top.text,
+            "logprob": finite(top.logprob),
+            "special": token.special and top.token_id == token.token_id,
+        }
+        for top in token.top_logprobs
+    ]
 
 
-def prefill_json(prompt: Optional[PromptEvent]) -> List[dict]:
+def prefill_json(prompt: PromptEvent | None) -> list[dict]:
     """TGI's `prefill`: the prompt's tokens with their logprobs (null for the first, which has none)."""
     if prompt is None:
         return []
-    return [{"id": t.token_id, "text": t.text, "logprob": None if t.logprob is None else finite(t.logprob)}
-            for t in prompt.tokens]
+    return [
+        {"id": t.token_id, "text": t.text, "logprob": None if t.logprob is None else finite(t.logprob)}
+        for t in prompt.tokens
+    ]
 
 
-def candidates(generation: Generation) -> List[Candidate]:
+def candidates(generation: Generation) -> list[Candidate]:
     """The generated sequences (one per choice), in choice order."""
     finals = generation.finals
     return [(generation.choice_tokens(choice), finals[choice]) for choice in sorted(finals)]
@@ -64,7 +77,8 @@ def candidates(generation: Generation) -> List[Candidate]:
 
 def best_index(sequences: Sequence[Candidate]) -> int:
     """TGI's choice among best_of candidates: the highest mean logprob of the generated tokens (first on ties)."""
-    def mean(tokens: List[TokenEvent]) -> float:
+
+    def mean(tokens: list[TokenEvent]) -> float:
         return sum(t.logprob for t in tokens) / len(tokens) if tokens else float("-inf")
 
     return max(range(len(sequences)), key=lambda i: (mean(sequences[i][0]), -i))
@@ -77,18 +91,21 @@ def _output_text(final: FinalEvent, request: TgiRequest, full_text_default: bool
     return final.text
 
 
-def _sequence_details(sequence: Candidate, request: TgiRequest, prefill: List[dict]) -> dict:
+def _sequence_details(sequence: Candidate, request: TgiRequest, prefill: list[dict]) -> dict:
     tokens, final = sequence
-    details = {"finish_reason": FINISH_REASONS.get(final.finish_reason, final.finish_reason),
-               "generated_tokens": final.completion_tokens, "seed": request.parameters.seed,
-               "prefill": prefill, "tokens": [token_json(t) for t in tokens]}
+    details = {
+        "finish_reason": FINISH_REASONS.get(final.finish_reason, final.finish_reason),
+        "generated_tokens": final.completion_tokens,
+        "seed": request.parameters.seed,
+        "prefill": prefill,
+        "tokens": [token_json(t) for t in tokens],
+    }
     if request.parameters.top_n_tokens:
         details["top_tokens"] = [top_tokens_json(t) for t in tokens]
     return details
 
 
-def generate_payload(generation: Generation, request: TgiRequest,
-                     full_text_default: bool = False) -> Tuple[dict, int]:
+def generate_payload(generation: Generation, request: TgiRequest, full_text_default: bool = False) -> tuple[dict, int]:
     """(`{"generated_text", "details"?}`, the tokens it generated); with best_of > 1 the candidate TGI would keep,
     and the others in `details.best_of_sequences`."""
     sequences = candidates(generation)
@@ -101,9 +118,13 @@ def generate_payload(generation: Generation, request: TgiRequest,
         top_tokens = details.pop("top_tokens", None)
         if len(sequences) > 1:
             details["best_of_sequences"] = [
-                {"generated_text": _output_text(sequence[1], request, full_text_default),
-                 **_sequence_details(sequence, request, prefill)}
-                for i, sequence in enumerate(sequences) if i != best]
+                {
+                    "generated_text": _output_text(sequence[1], request, full_text_default),
+                    **_sequence_details(sequence, request, prefill),
+                }
+                for i, sequence in enumerate(sequences)
+                if i != best
+            ]
         if top_tokens is not None:
             details["top_tokens"] = top_tokens
         payload["details"] = details
@@ -115,8 +136,9 @@ def _is_last(generation: Generation, token: TokenEvent) -> bool:
     return limit is not None and token.index + 1 >= limit
 
 
-async def stream_events(generation: Generation, request: TgiRequest,
-                        full_text_default: bool = False) -> AsyncIterator[bytes]:
+async def stream_events(
+    generation: Generation, request: TgiRequest, full_text_default: bool = False
+) -> AsyncIterator[bytes]:
     top_n = request.parameters.top_n_tokens
 
     def token_json_with_top(token: TokenEvent) -> dict:
@@ -128,7 +150,7 @@ async def stream_events(generation: Generation, request: TgiRequest,
     def token_event(token: TokenEvent) -> bytes:
         return sse.event({**token_json_with_top(token), "generated_text": None, "details": None})
 
-    held: Optional[TokenEvent] = None
+    held: TokenEvent | None = None
     try:
         async for token in generation.events():
             if held is not None:
@@ -146,14 +168,18 @@ async def stream_events(generation: Generation, request: TgiRequest,
     if held is not None:
         last = token_json_with_top(held)
     else:
-        last = {"index": len(generation.tokens) + 1,
-                "token": {"id": final.token_ids[-1] if final.token_ids else 0, "text": "", "logprob": 0.0,
-                          "special": True}}
+        last = {
+            "index": len(generation.tokens) + 1,
+            "token": {"id": final.token_ids[-1] if final.token_ids else 0, "text": "", "logprob": 0.0, "special": True},
+        }
     details = None
     if request.parameters.details:
-        details = {"finish_reason": FINISH_REASONS.get(final.finish_reason, final.finish_reason),
-                   "generated_tokens": final.completion_tokens, "seed": request.parameters.seed,
-                   "input_length": final.prompt_tokens}
+        details = {
+            "finish_reason": FINISH_REASONS.get(final.finish_reason, final.finish_reason),
+            "generated_tokens": final.completion_tokens,
+            "seed": request.parameters.seed,
+            "input_length": final.prompt_tokens,
+        }
     yield sse.event({**last, "generated_text": _output_text(final, request, full_text_default), "details": details})
 
 
@@ -161,7 +187,7 @@ def error_event(exc: BaseException) -> bytes:
     return sse.event(http_error(PROTOCOL, exc)[1])
 
 
-def info_payload(backend: LlmBackend, default_model: Optional[str]) -> dict:
+def info_payload(backend: LlmBackend, default_model: str | None) -> dict:
     model = served_model(backend, default_model)
     return {
         "model_id": model.name,
@@ -185,14 +211,19 @@ def info_payload(backend: LlmBackend, default_model: Optional[str]) -> dict:
     }
 
 
-def build_tgi_router(backend: LlmBackend, default_model: Optional[str] = None, keep_alive_s: float = 15.0,
-                     health_route: bool = True) -> APIRouter:
+def build_tgi_router(
+    backend: LlmBackend, default_model: str | None = None, keep_alive_s: float = 15.0, health_route: bool = True
+) -> APIRouter:
     router = APIRouter(tags=["TGI"])
 
     def start(request: TgiRequest, arrival: float) -> Generation:
         model = served_model(backend, default_model)
-        gen_request = GenerationRequest(model=model.name, prompt=request.inputs,
-                                        params=request.parameters.engine_params(), request_id=new_request_id())
+        gen_request = GenerationRequest(
+            model=model.name,
+            prompt=request.inputs,
+            params=request.parameters.engine_params(),
+            request_id=new_request_id(),
+        )
         return Generation(backend, gen_request, model, PROTOCOL.value, arrival)
 
     def generate_response(request: TgiRequest, arrival: float, compat: bool) -> Response:
@@ -209,10 +240,15 @@ def build_tgi_router(backend: LlmBackend, default_model: Optional[str] = None, k
     def stream_response(request: TgiRequest, arrival: float, compat: bool) -> Response:
         request.check_stream()
         generation = start(request, arrival)
-        headers = {"x-compute-type": generation.model.device.lower(),
-                   "x-compute-characters": str(len(request.inputs))}
-        return stream_reply(generation, PROTOCOL, lambda: stream_events(generation, request, compat), error_event,
-                            headers, keep_alive_s=keep_alive_s)
+        headers = {"x-compute-type": generation.model.device.lower(), "x-compute-characters": str(len(request.inputs))}
+        return stream_reply(
+            generation,
+            PROTOCOL,
+            lambda: stream_events(generation, request, compat),
+            error_event,
+            headers,
+            keep_alive_s=keep_alive_s,
+        )
 
     @router.post("/generate", summary="Generate tokens (TGI)")
     @guarded(PROTOCOL)
@@ -245,6 +281,7 @@ def build_tgi_router(backend: LlmBackend, default_model: Optional[str] = None, k
         return info_payload(backend, default_model)
 
     if health_route:
+
         @router.get("/health", summary="Health of the language model (TGI): 200, or 503 when none is up")
         async def health():
             if backend.models():

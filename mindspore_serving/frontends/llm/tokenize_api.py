@@ -11,7 +11,8 @@
 and the ids are those a generation of the same input gets (a chat's text without the tokenizer's special
 tokens unless "add_special_tokens" says otherwise: the template writes BOS itself). Errors are OpenAI's.
 """
-from typing import Annotated, Any, Dict, List, Optional, Union
+
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,13 +25,13 @@ from mindspore_serving.frontends.llm.schemas_openai import UNKNOWN_FIELD, Conten
 from mindspore_serving.master.llm_types import LlmBackend, TokenizeRequest
 
 PROTOCOL = Protocol.OPENAI
-MAX_TOKEN_ID = 2 ** 31 - 1
+MAX_TOKEN_ID = 2**31 - 1
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    model: Optional[str] = None
-    return_token_strs: Optional[bool] = False
+    model: str | None = None
+    return_token_strs: bool | None = False
 
 
 class TokenizePromptBody(_Body):
@@ -41,19 +42,22 @@ class TokenizePromptBody(_Body):
 class TokenizeMessage(BaseModel):
     """A chat message as the chat template gets it: role and content, and any other field (tool_calls, name,
     tool_call_id, ...) as sent. Text parts of a content are joined, as /v1/chat/completions does."""
+
     model_config = ConfigDict(extra="allow")
     role: str
-    content: Optional[Union[str, List[ContentPart]]] = None
+    content: str | list[ContentPart] | None = None
 
-    def as_dict(self, index: int) -> Dict[str, Any]:
+    def as_dict(self, index: int) -> dict[str, Any]:
         message = self.model_dump(exclude={"content"})  # role and the other fields
         content = self.content
         if isinstance(content, list):
             texts = []
             for part in content:
                 if part.type != "text" or part.text is None:
-                    raise InvalidParam(f"'messages.{index}.content' parts of type {part.type!r} are not "
-                                       f"supported; send text parts", f"messages.{index}.content")
+                    raise InvalidParam(
+                        f"'messages.{index}.content' parts of type {part.type!r} are not supported; send text parts",
+                        f"messages.{index}.content",
+                    )
                 texts.append(part.text)
             content = "".join(texts)
         message["content"] = content
@@ -61,26 +65,27 @@ class TokenizeMessage(BaseModel):
 
 
 class TokenizeChatBody(_Body):
-    messages: List[TokenizeMessage] = Field(min_length=1)
+    messages: list[TokenizeMessage] = Field(min_length=1)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
-    add_special_tokens: Optional[bool] = None
+    add_special_tokens: bool | None = None
     """None: as a generation of these messages tokenizes them."""
-    tools: Optional[List[Dict[str, Any]]] = None
-    documents: Optional[List[Dict[str, Any]]] = None
-    chat_template_kwargs: Optional[Dict[str, Any]] = None
-    chat_template: Optional[str] = None
+    tools: list[dict[str, Any]] | None = None
+    documents: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None
 
     def check(self):
         if self.chat_template is not None:
-            raise InvalidParam("'chat_template' is not accepted: the model's own chat template is used",
-                               "chat_template")
+            raise InvalidParam(
+                "'chat_template' is not accepted: the model's own chat template is used", "chat_template"
+            )
 
 
 class DetokenizeBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    model: Optional[str] = None
-    tokens: List[Annotated[int, Field(strict=True, ge=0, le=MAX_TOKEN_ID)]]
+    model: str | None = None
+    tokens: list[Annotated[int, Field(strict=True, ge=0, le=MAX_TOKEN_ID)]]
 
 
 def tokenize_request(raw: bytes) -> TokenizeRequest:
@@ -91,14 +96,21 @@ def tokenize_request(raw: bytes) -> TokenizeRequest:
     model = body.model or ""
     strs = bool(body.return_token_strs)
     if not chat:
-        return TokenizeRequest(model, prompt=body.prompt, add_special_tokens=body.add_special_tokens,
-                               return_token_strs=strs)
+        return TokenizeRequest(
+            model, prompt=body.prompt, add_special_tokens=body.add_special_tokens, return_token_strs=strs
+        )
     body.check()
-    return TokenizeRequest(model, messages=[m.as_dict(i) for i, m in enumerate(body.messages)],
-                           add_generation_prompt=body.add_generation_prompt,
-                           continue_final_message=body.continue_final_message,
-                           add_special_tokens=body.add_special_tokens, tools=body.tools, documents=body.documents,
-                           chat_template_kwargs=body.chat_template_kwargs, return_token_strs=strs)
+    return TokenizeRequest(
+        model,
+        messages=[m.as_dict(i) for i, m in enumerate(body.messages)],
+        add_generation_prompt=body.add_generation_prompt,
+        continue_final_message=body.continue_final_message,
+        add_special_tokens=body.add_special_tokens,
+        tools=body.tools,
+        documents=body.documents,
+        chat_template_kwargs=body.chat_template_kwargs,
+        return_token_strs=strs,
+    )
 
 
 def build_tokenize_router(backend: LlmBackend) -> APIRouter:
@@ -111,8 +123,12 @@ def build_tokenize_router(backend: LlmBackend) -> APIRouter:
         model = served_model(backend, tokenize_input.model or None)
         tokenize_input.model = model.name
         result = await backend.tokenize(tokenize_input)
-        return {"count": len(result.token_ids), "max_model_len": model.max_model_len, "tokens": result.token_ids,
-                "token_strs": result.token_strs}
+        return {
+            "count": len(result.token_ids),
+            "max_model_len": model.max_model_len,
+            "tokens": result.token_ids,
+            "token_strs": result.token_strs,
+        }
 
     @router.post("/detokenize", summary="Text of token ids (vLLM)")
     @guarded(PROTOCOL)

@@ -20,13 +20,15 @@ fragment; text that may still turn out to be part of a call is held back until t
 (`fold_deltas`) equal the message of the whole text (`assistant_message(*parser.parse(text))`) for any split of
 the text into chunks.
 """
+
 import itertools
 import json
 import re
 import secrets
 import string
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Union
 
 from mindspore_serving.common.errors import InvalidParam
 from mindspore_serving.llm.sampling_params import StructuredOutput
@@ -44,7 +46,7 @@ NO_PARAMETERS = {"type": "object", "properties": {}}
 """The parameters of a function that declares none."""
 
 IdGenerator = Callable[[], str]
-Event = Union[str, Tuple[str, str]]
+Event = Union[str, tuple[str, str]]
 """What a splitter decides: content text, or a call (name, arguments JSON text)."""
 
 
@@ -84,7 +86,7 @@ class ToolCall:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 
-def assistant_message(content: Optional[str], calls: Sequence[ToolCall] = ()) -> dict:
+def assistant_message(content: str | None, calls: Sequence[ToolCall] = ()) -> dict:
     """OpenAI's `message` of a non-streamed choice; `tool_calls` only when there are calls."""
     message = {"role": "assistant", "content": content or None}
     if calls:
@@ -100,6 +102,7 @@ def finish_reason(reason: str, called: bool, tool_choice: Any = None) -> str:
         return "tool_calls"
     return reason
 
+
 # ------------------------------------------------------------------------------------------ the request
 
 
@@ -111,7 +114,7 @@ def _type_name(value) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def check_tools(tools: Optional[Sequence], tool_choice: Any = None) -> Union[str, dict]:
+def check_tools(tools: Sequence | None, tool_choice: Any = None) -> str | dict:
     """Validates OpenAI's `tools` and `tool_choice`; InvalidParam names the field at fault. Returns the
     effective tool_choice: "none", "auto", "required" or {"type": "function", "function": {"name": ...}}; when
     absent, "auto" with tools and "none" without. No tools (None or []) allows only tool_choice "none"."""
@@ -151,28 +154,35 @@ def _check_function(function, where: str) -> str:
         if not isinstance(parameters, Mapping):
             raise _bad(f"{where}.parameters", f"expected a JSON Schema object, got {_type_name(parameters)}")
         if parameters.get("type", "object") != "object":
-            raise _bad(f"{where}.parameters", f"the parameters of function {name!r} must be a JSON Schema of "
-                                              f"type 'object', got type {parameters.get('type')!r}")
+            raise _bad(
+                f"{where}.parameters",
+                f"the parameters of function {name!r} must be a JSON Schema of "
+                f"type 'object', got type {parameters.get('type')!r}",
+            )
     if function.get("strict") is not None and not isinstance(function["strict"], bool):
         raise _bad(f"{where}.strict", f"expected a boolean, got {_type_name(function['strict'])}")
     return name
 
 
-def _check_choice(tool_choice, names) -> Union[str, dict]:
+def _check_choice(tool_choice, names) -> str | dict:
     if tool_choice is None:
         return "auto" if names else "none"
     if isinstance(tool_choice, str):
         if tool_choice not in TOOL_CHOICES:
-            raise _bad("tool_choice", f"expected one of {list(TOOL_CHOICES)} or a named function, "
-                                      f"got {tool_choice!r}")
+            raise _bad("tool_choice", f"expected one of {list(TOOL_CHOICES)} or a named function, got {tool_choice!r}")
         if tool_choice != "none" and not names:
             raise _bad("tool_choice", f"tool_choice {tool_choice!r} needs 'tools'")
         return tool_choice
     if not isinstance(tool_choice, Mapping):
         raise _bad("tool_choice", f"expected a string or an object, got {_type_name(tool_choice)}")
     function = tool_choice.get("function")
-    if tool_choice.get("type") != "function" or not isinstance(function, Mapping) or set(tool_choice) != \
-            {"type", "function"} or set(function) != {"name"} or not isinstance(function["name"], str):
+    if (
+        tool_choice.get("type") != "function"
+        or not isinstance(function, Mapping)
+        or set(tool_choice) != {"type", "function"}
+        or set(function) != {"name"}
+        or not isinstance(function["name"], str)
+    ):
         raise _bad("tool_choice", 'expected {"type": "function", "function": {"name": <a tool\'s name>}}')
     if not names:
         raise _bad("tool_choice", "a named tool_choice needs 'tools'")
@@ -181,17 +191,18 @@ def _check_choice(tool_choice, names) -> Union[str, dict]:
     return {"type": "function", "function": {"name": function["name"]}}
 
 
-def _named(tool_choice) -> Optional[str]:
+def _named(tool_choice) -> str | None:
     return tool_choice["function"]["name"] if isinstance(tool_choice, Mapping) else None
 
 
-def _parameters(tools: Sequence[Mapping]) -> Dict[str, dict]:
+def _parameters(tools: Sequence[Mapping]) -> dict[str, dict]:
     """Each function's parameters schema, by name (NO_PARAMETERS for one that declares none)."""
     return {tool["function"]["name"]: dict(tool["function"].get("parameters") or NO_PARAMETERS) for tool in tools}
 
 
-def tool_choice_constraint(tools: Optional[Sequence[Mapping]], tool_choice: Any,
-                           parallel_tool_calls: bool = True) -> Optional[StructuredOutput]:
+def tool_choice_constraint(
+    tools: Sequence[Mapping] | None, tool_choice: Any, parallel_tool_calls: bool = True
+) -> StructuredOutput | None:
     """The structured output a forced tool_choice generates under (of checked tools/tool_choice): "required": a
     non-empty JSON array (at most one item when parallel_tool_calls is false) of {"name": <a tool's name>,
     "parameters": <its arguments>}, one schema per tool; a named function: its arguments object. None for
@@ -202,19 +213,25 @@ def tool_choice_constraint(tools: Optional[Sequence[Mapping]], tool_choice: Any,
         return StructuredOutput("json", json.dumps(schemas[named]))
     if tool_choice != "required":
         return None
-    items = [{"type": "object",
-              "properties": {"name": {"type": "string", "enum": [name]}, "parameters": schema},
-              "required": ["name", "parameters"], "additionalProperties": False}
-             for name, schema in schemas.items()]
+    items = [
+        {
+            "type": "object",
+            "properties": {"name": {"type": "string", "enum": [name]}, "parameters": schema},
+            "required": ["name", "parameters"],
+            "additionalProperties": False,
+        }
+        for name, schema in schemas.items()
+    ]
     array = {"type": "array", "minItems": 1, "items": {"anyOf": items}}
     if not parallel_tool_calls:
         array["maxItems"] = 1
     return StructuredOutput("json", json.dumps(array))
 
+
 # ------------------------------------------------------------------------------------------ parsers
 
 
-def _arguments_of(value: Any) -> Optional[str]:
+def _arguments_of(value: Any) -> str | None:
     """A call's arguments as compact JSON: an object, or JSON text of one (some models quote them); absent or
     null: no arguments. None: not arguments."""
     if value is None:
@@ -227,7 +244,7 @@ def _arguments_of(value: Any) -> Optional[str]:
     return arguments_json(value) if isinstance(value, dict) else None
 
 
-def _call_of(value: Any, keys: Tuple[str, ...] = ("arguments", "parameters")) -> Optional[Tuple[str, str]]:
+def _call_of(value: Any, keys: tuple[str, ...] = ("arguments", "parameters")) -> tuple[str, str] | None:
     """(name, arguments JSON) of a parsed {"name": ..., "arguments" | "parameters": {...}}, else None."""
     if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not value["name"]:
         return None
@@ -240,16 +257,17 @@ class ToolParser:
     """Splits a model's output into content and tool calls. `ids` makes the calls' ids (new_call_id; inject a
     deterministic one in tests). Subclasses give `_split` (and `splitter` when they can decide text before the
     end)."""
+
     name = ""
 
-    def __init__(self, ids: Optional[IdGenerator] = None):
+    def __init__(self, ids: IdGenerator | None = None):
         self.ids = ids or new_call_id
 
-    def _split(self, text: str) -> Tuple[str, List[Tuple[str, str]]]:
+    def _split(self, text: str) -> tuple[str, list[tuple[str, str]]]:
         """(content, [(name, arguments JSON)]) of the whole output."""
         raise NotImplementedError
 
-    def parse(self, text: str) -> Tuple[Optional[str], List[ToolCall]]:
+    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """(content or None, calls) of the whole output; text that looks like a call but does not parse stays
         content."""
         content, calls = self._split(text)
@@ -263,25 +281,25 @@ class ToolParser:
 class _Splitter:
     """Decides streamed text: feed() and finish() return the events decided so far, in order."""
 
-    def feed(self, text: str) -> List[Event]:
+    def feed(self, text: str) -> list[Event]:
         raise NotImplementedError
 
-    def finish(self) -> List[Event]:
+    def finish(self) -> list[Event]:
         raise NotImplementedError
 
 
 class _WholeText(_Splitter):
     """Holds the whole output and splits it at the end."""
 
-    def __init__(self, split: Callable[[str], Tuple[str, List[Tuple[str, str]]]]):
+    def __init__(self, split: Callable[[str], tuple[str, list[tuple[str, str]]]]):
         self._split = split
-        self._text: List[str] = []
+        self._text: list[str] = []
 
-    def feed(self, text: str) -> List[Event]:
+    def feed(self, text: str) -> list[Event]:
         self._text.append(text)
         return []
 
-    def finish(self) -> List[Event]:
+    def finish(self) -> list[Event]:
         content, calls = self._split("".join(self._text))
         self._text = []
         return ([content] if content else []) + list(calls)
@@ -290,10 +308,10 @@ class _WholeText(_Splitter):
 class _PassThrough(_Splitter):
     """No tools: everything is content as it comes."""
 
-    def feed(self, text: str) -> List[Event]:
+    def feed(self, text: str) -> list[Event]:
         return [text] if text else []
 
-    def finish(self) -> List[Event]:
+    def finish(self) -> list[Event]:
         return []
 
 
@@ -314,18 +332,19 @@ class HermesParser(ToolParser):
     `</tool_call>` (the last one may be left unclosed at the end). Content is the text outside the calls, less
     the whitespace next to a call; a `<tool_call>` whose body is not such an object stays content, tags
     included."""
+
     name = HERMES
 
     @staticmethod
-    def body_call(body: str) -> Optional[Tuple[str, str]]:
+    def body_call(body: str) -> tuple[str, str] | None:
         try:
             return _call_of(_loads(body.strip()))
         except ValueError:
             return None
 
-    def _split(self, text: str) -> Tuple[str, List[Tuple[str, str]]]:
-        segments: List[str] = []  # the text between calls (segments[k] precedes calls[k])
-        calls: List[Tuple[str, str]] = []
+    def _split(self, text: str) -> tuple[str, list[tuple[str, str]]]:
+        segments: list[str] = []  # the text between calls (segments[k] precedes calls[k])
+        calls: list[tuple[str, str]] = []
         segment, position = [], 0
         while True:
             start = text.find(OPEN, position)
@@ -334,7 +353,7 @@ class HermesParser(ToolParser):
                 break
             end = text.find(CLOSE, start + len(OPEN))
             body_end, after = (end, end + len(CLOSE)) if end >= 0 else (len(text), len(text))
-            call = self.body_call(text[start + len(OPEN):body_end])
+            call = self.body_call(text[start + len(OPEN) : body_end])
             if call is None:
                 segment.append(text[position:after])
             else:
@@ -362,23 +381,23 @@ class _HermesSplitter(_Splitter):
     `<tool_call>` at its end; a call's text is held until `</tool_call>` (or the end) decides it."""
 
     def __init__(self):
-        self._buffer = ""     # outside a call: undecided text; inside: the text after OPEN
+        self._buffer = ""  # outside a call: undecided text; inside: the text after OPEN
         self._inside = False
-        self._held = ""       # inside: the whitespace before OPEN (content unless the call parses)
+        self._held = ""  # inside: the whitespace before OPEN (content unless the call parses)
         self._after_call = False  # outside: the segment follows a call, its leading whitespace is dropped
-        self._scan = 0        # inside: where CLOSE may begin
+        self._scan = 0  # inside: where CLOSE may begin
 
-    def feed(self, text: str) -> List[Event]:
+    def feed(self, text: str) -> list[Event]:
         self._buffer += text
-        events: List[Event] = []
+        events: list[Event] = []
         while True:
             if self._inside:
                 end = self._buffer.find(CLOSE, self._scan)
                 if end < 0:
                     self._scan = max(0, len(self._buffer) - len(CLOSE) + 1)
                     return events
-                self._decide(self._buffer[:end], self._buffer[:end + len(CLOSE)], events)
-                self._buffer = self._buffer[end + len(CLOSE):]
+                self._decide(self._buffer[:end], self._buffer[: end + len(CLOSE)], events)
+                self._buffer = self._buffer[end + len(CLOSE) :]
                 continue
             if self._after_call:
                 self._buffer = self._buffer.lstrip()
@@ -387,18 +406,18 @@ class _HermesSplitter(_Splitter):
                 self._after_call = False
             start = self._buffer.find(OPEN)
             if start < 0:
-                cut = len(self._buffer[:len(self._buffer) - _partial_open(self._buffer)].rstrip())
+                cut = len(self._buffer[: len(self._buffer) - _partial_open(self._buffer)].rstrip())
                 _content(events, self._buffer[:cut])
                 self._buffer = self._buffer[cut:]
                 return events
             before = self._buffer[:start]
             text_before = before.rstrip()
             _content(events, text_before)
-            self._held = before[len(text_before):]
-            self._buffer = self._buffer[start + len(OPEN):]
+            self._held = before[len(text_before) :]
+            self._buffer = self._buffer[start + len(OPEN) :]
             self._inside, self._scan = True, 0
 
-    def _decide(self, body: str, raw: str, events: List[Event]):
+    def _decide(self, body: str, raw: str, events: list[Event]):
         """A call's body is complete: a call, or (with its tags and the whitespace before it) content."""
         call = HermesParser.body_call(body)
         if call is None:
@@ -408,8 +427,8 @@ class _HermesSplitter(_Splitter):
             self._after_call = True
         self._held, self._inside = "", False
 
-    def finish(self) -> List[Event]:
-        events: List[Event] = []
+    def finish(self) -> list[Event]:
+        events: list[Event] = []
         if self._inside:
             self._decide(self._buffer, self._buffer, events)
         else:  # after a call, feed() has dropped the whitespace
@@ -418,7 +437,7 @@ class _HermesSplitter(_Splitter):
         return events
 
 
-def _content(events: List[Event], text: str):
+def _content(events: list[Event], text: str):
     if text:
         events.append(text)
 
@@ -430,12 +449,13 @@ class Llama3JsonParser(ToolParser):
     """LLaMA 3.1/3.2's JSON tool calls: the whole output (after leading whitespace) is `{"name": ...,
     "parameters": {...}}` ("arguments" is read too), several separated by ";", optionally after
     `<|python_tag|>`. Anything else, or a part that does not parse, makes the whole output content."""
+
     name = LLAMA3_JSON
 
-    def _split(self, text: str) -> Tuple[str, List[Tuple[str, str]]]:
+    def _split(self, text: str) -> tuple[str, list[tuple[str, str]]]:
         body = text.lstrip()
         if body.startswith(PYTHON_TAG):
-            body = body[len(PYTHON_TAG):]
+            body = body[len(PYTHON_TAG) :]
         elif not body.startswith("{"):
             return text, []
         calls = _json_calls(body, ("parameters", "arguments"))
@@ -449,7 +469,7 @@ _DECODER = json.JSONDecoder(parse_constant=_no_constant)
 _WHITESPACE = re.compile(r"\s*")
 
 
-def _json_calls(body: str, keys: Tuple[str, ...]) -> List[Tuple[str, str]]:
+def _json_calls(body: str, keys: tuple[str, ...]) -> list[tuple[str, str]]:
     """The calls of `body`: JSON call objects separated by ";" (a trailing ";" allowed); [] unless all parse."""
     calls, position = [], _WHITESPACE.match(body).end()
     while position < len(body):
@@ -477,7 +497,7 @@ class _Llama3Splitter(_Splitter):
         self._text = ""
         self._mode = None  # None: undecided, "content", or "whole"
 
-    def feed(self, text: str) -> List[Event]:
+    def feed(self, text: str) -> list[Event]:
         if self._mode == "content":
             return [text] if text else []
         self._text += text
@@ -492,7 +512,7 @@ class _Llama3Splitter(_Splitter):
         self._mode, text, self._text = "content", self._text, ""
         return [text]
 
-    def finish(self) -> List[Event]:
+    def finish(self) -> list[Event]:
         if self._mode == "content":
             return []
         content, calls = self._split(self._text)
@@ -504,7 +524,7 @@ class _ForcedParser(ToolParser):
     """The JSON output of a forced tool_choice: the named function's arguments object, or the "required" array
     of {"name", "parameters"}. Output that is not that (e.g. cut by max_tokens) is content."""
 
-    def __init__(self, tools: Sequence[Mapping], tool_choice: Any, ids: Optional[IdGenerator] = None):
+    def __init__(self, tools: Sequence[Mapping], tool_choice: Any, ids: IdGenerator | None = None):
         super().__init__(ids)
         self.names = set(_parameters(tools))
         self.named = _named(tool_choice)
@@ -512,7 +532,7 @@ class _ForcedParser(ToolParser):
             raise ValueError(f"tool_choice {tool_choice!r} does not force calls")
         self.name = f"forced:{self.named or 'required'}"
 
-    def _split(self, text: str) -> Tuple[str, List[Tuple[str, str]]]:
+    def _split(self, text: str) -> tuple[str, list[tuple[str, str]]]:
         try:
             value = _loads(text)
         except ValueError:
@@ -527,19 +547,20 @@ class _ForcedParser(ToolParser):
         return "", calls
 
 
-def forced_parser(tools: Sequence[Mapping], tool_choice: Any, ids: Optional[IdGenerator] = None) -> ToolParser:
+def forced_parser(tools: Sequence[Mapping], tool_choice: Any, ids: IdGenerator | None = None) -> ToolParser:
     """The parser of a forced tool_choice's output ("required" or a named function; ValueError otherwise)."""
     return _ForcedParser(tools, tool_choice, ids)
 
 
-def forced_tool_calls(text: str, tools: Sequence[Mapping], tool_choice: Any,
-                      ids: Optional[IdGenerator] = None) -> List[ToolCall]:
+def forced_tool_calls(
+    text: str, tools: Sequence[Mapping], tool_choice: Any, ids: IdGenerator | None = None
+) -> list[ToolCall]:
     """The calls of a forced tool_choice's output; [] when the text is not the constrained JSON (then it is
     content, e.g. an output cut by max_tokens)."""
     return forced_parser(tools, tool_choice, ids).parse(text)[1]
 
 
-PARSERS: Dict[str, Callable[..., ToolParser]] = {}
+PARSERS: dict[str, Callable[..., ToolParser]] = {}
 """The parsers of the model families' formats, by name (llm/tool_call_formats.py TOOL_CALL_PARSERS)."""
 
 
@@ -548,7 +569,7 @@ def register_parser(name: str, factory: Callable[..., ToolParser]):
     PARSERS[name] = factory
 
 
-def get_parser(name: str, ids: Optional[IdGenerator] = None) -> ToolParser:
+def get_parser(name: str, ids: IdGenerator | None = None) -> ToolParser:
     """The parser named `name`; KeyError naming the known ones when there is none."""
     if name not in PARSERS:
         raise KeyError(f"no tool call parser {name!r}; known: {sorted(PARSERS)}")
@@ -567,20 +588,20 @@ class ToolCallStream:
     {"tool_calls": [{"index", "id", "type": "function", "function": {"name", "arguments": ""}}]} and then
     {"tool_calls": [{"index", "function": {"arguments": <JSON text>}}]}. `calls` counts the calls announced."""
 
-    def __init__(self, parser: Optional[ToolParser]):
+    def __init__(self, parser: ToolParser | None):
         self.parser = parser
         self._splitter = parser.splitter() if parser is not None else _PassThrough()
         self._ids = parser.ids if parser is not None else new_call_id
         self.calls = 0
 
-    def feed(self, text: str) -> List[dict]:
+    def feed(self, text: str) -> list[dict]:
         return self._deltas(self._splitter.feed(text))
 
-    def finish(self) -> List[dict]:
+    def finish(self) -> list[dict]:
         return self._deltas(self._splitter.finish())
 
-    def _deltas(self, events: Iterable[Event]) -> List[dict]:
-        deltas: List[dict] = []
+    def _deltas(self, events: Iterable[Event]) -> list[dict]:
+        deltas: list[dict] = []
         for event in events:
             if isinstance(event, str):
                 if deltas and "content" in deltas[-1]:
@@ -590,8 +611,18 @@ class ToolCallStream:
                 continue
             name, arguments = event
             index, self.calls = self.calls, self.calls + 1
-            deltas.append({"tool_calls": [{"index": index, "id": self._ids(), "type": "function",
-                                           "function": {"name": name, "arguments": ""}}]})
+            deltas.append(
+                {
+                    "tool_calls": [
+                        {
+                            "index": index,
+                            "id": self._ids(),
+                            "type": "function",
+                            "function": {"name": name, "arguments": ""},
+                        }
+                    ]
+                }
+            )
             deltas.append({"tool_calls": [{"index": index, "function": {"arguments": arguments}}]})
         return deltas
 
@@ -610,5 +641,6 @@ def fold_deltas(deltas: Iterable[Mapping]) -> dict:
             if "name" in function:
                 call["name"] = function["name"]
             call["arguments"].append(function.get("arguments") or "")
-    return assistant_message("".join(content), [ToolCall(c["id"], c["name"], "".join(c["arguments"]))
-                                                for _, c in sorted(calls.items())])
+    return assistant_message(
+        "".join(content), [ToolCall(c["id"], c["name"], "".join(c["arguments"])) for _, c in sorted(calls.items())]
+    )

@@ -13,10 +13,12 @@ A model YAML file has two sections (both dicts of the fields below)::
 
 Unknown keys are rejected (a typo must not silently fall back to a default).
 """
+
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any
 
 import numpy as np
 import yaml
@@ -47,7 +49,7 @@ def _check_int(obj, name: str, low: int = 1):
         raise ValueError(f"{type(obj).__name__}.{name} must be >= {low}, got {value}")
 
 
-def _check_buckets(obj, name: str, upper: Optional[int] = None, upper_name: str = "", allow_empty: bool = False):
+def _check_buckets(obj, name: str, upper: int | None = None, upper_name: str = "", allow_empty: bool = False):
     value = getattr(obj, name)
     if allow_empty and value == ():
         return
@@ -57,11 +59,13 @@ def _check_buckets(obj, name: str, upper: Optional[int] = None, upper_name: str 
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{type(obj).__name__}.{name} must hold positive ints, got {value!r}")
     if list(value) != sorted(set(value)):
-        raise ValueError(f"{type(obj).__name__}.{name} must be strictly increasing, got {value!r}; sort it "
-                         "and drop duplicates")
+        raise ValueError(
+            f"{type(obj).__name__}.{name} must be strictly increasing, got {value!r}; sort it and drop duplicates"
+        )
     if upper is not None and value[-1] > upper:
-        raise ValueError(f"{type(obj).__name__}.{name} holds {value[-1]} > {upper_name}={upper}; "
-                         f"use buckets <= {upper}")
+        raise ValueError(
+            f"{type(obj).__name__}.{name} holds {value[-1]} > {upper_name}={upper}; use buckets <= {upper}"
+        )
 
 
 ROPE_SCALING_KEYS = {
@@ -101,13 +105,13 @@ class LlamaConfig:
     """Share the token embedding matrix with the lm head."""
     initializer_range: float = 0.02
     """Standard deviation of the random normal initialisation."""
-    bos_token_id: Optional[int] = None
+    bos_token_id: int | None = None
     """Beginning-of-sequence id, if the tokenizer has one."""
-    eos_token_id: Optional[int] = None
+    eos_token_id: int | None = None
     """End-of-sequence id, if the tokenizer has one."""
-    pad_token_id: Optional[int] = None
+    pad_token_id: int | None = None
     """Padding id, if the tokenizer has one."""
-    head_dim: Optional[int] = None
+    head_dim: int | None = None
     """Width of one attention head; None (read back as hidden_size // num_heads) unless given (Qwen3 and some
     LLaMA/Mistral models have num_heads * head_dim != hidden_size)."""
     qkv_bias: bool = False
@@ -115,29 +119,39 @@ class LlamaConfig:
     qk_norm: bool = False
     """An RMSNorm (weight [head_dim], eps rms_norm_eps) over each head's q and k, before the rotary embedding
     (Qwen3)."""
-    rope_scaling: Optional[Mapping[str, Any]] = None
+    rope_scaling: Mapping[str, Any] | None = None
     """None, {"rope_type": "linear", "factor": f} or {"rope_type": "llama3", "factor", "low_freq_factor",
     "high_freq_factor", "original_max_position_embeddings"}: how the rotary frequencies are rescaled."""
-    sliding_window: Optional[int] = None
+    sliding_window: int | None = None
     """Attention window of the model (Mistral); it must cover max_seq_len, where it changes nothing."""
 
     def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                     "intermediate_size", "max_seq_len"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "intermediate_size",
+            "max_seq_len",
+        ):
             _check_int(self, name)
         if self.head_dim is None:
             if self.hidden_size % self.num_heads:
-                raise ValueError(f"LlamaConfig.hidden_size={self.hidden_size} is not a multiple of "
-                                 f"num_heads={self.num_heads}; choose num_heads dividing hidden_size or give "
-                                 "head_dim")
+                raise ValueError(
+                    f"LlamaConfig.hidden_size={self.hidden_size} is not a multiple of "
+                    f"num_heads={self.num_heads}; choose num_heads dividing hidden_size or give "
+                    "head_dim"
+                )
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
         _check_int(self, "head_dim")
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"LlamaConfig.num_heads={self.num_heads} is not a multiple of "
-                             f"num_kv_heads={self.num_kv_heads}; choose num_kv_heads dividing num_heads")
+            raise ValueError(
+                f"LlamaConfig.num_heads={self.num_heads} is not a multiple of "
+                f"num_kv_heads={self.num_kv_heads}; choose num_kv_heads dividing num_heads"
+            )
         if self.head_dim % 2:
-            raise ValueError(f"LlamaConfig head_dim={self.head_dim} is odd; rotary embeddings need an even "
-                             "head_dim")
+            raise ValueError(f"LlamaConfig head_dim={self.head_dim} is odd; rotary embeddings need an even head_dim")
         if not self.rope_theta > 0:
             raise ValueError(f"LlamaConfig.rope_theta must be > 0, got {self.rope_theta}")
         if not self.rms_norm_eps > 0:
@@ -155,15 +169,17 @@ class LlamaConfig:
         if self.sliding_window is not None:
             _check_int(self, "sliding_window")
             if self.sliding_window < self.max_seq_len:
-                raise ValueError(f"LlamaConfig.sliding_window={self.sliding_window} is smaller than max_seq_len="
-                                 f"{self.max_seq_len}: sliding-window attention is not implemented; serve at most "
-                                 f"{self.sliding_window} tokens per sequence")
+                raise ValueError(
+                    f"LlamaConfig.sliding_window={self.sliding_window} is smaller than max_seq_len="
+                    f"{self.max_seq_len}: sliding-window attention is not implemented; serve at most "
+                    f"{self.sliding_window} tokens per sequence"
+                )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "LlamaConfig":
         return _from_mapping(cls, data, "LlamaConfig")
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         if self.head_dim == self.hidden_size // self.num_heads and not self.hidden_size % self.num_heads:
             del d["head_dim"]
@@ -190,24 +206,30 @@ def _check_rope_scaling(scaling):
         raise ValueError(f"LlamaConfig.rope_scaling must be null or a mapping, got {scaling!r}")
     kind = scaling.get("rope_type")
     if kind not in ROPE_SCALING_KEYS:
-        raise ValueError(f"LlamaConfig.rope_scaling rope_type={kind!r} is not supported; supported: null, "
-                         f"{sorted(ROPE_SCALING_KEYS)}")
+        raise ValueError(
+            f"LlamaConfig.rope_scaling rope_type={kind!r} is not supported; supported: null, "
+            f"{sorted(ROPE_SCALING_KEYS)}"
+        )
     needed = ("rope_type",) + ROPE_SCALING_KEYS[kind]
     missing = [k for k in needed if k not in scaling]
     unknown = sorted(set(scaling) - set(needed))
     if missing or unknown:
-        raise ValueError(f"LlamaConfig.rope_scaling of rope_type {kind!r} needs exactly the keys {list(needed)}; "
-                         f"missing {missing}, unknown {unknown}")
+        raise ValueError(
+            f"LlamaConfig.rope_scaling of rope_type {kind!r} needs exactly the keys {list(needed)}; "
+            f"missing {missing}, unknown {unknown}"
+        )
     for k in ROPE_SCALING_KEYS[kind]:
         value = scaling[k]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             raise ValueError(f"LlamaConfig.rope_scaling.{k} must be a number > 0, got {value!r}")
     if kind == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
-        raise ValueError("LlamaConfig.rope_scaling: llama3 needs high_freq_factor > low_freq_factor, got "
-                         f"{scaling['high_freq_factor']} and {scaling['low_freq_factor']}")
+        raise ValueError(
+            "LlamaConfig.rope_scaling: llama3 needs high_freq_factor > low_freq_factor, got "
+            f"{scaling['high_freq_factor']} and {scaling['low_freq_factor']}"
+        )
 
 
-def rope_inv_freq(head_dim: int, theta: float, scaling: Optional[Mapping[str, Any]] = None) -> np.ndarray:
+def rope_inv_freq(head_dim: int, theta: float, scaling: Mapping[str, Any] | None = None) -> np.ndarray:
     """float32 [head_dim // 2] inverse frequencies of rotate-half RoPE, in float32 arithmetic as transformers'
     `_compute_{default,linear_scaling,llama3}_rope_parameters` compute them.
 
@@ -241,29 +263,29 @@ class ExportConfig:
 
     block_size: int = 16
     """Tokens per KV-cache block; divides max_seq_len. MAXB = max_seq_len // block_size."""
-    prefill_batch_buckets: Tuple[int, ...] = (1, 2, 4)
+    prefill_batch_buckets: tuple[int, ...] = (1, 2, 4)
     """Batch sizes of the prefill graphs."""
-    prefill_len_buckets: Tuple[int, ...] = (16, 64, 128)
+    prefill_len_buckets: tuple[int, ...] = (16, 64, 128)
     """Query lengths of the prefill graphs (longer prompts are computed in chunks)."""
-    decode_batch_buckets: Tuple[int, ...] = (1, 2, 4, 8, 16)
+    decode_batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16)
     """Batch sizes of the decode graphs (one token per sequence)."""
-    mixed_decode_buckets: Tuple[int, ...] = ()
+    mixed_decode_buckets: tuple[int, ...] = ()
     """Decode rows of the mixed graphs, which compute decode rows and one prefill row in a single call
     (empty: no mixed graphs; a step mixing both then takes one decode and one prefill call)."""
-    mixed_len_buckets: Tuple[int, ...] = ()
+    mixed_len_buckets: tuple[int, ...] = ()
     """Prefill-row lengths of the mixed graphs."""
-    mixed_prefill_rows: Tuple[int, ...] = (1,)
+    mixed_prefill_rows: tuple[int, ...] = (1,)
     """Prefill rows of the mixed graphs (prompts admitted in the same call as the decodes). One mixed graph per
     mixed_decode_buckets x mixed_prefill_rows x mixed_len_buckets."""
-    num_blocks: Optional[int] = None
+    num_blocks: int | None = None
     """Cache blocks fixed in the graphs; None exports a dynamic first cache dimension, chosen at load time."""
-    score_len_buckets: Optional[Tuple[int, ...]] = None
+    score_len_buckets: tuple[int, ...] | None = None
     """Query lengths of the score graphs (one row; every position's logits: prompt logprobs); None: the
     prefill_len_buckets; empty: none, and requests for prompt logprobs are refused."""
     spec_tokens: int = 0
     """Most proposed tokens verified per row (k) by the verify graphs (speculative decoding: a row computes its last
     known token and up to k proposed ones, and gets every position's logits); 0: no verify graphs."""
-    spec_batch_buckets: Optional[Tuple[int, ...]] = None
+    spec_batch_buckets: tuple[int, ...] | None = None
     """Batch sizes of the verify graphs (`verify_b{B}_l{k+1}`); None: the decode_batch_buckets."""
 
     def __post_init__(self):
@@ -275,8 +297,10 @@ class ExportConfig:
         _check_buckets(self, "mixed_len_buckets", allow_empty=True)
         _check_buckets(self, "mixed_prefill_rows")
         if bool(self.mixed_decode_buckets) != bool(self.mixed_len_buckets):
-            raise ValueError("ExportConfig.mixed_decode_buckets and mixed_len_buckets must both be set (mixed "
-                             "graphs) or both be empty (none)")
+            raise ValueError(
+                "ExportConfig.mixed_decode_buckets and mixed_len_buckets must both be set (mixed "
+                "graphs) or both be empty (none)"
+            )
         if self.num_blocks is not None:
             _check_int(self, "num_blocks", low=2)
         if self.score_len_buckets is not None:
@@ -287,8 +311,10 @@ class ExportConfig:
 
     def validate_for(self, model: LlamaConfig):
         if model.max_seq_len % self.block_size:
-            raise ValueError(f"ExportConfig.block_size={self.block_size} does not divide "
-                             f"LlamaConfig.max_seq_len={model.max_seq_len}; pick a divisor")
+            raise ValueError(
+                f"ExportConfig.block_size={self.block_size} does not divide "
+                f"LlamaConfig.max_seq_len={model.max_seq_len}; pick a divisor"
+            )
         _check_buckets(self, "prefill_len_buckets", model.max_seq_len, "max_seq_len")
         _check_buckets(self, "prefill_batch_buckets", model.max_seq_len, "max_seq_len")
         _check_buckets(self, "decode_batch_buckets", model.max_seq_len, "max_seq_len")
@@ -298,8 +324,10 @@ class ExportConfig:
         if self.score_len_buckets is not None:
             _check_buckets(self, "score_len_buckets", model.max_seq_len, "max_seq_len", allow_empty=True)
         if self.spec_tokens + 1 > model.max_seq_len:
-            raise ValueError(f"ExportConfig.spec_tokens={self.spec_tokens}: a verified row of spec_tokens + 1 tokens "
-                             f"exceeds LlamaConfig.max_seq_len={model.max_seq_len}; lower it")
+            raise ValueError(
+                f"ExportConfig.spec_tokens={self.spec_tokens}: a verified row of spec_tokens + 1 tokens "
+                f"exceeds LlamaConfig.max_seq_len={model.max_seq_len}; lower it"
+            )
         if self.spec_batch_buckets is not None:
             _check_buckets(self, "spec_batch_buckets", model.max_seq_len, "max_seq_len")
 
@@ -307,12 +335,12 @@ class ExportConfig:
         return model.max_seq_len // self.block_size
 
     @property
-    def score_lengths(self) -> Tuple[int, ...]:
+    def score_lengths(self) -> tuple[int, ...]:
         """The query lengths of the score graphs exported (score_len_buckets, by default the prefill lengths)."""
         return self.prefill_len_buckets if self.score_len_buckets is None else self.score_len_buckets
 
     @property
-    def spec_batches(self) -> Tuple[int, ...]:
+    def spec_batches(self) -> tuple[int, ...]:
         """The batch sizes of the verify graphs exported (none without spec_tokens)."""
         if not self.spec_tokens:
             return ()
@@ -322,7 +350,7 @@ class ExportConfig:
     def from_dict(cls, data: Mapping[str, Any]) -> "ExportConfig":
         return _from_mapping(cls, data, "ExportConfig")
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """The fields as plain data; the speculative ones only when set, so that the exports (manifests, cache
         keys) of configs without them read as before them."""
         d = dataclasses.asdict(self)
@@ -360,7 +388,7 @@ class ModelFile:
             raise ValueError(f"unknown top-level section(s) {unknown}; valid sections are ['export', 'model']")
         return cls(LlamaConfig.from_dict(data["model"]), ExportConfig.from_dict(data.get("export") or {}))
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {"model": self.model.to_dict(), "export": self.export.to_dict()}
 
 
@@ -379,17 +407,21 @@ def save_config(cfg: ModelFile, path: str):
         yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
 
 
-def check_tensor_parallel(cfg: LlamaConfig, tp: int, field_names: Optional[Mapping[str, str]] = None):
+def check_tensor_parallel(cfg: LlamaConfig, tp: int, field_names: Mapping[str, str] | None = None):
     """Raises ValueError unless the model's heads, KV heads and MLP width split evenly over `tp` ranks; the message
     names the fields as `field_names` says (e.g. a Hugging Face config.json's names), else as LlamaConfig does."""
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise ValueError(f"tensor_parallel must be an int >= 1, got {tp!r}")
-    sizes = {(field_names or {}).get(name, name): getattr(cfg, name)
-             for name in ("num_heads", "num_kv_heads", "intermediate_size")}
+    sizes = {
+        (field_names or {}).get(name, name): getattr(cfg, name)
+        for name in ("num_heads", "num_kv_heads", "intermediate_size")
+    }
     for name, size in sizes.items():
         if size % tp:
             common = math.gcd(*sizes.values())
             valid = [d for d in range(1, common + 1) if common % d == 0]
-            raise ValueError(f"tensor_parallel={tp} does not divide the model's {name}={size} "
-                             f"({', '.join(f'{k}={v}' for k, v in sizes.items())}); valid tensor_parallel values: "
-                             f"{valid}")
+            raise ValueError(
+                f"tensor_parallel={tp} does not divide the model's {name}={size} "
+                f"({', '.join(f'{k}={v}' for k, v in sizes.items())}); valid tensor_parallel values: "
+                f"{valid}"
+            )

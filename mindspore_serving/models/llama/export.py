@@ -34,6 +34,7 @@ The graph inputs are those of `LlamaModel.construct` (see model.py), then the we
 block_size in every graph. With `export.num_blocks` unset (the default) the caches' first dimension is dynamic and
 the runner picks num_blocks when it loads the graphs; a number fixes it in the graphs.
 """
+
 import argparse
 import json
 import multiprocessing
@@ -43,11 +44,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Collection, Dict, List, Mapping, Optional
 
-import numpy as np
 import mindspore as ms
+import numpy as np
 from mindspore import Tensor
 from safetensors import safe_open
 from safetensors.numpy import save_file
@@ -56,19 +57,26 @@ from mindspore_serving.common import cluster_registration, ms_cluster
 from mindspore_serving.common.ms_device import select_device
 
 from .config import ModelFile, check_tensor_parallel, load_config, save_config
-from .model import LlamaModel, MixedStep, PagedStep, ScoreStep, build_model, shard_weights, weight_names
-
 from .manifest import MANIFEST, MANIFEST_VERSION, WEIGHTS_FILE, read_manifest
+from .model import LlamaModel, MixedStep, PagedStep, ScoreStep, build_model, shard_weights, weight_names
 
 _SOURCE_KEY = "source"  # the weights file's metadata entry saying where the weights came from
 GRAPH_INPUTS = ["input_ids", "positions", "block_tables", "slot_mapping", "query_lens"]
-MIXED_INPUTS = ["decode_ids", "decode_positions", "decode_tables", "prefill_ids", "prefill_positions",
-                "prefill_tables", "slot_mapping", "prefill_lens"]
+MIXED_INPUTS = [
+    "decode_ids",
+    "decode_positions",
+    "decode_tables",
+    "prefill_ids",
+    "prefill_positions",
+    "prefill_tables",
+    "slot_mapping",
+    "prefill_lens",
+]
 
 
 @dataclass(frozen=True)
 class GraphSpec:
-    phase: str   # "prefill", "decode", "score", "verify" (length = spec_tokens + 1) or "mixed" (batch = decode
+    phase: str  # "prefill", "decode", "score", "verify" (length = spec_tokens + 1) or "mixed" (batch = decode
     #              rows, length = the prefill rows' length)
     batch: int
     length: int
@@ -83,17 +91,21 @@ class GraphSpec:
         return f"{self.phase}_b{self.batch}_l{self.length}.mindir"
 
 
-def graph_specs(cfg: ModelFile) -> List[GraphSpec]:
+def graph_specs(cfg: ModelFile) -> list[GraphSpec]:
     ex = cfg.export
     specs = [GraphSpec("prefill", b, l) for b in ex.prefill_batch_buckets for l in ex.prefill_len_buckets]
-    specs += [GraphSpec("mixed", b, l, r) for b in ex.mixed_decode_buckets for r in ex.mixed_prefill_rows
-              for l in ex.mixed_len_buckets]
+    specs += [
+        GraphSpec("mixed", b, l, r)
+        for b in ex.mixed_decode_buckets
+        for r in ex.mixed_prefill_rows
+        for l in ex.mixed_len_buckets
+    ]
     specs += [GraphSpec("decode", b, 1) for b in ex.decode_batch_buckets]
     specs += [GraphSpec("verify", b, ex.spec_tokens + 1) for b in ex.spec_batches]
     return specs + [GraphSpec("score", 1, l) for l in ex.score_lengths]
 
 
-def cache_input_names(num_layers: int) -> List[str]:
+def cache_input_names(num_layers: int) -> list[str]:
     names = []
     for i in range(num_layers):
         names += [f"key_cache_{i}", f"value_cache_{i}"]
@@ -112,24 +124,34 @@ def example_inputs(cfg: ModelFile, spec: GraphSpec, tp: int = 1):
         cache = Tensor(np.zeros(cache_shape, np.float32))
     if spec.phase == "mixed":
         r = spec.rows
-        return [Tensor(np.zeros((b, 1), np.int32)), Tensor(np.zeros((b, 1), np.int32)),
-                Tensor(np.zeros((b, maxb), np.int32)), Tensor(np.zeros((r, l), np.int32)),
-                Tensor(np.zeros((r, l), np.int32)), Tensor(np.zeros((r, maxb), np.int32)),
-                Tensor(np.zeros((b + r * l,), np.int32)), Tensor(np.ones((r,), np.int32))
-                ] + [cache] * (2 * m.num_layers)
-    return [Tensor(np.zeros((b, l), np.int32)), Tensor(np.zeros((b, l), np.int32)),
-            Tensor(np.zeros((b, maxb), np.int32)), Tensor(np.zeros((b * l,), np.int32)),
-            Tensor(np.ones((b,), np.int32))] + [cache] * (2 * m.num_layers)
+        return [
+            Tensor(np.zeros((b, 1), np.int32)),
+            Tensor(np.zeros((b, 1), np.int32)),
+            Tensor(np.zeros((b, maxb), np.int32)),
+            Tensor(np.zeros((r, l), np.int32)),
+            Tensor(np.zeros((r, l), np.int32)),
+            Tensor(np.zeros((r, maxb), np.int32)),
+            Tensor(np.zeros((b + r * l,), np.int32)),
+            Tensor(np.ones((r,), np.int32)),
+        ] + [cache] * (2 * m.num_layers)
+    return [
+        Tensor(np.zeros((b, l), np.int32)),
+        Tensor(np.zeros((b, l), np.int32)),
+        Tensor(np.zeros((b, maxb), np.int32)),
+        Tensor(np.zeros((b * l,), np.int32)),
+        Tensor(np.ones((b,), np.int32)),
+    ] + [cache] * (2 * m.num_layers)
 
 
 # --- weights --------------------------------------------------------------------------------------------------
 
-def model_weights(model: LlamaModel) -> Dict[str, np.ndarray]:
+
+def model_weights(model: LlamaModel) -> dict[str, np.ndarray]:
     """The model's weights by name, in `weight_names` order."""
     return {name: w.asnumpy() for name, w in zip(model.weight_names(), model.weights())}
 
 
-def source_weights(cfg: ModelFile, model: Optional[LlamaModel] = None, checkpoint: str = None, seed: int = 0):
+def source_weights(cfg: ModelFile, model: LlamaModel | None = None, checkpoint: str = None, seed: int = 0):
     """(the whole model's weights by name, what they are): `model`'s, else `checkpoint`'s, else a seeded init."""
     if model is None:
         model = build_model(cfg.model, seed=seed, checkpoint=checkpoint)
@@ -137,16 +159,18 @@ def source_weights(cfg: ModelFile, model: Optional[LlamaModel] = None, checkpoin
     return model_weights(model), "in-memory model"
 
 
-def write_weights(cfg: ModelFile, out_dir: str, weights: Mapping[str, np.ndarray], source: str,
-                  tensor_parallel=(1, 0)) -> int:
+def write_weights(
+    cfg: ModelFile, out_dir: str, weights: Mapping[str, np.ndarray], source: str, tensor_parallel=(1, 0)
+) -> int:
     """Writes rank `tensor_parallel[1]`'s shard of the whole model's `weights` (name -> array, every name of
     `weight_names(cfg.model)`) to out_dir/WEIGHTS_FILE, `source` in its metadata; returns its bytes. The file is
     written under a temporary name and renamed, so it is never seen half-written."""
     names = weight_names(cfg.model)
     missing, unexpected = sorted(set(names) - set(weights)), sorted(set(weights) - set(names))
     if missing or unexpected:
-        raise ValueError(f"the weights do not match the model config: missing {missing[:5]}, unexpected "
-                         f"{unexpected[:5]}")
+        raise ValueError(
+            f"the weights do not match the model config: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
     tp, rank = tensor_parallel
     shard = shard_weights(cfg.model, weights, tp, rank) if tp > 1 else weights
     tensors = {name: np.ascontiguousarray(shard[name], dtype=np.float32) for name in names}
@@ -173,7 +197,8 @@ def weight_placeholders(cfg: ModelFile, out_dir: str):
 
 # --- graphs -----------------------------------------------------------------------------------------------------
 
-def _export_specs(cfg: ModelFile, out_dir: str, specs: List[GraphSpec], tp: int, log) -> None:
+
+def _export_specs(cfg: ModelFile, out_dir: str, specs: list[GraphSpec], tp: int, log) -> None:
     """Compiles `specs` into out_dir; every graph's weight inputs are shaped as out_dir's weights file."""
     weights, _ = weight_placeholders(cfg, out_dir)
     model = LlamaModel(cfg.model, tp, parameters=False)
@@ -185,21 +210,31 @@ def _export_specs(cfg: ModelFile, out_dir: str, specs: List[GraphSpec], tp: int,
         start = time.perf_counter()
         path = os.path.join(out_dir, spec.file)
         cell = cells.get(spec.phase, paged)
-        ms.export(cell, *example_inputs(cfg, spec, tp), *weights, file_name=path[:-len(".mindir")],
-                  file_format="MINDIR")
+        ms.export(
+            cell, *example_inputs(cfg, spec, tp), *weights, file_name=path[: -len(".mindir")], file_format="MINDIR"
+        )
         log(f"exported {spec.file} in {time.perf_counter() - start:.2f}s")
 
 
-def _export_worker(cfg_dict: dict, out_dir: str, specs: List[GraphSpec], device: str) -> None:
+def _export_worker(cfg_dict: dict, out_dir: str, specs: list[GraphSpec], device: str) -> None:
     """Runs in a spawned process: compiles its share of the buckets (the graphs need only the weights' shapes)."""
     select_device(device)
     _export_specs(ModelFile.from_dict(cfg_dict), out_dir, specs, 1, print)
 
 
-def export_graphs(cfg: ModelFile, out_dir: str, model: Optional[LlamaModel] = None, checkpoint: str = None,
-                  seed: int = 0, jobs: int = 1, device: str = "CPU", log=print,
-                  weights: Optional[Mapping[str, np.ndarray]] = None, source: str = "weights given",
-                  reuse_dir: Optional[str] = None) -> dict:
+def export_graphs(
+    cfg: ModelFile,
+    out_dir: str,
+    model: LlamaModel | None = None,
+    checkpoint: str = None,
+    seed: int = 0,
+    jobs: int = 1,
+    device: str = "CPU",
+    log=print,
+    weights: Mapping[str, np.ndarray] | None = None,
+    source: str = "weights given",
+    reuse_dir: str | None = None,
+) -> dict:
     """Writes the weights and compiles every bucket of `cfg` into out_dir; returns the manifest (also written).
 
     The weights are `weights` (name -> array, the names of `weight_names(cfg.model)`, `source` saying what they
@@ -221,7 +256,7 @@ def export_graphs(cfg: ModelFile, out_dir: str, model: Optional[LlamaModel] = No
     return compile_graphs(cfg, out_dir, jobs=jobs, device=device, log=log, present=reused or ())
 
 
-def reusable_graphs(cfg: ModelFile, graphs_dir: str, source: str, tensor_parallel=(1, 0)) -> Optional[List[str]]:
+def reusable_graphs(cfg: ModelFile, graphs_dir: str, source: str, tensor_parallel=(1, 0)) -> list[str] | None:
     """The graph files of the export in graphs_dir that an export of `cfg` with the weights `source` (what
     `source_weights` says of them: the checkpoint's path, or the seeded init) as rank `tensor_parallel` would
     compile again, or None when that export cannot be reused: no complete export of the current format, or one of
@@ -233,25 +268,32 @@ def reusable_graphs(cfg: ModelFile, graphs_dir: str, source: str, tensor_paralle
         return None
     tp, rank = tensor_parallel
     m, ex = cfg.model, cfg.export
-    same = (manifest.get("format_version") == MANIFEST_VERSION and manifest.get("model") == m.to_dict()
-            and manifest.get("weights", {}).get("source") == source
-            and manifest.get("weights", {}).get("names") == weight_names(m)
-            and manifest.get("tensor_parallel") == {"size": tp, "rank": rank}
-            and manifest.get("block_size") == ex.block_size and manifest.get("num_blocks") == ex.num_blocks)
+    same = (
+        manifest.get("format_version") == MANIFEST_VERSION
+        and manifest.get("model") == m.to_dict()
+        and manifest.get("weights", {}).get("source") == source
+        and manifest.get("weights", {}).get("names") == weight_names(m)
+        and manifest.get("tensor_parallel") == {"size": tp, "rank": rank}
+        and manifest.get("block_size") == ex.block_size
+        and manifest.get("num_blocks") == ex.num_blocks
+    )
     if not same or not os.path.isfile(os.path.join(graphs_dir, WEIGHTS_FILE)):
         return None
     wanted = {s.file: s for s in graph_specs(cfg)}
     reused = []
     for g in manifest.get("graphs", []):
         spec = wanted.get(g.get("file"))
-        if (spec is not None and (g.get("phase"), g.get("batch"), g.get("length"), g.get("rows", 1)) ==
-                (spec.phase, spec.batch, spec.length, spec.rows)
-                and os.path.isfile(os.path.join(graphs_dir, spec.file))):
+        if (
+            spec is not None
+            and (g.get("phase"), g.get("batch"), g.get("length"), g.get("rows", 1))
+            == (spec.phase, spec.batch, spec.length, spec.rows)
+            and os.path.isfile(os.path.join(graphs_dir, spec.file))
+        ):
             reused.append(spec.file)
     return reused
 
 
-def copy_export_files(src_dir: str, out_dir: str, files: List[str]) -> None:
+def copy_export_files(src_dir: str, out_dir: str, files: list[str]) -> None:
     """Copies `files` of src_dir into out_dir (nothing when they are the same directory), each under a temporary
     name then renamed. Copies, not hard links: MindSpore's export rewrites a graph file in place, so a link would let
     a later export of one directory change the other's graphs."""
@@ -273,8 +315,15 @@ def remove_manifest(out_dir: str) -> None:
         pass
 
 
-def compile_graphs(cfg: ModelFile, out_dir: str, jobs: int = 1, device: str = "CPU", log=print,
-                   tensor_parallel=(1, 0), present: Collection[str] = ()) -> dict:
+def compile_graphs(
+    cfg: ModelFile,
+    out_dir: str,
+    jobs: int = 1,
+    device: str = "CPU",
+    log=print,
+    tensor_parallel=(1, 0),
+    present: Collection[str] = (),
+) -> dict:
     """Exports every bucket of `cfg` into out_dir, which holds the weights file (`write_weights`), and writes the
     manifest last; returns it.
 
@@ -302,43 +351,60 @@ def compile_graphs(cfg: ModelFile, out_dir: str, jobs: int = 1, device: str = "C
         "format_version": MANIFEST_VERSION,
         "model": m.to_dict(),
         "export": ex.to_dict(),
-        "weights": {"file": WEIGHTS_FILE, "names": weight_names(m), "source": source,
-                    "bytes": os.path.getsize(os.path.join(out_dir, WEIGHTS_FILE))},
+        "weights": {
+            "file": WEIGHTS_FILE,
+            "names": weight_names(m),
+            "source": source,
+            "bytes": os.path.getsize(os.path.join(out_dir, WEIGHTS_FILE)),
+        },
         "block_size": ex.block_size,
         "max_blocks_per_seq": ex.max_blocks_per_seq(m),
         "max_seq_len": m.max_seq_len,
         "vocab_size": m.vocab_size,
         "num_blocks": ex.num_blocks,  # None: chosen by the runner at load time
         "tensor_parallel": {"size": tp, "rank": tp_rank},
-        "cache": {"num_layers": m.num_layers, "num_kv_heads": m.num_kv_heads // tp, "head_dim": m.head_dim,
-                  "dtype": "float32",
-                  "shape": [ex.num_blocks if ex.num_blocks else -1, ex.block_size, m.num_kv_heads // tp, m.head_dim]},
+        "cache": {
+            "num_layers": m.num_layers,
+            "num_kv_heads": m.num_kv_heads // tp,
+            "head_dim": m.head_dim,
+            "dtype": "float32",
+            "shape": [ex.num_blocks if ex.num_blocks else -1, ex.block_size, m.num_kv_heads // tp, m.head_dim],
+        },
         # every graph's inputs: these (mixed graphs: mixed_inputs), then the tensors of weights.names in order
         "inputs": GRAPH_INPUTS + cache_input_names(m.num_layers),
         "output": "logits float32 [batch, vocab] of token query_lens[b]-1 of each row",
         "mixed_inputs": MIXED_INPUTS + cache_input_names(m.num_layers),
         "mixed_output": "logits float32 [batch + rows, vocab]: each decode row's, then each prefill row's token "
-                        "prefill_lens[r]-1",
+        "prefill_lens[r]-1",
         "score_output": "logits float32 [batch, length, vocab] of every position (score and verify graphs: the "
-                        "inputs of the prefill graphs)",
+        "inputs of the prefill graphs)",
         "spec_tokens": ex.spec_tokens,  # verify graphs: rows of spec_tokens + 1 tokens (0: none)
-        "graphs": [{"file": s.file, "phase": s.phase, "batch": s.batch, "length": s.length, "rows": s.rows}
-                   for s in specs],
+        "graphs": [
+            {"file": s.file, "phase": s.phase, "batch": s.batch, "length": s.length, "rows": s.rows} for s in specs
+        ],
     }
     with open(os.path.join(out_dir, MANIFEST), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=1)
     return manifest
 
 
-def rank_dirs(out_dir: str, tp: int) -> List[str]:
+def rank_dirs(out_dir: str, tp: int) -> list[str]:
     """The graph directories of a tensor-parallel export into out_dir."""
     return [os.path.join(out_dir, f"rank_{r}") for r in range(tp)]
 
 
-def export_tensor_parallel(cfg: ModelFile, out_dirs: List[str], checkpoint: str = None, seed: int = 0,
-                           device: str = "CPU", timeout: float = 3600.0, model: Optional[LlamaModel] = None,
-                           weights: Optional[Mapping[str, np.ndarray]] = None,
-                           source: str = "weights given", reuse: bool = False) -> List[dict]:
+def export_tensor_parallel(
+    cfg: ModelFile,
+    out_dirs: list[str],
+    checkpoint: str = None,
+    seed: int = 0,
+    device: str = "CPU",
+    timeout: float = 3600.0,
+    model: LlamaModel | None = None,
+    weights: Mapping[str, np.ndarray] | None = None,
+    source: str = "weights given",
+    reuse: bool = False,
+) -> list[dict]:
     """Exports a `len(out_dirs)`-way tensor-parallel model, rank r into out_dirs[r], and returns the manifests:
     writes each rank's shard of the weights (chosen as by `export_graphs`) here, then starts a MindSpore cluster of
     one process per rank (and its scheduler), each compiling its rank's graphs (this module's main). With `reuse`, a
@@ -346,10 +412,12 @@ def export_tensor_parallel(cfg: ModelFile, out_dirs: List[str], checkpoint: str 
     graphs and compiles only the others. Raises RuntimeError naming the rank that failed."""
     tp = len(out_dirs)
     check_tensor_parallel(cfg.model, tp)
-    kept: List[Optional[List[str]]] = [None] * tp
+    kept: list[list[str] | None] = [None] * tp
     if reuse and weights is None and model is None:
-        kept = [reusable_graphs(cfg, out_dir, checkpoint or f"random(seed={seed})", (tp, rank))
-                for rank, out_dir in enumerate(out_dirs)]
+        kept = [
+            reusable_graphs(cfg, out_dir, checkpoint or f"random(seed={seed})", (tp, rank))
+            for rank, out_dir in enumerate(out_dirs)
+        ]
     if weights is None and None in kept:
         weights, source = source_weights(cfg, model, checkpoint, seed)
     for rank, out_dir in enumerate(out_dirs):
@@ -366,9 +434,17 @@ def export_tensor_parallel(cfg: ModelFile, out_dirs: List[str], checkpoint: str 
         registrations = cluster_registration.watching(address)
 
         def spawn(rank: int) -> subprocess.Popen:
-            argv = [sys.executable, "-m", __spec__.name, f"--config={config}", f"--out={out_dirs[rank]}",
-                    f"--tensor_parallel={tp}", f"--device={device}", "--cluster_rank",
-                    f"--present={','.join(kept[rank] or [])}"]
+            argv = [
+                sys.executable,
+                "-m",
+                __spec__.name,
+                f"--config={config}",
+                f"--out={out_dirs[rank]}",
+                f"--tensor_parallel={tp}",
+                f"--device={device}",
+                "--cluster_rank",
+                f"--present={','.join(kept[rank] or [])}",
+            ]
             return subprocess.Popen(argv, env=ms_cluster.rank_env(address, rank), stdin=subprocess.DEVNULL)
 
         def restart(rank: int) -> int:
@@ -386,15 +462,17 @@ def export_tensor_parallel(cfg: ModelFile, out_dirs: List[str], checkpoint: str 
                 registrations.restart_stuck(restart)
                 failed = [r for r, p in enumerate(ranks) if p.poll() not in (None, 0)]
                 if failed:
-                    raise RuntimeError(f"tensor-parallel export: rank {failed[0]} exited with code "
-                                       f"{ranks[failed[0]].returncode}")
+                    raise RuntimeError(
+                        f"tensor-parallel export: rank {failed[0]} exited with code {ranks[failed[0]].returncode}"
+                    )
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"tensor-parallel export did not finish within {timeout:.0f} s")
                 time.sleep(0.2)
             failed = [r for r, p in enumerate(ranks) if p.returncode != 0]
             if failed:
-                raise RuntimeError(f"tensor-parallel export: rank {failed[0]} exited with code "
-                                   f"{ranks[failed[0]].returncode}")
+                raise RuntimeError(
+                    f"tensor-parallel export: rank {failed[0]} exited with code {ranks[failed[0]].returncode}"
+                )
         finally:
             for process in ranks + [scheduler]:
                 if process.poll() is None:
@@ -413,15 +491,29 @@ def main(argv=None):
     parser.add_argument("--out", required=True, help="output directory for the MindIR files and manifest.json")
     parser.add_argument("--checkpoint", default=None, help="weights (.ckpt from train.py); default: random init")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random init without --checkpoint")
-    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
-                        help="processes compiling graphs in parallel (default: min(2, cores))")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="processes compiling graphs in parallel (default: min(2, cores))",
+    )
     parser.add_argument("--device", default="CPU", help="MindSpore device target (CPU, GPU, Ascend)")
-    parser.add_argument("--tensor_parallel", type=int, default=1,
-                        help="ranks to shard the model over (writes OUT/rank_0 ... OUT/rank_{N-1})")
-    parser.add_argument("--reuse", nargs="?", const="", default=None, metavar="DIR",
-                        help="take the weights and graphs wanted from the export in DIR (default: --out; with "
-                             "--tensor_parallel, each rank's own) when it is of the same network, weights and cache "
-                             "layout, and compile only the others")
+    parser.add_argument(
+        "--tensor_parallel",
+        type=int,
+        default=1,
+        help="ranks to shard the model over (writes OUT/rank_0 ... OUT/rank_{N-1})",
+    )
+    parser.add_argument(
+        "--reuse",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="DIR",
+        help="take the weights and graphs wanted from the export in DIR (default: --out; with "
+        "--tensor_parallel, each rank's own) when it is of the same network, weights and cache "
+        "layout, and compile only the others",
+    )
     # one rank of the above: compiles the graphs of --out, where its weights were written, but those of --present
     parser.add_argument("--cluster_rank", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--present", default="", help=argparse.SUPPRESS)
@@ -431,18 +523,39 @@ def main(argv=None):
     if args.cluster_rank:
         select_device(args.device)
         rank = ms_cluster.join_cluster()
-        compile_graphs(cfg, args.out, device=args.device, tensor_parallel=(args.tensor_parallel, rank),
-                       log=lambda msg: print(f"rank {rank}: {msg}"), present=[f for f in args.present.split(",") if f])
+        compile_graphs(
+            cfg,
+            args.out,
+            device=args.device,
+            tensor_parallel=(args.tensor_parallel, rank),
+            log=lambda msg: print(f"rank {rank}: {msg}"),
+            present=[f for f in args.present.split(",") if f],
+        )
         return
     if args.tensor_parallel > 1:
-        manifests = export_tensor_parallel(cfg, rank_dirs(args.out, args.tensor_parallel), args.checkpoint,
-                                           args.seed, args.device, reuse=args.reuse is not None)
-        print(f"exported {len(manifests)} x {len(manifests[0]['graphs'])} graphs to {args.out}/rank_* in "
-              f"{time.perf_counter() - start:.1f}s")
+        manifests = export_tensor_parallel(
+            cfg,
+            rank_dirs(args.out, args.tensor_parallel),
+            args.checkpoint,
+            args.seed,
+            args.device,
+            reuse=args.reuse is not None,
+        )
+        print(
+            f"exported {len(manifests)} x {len(manifests[0]['graphs'])} graphs to {args.out}/rank_* in "
+            f"{time.perf_counter() - start:.1f}s"
+        )
         return
     select_device(args.device)
-    manifest = export_graphs(cfg, args.out, checkpoint=args.checkpoint, seed=args.seed, jobs=args.jobs,
-                             device=args.device, reuse_dir=None if args.reuse is None else args.reuse or args.out)
+    manifest = export_graphs(
+        cfg,
+        args.out,
+        checkpoint=args.checkpoint,
+        seed=args.seed,
+        jobs=args.jobs,
+        device=args.device,
+        reuse_dir=None if args.reuse is None else args.reuse or args.out,
+    )
     print(f"exported {len(manifest['graphs'])} graphs to {args.out} in {time.perf_counter() - start:.1f}s")
 
 

@@ -4,9 +4,9 @@ the name of the weights file. Pure (no MindSpore), so that tools can tell an out
 Format versions: 1, every graph embeds its own copy of the weights; 2, the weights are stored once, in
 WEIGHTS_FILE, and every graph takes them as inputs (the "weights" section names the file and the input order).
 """
+
 import json
 import os
-from typing import Optional
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 2
@@ -19,7 +19,7 @@ def read_manifest(graphs_dir: str) -> dict:
         return json.load(stream)
 
 
-def outdated_format(graphs_dir: str) -> Optional[str]:
+def outdated_format(graphs_dir: str) -> str | None:
     """Why the export in graphs_dir is not of the current format (so should be exported again), or None. A missing
     or unreadable manifest is outdated too."""
     try:

@@ -30,11 +30,12 @@ These entry points share every weight and the attention code:
 * `LlamaModel.score_step(...)`: the same step returning the logits float32 [B, L, vocab] of every position
   (`ScoreStep` exports it, same inputs): the score graphs, from which the engine takes prompt logprobs.
 """
+
 import math
 
-import numpy as np
 import mindspore as ms
-from mindspore import nn, ops, Parameter, Tensor
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, initializer
 
 from .config import LlamaConfig, check_tensor_parallel
@@ -149,22 +150,29 @@ class DecoderLayer(nn.Cell):
         intermediate = cfg.intermediate_size // tp
         self.input_norm = _ones(hidden)
         self.q_proj = _weight(std, (self.num_heads * cfg.head_dim, hidden))
-        self.kv_proj = _weight(std, (2 * kv_size, hidden))                  # rows: k, then v
+        self.kv_proj = _weight(std, (2 * kv_size, hidden))  # rows: k, then v
         self.o_proj = _weight(out_std, (hidden, self.num_heads * cfg.head_dim))
         self.post_attn_norm = _ones(hidden)
         self.gate_up_proj = _weight(std, (2 * intermediate, hidden))  # rows: gate, then up
         self.down_proj = _weight(out_std, (hidden, intermediate))
         if self.qkv_bias:
             self.q_bias = _zeros(self.num_heads * cfg.head_dim)
-            self.kv_bias = _zeros(2 * kv_size)                              # k, then v
+            self.kv_bias = _zeros(2 * kv_size)  # k, then v
         if self.qk_norm:
             self.q_norm = _ones(cfg.head_dim)
             self.k_norm = _ones(cfg.head_dim)
 
     def weights(self):
         """The layer's Parameters in `weight_names` order."""
-        w = (self.input_norm, self.q_proj, self.kv_proj, self.o_proj, self.post_attn_norm, self.gate_up_proj,
-             self.down_proj)
+        w = (
+            self.input_norm,
+            self.q_proj,
+            self.kv_proj,
+            self.o_proj,
+            self.post_attn_norm,
+            self.gate_up_proj,
+            self.down_proj,
+        )
         if self.qkv_bias:
             w = w + (self.q_bias, self.kv_bias)
         if self.qk_norm:
@@ -202,9 +210,9 @@ class DecoderLayer(nn.Cell):
         b, l = q.shape[0], q.shape[1]
         q = _transpose(q.reshape(b, l, self.num_kv_heads, self.group, self.head_dim), (0, 2, 3, 1, 4))
         q = q.reshape(b, self.num_kv_heads, self.group * l, self.head_dim)
-        scores = _bmm_t(q, _transpose(k, (0, 2, 1, 3))) * self.scale             # [B, KVH, G*L, S]
+        scores = _bmm_t(q, _transpose(k, (0, 2, 1, 3))) * self.scale  # [B, KVH, G*L, S]
         probs = _softmax(scores + mask_bias)
-        out = _bmm(probs, _transpose(v, (0, 2, 1, 3)))                          # [B, KVH, G*L, D]
+        out = _bmm(probs, _transpose(v, (0, 2, 1, 3)))  # [B, KVH, G*L, D]
         out = _transpose(out.reshape(b, self.num_kv_heads, self.group, l, self.head_dim), (0, 3, 1, 2, 4))
         return out.reshape(b, l, self.num_heads * self.head_dim)
 
@@ -245,8 +253,20 @@ class DecoderLayer(nn.Cell):
         values = self.gather_context(value_cache, block_tables)
         return self.attend_mlp(w, x, q, keys, values, mask_bias)
 
-    def forward_mixed(self, w, x, cos, sin, decode_mask, prefill_mask, decode_tables, prefill_tables, write_idx,
-                      key_cache, value_cache):
+    def forward_mixed(
+        self,
+        w,
+        x,
+        cos,
+        sin,
+        decode_mask,
+        prefill_mask,
+        decode_tables,
+        prefill_tables,
+        write_idx,
+        key_cache,
+        value_cache,
+    ):
         """x [1, T, hidden]: Bd one-token decode rows (Bd = decode_tables' batch), then Bp prefill rows of
         Lp = (T - Bd) / Bp tokens each. Projections and the MLP run over all T tokens at once; attention per
         part."""
@@ -255,11 +275,19 @@ class DecoderLayer(nn.Cell):
         q, k, v = self.qkv(w, x, cos, sin)
         key_cache, value_cache = self.write_cache(k, v, write_idx, key_cache, value_cache)
         q_decode = q[:, :bd].reshape(bd, 1, self.num_heads, self.head_dim)
-        out_decode = self.attend(q_decode, self.gather_context(key_cache, decode_tables),
-                                 self.gather_context(value_cache, decode_tables), decode_mask)
+        out_decode = self.attend(
+            q_decode,
+            self.gather_context(key_cache, decode_tables),
+            self.gather_context(value_cache, decode_tables),
+            decode_mask,
+        )
         q_prefill = q[:, bd:t].reshape(bp, lp, self.num_heads, self.head_dim)
-        out_prefill = self.attend(q_prefill, self.gather_context(key_cache, prefill_tables),
-                                  self.gather_context(value_cache, prefill_tables), prefill_mask)
+        out_prefill = self.attend(
+            q_prefill,
+            self.gather_context(key_cache, prefill_tables),
+            self.gather_context(value_cache, prefill_tables),
+            prefill_mask,
+        )
         return self.residual_mlp(w, x, _concat1((out_decode.reshape(1, bd, -1), out_prefill.reshape(1, bp * lp, -1))))
 
 
@@ -316,7 +344,7 @@ class LlamaModel(nn.Cell):
     def layer_weights(self, weights, i):
         """Layer i's part of a weights tuple."""
         begin = 1 + i * self.layer_width
-        return weights[begin:begin + self.layer_width]
+        return weights[begin : begin + self.layer_width]
 
     def mask_bias(self, visible):
         """visible bool [B, L, S] -> additive bias [B, 1, group * L, S] laid out as `attend_mlp` reads it."""
@@ -336,7 +364,7 @@ class LlamaModel(nn.Cell):
         keys = self.position_table[:t]
         positions = ops.tile(ops.expand_dims(keys, 0), (b, 1))
         cos, sin = rotary_cos_sin(positions, self.inv_freq)
-        visible = ops.expand_dims(keys, 0) <= ops.expand_dims(keys, 1)               # [T, T]
+        visible = ops.expand_dims(keys, 0) <= ops.expand_dims(keys, 1)  # [T, T]
         mask_bias = self.mask_bias(ops.tile(ops.expand_dims(visible, 0), (b, 1, 1)))
         weights = self.weights()
         if self.training:
@@ -350,8 +378,7 @@ class LlamaModel(nn.Cell):
         return self.logits(weights, x.reshape(b * t, -1)).reshape(b, t, self.vocab_size)
 
     def construct(self, input_ids, positions, block_tables, slot_mapping, query_lens, *kv_caches):
-        return self.paged_step(self.weights(), input_ids, positions, block_tables, slot_mapping, query_lens,
-                               kv_caches)
+        return self.paged_step(self.weights(), input_ids, positions, block_tables, slot_mapping, query_lens, kv_caches)
 
     def paged_step(self, weights, input_ids, positions, block_tables, slot_mapping, query_lens, kv_caches):
         """`construct` over `weights` (a tuple in `weight_names()` order) and the tuple `kv_caches`."""
@@ -372,17 +399,36 @@ class LlamaModel(nn.Cell):
         block_size = kv_caches[0].shape[1]
         write_idx = ops.stack((slot_mapping // block_size, slot_mapping % block_size), axis=-1)
         cos, sin = rotary_cos_sin(positions, self.inv_freq)
-        keys = self.position_table[:block_tables.shape[1] * block_size]
+        keys = self.position_table[: block_tables.shape[1] * block_size]
         visible = ops.expand_dims(ops.expand_dims(keys, 0), 0) <= ops.expand_dims(positions, -1)  # [B, L, ctx]
         mask_bias = self.mask_bias(visible)
         x = _gather(weights[0], input_ids, 0)
         for i in range(self.num_layers):
-            x = self.layers[i].forward_paged(self.layer_weights(weights, i), x, cos, sin, mask_bias, block_tables,
-                                             write_idx, kv_caches[2 * i], kv_caches[2 * i + 1])
+            x = self.layers[i].forward_paged(
+                self.layer_weights(weights, i),
+                x,
+                cos,
+                sin,
+                mask_bias,
+                block_tables,
+                write_idx,
+                kv_caches[2 * i],
+                kv_caches[2 * i + 1],
+            )
         return x
 
-    def construct_mixed(self, decode_ids, decode_positions, decode_tables, prefill_ids, prefill_positions,
-                        prefill_tables, slot_mapping, prefill_lens, *kv_caches):
+    def construct_mixed(
+        self,
+        decode_ids,
+        decode_positions,
+        decode_tables,
+        prefill_ids,
+        prefill_positions,
+        prefill_tables,
+        slot_mapping,
+        prefill_lens,
+        *kv_caches,
+    ):
         """One step of Bd decode rows and Bp prefill rows (prompts or prompt chunks) in a single graph.
 
             decode_ids, decode_positions   int32 [Bd, 1]     decode_tables   int32 [Bd, MAXB]
@@ -392,11 +438,32 @@ class LlamaModel(nn.Cell):
         Returns logits [Bd + Bp, vocab]: each decode row's, then each prefill row's last valid token's. Every
         row attends exactly as in `construct`, so the logits equal those of separate decode and prefill steps.
         """
-        return self.mixed_step(self.weights(), decode_ids, decode_positions, decode_tables, prefill_ids,
-                               prefill_positions, prefill_tables, slot_mapping, prefill_lens, kv_caches)
+        return self.mixed_step(
+            self.weights(),
+            decode_ids,
+            decode_positions,
+            decode_tables,
+            prefill_ids,
+            prefill_positions,
+            prefill_tables,
+            slot_mapping,
+            prefill_lens,
+            kv_caches,
+        )
 
-    def mixed_step(self, weights, decode_ids, decode_positions, decode_tables, prefill_ids, prefill_positions,
-                   prefill_tables, slot_mapping, prefill_lens, kv_caches):
+    def mixed_step(
+        self,
+        weights,
+        decode_ids,
+        decode_positions,
+        decode_tables,
+        prefill_ids,
+        prefill_positions,
+        prefill_tables,
+        slot_mapping,
+        prefill_lens,
+        kv_caches,
+    ):
         """`construct_mixed` over `weights` (a tuple in `weight_names()` order) and the tuple `kv_caches`."""
         bd, bp, lp = decode_ids.shape[0], prefill_ids.shape[0], prefill_ids.shape[1]
         block_size = kv_caches[0].shape[1]
@@ -404,14 +471,24 @@ class LlamaModel(nn.Cell):
         positions = _concat1((decode_positions.reshape(1, bd), prefill_positions.reshape(1, bp * lp)))
         write_idx = ops.stack((slot_mapping // block_size, slot_mapping % block_size), axis=-1)
         cos, sin = rotary_cos_sin(positions, self.inv_freq)
-        keys = ops.expand_dims(ops.expand_dims(self.position_table[:decode_tables.shape[1] * block_size], 0), 0)
-        decode_mask = self.mask_bias(keys <= ops.expand_dims(decode_positions, -1))      # [Bd, 1, G, ctx]
-        prefill_mask = self.mask_bias(keys <= ops.expand_dims(prefill_positions, -1))    # [Bp, 1, G*Lp, ctx]
+        keys = ops.expand_dims(ops.expand_dims(self.position_table[: decode_tables.shape[1] * block_size], 0), 0)
+        decode_mask = self.mask_bias(keys <= ops.expand_dims(decode_positions, -1))  # [Bd, 1, G, ctx]
+        prefill_mask = self.mask_bias(keys <= ops.expand_dims(prefill_positions, -1))  # [Bp, 1, G*Lp, ctx]
         x = _gather(weights[0], ids, 0)
         for i in range(self.num_layers):
-            x = self.layers[i].forward_mixed(self.layer_weights(weights, i), x, cos, sin, decode_mask, prefill_mask,
-                                             decode_tables, prefill_tables, write_idx, kv_caches[2 * i],
-                                             kv_caches[2 * i + 1])
+            x = self.layers[i].forward_mixed(
+                self.layer_weights(weights, i),
+                x,
+                cos,
+                sin,
+                decode_mask,
+                prefill_mask,
+                decode_tables,
+                prefill_tables,
+                write_idx,
+                kv_caches[2 * i],
+                kv_caches[2 * i + 1],
+            )
         last = _concat((self.position_table[:bd], bd + self.position_table[:bp] * lp + prefill_lens - 1))
         return self.logits(weights, _gather(x.reshape(bd + bp * lp, -1), last, 0))
 
@@ -427,8 +504,9 @@ class PagedStep(nn.Cell):
 
     def construct(self, input_ids, positions, block_tables, slot_mapping, query_lens, *caches_and_weights):
         n = self.num_caches
-        return self.model.paged_step(caches_and_weights[n:], input_ids, positions, block_tables, slot_mapping,
-                                     query_lens, caches_and_weights[:n])
+        return self.model.paged_step(
+            caches_and_weights[n:], input_ids, positions, block_tables, slot_mapping, query_lens, caches_and_weights[:n]
+        )
 
 
 class ScoreStep(PagedStep):
@@ -440,8 +518,9 @@ class ScoreStep(PagedStep):
 
     def construct(self, input_ids, positions, block_tables, slot_mapping, query_lens, *caches_and_weights):
         n = self.num_caches
-        return self.model.score_step(caches_and_weights[n:], input_ids, positions, block_tables, slot_mapping,
-                                     caches_and_weights[:n])
+        return self.model.score_step(
+            caches_and_weights[n:], input_ids, positions, block_tables, slot_mapping, caches_and_weights[:n]
+        )
 
 
 class MixedStep(nn.Cell):
@@ -453,18 +532,37 @@ class MixedStep(nn.Cell):
         self.model = model
         self.num_caches = 2 * model.num_layers
 
-    def construct(self, decode_ids, decode_positions, decode_tables, prefill_ids, prefill_positions,
-                  prefill_tables, slot_mapping, prefill_lens, *caches_and_weights):
+    def construct(
+        self,
+        decode_ids,
+        decode_positions,
+        decode_tables,
+        prefill_ids,
+        prefill_positions,
+        prefill_tables,
+        slot_mapping,
+        prefill_lens,
+        *caches_and_weights,
+    ):
         n = self.num_caches
-        return self.model.mixed_step(caches_and_weights[n:], decode_ids, decode_positions, decode_tables,
-                                     prefill_ids, prefill_positions, prefill_tables, slot_mapping, prefill_lens,
-                                     caches_and_weights[:n])
+        return self.model.mixed_step(
+            caches_and_weights[n:],
+            decode_ids,
+            decode_positions,
+            decode_tables,
+            prefill_ids,
+            prefill_positions,
+            prefill_tables,
+            slot_mapping,
+            prefill_lens,
+            caches_and_weights[:n],
+        )
 
 
 def _rows(weight: np.ndarray, parts: int, rank: int) -> np.ndarray:
     """Rank `rank`'s block of `weight`'s rows cut in `parts` equal blocks."""
     size = weight.shape[0] // parts
-    return weight[rank * size:(rank + 1) * size]
+    return weight[rank * size : (rank + 1) * size]
 
 
 def shard_weights(cfg: LlamaConfig, weights: dict, tp: int, rank: int) -> dict:
@@ -505,8 +603,10 @@ def load_weights(model: LlamaModel, path: str):
             continue
         value = saved[name]
         if tuple(value.shape) != tuple(p.shape):
-            raise ValueError(f"{path}: parameter {name} has shape {tuple(value.shape)}, the config expects "
-                             f"{tuple(p.shape)}; export with the config the checkpoint was trained with")
+            raise ValueError(
+                f"{path}: parameter {name} has shape {tuple(value.shape)}, the config expects "
+                f"{tuple(p.shape)}; export with the config the checkpoint was trained with"
+            )
         p.set_data(Tensor(value.asnumpy()))
     if missing:
         raise ValueError(f"{path}: missing parameter(s) {missing[:5]}{'...' if len(missing) > 5 else ''}")

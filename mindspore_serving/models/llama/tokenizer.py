@@ -10,9 +10,11 @@ The same directory gives the model's chat template, as Hugging Face keeps it: `c
 tokenizer_config.json's `chat_template` (a string, or a list of named templates); and the special tokens'
 texts a template is given (`special_tokens`: bos_token, eos_token, ...).
 """
+
 import json
 import os
-from typing import Any, Dict, Iterable, List, Optional
+from collections.abc import Iterable
+from typing import Any
 
 from tokenizers import Tokenizer
 
@@ -24,7 +26,7 @@ SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_t
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
 
-def _token_name(value) -> Optional[str]:
+def _token_name(value) -> str | None:
     """tokenizer_config.json writes special tokens as strings or as {"content": ...} objects."""
     if isinstance(value, dict):
         value = value.get("content")
@@ -34,8 +36,14 @@ def _token_name(value) -> Optional[str]:
 class TextTokenizer:
     """encode(text) -> ids, decode(ids) -> text, and bos_id / eos_id / pad_id (None when absent)."""
 
-    def __init__(self, tokenizer: Tokenizer, bos_id: Optional[int] = None, eos_id: Optional[int] = None,
-                 pad_id: Optional[int] = None, config_dir: Optional[str] = None):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        bos_id: int | None = None,
+        eos_id: int | None = None,
+        pad_id: int | None = None,
+        config_dir: str | None = None,
+    ):
         self.tokenizer = tokenizer
         config = self._read_config(config_dir) if config_dir else {}
         names = {key: _token_name(config.get(key)) for key in SPECIAL_TOKEN_KEYS}
@@ -55,8 +63,9 @@ class TextTokenizer:
         """The model's chat template: a string, HF's list of named templates, or None (the model has none)."""
 
     @classmethod
-    def from_file(cls, path: str, bos_id: Optional[int] = None, eos_id: Optional[int] = None,
-                  pad_id: Optional[int] = None) -> "TextTokenizer":
+    def from_file(
+        cls, path: str, bos_id: int | None = None, eos_id: int | None = None, pad_id: int | None = None
+    ) -> "TextTokenizer":
         """Loads a tokenizer.json file, or a directory holding tokenizer.json (and maybe tokenizer_config.json)."""
         if os.path.isdir(path):
             path = os.path.join(path, "tokenizer.json")
@@ -82,9 +91,9 @@ class TextTokenizer:
             raise ValueError("tokenizer_config.json must hold a JSON object")
         return data
 
-    def _special_tokens(self, names: Dict[str, Optional[str]], additional) -> Dict[str, Any]:
+    def _special_tokens(self, names: dict[str, str | None], additional) -> dict[str, Any]:
         found = {"bos_token": self.bos_id, "eos_token": self.eos_id, "pad_token": self.pad_id}
-        tokens: Dict[str, Any] = {}
+        tokens: dict[str, Any] = {}
         for key in SPECIAL_TOKEN_KEYS:
             text = names.get(key)
             if text is None and found.get(key) is not None:
@@ -96,14 +105,14 @@ class TextTokenizer:
         return tokens
 
     @staticmethod
-    def _chat_template(directory: Optional[str], configured):
+    def _chat_template(directory: str | None, configured):
         path = os.path.join(directory, CHAT_TEMPLATE_FILE) if directory else None
         if path and os.path.isfile(path):
             with open(path, encoding="utf-8") as f:
                 return f.read()
         return configured if isinstance(configured, (str, list)) else None
 
-    def _find(self, configured: Optional[str], candidates: Iterable[str], special: set) -> Optional[int]:
+    def _find(self, configured: str | None, candidates: Iterable[str], special: set) -> int | None:
         if configured is not None:
             token_id = self.tokenizer.token_to_id(configured)
             if token_id is not None:
@@ -117,7 +126,7 @@ class TextTokenizer:
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str, add_special_tokens: bool = True, add_bos: bool = False) -> List[int]:
+    def encode(self, text: str, add_special_tokens: bool = True, add_bos: bool = False) -> list[int]:
         """Token ids of text. add_special_tokens applies the tokenizer's own post-processor (the bundled tiny
         tokenizer's prepends <s>); add_bos makes sure the ids start with bos_id whatever that post-processor does."""
         ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
@@ -128,5 +137,5 @@ class TextTokenizer:
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def id_to_token(self, token_id: int) -> Optional[str]:
+    def id_to_token(self, token_id: int) -> str | None:
         return self.tokenizer.id_to_token(token_id)

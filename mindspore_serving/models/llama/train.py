@@ -11,15 +11,16 @@ special-token ids of config.yaml (which must already hold the model and export s
 start at a line (verse) boundary with <s>; the tokenizer's post-processor prepends <s> to every encoding made with
 special tokens (the default), so a prompt encoded by the serving engine looks like the training data.
 """
+
 import argparse
 import dataclasses
 import math
 import os
 import time
 
-import numpy as np
 import mindspore as ms
-from mindspore import nn, ops, Tensor
+import numpy as np
+from mindspore import Tensor, nn, ops
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from mindspore_serving.common.ms_device import select_device
@@ -37,8 +38,13 @@ def train_tokenizer(corpus: str, out_path: str, vocab_size: int) -> TextTokenize
     tok.decoder = decoders.ByteLevel()
     # encode() with special tokens (the default of `tokenizers` and of TextTokenizer) starts with <s>, as training
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train([corpus], trainer)
     tok.save(out_path)
     return TextTokenizer.from_file(out_path)
@@ -74,8 +80,19 @@ def greedy(model: LlamaModel, ids, new_tokens: int, eos_id=None):
     return ids
 
 
-def train_model(cfg: ModelFile, tokenizer: TextTokenizer, corpus: str, out_ckpt: str, steps: int, batch: int,
-                seq_len: int, lr: float, max_seconds: float, seed: int, log=print) -> dict:
+def train_model(
+    cfg: ModelFile,
+    tokenizer: TextTokenizer,
+    corpus: str,
+    out_ckpt: str,
+    steps: int,
+    batch: int,
+    seq_len: int,
+    lr: float,
+    max_seconds: float,
+    seed: int,
+    log=print,
+) -> dict:
     rng = np.random.default_rng(seed)
     stream, starts = encode_lines(tokenizer, corpus)
     starts = starts[starts + seq_len < len(stream)]
@@ -86,8 +103,12 @@ def train_model(cfg: ModelFile, tokenizer: TextTokenizer, corpus: str, out_ckpt:
     warmup = min(50, steps // 10)
     decay = [p for p in params if len(p.shape) > 1]
     no_decay = [p for p in params if len(p.shape) <= 1]
-    opt = nn.AdamWeightDecay([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-                             learning_rate=Tensor(lr_at(0, 0.0, lr, warmup), ms.float32), beta1=0.9, beta2=0.98)
+    opt = nn.AdamWeightDecay(
+        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+        learning_rate=Tensor(lr_at(0, 0.0, lr, warmup), ms.float32),
+        beta1=0.9,
+        beta2=0.98,
+    )
     vocab = cfg.model.vocab_size
 
     def loss_fn(inputs, targets):
@@ -114,7 +135,7 @@ def train_model(cfg: ModelFile, tokenizer: TextTokenizer, corpus: str, out_ckpt:
         progress = max(step / steps, (time.perf_counter() - start - compile_seconds) / max_seconds)
         step_lr = Tensor(lr_at(step, progress, lr, warmup), ms.float32)
         picks = rng.choice(starts, batch)
-        window = np.stack([stream[s:s + seq_len] for s in picks])
+        window = np.stack([stream[s : s + seq_len] for s in picks])
         inputs = np.concatenate([np.full((batch, 1), bos, np.int32), window[:, :-1]], axis=1)
         loss = float(train_step(Tensor(inputs), Tensor(window), step_lr).asnumpy())
         if step == 0:
@@ -122,8 +143,10 @@ def train_model(cfg: ModelFile, tokenizer: TextTokenizer, corpus: str, out_ckpt:
         losses.append(loss)
         elapsed = time.perf_counter() - start
         if step % 50 == 0 or step == steps - 1:
-            log(f"step {step:5d}  loss {np.mean(losses[-50:]):.3f}  lr {float(opt.learning_rate.asnumpy()):.2e}"
-                f"  {elapsed:.0f}s")
+            log(
+                f"step {step:5d}  loss {np.mean(losses[-50:]):.3f}  lr {float(opt.learning_rate.asnumpy()):.2e}"
+                f"  {elapsed:.0f}s"
+            )
         if elapsed - compile_seconds >= max_seconds:
             log(f"stopping at step {step}: time budget of {max_seconds:.0f}s spent")
             break
@@ -143,8 +166,9 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--lr", type=float, default=4e-3, help="peak learning rate")
-    parser.add_argument("--max-seconds", type=float, default=480.0,
-                        help="stop training after this much time (compilation excluded)")
+    parser.add_argument(
+        "--max-seconds", type=float, default=480.0, help="stop training after this much time (compilation excluded)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--prompt", action="append", default=None, help="prompt(s) for the greedy samples")
     parser.add_argument("--device", default="CPU", help="MindSpore device target (CPU, GPU, Ascend)")
@@ -161,13 +185,29 @@ def main(argv=None):
         tokenizer = train_tokenizer(args.corpus, tok_path, cfg.model.vocab_size)
         print(f"trained tokenizer ({tokenizer.vocab_size} ids) in {time.perf_counter() - start:.1f}s")
     if tokenizer.vocab_size != cfg.model.vocab_size:
-        raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids but config.yaml vocab_size is "
-                         f"{cfg.model.vocab_size}; make them equal")
-    cfg = ModelFile(dataclasses.replace(cfg.model, bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id,
-                                        pad_token_id=tokenizer.pad_id), cfg.export)
+        raise ValueError(
+            f"tokenizer has {tokenizer.vocab_size} ids but config.yaml vocab_size is "
+            f"{cfg.model.vocab_size}; make them equal"
+        )
+    cfg = ModelFile(
+        dataclasses.replace(
+            cfg.model, bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id
+        ),
+        cfg.export,
+    )
     save_config(cfg, config_path)
-    result = train_model(cfg, tokenizer, args.corpus, os.path.join(args.out_dir, "llama_tiny.ckpt"), args.steps,
-                         args.batch, args.seq_len, args.lr, args.max_seconds, args.seed)
+    result = train_model(
+        cfg,
+        tokenizer,
+        args.corpus,
+        os.path.join(args.out_dir, "llama_tiny.ckpt"),
+        args.steps,
+        args.batch,
+        args.seq_len,
+        args.lr,
+        args.max_seconds,
+        args.seed,
+    )
     ms.set_context(mode=ms.PYNATIVE_MODE)
     for prompt in args.prompt or ["And God said", "And the king of"]:
         ids = greedy(result["model"], tokenizer.encode(prompt, add_bos=True), 24, tokenizer.eos_id)

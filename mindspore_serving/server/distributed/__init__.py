@@ -13,6 +13,7 @@ model_files)` starts one rank agent process per local rank of the rank table. Ex
     # serving_agent.py
     distributed.startup_agents("127.0.0.1:6200", ["model/device0/matmul.mindir", "model/device1/matmul.mindir"])
 """
+
 from mindspore_serving.server.distributed._declare import declare_servable
 from mindspore_serving.server.distributed._start import start_servable, startup_agents
 

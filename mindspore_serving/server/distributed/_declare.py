@@ -1,4 +1,5 @@
 """`declare_servable` of server.distributed: only records the declaration (see spec), like server.register."""
+
 from mindspore_serving import log
 from mindspore_serving.common import check_type
 from mindspore_serving.server.register.model import Model
@@ -6,8 +7,9 @@ from mindspore_serving.spec import registry
 from mindspore_serving.spec.servable import DistributedSpec, ModelSpec
 
 
-def declare_servable(rank_size, stage_size, with_batch_dim=True, without_batch_dim_inputs=None,
-                     enable_pipeline_infer=False):
+def declare_servable(
+    rank_size, stage_size, with_batch_dim=True, without_batch_dim_inputs=None, enable_pipeline_infer=False
+):
     """Declares, in servable_config.py, that the servable's model is distributed over `rank_size` ranks.
 
     The model files are not named here: `startup_agents(model_files=...)` gives each rank its own graph. With
@@ -39,8 +41,9 @@ def declare_servable(rank_size, stage_size, with_batch_dim=True, without_batch_d
     check_type.check_bool("with_batch_dim", with_batch_dim)
     check_type.check_bool("enable_pipeline_infer", enable_pipeline_infer)
     if without_batch_dim_inputs:
-        without_batch_dim_inputs = check_type.check_and_as_int_tuple_list("without_batch_dim_inputs",
-                                                                         without_batch_dim_inputs, 0)
+        without_batch_dim_inputs = check_type.check_and_as_int_tuple_list(
+            "without_batch_dim_inputs", without_batch_dim_inputs, 0
+        )
     else:
         without_batch_dim_inputs = ()
     check_type.check_int("rank_size", rank_size, 1)
@@ -48,16 +51,23 @@ def declare_servable(rank_size, stage_size, with_batch_dim=True, without_batch_d
     _servable_directory, servable_name = registry.servable_location()
     spec = registry.get_or_create_servable_spec(servable_name)
     if spec.distributed:
-        raise RuntimeError("Declare distributed model failed, servable is repeatedly been declared as distributed "
-                           "servable")
+        raise RuntimeError(
+            "Declare distributed model failed, servable is repeatedly been declared as distributed servable"
+        )
     if spec.models:
         raise RuntimeError("Declare distributed model failed, servable has already been declared as local servable")
     spec.distributed = True
     spec.distributed_spec = DistributedSpec(rank_size, stage_size, enable_pipeline_infer)
-    spec.models[servable_name] = ModelSpec(model_key=servable_name, model_files=(), model_format="MindIR",
-                                           with_batch_dim=with_batch_dim,
-                                           without_batch_dim_inputs=without_batch_dim_inputs)
-    log.info(f"Declare distributed servable, servable name: {servable_name}, rank_size: {rank_size}, stage_size: "
-             f"{stage_size}, with_batch_dim: {with_batch_dim}, without_batch_dim_inputs: {without_batch_dim_inputs}, "
-             f"enable_pipeline_infer: {enable_pipeline_infer}")
+    spec.models[servable_name] = ModelSpec(
+        model_key=servable_name,
+        model_files=(),
+        model_format="MindIR",
+        with_batch_dim=with_batch_dim,
+        without_batch_dim_inputs=without_batch_dim_inputs,
+    )
+    log.info(
+        f"Declare distributed servable, servable name: {servable_name}, rank_size: {rank_size}, stage_size: "
+        f"{stage_size}, with_batch_dim: {with_batch_dim}, without_batch_dim_inputs: {without_batch_dim_inputs}, "
+        f"enable_pipeline_infer: {enable_pipeline_infer}"
+    )
     return Model(servable_name, servable_name, 1)

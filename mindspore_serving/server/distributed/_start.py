@@ -1,11 +1,19 @@
 """start_servable and startup_agents of server.distributed."""
+
 from mindspore_serving.agent.distributed import startup
 from mindspore_serving.server._server import start_servables
 from mindspore_serving.server.start_config import DistributedStartConfig
 
 
-def start_servable(servable_directory, servable_name, rank_table_json_file, version_number=1,
-                   distributed_address="127.0.0.1:6200", wait_agents_time_in_seconds=0, ssl_config=None):
+def start_servable(
+    servable_directory,
+    servable_name,
+    rank_table_json_file,
+    version_number=1,
+    distributed_address="127.0.0.1:6200",
+    wait_agents_time_in_seconds=0,
+    ssl_config=None,
+):
     r"""Starts the distributed servable `servable_name` of `servable_directory` and blocks until its rank agents
     (started by `startup_agents` on each machine) have all registered.
 
@@ -32,13 +40,29 @@ def start_servable(servable_directory, servable_name, rank_table_json_file, vers
     Raises:
         RuntimeError: a parameter is invalid, or the worker failed ("Fail to start workers: ...").
     """
-    config = DistributedStartConfig(servable_directory, servable_name, rank_table_json_file, version_number,
-                                    distributed_address, wait_agents_time_in_seconds, ssl_config)
+    config = DistributedStartConfig(
+        servable_directory,
+        servable_name,
+        rank_table_json_file,
+        version_number,
+        distributed_address,
+        wait_agents_time_in_seconds,
+        ssl_config,
+    )
     start_servables(config)
 
 
-def startup_agents(distributed_address, model_files, group_config_files=None, agent_start_port=7000, agent_ip=None,
-                   rank_start=None, dec_key=None, dec_mode="AES-GCM", ssl_config=None):
+def startup_agents(
+    distributed_address,
+    model_files,
+    group_config_files=None,
+    agent_start_port=7000,
+    agent_ip=None,
+    rank_start=None,
+    dec_key=None,
+    dec_mode="AES-GCM",
+    ssl_config=None,
+):
     r"""Starts the rank agents of this machine for the distributed worker at `distributed_address`.
 
     It reads the rank table from the worker, takes the ranks of this machine (the first rank table ip it can
@@ -65,5 +89,14 @@ def startup_agents(distributed_address, model_files, group_config_files=None, ag
     Raises:
         RuntimeError: a parameter is invalid, or the agents failed to start.
     """
-    startup.startup_agents(distributed_address, model_files, group_config_files, agent_start_port, agent_ip,
-                           rank_start, dec_key, dec_mode, ssl_config)
+    startup.startup_agents(
+        distributed_address,
+        model_files,
+        group_config_files,
+        agent_start_port,
+        agent_ip,
+        rank_start,
+        dec_key,
+        dec_mode,
+        ssl_config,
+    )

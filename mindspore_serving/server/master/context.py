@@ -1,4 +1,5 @@
 """Master settings that users change from serving_server.py."""
+
 import dataclasses
 
 from mindspore_serving.common.check_type import check_int, check_str
@@ -26,8 +27,12 @@ def get_max_enqueued_requests() -> int:
 
 
 def _check_seconds(name: str, value, low: float = 0.0, high: float = float("inf"), low_open: bool = False):
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not value <= high
-            or (value <= low if low_open else value < low)):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not value <= high
+        or (value <= low if low_open else value < low)
+    ):
         bound = f"> {low:g}" if low_open else f">= {low:g}"
         if high != float("inf"):
             bound = f"in [{low:g}, {high:g}]"
@@ -89,8 +94,15 @@ def get_frontend_processes() -> int:
     return master.get_frontend_processes()
 
 
-def set_request_limits(llm_payload_bytes=None, read_timeout=None, max_connections=None, max_concurrent_rpcs=None,
-                       max_streams_per_conn=None, max_watch_streams=None, idle_timeout=None):
+def set_request_limits(
+    llm_payload_bytes=None,
+    read_timeout=None,
+    max_connections=None,
+    max_concurrent_rpcs=None,
+    max_streams_per_conn=None,
+    max_watch_streams=None,
+    idle_timeout=None,
+):
     """What one client may hold of the gRPC and RESTful servers started from now on; None keeps a setting as it
     is. `llm_payload_bytes`: the body limit of the LLM routes (OpenAI, TGI, MindSpore LLM; default 2,000,000; the
     classic and KServe routes keep the server's max_msg_mb_size), 413 beyond it. `read_timeout`: seconds a
@@ -100,10 +112,19 @@ def set_request_limits(llm_payload_bytes=None, read_timeout=None, max_connection
     512): gRPC calls at once, RESOURCE_EXHAUSTED beyond. `max_watch_streams`: open grpc.health.v1 Watch streams
     (default 1000), RESOURCE_EXHAUSTED beyond. `idle_timeout`: seconds a keep-alive connection without a request
     (gRPC: without an open call) stays open (default 100)."""
-    given = {name: value for name, value in (
-        ("llm_payload_bytes", llm_payload_bytes), ("read_timeout", read_timeout), ("max_connections", max_connections),
-        ("max_concurrent_rpcs", max_concurrent_rpcs), ("max_streams_per_conn", max_streams_per_conn),
-        ("max_watch_streams", max_watch_streams), ("idle_timeout", idle_timeout)) if value is not None}
+    given = {
+        name: value
+        for name, value in (
+            ("llm_payload_bytes", llm_payload_bytes),
+            ("read_timeout", read_timeout),
+            ("max_connections", max_connections),
+            ("max_concurrent_rpcs", max_concurrent_rpcs),
+            ("max_streams_per_conn", max_streams_per_conn),
+            ("max_watch_streams", max_watch_streams),
+            ("idle_timeout", idle_timeout),
+        )
+        if value is not None
+    }
     master.set_request_limits(dataclasses.replace(master.get_request_limits(), **given))
 
 
@@ -144,8 +165,9 @@ def set_api_groups(restricted=None, opened=()):
     for groups, key in (restricted or {}).items():
         check_str("key", key)
         if not key.strip() or key != key.strip():
-            raise RuntimeError("the key of a restricted API group should be a non-empty string without surrounding "
-                               "spaces")
+            raise RuntimeError(
+                "the key of a restricted API group should be a non-empty string without surrounding spaces"
+            )
         for group in check_groups((g.strip() for g in check_str("groups", groups).split(",")), "restricted_api"):
             keys[group] = key
     opened = check_groups(opened, "open_api")
@@ -161,6 +183,7 @@ def set_model_control(mode="explicit"):
     the server's own process, work in every mode."""
     check_str("mode", mode)
     if mode not in master.MODEL_CONTROL_MODES:
-        raise RuntimeError(f"Parameter 'mode' should be one of {', '.join(master.MODEL_CONTROL_MODES)}, "
-                           f"but actually {mode!r}")
+        raise RuntimeError(
+            f"Parameter 'mode' should be one of {', '.join(master.MODEL_CONTROL_MODES)}, but actually {mode!r}"
+        )
     master.set_model_control(mode)

@@ -1,4 +1,5 @@
 """Warnings for the interfaces kept from MindSpore Serving 1.x."""
+
 import functools
 
 from mindspore_serving import log
@@ -7,8 +8,10 @@ DEPRECATED_VERSION = "1.5.0"
 
 
 def warn_deprecated(name: str, substitute: str, version: str = DEPRECATED_VERSION):
-    log.warning(f"'{name}' is deprecated from version {version} and will be removed in a future version, "
-                f"use '{substitute}' instead.")
+    log.warning(
+        f"'{name}' is deprecated from version {version} and will be removed in a future version, "
+        f"use '{substitute}' instead."
+    )
 
 
 def deprecated(substitute: str, version: str = DEPRECATED_VERSION):

@@ -7,11 +7,11 @@ methods: one top-level statement per call, no conditions, loops or add_stage bes
 MindSpore Serving reads only assignments; `return register.call_servable(x)` and a bare
 `register.call_servable(x)` statement are read here too (with len(output_names) and 1 outputs).
 """
+
 import ast
 import inspect
 import textwrap
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
 
 CALL_SERVABLE = "call_servable"
 _STAGE_CALLS = ("call_preprocess", "call_postprocess", "call_preprocess_pipeline", "call_postprocess_pipeline")
@@ -22,7 +22,8 @@ LEGACY_NAMES = _STAGE_CALLS + (CALL_SERVABLE,)
 class LegacyMeta:
     """The call_* calls found in a method's source: {interface name: outputs count of each call, in order}.
     `source_known` is False when the source could not be read (then any call is accepted with 1 output)."""
-    counts: Dict[str, List[int]] = field(default_factory=dict)
+
+    counts: dict[str, list[int]] = field(default_factory=dict)
     source_known: bool = True
 
     @property
@@ -31,9 +32,11 @@ class LegacyMeta:
 
 
 def complex_statements_text(method_name: str, names: str) -> str:
-    return (f"Failed to parse method '{method_name}', complex statements such as conditions and loops are not "
-            f"supported in register_method when the interface '{names}' is used, use 'add_stage' to replace "
-            f"'{names}'")
+    return (
+        f"Failed to parse method '{method_name}', complex statements such as conditions and loops are not "
+        f"supported in register_method when the interface '{names}' is used, use 'add_stage' to replace "
+        f"'{names}'"
+    )
 
 
 def _code_names(code) -> set:
@@ -49,7 +52,7 @@ def uses_legacy_interface(func) -> bool:
     return code is not None and bool(_code_names(code) & set(LEGACY_NAMES))
 
 
-def _called_name(node) -> Optional[str]:
+def _called_name(node) -> str | None:
     if not isinstance(node, ast.Call):
         return None
     func = node.func
@@ -60,7 +63,7 @@ def _called_name(node) -> Optional[str]:
     return None
 
 
-def _function_def(func) -> Tuple[Optional[ast.FunctionDef], List[str], int]:
+def _function_def(func) -> tuple[ast.FunctionDef | None, list[str], int]:
     """The function's AST, its source lines and the number of the file line before its first one."""
     try:
         _, start = inspect.findsource(func)
@@ -74,7 +77,7 @@ def _function_def(func) -> Tuple[Optional[ast.FunctionDef], List[str], int]:
     return None, [], 0
 
 
-def _node_info(func, node, lines: List[str], start: int) -> str:
+def _node_info(func, node, lines: list[str], start: int) -> str:
     """MindSpore Serving's "line <n>[~<m>] in <function>, code: \\n<the statement's lines>"."""
     end = getattr(node, "end_lineno", None) or node.lineno
     code = "".join(lines[line - 1] + "\n" for line in range(node.lineno, end + 1))
@@ -83,7 +86,7 @@ def _node_info(func, node, lines: List[str], start: int) -> str:
     return f"line {where} in {getattr(func, '__name__', func)}, code: \n" + code
 
 
-def _legacy_call(statement, output_names_count: int) -> Tuple[Optional[str], Optional[int], bool]:
+def _legacy_call(statement, output_names_count: int) -> tuple[str | None, int | None, bool]:
     """(interface, outputs count, is other code) of one top-level statement of the method."""
     if isinstance(statement, (ast.Return, ast.Expr)):  # MindSpore Serving skips these; its calls are read here
         name = _called_name(statement.value)
@@ -108,7 +111,7 @@ def _legacy_call(statement, output_names_count: int) -> Tuple[Optional[str], Opt
     return name, outputs_count, False
 
 
-def parse_legacy_calls(func, method_name: str, output_names_count: int) -> Optional[LegacyMeta]:
+def parse_legacy_calls(func, method_name: str, output_names_count: int) -> LegacyMeta | None:
     """The call_* calls of a method's top-level statements; None when the method does not use them.
 
     Raises RuntimeError, in MindSpore Serving's words, when such a call comes with other statements (conditions,
@@ -136,8 +139,10 @@ def parse_legacy_calls(func, method_name: str, output_names_count: int) -> Optio
         names.append(name)
     if names and other is not None:
         joined = ";".join(names)
-        raise RuntimeError(f"{complex_statements_text(method_name, joined)}, code {type(other)}: "
-                           f"{_node_info(func, other, lines, start)}")
+        raise RuntimeError(
+            f"{complex_statements_text(method_name, joined)}, code {type(other)}: "
+            f"{_node_info(func, other, lines, start)}"
+        )
     if names and CALL_SERVABLE not in meta.counts:
         raise RuntimeError(f"Not find the invoke of '{CALL_SERVABLE}'")
     return meta

@@ -9,8 +9,8 @@ Example (in servable_config.py)::
 Unset numbers keep MindSpore Serving's "unset" value -1; `device_list` holds one dict of str per
 appended device info, each with a "device_type" key ("cpu", "gpu" or "ascend").
 """
+
 from dataclasses import dataclass, field
-from typing import Dict, List
 
 from mindspore_serving.common import check_type
 
@@ -18,10 +18,11 @@ from mindspore_serving.common import check_type
 @dataclass
 class ModelContext:
     """The options a `Context` collected, as read by the model loader."""
+
     thread_num: int = -1
-    thread_affinity_core_list: List[int] = field(default_factory=list)
+    thread_affinity_core_list: list[int] = field(default_factory=list)
     enable_parallel: int = -1
-    device_list: List[Dict[str, str]] = field(default_factory=list)
+    device_list: list[dict[str, str]] = field(default_factory=list)
 
     def as_string(self) -> str:
         """The options that were set, as MindSpore Serving prints them in "Load model failed, ... model context: "
@@ -39,7 +40,7 @@ class ModelContext:
         return _as_map(items)
 
 
-def _as_map(items: Dict[str, str]) -> str:
+def _as_map(items: dict[str, str]) -> str:
     return "{" + ", ".join(f"{key}: {items[key]}" for key in sorted(items)) + "}"
 
 
@@ -49,11 +50,12 @@ def _as_list(items) -> str:
 
 class DeviceInfoContext:
     """Base of the device infos; `context_map` holds the options that were set plus "device_type"."""
+
     device_type = ""
     _label = ""  # how error texts name the device ("cpu", "gpu", "ascend")
 
     def __init__(self):
-        self._options: Dict[str, str] = {}
+        self._options: dict[str, str] = {}
 
     def _set_options(self, kwargs, setters, unsupported_text):
         for key, value in kwargs.items():
@@ -63,7 +65,7 @@ class DeviceInfoContext:
             setter(value)
         self.context_map = self._as_context_map()
 
-    def _as_context_map(self) -> Dict[str, str]:
+    def _as_context_map(self) -> dict[str, str]:
         context_map = dict(self._options)
         context_map["device_type"] = self.device_type
         return context_map
@@ -94,12 +96,14 @@ class _PrecisionModeDeviceInfo(DeviceInfoContext):
 
 class CPUDeviceInfo(_PrecisionModeDeviceInfo):
     """CPU options: precision_mode ('origin' or 'fp16')."""
+
     device_type = "cpu"
     _label = "cpu"
 
 
 class GPUDeviceInfo(_PrecisionModeDeviceInfo):
     """GPU options: precision_mode ('origin' or 'fp16')."""
+
     device_type = "gpu"
     _label = "gpu"
 
@@ -107,34 +111,47 @@ class GPUDeviceInfo(_PrecisionModeDeviceInfo):
 class AscendDeviceInfo(DeviceInfoContext):
     """Ascend options: insert_op_cfg_path, input_format, input_shape, output_type, precision_mode,
     op_select_impl_mode, fusion_switch_config_path, buffer_optimize_mode."""
+
     device_type = "ascend"
     _label = "ascend"
     # option -> (values, MindSpore Serving's error for another value; its output_type text names
     # op_select_impl_mode, as the original does)
     _CHOICES = {
-        "input_format": (("ND", "NCHW", "NHWC", "CHWN", "NC1HWC0", "NHWC1C0"),
-                         "Ascend device info 'input_format' can only be 'ND', 'NCHW', 'NHWC', 'CHWN', 'NC1HWC0', or "
-                         "'NHWC1C0', actually given '{value}'"),
-        "output_type": (("FP32", "FP16", "UINT8"),
-                        "Ascend device info 'op_select_impl_mode' can only be 'FP32'(default), 'FP16' or 'UINT8', "
-                        "actually given '{value}'"),
-        "precision_mode": (("force_fp16", "allow_fp32_to_fp16", "must_keep_origin_dtype", "allow_mix_precision"),
-                           "Ascend device info 'precision_mode' can only be 'force_fp16'(default), "
-                           "'allow_fp32_to_fp16' 'must_keep_origin_dtype' or 'allow_mix_precision', actually given "
-                           "'{value}'"),
-        "op_select_impl_mode": (("high_performance", "high_precision"),
-                                "Ascend device info 'op_select_impl_mode' can only be 'high_performance'(default) or "
-                                "'high_precision', actually given '{value}'"),
-        "buffer_optimize_mode": (("l1_optimize", "l2_optimize", "off_optimize", "l1_and_l2_optimize"),
-                                 "Ascend device info 'buffer_optimize_mode' can only be 'off_optimize'(default), "
-                                 "'l1_optimize', 'l2_optimize' or 'l1_and_l2_optimize', actually given '{value}'"),
+        "input_format": (
+            ("ND", "NCHW", "NHWC", "CHWN", "NC1HWC0", "NHWC1C0"),
+            "Ascend device info 'input_format' can only be 'ND', 'NCHW', 'NHWC', 'CHWN', 'NC1HWC0', or "
+            "'NHWC1C0', actually given '{value}'",
+        ),
+        "output_type": (
+            ("FP32", "FP16", "UINT8"),
+            "Ascend device info 'op_select_impl_mode' can only be 'FP32'(default), 'FP16' or 'UINT8', "
+            "actually given '{value}'",
+        ),
+        "precision_mode": (
+            ("force_fp16", "allow_fp32_to_fp16", "must_keep_origin_dtype", "allow_mix_precision"),
+            "Ascend device info 'precision_mode' can only be 'force_fp16'(default), "
+            "'allow_fp32_to_fp16' 'must_keep_origin_dtype' or 'allow_mix_precision', actually given "
+            "'{value}'",
+        ),
+        "op_select_impl_mode": (
+            ("high_performance", "high_precision"),
+            "Ascend device info 'op_select_impl_mode' can only be 'high_performance'(default) or "
+            "'high_precision', actually given '{value}'",
+        ),
+        "buffer_optimize_mode": (
+            ("l1_optimize", "l2_optimize", "off_optimize", "l1_and_l2_optimize"),
+            "Ascend device info 'buffer_optimize_mode' can only be 'off_optimize'(default), "
+            "'l1_optimize', 'l2_optimize' or 'l1_and_l2_optimize', actually given '{value}'",
+        ),
     }
     _TEXTS = ("insert_op_cfg_path", "input_shape", "fusion_switch_config_path")
 
     def __init__(self, **kwargs):
         super().__init__()
-        setters = {key: (lambda value, key=key, choice=choice: self._set_choice(key, value, *choice))
-                   for key, choice in self._CHOICES.items()}
+        setters = {
+            key: (lambda value, key=key, choice=choice: self._set_choice(key, value, *choice))
+            for key, choice in self._CHOICES.items()
+        }
         setters.update({key: (lambda value, key=key: self._set_text(key, value)) for key in self._TEXTS})
         self._set_options(kwargs, setters, "Set ascend device info failed, unsupported parameter")
 
@@ -153,10 +170,12 @@ class Context:
 
     def __init__(self, **kwargs):
         self.model_context = ModelContext()
-        self.device_types: List[str] = []
-        setters = {"thread_num": self._set_thread_num,
-                   "thread_affinity_core_list": self._set_thread_affinity_core_list,
-                   "enable_parallel": self._set_enable_parallel}
+        self.device_types: list[str] = []
+        setters = {
+            "thread_num": self._set_thread_num,
+            "thread_affinity_core_list": self._set_thread_affinity_core_list,
+            "enable_parallel": self._set_enable_parallel,
+        }
         for key, value in kwargs.items():
             setter = setters.get(key)
             if setter is None:
@@ -166,8 +185,10 @@ class Context:
     def append_device_info(self, device_info):
         """Adds the options of one device type (CPUDeviceInfo, GPUDeviceInfo or AscendDeviceInfo)."""
         if not isinstance(device_info, DeviceInfoContext):
-            raise RuntimeError(f"Parameter 'device_info' should instance of CPUDeviceInfo, GPUDeviceInfo, or "
-                               f"AscendDeviceInfo, but actually {type(device_info)}")
+            raise RuntimeError(
+                f"Parameter 'device_info' should instance of CPUDeviceInfo, GPUDeviceInfo, or "
+                f"AscendDeviceInfo, but actually {type(device_info)}"
+            )
         info_map = device_info._as_context_map()  # pylint: disable=protected-access
         device_type = info_map["device_type"]
         if device_type in self.device_types:
@@ -180,7 +201,8 @@ class Context:
 
     def _set_thread_affinity_core_list(self, value):
         self.model_context.thread_affinity_core_list = list(
-            check_type.check_int_tuple_list("thread_affinity_core_list", value, 0))
+            check_type.check_int_tuple_list("thread_affinity_core_list", value, 0)
+        )
 
     def _set_enable_parallel(self, value):
         self.model_context.enable_parallel = 1 if check_type.check_bool("enable_parallel", value) else 0

@@ -4,14 +4,23 @@
 fixed order inside `register_method`: `call_preprocess[_pipeline]` at most once, then `call_servable` exactly
 once, then `call_postprocess[_pipeline]` at most once. Each call logs a deprecation warning.
 """
+
 from mindspore_serving.server.register._deprecation import deprecated
 from mindspore_serving.server.register._legacy_ast import LegacyMeta
 from mindspore_serving.server.register.method import _LegacyState, add_stage, current_recorder
 from mindspore_serving.server.register.model import Model, declare_model
 from mindspore_serving.server.register.options import AclOptions, GpuOptions
 
-__all__ = ["declare_servable", "call_preprocess", "call_preprocess_pipeline", "call_servable", "call_postprocess",
-           "call_postprocess_pipeline", "AclOptions", "GpuOptions"]
+__all__ = [
+    "declare_servable",
+    "call_preprocess",
+    "call_preprocess_pipeline",
+    "call_servable",
+    "call_postprocess",
+    "call_postprocess_pipeline",
+    "AclOptions",
+    "GpuOptions",
+]
 
 _ADD_STAGE = "mindspore_serving.server.register.add_stage"
 
@@ -19,8 +28,13 @@ _ADD_STAGE = "mindspore_serving.server.register.add_stage"
 @deprecated("mindspore_serving.server.register.declare_model")
 def declare_servable(servable_file, model_format, with_batch_dim=True, options=None, without_batch_dim_inputs=None):
     """Deprecated: use `declare_model`. Declares the single model of the servable."""
-    return declare_model(servable_file, model_format, with_batch_dim=with_batch_dim, options=options,
-                         without_batch_dim_inputs=without_batch_dim_inputs)
+    return declare_model(
+        servable_file,
+        model_format,
+        with_batch_dim=with_batch_dim,
+        options=options,
+        without_batch_dim_inputs=without_batch_dim_inputs,
+    )
 
 
 def _legacy(interface: str):
@@ -48,8 +62,7 @@ def _preprocess(interface: str, func, args, batch_size):
     if state.postprocess:
         _check_failed(recorder, f"{_POSTPROCESS} should be invoked after {interface}")
     state.preprocess = True
-    return add_stage(func, *args, outputs_count=state.outputs_count(interface), batch_size=batch_size,
-                     tag="Preprocess")
+    return add_stage(func, *args, outputs_count=state.outputs_count(interface), batch_size=batch_size, tag="Preprocess")
 
 
 def _postprocess(interface: str, func, args, batch_size):
@@ -58,8 +71,9 @@ def _postprocess(interface: str, func, args, batch_size):
     if state.postprocess:
         _check_failed(recorder, f"{_POSTPROCESS} should not be invoked more than once")
     state.postprocess = True
-    return add_stage(func, *args, outputs_count=state.outputs_count(interface), batch_size=batch_size,
-                     tag="Postprocess")
+    return add_stage(
+        func, *args, outputs_count=state.outputs_count(interface), batch_size=batch_size, tag="Postprocess"
+    )
 
 
 @deprecated(_ADD_STAGE)
@@ -88,8 +102,10 @@ def call_servable(*args):
         raise RuntimeError("There is no model declared, you can use declare_model to declare models.")
     outputs_count = state.outputs_count("call_servable")
     if len(models) > 1:
-        raise RuntimeError("There are more than one servable declared when the interface 'call_servable' is used, "
-                           "use 'add_stage' to replace 'call_servable'")
+        raise RuntimeError(
+            "There are more than one servable declared when the interface 'call_servable' is used, "
+            "use 'add_stage' to replace 'call_servable'"
+        )
     model_spec = next(iter(models.values()))
     model = Model(model_spec.model_key, recorder.servable.name, len(model_spec.model_files))
     return add_stage(model, *args, outputs_count=outputs_count)

@@ -3,17 +3,24 @@
 The decorated function is called with placeholders (`_TensorDef`) instead of data; every `add_stage`
 appends a `StageSpec` to the method being recorded and returns placeholders for the stage's outputs.
 """
+
 import inspect
-from typing import Dict, List, Optional, Tuple
 
 from mindspore_serving import log
 from mindspore_serving.common import check_type
-from mindspore_serving.spec import registry
 from mindspore_serving.server.register._legacy_ast import LegacyMeta, complex_statements_text, parse_legacy_calls
 from mindspore_serving.server.register.model import Model
 from mindspore_serving.server.register.placeholder import _TensorDef
-from mindspore_serving.spec.servable import (BUILTIN_STAGE_NAMES, STAGE_BUILTIN, STAGE_FUNCTION, STAGE_MODEL, MethodSpec,
-                                                    ServableSpec, StageSpec)
+from mindspore_serving.spec import registry
+from mindspore_serving.spec.servable import (
+    BUILTIN_STAGE_NAMES,
+    STAGE_BUILTIN,
+    STAGE_FUNCTION,
+    STAGE_MODEL,
+    MethodSpec,
+    ServableSpec,
+    StageSpec,
+)
 
 
 class _LegacyState:
@@ -22,7 +29,7 @@ class _LegacyState:
     def __init__(self, meta: LegacyMeta, method_name: str):
         self.meta = meta
         self.method_name = method_name
-        self.invoked: Dict[str, int] = {}
+        self.invoked: dict[str, int] = {}
         self.preprocess = False
         self.servable = False
         self.postprocess = False
@@ -42,17 +49,17 @@ class _LegacyState:
 class _MethodRecorder:
     """The method whose register_method function is running."""
 
-    def __init__(self, servable: ServableSpec, method: MethodSpec, legacy: Optional[_LegacyState]):
+    def __init__(self, servable: ServableSpec, method: MethodSpec, legacy: _LegacyState | None):
         self.servable = servable
         self.method = method
         self.legacy = legacy
-        self.functions: Dict[str, Tuple[int, int, bool]] = {}  # committed to the registry on success
+        self.functions: dict[str, tuple[int, int, bool]] = {}  # committed to the registry on success
 
     def function_info(self, key: str):
         return self.functions.get(key) or registry.stage_function_info(key)
 
 
-_recorder: Optional[_MethodRecorder] = None
+_recorder: _MethodRecorder | None = None
 
 
 def current_recorder(interface: str) -> _MethodRecorder:
@@ -61,7 +68,7 @@ def current_recorder(interface: str) -> _MethodRecorder:
     return _recorder
 
 
-def _input_names(func, method_name: str) -> List[str]:
+def _input_names(func, method_name: str) -> list[str]:
     names = []
     for name, param in inspect.signature(func).parameters.items():
         if param.kind == inspect.Parameter.VAR_POSITIONAL:
@@ -78,8 +85,10 @@ def _output_refs(returned, recorder: _MethodRecorder):
     values = returned if isinstance(returned, (tuple, list)) else (returned,)
     for value in values:
         if not isinstance(value, _TensorDef) or value.owner is not recorder:
-            raise RuntimeError("Each value returned is a placeholder for data and must come from the method inputs "
-                               "or the outputs of add_stage")
+            raise RuntimeError(
+                "Each value returned is a placeholder for data and must come from the method inputs "
+                "or the outputs of add_stage"
+            )
     return [value.ref for value in values]
 
 
@@ -137,26 +146,31 @@ def register_method(output_names):
         finally:
             _recorder = None
         if meta is not None and meta.calls and meta.source_known and meta.calls != len(method.stages):
-            raise RuntimeError(f"Failed to parse method {method_name}, the number of stages obtained through the AST "
-                               f"{meta.calls} is inconsistent with the running result {len(method.stages)}. "
-                               f"Condition and loop statements are not supported in methods currently.")
+            raise RuntimeError(
+                f"Failed to parse method {method_name}, the number of stages obtained through the AST "
+                f"{meta.calls} is inconsistent with the running result {len(method.stages)}. "
+                f"Condition and loop statements are not supported in methods currently."
+            )
         if recorder.legacy is not None and not recorder.legacy.servable:
             raise RuntimeError("Not find the invoke of 'call_servable'")
         method.outputs = _output_refs(returned, recorder)
         if len(method.outputs) != len(output_names):
-            raise RuntimeError(f"Method return output size {len(method.outputs)} not match registered "
-                               f"{len(output_names)}")
+            raise RuntimeError(
+                f"Method return output size {len(method.outputs)} not match registered {len(output_names)}"
+            )
         for key, info in recorder.functions.items():
             registry.set_stage_function_info(key, *info)
         servable.methods[method_name] = method
-        log.info(f"register method {method_name} of servable {servable_name}: inputs {input_names}, "
-                 f"outputs {list(output_names)}, {len(method.stages)} stages")
+        log.info(
+            f"register method {method_name} of servable {servable_name}: inputs {input_names}, "
+            f"outputs {list(output_names)}, {len(method.stages)} stages"
+        )
         return func
 
     return register
 
 
-def _positional_count(func) -> Optional[int]:
+def _positional_count(func) -> int | None:
     """How many positional arguments `func` takes; None when it accepts any number."""
     try:
         params = inspect.signature(func).parameters.values()
@@ -171,61 +185,95 @@ def _positional_count(func) -> Optional[int]:
     return count
 
 
-def _function_stage(recorder: _MethodRecorder, func, inputs_count: int, outputs_count: int,
-                    batch_size: Optional[int]) -> StageSpec:
+def _function_stage(
+    recorder: _MethodRecorder, func, inputs_count: int, outputs_count: int, batch_size: int | None
+) -> StageSpec:
     servable_name = recorder.servable.name
     func_name = getattr(func, "__name__", type(func).__name__)
     key = f"{servable_name}.{func_name}"
     if batch_size is None:
         arity = _positional_count(func)
         if arity is not None and arity != inputs_count:
-            raise RuntimeError(f"function {func_name} input args count {arity} not match the count {inputs_count} "
-                               f"registered in method")
+            raise RuntimeError(
+                f"function {func_name} input args count {arity} not match the count {inputs_count} registered in method"
+            )
     last = recorder.function_info(key)
     method_name = recorder.method.name
     if last is not None:
         last_inputs, last_outputs, last_batch = last
         if last_inputs != inputs_count:
-            raise RuntimeError(f"Stage function '{key}' inputs count {inputs_count} not match last registered count "
-                               f"{last_inputs}, method name '{method_name}'")
+            raise RuntimeError(
+                f"Stage function '{key}' inputs count {inputs_count} not match last registered count "
+                f"{last_inputs}, method name '{method_name}'"
+            )
         if last_outputs != outputs_count:
-            raise RuntimeError(f"Stage function '{key}' outputs count {outputs_count} not match last registered "
-                               f"count {last_outputs}, method name '{method_name}'")
+            raise RuntimeError(
+                f"Stage function '{key}' outputs count {outputs_count} not match last registered "
+                f"count {last_outputs}, method name '{method_name}'"
+            )
         if last_batch != (batch_size is not None):
-            raise RuntimeError(f"Failed to add stage function {key}: parameter 'batch_size' in multiple 'add_stage' "
-                               f"should be enabled or disabled consistently")
+            raise RuntimeError(
+                f"Failed to add stage function {key}: parameter 'batch_size' in multiple 'add_stage' "
+                f"should be enabled or disabled consistently"
+            )
     recorder.functions[key] = (inputs_count, outputs_count, batch_size is not None)
-    return StageSpec(kind=STAGE_FUNCTION, tag=f"Function '{key}'", inputs=[], outputs_count=outputs_count,
-                     batch_size=batch_size, function=func, function_key=key)
+    return StageSpec(
+        kind=STAGE_FUNCTION,
+        tag=f"Function '{key}'",
+        inputs=[],
+        outputs_count=outputs_count,
+        batch_size=batch_size,
+        function=func,
+        function_key=key,
+    )
 
 
-def _model_stage(recorder: _MethodRecorder, model: Model, inputs_count: int, outputs_count: int,
-                 batch_size: Optional[int]) -> StageSpec:
+def _model_stage(
+    recorder: _MethodRecorder, model: Model, inputs_count: int, outputs_count: int, batch_size: int | None
+) -> StageSpec:
     model_spec = recorder.servable.models.get(model.model_key)
     if model_spec is None:
-        raise RuntimeError(f"Check failed in method '{recorder.method.name}', the parameter 'stage' of add_stage must "
-                           f"be function or Model returned by declare_model, and ensure that interface "
-                           f"'declare_model' can take effect when importing servable_config.py by the serving server")
+        raise RuntimeError(
+            f"Check failed in method '{recorder.method.name}', the parameter 'stage' of add_stage must "
+            f"be function or Model returned by declare_model, and ensure that interface "
+            f"'declare_model' can take effect when importing servable_config.py by the serving server"
+        )
     subgraph = 0
     old = model_spec.io_counts.get(subgraph)
     if old is not None:
         if old[0] != inputs_count:
-            raise RuntimeError(f"RegisterInputOutputInfo failed, inputs count {inputs_count} not match old count "
-                               f"{old[0]}")
+            raise RuntimeError(
+                f"RegisterInputOutputInfo failed, inputs count {inputs_count} not match old count {old[0]}"
+            )
         if old[1] != outputs_count:
-            raise RuntimeError(f"RegisterInputOutputInfo failed, outputs count {outputs_count} not match old count "
-                               f"{old[1]}")
+            raise RuntimeError(
+                f"RegisterInputOutputInfo failed, outputs count {outputs_count} not match old count {old[1]}"
+            )
     model_spec.io_counts[subgraph] = (inputs_count, outputs_count)
-    return StageSpec(kind=STAGE_MODEL, tag=f"Model '{model.model_key}'", inputs=[], outputs_count=outputs_count,
-                     batch_size=batch_size, model_key=model.model_key, subgraph=subgraph)
+    return StageSpec(
+        kind=STAGE_MODEL,
+        tag=f"Model '{model.model_key}'",
+        inputs=[],
+        outputs_count=outputs_count,
+        batch_size=batch_size,
+        model_key=model.model_key,
+        subgraph=subgraph,
+    )
 
 
-def _builtin_stage(name: str, outputs_count: int, batch_size: Optional[int]) -> StageSpec:
+def _builtin_stage(name: str, outputs_count: int, batch_size: int | None) -> StageSpec:
     if not name or name not in BUILTIN_STAGE_NAMES:
-        raise RuntimeError(f"Stage function '{name}' is not defined, the built-in stage functions: "
-                           f"{sorted(BUILTIN_STAGE_NAMES)}")
-    return StageSpec(kind=STAGE_BUILTIN, tag=f"Function '{name}'", inputs=[], outputs_count=outputs_count,
-                     batch_size=batch_size, builtin_name=name)
+        raise RuntimeError(
+            f"Stage function '{name}' is not defined, the built-in stage functions: {sorted(BUILTIN_STAGE_NAMES)}"
+        )
+    return StageSpec(
+        kind=STAGE_BUILTIN,
+        tag=f"Function '{name}'",
+        inputs=[],
+        outputs_count=outputs_count,
+        batch_size=batch_size,
+        builtin_name=name,
+    )
 
 
 def add_stage(stage, *args, outputs_count, batch_size=None, tag=None):
@@ -276,8 +324,10 @@ def add_stage(stage, *args, outputs_count, batch_size=None, tag=None):
         check_type.check_int("batch_size", batch_size, 0)
     for item in args:
         if not isinstance(item, _TensorDef) or item.owner is not recorder:
-            raise RuntimeError("Each value of parameter *args is a placeholder for data and must come from the "
-                               "method inputs or the outputs of add_stage")
+            raise RuntimeError(
+                "Each value of parameter *args is a placeholder for data and must come from the "
+                "method inputs or the outputs of add_stage"
+            )
     if isinstance(stage, Model):
         spec = _model_stage(recorder, stage, len(args), outputs_count, batch_size)
     elif isinstance(stage, str):
@@ -285,8 +335,10 @@ def add_stage(stage, *args, outputs_count, batch_size=None, tag=None):
     elif inspect.isfunction(stage) or inspect.ismethod(stage) or inspect.isbuiltin(stage):
         spec = _function_stage(recorder, stage, len(args), outputs_count, batch_size)
     else:
-        raise RuntimeError(f"Check failed in method '{recorder.method.name}', the parameter 'stage' of add_stage must "
-                           f"be function or Model returned by declare_model, now is {type(stage)}")
+        raise RuntimeError(
+            f"Check failed in method '{recorder.method.name}', the parameter 'stage' of add_stage must "
+            f"be function or Model returned by declare_model, now is {type(stage)}"
+        )
     spec.inputs = [item.ref for item in args]
     if tag is not None:
         spec.tag = tag

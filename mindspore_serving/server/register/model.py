@@ -1,23 +1,23 @@
 """`declare_model` and the `Model` it returns; `Model.call` runs the model from inside a Python stage
 through the handler the worker installs in `spec.model_call`."""
+
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from mindspore_serving import log
 from mindspore_serving.common import check_type
-from mindspore_serving.spec import registry
 from mindspore_serving.server.register.context import Context
 from mindspore_serving.server.register.options import AclOptions, GpuOptions
 from mindspore_serving.server.register.placeholder import is_placeholder
+from mindspore_serving.spec import registry
 from mindspore_serving.spec.model_call import call_prefix, get_model_call_handler
 from mindspore_serving.spec.servable import ModelSpec
 
 MODEL_FORMATS = {"om": "OM", "mindir": "MindIR", "mindir_opt": "MindIR_Lite", "mindir_lite": "MindIR_Lite"}
 
-_CALL_USAGE = ("the inputs can be call(x1, x2) for single instance or call([[x1, x2], [x1, x2]]) "
-               "for multi instances")
+_CALL_USAGE = "the inputs can be call(x1, x2) for single instance or call([[x1, x2], [x1, x2]]) for multi instances"
 
 
 class Model:
@@ -67,11 +67,15 @@ class Model:
                     raise RuntimeError(prefix + f"inputs format invalid, {_CALL_USAGE}.")
         else:
             raw_instances = [args]
-        instances = [tuple(_as_array(value, prefix, index, position) for position, value in enumerate(instance))
-                     for index, instance in enumerate(raw_instances)]
+        instances = [
+            tuple(_as_array(value, prefix, index, position) for position, value in enumerate(instance))
+            for index, instance in enumerate(raw_instances)
+        ]
         if subgraph >= self.subgraph_count:
-            raise RuntimeError(prefix + f"The model does not have subgraph of index {subgraph}, "
-                                        f"the subgraph count of the model is {self.subgraph_count}")
+            raise RuntimeError(
+                prefix + f"The model does not have subgraph of index {subgraph}, "
+                f"the subgraph count of the model is {self.subgraph_count}"
+            )
         if not instances:
             raise RuntimeError(prefix + "Input instances count is 0")
         handler = get_model_call_handler()
@@ -88,14 +92,18 @@ def _as_array(value, prefix: str, instance_index: int, input_index: int) -> np.n
     if isinstance(value, np.ndarray):
         return value
     if is_placeholder(value):
-        raise RuntimeError(prefix + "inputs format invalid, Model.call() runs in stage functions and cannot take "
-                                    "the placeholders of register_method, use add_stage instead")
+        raise RuntimeError(
+            prefix + "inputs format invalid, Model.call() runs in stage functions and cannot take "
+            "the placeholders of register_method, use add_stage instead"
+        )
     if hasattr(value, "asnumpy"):
         return np.asarray(value.asnumpy())
     if isinstance(value, (bool, int, float, np.generic)):
         return np.asarray(value)
-    raise RuntimeError(prefix + f"inputs format invalid, input {input_index} of instance {instance_index} should be "
-                                f"numpy.ndarray, but actually {type(value)}; {_CALL_USAGE}.")
+    raise RuntimeError(
+        prefix + f"inputs format invalid, input {input_index} of instance {instance_index} should be "
+        f"numpy.ndarray, but actually {type(value)}; {_CALL_USAGE}."
+    )
 
 
 def _format_files(files: Sequence[str]) -> str:
@@ -109,8 +117,10 @@ def _resolve_context(context, options):
         if not isinstance(context, Context):
             raise RuntimeError(f"Parameter 'context' should be Context, but gotten {type(context)}")
         if options is not None:
-            log.warning("'options' will be deprecated in the future, we recommend using 'context', if these two "
-                        "parameters are both set, 'options' will be ignored")
+            log.warning(
+                "'options' will be deprecated in the future, we recommend using 'context', if these two "
+                "parameters are both set, 'options' will be ignored"
+            )
         return context
     if options is not None:
         log.warning("'options' will be deprecated in the future, we recommend using 'context'")
@@ -118,8 +128,15 @@ def _resolve_context(context, options):
     return None
 
 
-def declare_model(model_file, model_format, with_batch_dim=True, options=None, without_batch_dim_inputs=None,
-                  context=None, config_file=None):
+def declare_model(
+    model_file,
+    model_format,
+    with_batch_dim=True,
+    options=None,
+    without_batch_dim_inputs=None,
+    context=None,
+    config_file=None,
+):
     r"""Declares one model of the servable, in servable_config.py.
 
     The model files live in the version directories: `<servable_directory>/<servable_name>/<version>/<file>`.
@@ -164,8 +181,9 @@ def declare_model(model_file, model_format, with_batch_dim=True, options=None, w
     if without_batch_dim_inputs is None:
         without_batch_dim_inputs = ()
     else:
-        without_batch_dim_inputs = check_type.check_and_as_int_tuple_list("without_batch_dim_inputs",
-                                                                         without_batch_dim_inputs, 0)
+        without_batch_dim_inputs = check_type.check_and_as_int_tuple_list(
+            "without_batch_dim_inputs", without_batch_dim_inputs, 0
+        )
     context = _resolve_context(context, options)
     servable_directory, servable_name = registry.servable_location()
     if config_file is not None:
@@ -180,11 +198,17 @@ def declare_model(model_file, model_format, with_batch_dim=True, options=None, w
     used_files = {name for model in spec.models.values() for name in model.model_files}
     for name in model_files:  # declaring the same model again is reported so too, as MindSpore Serving does
         if name in used_files:
-            raise RuntimeError(f"Declare model {_format_files(model_files)} failed, model file '{name}' has already "
-                               f"been used")
-    spec.models[model_key] = ModelSpec(model_key=model_key, model_files=model_files, model_format=format_name,
-                                       with_batch_dim=with_batch_dim,
-                                       without_batch_dim_inputs=without_batch_dim_inputs,
-                                       context=context, config_file=config_file)
+            raise RuntimeError(
+                f"Declare model {_format_files(model_files)} failed, model file '{name}' has already been used"
+            )
+    spec.models[model_key] = ModelSpec(
+        model_key=model_key,
+        model_files=model_files,
+        model_format=format_name,
+        with_batch_dim=with_batch_dim,
+        without_batch_dim_inputs=without_batch_dim_inputs,
+        context=context,
+        config_file=config_file,
+    )
     log.info(f"declare model {model_key} of servable {servable_name}")
     return Model(model_key, servable_name, len(model_files))

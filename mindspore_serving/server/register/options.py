@@ -1,4 +1,5 @@
 """Deprecated model options of MindSpore Serving 1.x; each one wraps a `Context` in `.context`."""
+
 from mindspore_serving.server.register._deprecation import deprecated
 from mindspore_serving.server.register.context import AscendDeviceInfo, Context, GPUDeviceInfo
 

@@ -1,4 +1,5 @@
 """The placeholder values that flow through a `register_method` function while it is recorded."""
+
 from mindspore_serving.spec.servable import TensorRef
 
 
@@ -7,6 +8,7 @@ class _TensorDef:
 
     It stands for data that only exists when a request is served; it supports no operations.
     """
+
     __slots__ = ("ref", "owner")
 
     def __init__(self, stage_index: int, output_index: int, owner=None):

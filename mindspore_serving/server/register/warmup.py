@@ -1,4 +1,5 @@
 """`enable_warmup`: let a worker warm a servable up with generated inputs before it counts as ready."""
+
 from mindspore_serving.spec.registry import get_or_create_servable_spec, servable_location
 
 

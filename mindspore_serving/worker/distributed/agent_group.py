@@ -1,10 +1,11 @@
 """The rank agents of a distributed servable, seen from its worker: their registrations, the checks of their
 tensor infos, and the pipeline that runs the model through them (`DistributedModel`, a LoadedModel whose one
 subgraph is remote, so batching and stages work as for a local model)."""
+
 import threading
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence
 
 import grpc
 import numpy as np
@@ -22,13 +23,13 @@ from mindspore_serving.worker.model_backend import LoadedModel, TensorInfo
 class RankAgent:
     rank_id: int
     address: str
-    inputs: List[TensorInfo]
-    outputs: List[TensorInfo]
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
     channel: grpc.Channel
     stub: dpb_grpc.RankAgentStub
-    call_token: str = ""    # the rank's: this worker's calls to it carry it
+    call_token: str = ""  # the rank's: this worker's calls to it carry it
     notice_token: str = ""  # this worker's, for the rank: its starter's notices carry it
-    peer: str = ""          # where the registration came from
+    peer: str = ""  # where the registration came from
 
 
 class RegistrationRefused(RuntimeError):
@@ -39,7 +40,7 @@ def _describe(info: TensorInfo) -> str:
     return f"size: {info.nbytes}, data type: {np.dtype(info.dtype).name}, shape: {list(info.shape)}"
 
 
-def compare_infos(lefts: Sequence[TensorInfo], rights: Sequence[TensorInfo]) -> Optional[str]:
+def compare_infos(lefts: Sequence[TensorInfo], rights: Sequence[TensorInfo]) -> str | None:
     """Why two lists of tensor infos differ, in MindSpore Serving's words, or None."""
     if len(lefts) != len(rights):
         return f"Size not match, left: {len(lefts)}, right: {len(rights)}"
@@ -49,7 +50,7 @@ def compare_infos(lefts: Sequence[TensorInfo], rights: Sequence[TensorInfo]) -> 
     return None
 
 
-def check_agent_infos(agents: Dict[int, RankAgent], rank_size: int, stage_size: int):
+def check_agent_infos(agents: dict[int, RankAgent], rank_size: int, stage_size: int):
     """Ranks of a stage take the same inputs and give the same outputs; stage 0 takes the model's inputs and each
     later stage takes the outputs of the stage before it. RuntimeError names the first mismatch."""
     if len(agents) != rank_size:
@@ -70,30 +71,38 @@ def check_agent_infos(agents: Dict[int, RankAgent], rank_size: int, stage_size: 
             else:
                 reason = compare_infos(agent.inputs, previous_outputs)
                 if reason:
-                    raise RuntimeError(f"Rank {rank_id} input infos not match the outputs of rank {previous_rank}, "
-                                       f"the last rank of the previous stage, subgraph: 0, details: {reason}")
+                    raise RuntimeError(
+                        f"Rank {rank_id} input infos not match the outputs of rank {previous_rank}, "
+                        f"the last rank of the previous stage, subgraph: 0, details: {reason}"
+                    )
             reason = compare_infos(agent.outputs, first.outputs)
             if reason:
-                raise RuntimeError(f"Rank {rank_id} output infos not match rank {ranks[0]}, subgraph: 0, "
-                                   f"details: {reason}")
+                raise RuntimeError(
+                    f"Rank {rank_id} output infos not match rank {ranks[0]}, subgraph: 0, details: {reason}"
+                )
         previous_outputs, previous_rank = agents[ranks[-1]].outputs, ranks[-1]
 
 
 class AgentGroup:
     """The ranks that registered with this worker; `predict` runs one batch through all stages."""
 
-    def __init__(self, rank_list: List[RankConfig], rank_size: int, stage_size: int,
-                 timeout: float = protocol.RANK_PREDICT_TIMEOUT):
+    def __init__(
+        self,
+        rank_list: list[RankConfig],
+        rank_size: int,
+        stage_size: int,
+        timeout: float = protocol.RANK_PREDICT_TIMEOUT,
+    ):
         self.rank_list = rank_list
         self.rank_size = rank_size
         self.stage_size = stage_size
         self.timeout = timeout
-        self.agents: Dict[int, RankAgent] = {}
+        self.agents: dict[int, RankAgent] = {}
         self.scheduler_address = ""
         self._lock = threading.Lock()
         self._predict_lock = threading.Lock()  # collectives need every rank to run the same batch at once
         self.all_registered = threading.Event()
-        self.failure: Optional[str] = None
+        self.failure: str | None = None
         self.failed = threading.Event()
         self.on_failure: Callable[[str], None] = lambda reason: None
 
@@ -102,8 +111,10 @@ class AgentGroup:
         """Records one rank and returns its notice token; RegistrationRefused says why not. A rank registers
         once: a second registration of it is refused, since one of the two is not this servable's agent."""
         if request.protocol_version != protocol.DISTRIBUTED_PROTOCOL_VERSION:
-            raise RegistrationRefused(f"agent protocol version {request.protocol_version} does not match the "
-                                      f"worker's {protocol.DISTRIBUTED_PROTOCOL_VERSION}")
+            raise RegistrationRefused(
+                f"agent protocol version {request.protocol_version} does not match the "
+                f"worker's {protocol.DISTRIBUTED_PROTOCOL_VERSION}"
+            )
         if not request.call_token:
             raise RegistrationRefused(f"the registration of rank {request.rank_id} carries no call token")
         with self._lock:
@@ -113,23 +124,38 @@ class AgentGroup:
                 raise RegistrationRefused(f"Invalid rank id {request.rank_id}, rank size {self.rank_size}")
             first = self.agents.get(request.rank_id)
             if first is not None:
-                log.error(f"rank {request.rank_id} registered again, address {request.address}, from {peer}: "
-                          f"refused; it registered first with address {first.address}, from {first.peer}. One of "
-                          f"them is not an agent of this servable")
-                raise RegistrationRefused(f"rank {request.rank_id} is already registered, with address "
-                                          f"{first.address}; a second registration of it is refused")
+                log.error(
+                    f"rank {request.rank_id} registered again, address {request.address}, from {peer}: "
+                    f"refused; it registered first with address {first.address}, from {first.peer}. One of "
+                    f"them is not an agent of this servable"
+                )
+                raise RegistrationRefused(
+                    f"rank {request.rank_id} is already registered, with address "
+                    f"{first.address}; a second registration of it is refused"
+                )
             channel = protocol.channel(request.address)
-            infos = [[TensorInfo(shape, dtype) for shape, dtype in protocol.tensor_infos_from_proto(field)]
-                     for field in (request.inputs, request.outputs)]
-            agent = RankAgent(request.rank_id, request.address, infos[0], infos[1], channel,
-                              dpb_grpc.RankAgentStub(channel), request.call_token, protocol.new_token(), peer)
+            infos = [
+                [TensorInfo(shape, dtype) for shape, dtype in protocol.tensor_infos_from_proto(field)]
+                for field in (request.inputs, request.outputs)
+            ]
+            agent = RankAgent(
+                request.rank_id,
+                request.address,
+                infos[0],
+                infos[1],
+                channel,
+                dpb_grpc.RankAgentStub(channel),
+                request.call_token,
+                protocol.new_token(),
+                peer,
+            )
             self.agents[request.rank_id] = agent
             log.info(f"Rank {request.rank_id} been registered, address {request.address}, from {peer}")
             if len(self.agents) >= self.rank_size:
                 self.all_registered.set()
         return agent.notice_token
 
-    def notice_sender(self, notice_token: str) -> Optional[int]:
+    def notice_sender(self, notice_token: str) -> int | None:
         """The registered rank whose notice token this is; None when it is none's."""
         with self._lock:
             agents = list(self.agents.values())
@@ -160,12 +186,14 @@ class AgentGroup:
             if stopping.is_set():
                 raise RuntimeError("Worker or Agents has stopped")
             if waited >= limit:
-                raise RuntimeError(f"Failed to wait for ready of all agents, current agents count: {len(self.agents)}, "
-                                   f"rank size: {self.rank_size}")
+                raise RuntimeError(
+                    f"Failed to wait for ready of all agents, current agents count: {len(self.agents)}, "
+                    f"rank size: {self.rank_size}"
+                )
         check_agent_infos(self.agents, self.rank_size, self.stage_size)
 
     # ---- inference ----
-    def predict(self, inputs: Sequence[np.ndarray]) -> List[np.ndarray]:
+    def predict(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Runs the stages in order: stage 0's ranks get `inputs`, each later stage's ranks get the outputs of the
         last rank of the stage before; the last rank's outputs are returned."""
         with self._predict_lock:
@@ -181,13 +209,14 @@ class AgentGroup:
                 self.fail(str(err))
                 raise
 
-    def _run_stage(self, ranks: List[int], values: Sequence[np.ndarray]) -> List[np.ndarray]:
+    def _run_stage(self, ranks: list[int], values: Sequence[np.ndarray]) -> list[np.ndarray]:
         request_id = uuid.uuid4().hex
         futures = []
         for rank_id in ranks:
             agent = self.agents[rank_id]
-            request = dpb.RankPredictRequest(request_id=request_id, return_result=rank_id == ranks[-1],
-                                             call_token=agent.call_token)
+            request = dpb.RankPredictRequest(
+                request_id=request_id, return_result=rank_id == ranks[-1], call_token=agent.call_token
+            )
             protocol.arrays_to_tensors(values, request.inputs)
             futures.append(agent.stub.Predict.future(request, timeout=self.timeout))
         reply = None
@@ -199,8 +228,9 @@ class AgentGroup:
                     raise RuntimeError(f"Failed to wait for result of rank {rank_id}") from None
                 raise RuntimeError(f"Error happened on get result of rank {rank_id}: {err.details()}") from None
             if reply.error.error_code:
-                raise RuntimeError(f"Error happened on get result of rank {rank_id}: "
-                                   f"{reply.error.error_msg.decode(errors='replace')}")
+                raise RuntimeError(
+                    f"Error happened on get result of rank {rank_id}: {reply.error.error_msg.decode(errors='replace')}"
+                )
         return protocol.tensors_to_arrays(reply.outputs)
 
     def close(self, reason: str):
@@ -222,7 +252,7 @@ class _RemoteSubgraph:
         self.inputs = group.agents[0].inputs
         self.outputs = group.agents[group.rank_size - 1].outputs
 
-    def run(self, inputs: Sequence[np.ndarray]) -> List[np.ndarray]:
+    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         return self.group.predict(inputs)
 
 

@@ -3,10 +3,10 @@ rank table, serves DistributedWorker on distributed_address until every rank age
 WorkerService and registers with the master like any worker. It is never restarted; it exits when its agents
 are lost or a prediction fails (as MindSpore Serving's distributed worker does), and tells its agents to exit.
 """
+
 import argparse
 import os
 from concurrent import futures
-
 
 from mindspore_serving import log
 from mindspore_serving.ipc import distributed as protocol
@@ -38,8 +38,10 @@ def parse_args(argv=None):
 def distributed_declaration(spec, servable_name: str):
     """The servable's DistributedSpec and model spec; RuntimeError in MindSpore Serving's words otherwise."""
     if spec is None or not spec.models:
-        raise RuntimeError(f"Distributed servable '{servable_name}' has not been declared or has been declared more "
-                           f"than once, declared number: 0")
+        raise RuntimeError(
+            f"Distributed servable '{servable_name}' has not been declared or has been declared more "
+            f"than once, declared number: 0"
+        )
     if not spec.distributed:
         raise RuntimeError(f"Servable '{servable_name}' is not registered as distributed servable")
     if not spec.methods:
@@ -50,10 +52,12 @@ def distributed_declaration(spec, servable_name: str):
 def warn_if_exposed(distributed_address: str):
     """Logs what is open to other hosts when the worker listens beyond this host with neither secret nor TLS."""
     exposed = protocol.exposure_warning(
-        distributed_address, "the distributed worker",
+        distributed_address,
+        "the distributed worker",
         "any process that reaches it can read the rank table, register as a rank before the real agent does "
         "(which then fails to start), and end the start with a failure notice while ranks register; the tensors "
-        "and tokens it exchanges with the ranks travel in plaintext")
+        "and tokens it exchanges with the ranks travel in plaintext",
+    )
     if exposed:
         log.warning(exposed)
 
@@ -78,21 +82,25 @@ class DistributedWorker(worker_process.Worker):
         check_rank_config(ranks, declaration.rank_size, declaration.stage_size, args.rank_table_json_file)
         self.group = AgentGroup(ranks, declaration.rank_size, declaration.stage_size)
         self.group.on_failure = self._on_agents_failure
-        self.distributed_server = protocol.server(futures.ThreadPoolExecutor(max_workers=16,
-                                                                             thread_name_prefix="distributed-rpc"))
+        self.distributed_server = protocol.server(
+            futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="distributed-rpc")
+        )
         dpb_grpc.add_DistributedWorkerServicer_to_server(
-            DistributedWorkerServicer(self.group, model_spec, content), self.distributed_server)
+            DistributedWorkerServicer(self.group, model_spec, content), self.distributed_server
+        )
         try:
             port, reason = protocol.listen(self.distributed_server, args.distributed_address), "cannot listen there"
         except RuntimeError as err:  # grpcio's bind failure, or an unusable MS_SERVING_DISTRIBUTED_TLS_* file
             port, reason = 0, err
         if not port:
-            raise RuntimeError(f"Start distributed worker server failed, address {args.distributed_address}: "
-                               f"{reason}")
+            raise RuntimeError(f"Start distributed worker server failed, address {args.distributed_address}: {reason}")
         self.distributed_server.start()
         warn_if_exposed(args.distributed_address)
-        print(f"Serving: distributed worker listening on {args.distributed_address}, waiting for "
-              f"{declaration.rank_size} agents", flush=True)
+        print(
+            f"Serving: distributed worker listening on {args.distributed_address}, waiting for "
+            f"{declaration.rank_size} agents",
+            flush=True,
+        )
         self.group.wait_ready(args.wait_agents_time_in_seconds, self.stopping)
         log.info("Success waiting ready of all agents")
         model = DistributedModel(model_spec, self.group)

@@ -4,9 +4,9 @@ A rank table is either `{"server_list": [{"server_id": ip, "device": [{"device_i
 or `{"group_list": [{"instance_list": [{"server_id", "rank_id", "devices": [{"device_id", ...}]}]}]}`; ids are
 strings of digits and rank ids must count up from 0 in file order.
 """
+
 import json
 from dataclasses import dataclass
-from typing import List
 
 CARDS_PER_MACHINE = 8
 
@@ -14,6 +14,7 @@ CARDS_PER_MACHINE = 8
 @dataclass(frozen=True)
 class RankConfig:
     """One rank of the table: the machine (server_id) and the device on it."""
+
     ip: str
     device_id: int
 
@@ -55,7 +56,7 @@ def _required(obj, name: str, get, path: str):
     return value
 
 
-def parse_rank_table(content: str, path: str) -> List[RankConfig]:
+def parse_rank_table(content: str, path: str) -> list[RankConfig]:
     """The ranks of a rank table's text (`path` only names the file in errors); RuntimeError when invalid."""
     try:
         table = json.loads(content)
@@ -63,7 +64,7 @@ def parse_rank_table(content: str, path: str) -> List[RankConfig]:
         raise RuntimeError(f"parse error:{err}") from None
     if not isinstance(table, dict):
         raise RuntimeError(f"{path} is not json object")
-    ranks: List[RankConfig] = []
+    ranks: list[RankConfig] = []
     if "group_list" in table:
         for group in _required(table, "group_list", _array, path):
             for instance in _required(group, "instance_list", _array, path):
@@ -87,7 +88,7 @@ def read_rank_table(path: str) -> str:
         raise RuntimeError(f"failed to open rank table file：{path}") from None
 
 
-def check_rank_config(ranks: List[RankConfig], rank_size: int, stage_size: int, path: str):
+def check_rank_config(ranks: list[RankConfig], rank_size: int, stage_size: int, path: str):
     """The rank table against the servable's declare_servable(rank_size, stage_size).
 
     MindSpore Serving's Ascend-only layout rules for stage_size > 1 (8 cards per machine, device id = position on
@@ -95,24 +96,29 @@ def check_rank_config(ranks: List[RankConfig], rank_size: int, stage_size: int, 
     if stage_size == 0 or rank_size == 0:
         raise RuntimeError(f"Rank size or stage size cannot be 0, rank size: {rank_size}, stage size: {stage_size}")
     if rank_size % stage_size != 0:
-        raise RuntimeError(f"Rank size must be an integral multiple of stage size, rank size: {rank_size}, "
-                           f"stage size: {stage_size}")
+        raise RuntimeError(
+            f"Rank size must be an integral multiple of stage size, rank size: {rank_size}, stage size: {stage_size}"
+        )
     if len(ranks) != rank_size:
-        raise RuntimeError(f"Rank size {len(ranks)} declared in rank table file '{path}' not equal to {rank_size} "
-                           f"declared in servable config")
+        raise RuntimeError(
+            f"Rank size {len(ranks)} declared in rank table file '{path}' not equal to {rank_size} "
+            f"declared in servable config"
+        )
     if stage_size == 1:
         used = {}
         for rank_id, rank in enumerate(ranks):
             devices = used.setdefault(rank.ip, set())
             if rank.device_id in devices:
-                raise RuntimeError(f"Check rank table config failed, device id repeatedly used by rank {rank_id} in "
-                                   f"device ip {rank.ip}")
+                raise RuntimeError(
+                    f"Check rank table config failed, device id repeatedly used by rank {rank_id} in "
+                    f"device ip {rank.ip}"
+                )
             if rank.device_id >= CARDS_PER_MACHINE:
                 raise RuntimeError("Check rank table config failed, device id cannot larger than 8")
             devices.add(rank.device_id)
 
 
-def stage_ranks(rank_size: int, stage_size: int) -> List[List[int]]:
+def stage_ranks(rank_size: int, stage_size: int) -> list[list[int]]:
     """The rank ids of each pipeline stage, in order: stage s holds ranks [s*k, (s+1)*k) with k = rank/stage."""
     per_stage = rank_size // stage_size
     return [list(range(s * per_stage, (s + 1) * per_stage)) for s in range(stage_size)]

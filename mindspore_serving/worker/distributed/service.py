@@ -1,4 +1,5 @@
 """DistributedWorker: what the distributed worker serves to `startup_agents` and to the rank agents."""
+
 import grpc
 
 from mindspore_serving import log
@@ -22,16 +23,23 @@ class DistributedWorkerServicer(dpb_grpc.DistributedWorkerServicer):
 
     def AcquireConfig(self, request, context):
         if request.protocol_version != protocol.DISTRIBUTED_PROTOCOL_VERSION:
-            return dpb.AgentConfig(error=_error(
-                f"agent protocol version {request.protocol_version} does not match the worker's "
-                f"{protocol.DISTRIBUTED_PROTOCOL_VERSION}"))
+            return dpb.AgentConfig(
+                error=_error(
+                    f"agent protocol version {request.protocol_version} does not match the worker's "
+                    f"{protocol.DISTRIBUTED_PROTOCOL_VERSION}"
+                )
+            )
         group = self.group
         return dpb.AgentConfig(
             rank_table_content=self.rank_table_content,
             rank_list=[dpb.RankInfo(ip=rank.ip, device_id=rank.device_id) for rank in group.rank_list],
-            servable_name=self.model_spec.model_key, with_batch_dim=self.model_spec.with_batch_dim,
+            servable_name=self.model_spec.model_key,
+            with_batch_dim=self.model_spec.with_batch_dim,
             without_batch_dim_inputs=list(self.model_spec.without_batch_dim_inputs),
-            rank_size=group.rank_size, stage_size=group.stage_size, scheduler_address=group.scheduler_address)
+            rank_size=group.rank_size,
+            stage_size=group.stage_size,
+            scheduler_address=group.scheduler_address,
+        )
 
     def PublishScheduler(self, request, context):
         log.info(f"the agents' cluster scheduler listens on {request.scheduler_address}")
@@ -60,8 +68,9 @@ class DistributedWorkerServicer(dpb_grpc.DistributedWorkerServicer):
         if rank_id is None:
             refusal = self._tokenless_refusal(request, ends_start)
             if refusal:
-                log.warning(f"a notice that agents on {request.agent_ip!r} {what}, from {context.peer()}, is "
-                            f"refused: {refusal}")
+                log.warning(
+                    f"a notice that agents on {request.agent_ip!r} {what}, from {context.peer()}, is refused: {refusal}"
+                )
                 context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
         sender = f"rank {rank_id}'s starter" if rank_id is not None else "a starter none of whose ranks registered"
         log.error(f"agents on {request.agent_ip} {what} (notice of {sender}, from {context.peer()}): {request.reason}")

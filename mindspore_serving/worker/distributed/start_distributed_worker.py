@@ -1,5 +1,6 @@
 """Entry of the distributed worker process, started by the master as
 `python -m mindspore_serving.worker.distributed.start_distributed_worker ...` (the name operators look for in `ps`)."""
+
 from mindspore_serving.common.native_protobuf import prefer_native_protobuf
 
 prefer_native_protobuf()  # before protobuf is imported (see the module)

@@ -1,9 +1,10 @@
 """The worker's side of the agents: a ModelRunner whose `run` is one Step call to every rank."""
+
 import itertools
 import os
 import threading
 import time
-from typing import Callable, List, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import grpc
 import numpy as np
@@ -40,11 +41,20 @@ class AgentRunner(MultiStepRunner, StepSubmitter, PromptScorer):
     bring their logits back. `spec_tokens`: the most proposed tokens a row may carry and be verified in one call on
     every rank (their verify graphs, GraphRunner), 0 when a rank has none.
     """
+
     mixed_steps = True
 
-    def __init__(self, addresses: Sequence[str], on_agent_lost: Optional[Callable[[int, str], None]] = None,
-                 heartbeat_interval: float = 1.0, heartbeat_misses: int = 3, connect_timeout: float = CONNECT_TIMEOUT,
-                 model_name: str = "the model", secret: str = "", expected_pids: Optional[dict] = None):
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        on_agent_lost: Callable[[int, str], None] | None = None,
+        heartbeat_interval: float = 1.0,
+        heartbeat_misses: int = 3,
+        connect_timeout: float = CONNECT_TIMEOUT,
+        model_name: str = "the model",
+        secret: str = "",
+        expected_pids: dict | None = None,
+    ):
         self.addresses = list(addresses)
         self.secret = secret
         self._step_metadata = ((protocol.SECRET_METADATA, secret),) if secret else None
@@ -52,8 +62,8 @@ class AgentRunner(MultiStepRunner, StepSubmitter, PromptScorer):
         self.on_agent_lost = on_agent_lost
         self._closing = threading.Event()
         self._lost_lock = threading.Lock()
-        self.lost: Optional[str] = None     # why the group is lost, once it is
-        self._in_flight: "set[_StepCall]" = set()
+        self.lost: str | None = None  # why the group is lost, once it is
+        self._in_flight: set[_StepCall] = set()
         self._step_ids = itertools.count(1)
         self._last_step_id = 0
         self._encoder = protocol.StepEncoder()
@@ -70,13 +80,17 @@ class AgentRunner(MultiStepRunner, StepSubmitter, PromptScorer):
         for rank, (info, address) in enumerate(zip(infos, self.addresses)):
             if info.protocol_version != protocol.AGENT_PROTOCOL_VERSION:
                 self.close()
-                raise RuntimeError(f"agent at {address} speaks protocol {info.protocol_version}, this worker "
-                                   f"{protocol.AGENT_PROTOCOL_VERSION}")
+                raise RuntimeError(
+                    f"agent at {address} speaks protocol {info.protocol_version}, this worker "
+                    f"{protocol.AGENT_PROTOCOL_VERSION}"
+                )
             expected = (expected_pids or {}).get(rank)
             if expected is not None and info.pid != expected:  # another process took its address
                 self.close()
-                raise RuntimeError(f"the agent at {address} is pid {info.pid}, not the rank {rank} this worker "
-                                   f"started (pid {expected})")
+                raise RuntimeError(
+                    f"the agent at {address} is pid {info.pid}, not the rank {rank} this worker "
+                    f"started (pid {expected})"
+                )
         info = infos[0]
         self.block_size = info.block_size
         self.num_blocks = min(i.num_blocks for i in infos)  # ranks measured on different hosts may differ
@@ -87,13 +101,15 @@ class AgentRunner(MultiStepRunner, StepSubmitter, PromptScorer):
         self._score_refusal = f"agent rank {refusals[0][0]}: {refusals[0][1]}" if refusals else None
         # the longest rows every rank verifies in one call (spec_tokens + 1 tokens); 0: no verify graphs
         self.spec_tokens = min(i.spec_tokens for i in infos)
-        self._attachments = [stub.Attach(agent_pb2.AttachRequest(worker_pid=os.getpid(), secret=secret))
-                             for stub in self.stubs]
+        self._attachments = [
+            stub.Attach(agent_pb2.AttachRequest(worker_pid=os.getpid(), secret=secret)) for stub in self.stubs
+        ]
         for rank, call in enumerate(self._attachments):
             next(call)  # the agent has registered this worker
             threading.Thread(target=self._watch, args=(rank, call), name=f"agent-watch-{rank}", daemon=True).start()
-        threading.Thread(target=self._heartbeat, args=(heartbeat_interval, heartbeat_misses),
-                         name="agent-heartbeat", daemon=True).start()
+        threading.Thread(
+            target=self._heartbeat, args=(heartbeat_interval, heartbeat_misses), name="agent-heartbeat", daemon=True
+        ).start()
 
     def _watch(self, rank: int, call):
         reason = "its stream ended"
@@ -121,8 +137,11 @@ class AgentRunner(MultiStepRunner, StepSubmitter, PromptScorer):
                 except grpc.RpcError:
                     missed[rank] += 1
                     if missed[rank] >= misses:
-                        self._lose(rank, f"LLM agent rank {rank} of {self.model_name} is not responding "
-                                         f"({self.addresses[rank]}: {misses} heartbeats of {interval:g} s missed)")
+                        self._lose(
+                            rank,
+                            f"LLM agent rank {rank} of {self.model_name} is not responding "
+                            f"({self.addresses[rank]}: {misses} heartbeats of {interval:g} s missed)",
+                        )
                         return
             if self.lost is not None:
                 return
@@ -141,18 +160,23 @@ class AgentRunner(MultiStepRunner, StepSubmitter, PromptScorer):
         if self.on_agent_lost is not None:
             self.on_agent_lost(rank, reason)
 
-    def score_refusal(self) -> Optional[str]:
+    def score_refusal(self) -> str | None:
         return self._score_refusal
 
-    def run(self, seqs: List[SeqStep]) -> np.ndarray:
+    def run(self, seqs: list[SeqStep]) -> np.ndarray:
         return self.submit(seqs).result()
 
-    def run_greedy(self, seqs: List[SeqStep], num_steps: int):
+    def run_greedy(self, seqs: list[SeqStep], num_steps: int):
         """Multi-step greedy decoding (model_io.run_greedy_steps), done by the agents in one Step call."""
         return self.submit(seqs, num_steps).result()
 
-    def submit(self, seqs: Sequence[SeqStep], greedy_steps: int = 0, prev_rows: Sequence[int] = (),
-               logits_rows: Sequence[int] = ()) -> "_StepCall":
+    def submit(
+        self,
+        seqs: Sequence[SeqStep],
+        greedy_steps: int = 0,
+        prev_rows: Sequence[int] = (),
+        logits_rows: Sequence[int] = (),
+    ) -> "_StepCall":
         """Sends a step to every rank and returns at once (model_io: steps run in the order they are submitted,
         placeholder rows continue from the step submitted before). `.result()`: rank 0's logits, (tokens,
         logprobs) of a greedy step, or a MixedStep (`logits_rows`); raises when any rank failed. Called from one
@@ -188,8 +212,14 @@ class _StepCall:
     or the group was lost (`abort`): the other ranks of a cluster may never reply. `on_finished(call, failed)`
     runs once (after a failure a rank may not have kept that step's block tables)."""
 
-    def __init__(self, greedy_steps: int, on_finished: Callable[["_StepCall", bool], None],
-                 model_name: str = "the model", num_logits_rows: int = 0, mixed: Optional[bool] = None):
+    def __init__(
+        self,
+        greedy_steps: int,
+        on_finished: Callable[["_StepCall", bool], None],
+        model_name: str = "the model",
+        num_logits_rows: int = 0,
+        mixed: bool | None = None,
+    ):
         self.greedy_steps = greedy_steps
         self.num_logits_rows = num_logits_rows  # a mixed step's
         self.mixed = bool(num_logits_rows) if mixed is None else mixed
@@ -199,7 +229,7 @@ class _StepCall:
         self._done = threading.Event()
         self._lock = threading.Lock()
         self._pending = 0
-        self._failure: Optional[BaseException] = None
+        self._failure: BaseException | None = None
 
     def start(self, calls):
         self.calls = calls
@@ -214,8 +244,10 @@ class _StepCall:
                 if future.cancelled():
                     self._failure = AgentLost(f"the step to LLM agent rank {rank} of {self.model_name} was cancelled")
                 elif future.exception() is not None:
-                    self._failure = AgentLost(f"LLM agent rank {rank} of {self.model_name} did not answer the step "
-                                              f"({_rpc_failure(future.exception())})")
+                    self._failure = AgentLost(
+                        f"LLM agent rank {rank} of {self.model_name} did not answer the step "
+                        f"({_rpc_failure(future.exception())})"
+                    )
                 elif rank > 0 and future.result().error:  # rank 0's error is raised by its decoding
                     self._failure = RuntimeError(f"agent rank {rank} step failed: {future.result().error}")
             if self._pending == 0 or self._failure is not None:
@@ -238,8 +270,9 @@ class _StepCall:
             reply = self.calls[0].result()
         except (grpc.RpcError, grpc.FutureCancelledError) as err:  # never hand a gRPC object to the engine
             self.on_finished(self, True)
-            raise AgentLost(f"LLM agent rank 0 of {self.model_name} did not answer the step "
-                            f"({_rpc_failure(err)})") from None
+            raise AgentLost(
+                f"LLM agent rank 0 of {self.model_name} did not answer the step ({_rpc_failure(err)})"
+            ) from None
         try:
             if self.mixed:
                 out = protocol.decode_mixed(reply, self.num_logits_rows)

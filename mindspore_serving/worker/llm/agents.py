@@ -5,14 +5,15 @@ AgentStartupEvent (ipc/agent.py): ready once its graphs are loaded and warmed up
 its reason. A tensor-parallel group (model.tensor_parallel > 1) is a MindSpore cluster: the host of rank 0 also
 runs the cluster's scheduler, and every rank process gets the cluster's environment (common/ms_cluster.py).
 """
+
 import itertools
 import os
 import select
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
 
 from mindspore_serving import log
 from mindspore_serving.common import cluster_registration, ms_cluster
@@ -30,11 +31,12 @@ _POLL_SECONDS = 0.2
 class AgentGroup:
     """The agent processes this process started for an LLM servable: `ranks[i]` runs in `processes[i]`;
     `addresses` are those of every rank of the servable (some may run on other hosts)."""
-    addresses: List[str]
-    processes: List[subprocess.Popen]
-    ranks: List[int] = field(default_factory=list)
-    scheduler: Optional[subprocess.Popen] = None  # the cluster's scheduler, when this host holds rank 0
-    secret: str = field(default="", repr=False)   # what Attach and Step must carry ("" for none)
+
+    addresses: list[str]
+    processes: list[subprocess.Popen]
+    ranks: list[int] = field(default_factory=list)
+    scheduler: subprocess.Popen | None = None  # the cluster's scheduler, when this host holds rank 0
+    secret: str = field(default="", repr=False)  # what Attach and Step must carry ("" for none)
 
     def pids(self) -> dict:
         """rank -> pid of the agents this process started (the worker checks it reached them)."""
@@ -64,7 +66,7 @@ class AgentGroup:
 _GROUPS = itertools.count()
 
 
-def agent_addresses(config, directory: str = "") -> List[str]:
+def agent_addresses(config, directory: str = "") -> list[str]:
     """Where each rank listens: host:start_port+rank with fixed ports (agents other hosts or start_agent.py
     start), else unix sockets in `directory`, the server's runtime directory (the worker starts every rank on its
     own host)."""
@@ -74,8 +76,9 @@ def agent_addresses(config, directory: str = "") -> List[str]:
     if not directory:
         raise ValueError("agents on unix sockets (agents.start_port 0) need the server's runtime directory")
     group = next(_GROUPS)  # a restarted group gets sockets of its own: the old one's exit removes its files
-    return [ipc.socket_address(directory, f"serving_agent_{os.getpid()}_{group}_{rank}")
-            for rank in range(agents.num_ranks)]
+    return [
+        ipc.socket_address(directory, f"serving_agent_{os.getpid()}_{group}_{rank}") for rank in range(agents.num_ranks)
+    ]
 
 
 def group_secret(config) -> str:
@@ -87,7 +90,7 @@ def group_secret(config) -> str:
     return "" if config.agents.start_port else ipc.new_secret()
 
 
-def cluster_address(config) -> Optional[ms_cluster.ClusterAddress]:
+def cluster_address(config) -> ms_cluster.ClusterAddress | None:
     """The scheduler of the servable's cluster (None without tensor parallelism): agents.scheduler_address, or a
     free port on the worker's host."""
     if config.model.tensor_parallel == 1:
@@ -98,16 +101,34 @@ def cluster_address(config) -> Optional[ms_cluster.ClusterAddress]:
     return ms_cluster.ClusterAddress(agents.host, ms_cluster.free_port(agents.host), agents.num_ranks)
 
 
-def _spawn(config_path: str, rank: int, address: str, cluster: Optional[ms_cluster.ClusterAddress],
-           secret: str, num_blocks: Optional[int] = None) -> "tuple[subprocess.Popen, int]":
+def _spawn(
+    config_path: str,
+    rank: int,
+    address: str,
+    cluster: ms_cluster.ClusterAddress | None,
+    secret: str,
+    num_blocks: int | None = None,
+) -> "tuple[subprocess.Popen, int]":
     read_fd, write_fd = os.pipe()
     env = child_env() if cluster is None else ms_cluster.rank_env(cluster, rank)
     blocks = [] if num_blocks is None else [f"--num_blocks={num_blocks}"]
     try:
         process = subprocess.Popen(
-            [sys.executable, "-m", AGENT_MODULE, f"--config={config_path}", f"--rank={rank}", f"--address={address}",
-             f"--startup_fd={write_fd}", f"--parent_pid={os.getpid()}"] + blocks,
-            pass_fds=(write_fd,), env=env, stdin=subprocess.PIPE)
+            [
+                sys.executable,
+                "-m",
+                AGENT_MODULE,
+                f"--config={config_path}",
+                f"--rank={rank}",
+                f"--address={address}",
+                f"--startup_fd={write_fd}",
+                f"--parent_pid={os.getpid()}",
+            ]
+            + blocks,
+            pass_fds=(write_fd,),
+            env=env,
+            stdin=subprocess.PIPE,
+        )
     except BaseException:
         os.close(read_fd)
         raise
@@ -118,8 +139,13 @@ def _spawn(config_path: str, rank: int, address: str, cluster: Optional[ms_clust
     return process, read_fd
 
 
-def startup_agents(config, addresses: Optional[List[str]] = None, ranks: Optional[Sequence[int]] = None,
-                   cluster: Optional[ms_cluster.ClusterAddress] = None, directory: str = "") -> AgentGroup:
+def startup_agents(
+    config,
+    addresses: list[str] | None = None,
+    ranks: Sequence[int] | None = None,
+    cluster: ms_cluster.ClusterAddress | None = None,
+    directory: str = "",
+) -> AgentGroup:
     """Starts the agents of `ranks` (default: every rank) and blocks until all are ready (models loaded, warmed
     up, listening), at `addresses` (default: agent_addresses in `directory`). With tensor parallelism the ranks
     form a cluster at `cluster` (default: `cluster_address`), whose scheduler starts here when rank 0 is among
@@ -137,8 +163,10 @@ def startup_agents(config, addresses: Optional[List[str]] = None, ranks: Optiona
     processes, pipes = [], {}
     group = AgentGroup(addresses, processes, ranks, secret=group_secret(config))
     if not group.secret:
-        log.warning(f"the LLM agents on {', '.join(addresses[r] for r in ranks)} take any worker that reaches them: "
-                    f"set {protocol.SECRET_ENV} for them and their worker")
+        log.warning(
+            f"the LLM agents on {', '.join(addresses[r] for r in ranks)} take any worker that reaches them: "
+            f"set {protocol.SECRET_ENV} for them and their worker"
+        )
     try:
         if cluster is not None and 0 in ranks:
             group.scheduler = ms_cluster.start_scheduler(cluster, stdout=subprocess.DEVNULL)
@@ -152,8 +180,10 @@ def startup_agents(config, addresses: Optional[List[str]] = None, ranks: Optiona
         def spawn(rank: int) -> subprocess.Popen:
             process, read_fd = _spawn(config.path, rank, addresses[rank], cluster, group.secret, num_blocks)
             pipes[read_fd] = (rank, protocol.StartupEventReader())
-            log.info(f"agent rank {rank} (pid {process.pid}) starting on {addresses[rank]}"
-                     + (f", joining the cluster at {cluster}" if cluster is not None else ""))
+            log.info(
+                f"agent rank {rank} (pid {process.pid}) starting on {addresses[rank]}"
+                + (f", joining the cluster at {cluster}" if cluster is not None else "")
+            )
             return process
 
         for rank in ranks:
@@ -170,9 +200,14 @@ def startup_agents(config, addresses: Optional[List[str]] = None, ranks: Optiona
     return group
 
 
-def _wait_ready(processes: List[subprocess.Popen], ranks: List[int], pipes: dict,
-                scheduler: Optional[subprocess.Popen],
-                registrations: Optional[cluster_registration.RankRegistrations], spawn):
+def _wait_ready(
+    processes: list[subprocess.Popen],
+    ranks: list[int],
+    pipes: dict,
+    scheduler: subprocess.Popen | None,
+    registrations: cluster_registration.RankRegistrations | None,
+    spawn,
+):
     ready = set()
     deadline = time.monotonic() + START_TIMEOUT
     open_fds = set(pipes)
@@ -206,10 +241,10 @@ def _wait_ready(processes: List[subprocess.Popen], ranks: List[int], pipes: dict
                 log.info(f"agent rank {event.rank} is ready (pid {event.ready_pid})")
         dead = [(rank, p) for rank, p in zip(ranks, processes) if p.poll() is not None and rank not in ready]
         if dead and not readable:
-            raise RuntimeError(f"agent rank {dead[0][0]} exited with code {dead[0][1].returncode} "
-                               f"before it was ready")
+            raise RuntimeError(f"agent rank {dead[0][0]} exited with code {dead[0][1].returncode} before it was ready")
         if scheduler is not None and scheduler.poll() is not None:
-            raise RuntimeError(f"the cluster scheduler exited with code {scheduler.returncode} before the agents "
-                               f"were ready")
+            raise RuntimeError(
+                f"the cluster scheduler exited with code {scheduler.returncode} before the agents were ready"
+            )
         if time.monotonic() > deadline:
             raise RuntimeError(f"agents not ready within {START_TIMEOUT} s")

@@ -20,6 +20,7 @@ serving_server.py --model runs it before starting the servables; a worker runs i
 * writes model.yaml (network and buckets), llm.yaml and servables/<name>/servable_config.py, each only when its
   content changes, and loads llm.yaml as a worker would (so a bad value fails here, before anything starts).
 """
+
 import fcntl
 import hashlib
 import json
@@ -28,8 +29,8 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
 
 import yaml
 
@@ -65,7 +66,7 @@ class PreparedModel:
 class _Checked:
     model_file: ModelFile
     max_model_len: int
-    digests: Dict[str, str]
+    digests: dict[str, str]
     eos_token_ids: list
 
 
@@ -99,8 +100,10 @@ def _check(settings: HfModelSettings) -> _Checked:
         except ValueError as err:
             raise HfModelError(f"{GENERATION_CONFIG_FILE}: {err}") from None
     if not os.path.isfile(os.path.join(model_dir, TOKENIZER_FILE)):
-        raise HfModelError(f"the model directory has no {TOKENIZER_FILE} (a Hugging Face fast tokenizer); save the "
-                           f"tokenizer with transformers' save_pretrained to write one")
+        raise HfModelError(
+            f"the model directory has no {TOKENIZER_FILE} (a Hugging Face fast tokenizer); save the "
+            f"tokenizer with transformers' save_pretrained to write one"
+        )
     model_file = plan.export_model_file(settings, cfg, max_len)
     plan.check_kv_cache_memory(settings, model_file, max_len)
     files = sorted({entry[0] for entry in checkpoint.entries.values()})
@@ -115,8 +118,11 @@ def _complete(cache_dir: str, key: str, tp: int) -> bool:
             marker = json.load(stream)
     except (OSError, ValueError):
         return False
-    return (isinstance(marker, dict) and marker.get("key") == key
-            and all(os.path.isfile(os.path.join(cache_dir, d, MANIFEST)) for d in plan.rank_dirs(tp)))
+    return (
+        isinstance(marker, dict)
+        and marker.get("key") == key
+        and all(os.path.isfile(os.path.join(cache_dir, d, MANIFEST)) for d in plan.rank_dirs(tp))
+    )
 
 
 def _write(path: str, text: str):
@@ -141,17 +147,34 @@ def _export(settings: HfModelSettings, checked: _Checked, cache_dir: str, key: s
     export = checked.model_file.export
     graphs = len(export.prefill_batch_buckets) * len(export.prefill_len_buckets) + len(export.decode_batch_buckets)
     graphs += len(export.score_lengths) + len(export.spec_batches)
-    log(f"{settings.served_model_name}: exporting {graphs} graphs{f' per rank, {tp} ranks' if tp > 1 else ''} "
-        f"into {cache_dir} (max_model_len {checked.max_model_len})")
+    log(
+        f"{settings.served_model_name}: exporting {graphs} graphs{f' per rank, {tp} ranks' if tp > 1 else ''} "
+        f"into {cache_dir} (max_model_len {checked.max_model_len})"
+    )
     # a spawned compiling process costs a MindSpore import (seconds): worth it only for many graphs
     jobs = max(1, min(2, os.cpu_count() or 1, graphs // 8))
-    argv = [sys.executable, "-m", EXPORT_MODULE, f"--model_dir={settings.model_dir}", f"--config={model_yaml}",
-            f"--out={os.path.join(cache_dir, plan.GRAPHS_DIR)}", f"--tensor_parallel={tp}", f"--jobs={jobs}",
-            f"--device={settings.device_type or 'CPU'}", f"--source=hf:{settings.served_model_name} {key[:16]}"]
+    argv = [
+        sys.executable,
+        "-m",
+        EXPORT_MODULE,
+        f"--model_dir={settings.model_dir}",
+        f"--config={model_yaml}",
+        f"--out={os.path.join(cache_dir, plan.GRAPHS_DIR)}",
+        f"--tensor_parallel={tp}",
+        f"--jobs={jobs}",
+        f"--device={settings.device_type or 'CPU'}",
+        f"--source=hf:{settings.served_model_name} {key[:16]}",
+    ]
     start = time.monotonic()
     run_export(argv, settings.served_model_name)
-    marker = {"key": key, "model_dir": settings.model_dir, "files": checked.digests, "tensor_parallel": tp,
-              "model_file": checked.model_file.to_dict(), "export_seconds": round(time.monotonic() - start, 1)}
+    marker = {
+        "key": key,
+        "model_dir": settings.model_dir,
+        "files": checked.digests,
+        "tensor_parallel": tp,
+        "model_file": checked.model_file.to_dict(),
+        "export_seconds": round(time.monotonic() - start, 1),
+    }
     _write(os.path.join(cache_dir, plan.MARKER_FILE), json.dumps(marker, indent=1))
     log(f"{settings.served_model_name}: exported in {marker['export_seconds']:.1f} s")
 
@@ -159,22 +182,30 @@ def _export(settings: HfModelSettings, checked: _Checked, cache_dir: str, key: s
 def run_export(argv, name: str):
     """Runs the exporting process `argv`, its output (a line per graph, MindSpore's warnings) printed line by line
     after "<name>: "; HfModelError with its "export failed: <why>" line when it fails."""
-    process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, errors="replace", env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    process = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     reason = ""
     try:
         for line in process.stdout:
             print(f"{name}: {line.rstrip()}", flush=True)
             if line.startswith(FAILED):
-                reason = line[len(FAILED):].strip()
+                reason = line[len(FAILED) :].strip()
         process.wait()
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
     if process.returncode != 0:
-        raise HfModelError(f"exporting {name} failed: "
-                           f"{reason or f'the exporting process exited with code {process.returncode}'}")
+        raise HfModelError(
+            f"exporting {name} failed: {reason or f'the exporting process exited with code {process.returncode}'}"
+        )
 
 
 def _write_model_file(model_file: ModelFile, cache_dir: str) -> str:
@@ -184,7 +215,7 @@ def _write_model_file(model_file: ModelFile, cache_dir: str) -> str:
     return path
 
 
-def _generation_config(settings: HfModelSettings, checked: _Checked, cache_dir: str) -> Optional[str]:
+def _generation_config(settings: HfModelSettings, checked: _Checked, cache_dir: str) -> str | None:
     """The model's generation_config.json; without one, a file of the cache holding config.json's eos ids."""
     path = os.path.join(settings.model_dir, GENERATION_CONFIG_FILE)
     if os.path.isfile(path):
@@ -206,8 +237,10 @@ def prepare(settings: HfModelSettings, log: Callable[[str], None] = print) -> Pr
     try:
         os.makedirs(settings.model_cache, exist_ok=True)
     except OSError as err:
-        raise HfModelError(f"cannot create the model cache {os.path.basename(settings.model_cache)}: "
-                           f"{err.strerror}; choose another (--model_cache)") from None
+        raise HfModelError(
+            f"cannot create the model cache {os.path.basename(settings.model_cache)}: "
+            f"{err.strerror}; choose another (--model_cache)"
+        ) from None
     with open(cache_dir + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another start exporting the same graphs: wait for it, then use them
         exported = not _complete(cache_dir, key, tp)
@@ -217,8 +250,13 @@ def prepare(settings: HfModelSettings, log: Callable[[str], None] = print) -> Pr
             log(f"{settings.served_model_name}: using the graphs exported at {cache_dir}")
             _write_model_file(checked.model_file, cache_dir)
         tokenizer = os.path.join(settings.model_dir, TOKENIZER_FILE)
-        data = plan.llm_config(settings, checked.model_file, checked.max_model_len, tokenizer,
-                               _generation_config(settings, checked, cache_dir))
+        data = plan.llm_config(
+            settings,
+            checked.model_file,
+            checked.max_model_len,
+            tokenizer,
+            _generation_config(settings, checked, cache_dir),
+        )
         config_file = os.path.join(cache_dir, plan.LLM_CONFIG_FILE)
         _write(config_file, plan.llm_config_header(settings) + yaml.safe_dump(data, sort_keys=False))
         servable = os.path.join(cache_dir, plan.SERVABLES_DIR, settings.served_model_name)
@@ -227,8 +265,8 @@ def prepare(settings: HfModelSettings, log: Callable[[str], None] = print) -> Pr
     try:
         load_serving_config(config_file)
     except ConfigError as err:
-        raise HfModelError(f"the configuration written for it ({plan.LLM_CONFIG_FILE}) is not served: {err}") \
-            from None
+        raise HfModelError(f"the configuration written for it ({plan.LLM_CONFIG_FILE}) is not served: {err}") from None
     log(f"{settings.served_model_name}: LLM configuration {config_file}")
-    return PreparedModel(settings.served_model_name, cache_dir, config_file,
-                         os.path.join(cache_dir, plan.SERVABLES_DIR), exported)
+    return PreparedModel(
+        settings.served_model_name, cache_dir, config_file, os.path.join(cache_dir, plan.SERVABLES_DIR), exported
+    )

@@ -8,13 +8,20 @@ weights file beside small graphs counts the same), split between those ranks. Mi
 of a device's free memory (mindspore.hal.get_device_properties has no free memory on GPU and needs an initialised
 Ascend device), so on GPU and Ascend the fraction is refused in favour of engine.kv_cache_memory.
 """
+
 import os
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from mindspore_serving import log
 from mindspore_serving.common.ms_device import resolve_device
-from mindspore_serving.llm.kv_budget import FRACTION, MIB, CacheGeometry, KvBudgetError, KvCacheCapacity, \
-    fraction_budget
+from mindspore_serving.llm.kv_budget import (
+    FRACTION,
+    MIB,
+    CacheGeometry,
+    KvBudgetError,
+    KvCacheCapacity,
+    fraction_budget,
+)
 from mindspore_serving.spec.llm_config import read_manifest
 
 MEMINFO = "/proc/meminfo"
@@ -49,7 +56,7 @@ def _graphs_of(config, rank: int) -> str:
     return graphs[rank] if len(graphs) > 1 else graphs[0]
 
 
-def measured_num_blocks(config, ranks: Sequence[int], available: Optional[int] = None) -> Optional[int]:
+def measured_num_blocks(config, ranks: Sequence[int], available: int | None = None) -> int | None:
     """The blocks per rank of engine.kv_cache_memory_fraction for the agents of `ranks` started on this host (None
     for the other ways of sizing the cache, which every process reads from the configuration alike).
     `available`: the host's available bytes (default: measured now). Raises RuntimeError with the reason when
@@ -61,9 +68,11 @@ def measured_num_blocks(config, ranks: Sequence[int], available: Optional[int] =
     if device is None or device.lower() == "none":
         device = resolve_device(None)
     if device.upper() != "CPU":
-        raise RuntimeError(f"engine.{FRACTION} is measured on CPU hosts only; the agents run on {device}, whose free "
-                           f"memory MindSpore does not report: give engine.kv_cache_memory (bytes per rank, e.g. "
-                           f"'2GiB') instead")
+        raise RuntimeError(
+            f"engine.{FRACTION} is measured on CPU hosts only; the agents run on {device}, whose free "
+            f"memory MindSpore does not report: give engine.kv_cache_memory (bytes per rank, e.g. "
+            f"'2GiB') instead"
+        )
     ranks = list(ranks)
     try:
         manifest = read_manifest(_graphs_of(config, ranks[0]))
@@ -75,8 +84,10 @@ def measured_num_blocks(config, ranks: Sequence[int], available: Optional[int] =
     except (OSError, ValueError) as err:
         raise RuntimeError(f"engine.{FRACTION}: cannot measure the memory: {err}") from None
     per_rank = fraction_budget(budget.value, available, weights, len(ranks))
-    text = (f"{per_rank} ({budget.value:g} of {available / MIB:.0f} MiB available, less {weights / MIB:.1f} MiB "
-            f"of weights, for {len(ranks)} rank(s))")
+    text = (
+        f"{per_rank} ({budget.value:g} of {available / MIB:.0f} MiB available, less {weights / MIB:.1f} MiB "
+        f"of weights, for {len(ranks)} rank(s))"
+    )
     try:
         blocks = CacheGeometry.from_manifest(manifest).blocks(config.engine.max_model_len, per_rank, text)
     except KvBudgetError as err:

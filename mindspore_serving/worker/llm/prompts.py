@@ -11,8 +11,10 @@ expect the object (they write it with `tojson`): JSON text of an object is hande
 Their assistant message that only calls tools has content null: the template gets "" (as vLLM gives it), so that
 a template that writes every message's content does not fail on it.
 """
+
 import json
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from collections.abc import Mapping, Sequence
+from typing import Any, Union
 
 from mindspore_serving.common import errors
 from mindspore_serving.ipc.llm_session import Tokenized, TokenizeRequest
@@ -21,8 +23,10 @@ from mindspore_serving.llm.engine import EncodedPrompt
 
 Template = Union[ChatTemplate, LegacyChatTemplate]
 RESERVED_VARIABLES = frozenset(("messages", "add_generation_prompt", "tools", "documents", "continue_final_message"))
-NO_TEMPLATE = ("this model has no chat template: send a prompt, or set 'model.chat_template' in its LLM "
-               "configuration (a Jinja file)")
+NO_TEMPLATE = (
+    "this model has no chat template: send a prompt, or set 'model.chat_template' in its LLM "
+    "configuration (a Jinja file)"
+)
 
 
 class Prompter:
@@ -33,7 +37,7 @@ class Prompter:
     def __init__(self, tokenizer, model, max_prompt_chars: int):
         self.tokenizer = tokenizer
         self.max_prompt_chars = max_prompt_chars
-        self._templates: Dict[bool, Template] = {}  # with tools -> the template; empty: none
+        self._templates: dict[bool, Template] = {}  # with tools -> the template; empty: none
         special = tokenizer.special_tokens
         if model.chat_message is not None:
             legacy = LegacyChatTemplate(model.chat_template, model.chat_message)
@@ -54,13 +58,20 @@ class Prompter:
         return bool(self._templates)
 
     @property
-    def tools_template_text(self) -> Optional[str]:
+    def tools_template_text(self) -> str | None:
         """The Jinja text a chat with tools is rendered with (None: no template, or an old-style one)."""
         return getattr(self._templates.get(True), "text", None)
 
-    def chat(self, messages: Sequence[dict], add_generation_prompt: bool = True, tools=None, documents=None,
-             continue_final_message: bool = False, add_special_tokens: Optional[bool] = None,
-             template_kwargs: Optional[dict] = None) -> EncodedPrompt:
+    def chat(
+        self,
+        messages: Sequence[dict],
+        add_generation_prompt: bool = True,
+        tools=None,
+        documents=None,
+        continue_final_message: bool = False,
+        add_special_tokens: bool | None = None,
+        template_kwargs: dict | None = None,
+    ) -> EncodedPrompt:
         """The prompt of a chat (its text and ids); ChatTemplateError (a client error) when the template refuses
         the messages or fails on them."""
         if not self._templates:
@@ -68,28 +79,42 @@ class Prompter:
         template = self._templates[bool(tools)]
         reserved = sorted(set(template_kwargs or ()) & RESERVED_VARIABLES)
         if reserved:
-            raise errors.InvalidInputs(f"chat_template_kwargs may not set {', '.join(reserved)}: the request's own "
-                                       f"fields do")
-        text = template.render([_template_message(m) for m in messages], add_generation_prompt, tools=tools,
-                               documents=documents, continue_final_message=continue_final_message,
-                               **(template_kwargs or {}))
+            raise errors.InvalidInputs(
+                f"chat_template_kwargs may not set {', '.join(reserved)}: the request's own fields do"
+            )
+        text = template.render(
+            [_template_message(m) for m in messages],
+            add_generation_prompt,
+            tools=tools,
+            documents=documents,
+            continue_final_message=continue_final_message,
+            **(template_kwargs or {}),
+        )
         if add_special_tokens is None:
             add_special_tokens = template.add_special_tokens
         return EncodedPrompt(text, self.encode(text, add_special_tokens))
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> List[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if len(text) > self.max_prompt_chars:
-            raise errors.InvalidInputs(f"the prompt has {len(text)} characters, more than this model takes "
-                                       f"({self.max_prompt_chars}); shorten it")
+            raise errors.InvalidInputs(
+                f"the prompt has {len(text)} characters, more than this model takes "
+                f"({self.max_prompt_chars}); shorten it"
+            )
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def tokenize(self, request: TokenizeRequest) -> Tokenized:
         if request.messages is not None:
             if request.chat_template_kwargs is not None and not isinstance(request.chat_template_kwargs, dict):
                 raise errors.InvalidInputs("chat_template_kwargs must be an object")
-            text, ids = self.chat(request.messages, request.add_generation_prompt, request.tools, request.documents,
-                                  request.continue_final_message, request.add_special_tokens,
-                                  request.chat_template_kwargs)
+            text, ids = self.chat(
+                request.messages,
+                request.add_generation_prompt,
+                request.tools,
+                request.documents,
+                request.continue_final_message,
+                request.add_special_tokens,
+                request.chat_template_kwargs,
+            )
         else:
             text = request.prompt or ""
             ids = self.encode(text, True if request.add_special_tokens is None else request.add_special_tokens)

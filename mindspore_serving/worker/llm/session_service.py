@@ -10,12 +10,13 @@ A request with several choices (n / best_of) is one stream: its Tokens name thei
 positions per choice, each choice ends with its own Final, and the stream is done after the last one. When a
 choice fails, its Error ends the stream for the master at once, and the worker aborts the other choices.
 """
+
 import functools
 import queue
 import threading
 import time
 from collections import defaultdict
-from typing import DefaultDict, Dict, Iterator, List, Tuple
+from collections.abc import Iterator
 
 import grpc
 
@@ -24,7 +25,6 @@ from mindspore_serving.common import errors
 from mindspore_serving.ipc import llm_session
 from mindspore_serving.proto import llm_worker_pb2 as pb
 from mindspore_serving.proto import llm_worker_pb2_grpc
-
 
 TOKEN_TEXTS_CACHED = 1 << 16
 """Single-token texts (top logprobs, scored prompts) a session keeps decoded."""
@@ -35,7 +35,7 @@ class _StreamState:
     failed (nothing more is sent then)."""
 
     def __init__(self):
-        self.next_index: DefaultDict[int, int] = defaultdict(int)
+        self.next_index: defaultdict[int, int] = defaultdict(int)
         self.num_finished = 0
         self.failed = False
 
@@ -49,9 +49,9 @@ class _Session:
         self.peer = peer
         self.special_ids = runtime.tokenizer.special_ids
         self.token_text = functools.lru_cache(maxsize=TOKEN_TEXTS_CACHED)(self._decode_one)
-        self.batches: "queue.SimpleQueue" = queue.SimpleQueue()  # lists of (stream_id, item); None ends
-        self._pending: List[Tuple[int, object]] = []
-        self._live: Dict[int, object] = {}  # stream_id -> RequestStream
+        self.batches: queue.SimpleQueue = queue.SimpleQueue()  # lists of (stream_id, item); None ends
+        self._pending: list[tuple[int, object]] = []
+        self._live: dict[int, object] = {}  # stream_id -> RequestStream
         self._lock = threading.Lock()
         self._closed = False
         self._ending = False
@@ -90,7 +90,8 @@ class _Session:
                 prompt = self.runtime.prompter.chat(
                     llm_session.read_chat_messages(request.messages),
                     tools=llm_session.read_json(request.tools_json),
-                    template_kwargs=llm_session.read_json(request.template_kwargs_json))
+                    template_kwargs=llm_session.read_json(request.template_kwargs_json),
+                )
             elif request.prompt_token_ids:
                 prompt = list(request.prompt_token_ids)
             else:
@@ -100,8 +101,9 @@ class _Session:
                     return
                 if self._ending:
                     raise errors.WorkerUnavailable(f"the worker of {self.runtime.spec.name} is stopping")
-                self._live[stream_id] = self.runtime.submit(prompt, params, request.request_id or None,
-                                                            sink=self, tag=stream_id)
+                self._live[stream_id] = self.runtime.submit(
+                    prompt, params, request.request_id or None, sink=self, tag=stream_id
+                )
         except (errors.ServingError, ValueError) as err:
             self.batches.put([(stream_id, err)])
 
@@ -132,14 +134,14 @@ class _Session:
 
     # --- replies (the gRPC handler's thread) ---
     def replies(self) -> Iterator[pb.SessionBatch]:
-        streams: Dict[int, _StreamState] = {}
+        streams: dict[int, _StreamState] = {}
         while True:
             batch = self.batches.get()
             if batch is None:
                 self.ended.set()
                 return
             reply = pb.SessionBatch()
-            by_stream: Dict[int, pb.StreamEvents] = {}
+            by_stream: dict[int, pb.StreamEvents] = {}
             for stream_id, item in batch:
                 state = streams.get(stream_id)
                 if state is None:
@@ -149,8 +151,9 @@ class _Session:
                 elif state.failed:
                     events = []  # the master has the stream's error already: the other choices end unseen
                 else:
-                    events = llm_session.output_events(item, state.next_index[item.index], self.special_ids,
-                                                       self.token_text)
+                    events = llm_session.output_events(
+                        item, state.next_index[item.index], self.special_ids, self.token_text
+                    )
                     state.next_index[item.index] += len(item.new_token_ids)
                 if events:
                     stream_events = by_stream.get(stream_id)
@@ -177,7 +180,7 @@ class _Session:
         if stream is not None:
             stream.abort()
 
-    def _done(self, stream_id: int, streams: Dict[int, _StreamState]):
+    def _done(self, stream_id: int, streams: dict[int, _StreamState]):
         streams.pop(stream_id, None)
         with self._lock:
             self._live.pop(stream_id, None)
@@ -201,7 +204,7 @@ def _answer(what: str, call):
 class LlmWorkerServicer(llm_worker_pb2_grpc.LlmWorkerServicer):
     def __init__(self, runtime):
         self.runtime = runtime
-        self._sessions: List[_Session] = []
+        self._sessions: list[_Session] = []
         self._lock = threading.Lock()
 
     def Session(self, request_iterator, context):
@@ -209,8 +212,9 @@ class LlmWorkerServicer(llm_worker_pb2_grpc.LlmWorkerServicer):
         with self._lock:
             self._sessions.append(session)
         context.add_callback(session.close)  # cancelled or broken: abort its requests so KV blocks are freed
-        threading.Thread(target=session.read, args=(request_iterator,), name="llm-session-commands",
-                         daemon=True).start()
+        threading.Thread(
+            target=session.read, args=(request_iterator,), name="llm-session-commands", daemon=True
+        ).start()
         try:
             yield from session.replies()
         finally:
@@ -219,11 +223,13 @@ class LlmWorkerServicer(llm_worker_pb2_grpc.LlmWorkerServicer):
 
     def Tokenize(self, request: pb.TokenizeRequest, context) -> pb.TokenizeReply:
         return llm_session.tokenize_reply(
-            _answer("tokenize", lambda: self.runtime.prompter.tokenize(llm_session.read_tokenize_request(request))))
+            _answer("tokenize", lambda: self.runtime.prompter.tokenize(llm_session.read_tokenize_request(request)))
+        )
 
     def Detokenize(self, request: pb.DetokenizeRequest, context) -> pb.DetokenizeReply:
         return llm_session.detokenize_reply(
-            _answer("detokenize", lambda: self.runtime.prompter.detokenize(list(request.token_ids))))
+            _answer("detokenize", lambda: self.runtime.prompter.detokenize(list(request.token_ids)))
+        )
 
     def end_sessions(self, timeout: float):
         """Ends every session once its running requests are done; waits at most `timeout` seconds in all."""

@@ -5,6 +5,7 @@
 
 Prints `PASS <check>` for each check, and exits non-zero at the first failure.
 """
+
 import argparse
 import asyncio
 import os
@@ -47,8 +48,11 @@ def check_metadata(args):
     server = http.get_server_metadata()
     expect(server["name"] == "mindspore_serving" and "binary_tensor_data" in server["extensions"], server)
     meta = http.get_model_metadata("add.add_common")
-    expect(meta["inputs"] == [{"name": "x1", "datatype": "FP32", "shape": [2, 2]},
-                              {"name": "x2", "datatype": "FP32", "shape": [2, 2]}], meta)
+    expect(
+        meta["inputs"]
+        == [{"name": "x1", "datatype": "FP32", "shape": [2, 2]}, {"name": "x2", "datatype": "FP32", "shape": [2, 2]}],
+        meta,
+    )
     expect(meta["outputs"] == [{"name": "y", "datatype": "FP32", "shape": [2, 2]}], meta)
     expect(http.get_model_metadata("add.add_common", model_version="1")["versions"] == ["1"], "version route")
     grpc = grpcclient.InferenceServerClient(args.grpc)
@@ -81,13 +85,15 @@ def check_async_http(args):
     async def run():
         client = aiohttpclient.InferenceServerClient(args.http)
         try:
-            results = await asyncio.gather(*(client.infer("add.add_common", add_inputs(aiohttpclient))
-                                             for _ in range(4)))
+            results = await asyncio.gather(
+                *(client.infer("add.add_common", add_inputs(aiohttpclient)) for _ in range(4))
+            )
             for result in results:
                 expect(np.array_equal(result.as_numpy("y"), X1 + X2), result.as_numpy("y"))
             expect((await client.get_model_metadata("add.add_cast"))["name"] == "add.add_cast", "async metadata")
         finally:
             await client.close()
+
     asyncio.run(run())
 
 
@@ -156,6 +162,7 @@ def check_repository(args):
 
 def check_api_key(args):
     """A server started with --api_key: the clients' `headers=` carry it; without them, 401 / UNAUTHENTICATED."""
+
     def headers():  # a new dict per call: the HTTP client adds its own entries to the one it is given
         return {"authorization": f"Bearer {args.api_key}"}
 
@@ -174,7 +181,7 @@ def check_api_key(args):
     expect(err.status() == "StatusCode.UNAUTHENTICATED", (err.status(), err.message()))
 
 
-CHECKS = {name[len("check_"):]: function for name, function in globals().items() if name.startswith("check_")}
+CHECKS = {name[len("check_") :]: function for name, function in globals().items() if name.startswith("check_")}
 
 
 def main():

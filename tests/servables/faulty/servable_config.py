@@ -1,4 +1,5 @@
 """A servable without models whose Python stages fail in controlled ways (for error-path tests)."""
+
 import numpy as np
 
 from mindspore_serving.server import register

@@ -1,4 +1,5 @@
 """A servable without models whose stage takes as long as asked (for lifecycle tests)."""
+
 import os
 import time
 

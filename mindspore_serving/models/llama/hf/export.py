@@ -10,22 +10,24 @@ served max_seq_len, and the buckets); OUT/rank_0 ... OUT/rank_{N-1} get the weig
 the exit code is 1. serving_server.py --model runs this in a child process (worker/llm/hf_model.py), so that
 MindSpore loads only where graphs are compiled.
 """
+
 import argparse
 import os
 import sys
 import time
-from typing import List
 
 from ..config import ModelFile, load_config
 from .weights import load_hf_weights
 
 
-def export_hf(model_dir: str, cfg: ModelFile, out: str, tp: int = 1, jobs: int = 1, device: str = "CPU",
-              source: str = "") -> List[dict]:
+def export_hf(
+    model_dir: str, cfg: ModelFile, out: str, tp: int = 1, jobs: int = 1, device: str = "CPU", source: str = ""
+) -> list[dict]:
     """Exports `model_dir`'s weights with the network and buckets of `cfg` into out/rank_*; returns the manifests.
     Raises ValueError (UnsupportedModelError) when the checkpoint does not match the network."""
     from mindspore_serving.common.ms_device import select_device  # MindSpore: only in the export's own process
     from mindspore_serving.models.llama import export  # MindSpore, as above
+
     weights = load_hf_weights(model_dir, cfg.model)
     source = source or f"hf:{os.path.basename(os.path.normpath(model_dir))}"
     dirs = export.rank_dirs(out, tp)
@@ -47,13 +49,22 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
-        manifests = export_hf(args.model_dir, load_config(args.config), args.out, args.tensor_parallel, args.jobs,
-                              args.device, args.source)
+        manifests = export_hf(
+            args.model_dir,
+            load_config(args.config),
+            args.out,
+            args.tensor_parallel,
+            args.jobs,
+            args.device,
+            args.source,
+        )
     except (ValueError, RuntimeError, OSError) as err:
         print(f"export failed: {err}", file=sys.stderr, flush=True)
         return 1
-    print(f"exported {len(manifests)} x {len(manifests[0]['graphs'])} graphs in {time.perf_counter() - start:.1f}s",
-          flush=True)
+    print(
+        f"exported {len(manifests)} x {len(manifests[0]['graphs'])} graphs in {time.perf_counter() - start:.1f}s",
+        flush=True,
+    )
     return 0
 
 

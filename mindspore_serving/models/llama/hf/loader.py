@@ -1,5 +1,4 @@
 """A Hugging Face model directory -> the `LlamaModel` holding its weights (float32)."""
-from typing import Optional
 
 from mindspore import Tensor
 
@@ -8,7 +7,7 @@ from .config import read_hf_config
 from .weights import load_hf_weights
 
 
-def build_hf_model(model_dir: str, max_seq_len: Optional[int] = None, tp: int = 1, rank: int = 0) -> LlamaModel:
+def build_hf_model(model_dir: str, max_seq_len: int | None = None, tp: int = 1, rank: int = 0) -> LlamaModel:
     """The model of `model_dir` (config.json + *.safetensors), served up to `max_seq_len` tokens (default:
     max_position_embeddings); with `tp` > 1, tensor-parallel rank `rank`'s shard. Raises UnsupportedModelError
     (a ValueError) naming what is not implemented or what the checkpoint lacks."""

@@ -7,11 +7,12 @@ the `safetensors` library's NumPy API, bfloat16 (which NumPy lacks) from its raw
 `load_hf_weights` checks a checkpoint against it (missing, unexpected and misshapen tensors are refused, naming
 them) before reading anything. Messages name files relative to the model directory.
 """
+
 import glob
 import json
 import os
 import struct
-from typing import Dict, List, Mapping, Tuple
+from collections.abc import Mapping
 
 import numpy as np
 from safetensors import safe_open
@@ -35,7 +36,7 @@ class SafetensorsCheckpoint:
 
     def __init__(self, model_dir: str):
         self.model_dir = model_dir
-        self.entries: Dict[str, Tuple[str, str, Tuple[int, ...], int, int]] = {}
+        self.entries: dict[str, tuple[str, str, tuple[int, ...], int, int]] = {}
         index = read_json(model_dir, INDEX_FILE, required=False)
         if index is not None:
             weight_map = index.get("weight_map")
@@ -59,7 +60,7 @@ class SafetensorsCheckpoint:
                 if name not in self.entries or self.entries[name][0] != file:
                     raise UnsupportedModelError(f"{INDEX_FILE} maps {name} to {file}, which does not hold it")
 
-    def _read_header(self, file: str) -> Dict[str, Tuple[str, str, Tuple[int, ...], int, int]]:
+    def _read_header(self, file: str) -> dict[str, tuple[str, str, tuple[int, ...], int, int]]:
         path = os.path.join(self.model_dir, file)
         if not os.path.isfile(path):
             raise UnsupportedModelError(f"weight file {file} is missing")
@@ -86,19 +87,20 @@ class SafetensorsCheckpoint:
             except (KeyError, TypeError, ValueError):
                 raise UnsupportedModelError(f"{file}: tensor {name} has a malformed header entry") from None
             if dtype not in _ITEM_SIZE:
-                raise UnsupportedModelError(f"{file}: tensor {name} has dtype {dtype}; supported: "
-                                            f"{sorted(_ITEM_SIZE)}")
+                raise UnsupportedModelError(f"{file}: tensor {name} has dtype {dtype}; supported: {sorted(_ITEM_SIZE)}")
             nbytes = int(np.prod(shape, dtype=np.int64)) * _ITEM_SIZE[dtype]
             if end - begin != nbytes or 8 + length + end > size:
-                raise UnsupportedModelError(f"{file}: tensor {name} ({dtype} {list(shape)}) does not fit its "
-                                            "data offsets; the file is truncated or corrupt")
+                raise UnsupportedModelError(
+                    f"{file}: tensor {name} ({dtype} {list(shape)}) does not fit its "
+                    "data offsets; the file is truncated or corrupt"
+                )
             entries[name] = (file, dtype, shape, 8 + length + begin, nbytes)
         return entries
 
-    def names(self) -> List[str]:
+    def names(self) -> list[str]:
         return sorted(self.entries)
 
-    def shape(self, name: str) -> Tuple[int, ...]:
+    def shape(self, name: str) -> tuple[int, ...]:
         return self.entries[name][2]
 
     def dtype(self, name: str) -> str:
@@ -115,28 +117,36 @@ class SafetensorsCheckpoint:
             return np.asarray(f.get_tensor(name), dtype=np.float32)
 
 
-def hf_parameter_sources(cfg: LlamaConfig) -> Dict[str, Tuple[Tuple[str, Tuple[int, ...]], ...]]:
+def hf_parameter_sources(cfg: LlamaConfig) -> dict[str, tuple[tuple[str, tuple[int, ...]], ...]]:
     """LlamaModel (tp=1) parameter name -> the Hugging Face tensors (name, shape) stacked by rows to make it."""
     hidden, head_dim = cfg.hidden_size, cfg.head_dim
     q_rows, kv_rows, inter = cfg.num_heads * head_dim, cfg.num_kv_heads * head_dim, cfg.intermediate_size
-    sources = {"embed_tokens": (("model.embed_tokens.weight", (cfg.vocab_size, hidden)),),
-               "norm": (("model.norm.weight", (hidden,)),)}
+    sources = {
+        "embed_tokens": (("model.embed_tokens.weight", (cfg.vocab_size, hidden)),),
+        "norm": (("model.norm.weight", (hidden,)),),
+    }
     if not cfg.tie_word_embeddings:
         sources["lm_head"] = (("lm_head.weight", (cfg.vocab_size, hidden)),)
     for i in range(cfg.num_layers):
         hf, ours = f"model.layers.{i}.", f"layers.{i}."
         attn, mlp = hf + "self_attn.", hf + "mlp."
-        sources.update({
-            ours + "input_norm": ((hf + "input_layernorm.weight", (hidden,)),),
-            ours + "q_proj": ((attn + "q_proj.weight", (q_rows, hidden)),),
-            ours + "kv_proj": ((attn + "k_proj.weight", (kv_rows, hidden)),
-                               (attn + "v_proj.weight", (kv_rows, hidden))),
-            ours + "o_proj": ((attn + "o_proj.weight", (hidden, q_rows)),),
-            ours + "post_attn_norm": ((hf + "post_attention_layernorm.weight", (hidden,)),),
-            ours + "gate_up_proj": ((mlp + "gate_proj.weight", (inter, hidden)),
-                                    (mlp + "up_proj.weight", (inter, hidden))),
-            ours + "down_proj": ((mlp + "down_proj.weight", (hidden, inter)),),
-        })
+        sources.update(
+            {
+                ours + "input_norm": ((hf + "input_layernorm.weight", (hidden,)),),
+                ours + "q_proj": ((attn + "q_proj.weight", (q_rows, hidden)),),
+                ours + "kv_proj": (
+                    (attn + "k_proj.weight", (kv_rows, hidden)),
+                    (attn + "v_proj.weight", (kv_rows, hidden)),
+                ),
+                ours + "o_proj": ((attn + "o_proj.weight", (hidden, q_rows)),),
+                ours + "post_attn_norm": ((hf + "post_attention_layernorm.weight", (hidden,)),),
+                ours + "gate_up_proj": (
+                    (mlp + "gate_proj.weight", (inter, hidden)),
+                    (mlp + "up_proj.weight", (inter, hidden)),
+                ),
+                ours + "down_proj": ((mlp + "down_proj.weight", (hidden, inter)),),
+            }
+        )
         if cfg.qkv_bias:
             sources[ours + "q_bias"] = ((attn + "q_proj.bias", (q_rows,)),)
             sources[ours + "kv_bias"] = ((attn + "k_proj.bias", (kv_rows,)), (attn + "v_proj.bias", (kv_rows,)))
@@ -151,7 +161,7 @@ def _listed(names) -> str:
     return ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
 
 
-def check_checkpoint(cfg: LlamaConfig, shapes: Mapping[str, Tuple[int, ...]]):
+def check_checkpoint(cfg: LlamaConfig, shapes: Mapping[str, tuple[int, ...]]):
     """Raises UnsupportedModelError unless the checkpoint's tensors (name -> shape) are exactly those of `cfg`'s
     model (lm_head.weight may be present, and is then unused, when the embeddings are tied)."""
     expected = {name: shape for parts in hf_parameter_sources(cfg).values() for name, shape in parts}
@@ -161,18 +171,22 @@ def check_checkpoint(cfg: LlamaConfig, shapes: Mapping[str, Tuple[int, ...]]):
     missing, unexpected = set(expected) - present, present - set(expected)
     if missing:
         hint = " (tie_word_embeddings is false in config.json)" if missing == {"lm_head.weight"} else ""
-        raise UnsupportedModelError(f"the checkpoint lacks {len(missing)} tensor(s) the config needs: "
-                                    f"{_listed(missing)}{hint}")
+        raise UnsupportedModelError(
+            f"the checkpoint lacks {len(missing)} tensor(s) the config needs: {_listed(missing)}{hint}"
+        )
     if unexpected:
-        raise UnsupportedModelError(f"the checkpoint has {len(unexpected)} tensor(s) the {cfg.num_layers}-layer "
-                                    f"model of config.json does not use: {_listed(unexpected)}")
+        raise UnsupportedModelError(
+            f"the checkpoint has {len(unexpected)} tensor(s) the {cfg.num_layers}-layer "
+            f"model of config.json does not use: {_listed(unexpected)}"
+        )
     for name in sorted(expected):
         if tuple(shapes[name]) != expected[name]:
-            raise UnsupportedModelError(f"tensor {name} has shape {list(shapes[name])}, config.json implies "
-                                        f"{list(expected[name])}")
+            raise UnsupportedModelError(
+                f"tensor {name} has shape {list(shapes[name])}, config.json implies {list(expected[name])}"
+            )
 
 
-def load_hf_weights(model_dir: str, cfg: LlamaConfig) -> Dict[str, np.ndarray]:
+def load_hf_weights(model_dir: str, cfg: LlamaConfig) -> dict[str, np.ndarray]:
     """`model_dir`'s checkpoint as float32 arrays under LlamaModel's (tp=1) parameter names, k and v stacked in
     kv_proj (and kv_bias), gate and up in gate_up_proj; ready for `shard_weights` or `set_data`."""
     ckpt = SafetensorsCheckpoint(model_dir)
