@@ -1,8 +1,9 @@
 """The RESTful front end: MindSpore Serving's `POST /model/<name>[/version/<v>]:<method>` on uvicorn.
 
-The classic route is a bare ASGI handler (it needs free key order in the URL, always answers HTTP 200,
-and is the hot path); everything else (the OpenAPI page, health, and routes added by other servables)
-goes to a FastAPI app.
+The classic route is a bare ASGI handler (it needs free key order in the URL, answers HTTP 200 with
+`{"error_msg": ...}` for a failed request, 503 + Retry-After while the servable is unavailable, and is the hot
+path). KServe v2 routes (`/v2/...`) are routed before it to their own bare handler; everything else (the OpenAPI
+page, health, the LLM routes and routes added by other servables) goes to a FastAPI app.
 """
 
 import asyncio
@@ -61,7 +62,7 @@ def build_docs_app(llm_backend=None, readiness=None, access: Access | None = Non
     ):
         """Body: `{"instances": [{input name: value}, ...]}`; values are JSON scalars, nested lists, or
         `{"b64": "...", "type": "float32", "shape": [2, 2]}`. Reply: `{"instances": [{output name: value}]}`
-        or `{"error_msg": "..."}`, always with HTTP 200."""
+        or `{"error_msg": "..."}` with HTTP 200; HTTP 503 with Retry-After while the servable is unavailable."""
 
     @app.post(
         "/model/{servable_name}/version/{version}:{method_name}", summary="Call a method of one version of a servable"
@@ -81,9 +82,9 @@ def add_metrics_route(app: FastAPI, collector) -> None:
 
 
 class RestfulApp:
-    """ASGI entry: classic predict calls are handled here, the rest by the FastAPI app. Every HTTP request is
-    counted in `drain` while it runs, and refused with 503 once the server is stopping (probes aside: they are
-    answered throughout and not counted)."""
+    """ASGI entry: KServe v2 and classic predict calls are handled here, the rest by the FastAPI app. Every HTTP
+    request is counted in `drain` while it runs, and refused with 503 once the server is stopping (probes aside: they
+    are answered throughout and not counted)."""
 
     def __init__(
         self,

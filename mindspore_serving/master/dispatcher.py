@@ -43,7 +43,7 @@ from mindspore_serving.spec.llm import LLM_EXTENSION
 DEFAULT_MAX_ENQUEUED_REQUESTS = 10000
 DEFAULT_MAX_ENQUEUED_BYTES = 1 << 30  # serialized instances of the requests held at once
 DEFAULT_REQUEST_TIMEOUT = 300.0  # seconds a request without a deadline of its own (REST) may take; 0: none
-MAX_CALLS_IN_FLIGHT = 2  # per worker and method; the second only carries a full call
+MAX_CALLS_IN_FLIGHT = 2  # per worker and method; the second carries a full call (any call: Python stages)
 MAX_CALL_INSTANCES = 64  # instances in one call (at least one batch of the worker)
 MAX_CALL_BYTES = 64 << 20  # serialized instances in one call (a larger chunk still goes, alone)
 SETTLE_SECONDS = 0.02  # how long a partial batch for an idle worker may wait for more (see _settle_delay)
