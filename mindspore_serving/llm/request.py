@@ -1,10 +1,13 @@
 """One generation request and its state machine.
 
-    WAITING ──schedule──> RUNNING ──finish──> FINISHED_{EOS, STOP, LENGTH, ABORTED, ERROR}
+    WAITING ──schedule──> RUNNING ──finish──> FINISHED_{EOS, STOP, LENGTH, ABORTED, ERROR, GRAMMAR}
        │                   │   ▲
-       │              preempt  schedule
+       │              preempt  schedule               FINISHED_LENGTH ──stop string──> FINISHED_STOP
        │                   ▼   │
        └──abort──>      PREEMPTED ──abort──> FINISHED_ABORTED
+
+(LENGTH turns into STOP when the token that reached max_new_tokens also completes a stop string: the
+detokenizer sees the text only after the scheduler has finished the request.)
 
 The request owns its tokens (prompt + output), how many of them are in the KV cache
 (`num_computed_tokens`), its block table, and its timestamps. "Finished" is derived from the status,
@@ -158,7 +161,8 @@ class Request:
     # --- tokens -------------------------------------------------------------------------------
     @property
     def all_token_ids(self) -> list[int]:
-        """Prompt then output tokens. Read-only by convention: change it only through append_output_token."""
+        """Prompt then output tokens. Read-only by convention: change it only through append_output_token and
+        pop_output_tokens."""
         return self._all_token_ids
 
     @property

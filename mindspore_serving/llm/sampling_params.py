@@ -198,7 +198,7 @@ class SamplingParams:
                 f"temperature must be a finite number >= 0 (0 means greedy), got {self.temperature!r}"
             )
         if not _is_int(self.top_k) or self.top_k < -1:
-            raise InvalidRequestError(f"top_k must be an int >= 0 (0 or -1 disables it), got {self.top_k!r}")
+            raise InvalidRequestError(f"top_k must be an int >= -1 (0 or -1 disables it), got {self.top_k!r}")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if (

@@ -270,7 +270,7 @@ def test_generation_defaults_from_the_models_config():
     [
         ({"eos_token_id": "2"}, "eos_token_id must be a token id or a list"),
         ({"eos_token_id": []}, "eos_token_id must be"),
-        ({"top_k": -5}, "top_k must be an int >= 0"),
+        ({"top_k": -5}, "top_k must be an int >= -1"),
         ([], "must hold a JSON object"),
     ],
 )

@@ -171,7 +171,7 @@ def test_shape_mismatch_is_an_error():
         (dict(top_p=0), "top_p must be in (0, 1], got 0"),
         (dict(temperature=-0.1), "temperature must be a finite number >= 0 (0 means greedy), got -0.1"),
         (dict(temperature=float("nan")), "temperature must be a finite number >= 0"),
-        (dict(top_k=-2), "top_k must be an int >= 0 (0 or -1 disables it), got -2"),
+        (dict(top_k=-2), "top_k must be an int >= -1 (0 or -1 disables it), got -2"),
         (dict(top_k=2.5), "top_k must be an int"),
         (dict(repetition_penalty=0), "repetition_penalty must be a finite number > 0 (1.0 is off), got 0"),
         (dict(max_new_tokens=-1), "max_new_tokens must be an int >= 0, got -1"),
