@@ -6,6 +6,8 @@ turn them into what each wire expects:
     grpc_error(error)            gRPC status code, and the MindSpore ErrorMsg of the reply
     http_error(protocol, error)  HTTP status and JSON body in the protocol's own shape
     http_error_headers(error)    the headers that go with it (Retry-After when the client should retry)
+    kserve_grpc_status(error)    the gRPC status that ends a failing KServe v2 gRPC call
+    classic_error(error)         an unexpected exception named as the classic protocols name it
 
 The same HTTP body is used for a reply before a stream starts (with the status) and for an error event in
 the middle of a stream (the status is already 200 there).

@@ -9,7 +9,9 @@ Errors are `mindspore_serving.common.errors.ServingError` subclasses:
 - `ServableUnavailable`: a model this server does not serve (HTTP 404);
 - `WorkerUnavailable`: a model it serves that is down for now (worker or agent dead, restarting: HTTP 503 with
   Retry-After, gRPC UNAVAILABLE);
-- anything else: HTTP 500.
+- any other `ServingError` (a generation failure): HTTP 424 in the TGI and LLM-serving protocols, 500 in OpenAI's;
+- any other exception: HTTP 500 (MindSpore Serving's protocol answers 200 with an error message for both).
+`frontends/errors.py` holds the full map per protocol.
 Cancelling the consuming task (e.g. the HTTP client went away) must abort the request in the engine.
 """
 

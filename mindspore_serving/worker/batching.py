@@ -1,4 +1,5 @@
-"""Batch boundaries, merging and splitting: pure functions shared by model and Python stages.
+"""Batch boundaries, merging and splitting, shared by model and Python stages: `collect_batch` blocks on the
+stage's queue to gather a batch; merging and splitting are pure functions.
 
 A batch closes when it is full, when nothing more is expected (no fixed wait for a lone
 request), or when the batch wait expires while more instances are still on their way.
