@@ -624,7 +624,7 @@ def run_direct(seconds: float, warmup: float, model: str = "dense", cores: int =
         text=True,
         timeout=seconds + warmup + 180,
     )
-    line = next((l for l in proc.stdout.splitlines() if l.startswith("DIRECT_JSON ")), None)
+    line = next((text_line for text_line in proc.stdout.splitlines() if text_line.startswith("DIRECT_JSON ")), None)
     if proc.returncode != 0 or line is None:
         raise RuntimeError(f"model_direct.py failed: {proc.stdout[-2000:]} {proc.stderr[-2000:]}")
     return json.loads(line[len("DIRECT_JSON ") :])

@@ -69,7 +69,7 @@ from llm.runs import serve_runs  # noqa: E402
 from llm.server import LlmServer  # noqa: E402
 from llm.summary import summary  # noqa: E402
 from llm.workload import PromptSource  # noqa: E402
-from llm.workload import workloads as make_workloads
+from llm.workload import workloads as make_workloads  # noqa: E402  (bench/llm/)
 from run_output import log, write_report  # noqa: E402  (bench/run_output.py)
 
 DEFAULT_OUT = os.path.join(BENCH, "results", "llm_serving.json")

@@ -134,7 +134,7 @@ def run_wrk(url: str, body: bytes, concurrency: int, seconds: int, workdir: str)
     seconds = max(1, int(round(seconds)))
     command = ["wrk", "-t1", f"-c{concurrency}", f"-d{seconds}s", "--timeout", "10s", "-s", script, url]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60)
-    line = next((l for l in proc.stdout.splitlines() if l.startswith("WRKJSON ")), None)
+    line = next((text_line for text_line in proc.stdout.splitlines() if text_line.startswith("WRKJSON ")), None)
     if proc.returncode != 0 or line is None:
         raise RuntimeError(f"wrk failed ({proc.returncode}): {proc.stdout[-2000:]} {proc.stderr[-2000:]}")
     stats = json.loads(line[len("WRKJSON ") :])

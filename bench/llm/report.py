@@ -74,17 +74,17 @@ def table(report: dict) -> str:
         f"{'CPU m/w/a/c':>19} {'other':>5}"
     )
     lines.append(head)
+
+    def q(st):
+        """mean/p50/p90/p99 of one latency's stats."""
+        return "/".join(fmt(st[k], ".0f" if (st[k] or 0) >= 100 else ".1f") for k in ("mean", "p50", "p90", "p99"))
+
     for row in report["runs"]:
-
-        def q(key):
-            st = row[key]
-            return "/".join(fmt(st[k], ".0f" if (st[k] or 0) >= 100 else ".1f") for k in ("mean", "p50", "p90", "p99"))
-
         c = row["cpu_cores"]
         lines.append(
             f"{row['run']:<19} {row['ok']:>4} {row['req_per_s']:>6.2f} {row['output_tokens_per_s']:>6.0f} "
-            f"{row['mean_occupancy']:>5.1f} {q('ttft_ms'):>24} {q('tpot_ms'):>23} {q('itl_ms'):>23} "
-            f"{q('e2e_ms'):>24} {c['master']:.2f}/{c['worker']:.2f}/{c['agent']:.2f}/{c['client']:.2f} "
+            f"{row['mean_occupancy']:>5.1f} {q(row['ttft_ms']):>24} {q(row['tpot_ms']):>23} {q(row['itl_ms']):>23} "
+            f"{q(row['e2e_ms']):>24} {c['master']:.2f}/{c['worker']:.2f}/{c['agent']:.2f}/{c['client']:.2f} "
             f"{row['other_cores']:>5.2f}"
         )
     lines.append("")

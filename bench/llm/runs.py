@@ -74,7 +74,7 @@ async def serve_runs(args, server: LlmServer, workloads: dict, cpu: Cpu, report:
             name = "saturation" if args.saturation_runs == 1 else f"saturation #{k + 1}"
             sat, sat_records, sat_started = await measure(
                 name,
-                lambda: run_closed(session, url, sat_items, len(sat_items)),
+                lambda sat_items=sat_items: run_closed(session, url, sat_items, len(sat_items)),
                 {"mode": f"all {len(sat_items)} requests at once", "saturation": True},
                 bracket=True,
             )
@@ -91,7 +91,7 @@ async def serve_runs(args, server: LlmServer, workloads: dict, cpu: Cpu, report:
             label = f"poisson {value:g}x" if kind == "x" else f"poisson {value:g}/s"
             await measure(
                 label,
-                lambda: run_poisson(session, url, items, rate, args.seed + 100 + k),
+                lambda items=items, rate=rate, seed=args.seed + 100 + k: run_poisson(session, url, items, rate, seed),
                 {"mode": "poisson", "rate_req_per_s": round(rate, 3)},
             )
 

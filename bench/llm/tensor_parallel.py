@@ -160,7 +160,7 @@ def run(tp1_path: str, tp_path: str, rounds: int, steps: int, context: int, allr
         check = [SeqStep([tokens[i][-1]], context, setups[0].tables[i], i) for i in range(2)]
         logits = [setup.runner.run(check) for setup in setups]
         results["max_abs_logit_diff_vs_in_process"] = {
-            s.name: float(np.abs(l - logits[0]).max()) for s, l in zip(setups[1:], logits[1:])
+            s.name: float(np.abs(logit - logits[0]).max()) for s, logit in zip(setups[1:], logits[1:])
         }
 
         times = {s.name: {b: [] for b in batches} for s in setups}

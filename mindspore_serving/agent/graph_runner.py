@@ -93,11 +93,11 @@ class _Bucket:
     max_blocks: int = 0
 
     def __post_init__(self):
-        b, l = self.batch, self.length
-        self.input_ids = np.zeros((b, l), np.int32)
-        self.positions = np.zeros((b, l), np.int32)
+        b, length = self.batch, self.length
+        self.input_ids = np.zeros((b, length), np.int32)
+        self.positions = np.zeros((b, length), np.int32)
         self.block_tables = np.zeros((b, self.max_blocks), np.int32)
-        self.slot_mapping = np.zeros((b * l,), np.int32)
+        self.slot_mapping = np.zeros((b * length,), np.int32)
         self.query_lens = np.ones((b,), np.int32)
 
     def reset(self, block_size: int):
@@ -113,13 +113,13 @@ class _Bucket:
         """Logits [len(pieces), vocab]; rows past len(pieces) are padding (one token, scratch slot 0). `state`: the
         inputs after the step's (the caches, then the weights)."""
         ids, pos, tables, slots, qlens = self.reset(block_size)
-        l = self.length
+        length = self.length
         for r, piece in enumerate(pieces):
             n, start, table = len(piece.tokens), piece.start_pos, piece.block_table
             ids[r, :n] = piece.tokens
             pos[r, :n] = np.arange(start, start + n, dtype=np.int32)
             tables[r, : len(table)] = table
-            slots[r * l : r * l + n] = [slot_of(table, p, block_size) for p in range(start, start + n)]
+            slots[r * length : r * length + n] = [slot_of(table, p, block_size) for p in range(start, start + n)]
             qlens[r] = n
         out = self.graph(Tensor(ids), Tensor(pos), Tensor(tables), Tensor(slots), Tensor(qlens), *state)
         return out.asnumpy()[: len(pieces)]
@@ -136,20 +136,20 @@ class _MixedBucket:
     max_blocks: int = 0
 
     def __post_init__(self):
-        b, r, l = self.batch, self.rows, self.length
+        b, r, length = self.batch, self.rows, self.length
         self.decode_ids = np.zeros((b, 1), np.int32)
         self.decode_positions = np.zeros((b, 1), np.int32)
         self.decode_tables = np.zeros((b, self.max_blocks), np.int32)
-        self.prefill_ids = np.zeros((r, l), np.int32)
-        self.prefill_positions = np.zeros((r, l), np.int32)
+        self.prefill_ids = np.zeros((r, length), np.int32)
+        self.prefill_positions = np.zeros((r, length), np.int32)
         self.prefill_tables = np.zeros((r, self.max_blocks), np.int32)
-        self.slot_mapping = np.zeros((b + r * l,), np.int32)
+        self.slot_mapping = np.zeros((b + r * length,), np.int32)
         self.prefill_lens = np.ones((r,), np.int32)
 
     def run(self, decode: list[_Piece], prefill: list[_Piece], state: Sequence[Tensor], block_size: int) -> np.ndarray:
         """Logits [batch + rows, vocab]: the decode rows, then the prefill rows (padding past the pieces given);
         `state` as for `_Bucket.run`."""
-        b, l = self.batch, self.length
+        b, length = self.batch, self.length
         for buffer in (self.decode_ids, self.decode_positions, self.prefill_ids, self.prefill_positions):
             buffer.fill(0)
         self.decode_tables.fill(SCRATCH_BLOCK)
@@ -166,7 +166,7 @@ class _MixedBucket:
             self.prefill_ids[r, :n] = piece.tokens
             self.prefill_positions[r, :n] = np.arange(start, start + n, dtype=np.int32)
             self.prefill_tables[r, : len(table)] = table
-            first = b + r * l
+            first = b + r * length
             self.slot_mapping[first : first + n] = [slot_of(table, p, block_size) for p in range(start, start + n)]
             self.prefill_lens[r] = n
         out = self.graph(
@@ -281,17 +281,17 @@ class GraphRunner(MultiStepRunner, PromptScorer):
             raise ValueError(f"{path}: needs at least one decode and one prefill graph")
         self.decode_batches = sorted(self.decode_buckets)
         self.prefill_batches = sorted({b for b, _ in self.prefill_buckets})
-        self.prefill_lengths = sorted({l for _, l in self.prefill_buckets})
+        self.prefill_lengths = sorted({length for _, length in self.prefill_buckets})
         for b in self.prefill_batches:
-            for l in self.prefill_lengths:
-                if (b, l) not in self.prefill_buckets:
+            for length in self.prefill_lengths:
+                if (b, length) not in self.prefill_buckets:
                     raise ValueError(
-                        f"{path}: prefill buckets must be a full batch x length grid; prefill_b{b}_l{l} is missing"
+                        f"{path}: prefill buckets must be a full batch x length grid; prefill_b{b}_l{length} is missing"
                     )
         self.score_lengths = sorted(self._score_files)
         self.mixed_batches = sorted({b for b, _, _ in self.mixed_buckets})
         self.mixed_rows = sorted({r for _, r, _ in self.mixed_buckets})
-        self.mixed_lengths = sorted({l for _, _, l in self.mixed_buckets})
+        self.mixed_lengths = sorted({length for _, _, length in self.mixed_buckets})
         if len(self.mixed_buckets) != len(self.mixed_batches) * len(self.mixed_rows) * len(self.mixed_lengths):
             raise ValueError(f"{path}: mixed buckets must be a full decode rows x prefill rows x length grid")
         self.verify_batches = sorted(self.verify_buckets)

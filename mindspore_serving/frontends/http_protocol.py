@@ -126,7 +126,7 @@ class CorkedHttpToolsProtocol(HttpToolsProtocol):
         if self.flow.read_paused:  # the server, not the client, is behind: the app has not taken the body yet
             self._arm(what)
             return
-        client = "%s:%d" % tuple(self.client[:2]) if self.client else "a client"
+        client = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
         log.warning(
             f"RESTful server: closing the connection of {client}: its {what} stalled for "
             f"{self.read_timeout:g} s (--read_timeout)"

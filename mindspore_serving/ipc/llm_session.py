@@ -24,7 +24,7 @@ import functools
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Union
+from typing import Any
 
 from mindspore_serving.common import errors
 from mindspore_serving.common.errors import Kind
@@ -105,7 +105,7 @@ class FinalEvent:
     """Sum of the choice's token logprobs (best_of keeps the highest)."""
 
 
-GenerationEvent = Union[TokenEvent, FinalEvent, PromptEvent]
+GenerationEvent = TokenEvent | FinalEvent | PromptEvent
 
 
 @dataclass

@@ -40,7 +40,7 @@ executor from them once, at start-up; see step_executor.py):
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol, Union, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -83,7 +83,7 @@ class StepLogits:
     (row j: position start_pos + j)."""
 
 
-StepResult = Union[np.ndarray, StepLogits]
+StepResult = np.ndarray | StepLogits
 
 
 class MixedStep(NamedTuple):

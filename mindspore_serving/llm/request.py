@@ -16,13 +16,12 @@ never kept as a separate flag.
 
 import enum
 from collections.abc import Iterable, Sequence
-from typing import Union
 
 import numpy as np
 
 from mindspore_serving.llm.sampling_params import SamplingParams
 
-EosIds = Union[int, Iterable[int], None]
+EosIds = int | Iterable[int] | None
 """One end-of-sequence id, several, or None (none)."""
 
 

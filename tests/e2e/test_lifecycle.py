@@ -61,7 +61,7 @@ def test_sigterm_stops_server_and_workers(tmp_path):
     proc.proc.send_signal(signal.SIGTERM)
     assert proc.wait_exit(30) == 0
     for worker in workers:
-        wait_until(lambda: not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE, 15, "worker exit")
+        wait_until(lambda w=worker: not w.is_running() or w.status() == psutil.STATUS_ZOMBIE, 15, "worker exit")
     assert "refused" not in proc.output()  # the workers' exit notices are heard while the master stops
     proc.close()
 
@@ -72,7 +72,7 @@ def test_master_killed_workers_follow(tmp_path):
     proc.proc.kill()
     proc.proc.wait()
     for worker in workers:
-        wait_until(lambda: not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE, 15, "orphan exit")
+        wait_until(lambda w=worker: not w.is_running() or w.status() == psutil.STATUS_ZOMBIE, 15, "orphan exit")
     proc.close()
 
 

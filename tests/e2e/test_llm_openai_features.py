@@ -102,7 +102,7 @@ def test_n_choices_with_top_logprobs(client):
     assert reply.usage.completion_tokens == sum(len(c.logprobs.tokens) for c in reply.choices)
     for choice in reply.choices:
         assert len(choice.logprobs.top_logprobs) == len(choice.logprobs.tokens)
-        for token, logprob, top in zip(
+        for _token, logprob, top in zip(
             choice.logprobs.tokens, choice.logprobs.token_logprobs, choice.logprobs.top_logprobs
         ):
             assert 1 <= len(top) <= 4 and max(top.values()) >= logprob - 1e-4  # the 3 likeliest and the chosen

@@ -176,7 +176,7 @@ def test_chunks_of_the_batch_size_spread_over_two_workers_and_come_back_in_order
         in_flight = (first.outstanding, second.outstanding)
         for call in reversed(calls):  # the last call finishes first
             call["release"].set()
-            await until(lambda: call["returned"])  # pylint: disable=cell-var-from-loop
+            await until(lambda call=call: call["returned"])
         return in_flight, await task
 
     in_flight, results = asyncio.run(scenario())
@@ -432,7 +432,7 @@ def test_a_partial_batch_for_an_idle_worker_waits_while_chunks_keep_arriving():
         tasks = []
         for x in range(5):  # one new request per loop turn: a burst being read
             tasks.append(asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(x))))
-            await until(lambda: dispatcher.enqueued == len(tasks))
+            await until(lambda n=len(tasks): dispatcher.enqueued == n)
         return await asyncio.gather(*tasks)
 
     answers = asyncio.run(scenario())
@@ -453,7 +453,7 @@ def test_a_partial_batch_waits_for_the_clients_of_the_last_call_to_come_back():
             tasks = []
             for x in (1, 2, 3):  # the clients come back one after the other
                 tasks.append(asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(x))))
-                await until(lambda: dispatcher.enqueued == len(tasks))
+                await until(lambda n=len(tasks): dispatcher.enqueued == n)
                 if x < 3:  # the early ones wait on the settle timer, nothing is sent
                     await until(lambda: worker.queues["m"].timer is not None)
                     assert len(calls) == len(rounds) and clock.pending()
@@ -520,7 +520,7 @@ def test_a_cancelled_request_leaves_the_queue(monkeypatch):
         held = []
         for x in range(dispatcher_module.MAX_CALLS_IN_FLIGHT):
             held.append(asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(x))))
-            await until(lambda: len(calls) == x + 1)
+            await until(lambda n=x + 1: len(calls) == n)
         queued = asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(100)))
         kept = asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(101)))
         await until(lambda: settled(dispatcher, held + [queued, kept], calls))

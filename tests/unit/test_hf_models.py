@@ -25,7 +25,7 @@ from mindspore import Tensor, ops  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
 from mindspore_serving.llm.generation_defaults import GenerationDefaults  # noqa: E402
-from mindspore_serving.models.llama.config import (
+from mindspore_serving.models.llama.config import (  # noqa: E402
     LlamaConfig,
     check_tensor_parallel,
 )

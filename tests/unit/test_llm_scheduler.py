@@ -260,7 +260,7 @@ def test_abort_frees_blocks_in_every_state():
 
     sched = make_scheduler(num_blocks=5, max_model_len=16)
     decoding = add(sched, "decoding", 4)
-    newer = add(sched, "newer", 4)
+    add(sched, "newer", 4)
     third = add(sched, "third", 4)
     step(sched)
     step(sched)  # preempts "third"
@@ -475,7 +475,7 @@ def test_a_step_in_flight_is_taken_as_done_and_its_real_tokens_replace_the_place
     sched = make_scheduler(max_num_seqs=2, enable_prefix_caching=True)
     a = add(sched, "a", 5, max_new=3)
     b = add(sched, "b", 6, max_new=10, first_token=200)
-    c = add(sched, "c", 2, first_token=300)
+    add(sched, "c", 2, first_token=300)
     plan = sched.schedule()
     assert layout(plan) == [("a", 5), ("b", 6)]
     assert sched.reserve_decode_steps(plan, 4) == 4  # the batch is full: the prompts ride in a round of 4

@@ -28,7 +28,7 @@ import secrets
 import string
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from mindspore_serving.common.errors import InvalidParam
 from mindspore_serving.llm.sampling_params import StructuredOutput
@@ -46,7 +46,7 @@ NO_PARAMETERS = {"type": "object", "properties": {}}
 """The parameters of a function that declares none."""
 
 IdGenerator = Callable[[], str]
-Event = Union[str, tuple[str, str]]
+Event = str | tuple[str, str]
 """What a splitter decides: content text, or a call (name, arguments JSON text)."""
 
 

@@ -93,16 +93,16 @@ class GraphSpec:
 
 def graph_specs(cfg: ModelFile) -> list[GraphSpec]:
     ex = cfg.export
-    specs = [GraphSpec("prefill", b, l) for b in ex.prefill_batch_buckets for l in ex.prefill_len_buckets]
+    specs = [GraphSpec("prefill", b, length) for b in ex.prefill_batch_buckets for length in ex.prefill_len_buckets]
     specs += [
-        GraphSpec("mixed", b, l, r)
+        GraphSpec("mixed", b, length, r)
         for b in ex.mixed_decode_buckets
         for r in ex.mixed_prefill_rows
-        for l in ex.mixed_len_buckets
+        for length in ex.mixed_len_buckets
     ]
     specs += [GraphSpec("decode", b, 1) for b in ex.decode_batch_buckets]
     specs += [GraphSpec("verify", b, ex.spec_tokens + 1) for b in ex.spec_batches]
-    return specs + [GraphSpec("score", 1, l) for l in ex.score_lengths]
+    return specs + [GraphSpec("score", 1, length) for length in ex.score_lengths]
 
 
 def cache_input_names(num_layers: int) -> list[str]:
@@ -116,7 +116,7 @@ def example_inputs(cfg: ModelFile, spec: GraphSpec, tp: int = 1):
     """Inputs of one bucket, shaped for export: every pad token writes into scratch slot 0."""
     m, ex = cfg.model, cfg.export
     maxb = ex.max_blocks_per_seq(m)
-    b, l = spec.batch, spec.length
+    b, length = spec.batch, spec.length
     cache_shape = [ex.num_blocks, ex.block_size, m.num_kv_heads // tp, m.head_dim]
     if ex.num_blocks is None:
         cache = Tensor(shape=[None] + cache_shape[1:], dtype=ms.float32)
@@ -128,17 +128,17 @@ def example_inputs(cfg: ModelFile, spec: GraphSpec, tp: int = 1):
             Tensor(np.zeros((b, 1), np.int32)),
             Tensor(np.zeros((b, 1), np.int32)),
             Tensor(np.zeros((b, maxb), np.int32)),
-            Tensor(np.zeros((r, l), np.int32)),
-            Tensor(np.zeros((r, l), np.int32)),
+            Tensor(np.zeros((r, length), np.int32)),
+            Tensor(np.zeros((r, length), np.int32)),
             Tensor(np.zeros((r, maxb), np.int32)),
-            Tensor(np.zeros((b + r * l,), np.int32)),
+            Tensor(np.zeros((b + r * length,), np.int32)),
             Tensor(np.ones((r,), np.int32)),
         ] + [cache] * (2 * m.num_layers)
     return [
-        Tensor(np.zeros((b, l), np.int32)),
-        Tensor(np.zeros((b, l), np.int32)),
+        Tensor(np.zeros((b, length), np.int32)),
+        Tensor(np.zeros((b, length), np.int32)),
         Tensor(np.zeros((b, maxb), np.int32)),
-        Tensor(np.zeros((b * l,), np.int32)),
+        Tensor(np.zeros((b * length,), np.int32)),
         Tensor(np.ones((b,), np.int32)),
     ] + [cache] * (2 * m.num_layers)
 

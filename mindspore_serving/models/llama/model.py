@@ -188,15 +188,15 @@ class DecoderLayer(nn.Cell):
 
     def qkv(self, w, x, cos, sin):
         """x [B, L, hidden] -> q [B, L, H, D], k and v [B, L, KVH, D] (q and k rotated)."""
-        b, l = x.shape[0], x.shape[1]
+        b, seq = x.shape[0], x.shape[1]
         h = rms_norm(x, w[_INPUT_NORM], self.eps)
         q, kv = linear(h, w[_Q_PROJ]), linear(h, w[_KV_PROJ])
         if self.qkv_bias:
             q, kv = q + w[_Q_BIAS], kv + w[_KV_BIAS]
         k, v = _split2(kv)
-        q = q.reshape(b, l, self.num_heads, self.head_dim)
-        k = k.reshape(b, l, self.num_kv_heads, self.head_dim)
-        v = v.reshape(b, l, self.num_kv_heads, self.head_dim)
+        q = q.reshape(b, seq, self.num_heads, self.head_dim)
+        k = k.reshape(b, seq, self.num_kv_heads, self.head_dim)
+        v = v.reshape(b, seq, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = rms_norm(q, w[self.q_norm_at], self.eps), rms_norm(k, w[self.q_norm_at + 1], self.eps)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
@@ -207,14 +207,14 @@ class DecoderLayer(nn.Cell):
         mask_bias [B, 1, G*L, S] is 0 or -1e9. Query head h reads kv head h // group: q is regrouped to
         [B, KVH, group * L, D] so that keys and values are never repeated.
         """
-        b, l = q.shape[0], q.shape[1]
-        q = _transpose(q.reshape(b, l, self.num_kv_heads, self.group, self.head_dim), (0, 2, 3, 1, 4))
-        q = q.reshape(b, self.num_kv_heads, self.group * l, self.head_dim)
+        b, seq = q.shape[0], q.shape[1]
+        q = _transpose(q.reshape(b, seq, self.num_kv_heads, self.group, self.head_dim), (0, 2, 3, 1, 4))
+        q = q.reshape(b, self.num_kv_heads, self.group * seq, self.head_dim)
         scores = _bmm_t(q, _transpose(k, (0, 2, 1, 3))) * self.scale  # [B, KVH, G*L, S]
         probs = _softmax(scores + mask_bias)
         out = _bmm(probs, _transpose(v, (0, 2, 1, 3)))  # [B, KVH, G*L, D]
-        out = _transpose(out.reshape(b, self.num_kv_heads, self.group, l, self.head_dim), (0, 3, 1, 2, 4))
-        return out.reshape(b, l, self.num_heads * self.head_dim)
+        out = _transpose(out.reshape(b, self.num_kv_heads, self.group, seq, self.head_dim), (0, 3, 1, 2, 4))
+        return out.reshape(b, seq, self.num_heads * self.head_dim)
 
     def residual_mlp(self, w, x, attn):
         """x + o_proj(attn), then the residual SwiGLU MLP; x [B, L, hidden], attn [B, L, H * D]."""
@@ -382,17 +382,17 @@ class LlamaModel(nn.Cell):
 
     def paged_step(self, weights, input_ids, positions, block_tables, slot_mapping, query_lens, kv_caches):
         """`construct` over `weights` (a tuple in `weight_names()` order) and the tuple `kv_caches`."""
-        b, l = input_ids.shape
+        b, seq = input_ids.shape
         x = self.paged_hidden(weights, input_ids, positions, block_tables, slot_mapping, kv_caches)
-        last = self.position_table[:b] * l + query_lens - 1
-        return self.logits(weights, _gather(x.reshape(b * l, -1), last, 0))
+        last = self.position_table[:b] * seq + query_lens - 1
+        return self.logits(weights, _gather(x.reshape(b * seq, -1), last, 0))
 
     def score_step(self, weights, input_ids, positions, block_tables, slot_mapping, kv_caches):
         """`paged_step` returning the logits float32 [B, L, vocab] of every position of every row (padding
         positions included): the score graphs (`ScoreStep`), which give prompt logprobs."""
-        b, l = input_ids.shape
+        b, seq = input_ids.shape
         x = self.paged_hidden(weights, input_ids, positions, block_tables, slot_mapping, kv_caches)
-        return self.logits(weights, x.reshape(b * l, -1)).reshape(b, l, self.vocab_size)
+        return self.logits(weights, x.reshape(b * seq, -1)).reshape(b, seq, self.vocab_size)
 
     def paged_hidden(self, weights, input_ids, positions, block_tables, slot_mapping, kv_caches):
         """The paged step's last hidden states [B, L, hidden] (before the final norm), the caches written."""

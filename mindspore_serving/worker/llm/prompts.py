@@ -14,14 +14,14 @@ a template that writes every message's content does not fail on it.
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, Union
+from typing import Any
 
 from mindspore_serving.common import errors
 from mindspore_serving.ipc.llm_session import Tokenized, TokenizeRequest
 from mindspore_serving.llm.chat_template import ChatTemplate, LegacyChatTemplate, select_template
 from mindspore_serving.llm.engine import EncodedPrompt
 
-Template = Union[ChatTemplate, LegacyChatTemplate]
+Template = ChatTemplate | LegacyChatTemplate
 RESERVED_VARIABLES = frozenset(("messages", "add_generation_prompt", "tools", "documents", "continue_final_message"))
 NO_TEMPLATE = (
     "this model has no chat template: send a prompt, or set 'model.chat_template' in its LLM "
