@@ -6,6 +6,9 @@
     openai_api.py     OpenAI: /v1/completions, /v1/chat/completions, /v1/models
     tokenize_api.py   vLLM: /tokenize, /detokenize (the model's tokenizer and chat template)
     schemas_*.py      request bodies and their mapping to engine parameters
+    params.py         what every protocol does first: parse the body, pick the model, check sampling parameters
+    output_constraints.py  the request fields that constrain the output to a grammar, as one engine constraint
+    tool_calls.py     OpenAI tool calling: tools and tool_choice checked, the calls read out of the output
     generation.py     one request's run: first event, timing, close (aborts), INFO log line
     responses.py      JSON / SSE responses that watch for client disconnects
     sse.py            SSE framing
