@@ -1,6 +1,6 @@
 """KServe v2 / Triton protocol end to end: a real server with `add` and `lenet`, driven by the real Triton
 client (tritonclient) from .venv-clients, since tritonclient's protobuf range excludes the server's.
-Each test runs one check of kserve_clients/triton_checks.py as a subprocess."""
+Each test runs one check of client_checks/triton_checks.py as a subprocess."""
 
 import os
 import subprocess
@@ -9,7 +9,7 @@ import pytest
 from serving_process import ROOT, SERVABLES, start_server
 
 CLIENT_PYTHON = os.path.join(ROOT, ".venv-clients", "bin", "python")
-CHECKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kserve_clients", "triton_checks.py")
+CHECKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "client_checks", "triton_checks.py")
 
 if not os.path.exists(CLIENT_PYTHON):
     if os.environ.get("MAKELEVEL"):  # `make test` builds .venv-clients first: its absence is a failure there

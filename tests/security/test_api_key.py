@@ -174,7 +174,7 @@ def test_triton_clients_with_headers(server, tmp_path):
     done = subprocess.run(
         [
             client_python,
-            os.path.join(ROOT, "tests", "e2e", "kserve_clients", "triton_checks.py"),
+            os.path.join(ROOT, "tests", "e2e", "client_checks", "triton_checks.py"),
             "--http",
             url[len("http://") :],
             "--grpc",
