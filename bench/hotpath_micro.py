@@ -215,7 +215,8 @@ def main(argv=None):
     print(f"{'piece':{width}s}  wall us  cpu us")
     for label, wall, cpu in rows:
         print(f"{label:{width}s}  {wall:7.1f}  {cpu:6.1f}")
-    print("MICRO_JSON " + json.dumps([{"piece": piece, "wall_us": round(w, 1), "cpu_us": round(c, 1)} for piece, w, c in rows]))
+    measures = [{"piece": piece, "wall_us": round(w, 1), "cpu_us": round(c, 1)} for piece, w, c in rows]
+    print("MICRO_JSON " + json.dumps(measures))
     return 0
 
 

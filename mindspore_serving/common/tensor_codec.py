@@ -294,7 +294,8 @@ def error_msg(error: errors.ServingError, empty_text: str = "") -> pb.ErrorMsg:
 
 def reply_to_results(reply: pb.PredictReply, copy: bool = False):
     """A reply read back (the front ends build it: frontends/replies.py): a ServingError for a global error,
-    else a list with one dict or ServingError per instance. RuntimeError when the error count is not 0, 1 or the instance count."""
+    else a list with one dict or ServingError per instance. RuntimeError when the error count is not 0, 1 or the
+    instance count."""
     error_count = len(reply.error_msg)
     if error_count == 1 and reply.error_msg[0].error_code != errors.OK:
         error_pb = reply.error_msg[0]

@@ -1,6 +1,7 @@
 """The worker process: imports servable_config.py, loads the models, serves WorkerService, registers with the master.
 
-Started by the master as `python -m mindspore_serving.worker.start_worker --servable_directory ... --master_address ...`.
+Started by the master as
+`python -m mindspore_serving.worker.start_worker --servable_directory ... --master_address ...`.
 It exits on SIGINT/SIGTERM, when the master asks, or when its parent process goes away.
 """
 

@@ -2,7 +2,8 @@
 as 32x32 grayscale PNG files: ``images/digit_<label>_<i>.png``.
 
 The pixels are exactly those the model was trained on (8x8 -> uint8 -> bilinear 32x32), so the served
-pre-processing of these files reproduces the training inputs. Run from anywhere: ``python servables/lenet/make_images.py``.
+pre-processing of these files reproduces the training inputs. Run from anywhere:
+``python servables/lenet/make_images.py``.
 """
 
 import os

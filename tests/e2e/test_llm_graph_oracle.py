@@ -1,8 +1,8 @@
 """The correctness oracle on the real exported graphs: greedy tokens under load equal those of each request alone.
 
 32 requests with mixed prompt lengths and max_new_tokens join the engine at different steps (their prompts mostly
-computed in mixed decode + prefill graphs); each one's tokens must equal the tokens of the same request run alone. Also with prefix caching, and with preemption forced by a
-tiny block pool.
+computed in mixed decode + prefill graphs); each one's tokens must equal the tokens of the same request run alone.
+Also with prefix caching, and with preemption forced by a tiny block pool.
 """
 
 import numpy as np

@@ -432,7 +432,7 @@ def test_a_partial_batch_for_an_idle_worker_waits_while_chunks_keep_arriving():
         tasks = []
         for x in range(5):  # one new request per loop turn: a burst being read
             tasks.append(asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(x))))
-            await until(lambda n=len(tasks): dispatcher.enqueued == n)
+            await until(lambda tasks=tasks: dispatcher.enqueued == len(tasks))
         return await asyncio.gather(*tasks)
 
     answers = asyncio.run(scenario())
@@ -453,7 +453,7 @@ def test_a_partial_batch_waits_for_the_clients_of_the_last_call_to_come_back():
             tasks = []
             for x in (1, 2, 3):  # the clients come back one after the other
                 tasks.append(asyncio.ensure_future(dispatcher.predict(spec_of(), instances_of(x))))
-                await until(lambda n=len(tasks): dispatcher.enqueued == n)
+                await until(lambda tasks=tasks: dispatcher.enqueued == len(tasks))
                 if x < 3:  # the early ones wait on the settle timer, nothing is sent
                     await until(lambda: worker.queues["m"].timer is not None)
                     assert len(calls) == len(rounds) and clock.pending()

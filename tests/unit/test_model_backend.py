@@ -211,7 +211,8 @@ def test_batch_size_checks_have_mindspore_serving_s_texts():
     cases = [
         (
             _model([_Graph([[4, 3], []], [[4]])], without_batch_dim_inputs=[0]),
-            "The shape of model input 1 cannot be empty, when with_batch_dim is true and without_batch_dim_inputs is [0]",
+            "The shape of model input 1 cannot be empty, when with_batch_dim is true and without_batch_dim_inputs is "
+            "[0]",
         ),
         (_model([_Graph([[4, 3]], [[]])]), "The shape of model output 0 cannot be empty"),
         (

@@ -449,8 +449,8 @@ def test_add_stage_parameters(tmp_path):
         (
             "register.add_stage(register.Model('other.mindir', 'svc', 1), x, outputs_count=1)",
             "Check failed in method 'm', the parameter 'stage' of add_stage must be function or Model returned by "
-            "declare_model, and ensure that interface 'declare_model' can take effect when importing servable_config.py "
-            "by the serving server",
+            "declare_model, and ensure that interface 'declare_model' can take effect when importing "
+            "servable_config.py by the serving server",
         ),
         ("register.add_stage(fun, x, outputs_count=0)", "Parameter 'outputs_count' should be >= 1"),
         ("register.add_stage(fun, x, outputs_count='1')", "Parameter 'outputs_count' should be int"),
@@ -650,7 +650,10 @@ def test_model_call_without_handler():
 
 
 def test_model_call_handler_errors_propagate():
-    text = "Model(add.mindir).call() failed: The inputs count 1 of instance 0 is not equal to the inputs count 2 of the model"
+    text = (
+        "Model(add.mindir).call() failed: The inputs count 1 of instance 0 is not equal to the inputs count 2 of "
+        "the model"
+    )
     model_module.set_model_call_handler(FakeHandler(error=text))
     with pytest.raises(RuntimeError) as info:
         make_model().call(np.ones(2))
@@ -785,18 +788,23 @@ def _complex(interface):
             "Check failed in method 'm', call_servable should be invoked after call_preprocess",
         ),
         (
-            "y = register.call_servable(x1, x2)\n    x1 = register.call_preprocess_pipeline(preprocess1, x1)\n    return y",
+            "y = register.call_servable(x1, x2)\n    x1 = register.call_preprocess_pipeline(preprocess1, x1)\n"
+            "    return y",
             "Check failed in method 'm', call_servable should be invoked after call_preprocess_pipeline",
         ),
         (
-            "x1 = register.call_preprocess(preprocess1, x1)\n    x1 = register.call_preprocess_pipeline(preprocess1, x1)\n"
+            "x1 = register.call_preprocess(preprocess1, x1)\n"
+            "    x1 = register.call_preprocess_pipeline(preprocess1, x1)\n"
             "    return register.call_servable(x1, x2)",
-            "Check failed in method 'm', call_preprocess or call_preprocess_pipeline should not be invoked more than once",
+            "Check failed in method 'm', call_preprocess or call_preprocess_pipeline should not be invoked more than "
+            "once",
         ),
         (
-            "x1 = register.call_preprocess_pipeline(preprocess1, x1)\n    x1 = register.call_preprocess(preprocess1, x1)\n"
+            "x1 = register.call_preprocess_pipeline(preprocess1, x1)\n"
+            "    x1 = register.call_preprocess(preprocess1, x1)\n"
             "    return register.call_servable(x1, x2)",
-            "Check failed in method 'm', call_preprocess or call_preprocess_pipeline should not be invoked more than once",
+            "Check failed in method 'm', call_preprocess or call_preprocess_pipeline should not be invoked more than "
+            "once",
         ),
         (
             "y = register.call_servable(x1, x2)\n    y = register.call_servable(x1, x2)\n    return y",
@@ -804,11 +812,14 @@ def _complex(interface):
         ),
         (
             "y = register.call_postprocess(postprocess, x1)\n    y = register.call_servable(x1, x2)\n    return y",
-            "Check failed in method 'm', call_postprocess or call_postprocess_pipeline should be invoked after call_servable",
+            "Check failed in method 'm', call_postprocess or call_postprocess_pipeline should be invoked after "
+            "call_servable",
         ),
         (
-            "y = register.call_postprocess_pipeline(postprocess, x1)\n    y = register.call_servable(x1, x2)\n    return y",
-            "Check failed in method 'm', call_postprocess or call_postprocess_pipeline should be invoked after call_servable",
+            "y = register.call_postprocess_pipeline(postprocess, x1)\n    y = register.call_servable(x1, x2)\n"
+            "    return y",
+            "Check failed in method 'm', call_postprocess or call_postprocess_pipeline should be invoked after "
+            "call_servable",
         ),
         (
             "y = register.call_postprocess(postprocess, x2)\n    x1 = register.call_preprocess(preprocess1, x1)\n"
@@ -818,17 +829,20 @@ def _complex(interface):
         ),
         (
             "y = register.call_postprocess_pipeline(postprocess, x2)\n"
-            "    x1 = register.call_preprocess_pipeline(preprocess1, x1)\n    y = register.call_servable(x1, x2)\n    return y",
+            "    x1 = register.call_preprocess_pipeline(preprocess1, x1)\n    y = register.call_servable(x1, x2)\n"
+            "    return y",
             "Check failed in method 'm', call_postprocess or call_postprocess_pipeline should be invoked after "
             "call_preprocess_pipeline",
         ),
         (
             "y = register.call_servable(x1, x2)\n    y = register.call_postprocess(postprocess, y)\n"
             "    y = register.call_postprocess_pipeline(postprocess, y)\n    return y",
-            "Check failed in method 'm', call_postprocess or call_postprocess_pipeline should not be invoked more than once",
+            "Check failed in method 'm', call_postprocess or call_postprocess_pipeline should not be invoked more "
+            "than once",
         ),
         (
-            "x1 = register.call_preprocess(preprocess1, x1)\n    y = register.call_postprocess(postprocess, x1)\n    return y",
+            "x1 = register.call_preprocess(preprocess1, x1)\n    y = register.call_postprocess(postprocess, x1)\n"
+            "    return y",
             "Not find the invoke of 'call_servable'",
         ),
         # a call_* only inside a condition: the call itself fails, naming its interface
@@ -849,12 +863,14 @@ def _complex(interface):
             _complex("call_postprocess"),
         ),
         (
-            "if True:\n        y = register.call_postprocess_pipeline(postprocess, x1)\n        return y\n    return x1",
+            "if True:\n        y = register.call_postprocess_pipeline(postprocess, x1)\n        return y\n"
+            "    return x1",
             _complex("call_postprocess_pipeline"),
         ),
         # top-level call_* beside a condition: the parse fails, naming the top-level calls
         (
-            "y = register.call_preprocess(preprocess1, x1)\n    if True:\n        y = register.call_postprocess(postprocess, y)"
+            "y = register.call_preprocess(preprocess1, x1)\n    if True:\n"
+            "        y = register.call_postprocess(postprocess, y)"
             "\n        return y\n    return y",
             _complex("call_preprocess"),
         ),
@@ -867,12 +883,14 @@ def _complex(interface):
         # mixed with add_stage
         (
             "y = register.call_preprocess(preprocess1, x1)\n    y = register.call_servable(y, x2)\n"
-            "    y = register.call_postprocess(postprocess, y)\n    y = register.add_stage(preprocess1, y, outputs_count=1)\n"
+            "    y = register.call_postprocess(postprocess, y)\n"
+            "    y = register.add_stage(preprocess1, y, outputs_count=1)\n"
             "    return y",
             _complex("call_preprocess;call_servable;call_postprocess"),
         ),
         (
-            "y = register.add_stage(preprocess1, x1, outputs_count=1)\n    y = register.call_preprocess(preprocess1, y)\n"
+            "y = register.add_stage(preprocess1, x1, outputs_count=1)\n"
+            "    y = register.call_preprocess(preprocess1, y)\n"
             "    y = register.call_servable(y, x2)\n    return y",
             _complex("call_preprocess;call_servable"),
         ),

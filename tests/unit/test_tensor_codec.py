@@ -218,12 +218,14 @@ def _instance(**items):
         (_tensor(pb.MS_FLOAT32, [0, 3]), "Tensor check failed: input  shape [0, 3] invalid"),
         (
             _tensor(pb.MS_STRING, [1, 1], bytes_val=[b"a"]),
-            "Instance tensor check failed: bytes or string type input  shape can only be (1,) or empty, but given shape is "
+            "Instance tensor check failed: bytes or string type input  shape can only be (1,) or empty, but given "
+            "shape is "
             "[1, 1]",
         ),
         (
             _tensor(pb.MS_BYTES, [2], bytes_val=[b"a"]),
-            "Instance tensor check failed: bytes or string type input  shape can only be (1,) or empty, but given shape is "
+            "Instance tensor check failed: bytes or string type input  shape can only be (1,) or empty, but given "
+            "shape is "
             "[2]",
         ),
     ],

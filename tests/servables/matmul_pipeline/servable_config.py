@@ -1,4 +1,7 @@
-"""matmul_distributed's product as a 2-stage pipeline on 2 ranks (graphs: servables/matmul_distributed/model/pipeline)."""
+"""matmul_distributed's product as a 2-stage pipeline on 2 ranks.
+
+Its graphs: servables/matmul_distributed/model/pipeline.
+"""
 
 from mindspore_serving.server import distributed, register
 
