@@ -92,7 +92,8 @@ CLUSTER_PASSWORDS = {"server": "Cluster-server-pw1", "client": "Cluster-client-p
 def make_cluster_ssl(directory, ips):
     """MindSpore's TLS for the cluster channel (ms_cluster.cluster_ssl_settings): a CA with the extensions
     MindSpore checks (CA:TRUE, key ids; RSA keys of 3072 bits, as its OpenSSL refuses 2048), a server and a client
-    certificate for `ips` as PKCS#12 files with passwords, and the SSL JSON naming them. Returns the environment that turns it on."""
+    certificate for `ips` as PKCS#12 files with passwords, and the SSL JSON naming them. Returns the environment
+    that turns it on."""
     import json
 
     config = os.path.join(directory, "cluster_ca.cnf")

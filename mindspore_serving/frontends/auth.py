@@ -1,14 +1,13 @@
 """API-key authentication of the public front ends (`--api_key`, `server.master.context.set_api_key`).
 
-With a key set every REST route and every RPC needs it, except the health probes, which load balancers and
-Kubernetes call without credentials: REST `/health`, `/ready`, `/v2/health/live|ready` and
-`/v2/models/<m>[/versions/<v>]/ready`; gRPC `grpc.health.v1.Health` and KServe's `ServerLive`, `ServerReady` and
-`ModelReady`; and the API groups opened or given keys of their own (api_groups.py). REST takes
-`Authorization: Bearer <key>` (what the OpenAI and Hugging Face clients send) or `x-api-key: <key>`; gRPC the metadata `authorization: Bearer <key>` (MindSpore Serving's `Client(api_key=...)`,
-tritonclient's `headers=`). Keys are compared in constant time. A request without the key gets 401 in its
-protocol's error shape (frontends/errors.py) with `WWW-Authenticate: Bearer`, an RPC UNAUTHENTICATED; the reply
-never says what the key is, only that it is missing or wrong.
-"""
+With a key set every REST route and every RPC needs it, except the health probes, which load balancers and Kubernetes
+call without credentials: REST `/health`, `/ready`, `/v2/health/live|ready` and `/v2/models/<m>[/versions/<v>]/ready`;
+gRPC `grpc.health.v1.Health` and KServe's `ServerLive`, `ServerReady` and `ModelReady`; and the API groups opened or
+given keys of their own (api_groups.py). REST takes `Authorization: Bearer <key>` (what the OpenAI and Hugging Face
+clients send) or `x-api-key: <key>`; gRPC the metadata `authorization: Bearer <key>` (MindSpore Serving's
+`Client(api_key=...)`, tritonclient's `headers=`). Keys are compared in constant time. A request without the key gets
+401 in its protocol's error shape (frontends/errors.py) with `WWW-Authenticate: Bearer`, an RPC UNAUTHENTICATED; the
+reply never says what the key is, only that it is missing or wrong."""
 
 import hmac
 import ipaddress

@@ -1,7 +1,8 @@
 """`--api_key`: the secured server (secured_server.py: add and the tiny LLM, two front ends, so that the front-end
 process is checked too) wants the key on every route and RPC but the probes. Without it or with a wrong one,
 each protocol answers 401 in its own shape (gRPC UNAUTHENTICATED); with it, the real clients work unchanged: ours
-with `api_key=`, `openai` with `api_key=`, huggingface_hub with `token=`, plain HTTP with `Authorization: Bearer` or `x-api-key`."""
+with `api_key=`, `openai` with `api_key=`, huggingface_hub with `token=`, plain HTTP with `Authorization: Bearer`
+or `x-api-key`."""
 
 import os
 import subprocess
