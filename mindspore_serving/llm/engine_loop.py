@@ -11,7 +11,11 @@ A request with several choices (n / best_of) streams the outputs of all of them 
 ending with its own finished output; the stream ends after the last choice's.
 
 The engine itself is not thread-safe: every call into it happens on the loop thread; other threads only
-put commands on a queue.
+put commands on a queue. The requests' streams (`_streams`, each stream's queue or sink) are the loop thread's too,
+with one exception: `close()` ends them from the caller's thread when the loop thread does not stop in time (stuck
+in a model step). So every touch of them, on either thread, holds `_lock`; the loop thread takes it only around
+those touches, never around a call into the engine, so `close()` always gets it. Once `close()` (or a failure of
+the loop) has ended the streams, `_ended` is set and whatever the loop thread still produces is dropped.
 
 A request submitted with a `sink` does not queue its outputs on its own stream: the loop hands them to
 `sink.put(stream, item)` and calls `sink.flush()` once per loop iteration, so a consumer of many requests
@@ -20,7 +24,6 @@ A request submitted with a `sink` does not queue its outputs on its own stream: 
 
 import queue
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -116,6 +119,9 @@ class RequestStream:
 
 
 class EngineLoop:
+    close_timeout = 10.0
+    """Seconds `close()` waits for the loop thread before it ends the streams itself."""
+
     def __init__(
         self,
         engine: LLMEngine,
@@ -131,7 +137,9 @@ class EngineLoop:
         self.max_waiting = max_waiting
         self.request_timeout = request_timeout
         self._commands: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()  # guards _streams, _ended, the streams' puts and _dirty (module docstring)
         self._streams: dict[str, RequestStream] = {}
+        self._ended = False  # every stream has been ended: the loop's later outputs are dropped
         self._deadlines: dict[str, float] = {}
         self._ids = 0
         self._ids_lock = threading.Lock()
@@ -164,7 +172,11 @@ class EngineLoop:
                 self._ids += 1
                 request_id = f"req-{self._ids}"
         stream = RequestStream(self, request_id, sink, tag)
-        self._commands.put(_Add(request_id, prompt, params, stream, self.engine.clock()))
+        with self._lock:  # a command queued after _end_all drained the queue would never be answered
+            if self._ended:
+                self._release()
+                raise errors.WorkerUnavailable(self.closed_reason)
+            self._commands.put(_Add(request_id, prompt, params, stream, self.engine.clock()))
         return stream
 
     def engine_capacity(self) -> int:
@@ -176,13 +188,18 @@ class EngineLoop:
 
     def close(self, reason: str = "the LLM engine is stopping"):
         """Stops the loop; every request not finished yet fails with `reason`, an unavailable error (its worker
-        is stopping or restarting: a client may retry)."""
+        is stopping or restarting: a client may retry). Returns within about `close_timeout` seconds: a loop
+        thread still busy then (a model step that hangs) is left behind, its requests failed all the same."""
         if not self._closed.is_set():
             self.closed_reason = reason
             self._closed.set()
             self._commands.put(None)
-            self._thread.join(timeout=10)
-            self._fail_all(errors.WorkerUnavailable(reason))
+            self._thread.join(timeout=self.close_timeout)
+            if self._thread.is_alive():
+                log.error(
+                    f"the LLM engine loop did not stop within {self.close_timeout} s; its requests fail without it"
+                )
+            self._end_all(errors.WorkerUnavailable(reason))
 
     # ---- the loop thread ----
     def _run(self):
@@ -192,10 +209,11 @@ class EngineLoop:
                 if not self._drain(block):
                     break
                 self._expire()
-                if self.engine.has_unfinished():
-                    for output in self.engine.step():
+                outputs = self.engine.step() if self.engine.has_unfinished() else ()
+                with self._lock:
+                    for output in outputs:
                         self._deliver(output)
-                self._flush()
+                    self._flush()
                 if self.stats_interval and (
                     self.report.due(self.stats_interval) or (self.report.pending and not self.engine.has_unfinished())
                 ):
@@ -207,9 +225,9 @@ class EngineLoop:
             self._closed.set()
             if isinstance(err, errors.WorkerUnavailable):
                 # e.g. its model runner lost an agent before the worker closed this loop: still "retry later"
-                self._fail_all(errors.WorkerUnavailable(str(err)))
+                self._end_all(errors.WorkerUnavailable(str(err)))
             else:
-                self._fail_all(errors.ServingError(errors.SYSTEM_ERROR, f"LLM engine failed: {self.failure}"))
+                self._end_all(errors.ServingError(errors.SYSTEM_ERROR, f"LLM engine failed: {self.failure}"))
 
     def _drain(self, block: bool) -> bool:
         """Applies queued commands; returns False when the loop must end."""
@@ -224,7 +242,9 @@ class EngineLoop:
             if isinstance(command, _Add):
                 self._add(command)
             elif isinstance(command, _Abort):
-                if command.request_id in self._streams:
+                with self._lock:
+                    known = command.request_id in self._streams
+                if known:
                     self.engine.abort(command.request_id)
                     # the engine reports the aborted request in its next step's outputs
 
@@ -252,16 +272,22 @@ class EngineLoop:
                 )
         except (InvalidRequestError, ValueError, TypeError) as err:
             self._release()
-            command.stream._put(err if isinstance(err, errors.ServingError) else errors.InvalidInputs(str(err)))
+            with self._lock:
+                command.stream._put(err if isinstance(err, errors.ServingError) else errors.InvalidInputs(str(err)))
             return
-        self._streams[command.request_id] = command.stream
+        with self._lock:
+            if self._ended:  # close() gave up on this thread while the engine took the request
+                self._release()
+                command.stream._put(errors.WorkerUnavailable(self.closed_reason))
+                return
+            self._streams[command.request_id] = command.stream
         if self.request_timeout > 0:
-            self._deadlines[command.request_id] = time.monotonic() + self.request_timeout
+            self._deadlines[command.request_id] = command.arrival_time + self.request_timeout
 
     def _expire(self):
         if not self._deadlines:
             return
-        now = time.monotonic()
+        now = self.engine.clock()
         for request_id, deadline in list(self._deadlines.items()):
             if now >= deadline:
                 del self._deadlines[request_id]
@@ -269,6 +295,7 @@ class EngineLoop:
                 self.engine.abort(request_id)
 
     def _deliver(self, output: RequestOutput):
+        """Hands one output to its stream (under _lock)."""
         stream = self._streams.get(output.request_id)
         if stream is None:
             return
@@ -281,6 +308,7 @@ class EngineLoop:
             self._release()
 
     def _flush(self):
+        """Flushes the sinks that got items (under _lock)."""
         while self._dirty:
             self._dirty.pop().flush()
 
@@ -288,15 +316,19 @@ class EngineLoop:
         with self._ids_lock:
             self._admitted -= 1
 
-    def _fail_all(self, error: BaseException):
-        for stream in list(self._streams.values()):
-            stream._put(error)
-        self._streams.clear()
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(command, _Add):
-                command.stream._put(error)
-        self._flush()
+    def _end_all(self, error: BaseException):
+        """Ends every stream, and every request still queued, with `error`; from either thread (module
+        docstring). Later outputs of the loop thread are dropped."""
+        with self._lock:
+            self._ended = True
+            for stream in self._streams.values():
+                stream._put(error)
+            self._streams.clear()
+            while True:
+                try:
+                    command = self._commands.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(command, _Add):
+                    command.stream._put(error)
+            self._flush()

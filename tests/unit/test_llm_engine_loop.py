@@ -1,5 +1,9 @@
 """The threaded engine loop over the fake runner: streaming, abort, back-pressure, timeouts, bad input."""
 
+import functools
+import itertools
+import threading
+
 import pytest
 
 from mindspore_serving.common import errors
@@ -70,11 +74,15 @@ def test_bad_request_gets_error_and_others_continue(runner):
         loop.close()
 
 
-def test_request_timeout_aborts(runner):
-    loop = make_loop(runner, request_timeout=1e-6)
+def test_request_timeout_aborts_on_the_engine_clock(runner):
+    """The deadline is read on the engine's clock: one that moves a second per reading aborts a request of 60 tokens
+    with a 20 s timeout after at most 20 loop iterations, whatever the real time."""
+    config = SchedulerConfig.for_runner(runner, max_num_seqs=4, max_num_batched_tokens=64)
+    clock = functools.partial(next, itertools.count(100.0, 1.0))
+    loop = EngineLoop(LLMEngine(runner, scheduler_config=config, clock=clock), request_timeout=20.0)
     try:
         out = loop.submit([1, 2], {"temperature": 0.0, "max_new_tokens": 60, "ignore_eos": True}).result()
-        assert out.finish_reason.value == "abort"
+        assert out.finish_reason.value == "abort" and len(out.token_ids) < 2 + 20
     finally:
         loop.close()
 
@@ -89,6 +97,34 @@ def test_close_fails_pending_requests(runner):
         errors.WorkerUnavailable, match="the LLM engine is stopping"
     ):  # retry later, not "no such model"
         loop.submit([1], GREEDY)
+
+
+def test_close_ends_every_stream_when_the_loop_thread_does_not_stop_in_time(runner, monkeypatch):
+    """close() gives up on a loop thread stuck in the engine (here taking a request): every request fails with the
+    close reason, the one being taken too, close() itself raises nothing, and the thread drops what it does later."""
+    loop = make_loop(runner)
+    running = loop.submit([1, 2], {"temperature": 0.0, "max_new_tokens": 60, "ignore_eos": True})
+    running.get(timeout=10)
+    entered, release = threading.Event(), threading.Event()
+    add_request = loop.engine.add_request
+
+    def stuck_add_request(*args, **kwargs):
+        entered.set()
+        release.wait(10)
+        return add_request(*args, **kwargs)
+
+    monkeypatch.setattr(loop.engine, "add_request", stuck_add_request)
+    taken = loop.submit([3], GREEDY)
+    assert entered.wait(10)
+    loop.close_timeout = 0.01
+    loop.close("stopping for the test")
+    with pytest.raises(errors.WorkerUnavailable, match="stopping for the test"):
+        running.result()
+    release.set()
+    with pytest.raises(errors.WorkerUnavailable, match="stopping for the test"):
+        taken.get(timeout=5)
+    loop._thread.join(timeout=10)
+    assert not loop._thread.is_alive()
 
 
 class _CollectingSink:
