@@ -6,11 +6,15 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup clients models serve test lint unit e2e faults bench proto clean oracle-fixtures
 
+# uv installs the pinned requirements (pip resolves the same pins, several times slower): it is bootstrapped with pip
+UV_VERSION := 0.13.9
+UV := $(VENV)/bin/uv
+
 $(STAMP): requirements.txt requirements-dev.txt setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements-dev.txt
-	$(PY) -m pip install -q --no-deps -e .
+	$(PY) -m pip install -q uv==$(UV_VERSION)
+	$(UV) pip install -q --python $(PY) -r requirements-dev.txt
+	$(UV) pip install -q --python $(PY) --no-deps -e .
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -19,9 +23,9 @@ setup: $(STAMP)
 CLIENTS_VENV := .venv-clients
 CLIENTS_STAMP := $(CLIENTS_VENV)/.installed
 
-$(CLIENTS_STAMP): requirements-clients.txt
-	test -x $(CLIENTS_VENV)/bin/python || $(PYTHON) -m venv $(CLIENTS_VENV)
-	$(CLIENTS_VENV)/bin/python -m pip install -q -r requirements-clients.txt
+$(CLIENTS_STAMP): requirements-clients.txt $(STAMP)
+	test -x $(CLIENTS_VENV)/bin/python || $(UV) venv -q --python $(PYTHON) $(CLIENTS_VENV)
+	$(UV) pip install -q --python $(CLIENTS_VENV)/bin/python -r requirements-clients.txt
 	touch $(CLIENTS_STAMP)
 
 clients: $(CLIENTS_STAMP)
