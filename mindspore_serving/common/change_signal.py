@@ -10,7 +10,7 @@ import threading
 
 
 class ChangeSignal:
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._version = 0
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
@@ -19,7 +19,7 @@ class ChangeSignal:
     def version(self) -> int:
         return self._version
 
-    def notify(self):
+    def notify(self) -> None:
         """Something changed (any thread): wakes every waiter."""
         with self._lock:
             self._version += 1
@@ -47,6 +47,6 @@ class ChangeSignal:
         return self._version
 
 
-def _wake(future: asyncio.Future):
+def _wake(future: asyncio.Future) -> None:
     if not future.done():
         future.set_result(None)

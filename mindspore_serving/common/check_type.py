@@ -3,10 +3,34 @@
 Every failure raises RuntimeError with MindSpore Serving's exact text, e.g.
 "Parameter 'device_ids' should be int or tuple/list of int, but actually <class 'str'>".
 Items of tuple/list parameters are reported as "The item value '<v>' in parameter '<n>' ...".
+
+`int_fault` is the one test of an int parameter (a real int, bool rejected, within optional bounds) that every
+validator of the package uses, each raising its own error in its own words: `check_int` here, SchedulerConfig
+(llm/config.py) and the model configs (models/llama/config.py).
 """
 
+import enum
 import os
 import sys
+
+
+class IntFault(enum.Enum):
+    """What is wrong with a value that should be an int within bounds."""
+
+    NOT_INT = "not an int"  # bool included: True is not a count
+    BELOW_MINIMUM = "below the minimum"
+    ABOVE_MAXIMUM = "above the maximum"
+
+
+def int_fault(value, minimum: int | None = None, maximum: int | None = None) -> IntFault | None:
+    """None when `value` is an int (not a bool) in [minimum, maximum] (a bound of None: none), else the fault."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return IntFault.NOT_INT
+    if minimum is not None and value < minimum:
+        return IntFault.BELOW_MINIMUM
+    if maximum is not None and value > maximum:
+        return IntFault.ABOVE_MAXIMUM
+    return None
 
 
 def _subject(arg_name: str, value, is_item: bool) -> str:
@@ -44,17 +68,17 @@ def check_int(
     arg_name: str, int_val, minimum: int | None = None, maximum: int | None = None, is_tuple_item: bool = False
 ) -> int:
     """An int (bool rejected) inside the optional bounds [minimum, maximum]."""
+    fault = int_fault(int_val, minimum, maximum)
+    if fault is None:
+        return int_val
     subject = _subject(arg_name, int_val, is_tuple_item)
-    if not isinstance(int_val, int) or isinstance(int_val, bool):
+    if fault is IntFault.NOT_INT:
         raise RuntimeError(f"{subject} should be int, but actually {type(int_val)}")
     if minimum is not None and maximum is not None:
-        if not minimum <= int_val <= maximum:
-            raise RuntimeError(f"{subject} should be in range [{minimum},{maximum}]")
-    elif minimum is not None and int_val < minimum:
+        raise RuntimeError(f"{subject} should be in range [{minimum},{maximum}]")
+    if fault is IntFault.BELOW_MINIMUM:
         raise RuntimeError(f"{subject} should be >= {minimum}")
-    elif maximum is not None and int_val > maximum:
-        raise RuntimeError(f"{subject} should be <= {maximum}")
-    return int_val
+    raise RuntimeError(f"{subject} should be <= {maximum}")
 
 
 def check_ip_port(arg_name: str, port) -> int:

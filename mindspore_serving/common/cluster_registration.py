@@ -29,7 +29,7 @@ class RegistrationWatch:
     """Decides from samples of one rank's connections to the scheduler (their local ports) whether it registered:
     pure, the caller gives the times."""
 
-    def __init__(self, started: float, timeout: float, held: float = HELD_S):
+    def __init__(self, started: float, timeout: float, held: float = HELD_S) -> None:
         self.started = started
         self.timeout = timeout
         self.held = held
@@ -86,10 +86,10 @@ class RankRegistrations:
     _watches: dict[int, tuple] = field(default_factory=dict, init=False)  # rank -> (pid, RegistrationWatch)
     _restarts: dict[int, int] = field(default_factory=dict, init=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self._ips = scheduler_ips(self.host)
 
-    def started(self, rank: int, pid: int):
+    def started(self, rank: int, pid: int) -> None:
         self._watches[rank] = (pid, RegistrationWatch(self.clock(), self.timeout))
 
     def stuck(self) -> list[int]:

@@ -64,20 +64,20 @@ class ServingError(Exception):
     CODE = FAILED
     KIND = Kind.GENERATION
 
-    def __init__(self, code: int, message: str):
+    def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = int(code)
         self.message = str(message)
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.message
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"{type(self).__name__}({CODE_NAMES.get(self.code, self.code)}, {self.message!r})"
 
 
 class _CodedError(ServingError):
-    def __init__(self, message: str):
+    def __init__(self, message: str) -> None:
         super().__init__(self.CODE, message)
 
 
@@ -93,7 +93,7 @@ class InvalidInputs(_CodedError):
 class InvalidParam(InvalidInputs):
     """A request field a front end rejects; `param` names it (OpenAI's `error.param`)."""
 
-    def __init__(self, message: str, param=None):
+    def __init__(self, message: str, param=None) -> None:
         super().__init__(message)
         self.param = param
 

@@ -14,7 +14,7 @@ YOUNG_THRESHOLD = 20000
 """Allocations (less deallocations) of tracked objects between two young-generation passes; CPython's is 700."""
 
 
-def settle():
+def settle() -> None:
     """Call once the process has loaded what it keeps for its lifetime (again after loading more)."""
     gc.collect()
     gc.freeze()

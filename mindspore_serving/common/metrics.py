@@ -152,7 +152,7 @@ class Histogram:
 
     __slots__ = ("bounds", "counts", "sum")
 
-    def __init__(self, bounds: tuple[float, ...]):
+    def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds
         self.counts = [0] * (len(bounds) + 1)
         self.sum = 0.0

@@ -150,7 +150,7 @@ def cluster_ssl_settings(environ=None) -> dict[str, object] | None:
     )
 
 
-def _init_cluster():
+def _init_cluster() -> None:
     """`mindspore.communication.init()`, with MindSpore's TLS on the cluster channel when it is configured."""
     settings = cluster_ssl_settings()
     import mindspore  # lazy: MindSpore loads only in the cluster's own processes
@@ -176,7 +176,7 @@ def _run_scheduler() -> int:
     parent = int(os.environ.get(_PARENT_PID_VAR, "0"))
     done = threading.Event()
 
-    def serve():
+    def serve() -> None:
         try:
             _init_cluster()  # serves the cluster until its ranks finalize
         finally:

@@ -6,7 +6,7 @@ import time
 class RestartBudget:
     """`spend()` records a restart and says whether it is still within `max_restarts` per `window` seconds."""
 
-    def __init__(self, max_restarts: int, window: float, clock=time.monotonic):
+    def __init__(self, max_restarts: int, window: float, clock=time.monotonic) -> None:
         self.max_restarts = max_restarts
         self.window = window
         self.clock = clock

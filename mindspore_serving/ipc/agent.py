@@ -38,12 +38,12 @@ class StepEncoder:
     are the `max_tables` sequences used last; one pushed out is released in the same message, so both sides
     always keep the same ones."""
 
-    def __init__(self, max_tables: int = 1024):
+    def __init__(self, max_tables: int = 1024) -> None:
         self.max_tables = max_tables
         self._tables: OrderedDict[int, list[int]] = OrderedDict()  # seq_id -> table as the agents keep it
         self._reset = False
 
-    def reset(self):
+    def reset(self) -> None:
         """Forgets every table, here and (with the next message) in the agents: after a failed step, whose
         table updates an agent may not have made."""
         self._tables.clear()
@@ -94,7 +94,7 @@ class StepDecoder:
     """The agent's side: rebuilds each sequence's whole block table from the ids sent and the tables kept.
     Messages must be decoded in step order (the agent runs steps in that order)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._tables: dict[int, list[int]] = {}
 
     def decode(self, request: "agent_pb2.StepRequest") -> list[SeqStep]:
@@ -229,7 +229,7 @@ def decode_mixed(reply: "agent_pb2.StepReply", num_logits_rows: int) -> MixedSte
 _FRAME = struct.Struct("<I")
 
 
-def write_startup_event(fd: int, rank: int, ready_pid: int | None = None, failed_reason: str | None = None):
+def write_startup_event(fd: int, rank: int, ready_pid: int | None = None, failed_reason: str | None = None) -> None:
     """Writes one AgentStartupEvent, framed, to the pipe `fd` (the agent's side)."""
     event = agent_pb2.AgentStartupEvent(protocol_version=AGENT_PROTOCOL_VERSION, rank=rank)
     if failed_reason is not None:
@@ -243,7 +243,7 @@ def write_startup_event(fd: int, rank: int, ready_pid: int | None = None, failed
 class StartupEventReader:
     """Collects the framed AgentStartupEvents that arrive, in pieces, on one pipe (the starter's side)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._buffer = b""
 
     def feed(self, data: bytes) -> list["agent_pb2.AgentStartupEvent"]:

@@ -74,7 +74,7 @@ def tensor_infos_from_proto(infos) -> list[tuple[tuple, np.dtype]]:
     return [(tuple(info.shape), tensor_codec.proto_to_dtype(info.dtype)) for info in infos]
 
 
-def arrays_to_tensors(arrays: Sequence[np.ndarray], repeated_field):
+def arrays_to_tensors(arrays: Sequence[np.ndarray], repeated_field) -> None:
     for array in arrays:
         tensor_codec.value_to_tensor(np.ascontiguousarray(array), repeated_field.add())
 
@@ -123,7 +123,7 @@ class _CallDetails(
 
 
 class _SendSecret(grpc.UnaryUnaryClientInterceptor):
-    def __init__(self, secret: str):
+    def __init__(self, secret: str) -> None:
         self._secret = secret
 
     def intercept_unary_unary(self, continuation, details, request):
@@ -141,7 +141,7 @@ class _SendSecret(grpc.UnaryUnaryClientInterceptor):
         )
 
 
-def _refuse(_request, context):
+def _refuse(_request, context) -> None:
     context.abort(
         grpc.StatusCode.PERMISSION_DENIED,
         f"the call does not carry this servable's {SECRET_ENV} (metadata {SECRET_METADATA})",
@@ -149,7 +149,7 @@ def _refuse(_request, context):
 
 
 class _WantSecret(grpc.ServerInterceptor):
-    def __init__(self, secret: str):
+    def __init__(self, secret: str) -> None:
         self._secret = secret.encode()
         self._refusal = grpc.unary_unary_rpc_method_handler(_refuse)
 

@@ -91,12 +91,12 @@ def runtime_directory_of(master_address: str) -> str:
     return private_directory(os.path.dirname(socket_path(master_address)), create=False)
 
 
-def remove_runtime_directory(master_address: str):
+def remove_runtime_directory(master_address: str) -> None:
     """Removes the master's runtime directory and what its processes left there (a killed worker's sockets)."""
     shutil.rmtree(os.path.dirname(socket_path(master_address)), ignore_errors=True)
 
 
-def _remove_stale_directories():
+def _remove_stale_directories() -> None:
     """Removes the runtime directories of SOCKET_DIR whose master is not running and where no socket answers."""
     for entry in os.scandir(SOCKET_DIR):
         pid, separator, _ = entry.name.partition("_")
@@ -198,7 +198,7 @@ def peer_of(metadata, secret_of) -> str | None:
 class _PeerCredentials(grpc.UnaryUnaryClientInterceptor):
     """Adds the child's key and secret to each unary call of a channel (sync gRPC)."""
 
-    def __init__(self, key: str, secret: str):
+    def __init__(self, key: str, secret: str) -> None:
         self.metadata = peer_metadata(key, secret)
 
     def intercept_unary_unary(self, continuation, client_call_details, request):
@@ -206,7 +206,7 @@ class _PeerCredentials(grpc.UnaryUnaryClientInterceptor):
 
 
 class _Details(grpc.ClientCallDetails):  # pylint: disable=too-few-public-methods
-    def __init__(self, details, metadata):
+    def __init__(self, details, metadata) -> None:
         self.method = details.method
         self.timeout = details.timeout
         self.metadata = tuple(details.metadata or ()) + metadata
@@ -221,7 +221,7 @@ def master_channel(master_address: str, key: str, secret: str) -> grpc.Channel:
     return grpc.intercept_channel(channel, _PeerCredentials(key, secret))
 
 
-def remove_socket(address: str):
+def remove_socket(address: str) -> None:
     if address.startswith("unix:"):
         try:
             os.unlink(socket_path(address))

@@ -64,7 +64,7 @@ class PredictSocketServer:
     connection polls `spin_s` seconds for its next frame before it blocks (0: it blocks at once). It owns its
     socket file: one left by a killed process of the same pid is replaced, and `stop` removes it."""
 
-    def __init__(self, address: str, handle: Callable, spin_s: float = 0.0):
+    def __init__(self, address: str, handle: Callable, spin_s: float = 0.0) -> None:
         self.address = address
         self.path = socket_path(address)
         self.handle = handle
@@ -82,7 +82,7 @@ class PredictSocketServer:
         self._acceptor = threading.Thread(target=self._accept, name="predict-accept", daemon=True)
         self._acceptor.start()
 
-    def _accept(self):
+    def _accept(self) -> None:
         while True:
             try:
                 conn, _ = self._listener.accept()
@@ -97,7 +97,7 @@ class PredictSocketServer:
                 self._threads.append(thread)
             thread.start()
 
-    def _serve(self, conn: socket.socket):
+    def _serve(self, conn: socket.socket) -> None:
         reader = conn.makefile("rb")
         poller = None
         if self.spin_s > 0:
@@ -132,7 +132,7 @@ class PredictSocketServer:
                 self._connections.remove(conn)
                 self._threads.remove(threading.current_thread())
 
-    def stop(self, grace: float):
+    def stop(self, grace: float) -> None:
         """No new connections or calls; calls being answered get up to `grace` seconds to send their replies."""
         with self._lock:
             self._closed = True
@@ -166,17 +166,17 @@ def spin_until_readable(poller: "select.poll", seconds: float) -> bool:
 class _Connection(asyncio.Protocol):
     """One connection of the master's end: a call at a time, its reply read as it arrives."""
 
-    def __init__(self, on_lost: Callable):
+    def __init__(self, on_lost: Callable) -> None:
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.waiter: asyncio.Future | None = None
         self.lost: str | None = None
         self.on_lost = on_lost
 
-    def connection_made(self, transport):
+    def connection_made(self, transport) -> None:
         self.transport = transport
 
-    def data_received(self, data):
+    def data_received(self, data) -> None:
         self.buffer += data
         if len(self.buffer) < HEADER.size:
             return
@@ -194,11 +194,11 @@ class _Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(payload)
 
-    def connection_lost(self, exc):
+    def connection_lost(self, exc) -> None:
         self._fail(f"the worker closed the connection{f': {exc}' if exc else ''}")
         self.on_lost(self)
 
-    def _fail(self, reason: str):
+    def _fail(self, reason: str) -> None:
         self.lost = self.lost or reason
         waiter, self.waiter = self.waiter, None
         if waiter is not None and not waiter.done():
@@ -213,7 +213,7 @@ class _Connection(asyncio.Protocol):
             self.transport.writelines(frame(payload))
         return self.waiter
 
-    def close(self):
+    def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
 
@@ -222,7 +222,7 @@ class PredictChannel:
     """The master's end for one worker: `await call(request, timeout)` returns its WorkerPredictReply or raises
     WorkerConnectionError (the worker is gone or stopping, or the call ran out of time)."""
 
-    def __init__(self, address: str):
+    def __init__(self, address: str) -> None:
         self.path = socket_path(address)
         self._idle: list[_Connection] = []
         self._closed = False
@@ -238,7 +238,7 @@ class PredictChannel:
             raise WorkerConnectionError(f"cannot connect to {self.path}: {err}") from None
         return conn
 
-    def _forget(self, conn: _Connection):
+    def _forget(self, conn: _Connection) -> None:
         if conn in self._idle:
             self._idle.remove(conn)
 
@@ -270,7 +270,7 @@ class PredictChannel:
             self._idle.append(conn)
         return internal_pb2.WorkerPredictReply.FromString(payload)
 
-    def close(self):
+    def close(self) -> None:
         """Closes the idle connections; those of calls in flight close when their calls end."""
         self._closed = True
         idle, self._idle = self._idle, []

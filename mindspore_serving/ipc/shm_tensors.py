@@ -104,7 +104,7 @@ def _open_block(name: str, create: bool, size: int = 0):
     return shared_memory.SharedMemory(name, create=create, size=size)
 
 
-def _filter_tracker():
+def _filter_tracker() -> None:
     global _tracker_filtered  # pylint: disable=global-statement
     if _tracker_filtered:
         return
@@ -115,11 +115,11 @@ def _filter_tracker():
     def ours(name: str, rtype: str) -> bool:
         return rtype == "shared_memory" and name.lstrip("/").startswith(PREFIX)
 
-    def filtered_register(name, rtype):
+    def filtered_register(name, rtype) -> None:
         if not ours(name, rtype):
             register(name, rtype)
 
-    def filtered_unregister(name, rtype):
+    def filtered_unregister(name, rtype) -> None:
         if not ours(name, rtype):
             unregister(name, rtype)
 
@@ -130,12 +130,12 @@ def _filter_tracker():
 class CallBlock:
     """The caller's block of one model call: created by `encode_call`, released once the call is answered."""
 
-    def __init__(self, name: str, size: int):
+    def __init__(self, name: str, size: int) -> None:
         self.memory = _open_block(name, create=True, size=size)
         self.name = name
         self.size = size
 
-    def write(self, offset: int, array: np.ndarray):
+    def write(self, offset: int, array: np.ndarray) -> None:
         target = np.frombuffer(self.memory.buf, array.dtype, array.size, offset)
         np.copyto(target.reshape(array.shape), array)
 
@@ -144,7 +144,7 @@ class CallBlock:
         _check_place(place, self.size, dtype, dims)
         return np.frombuffer(self.memory.buf, dtype, math.prod(dims), place.data_offset).reshape(dims).copy()
 
-    def release(self):
+    def release(self) -> None:
         """Unmaps and unlinks the block (idempotent)."""
         if self.memory is None:
             return
@@ -159,7 +159,7 @@ class CallBlock:
 class BlockNamer:
     """Unique block names of one caller process."""
 
-    def __init__(self, master_pid: int):
+    def __init__(self, master_pid: int) -> None:
         self.prefix = block_prefix(master_pid, os.getpid())
         self._numbers = itertools.count()
 
@@ -231,7 +231,7 @@ def info_nbytes(dtype: np.dtype, shape: Sequence[int]) -> int:
     return math.prod(shape) * np.dtype(dtype).itemsize
 
 
-def _set_place(place: pb.ShmTensorData, block: CallBlock, offset: int, nbytes: int):
+def _set_place(place: pb.ShmTensorData, block: CallBlock, offset: int, nbytes: int) -> None:
     place.memory_key = block.name
     place.bytes_size = block.size
     place.data_offset = offset
@@ -268,7 +268,7 @@ def decode_outputs(instance_pb: pb.Instance, count: int, block: CallBlock | None
 class AttachedBlocks:
     """The serving worker's side of one call: the blocks it names, mapped until `close()`."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._blocks: dict[str, object] = {}
 
     def _block(self, place: pb.ShmTensorData):
@@ -298,7 +298,7 @@ class AttachedBlocks:
             )
         return tuple(values)
 
-    def write_outputs(self, outputs: Sequence, instance_pb: pb.Instance, answer_pb: pb.Instance):
+    def write_outputs(self, outputs: Sequence, instance_pb: pb.Instance, answer_pb: pb.Instance) -> None:
         """Puts one instance's outputs into `answer_pb`: into the caller's buffer of the same size when it gave
         one, else into the message."""
         for index, value in enumerate(outputs):
@@ -321,7 +321,7 @@ class AttachedBlocks:
             tensor.shape.dims.extend(value.shape)
             tensor.shm_data.CopyFrom(place)
 
-    def close(self):
+    def close(self) -> None:
         blocks, self._blocks = self._blocks, {}
         for block in blocks.values():
             try:

@@ -40,7 +40,7 @@ class StaticBatching(BatchingPolicy):
     """When nothing runs, the first max_num_seqs waiting requests become the batch; only they join (over several
     steps if the budget requires) until every one of them has finished."""
 
-    def __init__(self, max_num_seqs: int):
+    def __init__(self, max_num_seqs: int) -> None:
         self.max_num_seqs = max_num_seqs
         self.batch: set[str] = set()
 

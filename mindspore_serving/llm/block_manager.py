@@ -40,7 +40,7 @@ def hash_block(parent_hash: bytes | None, token_ids: Sequence[int]) -> bytes:
 class BlockManager:
     """Hands out KV blocks to requests; with prefix caching, shares equal full prefix blocks."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False) -> None:
         if num_blocks < 2 or block_size < 1:
             raise ValueError(
                 f"BlockManager needs num_blocks >= 2 (block 0 is scratch) and block_size >= 1, "

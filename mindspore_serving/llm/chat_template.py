@@ -109,7 +109,7 @@ class ChatTemplate:
     add_special_tokens = False
     """Whether the rendered text is tokenized with the tokenizer's own special tokens (HF: never for chat)."""
 
-    def __init__(self, text: str, special_tokens: Mapping[str, Any] | None = None):
+    def __init__(self, text: str, special_tokens: Mapping[str, Any] | None = None) -> None:
         try:
             self._template = _ENV.from_string(text)
         except jinja2.TemplateSyntaxError as err:
@@ -184,7 +184,7 @@ class LegacyChatTemplate:
 
     add_special_tokens = True
 
-    def __init__(self, template: str, message_format: str):
+    def __init__(self, template: str, message_format: str) -> None:
         self.template = template
         self.message_format = message_format
 

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
+from mindspore_serving.common.check_type import IntFault, int_fault
 from mindspore_serving.llm.fields import check_known_fields
 
 NGRAM = "ngram"
@@ -19,9 +20,10 @@ BATCHING_STRATEGIES = (CONTINUOUS, STATIC)
 
 
 def _check_int(name: str, value, minimum: int, fix: str = "", what: str = "SchedulerConfig") -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
+    fault = int_fault(value, minimum)
+    if fault is IntFault.NOT_INT:
         raise ValueError(f"{what}.{name} must be an int, got {value!r} ({type(value).__name__})")
-    if value < minimum:
+    if fault is not None:
         raise ValueError(f"{what}.{name} must be >= {minimum}, got {value}" + (f"; {fix}" if fix else ""))
 
 

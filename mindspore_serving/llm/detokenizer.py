@@ -49,7 +49,7 @@ class IncrementalDetokenizer:
         include_stop_str_in_output: bool = False,
         skip_special_tokens: bool = True,
         decode=None,
-    ):
+    ) -> None:
         self._decode = decode or make_decode(tokenizer, skip_special_tokens)
         context = list(prompt_token_ids[-INITIAL_CONTEXT_TOKENS:])
         self._ids: list[int] = context

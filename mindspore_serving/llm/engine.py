@@ -115,7 +115,7 @@ class RequestOutput:
 class _Group:
     """A live request as added: its id and how many of its choices have not finished."""
 
-    def __init__(self, request_id: str, num_choices: int):
+    def __init__(self, request_id: str, num_choices: int) -> None:
         self.request_id = request_id
         self.num_choices = num_choices
         self.num_open = num_choices
@@ -124,7 +124,7 @@ class _Group:
 class _Tracked:
     """What the engine keeps per live choice besides the core's Request."""
 
-    def __init__(self, request: Request, detokenizer: IncrementalDetokenizer | None, group: _Group):
+    def __init__(self, request: Request, detokenizer: IncrementalDetokenizer | None, group: _Group) -> None:
         self.request = request
         self.detokenizer = detokenizer
         self.group = group
@@ -145,7 +145,7 @@ class LLMEngine:
         eos_token_id: EosIds = None,
         seed: int | None = None,
         clock: Callable[[], float] = time.monotonic,
-    ):
+    ) -> None:
         """`tokenizer`: a `tokenizers.Tokenizer` or any object with encode(text) (-> ids or an object with
         .ids) and decode(ids); None serves token ids only. `eos_token_id`: the id, or the ids (a request stops
         on any of them), that end a generation; default the tokenizer's `eos_token_id` if it has one.

@@ -65,7 +65,7 @@ class EngineCore:
         sampler: Sampler | None = None,
         clock: Callable[[], float] = time.monotonic,
         timer: Callable[[], float] = time.perf_counter,
-    ):
+    ) -> None:
         scheduler_config.check_runner(model_runner)
         _check_speculation(scheduler_config, model_runner)
         self.runner = model_runner

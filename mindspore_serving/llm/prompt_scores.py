@@ -29,7 +29,7 @@ _ROWS_AT_ONCE = 32  # positions whose float64 log-softmax is held at once (a lar
 class PromptScores:
     """The prompt logprobs of one request, filled position by position as its prompt chunks are computed."""
 
-    def __init__(self, prompt_token_ids: Sequence[int], num_top: int):
+    def __init__(self, prompt_token_ids: Sequence[int], num_top: int) -> None:
         self.token_ids = np.asarray(prompt_token_ids, dtype=np.int64)
         self.num_top = int(num_top)
         n = len(self.token_ids)

@@ -52,7 +52,7 @@ class FinishReason(enum.StrEnum):
     ERROR = "error"  # the model step failed for this request
     GRAMMAR = "grammar"  # the structured output's grammar allows no further token
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.value
 
 
@@ -107,7 +107,7 @@ class Request:
         arrival_time: float,
         eos_token_id: EosIds = None,
         prompt: str | None = None,
-    ):
+    ) -> None:
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = tuple(int(t) for t in prompt_token_ids)
@@ -233,7 +233,7 @@ class Request:
             return RequestStatus.FINISHED_LENGTH
         return None
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (
             f"Request({self.request_id!r}, {self.status.name}, prompt={self.num_prompt_tokens}, "
             f"output={self.num_output_tokens}, computed={self.num_computed_tokens}, blocks={self.block_table})"

@@ -119,7 +119,7 @@ class Sampler:
     # so peaked distributions never sort the whole vocabulary.
     TOP_P_FIRST_CANDIDATES = 64
 
-    def __init__(self, seed: int | None = None):
+    def __init__(self, seed: int | None = None) -> None:
         self._rng = np.random.default_rng(seed)
 
     def sample(

@@ -187,7 +187,7 @@ class SamplingParams:
     structured_output: StructuredOutput | None = None
     """A grammar the output must follow (JSON schema, regex, choice, Lark); a dict {type, value} is accepted."""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self._validate()
 
     def _validate(self) -> None:

@@ -129,7 +129,7 @@ class RequestDelta:
 
 
 class _Budget:
-    def __init__(self, tokens: int, prefill_tokens: int):
+    def __init__(self, tokens: int, prefill_tokens: int) -> None:
         self.tokens = tokens
         self.prefill_tokens = prefill_tokens
 
@@ -145,7 +145,7 @@ class Scheduler:
 
     def __init__(
         self, config: SchedulerConfig, clock: Callable[[], float] = time.monotonic, policy: BatchingPolicy | None = None
-    ):
+    ) -> None:
         self.config = config
         self.clock = clock
         self.policy = policy or make_batching_policy(config)

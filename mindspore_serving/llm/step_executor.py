@@ -159,7 +159,7 @@ class StepExecutor:
         sampler: Sampler,
         on_step: StepRecorder,
         timer: Callable[[], float],
-    ):
+    ) -> None:
         self.scheduler = scheduler
         self.runner = runner
         self.sampler = sampler
@@ -528,7 +528,7 @@ class MultiStepExecutor(SingleStepExecutor):
         on_step: StepRecorder,
         timer: Callable[[], float],
         num_scheduler_steps: int,
-    ):
+    ) -> None:
         super().__init__(scheduler, runner, sampler, on_step, timer)
         self.num_scheduler_steps = num_scheduler_steps
 
@@ -554,7 +554,7 @@ class AsyncStepExecutor(StepExecutor):
         on_step: StepRecorder,
         timer: Callable[[], float],
         num_scheduler_steps: int,
-    ):
+    ) -> None:
         super().__init__(scheduler, runner, sampler, on_step, timer)
         self.num_scheduler_steps = num_scheduler_steps
         self._in_flight: _Submitted | None = None

@@ -76,7 +76,7 @@ class StepCounters:
 
 
 class StepReport:
-    def __init__(self, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self.totals = StepCounters()
         self.window = StepCounters()

@@ -77,7 +77,7 @@ def _condensed(error: str, keep_position: bool) -> str:
 class GrammarState:
     """One request's grammar: an llguidance matcher and how many output tokens it has consumed."""
 
-    def __init__(self, matcher: "llguidance.LLMatcher", eos_token_ids: frozenset[int]):
+    def __init__(self, matcher: "llguidance.LLMatcher", eos_token_ids: frozenset[int]) -> None:
         self.matcher = matcher
         self.eos_token_ids = eos_token_ids
         """The tokens the grammar allows once it is complete (the engine's EOS ids, else the tokenizer's)."""
@@ -127,7 +127,7 @@ class GrammarCompiler:
         vocab_size: int,
         eos_token_ids: Iterable[int] = (),
         cache_size: int = DEFAULT_CACHE_SIZE,
-    ):
+    ) -> None:
         eos = sorted(int(t) for t in eos_token_ids)
         try:
             self.tokenizer = llguidance.LLTokenizer(tokenizer_json_text, n_vocab=int(vocab_size), eos_token=eos or None)
@@ -219,7 +219,7 @@ def default_mask_threads() -> int:
 class BitmaskComputer:
     """Computes the allowed-token bitmasks of a step's rows in the background (`start`), or at once (`compute`)."""
 
-    def __init__(self, vocab_size: int, num_threads: int | None = None):
+    def __init__(self, vocab_size: int, num_threads: int | None = None) -> None:
         self.vocab_size = int(vocab_size)
         self.width = bitmask_width(self.vocab_size)
         self._executor = llguidance.LLExecutor(num_threads or default_mask_threads())

@@ -32,7 +32,7 @@ class FakeModelRunner(MultiStepRunner, PromptScorer):
 
     def __init__(
         self, num_blocks: int = 64, block_size: int = 4, max_seq_len: int = 128, vocab_size: int = 64, seed: int = 0
-    ):
+    ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.max_seq_len = max_seq_len

@@ -13,7 +13,7 @@ ModelCallHandler = Callable[[str, int, list[tuple[np.ndarray, ...]]], list[tuple
 _model_call_handler: ModelCallHandler | None = None
 
 
-def set_model_call_handler(handler: ModelCallHandler | None):
+def set_model_call_handler(handler: ModelCallHandler | None) -> None:
     """Installs (or, with None, removes) the function that runs `Model.call` requests.
 
     `handler(model_key, subgraph, instances)` gets a list with one tuple of numpy arrays per instance and

@@ -28,7 +28,7 @@ def get_or_create_servable_spec(name: str) -> ServableSpec:
     return spec
 
 
-def reset_registry():
+def reset_registry() -> None:
     """Forgets every declaration (tests; a worker imports a single servable_config.py)."""
     _servables.clear()
     _stage_functions.clear()
@@ -38,7 +38,7 @@ def stage_function_info(key: str) -> tuple[int, int, bool] | None:
     return _stage_functions.get(key)
 
 
-def set_stage_function_info(key: str, inputs_count: int, outputs_count: int, batch_enabled: bool):
+def set_stage_function_info(key: str, inputs_count: int, outputs_count: int, batch_enabled: bool) -> None:
     _stage_functions[key] = (inputs_count, outputs_count, batch_enabled)
 
 
