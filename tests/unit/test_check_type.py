@@ -116,3 +116,18 @@ def test_relative_paths_resolve_against_the_script_directory(monkeypatch, tmp_pa
     monkeypatch.setattr(sys, "argv", [str(script)])
     assert check_type.get_abs_path("servables") == os.path.realpath(str(tmp_path / "bin" / "servables"))
     assert check_type.get_abs_path(str(tmp_path)) == os.path.realpath(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "value, minimum, maximum, fault",
+    [
+        (3, 1, 5, None),
+        (3, None, None, None),
+        (True, None, None, check_type.IntFault.NOT_INT),
+        (3.0, None, None, check_type.IntFault.NOT_INT),
+        (0, 1, None, check_type.IntFault.BELOW_MINIMUM),
+        (6, None, 5, check_type.IntFault.ABOVE_MAXIMUM),
+    ],
+)
+def test_int_fault_is_the_one_int_test(value, minimum, maximum, fault):
+    assert check_type.int_fault(value, minimum, maximum) is fault

@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import yaml
 
+from mindspore_serving.common.check_type import IntFault, int_fault
+
 
 def _from_mapping(cls, data: Mapping[str, Any], what: str):
     if not isinstance(data, Mapping):
@@ -43,9 +45,10 @@ def _from_mapping(cls, data: Mapping[str, Any], what: str):
 
 def _check_int(obj, name: str, low: int = 1):
     value = getattr(obj, name)
-    if isinstance(value, bool) or not isinstance(value, int):
+    fault = int_fault(value, low)
+    if fault is IntFault.NOT_INT:
         raise ValueError(f"{type(obj).__name__}.{name} must be an int, got {value!r}")
-    if value < low:
+    if fault is not None:
         raise ValueError(f"{type(obj).__name__}.{name} must be >= {low}, got {value}")
 
 
