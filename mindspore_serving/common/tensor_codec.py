@@ -1,4 +1,4 @@
-"""Instances <-> the public gRPC messages, and the instance checks that master and worker share.
+"""Instances <-> the public gRPC messages (the checks of a request's instances are in instance_checks.py).
 
 An *instance* is a `dict[str, value]`; a value is a numpy array (numeric or bool, any shape, 0-d for
 scalars), a Python `str` (MS_STRING) or `bytes` (MS_BYTES). On the wire (`ms_service.proto`):
@@ -8,7 +8,7 @@ All functions here are pure: no I/O, no globals besides constant tables.
 """
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -214,69 +214,6 @@ def instances_to_proto(instances: Sequence[dict], repeated_field, string_dims: S
 
 def proto_to_instances(repeated_field, copy: bool = True) -> list[dict]:
     return [proto_to_instance(instance_pb, copy) for instance_pb in repeated_field]
-
-
-# ------------------------------------------------------------------------------------- instance checks
-
-
-def check_tensor(tensor: pb.Tensor) -> str | None:
-    """Why a request tensor is malformed (the `detail` text of MindSpore Serving), or None."""
-    dims = tensor.shape.dims[:]  # a list; slicing is the fast way out of the repeated field
-    if tensor.dtype in STRING_TYPES:
-        if len(tensor.bytes_val) != 1:
-            return "Instance tensor check failed: bytes or string type shape batch size can only be 1"
-        if dims and dims != [1]:
-            return (
-                "Instance tensor check failed: bytes or string type input  shape can only be (1,) or empty, "
-                f"but given shape is {format_shape(dims)}"
-            )
-        return None
-    if dims and min(dims) <= 0:
-        zero_dim = False
-        for dim in dims:
-            if dim < 0 or zero_dim:
-                return f"Tensor check failed: input  shape {format_shape(dims)} invalid"
-            zero_dim = zero_dim or dim == 0
-    decode = _DECODE.get(tensor.dtype)
-    if decode is None:
-        return f"Tensor check failed: input data type proto::{proto_type_name(tensor.dtype)} invalid"
-    expected = math.prod(dims) * decode[2]
-    size = len(tensor.data)
-    if size == expected and size:  # data is set, so shm_data (the other member of the oneof) is not
-        return None
-    if tensor.WhichOneof("tensor_data") == "shm_data":
-        if tensor.shm_data.data_size != expected:
-            return (
-                f"Tensor check failed: input shared memory data size {tensor.shm_data.data_size} "
-                f"not equal to expected size {expected}"
-            )
-        return None
-    if len(tensor.data) != expected:
-        return f"Tensor check failed: input data size {len(tensor.data)} invalid"
-    return None
-
-
-def check_instance(
-    items,
-    input_names: Sequence[str],
-    servable_name: str,
-    method_name: str,
-    check_item: Callable[[object], str | None] | None = None,
-) -> str | None:
-    """Why an instance cannot enter a method (MindSpore Serving's text), or None.
-
-    `items` maps input names to values (an Instance's `items`, or a decoded instance). The master passes
-    `check_tensor` as `check_item` to refuse malformed tensors before routing; the worker checks only that
-    every input is there, since what reaches it has passed the master's check. Items the method does not
-    declare are ignored, as MindSpore Serving ignores them (its master looks up only the declared names)."""
-    for name in input_names:
-        if name not in items:
-            return f"Cannot find input {name} in instance input , servable {servable_name}, method {method_name}"
-        if check_item is not None:
-            detail = check_item(items[name])
-            if detail:
-                return f"Instances input {name} check failed, detail: {detail}"
-    return None
 
 
 # ------------------------------------------------------------------------------------------- replies

@@ -32,8 +32,8 @@ import grpc
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
+from mindspore_serving.common.instance_checks import check_instance, check_tensor
 from mindspore_serving.common.metrics import CANCELLED, SERVER_ERROR, outcome_of_answers, outcome_of_code
-from mindspore_serving.common.tensor_codec import check_instance, check_tensor
 from mindspore_serving.ipc import master_worker as ipc
 from mindspore_serving.master.metrics import MasterMetrics
 from mindspore_serving.master.worker_registry import WorkerRecord, WorkerRegistry, request_repr

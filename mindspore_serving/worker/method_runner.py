@@ -14,7 +14,7 @@ from concurrent.futures import Executor, Future
 import numpy as np
 
 from mindspore_serving.common.errors import client_text
-from mindspore_serving.common.tensor_codec import check_instance
+from mindspore_serving.common.instance_checks import check_instance
 from mindspore_serving.spec.servable import MethodSpec, StageSpec, TensorRef
 from mindspore_serving.worker.executors import FunctionBatcher, ModelExecutor
 from mindspore_serving.worker.stage_values import normalize_outputs, to_model_input
