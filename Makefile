@@ -4,13 +4,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup clients models serve test lint unit e2e faults bench proto clean oracle-fixtures
+.PHONY: setup clients models serve test lint docs unit e2e faults bench proto clean oracle-fixtures
 
 # uv installs the pinned requirements (pip resolves the same pins, several times slower): it is bootstrapped with pip
 UV_VERSION := 0.13.9
 UV := $(VENV)/bin/uv
 
-$(STAMP): requirements.txt requirements-dev.txt setup.py
+$(STAMP): requirements.txt requirements-dev.txt requirements-docs.txt setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q uv==$(UV_VERSION)
 	$(UV) pip install -q --python $(PY) -r requirements-dev.txt
@@ -36,10 +36,14 @@ models: setup
 serve: models
 	$(PY) serving_server.py
 
+# The docs site (mkdocs.yml): --strict makes a broken link or anchor an error
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 lint: setup
 	$(VENV)/bin/lint-imports --no-logo
 
-test: models lint clients
+test: models lint docs clients
 	$(PY) -m pytest tests
 
 unit: setup
