@@ -21,7 +21,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DEPLOY = os.path.join(ROOT, "deploy")
 # the oldest Kubernetes the manifests are meant for (autoscaling/v2 and startup probes are GA long before)
 KUBERNETES_VERSION = "1.30.0"
-DRAIN_MARGIN_S = 5  # README, Stopping: every process is gone within grace + 5 s
+DRAIN_MARGIN_S = 5  # docs/serving.md, Stopping: every process is gone within grace + 5 s
+# the page that tells how to run the image and apply the manifests
+DEPLOY_DOC = ("docs", "operations", "docker-kubernetes.md")
 
 
 def _read(*parts):
@@ -290,12 +292,12 @@ def test_hpa_scales_the_deployment_on_the_documented_metrics():
     from mindspore_serving.common.metrics import FAMILIES, GAUGE
 
     assert all(FAMILIES[name].kind == GAUGE for name in exposed)  # what GET /metrics really exposes
-    readme = _read("README.md")
-    assert all(name in readme for name in exposed + pods_metrics)
+    doc = _read(*DEPLOY_DOC)
+    assert all(name in doc for name in exposed + pods_metrics)
 
 
-def test_readme_commands_use_the_files():
-    readme = _read("README.md")
-    assert "docker build" in readme and "kubectl apply -k deploy" in readme
-    docker_run = readme.split("docker run", 1)[1].split("\n", 1)[0]
+def test_documented_commands_use_the_files():
+    doc = _read(*DEPLOY_DOC)
+    assert "docker build" in doc and "kubectl apply -k deploy" in doc
+    docker_run = doc.split("docker run", 1)[1].split("\n", 1)[0]
     assert "--stop-timeout" in docker_run, "docker stop's default 10 s would cut the drain short"
