@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from mindspore_serving.server import start_config
-from mindspore_serving.server._servable_local import merge_config
+from mindspore_serving.server.start_config import merge_config
 from mindspore_serving.server.start_config import (
     ServableStartConfig,
     check_servable_configs,
