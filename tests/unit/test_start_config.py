@@ -7,10 +7,10 @@ import sys
 import pytest
 
 from mindspore_serving.server import start_config
-from mindspore_serving.server.start_config import merge_config
 from mindspore_serving.server.start_config import (
     ServableStartConfig,
     check_servable_configs,
+    merge_config,
     newest_version,
     resolve_version,
 )
