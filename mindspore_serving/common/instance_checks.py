@@ -5,7 +5,7 @@ malformed tensor never reaches a worker. The worker checks only that every decla
 """
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from mindspore_serving.common.tensor_codec import PROTO_TO_NUMPY, STRING_TYPES, format_shape, proto_type_name
 from mindspore_serving.proto import ms_service_pb2 as pb
@@ -51,7 +51,7 @@ def check_tensor(tensor: pb.Tensor) -> str | None:
 
 
 def check_instance(
-    items,
+    items: Mapping[str, object],
     input_names: Sequence[str],
     servable_name: str,
     method_name: str,
