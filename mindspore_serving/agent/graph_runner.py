@@ -5,7 +5,7 @@ models/llama/model.py for the input list). This runner
 
 * loads every graph of the manifest with `mindspore.load` + `nn.GraphCell`, one GraphCell per shape bucket
   (graphs are exported with static shapes, so a loaded graph is only ever called with the shapes it was
-  exported with: README.md, "The bundled model");
+  exported with: docs/llm/bundled-model.md);
 * owns the KV caches, 2 * num_layers MindSpore Tensors of [num_blocks, block_size, num_kv_heads, head_dim],
   allocated once and updated in place by the graphs (no copy per step);
 * loads the weights once (agent/graph_weights.py) and passes the same Tensors to every graph after the caches: the

@@ -327,7 +327,7 @@ def default_num_blocks(max_model_len: int) -> int:
 def llm_config(
     settings: HfModelSettings, model_file: ModelFile, max_model_len: int, tokenizer: str, generation_config: str | None
 ) -> dict[str, Any]:
-    """The LLM configuration (the YAML's content, README "LLM configuration") of the exported graphs; paths of
+    """The LLM configuration (the YAML's content, docs/llm/configuration.md) of the exported graphs; paths of
     the cache directory relative to it, `tokenizer` and `generation_config` as given. The chat template is the
     model's own (next to the tokenizer). The engine runs as the bundled model's does: continuous batching, prefix
     caching, chunked prefill, rounds of 4 greedy steps, async scheduling; speculative decoding as
@@ -380,7 +380,7 @@ def llm_config(
 def llm_config_header(settings: HfModelSettings) -> str:
     """The comment that opens the written llm.yaml."""
     return (
-        f'# The LLM configuration serving {settings.served_model_name} (README, "LLM configuration"), written\n'
+        f"# The LLM configuration serving {settings.served_model_name} (docs/llm/configuration.md), written\n"
         f"# from the Hugging Face directory {settings.model_dir!r}\n"
         f"# at every start of serving_server.py --model (or register.declare_llm(model_dir=...)): to keep your\n"
         f"# edits, copy this directory's llm.yaml and serve it with register.declare_llm(config_file=...).\n"

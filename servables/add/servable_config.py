@@ -11,7 +11,7 @@ def add_trans_datatype(x1, x2):
 
 
 # Warm-up before the worker counts as ready: add_common with zeros of the MindIR's [2, 2] float32 inputs,
-# add_cast (whose inputs meet a Python stage first) with warmup/add_cast.json. See README.md, "Warm-up".
+# add_cast (whose inputs meet a Python stage first) with warmup/add_cast.json. See docs/servables.md, "Warm-up".
 register.enable_warmup(generate=True)
 
 tensor_add = register.declare_model(model_file="tensor_add.mindir", model_format="MindIR", with_batch_dim=False)

@@ -1,6 +1,6 @@
 """Warm-up end to end: a copy of `lenet` started with and without its warmup/ folder. The worker logs the
 warm-up per method before it registers, and the first request succeeds either way; the first-request
-latencies are printed (measured, never asserted: see README.md, "Warm-up")."""
+latencies are printed (measured, never asserted: see docs/servables.md, "Warm-up")."""
 
 import glob
 import os

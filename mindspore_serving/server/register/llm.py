@@ -27,8 +27,8 @@ def declare_llm(
     *.safetensors, tokenizer.json), both absolute or relative to the servable's directory. With `model_dir` the
     worker does what `serving_server.py --model` does before it serves: the graphs are exported into
     `model_cache` (default: model_cache/ in the server's working directory) unless an export of the same
-    checkpoint and settings is there, and the configuration served is written beside them (README, "Serving your
-    own model"); the model is served under this servable's name. `tensor_parallel` (ranks), `max_model_len`
+    checkpoint and settings is there, and the configuration served is written beside them (docs/llm/own-model.md);
+    the model is served under this servable's name. `tensor_parallel` (ranks), `max_model_len`
     (default: max_position_embeddings capped to 2048), `kv_cache_memory` (bytes per rank, or "2GiB") and
     `buckets` (a dict of decode_batch_buckets, prefill_batch_buckets, prefill_len_buckets lists) are
     serving_server.py's flags of the same names; so is `speculative_config`, n-gram speculative decoding as a dict

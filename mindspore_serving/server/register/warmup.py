@@ -9,7 +9,7 @@ def enable_warmup(generate=True):
     straight to a model stage); other methods are left out (logged at INFO).
 
     Warm-up files need no declaration: `<servable>/warmup/<method>.json` holding `{"instances": [...]}` in the
-    RESTful request format is always run. See README.md, "Warm-up".
+    RESTful request format is always run. See docs/servables.md, "Warm-up".
 
     Example::
 
