@@ -40,7 +40,12 @@ serve: models
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
+# ruff's rules and format, mypy (strict on llm/ spec/ common/ ipc/, a baseline elsewhere: pyproject.toml) and
+# the layer contracts (setup.cfg); mypy's cache (.mypy_cache) makes a second run take seconds
 lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-logo
 
 test: models lint docs clients
