@@ -4,13 +4,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup clients models serve test lint docs unit e2e faults bench proto clean oracle-fixtures
+.PHONY: setup clients models serve test lint docs unit e2e faults bench proto wheel package-test clean oracle-fixtures
 
 # uv installs the pinned requirements (pip resolves the same pins, several times slower): it is bootstrapped with pip
 UV_VERSION := 0.13.9
 UV := $(VENV)/bin/uv
 
-$(STAMP): requirements.txt requirements-dev.txt requirements-docs.txt setup.py
+$(STAMP): requirements.txt requirements-dev.txt requirements-docs.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q uv==$(UV_VERSION)
 	$(UV) pip install -q --python $(PY) -r requirements-dev.txt
@@ -48,8 +48,8 @@ lint: setup
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-logo
 
-test: models lint docs clients
-	$(PY) -m pytest tests
+test: models lint docs clients package-test
+	$(PY) -m pytest tests --ignore=tests/packaging
 
 unit: setup
 	$(PY) -m pytest tests/unit
@@ -66,6 +66,15 @@ bench: models
 proto: setup
 	$(PY) mindspore_serving/proto/generate.py
 
+# The wheel, into dist/: build/ is removed first, so that no module deleted since the last build lingers in it
+wheel: setup
+	rm -rf build dist
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w dist .
+
+# That wheel alone in a fresh venv: its declared dependencies import every module, and the command runs
+package-test: wheel
+	MS_SERVING_WHEEL="$$(ls dist/*.whl)" $(PY) -m pytest -q tests/packaging
+
 # Rebuilds tests/fixtures/hf with transformers as the oracle, in a virtualenv of its own (see requirements-oracle.txt)
 oracle-fixtures:
 	test -x .venv-oracle/bin/python || $(PYTHON) -m venv .venv-oracle
@@ -73,4 +82,4 @@ oracle-fixtures:
 	.venv-oracle/bin/python tests/fixtures/hf/make_fixtures.py
 
 clean:
-	rm -rf serving_logs unix_socket_files .pytest_cache
+	rm -rf serving_logs unix_socket_files .pytest_cache build dist

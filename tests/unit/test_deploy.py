@@ -58,10 +58,10 @@ def _flags(args):
 
 
 def _server_defaults():
-    """serving_server.py's flags and their defaults, read from its add_argument calls (importing it would
-    need MindSpore)."""
+    """serving_server.py's flags and their defaults, read from the add_argument calls of the module that defines
+    them (importing it would need MindSpore)."""
     defaults = {}
-    for node in ast.walk(ast.parse(_read("serving_server.py"))):
+    for node in ast.walk(ast.parse(_read("mindspore_serving", "cli", "serve.py"))):
         if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
             flag = node.args[0].value
             default = next((k.value for k in node.keywords if k.arg == "default"), None)

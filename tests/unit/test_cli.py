@@ -1,0 +1,90 @@
+"""The `mindspore-serving` command's argument handling: the command dispatch, where `serve` finds the servables,
+and the scripts serving_server.py / start_agent.py taking the same flags."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mindspore_serving import cli
+from mindspore_serving.cli import agent, serve
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_the_command_name_picks_the_main_and_the_rest_are_its_flags():
+    command, args, prog = cli.split_command(["serve", "--grpc", "127.0.0.1:0", "--servables", "add"])
+    assert command is serve.main and args == ["--grpc", "127.0.0.1:0", "--servables", "add"]
+    assert prog == "mindspore-serving serve"
+    command, args, prog = cli.split_command(["agent", "--config", "x.yaml"])
+    assert command is agent.main and args == ["--config", "x.yaml"] and prog == "mindspore-serving agent"
+
+
+@pytest.mark.parametrize("argv", [[], ["bogus"], ["--grpc", "127.0.0.1:0"]])
+def test_a_missing_or_unknown_command_is_a_usage_error(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.split_command(argv)
+    assert exit_info.value.code == 2
+    assert "usage: mindspore-serving" in capsys.readouterr().err
+
+
+def test_help_lists_the_commands_and_version_prints_it(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.split_command(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "serve" in out and "agent" in out
+    with pytest.raises(SystemExit):
+        cli.split_command(["--version"])
+    assert capsys.readouterr().out.strip() == f"mindspore-serving {cli.__version__}"
+
+
+def test_serve_reads_servables_under_the_current_directory_by_default(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _, args = serve.parse_args([])
+    assert args.servable_directory == os.path.join(str(tmp_path), "servables")
+    assert (args.grpc, args.rest, args.servables) == ("127.0.0.1:5500", "127.0.0.1:1500", None)
+
+
+def test_serve_resolves_a_relative_servable_directory_against_its_base(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _, args = serve.parse_args(["--servable_directory", "models"])
+    assert args.servable_directory == os.path.join(str(tmp_path), "models")
+    base = tmp_path / "repo"
+    _, args = serve.parse_args(["--servable_directory", "models"], base_directory=str(base))
+    assert args.servable_directory == os.path.join(str(base), "models")
+    _, args = serve.parse_args([], base_directory=str(base))
+    assert args.servable_directory == os.path.join(str(base), "servables")
+    _, args = serve.parse_args(["--servable_directory", "/srv/servables"], base_directory=str(base))
+    assert args.servable_directory == "/srv/servables"
+
+
+def test_serve_errors_name_the_program(capsys):
+    with pytest.raises(SystemExit):
+        serve.parse_args(["--restricted_api"], prog="mindspore-serving serve")
+    assert capsys.readouterr().err.startswith("usage: mindspore-serving serve")
+
+
+def test_agent_requires_a_configuration(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        agent.build_parser("mindspore-serving agent").parse_args([])
+    assert exit_info.value.code == 2
+    assert "--config" in capsys.readouterr().err
+    args = agent.build_parser().parse_args(["--config", "c.yaml", "--rank_start", "1"])
+    assert (args.config, args.rank_start, args.scheduler_address) == ("c.yaml", 1, "")
+
+
+@pytest.mark.parametrize("script,command", [("serving_server.py", "serve"), ("start_agent.py", "agent")])
+def test_the_scripts_take_the_commands_flags(script, command):
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, script), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    parser = serve.build_parser("servables") if command == "serve" else agent.build_parser()
+    flags = {option for action in parser._actions for option in action.option_strings}
+    assert result.stdout.startswith(f"usage: {script}")
+    assert all(flag in result.stdout for flag in flags)
