@@ -30,6 +30,7 @@ import sys
 from collections.abc import Sequence
 
 from mindspore_serving import server
+from mindspore_serving.server.master import context
 from mindspore_serving.spec.hf_serving import BUCKET_FIELDS, HfModelError, HfModelSettings, speculative_per_model
 from mindspore_serving.worker.llm import hf_model
 
@@ -176,7 +177,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None, base_dir
     hf_servables = _prepare_models(parser, args)
     if args.prepare_only:
         return
-    server.master.context.set_request_limits(
+    context.set_request_limits(
         llm_payload_bytes=args.llm_payload_limit,
         read_timeout=args.read_timeout,
         max_connections=args.max_connections,
@@ -185,29 +186,29 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None, base_dir
         idle_timeout=args.idle_timeout,
     )
     if args.max_enqueued_mb is not None:
-        server.master.context.set_max_enqueued_bytes(args.max_enqueued_mb << 20)
-    server.master.context.set_stop_grace(args.grace)
-    server.master.context.set_frontend_processes(args.frontend_processes)
+        context.set_max_enqueued_bytes(args.max_enqueued_mb << 20)
+    context.set_stop_grace(args.grace)
+    context.set_frontend_processes(args.frontend_processes)
     if args.api_key is not None or args.api_key_file is not None:
-        server.master.context.set_api_key(args.api_key, args.api_key_file)
+        context.set_api_key(args.api_key, args.api_key_file)
     restricted = {}
     for item in args.restricted_api:
         groups, sep, key = item.partition("=")
         if not sep:
             parser.error(f"--restricted_api {item!r}: expected GROUPS=KEY")
         restricted[groups] = key
-    server.master.context.set_api_groups(restricted, [g for g in args.open_api.split(",") if g.strip()])
+    context.set_api_groups(restricted, [g for g in args.open_api.split(",") if g.strip()])
 
     device_ids = tuple(int(x) for x in args.device_ids.split(",") if x.strip())
     if args.model_control == "explicit":
-        server.master.context.set_model_control("explicit")
+        context.set_model_control("explicit")
     if args.model_control == "poll":
         names = [name for name in (args.servables or "").split(",") if name.strip()]
         server.start_model_control_poll(
             args.servable_directory, names, args.version_policy, device_ids, args.device_type, args.poll_interval
         )
     else:
-        names = args.servables if args.servables is not None or hf_servables else ",".join(DEFAULT_SERVABLES)
+        listed = args.servables if args.servables is not None or hf_servables else ",".join(DEFAULT_SERVABLES)
         configs = [
             server.ServableStartConfig(
                 servable_directory=args.servable_directory,
@@ -215,7 +216,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None, base_dir
                 device_ids=device_ids,
                 device_type=args.device_type,
             )
-            for name in (names or "").split(",")
+            for name in (listed or "").split(",")
             if name.strip()
         ]
         configs += [
