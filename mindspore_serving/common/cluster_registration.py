@@ -13,9 +13,13 @@ import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from mindspore_serving import log
 from mindspore_serving.common.env_durations import duration_seconds
+
+if TYPE_CHECKING:  # only the annotation needs it
+    from mindspore_serving.common.ms_cluster import ClusterAddress
 
 TIMEOUT_VAR = "MS_SERVING_CLUSTER_REGISTER_TIMEOUT"  # seconds from a rank's start
 DEFAULT_TIMEOUT_S = 30.0
@@ -124,6 +128,6 @@ class RankRegistrations:
         return stuck
 
 
-def watching(address) -> RankRegistrations | None:
+def watching(address: "ClusterAddress | None") -> RankRegistrations | None:
     """A RankRegistrations for the cluster at `address` (a ClusterAddress), None without a cluster."""
     return None if address is None else RankRegistrations(address.host, address.port)

@@ -2,7 +2,7 @@
 contexts name cores, the benchmarks' in-process engines)."""
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 
 def allowed_cpus() -> list[int]:
@@ -13,7 +13,7 @@ def allowed_cpus() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
-def bind_threads(cpus) -> None:
+def bind_threads(cpus: Iterable[int]) -> None:
     """Binds every thread of this process to the cores `cpus` (threads started later inherit it)."""
     for thread_id in os.listdir("/proc/self/task"):
         try:

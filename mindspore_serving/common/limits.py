@@ -32,7 +32,7 @@ class Limits:
     max_watch_streams: int = 1000
     idle_timeout: float = 100.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         check_int("llm_payload_bytes", self.llm_payload_bytes, 1)
         check_int("max_connections", self.max_connections, 1)
         check_int("max_concurrent_rpcs", self.max_concurrent_rpcs, 1)
@@ -53,7 +53,7 @@ class Limits:
         return cls(**{field.name: getattr(message, field.name) for field in dataclasses.fields(cls)})
 
 
-def payload_too_large(size_or_none, limit: int, what: str, flag: str) -> str:
+def payload_too_large(size_or_none: int | None, limit: int, what: str, flag: str) -> str:
     """The text of a 413: the body's size when known, the limit, and the setting that raises it."""
     size = "" if size_or_none is None else f" ({size_or_none} bytes)"
     return f"the request body{size} is larger than the {what} limit of {limit} bytes ({flag})"

@@ -13,7 +13,7 @@ _SERVING_NAMES = {"Ascend": "Ascend", "GPU": "Gpu", "CPU": "Cpu"}
 _PROBE_PREFIX = "#available_devices="
 
 
-def select_device(target: str = "CPU", device_id=None):
+def select_device(target: str = "CPU", device_id: int | None = None) -> None:
     """`mindspore.set_device(target, device_id)` and GRAPH_MODE.
 
     MindSpore refuses set_device once its runtime has started (e.g. a test process that already ran a
@@ -78,7 +78,7 @@ def supported_device_text(available: list[str]) -> str:
     return f"None or '{default}'"
 
 
-def check_device_type(device_type: str | None, servable_name: str, available: list[str]):
+def check_device_type(device_type: str | None, servable_name: str, available: list[str]) -> None:
     """Raises MindSpore Serving's error when `device_type` ('ascend', 'gpu', 'cpu' or 'none') is not in
     `available`."""
     if device_type is None or device_type.lower() == "none":

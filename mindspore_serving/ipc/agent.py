@@ -108,7 +108,8 @@ class StepDecoder:
         seq_ids = list(request.seq_ids) or [-1] * count
         starts = list(request.table_starts) or [0] * count
         every = set(request.all_logits_rows)
-        seqs, token_at, table_at = [], 0, 0
+        seqs: list[SeqStep] = []
+        token_at, table_at = 0, 0
         for query_len, start_pos, sent, seq_id, start in zip(
             request.query_lens, request.start_pos, request.block_table_lens, seq_ids, starts
         ):
@@ -181,7 +182,7 @@ def encode_greedy(step_id: int, tokens: np.ndarray, logprobs: np.ndarray) -> "ag
     return reply
 
 
-def decode_greedy(reply: "agent_pb2.StepReply", num_steps: int):
+def decode_greedy(reply: "agent_pb2.StepReply", num_steps: int) -> tuple[np.ndarray, np.ndarray]:
     """(tokens int64 [rows, num_steps], logprobs float32 [rows, num_steps]) of a multi-step greedy reply."""
     if reply.error:
         raise RuntimeError(f"agent step {reply.step_id} failed: {reply.error}")

@@ -12,6 +12,7 @@ as before. Some set: a RuntimeError that names the missing ones.
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -22,7 +23,8 @@ _PARTS = ("CERT", "KEY", "CA")
 
 def variable_names(prefix: str) -> tuple[str, str, str]:
     """The certificate, key and CA variables of a channel."""
-    return tuple(f"{prefix}_{part}" for part in _PARTS)
+    cert, key, ca = (f"{prefix}_{part}" for part in _PARTS)
+    return cert, key, ca
 
 
 @dataclass(frozen=True)
@@ -68,9 +70,10 @@ def from_env(prefix: str, environ: Mapping[str, str] | None = None) -> InternalT
     return InternalTls(*(_read(name, path) for name, path in zip(names, paths)))
 
 
-def ssl_config_env(prefix: str, ssl_config) -> dict:
+def ssl_config_env(prefix: str, ssl_config: Any) -> dict[str, str]:
     """The variables that stand for an SSLConfig (certificate, private_key, custom_ca: the group's CA) given to
-    the Python API; checked here, so a bad file fails the call that was given it."""
+    the Python API (Any: ipc does not import the server package that defines it); checked here, so a bad file
+    fails the call that was given it."""
     if not getattr(ssl_config, "custom_ca", None):
         raise RuntimeError(
             "the ssl_config of an internal channel needs custom_ca: the CA that signed every host's certificate"
@@ -92,8 +95,10 @@ def is_unix(address: str) -> bool:
 def add_port(server: grpc.Server, address: str, tls: InternalTls | None) -> int:
     """Listens on `address`, with TLS when the channel has it (a unix socket never: it is private to the host)."""
     if tls is None or is_unix(address):
-        return server.add_insecure_port(address)
-    return server.add_secure_port(address, tls.server_credentials())
+        port: int = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, tls.server_credentials())
+    return port
 
 
 def open_channel(address: str, options: Sequence[tuple], tls: InternalTls | None) -> grpc.Channel:

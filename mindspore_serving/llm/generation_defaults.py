@@ -15,7 +15,7 @@ from mindspore_serving.llm.sampling_params import SamplingParams
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty")
 
 
-def _eos_ids(value) -> tuple[int, ...]:
+def _eos_ids(value: object) -> tuple[int, ...]:
     if value is None:
         return ()
     ids = value if isinstance(value, (list, tuple)) else [value]

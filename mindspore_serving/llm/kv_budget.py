@@ -47,7 +47,7 @@ class KvBudgetError(ValueError):
     """The budget cannot size the cache (too small, or a value that is not a size); the message says why."""
 
 
-def parse_size(value, name: str = MEMORY) -> int:
+def parse_size(value: object, name: str = MEMORY) -> int:
     """Bytes of a size: an int, or a string of a number and an optional unit, B, KB/MB/GB/TB (powers of 1000)
     or KiB/MiB/GiB/TiB (powers of 1024), any case: "2GiB", "512 MiB", "1.5GB", "1000000". A fraction of a
     byte is dropped. Raises KvBudgetError, naming `name`, for anything else or a size that is not positive."""
@@ -60,7 +60,7 @@ def parse_size(value, name: str = MEMORY) -> int:
     else:
         match = _SIZE.fullmatch(value)
         unit = match.group(2).lower() if match else None
-        if unit not in _UNITS:
+        if match is None or unit not in _UNITS:
             raise KvBudgetError(
                 f"{name} {value!r} is not a size: give bytes, or a number with B, KB, MB, GB, TB "
                 f"(powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. '2GiB'"
@@ -74,7 +74,7 @@ def parse_size(value, name: str = MEMORY) -> int:
     return size
 
 
-def parse_fraction(value, name: str = FRACTION) -> float:
+def parse_fraction(value: object, name: str = FRACTION) -> float:
     """A fraction in (0, 1]."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
         raise KvBudgetError(

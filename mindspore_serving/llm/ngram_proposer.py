@@ -37,4 +37,5 @@ def propose_ngram(token_ids: Sequence[int], k: int, min_n: int, max_n: int) -> l
     if run[best] < min_n:
         return []
     end = int(ends[best])
-    return tokens[end + 1 : end + 1 + k].tolist()
+    proposal: list[int] = tokens[end + 1 : end + 1 + k].tolist()
+    return proposal

@@ -77,7 +77,7 @@ def top_logprobs(row: np.ndarray, k: int) -> TopLogprobs:
     return [(int(t), float(row[t])) for t in top_candidates(row, k)]
 
 
-def score_refusal(runner) -> str | None:
+def score_refusal(runner: object) -> str | None:
     """None when `runner` returns every token's logits of the sequences that ask (model_io.PromptScorer); else
     why requests for prompt logprobs are refused."""
     if isinstance(runner, PromptScorer):

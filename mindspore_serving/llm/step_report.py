@@ -133,5 +133,5 @@ class StepReport:
 _SPECULATIVE = ("drafts", "draft_tokens", "accepted_tokens")
 
 
-def _number(value) -> str:
+def _number(value: object) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)

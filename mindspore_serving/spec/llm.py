@@ -10,7 +10,7 @@ LLM_EXTENSION = "llm"
 """Key of the LLM worker's facts in its registration's `extensions` (JSON: max_model_len, max_num_seqs, ...)."""
 
 GENERATE_METHOD = "generate"
-GENERATE_INPUTS = []  # "prompt" or "inputs", checked by the worker
+GENERATE_INPUTS: list[str] = []  # "prompt" or "inputs", checked by the worker
 GENERATE_OUTPUTS = ["text", "token_ids", "finish_reason", "prompt_tokens", "completion_tokens"]
 
 

@@ -28,7 +28,7 @@ def get_model_call_handler() -> ModelCallHandler | None:
     return _model_call_handler
 
 
-def call_prefix(model_key: str, subgraph) -> str:
+def call_prefix(model_key: str, subgraph: int) -> str:
     """The head of every Model.call error text."""
     if subgraph == 0:
         return f"Model({model_key}).call() failed: "

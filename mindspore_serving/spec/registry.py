@@ -6,6 +6,7 @@ servable name, which is the name of the directory holding that file.
 
 import os
 import sys
+from types import FrameType
 
 from mindspore_serving.spec.servable import ServableSpec
 
@@ -47,7 +48,7 @@ def servable_location() -> tuple[str, str]:
 
     For `<servable_directory>/<servable_name>/servable_config.py` the name is `<servable_name>`.
     """
-    frame = sys._getframe(1)  # pylint: disable=protected-access
+    frame: FrameType | None = sys._getframe(1)  # pylint: disable=protected-access
     while frame is not None:
         filename = frame.f_code.co_filename
         if os.path.basename(filename) == SERVABLE_CONFIG_FILE:
