@@ -93,7 +93,7 @@ class InvalidInputs(_CodedError):
 class InvalidParam(InvalidInputs):
     """A request field a front end rejects; `param` names it (OpenAI's `error.param`)."""
 
-    def __init__(self, message: str, param=None) -> None:
+    def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
 
@@ -202,10 +202,11 @@ _REPR = re.compile(r"<([^<>]*?) at 0x[0-9a-fA-F]+>")  # <_io.BytesIO object at 0
 _ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{6,}\b")
 
 
-def _cut_path(match) -> str:
+def _cut_path(match: re.Match[str]) -> str:
+    path: str = match.group(0)
     if match.group(1) not in _ROOTS:
-        return match.group(0)  # a URL path (/v2/models/add/infer, /ready), not a file's
-    return match.group(0).rsplit("/", 1)[1]
+        return path  # a URL path (/v2/models/add/infer, /ready), not a file's
+    return path.rsplit("/", 1)[1]
 
 
 def client_text(text: str) -> str:
@@ -238,7 +239,7 @@ def message_of(error: BaseException) -> str:
     return internal_text()
 
 
-def as_serving_error(error) -> ServingError:
+def as_serving_error(error: object) -> ServingError:
     """Normalises an error result: a ServingError, a `(code, message)` pair, an object with `.code` and
     `.message`, or any other exception (code FAILED, message `str(error)`)."""
     if isinstance(error, ServingError):

@@ -25,7 +25,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from mindspore_serving import log
 from mindspore_serving.common.child_process import child_env
@@ -68,10 +70,11 @@ def parse_address(address: str, ranks: int) -> ClusterAddress:
 def free_port(host: str) -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
-def start_scheduler(address: ClusterAddress, timeout: float = 60.0, **popen_kwargs) -> subprocess.Popen:
+def start_scheduler(address: ClusterAddress, timeout: float = 60.0, **popen_kwargs: Any) -> subprocess.Popen:
     """Starts the cluster's scheduler process and returns once it listens (a rank that finds no scheduler
     backs off for many seconds before it tries again); it runs until the ranks finish, it is stopped, or this
     process is gone. Its own MindSpore log is kept to errors (GLOG_v=3) unless MS_SERVING_SCHEDULER_GLOG_v says
@@ -100,7 +103,7 @@ def start_scheduler(address: ClusterAddress, timeout: float = 60.0, **popen_kwar
     return process
 
 
-def wait_listening(address: ClusterAddress, timeout: float, gone=lambda: False) -> bool:
+def wait_listening(address: ClusterAddress, timeout: float, gone: Callable[[], bool] = lambda: False) -> bool:
     """Waits until the scheduler at `address` accepts connections (True), `timeout` passed or `gone()` (False).
     Ranks are started only then: one that finds no scheduler backs off for many seconds."""
     deadline = time.monotonic() + timeout
@@ -129,7 +132,7 @@ SERVER_PASSWORD_ENV = "MS_SERVING_CLUSTER_SERVER_PASSWORD"
 CLIENT_PASSWORD_ENV = "MS_SERVING_CLUSTER_CLIENT_PASSWORD"
 
 
-def cluster_ssl_settings(environ=None) -> dict[str, object] | None:
+def cluster_ssl_settings(environ: Mapping[str, str] | None = None) -> dict[str, object] | None:
     """The `mindspore.set_ps_context` arguments that turn on TLS for the cluster's channel, None without
     MS_SERVING_CLUSTER_SSL_CONFIG; RuntimeError when the file or a password is missing (MindSpore would refuse
     it later, with less to go on)."""
@@ -167,7 +170,8 @@ def join_cluster() -> int:
     from mindspore.communication import get_rank  # lazy: MindSpore loads only in processes that run models
 
     _init_cluster()
-    return get_rank()
+    rank: int = get_rank()
+    return rank
 
 
 def _run_scheduler() -> int:

@@ -8,6 +8,8 @@ import socket
 import stat
 import sys
 import tempfile
+from collections.abc import Callable, Iterable
+from typing import Any, TextIO
 
 import grpc
 
@@ -173,16 +175,16 @@ def new_secret() -> str:
     return secrets.token_hex(32)
 
 
-def read_secret(stream=None) -> str:
+def read_secret(stream: TextIO | None = None) -> str:
     """The secret of this child: the first line of its stdin ("" when it was given none)."""
     return ((stream or sys.stdin).readline() or "").strip()
 
 
-def peer_metadata(key: str, secret: str) -> tuple:
+def peer_metadata(key: str, secret: str) -> tuple[tuple[str, str], ...]:
     return ((PEER_KEY, key), (PEER_SECRET, secret))
 
 
-def peer_of(metadata, secret_of) -> str | None:
+def peer_of(metadata: Iterable[tuple[str, str]] | None, secret_of: Callable[[str], str | None]) -> str | None:
     """The key of the child that made a call, when its metadata carry the secret `secret_of(key)` (None: a key the
     master did not start); None for any other caller."""
     values = {name: value for name, value in metadata or ()}
@@ -201,12 +203,14 @@ class _PeerCredentials(grpc.UnaryUnaryClientInterceptor):
     def __init__(self, key: str, secret: str) -> None:
         self.metadata = peer_metadata(key, secret)
 
-    def intercept_unary_unary(self, continuation, client_call_details, request):
+    def intercept_unary_unary(
+        self, continuation: Callable[..., Any], client_call_details: grpc.ClientCallDetails, request: object
+    ) -> Any:
         return continuation(_Details(client_call_details, self.metadata), request)
 
 
 class _Details(grpc.ClientCallDetails):  # pylint: disable=too-few-public-methods
-    def __init__(self, details, metadata) -> None:
+    def __init__(self, details: grpc.ClientCallDetails, metadata: tuple[tuple[str, str], ...]) -> None:
         self.method = details.method
         self.timeout = details.timeout
         self.metadata = tuple(details.metadata or ()) + metadata

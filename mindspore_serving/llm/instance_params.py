@@ -9,6 +9,8 @@ An instance's reply carries one text, so n and best_of must be 1 (refused by nam
 """
 
 import json
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +44,7 @@ _TEXT_LISTS = ("stop", "bad_words")
 _ID_LISTS = ("stop_token_ids", "allowed_token_ids")
 
 
-def plain(value):
+def plain(value: Any) -> Any:
     """A value from the wire as a plain Python value (0-d and 1-element arrays become scalars)."""
     if isinstance(value, np.ndarray):
         if value.dtype == np.uint8 and value.ndim == 1 and value.size != 1:
@@ -55,14 +57,14 @@ def plain(value):
     return value
 
 
-def prompt_of(instance: dict):
+def prompt_of(instance: Mapping[str, Any]) -> Any:
     for name in PROMPT_FIELDS:
         if name in instance:
             return plain(instance[name])
     raise KeyError("prompt")
 
 
-def _field(name: str, value):
+def _field(name: str, value: Any) -> Any:
     if name in _TEXT_LISTS and isinstance(value, str):
         return [value]
     if name in _ID_LISTS and isinstance(value, int):

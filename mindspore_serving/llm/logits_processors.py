@@ -52,7 +52,8 @@ def restricted_rows(bitmasks: np.ndarray | None, num_rows: int) -> np.ndarray | 
     bitmasks = np.asarray(bitmasks)
     if bitmasks.ndim != 2 or bitmasks.shape[0] != num_rows:
         raise ValueError(f"bitmasks must be [{num_rows}, ceil(vocab / 32)] int32, got shape {bitmasks.shape}")
-    return (bitmasks != _ALL_ALLOWED).any(axis=1)
+    restricted: np.ndarray = (bitmasks != _ALL_ALLOWED).any(axis=1)
+    return restricted
 
 
 def process_logits(
@@ -101,7 +102,7 @@ def apply_repetition_penalties(logits: np.ndarray, histories: Sequence[Sequence[
     """Each row's seen tokens (once however often seen): positive logits divided by its penalty, negative ones
     multiplied (1.0 leaves a row as it is)."""
     active = np.flatnonzero(penalties != 1.0)
-    rows, tokens = _flat([histories[i] for i in active], logits.shape[1])
+    rows, tokens = _flat([histories[i] for i in active.tolist()], logits.shape[1])
     rows = active[rows]
     values = logits[rows, tokens]
     penalty = penalties[rows]
@@ -115,7 +116,7 @@ def apply_output_penalties(
     """OpenAI's presence and frequency penalties over each row's output tokens."""
     active = np.flatnonzero((presence != 0) | (frequency != 0))
     vocab = logits.shape[1]
-    rows, tokens = _flat([outputs[i] for i in active], vocab)
+    rows, tokens = _flat([outputs[i] for i in active.tolist()], vocab)
     # only the tokens the outputs hold change: count each (row, token) pair once over the flat index
     cells, counts = np.unique(active[rows] * vocab + tokens, return_counts=True)
     rows, tokens = cells // vocab, cells % vocab
@@ -155,11 +156,11 @@ def ban(logits: np.ndarray, banned: Sequence[Collection[int]]) -> None:
     logits[rows, tokens] = -np.inf
 
 
-def banned_by_bad_words(outputs: Sequence[Sequence[int]], bad_words_ids: Sequence[TokenSequences]):
+def banned_by_bad_words(outputs: Sequence[Sequence[int]], bad_words_ids: Sequence[TokenSequences]) -> list[list[int]]:
     """Per row, the last token of each banned sequence whose other tokens end the output."""
     banned = []
     for output, sequences in zip(outputs, bad_words_ids):
-        row = []
+        row: list[int] = []
         for sequence in sequences:
             prefix = len(sequence) - 1
             if prefix == 0 or (len(output) >= prefix and tuple(output[-prefix:]) == sequence[:-1]):
@@ -188,7 +189,9 @@ def bitmask_allows(bitmasks: np.ndarray, vocab: int) -> np.ndarray:
 
 def apply_bitmask(logits: np.ndarray, bitmasks: np.ndarray) -> None:
     """Tokens a row's bitmask does not allow get -inf; rows of all -1 are left as they are."""
-    rows = np.flatnonzero(restricted_rows(bitmasks, logits.shape[0]))
+    restricted = restricted_rows(bitmasks, logits.shape[0])
+    assert restricted is not None  # bitmasks were given
+    rows = np.flatnonzero(restricted)
     if len(rows):
         allowed = bitmask_allows(np.asarray(bitmasks)[rows], logits.shape[1])
         logits[rows] = np.where(allowed, logits[rows], -np.inf)
