@@ -36,8 +36,10 @@ models: setup
 serve: models
 	$(PY) serving_server.py
 
-# The docs site (mkdocs.yml): --strict makes a broken link or anchor an error
+# The docs site (mkdocs.yml): the Reference pages are written from the code first (docs/gen_reference.py); --strict
+# makes a broken link or anchor an error
 docs: setup
+	$(PY) docs/gen_reference.py
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 # ruff's rules and format, mypy (strict on llm/ spec/ common/ ipc/, a baseline elsewhere: pyproject.toml) and
