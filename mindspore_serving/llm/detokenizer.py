@@ -6,6 +6,14 @@ So each update decodes a short window of tokens twice, `[prefix_offset, read_off
 emitted) and `[prefix_offset, end)`, and emits the difference; while the longer text ends in U+FFFD
 nothing is emitted and the offsets stay put, so half a character never reaches the client.
 
+For a `tokenizers.Tokenizer` (or a wrapper that keeps one as `.tokenizer` and decodes as it does, such as
+models/llama/tokenizer.py's TextTokenizer) the same algorithm runs natively: `tokenizers.decoders.DecodeStream`,
+one call per token instead of two Python-side decodes of a window. Its state is one request's: a choice forked off
+a request (n / best_of) gets a detokenizer of its own from the prompt (it has no output tokens when it forks), and a
+preempted request recomputes its KV cache, not its text, so no detokenizer state is ever copied or replayed. What
+DecodeStream cannot give, the text of tokens still held back at `flush()` and a stream that fails, comes from the
+window decode over the same tokens.
+
 Stop strings are searched in the whole output text around the newly added part, so a stop string split
 across tokens is found. The output is cut before it (or after it with include_stop_str_in_output).
 While stop strings are active, the last len(longest stop) - 1 characters are held back from the stream,
@@ -14,6 +22,9 @@ since they may turn out to begin a stop string; `flush()` releases them when the
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
 
 # Prompt tokens decoded with the first output tokens, so the first word piece renders as mid-text.
 INITIAL_CONTEXT_TOKENS = 5
@@ -38,6 +49,15 @@ def make_decode(tokenizer, skip_special_tokens: bool):
     return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
+def native_tokenizer(tokenizer) -> Tokenizer | None:
+    """The `tokenizers.Tokenizer` that decodes for `tokenizer`: itself, or the one a wrapper keeps as `.tokenizer`
+    (whose decode must be that tokenizer's); None for any other tokenizer."""
+    if isinstance(tokenizer, Tokenizer):
+        return tokenizer
+    inner = getattr(tokenizer, "tokenizer", None)
+    return inner if isinstance(inner, Tokenizer) else None
+
+
 class IncrementalDetokenizer:
     """Turns one request's output tokens into text, a few tokens at a time."""
 
@@ -54,7 +74,9 @@ class IncrementalDetokenizer:
         context = list(prompt_token_ids[-INITIAL_CONTEXT_TOKENS:])
         self._ids: list[int] = context
         self._prefix_offset = 0
-        self._read_offset = len(context)
+        self._read_offset = len(context)  # the tokens before it have given their text
+        self._native = None if decode is not None else native_tokenizer(tokenizer)
+        self._stream = None if self._native is None else DecodeStream(context, skip_special_tokens)
         self._stop = tuple(stop)
         self._include_stop = include_stop_str_in_output
         self._holdback = max((len(s) for s in self._stop), default=1) - 1
@@ -71,9 +93,8 @@ class IncrementalDetokenizer:
         """Adds tokens; returns the text that can be streamed now and the stop string if one completed."""
         if self.stop_string is not None:
             return DetokenizerUpdate("")
-        self._ids.extend(new_token_ids)
         before = len(self.output_text)
-        self.output_text += self._decode_new()
+        self.output_text += self._decode_new(new_token_ids)
         if self._stop and len(self.output_text) > before:
             self._find_stop(before)
         if self.stop_string is not None:
@@ -85,12 +106,33 @@ class IncrementalDetokenizer:
         (as U+FFFD); call it once the request has finished."""
         if self.stop_string is None:
             before = len(self.output_text)
-            self.output_text += self._decode_new(final=True)
+            self.output_text += self._decode_window(final=True)
             if self._stop and len(self.output_text) > before:
                 self._find_stop(before)
         return self._take(len(self.output_text))
 
-    def _decode_new(self, final: bool = False) -> str:
+    def _decode_new(self, new_token_ids: Sequence[int]) -> str:
+        """The text that `new_token_ids` complete ("" while a character is incomplete)."""
+        self._ids.extend(new_token_ids)
+        if self._stream is None:
+            return self._decode_window()
+        try:
+            if len(new_token_ids) == 1:
+                text = self._stream.step(self._native, new_token_ids[0])
+            else:
+                text = self._stream.step(self._native, list(new_token_ids))
+        except Exception:  # e.g. its prefix check failing: the window decode takes over
+            self._stream = None
+            self._prefix_offset = max(0, self._read_offset - INITIAL_CONTEXT_TOKENS)
+            return self._decode_window()
+        if text is None:
+            return ""
+        self._read_offset = len(self._ids)
+        self._prefix_offset = max(0, self._read_offset - INITIAL_CONTEXT_TOKENS)  # for a later window decode
+        return text
+
+    def _decode_window(self, final: bool = False) -> str:
+        """Decodes the window twice (module docstring); `final` also gives an incomplete trailing character."""
         prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
         full_text = self._decode(self._ids[self._prefix_offset :])
         if len(full_text) <= len(prefix_text) or (full_text.endswith(_REPLACEMENT_CHAR) and not final):

@@ -1,15 +1,29 @@
-"""Incremental detokenization: never half a UTF-8 character, stop strings across token boundaries."""
+"""Incremental detokenization: never half a UTF-8 character, stop strings across token boundaries; both ways of
+decoding (DecodeStream for a `tokenizers.Tokenizer`, the window decode for any other tokenizer) give the same text."""
+
+import os
 
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from mindspore_serving.llm.detokenizer import IncrementalDetokenizer
+from mindspore_serving.models.llama.tokenizer import TextTokenizer
 
 TEXT = "héllo 你好 🙂 world, naïve café 日本語 the end"
 
 
+class _PlainTokenizer:
+    """A `tokenizers.Tokenizer` behind a plain object: the detokenizer takes its window decode path."""
+
+    def __init__(self, tokenizer):
+        self._inner = tokenizer
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
 @pytest.fixture(scope="module")
-def tokenizer():
+def bpe():
     """A byte-level BPE trained on English only, so non-ASCII characters fall apart into byte tokens."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -22,6 +36,12 @@ def tokenizer():
     )
     tok.train_from_iterator(["hello world, the quick brown fox jumps over the lazy dog. the end. " * 20], trainer)
     return tok
+
+
+@pytest.fixture(params=["decode_stream", "window"])
+def tokenizer(request, bpe):
+    """The BPE as itself (DecodeStream) and behind a plain object (the window decode): every test runs on both."""
+    return bpe if request.param == "decode_stream" else _PlainTokenizer(bpe)
 
 
 def stream(detok, ids, chunk=1):
@@ -132,3 +152,51 @@ def test_any_object_with_decode_works():
     detok = IncrementalDetokenizer(CharTokenizer(), stop=["<stop>"])
     deltas, stop = stream(detok, ids)
     assert stop == "<stop>" and "".join(deltas) == "abc"
+
+
+# ---- the DecodeStream path
+
+
+HF_FIXTURES = os.path.join(os.path.dirname(__file__), os.pardir, "fixtures", "hf")
+
+
+def test_decode_stream_is_used_for_a_tokenizers_tokenizer_and_its_wrapper(bpe):
+    assert IncrementalDetokenizer(bpe)._stream is not None
+    wrapped = TextTokenizer.from_file(os.path.join(HF_FIXTURES, "qwen2", "tokenizer.json"))
+    assert IncrementalDetokenizer(wrapped)._stream is not None
+    assert IncrementalDetokenizer(_PlainTokenizer(bpe))._stream is None
+    assert IncrementalDetokenizer(bpe, decode=bpe.decode)._stream is None  # a decode of its own is kept
+
+
+@pytest.mark.parametrize("family", ["llama2_linear", "mistral", "llama3", "qwen2"])
+@pytest.mark.parametrize("skip_special_tokens", [True, False])
+def test_decode_stream_gives_the_window_decodes_deltas(family, skip_special_tokens):
+    """Byte fallback, Metaspace and byte-level BPEs: token by token, after a prompt, with a special token inside."""
+    tok = Tokenizer.from_file(os.path.join(HF_FIXTURES, family, "tokenizer.json"))
+    prompt = tok.encode("Once upon a time").ids
+    special = sorted(tok.get_added_tokens_decoder())[0]
+    ids = tok.encode(" there was", add_special_tokens=False).ids + [special]
+    ids += tok.encode(" " + TEXT, add_special_tokens=False).ids
+    deltas = {}
+    for name, tokenizer in (("stream", tok), ("window", _PlainTokenizer(tok))):
+        detok = IncrementalDetokenizer(tokenizer, prompt, skip_special_tokens=skip_special_tokens)
+        deltas[name] = [detok.update([i]).new_text for i in ids] + [detok.flush()]
+    assert deltas["stream"] == deltas["window"]
+    text, special_text = "".join(deltas["stream"]), tok.id_to_token(special)
+    assert (special_text in text) != skip_special_tokens
+    assert text.replace(special_text, "").endswith(TEXT)
+
+
+class _BrokenStream:
+    def step(self, tokenizer, token_id):
+        raise RuntimeError("DecodeStream failed")
+
+
+def test_a_failing_decode_stream_hands_over_to_the_window_decode(bpe):
+    ids = bpe.encode(TEXT).ids
+    detok = IncrementalDetokenizer(bpe)
+    half = len(ids) // 2
+    streamed = "".join(detok.update([i]).new_text for i in ids[:half])
+    detok._stream = _BrokenStream()
+    streamed += "".join(detok.update([i]).new_text for i in ids[half:]) + detok.flush()
+    assert streamed == TEXT and detok._stream is None
