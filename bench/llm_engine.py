@@ -19,6 +19,12 @@ graphs of config/llama_tiny_spec.yaml, alternated rounds: an "edit this passage"
 batch 1 (tokens/s, TPOT) and at saturation (tokens/s), with the acceptance rate and mean accepted length:
 
     python bench/llm_engine.py --speculative [--rounds 3] [--edit_requests 8] [--out bench/results/llm_engine_spec.json]
+
+With --detokenize (bench/llm/detokenize.py) it measures, without the graphs, the detokenizer's CPU time per token:
+DecodeStream (a `tokenizers.Tokenizer`) against the window decode (any other tokenizer), with and without stop strings:
+
+    python bench/llm_engine.py --detokenize [--rounds 5] [--requests 64] [--detok_tokens 128] \
+        [--out bench/results/llm_engine_detok.json]
 """
 
 import argparse
@@ -198,7 +204,16 @@ def main():
         default=8,
         help="requests of the edit workload (and of the mixed workload's batch-1 runs)",
     )
+    detok = parser.add_argument_group("detokenization CPU per token (--detokenize)")
+    detok.add_argument(
+        "--detokenize",
+        action="store_true",
+        help="measure the detokenizer's CPU per token, DecodeStream against the window decode (no graphs)",
+    )
+    detok.add_argument("--detok_tokens", type=int, default=128, help="output tokens per request")
     args = parser.parse_args()
+    if args.detokenize:
+        return main_detokenize(args)
     if args.speculative:
         sys.path.insert(0, BENCH)
         from llm.speculative import main_speculative  # bench/llm/speculative.py; loaded only for this mode
@@ -278,6 +293,19 @@ def main():
     with open(args.out, "w", encoding="utf-8") as stream:
         json.dump(results, stream, indent=1)
     print(f"wrote {args.out}")
+
+
+def main_detokenize(args):
+    sys.path.insert(0, BENCH)
+    from llm import detokenize  # bench/llm/detokenize.py; loaded only for this mode
+
+    results = detokenize.run(args.requests, args.detok_tokens, args.rounds or 5)
+    detokenize.report(results)
+    out = args.out or os.path.join(ROOT, "bench", "results", "llm_engine_detok.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w", encoding="utf-8") as stream:
+        json.dump(results, stream, indent=1)
+    print(f"wrote {out}")
 
 
 def main_tensor_parallel(args):
