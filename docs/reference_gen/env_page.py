@@ -3,6 +3,7 @@ generator can read), checked against the code by `variables_in_code`: every vari
 `VARIABLES`, and every name in `VARIABLES` must still occur in the package."""
 
 import ast
+import functools
 import os
 import re
 from collections.abc import Iterator
@@ -243,20 +244,29 @@ def _constants(tree: ast.Module) -> dict[str, str]:
     return found
 
 
-def variables_in_code(package_dir: str = PACKAGE_DIR) -> tuple[set[str], set[str]]:
+@functools.lru_cache(maxsize=4)
+def _sources(package_dir: str) -> tuple[tuple[str, ast.Module], ...]:
+    """(text, syntax tree) of every module of the package but the generated protobuf ones; parsed once."""
+    sources = []
+    for path in _python_files(package_dir):
+        with open(path, encoding="utf-8") as stream:
+            text = stream.read()
+        sources.append((text, ast.parse(text, path)))
+    return tuple(sources)
+
+
+@functools.lru_cache(maxsize=4)
+def variables_in_code(package_dir: str = PACKAGE_DIR) -> tuple[frozenset[str], frozenset[str]]:
     """(names read, name literals): the variables read through the calls above whose name is a literal or a module
     constant, and every literal of the package's own variable families (MS_SERVING_*, GLOG_*, logger_*), which
     also finds names read through a loop or built from a prefix (`<PREFIX>_CERT`)."""
-    trees = {}
-    for path in _python_files(package_dir):
-        with open(path, encoding="utf-8") as stream:
-            trees[path] = ast.parse(stream.read(), path)
+    trees = [tree for _text, tree in _sources(package_dir)]
     every_constant: dict[str, set[str]] = {}  # a constant's name -> its values in every module
-    for tree in trees.values():
+    for tree in trees:
         for name, value in _constants(tree).items():
             every_constant.setdefault(name, set()).add(value)
     read, literals = set(), set()
-    for tree in trees.values():
+    for tree in trees:
         local = _constants(tree)
         for arg in _read_arguments(tree):
             if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
@@ -268,7 +278,7 @@ def variables_in_code(package_dir: str = PACKAGE_DIR) -> tuple[set[str], set[str
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and _OURS.match(node.value):
                 literals.add(node.value)
-    return read, literals
+    return frozenset(read), frozenset(literals)
 
 
 def undocumented(package_dir: str = PACKAGE_DIR) -> list[str]:
@@ -285,7 +295,7 @@ def stale(package_dir: str = PACKAGE_DIR) -> list[str]:
     """Documented variables whose name (or a prefix of it) no longer occurs in the package."""
     read, literals = variables_in_code(package_dir)
     known = read | literals
-    text = "".join(open(path, encoding="utf-8").read() for path in _python_files(package_dir))
+    text = "".join(source for source, _tree in _sources(package_dir))
     return sorted(
         v.name
         for v in VARIABLES
