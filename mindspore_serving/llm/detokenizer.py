@@ -31,7 +31,7 @@ INITIAL_CONTEXT_TOKENS = 5
 _REPLACEMENT_CHAR = "\ufffd"
 
 
-@dataclass
+@dataclass(slots=True)
 class DetokenizerUpdate:
     new_text: str
     """Text safe to stream now."""
@@ -93,12 +93,15 @@ class IncrementalDetokenizer:
         """Adds tokens; returns the text that can be streamed now and the stop string if one completed."""
         if self.stop_string is not None:
             return DetokenizerUpdate("")
+        new_text = self._decode_new(new_token_ids)
+        if not new_text:  # nothing new: nothing more may be released either
+            return DetokenizerUpdate("")
         before = len(self.output_text)
-        self.output_text += self._decode_new(new_token_ids)
-        if self._stop and len(self.output_text) > before:
+        self.output_text += new_text
+        if self._stop:
             self._find_stop(before)
-        if self.stop_string is not None:
-            return DetokenizerUpdate(self._take(len(self.output_text)), self.stop_string)
+            if self.stop_string is not None:
+                return DetokenizerUpdate(self._take(len(self.output_text)), self.stop_string)
         return DetokenizerUpdate(self._take(len(self.output_text) - self._holdback))
 
     def flush(self) -> str:
@@ -106,7 +109,11 @@ class IncrementalDetokenizer:
         (as U+FFFD); call it once the request has finished."""
         if self.stop_string is None:
             before = len(self.output_text)
-            self.output_text += self._decode_window(final=True)
+            if self._stream is None:
+                self.output_text += self._decode_window(final=True)
+            elif self._read_offset < len(self._ids):  # tokens DecodeStream still holds: an incomplete character
+                self._prefix_offset = max(0, self._read_offset - INITIAL_CONTEXT_TOKENS)
+                self.output_text += self._decode_window(final=True)
             if self._stop and len(self.output_text) > before:
                 self._find_stop(before)
         return self._take(len(self.output_text))
@@ -127,8 +134,7 @@ class IncrementalDetokenizer:
             return self._decode_window()
         if text is None:
             return ""
-        self._read_offset = len(self._ids)
-        self._prefix_offset = max(0, self._read_offset - INITIAL_CONTEXT_TOKENS)  # for a later window decode
+        self._read_offset = len(self._ids)  # the window decode starts a few tokens before it (flush, failure)
         return text
 
     def _decode_window(self, final: bool = False) -> str:
