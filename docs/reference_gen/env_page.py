@@ -233,51 +233,45 @@ def _read_arguments(tree: ast.AST) -> Iterator[ast.expr]:
             yield node.slice
 
 
-def _constants(tree: ast.Module) -> dict[str, str]:
-    """The module's top-level NAME = "text" assignments."""
-    found = {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-            for target in node.targets:
-                if isinstance(target, ast.Name):
-                    found[target.id] = node.value.value
-    return found
+_CONSTANT = re.compile(r'^([A-Za-z_]\w*) = "([^"\\]*)"', re.M)  # a module-level NAME = "text"
+_LITERAL = re.compile(r'"([A-Za-z_]\w*)"')
+_READ_TOKENS = ("environ", "getenv", *_READERS)
 
 
 @functools.lru_cache(maxsize=4)
-def _sources(package_dir: str) -> tuple[tuple[str, ast.Module], ...]:
-    """(text, syntax tree) of every module of the package but the generated protobuf ones; parsed once."""
-    sources = []
+def _sources(package_dir: str) -> tuple[str, ...]:
+    """The text of every module of the package but the generated protobuf ones; read once."""
+    texts = []
     for path in _python_files(package_dir):
         with open(path, encoding="utf-8") as stream:
-            text = stream.read()
-        sources.append((text, ast.parse(text, path)))
-    return tuple(sources)
+            texts.append(stream.read())
+    return tuple(texts)
 
 
 @functools.lru_cache(maxsize=4)
 def variables_in_code(package_dir: str = PACKAGE_DIR) -> tuple[frozenset[str], frozenset[str]]:
     """(names read, name literals): the variables read through the calls above whose name is a literal or a module
     constant, and every literal of the package's own variable families (MS_SERVING_*, GLOG_*, logger_*), which
-    also finds names read through a loop or built from a prefix (`<PREFIX>_CERT`)."""
-    trees = [tree for _text, tree in _sources(package_dir)]
+    also finds names read through a loop or built from a prefix (`<PREFIX>_CERT`). Only the modules that mention a
+    reader are parsed."""
+    texts = _sources(package_dir)
     every_constant: dict[str, set[str]] = {}  # a constant's name -> its values in every module
-    for tree in trees:
-        for name, value in _constants(tree).items():
+    for text in texts:
+        for name, value in _CONSTANT.findall(text):
             every_constant.setdefault(name, set()).add(value)
     read, literals = set(), set()
-    for tree in trees:
-        local = _constants(tree)
-        for arg in _read_arguments(tree):
+    for text in texts:
+        literals.update(name for name in _LITERAL.findall(text) if _OURS.match(name))
+        if not any(token in text for token in _READ_TOKENS):
+            continue
+        local = dict(_CONSTANT.findall(text))
+        for arg in _read_arguments(ast.parse(text)):
             if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
                 read.add(arg.value)
             elif isinstance(arg, ast.Name) and arg.id in local:
                 read.add(local[arg.id])
             elif isinstance(arg, ast.Attribute) and arg.attr in every_constant:
                 read |= every_constant[arg.attr]
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and _OURS.match(node.value):
-                literals.add(node.value)
     return frozenset(read), frozenset(literals)
 
 
@@ -295,7 +289,7 @@ def stale(package_dir: str = PACKAGE_DIR) -> list[str]:
     """Documented variables whose name (or a prefix of it) no longer occurs in the package."""
     read, literals = variables_in_code(package_dir)
     known = read | literals
-    text = "".join(source for source, _tree in _sources(package_dir))
+    text = "".join(_sources(package_dir))
     return sorted(
         v.name
         for v in VARIABLES
