@@ -22,7 +22,9 @@ import hmac
 import ipaddress
 import os
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Executor
+from typing import Any
 
 import grpc
 import numpy as np
@@ -70,16 +72,17 @@ def tensor_infos_to_proto(infos: Sequence[tuple[tuple, np.dtype]]) -> list[dpb.T
     return [dpb.TensorInfo(shape=list(shape), dtype=tensor_codec.dtype_to_proto(dtype)) for shape, dtype in infos]
 
 
-def tensor_infos_from_proto(infos) -> list[tuple[tuple, np.dtype]]:
+def tensor_infos_from_proto(infos: Iterable[dpb.TensorInfo]) -> list[tuple[tuple, np.dtype]]:
     return [(tuple(info.shape), tensor_codec.proto_to_dtype(info.dtype)) for info in infos]
 
 
-def arrays_to_tensors(arrays: Sequence[np.ndarray], repeated_field) -> None:
+def arrays_to_tensors(arrays: Sequence[np.ndarray], repeated_field: Any) -> None:
+    """Appends `arrays` as Tensor messages to `repeated_field` (a message's repeated Tensor field)."""
     for array in arrays:
         tensor_codec.value_to_tensor(np.ascontiguousarray(array), repeated_field.add())
 
 
-def tensors_to_arrays(tensors) -> list[np.ndarray]:
+def tensors_to_arrays(tensors: Iterable[Any]) -> list[np.ndarray]:
     return [tensor_codec.tensor_to_value(tensor) for tensor in tensors]
 
 
@@ -126,7 +129,9 @@ class _SendSecret(grpc.UnaryUnaryClientInterceptor):
     def __init__(self, secret: str) -> None:
         self._secret = secret
 
-    def intercept_unary_unary(self, continuation, details, request):
+    def intercept_unary_unary(
+        self, continuation: Callable[..., Any], details: grpc.ClientCallDetails, request: object
+    ) -> Any:
         metadata = [*(details.metadata or ()), (SECRET_METADATA, self._secret)]
         return continuation(
             _CallDetails(
@@ -141,7 +146,7 @@ class _SendSecret(grpc.UnaryUnaryClientInterceptor):
         )
 
 
-def _refuse(_request, context) -> None:
+def _refuse(_request: object, context: grpc.ServicerContext) -> None:
     context.abort(
         grpc.StatusCode.PERMISSION_DENIED,
         f"the call does not carry this servable's {SECRET_ENV} (metadata {SECRET_METADATA})",
@@ -153,7 +158,9 @@ class _WantSecret(grpc.ServerInterceptor):
         self._secret = secret.encode()
         self._refusal = grpc.unary_unary_rpc_method_handler(_refuse)
 
-    def intercept_service(self, continuation, details):
+    def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Any], details: grpc.HandlerCallDetails
+    ) -> Any:
         for key, value in details.invocation_metadata or ():
             if key == SECRET_METADATA and hmac.compare_digest(str(value).encode(), self._secret):
                 return continuation(details)
@@ -167,7 +174,7 @@ def channel(address: str) -> grpc.Channel:
     return plain if secret is None else grpc.intercept_channel(plain, _SendSecret(secret))
 
 
-def server(executor) -> grpc.Server:
+def server(executor: Executor) -> grpc.Server:
     """A server for the DistributedWorker or RankAgent service; it wants the secret when one is set."""
     secret = _secret()
     return grpc.server(executor, options=CHANNEL_OPTIONS, interceptors=() if secret is None else (_WantSecret(secret),))

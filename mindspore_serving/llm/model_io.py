@@ -149,7 +149,7 @@ class ModelRunner(Protocol):
     max_seq_len: int
     vocab_size: int
 
-    def run(self, seqs: list[SeqStep]) -> np.ndarray:
+    def run(self, seqs: list[SeqStep]) -> StepResult:
         """Logits [len(seqs), vocab_size] (float32) of the last token of each sequence (a `StepLogits` when a
         sequence asks for all its logits, see `PromptScorer`)."""
         ...
@@ -205,7 +205,8 @@ def run_greedy_steps(runner: ModelRunner, seqs: Sequence[SeqStep], num_steps: in
     logprobs = np.zeros((len(seqs), num_steps), np.float32)
     step_seqs = list(seqs)
     for step in range(num_steps):
-        tokens[:, step], logprobs[:, step] = greedy_with_logprobs(runner.run(step_seqs))
+        last, _ = split_logits(runner.run(step_seqs))
+        tokens[:, step], logprobs[:, step] = greedy_with_logprobs(last)
         step_seqs = [
             SeqStep([int(token)], seq.context_len + step, seq.block_table) for token, seq in zip(tokens[:, step], seqs)
         ]

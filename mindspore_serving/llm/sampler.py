@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mindspore_serving.llm.logits_processors import TokenSequences, needs_processing, process_logits, restricted_rows
+from mindspore_serving.llm.request import Request
 from mindspore_serving.llm.sampling_params import SamplingParams
 
 NO_TOKEN = -1
@@ -56,14 +57,16 @@ def _log_normaliser(logits: np.ndarray) -> np.ndarray:
     """Per row of float logits [n, vocab]: log(sum(exp(row))), computed stably (-inf entries count as 0; a row
     of only -inf gives nan)."""
     peak = logits.max(axis=1)
-    return peak + np.log(np.exp(logits - peak[:, None]).sum(axis=1))
+    normaliser: np.ndarray = peak + np.log(np.exp(logits - peak[:, None]).sum(axis=1))
+    return normaliser
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     x = np.asarray(logits, dtype=np.float64)
     peak = np.max(x, axis=-1, keepdims=True)
     shifted = x - peak
-    return shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
+    logprobs: np.ndarray = shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
+    return logprobs
 
 
 def top_candidates(row: np.ndarray, k: int) -> np.ndarray:
@@ -199,7 +202,8 @@ class Sampler:
         )
 
     def _generator(self, generators: Sequence[np.random.Generator | None] | None, row: int) -> np.random.Generator:
-        return generators[row] if generators is not None and generators[row] is not None else self._rng
+        generator = generators[row] if generators is not None else None
+        return generator if generator is not None else self._rng
 
     def _output(
         self, logits: np.ndarray, params: Sequence[SamplingParams], tokens: np.ndarray, processed_logprobs: dict
@@ -210,7 +214,7 @@ class Sampler:
         log_normaliser = _log_normaliser(logits)
         chosen = logits[np.arange(n), np.maximum(tokens, 0)] - log_normaliser
         logprobs = [float(v) for v in chosen]
-        top = []
+        top: list[list[tuple[int, float]]] = []
         for i, p in enumerate(params):
             row = processed_logprobs.get(i)
             if tokens[i] == NO_TOKEN:
@@ -260,6 +264,7 @@ class Sampler:
             # candidates are ranked: keep the shortest head whose mass reaches top_p (at least one).
             keep = int(np.searchsorted(np.cumsum(weights), params.top_p * mass, side="left")) + 1
             weights = weights[:keep]
+            assert candidates is not None  # top_p < 1 took a branch that ranks the candidates
             candidates = candidates[:keep]
         if params.min_p > 0:
             # the most likely token has weight exp(0) = 1 and survives top-k and top-p: min_p is the bar itself
@@ -268,7 +273,7 @@ class Sampler:
 
     # --- speculative decoding -----------------------------------------------------------------
     def verify(
-        self, logits: np.ndarray, request, draft: Sequence[int], bitmasks: np.ndarray | None = None
+        self, logits: np.ndarray, request: Request, draft: Sequence[int], bitmasks: np.ndarray | None = None
     ) -> SamplerOutput:
         """Which of the proposed tokens `draft` a row keeps (speculative decoding), and the token that follows them:
         `logits` [len(draft) + 1, vocab], row j computed after the row's tokens and draft[:j]; `request` as for

@@ -50,8 +50,9 @@ run, are preempted and finish like any request. `take_forked` hands the new chil
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -62,6 +63,8 @@ from mindspore_serving.llm.config import SchedulerConfig
 from mindspore_serving.llm.model_io import PLACEHOLDER, SeqStep
 from mindspore_serving.llm.ngram_proposer import propose_ngram
 from mindspore_serving.llm.request import FinishReason, Request, RequestStatus
+
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -269,6 +272,7 @@ class Scheduler:
         the budget, the free blocks, max_new_tokens and max_model_len leave; asked for after every row and prompt
         of the step is placed, so that a proposal never delays a prompt or preempts anyone."""
         spec = self.config.speculative
+        assert spec is not None  # asked only while speculating
         drafts = {}
         for request_id, num_tokens in scheduled.items():
             request = self.requests[request_id]
@@ -504,7 +508,7 @@ class Scheduler:
             row.seq_step.block_table = list(request.block_table)
         return num_steps
 
-    def update_from_steps(self, output: SchedulerOutput, token_ids) -> list[RequestDelta]:
+    def update_from_steps(self, output: SchedulerOutput, token_ids: Sequence[Sequence[int]]) -> list[RequestDelta]:
         """Records the steps of a plan given to `reserve_decode_steps`: `token_ids[i]` are row i's tokens, one
         per step (the first one completes the row's query: a decode token or a whole prompt). A request takes
         them in order until it stops (its remaining tokens were computed ahead and are dropped). Returns one
@@ -512,6 +516,7 @@ class Scheduler:
         now = self.clock()
         deltas = []
         for row, request, tokens in self._live_rows(output, token_ids, "update_from_steps"):
+            assert request is not None  # without with_skipped, every row given is live
             if request.num_pending_choices and row.samples:
                 raise RuntimeError(
                     f"request {request.request_id} forks at this step: its first tokens are sampled "
@@ -519,7 +524,7 @@ class Scheduler:
                 )
             self._rewind(request)
             draining = request.request_id in self._draining  # its blocks are gone: nothing to cache
-            taken = []
+            taken: list[int] = []
             for token in tokens:
                 request.num_computed_tokens += row.num_tokens if not taken else 1
                 if not draining:
@@ -588,7 +593,9 @@ class Scheduler:
             request.pop_output_tokens(num_tokens)
             request.num_computed_tokens -= num_computed
 
-    def _live_rows(self, output: SchedulerOutput, values: Sequence, caller: str, with_skipped: bool = False):
+    def _live_rows(
+        self, output: SchedulerOutput, values: Sequence[_T], caller: str, with_skipped: bool = False
+    ) -> Iterator[tuple[ScheduledSeq, Request | None, _T]]:
         """(row, request, value) for each row of the plan whose request still runs (an aborted one is skipped,
         or given with request None when `with_skipped`); `values` has one entry per row."""
         if len(values) != len(output.scheduled):

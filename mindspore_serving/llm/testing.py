@@ -10,7 +10,7 @@ engine gives the runner exactly the right cache.
 """
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -20,7 +20,9 @@ from mindspore_serving.llm.model_io import (
     PromptScorer,
     SeqStep,
     StepLogits,
+    StepResult,
     run_greedy_steps,
+    split_logits,
 )
 
 _EMPTY = -1
@@ -46,14 +48,14 @@ class FakeModelRunner(MultiStepRunner, PromptScorer):
         self.fail_next: Exception | None = None
         """Set to make the next `run` raise it (tests of the error path)."""
 
-    def run_greedy(self, seqs: list[SeqStep], num_steps: int):
+    def run_greedy(self, seqs: list[SeqStep], num_steps: int) -> tuple[np.ndarray, np.ndarray]:
         """Multi-step greedy decoding through `run` (see model_io.run_greedy_steps)."""
         return run_greedy_steps(self, seqs, num_steps)
 
     def score_refusal(self) -> str | None:
         return None
 
-    def run(self, seqs: list[SeqStep]):
+    def run(self, seqs: list[SeqStep]) -> StepResult:
         self.calls.append(seqs)
         if self.fail_next is not None:
             err, self.fail_next = self.fail_next, None
@@ -78,7 +80,7 @@ class FakeModelRunner(MultiStepRunner, PromptScorer):
                 )
         return StepLogits(logits, every) if every else logits
 
-    def logits_for(self, context: Sequence[int]) -> np.ndarray:
+    def logits_for(self, context: Sequence[int] | np.ndarray) -> np.ndarray:
         """Logits after the token sequence `context` (the cache read back); a pure function of it."""
         digest = hashlib.blake2b(
             np.asarray(context, dtype=np.int64).tobytes(), digest_size=8, key=self.seed.to_bytes(8, "little")
@@ -86,7 +88,7 @@ class FakeModelRunner(MultiStepRunner, PromptScorer):
         rng = np.random.default_rng(int.from_bytes(digest, "little"))
         return (rng.standard_normal(self.vocab_size) * 3.0).astype(np.float32)
 
-    def _slot(self, block_table: Sequence[int], position: int):
+    def _slot(self, block_table: Sequence[int], position: int) -> tuple[int, int]:
         return block_table[position // self.block_size], position % self.block_size
 
     def _check(self, seq: SeqStep) -> None:
@@ -106,7 +108,7 @@ class FakeModelRunner(MultiStepRunner, PromptScorer):
 
 
 def reference_greedy(
-    runner_factory,
+    runner_factory: Callable[[], FakeModelRunner],
     prompt_token_ids: Sequence[int],
     max_new_tokens: int,
     eos_token_id: int | None = None,
@@ -120,7 +122,8 @@ def reference_greedy(
     step = SeqStep(list(tokens), 0, table)
     output: list[int] = []
     while True:
-        token = int(np.argmax(runner.run([step])[0]))
+        last, _ = split_logits(runner.run([step]))
+        token = int(np.argmax(last[0]))
         output.append(token)
         if token == eos_token_id or token in stop_token_ids or len(output) >= max_new_tokens:
             return output

@@ -61,7 +61,7 @@ class HfModelError(ValueError):
     """A model directory or a setting that cannot be served; the message says which and how to fix it."""
 
 
-def _positive_int(name: str, value, low: int = 1) -> int:
+def _positive_int(name: str, value: object, low: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise HfModelError(f"{name} must be an int >= {low}, got {value!r}")
     return value
@@ -101,7 +101,7 @@ class HfModelSettings:
     """n-gram speculative decoding (engine.speculative), with verify graphs of its num_speculative_tokens; None:
     off."""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not isinstance(self.model_dir, str) or not self.model_dir:
             raise HfModelError(f"the model directory must be a path, got {self.model_dir!r}")
         if not isinstance(self.served_model_name, str) or not _NAME.fullmatch(self.served_model_name):
@@ -147,8 +147,8 @@ class HfModelSettings:
         served_model_name: str | None = None,
         model_cache: str = "model_cache",
         buckets: Mapping[str, Any] | None = None,
-        speculative_config=None,
-        **settings,
+        speculative_config: Any = None,
+        **settings: Any,
     ) -> "HfModelSettings":
         """Settings from a user's values: paths as given (the caller makes them absolute), `buckets` a mapping of
         BUCKET_FIELDS to lists, the name defaulting to the directory's (`default_served_name`), `speculative_config`
@@ -247,7 +247,7 @@ def default_buckets(max_model_len: int) -> dict[str, tuple[int, ...]]:
     }
 
 
-def check_tensor_parallel(cfg: LlamaConfig, tp: int):
+def check_tensor_parallel(cfg: LlamaConfig, tp: int) -> None:
     """HfModelError unless the query heads, KV heads and MLP width split evenly over `tp` ranks (as the sharding
     of models/llama/model.py needs)."""
     try:
@@ -259,7 +259,7 @@ def check_tensor_parallel(cfg: LlamaConfig, tp: int):
 def export_model_file(settings: HfModelSettings, cfg: LlamaConfig, max_model_len: int) -> ModelFile:
     """The network of `cfg` holding graph_len(max_model_len) tokens, and the buckets to compile."""
     check_tensor_parallel(cfg, settings.tensor_parallel)
-    buckets = {**default_buckets(max_model_len), **dict(settings.buckets)}
+    buckets: dict[str, Any] = {**default_buckets(max_model_len), **dict(settings.buckets)}
     try:
         model = dataclasses.replace(cfg, max_seq_len=graph_len(max_model_len))
         # one score graph (prompt logprobs), of the longest prefill length: a graph per prefill length would
@@ -276,6 +276,7 @@ def export_model_file(settings: HfModelSettings, cfg: LlamaConfig, max_model_len
 
 def cache_geometry(model_file: ModelFile, tp: int) -> CacheGeometry:
     m = model_file.model
+    assert m.head_dim is not None  # LlamaConfig derives it when not given
     return CacheGeometry(m.num_layers, m.num_kv_heads // tp, m.head_dim, model_file.export.block_size)
 
 
