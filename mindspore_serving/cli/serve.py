@@ -17,7 +17,7 @@ script's directory for serving_server.py (as MindSpore Serving resolves the path
 --model (repeatable) serves a LLaMA, Mistral, Qwen2 or Qwen3 directory of Hugging Face's layout under NAME (default:
 the directory's name) on every LLM API. Its graphs are exported into --model_cache when missing there (a line per
 graph), keyed by the checkpoint's content and the export settings; the LLM configuration served from is written
-beside them, and its path printed (README, "Serving your own model"). --speculative_config turns on n-gram
+beside them, and its path printed (docs/llm/own-model.md). --speculative_config turns on n-gram
 speculative decoding as vLLM's flag does (its verify graphs are exported too).
 
 Ctrl-C or SIGTERM stops both front ends at once (new requests are refused), gives requests in flight --grace
