@@ -20,11 +20,9 @@ While stop strings are active, the last len(longest stop) - 1 characters are hel
 since they may turn out to begin a stop string; `flush()` releases them when the request finishes.
 """
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-from tokenizers import Tokenizer
-from tokenizers.decoders import DecodeStream
 
 # Prompt tokens decoded with the first output tokens, so the first word piece renders as mid-text.
 INITIAL_CONTEXT_TOKENS = 5
@@ -49,13 +47,19 @@ def make_decode(tokenizer, skip_special_tokens: bool):
     return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
-def native_tokenizer(tokenizer) -> Tokenizer | None:
+def native_tokenizer(tokenizer):
     """The `tokenizers.Tokenizer` that decodes for `tokenizer`: itself, or the one a wrapper keeps as `.tokenizer`
-    (whose decode must be that tokenizer's); None for any other tokenizer."""
-    if isinstance(tokenizer, Tokenizer):
+    (whose decode must be that tokenizer's); None for any other tokenizer.
+
+    `tokenizers` is looked up, not imported: a process that has not imported it holds none of its tokenizers, and the
+    processes that only import this package for its types (the master, the front ends) need not load it."""
+    tokenizers = sys.modules.get("tokenizers")
+    if tokenizers is None:
+        return None
+    if isinstance(tokenizer, tokenizers.Tokenizer):
         return tokenizer
     inner = getattr(tokenizer, "tokenizer", None)
-    return inner if isinstance(inner, Tokenizer) else None
+    return inner if isinstance(inner, tokenizers.Tokenizer) else None
 
 
 class IncrementalDetokenizer:
@@ -76,7 +80,9 @@ class IncrementalDetokenizer:
         self._prefix_offset = 0
         self._read_offset = len(context)  # the tokens before it have given their text
         self._native = None if decode is not None else native_tokenizer(tokenizer)
-        self._stream = None if self._native is None else DecodeStream(context, skip_special_tokens)
+        self._stream = None
+        if self._native is not None:
+            self._stream = sys.modules["tokenizers"].decoders.DecodeStream(context, skip_special_tokens)
         self._stop = tuple(stop)
         self._include_stop = include_stop_str_in_output
         self._holdback = max((len(s) for s in self._stop), default=1) - 1
