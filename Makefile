@@ -68,10 +68,12 @@ bench: models
 proto: setup
 	$(PY) mindspore_serving/proto/generate.py
 
-# The wheel, into dist/: build/ is removed first, so that no module deleted since the last build lingers in it
+# The wheel, into dist/: build/ is removed first, so that no module deleted since the last build lingers in it, and
+# after, so that no second copy of the package lies in the tree
 wheel: setup
 	rm -rf build dist
 	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w dist .
+	rm -rf build
 
 # That wheel alone in a fresh venv: its declared dependencies import every module, and the command runs
 package-test: wheel
