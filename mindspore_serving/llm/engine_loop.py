@@ -135,7 +135,7 @@ class EngineLoop:
         self.report = StepReport()
         engine.add_step_listener(self.report.add)
         self.max_waiting = max_waiting
-        self.request_timeout = request_timeout
+        self.request_timeout = request_timeout  # seconds from submit, on the engine clock, before an abort (0: none)
         self._commands: queue.Queue = queue.Queue()
         self._lock = threading.Lock()  # guards _streams, _ended, the streams' puts and _dirty (module docstring)
         self._streams: dict[str, RequestStream] = {}
