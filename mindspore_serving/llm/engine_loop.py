@@ -38,7 +38,8 @@ _END = object()
 
 
 class OutputSink(Protocol):
-    """Receives the outputs of the requests submitted with it, on the loop thread."""
+    """Receives the outputs of the requests submitted with it, on the loop thread (or on the thread of a `close()`
+    that gave up on it), under the loop's lock: neither method may block."""
 
     def put(self, stream: "RequestStream", item) -> None:
         """`item`: a RequestOutput, or the exception that ends the request."""
