@@ -3,7 +3,8 @@
 The classic route is a bare ASGI handler (it needs free key order in the URL, answers HTTP 200 with
 `{"error_msg": ...}` for a failed request, 503 + Retry-After while the servable is unavailable, and is the hot
 path). KServe v2 routes (`/v2/...`) are routed before it to their own bare handler; everything else (the OpenAPI
-page, health, the LLM routes and routes added by other servables) goes to a FastAPI app.
+page, health, the LLM routes other than the classic `:generate_stream`, and routes added by other servables) goes to
+a FastAPI app.
 """
 
 import asyncio
