@@ -21,12 +21,13 @@ format-string templates (`LegacyChatTemplate`) did not put it, so their text is 
 
 import datetime
 import json
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NoReturn
 
 import jinja2
 from jinja2 import nodes
 from jinja2.ext import Extension, loopcontrols
+from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from mindspore_serving.llm.errors import InvalidRequestError
@@ -49,25 +50,31 @@ class _GenerationBlock(Extension):
 
     tags = {"generation"}
 
-    def parse(self, parser):
+    def parse(self, parser: Parser) -> nodes.Node:
         lineno = next(parser.stream).lineno
         body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
         return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
 
     @staticmethod
-    def _body(caller):
+    def _body(caller: Callable[[], str]) -> str:
         return caller()
 
 
-def _raise_exception(message):
+def _raise_exception(message: object) -> NoReturn:
     raise _TemplateRaised(str(message))
 
 
-def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | str | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
-def _strftime_now(fmt):
+def _strftime_now(fmt: str) -> str:
     return datetime.datetime.now().strftime(fmt)
 
 
@@ -94,7 +101,7 @@ def select_template(value: str | Sequence[Mapping] | None, tools: bool = False) 
         isinstance(t, Mapping) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str) for t in value
     ):
         raise ValueError('chat_template must be a string or a list of {"name": ..., "template": ...} objects')
-    named = {t["name"]: t["template"] for t in value}
+    named: dict[str, str] = {t["name"]: t["template"] for t in value}
     if tools and TOOL_TEMPLATE_NAME in named:
         return named[TOOL_TEMPLATE_NAME]
     if DEFAULT_TEMPLATE_NAME not in named:
@@ -124,7 +131,7 @@ class ChatTemplate:
         tools: list[Any] | None = None,
         documents: list[Any] | None = None,
         continue_final_message: bool = False,
-        **variables,
+        **variables: Any,
     ) -> str:
         """The prompt text of `messages`. ChatTemplateError when the template refuses them (raise_exception) or
         fails on them; its message says why."""
@@ -192,10 +199,10 @@ class LegacyChatTemplate:
         self,
         messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
-        tools=None,
-        documents=None,
+        tools: list[Any] | None = None,
+        documents: list[Any] | None = None,
         continue_final_message: bool = False,
-        **variables,
+        **variables: Any,
     ) -> str:
         del add_generation_prompt, tools, documents, continue_final_message, variables  # the format has none
         try:

@@ -21,7 +21,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import llguidance
 import numpy as np
@@ -31,11 +31,14 @@ from llguidance.numpy import fill_next_token_bitmask_par, fill_next_token_bitmas
 from mindspore_serving.llm.errors import InvalidRequestError
 from mindspore_serving.llm.sampling_params import StructuredOutput
 
+if TYPE_CHECKING:  # the type of the JSON compiler's options is only in llguidance's stubs
+    from llguidance._lib import JsonCompileOptions
+
 DEFAULT_CACHE_SIZE = 128
 """Compiled grammars kept by their text."""
 
 ANY_JSON_OBJECT_SCHEMA = '{"type": "object"}'
-JSON_OPTIONS = {"whitespace_flexible": False}
+JSON_OPTIONS: "JsonCompileOptions" = {"whitespace_flexible": False}
 """JSON is generated compact (no whitespace between tokens of the document; strings keep theirs): with flexible
 whitespace a sampled model can pad a document with newlines and spaces until max_tokens cuts it, a known failure of
 structured output. A schema's own "x-guidance" options still apply."""
@@ -43,18 +46,23 @@ structured output. A schema's own "x-guidance" options still apply."""
 _POSITION = re.compile(r"^at \d+\(\d+\): ")
 
 
+_Split = tuple[list[tuple[llguidance.LLMatcher, int]], list[int]]
+"""The rows of a step that have a live matcher (matcher, row), and those whose grammar already failed."""
+
+
 def bitmask_width(vocab_size: int) -> int:
     """int32 words of one row's bitmask."""
     return (vocab_size + 31) // 32
 
 
-def tokenizer_json(tokenizer) -> str:
+def tokenizer_json(tokenizer: object) -> str:
     """The tokenizer.json text of a `tokenizers.Tokenizer`, or of a wrapper holding one as `.tokenizer` (the
     models' TextTokenizer). Raises InvalidRequestError for a tokenizer of another kind."""
     for candidate in (tokenizer, getattr(tokenizer, "tokenizer", None)):
         to_str = getattr(candidate, "to_str", None)
         if callable(to_str):
-            return to_str()
+            text: str = to_str()
+            return text
     raise InvalidRequestError(
         f"structured output needs a Hugging Face tokenizer (tokenizer.json); this model's "
         f"tokenizer is a {type(tokenizer).__name__}"
@@ -144,7 +152,7 @@ class GrammarCompiler:
 
     @classmethod
     def for_tokenizer(
-        cls, tokenizer, vocab_size: int, eos_token_ids: Iterable[int] = (), cache_size: int = DEFAULT_CACHE_SIZE
+        cls, tokenizer: object, vocab_size: int, eos_token_ids: Iterable[int] = (), cache_size: int = DEFAULT_CACHE_SIZE
     ) -> "GrammarCompiler":
         """From the engine's tokenizer (see `tokenizer_json`)."""
         return cls(tokenizer_json(tokenizer), vocab_size, eos_token_ids, cache_size)
@@ -242,19 +250,21 @@ class BitmaskComputer:
         return self._fill(len(rows), *self._split(rows))
 
     @staticmethod
-    def _split(rows: Sequence[GrammarState | None]):
+    def _split(rows: Sequence[GrammarState | None]) -> "_Split":
         matchers = [(state.matcher, i) for i, state in enumerate(rows) if state is not None and state.error is None]
         dead = [i for i, state in enumerate(rows) if state is not None and state.error is not None]
         return matchers, dead
 
-    def _fill(self, num_rows: int, matchers, dead) -> np.ndarray:
+    def _fill(self, num_rows: int, matchers: list[tuple[llguidance.LLMatcher, int]], dead: list[int]) -> np.ndarray:
         bitmask = np.full((num_rows, self.width), -1, dtype=np.int32)
         if matchers:
             fill_next_token_bitmask_par(self._executor, matchers, bitmask)
         bitmask[dead] = 0
         return bitmask
 
-    def _fill_step(self, num_rows: int, split, drafts: dict[int, tuple[GrammarState, Sequence[int]]]) -> "StepMasks":
+    def _fill_step(
+        self, num_rows: int, split: "_Split", drafts: dict[int, tuple[GrammarState, Sequence[int]]]
+    ) -> "StepMasks":
         positions = {row: 1 + len(draft) for row, (_, draft) in drafts.items()}
         offsets, total = {}, 0
         for row, count in positions.items():
