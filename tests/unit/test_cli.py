@@ -88,3 +88,19 @@ def test_the_scripts_take_the_commands_flags(script, command):
     flags = {option for action in parser._actions for option in action.option_strings}
     assert result.stdout.startswith(f"usage: {script}")
     assert all(flag in result.stdout for flag in flags)
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--prepare_only"], "go with --model"),
+        (["--model", "a", "--model", "b", "--served_model_name", "x"], "give one name per model"),
+        (["--model", "a", "--model_control", "poll"], "not poll"),
+        (["--model", "a", "--tensor_parallel", "2", "--device_ids", "0,1,2"], "one device id per rank"),
+    ],
+)
+def test_serve_refuses_model_flags_that_do_not_fit_before_starting_anything(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        serve.main(argv, prog="mindspore-serving serve")
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
