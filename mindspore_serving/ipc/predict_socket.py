@@ -29,6 +29,7 @@ import struct
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 from mindspore_serving import log
 from mindspore_serving.ipc.master_worker import (
@@ -43,8 +44,8 @@ HEADER = struct.Struct("<I")
 _SMALL_FRAME = 64 * 1024  # header and payload in one write below this size; two writes (no copy) above
 
 
-def frame_size(header: bytes) -> int:
-    (size,) = HEADER.unpack(header)
+def frame_size(header: bytes | bytearray) -> int:
+    size: int = HEADER.unpack(header)[0]
     if size > MAX_INTERNAL_MSG_BYTES:
         raise WorkerConnectionError(f"a frame of {size} bytes exceeds the limit of {MAX_INTERNAL_MSG_BYTES}")
     return size
@@ -173,10 +174,10 @@ class _Connection(asyncio.Protocol):
         self.lost: str | None = None
         self.on_lost = on_lost
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # a unix stream connection's
 
-    def data_received(self, data) -> None:
+    def data_received(self, data: bytes) -> None:
         self.buffer += data
         if len(self.buffer) < HEADER.size:
             return
@@ -184,7 +185,7 @@ class _Connection(asyncio.Protocol):
             end = HEADER.size + frame_size(self.buffer[: HEADER.size])
         except WorkerConnectionError as err:
             self._fail(str(err))
-            self.transport.close()
+            self.close()
             return
         if len(self.buffer) < end:
             return
@@ -194,7 +195,7 @@ class _Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(payload)
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self._fail(f"the worker closed the connection{f': {exc}' if exc else ''}")
         self.on_lost(self)
 
@@ -210,6 +211,7 @@ class _Connection(asyncio.Protocol):
         if self.lost is not None:
             self.waiter.set_exception(WorkerConnectionError(self.lost))
         else:
+            assert self.transport is not None  # connected before it is given out
             self.transport.writelines(frame(payload))
         return self.waiter
 
@@ -242,7 +244,9 @@ class PredictChannel:
         if conn in self._idle:
             self._idle.remove(conn)
 
-    def begin(self, request, timeout: float | None = None) -> Awaitable:
+    def begin(
+        self, request: internal_pb2.WorkerPredictRequest, timeout: float | None = None
+    ) -> Awaitable[internal_pb2.WorkerPredictReply]:
         """The call of `call`, its request written at once when a connection is idle (a caller that has other work
         for this event-loop turn sends first and awaits later); otherwise written once connected, on await."""
         if not self._idle:
@@ -250,11 +254,15 @@ class PredictChannel:
         conn = self._idle.pop()
         return self._reply(conn, conn.send(request.SerializeToString()), timeout)
 
-    async def call(self, request, timeout: float | None = None):
+    async def call(
+        self, request: internal_pb2.WorkerPredictRequest, timeout: float | None = None
+    ) -> internal_pb2.WorkerPredictReply:
         conn = self._idle.pop() if self._idle else await self._connect()
         return await self._reply(conn, conn.send(request.SerializeToString()), timeout)
 
-    async def _reply(self, conn: _Connection, sent: "asyncio.Future", timeout: float | None):
+    async def _reply(
+        self, conn: _Connection, sent: "asyncio.Future[bytes]", timeout: float | None
+    ) -> internal_pb2.WorkerPredictReply:
         try:
             async with asyncio.timeout(timeout):
                 payload = await sent

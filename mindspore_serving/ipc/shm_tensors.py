@@ -21,7 +21,8 @@ import itertools
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +33,7 @@ from mindspore_serving.proto import ms_service_pb2 as pb
 try:
     from multiprocessing import shared_memory
 except ImportError:  # a platform without POSIX shared memory: tensors travel in the messages
-    shared_memory = None
+    shared_memory = None  # type: ignore[assignment]  # every use checks for None first
 
 PREFIX = "mss_"
 SHM_DIR = "/dev/shm"  # where Linux shows POSIX shared memory, for removing what dead workers left
@@ -94,7 +95,7 @@ def _aligned(size: int) -> int:
 _tracker_filtered = False
 
 
-def _open_block(name: str, create: bool, size: int = 0):
+def _open_block(name: str, create: bool, size: int = 0) -> "shared_memory.SharedMemory":
     """A SharedMemory that no resource tracker process watches: blocks are released by their call, and the master
     removes those of dead workers. Before Python 3.13 every SharedMemory, even one only mapped, is registered with
     a tracker process that would unlink it when the process exits, while its creator still uses it."""
@@ -112,14 +113,14 @@ def _filter_tracker() -> None:
 
     register, unregister = resource_tracker.register, resource_tracker.unregister
 
-    def ours(name: str, rtype: str) -> bool:
-        return rtype == "shared_memory" and name.lstrip("/").startswith(PREFIX)
+    def ours(name: Sized, rtype: str) -> bool:
+        return rtype == "shared_memory" and str(name).lstrip("/").startswith(PREFIX)
 
-    def filtered_register(name, rtype) -> None:
+    def filtered_register(name: Sized, rtype: str) -> None:
         if not ours(name, rtype):
             register(name, rtype)
 
-    def filtered_unregister(name, rtype) -> None:
+    def filtered_unregister(name: Sized, rtype: str) -> None:
         if not ours(name, rtype):
             unregister(name, rtype)
 
@@ -127,22 +128,31 @@ def _filter_tracker() -> None:
     _tracker_filtered = True
 
 
+def _mapped(memory: "shared_memory.SharedMemory | None", name: str) -> memoryview:
+    """The buffer of a block still mapped; ValueError for one released or closed."""
+    buffer = None if memory is None else memory.buf
+    if buffer is None:
+        raise ValueError(f"shared memory {name} is no longer mapped")
+    return buffer
+
+
 class CallBlock:
     """The caller's block of one model call: created by `encode_call`, released once the call is answered."""
 
     def __init__(self, name: str, size: int) -> None:
-        self.memory = _open_block(name, create=True, size=size)
+        self.memory: shared_memory.SharedMemory | None = _open_block(name, create=True, size=size)
         self.name = name
         self.size = size
 
     def write(self, offset: int, array: np.ndarray) -> None:
-        target = np.frombuffer(self.memory.buf, array.dtype, array.size, offset)
+        target = np.frombuffer(_mapped(self.memory, self.name), array.dtype, array.size, offset)
         np.copyto(target.reshape(array.shape), array)
 
     def read(self, place: pb.ShmTensorData, dtype: np.dtype, dims: Sequence[int]) -> np.ndarray:
         """A copy of what the serving worker wrote at `place`."""
         _check_place(place, self.size, dtype, dims)
-        return np.frombuffer(self.memory.buf, dtype, math.prod(dims), place.data_offset).reshape(dims).copy()
+        buffer = _mapped(self.memory, self.name)
+        return np.frombuffer(buffer, dtype, math.prod(dims), place.data_offset).reshape(dims).copy()
 
     def release(self) -> None:
         """Unmaps and unlinks the block (idempotent)."""
@@ -170,7 +180,7 @@ class BlockNamer:
 _shm_failed = False  # warned once that shared memory could not be made
 
 
-def _new_block(namer: BlockNamer, size: int) -> CallBlock | None:
+def _new_block(namer: BlockNamer | None, size: int) -> CallBlock | None:
     global _shm_failed  # pylint: disable=global-statement
     if shared_memory is None or namer is None or size == 0:
         return None
@@ -190,7 +200,10 @@ def _new_block(namer: BlockNamer, size: int) -> CallBlock | None:
 
 
 def encode_call(
-    instances: Sequence[Sequence[np.ndarray]], output_infos: Sequence | None, repeated_field, namer: BlockNamer | None
+    instances: Sequence[Sequence[np.ndarray]],
+    output_infos: Sequence | None,
+    repeated_field: Any,
+    namer: BlockNamer | None,
 ) -> CallBlock | None:
     """Appends one Instance per input tuple to `repeated_field` (a CallModelRequest's instances): inputs keyed by
     their index, in shared memory with a buffer for each output of `output_infos` (per-instance TensorInfo, None
@@ -238,7 +251,7 @@ def _set_place(place: pb.ShmTensorData, block: CallBlock, offset: int, nbytes: i
     place.data_size = nbytes
 
 
-def _check_place(place: pb.ShmTensorData, block_size: int, dtype: np.dtype, dims: Sequence[int]):
+def _check_place(place: pb.ShmTensorData, block_size: int, dtype: np.dtype, dims: Sequence[int]) -> None:
     expected = math.prod(dims) * np.dtype(dtype).itemsize
     if place.data_size != expected or place.data_offset + place.data_size > block_size or min(dims, default=0) < 0:
         raise ValueError(
@@ -269,9 +282,9 @@ class AttachedBlocks:
     """The serving worker's side of one call: the blocks it names, mapped until `close()`."""
 
     def __init__(self) -> None:
-        self._blocks: dict[str, object] = {}
+        self._blocks: dict[str, shared_memory.SharedMemory] = {}
 
-    def _block(self, place: pb.ShmTensorData):
+    def _block(self, place: pb.ShmTensorData) -> "shared_memory.SharedMemory":
         block = self._blocks.get(place.memory_key)
         if block is None:
             if shared_memory is None or not place.memory_key.startswith(PREFIX):
@@ -294,7 +307,9 @@ class AttachedBlocks:
             dtype, dims = proto_to_dtype(tensor.dtype), tensor.shape.dims[:]
             _check_place(tensor.shm_data, block.size, dtype, dims)
             values.append(
-                np.frombuffer(block.buf, dtype, math.prod(dims), tensor.shm_data.data_offset).reshape(dims).copy()
+                np.frombuffer(_mapped(block, block.name), dtype, math.prod(dims), tensor.shm_data.data_offset)
+                .reshape(dims)
+                .copy()
             )
         return tuple(values)
 
@@ -314,7 +329,7 @@ class AttachedBlocks:
                 continue
             block = self._block(place)
             _check_place(place, block.size, value.dtype, value.shape)
-            target = np.frombuffer(block.buf, value.dtype, value.size, place.data_offset)
+            target = np.frombuffer(_mapped(block, block.name), value.dtype, value.size, place.data_offset)
             np.copyto(target.reshape(value.shape), value)
             del target  # no view of the block may outlive close()
             tensor.dtype = dtype_to_proto(value.dtype)
