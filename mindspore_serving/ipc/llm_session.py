@@ -22,15 +22,18 @@ events it builds with `output_events` / `error_event` and the master reads with 
 
 import functools
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mindspore_serving.common import errors
 from mindspore_serving.common.errors import Kind
 from mindspore_serving.llm.request import FinishReason, inter_token_latency
 from mindspore_serving.llm.sampling_params import SamplingParams, StructuredOutput
 from mindspore_serving.proto import llm_worker_pb2 as pb
+
+if TYPE_CHECKING:  # the master reads the events without loading the engine
+    from mindspore_serving.llm.engine import RequestOutput
 
 LLM_SESSION_PROTOCOL_VERSION = 2
 _VERSION_FACT = "session_protocol"
@@ -140,7 +143,7 @@ class Tokenized:
 # ------------------------------------------------------------------------------------- registration facts
 
 
-def registration_facts(**facts) -> str:
+def registration_facts(**facts: Any) -> str:
     """The worker's `extensions["llm"]` value: its LLM facts and the session protocol it speaks."""
     return json.dumps({**facts, _VERSION_FACT: LLM_SESSION_PROTOCOL_VERSION})
 
@@ -230,7 +233,7 @@ def generate_command(
     return pb.SessionCommand(stream_id=stream_id, generate=request)
 
 
-def chat_message(message) -> pb.ChatMessage:
+def chat_message(message: Any) -> pb.ChatMessage:
     """The wire form of a chat message: an object with `role` and `content`, or a dict of any fields."""
     if not isinstance(message, Mapping):
         return pb.ChatMessage(role=message.role, content=message.content)
@@ -248,11 +251,11 @@ def read_chat_messages(messages: Iterable[pb.ChatMessage]) -> list[dict[str, Any
     ]
 
 
-def _json(value) -> str:
+def _json(value: object) -> str:
     return "" if value is None or value == {} else json.dumps(value, ensure_ascii=False)
 
 
-def read_json(text: str):
+def read_json(text: str) -> Any:
     """A JSON field of a message (tools_json, ...): its value, None when empty."""
     return json.loads(text) if text else None
 
@@ -299,7 +302,7 @@ def error_event(error: BaseException) -> pb.GenerateEvent:
     return pb.GenerateEvent(error=_error(error))
 
 
-def final_event(output) -> pb.GenerateEvent:
+def final_event(output: "RequestOutput") -> pb.GenerateEvent:
     """The Final of a finished RequestOutput (llm/engine.py), of its choice, with the engine's timings."""
     reason = output.finish_reason or FinishReason.ERROR
     final = pb.Final(
@@ -328,7 +331,10 @@ def _no_text(token_id: int) -> str:
 
 
 def output_events(
-    output, index: int, special_ids=frozenset(), token_text: Callable[[int], str] = _no_text
+    output: "RequestOutput",
+    index: int,
+    special_ids: Collection[int] = frozenset(),
+    token_text: Callable[[int], str] = _no_text,
 ) -> list[pb.GenerateEvent]:
     """The events of one RequestOutput (one choice's, `output.index`): its scored prompt first when it carries one
     (PromptScores), a Token per new token with its own text, then the Final (or the Error) when it is the choice's
@@ -359,27 +365,30 @@ def output_events(
     return events
 
 
-def prompt_tokens(output, token_text: Callable[[int], str] = _no_text) -> list[PromptToken]:
-    """The scored prompt of a RequestOutput that carries one (prompt_logprobs, prompt_top_logprobs)."""
+def prompt_tokens(output: "RequestOutput", token_text: Callable[[int], str] = _no_text) -> list[PromptToken]:
+    """The scored prompt of a RequestOutput that carries one (prompt_logprobs, prompt_top_logprobs); [] for one
+    that does not."""
+    logprobs = output.prompt_logprobs
+    if logprobs is None:
+        return []
     tops = output.prompt_top_logprobs or []
     return [
         PromptToken(
             token_id,
             token_text(token_id),
-            output.prompt_logprobs[i],
+            logprobs[i],
             [TopLogprob(t, token_text(t), v) for t, v in tops[i]] if i < len(tops) else [],
         )
         for i, token_id in enumerate(output.prompt_token_ids)
     ]
 
 
-def _output_error(output) -> errors.ServingError:
+def _output_error(output: "RequestOutput") -> errors.ServingError:
     """The error a failed RequestOutput ends with: its kind's class (a lost agent is unavailable), a generation
     failure otherwise."""
     kind = getattr(output, "error_kind", Kind.GENERATION)
-    return (
-        errors.GenerationFailed(output.error) if kind is Kind.GENERATION else errors.error_of_kind(kind, output.error)
-    )
+    message = output.error or ""  # set: the caller asks only for an output that failed
+    return errors.GenerationFailed(message) if kind is Kind.GENERATION else errors.error_of_kind(kind, message)
 
 
 # ------------------------------------------------------------------------------------ events, master side
@@ -389,7 +398,7 @@ def top_logprobs_proto(tops: Iterable[TopLogprob]) -> list[pb.TopLogprob]:
     return [pb.TopLogprob(id=t.token_id, text=t.text, logprob=t.logprob) for t in tops]
 
 
-def _read_tops(tops) -> list[TopLogprob]:
+def _read_tops(tops: Iterable[pb.TopLogprob]) -> list[TopLogprob]:
     return [TopLogprob(t.id, t.text, t.logprob) for t in tops]
 
 
@@ -514,4 +523,5 @@ def detokenize_reply(result: str | BaseException) -> pb.DetokenizeReply:
 def read_detokenize_reply(reply: pb.DetokenizeReply) -> str:
     if reply.HasField("error"):
         raise _raised(reply.error)
-    return reply.prompt
+    prompt: str = reply.prompt
+    return prompt
