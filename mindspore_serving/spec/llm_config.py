@@ -64,7 +64,7 @@ Every error names the field and how to fix it.
 import dataclasses
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -106,13 +106,14 @@ def _section(data: Mapping, name: str, required: bool = True) -> Mapping:
     return value
 
 
-def _reject_unknown(section: str, data: Mapping, known):
-    unknown = sorted(set(data) - set(known))
+def _reject_unknown(section: str, data: Mapping, known: Iterable[str]) -> None:
+    known = set(known)
+    unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"'{section}' has unknown field(s) {unknown}; valid fields are {sorted(known)}")
 
 
-def _path(base: str, section: str, name: str, value, must_exist: bool = True) -> str:
+def _path(base: str, section: str, name: str, value: object, must_exist: bool = True) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigError(f"'{section}.{name}' must be a path string, got {value!r}")
     path = value if os.path.isabs(value) else os.path.normpath(os.path.join(base, value))
@@ -185,7 +186,7 @@ class AgentSection:
         """
         if self.cpu_affinity is None:
             return None
-        if self.cpu_affinity != "auto":
+        if not isinstance(self.cpu_affinity, str):  # not auto: the cores of each rank
             return list(self.cpu_affinity[rank])
         if device.upper() != "CPU":
             return None
@@ -246,7 +247,8 @@ def read_manifest(graphs_dir: str) -> dict[str, Any] | None:
     if not os.path.isfile(path):
         return None
     with open(path, encoding="utf-8") as stream:
-        return json.load(stream)
+        manifest: dict[str, Any] = json.load(stream)
+    return manifest
 
 
 def _kv_cache(data: Mapping, kwargs: dict, graphs_dir: str) -> KvCacheBudget:
@@ -295,7 +297,7 @@ def _model_file(model: ModelSection) -> ModelFile:
         raise ConfigError(f"'model.export': {err}") from None
 
 
-def _export_overrides(value) -> tuple[tuple[str, Any], ...]:
+def _export_overrides(value: object) -> tuple[tuple[str, Any], ...]:
     if value is None:
         return ()
     if not isinstance(value, Mapping):
@@ -362,7 +364,7 @@ def _model_section(base: str, data: Mapping, num_ranks: int) -> ModelSection:
     )
 
 
-def _chat_template(base: str, value, message) -> tuple[str | None, str | None]:
+def _chat_template(base: str, value: object, message: object) -> tuple[str | None, str | None]:
     """(template text, chat_message) of `model.chat_template`: a Jinja file or inline Jinja, or the old Python
     format string with {messages} (then with chat_message, by default LEGACY_CHAT_MESSAGE)."""
     if message is not None and not isinstance(message, str):
@@ -400,7 +402,7 @@ def _chat_template(base: str, value, message) -> tuple[str | None, str | None]:
     return value, None
 
 
-def _generation_config(base: str, value, tokenizer: str) -> tuple[str | None, GenerationDefaults]:
+def _generation_config(base: str, value: object, tokenizer: str) -> tuple[str | None, GenerationDefaults]:
     """The generation_config.json of the model (named, or next to the tokenizer) and its defaults."""
     if value is None:
         directory = tokenizer if os.path.isdir(tokenizer) else os.path.dirname(tokenizer)
@@ -490,7 +492,7 @@ def _agent_section(data: Mapping) -> AgentSection:
     )
 
 
-def _cpu_affinity(value, num_ranks: int):
+def _cpu_affinity(value: object, num_ranks: int) -> None | str | tuple[tuple[int, ...], ...]:
     if value is None or value == "auto":
         return value
     if (
@@ -506,7 +508,7 @@ def _cpu_affinity(value, num_ranks: int):
     return tuple(tuple(cores) for cores in value)
 
 
-def _check_speculative(scheduler: SchedulerConfig, spec_tokens: int, graphs_dir: str, check_graphs: bool):
+def _check_speculative(scheduler: SchedulerConfig, spec_tokens: int, graphs_dir: str, check_graphs: bool) -> None:
     """Refuses speculative decoding of more proposed tokens than the verify graphs hold: those the export config
     asks for, and those the graphs' manifest records when they are exported (and `check_graphs`)."""
     if scheduler.speculative is None:
@@ -535,7 +537,9 @@ def _check_speculative(scheduler: SchedulerConfig, spec_tokens: int, graphs_dir:
         )
 
 
-def _engine_section(data: Mapping, max_seq_len: int, block_size: int, graphs_dir: str):
+def _engine_section(
+    data: Mapping, max_seq_len: int, block_size: int, graphs_dir: str
+) -> tuple[SchedulerConfig, int, dict[str, float], KvCacheBudget]:
     known = [f.name for f in fields(SchedulerConfig)] + list(_ENGINE_EXTRA)
     _reject_unknown("engine", data, known)
     kwargs = {k: v for k, v in data.items() if k not in _ENGINE_EXTRA}
