@@ -19,7 +19,7 @@ import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -139,7 +139,7 @@ class LLMEngine:
     def __init__(
         self,
         model_runner: ModelRunner,
-        tokenizer=None,
+        tokenizer: Any = None,
         scheduler_config: SchedulerConfig | None = None,
         *,
         eos_token_id: EosIds = None,
@@ -271,15 +271,17 @@ class LLMEngine:
         Needs an idle engine (outputs of others would be lost)."""
         if self.has_unfinished():
             raise RuntimeError("generate() needs an idle engine; drive it with step() while requests are in flight")
-        if isinstance(prompts, str) or (len(prompts) > 0 and isinstance(prompts[0], (int, np.integer))):
-            prompts = [prompts]
-        if params is None or isinstance(params, (SamplingParams, dict)):
-            params = [params] * len(prompts)
-        if len(params) != len(prompts):
-            raise InvalidRequestError(f"generate() got {len(prompts)} prompts but {len(params)} SamplingParams")
+        single = isinstance(prompts, str) or (len(prompts) > 0 and isinstance(prompts[0], (int, np.integer)))
+        # one prompt (text, or token ids) is a batch of one
+        batch = [cast(str | PromptIds, prompts)] if single else cast(Sequence[str | PromptIds], prompts)
+        per_prompt: Sequence[SamplingParams | dict | None] = (
+            [params] * len(batch) if params is None or isinstance(params, (SamplingParams, dict)) else params
+        )
+        if len(per_prompt) != len(batch):
+            raise InvalidRequestError(f"generate() got {len(batch)} prompts but {len(per_prompt)} SamplingParams")
         ids = []
         try:
-            for prompt, p in zip(prompts, params):
+            for prompt, p in zip(batch, per_prompt):
                 if isinstance(prompt, str):
                     ids.append(self.add_request(prompt, p))
                 else:
@@ -395,7 +397,7 @@ class LLMEngine:
         elif request.status is RequestStatus.FINISHED_LENGTH:
             request.set_status(RequestStatus.FINISHED_STOP)
 
-    def _check_params(self, params) -> SamplingParams:
+    def _check_params(self, params: object) -> SamplingParams:
         if params is None:
             params = SamplingParams()
         elif isinstance(params, dict):
@@ -498,6 +500,7 @@ class LLMEngine:
             return [int(t) for t in token_ids]
         if isinstance(prompt_token_ids, (str, bytes)) or not hasattr(prompt_token_ids, "__len__"):
             raise InvalidRequestError(f"prompt_token_ids must be a list of ints, got {type(prompt_token_ids).__name__}")
+        assert prompt_token_ids is not None  # neither a prompt nor ids was refused above
         if len(prompt_token_ids) == 0:
             raise InvalidRequestError("prompt_token_ids is empty; send at least one token")
         if len(prompt_token_ids) >= self.config.max_model_len:  # refused before its ids are looked at one by one

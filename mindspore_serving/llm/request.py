@@ -16,10 +16,15 @@ never kept as a separate flag.
 
 import enum
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mindspore_serving.llm.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # the engine gives a request these; the request never makes them
+    from mindspore_serving.llm.prompt_scores import PromptScores
+    from mindspore_serving.llm.structured_output import GrammarState
 
 EosIds = int | Iterable[int] | None
 """One end-of-sequence id, several, or None (none)."""
@@ -144,9 +149,9 @@ class Request:
         self.bad_words_ids: tuple[tuple[int, ...], ...] = ()
         """The token sequences of SamplingParams.bad_words (the engine tokenizes them): the sampler bans the last
         token of each one after the others."""
-        self.grammar = None
+        self.grammar: GrammarState | None = None
         """The structured output's GrammarState (llm/structured_output.py), fed each output token; None: none."""
-        self.prompt_scores = None
+        self.prompt_scores: PromptScores | None = None
         """The PromptScores (llm/prompt_scores.py) of SamplingParams.prompt_logprobs, given by the engine; None:
         none. While not complete, the request computes its whole prompt and asks for every token's logits."""
 

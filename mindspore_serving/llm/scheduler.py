@@ -378,12 +378,13 @@ class Scheduler:
             start = request.num_computed_tokens
             end = start + num_tokens
             draft = drafts.get(request_id, ())
+            scores = request.prompt_scores if _scoring(request) else None
             step = SeqStep(
                 token_ids=request.all_token_ids[start:end] + list(draft),
                 start_pos=start,
                 block_table=list(request.block_table),
                 seq_id=request.seq_id,
-                all_logits=bool(draft) or (_scoring(request) and request.prompt_scores.wants_logits(start, num_tokens)),
+                all_logits=bool(draft) or (scores is not None and scores.wants_logits(start, num_tokens)),
             )
             is_decode = num_tokens == 1 and request.num_output_tokens > 0 and end == request.num_tokens
             # max_new_tokens 0 (a scored prompt): the step that completes the prompt samples nothing
