@@ -57,7 +57,7 @@ from mindspore_serving.llm.prompt_scores import record_prompt_scores
 from mindspore_serving.llm.request import FinishReason, RequestStatus
 from mindspore_serving.llm.sampler import Sampler
 from mindspore_serving.llm.scheduler import Scheduler, SchedulerOutput
-from mindspore_serving.llm.structured_output import BitmaskComputer, StepMasks
+from mindspore_serving.llm.structured_output import BitmaskComputer, GrammarState, StepMasks
 
 ARRIVAL_WINDOW_S = 1.0
 """Async scheduling: how recent the last arrival must be for a batch with room to run single steps."""
@@ -388,10 +388,14 @@ class StepExecutor:
         """Starts computing the grammar bitmasks of the plan's rows (None: no row has a grammar); called right
         before the runner gets the plan, so that they are computed while the model computes the step."""
         live = self.scheduler.requests
-        rows, drafts = [], {}
+        rows: list[GrammarState | None] = []
+        drafts: dict[int, tuple[GrammarState, Sequence[int]]] = {}
         for i, row in enumerate(plan.scheduled):
             request = live.get(row.request_id)
-            grammar = request.grammar if request is not None and row.samples else None
+            if request is None or not row.samples:
+                rows.append(None)
+                continue
+            grammar = request.grammar
             if grammar is not None:
                 grammar.advance(request.output_token_ids)  # tokens it got outside this executor (a fork's first)
                 if row.draft:  # masked at each position it verifies, not as one row
