@@ -54,7 +54,7 @@ from mindspore_serving.llm.model_io import (
     submits_mixed_steps,
 )
 from mindspore_serving.llm.prompt_scores import record_prompt_scores
-from mindspore_serving.llm.request import FinishReason, RequestStatus
+from mindspore_serving.llm.request import FinishReason, Request, RequestStatus
 from mindspore_serving.llm.sampler import Sampler
 from mindspore_serving.llm.scheduler import Scheduler, SchedulerOutput
 from mindspore_serving.llm.structured_output import BitmaskComputer, GrammarState, StepMasks
@@ -108,7 +108,7 @@ StepRecorder = Callable[[SchedulerOutput, list[EngineCoreOutput], float, float, 
 None)."""
 
 
-def _call_now(function, *args) -> Future:
+def _call_now(function: Callable[..., Any], *args: Any) -> Future:
     """A future done with function(*args) or with its exception."""
     future: Future = Future()
     try:
@@ -182,19 +182,23 @@ class StepExecutor:
         """Waits for a submitted step and records its tokens (sampling them first when the runner returned
         logits)."""
         plan, num_steps, greedy = submitted.plan, submitted.num_steps, submitted.greedy
-        verify_counts = None
+        verify_counts: VerifyCounts | None = None
         # the engine's own time: with overlap, only what it waited for the model
         t1 = self._timer() if submitted.overlapped else submitted.submitted
         try:
             result = submitted.future.result()
-            masks = None if submitted.masks is None else submitted.masks.result()
-            draft_masks = {}
-            if isinstance(masks, StepMasks):
-                masks, draft_masks = masks.rows, masks.drafts
+            step_masks = None if submitted.masks is None else submitted.masks.result()
+            masks: np.ndarray | None
+            draft_masks: dict[int, np.ndarray] = {}
+            if isinstance(step_masks, StepMasks):
+                masks, draft_masks = step_masks.rows, step_masks.drafts
+            else:
+                masks = step_masks
+            counts = VerifyCounts()  # what the verifying rows (if any) did
             if any(row.draft for row in plan.scheduled):
-                verify_counts = VerifyCounts()
+                verify_counts = counts
             if submitted.logits_rows is not None:
-                sampled = self._sample_mixed(plan, result, submitted.logits_rows, masks, draft_masks, verify_counts)
+                sampled = self._sample_mixed(plan, result, submitted.logits_rows, masks, draft_masks, counts)
             elif greedy:
                 tokens, logprobs = self._check_steps(plan, num_steps, result)
             else:
@@ -203,7 +207,7 @@ class StepExecutor:
                 logits = record_prompt_scores(plan.scheduled, StepLogits(logits, every), self.scheduler.requests)
                 sampled = self._sample(plan, logits, masks, verified=drafts)
                 if drafts:
-                    sampled.update(self._verify(plan, drafts, verify_counts, draft_masks))
+                    sampled.update(self._verify(plan, drafts, counts, draft_masks))
         except Exception as err:  # pylint: disable=broad-except
             if submitted.masks is not None:
                 wait([submitted.masks])  # its grammar states are not to be fed while it reads them
@@ -250,7 +254,7 @@ class StepExecutor:
     def _sample(
         self,
         plan: SchedulerOutput,
-        logits,
+        logits: np.ndarray,
         bitmasks: np.ndarray | None = None,
         logits_rows: list[int] | None = None,
         verified: Collection[int] = (),
@@ -440,14 +444,14 @@ class StepExecutor:
             grammar = request.grammar
             if not grammar.advance(request.output_token_ids):
                 self._end(request, RequestStatus.FINISHED_GRAMMAR, f"structured output: {grammar.error}")
-            elif grammar.is_stopped and not _eos_can_end(request):
+            elif grammar.is_stopped and not _eos_can_end(request, grammar):
                 self._end(request, RequestStatus.FINISHED_STOP)
             else:
                 continue
             out.finished, out.finish_reason = True, request.finish_reason
         return outputs
 
-    def _end(self, request, status: RequestStatus, why: str | None = None) -> EngineCoreOutput:
+    def _end(self, request: Request, status: RequestStatus, why: str | None = None) -> EngineCoreOutput:
         """Finishes a running request after its step (reason `status`); `why` is kept as request.error and logged.
         The output tells the front end that it finished (not that it failed: its tokens stand)."""
         if why is not None:
@@ -457,7 +461,7 @@ class StepExecutor:
         return EngineCoreOutput(request.request_id, finished=True, finish_reason=status.finish_reason)
 
     @staticmethod
-    def _check_steps(plan: SchedulerOutput, num_steps: int, result) -> tuple[np.ndarray, np.ndarray]:
+    def _check_steps(plan: SchedulerOutput, num_steps: int, result: Any) -> tuple[np.ndarray, np.ndarray]:
         tokens, logprobs = (np.asarray(a) for a in result)
         if tokens.shape != (len(plan.scheduled), num_steps) or logprobs.shape != tokens.shape:
             raise RuntimeError(
@@ -639,18 +643,18 @@ class AsyncStepExecutor(StepExecutor):
         return 1 if arriving else self.num_scheduler_steps
 
 
-def _plain(request) -> bool:
+def _plain(request: Request) -> bool:
     """Whether the runner may choose the request's next token itself (greedy, nothing for the engine to do)."""
     return request.sampling_params.plain_greedy and not request.num_pending_choices  # a fork samples its choices
 
 
-def _eos_can_end(request) -> bool:
-    """Whether the end-of-sequence token a completed grammar allows would end the request now."""
+def _eos_can_end(request: Request, grammar: GrammarState) -> bool:
+    """Whether the end-of-sequence token the completed `grammar` (the request's) allows would end the request now."""
     params = request.sampling_params
     return (
         not params.ignore_eos
         and request.num_output_tokens >= params.min_tokens
-        and bool(request.grammar.eos_token_ids & request.eos_token_ids)
+        and bool(grammar.eos_token_ids & request.eos_token_ids)
     )
 
 
@@ -661,7 +665,7 @@ def _step_failure(err: Exception) -> tuple[str, Kind]:
     return f"model step failed: {type(err).__name__}: {err}", Kind.GENERATION
 
 
-def _agreeing_prefix(draft: Sequence[int], tokens: Sequence[int]) -> int:
+def _agreeing_prefix(draft: Sequence[int], tokens: Sequence[int] | np.ndarray) -> int:
     """How many of the first proposed tokens equal `tokens` (the tokens chosen at the same positions)."""
     accepted = 0
     while accepted < min(len(draft), len(tokens)) and int(tokens[accepted]) == draft[accepted]:
@@ -671,8 +675,8 @@ def _agreeing_prefix(draft: Sequence[int], tokens: Sequence[int]) -> int:
 
 def _kept(
     draft: Sequence[int],
-    tokens: Sequence[int],
-    logprobs: Sequence[float],
+    tokens: Sequence[int] | np.ndarray,
+    logprobs: Sequence[float] | np.ndarray,
     top_logprobs: Sequence[list[tuple[int, float]]],
     counts: VerifyCounts,
 ) -> _Sampled:
