@@ -15,6 +15,8 @@ import binascii
 import itertools
 import json
 import math
+from collections.abc import Iterable
+from typing import Any, NoReturn
 
 import numpy as np
 import orjson
@@ -24,8 +26,11 @@ from mindspore_serving.common.tensor_codec import ShapedBytes, ShapedStr
 
 PARSE_PREFIX = "Parser request failed, "
 
+_Kind = np.dtype | type
+"""The data type of a value: a NumPy dtype, or str / bytes."""
+
 # b64 object "type" values; the error text names a type by its alphabetically first alias
-B64_TYPES = {
+B64_TYPES: dict[str, _Kind] = {
     "int8": np.dtype(np.int8),
     "int16": np.dtype(np.int16),
     "int32": np.dtype(np.int32),
@@ -44,7 +49,7 @@ B64_TYPES = {
     "str": str,
     "bytes": bytes,
 }
-_TYPE_NAMES = {}
+_TYPE_NAMES: dict[_Kind, str] = {}
 for _alias in sorted(B64_TYPES):
     _TYPE_NAMES.setdefault(B64_TYPES[_alias], _alias)
 
@@ -59,28 +64,28 @@ class _ParseError(Exception):
 class _Object(dict):
     """A JSON object from the duplicate-aware parser; `counts` holds how often each key appeared."""
 
-    counts: dict
+    counts: dict[str, int]
 
 
-def _pairs_hook(pairs):
+def _pairs_hook(pairs: list[tuple[str, Any]]) -> _Object:
     obj = _Object(pairs)
-    counts = {}
+    counts: dict[str, int] = {}
     for key, _ in pairs:
         counts[key] = counts.get(key, 0) + 1
     obj.counts = counts
     return obj
 
 
-def _reject_constant(name):
+def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"invalid literal {name}")
 
 
-def _parse_int(text: str):
+def _parse_int(text: str) -> int | float:
     value = int(text)
     return value if -(2**63) <= value < 2**64 else float(value)  # as orjson (and the reference) read them
 
 
-def load_json(body: bytes, max_bytes: int):
+def load_json(body: bytes, max_bytes: int) -> Any:
     """The JSON document of a request body: "http message invalid" when empty, "http message is bigger than
     <max_bytes>", "Illegal JSON format.<detail>". Keys that appear twice keep the last value, but a
     document where "instances" appears twice remembers it (checked by parse_instances)."""
@@ -103,7 +108,7 @@ def load_json(body: bytes, max_bytes: int):
         raise errors.InvalidInputs(f"Illegal JSON format.{err}") from None
 
 
-def parse_instances(document) -> list[dict]:
+def parse_instances(document: Any) -> list[dict]:
     """The instances of a parsed request document, following MindSpore Serving's JSON rules."""
     try:
         return _parse_instances(document)
@@ -115,7 +120,7 @@ def parse_body(body: bytes, max_bytes: int) -> list[dict]:
     return parse_instances(load_json(body, max_bytes))
 
 
-def _parse_instances(document) -> list[dict]:
+def _parse_instances(document: Any) -> list[dict]:
     count = 0
     if isinstance(document, dict):
         count = document.counts.get("instances", 0) if isinstance(document, _Object) else int("instances" in document)
@@ -151,7 +156,7 @@ def _parse_instance(instance: dict) -> dict:
     return values
 
 
-def _parse_item(value):
+def _parse_item(value: Any) -> Any:
     if isinstance(value, dict):
         return _parse_object(value)
     if isinstance(value, list):
@@ -164,7 +169,7 @@ def _wrap_int32(value: int) -> int:
     return value - (1 << 32) if value >= 1 << 31 else value
 
 
-def _parse_scalar(value):
+def _parse_scalar(value: object) -> np.ndarray | str:
     if isinstance(value, bool):
         return np.array(value, np.bool_)
     if isinstance(value, int):
@@ -179,15 +184,15 @@ def _parse_scalar(value):
     raise _ParseError("json value type is unregistered")
 
 
-def _dump(value) -> str:
+def _dump(value: object) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def _is_unsigned(value) -> bool:
+def _is_unsigned(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _check_object(obj: dict):
+def _check_object(obj: dict) -> None:
     if not obj:
         raise _ParseError("json object, value is empty")
     if len(obj) > 3:
@@ -223,7 +228,7 @@ def _check_object(obj: dict):
         raise _ParseError("json object, 'b64' should be specified only one time")
 
 
-def _object_type(obj):
+def _object_type(obj: object) -> _Kind | None:
     """The type a b64 object declares (bytes by default), or None when it is not a known type."""
     if not isinstance(obj, dict):
         return None
@@ -231,7 +236,7 @@ def _object_type(obj):
     return B64_TYPES.get(name) if isinstance(name, str) else None
 
 
-def _b64decode(value) -> bytes:
+def _b64decode(value: object) -> bytes:
     if not isinstance(value, str):
         raise _ParseError("get scalar data failed, type is string, but json is not string type")
     if len(value) % 4 != 0:
@@ -242,14 +247,14 @@ def _b64decode(value) -> bytes:
         raise _ParseError(f"'{value}' is illegal b64 encode string") from None
 
 
-def _string_value(kind, raw: bytes, shape: list[int]):
+def _string_value(kind: _Kind, raw: bytes, shape: list[int]) -> str | bytes | ShapedStr | ShapedBytes:
     if kind is str:
         text = raw.decode("utf-8", "surrogateescape")
         return text if shape in ([], [1]) else ShapedStr(text, shape)
     return raw if shape in ([], [1]) else ShapedBytes(raw, shape)
 
 
-def _parse_object(obj: dict):
+def _parse_object(obj: dict) -> np.ndarray | str | bytes | ShapedStr | ShapedBytes:
     _check_object(obj)
     kind = _object_type(obj)
     shape = [int(dim) for dim in obj.get("shape", [])]
@@ -259,7 +264,8 @@ def _parse_object(obj: dict):
             "json object, only support scalar when data type is string or bytes, please check 'type' or 'shape'"
         )
     raw = _b64decode(obj["b64"])
-    if kind in (str, bytes):
+    if not isinstance(kind, np.dtype):  # str or bytes: _check_object refused the unknown types
+        assert kind is not None
         return _string_value(kind, raw, shape)
     if len(raw) != kind.itemsize * count:
         raise _ParseError(
@@ -273,7 +279,7 @@ _LEAF_ERROR = "json array, data should be number, bool, string or bytes"
 _NOT_EQUAL = "json array, elements type is not equal"
 
 
-def _leaf_kind(leaf):
+def _leaf_kind(leaf: object) -> _Kind | None:
     """The data type the first leaf of an array gives the whole array, None when unknown."""
     if isinstance(leaf, bool):
         return np.dtype(np.bool_)
@@ -288,20 +294,20 @@ def _leaf_kind(leaf):
     return None
 
 
-def _leaf_matches(leaf, kind) -> bool:
+def _leaf_matches(leaf: object, kind: _Kind) -> bool:
     if isinstance(leaf, bool):
-        return kind == np.dtype(np.bool_)
+        return bool(kind == np.dtype(np.bool_))
     if isinstance(leaf, int):
-        return kind == np.dtype(np.int32)
+        return bool(kind == np.dtype(np.int32))
     if isinstance(leaf, float):
-        return kind == np.dtype(np.float32)
+        return bool(kind == np.dtype(np.float32))
     return kind is str  # a str leaf
 
 
-_PY_TYPE = {np.dtype(np.bool_): bool, np.dtype(np.int32): int, np.dtype(np.float32): float}
+_PY_TYPE: dict[_Kind, type] = {np.dtype(np.bool_): bool, np.dtype(np.int32): int, np.dtype(np.float32): float}
 
 
-def _check_leaves(row: list, kind):
+def _check_leaves(row: list, kind: _Kind) -> None:
     # Fast path: one C-level pass over the row's element types.
     if set(map(type, row)) == {_PY_TYPE.get(kind, str)}:
         return
@@ -315,7 +321,7 @@ def _check_leaves(row: list, kind):
 _FAST_KINDS = {float: np.dtype(np.float32), bool: np.dtype(np.bool_)}
 
 
-def _plain_array(value: list):
+def _plain_array(value: list) -> np.ndarray | None:
     """The array of a list, or a list of equally long lists, whose leaves are all floats (or all bools): most
     requests, read at C speed. None for anything else, which the general path parses and words the errors of."""
     head = value[0]
@@ -327,7 +333,7 @@ def _plain_array(value: list):
             if type(row) is not list or len(row) != width:  # pylint: disable=unidiomatic-typecheck
                 return None
         kind = type(head[0])
-        leaves = itertools.chain.from_iterable(value)
+        leaves: Iterable[object] = itertools.chain.from_iterable(value)
     else:
         kind = type(head)
         leaves = value
@@ -338,7 +344,7 @@ def _plain_array(value: list):
         return np.array(value, dtype)
 
 
-def _parse_array(value: list):
+def _parse_array(value: list) -> np.ndarray | str | bytes | ShapedStr | ShapedBytes:
     if value:
         array = _plain_array(value)
         if array is not None:
@@ -362,7 +368,7 @@ def _parse_array(value: list):
 
     leaves: list = []
 
-    def walk(node, depth):
+    def walk(node: object, depth: int) -> None:
         if not isinstance(node, list):
             raise _ParseError("invalid json array: json type is not array")
         if len(node) != shape[depth]:
