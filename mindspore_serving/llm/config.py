@@ -7,10 +7,13 @@ one sequence, a budget too small for a prompt without chunking) are rejected up 
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from mindspore_serving.common.check_type import IntFault, int_fault
 from mindspore_serving.llm.fields import check_known_fields
+
+if TYPE_CHECKING:  # the runner's cache geometry is read, its module not needed
+    from mindspore_serving.llm.model_io import ModelRunner
 
 NGRAM = "ngram"
 SPECULATIVE_METHODS = (NGRAM,)
@@ -19,7 +22,7 @@ STATIC = "static"
 BATCHING_STRATEGIES = (CONTINUOUS, STATIC)
 
 
-def _check_int(name: str, value, minimum: int, fix: str = "", what: str = "SchedulerConfig") -> None:
+def _check_int(name: str, value: object, minimum: int, fix: str = "", what: str = "SchedulerConfig") -> None:
     fault = int_fault(value, minimum)
     if fault is IntFault.NOT_INT:
         raise ValueError(f"{what}.{name} must be an int, got {value!r} ({type(value).__name__})")
@@ -27,7 +30,7 @@ def _check_int(name: str, value, minimum: int, fix: str = "", what: str = "Sched
         raise ValueError(f"{what}.{name} must be >= {minimum}, got {value}" + (f"; {fix}" if fix else ""))
 
 
-def _check_bool(name: str, value) -> None:
+def _check_bool(name: str, value: object) -> None:
     if not isinstance(value, bool):
         raise ValueError(f"SchedulerConfig.{name} must be True or False, got {value!r}")
 
@@ -61,7 +64,7 @@ class SpeculativeConfig:
     """A step with at least this many running requests does not speculate (every row decodes one token as without
     speculation): a busy batch fills the model call already. None: always speculate."""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
             raise ValueError(f"SpeculativeConfig.method must be one of {SPECULATIVE_METHODS}, got {self.method!r}")
         _check_int("num_speculative_tokens", self.num_speculative_tokens, 1, what="SpeculativeConfig")
@@ -164,7 +167,7 @@ class SchedulerConfig:
     which some row verifies proposed tokens is one step of its own (not a multi-step round, not planned ahead);
     steps without proposals run as without it."""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "speculative", SpeculativeConfig.of(self.speculative))
         _check_int("max_num_seqs", self.max_num_seqs, 1)
         _check_int("num_scheduler_steps", self.num_scheduler_steps, 1)
@@ -229,14 +232,16 @@ class SchedulerConfig:
         return self.num_blocks - 1
 
     @classmethod
-    def for_runner(cls, runner, **overrides) -> "SchedulerConfig":
+    def for_runner(cls, runner: "ModelRunner", **overrides: Any) -> "SchedulerConfig":
         """A config matching a ModelRunner's cache geometry (block_size, num_blocks, max_seq_len)."""
         check_known_fields(cls, overrides, "SchedulerConfig fields")
-        values = dict(block_size=runner.block_size, num_blocks=runner.num_blocks, max_model_len=runner.max_seq_len)
+        values: dict[str, Any] = dict(
+            block_size=runner.block_size, num_blocks=runner.num_blocks, max_model_len=runner.max_seq_len
+        )
         values.update(overrides)
         return cls(**values)
 
-    def check_runner(self, runner) -> None:
+    def check_runner(self, runner: "ModelRunner") -> None:
         """Raises ValueError when this config does not fit the runner's KV cache or sequence length."""
         if runner.block_size != self.block_size:
             raise ValueError(

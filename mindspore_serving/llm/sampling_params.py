@@ -29,11 +29,11 @@ STRUCTURED_OUTPUT_TYPES = ("json", "json_object", "regex", "choice", "grammar")
 MAX_STRUCTURED_OUTPUT_CHARS = 256 * 1024
 
 
-def _is_int(value) -> bool:
+def _is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _is_number(value) -> bool:
+def _is_number(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
@@ -52,7 +52,7 @@ class StructuredOutput:
     type: str
     value: str = ""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.type not in STRUCTURED_OUTPUT_TYPES:
             raise InvalidRequestError(
                 f"structured output type must be one of {list(STRUCTURED_OUTPUT_TYPES)}, got {self.type!r}"
@@ -344,7 +344,7 @@ def _as_stop_strings(stop: str | Sequence[str] | None) -> tuple[str, ...]:
     return tuple(stop)
 
 
-def _as_token_ids(ids, name: str = "stop_token_ids") -> tuple[int, ...]:
+def _as_token_ids(ids: Any, name: str = "stop_token_ids") -> tuple[int, ...]:
     if ids is None:
         return ()
     if not isinstance(ids, (list, tuple)):
@@ -355,7 +355,7 @@ def _as_token_ids(ids, name: str = "stop_token_ids") -> tuple[int, ...]:
     return tuple(int(i) for i in ids)
 
 
-def _as_strings(values, name: str) -> tuple[str, ...]:
+def _as_strings(values: Any, name: str) -> tuple[str, ...]:
     if values is None:
         return ()
     if isinstance(values, str):
@@ -365,7 +365,7 @@ def _as_strings(values, name: str) -> tuple[str, ...]:
     return tuple(values)
 
 
-def _as_logit_bias(bias) -> tuple[tuple[int, float], ...]:
+def _as_logit_bias(bias: Any) -> tuple[tuple[int, float], ...]:
     """{token id (int or its decimal text): bias} or (id, bias) pairs -> sorted (int, float) pairs."""
     if bias is None:
         return ()
