@@ -21,12 +21,16 @@ since they may turn out to begin a stop string; `flush()` releases them when the
 """
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 # Prompt tokens decoded with the first output tokens, so the first word piece renders as mid-text.
 INITIAL_CONTEXT_TOKENS = 5
 _REPLACEMENT_CHAR = "\ufffd"
+
+Decode = Callable[[Sequence[int]], str]
+"""A tokenizer's decode: token ids -> text."""
 
 
 @dataclass(slots=True)
@@ -37,17 +41,18 @@ class DetokenizerUpdate:
     """The stop string found by this update (the request must finish with reason "stop")."""
 
 
-def make_decode(tokenizer, skip_special_tokens: bool):
+def make_decode(tokenizer: Any, skip_special_tokens: bool) -> Decode:
     """A `decode(ids) -> str` over a `tokenizers.Tokenizer`, a Hugging Face tokenizer, or any object
     with `decode(ids)`; skip_special_tokens is passed when the tokenizer takes it."""
     try:
         tokenizer.decode([], skip_special_tokens=skip_special_tokens)
     except TypeError:
-        return tokenizer.decode
+        decode: Decode = tokenizer.decode
+        return decode
     return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
-def native_tokenizer(tokenizer):
+def native_tokenizer(tokenizer: object) -> Any:
     """The `tokenizers.Tokenizer` that decodes for `tokenizer`: itself, or the one a wrapper keeps as `.tokenizer`
     (whose decode must be that tokenizer's); None for any other tokenizer.
 
@@ -67,12 +72,12 @@ class IncrementalDetokenizer:
 
     def __init__(
         self,
-        tokenizer,
+        tokenizer: Any,
         prompt_token_ids: Sequence[int] = (),
         stop: Sequence[str] = (),
         include_stop_str_in_output: bool = False,
         skip_special_tokens: bool = True,
-        decode=None,
+        decode: Decode | None = None,
     ) -> None:
         self._decode = decode or make_decode(tokenizer, skip_special_tokens)
         context = list(prompt_token_ids[-INITIAL_CONTEXT_TOKENS:])
@@ -130,6 +135,7 @@ class IncrementalDetokenizer:
         if self._stream is None:
             return self._decode_window()
         try:
+            text: str | None
             if len(new_token_ids) == 1:
                 text = self._stream.step(self._native, new_token_ids[0])
             else:
