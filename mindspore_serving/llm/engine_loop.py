@@ -24,7 +24,7 @@ A request submitted with a `sink` does not queue its outputs on its own stream: 
 
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -41,7 +41,7 @@ class OutputSink(Protocol):
     """Receives the outputs of the requests submitted with it, on the loop thread (or on the thread of a `close()`
     that gave up on it), under the loop's lock: neither method may block."""
 
-    def put(self, stream: "RequestStream", item) -> None:
+    def put(self, stream: "RequestStream", item: RequestOutput | BaseException) -> None:
         """`item`: a RequestOutput, or the exception that ends the request."""
 
     def flush(self) -> None:
@@ -78,14 +78,14 @@ class RequestStream:
         self.error: BaseException | None = None
         self._num_finished = 0  # choices whose finished output the loop has delivered (the loop's side)
 
-    def _put(self, item):
+    def _put(self, item: RequestOutput | BaseException) -> None:
         if self.sink is None:
             self._outputs.put(item)
         else:
             self.sink.put(self, item)
             self.loop._dirty.add(self.sink)
 
-    def get(self, timeout: float | None = None):
+    def get(self, timeout: float | None = None) -> RequestOutput | None:
         """The next RequestOutput; raises the request's error; None after the last output."""
         item = self._outputs.get(timeout=timeout)
         if item is _END:
@@ -94,12 +94,13 @@ class RequestStream:
         if isinstance(item, BaseException):
             self._outputs.put(_END)
             raise item
-        if item.finished:
-            self.finals.append(item)
-            if len(self.finals) >= item.num_choices:
-                self.final = item
+        output: RequestOutput = item
+        if output.finished:
+            self.finals.append(output)
+            if len(self.finals) >= output.num_choices:
+                self.final = output
                 self._outputs.put(_END)
-        return item
+        return output
 
     def __iter__(self) -> Iterator[RequestOutput]:
         while True:
@@ -113,9 +114,10 @@ class RequestStream:
         finish: `finals` has them all)."""
         for _ in self:
             pass
+        assert self.final is not None  # the stream ends after the last choice's final output, or raises
         return self.final
 
-    def abort(self):
+    def abort(self) -> None:
         self.loop.abort(self.request_id)
 
 
@@ -154,7 +156,12 @@ class EngineLoop:
 
     # ---- called from any thread ----
     def submit(
-        self, prompt, params=None, request_id: str | None = None, sink: OutputSink | None = None, tag: Any = None
+        self,
+        prompt: str | Sequence[int] | EncodedPrompt,
+        params: Any = None,
+        request_id: str | None = None,
+        sink: OutputSink | None = None,
+        tag: Any = None,
     ) -> RequestStream:
         """Queues a request (a prompt str, a list of token ids or an EncodedPrompt); raises errors.Overloaded
         when too many wait.
@@ -184,10 +191,10 @@ class EngineLoop:
         """Requests the engine holds at once: the running ones plus `max_waiting` waiting."""
         return self.engine.config.max_num_seqs + self.max_waiting
 
-    def abort(self, request_id: str):
+    def abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))
 
-    def close(self, reason: str = "the LLM engine is stopping"):
+    def close(self, reason: str = "the LLM engine is stopping") -> None:
         """Stops the loop; every request not finished yet fails with `reason`, an unavailable error (its worker
         is stopping or restarting: a client may retry). Returns within about `close_timeout` seconds: a loop
         thread still busy then (a model step that hangs) is left behind, its requests failed all the same."""
@@ -203,7 +210,7 @@ class EngineLoop:
             self._end_all(errors.WorkerUnavailable(reason))
 
     # ---- the loop thread ----
-    def _run(self):
+    def _run(self) -> None:
         try:
             while not self._closed.is_set():
                 block = not self.engine.has_unfinished()
@@ -249,7 +256,7 @@ class EngineLoop:
                     self.engine.abort(command.request_id)
                     # the engine reports the aborted request in its next step's outputs
 
-    def _add(self, command: _Add):
+    def _add(self, command: _Add) -> None:
         try:
             if isinstance(command.prompt, str):
                 self.engine.add_request(
@@ -285,7 +292,7 @@ class EngineLoop:
         if self.request_timeout > 0:
             self._deadlines[command.request_id] = command.arrival_time + self.request_timeout
 
-    def _expire(self):
+    def _expire(self) -> None:
         if not self._deadlines:
             return
         now = self.engine.clock()
@@ -295,7 +302,7 @@ class EngineLoop:
                 log.warning(f"request {request_id} exceeded the request timeout of {self.request_timeout} s")
                 self.engine.abort(request_id)
 
-    def _deliver(self, output: RequestOutput):
+    def _deliver(self, output: RequestOutput) -> None:
         """Hands one output to its stream (under _lock)."""
         stream = self._streams.get(output.request_id)
         if stream is None:
@@ -308,16 +315,16 @@ class EngineLoop:
             self._deadlines.pop(output.request_id, None)
             self._release()
 
-    def _flush(self):
+    def _flush(self) -> None:
         """Flushes the sinks that got items (under _lock)."""
         while self._dirty:
             self._dirty.pop().flush()
 
-    def _release(self):
+    def _release(self) -> None:
         with self._ids_lock:
             self._admitted -= 1
 
-    def _end_all(self, error: BaseException):
+    def _end_all(self, error: BaseException) -> None:
         """Ends every stream, and every request still queued, with `error`; from either thread (module
         docstring). Later outputs of the loop thread are dropped."""
         with self._lock:
