@@ -12,6 +12,10 @@ validator of the package uses, each raising its own error in its own words: `che
 import enum
 import os
 import sys
+from collections.abc import Iterable
+from typing import TypeVar, cast
+
+_T = TypeVar("_T")
 
 
 class IntFault(enum.Enum):
@@ -22,7 +26,7 @@ class IntFault(enum.Enum):
     ABOVE_MAXIMUM = "above the maximum"
 
 
-def int_fault(value, minimum: int | None = None, maximum: int | None = None) -> IntFault | None:
+def int_fault(value: object, minimum: int | None = None, maximum: int | None = None) -> IntFault | None:
     """None when `value` is an int (not a bool) in [minimum, maximum] (a bound of None: none), else the fault."""
     if isinstance(value, bool) or not isinstance(value, int):
         return IntFault.NOT_INT
@@ -33,13 +37,13 @@ def int_fault(value, minimum: int | None = None, maximum: int | None = None) -> 
     return None
 
 
-def _subject(arg_name: str, value, is_item: bool) -> str:
+def _subject(arg_name: str, value: object, is_item: bool) -> str:
     if is_item:
         return f"The item value '{value}' in parameter '{arg_name}'"
     return f"Parameter '{arg_name}'"
 
 
-def _check_nonempty(arg_name: str, value, kind: type):
+def _check_nonempty(arg_name: str, value: object, kind: type[_T]) -> _T:
     if not isinstance(value, kind):
         raise RuntimeError(f"Parameter '{arg_name}' should be {kind.__name__}, but actually {type(value)}")
     if not value:
@@ -47,17 +51,17 @@ def _check_nonempty(arg_name: str, value, kind: type):
     return value
 
 
-def check_str(arg_name: str, str_val) -> str:
+def check_str(arg_name: str, str_val: object) -> str:
     """A non-empty str."""
     return _check_nonempty(arg_name, str_val, str)
 
 
-def check_bytes(arg_name: str, bytes_val) -> bytes:
+def check_bytes(arg_name: str, bytes_val: object) -> bytes:
     """A non-empty bytes object."""
     return _check_nonempty(arg_name, bytes_val, bytes)
 
 
-def check_bool(arg_name: str, bool_val) -> bool:
+def check_bool(arg_name: str, bool_val: object) -> bool:
     """A real bool (0/1 are rejected)."""
     if not isinstance(bool_val, bool):
         raise RuntimeError(f"Parameter '{arg_name}' should be bool, but actually {type(bool_val)}")
@@ -65,12 +69,12 @@ def check_bool(arg_name: str, bool_val) -> bool:
 
 
 def check_int(
-    arg_name: str, int_val, minimum: int | None = None, maximum: int | None = None, is_tuple_item: bool = False
+    arg_name: str, int_val: object, minimum: int | None = None, maximum: int | None = None, is_tuple_item: bool = False
 ) -> int:
     """An int (bool rejected) inside the optional bounds [minimum, maximum]."""
     fault = int_fault(int_val, minimum, maximum)
     if fault is None:
-        return int_val
+        return cast(int, int_val)  # int_fault found an int within the bounds
     subject = _subject(arg_name, int_val, is_tuple_item)
     if fault is IntFault.NOT_INT:
         raise RuntimeError(f"{subject} should be int, but actually {type(int_val)}")
@@ -81,14 +85,16 @@ def check_int(
     raise RuntimeError(f"{subject} should be <= {maximum}")
 
 
-def check_ip_port(arg_name: str, port) -> int:
+def check_ip_port(arg_name: str, port: object) -> int:
     return check_int(arg_name, port, 1, 65535)
 
 
-def _check_int_items(arg_name: str, ints, minimum, maximum) -> tuple[int, ...]:
-    seen = []
-    for item in ints:
-        check_int(arg_name, item, minimum, maximum, is_tuple_item=True)
+def _check_int_items(
+    arg_name: str, ints: Iterable[object], minimum: int | None, maximum: int | None
+) -> tuple[int, ...]:
+    seen: list[int] = []
+    for value in ints:
+        item = check_int(arg_name, value, minimum, maximum, is_tuple_item=True)
         if item in seen:
             raise RuntimeError(f"The item value '{item}' in parameter '{arg_name}' should not be repeated")
         seen.append(item)
@@ -96,7 +102,7 @@ def _check_int_items(arg_name: str, ints, minimum, maximum) -> tuple[int, ...]:
 
 
 def check_and_as_int_tuple_list(
-    arg_name: str, ints, minimum: int | None = None, maximum: int | None = None
+    arg_name: str, ints: object, minimum: int | None = None, maximum: int | None = None
 ) -> tuple[int, ...]:
     """A single int or a tuple/list of distinct ints; returns a tuple."""
     if isinstance(ints, int) and not isinstance(ints, bool):
@@ -107,7 +113,7 @@ def check_and_as_int_tuple_list(
 
 
 def check_int_tuple_list(
-    arg_name: str, ints, minimum: int | None = None, maximum: int | None = None
+    arg_name: str, ints: object, minimum: int | None = None, maximum: int | None = None
 ) -> tuple[int, ...]:
     """A tuple/list of distinct ints (a single int is rejected); returns a tuple."""
     if not isinstance(ints, (tuple, list)):
@@ -115,13 +121,13 @@ def check_int_tuple_list(
     return _check_int_items(arg_name, ints, minimum, maximum)
 
 
-def check_and_as_str_tuple_list(arg_name: str, strs) -> tuple[str, ...]:
+def check_and_as_str_tuple_list(arg_name: str, strs: object) -> tuple[str, ...]:
     """A single str or a tuple/list of distinct non-empty strs; returns a tuple."""
     if isinstance(strs, str):
         strs = (strs,)
     if not isinstance(strs, (tuple, list)):
         raise RuntimeError(f"Parameter '{arg_name}' should be str or tuple/list of str, but actually {type(strs)}")
-    seen = []
+    seen: list[str] = []
     for item in strs:
         if not isinstance(item, str):
             raise RuntimeError(f"The item of parameter '{arg_name}' should be str, but actually {type(item)}")
@@ -133,12 +139,14 @@ def check_and_as_str_tuple_list(arg_name: str, strs) -> tuple[str, ...]:
     return tuple(seen)
 
 
-def check_str_tuple(arg_name: str, strs) -> tuple[str, ...]:
+def check_str_tuple(arg_name: str, strs: object) -> tuple[str, ...]:
     """Alias of check_and_as_str_tuple_list."""
     return check_and_as_str_tuple_list(arg_name, strs)
 
 
-def check_int_tuple(arg_name: str, ints, minimum: int | None = None, maximum: int | None = None) -> tuple[int, ...]:
+def check_int_tuple(
+    arg_name: str, ints: object, minimum: int | None = None, maximum: int | None = None
+) -> tuple[int, ...]:
     """Alias of check_and_as_int_tuple_list (int or tuple/list of int)."""
     return check_and_as_int_tuple_list(arg_name, ints, minimum, maximum)
 
