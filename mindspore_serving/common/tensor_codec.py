@@ -9,8 +9,10 @@ All functions here are pure: no I/O, no globals besides constant tables.
 
 import math
 from collections.abc import Iterable, Sequence
+from typing import Any, TypeGuard
 
 import numpy as np
+import numpy.typing as npt
 
 from mindspore_serving.common import errors
 from mindspore_serving.proto import ms_service_pb2 as pb
@@ -44,7 +46,7 @@ def _native(dtype: np.dtype) -> np.dtype:
     return dtype.newbyteorder("=") if dtype.byteorder not in ("=", "|") else dtype
 
 
-def dtype_to_proto(dtype) -> int:
+def dtype_to_proto(dtype: npt.DTypeLike) -> int:
     """The DataType of a numeric/bool numpy dtype; TypeError "Unknown data type <dtype>" otherwise."""
     dtype = np.dtype(dtype)
     code = NUMPY_TO_PROTO.get(_native(dtype))
@@ -64,16 +66,19 @@ def proto_to_dtype(code: int) -> np.dtype:
 def proto_type_name(code: int) -> str:
     """`MS_FLOAT32` etc., `MS_UNKNOWN` for values outside the enum."""
     try:
-        return pb.DataType.Name(int(code))
+        name: str = pb.DataType.Name(int(code))
     except ValueError:
         return "MS_UNKNOWN"
+    return name
 
 
 class ShapedStr(str):
     """A str that arrived with a shape other than [] or [1] (e.g. REST `[["a"]]`). It is still a str;
     `dims` keeps the shape so the master's input check rejects it with MindSpore Serving's text."""
 
-    def __new__(cls, value: str, dims: Sequence[int]):
+    dims: tuple[int, ...]
+
+    def __new__(cls, value: str, dims: Sequence[int]) -> "ShapedStr":
         obj = super().__new__(cls, value)
         obj.dims = tuple(int(d) for d in dims)
         return obj
@@ -82,7 +87,9 @@ class ShapedStr(str):
 class ShapedBytes(bytes):
     """The bytes counterpart of ShapedStr."""
 
-    def __new__(cls, value: bytes, dims: Sequence[int]):
+    dims: tuple[int, ...]
+
+    def __new__(cls, value: bytes, dims: Sequence[int]) -> "ShapedBytes":
         obj = super().__new__(cls, value)
         obj.dims = tuple(int(d) for d in dims)
         return obj
@@ -96,7 +103,7 @@ def format_shape(dims: Iterable[int]) -> str:
 # ------------------------------------------------------------------------------------- value <-> tensor
 
 
-def scalar_to_array(value) -> np.ndarray | None:
+def scalar_to_array(value: object) -> np.ndarray | None:
     """A numpy scalar, or a Python bool, int or float (as bool, int64, float64), as a 0-d array; None for any
     other value."""
     if isinstance(value, np.generic):
@@ -110,7 +117,7 @@ def scalar_to_array(value) -> np.ndarray | None:
     return None
 
 
-def _as_array(value) -> np.ndarray:
+def _as_array(value: object) -> np.ndarray:
     if isinstance(value, np.ndarray):
         return value
     array = scalar_to_array(value)
@@ -119,7 +126,7 @@ def _as_array(value) -> np.ndarray:
     return array
 
 
-def value_to_tensor(value, tensor: pb.Tensor | None = None, string_dims: Sequence[int] = ()) -> pb.Tensor:
+def value_to_tensor(value: Any, tensor: pb.Tensor | None = None, string_dims: Sequence[int] = ()) -> pb.Tensor:
     """Writes one instance value into `tensor` (a new Tensor when None) and returns it.
 
     Numbers keep their dtype and shape; str/bytes become one `bytes_val` element with dims `string_dims`
@@ -159,7 +166,7 @@ _DECODE = {
 }
 
 
-def tensor_to_value(tensor: pb.Tensor, copy: bool = True):
+def tensor_to_value(tensor: pb.Tensor, copy: bool = True) -> Any:
     """The instance value of a checked Tensor.
 
     MS_STRING/MS_BYTES with one element give a str/bytes (a list when there are several); numbers give
@@ -177,7 +184,7 @@ def tensor_to_value(tensor: pb.Tensor, copy: bool = True):
             return items[0] if len(items) == 1 else items
         if tensor.WhichOneof("tensor_data") == "shm_data":
             raise ValueError("Tensor with shared memory data is not supported")
-        proto_to_dtype(code)  # raises ValueError for unknown values
+        raise ValueError(f"DataType {proto_type_name(code)} has no numpy dtype")
     dtype, little, itemsize, native = decode
     data = tensor.data
     if not data and tensor.WhichOneof("tensor_data") == "shm_data":
@@ -205,21 +212,22 @@ def proto_to_instance(instance_pb: pb.Instance, copy: bool = True) -> dict:
     return {name: tensor_to_value(tensor, copy) for name, tensor in instance_pb.items.items()}
 
 
-def instances_to_proto(instances: Sequence[dict], repeated_field, string_dims: Sequence[int] = ()):
+def instances_to_proto(instances: Sequence[dict], repeated_field: Any, string_dims: Sequence[int] = ()) -> Any:
     """Appends one `Instance` per dict to a repeated Instance field (e.g. `request.instances`)."""
     for instance in instances:
         instance_to_proto(instance, repeated_field.add(), string_dims)
     return repeated_field
 
 
-def proto_to_instances(repeated_field, copy: bool = True) -> list[dict]:
+def proto_to_instances(repeated_field: Iterable[pb.Instance], copy: bool = True) -> list[dict]:
     return [proto_to_instance(instance_pb, copy) for instance_pb in repeated_field]
 
 
 # ------------------------------------------------------------------------------------------- replies
 
 
-def is_error(result) -> bool:
+def is_error(result: object) -> TypeGuard[errors.ServingError]:
+    """Whether an entry of reply_to_results' list is an error (an instance's values are a dict)."""
     return not isinstance(result, dict)
 
 
@@ -229,7 +237,9 @@ def error_msg(error: errors.ServingError, empty_text: str = "") -> pb.ErrorMsg:
     return pb.ErrorMsg(error_code=error.code, error_msg=text)
 
 
-def reply_to_results(reply: pb.PredictReply, copy: bool = False):
+def reply_to_results(
+    reply: pb.PredictReply, copy: bool = False
+) -> errors.ServingError | list[dict | errors.ServingError]:
     """A reply read back (the front ends build it: frontends/replies.py): a ServingError for a global error,
     else a list with one dict or ServingError per instance. RuntimeError when the error count is not 0, 1 or the
     instance count."""
@@ -240,7 +250,7 @@ def reply_to_results(reply: pb.PredictReply, copy: bool = False):
     instance_count = len(reply.instances)
     if error_count not in (0, instance_count):
         raise RuntimeError(f"error msg result size {error_count} not be 0, 1 or length of instances {instance_count}")
-    results = []
+    results: list[dict | errors.ServingError] = []
     for index, instance_pb in enumerate(reply.instances):
         error_pb = reply.error_msg[index] if error_count else None
         if error_pb is not None and error_pb.error_code != errors.OK:
