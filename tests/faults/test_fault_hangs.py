@@ -17,12 +17,14 @@ import psutil
 import pytest
 import requests
 from llm_setup import write_config, write_servable
+from prometheus_client.parser import text_string_to_metric_families
 from serving_process import ROOT, assert_sigterm_stops_all, start_server, wait_recovered
 
 from mindspore_serving.client import Client
 
 ANSWER_BOUND_S = 5.0  # every request in flight is answered within this after the fault
 RECOVERY_BOUND_S = 90.0  # the service answers again within this (a worker or agent group restarts on 2 busy cores)
+UNDER_WAY_BOUND_S = 60.0  # the concurrent LLM requests are all running in the engine within this
 X = [[1.0, 2.0], [3.0, 4.0]]
 
 
@@ -68,9 +70,10 @@ def _sse(rest):
     return reply.status_code, [json.loads(e) for e in events if e != b"[DONE]"]
 
 
-def _under_fault(calls, victim, sig):
-    """Starts `calls` (name -> function) concurrently, sends `sig` to `victim` once they are under way, and returns
-    name -> (seconds from the fault to the answer, answer or exception)."""
+def _under_fault(calls, victim, sig, under_way=None):
+    """Starts `calls` (name -> function) concurrently, sends `sig` to `victim` once they are under way (`under_way()`
+    is true, or 0.3 s passed where there is no such signal), and returns name -> (seconds from the fault to the
+    answer, answer or exception)."""
     answers, started = {}, threading.Barrier(len(calls) + 1)
 
     def run(name, call):
@@ -85,7 +88,10 @@ def _under_fault(calls, victim, sig):
     for thread in threads:
         thread.start()
     started.wait()
-    time.sleep(0.3)  # ok-sleep: let the calls reach the worker before the fault
+    if under_way is None:
+        time.sleep(0.3)  # ok-sleep: let the calls reach the worker before the fault
+    else:
+        wait_recovered(under_way, UNDER_WAY_BOUND_S)
     fault_at = time.monotonic()
     victim.send_signal(sig)
     for thread in threads:
@@ -96,6 +102,16 @@ def _under_fault(calls, victim, sig):
 def _add_works(rest):
     status, body = _add_rest(rest)
     return status == 200 and "instances" in body
+
+
+def _llm_running(rest, count):
+    """Whether the engine runs `count` requests: read from GET /metrics, which reads the engine's scheduler."""
+    text = requests.get(f"{rest}/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "mindspore_serving:num_requests_running" and sample.labels["model_name"] == "llama_tiny":
+                return sample.value >= count
+    return False
 
 
 def _llm_works(rest):
@@ -136,7 +152,7 @@ def test_an_llm_agent_that_hangs_or_dies_ends_every_stream_fast_and_the_group_co
         timeout=60,
         json={"instances": [{"prompt": "And God said", "max_new_tokens": 200, "ignore_eos": True}]},
     ).json()
-    answers = _under_fault(calls, victim, sig)
+    answers = _under_fault(calls, victim, sig, under_way=lambda: _llm_running(rest, len(calls)))
     assert set(answers) == set(calls)
     for name, (after, result) in answers.items():
         assert after < ANSWER_BOUND_S, (name, after, result)
