@@ -34,7 +34,7 @@ failure "model step failed: ...".
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -48,6 +48,7 @@ from mindspore_serving.llm.model_io import (
     MixedStep,
     ModelRunner,
     MultiStepRunner,
+    SeqStep,
     StepLogits,
     StepSubmitter,
     split_logits,
@@ -518,7 +519,8 @@ class SingleStepExecutor(StepExecutor):
         logits_rows = self._mixed_rows(plan)
         masks = self._start_masks(plan)
         if logits_rows is not None:
-            future = _call_now(lambda: self.runner.submit(plan.seq_steps, 1, (), logits_rows).result())
+            submitter = cast(_MixedStepSubmitter, self.runner)  # _mixed_rows gives rows only to one
+            future = _call_now(lambda: submitter.submit(plan.seq_steps, 1, (), logits_rows).result())
         else:
             future = _call_now(self.runner.run, plan.seq_steps)
         return _Submitted(plan, False, 1, future, t1 - t0, t1, masks=masks, logits_rows=logits_rows)
@@ -527,6 +529,8 @@ class SingleStepExecutor(StepExecutor):
 class MultiStepExecutor(SingleStepExecutor):
     """Like SingleStepExecutor, but a plan the runner can choose greedily runs as a round of up to
     `num_scheduler_steps` steps in one `run_greedy` call (Scheduler.reserve_decode_steps may cut it)."""
+
+    runner: MultiStepRunner
 
     def __init__(
         self,
@@ -554,10 +558,12 @@ class AsyncStepExecutor(StepExecutor):
     """Plans and submits step N+1 before collecting step N, when N's tokens are the runner's to choose; the
     rows of N+1 that continue from N carry placeholders the runner fills (Scheduler.advance_in_flight)."""
 
+    runner: "_SubmittingRunner"
+
     def __init__(
         self,
         scheduler: Scheduler,
-        runner: StepSubmitter,
+        runner: "_SubmittingRunner",
         sampler: Sampler,
         on_step: StepRecorder,
         timer: Callable[[], float],
@@ -607,7 +613,8 @@ class AsyncStepExecutor(StepExecutor):
         t1 = self._timer()
         masks = None if greedy else self._start_masks(plan)
         if logits_rows is not None:  # one step: the runner chooses the plain rows' tokens
-            future = self.runner.submit(plan.seq_steps, 1, prev_rows, logits_rows)
+            submitter = cast(_MixedStepSubmitter, self.runner)  # _mixed_rows gives rows only to one
+            future = submitter.submit(plan.seq_steps, 1, prev_rows, logits_rows)
         else:
             future = self.runner.submit(plan.seq_steps, num_steps if greedy else 0, prev_rows)
         submitted = _Submitted(
@@ -729,6 +736,22 @@ def _prev_rows(plan: SchedulerOutput, in_flight: _Submitted | None) -> list[int]
                 f"in flight computes ({row.seq_step.token_ids[:4]})"
             )
     return prev
+
+
+class _SubmittingRunner(ModelRunner, StepSubmitter, Protocol):
+    """A runner that also computes submitted steps apart from the engine (async scheduling)."""
+
+
+class _MixedStepSubmitter(Protocol):
+    """A StepSubmitter that runs mixed steps (model_io.submits_mixed_steps): `submit` also takes logits_rows."""
+
+    def submit(
+        self,
+        seqs: Sequence[SeqStep],
+        greedy_steps: int = 0,
+        prev_rows: Sequence[int] = (),
+        logits_rows: Sequence[int] = (),
+    ) -> Any: ...
 
 
 def make_step_executor(
