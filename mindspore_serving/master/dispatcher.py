@@ -112,7 +112,7 @@ class _WorkerQueue:
         self.owed = 0  # instances answered whose clients have not sent anything since
         self.owed_since = None  # when the oldest of them was answered
         self.owed_limit = SETTLE_SECONDS  # how long to wait for them: twice their last return, within limits
-        self.tasks = set()  # the calls in flight (a task needs a reference until it is done)
+        self.tasks: set[asyncio.Task] = set()  # the calls in flight (a task needs a reference until it is done)
 
     def put(self, item: _Chunk):
         item.queued_at = self.clock.now()

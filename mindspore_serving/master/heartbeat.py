@@ -50,7 +50,7 @@ class WorkerHeartbeat:
         self.on_change = on_change  # a worker's readiness changed (its not_ready, or given up as hung)
         self._missed: dict[tuple, int] = {}  # (key, pid) -> pings missed in a row
         self._task = None
-        self._pings = set()  # pings in flight (a task needs a reference until it is done)
+        self._pings: set[asyncio.Task] = set()  # pings in flight (a task needs a reference until it is done)
 
     def start(self):
         self._task = asyncio.ensure_future(self._run())

@@ -276,7 +276,7 @@ class Master:
         for name, failure in zip(names, closed):
             if isinstance(failure, BaseException):
                 log.error(f"closing the {name} server failed: {describe(failure)}")
-        cut = collections.Counter()
+        cut: collections.Counter[str] = collections.Counter()
         for name, result in zip(names, results):
             if isinstance(result, BaseException):
                 log.error(f"stopping the {name} server failed: {describe(result)}")

@@ -105,7 +105,7 @@ def check_rank_config(ranks: list[RankConfig], rank_size: int, stage_size: int, 
             f"declared in servable config"
         )
     if stage_size == 1:
-        used = {}
+        used: dict[str, set[int]] = {}
         for rank_id, rank in enumerate(ranks):
             devices = used.setdefault(rank.ip, set())
             if rank.device_id in devices:
