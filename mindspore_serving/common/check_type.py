@@ -1,4 +1,4 @@
-"""Parameter validators shared by the server API.
+"""Parameter validators shared by the server API, the engine's validated dataclasses and the model configs.
 
 Every failure raises RuntimeError with MindSpore Serving's exact text, e.g.
 "Parameter 'device_ids' should be int or tuple/list of int, but actually <class 'str'>".
@@ -6,13 +6,15 @@ Items of tuple/list parameters are reported as "The item value '<v>' in paramete
 
 `int_fault` is the one test of an int parameter (a real int, bool rejected, within optional bounds) that every
 validator of the package uses, each raising its own error in its own words: `check_int` here, SchedulerConfig
-(llm/config.py) and the model configs (models/llama/config.py).
+(llm/config.py) and the model configs (models/llama/config.py). `check_known_fields` is the one test of keyword
+arguments given to a validated dataclass (SchedulerConfig, SamplingParams).
 """
 
 import enum
 import os
 import sys
 from collections.abc import Iterable
+from dataclasses import fields
 from typing import TypeVar, cast
 
 _T = TypeVar("_T")
@@ -35,6 +37,15 @@ def int_fault(value: object, minimum: int | None = None, maximum: int | None = N
     if maximum is not None and value > maximum:
         return IntFault.ABOVE_MAXIMUM
     return None
+
+
+def check_known_fields(cls: type, names: Iterable[str], what: str, error: type[Exception] = ValueError) -> None:
+    """Raises `error` when some of `names` are not fields of the dataclass `cls`: "unknown <what> [...]; known:
+    [...]", both lists sorted: an unknown name from outside is refused, not dropped."""
+    known = sorted(f.name for f in fields(cls))
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise error(f"unknown {what} {unknown}; known: {known}")
 
 
 def _subject(arg_name: str, value: object, is_item: bool) -> str:

@@ -3,7 +3,6 @@ files (the import contracts forbid them). Everything steps in the caller's threa
 runs an engine in a thread of its own for callers in other threads.
 
 config.py              SchedulerConfig (limits, KV geometry, batching policy) and SpeculativeConfig
-fields.py              the unknown-keyword check shared by the validated dataclasses
 sampling_params.py     SamplingParams: how a request samples and stops
 generation_defaults.py a model's generation_config.json defaults and how a request's values win over them
 instance_params.py     sampling parameters carried as tensors in a classic instance

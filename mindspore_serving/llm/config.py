@@ -9,8 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-from mindspore_serving.common.check_type import IntFault, int_fault
-from mindspore_serving.llm.fields import check_known_fields
+from mindspore_serving.common.check_type import IntFault, check_known_fields, int_fault
 
 if TYPE_CHECKING:  # the runner's cache geometry is read, its module not needed
     from mindspore_serving.llm.model_io import ModelRunner

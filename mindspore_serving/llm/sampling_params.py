@@ -15,8 +15,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from mindspore_serving.common.check_type import check_known_fields
 from mindspore_serving.llm.errors import InvalidRequestError
-from mindspore_serving.llm.fields import check_known_fields
 
 _MAX_SEED = 2**64 - 1
 MAX_STOP_STRINGS = 16  # the front ends take fewer (4, as TGI)
