@@ -50,6 +50,7 @@ def request_id():
         ("flags 0xff", "flags 0xff"),
         ("x1 should be float32, got int32", "x1 should be float32, got int32"),
     ],
+    ids=lambda value: value.replace(str(PORT), "PORT"),  # the same ids in every pytest-xdist worker
 )
 def test_client_text_cuts_paths_reprs_and_addresses(text, clean):
     assert errors.client_text(text) == clean
