@@ -26,9 +26,12 @@ def bundled_config(path=CONFIG):
 
 def write_config(directory, start_port=0, agents=None, data=None, name="llm.yaml", **engine):
     """A copy of config/llama_tiny.yaml (or of `data`) in `directory` with absolute paths, `start_port`, agents
-    overrides (a dict) and engine overrides."""
+    overrides (a dict) and engine overrides. Its agents compile each graph on first use (agents.warmup false, unless
+    `agents` or `data` says otherwise): a test uses a few of the buckets, and every agent start of the suite would
+    otherwise compile all of them (about 6 s of CPU each)."""
     data = data if data is not None else bundled_config()
     data["agents"]["start_port"] = start_port
+    data["agents"].setdefault("warmup", False)
     data["agents"].update(agents or {})
     data["engine"].update(engine)
     path = os.path.join(str(directory), name)
@@ -58,7 +61,7 @@ def offline_engine(config_path):
 
     config = load_serving_config(config_path)
     tokenizer = TextTokenizer.from_file(config.model.tokenizer)
-    runner = GraphRunner(config.model.graphs[0], num_blocks=config.engine.num_blocks)
+    runner = GraphRunner(config.model.graphs[0], num_blocks=config.engine.num_blocks, warmup=False)
     return LLMEngine(runner, tokenizer, config.engine, eos_token_id=tokenizer.eos_id)
 
 

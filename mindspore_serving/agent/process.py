@@ -135,7 +135,14 @@ class AgentServicer(agent_pb2_grpc.LlmAgentServicer):
 
 
 def _build_runner(
-    graphs_dir: str, num_blocks: int, block_size: int, device_type: str, device_id: int, rank: int, tensor_parallel: int
+    graphs_dir: str,
+    num_blocks: int,
+    block_size: int,
+    device_type: str,
+    device_id: int,
+    rank: int,
+    tensor_parallel: int,
+    warmup: bool = True,
 ):
     # lazy: MindSpore loads only once the process is bound to its cores (agents.cpu_affinity), so that every
     # thread its runtime starts inherits the binding
@@ -156,7 +163,11 @@ def _build_runner(
             f"agent rank {rank}: joined the cluster of {tensor_parallel} ranks in {time.perf_counter() - started:.1f} s"
         )
     return GraphRunner(
-        graphs_dir, num_blocks=num_blocks, block_size=block_size, tensor_parallel=(tensor_parallel, rank)
+        graphs_dir,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        tensor_parallel=(tensor_parallel, rank),
+        warmup=warmup,
     )
 
 
@@ -192,8 +203,10 @@ def run_agent(
             config.agents.device_ids[rank],
             rank,
             config.model.tensor_parallel,
+            warmup=config.agents.warmup,
         )
-        log.info(f"agent rank {rank}: graphs of {graphs} loaded and warmed up in {time.perf_counter() - started:.1f} s")
+        done = "loaded and warmed up" if config.agents.warmup else "loaded (compiled on first use: agents.warmup false)"
+        log.info(f"agent rank {rank}: graphs of {graphs} {done} in {time.perf_counter() - started:.1f} s")
 
         def detach(reason):
             log.warning(f"agent rank {rank} exits: {reason}")

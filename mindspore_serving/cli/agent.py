@@ -5,7 +5,8 @@ one process per device rank, each loading its graphs.
     mindspore-serving agent --config llm.yaml --rank_start 1 [--scheduler_address 10.0.0.1:7090]
                                                                               # a second host joins the group
 
-Prints "all agents started" once every agent it started has loaded and warmed up its graphs and is listening.
+Prints "all agents started" once every agent it started has loaded (and compiled: agents.warmup) its graphs and is
+listening.
 
 Without --rank_start it starts every rank (and, for a tensor-parallel model, the cluster scheduler); they exit with
 this command (Ctrl-C / SIGTERM), or when the worker that attached to them exits, and so does this command.

@@ -53,6 +53,9 @@ Sections (relative paths are relative to the YAML file's own directory):
                                      `host`); it runs beside rank 0
       heartbeat_interval: 1.0        seconds between the worker's pings of each rank
       heartbeat_misses: 3            unanswered pings after which a rank counts as lost (the group is restarted)
+      warmup: true                   compile every graph before the agent reports ready (true, the default), or
+                                     false: each graph on its first step, so an agent starts and restarts in
+                                     seconds less and the first step of each bucket takes the compile
       cpu_affinity: null | auto | [[cores of rank 0], ...]
                                      CPU cores each agent process is bound to. auto: on a CPU device, rank r gets an
                                      equal share of the cores but one (left to the master and the worker), the
@@ -157,6 +160,7 @@ class AgentSection:
     scheduler_address: str | None = None
     heartbeat_interval: float = 1.0
     heartbeat_misses: int = 3
+    warmup: bool = True
 
     def host_of(self, rank: int) -> str:
         return self.rank_hosts[rank] if self.rank_hosts else self.host
@@ -479,6 +483,9 @@ def _agent_section(data: Mapping) -> AgentSection:
     misses = data.get("heartbeat_misses", 3)
     if isinstance(misses, bool) or not isinstance(misses, int) or misses < 1:
         raise ConfigError(f"'agents.heartbeat_misses' must be an int >= 1, got {misses!r}")
+    warmup = data.get("warmup", True)
+    if not isinstance(warmup, bool):
+        raise ConfigError(f"'agents.warmup' must be true or false, got {warmup!r}")
     return AgentSection(
         device_type,
         tuple(ids),
@@ -489,6 +496,7 @@ def _agent_section(data: Mapping) -> AgentSection:
         scheduler,
         float(interval),
         misses,
+        warmup,
     )
 
 

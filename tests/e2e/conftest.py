@@ -10,7 +10,7 @@ def llm_server(tmp_path_factory):
     """serving_server.py with the bundled tiny LLM (its shipped engine settings): (process, gRPC address, REST
     address, LLM config path)."""
     directory = tmp_path_factory.mktemp("llm")
-    config = write_config(directory, start_port=0)
+    config = write_config(directory, start_port=0, agents={"warmup": True})  # the shipped default, kept here
     servables = write_servable(directory, config)
     proc, grpc_addr, rest_addr = start_server(
         directory, servables=("llama_tiny",), extra_args=["--servable_directory", servables]
@@ -23,10 +23,11 @@ def llm_server(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def runner():
-    """The bundled tiny LLaMA's graphs in this process (GraphRunner, 256 KV blocks, warmed up): those of
-    llama_tiny_spec, llama_tiny's with the verify graphs. Shared by the modules that drive the engine on the real
-    graphs; each engine allocates its own blocks, and what they count of the runner they count as differences."""
+    """The bundled tiny LLaMA's graphs in this process (GraphRunner, 256 KV blocks, each compiled on first use):
+    those of llama_tiny_spec, llama_tiny's with the verify graphs. Shared by the modules that drive the engine on
+    the real graphs; each engine allocates its own blocks, and what they count of the runner they count as
+    differences."""
     from mindspore_serving.agent.graph_runner import GraphRunner  # lazy: MindSpore only where a model runs
     from mindspore_serving.spec.llm_config import load_serving_config  # lazy: as above
 
-    return GraphRunner(load_serving_config(SPEC_CONFIG).model.graphs[0], num_blocks=256)
+    return GraphRunner(load_serving_config(SPEC_CONFIG).model.graphs[0], num_blocks=256, warmup=False)

@@ -69,7 +69,9 @@ def test_tensor_parallel_logits_equal_the_single_rank_model_and_sigterm_stops_th
     )
     runner = None
     try:
-        reference = GraphRunner(load_serving_config(tp1_config).model.graphs[0], num_blocks=config.engine.num_blocks)
+        reference = GraphRunner(
+            load_serving_config(tp1_config).model.graphs[0], num_blocks=config.engine.num_blocks, warmup=False
+        )
         proc.wait_for("all agents started", timeout=120)
         children = psutil.Process(proc.proc.pid).children(recursive=True)
         commands = [" ".join(p.cmdline()) for p in children]

@@ -20,6 +20,7 @@ def write(tmp_path, change):
 
 def test_bundled_config_loads():
     config = load_serving_config(BUNDLED)
+    assert config.agents.warmup  # the default: graphs compiled before the agent reports ready
     assert config.engine.max_num_seqs == 16 and config.engine.block_size == 16
     assert config.agents.cpu_affinity == "auto" and config.agents.num_ranks == 1
     assert config.stats_interval == 10.0 and config.request_timeout == 0.0
@@ -36,6 +37,7 @@ def test_bundled_config_loads():
         (lambda d: d["agents"].update(device_type="TPU"), "'agents.device_type' must be CPU, GPU, Ascend or null"),
         (lambda d: d["agents"].update(start_port=70000), "'agents.start_port' must be 0"),
         (lambda d: d["agents"].update(cpu_affinity="all"), "'agents.cpu_affinity' must be null, auto"),
+        (lambda d: d["agents"].update(warmup="no"), "'agents.warmup' must be true or false, got 'no'"),
         (lambda d: d["agents"].update(cpu_affinity=[[0], [1]]), r"one non-empty list of core ids >= 0 per rank \(1"),
         (lambda d: d["agents"].update(cpu_affinity=[[-1]]), "'agents.cpu_affinity' must be"),
         (lambda d: d["engine"].update(max_model_len=100000), "'engine.max_model_len' 100000 exceeds"),

@@ -1,9 +1,9 @@
 """Starts the agents of an LLM servable, one process per rank, and waits until each reports ready.
 
 Each agent is `python -m mindspore_serving.agent.start_agent` with a pipe on which it writes one
-AgentStartupEvent (ipc/agent.py): ready once its graphs are loaded and warmed up and it listens, or failed with
-its reason. A tensor-parallel group (model.tensor_parallel > 1) is a MindSpore cluster: the host of rank 0 also
-runs the cluster's scheduler, and every rank process gets the cluster's environment (common/ms_cluster.py).
+AgentStartupEvent (ipc/agent.py): ready once its graphs are loaded (and compiled: agents.warmup) and it listens, or
+failed with its reason. A tensor-parallel group (model.tensor_parallel > 1) is a MindSpore cluster: the host of rank 0
+also runs the cluster's scheduler, and every rank process gets the cluster's environment (common/ms_cluster.py).
 """
 
 import itertools
