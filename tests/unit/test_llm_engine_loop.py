@@ -100,29 +100,32 @@ def test_close_fails_pending_requests(runner):
 
 
 def test_close_ends_every_stream_when_the_loop_thread_does_not_stop_in_time(runner, monkeypatch):
-    """close() gives up on a loop thread stuck in the engine (here taking a request): every request fails with the
-    close reason, the one being taken too, close() itself raises nothing, and the thread drops what it does later."""
+    """close() gives up on a loop thread stuck in the engine (here in a step, with a request half generated and
+    another waiting to be taken): every request fails with the close reason, close() itself raises nothing, and the
+    thread drops what it does later."""
     loop = make_loop(runner)
+    entered, release = threading.Event(), threading.Event()
+    step = loop.engine.step
+    steps = itertools.count()
+
+    def stuck_step():
+        if next(steps) == 1:  # the second step: the first token is out, the request is far from its end
+            entered.set()
+            release.wait(10)
+        return step()
+
+    monkeypatch.setattr(loop.engine, "step", stuck_step)
     running = loop.submit([1, 2], {"temperature": 0.0, "max_new_tokens": 60, "ignore_eos": True})
     running.get(timeout=10)
-    entered, release = threading.Event(), threading.Event()
-    add_request = loop.engine.add_request
-
-    def stuck_add_request(*args, **kwargs):
-        entered.set()
-        release.wait(10)
-        return add_request(*args, **kwargs)
-
-    monkeypatch.setattr(loop.engine, "add_request", stuck_add_request)
-    taken = loop.submit([3], GREEDY)
     assert entered.wait(10)
+    waiting = loop.submit([3], GREEDY)
     loop.close_timeout = 0.01
     loop.close("stopping for the test")
     with pytest.raises(errors.WorkerUnavailable, match="stopping for the test"):
         running.result()
-    release.set()
     with pytest.raises(errors.WorkerUnavailable, match="stopping for the test"):
-        taken.get(timeout=5)
+        waiting.get(timeout=5)
+    release.set()
     loop._thread.join(timeout=10)
     assert not loop._thread.is_alive()
 
