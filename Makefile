@@ -6,15 +6,18 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup clients models serve test lint docs unit e2e faults bench proto wheel package-test clean oracle-fixtures
 
-# uv installs the pinned requirements (pip resolves the same pins, several times slower): it is bootstrapped with pip
+# uv installs the pinned requirements (pip resolves the same pins, several times slower): it is bootstrapped with pip.
+# Bytecode is compiled at install, as pip does: where PYTHONDONTWRITEBYTECODE is set, every process of the suite
+# would otherwise compile MindSpore's modules again (an import took 4.1 s instead of 2.0)
 UV_VERSION := 0.13.9
 UV := $(VENV)/bin/uv
 
 $(STAMP): requirements.txt requirements-dev.txt requirements-docs.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q uv==$(UV_VERSION)
-	$(UV) pip install -q --python $(PY) -r requirements-dev.txt
+	$(UV) pip install -q --python $(PY) --compile-bytecode -r requirements-dev.txt
 	$(UV) pip install -q --python $(PY) --no-deps -e .
+	$(PY) -m compileall -q mindspore_serving
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -25,7 +28,7 @@ CLIENTS_STAMP := $(CLIENTS_VENV)/.installed
 
 $(CLIENTS_STAMP): requirements-clients.txt $(STAMP)
 	test -x $(CLIENTS_VENV)/bin/python || $(UV) venv -q --python $(PYTHON) $(CLIENTS_VENV)
-	$(UV) pip install -q --python $(CLIENTS_VENV)/bin/python -r requirements-clients.txt
+	$(UV) pip install -q --python $(CLIENTS_VENV)/bin/python --compile-bytecode -r requirements-clients.txt
 	touch $(CLIENTS_STAMP)
 
 clients: $(CLIENTS_STAMP)
