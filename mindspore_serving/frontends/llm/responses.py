@@ -139,9 +139,12 @@ def stream_reply(
                 async with lock:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
+            # the keep-alive task has a cancel scope of its own, ended when the body is written: cancelling the
+            # group's scope would also cancel this task, which a drain's cut may just have cancelled and resumed
+            keep_alive = anyio.CancelScope()
             async with anyio.create_task_group() as group:
                 if keep_alive_s > 0:
-                    group.start_soon(_keep_alive, write, keep_alive_s)
+                    group.start_soon(_keep_alive, write, keep_alive_s, keep_alive)
                 try:
                     async with contextlib.aclosing(chunks()) as body:
                         async for chunk in body:
@@ -149,7 +152,7 @@ def stream_reply(
                 except Exception as exc:  # mid-stream: the error becomes the stream's last event
                     log_failure(protocol, exc)
                     await write(error_chunk(exc))
-                group.cancel_scope.cancel()
+                keep_alive.cancel()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             await generation.close()
@@ -157,10 +160,11 @@ def stream_reply(
     return WatchedResponse(produce)
 
 
-async def _keep_alive(write: Callable[[bytes], Awaitable[None]], interval_s: float) -> None:
-    while True:
-        await anyio.sleep(interval_s)
-        await write(sse.KEEP_ALIVE)
+async def _keep_alive(write: Callable[[bytes], Awaitable[None]], interval_s: float, scope: anyio.CancelScope) -> None:
+    with scope:
+        while True:
+            await anyio.sleep(interval_s)
+            await write(sse.KEEP_ALIVE)
 
 
 def guarded(protocol: Protocol):
