@@ -3,21 +3,13 @@ client (tritonclient) from .venv-clients, since tritonclient's protobuf range ex
 Each test runs one check of client_checks/triton_checks.py as a subprocess."""
 
 import os
-import subprocess
 
 import pytest
-from serving_process import ROOT, SERVABLES, start_server
+from client_venv import MISSING, clients_missing, run_check
+from serving_process import SERVABLES, start_server
 
-CLIENT_PYTHON = os.path.join(ROOT, ".venv-clients", "bin", "python")
-CHECKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "client_checks", "triton_checks.py")
-
-if not os.path.exists(CLIENT_PYTHON):
-    if os.environ.get("MAKELEVEL"):  # `make test` builds .venv-clients first: its absence is a failure there
-        raise RuntimeError(f"{CLIENT_PYTHON} is missing although make should have built it")
-    pytest.skip(
-        "the Triton client virtualenv .venv-clients is missing: run `make clients` (or `make test`)",
-        allow_module_level=True,
-    )
+if clients_missing():
+    pytest.skip(MISSING, allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
@@ -34,24 +26,14 @@ def server(tmp_path_factory):
 @pytest.mark.parametrize("check", ["metadata", "http_infer", "async_http", "grpc_infer", "bad_inputs", "repository"])
 def test_triton_client(server, check, tmp_path):
     grpc_addr, rest_addr = server
-    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    done = subprocess.run(
-        [
-            CLIENT_PYTHON,
-            CHECKS,
-            "--http",
-            rest_addr,
-            "--grpc",
-            grpc_addr,
-            "--images",
-            os.path.join(SERVABLES, "lenet", "images"),
-            check,
-        ],
+    run_check(
+        "triton_checks.py",
+        "--http",
+        rest_addr,
+        "--grpc",
+        grpc_addr,
+        "--images",
+        os.path.join(SERVABLES, "lenet", "images"),
+        check,
         cwd=str(tmp_path),
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        timeout=120,
     )
-    output = done.stdout.decode(errors="replace")
-    assert done.returncode == 0 and f"PASS {check}" in output, output

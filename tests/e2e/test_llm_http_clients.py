@@ -3,14 +3,13 @@ TGI's `text-generation` client and huggingface_hub's `InferenceClient`."""
 
 import dataclasses
 import json
-import os
 import socket
-import subprocess
 import threading
 import time
 
 import pytest
 import uvicorn
+from client_venv import require_clients, run_check
 from fastapi import FastAPI, Request
 
 from mindspore_serving.common import errors
@@ -20,9 +19,6 @@ from mindspore_serving.master.llm_types import Overloaded
 
 openai = pytest.importorskip("openai")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CLIENT_PYTHON = os.path.join(ROOT, ".venv-clients", "bin", "python")
-TGI_CHECKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "client_checks", "tgi_checks.py")
 
 MODEL = "llama_tiny"
 START_TIMEOUT_S = 30
@@ -353,42 +349,25 @@ def _wait_for_outcome(backend):
 # TGI's text-generation client, from .venv-clients (it pins huggingface-hub < 1)
 
 
-def _tgi_check(url, check):
-    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    done = subprocess.run(
-        [CLIENT_PYTHON, TGI_CHECKS, url, check],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        timeout=120,
-        check=False,
-    )
-    output = done.stdout.decode(errors="replace")
-    assert done.returncode == 0 and f"PASS {check}" in output, output
-
-
 @pytest.fixture(name="tgi_client")
 def _tgi_client():
-    if not os.path.exists(CLIENT_PYTHON):
-        if os.environ.get("MAKELEVEL"):  # `make test` builds .venv-clients first: its absence is a failure there
-            raise RuntimeError(f"{CLIENT_PYTHON} is missing although make should have built it")
-        pytest.skip("the clients' virtualenv .venv-clients is missing: run `make clients` (or `make test`)")
+    require_clients()
 
 
 @pytest.mark.usefixtures("tgi_client")
 def test_text_generation_client(url, backend):
-    _tgi_check(url, "generate")
+    run_check("tgi_checks.py", url, "generate")
     assert backend.requests[-2].params == {"max_new_tokens": 3, "do_sample": False, "seed": 5}  # then the stream
 
 
 @pytest.mark.usefixtures("tgi_client")
 def test_text_generation_client_errors(url, backend):
-    _tgi_check(url, "validation_error")
+    run_check("tgi_checks.py", url, "validation_error")
     backend.fail_before = Overloaded("queue is full")
-    _tgi_check(url, "overloaded")
+    run_check("tgi_checks.py", url, "overloaded")
     backend.fail_before = None
     backend.fail_after = (1, errors.Failed("device lost"))
-    _tgi_check(url, "generation_error")
+    run_check("tgi_checks.py", url, "generation_error")
 
 
 # huggingface_hub's InferenceClient (TGI's compat route "/")

@@ -5,15 +5,15 @@ with `api_key=`, `openai` with `api_key=`, huggingface_hub with `token=`, plain 
 or `x-api-key`."""
 
 import os
-import subprocess
 
 import grpc
 import numpy as np
 import pytest
 import requests
+from client_venv import require_clients, run_check
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from secured_server import ADD_BODY, ADMIN, ADMIN_KEY, KEY, PROMPT, TRIES, X
-from serving_process import ROOT, SERVABLES
+from serving_process import SERVABLES
 
 from mindspore_serving.client import Client
 from mindspore_serving.proto import grpc_predict_v2_pb2 as kserve_pb2
@@ -168,32 +168,20 @@ def test_openai_and_huggingface_clients(server):
 
 def test_triton_clients_with_headers(server, tmp_path):
     grpc_addr, url = server
-    client_python = os.path.join(ROOT, ".venv-clients", "bin", "python")
-    if not os.path.exists(client_python):
-        pytest.skip("the Triton client virtualenv .venv-clients is missing: run `make clients` (or `make test`)")
-    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    done = subprocess.run(
-        [
-            client_python,
-            os.path.join(ROOT, "tests", "e2e", "client_checks", "triton_checks.py"),
-            "--http",
-            url[len("http://") :],
-            "--grpc",
-            grpc_addr,
-            "--api_key",
-            KEY,
-            "--images",
-            os.path.join(SERVABLES, "lenet", "images"),
-            "api_key",
-        ],
+    require_clients()
+    run_check(
+        "triton_checks.py",
+        "--http",
+        url[len("http://") :],
+        "--grpc",
+        grpc_addr,
+        "--api_key",
+        KEY,
+        "--images",
+        os.path.join(SERVABLES, "lenet", "images"),
+        "api_key",
         cwd=str(tmp_path),
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        timeout=120,
     )
-    output = done.stdout.decode(errors="replace")
-    assert done.returncode == 0 and "PASS api_key" in output, output
 
 
 def test_model_control_is_off_by_default(server):
