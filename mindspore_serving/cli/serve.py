@@ -380,11 +380,8 @@ def _prepare_models(parser, args):
         parser.error(
             f"several --model would be served under one name ({', '.join(names)}); name them with --served_model_name"
         )
-    servables = []
-    for model_dir, settings in zip(args.model, models):
-        try:
-            prepared = hf_model.prepare(settings, log=lambda line: print(line, flush=True))
-        except HfModelError as err:
-            sys.exit(f"{parser.prog}: --model {model_dir}: {err}")
-        servables.append((prepared.servable_directory, prepared.name))
-    return servables
+    try:  # side by side: each export is a process of its own
+        prepared = hf_model.prepare_all(models, log=lambda line: print(line, flush=True))
+    except HfModelError as err:
+        sys.exit(f"{parser.prog}: --model {err}")
+    return [(model.servable_directory, model.name) for model in prepared]

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import shutil
+import threading
 
 import pytest
 import yaml
@@ -402,3 +403,39 @@ def test_declare_llm_records_a_model_directory(tmp_path, registry):
 def test_declare_llm_refusals(tmp_path, registry, source, message):
     with pytest.raises(RuntimeError, match=f"Declare LLM failed, {message}"):
         _declare(tmp_path, source)
+
+
+def test_models_are_prepared_side_by_side_as_cores_and_memory_allow(qwen2, tmp_path, monkeypatch, exports):
+    weights = os.path.getsize(os.path.join(qwen2, "model.safetensors"))
+    three = [settings(qwen2, tmp_path / "cache", served_model_name=f"m{i}") for i in range(3)]
+    assert hf_model.preparing_jobs(three, cores=2, available=1 << 40) == 2
+    assert hf_model.preparing_jobs(three, cores=16, available=1 << 40) == 3
+    assert hf_model.preparing_jobs(three, cores=16, available=2 * 3 * weights) == 2  # three times each one's weights
+    assert hf_model.preparing_jobs(three, cores=16, available=weights) == 1
+
+    both = threading.Barrier(2, timeout=30)
+    export = hf_model.run_export  # the fixture's
+
+    def side_by_side(argv, name):  # each export waits until the other runs too
+        both.wait()
+        export(argv, name)
+
+    monkeypatch.setattr(hf_model, "run_export", side_by_side)
+    lines = []
+    prepared = hf_model.prepare_all(three[:2], lines.append, jobs=2)
+    assert [p.name for p in prepared] == ["m0", "m1"] and len(exports) == 2
+    assert sorted(line.split(":")[0] for line in lines if "exporting" in line) == ["m0", "m1"]
+
+
+def test_the_first_failing_model_is_named_and_the_rest_not_begun(qwen2, tmp_path, monkeypatch):
+    started = []
+
+    def fake(argv, name):
+        started.append(name)
+        raise HfModelError(f"exporting {name} failed: no")
+
+    monkeypatch.setattr(hf_model, "run_export", fake)
+    models = [settings(qwen2, tmp_path / "cache", served_model_name=f"m{i}") for i in range(3)]
+    with pytest.raises(HfModelError) as failed:
+        hf_model.prepare_all(models, lambda line: None, jobs=1)
+    assert str(failed.value) == f"{qwen2}: exporting m0 failed: no" and started == ["m0"]

@@ -22,16 +22,20 @@ serving_server.py --model runs it before starting the servables; a worker runs i
 """
 
 import fcntl
+import glob
 import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import psutil
 import yaml
 
 from mindspore_serving.llm.generation_defaults import GenerationDefaults
@@ -225,6 +229,49 @@ def _generation_config(settings: HfModelSettings, checked: _Checked, cache_dir: 
     path = os.path.join(cache_dir, GENERATION_CONFIG_FILE)
     _write(path, json.dumps({"eos_token_id": checked.eos_token_ids}) + "\n")
     return path
+
+
+def _weights_bytes(model_dir: str) -> int:
+    return sum(os.path.getsize(path) for path in glob.glob(os.path.join(model_dir, "*.safetensors")))
+
+
+def preparing_jobs(models: Sequence[HfModelSettings], cores: int | None = None, available: int | None = None) -> int:
+    """How many of `models` are prepared side by side: one per core, while the free memory holds three times
+    the weights of that many of the largest (an export loads its weights, and its compiled graphs hold them)."""
+    cores = cores or os.cpu_count() or 1
+    available = psutil.virtual_memory().available if available is None else available
+    largest = max((_weights_bytes(settings.model_dir) for settings in models), default=0)
+    by_memory = available // (3 * largest) if largest else len(models)
+    return max(1, min(len(models), cores, by_memory))
+
+
+def prepare_all(
+    models: Sequence[HfModelSettings], log: Callable[[str], None] = print, jobs: int | None = None
+) -> list[PreparedModel]:
+    """`prepare` of each of `models`, `jobs` at a time (default `preparing_jobs`): their exports run side by
+    side, each printing its lines after its model's name. The first failing model's HfModelError is raised, its
+    text after the model directory (models not begun are then not prepared; those under way finish, and their
+    graphs stay in the cache)."""
+    failed = threading.Event()
+
+    def prepare_one(settings: HfModelSettings) -> PreparedModel | None:
+        if failed.is_set():
+            return None
+        try:
+            return prepare(settings, log)
+        except BaseException:
+            failed.set()
+            raise
+
+    with ThreadPoolExecutor(jobs or preparing_jobs(models), thread_name_prefix="prepare") as pool:
+        futures = [pool.submit(prepare_one, settings) for settings in models]
+        for settings, future in zip(models, futures):
+            err = future.exception()
+            if isinstance(err, HfModelError):
+                raise HfModelError(f"{settings.model_dir}: {err}") from None
+            if err is not None:
+                raise err
+    return [result for future in futures if (result := future.result()) is not None]  # none failed: all of them
 
 
 def prepare(settings: HfModelSettings, log: Callable[[str], None] = print) -> PreparedModel:
