@@ -1,6 +1,7 @@
 """Choosing MindSpore's device: what this build offers, the name a servable asks for, and selecting it once per
 process (tolerating a runtime that already runs on it)."""
 
+import os
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ _DEVICE_NAMES = {"cpu": "CPU", "gpu": "GPU", "ascend": "Ascend"}
 # how MindSpore Serving names the device types in "supported device type: ..."
 _SERVING_NAMES = {"Ascend": "Ascend", "GPU": "Gpu", "CPU": "Cpu"}
 _PROBE_PREFIX = "#available_devices="
+_ACCELERATOR_NODES = ("davinci", "nvidia", "dxg")
 
 
 def select_device(target: str = "CPU", device_id: int | None = None) -> None:
@@ -46,9 +48,23 @@ def available_devices() -> list[str]:
 _probed: list[str] | None = None
 
 
+def accelerator_nodes(dev: str = "/dev") -> list[str]:
+    """The device files an Ascend or GPU driver creates (davinci*, nvidia*, WSL's dxg) found in `dev`: without
+    any, MindSpore has only the CPU."""
+    try:
+        names = os.listdir(dev)
+    except OSError:
+        return []
+    return sorted(name for name in names if name.startswith(_ACCELERATOR_NODES))
+
+
 def probe_available_devices() -> list[str]:
-    """`available_devices()` answered by a child process, once per process: the master never loads MindSpore."""
+    """`available_devices()` answered by a child process, once per process: the master never loads MindSpore.
+    Where no accelerator's device file exists the answer is the CPU alone, without the child (a MindSpore import
+    of seconds)."""
     global _probed
+    if _probed is None and not accelerator_nodes():
+        _probed = ["CPU"]
     if _probed is None:
         code = (
             "from mindspore_serving.common.ms_device import available_devices; "

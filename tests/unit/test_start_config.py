@@ -444,6 +444,7 @@ def test_probe_asks_a_child_process_once(monkeypatch):
         stdout = "noise\n#available_devices=GPU,CPU#\n"
 
     monkeypatch.setattr(ms_device, "_probed", None)
+    monkeypatch.setattr(ms_device, "accelerator_nodes", lambda: ["nvidia0", "nvidiactl"])
     monkeypatch.setattr(ms_device.subprocess, "run", lambda cmd, **kwargs: runs.append(cmd) or Done())
     assert ms_device.probe_available_devices() == ["GPU", "CPU"]
     assert ms_device.probe_available_devices() == ["GPU", "CPU"]
@@ -459,8 +460,25 @@ def test_probe_runs_mindspore_in_a_child(monkeypatch):
 
     pytest.importorskip("mindspore")
     monkeypatch.setattr(ms_device, "_probed", None)
+    monkeypatch.setattr(ms_device, "accelerator_nodes", lambda: ["davinci0"])  # as if a driver were there
     available = ms_device.probe_available_devices()
     assert available[-1] == "CPU" and set(available) <= {"Ascend", "GPU", "CPU"}
+
+
+def test_without_an_accelerators_device_file_the_cpu_is_all_without_a_child(monkeypatch, tmp_path):
+    from mindspore_serving.common import ms_device
+
+    for name in ("null", "nvme0", "shm"):
+        (tmp_path / name).touch()
+    assert ms_device.accelerator_nodes(str(tmp_path)) == []
+    for name in ("davinci0", "davinci_manager", "nvidia0", "dxg"):
+        (tmp_path / name).touch()
+    assert ms_device.accelerator_nodes(str(tmp_path)) == ["davinci0", "davinci_manager", "dxg", "nvidia0"]
+    assert ms_device.accelerator_nodes(str(tmp_path / "absent")) == []
+    monkeypatch.setattr(ms_device, "_probed", None)
+    monkeypatch.setattr(ms_device, "accelerator_nodes", lambda: [])
+    monkeypatch.setattr(ms_device.subprocess, "run", lambda *args, **kwargs: pytest.fail("a child was started"))
+    assert ms_device.probe_available_devices() == ["CPU"]
 
 
 def test_model_control_reloads_an_encrypted_servable_with_its_key(tmp_path):
