@@ -16,8 +16,8 @@ PLACEHOLDERS = {"servable_directory": "servables"}
 def command_parsers() -> list[tuple[str, str, argparse.ArgumentParser]]:
     """(command, its one-line summary, its parser) of each command."""
     commands = []
-    for name, (main, summary) in cli.COMMANDS.items():
-        build = inspect.getmodule(main).build_parser
+    for name, summary in cli.COMMANDS.items():
+        build = inspect.getmodule(cli.command_main(name)).build_parser
         kwargs = {p: v for p, v in PLACEHOLDERS.items() if p in inspect.signature(build).parameters}
         commands.append((name, summary, build(prog=f"{cli.PROG} {name}", **kwargs)))
     return commands

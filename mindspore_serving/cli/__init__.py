@@ -7,18 +7,26 @@ the server's API.
 """
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 
 from mindspore_serving import __version__
-from mindspore_serving.cli import agent, serve
 
 PROG = "mindspore-serving"
-# command -> (its main, taking argv and prog; the line --help shows for it)
-COMMANDS: dict[str, tuple[Callable[..., None], str]] = {
-    "serve": (serve.main, "serve the servables of a directory and Hugging Face model directories over gRPC and HTTP"),
-    "agent": (agent.main, "start the LLM agents of a configuration on this host (one process per device rank)"),
+# command -> the line --help shows for it; its module mindspore_serving.cli.<command> has the main (taking argv and
+# prog), imported only when the command runs: serving_server.py imports only serve's modules, and the agents only
+# agent's
+COMMANDS: dict[str, str] = {
+    "serve": "serve the servables of a directory and Hugging Face model directories over gRPC and HTTP",
+    "agent": "start the LLM agents of a configuration on this host (one process per device rank)",
 }
+
+
+def command_main(name: str) -> Callable[..., None]:
+    """The main of command `name` (one of COMMANDS)."""
+    main: Callable[..., None] = importlib.import_module(f"{__name__}.{name}").main
+    return main
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description=__doc__.split("\n\n", 1)[0],
-        epilog="\n".join(f"  {name:8s}{text}" for name, (_, text) in COMMANDS.items()),
+        epilog="\n".join(f"  {name:8s}{text}" for name, text in COMMANDS.items()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -42,7 +50,7 @@ def split_command(argv: Sequence[str]) -> tuple[Callable[..., None], list[str], 
         parser = build_parser()
         parser.parse_args(argv[:1])  # exits: --help, --version, an unknown command
         parser.error("the command comes first, then its flags")  # e.g. `mindspore-serving --grpc ...`
-    return COMMANDS[argv[0]][0], argv[1:], f"{PROG} {argv[0]}"
+    return command_main(argv[0]), argv[1:], f"{PROG} {argv[0]}"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
