@@ -73,14 +73,18 @@ def _plans(configs):
     return plans
 
 
-def start_servables(servable_configs):
+def start_servables(servable_configs, enable_lite=False):
     """Starts one worker per servable per device id, then its extra workers (num_parallel_workers beyond the
     device ids), and blocks until all have registered.
+
+    `enable_lite` is MindSpore Serving's choice of MindSpore Lite as the inference runtime: it is checked and
+    accepted, and the models run in MindSpore either way (MindIR loaded with `mindspore.load`).
 
     Raises RuntimeError("Fail to start workers: ...") with the worker's reason when one fails; everything
     started so far is stopped then.
     """
     configs = check_servable_configs(servable_configs, (DistributedStartConfig,))
+    check_type.check_bool("enable_lite", enable_lite)
     check_device_types(configs)
     configs = merge_config(configs)
     master = get_master()

@@ -498,3 +498,16 @@ def test_model_control_reloads_an_encrypted_servable_with_its_key(tmp_path):
     assert (plan.dec_key, plan.dec_mode, plan.device_id) == (b"k" * 16, "AES-CBC", 0)
     (plan,) = master.model_control.plans_for("plain", 1)
     assert (plan.dec_key, plan.dec_mode) == (None, "AES-GCM")
+
+
+def test_enable_lite_is_checked_as_a_bool_and_accepted(tmp_path, devices):
+    """MindSpore Serving's start_servables(configs, enable_lite): a bool, checked after the configs; the models run
+    in MindSpore either way (a device type not available still fails after the check)."""
+    from mindspore_serving import server
+
+    with raises("Parameter 'enable_lite' should be bool, but actually <class 'int'>"):
+        server.start_servables(config(make_servable(tmp_path)), enable_lite=1)
+    with raises("should be ServableStartConfig, list or tuple of ServableStartConfig"):
+        server.start_servables("add", enable_lite=1)  # the configs are checked first
+    with raises("The device type 'ascend' of servable name add is inconsistent"):
+        server.start_servables(config(make_servable(tmp_path), device_ids=0, device_type="Ascend"), enable_lite=True)
