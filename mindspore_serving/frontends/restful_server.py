@@ -4,7 +4,8 @@ The classic route is a bare ASGI handler (it needs free key order in the URL, an
 `{"error_msg": ...}` for a failed request, 503 + Retry-After while the servable is unavailable, and is the hot
 path). KServe v2 routes (`/v2/...`) are routed before it to their own bare handler; everything else (the OpenAPI
 page, health, the LLM routes other than the classic `:generate_stream`, and routes added by other servables) goes to
-a FastAPI app.
+a FastAPI app; a request for a path that app does not serve goes to the classic route, which answers it with
+MindSpore Serving's URL errors, as its RESTful server serves only that route.
 """
 
 import asyncio
@@ -16,6 +17,7 @@ from collections import Counter
 import uvicorn
 from fastapi import Body, FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.routing import Match
 
 from mindspore_serving import log
 from mindspore_serving.common import errors
@@ -42,6 +44,9 @@ from mindspore_serving.proto import ms_service_pb2
 _JSON_HEADERS = [(b"content-type", restful_codec.CONTENT_TYPE.encode())]
 GENERATE_STREAM = "generate_stream"
 VLLM_PATHS = frozenset(("/tokenize", "/detokenize"))  # vLLM's routes outside /v1/, with OpenAI's errors
+# the LLM APIs' paths (frontends/llm, health.py), the app's whether or not an LLM is served
+LLM_API_PATHS = frozenset(("/", "/generate", "/generate_stream", "/info", "/health", "/ready", "/models", *VLLM_PATHS))
+LLM_API_PREFIXES = ("/v1/", "/v2/", "/models/")
 
 
 def build_docs_app(llm_backend=None, readiness=None, access: Access | None = None) -> FastAPI:
@@ -113,6 +118,17 @@ class RestfulApp:
         path = scope["path"]
         return "model" in path and ":" in path and not path.startswith(("/models/", "/v1/", "/docs", "/openapi"))
 
+    def _app_routes(self, scope) -> bool:
+        """Whether the request's path is the FastAPI app's: one of its routes (with any method), or a path of the
+        LLM APIs (answered 404 in their shape when no LLM is served). Every other request goes to the classic
+        route, which answers it with MindSpore Serving's URL errors, as its RESTful server serves nothing else:
+        `please check url, the keyword:[model] must contain.` rather than a 404."""
+        path = scope["path"]
+        if path in LLM_API_PATHS or path.startswith(LLM_API_PREFIXES):
+            return True
+        routes = getattr(self.fallback, "routes", None)
+        return routes is None or any(route.matches(scope)[0] is not Match.NONE for route in routes)
+
     def protocol_of(self, scope) -> Protocol:
         if self.is_classic(scope):
             return Protocol.MINDSPORE
@@ -154,7 +170,7 @@ class RestfulApp:
             v2_route = kserve.route_of(scope["method"], scope["path"])
             if v2_route is not None:
                 await self._kserve(scope, receive, send, *v2_route)
-            elif self.is_classic(scope):
+            elif self.is_classic(scope) or not self._app_routes(scope):
                 await self._classic(scope, receive, send)
             elif scope["method"] in ("GET", "HEAD"):
                 await self.fallback(scope, receive, send)

@@ -207,3 +207,34 @@ def test_server_api_ssl_config_checks(tmp_path):
         server.start_grpc_server(
             f"127.0.0.1:{free_port()}", ssl_config=server.SSLConfig(cert, str(tmp_path / "missing.pem"))
         )
+
+
+@pytest.mark.parametrize(
+    "method, path, body, reply",
+    [
+        (
+            "POST",
+            "/mod/add:add_common",
+            "{}",
+            (200, {"error_msg": "please check url, the keyword:[model] must contain."}),
+        ),
+        (
+            "POST",
+            "/model/add",
+            '{"instances": []}',
+            (200, {"error_msg": "please check url, the keyword:[service method] must contain."}),
+        ),
+        ("POST", "/mod/add", "", (200, {"error_msg": "http message invalid"})),  # the body is checked first
+        ("GET", "/anything", None, (200, {"error_msg": "http message only support POST right now"})),
+        ("POST", "/", "{}", (404, {"detail": "Not Found"})),  # TGI's route: no LLM is served here
+        ("POST", "/v1/completions", "{}", (404, {"detail": "Not Found"})),
+    ],
+)
+def test_a_path_no_route_serves_gets_mindspore_serving_url_errors(frontend, method, path, body, reply):
+    connection = http.client.HTTPConnection("127.0.0.1", frontend.port, timeout=30)
+    try:
+        connection.request(method, path, body=body)
+        response = connection.getresponse()
+        assert (response.status, json.loads(response.read())) == reply
+    finally:
+        connection.close()
