@@ -15,7 +15,7 @@ def check_address(address: str, server_tag: str):
     if not ip or not port:
         raise RuntimeError(f"Serving Error: Missing ip or port of the {server_tag} address '{address}'")
     if not port.isdigit():
-        raise RuntimeError(f"Serving Error: The port of the {server_tag} address '{address}' is not a number")
+        raise RuntimeError(f"Serving Error: The type of {server_tag} address '{address}' port is not a number")
     if not 1 <= int(port) <= 65535:
         raise RuntimeError(
             f"Serving Error: The port of the {server_tag} address '{address}' is out of legal range [1 ~ 65535]"

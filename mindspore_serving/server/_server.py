@@ -33,6 +33,9 @@ from mindspore_serving.server.start_config import (
 )
 
 _GRPC, _RESTFUL = "grpc", "restful"
+# MindSpore Serving's start-up line of each front end (printed whatever GLOG_v says), and its log line (INFO)
+_STARTED = {_GRPC: "Serving gRPC server", _RESTFUL: "Serving RESTful server"}
+_LISTENING = {_GRPC: "Serving gRPC server start success, listening on", _RESTFUL: "Serving RESTful server listening on"}
 
 
 def _plans(configs):
@@ -205,6 +208,18 @@ def start_model_control_poll(
 
 
 def _start_frontend(kind: str, label: str, frontend_class, address, max_msg_mb_size, ssl_config, **extra):
+    """Starts a front end; as MindSpore Serving, a failure is logged as an error, stops the whole server (its
+    workers and the front ends started before) and raises RuntimeError("Raise failed: Serving Error: ...")."""
+    try:
+        _open_frontend(kind, label, frontend_class, address, max_msg_mb_size, ssl_config, **extra)
+    except RuntimeError as err:
+        text = str(err)
+        log.error(text)
+        stop()
+        raise RuntimeError(f"Raise failed: {text}") from None
+
+
+def _open_frontend(kind: str, label: str, frontend_class, address, max_msg_mb_size, ssl_config, **extra):
     master = get_master()
     if kind in master.frontends:
         raise RuntimeError(f"Serving Error: {label} is already running")
@@ -236,11 +251,9 @@ def _start_frontend(kind: str, label: str, frontend_class, address, max_msg_mb_s
             master.frontends.pop(kind, None)
             master.run(frontend.close())
             raise
-    print(
-        f"Serving: {label} start success, listening on {address}"
-        + (f" ({master.frontend_count()} processes)" if shared else ""),
-        flush=True,
-    )
+    processes = f" ({master.frontend_count()} processes)" if shared else ""
+    print(f"Serving: {_STARTED[kind]} start success, listening on {address}{processes}", flush=True)
+    log.info(f"{_LISTENING[kind]} {address}{processes}")
 
 
 def _access() -> Access:

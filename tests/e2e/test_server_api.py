@@ -3,6 +3,7 @@
 import importlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -56,20 +57,25 @@ def test_restart_after_stop_on_same_ports(serving):
         serving.stop()
 
 
-def test_front_end_errors(serving):
+def test_front_end_errors_stop_the_server_as_mindspore_serving_does(serving):
     serving.start_servables(add_config())
     address = f"127.0.0.1:{free_port()}"
     serving.start_grpc_server(address)
-    with pytest.raises(RuntimeError, match="Serving Error: Serving gRPC server is already running"):
+    with pytest.raises(RuntimeError, match="^Raise failed: Serving Error: Serving gRPC server is already running$"):
         serving.start_grpc_server(f"127.0.0.1:{free_port()}")
+    # the failure stopped the whole server, the gRPC server started before included
+    assert "unavailable" in Client(address, "add", "add_common").infer({"x1": X, "x2": X})["error"]
     with pytest.raises(RuntimeError, match="RESTful server does not support binding to unix domain socket"):
         serving.start_restful_server("unix:/tmp/x")
     with pytest.raises(RuntimeError, match="is out of legal range"):
         serving.start_restful_server(f"127.0.0.1:{65535 + 1}")  # one past the largest port: never bound
     with pytest.raises(RuntimeError, match="is illegal"):
         serving.start_restful_server("127.0.0.1")
-    with pytest.raises(RuntimeError, match="RESTful server start failed, bind to the socket address"):
-        serving.start_restful_server(address)  # the gRPC server holds this port
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        with pytest.raises(RuntimeError, match="RESTful server start failed, bind to the socket address"):
+            serving.start_restful_server(f"127.0.0.1:{held.getsockname()[1]}")
     with pytest.raises(RuntimeError, match="The type of ssl_config should be class of SSLConfig"):
         serving.start_restful_server(f"127.0.0.1:{free_port()}", ssl_config="x")
 
@@ -163,21 +169,21 @@ def test_tls_grpc_and_restful_with_client_verification(serving, tmp_path):
     ssl_config = server.SSLConfig(
         certificate=certs["server.crt"], private_key=certs["server.key"], custom_ca=certs["ca.crt"], verify_client=True
     )
-    serving.start_servables(add_config())
     grpc_addr, rest_addr = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     garbage = tmp_path / "garbage.key"
     garbage.write_text("not a key\n")
     bad_key = server.SSLConfig(certificate=certs["server.crt"], private_key=str(garbage))
     with pytest.raises(RuntimeError) as info:
         serving.start_restful_server(rest_addr, ssl_config=bad_key)
-    assert str(info.value) == f"Serving Error: load private_key from {garbage} failed"
+    assert str(info.value) == f"Raise failed: Serving Error: load private_key from {garbage} failed"
     for key in (str(garbage), certs["server.crt"]):  # MindSpore Serving's gRPC server reports any bad key so
         with pytest.raises(RuntimeError) as info:
             serving.start_grpc_server(grpc_addr, ssl_config=server.SSLConfig(certs["server.crt"], key))
         assert (
-            str(info.value) == f"Serving Error: Serving gRPC server start failed, create server failed, address "
-            f"{grpc_addr}"
+            str(info.value) == f"Raise failed: Serving Error: Serving gRPC server start failed, create server "
+            f"failed, address {grpc_addr}"
         )
+    serving.start_servables(add_config())  # each failure above stopped the server
     serving.start_grpc_server(grpc_addr, ssl_config=ssl_config)
     serving.start_restful_server(rest_addr, ssl_config=ssl_config)
     client_ssl = ClientSSLConfig(
