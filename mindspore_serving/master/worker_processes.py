@@ -82,6 +82,14 @@ class WorkerPlan:
         return f"extra:{self.extra_index}" if self.extra else f"device id:{self.device_id}"
 
     @property
+    def failure_label(self) -> str:
+        """The worker in "Fail to start workers: {...}", as MindSpore Serving names it: an extra worker by its
+        servable, version and index, the others by servable name and device id."""
+        if self.extra:
+            return f"servable:{self.servable_name}, version:{self.version_number}, extra:{self.extra_index}"
+        return f"servable name:{self.servable_name}, device id:{self.device_id}"
+
+    @property
     def restartable(self) -> bool:
         """A distributed worker is never restarted: its agents are bound to it."""
         return not self.distributed
@@ -247,10 +255,7 @@ class WorkerProcesses:
             deadline = start + plan.start_timeout
             while not worker.registered.wait(0.05):
                 if worker.failure is not None:
-                    raise RuntimeError(
-                        f"Fail to start workers: {{servable name:{plan.servable_name}, "
-                        f"{plan.where}, <{worker.failure}>}}"
-                    )
+                    raise RuntimeError(f"Fail to start workers: {{{plan.failure_label}, <{worker.failure}>}}")
                 if worker.process.poll() is not None:
                     raise RuntimeError(
                         f"Fail to start workers because of death of one worker "
@@ -261,8 +266,8 @@ class WorkerProcesses:
                     raise RuntimeError("Fail to start workers because of signal SIGINT or SIGTERM")
                 if time.monotonic() > deadline:
                     raise RuntimeError(
-                        f"Fail to start workers: {{servable name:{plan.servable_name}, "
-                        f"{plan.where}, <no registration within {plan.start_timeout} s>}}"
+                        f"Fail to start workers: {{{plan.failure_label}, "
+                        f"<no registration within {plan.start_timeout} s>}}"
                     )
 
     def load(self, plans: list[WorkerPlan]):

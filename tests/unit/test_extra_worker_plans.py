@@ -42,6 +42,9 @@ def test_extra_workers_are_those_beyond_the_device_ids():
     assert plans[0].command("unix:m")[2] == WORKER_MODULE and "--device_id=0" in plans[0].command("unix:m")
     assert [p.key for p in plans_of(device_ids=(0, 1), num_parallel_workers=2)] == ["add/v1/device0", "add/v1/device1"]
     assert plans[1].where == "extra:0" and plans[0].where == "device id:0"
+    # as MindSpore Serving's "Fail to start workers: {...}" names them
+    assert plans[1].failure_label == "servable:add, version:1, extra:0"
+    assert plans[0].failure_label == "servable name:add, device id:0"
     assert plans[1].device_label == "extra0" and plans[0].device_label == "0"
 
 
