@@ -181,6 +181,15 @@ _BY_KIND = {
 }
 
 
+CORE_FAILED = "Raise failed: "
+
+
+def core_failure(text: str) -> RuntimeError:
+    """The RuntimeError MindSpore Serving raises for an error of its C++ core (registration, loading models,
+    starting a server): its text after "Raise failed: ", as its Python binding passes it on."""
+    return RuntimeError(CORE_FAILED + text)
+
+
 def make_error(code: int, message: str) -> ServingError:
     """The most specific ServingError for `code`."""
     cls = _BY_CODE.get(int(code))

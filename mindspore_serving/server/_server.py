@@ -216,7 +216,7 @@ def _start_frontend(kind: str, label: str, frontend_class, address, max_msg_mb_s
         text = str(err)
         log.error(text)
         stop()
-        raise RuntimeError(f"Raise failed: {text}") from None
+        raise errors.core_failure(text) from None
 
 
 def _open_frontend(kind: str, label: str, frontend_class, address, max_msg_mb_size, ssl_config, **extra):

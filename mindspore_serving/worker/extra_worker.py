@@ -20,6 +20,7 @@ import functools  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 
+from mindspore_serving.common import errors  # noqa: E402
 from mindspore_serving.ipc import shm_tensors  # noqa: E402
 from mindspore_serving.proto import internal_pb2  # noqa: E402
 from mindspore_serving.worker import process  # noqa: E402
@@ -59,7 +60,7 @@ class ExtraWorker(process.Worker):
         dec_key = bytes.fromhex(sys.stdin.readline().strip()) if args.read_dec_key else None
         spec = import_servable_config(args.servable_directory, args.servable_name)
         if spec is None or not spec.methods and spec.extension is None:
-            raise RuntimeError("There is no method registered for servable")
+            raise errors.core_failure("There is no method registered for servable")
         if (
             spec.extension is not None
             and args.device_ids_empty

@@ -5,6 +5,7 @@ import os
 import sys
 
 from mindspore_serving import log
+from mindspore_serving.common import errors
 from mindspore_serving.common.ms_device import resolve_device, select_device
 from mindspore_serving.spec.llm import LlmDeclaration
 from mindspore_serving.spec.registry import get_servable_spec
@@ -47,7 +48,7 @@ def resolve_version(servable_directory: str, servable_name: str, version_number:
         )
     version_number = version_number or newest
     if not os.path.isdir(os.path.join(servable_path, str(version_number))):
-        raise RuntimeError(
+        raise errors.core_failure(
             f"Start servable failed: There is no specified version directory of models, specified "
             f"version number: {version_number}, servable directory: '{servable_directory}', "
             f"servable name: '{servable_name}'"
@@ -82,7 +83,7 @@ def load_servable(
     loses its agents, which listen in `socket_directory` (the server's runtime directory)."""
     spec = import_servable_config(servable_directory, servable_name)
     if spec is None or not spec.methods and spec.extension is None:
-        raise RuntimeError("There is no method registered for servable")
+        raise errors.core_failure("There is no method registered for servable")
     if isinstance(spec.extension, LlmDeclaration):
         version = version_number or 1
         device = resolve_device(device_type, servable_name)

@@ -5,6 +5,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from mindspore_serving import log
+from mindspore_serving.common import errors
 from mindspore_serving.common.env_durations import duration_seconds
 from mindspore_serving.spec.model_call import call_prefix, set_model_call_handler
 from mindspore_serving.spec.servable import STAGE_BUILTIN, STAGE_FUNCTION, STAGE_MODEL, ServableSpec
@@ -70,7 +71,7 @@ class ServableRuntime:
             try:
                 self.models[key] = LoadedModel(model_spec, version_dir, dec_key, dec_mode)
             except Exception as err:
-                raise RuntimeError(_load_failed_text(spec.name, model_spec, version_dir, err)) from err
+                raise errors.core_failure(_load_failed_text(spec.name, model_spec, version_dir, err)) from err
         self._check_io_counts()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix=f"{spec.name}-stage")
         self.executors: dict[tuple[str, int], ModelExecutor] = {
@@ -120,13 +121,13 @@ class ServableRuntime:
                     )
                 graph = model.subgraphs[subgraph]
                 if inputs != len(graph.inputs):
-                    raise RuntimeError(
+                    raise errors.core_failure(
                         f"The inputs count {inputs} in register_method not equal to the count "
                         f"{len(graph.inputs)} defined in model, model info: {key}, subgraph: "
                         f"{subgraph}"
                     )
                 if graph.outputs and outputs != len(graph.outputs):
-                    raise RuntimeError(
+                    raise errors.core_failure(
                         f"The outputs count {outputs} in register_method not equal to the count "
                         f"{len(graph.outputs)} defined in model, model info: {key}, subgraph: "
                         f"{subgraph}"

@@ -245,14 +245,14 @@ def test_io_counts_of_register_method_must_match_the_model():
     with pytest.raises(RuntimeError) as info:
         runtime._check_io_counts()
     assert str(info.value) == (
-        "The inputs count 3 in register_method not equal to the count 2 defined in model, model "
+        "Raise failed: The inputs count 3 in register_method not equal to the count 2 defined in model, model "
         "info: m.mindir, subgraph: 0"
     )
     model.spec.io_counts[0] = (2, 3)
     with pytest.raises(RuntimeError) as info:
         runtime._check_io_counts()
     assert str(info.value) == (
-        "The outputs count 3 in register_method not equal to the count 2 defined in model, "
+        "Raise failed: The outputs count 3 in register_method not equal to the count 2 defined in model, "
         "model info: m.mindir, subgraph: 0"
     )
 

@@ -106,7 +106,7 @@ def test_missing_specified_version_directory(tmp_path):
     with pytest.raises(RuntimeError) as info:
         resolve_version(str(tmp_path), "svc", 2, has_models=True)
     assert str(info.value) == (
-        f"Start servable failed: There is no specified version directory of models, specified "
+        f"Raise failed: Start servable failed: There is no specified version directory of models, specified "
         f"version number: 2, servable directory: '{tmp_path}', servable name: 'svc'"
     )
 
@@ -237,7 +237,7 @@ def test_load_without_methods(tmp_path):
     )
     with pytest.raises(RuntimeError) as info:
         load_servable(str(tmp_path), name, 0, "cpu", 0)
-    assert str(info.value) == "There is no method registered for servable"
+    assert str(info.value) == "Raise failed: There is no method registered for servable"
 
 
 def test_load_with_an_empty_config(tmp_path):
@@ -245,7 +245,7 @@ def test_load_with_an_empty_config(tmp_path):
     write_config(tmp_path, name, "")
     with pytest.raises(RuntimeError) as info:
         load_servable(str(tmp_path), name, 0, "cpu", 0)
-    assert str(info.value) == "There is no method registered for servable"
+    assert str(info.value) == "Raise failed: There is no method registered for servable"
 
 
 def test_load_with_models_but_no_version_directory(tmp_path):
@@ -306,7 +306,7 @@ def test_load_failure_names_files_context_and_reason(tmp_path):
     with pytest.raises(RuntimeError) as info:
         load_servable(str(tmp_path), name, 1, "cpu", 0)
     assert str(info.value) == (
-        f"Load model failed, servable directory: '{tmp_path}', servable name: '{name}', model "
+        f"Raise failed: Load model failed, servable directory: '{tmp_path}', servable name: '{name}', model "
         f"file: '[net.mindir, net2.mindir]', version number 1,model context: {{thread num: 2}}, "
         f"load error details: model file '{servable / '1' / 'net.mindir'}' not exist"
     )

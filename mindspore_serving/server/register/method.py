@@ -7,7 +7,7 @@ appends a `StageSpec` to the method being recorded and returns placeholders for 
 import inspect
 
 from mindspore_serving import log
-from mindspore_serving.common import check_type
+from mindspore_serving.common import check_type, errors
 from mindspore_serving.server.register._legacy_ast import LegacyMeta, complex_statements_text, parse_legacy_calls
 from mindspore_serving.server.register.model import Model
 from mindspore_serving.server.register.placeholder import _TensorDef
@@ -134,7 +134,7 @@ def register_method(output_names):
         input_names = _input_names(func, method_name)
         servable = registry.get_or_create_servable_spec(servable_name)
         if method_name in servable.methods:
-            raise RuntimeError(f"Method {method_name} has been registered more than once.")
+            raise errors.core_failure(f"Method {method_name} has been registered more than once.")
         if _recorder is not None:
             raise RuntimeError("register_method cannot be used inside another method registered by register_method")
         meta = parse_legacy_calls(func, method_name, len(output_names))
@@ -242,11 +242,11 @@ def _model_stage(
     old = model_spec.io_counts.get(subgraph)
     if old is not None:
         if old[0] != inputs_count:
-            raise RuntimeError(
+            raise errors.core_failure(
                 f"RegisterInputOutputInfo failed, inputs count {inputs_count} not match old count {old[0]}"
             )
         if old[1] != outputs_count:
-            raise RuntimeError(
+            raise errors.core_failure(
                 f"RegisterInputOutputInfo failed, outputs count {outputs_count} not match old count {old[1]}"
             )
     model_spec.io_counts[subgraph] = (inputs_count, outputs_count)

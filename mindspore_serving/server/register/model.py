@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from mindspore_serving import log
-from mindspore_serving.common import check_type
+from mindspore_serving.common import check_type, errors
 from mindspore_serving.server.register.context import Context
 from mindspore_serving.server.register.options import AclOptions, GpuOptions
 from mindspore_serving.server.register.placeholder import is_placeholder
@@ -198,7 +198,7 @@ def declare_model(
     used_files = {name for model in spec.models.values() for name in model.model_files}
     for name in model_files:  # declaring the same model again is reported so too, as MindSpore Serving does
         if name in used_files:
-            raise RuntimeError(
+            raise errors.core_failure(
                 f"Declare model {_format_files(model_files)} failed, model file '{name}' has already been used"
             )
     spec.models[model_key] = ModelSpec(

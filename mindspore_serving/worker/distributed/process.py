@@ -9,6 +9,7 @@ import os
 from concurrent import futures
 
 from mindspore_serving import log
+from mindspore_serving.common import errors
 from mindspore_serving.ipc import distributed as protocol
 from mindspore_serving.proto import distributed_pb2_grpc as dpb_grpc
 from mindspore_serving.worker import process as worker_process
@@ -45,7 +46,7 @@ def distributed_declaration(spec, servable_name: str):
     if not spec.distributed:
         raise RuntimeError(f"Servable '{servable_name}' is not registered as distributed servable")
     if not spec.methods:
-        raise RuntimeError("There is no method registered for servable")
+        raise errors.core_failure("There is no method registered for servable")
     return spec.distributed_spec, spec.models[servable_name]
 
 
