@@ -79,7 +79,7 @@ def tensor_infos_from_proto(infos: Iterable[dpb.TensorInfo]) -> list[tuple[tuple
 def arrays_to_tensors(arrays: Sequence[np.ndarray], repeated_field: Any) -> None:
     """Appends `arrays` as Tensor messages to `repeated_field` (a message's repeated Tensor field)."""
     for array in arrays:
-        tensor_codec.value_to_tensor(np.ascontiguousarray(array), repeated_field.add())
+        tensor_codec.value_to_tensor(np.asarray(array, order="C"), repeated_field.add())
 
 
 def tensors_to_arrays(tensors: Iterable[Any]) -> list[np.ndarray]:

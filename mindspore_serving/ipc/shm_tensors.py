@@ -229,7 +229,7 @@ def encode_call(
             tensor.dtype = dtype_to_proto(array.dtype)
             tensor.shape.dims.extend(array.shape)
             _set_place(tensor.shm_data, block, offset, array.nbytes)
-            block.write(offset, np.ascontiguousarray(array))
+            block.write(offset, np.asarray(array, order="C"))
             offset += _aligned(array.nbytes)
         if block is None:
             continue

@@ -133,7 +133,7 @@ def _batch(pieces: list[np.ndarray], batch_size: int) -> np.ndarray:
     """The rows of `pieces`, in order, padded to `batch_size` with copies of the first row; contiguous."""
     count = sum(len(piece) for piece in pieces)
     if len(pieces) == 1 and count == batch_size:
-        return np.ascontiguousarray(pieces[0])
+        return np.asarray(pieces[0], order="C")
     first = pieces[0]
     batch = np.empty((batch_size,) + first.shape[1:], first.dtype)
     offset = 0

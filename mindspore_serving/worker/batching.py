@@ -94,7 +94,7 @@ def merge_inputs(
     merged = []
     for index in range(len(instances[0])):
         if index in no_batch_inputs:
-            merged.append(np.ascontiguousarray(instances[0][index]))
+            merged.append(np.asarray(instances[0][index], order="C"))
             continue
         first = np.asarray(instances[0][index])
         batch = np.empty((batch_size,) + first.shape, dtype=first.dtype)
@@ -108,4 +108,4 @@ def merge_inputs(
 def split_outputs(outputs: Sequence[np.ndarray], count: int) -> list[tuple]:
     """Splits batched outputs (checked: ModelExecutor's run) along dimension 0 into `count` per-instance output
     tuples."""
-    return [tuple(np.ascontiguousarray(output[slot]) for output in outputs) for slot in range(count)]
+    return [tuple(np.asarray(output[slot], order="C") for output in outputs) for slot in range(count)]

@@ -126,7 +126,7 @@ class Subgraph:
     def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         from mindspore import Tensor  # lazy: see the module docstring
 
-        arrays = [np.ascontiguousarray(value) for value in inputs]
+        arrays = [np.asarray(value, order="C") for value in inputs]
         signature = tuple((array.shape, array.dtype.str) for array in arrays)
         # from_numpy shares the arrays' memory (they live until the call returns); Tensor() would copy them
         tensors = [Tensor.from_numpy(array) for array in arrays]

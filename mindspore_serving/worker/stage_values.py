@@ -11,14 +11,14 @@ from mindspore_serving.worker.model_backend import TensorInfo, kmsi_name
 def to_stage_value(value):
     """Normalises one stage output: numpy arrays (contiguous), str and bytes pass; scalars become 0-d arrays."""
     if isinstance(value, np.ndarray):
-        return np.ascontiguousarray(value)
+        return np.asarray(value, order="C")
     if isinstance(value, (str, bytes)):
         return value
     array = scalar_to_array(value)
     if array is not None:
         return array
     if hasattr(value, "asnumpy"):
-        return np.ascontiguousarray(value.asnumpy())
+        return np.asarray(value.asnumpy(), order="C")
     raise TypeError(
         f"output type {type(value).__name__} is not supported, expect numpy array, "
         f"numpy scalar, bool, int, float, str, bytes or mindspore Tensor"

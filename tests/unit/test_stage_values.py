@@ -263,3 +263,12 @@ def test_shape_to_model_keeps_dynamic_inputs_and_returns_a_tuple():
     assert isinstance(result, tuple)
     assert result[0].shape == (2, 2)
     assert result[1] is value
+
+
+def test_a_0_d_array_stays_0_d_and_others_become_contiguous():
+    """np.ascontiguousarray would make a 0-d array 1-d: a scalar a stage returns stays a scalar (REST `7`, not
+    `[7]`), as in MindSpore Serving."""
+    assert to_stage_value(np.array(7, np.int32)).shape == ()
+    transposed = np.arange(6, dtype=np.float32).reshape(2, 3).T
+    made = to_stage_value(transposed)
+    assert made.flags.c_contiguous and made.shape == (3, 2) and np.array_equal(made, transposed)

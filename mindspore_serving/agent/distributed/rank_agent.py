@@ -48,7 +48,7 @@ class RankGraph:
     def run(self, inputs):
         from mindspore import Tensor  # lazy: as above
 
-        result = self.cell(*[Tensor(np.ascontiguousarray(value)) for value in inputs])
+        result = self.cell(*[Tensor(np.asarray(value, order="C")) for value in inputs])
         if not isinstance(result, (tuple, list)):
             result = (result,)
         return [out.asnumpy() for out in result]
