@@ -93,7 +93,7 @@ def test_the_direct_path_answers_as_the_general_path_in_full_padded_batches(coun
     assert (
         answers_of(direct_reply)
         == answers_of(general_reply)
-        == [{"total": [2 * i + 1 + 10 * i], "double": [2 * i, 2 * i + 2]} for i in range(count)]
+        == [{"total": 2 * i + 1 + 10 * i, "double": [2 * i, 2 * i + 2]} for i in range(count)]  # [batch] -> []
     )
     batches = direct.model.subgraphs[0].calls
     assert [len(call[0]) for call in batches] == [4] * len(batches) and len(batches) == (count + 3) // 4
@@ -114,7 +114,7 @@ def test_an_instance_that_does_not_feed_the_model_exactly_sends_the_call_the_gen
         for bad in (wrong_dtype, missing):
             reply = WorkerServicer(runtime, None).Predict(request_of(instances(1) + [bad]), None)
             answers = answers_of(reply)
-            assert answers[0] == {"total": [1], "double": [0, 2]} and isinstance(answers[1], str)
+            assert answers[0] == {"total": 1, "double": [0, 2]} and isinstance(answers[1], str)
         assert runtime.general_calls == 2
         assert (
             "input 0 size 16 not match the size 8"
