@@ -96,6 +96,10 @@ def _nested_empty(array: np.ndarray):
 
 
 def _array_json(array: np.ndarray):
+    if array.dtype.kind == "f" and array.dtype.itemsize < 8:
+        # MindSpore Serving widens float16/float32 to double and prints the double's shortest form: 0.1 in float32
+        # is 0.10000000149011612, its exact value
+        array = array.astype(np.float64)
     if array.ndim == 0:
         return array[()] if array.dtype.isnative else array.item()
     if array.size == 0:
@@ -115,7 +119,7 @@ def _value_json(value):
             raise _ReplyError("reply data type is unknown")
         return _array_json(value)
     if isinstance(value, np.generic):
-        return value
+        return _array_json(np.asarray(value))
     if isinstance(value, (bool, int, float)):
         return value
     if isinstance(value, (list, tuple)) and all(isinstance(item, (str, bytes)) for item in value):

@@ -485,3 +485,15 @@ def test_round_trip_through_json():
     instances = parse({"instances": [{"x": [[1.5, 2.5]], "s": "hi", "b": {"b64": b64(b"\x01\x02")}}]})
     reply = decode(rc.encode_reply(instances))
     assert reply == {"instances": [{"x": [[1.5, 2.5]], "s": "hi", "b": {"b64": b64(b"\x01\x02")}}]}
+
+
+def test_float32_outputs_print_as_the_doubles_they_are():
+    """MindSpore Serving widens float16/float32 outputs to double: 0.1 in float32 prints 0.10000000149011612."""
+    reply = json.loads(
+        rc.encode_reply(
+            [{"y": np.array([0.1, 123456.789], np.float32), "s": np.float32(0.1), "h": np.array(0.1, np.float16)}]
+        )
+    )
+    assert reply == {
+        "instances": [{"h": 0.0999755859375, "s": 0.10000000149011612, "y": [0.10000000149011612, 123456.7890625]}]
+    }
