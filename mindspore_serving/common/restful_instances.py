@@ -16,7 +16,7 @@ import itertools
 import json
 import math
 from collections.abc import Iterable
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 import orjson
@@ -61,34 +61,10 @@ class _ParseError(Exception):
 # ----------------------------------------------------------------------------------------------- body
 
 
-class _Object(dict):
-    """A JSON object from the duplicate-aware parser; `counts` holds how often each key appeared."""
-
-    counts: dict[str, int]
-
-
-def _pairs_hook(pairs: list[tuple[str, Any]]) -> _Object:
-    obj = _Object(pairs)
-    counts: dict[str, int] = {}
-    for key, _ in pairs:
-        counts[key] = counts.get(key, 0) + 1
-    obj.counts = counts
-    return obj
-
-
-def _reject_constant(name: str) -> NoReturn:
-    raise ValueError(f"invalid literal {name}")
-
-
-def _parse_int(text: str) -> int | float:
-    value = int(text)
-    return value if -(2**63) <= value < 2**64 else float(value)  # as orjson (and the reference) read them
-
-
 def load_json(body: bytes, max_bytes: int) -> Any:
     """The JSON document of a request body: "http message invalid" when empty, "http message is bigger than
-    <max_bytes>", "Illegal JSON format.<detail>". Keys that appear twice keep the last value, but a
-    document where "instances" appears twice remembers it (checked by parse_instances)."""
+    <max_bytes>", "Illegal JSON format.<detail>". A key that appears twice keeps its last value, as in MindSpore
+    Serving's parser."""
     if isinstance(body, str):
         body = body.encode("utf-8", "surrogateescape")
     if not body:
@@ -96,13 +72,6 @@ def load_json(body: bytes, max_bytes: int) -> Any:
     if len(body) > max_bytes:
         raise errors.InvalidInputs(f"http message is bigger than {max_bytes}")
     try:
-        if body.count(b'"instances"') > 1:  # rare: pay for the slower parser that sees duplicate keys
-            return json.loads(
-                bytes(body).decode("utf-8"),
-                object_pairs_hook=_pairs_hook,
-                parse_constant=_reject_constant,
-                parse_int=_parse_int,
-            )
         return orjson.loads(body)
     except (ValueError, UnicodeDecodeError) as err:
         raise errors.InvalidInputs(f"Illegal JSON format.{err}") from None
@@ -121,9 +90,7 @@ def parse_body(body: bytes, max_bytes: int) -> list[dict]:
 
 
 def _parse_instances(document: Any) -> list[dict]:
-    count = 0
-    if isinstance(document, dict):
-        count = document.counts.get("instances", 0) if isinstance(document, _Object) else int("instances" in document)
+    count = int(isinstance(document, dict) and "instances" in document)
     if count != 1:
         raise _ParseError(f"key 'instances' expects to exist once, but actually {count} times")
     instances = document["instances"]
