@@ -11,6 +11,7 @@ session (`ipc/llm_session.py`). Raise the class that names the failure.
     Overloaded           overloaded              FAILED
     PayloadTooLarge      payload_too_large       INVALID_INPUTS
     ServableUnavailable  not_found               SERVABLE_UNAVAILABLE
+    UnknownServable      not_found               INVALID_INPUTS (servable, version or method not served)
     WorkerUnavailable    unavailable             WORKER_UNAVAILABLE
     ServerStopping       unavailable             WORKER_UNAVAILABLE (gRPC UNAVAILABLE)
     Failed               generation              FAILED
@@ -127,6 +128,12 @@ def cut_by_stop(cancelled: BaseException) -> bool:
 class ServableUnavailable(_CodedError):
     CODE = SERVABLE_UNAVAILABLE
     KIND = Kind.NOT_FOUND
+
+
+class UnknownServable(ServableUnavailable):
+    """A servable, version or method the server does not serve: MindSpore Serving's code is INVALID_INPUTS."""
+
+    CODE = INVALID_INPUTS
 
 
 class Overloaded(Failed):

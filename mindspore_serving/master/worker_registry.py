@@ -137,10 +137,10 @@ class WorkerRegistry:
         if not matching:
             if self.expected(servable_name, version_number):
                 raise errors.WorkerUnavailable(f"Request {repr_}, servable is not available")
-            raise errors.ServableUnavailable(f"Request {repr_}, servable is not available")
+            raise errors.UnknownServable(f"Request {repr_}, servable is not available")
         with_method = [w for w in matching if method_name in w.methods]
         if not with_method:
-            raise errors.ServableUnavailable(f"Request {repr_}, method is not available")
+            raise errors.UnknownServable(f"Request {repr_}, method is not available")
         with self._lock:
             if cache is self._candidates:  # no worker came or went meanwhile
                 cache[key] = with_method

@@ -83,7 +83,7 @@ def test_unavailable_texts(servable, method, version, text):
     with pytest.raises(errors.ServableUnavailable) as info:
         registry.candidates(servable, method, version)
     assert str(info.value) == text
-    assert info.value.code == errors.SERVABLE_UNAVAILABLE
+    assert info.value.code == errors.INVALID_INPUTS  # MindSpore Serving's code for what it does not serve
 
 
 def test_empty_registry_has_no_servable():
