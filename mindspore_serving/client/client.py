@@ -89,6 +89,8 @@ class Client:
         check_str("address", address)
         check_str("servable_name", servable_name)
         check_str("method_name", method_name)
+        if isinstance(version_number, bool):  # MindSpore Serving's client takes a bool as the int it is
+            version_number = int(version_number)
         check_int("version_number", version_number, 0)
         self.address = address
         self.servable_name = servable_name

@@ -139,6 +139,7 @@ def test_client_argument_checks():
         Client(NEVER_CONNECTED, "add", "m", version_number=-1)
     with pytest.raises(RuntimeError, match="^Parameter 'version_number' should be int, but actually <class 'str'>$"):
         Client(NEVER_CONNECTED, "add", "m", version_number="1")
+    assert Client(NEVER_CONNECTED, "add", "m", version_number=True).version_number == 1  # as MindSpore Serving's
     with pytest.raises(RuntimeError, match="^The type of ssl_config should be type of SSLConfig$"):
         Client(NEVER_CONNECTED, "add", "m", ssl_config="x")
     with pytest.raises(RuntimeError, match="^Parameter 'certificate' should not be empty str$"):
