@@ -111,6 +111,7 @@ class Master:
             self.registry, _settings["heartbeat"], self._on_worker_unresponsive, on_change=self.readiness_changes.notify
         )
         self.loop.call_soon_threadsafe(self.heartbeat.start)
+        log.info(f"Master server start success, listening on {self.address}")
         print(f"Serving: Master server start success, listening on {self.address}", flush=True)
 
     @property

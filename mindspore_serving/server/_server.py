@@ -252,8 +252,8 @@ def _open_frontend(kind: str, label: str, frontend_class, address, max_msg_mb_si
             master.run(frontend.close())
             raise
     processes = f" ({master.frontend_count()} processes)" if shared else ""
-    print(f"Serving: {_STARTED[kind]} start success, listening on {address}{processes}", flush=True)
     log.info(f"{_LISTENING[kind]} {address}{processes}")
+    print(f"Serving: {_STARTED[kind]} start success, listening on {address}{processes}", flush=True)
 
 
 def _access() -> Access:

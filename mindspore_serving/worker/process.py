@@ -129,6 +129,7 @@ class Worker:
         self.server.add_insecure_port(self.address)
         self.server.start()
         ipc.restrict_socket(self.address)
+        print(f"Serving: Worker gRPC server start success, listening on {self.address}", flush=True)
         self.predict_server = PredictSocketServer(
             ipc.predict_address(self.address),
             lambda request: servicer.Predict(request, None),
@@ -170,11 +171,12 @@ class Worker:
         )
         if reply.error.error_code:
             raise RuntimeError(reply.error.error_msg.decode())
-        print(
+        started = (
             f"Serving: Start servable success, servable directory: '{args.servable_directory}', "
-            f"servable name: '{spec.name}', version number: {version}",
-            flush=True,
+            f"servable name: '{spec.name}', version number: {version}"
         )
+        log.info(started)  # MindSpore Serving logs it, then prints it whatever GLOG_v says
+        print(started, flush=True)
 
     @property
     def device_label(self) -> str:

@@ -56,6 +56,15 @@ def test_master_and_worker_follow_glog_v_and_write_their_own_files(tmp_path):
         # MindSpore Serving's line, then the public request's id (x-request-id of its reply)
         cost = re.compile(r"Method add_common WorkerRequestHandle Time Cost # \d+\.\d+ ms -+ \[request [0-9a-f]{32}\]")
         assert all(cost.fullmatch(msg) for msg in costs)
+        # MindSpore Serving's start-up lines: printed whatever GLOG_v says, and logged at INFO
+        messages = {msg for level, _, msg in master if level == "INFO"}
+        assert f"Serving gRPC server start success, listening on {grpc_addr}" in messages
+        assert any(msg.startswith("Master server start success, listening on unix:") for msg in messages)
+        assert f"Serving: Serving gRPC server start success, listening on {grpc_addr}" in proc.output()
+        started = [line for line in worker_log.splitlines() if "Start servable success" in line]
+        assert len(started) == 2 and started[1].startswith("Serving: Start servable success, servable directory: ")
+        assert records(started[0], worker.pid)[0][2] == started[1]  # INFO, then printed
+        assert "Serving: Worker gRPC server start success, listening on unix:" in worker_log
         cores = len(os.sched_getaffinity(worker.pid))
         threads = {
             msg for _, path, msg in records(worker_log, worker.pid) if path == "mindspore_serving/worker/cpu_threads.py"
