@@ -53,6 +53,9 @@ _VARIABLES = {
     "backupCount": "logger_backupCount",
 }
 
+EXCEPTION = logging.ERROR + 5  # MindSpore Serving's level of an error raised into Python: `[EXCEPTION] ...`
+logging.addLevelName(EXCEPTION, "EXCEPTION")
+
 _setup_lock = threading.Lock()
 _logger = None
 
@@ -460,6 +463,12 @@ def warning(msg, *args, **kwargs):
 
 def error(msg, *args, **kwargs):
     _get_logger().error(msg, *args, **kwargs)
+
+
+def raised(msg, *args, **kwargs):
+    """A record at MindSpore Serving's EXCEPTION level (an ERROR, written whatever GLOG_v says): the text of the
+    error its C++ core raises into Python, after the ERROR line that says what failed."""
+    _get_logger().log(EXCEPTION, msg, *args, **kwargs)
 
 
 def exception(msg, *args, **kwargs):

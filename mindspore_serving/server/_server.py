@@ -1,11 +1,12 @@
 """start_servables / load_servable / unload_servable / start_grpc_server / start_restful_server / stop on top of the
 master."""
 
+import functools
 import os
 
 from mindspore_serving import log
 from mindspore_serving.common import check_type, errors
-from mindspore_serving.frontends.address import check_address
+from mindspore_serving.frontends.address import check_address, check_max_msg_mb_size
 from mindspore_serving.frontends.api_groups import Access
 from mindspore_serving.frontends.grpc_server import GrpcFrontend, read_ssl_files
 from mindspore_serving.frontends.restful_server import RestfulFrontend
@@ -76,6 +77,22 @@ def _plans(configs):
     return plans
 
 
+def _stop_on_except(function):
+    """As MindSpore Serving's server functions: a failure stops the whole server (its workers and the front ends
+    started before) before it is raised, so that a script that dies there leaves nothing half started."""
+
+    @functools.wraps(function)
+    def stopping(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except BaseException:
+            stop()
+            raise
+
+    return stopping
+
+
+@_stop_on_except
 def start_servables(servable_configs, enable_lite=False):
     """Starts one worker per servable per device id, then its extra workers (num_parallel_workers beyond the
     device ids), and blocks until all have registered.
@@ -89,15 +106,15 @@ def start_servables(servable_configs, enable_lite=False):
     configs = check_servable_configs(servable_configs, (DistributedStartConfig,))
     check_type.check_bool("enable_lite", enable_lite)
     check_device_types(configs)
-    configs = merge_config(configs)
+    try:
+        configs = merge_config(configs)
+    except RuntimeError as err:
+        log.error(f"Start servables failed: {err}")
+        raise
     master = get_master()
     install_signal_handlers()
     _enable_model_control(master, configs)
-    try:
-        master.start_workers(_plans(configs))
-    except BaseException:
-        stop()
-        raise
+    master.start_workers(_plans(configs))
     log.info("all workers have registered")
 
 
@@ -208,15 +225,15 @@ def start_model_control_poll(
 
 
 def _start_frontend(kind: str, label: str, frontend_class, address, max_msg_mb_size, ssl_config, **extra):
-    """Starts a front end; as MindSpore Serving, a failure is logged as an error, stops the whole server (its
-    workers and the front ends started before) and raises RuntimeError("Raise failed: Serving Error: ...")."""
+    """Starts a front end after the arguments' checks; its failures are MindSpore Serving's C++ core's: an ERROR
+    line, an EXCEPTION line and RuntimeError("Raise failed: Serving Error: ...")."""
     try:
         _open_frontend(kind, label, frontend_class, address, max_msg_mb_size, ssl_config, **extra)
     except RuntimeError as err:
-        text = str(err)
-        log.error(text)
-        stop()
-        raise errors.core_failure(text) from None
+        failure = errors.core_failure(str(err))
+        log.error(str(err))
+        log.raised(str(failure))
+        raise failure from None
 
 
 def _open_frontend(kind: str, label: str, frontend_class, address, max_msg_mb_size, ssl_config, **extra):
@@ -285,8 +302,11 @@ def _server_config(
     return config
 
 
+@_stop_on_except
 def start_grpc_server(address, max_msg_mb_size=100, ssl_config=None):
     """Serves MSService on `ip:port` or `unix:<path>`; messages up to `max_msg_mb_size` MiB each way."""
+    check_type.check_str("address", address)
+    check_max_msg_mb_size(max_msg_mb_size)
     if ssl_config is not None:
         if not isinstance(ssl_config, SSLConfig):
             raise RuntimeError("The type of ssl_config should be type of SSLConfig")
@@ -302,8 +322,11 @@ def start_grpc_server(address, max_msg_mb_size=100, ssl_config=None):
     )
 
 
+@_stop_on_except
 def start_restful_server(address, max_msg_mb_size=100, ssl_config=None):
     """Serves the RESTful API on `ip:port`; request bodies up to `max_msg_mb_size` MiB."""
+    check_type.check_str("address", address)
+    check_max_msg_mb_size(max_msg_mb_size)
     if ssl_config is not None and not isinstance(ssl_config, SSLConfig):
         raise RuntimeError("The type of ssl_config should be class of SSLConfig")  # sic: gRPC's says "type of"
     _start_frontend(

@@ -78,6 +78,11 @@ def test_front_end_errors_stop_the_server_as_mindspore_serving_does(serving):
             serving.start_restful_server(f"127.0.0.1:{held.getsockname()[1]}")
     with pytest.raises(RuntimeError, match="The type of ssl_config should be class of SSLConfig"):
         serving.start_restful_server(f"127.0.0.1:{free_port()}", ssl_config="x")
+    # the arguments' own checks raise their text alone (MindSpore Serving checks them in Python), and stop too
+    serving.start_servables(add_config())
+    with pytest.raises(RuntimeError, match=r"^Parameter 'max_msg_mb_size' should be in range \[1,512\]$"):
+        serving.start_grpc_server(f"127.0.0.1:{free_port()}", max_msg_mb_size=0)
+    assert get_master(create=False) is None
 
 
 def test_start_servables_reports_worker_failure(serving):

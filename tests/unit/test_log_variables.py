@@ -334,3 +334,11 @@ def test_lines_logged_while_a_request_is_handled_name_its_id(tmp_path):
     lines = err.splitlines()
     assert HEADER.match(lines[0]).groups()[-1] == "refused [request client-42]"
     assert HEADER.match(lines[1]).groups()[-1] == "later"
+
+
+def test_an_error_raised_into_python_is_logged_at_the_exception_level(tmp_path):
+    """MindSpore Serving's `[EXCEPTION]` line (the text of the error its C++ core raises), shown at every GLOG_v."""
+    script = "from mindspore_serving import log\nlog.raised('Raise failed: Serving Error: x')\n"
+    _, err = run_script(tmp_path, {"GLOG_v": "3"}, script)
+    (line,) = err.splitlines()
+    assert line.startswith("[EXCEPTION] SERVING(") and line.endswith("] Raise failed: Serving Error: x")
