@@ -80,8 +80,7 @@ class MasterControlServicer(internal_pb2_grpc.MasterControlServicer):
 
     async def NotifyFailed(self, request, context):
         await self._check_caller(context, request.worker_key)
-        log.error(f"worker {request.worker_key} (pid {request.worker_pid}) failed to start: {request.error_msg}")
-        self.processes.mark_failed(request.worker_key, request.error_msg)
+        self.processes.mark_failed(request.worker_key, request.worker_pid, request.error_msg)
         return internal_pb2.Empty()
 
     async def Exit(self, request, context):

@@ -90,6 +90,13 @@ class WorkerPlan:
         return f"servable name:{self.servable_name}, device id:{self.device_id}"
 
     @property
+    def repr_label(self) -> str:
+        """The worker in MindSpore Serving's log lines: `servable name: <n>, version: <v>, extra: <i>` (or
+        `device id: <d>`)."""
+        where = f"extra: {self.extra_index}" if self.extra else f"device id: {self.device_id}"
+        return f"servable name: {self.servable_name}, version: {self.version_number}, {where}"
+
+    @property
     def restartable(self) -> bool:
         """A distributed worker is never restarted: its agents are bound to it."""
         return not self.distributed
@@ -344,10 +351,16 @@ class WorkerProcesses:
             worker.python_stages = python_stages
             worker.registered.set()
 
-    def mark_failed(self, key: str, message: str):
+    def mark_failed(self, key: str, pid: int, message: str):
+        """A worker reported why it could not start: MindSpore Serving's two ERROR lines, and its start fails."""
         worker = self.find(key)
-        if worker is not None:
-            worker.failure = message
+        if worker is None:
+            log.error(f"worker {key} (pid {pid}) failed to start: {message}")
+            return
+        plan = worker.plan
+        log.error(f"Worker notify failed, worker pid: {pid}, error reported: <{{{plan.failure_label}, <{message}>}}>")
+        log.error(f"Notify worker start-up error, {plan.repr_label}, worker pid: {pid}")
+        worker.failure = message
 
     def restart_counts(self) -> list:
         """[(key, (plan, restarts))] of every worker this master runs."""

@@ -1,6 +1,7 @@
 """Process lifecycle end to end: worker death and restart, SIGTERM, start-up failures."""
 
 import os
+import re
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -93,9 +94,18 @@ def test_broken_servable_fails_start_with_reason(tmp_path):
         code = proc.wait_exit(120)
         out = proc.output()
         assert code != 0
-        assert (
-            "Fail to start workers: {servable name:broken, device id:0, <import broken.servable_config failed, "
-            "this servable is broken on purpose>}" in out
+        reason = "<import broken.servable_config failed, this servable is broken on purpose>"
+        assert f"Fail to start workers: {{servable name:broken, device id:0, {reason}}}" in out
+        # MindSpore Serving's two ERROR lines of the master
+        assert re.search(
+            rf"\[ERROR\] SERVING\(.*\] Worker notify failed, worker pid: \d+, error reported: "
+            rf"<{{servable name:broken, device id:0, {re.escape(reason)}}}>",
+            out,
+        )
+        assert re.search(
+            r"\[ERROR\] SERVING\(.*\] Notify worker start-up error, servable name: broken, version: 0, "
+            r"device id: 0, worker pid: \d+",
+            out,
         )
     finally:
         proc.close()
