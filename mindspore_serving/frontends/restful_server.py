@@ -364,7 +364,7 @@ def _ssl_context_kwargs(ssl_config):
 
 def _check_ssl(ssl_config):
     """Loads the files once, in MindSpore Serving's order, so that bad ones fail start-up with its messages: the
-    clients' CA (with verify_client), the certificate chain, the private key, then whether they match."""
+    clients' CA (with verify_client), the certificate chain, then the private key with it."""
     if ssl_config is None:
         return
     if ssl_config.verify_client and ssl_config.custom_ca:
@@ -378,13 +378,7 @@ def _check_ssl(ssl_config):
         raise RuntimeError(f"Serving Error: load certificate_chain from {ssl_config.certificate} failed") from err
     try:
         ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(ssl_config.certificate, ssl_config.private_key)
-    except ssl.SSLError as err:
-        if getattr(err, "reason", None) == "KEY_VALUES_MISMATCH":
-            raise RuntimeError(
-                f"Serving Error: private_key is not consistent with certificate {ssl_config.certificate}"
-            ) from err
-        raise RuntimeError(f"Serving Error: load private_key from {ssl_config.private_key} failed") from err
-    except OSError as err:
+    except (OSError, ssl.SSLError) as err:  # a key that is not the certificate's too, as OpenSSL's loading checks it
         raise RuntimeError(f"Serving Error: load private_key from {ssl_config.private_key} failed") from err
 
 
