@@ -187,7 +187,7 @@ def run_group(group: Group, target: Target, keep: str | None = None) -> dict[str
             text = _read(steps_path)
             if "COMPAT_READY" in text or "COMPAT_DONE" in text or proc.poll() is not None:
                 break
-            time.sleep(0.1)  # polling the server's steps with a deadline
+            time.sleep(0.1)  # ok-sleep: polling the server's steps with a deadline
         ctx.steps = _steps_of(_read(steps_path))
         served = "COMPAT_READY" in _read(steps_path)
         for scenario in group.scenarios:

@@ -115,7 +115,7 @@ def raw_grpc(item):
 
 def observe(item):
     if item.get("sleep"):
-        time.sleep(item["sleep"])  # a pause the scenario asks for (e.g. while a worker restarts)
+        time.sleep(item["sleep"])  # ok-sleep: a pause the scenario asks for (a worker restarting)
     kinds = {"rest": rest, "client": client, "grpc": raw_grpc}
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
