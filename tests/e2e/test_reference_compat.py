@@ -92,7 +92,8 @@ def test_a_wrong_key_fails_start_with_mindspore_s_reason(encrypted, tmp_path):
     finally:
         run.stop()
     assert str(info.value) == (
-        f"Fail to start workers: {{servable name:add_enc, device id:0, <Load model failed, servable directory: "
+        f"Fail to start workers: {{servable name:add_enc, device id:0, <Raise failed: Load model failed, servable "
+        f"directory: "
         f"'{encrypted}', servable name: 'add_enc', model file: '[tensor_add.mindir]', version number 1,model "
         f"context: {{}}, load error details: Load MindIR failed. The file may be encrypted and decrypt failed, you can "
         f"check whether the values of the arguments 'dec_key' and 'dec_mode' are the same as when exported MindIR "

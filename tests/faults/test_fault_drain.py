@@ -187,7 +187,7 @@ def test_sigterm_finishes_requests_in_flight_and_refuses_new_ones(tmp_path):
     assert_unavailable_grpc(refused_grpc_new)
 
     assert results["grpc_predict"][0]["y"].item() == 1.0, results["grpc_predict"]
-    assert results["classic"].status_code == 200 and results["classic"].json() == {"instances": [{"y": [0.5]}]}
+    assert results["classic"].status_code == 200 and results["classic"].json() == {"instances": [{"y": 0.5}]}
     assert results["tgi"].status_code == 200, results["tgi"].text
     status, _, events = results["sse"]
     assert status == 200 and events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
