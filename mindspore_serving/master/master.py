@@ -428,7 +428,7 @@ def install_signal_handlers():
         return
 
     def handler(signum, _frame):
-        log.warning(f"Serving: receive signal {signal.Signals(signum).name}, stopping")
+        log.warning("Serving server begin to exit: receive exit signal")
         threading.Thread(target=stop_master, name="serving-stop").start()
 
     for signum in (signal.SIGINT, signal.SIGTERM):

@@ -446,24 +446,36 @@ class WorkerProcesses:
 
     # ---- stop ----
     def stop(self, grace: float = STOP_GRACE):
-        """Asks every worker to exit (SIGTERM), then kills the ones still alive after `grace` seconds."""
+        """Asks every worker to exit (SIGINT, as MindSpore Serving), then kills the ones still alive after `grace`
+        seconds; each second of the wait says so, in MindSpore Serving's words."""
         self._stop.set()
         with self._lock:
             workers = list(self.workers.values())  # kept until they are gone: their Exit notices are heard
-        alive = [w.process for w in workers if w.process is not None and w.process.poll() is None]
-        for process in alive:
+        alive = [w for w in workers if w.process is not None and w.process.poll() is None]
+        for worker in alive:
+            log.warning(
+                f"Send signal {int(signal.SIGINT)} to worker, {worker.plan.repr_label}, pid: {worker.process.pid}"
+            )
             try:
-                process.send_signal(signal.SIGTERM)
+                worker.process.send_signal(signal.SIGINT)
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + grace
-        for process in alive:
+        pending = [w.process for w in alive]
+        while pending and time.monotonic() < deadline:
             try:
-                process.wait(max(0.0, deadline - time.monotonic()))
+                pending[0].wait(min(1.0, max(0.0, deadline - time.monotonic())))
+                pending.pop(0)
             except subprocess.TimeoutExpired:
+                log.warning(
+                    "Wait for all worker processes to exit, otherwise they will be forcibly killed in "
+                    f"{max(0, round(deadline - time.monotonic()))} seconds."
+                )
+        for process in pending:
+            if process.poll() is None:
                 log.warning(f"worker pid {process.pid} did not exit in {grace:g} s; killing it")
                 kill_group(process)
-                process.wait()
+            process.wait()
         with self._lock:
             self.workers.clear()
         self.on_change()
