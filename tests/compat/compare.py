@@ -36,6 +36,9 @@ KNOWN: dict[str, str] = {
     "rest: body not JSON": "after 'Illegal JSON format.' each parser says what it found in its own words",
     "grpc: no instances": "answered with INVALID_INPUTS; MindSpore Serving's master never answers it",
     "faults: requests while a killed worker restarts": "an unavailable servable is HTTP 503 + Retry-After",
+    "faults: a worker killed before its first request, a request 3 s later": (
+        "a dead worker is restarted even if it never answered a request (MindSpore Serving then stops the server)"
+    ),
     "start-up: two versions of one servable on one device": _DEVICE_PROBE,
     "logs: two versions of one servable on one device: error lines": _DEVICE_PROBE,
     "start-up: two servables on one device": _DEVICE_PROBE,

@@ -7,6 +7,7 @@ compare.KNOWN with the reason (docs/serving.md, "Differences from MindSpore Serv
 import base64
 import json
 import os
+import time
 
 import numpy as np
 import psutil
@@ -695,4 +696,48 @@ QUIET = Group(
     env={"GLOG_v": "3"},
 )
 
-GROUPS = [BASIC, INFO, QUIET, LIMITS, *TLS, KILLED, *STARTUP]
+
+def stop_lines(ctx, _):
+    """The WARNING and ERROR lines the server wrote once SIGTERM reached it (at the default GLOG_v), and how it
+    exited."""
+    lines = log_lines(ctx.output, "[WARNING]", "[ERROR]")
+    lines = [line for line in lines if "exit" in line.lower() or "signal" in line.lower()]
+    # said once a second while the workers exit: how many depends on how fast they do
+    lines = [line for line in lines if "Wait for all worker processes to exit" not in line]
+    return {"lines": lines, "exit code": ctx.exit_code}
+
+
+STOPPED = Group(
+    "sigterm",
+    ADD,
+    start("add"),
+    [Scenario("faults: SIGTERM: the lines at stop and the exit code", "faults", observe=stop_lines)],
+)
+
+
+def kill_and_wait(ctx: Context) -> None:
+    kill_worker(ctx)
+    time.sleep(3.0)  # ok-sleep: past MindSpore Serving's 1 s before it decides whether to restart a worker
+
+
+def served_or_refused(_ctx, seen):
+    item = seen[0]
+    return {"served": "instances" in item.get("json", {}), "connection_error": item.get("connection_error")}
+
+
+FIRST_KILLED = Group(
+    "killed_before_serving",
+    ADD,
+    start("add"),
+    [
+        Scenario(
+            "faults: a worker killed before its first request, a request 3 s later",
+            "faults",
+            rest("/model/add:add_common", ADD_BODY),
+            observe=served_or_refused,
+            before=kill_and_wait,
+        )
+    ],
+)
+
+GROUPS = [BASIC, INFO, QUIET, LIMITS, *TLS, KILLED, FIRST_KILLED, STOPPED, *STARTUP]

@@ -7,7 +7,8 @@ REQUESTS is a JSON list; each item is one request and gives one observation, in 
 
     {"kind": "rest", "address": "127.0.0.1:Q", "path": "/model/add:add_common", "body": "<raw text>",
      "method": "POST"}
-        -> {"status": 200, "reason": "OK", "content_type": ..., "json": {...}} (or "text" when not JSON)
+        -> {"status": 200, "reason": "OK", "content_type": ..., "json": {...}} (or "text" when not JSON), or
+           {"connection_error": "ConnectionRefusedError"}
     {"kind": "client", "args": [address, servable, method, version?], "instances": VALUE, "call": "infer",
      "ssl": {...SSLConfig kwargs} or absent}
         -> {"result": VALUE} or {"raise": "RuntimeError", "text": ...} (from the constructor or the call)
@@ -73,9 +74,12 @@ def rest(item):
     connection = http.client.HTTPConnection(host, int(port), timeout=TIMEOUT)
     try:
         body = item.get("body")
-        connection.request(item.get("method", "POST"), item["path"], body=None if body is None else body.encode())
-        response = connection.getresponse()
-        raw = response.read().decode(errors="replace")
+        try:
+            connection.request(item.get("method", "POST"), item["path"], body=None if body is None else body.encode())
+            response = connection.getresponse()
+            raw = response.read().decode(errors="replace")
+        except OSError as err:  # nothing listens there (any more)
+            return {"connection_error": type(err).__name__}
         seen = {
             "status": response.status,
             "reason": response.reason,
