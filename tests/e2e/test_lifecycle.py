@@ -63,7 +63,11 @@ def test_sigterm_stops_server_and_workers(tmp_path):
     assert proc.wait_exit(30) == 0
     for worker in workers:
         wait_until(lambda w=worker: not w.is_running() or w.status() == psutil.STATUS_ZOMBIE, 15, "worker exit")
-    assert "refused" not in proc.output()  # the workers' exit notices are heard while the master stops
+    out = proc.output()
+    assert "refused" not in out  # the workers' exit notices are heard while the master stops
+    # MindSpore Serving's lines: the signal, then each worker asked to exit (SIGINT)
+    assert re.search(r"\[WARNING\] SERVING\(.*\] Serving server begin to exit: receive exit signal\n", out)
+    assert f"Send signal 2 to worker, servable name: add, version: 1, device id: 0, pid: {workers[0].pid}\n" in out
     proc.close()
 
 
