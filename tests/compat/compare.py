@@ -31,6 +31,10 @@ _DEVICE_PROBE = (
     "this build of MindSpore Serving has MindSpore Lite only: its device-sharing check imports MindSpore in a child "
     "and fails; with MindSpore installed it lets servables share a CPU or GPU device, as ours does"
 )
+_CONSTANT_RETURN = (
+    "refused with MindSpore Serving's own text for a returned value that is no placeholder; for a single one it "
+    "fails in Python first ('int' object is not iterable)"
+)
 KNOWN: dict[str, str] = {
     "rest: status line": "the reason phrase is HTTP's 'OK'; MindSpore Serving writes 'Client' (clients ignore it)",
     "rest: body not JSON": "after 'Illegal JSON format.' each parser says what it found in its own words",
@@ -39,6 +43,8 @@ KNOWN: dict[str, str] = {
     "faults: a worker killed before its first request, a request 3 s later": (
         "a dead worker is restarted even if it never answered a request (MindSpore Serving then stops the server)"
     ),
+    "start-up: a method returning a constant": _CONSTANT_RETURN,
+    "logs: a method returning a constant: error lines": _CONSTANT_RETURN,
     "start-up: two versions of one servable on one device": _DEVICE_PROBE,
     "logs: two versions of one servable on one device: error lines": _DEVICE_PROBE,
     "start-up: two servables on one device": _DEVICE_PROBE,

@@ -501,6 +501,29 @@ STARTUP = [
     refusal("servable_config.py fails to import", {"import_error": {}}, servables_step(("import_error", {}))),
     refusal("model declared without a version folder", {"no_version": {}}, servables_step(("no_version", {}))),
     refusal(
+        "a function stage given more inputs than it takes", {"reg_arg_count": {}}, servables_step(("reg_arg_count", {}))
+    ),
+    refusal("a method returning a constant", {"reg_return": {}}, servables_step(("reg_return", {}))),
+    refusal("add_stage of a number", {"reg_stage_type": {}}, servables_step(("reg_stage_type", {}))),
+    refusal(
+        "one model file declared twice",
+        {"reg_model_twice": {"1": ["tensor_add.mindir"]}},
+        servables_step(("reg_model_twice", {})),
+    ),
+    refusal(
+        "model format ONNX",
+        {"reg_model_format": {"1": ["tensor_add.mindir"]}},
+        servables_step(("reg_model_format", {})),
+    ),
+    refusal("a method taking *args", {"reg_varargs": {}}, servables_step(("reg_varargs", {}))),
+    refusal(
+        "three inputs to a model of two",
+        {"reg_model_inputs": {"1": ["tensor_add.mindir"]}},
+        servables_step(("reg_model_inputs", {})),
+    ),
+    refusal("output names repeated", {"reg_output_names": {}}, servables_step(("reg_output_names", {}))),
+    refusal("batch_size -1", {"reg_batch_negative": {}}, servables_step(("reg_batch_negative", {}))),
+    refusal(
         "two versions of one servable on one device",
         {"add": {"1": ["tensor_add.mindir"], "2": ["tensor_add.mindir"]}},
         servables_step(
@@ -740,4 +763,19 @@ FIRST_KILLED = Group(
     ],
 )
 
-GROUPS = [BASIC, INFO, QUIET, LIMITS, *TLS, KILLED, FIRST_KILLED, STOPPED, *STARTUP]
+LEGACY = Group(
+    "legacy",
+    {"legacy": {"1": ["tensor_add.mindir"]}},
+    start("legacy"),
+    [
+        Scenario(
+            "rest: the call_* interface",
+            "rest",
+            rest("/model/legacy:add_twice", {"instances": [{"x1": [[1, 2], [3, 4]], "x2": X2}]}),
+            observe=without_reason,
+        ),
+        Scenario("logs: the call_* interface's deprecation warnings", "logs", observe=worker_lines("deprecated")),
+    ],
+)
+
+GROUPS = [BASIC, INFO, QUIET, LIMITS, *TLS, KILLED, FIRST_KILLED, STOPPED, LEGACY, *STARTUP]
