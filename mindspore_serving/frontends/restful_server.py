@@ -210,7 +210,7 @@ class RestfulApp:
         if body is None:
             return
         status, headers = 200, []
-        results = await self.handle(scope["method"], scope["path"], body)
+        results = await self.handle(scope["method"], request_target(scope), body)
         reply = restful_codec.encode_results(results)
         failure = global_error(results)
         if failure is not None:  # 200, or 503 + Retry-After while the servable is unavailable
@@ -275,6 +275,15 @@ class RestfulApp:
             result if isinstance(result, errors.ServingError) else proto_to_instance(result, copy=False)
             for result in results
         ]
+
+
+def request_target(scope) -> str:
+    """The request's target as sent: its path not percent-decoded, and its query after '?'. MindSpore Serving parses
+    the URL from it, so that `/model/add:add_common?x=1` names the method `add_common?x=1`."""
+    raw = scope.get("raw_path")
+    path = raw.decode("latin-1") if raw else scope["path"]
+    query = scope.get("query_string") or b""
+    return f"{path}?{query.decode('latin-1')}" if query else path
 
 
 class BodyTooLarge(Exception):

@@ -13,7 +13,7 @@ import pytest
 
 from mindspore_serving.common.tensor_codec import instance_to_proto, tensor_to_value
 from mindspore_serving.frontends.http_protocol import CorkedTransport
-from mindspore_serving.frontends.restful_server import RestfulFrontend, _with_tcp_proto
+from mindspore_serving.frontends.restful_server import RestfulFrontend, _with_tcp_proto, request_target
 
 
 class EchoDispatcher:
@@ -238,3 +238,21 @@ def test_a_path_no_route_serves_gets_mindspore_serving_url_errors(frontend, meth
         assert (response.status, json.loads(response.read())) == reply
     finally:
         connection.close()
+
+
+def test_the_url_is_parsed_as_sent_query_included(frontend):
+    """As MindSpore Serving: what follows ':' is the method, a query string included, and the path is not decoded."""
+    body = json.dumps({"instances": [{"x1": [1.0], "x2": [2.0]}]})
+    connection = http.client.HTTPConnection("127.0.0.1", frontend.port, timeout=30)
+    try:
+        connection.request("POST", "/model/add:add_common", body=body)
+        assert "instances" in json.loads(connection.getresponse().read())
+        connection.request("POST", "/model/add/version/1abc:add_common", body=body)  # std::stol's numeric prefix
+        assert "instances" in json.loads(connection.getresponse().read())
+        connection.request("POST", "/model/a%64d:add_common", body=body)
+        assert "instances" in json.loads(connection.getresponse().read())  # the echo dispatcher serves any name
+    finally:
+        connection.close()
+    target = {"path": "/model/add:m", "raw_path": b"/model/a%64d:m", "query_string": b"x=1"}
+    assert request_target(target) == "/model/a%64d:m?x=1"
+    assert request_target({"path": "/model/add:m", "query_string": b""}) == "/model/add:m"
