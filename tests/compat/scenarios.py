@@ -111,6 +111,10 @@ REST = [
     Scenario("rest: version not a number", "rest", rest("/model/add/version/abc:add_common", ADD_BODY)),
     Scenario("rest: negative version", "rest", rest("/model/add/version/-1:add_common", ADD_BODY)),
     Scenario("rest: version not served", "rest", rest("/model/add/version/9:add_common", ADD_BODY)),
+    Scenario("rest: version with a numeric prefix", "rest", rest("/model/add/version/1abc:add_common", ADD_BODY)),
+    Scenario("rest: a query string after the method", "rest", rest("/model/add:add_common?x=1", ADD_BODY)),
+    Scenario("rest: 'model' twice in the url", "rest", rest("/model/add/model/other:add_common", ADD_BODY)),
+    Scenario("rest: a prefix before /model", "rest", rest("/api/model/add:add_common", ADD_BODY)),
     Scenario("rest: unknown servable", "rest", rest("/model/nope:add_common", ADD_BODY)),
     Scenario("rest: unknown method", "rest", rest("/model/add:nope", ADD_BODY)),
     Scenario("rest: GET", "rest", rest("/model/add:add_common", None, method="GET")),
@@ -778,4 +782,36 @@ LEGACY = Group(
     ],
 )
 
-GROUPS = [BASIC, INFO, QUIET, LIMITS, *TLS, KILLED, FIRST_KILLED, STOPPED, LEGACY, *STARTUP]
+WORKERS = Group(
+    "worker_layout",
+    {**ADD, "add2": {"from": "add", "1": ["tensor_add.mindir"]}},
+    lambda ctx: [
+        {
+            "call": "start_servables",
+            "configs": [
+                config(ctx, "add", num_parallel_workers=2),
+                config(ctx, "add2", device_ids=0, device_type="CPU"),
+            ],
+        },
+        {"call": "start_grpc_server", "address": ctx.grpc},
+        {"call": "start_restful_server", "address": ctx.rest},
+    ],
+    [
+        Scenario(
+            "logs: log files of two extra workers and a device worker",
+            "logs",
+            observe=lambda ctx, _: sorted(ctx.log_files()),
+        ),
+        Scenario(
+            "rest: a device worker on the CPU", "rest", rest("/model/add2:add_common", ADD_BODY), observe=without_reason
+        ),
+        Scenario(
+            "rest: two extra workers",
+            "rest",
+            rest("/model/add:add_cast", {"instances": [{"x1": X1, "x2": X2}] * 4}),
+            observe=without_reason,
+        ),
+    ],
+)
+
+GROUPS = [BASIC, WORKERS, INFO, QUIET, LIMITS, *TLS, KILLED, FIRST_KILLED, STOPPED, LEGACY, *STARTUP]
