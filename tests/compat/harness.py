@@ -66,11 +66,14 @@ class Context:
 
 @dataclasses.dataclass
 class Scenario:
-    name: str
-    category: str  # start-up, rest, grpc, client, logs, faults
+    name: str  # "<category>: ...", the category one of start-up, rest, grpc, client, logs, faults
     requests: Callable[[Context], list[dict]] | None = None
     observe: Callable[[Context, list[dict]], Any] | None = None  # default: the requests' observations
     before: Callable[[Context], None] | None = None  # e.g. kill a worker
+
+    @property
+    def category(self) -> str:
+        return self.name.split(":", 1)[0]
 
 
 @dataclasses.dataclass

@@ -94,81 +94,66 @@ def b64(array) -> str:
 ADD_BODY = {"instances": [{"x1": X1, "x2": X2}]}
 
 REST = [
-    Scenario("rest: status line", "rest", rest("/model/add:add_common", ADD_BODY)),
-    Scenario("rest: add_common", "rest", rest("/model/add:add_common", ADD_BODY)),
+    Scenario("rest: status line", rest("/model/add:add_common", ADD_BODY)),
+    Scenario("rest: add_common", rest("/model/add:add_common", ADD_BODY)),
     Scenario(
         "rest: add_cast of ints",
-        "rest",
         rest("/model/add:add_cast", {"instances": [{"x1": [1, 2, 3, 4], "x2": [5, 6, 7, 8]}]}),
     ),
-    Scenario(
-        "rest: one instance as an object", "rest", rest("/model/add:add_common", {"instances": {"x1": X1, "x2": X2}})
-    ),
-    Scenario("rest: three instances", "rest", rest("/model/add:add_common", {"instances": [{"x1": X1, "x2": X2}] * 3})),
-    Scenario("rest: version in the url", "rest", rest("/model/add/version/1:add_common", ADD_BODY)),
-    Scenario("rest: url without model", "rest", rest("/mod/add:add_common", ADD_BODY)),
-    Scenario("rest: url without method", "rest", rest("/model/add", ADD_BODY)),
-    Scenario("rest: url with an empty method", "rest", rest("/model/add:", ADD_BODY)),
-    Scenario("rest: version not a number", "rest", rest("/model/add/version/abc:add_common", ADD_BODY)),
-    Scenario("rest: negative version", "rest", rest("/model/add/version/-1:add_common", ADD_BODY)),
-    Scenario("rest: version not served", "rest", rest("/model/add/version/9:add_common", ADD_BODY)),
-    Scenario("rest: version with a numeric prefix", "rest", rest("/model/add/version/1abc:add_common", ADD_BODY)),
-    Scenario("rest: a query string after the method", "rest", rest("/model/add:add_common?x=1", ADD_BODY)),
-    Scenario("rest: 'model' twice in the url", "rest", rest("/model/add/model/other:add_common", ADD_BODY)),
-    Scenario("rest: a prefix before /model", "rest", rest("/api/model/add:add_common", ADD_BODY)),
-    Scenario("rest: unknown servable", "rest", rest("/model/nope:add_common", ADD_BODY)),
-    Scenario("rest: unknown method", "rest", rest("/model/add:nope", ADD_BODY)),
-    Scenario("rest: GET", "rest", rest("/model/add:add_common", None, method="GET")),
-    Scenario("rest: empty body", "rest", rest("/model/add:add_common", "")),
-    Scenario("rest: empty body and a bad url", "rest", rest("/mod/add", "")),
-    Scenario("rest: body not JSON", "rest", rest("/model/add:add_common", "{not json")),
-    Scenario("rest: no instances key", "rest", rest("/model/add:add_common", {"x1": X1})),
-    Scenario("rest: instances twice", "rest", rest("/model/add:add_common", '{"instances": [], "instances": []}')),
-    Scenario("rest: a JSON array body", "rest", rest("/model/add:add_common", [1, 2])),
-    Scenario("rest: empty instances", "rest", rest("/model/add:add_common", {"instances": []})),
-    Scenario("rest: instances a number", "rest", rest("/model/add:add_common", {"instances": 1})),
-    Scenario("rest: instances an empty object", "rest", rest("/model/add:add_common", {"instances": {}})),
+    Scenario("rest: one instance as an object", rest("/model/add:add_common", {"instances": {"x1": X1, "x2": X2}})),
+    Scenario("rest: three instances", rest("/model/add:add_common", {"instances": [{"x1": X1, "x2": X2}] * 3})),
+    Scenario("rest: version in the url", rest("/model/add/version/1:add_common", ADD_BODY)),
+    Scenario("rest: url without model", rest("/mod/add:add_common", ADD_BODY)),
+    Scenario("rest: url without method", rest("/model/add", ADD_BODY)),
+    Scenario("rest: url with an empty method", rest("/model/add:", ADD_BODY)),
+    Scenario("rest: version not a number", rest("/model/add/version/abc:add_common", ADD_BODY)),
+    Scenario("rest: negative version", rest("/model/add/version/-1:add_common", ADD_BODY)),
+    Scenario("rest: version not served", rest("/model/add/version/9:add_common", ADD_BODY)),
+    Scenario("rest: version with a numeric prefix", rest("/model/add/version/1abc:add_common", ADD_BODY)),
+    Scenario("rest: a query string after the method", rest("/model/add:add_common?x=1", ADD_BODY)),
+    Scenario("rest: 'model' twice in the url", rest("/model/add/model/other:add_common", ADD_BODY)),
+    Scenario("rest: a prefix before /model", rest("/api/model/add:add_common", ADD_BODY)),
+    Scenario("rest: unknown servable", rest("/model/nope:add_common", ADD_BODY)),
+    Scenario("rest: unknown method", rest("/model/add:nope", ADD_BODY)),
+    Scenario("rest: GET", rest("/model/add:add_common", None, method="GET")),
+    Scenario("rest: empty body", rest("/model/add:add_common", "")),
+    Scenario("rest: empty body and a bad url", rest("/mod/add", "")),
+    Scenario("rest: body not JSON", rest("/model/add:add_common", "{not json")),
+    Scenario("rest: no instances key", rest("/model/add:add_common", {"x1": X1})),
+    Scenario("rest: instances twice", rest("/model/add:add_common", '{"instances": [], "instances": []}')),
+    Scenario("rest: a JSON array body", rest("/model/add:add_common", [1, 2])),
+    Scenario("rest: empty instances", rest("/model/add:add_common", {"instances": []})),
+    Scenario("rest: instances a number", rest("/model/add:add_common", {"instances": 1})),
+    Scenario("rest: instances an empty object", rest("/model/add:add_common", {"instances": {}})),
     Scenario(
         "rest: an instance that is a number",
-        "rest",
         rest("/model/add:add_common", {"instances": [{"x1": X1, "x2": X2}, 1]}),
     ),
-    Scenario("rest: an empty instance", "rest", rest("/model/add:add_common", {"instances": [{}]})),
-    Scenario("rest: missing input", "rest", rest("/model/add:add_common", {"instances": [{"x1": X1}]})),
-    Scenario(
-        "rest: extra input", "rest", rest("/model/add:add_common", {"instances": [{"x1": X1, "x2": X2, "x3": X1}]})
-    ),
-    Scenario(
-        "rest: wrong size", "rest", rest("/model/add:add_common", {"instances": [{"x1": [1.0, 2.0, 3.0], "x2": X2}]})
-    ),
+    Scenario("rest: an empty instance", rest("/model/add:add_common", {"instances": [{}]})),
+    Scenario("rest: missing input", rest("/model/add:add_common", {"instances": [{"x1": X1}]})),
+    Scenario("rest: extra input", rest("/model/add:add_common", {"instances": [{"x1": X1, "x2": X2, "x3": X1}]})),
+    Scenario("rest: wrong size", rest("/model/add:add_common", {"instances": [{"x1": [1.0, 2.0, 3.0], "x2": X2}]})),
     Scenario(
         "rest: same size, other shape",
-        "rest",
         rest("/model/add:add_common", {"instances": [{"x1": [1.0, 2.0, 3.0, 4.0], "x2": X2}]}),
     ),
     Scenario(
         "rest: ints to a float model",
-        "rest",
         rest("/model/add:add_common", {"instances": [{"x1": [[1, 2], [3, 4]], "x2": X2}]}),
     ),
     Scenario(
         "rest: ragged array",
-        "rest",
         rest("/model/add:add_common", {"instances": [{"x1": [[1.0, 2.0], [3.0]], "x2": X2}]}),
     ),
     Scenario(
         "rest: mixed int and float",
-        "rest",
         rest("/model/add:add_common", {"instances": [{"x1": [[1.0, 2], [3.0, 4.0]], "x2": X2}]}),
     ),
-    Scenario("rest: null value", "rest", rest("/model/add:add_common", {"instances": [{"x1": None, "x2": X2}]})),
-    Scenario("rest: empty array", "rest", rest("/model/add:add_common", {"instances": [{"x1": [], "x2": X2}]})),
-    Scenario(
-        "rest: array of empty arrays", "rest", rest("/model/add:add_common", {"instances": [{"x1": [[]], "x2": X2}]})
-    ),
+    Scenario("rest: null value", rest("/model/add:add_common", {"instances": [{"x1": None, "x2": X2}]})),
+    Scenario("rest: empty array", rest("/model/add:add_common", {"instances": [{"x1": [], "x2": X2}]})),
+    Scenario("rest: array of empty arrays", rest("/model/add:add_common", {"instances": [{"x1": [[]], "x2": X2}]})),
     Scenario(
         "rest: b64 fp32",
-        "rest",
         rest(
             "/model/add:add_common",
             {"instances": [{"x1": {"b64": b64(np.float32(X1)), "type": "fp32", "shape": [2, 2]}, "x2": X2}]},
@@ -176,7 +161,6 @@ REST = [
     ),
     Scenario(
         "rest: b64 unknown type",
-        "rest",
         rest(
             "/model/add:add_common",
             {"instances": [{"x1": {"b64": b64(np.float32(X1)), "type": "fp128", "shape": [2, 2]}, "x2": X2}]},
@@ -184,14 +168,12 @@ REST = [
     ),
     Scenario(
         "rest: b64 not base64",
-        "rest",
         rest(
             "/model/add:add_common", {"instances": [{"x1": {"b64": "!!!", "type": "fp32", "shape": [2, 2]}, "x2": X2}]}
         ),
     ),
     Scenario(
         "rest: b64 size not the shape's",
-        "rest",
         rest(
             "/model/add:add_common",
             {"instances": [{"x1": {"b64": b64(np.float32([1, 2, 3])), "type": "fp32", "shape": [2, 2]}, "x2": X2}]},
@@ -199,19 +181,16 @@ REST = [
     ),
     Scenario(
         "rest: b64 with an unknown key",
-        "rest",
         rest("/model/add:add_common", {"instances": [{"x1": {"b64": "AAAA", "kind": "fp32"}, "x2": X2}]}),
     ),
     Scenario(
         "rest: b64 negative shape",
-        "rest",
         rest(
             "/model/add:add_common", {"instances": [{"x1": {"b64": "AAAA", "type": "fp32", "shape": [-1]}, "x2": X2}]}
         ),
     ),
     Scenario(
         "rest: some instances fail",
-        "rest",
         rest(
             "/model/add:add_common",
             {"instances": [{"x1": X1, "x2": X2}, {"x1": [1.0], "x2": X2}, {"x1": X1, "x2": X2}]},
@@ -219,12 +198,10 @@ REST = [
     ),
     Scenario(
         "rest: every instance fails alike",
-        "rest",
         rest("/model/add:add_common", {"instances": [{"x1": [1.0], "x2": X2}] * 2}),
     ),
     Scenario(
         "rest: strings, bools and ints through a Python stage",
-        "rest",
         rest(
             "/model/add:echo",
             {"instances": [{"x": "text"}, {"x": True}, {"x": [1, 2]}, {"x": 7}, {"x": [[True, False]]}]},
@@ -232,30 +209,24 @@ REST = [
     ),
     Scenario(
         "rest: bytes through a Python stage",
-        "rest",
         rest("/model/add:echo", {"instances": [{"x": {"b64": base64.b64encode(b"\x00\x01ab").decode()}}]}),
     ),
-    Scenario("rest: a string array", "rest", rest("/model/add:echo", {"instances": [{"x": ["a", "b"]}]})),
-    Scenario("rest: Python scalars returned", "rest", rest("/model/add:scalars", {"instances": [{"x": 1}]})),
+    Scenario("rest: a string array", rest("/model/add:echo", {"instances": [{"x": ["a", "b"]}]})),
+    Scenario("rest: Python scalars returned", rest("/model/add:scalars", {"instances": [{"x": 1}]})),
     Scenario(
         "rest: a stage raises for one instance",
-        "rest",
         rest("/model/add:checked", {"instances": [{"x": [1.0]}, {"x": [-1.0]}, {"x": [2.0]}]}),
     ),
-    Scenario("rest: a tagged stage raises", "rest", rest("/model/add:checked_tagged", {"instances": [{"x": [-1.0]}]})),
+    Scenario("rest: a tagged stage raises", rest("/model/add:checked_tagged", {"instances": [{"x": [-1.0]}]})),
     Scenario(
         "rest: a batch_size stage",
-        "rest",
         rest("/model/add:doubled", {"instances": [{"x": [1.0]}, {"x": [2.0]}, {"x": [3.0]}]}),
     ),
     Scenario(
         "rest: a batch_size stage of two outputs",
-        "rest",
         rest("/model/add:sum_diff", {"instances": [{"a": [5.0], "b": [3.0]}, {"a": 1, "b": 2}]}),
     ),
-    Scenario(
-        "rest: float output digits", "rest", rest("/model/add:echo", {"instances": [{"x": [0.1, 1e-7, 123456.789]}]})
-    ),
+    Scenario("rest: float output digits", rest("/model/add:echo", {"instances": [{"x": [0.1, 1e-7, 123456.789]}]})),
 ]
 
 for _scenario in REST[1:]:
@@ -263,80 +234,64 @@ for _scenario in REST[1:]:
 
 F32 = np.float32
 CLIENT = [
-    Scenario("client: add_common", "client", client("add", "add_common", [{"x1": nd(F32(X1)), "x2": nd(F32(X2))}])),
-    Scenario(
-        "client: one instance as a dict", "client", client("add", "add_common", {"x1": nd(F32(X1)), "x2": nd(F32(X2))})
-    ),
+    Scenario("client: add_common", client("add", "add_common", [{"x1": nd(F32(X1)), "x2": nd(F32(X2))}])),
+    Scenario("client: one instance as a dict", client("add", "add_common", {"x1": nd(F32(X1)), "x2": nd(F32(X2))})),
     Scenario(
         "client: add_cast of int64",
-        "client",
         client("add", "add_cast", [{"x1": nd(np.int64(X1)), "x2": nd(np.int64(X2))}]),
     ),
-    Scenario(
-        "client: wrong size", "client", client("add", "add_common", [{"x1": nd(F32([1, 2, 3])), "x2": nd(F32(X2))}])
-    ),
+    Scenario("client: wrong size", client("add", "add_common", [{"x1": nd(F32([1, 2, 3])), "x2": nd(F32(X2))}])),
     Scenario(
         "client: int32 to a float model",
-        "client",
         client("add", "add_common", [{"x1": nd(np.int32(X1)), "x2": nd(F32(X2))}]),
     ),
     Scenario(
         "client: some instances fail",
-        "client",
         client("add", "add_common", [{"x1": nd(F32(X1)), "x2": nd(F32(X2))}, {"x1": nd(F32([1])), "x2": nd(F32(X2))}]),
     ),
-    Scenario(
-        "client: unknown servable", "client", client("nope", "add_common", [{"x1": nd(F32(X1)), "x2": nd(F32(X2))}])
-    ),
-    Scenario("client: unknown method", "client", client("add", "nope", [{"x1": nd(F32(X1)), "x2": nd(F32(X2))}])),
+    Scenario("client: unknown servable", client("nope", "add_common", [{"x1": nd(F32(X1)), "x2": nd(F32(X2))}])),
+    Scenario("client: unknown method", client("add", "nope", [{"x1": nd(F32(X1)), "x2": nd(F32(X2))}])),
     Scenario(
         "client: version not served",
-        "client",
         client("add", "add_common", [{"x1": nd(F32(X1)), "x2": nd(F32(X2))}], version=9),
     ),
-    Scenario("client: missing input", "client", client("add", "add_common", [{"x1": nd(F32(X1))}])),
-    Scenario("client: a list input", "client", client("add", "echo", [{"x": [[True, True], [True]]}])),
-    Scenario("client: a rectangular list input", "client", client("add", "echo", [{"x": [[1.0, 2.0]]}])),
-    Scenario("client: a string numpy array", "client", client("add", "echo", [{"x": nd(np.array(["ab", "c"]))}])),
-    Scenario("client: Python scalars", "client", client("add", "echo", [{"x": 3}, {"x": 2.5}, {"x": True}])),
+    Scenario("client: missing input", client("add", "add_common", [{"x1": nd(F32(X1))}])),
+    Scenario("client: a list input", client("add", "echo", [{"x": [[True, True], [True]]}])),
+    Scenario("client: a rectangular list input", client("add", "echo", [{"x": [[1.0, 2.0]]}])),
+    Scenario("client: a string numpy array", client("add", "echo", [{"x": nd(np.array(["ab", "c"]))}])),
+    Scenario("client: Python scalars", client("add", "echo", [{"x": 3}, {"x": 2.5}, {"x": True}])),
     Scenario(
         "client: str and bytes",
-        "client",
         client("add", "echo", [{"x": "text"}, {"x": {"__bytes__": base64.b64encode(b"\x00ab").decode()}}]),
     ),
-    Scenario("client: numpy scalar", "client", client("add", "echo", [{"x": {"__np__": ["float32", 1.5]}}])),
-    Scenario("client: an instance that is not a dict", "client", client("add", "echo", [1])),
-    Scenario("client: None instances", "client", client("add", "echo", None)),
+    Scenario("client: numpy scalar", client("add", "echo", [{"x": {"__np__": ["float32", 1.5]}}])),
+    Scenario("client: an instance that is not a dict", client("add", "echo", [1])),
+    Scenario("client: None instances", client("add", "echo", None)),
     Scenario(
         "client: a stage raises for one instance",
-        "client",
         client("add", "checked", [{"x": nd(F32([1]))}, {"x": nd(F32([-1]))}]),
     ),
     Scenario(
         "client: a batch_size stage",
-        "client",
         client("add", "doubled", [{"x": nd(F32([1]))}, {"x": nd(F32([2]))}, {"x": nd(F32([3]))}]),
     ),
-    Scenario("client: Python scalars returned", "client", client("add", "scalars", [{"x": nd(F32([1]))}])),
+    Scenario("client: Python scalars returned", client("add", "scalars", [{"x": nd(F32([1]))}])),
     Scenario(
         "client: infer_async",
-        "client",
         client("add", "add_common", [{"x1": nd(F32(X1)), "x2": nd(F32(X2))}], call="infer_async"),
     ),
-    Scenario("client: version -1", "client", client("add", "add_common", [], version=-1)),
+    Scenario("client: version -1", client("add", "add_common", [], version=-1)),
     Scenario(
         "client: version a bool",
-        "client",
         client("add", "add_common", [{"x1": nd(F32(X1)), "x2": nd(F32(X2))}], version=True),
     ),
 ]
 
 RAW_GRPC = [
-    Scenario("grpc: no instances", "grpc", grpc(predict("add", "add_common", []), timeout=5.0)),
-    Scenario("grpc: unknown servable", "grpc", grpc(predict("nope", "add_common", [{}]))),
+    Scenario("grpc: no instances", grpc(predict("add", "add_common", []), timeout=5.0)),
+    Scenario("grpc: unknown servable", grpc(predict("nope", "add_common", [{}]))),
     Scenario(
         "grpc: data size not the shape's",
-        "grpc",
         grpc(
             predict(
                 "add",
@@ -347,7 +302,6 @@ RAW_GRPC = [
     ),
     Scenario(
         "grpc: negative dim",
-        "grpc",
         grpc(
             predict(
                 "add",
@@ -358,7 +312,6 @@ RAW_GRPC = [
     ),
     Scenario(
         "grpc: unknown dtype",
-        "grpc",
         grpc(
             predict(
                 "add",
@@ -369,7 +322,6 @@ RAW_GRPC = [
     ),
     Scenario(
         "grpc: a string of shape [2]",
-        "grpc",
         grpc(
             predict(
                 "add",
@@ -399,14 +351,12 @@ BASIC = Group(
     ADD,
     start("add"),
     [
-        Scenario("start-up: start_servables, gRPC and RESTful", "start-up", observe=lambda ctx, _: ctx.steps),
+        Scenario("start-up: start_servables, gRPC and RESTful", observe=lambda ctx, _: ctx.steps),
         *REST,
         *CLIENT,
         *RAW_GRPC,
-        Scenario(
-            "logs: start-up lines at the default level", "logs", observe=output_lines("start success", "listening on")
-        ),
-        Scenario("logs: worker log files", "logs", observe=lambda ctx, _: sorted(ctx.log_files())),
+        Scenario("logs: start-up lines at the default level", observe=output_lines("start success", "listening on")),
+        Scenario("logs: worker log files", observe=lambda ctx, _: sorted(ctx.log_files())),
     ],
 )
 
@@ -436,8 +386,8 @@ def refusal(name: str, servables: dict, *steps_of, env=None) -> Group:
         servables,
         start_failure(*steps_of),
         [
-            Scenario(f"start-up: {name}", "start-up", observe=lambda ctx, _: ctx.steps),
-            Scenario(f"logs: {name}: error lines", "logs", observe=output_lines("[ERROR]", "[EXCEPTION]")),
+            Scenario(f"start-up: {name}", observe=lambda ctx, _: ctx.steps),
+            Scenario(f"logs: {name}: error lines", observe=output_lines("[ERROR]", "[EXCEPTION]")),
         ],
         env=env or {},
         serve=False,
@@ -563,16 +513,14 @@ INFO = Group(
     ADD,
     start("add"),
     [
-        Scenario("logs: GLOG_v=1: start-up lines", "logs", observe=output_lines("start success", "listening on")),
+        Scenario("logs: GLOG_v=1: start-up lines", observe=output_lines("start success", "listening on")),
         Scenario(
             "logs: GLOG_v=1: a time-cost line per master-to-worker call",
-            "logs",
             rest("/model/add:add_common", {"instances": [{"x1": X1, "x2": X2}] * 3}),
             observe=time_cost_lines,
         ),
         Scenario(
             "logs: worker log lines at start-up",
-            "logs",
             observe=worker_lines("Serving: Worker gRPC server", "Serving: Start servable success"),
         ),
     ],
@@ -605,9 +553,7 @@ TLS = [
         ADD,
         tls_refusal(call, GRPC if call == "start_grpc_server" else REST_ADDRESS),
         [
-            Scenario(
-                f"start-up: {call} with a key not its certificate's", "start-up", observe=lambda ctx, _: ctx.steps
-            ),
+            Scenario(f"start-up: {call} with a key not its certificate's", observe=lambda ctx, _: ctx.steps),
         ],
         serve=False,
     )
@@ -644,13 +590,11 @@ KILLED = Group(
     [
         Scenario(
             "faults: a request before the kill",
-            "faults",
             rest("/model/add:add_common", ADD_BODY),
             observe=without_reason,
         ),
         Scenario(
             "faults: requests while a killed worker restarts",
-            "faults",
             after_kill,
             observe=restart_observation,
             before=kill_worker,
@@ -687,25 +631,21 @@ LIMITS = Group(
     [
         Scenario(
             "rest: a body over max_msg_mb_size",
-            "rest",
             rest("/model/add:add_common", '{"instances": [{"x1": [' + "1.0," * 400000 + "1.0]}]}"),
             observe=without_reason,
         ),
         Scenario(
             "client: a message over max_msg_mb_size",
-            "client",
             client("add", "add_common", {"x1": BIG, "x2": BIG}),
             observe=grpc_error_head,
         ),
         Scenario(
             "client: no server at the address",
-            "client",
             lambda ctx: client("add", "add_common", {"x1": BIG}, address=f"127.0.0.1:{free_port()}")(ctx),
             observe=grpc_error_head,
         ),
         Scenario(
             "client: served after a refused message",
-            "client",
             client("add", "add_common", {"x1": nd(F32(X1)), "x2": nd(F32(X2))}),
         ),
     ],
@@ -718,12 +658,11 @@ QUIET = Group(
     [
         Scenario(
             "logs: GLOG_v=3: the master's lines",
-            "logs",
             observe=lambda ctx, _: [
                 line for line in log_lines(ctx.output, "") if line.startswith(("[INFO]", "[WARNING]", "[DEBUG]"))
             ],
         ),
-        Scenario("logs: GLOG_v=3: start-up lines", "logs", observe=output_lines("start success")),
+        Scenario("logs: GLOG_v=3: start-up lines", observe=output_lines("start success")),
     ],
     env={"GLOG_v": "3"},
 )
@@ -743,7 +682,7 @@ STOPPED = Group(
     "sigterm",
     ADD,
     start("add"),
-    [Scenario("faults: SIGTERM: the lines at stop and the exit code", "faults", observe=stop_lines)],
+    [Scenario("faults: SIGTERM: the lines at stop and the exit code", observe=stop_lines)],
 )
 
 
@@ -764,7 +703,6 @@ FIRST_KILLED = Group(
     [
         Scenario(
             "faults: a worker killed before its first request, a request 3 s later",
-            "faults",
             rest("/model/add:add_common", ADD_BODY),
             observe=served_or_refused,
             before=kill_and_wait,
@@ -779,11 +717,10 @@ LEGACY = Group(
     [
         Scenario(
             "rest: the call_* interface",
-            "rest",
             rest("/model/legacy:add_twice", {"instances": [{"x1": [[1, 2], [3, 4]], "x2": X2}]}),
             observe=without_reason,
         ),
-        Scenario("logs: the call_* interface's deprecation warnings", "logs", observe=worker_lines("deprecated")),
+        Scenario("logs: the call_* interface's deprecation warnings", observe=worker_lines("deprecated")),
     ],
 )
 
@@ -804,15 +741,11 @@ WORKERS = Group(
     [
         Scenario(
             "logs: log files of two extra workers and a device worker",
-            "logs",
             observe=lambda ctx, _: sorted(ctx.log_files()),
         ),
-        Scenario(
-            "rest: a device worker on the CPU", "rest", rest("/model/add2:add_common", ADD_BODY), observe=without_reason
-        ),
+        Scenario("rest: a device worker on the CPU", rest("/model/add2:add_common", ADD_BODY), observe=without_reason),
         Scenario(
             "rest: two extra workers",
-            "rest",
             rest("/model/add:add_cast", {"instances": [{"x1": X1, "x2": X2}] * 4}),
             observe=without_reason,
         ),
