@@ -203,7 +203,7 @@ def test_a_speculating_model_serves_its_verify_graphs(qwen2, tmp_path, exports):
         ),
         lines.append,
     )
-    assert lines[0] == f"Qwen2_5-tiny: exporting 15 graphs into {prepared.cache_dir} (max_model_len 128)"  # 5 verify
+    assert lines[1] == f"Qwen2_5-tiny: exporting 15 graphs into {prepared.cache_dir} (max_model_len 128)"  # 5 verify
     config = load_serving_config(prepared.config_file)
     assert config.engine.speculative == SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_max=4)
     assert config.model_file().export.spec_tokens == 4
@@ -218,7 +218,8 @@ def test_an_export_is_used_until_its_content_or_settings_change(qwen2, tmp_path,
     first = hf_model.prepare(settings(qwen2, cache, max_model_len=128), lines.append)
     assert first.exported and first.name == "Qwen2_5-tiny" and len(exports) == 1
     assert os.path.basename(first.cache_dir).startswith("Qwen2_5-tiny-")
-    assert lines[0] == f"Qwen2_5-tiny: exporting 10 graphs into {first.cache_dir} (max_model_len 128)"  # 1 score
+    assert lines[0].startswith("Qwen2_5-tiny: file digests computed for 4 of 4 files")  # lines[0]: the digests
+    assert lines[1] == f"Qwen2_5-tiny: exporting 10 graphs into {first.cache_dir} (max_model_len 128)"  # 1 score
     config = load_serving_config(first.config_file)
     assert config.model.graphs == (os.path.join(first.cache_dir, "graphs", "rank_0"),)
     assert config.model.tokenizer == os.path.join(qwen2, "tokenizer.json")
@@ -231,7 +232,7 @@ def test_an_export_is_used_until_its_content_or_settings_change(qwen2, tmp_path,
     lines.clear()
     again = hf_model.prepare(settings(qwen2, cache, max_model_len=128), lines.append)
     assert not again.exported and again.cache_dir == first.cache_dir and len(exports) == 1
-    assert lines[0] == f"Qwen2_5-tiny: using the graphs exported at {first.cache_dir}"
+    assert lines[1] == f"Qwen2_5-tiny: using the graphs exported at {first.cache_dir}"
     # the engine's settings are not the graphs': the same export, another configuration
     budget = hf_model.prepare(settings(qwen2, cache, max_model_len=120, kv_cache_memory="1MiB"), lines.append)
     assert budget.cache_dir == first.cache_dir and len(exports) == 1

@@ -13,10 +13,11 @@ serving_server.py --model runs it before starting the servables; a worker runs i
   them when a load request fails): config.json (through `models.llama.hf.config`, which refuses what it does
   not compute), the weights' headers against it, tokenizer.json, tensor parallelism, the KV-cache budget;
 * the key: sha256 of config.json, the weights files (streamed), the index and tokenizer files, with the export
-  settings. `<cache>/<name>-<key>/` holding export.json (written last) is a complete export and is used as it
-  is; otherwise the graphs are exported there by a child process (`models.llama.hf.export`; MindSpore loads only
-  there), which prints a line per graph. A lock file per cache directory makes concurrent starts wait for one
-  export;
+  settings; a file's digest is read from the model cache's digest index (`digest_index.py`) while its size, mtime,
+  ctime and inode are those it was hashed with, so that a restart does not read the weights again.
+  `<cache>/<name>-<key>/` holding export.json (written last) is a complete export and is used as it is; otherwise
+  the graphs are exported there by a child process (`models.llama.hf.export`; MindSpore loads only there), which
+  prints a line per graph. A lock file per cache directory makes concurrent starts wait for one export;
 * writes model.yaml (network and buckets), llm.yaml and servables/<name>/servable_config.py, each only when its
   content changes, and loads llm.yaml as a worker would (so a bad value fails here, before anything starts).
 """
@@ -46,6 +47,7 @@ from mindspore_serving.models.llama.manifest import MANIFEST
 from mindspore_serving.spec import hf_serving as plan
 from mindspore_serving.spec.hf_serving import HfModelError, HfModelSettings
 from mindspore_serving.spec.llm_config import GENERATION_CONFIG_FILE, ConfigError, load_serving_config
+from mindspore_serving.worker.llm import digest_index
 
 EXPORT_MODULE = "mindspore_serving.models.llama.hf.export"
 FAILED = "export failed: "
@@ -83,7 +85,7 @@ def file_digest(path: str) -> str:
     return digest.hexdigest()
 
 
-def _check(settings: HfModelSettings) -> _Checked:
+def _check(settings: HfModelSettings, log: Callable[[str], None] = print) -> _Checked:
     """Reads and checks the directory; HfModelError naming what is missing or not served."""
     model_dir = settings.model_dir
     if not os.path.isdir(model_dir):
@@ -112,7 +114,10 @@ def _check(settings: HfModelSettings) -> _Checked:
     plan.check_kv_cache_memory(settings, model_file, max_len)
     files = sorted({entry[0] for entry in checkpoint.entries.values()})
     files += [name for name in plan.KEY_FILES if os.path.isfile(os.path.join(model_dir, name))]
-    digests = {name: file_digest(os.path.join(model_dir, name)) for name in files}
+    index_file = os.path.join(settings.model_cache, digest_index.INDEX_FILE)
+    found = digest_index.file_digests({name: os.path.join(model_dir, name) for name in files}, index_file, file_digest)
+    log(f"{settings.served_model_name}: {found.summary(index_file)}")
+    digests = found.digests
     return _Checked(model_file, max_len, digests, list(extras["eos_token_ids"]))
 
 
@@ -277,7 +282,7 @@ def prepare_all(
 def prepare(settings: HfModelSettings, log: Callable[[str], None] = print) -> PreparedModel:
     """Checks settings.model_dir, exports its graphs into the cache unless they are there, writes the LLM
     configuration and the servable; raises HfModelError with what is wrong."""
-    checked = _check(settings)
+    checked = _check(settings, log)
     tp = settings.tensor_parallel
     key = plan.cache_key(checked.digests, checked.model_file, tp)
     cache_dir = os.path.join(settings.model_cache, plan.cache_dir_name(settings.served_model_name, key))
