@@ -2,7 +2,9 @@
 
 The master holds one Session per LLM worker: it writes a SessionCommand per new request (`generate_command`)
 and per abandoned one (`abort_command`); the worker answers with one SessionBatch per engine step, whose
-events it builds with `output_events` / `error_event` and the master reads with `read_event`.
+events it builds with `output_events` / `error_event` and the master reads with `read_event`. While none of a
+session's requests changes but the engine steps (they wait behind other work), the worker sends an empty batch
+now and then (`progress_batch`): any batch tells the master that the worker's engine progresses.
 
 - Sampling parameters cross as the typed SamplingParams message; an unset field means the engine's default
   (`seed` and `do_sample` have no zero value that could stand for "unset").
@@ -262,6 +264,11 @@ def read_json(text: str) -> Any:
 
 def abort_command(stream_id: int) -> pb.SessionCommand:
     return pb.SessionCommand(stream_id=stream_id, abort=True)
+
+
+def progress_batch() -> pb.SessionBatch:
+    """The batch of no events: the engine stepped though none of the session's requests changed (a heartbeat)."""
+    return pb.SessionBatch()
 
 
 # ------------------------------------------------------------------------------------ events, worker side

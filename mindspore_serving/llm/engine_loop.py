@@ -149,6 +149,9 @@ class EngineLoop:
         self._admitted = 0  # requests accepted and not yet finished (for back-pressure)
         self._dirty: set[OutputSink] = set()  # sinks with items not yet flushed (loop thread only)
         self._closed = threading.Event()
+        self.steps_done = 0
+        """Engine steps completed: while it has work, the engine progresses as long as this grows (any thread
+        reads it; a worker's sessions report it to the master, whose watchdog judges a hang by it)."""
         self.failure: str | None = None
         self.closed_reason = "the LLM engine is stopped"
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -172,8 +175,9 @@ class EngineLoop:
             limit = self.engine_capacity()
             if self._admitted >= limit:
                 raise errors.Overloaded(
-                    f"Model is overloaded: {self._admitted} requests are in the engine, the limit is "
-                    f"{limit} (max_num_seqs + max_queue_size); retry later"
+                    f"Model is overloaded: {self._admitted} requests are in the engine, its limit "
+                    f"(max_num_seqs {self.engine.config.max_num_seqs} running + max_queue_size {self.max_waiting} "
+                    "waiting); retry later"
                 )
             self._admitted += 1
             if request_id is None:
@@ -217,7 +221,10 @@ class EngineLoop:
                 if not self._drain(block):
                     break
                 self._expire()
-                outputs = self.engine.step() if self.engine.has_unfinished() else ()
+                outputs: Sequence[RequestOutput] = ()
+                if self.engine.has_unfinished():
+                    outputs = self.engine.step()
+                    self.steps_done += 1
                 with self._lock:
                     for output in outputs:
                         self._deliver(output)

@@ -6,6 +6,12 @@ step coming back, fanned out here to the per-request queues. When a worker dies 
 generation on it fails with "worker stopped"; the next request opens a new session. /tokenize and /detokenize
 are one unary call each to a worker (its tokenizer and chat template).
 
+A generation fails as hung (503, "... made no progress for N s") only when its worker's engine shows no progress
+for the token timeout: no batch at all on its session, the worker sending an empty one every second while its
+engine steps and the session's requests wait (worker/llm/session_service.py). A request queued behind work that
+progresses waits as long as it takes; a full queue refuses a request at once instead (the worker's Overloaded
+error event, before any token: 429 / RESOURCE_EXHAUSTED).
+
 A request with several choices (n / best_of) streams the events of all of them and ends after one Final per
 choice (or at an Error); its prompt tokens count once in the metrics, its completion tokens summed over the
 choices.
@@ -37,6 +43,16 @@ from mindspore_serving.proto import llm_worker_pb2_grpc
 from mindspore_serving.spec.llm import GENERATE_METHOD, LLM_EXTENSION
 
 _LOST = object()
+_STALLED = object()
+
+
+def stall_left(timeout: float, progressed_at: float, since: float, now: float) -> float | None:
+    """Seconds before a generation waiting since `since` gives its worker up as hung, the worker's engine having
+    last shown progress at `progressed_at` (the later of the two starts the count); <= 0: hung now; None: never
+    (timeout 0)."""
+    if not timeout:
+        return None
+    return max(progressed_at, since) + timeout - now
 
 
 def _restarting(model: str) -> str:
@@ -53,12 +69,16 @@ class WorkerSession:
         self._queues: dict[int, asyncio.Queue] = {}
         self._call = llm_worker_pb2_grpc.LlmWorkerStub(worker.channel).Session()
         self._write_lock = asyncio.Lock()
+        self._clock = asyncio.get_running_loop().time
+        self.progressed_at = self._clock()
+        """When the last batch came: the worker's engine progressed then (an empty batch is its heartbeat)."""
         self._reader = asyncio.ensure_future(self._read())
 
     async def _read(self):
         reason = "its session ended"
         try:
             async for batch in self._call:
+                self.progressed_at = self._clock()
                 for stream in batch.streams:
                     events = self._queues.get(stream.stream_id)
                     if events is not None:
@@ -105,9 +125,19 @@ class WorkerSession:
             raise
         return stream_id
 
-    async def next_event(self, stream_id: int):
-        """The next GenerateEvent of the stream, or _LOST when the session broke."""
-        return await self._queues[stream_id].get()
+    async def next_event(self, stream_id: int, timeout: float = 0.0, since: float = 0.0):
+        """The next GenerateEvent of the stream; _LOST when the session broke; _STALLED when no batch came for
+        `timeout` seconds (0: no limit), counted from the last batch or from `since`, whichever is later."""
+        events = self._queues[stream_id]
+        while events.empty():
+            left = stall_left(timeout, self.progressed_at, since, self._clock())
+            if left is not None and left <= 0:
+                return _STALLED
+            try:
+                return await asyncio.wait_for(events.get(), left)
+            except TimeoutError:
+                pass  # a batch for other streams (or a heartbeat) may have come meanwhile: count again
+        return events.get_nowait()
 
     def finish(self, stream_id: int, aborted: bool):
         """The consumer is done with the stream; an unfinished one is aborted in the worker."""
@@ -126,7 +156,9 @@ class WorkerSession:
         self._call.cancel()
 
 
-DEFAULT_TOKEN_TIMEOUT = 60.0  # seconds a generation may go without an event (a token) before it fails; 0: none
+DEFAULT_TOKEN_TIMEOUT = 60.0
+"""Seconds a worker's engine may show no progress (no batch on its session) while it has generations before they
+fail as hung; 0: no limit. A generation merely waiting for its turn never times out."""
 
 
 class MasterLlmBackend:
@@ -238,16 +270,16 @@ class MasterLlmBackend:
                 log.warning(f"generation on worker pid {worker.pid} could not start: {err}")
                 raise lost() from None
             while True:
-                try:
-                    event = await asyncio.wait_for(session.next_event(stream_id), self.token_timeout or None)
-                except TimeoutError:
+                event = await session.next_event(stream_id, self.token_timeout, started)
+                if event is _STALLED:
                     log.error(
-                        f"generation {request_id} on worker pid {worker.pid}: no token for "
-                        f"{self.token_timeout:g} s; aborting it"
+                        f"generation {request_id} on worker pid {worker.pid}: the worker's engine made no progress "
+                        f"for {self.token_timeout:g} s; aborting it"
                     )
                     raise errors.WorkerUnavailable(
-                        f"Model {request.model} is not available: no token for {self.token_timeout:g} s"
-                    ) from None
+                        f"Model {request.model} is not available: its worker made no progress for "
+                        f"{self.token_timeout:g} s"
+                    )
                 if event is _LOST:
                     done = True
                     raise lost()

@@ -384,7 +384,8 @@ def set_request_timeout(seconds: float):
 
 
 def set_llm_token_timeout(seconds: float):
-    """How long an LLM generation may go without a token before it ends with an error (0: no limit)."""
+    """How long an LLM worker's engine may show no progress while it has generations before they end with an
+    error (0: no limit); a generation waiting its turn behind work that progresses never times out."""
     _settings["llm_token_timeout"] = float(seconds)
     master = get_master(create=False)
     if master is not None:

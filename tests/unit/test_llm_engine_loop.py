@@ -46,8 +46,12 @@ def test_abort_finishes_request_and_frees_capacity(runner):
     try:
         long = {"temperature": 0.0, "max_new_tokens": 50, "ignore_eos": True}
         streams = [loop.submit([1, 2], long) for _ in range(4)]
-        with pytest.raises(errors.Overloaded, match="Model is overloaded"):
+        with pytest.raises(errors.Overloaded) as refused:  # at admission, before the request is queued
             loop.submit([1], GREEDY)
+        assert refused.value.message == (
+            "Model is overloaded: 4 requests are in the engine, its limit (max_num_seqs 4 running + "
+            "max_queue_size 0 waiting); retry later"
+        )
         first = streams[0]
         first.get()
         first.abort()

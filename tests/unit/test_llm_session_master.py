@@ -9,6 +9,7 @@ import pytest
 from mindspore_serving.common import errors
 from mindspore_serving.ipc import llm_session
 from mindspore_serving.llm.sampling_params import SamplingParams
+from mindspore_serving.master import llm_backend
 from mindspore_serving.master.llm_backend import MasterLlmBackend
 from mindspore_serving.master.llm_types import FinalEvent, GenerationRequest, TokenEvent
 from mindspore_serving.master.worker_registry import WorkerRecord, WorkerRegistry
@@ -215,7 +216,12 @@ def test_a_lost_session_fails_its_generations_with_worker_unavailable():
     assert run(scenario) == "Model tiny is not available: the worker (pid 4242) stopped while generating"
 
 
-def test_a_generation_without_a_token_for_the_token_timeout_fails_and_is_aborted_in_the_worker():
+def test_a_generation_whose_worker_shows_no_progress_for_the_token_timeout_fails_and_is_aborted_in_the_worker(
+    monkeypatch,
+):
+    logged = []
+    monkeypatch.setattr(llm_backend.log, "error", logged.append)
+
     async def scenario(backend, worker):
         backend.token_timeout = 0.05
         events = backend.stream(REQUEST)
@@ -224,14 +230,60 @@ def test_a_generation_without_a_token_for_the_token_timeout_fails_and_is_aborted
         worker.send(command.stream_id, token(11, "a", 0))
         await first
         with pytest.raises(errors.WorkerUnavailable) as info:
-            await events.__anext__()  # the worker says nothing more
+            await events.__anext__()  # the worker says nothing more, not even a heartbeat
         abort = await worker.command()
         worker.batches.put_nowait(_END)
         return info.value.message, command.stream_id, abort
 
     message, stream_id, abort = run(scenario)
-    assert message == "Model tiny is not available: no token for 0.05 s"
+    assert message == "Model tiny is not available: its worker made no progress for 0.05 s"
     assert abort.stream_id == stream_id and abort.WhichOneof("command") == "abort"
+    assert logged == ["generation r-1 on worker pid 4242: the worker's engine made no progress for 0.05 s; aborting it"]
+
+
+def test_a_generation_waiting_its_turn_outlives_the_token_timeout_while_its_worker_progresses():
+    """No token for 8 token timeouts, but the worker's heartbeats (empty batches) and the tokens of another
+    generation on the session say that its engine steps: the generation waits, then completes."""
+
+    async def scenario(backend, worker):
+        backend.token_timeout = 0.1
+        waiting = backend.stream(REQUEST)
+        first = asyncio.ensure_future(waiting.__anext__())
+        command = await worker.command()
+        other = backend.stream(REQUEST)
+        other_first = asyncio.ensure_future(other.__anext__())
+        other_command = await worker.command()
+        for beat in range(40):  # 0.8 s: beats, and now and then the other generation's token
+            if beat % 10 == 9:
+                worker.send(other_command.stream_id, token(11, "a", beat))
+            else:
+                worker.batches.put_nowait(llm_session.progress_batch())
+            await asyncio.sleep(0.02)
+        assert not first.done()
+        worker.send(command.stream_id, token(11, "a", 0), token(12, "b", 1), final())
+        received = [await first] + [event async for event in waiting]
+        await other_first
+        await other.aclose()
+        worker.batches.put_nowait(_END)
+        return received
+
+    received = run(scenario)
+    assert [type(event).__name__ for event in received] == ["TokenEvent", "TokenEvent", "FinalEvent"]
+
+
+@pytest.mark.parametrize(
+    "timeout,progressed_at,since,now,left",
+    [
+        (0.0, 0.0, 0.0, 1e9, None),  # no limit
+        (60.0, 100.0, 50.0, 130.0, 30.0),  # counted from the worker's last progress
+        (60.0, 100.0, 120.0, 130.0, 50.0),  # a generation newer than that progress gets a whole timeout
+        (60.0, 100.0, 50.0, 160.0, 0.0),  # hung
+    ],
+)
+def test_a_worker_is_hung_only_after_the_timeout_without_progress_counted_from_the_later_start(
+    timeout, progressed_at, since, now, left
+):
+    assert llm_backend.stall_left(timeout, progressed_at, since, now) == left
 
 
 def test_bad_parameters_fail_in_the_master_with_the_engine_s_message():

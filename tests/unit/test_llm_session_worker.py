@@ -52,7 +52,8 @@ class FakeTokenizer:
 
 
 class FakeRuntime:
-    """Records what the session submits; `refuse` makes the next submit raise, as a full engine does."""
+    """Records what the session submits; `refuse` makes the next submit raise, as a full engine does; `steps`
+    stands for the engine's completed steps."""
 
     def __init__(self, chat_template="<{messages}>", chat_message="{role}:{content};", generation_defaults=None):
         self.tokenizer = FakeTokenizer()
@@ -62,6 +63,7 @@ class FakeRuntime:
         self.prompter = Prompter(self.tokenizer, model, max_prompt_chars=200)
         self.submitted = queue.Queue()
         self.refuse = None
+        self.steps = 0
 
     def submit(self, prompt, params, request_id=None, sink=None, tag=None):
         if self.refuse is not None:
@@ -69,6 +71,9 @@ class FakeRuntime:
         stream = FakeStream(tag)
         self.submitted.put((prompt, params, request_id, sink, stream))
         return stream
+
+    def engine_steps(self):
+        return self.steps
 
 
 class FakeContext:
@@ -85,8 +90,8 @@ class FakeContext:
 class FakeMaster:
     """Writes commands into a Session and collects its replies on a thread of its own."""
 
-    def __init__(self, runtime):
-        self.servicer = LlmWorkerServicer(runtime)
+    def __init__(self, runtime, **options):
+        self.servicer = LlmWorkerServicer(runtime, **options)
         self.context = FakeContext()
         self.commands = queue.Queue()
         self.replies = queue.Queue()
@@ -266,6 +271,34 @@ def test_ending_the_sessions_waits_for_running_requests(master):
     assert master.ended.wait(DEADLINE_S)
     ender.join(DEADLINE_S)
     assert not stream.aborted.is_set()
+
+
+def test_a_session_whose_requests_wait_sends_an_empty_batch_while_the_engine_steps_and_only_then():
+    runtime = FakeRuntime()
+    fake = FakeMaster(runtime, progress_interval=0.02)
+    fake.runtime = runtime
+
+    def quiet():
+        with pytest.raises(queue.Empty):
+            fake.replies.get(timeout=0.2)  # 10 intervals
+        return True
+
+    try:
+        runtime.steps += 5
+        assert quiet()  # no request in this session: the engine's steps are none of its master's business
+        _, _, _, sink, stream = start(fake, prompt="Hi")
+        runtime.steps += 1
+        assert fake.reply() == llm_session.progress_batch()  # the request waits, the engine steps
+        assert quiet()  # the engine is stuck: no heartbeat
+        runtime.steps += 3
+        assert fake.reply() == llm_session.progress_batch()
+        deliver(sink, stream, output([EOS], [""], finished=True, reason=FinishReason.EOS))
+        assert fake.reply().streams[0].events[-1].WhichOneof("event") == "final"
+        runtime.steps += 1
+        assert quiet()  # done: nothing left to wait for
+    finally:
+        fake.leave()
+    assert fake.ended.wait(DEADLINE_S)
 
 
 JINJA = (

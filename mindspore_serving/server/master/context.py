@@ -73,9 +73,11 @@ def set_request_timeout(seconds=300):
 
 
 def set_llm_token_timeout(seconds=60):
-    """How long a language-model generation may go without producing a token (the first one included, so a long
-    queue counts) before it ends with an error event / a 503 answer and is aborted in its worker. 0 means no
-    limit. Default 60 s."""
+    """How long a language-model worker's engine may make no progress (no step completed) while it has
+    generations before they end with an error event / a 503 answer ("... made no progress for <n> s") and are
+    aborted in the worker. A generation queued behind work that progresses waits as long as it takes (a full
+    queue refuses new requests at once: 429 / RESOURCE_EXHAUSTED). The worker reports its progress every second,
+    so keep the timeout well above that. 0 means no limit. Default 60 s."""
     _check_seconds("seconds", seconds)
     master.set_llm_token_timeout(seconds)
 

@@ -276,6 +276,10 @@ class LlmRuntime:
     def submit(self, prompt, params: SamplingParams, request_id: str | None = None, sink=None, tag=None):
         return self.loop.submit(prompt, params, request_id, sink, tag)
 
+    def engine_steps(self) -> int:
+        """Steps the engine loop has completed: it progresses while this changes (read from any thread)."""
+        return self.loop.steps_done
+
     def predict(self, method_name: str, instances: Sequence[dict]) -> list:
         if method_name != GENERATE_METHOD:
             raise KeyError(method_name)

@@ -6,6 +6,10 @@ SessionBatch, so the cost per step does not grow with a thread wake-up and a gRP
 messages become its prompt through the runtime's Prompter (worker/llm/prompts.py), which also answers
 Tokenize and Detokenize.
 
+While a session has requests and none of them changes (they wait behind other work, a long prompt is being
+computed), it sends an empty batch every PROGRESS_INTERVAL_S if the engine completed steps meanwhile: the master
+judges a worker hung by the time since its session's last batch, not by one request's wait for a token.
+
 A request with several choices (n / best_of) is one stream: its Tokens name their choice and number their
 positions per choice, each choice ends with its own Final, and the stream is done after the last one. When a
 choice fails, its Error ends the stream for the master at once, and the worker aborts the other choices.
@@ -29,6 +33,10 @@ from mindspore_serving.proto import llm_worker_pb2_grpc
 TOKEN_TEXTS_CACHED = 1 << 16
 """Single-token texts (top logprobs, scored prompts) a session keeps decoded."""
 
+PROGRESS_INTERVAL_S = 1.0
+"""Seconds a session with requests may go without a batch before it sends an empty one, if the engine stepped
+meanwhile (the master's token timeout must be well above it)."""
+
 
 class _StreamState:
     """What the replies keep per stream: the next token index of each choice, the choices finished, whether it
@@ -44,9 +52,10 @@ class _Session:
     """One master session: submits its commands to the engine loop and turns each step's outputs into one
     SessionBatch (the loop calls `put` and `flush` on its own thread; see EngineLoop's OutputSink)."""
 
-    def __init__(self, runtime, peer: str):
+    def __init__(self, runtime, peer: str, progress_interval: float = PROGRESS_INTERVAL_S):
         self.runtime = runtime
         self.peer = peer
+        self.progress_interval = progress_interval
         self.special_ids = runtime.tokenizer.special_ids
         self.token_text = functools.lru_cache(maxsize=TOKEN_TEXTS_CACHED)(self._decode_one)
         self.batches: queue.SimpleQueue = queue.SimpleQueue()  # lists of (stream_id, item); None ends
@@ -135,8 +144,16 @@ class _Session:
     # --- replies (the gRPC handler's thread) ---
     def replies(self) -> Iterator[pb.SessionBatch]:
         streams: dict[int, _StreamState] = {}
+        steps = self.runtime.engine_steps()  # the engine's step count when the session last sent something
         while True:
-            batch = self.batches.get()
+            try:
+                batch = self.batches.get(timeout=self.progress_interval)
+            except queue.Empty:
+                before, steps = steps, self.runtime.engine_steps()
+                if steps != before and self._busy():
+                    yield llm_session.progress_batch()  # its requests wait, but the engine is not stuck
+                continue
+            steps = self.runtime.engine_steps()
             if batch is None:
                 self.ended.set()
                 return
@@ -173,6 +190,11 @@ class _Session:
             if reply.streams:
                 yield reply
 
+    def _busy(self) -> bool:
+        """The session has requests not finished yet."""
+        with self._lock:
+            return bool(self._live)
+
     def _abort_rest(self, stream_id: int):
         """A choice failed and its Error ended the stream for the master: the other choices stop too."""
         with self._lock:
@@ -202,13 +224,14 @@ def _answer(what: str, call):
 
 
 class LlmWorkerServicer(llm_worker_pb2_grpc.LlmWorkerServicer):
-    def __init__(self, runtime):
+    def __init__(self, runtime, progress_interval: float = PROGRESS_INTERVAL_S):
         self.runtime = runtime
+        self.progress_interval = progress_interval
         self._sessions: list[_Session] = []
         self._lock = threading.Lock()
 
     def Session(self, request_iterator, context):
-        session = _Session(self.runtime, context.peer())
+        session = _Session(self.runtime, context.peer(), self.progress_interval)
         with self._lock:
             self._sessions.append(session)
         context.add_callback(session.close)  # cancelled or broken: abort its requests so KV blocks are freed
