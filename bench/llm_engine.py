@@ -1,10 +1,11 @@
 """LLM engine benchmark on the bundled tiny LLaMA graphs, in-process (no serving layers).
 
-(a) Engine limit: decode steps of the graphs called back to back at full batch, per decode bucket
-    (tokens/s = batch / step time).
+(a) Engine limit: decode steps of B one-token rows, the graphs called back to back, for B in `limit_batches`
+    (the powers of two below the config's engine.max_num_seqs, and max_num_seqs); tokens/s = B / step time.
 (b) The engine with its scheduler on a workload of 64 requests with mixed prompt and output lengths
     (ignore_eos, fixed seed), continuous against static batching: output tokens/s, mean decode batch
-    occupancy, and served throughput as a fraction of the engine limit at the same occupancy.
+    occupancy, and served throughput as a fraction of the engine limit at the same occupancy (the step time
+    interpolated linearly between the two measured batches around it: the graphs take any batch, unpadded).
 
     python bench/llm_engine.py [--requests 64] [--steps 30] [--out bench/results/llm_engine.json]
 
@@ -57,12 +58,27 @@ def bind_like_agent(config):
 
 
 def load_runner(config):
-    """The config's first graphs on CPU in GRAPH_MODE, with the served number of cache blocks."""
+    """The config's first graphs on CPU in GRAPH_MODE, with the served number of cache blocks and, as the agent,
+    at most engine.max_num_batched_tokens tokens per graph call."""
     from mindspore_serving.agent.graph_runner import GraphRunner
     from mindspore_serving.common.ms_device import select_device
 
     select_device("CPU")
-    return GraphRunner(config.model.graphs[0], num_blocks=config.engine.num_blocks)
+    return GraphRunner(
+        config.model.graphs[0],
+        num_blocks=config.engine.num_blocks,
+        max_num_tokens=config.engine.max_num_batched_tokens,
+    )
+
+
+def limit_batches(max_num_seqs: int) -> list[int]:
+    """The decode batches the engine limit is measured at: the powers of two below `max_num_seqs`, and
+    `max_num_seqs` (the most rows a decode step has)."""
+    batches, batch = [], 1
+    while batch < max_num_seqs:
+        batches.append(batch)
+        batch *= 2
+    return batches + [max_num_seqs]
 
 
 def limit_seqs(batch: int, blocks_per_seq: int = 4):
@@ -78,10 +94,10 @@ def step_seconds(runner, seqs, steps: int) -> float:
     return (time.perf_counter() - started) / steps
 
 
-def engine_limit(runner, steps: int):
-    """Seconds per decode step at full batch for each decode bucket."""
+def engine_limit(runner, steps: int, batches: list[int]):
+    """The time of a decode step of B one-token rows for each B of `batches` (limit_batches)."""
     limit = {}
-    for batch in runner.decode_batches:
+    for batch in batches:
         seqs = limit_seqs(batch)
         runner.run(seqs)  # warm
         # the best of three rounds: the machine is shared, noise only adds time
@@ -148,22 +164,33 @@ def run_engine(runner, config, requests):
     }
 
 
-def bucket_of(batches, occupancy: float) -> int:
-    """The decode bucket (of the sorted `batches`) that a mean decode batch of `occupancy` runs in: the smallest
-    that holds it, else the largest."""
-    return batches[min(bisect.bisect_left(batches, int(np.ceil(occupancy))), len(batches) - 1)]
+def step_ms_at(step_ms: dict, occupancy: float) -> tuple[float, list[int]]:
+    """The decode step time at a mean decode batch of `occupancy`, from `step_ms` (measured batch -> ms; the
+    batches as ints or, read back from JSON, as strings): linear between the two measured batches around it (a
+    step computes its rows unpadded, and its time grows about linearly between them), held at the smallest and
+    largest. Returns it and the measured batches it comes from (one when `occupancy` is one of them or outside)."""
+    points = sorted((int(batch), float(ms)) for batch, ms in step_ms.items())
+    batches = [batch for batch, _ in points]
+    i = bisect.bisect_left(batches, occupancy)
+    if i == len(points):
+        return points[-1][1], [batches[-1]]
+    if i == 0 or batches[i] == occupancy:
+        return points[i][1], [batches[i]]
+    (b0, ms0), (b1, ms1) = points[i - 1], points[i]
+    return ms0 + (ms1 - ms0) * (occupancy - b0) / (b1 - b0), [b0, b1]
 
 
-def limit_at(limit, runner, occupancy: float) -> float:
-    """Engine-limit tokens/s at a mean decode batch of `occupancy`: occupancy / step time of its bucket."""
-    return occupancy / (limit[bucket_of(runner.decode_batches, occupancy)]["step_ms"] / 1000)
+def limit_at(limit: dict, occupancy: float) -> float:
+    """Engine-limit tokens/s at a mean decode batch of `occupancy`: occupancy / its step time (step_ms_at)."""
+    ms, _ = step_ms_at({batch: row["step_ms"] for batch, row in limit.items()}, occupancy)
+    return occupancy / (ms / 1000)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=DEFAULT_CONFIG)
     parser.add_argument("--requests", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=20, help="timed decode steps per round and bucket for the limit")
+    parser.add_argument("--steps", type=int, default=20, help="timed decode steps per round and batch for the limit")
     parser.add_argument(
         "--out", default=None, help="default bench/results/llm_engine.json, with --tensor_parallel llm_engine_tp.json"
     )
@@ -231,32 +258,24 @@ def main():
     cpus = None if args.no_bind else bind_like_agent(config)
 
     runner = load_runner(config)
-    limit = engine_limit(runner, args.steps)
+    limit = engine_limit(runner, args.steps, limit_batches(config.engine.max_num_seqs))
     requests = workload(args.requests, runner.vocab_size, config.engine.max_model_len)
     results = {
         "cpu_affinity": cpus,
         "engine_limit": limit,
         "workload": {"requests": args.requests, "output_tokens": sum(n for _, n in requests)},
     }
-    max_seqs = runner.decode_batches[-1]
     # each strategy with one decode step per scheduling round, and with the config's multi-step rounds
     step_counts = sorted({1, config.engine.num_scheduler_steps})
     names = []
     for steps in step_counts:
         for strategy in ("continuous", "static"):
-            sched = SchedulerConfig(
-                **{
-                    **config.engine.__dict__,
-                    "batching": strategy,
-                    "max_num_seqs": max_seqs,
-                    "num_scheduler_steps": steps,
-                }
-            )
+            sched = SchedulerConfig(**{**config.engine.__dict__, "batching": strategy, "num_scheduler_steps": steps})
             run = run_engine(runner, sched, requests)
             run["num_scheduler_steps"] = steps
-            run["limit_at_occupancy"] = limit_at(limit, runner, run["mean_decode_batch"])
+            run["limit_at_occupancy"] = limit_at(limit, run["mean_decode_batch"])
             run["fraction_of_limit"] = run["tokens_per_s"] / run["limit_at_occupancy"]
-            decode_limit = limit_at(limit, runner, run["decode_only_mean_batch"]) if run["decode_only_steps"] else 0.0
+            decode_limit = limit_at(limit, run["decode_only_mean_batch"]) if run["decode_only_steps"] else 0.0
             run["decode_fraction_of_limit"] = run["decode_only_tokens_per_s"] / decode_limit if decode_limit else 0.0
             name = strategy if steps == 1 else f"{strategy} x{steps}"
             results[name] = run
@@ -266,7 +285,7 @@ def main():
             results["continuous" + suffix]["tokens_per_s"] / results["static" + suffix]["tokens_per_s"]
         )
 
-    print("\nEngine limit (decode, full batch, graphs back to back)")
+    print("\nEngine limit (decode steps of `batch` one-token rows, graphs back to back)")
     print(f"{'batch':>6} {'step ms':>9} {'tokens/s':>10}")
     for batch, row in limit.items():
         print(f"{batch:>6} {row['step_ms']:>9.2f} {row['tokens_per_s']:>10.0f}")
@@ -282,7 +301,8 @@ def main():
             f"{r['limit_at_occupancy']:>11.0f} {r['fraction_of_limit']:>8.2f} {r['decode_fraction_of_limit']:>20.2f}"
         )
     print(
-        "fraction: served tokens/s over the engine limit at the same mean decode batch (prefill time included);\n"
+        "fraction: served tokens/s over the engine limit at the same mean decode batch (step time interpolated "
+        "between the measured batches; prefill time included);\n"
         "decode-step fraction: the same over decode-only steps (what the scheduler and sampler cost per step);\n"
         "xN: N decode steps per scheduling round when the batch allows (engine.num_scheduler_steps)"
     )

@@ -208,7 +208,7 @@ def main(argv=None) -> int:
     cpus = bind_like_agent(config)
     tokenizer = TextTokenizer.from_file(config.model.tokenizer)
     runner = load_runner(config)
-    engine_config = SchedulerConfig(**{**config.engine.__dict__, "max_num_seqs": runner.decode_batches[-1]})
+    engine_config = config.engine  # the served scheduler: engine.max_num_seqs rows at most per step
     engine = LLMEngine(runner, tokenizer, engine_config, eos_token_id=tokenizer.eos_id, seed=0)
     run = Run(engine)
     # NOTE: a second engine on the same runner shares its KV cache; it runs only after the first is done

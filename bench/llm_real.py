@@ -14,11 +14,15 @@ What it measures, on 127.0.0.1, every process started (and killed at the end) by
    float16 (the weights, 494 M parameters), the tiny Qwen2 fixture's tokenizer (ids below 512: the prompts' text
    decides nothing about the cost of a step), generation_config.json;
 2. the first start (an empty `--model_cache`): the export's wall time until the server is ready; the exported files'
-   bytes (weights file and graphs) and the agent's resident memory, against the weights' float32 bytes;
+   bytes (weights file and graphs) and the agent's resident memory, against the weights' float32 bytes; then a
+   restart from the cache (the server stopped and started again);
 3. alternated rounds of (ours, then transformers): batch 1 (`--alone` requests one after another, a
    `--prompt_tokens` prompt and `--output_tokens` output tokens each, greedy, eos ignored) for TTFT and TPOT
-   (medians), and a saturating run (`--requests` requests at once: the engine's continuous batching;
-   transformers: one `generate` over a left-padded batch of the same prompts) for output tokens/s;
+   (medians); a saturating run (`--requests` requests at once: the engine's continuous batching; transformers: one
+   `generate` over a left-padded batch of the same prompts) for output tokens/s and TTFT; the longer workload
+   (`--requests` prompts of 64-320 tokens, `--long_output_tokens` output tokens each, all at once), with the
+   requests that failed; and the batch-1 TPOT at a 200- and a 900-token context (ours only, when max_model_len
+   holds them), which shows what a decode step costs against its context;
 4. prints a table and writes JSON (default bench/results/llm_real.json).
 """
 
@@ -184,9 +188,9 @@ class Served:
             "--kv_cache_memory",
             self.args.kv_cache_memory,
         ]
-        for flag in ("decode_batch_buckets", "prefill_batch_buckets", "prefill_len_buckets"):
-            if getattr(self.args, flag):  # "": the one command's own buckets
-                command += [f"--{flag}", getattr(self.args, flag)]
+        for flag in ("max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self.args, flag):  # 0: the one command's defaults
+                command += [f"--{flag}", str(getattr(self.args, flag))]
         started = time.monotonic()
         self.proc = ServingProcess(command, self.workdir)
         self.proc.wait_for("RESTful server start success", timeout=self.args.start_timeout)
@@ -233,24 +237,53 @@ async def _stream(session, url: str, prompt: str, max_tokens: int) -> dict:
     return {"ttft": events[0] - sent, "e2e": time.perf_counter() - sent, "tokens": tokens}
 
 
-async def _ours_round(url: str, texts, output_tokens: int, alone_count: int) -> dict:
+def _tpot(result: dict) -> float:
+    return (result["e2e"] - result["ttft"]) / max(1, result["tokens"] - 1)
+
+
+async def _together(session, url: str, texts, output_tokens: int) -> dict:
+    """Every text at once: output tokens/s over the wall time, TTFT p50, and the requests that failed."""
+    started = time.perf_counter()
+    results = await asyncio.gather(
+        *(_stream(session, url, text, output_tokens) for text in texts), return_exceptions=True
+    )
+    wall = time.perf_counter() - started
+    done = [r for r in results if isinstance(r, dict)]
+    failed = [str(r) for r in results if not isinstance(r, dict)]
+    return {
+        "tokens_s": sum(r["tokens"] for r in done) / wall,
+        "ttft_p50_s": float(np.median([r["ttft"] for r in done])) if done else float("nan"),
+        "failed": len(failed),
+        "errors": failed[:3],
+    }
+
+
+async def _ours_round(url: str, texts, output_tokens: int, alone_count: int, long_texts, long_output: int, contexts):
     import aiohttp
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600)) as session:
         await _stream(session, url, texts[0], 4)  # warm
         alone = [await _stream(session, url, text, output_tokens) for text in texts[:alone_count]]
-        started = time.perf_counter()
-        together = await asyncio.gather(*(_stream(session, url, text, output_tokens) for text in texts))
-        wall = time.perf_counter() - started
+        together = await _together(session, url, texts, output_tokens)
+        long = await _together(session, url, long_texts, long_output)
+        context_tpot = {}
+        for tokens, text in contexts.items():
+            context_tpot[str(tokens)] = _tpot(await _stream(session, url, text, 32))
     ttft = float(np.median([r["ttft"] for r in alone]))
-    tpot = float(np.median([(r["e2e"] - r["ttft"]) / max(1, r["tokens"] - 1) for r in alone]))
+    tpot = float(np.median([_tpot(r) for r in alone]))
     return {
         "batch1_ttft_s": ttft,
         "batch1_tpot_s": tpot,
         "batch1_tokens_s": 1.0 / tpot,
         "batch": len(texts),
-        "saturation_tokens_s": sum(r["tokens"] for r in together) / wall,
-        "saturation_ttft_p50_s": float(np.median([r["ttft"] for r in together])),
+        "saturation_tokens_s": together["tokens_s"],
+        "saturation_ttft_p50_s": together["ttft_p50_s"],
+        "saturation_failed": together["failed"],
+        "long_tokens_s": long["tokens_s"],
+        "long_ttft_p50_s": long["ttft_p50_s"],
+        "long_failed": long["failed"],
+        "errors": together["errors"] + long["errors"],
+        "context_tpot_s": context_tpot,
     }
 
 
@@ -260,6 +293,7 @@ import json, sys, time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 model_dir, texts, output_tokens, threads = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+long_texts, long_output = json.loads(sys.argv[6]), int(sys.argv[7])
 torch.set_num_threads(threads)
 tokenizer = AutoTokenizer.from_pretrained(model_dir)
 tokenizer.padding_side = "left"
@@ -272,18 +306,22 @@ def generate(batch, new_tokens):
     with torch.no_grad():
         model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
     return time.perf_counter() - started
+batch_ttft = generate(texts, 1)
 generate(texts[:1], 4)
 alone = texts[:int(sys.argv[5])]
 ttft = sorted(generate([t], 1) for t in alone)[len(alone) // 2]
 full = sorted(generate([t], output_tokens) for t in alone)[len(alone) // 2]
 tpot = (full - ttft) / (output_tokens - 1)
 wall = generate(texts, output_tokens)
+long_wall = generate(long_texts, long_output)
 print(json.dumps({"batch1_ttft_s": ttft, "batch1_tpot_s": tpot, "batch1_tokens_s": 1.0 / tpot,
-                  "batch": len(texts), "saturation_tokens_s": len(texts) * output_tokens / wall}))
+                  "batch": len(texts), "saturation_tokens_s": len(texts) * output_tokens / wall,
+                  "saturation_ttft_p50_s": batch_ttft, "long_tokens_s": len(long_texts) * long_output / long_wall,
+                  "long_ttft_p50_s": generate(long_texts, 1)}))
 """
 
 
-def hf_round(model_dir: str, texts, output_tokens: int, alone: int):
+def hf_round(model_dir: str, texts, output_tokens: int, alone: int, long_texts, long_output: int):
     if not os.path.isfile(ORACLE_PYTHON):
         return None
     out = subprocess.run(
@@ -296,6 +334,8 @@ def hf_round(model_dir: str, texts, output_tokens: int, alone: int):
             str(output_tokens),
             str(os.cpu_count() or 1),
             str(alone),
+            json.dumps(long_texts),
+            str(long_output),
         ],
         capture_output=True,
         text=True,
@@ -325,24 +365,35 @@ def table(report: dict) -> str:
         ("batch1_tpot_s", "batch 1 TPOT (ms)"),
         ("batch1_tokens_s", "batch 1 tokens/s"),
         ("saturation_tokens_s", "saturation tokens/s"),
+        ("saturation_ttft_p50_s", "saturation TTFT p50 (ms)"),
+        ("long_tokens_s", "long workload tokens/s"),
+        ("long_ttft_p50_s", "long workload TTFT p50 (ms)"),
     ):
         ours = [r["ours"][key] for r in report["rounds"]]
         hf = [r["transformers"][key] for r in report["rounds"] if r.get("transformers")]
         scale = 1000 if key.endswith("_s") and "tokens" not in key else 1
         o = float(np.median(ours)) * scale
         h = float(np.median(hf)) * scale if hf else float("nan")
-        rows.append(f"{label:28}{o:12.1f}{h:14.1f}{o / h:11.2f}")
+        spread = f"  ({min(ours) * scale:.1f}-{max(ours) * scale:.1f})" if len(ours) > 1 else ""
+        rows.append(f"{label:28}{o:12.1f}{h:14.1f}{o / h:11.2f}{spread}")
+    failed = sum(r["ours"]["saturation_failed"] + r["ours"]["long_failed"] for r in report["rounds"])
+    rows.append(f"failed requests (every round): {failed}")
+    for tokens in report["rounds"][0]["ours"]["context_tpot_s"]:
+        values = [r["ours"]["context_tpot_s"][tokens] * 1000 for r in report["rounds"]]
+        rows.append(f"batch 1 TPOT at a {tokens}-token context: {np.median(values):.1f} ms")
     first = report["first_start"]
     weights, kv = report["weight_bytes_fp32"], report["kv_cache_bytes"]
     rows.append(
-        f"first start (export + load): {first['seconds']:.0f} s; files: weights "
-        f"{first['files']['weights'] / 2**20:.0f} MiB, graphs {first['files']['graphs'] / 2**20:.1f} MiB"
+        f"first start (export + load + warm-up): {first['seconds']:.1f} s; restart from the cache: "
+        f"{report['restart_seconds']:.1f} s; files: weights {first['files']['weights'] / 2**20:.0f} MiB, graphs "
+        f"{first['files']['graphs'] / 2**20:.1f} MiB"
     )
-    rows.append(
-        f"agent RSS {first['agent_rss'] / 2**20:.0f} MiB = float32 weights {weights / 2**20:.0f} + KV cache "
-        f"{kv / 2**20:.0f} + {(first['agent_rss'] - weights - kv) / 2**20:.0f} MiB of MindSpore and its "
-        f"compiled graphs"
-    )
+    for key, when in (("agent_rss", "when ready"), ("agent_rss_after", "after the rounds")):
+        rss = first.get(key, 0)
+        rows.append(
+            f"agent RSS {when} {rss / 2**20:.0f} MiB = float32 weights {weights / 2**20:.0f} + KV cache "
+            f"{kv / 2**20:.0f} + {(rss - weights - kv) / 2**20:.0f} MiB of step working memory and MindSpore"
+        )
     return "\n".join(rows)
 
 
@@ -356,19 +407,22 @@ def main(argv=None) -> int:
     parser.add_argument("--alone", type=int, default=3, help="requests of the batch-1 run, one after another")
     parser.add_argument("--prompt_tokens", type=int, default=32)
     parser.add_argument("--output_tokens", type=int, default=16)
-    parser.add_argument("--max_model_len", type=int, default=256)
+    parser.add_argument("--long_output_tokens", type=int, default=64)
+    parser.add_argument("--max_model_len", type=int, default=1024)
     parser.add_argument("--kv_cache_memory", default="512MiB")
-    # the graphs a 24-layer model compiles in minutes, not tens of minutes: what these requests use ("": the one
-    # command's defaults)
-    parser.add_argument("--decode_batch_buckets", default="1,4,16")
-    parser.add_argument("--prefill_batch_buckets", default="1")
-    parser.add_argument("--prefill_len_buckets", default="64")
+    parser.add_argument("--max_num_seqs", type=int, default=0, help="0: the one command's default")
+    parser.add_argument("--max_num_batched_tokens", type=int, default=0, help="0: the one command's default")
     parser.add_argument("--start_timeout", type=float, default=3600)
     parser.add_argument("--out", default=os.path.join(HERE, "results", "llm_real.json"))
     args = parser.parse_args(argv)
     started = time.time()
     params = make_model(args.model_dir, args.seed)
     texts = prompts(args.model_dir, args.requests, args.prompt_tokens, args.seed)
+    rng = np.random.default_rng(args.seed)
+    long_texts = [
+        prompts(args.model_dir, 1, int(n), args.seed + i)[0] for i, n in enumerate(rng.integers(64, 321, args.requests))
+    ]
+    contexts = {n: prompts(args.model_dir, 1, n, args.seed)[0] for n in (200, 900) if n + 40 <= args.max_model_len}
     report = {
         "meta": {"argv": sys.argv[1:], "cores": os.cpu_count(), "loadavg_start": os.getloadavg()},
         "parameters": params,
@@ -388,14 +442,21 @@ def main(argv=None) -> int:
             "files": directory_bytes(cache),
             "agent_rss": agent.memory_info().rss if agent else 0,
         }
-        log(f"ready after {seconds:.0f} s")
+        log(f"ready after {seconds:.1f} s; restarting from the cache")
+        served.stop()
+        report["restart_seconds"] = served.start()
+        agent = served.agent()
+        log(f"ready again after {report['restart_seconds']:.1f} s")
         for index in range(args.rounds):
             log(f"round {index + 1}: ours")
-            ours = asyncio.run(_ours_round(served.url, texts, args.output_tokens, args.alone))
-            log(f"round {index + 1}: transformers")
-            report["rounds"].append(
-                {"ours": ours, "transformers": hf_round(args.model_dir, texts, args.output_tokens, args.alone)}
+            ours = asyncio.run(
+                _ours_round(
+                    served.url, texts, args.output_tokens, args.alone, long_texts, args.long_output_tokens, contexts
+                )
             )
+            log(f"round {index + 1}: transformers")
+            hf = hf_round(args.model_dir, texts, args.output_tokens, args.alone, long_texts, args.long_output_tokens)
+            report["rounds"].append({"ours": ours, "transformers": hf})
         if agent is not None:
             report["first_start"]["agent_rss_after"] = agent.memory_info().rss
     finally:

@@ -18,12 +18,13 @@ What it does, all on 127.0.0.1, every process started (and killed at the end, ev
    - `poisson`: open-loop Poisson arrivals at --rates (`0.5x` = half the saturated request rate, or req/s), at most
      rate x --poisson-seconds requests each;
    before each run it waits (at most --quiet-wait s) for the other processes on the machine to calm down;
-3. the engine, in one subprocess started once (its own MindSpore process, bound like the agent, the same graphs
-   and num_blocks), idle while the server is measured:
-   - the engine limit, `bench/llm_engine.py`'s `engine_limit(runner, steps)` (best of 3 rounds per bucket) after
-     the c=1 run and, in a full run, again after the Poisson runs: the best step time per bucket over the whole
-     benchmark, the machine's quietest moment;
-   - probes: the mean step time of `steps` decode steps back to back per bucket, right before and right after
+3. the engine, in one subprocess started once (its own MindSpore process, bound like the agent, the same graphs,
+   num_blocks and tokens per graph call), idle while the server is measured:
+   - the engine limit, `bench/llm_engine.py`'s `engine_limit(runner, steps, batches)`: decode steps of B one-token
+     rows for B in `limit_batches(max_num_seqs)` (1, 2, 4, ... and max_num_seqs), best of 3 rounds per batch,
+     after the c=1 run and, in a full run, again after the Poisson runs: the best step time per batch over the
+     whole benchmark, the machine's quietest moment;
+   - probes: the mean step time of `steps` decode steps back to back per batch, right before and right after
      the c=1 run and each saturating run: the limit at the moment of that run (on a shared machine the same
      graph's step time moves by a third between minutes, so a run is compared with its own moment);
    - the saturating run's requests through the engine in-process (`llm_engine.run_engine`, no serving layers)
@@ -34,10 +35,10 @@ What it does, all on 127.0.0.1, every process started (and killed at the end, ev
    engine's own TTFT/ITL per request (the master's INFO line of each request), and the CPU time of the master, the
    worker, the agent and this client per 1000 output tokens, also per thread (Python thread names from py-spy dump);
 5. the saturated output tokens/s as a fraction of the engine limit at the same mean occupancy (occupancy / step time
-   of the decode bucket it falls into, as llm_engine.limit_at): per saturating run against its probes (the
-   median over the runs is the figure the target applies to), and the best run against the best round; the same
-   for the in-process engine, and served over in-process run by run; at batch 1 the engine's batch-1 step time
-   over the served TPOT;
+   at that occupancy, interpolated between the two measured batches around it, as llm_engine.limit_at: the graphs
+   compute any batch unpadded): per saturating run against its probes (the median over the runs is the figure
+   the target applies to), and the best run against the best round; the same for the in-process engine, and
+   served over in-process run by run; at batch 1 the engine's batch-1 step time over the served TPOT;
 6. prints a table and writes JSON (default bench/results/llm_serving.json; --quick: llm_serving_quick.json);
    with --profile DIR, one more saturating run and c=1 run under py-spy: the wall-time states of the worker's
    engine thread and of the agent (py-spy record --idle) and the master's on-CPU profile, in DIR/summary.txt.
@@ -117,7 +118,7 @@ def parse_args(argv=None):
         "--limit-steps",
         type=int,
         default=None,
-        help="timed decode steps per round and bucket for the engine limit and per bucket for a probe "
+        help="timed decode steps per round and batch for the engine limit and per batch for a probe "
         "(default 20; --quick 10)",
     )
     parser.add_argument("--seed", type=int, default=0)
@@ -128,8 +129,8 @@ def parse_args(argv=None):
         metavar="FIELD=VALUE",
         help="override an engine field of the served config (a YAML value), e.g. "
         "--engine async_scheduling=false; repeatable. --engine "
-        "speculative='{num_speculative_tokens: 4}' serves the graphs of "
-        "config/llama_tiny_spec.yaml (with verify graphs)",
+        "speculative='{num_speculative_tokens: 4}' serves config/llama_tiny_spec.yaml with it (the same "
+        "step graphs as llama_tiny.yaml: speculation needs no graphs of its own)",
     )
     parser.add_argument(
         "--out",

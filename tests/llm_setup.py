@@ -26,9 +26,8 @@ def bundled_config(path=CONFIG):
 
 def write_config(directory, start_port=0, agents=None, data=None, name="llm.yaml", **engine):
     """A copy of config/llama_tiny.yaml (or of `data`) in `directory` with absolute paths, `start_port`, agents
-    overrides (a dict) and engine overrides. Its agents compile each graph on first use (agents.warmup false, unless
-    `agents` or `data` says otherwise): a test uses a few of the buckets, and every agent start of the suite would
-    otherwise compile all of them (about 6 s of CPU each)."""
+    overrides (a dict) and engine overrides. Its agents compile the graphs on the first step (agents.warmup false,
+    unless `agents` or `data` says otherwise), which saves every agent start of the suite its warm-up steps."""
     data = data if data is not None else bundled_config()
     data["agents"]["start_port"] = start_port
     data["agents"].setdefault("warmup", False)

@@ -3,7 +3,8 @@
 `measure(...)` starts a cluster scheduler and one process per rank (this file with --rank), each bound to the cores
 its tensor-parallel agent binds to. Each rank exports two tiny Cells per batch to MindIR and runs them loaded
 (nn.GraphCell, GRAPH_MODE), as the agents run their graphs: `y * 0.5` followed by ops.AllReduce, and `y * 0.5`
-alone; once, and `chain` times in one graph (a decode step of the tiny LLaMA runs 8 AllReduces in one graph). It
+alone; once, and `chain` times in one graph (a step of the tiny LLaMA calls its layer graph once per layer, 4
+times, and each call runs 2 AllReduces: after the o projection and after the MLP's down projection). It
 times `calls` calls of each, alternating, over `rounds` rounds; the AllReduces' own cost is the difference (the
 graph launch and the copy back are in both). Both ranks run the same calls in the same order, so every collective
 finds its peer already waiting or about to arrive: this is the communication cost with the ranks in lockstep, not
@@ -105,7 +106,7 @@ def measure(
     hidden: int = 128,
     calls: int = 200,
     rounds: int = 5,
-    chain: int = 8,
+    chain: int = 2,
     timeout: float = 300.0,
     host: str = "127.0.0.1",
 ):
@@ -211,7 +212,7 @@ def main():
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument(
-        "--chain", type=int, default=8, help="AllReduces in the second graph (a step of the tiny LLaMA has 8)"
+        "--chain", type=int, default=2, help="AllReduces in the second graph (a layer graph of the LLaMA has 2)"
     )
     args = parser.parse_args()
     if args.rank:

@@ -37,14 +37,24 @@ def raise_exit(signum, _frame):
 
 
 def engine_child(config_path: str) -> None:
-    """In a subprocess bound like the config's rank-0 agent: loads the served graphs (same num_blocks) once, then
+    """In a subprocess bound like the config's rank-0 agent: loads the served graphs (same num_blocks, and as the
+    agent at most engine.max_num_batched_tokens tokens per graph call) once, then
     answers one JSON line on stdout per JSON line on stdin (EOF ends it):
-      {"op": "limit", "steps": N}     llm_engine.engine_limit (best of 3 rounds per bucket), CPU per step, and the
-                                      same with every core (for reference);
-      {"op": "probe", "steps": N}     one timed block of N back-to-back decode steps per bucket: the mean step time
+      {"op": "limit", "steps": N}     llm_engine.engine_limit (best of 3 rounds per batch of
+                                      llm_engine.limit_batches(engine.max_num_seqs)), CPU per step, and the same
+                                      with every core (for reference);
+      {"op": "probe", "steps": N}     one timed block of N back-to-back decode steps per batch: the mean step time
                                       right now, to bracket a served run with;
       {"op": "engine", "workload": P} llm_engine.run_engine on a workload file ([[prompt ids, new tokens], ...])."""
-    from llm_engine import bind_like_agent, engine_limit, limit_seqs, load_runner, run_engine, step_seconds
+    from llm_engine import (
+        bind_like_agent,
+        engine_limit,
+        limit_batches,
+        limit_seqs,
+        load_runner,
+        run_engine,
+        step_seconds,
+    )
 
     from mindspore_serving.common.cpu_affinity import bind_threads
     from mindspore_serving.spec.llm_config import load_serving_config
@@ -53,10 +63,10 @@ def engine_child(config_path: str) -> None:
     all_cpus = sorted(os.sched_getaffinity(0))
     cpus = bind_like_agent(config)  # the agent's cores (agents.cpu_affinity): the same conditions as served
     runner = load_runner(config)
-    batches = list(runner.decode_batches)
+    batches = limit_batches(config.engine.max_num_seqs)  # decode steps of these many rows measure the limit
 
     def limit(steps):
-        result = engine_limit(runner, steps)
+        result = engine_limit(runner, steps, batches)
         for batch in batches:  # CPU time per step (this process, all its threads): less hit by noise
             rows = limit_seqs(batch)
             cpu0 = time.process_time()
@@ -64,7 +74,7 @@ def engine_child(config_path: str) -> None:
             result[batch]["cpu_ms"] = (time.process_time() - cpu0) / steps * 1000
             result[batch]["wall_ms_of_cpu_rounds"] = wall_ms
         out = {
-            "decode_batches": batches,
+            "limit_batches": batches,
             "num_blocks": config.engine.num_blocks,
             "cpus": cpus,
             "graphs": config.model.graphs[0],
@@ -73,7 +83,7 @@ def engine_child(config_path: str) -> None:
         }
         if cpus is not None:  # for reference: the same graphs with every core of the machine to themselves
             bind_threads(all_cpus)
-            out["limit_unbound"] = {str(k): v for k, v in engine_limit(runner, steps).items()}
+            out["limit_unbound"] = {str(k): v for k, v in engine_limit(runner, steps, batches).items()}
             bind_threads(cpus)
         return out
 

@@ -25,9 +25,9 @@ ENGINE_STATES = (  # first match wins, on the function names of the engine threa
 AGENT_STATES = (
     ("graph execution (GraphCell / _CellGraphExecutor)", ("_CellGraphExecutor", "GraphCell.__call__", "Cell.__call__")),
     ("logits to numpy (Tensor.asnumpy)", ("asnumpy",)),
-    ("input buffers (_Bucket.run)", ("_Bucket.run",)),
+    ("graph call inputs (step_inputs: plan_calls, call_inputs)", ("plan_calls", "call_inputs")),
     ("step decoding / logits encoding (protocol)", ("decode_step", "encode_logits")),
-    ("GraphRunner.run bookkeeping", ("GraphRunner.",)),
+    ("GraphRunner bookkeeping (run, call: input Tensors, logits rows)", ("GraphRunner.",)),
 )
 FOCUS = {
     "master": [
@@ -56,7 +56,8 @@ FOCUS = {
     "agent": [
         "AgentServicer.Step",
         "_CellGraphExecutor",
-        "_Bucket.run",
+        "GraphRunner.call",
+        "call_inputs",
         "asnumpy",
         "encode_logits",
         "decode_step",

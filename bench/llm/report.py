@@ -49,14 +49,19 @@ def fmt(value, spec=".1f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def at_batches(batches: list[int]) -> str:
+    """Where a limit's step time comes from (summary.limit_at): a measured batch, or two it interpolates between."""
+    return f"batch {batches[0]}" if len(batches) == 1 else f"interpolated between batches {batches[0]} and {batches[1]}"
+
+
 def table(report: dict) -> str:
     lines = []
     limit = report["engine_limit"]["best"]
     ms = report["engine_limit"]["measurements"]
     unbound = report["engine_limit"].get("best_unbound")
     lines.append(
-        f"Engine limit (bench/llm_engine.py engine_limit: decode steps at full batch, graphs back to back; "
-        f"best of {len(ms)} measurement(s); on the agent's cores {ms[0].get('cpus') or 'all'}"
+        f"Engine limit (bench/llm_engine.py engine_limit: decode steps of `batch` one-token rows, graphs back to "
+        f"back; best of {len(ms)} measurement(s); on the agent's cores {ms[0].get('cpus') or 'all'}"
         f"{'; unbound: every core' if unbound else ''})"
     )
     lines.append(
@@ -141,9 +146,9 @@ def table(report: dict) -> str:
     sat = s["saturation"]
     lines.append(
         f"Best saturating run ({sat['run']}): {sat['output_tokens_per_s']:.0f} output tokens/s at mean "
-        f"decode batch {sat['decode_batch']:.2f} (bucket {sat['bucket']}); against the engine limit's best "
-        f"round of the whole benchmark (the machine's quietest moment) {sat['limit_tokens_per_s']:.0f} "
-        f"tokens/s there -> fraction {sat['fraction_of_limit']:.3f}"
+        f"decode batch {sat['decode_batch']:.2f} (step time {at_batches(sat['limit_batches'])}); against the "
+        f"engine limit's best round of the whole benchmark (the machine's quietest moment) "
+        f"{sat['limit_tokens_per_s']:.0f} tokens/s there -> fraction {sat['fraction_of_limit']:.3f}"
     )
     if sat.get("median_limit_tokens_per_s"):
         lines.append(

@@ -14,8 +14,9 @@ class LlmServer:
     """serving_server.py with the tiny LLM on free ports (agents started by the worker); stop() kills the tree."""
 
     def __init__(self, workdir: str, engine_overrides: dict, agents_overrides: dict | None = None):
-        """`engine_overrides` naming `speculative` serve the graphs of config/llama_tiny_spec.yaml (they have the
-        verify graphs speculation needs), else those of config/llama_tiny.yaml."""
+        """`engine_overrides` naming `speculative` serve config/llama_tiny_spec.yaml (its servable's export of the
+        same step graphs as llama_tiny.yaml: proposals are verified in the step that computes them, no graphs of
+        their own), else config/llama_tiny.yaml; the overrides replace the config's engine fields."""
         from llm_setup import SPEC_CONFIG, bundled_config, write_config, write_servable  # tests/llm_setup.py
 
         self.workdir = workdir

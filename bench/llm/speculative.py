@@ -1,7 +1,8 @@
 """N-gram speculative decoding against plain decoding, in one run (bench/llm_engine.py --speculative).
 
-The engine in-process over the graphs of config/llama_tiny_spec.yaml (the tiny model's graphs plus verify graphs),
-bound like its agent, with that config's engine settings (multi-step rounds of 4 for plain steps, speculation off
+The engine in-process over the graphs of config/llama_tiny_spec.yaml (the tiny model's step graphs, the same as
+llama_tiny.yaml's: proposed tokens are verified in the step that computes them, no graphs of their own), bound
+like its agent, with that config's engine settings (multi-step rounds of 4 for plain steps, speculation off
 from disable_by_batch_size running requests); "plain" is the same engine with `speculative` None. Rounds alternate
 plain and speculative so that the machine's drift hits both alike; each figure is the median over rounds, and each
 ratio the median of the rounds' ratios.

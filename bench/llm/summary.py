@@ -3,7 +3,7 @@ probes right around each saturating run), the in-process engine against the same
 warnings about a busy machine."""
 
 import numpy as np
-from llm_engine import bucket_of  # bench/llm_engine.py
+from llm_engine import step_ms_at  # bench/llm_engine.py
 
 TARGET = 0.85  # served tokens/s over the engine limit at the same occupancy
 
@@ -13,8 +13,8 @@ def _ratio(a: float, b: float) -> float | None:
 
 
 def best_limit(measurements: list[dict], key: str = "limit") -> dict:
-    """The best step time (and, separately, the least CPU per step) per bucket over several measurements (the machine
-    is shared: noise only adds time)."""
+    """The best step time (and, separately, the least CPU per step) per measured batch over several measurements (the
+    machine is shared: noise only adds time)."""
     best = {}
     for batch in measurements[0][key]:
         rows = [m[key][batch] for m in measurements]
@@ -26,11 +26,12 @@ def best_limit(measurements: list[dict], key: str = "limit") -> dict:
     return best
 
 
-def limit_at(limit: dict, decode_batches: list[int], occupancy: float) -> tuple[int, float]:
-    """(bucket, engine-limit tokens/s at a mean decode batch of `occupancy`), as llm_engine.limit_at, on a limit
-    read back from JSON (buckets as strings)."""
-    bucket = bucket_of(decode_batches, occupancy)
-    return bucket, occupancy / (limit[str(bucket)]["step_ms"] / 1000)
+def limit_at(limit: dict, occupancy: float, key: str = "step_ms") -> tuple[list[int], float]:
+    """(the measured batches it comes from, engine-limit tokens/s at a mean decode batch of `occupancy`), as
+    llm_engine.limit_at (the step time interpolated between the measured batches around it), on a limit read back
+    from JSON (batches as strings); `key`: the rows' step time to use."""
+    ms, batches = step_ms_at({batch: row[key] for batch, row in limit.items()}, occupancy)
+    return batches, occupancy / (ms / 1000)
 
 
 def decode_batch(run: dict) -> float:
@@ -40,21 +41,22 @@ def decode_batch(run: dict) -> float:
     return steps.get("mean_decode_batch") or run["mean_occupancy"]
 
 
-def paired(tokens_per_s: float, occupancy: float, probes: list[dict], batches: list[int]) -> dict:
+def paired(tokens_per_s: float, occupancy: float, probes: list[dict]) -> dict:
     """Throughput against the engine limit measured right before and right after it (the mean of the two probes'
-    step times of the occupancy's bucket): the machine's speed at that moment, not at its quietest."""
-    bucket = bucket_of(batches, occupancy)
-    steps = [probe["step_ms"][str(bucket)] for probe in probes]
+    step times at the occupancy, each interpolated between its measured batches): the machine's speed at that
+    moment, not at its quietest."""
+    at_occupancy = [step_ms_at(probe["step_ms"], occupancy) for probe in probes]
+    steps = [ms for ms, _ in at_occupancy]
     at = occupancy / (float(np.mean(steps)) / 1000)
     return {
-        "bucket": bucket,
+        "limit_batches": at_occupancy[0][1],
         "probe_step_ms": [round(x, 3) for x in steps],
         "limit_tokens_per_s": round(at, 1),
         "fraction_of_limit": _ratio(tokens_per_s, at),
     }
 
 
-def paired_summary(report: dict, batches: list[int]) -> dict:
+def paired_summary(report: dict) -> dict:
     """Per saturating run: served, and the in-process engine right after it, each against the limit probed around
     it; the medians over the runs."""
     rows = []
@@ -64,14 +66,14 @@ def paired_summary(report: dict, batches: list[int]) -> dict:
             "output_tokens_per_s": run["output_tokens_per_s"],
             "mean_occupancy": run["mean_occupancy"],
             "decode_batch": decode_batch(run),
-            **paired(run["output_tokens_per_s"], decode_batch(run), run["probes"], batches),
+            **paired(run["output_tokens_per_s"], decode_batch(run), run["probes"]),
         }
         eng = run.get("engine_run")
         if eng:
             row["engine"] = {
                 "output_tokens_per_s": round(eng["tokens_per_s"], 1),
                 "mean_decode_batch": round(eng["mean_decode_batch"], 3),
-                **paired(eng["tokens_per_s"], eng["mean_decode_batch"], eng["probes"], batches),
+                **paired(eng["tokens_per_s"], eng["mean_decode_batch"], eng["probes"]),
             }
             row["served_over_in_process"] = _ratio(run["output_tokens_per_s"], eng["tokens_per_s"])
         rows.append(row)
@@ -97,17 +99,17 @@ def served_cpu(row: dict) -> dict:
 def summary(report: dict) -> dict:
     measurements = report["engine_limit"]["measurements"]
     limit = report["engine_limit"]["best"] = best_limit(measurements)
-    batches = measurements[0]["decode_batches"]
+    batches = measurements[0]["limit_batches"]  # from 1: the batch-1 figures below are measured ones
     runs = {row["run"]: row for row in report["runs"]}
     # the best saturating run counts, as the best round counts for the limit (noise only takes throughput away)
     sat = max((r for r in report["runs"] if r.get("saturation")), key=lambda r: r["output_tokens_per_s"])
     occ = decode_batch(sat)
-    bucket, at = limit_at(limit, batches, occ)
+    at_batches, at = limit_at(limit, occ)
     win = sat["full_window"]
-    wbucket, wat = limit_at(limit, batches, win["mean_occupancy"])
+    win_batches, wat = limit_at(limit, win["mean_occupancy"])
     win.update(
         {
-            "bucket": wbucket,
+            "limit_batches": win_batches,
             "limit_tokens_per_s": round(wat, 1),
             "fraction_of_limit": _ratio(win["output_tokens_per_s"], wat),
         }
@@ -117,16 +119,15 @@ def summary(report: dict) -> dict:
     unbound = None
     if all("limit_unbound" in m for m in measurements):
         unbound = report["engine_limit"]["best_unbound"] = best_limit(measurements, "limit_unbound")
-    uat = limit_at(unbound, batches, occ)[1] if unbound else None
-    median_ms = limit[str(bucket)].get("median_step_ms")
-    mat = occ / (median_ms / 1000) if median_ms else None
+    uat = limit_at(unbound, occ)[1] if unbound else None
+    mat = limit_at(limit, occ, "median_step_ms")[1] if all("median_step_ms" in r for r in limit.values()) else None
     result = {
         "saturation": {
             "run": sat["run"],
             "output_tokens_per_s": sat["output_tokens_per_s"],
             "mean_occupancy": sat["mean_occupancy"],
             "decode_batch": occ,
-            "bucket": bucket,
+            "limit_batches": at_batches,
             "limit_tokens_per_s": round(at, 1),
             "fraction_of_limit": _ratio(sat["output_tokens_per_s"], at),
             "target": TARGET,
@@ -168,7 +169,7 @@ def summary(report: dict) -> dict:
     if busy:
         warnings.append(f"other processes used > 0.3 cores during: {', '.join(busy)} (see other_cores)")
     result["warnings"] = warnings
-    result["paired"] = paired_summary(report, batches)
+    result["paired"] = paired_summary(report)
     if c1.get("probes"):
         steps = [probe["step_ms"][str(batches[0])] for probe in c1["probes"]]
         result["batch1"]["paired"] = {
@@ -178,14 +179,14 @@ def summary(report: dict) -> dict:
     engine_runs = [r["engine_run"] for r in report["runs"] if r.get("engine_run")]
     if engine_runs:
         best = max(engine_runs, key=lambda r: r["tokens_per_s"])
-        ebucket, eat = limit_at(limit, batches, best["mean_decode_batch"])
-        decode_at = limit_at(limit, batches, best["decode_only_mean_batch"])[1] if best["decode_only_steps"] else 0.0
+        eng_batches, eat = limit_at(limit, best["mean_decode_batch"])
+        decode_at = limit_at(limit, best["decode_only_mean_batch"])[1] if best["decode_only_steps"] else 0.0
         result["engine_in_process"] = {
             "runs": len(engine_runs),
             "output_tokens_per_s": round(best["tokens_per_s"], 1),
             "each_tokens_per_s": [round(r["tokens_per_s"], 1) for r in engine_runs],
             "mean_decode_batch": round(best["mean_decode_batch"], 3),
-            "bucket": ebucket,
+            "limit_batches": eng_batches,
             "fraction_of_limit": round(best["tokens_per_s"] / eat, 4),
             "decode_fraction_of_limit": round(best["decode_only_tokens_per_s"] / decode_at, 4) if decode_at else 0.0,
             "served_over_in_process": round(sat["output_tokens_per_s"] / best["tokens_per_s"], 4),

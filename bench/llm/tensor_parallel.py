@@ -7,8 +7,9 @@ per batch. The in-process GraphRunner of TP=1 (bound like the rank-0 agent) runs
 difference is what the worker-agent round trip costs. Rounds alternate between the three so that the machine's
 drift hits each alike; median, min and max over rounds are reported.
 
-Then the AllReduce share of a TP=N step (an estimate from a microbenchmark, bench/llm/allreduce.py), the KV-cache
-bytes per rank from each rank's manifest at the served num_blocks, and the resident memory of each agent process.
+Then the AllReduce share of a TP=N step (an estimate from a microbenchmark, bench/llm/allreduce.py: a step calls
+the layer graph once per decoder layer, and each call all-reduces twice), the KV-cache bytes per rank from each
+rank's manifest at the served num_blocks, and the resident memory of each agent process.
 """
 
 import json
@@ -24,7 +25,7 @@ from mindspore_serving.common.ms_cluster import free_port
 from mindspore_serving.llm.model_io import SeqStep
 from mindspore_serving.spec.llm_config import load_serving_config
 
-ALLREDUCES_PER_LAYER = 2  # after the attention's o projection and after the MLP's down projection
+ALLREDUCES_PER_LAYER = 2  # in each call of the layer graph: after the o projection and after the MLP's down one
 BATCHES = (1, 8, 16)
 
 
@@ -120,7 +121,8 @@ def run(tp1_path: str, tp_path: str, rounds: int, steps: int, context: int, allr
     if tpn.engine.num_blocks != num_blocks:
         raise SystemExit(f"the configs serve different num_blocks ({num_blocks} and {tpn.engine.num_blocks})")
     batches = [b for b in BATCHES if b <= tp1.engine.max_num_seqs]
-    blocks_per_seq = -(-(context + steps + 2) // 16)
+    block_size = tp1.model_file().export.block_size
+    blocks_per_seq = -(-(context + steps + 2) // block_size)  # the prompt, then `steps` + 2 warm decode steps
     all_cores = sorted(os.sched_getaffinity(0))
     inproc_cpus = tp1.agents.cpus_of(0, "CPU")
     results = {
@@ -151,7 +153,10 @@ def run(tp1_path: str, tp_path: str, rounds: int, steps: int, context: int, allr
             assert tables[-1][-1] < runner.num_blocks
             setups.append(Setup(name, runner, None, tables, context, group))
         select_device("CPU")
-        graph_runner = GraphRunner(tp1.model.graphs[0], num_blocks=num_blocks)
+        # as the agent: at most max_num_batched_tokens tokens per graph call
+        graph_runner = GraphRunner(
+            tp1.model.graphs[0], num_blocks=num_blocks, max_num_tokens=tp1.engine.max_num_batched_tokens
+        )
         setups.insert(0, Setup("in-process tp1", graph_runner, inproc_cpus, setups[0].tables, context))
         tokens = prompts(max(batches), context, setups[1].runner.vocab_size)
         for setup in setups:
@@ -204,19 +209,22 @@ def run(tp1_path: str, tp_path: str, rounds: int, steps: int, context: int, allr
     hidden = _hidden(tpn.model.graphs[0])
     layers = results["kv_cache"][f"tp{n}"][0]["num_layers"]
     per_step = ALLREDUCES_PER_LAYER * layers
-    ar = allreduce.measure(cpus, batches, hidden, calls=allreduce_calls, rounds=5, chain=per_step)
+    # graphs of ALLREDUCES_PER_LAYER AllReduces: the layer graph's, called `layers` times a step
+    ar = allreduce.measure(cpus, batches, hidden, calls=allreduce_calls, rounds=5, chain=ALLREDUCES_PER_LAYER)
     tp_name = f"agents tp{n}"
     ar["allreduces_per_step"] = per_step
+    ar["allreduces_per_graph"] = ALLREDUCES_PER_LAYER
+    ar["graphs_per_step"] = layers
     for batch in batches:
         row = ar["batches"][batch]
         step_ms = results["decode_step_ms"][tp_name][batch]["median"]
         row["tp_step_ms"] = step_ms
         # one AllReduce per graph, times the step's count: also pays per AllReduce what a graph with a collective
-        # costs to launch once (an upper bound)
+        # costs to launch once, where the step launches one per layer (an upper bound)
         row["single_times_count_ms"] = row["x1"]["allreduce_ms"] * per_step
         row["single_times_count_share"] = row["single_times_count_ms"] / step_ms
-        # the step's count of AllReduces in one graph, as the step runs them (the estimate)
-        row["per_step_ms"] = row[f"x{per_step}"]["allreduce_ms"]
+        # a graph of the layer's AllReduces, times the layers: as the step runs them (the estimate)
+        row["per_step_ms"] = row[f"x{ALLREDUCES_PER_LAYER}"]["allreduce_ms"] * layers
         row["share_of_tp_step"] = row["per_step_ms"] / step_ms
     results["allreduce"] = ar
     return results
@@ -252,28 +260,29 @@ def report(results: dict):
     print(f"max |logits - in-process tp1|: {diffs}")
 
     ar = results["allreduce"]
-    k = ar["allreduces_per_step"]
+    k, g, layers = ar["allreduces_per_step"], ar["allreduces_per_graph"], ar["graphs_per_step"]
     print(
         f"\nAllReduce of [batch, {ar['hidden']}] float32 between {n} ranks: a microbenchmark estimate of what the "
-        f"{k} AllReduces of a step cost"
+        f"{k} AllReduces of a step cost ({layers} layer-graph calls of {g})"
     )
     print(
-        f"{'batch':>6} {'1 per graph ms':>15} {'x' + str(k):>6} {'share':>6} {str(k) + ' in one graph ms':>18} "
-        f"{'[min-max]':>12} {'tp step ms':>10} {'share':>6}"
+        f"{'batch':>6} {'1 per graph ms':>15} {'x' + str(k):>6} {'share':>6} {str(g) + ' in one graph ms':>18} "
+        f"{'[min-max]':>12} {'x' + str(layers):>6} {'tp step ms':>10} {'share':>6}"
     )
     for b in batches:
         row = ar["batches"][b]
-        chain = row[f"x{k}"]
+        chain = row[f"x{g}"]
         print(
             f"{b:>6} {row['x1']['allreduce_ms']:>15.3f} {row['single_times_count_ms']:>6.2f} "
-            f"{row['single_times_count_share']:>6.0%} {chain['allreduce_ms']:>18.2f} "
-            f"{chain['allreduce_ms_min']:>5.2f}-{chain['allreduce_ms_max']:<6.2f} {row['tp_step_ms']:>10.2f} "
-            f"{row['share_of_tp_step']:>6.0%}"
+            f"{row['single_times_count_share']:>6.0%} {chain['allreduce_ms']:>18.3f} "
+            f"{chain['allreduce_ms_min']:>5.2f}-{chain['allreduce_ms_max']:<6.2f} {row['per_step_ms']:>6.2f} "
+            f"{row['tp_step_ms']:>10.2f} {row['share_of_tp_step']:>6.0%}"
         )
     print(
         "AllReduce ms: a graph with the AllReduces minus the same graph without them, ranks in lockstep (a rank's "
-        "wait for a slower peer inside a real step is not in it); one per graph x" + str(k) + " also pays the "
-        "launch of a graph with a collective " + str(k) + " times: an upper bound"
+        f"wait for a slower peer inside a real step is not in it); x{layers}: a graph of {g}, once per layer, as a "
+        f"step runs them (the estimate); one per graph x{k} also pays the launch of a graph with a collective {k} "
+        "times: an upper bound"
     )
     if not ar["correct"]:
         print("WARNING: an AllReduce graph returned a wrong sum")

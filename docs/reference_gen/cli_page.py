@@ -55,7 +55,12 @@ def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
 
 def _groups(parser: argparse.ArgumentParser):
     for group in parser._action_groups:
-        actions = [a for a in group._group_actions if not isinstance(a, argparse._HelpAction)]
+        # hidden flags (help=SUPPRESS: internal ones, removed ones kept only to be refused) are not documented
+        actions = [
+            a
+            for a in group._group_actions
+            if not isinstance(a, argparse._HelpAction) and a.help is not argparse.SUPPRESS
+        ]
         if actions:
             yield group, actions
 

@@ -154,8 +154,8 @@ def render() -> str:
         _engine_extras(entries),
         "At most one of `num_blocks`, `kv_cache_memory` and `kv_cache_memory_fraction` is given.\n",
         "### engine.speculative\n",
-        "N-gram speculative decoding (`SpeculativeConfig`); the graphs need verify graphs of at least "
-        "`num_speculative_tokens` proposed tokens (`model.export: {spec_tokens: k}`).\n",
+        "N-gram speculative decoding (`SpeculativeConfig`); any export verifies the proposed tokens in the step "
+        "that computes them.\n",
         dataclass_table(SpeculativeConfig),
         "## agents\n",
         _agents_section(entries),

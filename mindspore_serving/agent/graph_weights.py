@@ -1,10 +1,9 @@
-"""The weights of an export directory (manifest format 2), loaded once per process for every graph to share.
+"""The weights of an export directory, loaded once per process for the step graphs to share.
 
 The exporter (models/llama/export.py) writes a rank's weights once, in the safetensors file the manifest's
-"weights" section names, and every graph takes them as inputs after the KV caches, in the order of
-"weights" "names". `load_graph_weights` reads that file one tensor at a time into MindSpore Tensors that own the
-read arrays (`Tensor.from_numpy`: no second copy), so a rank holds each weight once whatever the number of graphs.
-A format 1 manifest (graphs that embed their own weights) has no weight inputs.
+"weights" section names; the step graphs take them as inputs. `load_graph_weights` reads that file one tensor at a
+time into MindSpore Tensors that own the read arrays (`Tensor.from_numpy`: no second copy), so a rank holds each
+weight once.
 """
 
 import os
@@ -13,14 +12,9 @@ from collections.abc import Mapping
 from mindspore import Tensor
 from safetensors import SafetensorError, safe_open
 
-from mindspore_serving.models.llama.manifest import EMBEDDED_WEIGHTS_VERSION
-
 
 def weight_names(manifest: Mapping) -> list[str]:
-    """The graphs' weight inputs, in order (none for graphs that embed their weights). Raises ValueError for a
-    malformed "weights" section."""
-    if manifest.get("format_version") == EMBEDDED_WEIGHTS_VERSION:
-        return []
+    """The weights the graphs take, in the exporter's order. Raises ValueError for a malformed "weights" section."""
     section = manifest.get("weights")
     names = section.get("names") if isinstance(section, Mapping) else None
     if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
@@ -36,12 +30,10 @@ def weights_file(manifest_dir: str, manifest: Mapping) -> str:
     return os.path.join(manifest_dir, name)
 
 
-def load_graph_weights(manifest_dir: str, manifest: Mapping) -> list[Tensor]:
-    """The Tensors to pass to every graph after the caches, in the manifest's order. Raises FileNotFoundError when
-    the weights file is missing, ValueError when it is unreadable or lacks a weight."""
+def load_graph_weights(manifest_dir: str, manifest: Mapping) -> dict[str, Tensor]:
+    """The weights by name. Raises FileNotFoundError when the weights file is missing, ValueError when it is
+    unreadable or lacks a weight."""
     names = weight_names(manifest)
-    if not names:
-        return []
     path = weights_file(manifest_dir, manifest)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} not found: the export in {manifest_dir} is incomplete; export the model again")
@@ -52,6 +44,6 @@ def load_graph_weights(manifest_dir: str, manifest: Mapping) -> list[Tensor]:
                 raise ValueError(
                     f"{path} lacks the weight(s) {missing[:5]} that the graphs take; export the model again"
                 )
-            return [Tensor.from_numpy(stored.get_tensor(name)) for name in names]
+            return {name: Tensor.from_numpy(stored.get_tensor(name)) for name in names}
     except SafetensorError as err:
         raise ValueError(f"{path} is not a readable safetensors file ({err}); export the model again") from None

@@ -23,6 +23,7 @@ import time  # noqa: E402
 from concurrent import futures  # noqa: E402
 
 import grpc  # noqa: E402
+import psutil  # noqa: E402
 
 from mindspore_serving import log  # noqa: E402
 from mindspore_serving.agent.steps import run_submitted  # noqa: E402
@@ -143,6 +144,7 @@ def _build_runner(
     rank: int,
     tensor_parallel: int,
     warmup: bool = True,
+    max_num_tokens: int = 2048,
 ):
     # lazy: MindSpore loads only once the process is bound to its cores (agents.cpu_affinity), so that every
     # thread its runtime starts inherits the binding
@@ -168,6 +170,19 @@ def _build_runner(
         block_size=block_size,
         tensor_parallel=(tensor_parallel, rank),
         warmup=warmup,
+        max_num_tokens=max_num_tokens,
+    )
+
+
+def memory_parts(runner) -> str:
+    """The process's resident memory as its three parts: the weights, the KV cache, and the rest (the step graphs'
+    working memory and MindSpore's runtime)."""
+    rss = psutil.Process().memory_info().rss
+    weights, cache = runner.weight_bytes, runner.kv_cache_bytes
+    gib = 1 << 30
+    return (
+        f"resident {rss / gib:.2f} GiB = weights {weights / gib:.2f} + KV cache {cache / gib:.2f} + working "
+        f"memory and runtime {(rss - weights - cache) / gib:.2f}"
     )
 
 
@@ -204,9 +219,12 @@ def run_agent(
             rank,
             config.model.tensor_parallel,
             warmup=config.agents.warmup,
+            # a step of the engine's whole budget in one call: the working memory the KV budget accounts for
+            max_num_tokens=config.engine.max_num_batched_tokens,
         )
         done = "loaded and warmed up" if config.agents.warmup else "loaded (compiled on first use: agents.warmup false)"
         log.info(f"agent rank {rank}: graphs of {graphs} {done} in {time.perf_counter() - started:.1f} s")
+        log.info(f"agent rank {rank}: {memory_parts(runner)}")
 
         def detach(reason):
             log.warning(f"agent rank {rank} exits: {reason}")

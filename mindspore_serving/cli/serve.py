@@ -16,9 +16,9 @@ script's directory for serving_server.py (as MindSpore Serving resolves the path
 
 --model (repeatable) serves a LLaMA, Mistral, Qwen2 or Qwen3 directory of Hugging Face's layout under NAME (default:
 the directory's name) on every LLM API. Its graphs are exported into --model_cache when missing there (a line per
-graph), keyed by the checkpoint's content and the export settings; the LLM configuration served from is written
+phase), keyed by the checkpoint's content and the export settings; the LLM configuration served from is written
 beside them, and its path printed (docs/llm/own-model.md). --speculative_config turns on n-gram
-speculative decoding as vLLM's flag does (its verify graphs are exported too).
+speculative decoding as vLLM's flag does.
 
 Ctrl-C or SIGTERM stops both front ends at once (new requests are refused), gives requests in flight --grace
 seconds to finish, answers those still running with an unavailable error, then ends every worker.
@@ -31,8 +31,11 @@ from collections.abc import Sequence
 
 from mindspore_serving import server
 from mindspore_serving.server.master import context
-from mindspore_serving.spec.hf_serving import BUCKET_FIELDS, HfModelError, HfModelSettings, speculative_per_model
+from mindspore_serving.spec.hf_serving import HfModelError, HfModelSettings, speculative_per_model
 from mindspore_serving.worker.llm import hf_model
+
+REMOVED_FLAGS = ("decode_batch_buckets", "prefill_batch_buckets", "prefill_len_buckets")
+"""Flags of the per-shape graphs, gone with them; refused with what replaces them."""
 
 CLASSIC_SERVABLES = ("add", "add_sub", "matmul", "lenet")
 DEFAULT_SERVABLES = CLASSIC_SERVABLES + ("llama_tiny",)
@@ -281,31 +284,29 @@ def _add_model_arguments(parser):
         "max_model_len); too little for one sequence is refused",
     )
     group.add_argument(
+        "--max_num_seqs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="requests decoded at once (engine.max_num_seqs; default 32)",
+    )
+    group.add_argument(
+        "--max_num_batched_tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokens computed in one engine step: the running requests' decode tokens, then prompt tokens, long "
+        "prompts in chunks (engine.max_num_batched_tokens; default 512)",
+    )
+    group.add_argument(
         "--model_cache",
         default="model_cache",
         metavar="DIR",
         help="where the exported graphs and the written configurations go, one directory per model "
         "and export settings (default: ./model_cache); the model directory may be read-only",
     )
-    group.add_argument(
-        "--decode_batch_buckets",
-        default=None,
-        metavar="B1,B2,...",
-        help="batch sizes of the decode graphs (default 1,2,4,8,16; the largest is max_num_seqs)",
-    )
-    group.add_argument(
-        "--prefill_batch_buckets",
-        default=None,
-        metavar="B1,B2,...",
-        help="batch sizes of the prefill graphs (default 1,2,4)",
-    )
-    group.add_argument(
-        "--prefill_len_buckets",
-        default=None,
-        metavar="L1,L2,...",
-        help="prompt lengths of the prefill graphs (default 16, 32, ... up to max_model_len, at "
-        "most 512; longer prompts are computed in chunks)",
-    )
+    for flag in REMOVED_FLAGS:  # refused with what replaces them, rather than argparse's "unrecognized"
+        group.add_argument(f"--{flag}", default=None, help=argparse.SUPPRESS)
     group.add_argument(
         "--speculative_config",
         action="append",
@@ -313,7 +314,7 @@ def _add_model_arguments(parser):
         metavar="JSON",
         help="n-gram speculative decoding (vLLM's flag): a JSON object of SpeculativeConfig fields, "
         'e.g. \'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": '
-        "4}'; verify graphs of num_speculative_tokens proposed tokens are exported too. Once for "
+        "4}'. Once for "
         "every --model, or once per --model in their order (null: none); default: off",
     )
     group.add_argument(
@@ -336,14 +337,12 @@ def _prepare_models(parser, args):
         )
     if args.model_control == "poll":
         parser.error("--model serves with --model_control none or explicit, not poll")
-    buckets = {}
-    for field in BUCKET_FIELDS:
-        value = getattr(args, field)
-        if value is not None:
-            try:
-                buckets[field] = [int(size) for size in value.split(",") if size.strip()]
-            except ValueError:
-                parser.error(f"--{field} {value!r}: expected comma-separated ints")
+    for flag in REMOVED_FLAGS:
+        if getattr(args, flag) is not None:
+            parser.error(
+                f"--{flag} was removed: the model's graphs take any batch and prompt length (dynamic shapes); "
+                f"--max_num_seqs and --max_num_batched_tokens bound a step"
+            )
     ids = tuple(int(x) for x in args.device_ids.split(",") if x.strip())
     agent_ids = ids if len(ids) == args.tensor_parallel else ()
     if not agent_ids and ids != (0,):
@@ -364,10 +363,11 @@ def _prepare_models(parser, args):
                     os.path.abspath(model_dir),
                     name,
                     os.path.abspath(args.model_cache),
-                    buckets,
                     speculative[index],
                     tensor_parallel=args.tensor_parallel,
                     max_model_len=args.max_model_len,
+                    max_num_seqs=args.max_num_seqs,
+                    max_num_batched_tokens=args.max_num_batched_tokens,
                     kv_cache_memory=args.kv_cache_memory,
                     device_type=args.device_type,
                     device_ids=agent_ids,

@@ -50,8 +50,7 @@ class SpeculativeConfig:
     the sequence's last n tokens, in its prompt or output)."""
 
     num_speculative_tokens: int = 4
-    """Most tokens proposed per row and step (k): a verifying row computes 1 + k tokens. The graphs must have been
-    exported for it (`export.spec_tokens` >= k), else verification falls back to slower graphs."""
+    """Most tokens proposed per row and step (k): a verifying row computes 1 + k tokens, in the step's graph call."""
 
     prompt_lookup_min: int = 1
     """Shortest n-gram matched (the longest, prompt_lookup_max, is tried first)."""
@@ -138,9 +137,9 @@ class SchedulerConfig:
 
     max_prefills_per_decode_step: int | None = None
     """When a step decodes running requests, at most this many prompts (new ones and chunks of admitted ones)
-    join it; the others wait for the following steps, each of which decodes too. With mixed decode + prefill
-    graphs of R prompt rows, R makes every such step one graph call instead of a mixed call plus prefill calls
-    that decode nothing. Steps without decodes (an empty engine) admit what the budget allows. None: no cap."""
+    join it; the others wait for the following steps, each of which decodes too: a lower cap keeps the decoding
+    requests' steps short (their TPOT) at the cost of the waiting ones' TTFT. Steps without decodes (an empty
+    engine) admit what the budget allows. None: no cap (prompts join up to max_num_batched_tokens)."""
 
     num_scheduler_steps: int = 1
     """Steps run per scheduling round when every scheduled request decodes greedily (no repetition penalty,

@@ -173,8 +173,8 @@ class EngineCore:
 
 
 def _check_speculation(config: SchedulerConfig, runner: ModelRunner) -> None:
-    """Speculative decoding needs every position's logits of the rows it verifies: a runner with verify graphs for
-    its proposals (`spec_tokens`), or one that returns them for any row (PromptScorer: slower, one call per row).
+    """Speculative decoding needs every position's logits of the rows it verifies: a runner that verifies its
+    proposals in one step (`spec_tokens`), or one that returns them for any row (PromptScorer: one call per row).
     Raises ValueError otherwise."""
     if config.speculative is None:
         return

@@ -220,3 +220,28 @@ class KvCacheCapacity:
             f"KV cache: {self.num_blocks} blocks of {self.block_size} tokens, {self.tokens} tokens "
             f"({self.sequences} sequences of max_model_len={self.max_model_len}){memory}"
         )
+
+
+def step_working_bytes(manifest: Mapping, max_num_tokens: int, max_model_len: int) -> int:
+    """An upper estimate of the memory one step of `max_num_tokens` tokens takes beside the weights and the cache:
+    the intermediate tensors of one decoder layer's graph call (the runner calls the layer graph once per layer and
+    each call's tensors are released before the next, models/llama/step_graphs.py), with every token in one
+    chunk row attending over `max_model_len` positions (the scores, their bias and softmax), and the logits of
+    every token (a scored prompt's). Measured on the 0.5B shape (bench/llm_real.py): a 512-token step over a
+    512-token context took ~0.2 GB; this says 0.47 GB, 0.31 GB of it the logits of every token, which only a
+    scored prompt asks for. 0 for a manifest without the model's dimensions."""
+    model = manifest.get("model") or {}
+    if not all(key in model for key in ("hidden_size", "vocab_size", "num_heads", "num_kv_heads", "intermediate_size")):
+        return 0
+    tp = int((manifest.get("tensor_parallel") or {}).get("size", 1))
+    hidden, vocab = int(model["hidden_size"]), int(model["vocab_size"])
+    heads, kv_heads = int(model["num_heads"]) // tp, int(model["num_kv_heads"]) // tp
+    head_dim = int(model.get("head_dim") or hidden // int(model["num_heads"]))
+    intermediate = int(model["intermediate_size"]) // tp
+    # per token: ~8 hidden-wide tensors (norms, residuals, projections' outputs), ~6 of q, k and v (projections,
+    # biases, the rotary halves), and 3 MLP-wide ones (gate/up, silu, their product)
+    per_token = 8 * hidden + 6 * (heads + 2 * kv_heads) * head_dim + 3 * 2 * intermediate
+    attention = 5 * heads * max_model_len  # scores, scaled, biased, softmax, the bias itself (per query token)
+    context = 4 * kv_heads * head_dim * max_model_len  # a row's keys and values, gathered and transposed
+    floats = max_num_tokens * (per_token + attention + vocab) + context
+    return 4 * floats

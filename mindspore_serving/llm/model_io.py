@@ -9,8 +9,8 @@ block_table[pos // block_size] * block_size + pos % block_size), attends over ev
 A sequence may ask for the logits of every token it computes (`SeqStep.all_logits`: a prompt chunk whose prompt
 logprobs are wanted, or a decode row verifying proposed tokens: its last token then the proposal, speculative
 decoding); `run` then returns a `StepLogits`, those beside the usual last-token logits. Only a runner that declares
-it (`PromptScorer`, `score_refusal()` None; or, for verifying rows, one whose `spec_tokens` covers the proposals:
-its verify graphs) gets such sequences, and never in a greedy round; in a mixed step only verifying rows have it
+it (`PromptScorer`, `score_refusal()` None; or, for verifying rows, one whose `spec_tokens` covers the proposals)
+gets such sequences, and never in a greedy round; in a mixed step only verifying rows have it
 (see below).
 
 Physical block 0 is reserved as a scratch block: padding writes there, and the block manager never

@@ -4,16 +4,15 @@ those graphs in the model cache, and the LLM configuration served from them. No 
 
     settings = HfModelSettings(model_dir, "qwen2", tensor_parallel=2)   # serving_server.py --model, declare_llm
     max_len = served_max_model_len(settings, config_json)               # min(max_position_embeddings, 2048)
-    model_file = export_model_file(settings, llama_config, max_len)     # the network + the buckets to compile
+    model_file = export_model_file(settings, llama_config, max_len)     # the network and the cache's block size
     key = cache_key(file_digests, model_file, settings.tensor_parallel) # content + export settings
     llm = llm_config(settings, model_file, max_len, tokenizer, generation_config)   # the YAML's content
 
-The graphs: block size 16; decode batches 1, 2, 4, 8, 16; prefill batch 1; prefill lengths 16, 32, ...
-up to max_model_len, at most 128 (longer prompts are computed in chunks of the largest); no mixed graphs; one score
-graph (prompt logprobs) of the longest prefill length. Each of those three lists can be given instead. The graphs
-hold max_model_len rounded up to the block size. With speculative decoding (`speculative_config`, vLLM's JSON
-object of SpeculativeConfig fields) verify graphs of num_speculative_tokens proposed tokens too, one per decode batch,
-and llm.yaml's engine.speculative.
+The graphs: the dynamic-shape step graphs of models/llama/step_graphs.py, for any batch, prompt length and
+speculative proposal, over a KV cache of 16-token blocks; they hold max_model_len rounded up to the block size. The
+engine runs up to DEFAULT_MAX_NUM_SEQS requests at once, with a step budget of DEFAULT_MAX_NUM_BATCHED_TOKENS
+tokens. Speculative decoding (`speculative_config`, vLLM's JSON object of SpeculativeConfig fields) is llm.yaml's
+engine.speculative; it needs nothing of the export.
 """
 
 import dataclasses
@@ -35,17 +34,15 @@ BLOCK_SIZE = 16
 DEFAULT_MAX_MODEL_LEN = 2048
 """The default max model length is max_position_embeddings capped to this: what a CPU host serves in reasonable
 memory and time (the KV cache and the prefill work grow with it)."""
-DEFAULT_DECODE_BATCHES = (1, 2, 4, 8, 16)
-DEFAULT_PREFILL_BATCHES = (1,)
-MIN_PREFILL_LEN, MAX_PREFILL_LEN = 16, 128
-"""Prefill graphs of one row of at most 128 tokens (longer prompts go in chunks): MindSpore's CPU graphs hold every
-intermediate tensor of a call for the graph's life, ~4.7 MB per token of a call on a 24-layer 0.5B model, so the
-default graphs (~270 tokens of calls) keep a compiled model at ~1.3 GB instead of ~16 GB for prefill batches 1, 2, 4
-of up to 512 tokens (bench/llm_real.py)."""
+DEFAULT_MAX_NUM_SEQS = 32
+"""Requests decoded at once (engine.max_num_seqs)."""
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
+"""Tokens of one engine step (engine.max_num_batched_tokens): the running requests' decode tokens, then prompt
+tokens from as many waiting requests as fit, a long prompt in chunks. On the 0.5B shape (bench/llm_real.py) a step
+costs about what its tokens cost past ~128 tokens, so a larger budget admits more prompts per step (a lower TTFT
+under load) at the price of a slower step for the requests decoding beside them (docs/benchmarks.md)."""
 DEFAULT_SEQUENCES_IN_CACHE = 4
 """Without a KV-cache budget the cache holds this many sequences of max_model_len (engine.num_blocks)."""
-BUCKET_FIELDS = ("decode_batch_buckets", "prefill_batch_buckets", "prefill_len_buckets")
-"""The buckets a user may choose instead of the defaults (ExportConfig's names)."""
 KEY_FILES = ("config.json", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json")
 """The files of the directory whose content keys the graphs (when present), besides every weights file."""
 LLM_CONFIG_FILE = "llm.yaml"
@@ -91,15 +88,17 @@ class HfModelSettings:
     """None: max_position_embeddings capped to DEFAULT_MAX_MODEL_LEN."""
     kv_cache_memory: None | int | str = None
     """KV-cache bytes per rank (engine.kv_cache_memory); None: engine.num_blocks for DEFAULT_SEQUENCES_IN_CACHE."""
-    buckets: tuple[tuple[str, tuple[int, ...]], ...] = ()
-    """(field of BUCKET_FIELDS, sizes) chosen instead of the defaults."""
+    max_num_seqs: int | None = None
+    """Requests decoded at once (engine.max_num_seqs); None: DEFAULT_MAX_NUM_SEQS."""
+    max_num_batched_tokens: int | None = None
+    """Tokens of one engine step (engine.max_num_batched_tokens); None: DEFAULT_MAX_NUM_BATCHED_TOKENS, or twice the
+    decode tokens of a full batch when that is more."""
     device_type: str | None = None
     """The agents' device (None: the best available); the graphs are exported on it (None: CPU)."""
     device_ids: tuple[int, ...] = ()
     """The agents' device ids, one per rank (empty: 0 .. tensor_parallel - 1)."""
     speculative: SpeculativeConfig | None = None
-    """n-gram speculative decoding (engine.speculative), with verify graphs of its num_speculative_tokens; None:
-    off."""
+    """n-gram speculative decoding (engine.speculative); None: off."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_dir, str) or not self.model_dir:
@@ -112,26 +111,20 @@ class HfModelSettings:
         _positive_int("tensor_parallel", self.tensor_parallel)
         if self.max_model_len is not None:
             _positive_int("max_model_len", self.max_model_len, 2)
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) is not None:
+                _positive_int(name, getattr(self, name))
+        seqs = self.max_num_seqs or DEFAULT_MAX_NUM_SEQS
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < seqs:
+            raise HfModelError(
+                f"max_num_batched_tokens {self.max_num_batched_tokens} is below max_num_seqs {seqs}, so the running "
+                f"requests could not all decode in one step; raise it to >= {seqs} or lower max_num_seqs"
+            )
         if self.kv_cache_memory is not None:
             try:
                 parse_size(self.kv_cache_memory, "kv_cache_memory")
             except KvBudgetError as err:
                 raise HfModelError(str(err)) from None
-        buckets = dict(self.buckets)
-        unknown = sorted(set(buckets) - set(BUCKET_FIELDS))
-        if unknown or len(buckets) != len(self.buckets):
-            raise HfModelError(
-                f"buckets: unknown or repeated field(s) {unknown or list(buckets)}; valid fields are "
-                f"{list(BUCKET_FIELDS)}"
-            )
-        for name, sizes in self.buckets:
-            if (
-                not isinstance(sizes, tuple)
-                or not sizes
-                or sorted(set(sizes)) != list(sizes)
-                or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes)
-            ):
-                raise HfModelError(f"{name} must be increasing positive ints, got {sizes!r}")
         if self.device_ids and len(self.device_ids) != self.tensor_parallel:
             raise HfModelError(
                 f"{len(self.device_ids)} device id(s) {list(self.device_ids)} for tensor_parallel="
@@ -146,24 +139,15 @@ class HfModelSettings:
         model_dir: str,
         served_model_name: str | None = None,
         model_cache: str = "model_cache",
-        buckets: Mapping[str, Any] | None = None,
         speculative_config: Any = None,
         **settings: Any,
     ) -> "HfModelSettings":
-        """Settings from a user's values: paths as given (the caller makes them absolute), `buckets` a mapping of
-        BUCKET_FIELDS to lists, the name defaulting to the directory's (`default_served_name`), `speculative_config`
-        as `parse_speculative_config` takes it."""
-        if buckets is not None and not isinstance(buckets, Mapping):
-            raise HfModelError(f"buckets must map {list(BUCKET_FIELDS)} to lists of sizes, got {buckets!r}")
-        pairs = tuple(
-            (name, tuple(sizes) if isinstance(sizes, (list, tuple)) else sizes)
-            for name, sizes in (buckets or {}).items()
-        )
+        """Settings from a user's values: paths as given (the caller makes them absolute), the name defaulting to
+        the directory's (`default_served_name`), `speculative_config` as `parse_speculative_config` takes it."""
         return cls(
             model_dir=model_dir,
             served_model_name=served_model_name or default_served_name(model_dir),
             model_cache=model_cache,
-            buckets=pairs,
             speculative=parse_speculative_config(speculative_config),
             **settings,
         )
@@ -229,24 +213,6 @@ def graph_len(max_model_len: int) -> int:
     return -(-max_model_len // BLOCK_SIZE) * BLOCK_SIZE
 
 
-def _powers_of_two(low: int, high: int) -> tuple[int, ...]:
-    sizes, size = [], low
-    while size <= high:
-        sizes.append(size)
-        size *= 2
-    return tuple(sizes)
-
-
-def default_buckets(max_model_len: int) -> dict[str, tuple[int, ...]]:
-    """The buckets compiled unless chosen: see the module's docstring."""
-    top = min(graph_len(max_model_len), MAX_PREFILL_LEN)
-    return {
-        "decode_batch_buckets": DEFAULT_DECODE_BATCHES,
-        "prefill_batch_buckets": DEFAULT_PREFILL_BATCHES,
-        "prefill_len_buckets": _powers_of_two(MIN_PREFILL_LEN, top) or (top,),
-    }
-
-
 def check_tensor_parallel(cfg: LlamaConfig, tp: int) -> None:
     """HfModelError unless the query heads, KV heads and MLP width split evenly over `tp` ranks (as the sharding
     of models/llama/model.py needs)."""
@@ -257,19 +223,11 @@ def check_tensor_parallel(cfg: LlamaConfig, tp: int) -> None:
 
 
 def export_model_file(settings: HfModelSettings, cfg: LlamaConfig, max_model_len: int) -> ModelFile:
-    """The network of `cfg` holding graph_len(max_model_len) tokens, and the buckets to compile."""
+    """The network of `cfg` holding graph_len(max_model_len) tokens, and the cache's block size."""
     check_tensor_parallel(cfg, settings.tensor_parallel)
-    buckets: dict[str, Any] = {**default_buckets(max_model_len), **dict(settings.buckets)}
     try:
         model = dataclasses.replace(cfg, max_seq_len=graph_len(max_model_len))
-        # one score graph (prompt logprobs), of the longest prefill length: a graph per prefill length would
-        # add half the export time; shorter prompts are padded to it, longer ones scored in chunks of it
-        score = (max(buckets["prefill_len_buckets"]),)
-        # verify graphs (one per decode batch) only with speculation: without, the export and its key are unchanged
-        spec_tokens = settings.speculative.num_speculative_tokens if settings.speculative else 0
-        return ModelFile(
-            model, ExportConfig(block_size=BLOCK_SIZE, score_len_buckets=score, spec_tokens=spec_tokens, **buckets)
-        )
+        return ModelFile(model, ExportConfig(block_size=BLOCK_SIZE))
     except ValueError as err:
         raise HfModelError(str(err)) from None
 
@@ -296,12 +254,10 @@ def check_kv_cache_memory(settings: HfModelSettings, model_file: ModelFile, max_
 
 
 def cache_key(file_digests: Mapping[str, str], model_file: ModelFile, tp: int) -> str:
-    """Hex key of the graphs: the content of the directory's files (name -> sha256), the network and buckets
-    (max_seq_len, block size and the verify graphs' spec_tokens included: ModelFile.to_dict writes spec_tokens only
-    when set, so the key of a model served without speculation is the one it had before verify graphs existed), the
-    tensor parallelism and the exporter's manifest format (graphs of another format are exported again). The served
-    name, the engine (the other speculative settings too) and the agents are not in it: they are read from llm.yaml
-    at every start."""
+    """Hex key of the graphs: the content of the directory's files (name -> sha256), the network (max_seq_len
+    included) and block size, the tensor parallelism and the exporter's manifest format (graphs of another format
+    are exported again). The served name, the engine (speculative decoding included) and the agents are not in it:
+    they are read from llm.yaml at every start."""
     data = {
         "format": MANIFEST_VERSION,
         "files": dict(sorted(file_digests.items())),
@@ -333,8 +289,7 @@ def llm_config(
     model's own (next to the tokenizer). The engine runs as the bundled model's does: continuous batching, prefix
     caching, chunked prefill, rounds of 4 greedy steps, async scheduling; speculative decoding as
     settings.speculative says."""
-    ex = model_file.export
-    max_num_seqs = ex.decode_batch_buckets[-1]
+    max_num_seqs = settings.max_num_seqs or DEFAULT_MAX_NUM_SEQS
     model = {
         "config": MODEL_CONFIG_FILE,
         "graphs": list(rank_dirs(settings.tensor_parallel)),
@@ -343,14 +298,14 @@ def llm_config(
     }
     if generation_config is not None:
         model["generation_config"] = generation_config
-    # a whole prefill chunk of the largest length bucket beside a full decode batch, each row with its proposed
-    # tokens when it speculates
+    # prompt tokens beside a full decode batch, each row with its proposed tokens when it speculates
     decode_tokens = max_num_seqs * (1 + (settings.speculative.num_speculative_tokens if settings.speculative else 0))
     engine = {
         "batching": "continuous",
         "max_model_len": max_model_len,
         "max_num_seqs": max_num_seqs,
-        "max_num_batched_tokens": ex.prefill_len_buckets[-1] + decode_tokens,
+        "max_num_batched_tokens": settings.max_num_batched_tokens
+        or max(DEFAULT_MAX_NUM_BATCHED_TOKENS, 2 * decode_tokens),
     }
     if settings.kv_cache_memory is not None:
         engine["kv_cache_memory"] = settings.kv_cache_memory

@@ -19,16 +19,16 @@ Sections (relative paths are relative to the YAML file's own directory):
       tool_call_parser: <name>       the format the model writes tool calls in (llm/tool_call_formats.py):
                                      hermes | llama3_json; default: the one its chat template prompts for, if any
       export: {<field>: <value>}     ExportConfig fields that replace the model YAML's `export:` ones for this
-                                     configuration's graphs (e.g. {spec_tokens: 4}: verify graphs), so that several
-                                     servables share one model file
+                                     configuration's graphs (e.g. {block_size: 32}), so that several servables share
+                                     one model file
     engine:                          the scheduler (mindspore_serving.llm.config.SchedulerConfig fields)
       max_num_seqs, max_num_batched_tokens, max_model_len, num_blocks, batching, enable_prefix_caching,
       enable_chunked_prefill, max_prefill_tokens_per_step, max_prefills_per_decode_step, num_scheduler_steps,
       async_scheduling, max_prompt_chars
       speculative: {method: ngram, num_speculative_tokens: k, prompt_lookup_min, prompt_lookup_max,
                     disable_by_batch_size}
-                                     speculative decoding (llm/config.py SpeculativeConfig); the graphs need verify
-                                     graphs of at least k proposed tokens (model.export.spec_tokens >= k, exported)
+                                     speculative decoding (llm/config.py SpeculativeConfig); any export verifies
+                                     proposals in the step that computes them
       kv_cache_memory: <bytes>       size the KV cache from a budget per rank instead of num_blocks: an int or
                                      "2GiB", "512MiB", "1.5GB" (needs the graphs' manifest; too little for one
                                      sequence of max_model_len is refused)
@@ -53,9 +53,8 @@ Sections (relative paths are relative to the YAML file's own directory):
                                      `host`); it runs beside rank 0
       heartbeat_interval: 1.0        seconds between the worker's pings of each rank
       heartbeat_misses: 3            unanswered pings after which a rank counts as lost (the group is restarted)
-      warmup: true                   compile every graph before the agent reports ready (true, the default), or
-                                     false: each graph on its first step, so an agent starts and restarts in
-                                     seconds less and the first step of each bucket takes the compile
+      warmup: true                   compile the step graphs before the agent reports ready (true, the default),
+                                     or false: on the first step, which then takes the compile (about a second)
       cpu_affinity: null | auto | [[cores of rank 0], ...]
                                      CPU cores each agent process is bound to. auto: on a CPU device, rank r gets an
                                      equal share of the cores but one (left to the master and the worker), the
@@ -222,7 +221,7 @@ class LlmServingConfig:
         return _model_file(self.model)
 
     def stale_graphs(self) -> str | None:
-        """Why the exported graphs no longer match the model config (buckets, network or tensor parallelism
+        """Why the exported graphs no longer match the model config (network, block size or tensor parallelism
         changed), or None."""
         wanted = self.model_file().to_dict()
         for rank, graphs_dir in enumerate(self.model.graphs):
@@ -305,7 +304,7 @@ def _export_overrides(value: object) -> tuple[tuple[str, Any], ...]:
     if value is None:
         return ()
     if not isinstance(value, Mapping):
-        raise ConfigError(f"'model.export' must be a mapping of export fields (e.g. {{spec_tokens: 4}}), got {value!r}")
+        raise ConfigError(f"'model.export' must be a mapping of export fields (e.g. {{block_size: 32}}), got {value!r}")
     return tuple((str(k), tuple(v) if isinstance(v, list) else v) for k, v in value.items())
 
 
@@ -516,35 +515,6 @@ def _cpu_affinity(value: object, num_ranks: int) -> None | str | tuple[tuple[int
     return tuple(tuple(cores) for cores in value)
 
 
-def _check_speculative(scheduler: SchedulerConfig, spec_tokens: int, graphs_dir: str, check_graphs: bool) -> None:
-    """Refuses speculative decoding of more proposed tokens than the verify graphs hold: those the export config
-    asks for, and those the graphs' manifest records when they are exported (and `check_graphs`)."""
-    if scheduler.speculative is None:
-        return
-    wanted = scheduler.speculative.num_speculative_tokens
-    if spec_tokens < wanted:
-        raise ConfigError(
-            f"'engine.speculative.num_speculative_tokens' is {wanted} but the graphs' "
-            f"export.spec_tokens is {spec_tokens}: set 'model.export: {{spec_tokens: {wanted}}}' (or "
-            f"lower num_speculative_tokens) and re-export the graphs"
-        )
-    if not check_graphs:
-        return
-    try:
-        manifest = read_manifest(graphs_dir)
-    except (OSError, ValueError) as err:
-        raise ConfigError(
-            f"'model.graphs': cannot read the manifest of {os.path.basename(graphs_dir)}: {err}"
-        ) from None
-    exported = (manifest or {}).get("spec_tokens", 0)
-    if manifest is not None and exported < wanted:
-        raise ConfigError(
-            f"'engine.speculative.num_speculative_tokens' is {wanted} but the graphs in {graphs_dir} "
-            f"were exported with export.spec_tokens {exported}: re-export them (python "
-            f"servables/export_models.py, or models/llama/export.py) with export.spec_tokens >= {wanted}"
-        )
-
-
 def _engine_section(
     data: Mapping, max_seq_len: int, block_size: int, graphs_dir: str
 ) -> tuple[SchedulerConfig, int, dict[str, float], KvCacheBudget]:
@@ -580,8 +550,8 @@ def _engine_section(
 
 
 def load_serving_config(path: str, check_graphs: bool = True) -> LlmServingConfig:
-    """The validated LLM configuration of the YAML file `path`. `check_graphs` False: the graphs are about to be
-    exported (again), so what their manifest says of the speculative decoding they support is not checked."""
+    """The validated LLM configuration of the YAML file `path`. `check_graphs` (kept for callers) changes nothing:
+    the graphs' manifest is read only to size the KV cache from engine.kv_cache_memory, when it exists."""
     path = os.path.abspath(path)
     if not os.path.isfile(path):
         raise ConfigError(f"LLM configuration file '{path}' does not exist")
@@ -603,7 +573,6 @@ def load_serving_config(path: str, check_graphs: bool = True) -> LlmServingConfi
         model_file.export.block_size,
         model.graphs[0],
     )
-    _check_speculative(engine, model_file.export.spec_tokens, model.graphs[0], check_graphs)
     return LlmServingConfig(
         path, model, engine, agents, queue, seconds["request_timeout"], dict(data), seconds["stats_interval"], kv_cache
     )

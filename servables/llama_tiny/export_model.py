@@ -1,12 +1,12 @@
-"""Exports the prefill and decode graphs of the bundled tiny LLaMA (config/llama_tiny.yaml) into 1/rank_0/.
+"""Exports the step graphs of the bundled tiny LLaMA (config/llama_tiny.yaml) into 1/rank_0/.
 
 The weights come from the committed checkpoint (mindspore_serving/models/llama/tiny/llama_tiny.ckpt, made by
-`python -m mindspore_serving.models.llama.train`) and are written once, weights.safetensors; one MindIR per
-(phase, batch bucket, length bucket), taking them as inputs. The export config is the model file's, with the LLM
-configuration's `model.export` fields over it.
+`python -m mindspore_serving.models.llama.train`) and are written once, weights.safetensors, beside the three
+dynamic-shape graphs that take them as inputs (models/llama/step_graphs.py). The export config is the model file's,
+with the LLM configuration's `model.export` fields over it.
 
-An earlier export of the same network and weights (in the graphs' own directory, or `reuse_dir`) is reused: its
-weights and the graphs wanted are kept, and only the others compiled (export.py, `reusable_graphs`).
+An earlier export of the same network and weights (in the graphs' own directory, or `reuse_dir`) is kept as it is
+(export.py, `reusable_export`).
 """
 
 import os
@@ -21,7 +21,7 @@ REUSES_GRAPHS = True  # main(reuse=False) compiles every graph (export_models.py
 
 
 def stale(config_path=CONFIG):
-    """Why the exported graphs no longer match the model config (buckets or network changed) or are of an older
+    """Why the exported graphs no longer match the model config (network or block size changed) or are of an older
     export format, or None."""
     sys.path.insert(0, ROOT)
     from mindspore_serving.models.llama.manifest import outdated_format
@@ -38,7 +38,7 @@ def stale(config_path=CONFIG):
 def main(config_path=CONFIG, reuse=True, reuse_dir=None):
     """Exports the graphs of every rank of the LLM configuration `config_path` (a cluster of ranks when the model
     is tensor-parallel); returns their manifests. `reuse`: keep what an earlier export in the graphs' directory (or
-    in `reuse_dir`, one rank's graphs) has of them; False compiles everything."""
+    in `reuse_dir`, one rank's graphs) when it is the same export; False exports again."""
     sys.path.insert(0, ROOT)
     from mindspore_serving.models.llama.export import export_graphs, export_tensor_parallel
     from mindspore_serving.spec.llm_config import load_serving_config
@@ -54,7 +54,6 @@ def main(config_path=CONFIG, reuse=True, reuse_dir=None):
             model_file,
             graphs_dir,
             checkpoint=config.model.checkpoint,
-            jobs=min(2, os.cpu_count() or 1),
             reuse_dir=(reuse_dir or graphs_dir) if reuse else None,
         )
         for graphs_dir in config.model.graphs

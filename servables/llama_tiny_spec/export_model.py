@@ -1,8 +1,8 @@
 """Exports the graphs of the bundled tiny LLaMA with speculative decoding (config/llama_tiny_spec.yaml) into
-1/rank_0/: llama_tiny's graphs and the verify graphs (`model.export: {spec_tokens: 4}`).
+1/rank_0/: llama_tiny's step graphs, which verify proposed tokens as they compute any step.
 
-The model file and the checkpoint are llama_tiny's, so its exported weights and graphs (servables/llama_tiny/1/, when
-exported) are copied and only the verify graphs compiled (export.py, `reusable_graphs`); otherwise every graph is.
+The model file and the checkpoint are llama_tiny's, so its export (servables/llama_tiny/1/, when exported) is copied
+(export.py, `reusable_export`); otherwise it is exported here.
 """
 
 import os

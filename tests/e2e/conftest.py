@@ -24,7 +24,7 @@ def llm_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def runner():
     """The bundled tiny LLaMA's graphs in this process (GraphRunner, 256 KV blocks, each compiled on first use):
-    those of llama_tiny_spec, llama_tiny's with the verify graphs. Shared by the modules that drive the engine on
+    those of llama_tiny_spec, the same as llama_tiny's. Shared by the modules that drive the engine on
     the real graphs; each engine allocates its own blocks, and what they count of the runner they count as
     differences."""
     from mindspore_serving.agent.graph_runner import GraphRunner  # lazy: MindSpore only where a model runs

@@ -1,7 +1,9 @@
 """Hugging Face model directories served by one command: `serving_server.py --model DIR` for the five fixtures of
 tests/fixtures/hf at tensor parallelism 1, and `register.declare_llm(model_dir=..., tensor_parallel=2)` for llama3
 and qwen2, all in one server (each export and each start of an LLM costs seconds; one server keeps the suite's
-time). The graphs are the fewest that serve: decode batches 1 and 2, prefill batch 1 of 32 tokens.
+time). Each export is the three dynamic-shape step graphs (any batch and prompt length); the --model servers' engines
+run at most 2 sequences and 32 tokens a step (--max_num_seqs, --max_num_batched_tokens: longer prompts in chunks),
+the declare_llm ones hf_serving's defaults.
 
 Every served model must give transformers' answers: the prompt ids (/tokenize), the 16 greedy tokens
 (/model/<name>:generate with ignore_eos, and repetition_penalty 1 over generation_config.json's: transformers'
@@ -9,10 +11,12 @@ greedy tokens were computed without logits processors), the first token's log-pr
 logprobs=0) within LOGPROB_ATOL of the log-softmax of transformers' logits, and the chat templates' ids (/tokenize
 with messages, apply_chat_template's). The full first-step logits of each exported rank-0 graph directory (TP=1)
 are compared in-process within LOGIT_RTOL of their scale. llama3 is served with n-gram speculative decoding
-(--speculative_config, given once per --model: verify graphs exported beside its others): its greedy tokens must
+(--speculative_config, given once per --model: the same export verifies its proposals): its greedy tokens must
 stay transformers', and a longer run must verify drafts (/metrics) and equal llama3_tp2's, served without
-speculation. Then the model cache: a second start with the same settings uses the graphs exported at the first, a
-changed setting exports again, and a tensor parallelism that does not divide the heads is refused before any export.
+speculation. Then the model cache: a second start with the same export settings uses the graphs exported at the
+first (whatever its engine settings and speculation), a changed max_model_len exports again, a removed bucket flag
+is refused with what replaced it, and a tensor parallelism that does not divide the heads is refused before any
+export.
 """
 
 import collections
@@ -35,7 +39,8 @@ TP1 = ["llama3", "llama2_linear", "mistral", "qwen2", "qwen3"]
 TP2 = {"llama3_tp2": "llama3", "qwen2_tp2": "qwen2"}  # servable -> fixture
 LOGPROB_ATOL = 1e-4  # measured differences are ~2e-6
 LOGIT_RTOL = 1e-5  # of the logits' largest magnitude, as tests/unit/test_hf_models.py
-SMALL = {"decode_batch_buckets": [1, 2], "prefill_batch_buckets": [1], "prefill_len_buckets": [32]}
+SMALL = {"max_num_seqs": 2, "max_num_batched_tokens": 32}
+"""The engine's bounds of a step for the --model servers (engine settings: not in the graphs' cache key)."""
 MAX_MODEL_LEN = 128
 SPECULATIVE = {"llama3": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}}
 """The --model fixtures served with speculative decoding (the others: null)."""
@@ -43,7 +48,7 @@ SPECULATIVE = {"llama3": {"method": "ngram", "num_speculative_tokens": 4, "promp
 
 def flags(cache):
     return ["--model_cache", cache, "--max_model_len", str(MAX_MODEL_LEN)] + [
-        arg for field, sizes in SMALL.items() for arg in (f"--{field}", ",".join(map(str, sizes)))
+        arg for field, value in SMALL.items() for arg in (f"--{field}", str(value))
     ]
 
 
@@ -62,7 +67,7 @@ def server(tmp_path_factory):
             stream.write(
                 "from mindspore_serving.server import register\n"
                 f"register.declare_llm(model_dir={os.path.join(FIXTURES, fixture)!r}, tensor_parallel=2, "
-                f"max_model_len={MAX_MODEL_LEN}, model_cache={cache!r}, buckets={SMALL!r})\n"
+                f"max_model_len={MAX_MODEL_LEN}, model_cache={cache!r})\n"
             )
     rest = f"127.0.0.1:{free_port()}"
     args = [
@@ -97,8 +102,8 @@ def test_every_model_is_listed(server):
     models = requests.get(f"{url}/v1/models", timeout=10).json()["data"]
     assert sorted(m["id"] for m in models) == sorted(TP1 + list(TP2))
     assert all(m["max_model_len"] == MAX_MODEL_LEN for m in models)
-    for fixture in TP1:  # 1 prefill, 2 decode, 1 score; 2 verify with speculation
-        assert f"{fixture}: exporting {6 if fixture in SPECULATIVE else 4} graphs into" in proc.output()
+    for fixture in TP1:  # the same three step graphs with speculation or without
+        assert f"{fixture}: exporting the step graphs into" in proc.output()
 
 
 @pytest.mark.parametrize("name", TP1 + list(TP2))
@@ -245,16 +250,28 @@ def run_cli(directory, *args, wait_for=None):
 def test_the_cache_is_used_until_a_setting_changes(server, tmp_path):
     _, cache, _ = server
     qwen2 = os.path.join(FIXTURES, "qwen2")
+    # the engine's settings and speculation are llm.yaml's, not the export's (this rewrites the served qwen2's
+    # llm.yaml, which the next start writes back)
+    engine = ["--max_num_seqs", "4", "--max_num_batched_tokens", "64", "--speculative_config", '{"method": "ngram"}']
+    out, code = run_cli(tmp_path, "--model", qwen2, *flags(cache), *engine)
+    assert code == 0 and "qwen2: using the graphs exported at" in out and "exporting" not in out, out
     out, code = run_cli(tmp_path, "--model", qwen2, *flags(cache))
     assert code == 0 and "qwen2: using the graphs exported at" in out and "exporting" not in out, out
+    out, code = run_cli(tmp_path, "--model", qwen2, *flags(cache), "--prefill_len_buckets", "16,32")
+    assert code == 2 and "exporting" not in out, out
+    assert (
+        "--prefill_len_buckets was removed: the model's graphs take any batch and prompt length (dynamic shapes); "
+        "--max_num_seqs and --max_num_batched_tokens bound a step"
+    ) in out, out
+    # another max_model_len: graphs of another length (the last --max_model_len counts)
     out, _ = run_cli(
         tmp_path,
         "--model",
         qwen2,
         *flags(cache),
-        "--prefill_len_buckets",
-        "16,32",
-        wait_for="qwen2: exporting 5 graphs",
+        "--max_model_len",
+        "64",
+        wait_for="qwen2: exporting the step graphs into",
     )
     assert len([d for d in glob.glob(os.path.join(cache, "qwen2-*")) if os.path.isdir(d)]) == 2  # a new one
     out, code = run_cli(tmp_path, "--model", qwen2, *flags(cache), "--tensor_parallel", "3")

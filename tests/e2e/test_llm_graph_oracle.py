@@ -1,7 +1,8 @@
 """The correctness oracle on the real exported graphs: greedy tokens under load equal those of each request alone.
 
 32 requests with mixed prompt lengths and max_new_tokens join the engine at different steps (their prompts mostly
-computed in mixed decode + prefill graphs); each one's tokens must equal the tokens of the same request run alone.
+computed in the graph calls that decode the running ones); each one's tokens must equal the tokens of the same
+request run alone.
 Also with prefix caching, and with preemption forced by a tiny block pool.
 """
 
@@ -70,7 +71,7 @@ def test_continuous_batching_matches_alone(runner, alone):
     mixed_before = runner.mixed_calls
     got, _ = run_staggered(runner, config_for(runner), requests)
     assert got == expected
-    assert runner.mixed_calls > mixed_before  # joining requests went through mixed decode + prefill graphs
+    assert runner.mixed_calls > mixed_before  # joining requests' prompts were computed beside decodes
 
 
 def test_multi_step_decoding_matches_alone(runner, alone):
@@ -85,7 +86,7 @@ def test_multi_step_decoding_matches_alone(runner, alone):
     )
     assert got == expected
     assert max(steps for steps, _ in rounds) == 4  # decode steps ran four at a time, the argmax fed back
-    # prompts that filled the batch joined rounds: computed in a round's first step (mixed graphs)
+    # prompts that filled the batch joined rounds: computed in a round's first step, beside its decodes
     assert any(steps == 4 and prefills for steps, prefills in rounds)
     assert runner.mixed_calls > mixed_before
 

@@ -1,7 +1,7 @@
 """The tiny LLaMA split over two tensor-parallel agents that form a MindSpore cluster (config/llama_tiny_tp2.yaml).
 
 Its logits equal the single-rank model's, its greedy outputs under continuous batching with n-gram speculative
-decoding (verified in the ranks' verify graphs) equal each request alone on one rank without it, and the group
+decoding (verified in the ranks' step graphs) equal each request alone on one rank without it, and the group
 survives the loss of a rank: here rank 1 plays a second host (bound to 127.0.0.2, started by start_agent.py
 --rank_start 1, speaking mutual TLS with the worker, and MindSpore's cluster channel over its own TLS), is killed
 mid-stream, and both hosts start their ranks again.
@@ -81,14 +81,15 @@ def test_tensor_parallel_logits_equal_the_single_rank_model_and_sigterm_stops_th
         a, b, c = tokens(0, 20), tokens(1, 150), tokens(2, 70)
         steps = [
             [SeqStep(a, 0, [1, 2])],  # prefill
-            [SeqStep(b, 0, list(range(3, 13)))],  # longer than the largest bucket: chunks
+            [SeqStep(b, 0, list(range(3, 13)))],  # a long prompt
             [SeqStep([a[-1]], 20, [1, 2]), SeqStep([b[-1]], 150, list(range(3, 13)))],  # decode
             [SeqStep(c[:40], 0, [13, 14, 15, 16, 17])],  # chunked prefill: a first chunk ...
             [SeqStep([a[0]], 21, [1, 2]), SeqStep(c[40:], 40, [13, 14, 15, 16, 17])],  # ... the rest beside a decode
         ]
         for i, seqs in enumerate(steps):
             np.testing.assert_allclose(runner.run(seqs), reference.run(seqs), rtol=0, atol=ATOL, err_msg=f"step {i}")
-        scored = [SeqStep(tokens(3, 150), 0, list(range(18, 28)), all_logits=True)]  # the score graphs, in chunks
+        # every position's logits, in chunks
+        scored = [SeqStep(tokens(3, 150), 0, list(range(18, 28)), all_logits=True)]
         got, want = runner.run(scored), reference.run(scored)
         np.testing.assert_allclose(got.every[0], want.every[0], rtol=0, atol=ATOL)
         np.testing.assert_allclose(got.last, want.last, rtol=0, atol=ATOL)
@@ -107,7 +108,7 @@ def test_tensor_parallel_logits_equal_the_single_rank_model_and_sigterm_stops_th
 
 @pytest.fixture(scope="module")
 def tp2_server(tmp_path_factory):
-    """The TP=2 servable with n-gram speculative decoding on (the ranks' verify graphs) in every step."""
+    """The TP=2 servable with n-gram speculative decoding on in every step."""
     directory = tmp_path_factory.mktemp("tp2")
     config = tp2_config(directory)
     with open(config, encoding="utf-8") as stream:
@@ -126,7 +127,7 @@ def tp2_server(tmp_path_factory):
 
 
 def test_concurrent_greedy_requests_on_two_ranks_equal_each_alone_on_one(tp2_server, tp1_config):
-    """With speculation on the two ranks (verify graphs with an all-reduce), the greedy tokens are those of each
+    """With speculation on the two ranks (their layer graphs all-reduce), the greedy tokens are those of each
     request alone on one rank without it; the acceptance is scraped under vLLM's metric names."""
     before = _spec_metrics(tp2_server[1])
     client = Client(tp2_server[0], "llama_tiny_tp2", "generate")

@@ -1,6 +1,7 @@
 """Speculative steps across the agent boundary: rows that ask for every token's logits (a row's last token and its
 proposed ones) come back with those logits, several rows of them in one step, beside plain decode rows; and the
-worker learns the verify length of its ranks (AgentInfo.spec_tokens, the least over the ranks)."""
+worker learns the verify length of its ranks (AgentInfo.spec_tokens: the most proposed tokens a rank's runner verifies
+in one call, max_seq_len - 1 for the step graphs; the least over the ranks)."""
 
 from concurrent import futures
 
@@ -47,7 +48,7 @@ def test_a_step_with_several_verify_rows_round_trips():
 @pytest.fixture
 def agents():
     """Two agents' Step services in this process (fake models verifying 4 and 2 proposed tokens) and a third
-    without verify graphs: (their addresses, models)."""
+    whose runner verifies none (no spec_tokens): (their addresses, models)."""
     models = [fake_model(4), fake_model(2), fake_model()]
     servers, addresses = [], []
     for rank, model in enumerate(models):

@@ -1,6 +1,7 @@
 """The `mindspore-serving` command's argument handling: the command dispatch, where `serve` finds the servables,
 and the scripts serving_server.py / start_agent.py taking the same flags."""
 
+import argparse
 import os
 import subprocess
 import sys
@@ -9,6 +10,8 @@ import pytest
 
 from mindspore_serving import cli
 from mindspore_serving.cli import agent, serve
+from mindspore_serving.spec.hf_serving import HfModelError
+from mindspore_serving.worker.llm import hf_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -87,9 +90,17 @@ def test_the_scripts_take_the_commands_flags(script, command):
         check=True,
     )
     parser = serve.build_parser("servables") if command == "serve" else agent.build_parser()
-    flags = {option for action in parser._actions for option in action.option_strings}
+    flags = {
+        option
+        for action in parser._actions
+        if action.help != argparse.SUPPRESS  # the removed flags, taken only to be refused
+        for option in action.option_strings
+    }
     assert result.stdout.startswith(f"usage: {script}")
     assert all(flag in result.stdout for flag in flags)
+    if command == "serve":
+        assert "--max_num_seqs" in flags and "--max_num_batched_tokens" in flags
+        assert not any(f"--{flag}" in result.stdout for flag in serve.REMOVED_FLAGS)
 
 
 @pytest.mark.parametrize(
@@ -106,3 +117,35 @@ def test_serve_refuses_model_flags_that_do_not_fit_before_starting_anything(argv
         serve.main(argv, prog="mindspore-serving serve")
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["decode_batch_buckets", "prefill_batch_buckets", "prefill_len_buckets"])
+def test_serve_refuses_the_removed_bucket_flags_saying_what_replaced_them(flag, capsys):
+    assert flag in serve.REMOVED_FLAGS
+    with pytest.raises(SystemExit) as exit_info:
+        serve.main(["--model", "a", f"--{flag}", "1,2"], prog="mindspore-serving serve")
+    assert exit_info.value.code == 2
+    assert (
+        f"--{flag} was removed: the model's graphs take any batch and prompt length (dynamic shapes); "
+        f"--max_num_seqs and --max_num_batched_tokens bound a step"
+    ) in capsys.readouterr().err
+
+
+def test_serve_gives_the_step_bounds_to_each_model(monkeypatch):
+    prepared = []
+
+    def prepare_all(models, log):
+        prepared.extend(models)
+        raise HfModelError("stopped here")
+
+    monkeypatch.setattr(hf_model, "prepare_all", prepare_all)
+    argv = ["--model", "a", "--model", "b", "--served_model_name", "a", "--served_model_name", "b"]
+    with pytest.raises(SystemExit, match="--model stopped here"):
+        serve.main(argv + ["--max_num_seqs", "8", "--max_num_batched_tokens", "256"], prog="mindspore-serving serve")
+    assert [(m.max_num_seqs, m.max_num_batched_tokens) for m in prepared] == [(8, 256), (8, 256)]
+    prepared.clear()
+    with pytest.raises(SystemExit, match="--model stopped here"):
+        serve.main(argv, prog="mindspore-serving serve")
+    assert [(m.max_num_seqs, m.max_num_batched_tokens) for m in prepared] == [(None, None)] * 2  # the defaults
+    with pytest.raises(SystemExit, match="--model a: max_num_batched_tokens must be an int >= 1, got 0"):
+        serve.main(["--model", "a", "--max_num_batched_tokens", "0"], prog="mindspore-serving serve")

@@ -59,10 +59,12 @@ def _flags(args):
 
 def _server_defaults():
     """serving_server.py's flags and their defaults, read from the add_argument calls of the module that defines
-    them (importing it would need MindSpore)."""
+    them (importing it would need MindSpore); the removed flags it refuses are not among them."""
     defaults = {}
     for node in ast.walk(ast.parse(_read("mindspore_serving", "cli", "serve.py"))):
         if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
+            if not isinstance(node.args[0], ast.Constant):  # the removed flags, refused by name
+                continue
             flag = node.args[0].value
             default = next((k.value for k in node.keywords if k.arg == "default"), None)
             defaults[flag] = default.value if isinstance(default, ast.Constant) else None

@@ -28,17 +28,12 @@ def export_dir(tmp_path, names=NAMES, version=MANIFEST_VERSION, file="weights.sa
     return str(tmp_path), manifest, arrays
 
 
-def test_weights_load_in_the_manifests_order(tmp_path):
+def test_weights_load_by_name(tmp_path):
     directory, manifest, arrays = export_dir(tmp_path, names=["norm", "embed_tokens", "layers.0.q_proj"])
     tensors = load_graph_weights(directory, manifest)
-    assert [t.shape for t in tensors] == [(4, 3)] * 3
-    for name, tensor in zip(manifest["weights"]["names"], tensors):
+    assert list(tensors) == manifest["weights"]["names"]
+    for name, tensor in tensors.items():
         np.testing.assert_array_equal(tensor.asnumpy(), arrays[name])
-
-
-def test_graphs_that_embed_their_weights_take_none(tmp_path):
-    directory, manifest, _ = export_dir(tmp_path, version=1)
-    assert load_graph_weights(directory, manifest) == []
 
 
 def test_a_missing_or_incomplete_weights_file_asks_for_an_export(tmp_path):

@@ -1,12 +1,17 @@
-"""Serving a Hugging Face directory: the settings, buckets and key (spec/hf_serving.py), and the model cache and its
+"""Serving a Hugging Face directory: the settings, export and key (spec/hf_serving.py), and the model cache and its
 refusals (worker/llm/hf_model.py) with the exporting process replaced by one that writes the manifests only.
-Speculative decoding (--speculative_config, declare_llm's speculative_config): parsed and refused as vLLM's JSON
-object, it adds verify graphs (in the key) and engine.speculative, and leaves the key of a model without it as it was.
+The export is the dynamic-shape step graphs, the same for any batch and prompt length: block size 16, max_model_len
+rounded up to it. The engine's settings (max_num_seqs, default 32; max_num_batched_tokens, default 512 or twice the
+decode tokens of a full batch with its proposals) are llm.yaml's, not the export's. Speculative decoding
+(--speculative_config, declare_llm's speculative_config): parsed and refused as vLLM's JSON object, it sets
+engine.speculative and leaves the export and its key as they are (any export verifies proposals).
 
-A directory is exported once per key: the same checkpoint and settings are served from the first export, a changed
-weights byte or export setting exports again, an interrupted export (no marker) exports again. A missing file, a bad
-checkpoint, heads that tensor parallelism does not divide and a KV budget too small for one sequence are refused
-before anything is exported. tests/e2e/test_hf_serving.py serves the fixtures for real.
+A directory is exported once per key: the same checkpoint and export settings are served from the first export
+(whatever the engine's settings and speculation), a changed weights byte, max_model_len or tensor parallelism
+exports again, an interrupted export (no marker) exports again. A missing file, a bad checkpoint, heads that tensor
+parallelism does not divide and a KV budget too small for one sequence are refused before anything is exported;
+engine settings that do not fit each other (max_num_batched_tokens below max_num_seqs) when llm.yaml is loaded.
+tests/e2e/test_hf_serving.py serves the fixtures for real.
 """
 
 import dataclasses
@@ -19,7 +24,7 @@ import pytest
 import yaml
 
 from mindspore_serving.llm.config import SpeculativeConfig
-from mindspore_serving.models.llama.config import LlamaConfig
+from mindspore_serving.models.llama.config import ExportConfig, LlamaConfig, ModelFile
 from mindspore_serving.server import register
 from mindspore_serving.spec import hf_serving as plan
 from mindspore_serving.spec.hf_serving import HfModelError, HfModelSettings
@@ -50,7 +55,6 @@ def exports(monkeypatch):
                     "num_kv_heads": m["num_kv_heads"] // tp,
                     "head_dim": m.get("head_dim", 16),
                 },
-                "spec_tokens": model_file["export"].get("spec_tokens", 0),
             }
             with open(os.path.join(args["out"], f"rank_{rank}", "manifest.json"), "w", encoding="utf-8") as f:
                 json.dump(manifest, f)
@@ -70,21 +74,41 @@ def settings(model_dir, cache, **values):
     return HfModelSettings.create(model_dir, model_cache=str(cache), **values)
 
 
-def test_names_lengths_and_buckets():
+CFG = LlamaConfig(
+    vocab_size=512,
+    hidden_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_size=128,
+    max_seq_len=128,
+)
+
+
+def test_names_lengths_and_export():
     assert plan.default_served_name("/models/Qwen2.5-0.5B-Instruct/") == "Qwen2_5-0_5B-Instruct"
     base = settings("/m/llama", "/c")
     assert base.served_model_name == "llama"
+    assert (base.max_num_seqs, base.max_num_batched_tokens, base.speculative) == (None, None, None)
     assert plan.served_max_model_len(base, 131072) == 2048 and plan.served_max_model_len(base, 1024) == 1024
     assert plan.served_max_model_len(base, None) == 2048
     with pytest.raises(HfModelError, match="max_model_len 4096 exceeds the model's max_position_embeddings 1024"):
         plan.served_max_model_len(settings("/m/x", "/c", max_model_len=4096), 1024)
-    assert plan.default_buckets(2048) == {
-        "decode_batch_buckets": (1, 2, 4, 8, 16),
-        "prefill_batch_buckets": (1,),
-        "prefill_len_buckets": (16, 32, 64, 128),
-    }
-    assert plan.default_buckets(100)["prefill_len_buckets"] == (16, 32, 64)  # the graphs hold 112 tokens
-    assert plan.default_buckets(10)["prefill_len_buckets"] == (16,)
+    # one export whatever the batch and prompt lengths: the network holding max_model_len rounded up to the block
+    assert plan.graph_len(100) == 112 and plan.graph_len(128) == 128 and plan.graph_len(10) == 16
+    for max_model_len in (100, 2048):
+        model_file = plan.export_model_file(base, CFG, max_model_len)
+        assert model_file.export == ExportConfig(block_size=16) and model_file.export.to_dict() == {"block_size": 16}
+        assert model_file.model == dataclasses.replace(CFG, max_seq_len=plan.graph_len(max_model_len))
+    assert not hasattr(plan, "default_buckets") and not hasattr(plan, "BUCKET_FIELDS")
+    # create's positional order: model_dir, served_model_name, model_cache, speculative_config (serving_server.py's
+    # and declare_llm's)
+    positional = HfModelSettings.create("/m/x", "x", "/c", {"num_speculative_tokens": 2}, max_num_seqs=4)
+    assert positional == HfModelSettings(
+        "/m/x", "x", "/c", max_num_seqs=4, speculative=SpeculativeConfig(num_speculative_tokens=2)
+    )
+    with pytest.raises(TypeError, match="buckets"):  # the per-shape graphs' buckets are gone with them
+        settings("/m/llama", "/c", buckets={"decode_batch_buckets": [1, 2]})
 
 
 @pytest.mark.parametrize(
@@ -94,8 +118,10 @@ def test_names_lengths_and_buckets():
         ({"tensor_parallel": 0}, "tensor_parallel must be an int >= 1"),
         ({"max_model_len": 1}, "max_model_len must be an int >= 2"),
         ({"kv_cache_memory": "2 parsecs"}, "kv_cache_memory '2 parsecs' is not a size"),
-        ({"buckets": {"decode_batch": [1]}}, r"unknown or repeated field\(s\) \['decode_batch'\]"),
-        ({"buckets": {"prefill_len_buckets": [32, 16]}}, "prefill_len_buckets must be increasing positive ints"),
+        ({"max_num_seqs": 0}, "max_num_seqs must be an int >= 1, got 0"),
+        ({"max_num_seqs": "8"}, "max_num_seqs must be an int >= 1, got '8'"),
+        ({"max_num_batched_tokens": 0}, "max_num_batched_tokens must be an int >= 1, got 0"),
+        ({"max_num_batched_tokens": True}, "max_num_batched_tokens must be an int >= 1, got True"),
         ({"tensor_parallel": 2, "device_ids": (0,)}, r"1 device id\(s\) \[0\] for tensor_parallel=2"),
     ],
 )
@@ -142,39 +168,33 @@ def test_bad_speculative_configs_are_refused(text, message):
         settings("/m/llama", "/c", speculative_config=text)
 
 
-def test_speculation_exports_verify_graphs_under_another_key():
-    cfg = LlamaConfig(
-        vocab_size=512,
-        hidden_size=64,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        intermediate_size=128,
-        max_seq_len=128,
-    )
+def test_speculation_leaves_the_export_and_its_key(monkeypatch):
     files = {"config.json": "0" * 64}
-    plain = plan.export_model_file(settings("/m/llama", "/c"), cfg, 128)
-    # the key of this model and settings before verify graphs existed: the caches of models served without
-    # speculation stay valid
+    plain = plan.export_model_file(settings("/m/llama", "/c"), CFG, 128)
     assert "spec_tokens" not in plain.to_dict()["export"]
-    assert plan.cache_key(files, plain, 1) == "17af0bdc453bac9c1fc9f1cb1c87e02327149c9a4e8e7f0974105a940026cc46"
+    key = plan.cache_key(files, plain, 1)
     spec = settings("/m/llama", "/c", speculative_config={"num_speculative_tokens": 3, "disable_by_batch_size": 8})
-    model_file = plan.export_model_file(spec, cfg, 128)
-    assert model_file.export == dataclasses.replace(plain.export, spec_tokens=3)
-    assert model_file.export.spec_batches == (1, 2, 4, 8, 16)
-    keys = {plan.cache_key(files, plain, 1), plan.cache_key(files, model_file, 1)}
-    keys.add(
-        plan.cache_key(
-            files,
-            plan.export_model_file(
-                settings("/m/llama", "/c", speculative_config={"num_speculative_tokens": 4}), cfg, 128
-            ),
-            1,
-        )
-    )
-    assert len(keys) == 3
-    lookup = settings("/m/llama", "/c", speculative_config={"num_speculative_tokens": 3, "prompt_lookup_max": 2})
-    assert plan.cache_key(files, plan.export_model_file(lookup, cfg, 128), 1) == plan.cache_key(files, model_file, 1)
+    model_file = plan.export_model_file(spec, CFG, 128)
+    assert model_file == plain and plan.cache_key(files, model_file, 1) == key
+    many = settings("/m/llama", "/c", speculative_config={"num_speculative_tokens": 8, "prompt_lookup_max": 2})
+    assert plan.export_model_file(many, CFG, 128) == plain
+    # the key: the files' content, the network (max_seq_len: max_model_len rounded up to the block size), the tensor
+    # parallelism and the manifest format; not the engine's settings
+    assert plan.cache_key(files, plan.export_model_file(settings("/m/llama", "/c"), CFG, 120), 1) == key
+    engine_only = settings("/m/llama", "/c", max_num_seqs=4, max_num_batched_tokens=64, kv_cache_memory="1MiB")
+    assert plan.cache_key(files, plan.export_model_file(engine_only, CFG, 128), 1) == key
+    others = {
+        plan.cache_key({"config.json": "1" * 64}, plain, 1),
+        plan.cache_key(files, plan.export_model_file(settings("/m/llama", "/c"), CFG, 96), 1),
+        plan.cache_key(files, plain, 2),
+        plan.cache_key(files, ModelFile(plain.model, ExportConfig(block_size=32)), 1),
+    }
+    assert len(others) == 4 and key not in others
+    assert plan.MANIFEST_VERSION == 3  # the step graphs' format: a cache of the per-shape graphs is exported again
+    with monkeypatch.context() as patch:
+        patch.setattr(plan, "MANIFEST_VERSION", 2)
+        assert plan.cache_key(files, plain, 1) != key
+
     engine = plan.llm_config(spec, model_file, 128, "tokenizer.json", None)["engine"]
     assert engine["speculative"] == {
         "method": "ngram",
@@ -185,14 +205,30 @@ def test_speculation_exports_verify_graphs_under_another_key():
     }
     unspeculative = plan.llm_config(settings("/m/llama", "/c"), plain, 128, "t.json", None)["engine"]
     assert "speculative" not in unspeculative
-    # the step's budget holds a prompt chunk beside a full batch of rows with their proposals
-    assert unspeculative["max_num_batched_tokens"] == 128 + 16
-    assert engine["max_num_batched_tokens"] == 128 + 16 * (1 + 3)
-    with pytest.raises(HfModelError, match="spec_tokens=200: a verified row of spec_tokens \\+ 1 tokens exceeds"):
-        plan.export_model_file(settings("/m/llama", "/c", speculative_config={"num_speculative_tokens": 200}), cfg, 128)
 
 
-def test_a_speculating_model_serves_its_verify_graphs(qwen2, tmp_path, exports):
+def test_max_num_seqs_and_max_num_batched_tokens_are_the_engines():
+    """llm.yaml's engine.max_num_seqs: the setting, else 32; engine.max_num_batched_tokens: the setting, else 512,
+    or twice the decode tokens of a full batch, each row with its proposed tokens, when that is more."""
+    model_file = plan.export_model_file(settings("/m/llama", "/c"), CFG, 128)
+
+    def engine(**values):
+        return plan.llm_config(settings("/m/llama", "/c", **values), model_file, 128, "t.json", None)["engine"]
+
+    assert plan.DEFAULT_MAX_NUM_SEQS == 32 and plan.DEFAULT_MAX_NUM_BATCHED_TOKENS == 512
+    assert (engine()["max_num_seqs"], engine()["max_num_batched_tokens"]) == (32, 512)
+    three = {"num_speculative_tokens": 3}
+    assert engine(speculative_config=three)["max_num_batched_tokens"] == 512  # 2 * 32 * (1 + 3) = 256
+    assert engine(speculative_config={"num_speculative_tokens": 8})["max_num_batched_tokens"] == 2 * 32 * 9
+    assert engine(max_num_seqs=300)["max_num_batched_tokens"] == 600
+    assert engine(max_num_seqs=64, speculative_config=three)["max_num_batched_tokens"] == 2 * 64 * 4
+    given = engine(max_num_seqs=4, max_num_batched_tokens=64, speculative_config=three)
+    assert (given["max_num_seqs"], given["max_num_batched_tokens"]) == (4, 64)
+    assert engine(max_num_seqs=4)["max_num_batched_tokens"] == 512
+    assert engine(max_num_batched_tokens=1000)["max_num_seqs"] == 32
+
+
+def test_a_speculating_model_shares_the_plain_models_export(qwen2, tmp_path, exports):
     lines = []
     prepared = hf_model.prepare(
         settings(
@@ -203,12 +239,14 @@ def test_a_speculating_model_serves_its_verify_graphs(qwen2, tmp_path, exports):
         ),
         lines.append,
     )
-    assert lines[1] == f"Qwen2_5-tiny: exporting 15 graphs into {prepared.cache_dir} (max_model_len 128)"  # 5 verify
+    assert lines[1] == f"Qwen2_5-tiny: exporting the step graphs into {prepared.cache_dir} (max_model_len 128)"
     config = load_serving_config(prepared.config_file)
     assert config.engine.speculative == SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_max=4)
-    assert config.model_file().export.spec_tokens == 4
+    assert config.model_file().export == ExportConfig(block_size=16)
+    assert config.engine.max_num_batched_tokens == 512  # 2 * 32 * (1 + 4) = 320 is less
     plain = hf_model.prepare(settings(qwen2, tmp_path / "cache", max_model_len=128), lines.append)
-    assert plain.exported and plain.cache_dir != prepared.cache_dir
+    assert not plain.exported and plain.cache_dir == prepared.cache_dir and len(exports) == 1
+    assert lines[-2] == f"Qwen2_5-tiny: using the graphs exported at {prepared.cache_dir}"
     assert load_serving_config(plain.config_file).engine.speculative is None
 
 
@@ -219,12 +257,14 @@ def test_an_export_is_used_until_its_content_or_settings_change(qwen2, tmp_path,
     assert first.exported and first.name == "Qwen2_5-tiny" and len(exports) == 1
     assert os.path.basename(first.cache_dir).startswith("Qwen2_5-tiny-")
     assert lines[0].startswith("Qwen2_5-tiny: file digests computed for 4 of 4 files")  # lines[0]: the digests
-    assert lines[1] == f"Qwen2_5-tiny: exporting 10 graphs into {first.cache_dir} (max_model_len 128)"  # 1 score
+    assert lines[1] == f"Qwen2_5-tiny: exporting the step graphs into {first.cache_dir} (max_model_len 128)"
     config = load_serving_config(first.config_file)
     assert config.model.graphs == (os.path.join(first.cache_dir, "graphs", "rank_0"),)
     assert config.model.tokenizer == os.path.join(qwen2, "tokenizer.json")
     assert config.model.generation_config == os.path.join(qwen2, "generation_config.json")
-    assert config.engine.max_model_len == 128 and config.engine.max_num_seqs == 16
+    assert config.engine.max_model_len == 128 and config.engine.max_num_seqs == 32
+    assert config.engine.max_num_batched_tokens == 512 and config.engine.speculative is None
+    assert config.model_file().export == ExportConfig(block_size=16)
     assert config.engine.num_blocks == 4 * 8 + 1 and config.model_file().model.max_seq_len == 128
     with open(os.path.join(first.servable_directory, first.name, "servable_config.py"), encoding="utf-8") as f:
         assert 'register.declare_llm(config_file="../../llm.yaml")' in f.read()
@@ -237,10 +277,22 @@ def test_an_export_is_used_until_its_content_or_settings_change(qwen2, tmp_path,
     budget = hf_model.prepare(settings(qwen2, cache, max_model_len=120, kv_cache_memory="1MiB"), lines.append)
     assert budget.cache_dir == first.cache_dir and len(exports) == 1
     assert load_serving_config(budget.config_file).engine.num_blocks == (1 << 20) // (2 * 2 * 16 * 2 * 16 * 4)
+    step = hf_model.prepare(
+        settings(qwen2, cache, max_model_len=128, max_num_seqs=4, max_num_batched_tokens=64), lines.append
+    )
+    assert not step.exported and step.cache_dir == first.cache_dir and len(exports) == 1
+    with open(step.config_file, encoding="utf-8") as stream:
+        written = yaml.safe_load(stream)["engine"]
+    assert (written["max_num_seqs"], written["max_num_batched_tokens"]) == (4, 64)
+    config = load_serving_config(step.config_file)
+    assert (config.engine.max_num_seqs, config.engine.max_num_batched_tokens) == (4, 64)
+    with pytest.raises(HfModelError, match="max_num_batched_tokens 8 is below max_num_seqs 16, so the running requests could not all decode"):
+        hf_model.prepare(
+            settings(qwen2, cache, max_model_len=128, max_num_seqs=16, max_num_batched_tokens=8), lines.append
+        )
 
     changed = [
         settings(qwen2, cache, max_model_len=256),
-        settings(qwen2, cache, max_model_len=128, buckets={"decode_batch_buckets": [1, 2]}),
         settings(qwen2, cache, max_model_len=128, tensor_parallel=2),
     ]
     for count, each in enumerate(changed, start=2):
@@ -258,7 +310,7 @@ def test_an_export_is_used_until_its_content_or_settings_change(qwen2, tmp_path,
         stream.seek(-1, os.SEEK_END)
         stream.write(last)
     assert hf_model.prepare(settings(qwen2, cache, max_model_len=128), lines.append).cache_dir == first.cache_dir
-    assert len(exports) == 6
+    assert len(exports) == 5
 
 
 def test_config_json_eos_ids_stand_in_for_a_missing_generation_config(qwen2, tmp_path, exports):
@@ -370,7 +422,7 @@ def test_declare_llm_records_a_model_directory(tmp_path, registry):
     spec = _declare(
         tmp_path,
         "register.declare_llm(model_dir='models/qwen', tensor_parallel=2, max_model_len=512, "
-        "kv_cache_memory='1GiB', buckets={'decode_batch_buckets': [1, 4]}, "
+        "kv_cache_memory='1GiB', "
         "speculative_config={'num_speculative_tokens': 2})\n",
     )
     assert spec.extension == LlmDeclaration(
@@ -382,7 +434,6 @@ def test_declare_llm_records_a_model_directory(tmp_path, registry):
             tensor_parallel=2,
             max_model_len=512,
             kv_cache_memory="1GiB",
-            buckets=(("decode_batch_buckets", (1, 4)),),
             speculative=SpeculativeConfig(num_speculative_tokens=2),
         ),
     )
@@ -404,6 +455,11 @@ def test_declare_llm_records_a_model_directory(tmp_path, registry):
 def test_declare_llm_refusals(tmp_path, registry, source, message):
     with pytest.raises(RuntimeError, match=f"Declare LLM failed, {message}"):
         _declare(tmp_path, source)
+
+
+def test_declare_llm_takes_no_buckets(tmp_path, registry):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'buckets'"):
+        _declare(tmp_path, "register.declare_llm(model_dir='m', buckets={'decode_batch_buckets': [1, 4]})\n")
 
 
 def test_models_are_prepared_side_by_side_as_cores_and_memory_allow(qwen2, tmp_path, monkeypatch, exports):

@@ -123,43 +123,25 @@ def slots(table, positions, block_size):
 
 
 @pytest.mark.parametrize("name", ["qwen2", "qwen3"])
-def test_paged_and_mixed_steps_equal_transformers(name):
-    """The paged step (construct) and the mixed step (construct_mixed) apply the q/k/v biases (qwen2) and the q/k
-    norms (qwen3) as forward_full does: prompt 0 but its last token is prefilled, then one mixed step decodes that
-    last token beside the whole of prompt 1; both rows' logits are transformers' first-step logits."""
+def test_step_graphs_equal_transformers(name, tmp_path):
+    """The exported step graphs apply the q/k/v biases (qwen2) and the q/k norms (qwen3) as forward_full does:
+    prompt 0 but its last token is prefilled, then one step decodes that last token beside the whole of prompt 1;
+    both rows' logits are transformers' first-step logits."""
+    from mindspore_serving.agent.graph_runner import GraphRunner
+    from mindspore_serving.llm.model_io import SeqStep
+    from mindspore_serving.models.llama.config import ExportConfig, ModelFile
+    from mindspore_serving.models.llama.export import export_graphs
+
     exp, want = expected(name)
     model = build_hf_model(os.path.join(FIXTURES, name))
-    cfg, block, maxb = model.cfg, 8, 8
+    export_graphs(ModelFile(model.cfg, ExportConfig(block_size=8)), str(tmp_path), model=model, log=lambda _: None)
+    runner = GraphRunner(str(tmp_path), num_blocks=17, warmup=False)
     first, second = exp["prompts"][0]["input_ids"], exp["prompts"][1]["input_ids"]
-    caches = [
-        Tensor(np.zeros((1 + 2 * maxb, block, cfg.num_kv_heads, cfg.head_dim), np.float32))
-        for _ in range(2 * cfg.num_layers)
-    ]
-    tables = [list(range(1, 1 + maxb)), list(range(1 + maxb, 1 + 2 * maxb))]
+    tables = [list(range(1, 9)), list(range(9, 17))]
     n = len(first) - 1
-
-    def i32(value):
-        return Tensor(np.array(value, np.int32))
-
-    model(
-        i32([first[:n]]),
-        i32([list(range(n))]),
-        i32(tables[:1]),
-        i32(slots(tables[0], range(n), block)),
-        i32([n]),
-        *caches,
-    )
-    logits = model.construct_mixed(
-        i32([[first[n]]]),
-        i32([[n]]),
-        i32(tables[:1]),
-        i32([second]),
-        i32([list(range(len(second)))]),
-        i32(tables[1:]),
-        i32(slots(tables[0], [n], block) + slots(tables[1], range(len(second)), block)),
-        i32([len(second)]),
-        *caches,
-    ).asnumpy()
+    runner.run([SeqStep(first[:n], 0, tables[0])])
+    logits = runner.run([SeqStep([first[n]], n, tables[0]), SeqStep(second, 0, tables[1])])
+    assert runner.mixed_calls == 1
     assert_logits_close(logits[0], want[0])
     assert_logits_close(logits[1], want[1])
 

@@ -1,11 +1,11 @@
-"""The exported paged LLaMA graphs, run through GraphRunner, agree with the cache-free `forward_full`.
+"""The exported dynamic-shape step graphs, run through GraphRunner, agree with the cache-free `forward_full`.
 
 A very small random model (2 layers, GQA with 2 query heads per kv head) is exported once per module to a
-temporary folder, its weights once beside the graphs, which take them as inputs. Every comparison is on logits
-with atol 1e-4 (float32; the logits are O(1) thanks to a large init std). Covered: a prompt + several decode steps
-on non-contiguous blocks, a mixed-length batch with padding, chunked and prefix-cached prefill (start_pos > 0),
-prompts longer than the largest length bucket, batches larger than the largest bucket, that padding only ever
-writes into the scratch block 0, and the score graphs' logits of every position.
+temporary folder. Every comparison is on logits with atol 1e-4 (float32; the logits are O(1) thanks to a large
+init std). Covered: the manifest, a prompt then decode steps on non-contiguous blocks, prompts of different lengths
+prefilled together beside decode rows, chunked and prefix-cached prefill (start_pos > 0), a step split into several
+calls, every position's logits (prompt logprobs, verified proposals), steps of many shapes through one set of
+graphs, that padding only writes into the scratch block 0, and what the runner refuses.
 """
 
 import json
@@ -21,7 +21,7 @@ from mindspore import Tensor  # noqa: E402
 from mindspore_serving.agent.graph_runner import GraphRunner  # noqa: E402
 from mindspore_serving.llm.model_io import SeqStep, StepLogits  # noqa: E402
 from mindspore_serving.models.llama.config import ExportConfig, LlamaConfig, ModelFile  # noqa: E402
-from mindspore_serving.models.llama.export import GraphSpec, example_inputs, export_graphs  # noqa: E402
+from mindspore_serving.models.llama.export import export_graphs, reusable_export  # noqa: E402
 from mindspore_serving.models.llama.model import build_model  # noqa: E402
 
 ATOL = 1e-4
@@ -38,15 +38,7 @@ CFG = ModelFile(
         initializer_range=0.1,
         tie_word_embeddings=False,
     ),
-    ExportConfig(
-        block_size=BLOCK,
-        prefill_batch_buckets=(1, 2),
-        prefill_len_buckets=(8, 16),
-        decode_batch_buckets=(1, 4),
-        mixed_decode_buckets=(2,),
-        mixed_len_buckets=(8, 16),
-        mixed_prefill_rows=(1, 2),
-    ),
+    ExportConfig(block_size=BLOCK),
 )
 
 
@@ -55,8 +47,9 @@ def exported(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("llama_graphs"))
     model = build_model(CFG.model, seed=3)
     model.set_train(False)
-    manifest = export_graphs(CFG, out, model=model, log=lambda *_: None)
-    return out, model, manifest
+    lines = []
+    manifest = export_graphs(CFG, out, model=model, log=lines.append)
+    return out, model, manifest, lines
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +58,8 @@ def runner(exported):
 
 
 def reference(model, tokens):
-    """Logits of the last token of `tokens`, computed without any cache."""
-    return model.forward_full(Tensor(np.array([tokens], np.int32))).asnumpy()[0, -1]
+    """Logits of every token of `tokens`, computed without any cache."""
+    return model.forward_full(Tensor(np.array([tokens], np.int32))).asnumpy()[0]
 
 
 def tokens_of(seed, n):
@@ -77,74 +70,33 @@ def assert_close(got, want):
     np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
 
 
-def test_manifest_lists_every_bucket(exported):
-    _, _, manifest = exported
-    files = sorted(g["file"] for g in manifest["graphs"])
-    assert files == sorted(
-        [
-            "prefill_b1_l8.mindir",
-            "prefill_b1_l16.mindir",
-            "prefill_b2_l8.mindir",
-            "prefill_b2_l16.mindir",
-            "decode_b1.mindir",
-            "decode_b4.mindir",
-            "mixed_b2_l8.mindir",
-            "mixed_b2_l16.mindir",
-            "mixed_b2_r2_l8.mindir",
-            "mixed_b2_r2_l16.mindir",
-            "score_b1_l8.mindir",
-            "score_b1_l16.mindir",
-        ]
-    )
-    assert manifest["max_blocks_per_seq"] == MAX_LEN // BLOCK
-    assert manifest["inputs"][:5] == ["input_ids", "positions", "block_tables", "slot_mapping", "query_lens"]
-    assert manifest["inputs"][5:] == ["key_cache_0", "value_cache_0", "key_cache_1", "value_cache_1"]
+def test_manifest_lists_the_step_graphs_and_the_weights_once(exported):
+    out, model, manifest, lines = exported
+    assert manifest["format_version"] == 3
+    assert sorted(manifest["graphs"]) == ["head", "layer", "layer_chunk", "layer_decode", "prepare"]
+    assert all(os.path.isfile(os.path.join(out, g["file"])) for g in manifest["graphs"].values())
+    assert manifest["graphs"]["layer"]["weights"][:3] == ["input_norm", "q_proj", "kv_proj"]
+    assert manifest["graphs"]["head"]["weights"] == ["norm", "lm_head"]
+    assert manifest["cache"]["shape"] == [-1, 2, 8] and manifest["block_size"] == BLOCK
+    assert json.load(open(os.path.join(out, "manifest.json"))) == manifest
+    stored = load_file(os.path.join(out, manifest["weights"]["file"]))
+    assert sorted(stored) == sorted(manifest["weights"]["names"])
+    np.testing.assert_array_equal(stored["embed_tokens"], model.embed_tokens.asnumpy())
+    for name in manifest["graphs"]:  # no graph holds a weight
+        data = open(os.path.join(out, f"{name}.mindir"), "rb").read()
+        assert model.layers[0].q_proj.asnumpy()[3].tobytes() not in data
+    # a line per phase of the export
+    assert lines[1].startswith("weights: wrote")
+    assert [line.split()[2] for line in lines[2:]] == [f"{name}.mindir" for name in manifest["graphs"]]
 
 
-def test_the_weights_are_stored_once_and_no_graph_holds_them(exported, runner):
-    """Manifest format 2: weights.safetensors holds the weights under the names the graphs take them in, and no
-    graph embeds any (a row of the random embedding is in none of the files); the runner loaded them once and
-    passes the same Tensors to every graph after the caches."""
-    out, model, manifest = exported
-    assert manifest["format_version"] == 2 and manifest["weights"]["file"] == "weights.safetensors"
-    assert manifest["weights"]["names"] == model.weight_names()
-    stored = load_file(os.path.join(out, "weights.safetensors"))
-    for name, weight in zip(model.weight_names(), model.weights()):
-        np.testing.assert_array_equal(stored[name], weight.asnumpy())
-    row = model.embed_tokens.asnumpy()[5].tobytes()
-    for graph in manifest["graphs"]:
-        with open(os.path.join(out, graph["file"]), "rb") as f:
-            assert row not in f.read(), graph["file"]
-    assert runner.state[len(runner.kv_caches) :] == tuple(runner.weights)
-    assert len(runner.weights) == len(model.weight_names())
-
-
-def test_exports_that_embed_their_weights_still_run(exported, runner, tmp_path):
-    """A format 1 export (every graph embeds the weights: LlamaModel itself exported) runs without weight inputs
-    and computes the logits of the format 2 graphs."""
-    _, model, manifest = exported
-    specs = [GraphSpec("prefill", 1, 8), GraphSpec("decode", 1, 1)]
-    for spec in specs:
-        ms.export(
-            model,
-            *example_inputs(CFG, spec),
-            file_name=str(tmp_path / spec.file[: -len(".mindir")]),
-            file_format="MINDIR",
-        )
-    assert model.embed_tokens.asnumpy()[5].tobytes() in (tmp_path / "decode_b1.mindir").read_bytes()
-    old = {k: v for k, v in manifest.items() if k != "weights"}
-    old.update(
-        format_version=1,
-        graphs=[{"file": s.file, "phase": s.phase, "batch": s.batch, "length": s.length, "rows": 1} for s in specs],
-    )
-    (tmp_path / "manifest.json").write_text(json.dumps(old))
-    embedded = GraphRunner(str(tmp_path), num_blocks=NUM_BLOCKS, warmup=False)
-    assert embedded.weights == [] and embedded.state == tuple(embedded.kv_caches)
-    assert "no score graphs" in embedded.score_refusal()  # it serves all but prompt logprobs
-    tokens = tokens_of(40, 7)
-    runner.reset_kv_caches()
-    for steps in ([SeqStep(tokens, 0, [3])], [SeqStep([5], 7, [3])]):
-        assert_close(embedded.run(steps), runner.run(steps))
+def test_a_reusable_export_is_the_same_network_weights_and_format(exported, tmp_path):
+    out = exported[0]
+    assert reusable_export(CFG, out, "in-memory model")
+    assert not reusable_export(CFG, out, "random(seed=0)")  # other weights
+    other = ModelFile(CFG.model, ExportConfig(block_size=16))
+    assert not reusable_export(other, out, "in-memory model")
+    assert not reusable_export(CFG, str(tmp_path), "in-memory model")  # nothing there
 
 
 def test_prefill_then_decode_on_non_contiguous_blocks(exported, runner):
@@ -154,190 +106,151 @@ def test_prefill_then_decode_on_non_contiguous_blocks(exported, runner):
     table = [7, 3, 19]  # out of order, not adjacent; room for 24 tokens
     logits = runner.run([SeqStep(tokens, 0, table)])
     assert logits.shape == (1, VOCAB) and logits.dtype == np.float32
-    assert_close(logits[0], reference(model, tokens))
+    assert_close(logits[0], reference(model, tokens)[-1])
     for _ in range(6):  # crosses from block 3 into block 19
         nxt = int(np.argmax(logits[0]))
         logits = runner.run([SeqStep([nxt], len(tokens), table)])
         tokens.append(nxt)
-        assert_close(logits[0], reference(model, tokens))
-    caches = [c.asnumpy() for c in runner.kv_caches]
+        assert_close(logits[0], reference(model, tokens)[-1])
+    caches = [c.asnumpy().reshape(NUM_BLOCKS, BLOCK, -1) for c in runner.kv_caches]
     untouched = [b for b in range(1, NUM_BLOCKS) if b not in table]
     assert all(not c[untouched].any() for c in caches), "padding must only write into the scratch block 0"
 
 
-def test_mixed_lengths_with_padding_then_batched_decode(exported, runner):
-    model = exported[1]
-    prompts = [tokens_of(1, 3), tokens_of(2, 9), tokens_of(3, 16)]
-    tables = [[2], [5, 6], [9, 1, 4]]
-    seqs = [SeqStep(p, 0, t) for p, t in zip(prompts, tables)]
-    logits = runner.run(seqs)
-    for row, prompt in zip(logits, prompts):
-        assert_close(row, reference(model, prompt))
-    # one decode step for all three: the decode bucket of 4 with one padding row
-    steps = []
-    for prompt, table, row in zip(prompts, tables, logits):
-        nxt = int(np.argmax(row))
-        steps.append(SeqStep([nxt], len(prompt), table))
-        prompt.append(nxt)
-    before = runner.calls
-    logits = runner.run(steps)
-    assert runner.calls == before + 1
-    for row, prompt in zip(logits, prompts):
-        assert_close(row, reference(model, prompt))
-
-
-def test_mixed_steps_compute_decode_rows_and_prompts_in_one_call(exported, runner):
-    """Decoding sequences and new prompts in one step: the decode rows and the longest prompts that fit go
-    through one mixed graph (up to two prompt rows here), the rest through prefill graphs; all logits match
-    forward_full, also for a prompt chunk that continues a cached prefix (start_pos > 0) and when the prompt
-    is longer than every mixed bucket (no mixed call)."""
+def test_prompts_prefilled_together_beside_decode_rows_in_one_call(exported, runner):
+    """Decoding sequences and new prompts of different lengths in one step: one graph call, every row's logits
+    those of forward_full, also for a prompt chunk that continues a cached prefix (start_pos > 0)."""
     model = exported[1]
     runner.reset_kv_caches()
     a, b = tokens_of(20, 9), tokens_of(21, 3)
-    tables = {"a": [2, 5], "b": [7], "c": [9, 11], "d": [13], "e": [15, 16, 17], "f": [18]}
+    tables = {"a": [2, 5], "b": [7], "c": [9, 11], "d": [13], "e": [15, 16, 17]}
     runner.run([SeqStep(a, 0, tables["a"]), SeqStep(b, 0, tables["b"])])
+    c, d, e = tokens_of(22, 12), tokens_of(23, 2), tokens_of(24, 20)
+    runner.run([SeqStep(e[:8], 0, tables["e"])])  # e's first 8 tokens are cached
     a.append(4)
     b.append(6)
-    c, d, f = tokens_of(22, 12), tokens_of(23, 5), tokens_of(26, 3)
-    before = (runner.calls, runner.mixed_calls)
+    before, mixed = runner.calls, runner.mixed_calls
     logits = runner.run(
         [
-            SeqStep([a[-1]], len(a) - 1, tables["a"]),
             SeqStep(c, 0, tables["c"]),
-            SeqStep([b[-1]], len(b) - 1, tables["b"]),
+            SeqStep([a[-1]], len(a) - 1, tables["a"]),
             SeqStep(d, 0, tables["d"]),
-            SeqStep(f, 0, tables["f"]),
+            SeqStep([b[-1]], len(b) - 1, tables["b"]),
+            SeqStep(e[8:], 8, tables["e"]),
         ]
     )
-    # one mixed call (a, b, c, d: the two longest prompts) and one prefill call (f)
-    assert (runner.calls - before[0], runner.mixed_calls - before[1]) == (2, 1)
-    for row, tokens in enumerate([a, c, b, d, f]):
-        assert_close(logits[row], reference(model, tokens))
-    # the rest of prompt c after a cached prefix of 12 tokens, mixed with a decode row of a: one prompt row
-    c_more = tokens_of(24, 3)
-    a.append(8)
-    logits = runner.run([SeqStep(c_more, len(c), tables["c"]), SeqStep([a[-1]], len(a) - 1, tables["a"])])
-    assert runner.mixed_calls - before[1] == 2
-    assert_close(logits[0], reference(model, c + c_more))
-    assert_close(logits[1], reference(model, a))
-    # a prompt longer than the longest mixed bucket: a decode call and a prefill call
-    e = tokens_of(25, 20)
-    b.append(1)
-    logits = runner.run([SeqStep([b[-1]], len(b) - 1, tables["b"]), SeqStep(e, 0, tables["e"])])
-    assert runner.mixed_calls - before[1] == 2
-    assert_close(logits[0], reference(model, b))
-    assert_close(logits[1], reference(model, e))
+    assert (runner.calls, runner.mixed_calls) == (before + 1, mixed + 1)
+    for row, seq in zip(logits, (c, a, d, b, e)):
+        assert_close(row, reference(model, seq)[-1])
 
 
-def test_chunked_and_prefix_cached_prefill(exported, runner):
+def test_a_step_larger_than_a_call_is_split_and_long_prompts_chunked(exported):
+    """max_num_tokens 8: the decode rows in the first call, then the prompts, cut where a call is full, each piece
+    attending to the pieces before it through the cache."""
     model = exported[1]
-    prompt = tokens_of(4, 21)
-    table = [11, 3, 8]
-    runner.run([SeqStep(prompt[:13], 0, table)])  # first chunk
-    logits = runner.run([SeqStep(prompt[13:], 13, table)])  # second chunk reads the first from the cache
-    assert_close(logits[0], reference(model, prompt))
-    # a second sequence sharing the first full block (prefix cache): only its tail is computed
-    other = prompt[:BLOCK] + tokens_of(5, 6)
-    logits = runner.run([SeqStep(other[BLOCK:], BLOCK, [11, 14])])
-    assert_close(logits[0], reference(model, other))
-
-
-def test_long_prompt_and_large_batch_are_split(exported, runner):
-    model = exported[1]
-    # 40 tokens > largest length bucket (16): chunks of 16, 16, 8 in three rounds; the short prompt goes in the
-    # first round, in a call of its own length bucket (8)
-    long_prompt, short_prompt = tokens_of(6, 40), tokens_of(7, 5)
-    before = runner.calls
-    logits = runner.run([SeqStep(long_prompt, 0, [1, 2, 3, 4, 5]), SeqStep(short_prompt, 0, [6])])
-    assert runner.calls - before == 4
-    assert_close(logits[0], reference(model, long_prompt))
-    assert_close(logits[1], reference(model, short_prompt))
-    # 3 prompts > largest prefill batch (2) and 5 decodes > largest decode batch (4)
-    prompts = [tokens_of(10 + i, 4 + i) for i in range(5)]
-    tables = [[7 + 2 * i, 8 + 2 * i] for i in range(5)]
-    logits = runner.run([SeqStep(p, 0, t) for p, t in zip(prompts[:3], tables[:3])])
-    for row, prompt in zip(logits, prompts[:3]):
-        assert_close(row, reference(model, prompt))
-    runner.run([SeqStep(p, 0, t) for p, t in zip(prompts[3:], tables[3:])])
-    steps = []
-    for prompt, table in zip(prompts, tables):
-        steps.append(SeqStep([5], len(prompt), table))
-        prompt.append(5)
-    before = runner.calls
-    logits = runner.run(steps)
-    assert runner.calls - before == 2
+    small = GraphRunner(exported[0], num_blocks=NUM_BLOCKS, max_num_tokens=8, warmup=False)
+    prompts = [tokens_of(30, 19), tokens_of(31, 5)]
+    tables = [[1, 2, 3], [4]]
+    logits = small.run([SeqStep(p, 0, t) for p, t in zip(prompts, tables)])
+    assert small.calls == 3  # 24 tokens in calls of 8
     for row, prompt in zip(logits, prompts):
-        assert_close(row, reference(model, prompt))
+        assert_close(row, reference(model, prompt)[-1])
+    steps = [SeqStep([int(np.argmax(row))], len(p), t) for row, p, t in zip(logits, prompts, tables)]
+    steps += [SeqStep([9], 0, [5 + i]) for i in range(9)]  # 11 decode rows: two calls
+    logits = small.run(steps)
+    assert small.calls == 5
+    for row, step, prompt in zip(logits, steps, prompts):
+        assert_close(row, reference(model, prompt + step.token_ids)[-1])
 
 
-def test_runner_rejects_what_the_graphs_cannot_hold(exported, runner):
-    with pytest.raises(ValueError, match="max_seq_len"):
-        runner.run([SeqStep([1, 2], MAX_LEN - 1, list(range(1, 9)))])
-    with pytest.raises(ValueError, match="blocks"):
-        runner.run([SeqStep(tokens_of(8, 10), 0, [1])])
-    with pytest.raises(ValueError, match="block_size"):
-        GraphRunner(exported[0], num_blocks=8, block_size=BLOCK * 2, warmup=False)
-    with pytest.raises(ValueError, match="scratch"):
-        GraphRunner(exported[0], num_blocks=1, warmup=False)
+def test_every_position_logits_for_scored_and_verified_rows(exported, runner):
+    """A prompt scored in chunks (prompt logprobs) and a decode row verifying 3 proposed tokens, beside plain rows:
+    the logits of every position they compute, each equal to forward_full's; plain rows' last logits unchanged."""
+    model = exported[1]
+    runner.reset_kv_caches()
+    scored, plain, verified = tokens_of(40, 20), tokens_of(41, 6), tokens_of(42, 10)
+    runner.run([SeqStep(verified[:6], 0, [8, 9])])
+    result = runner.run(
+        [
+            SeqStep(plain, 0, [1]),
+            SeqStep(scored[:12], 0, [2, 3, 4], all_logits=True),
+            SeqStep(verified[6:], 6, [8, 9], all_logits=True),
+        ]
+    )
+    assert isinstance(result, StepLogits) and sorted(result.every) == [1, 2]
+    assert_close(result.last[0], reference(model, plain)[-1])
+    assert_close(result.every[1], reference(model, scored[:12]))
+    assert_close(result.every[2], reference(model, verified)[6:])
+    assert_close(result.last[1], result.every[1][-1])
+    result = runner.run([SeqStep(scored[12:], 12, [2, 3, 4], all_logits=True)])  # the next chunk
+    assert_close(result.every[0], reference(model, scored)[12:])
 
 
-def test_runner_keeps_a_block_count_fixed_at_export(exported, tmp_path):
-    manifest = dict(exported[2], num_blocks=10)
-    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ValueError, match="fixed in the exported graphs"):
-        GraphRunner(str(tmp_path), num_blocks=12, warmup=False)
-
-
-def test_config_validation_names_the_field():
-    with pytest.raises(ValueError, match="num_heads"):
-        LlamaConfig(
-            vocab_size=8, hidden_size=30, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=8, max_seq_len=16
-        )
-    with pytest.raises(ValueError, match="num_kv_heads"):
-        LlamaConfig(
-            vocab_size=8, hidden_size=24, num_layers=1, num_heads=6, num_kv_heads=4, intermediate_size=8, max_seq_len=16
-        )
-    with pytest.raises(ValueError, match="unknown field"):
-        LlamaConfig.from_dict({"vocab_size": 8, "hidden": 16})
-    with pytest.raises(ValueError, match="block_size"):
-        ModelFile(CFG.model, ExportConfig(block_size=7))
+def test_steps_of_many_shapes_equal_the_reference(exported, runner):
+    """One set of loaded graphs called at a different shape every step (rows, prompt lengths, contexts): each row's
+    logits equal forward_full's."""
+    model = exported[1]
+    rng = np.random.default_rng(5)
+    for step in range(6):
+        runner.reset_kv_caches()
+        rows, seqs, blocks = int(rng.integers(1, 5)), [], iter(rng.permutation(np.arange(1, NUM_BLOCKS)).tolist())
+        for r in range(rows):
+            length = int(rng.integers(1, 30))
+            cached = int(rng.integers(0, length)) if step % 2 else 0
+            tokens = tokens_of(100 * step + r, length)
+            table = [next(blocks) for _ in range(-(-length // BLOCK))]
+            if cached:
+                runner.run([SeqStep(tokens[:cached], 0, table)])
+            seqs.append((tokens, SeqStep(tokens[cached:], cached, table)))
+        logits = runner.run([s for _, s in seqs])
+        for row, (tokens, _) in zip(logits, seqs):
+            assert_close(row, reference(model, tokens)[-1])
 
 
 def test_greedy_rounds_equal_single_steps(exported, runner):
-    """run_greedy's decode loop (one bucket, tables filled once) gives the tokens and logprobs of single steps
-    through run(), across a block boundary and for a batch that pads its bucket."""
-    from mindspore_serving.llm.model_io import run_greedy_steps
-    from mindspore_serving.llm.sampler import greedy_with_logprobs
-
-    prompts = {0: (tokens_of(30, 6), [3, 9]), 1: (tokens_of(31, 7), [4, 10]), 2: (tokens_of(32, 2), [5, 11])}
-    results = []
-    for loop in (runner.run_greedy, lambda seqs, steps: run_greedy_steps(runner, seqs, steps)):
-        runner.reset_kv_caches()
-        logits = runner.run([SeqStep(p, 0, table) for p, table in prompts.values()])
-        first, _ = greedy_with_logprobs(logits)
-        seqs = [SeqStep([int(t)], len(p), table) for t, (p, table) in zip(first, prompts.values())]
-        results.append(loop(seqs, 5))
-    np.testing.assert_array_equal(results[0][0], results[1][0])
-    np.testing.assert_allclose(results[0][1], results[1][1], rtol=0, atol=1e-5)
-    with pytest.raises(ValueError, match="it needs"):  # 5 more tokens after 8 do not fit one block of 8
-        runner.run_greedy([SeqStep([1], 8, [3])], 5)
-
-
-def test_score_graphs_return_every_position_beside_an_ordinary_batch(exported, runner):
-    """A sequence with all_logits gets the logits of every token it computes from the score graphs (loaded on
-    first use), in chunks of the largest score length, continuing a cached chunk; the other rows of the step
-    are computed as without it."""
-    model = exported[1]
     runner.reset_kv_caches()
-    prompt, other = tokens_of(50, 37), tokens_of(51, 9)
-    full = model.forward_full(Tensor(np.array([prompt], np.int32))).asnumpy()[0]
-    runner.run([SeqStep(prompt[:5], 0, [2, 3, 4, 5, 6], all_logits=True)])
-    before = runner.calls
-    result = runner.run([SeqStep(prompt[5:], 5, [2, 3, 4, 5, 6], all_logits=True), SeqStep(other, 0, [7, 8])])
-    assert isinstance(result, StepLogits) and sorted(result.every) == [0]
-    assert runner.calls - before == 3  # 32 tokens in score chunks of 16, 16; the plain prompt in a prefill call
-    assert sorted(runner.score_buckets) == [8, 16]
-    assert_close(result.every[0], full[5:])
-    assert_close(result.last[0], full[-1])
-    assert_close(result.last[1], reference(model, other))
-    assert runner.score_refusal() is None
+    prompts, tables = [tokens_of(50, 7), tokens_of(51, 12)], [[1, 2], [3, 4]]
+    first = runner.run([SeqStep(p, 0, t) for p, t in zip(prompts, tables)])
+    steps = [SeqStep([int(np.argmax(row))], len(p), t) for row, p, t in zip(first, prompts, tables)]
+    tokens, logprobs = runner.run_greedy(steps, 4)
+    assert tokens.shape == (2, 4) and logprobs.shape == (2, 4) and (logprobs <= 0).all()
+    model = exported[1]
+    for i, prompt in enumerate(prompts):
+        seq = prompt + steps[i].token_ids
+        for k in range(4):
+            assert int(np.argmax(reference(model, seq)[-1])) == tokens[i, k]
+            seq.append(int(tokens[i, k]))
+
+
+def test_runner_rejects_what_the_graphs_cannot_hold(exported, runner, tmp_path):
+    out = exported[0]
+    with pytest.raises(ValueError, match="beyond the graphs' max_seq_len=64"):
+        runner.run([SeqStep([1] * 10, 60, list(range(1, 10)))])
+    with pytest.raises(ValueError, match="has 1 blocks; it needs 2"):
+        runner.run([SeqStep([1] * 10, 0, [1])])
+    with pytest.raises(ValueError, match="names a block outside the cache's 24 blocks"):
+        runner.run([SeqStep([1] * 3, 0, [30])])
+    with pytest.raises(ValueError, match="no tokens to compute"):
+        runner.run([SeqStep([], 0, [1])])
+    with pytest.raises(ValueError, match="differs from the exported block_size=8"):
+        GraphRunner(out, num_blocks=8, block_size=BLOCK * 2, warmup=False)
+    with pytest.raises(ValueError, match="must be >= 2"):
+        GraphRunner(out, num_blocks=1, warmup=False)
+    manifest = dict(exported[2], format_version=2)
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="format_version 2 is not supported .* export the model again"):
+        GraphRunner(str(tmp_path), num_blocks=12, warmup=False)
+    with pytest.raises(FileNotFoundError, match="export the model first"):
+        GraphRunner(str(tmp_path / "none"), num_blocks=12, warmup=False)
+
+
+def test_config_validation_names_the_field():
+    with pytest.raises(ValueError, match="block_size=5 does not divide"):
+        ModelFile(CFG.model, ExportConfig(block_size=5))
+    for name in ("prefill_len_buckets", "decode_batch_buckets", "spec_tokens", "mixed_len_buckets"):
+        with pytest.raises(ValueError, match=f"export.{name} was removed: .*max_num_batched_tokens; delete it"):
+            ExportConfig.from_dict({name: [1]})
+    with pytest.raises(ValueError, match="export.num_blocks was removed: .*engine.num_blocks"):
+        ExportConfig.from_dict({"num_blocks": 8})
+    with pytest.raises(ValueError, match="unknown field"):
+        ExportConfig.from_dict({"blok_size": 8})

@@ -12,7 +12,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # 
 
 from mindspore_serving.models.llama import export  # noqa: E402
 from mindspore_serving.models.llama.config import load_config  # noqa: E402
+from mindspore_serving.models.llama.manifest import MANIFEST_VERSION, WEIGHTS_FILE  # noqa: E402
 from mindspore_serving.models.llama.model import build_model  # noqa: E402
+from mindspore_serving.models.llama.step_graphs import HEAD_INPUTS, LAYER_INPUTS, PREPARE_INPUTS  # noqa: E402
 from mindspore_serving.models.llama.tokenizer import TextTokenizer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -86,22 +88,59 @@ def test_any_tokenizer_json_is_accepted(tmp_path):
         TextTokenizer.from_file(str(tmp_path / "broken.json"))
 
 
-def test_export_cli_writes_graphs_and_manifest(tmp_path):
+def test_export_cli_writes_the_weights_the_step_graphs_and_the_manifest(tmp_path):
     (tmp_path / "model.yaml").write_text(
         "model: {vocab_size: 32, hidden_size: 16, num_layers: 1, num_heads: 2, num_kv_heads: 1,\n"
         "        intermediate_size: 32, max_seq_len: 32}\n"
-        "export: {block_size: 8, prefill_batch_buckets: [1], prefill_len_buckets: [8], decode_batch_buckets: [2],\n"
-        "         score_len_buckets: []}\n"
-    )  # no score graph
+        "export: {block_size: 8}\n"
+    )
     out = tmp_path / "graphs"
-    export.main(["--config", str(tmp_path / "model.yaml"), "--out", str(out), "--jobs", "1"])
+    export.main(["--config", str(tmp_path / "model.yaml"), "--out", str(out)])
     manifest = json.loads((out / "manifest.json").read_text())
-    assert [g["file"] for g in manifest["graphs"]] == ["prefill_b1_l8.mindir", "decode_b2.mindir"]
-    assert manifest["cache"]["shape"] == [-1, 8, 1, 8] and manifest["max_blocks_per_seq"] == 4
-    assert all((out / g["file"]).is_file() for g in manifest["graphs"])
+    assert manifest["format_version"] == MANIFEST_VERSION == 3
+    assert manifest["export"] == {"block_size": 8} and manifest["block_size"] == 8
+    assert manifest["model"] == load_config(str(tmp_path / "model.yaml")).model.to_dict()
+    assert (manifest["max_seq_len"], manifest["vocab_size"]) == (32, 32)
+    assert manifest["tensor_parallel"] == {"size": 1, "rank": 0}
+    # the cache's size is the runner's: per layer a key and a value tensor of [slots, kv heads, head dim]
+    assert manifest["cache"] == {
+        "num_layers": 1,
+        "num_kv_heads": 1,
+        "head_dim": 8,
+        "dtype": "float32",
+        "shape": [-1, 1, 8],
+    }
+    assert "max_blocks_per_seq" not in manifest and "spec_tokens" not in manifest
+    assert manifest["weights"]["file"] == WEIGHTS_FILE and manifest["weights"]["source"] == "random(seed=0)"
+    assert manifest["weights"]["bytes"] == (out / WEIGHTS_FILE).stat().st_size
+    # the graphs of any step, each taking its inputs then its weights (a layer's relative to "layers.<i>."): the
+    # layer of both row groups, and of decode rows or chunk rows alone
+    assert list(manifest["graphs"]) == ["prepare", "layer", "layer_decode", "layer_chunk", "head"]
+    layers = [(name, LAYER_INPUTS) for name in ("layer", "layer_decode", "layer_chunk")]
+    for name, inputs in [("prepare", PREPARE_INPUTS), *layers, ("head", HEAD_INPUTS)]:
+        graph = manifest["graphs"][name]
+        assert graph["file"] == f"{name}.mindir" and (out / graph["file"]).is_file()
+        assert graph["inputs"] == list(inputs)
+    assert manifest["graphs"]["prepare"]["weights"] == ["embed_tokens"]
+    assert manifest["graphs"]["head"]["weights"] == ["norm", "embed_tokens"]  # tied embeddings: the default
+    layer = manifest["graphs"]["layer"]["weights"]
+    assert layer and all(f"layers.0.{w}" in manifest["weights"]["names"] for w in layer)
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["manifest.json", WEIGHTS_FILE] + [f"{name}.mindir" for name in manifest["graphs"]]
+    )
+    # the bucket fields of the per-shape graphs are refused by name
+    (tmp_path / "buckets.yaml").write_text(
+        "model: {vocab_size: 32, hidden_size: 16, num_layers: 1, num_heads: 2, num_kv_heads: 1,\n"
+        "        intermediate_size: 32, max_seq_len: 32}\n"
+        "export: {block_size: 8, prefill_len_buckets: [8], decode_batch_buckets: [2]}\n"
+    )
+    with pytest.raises(ValueError, match=r"export.prefill_len_buckets was removed: .*; delete it"):
+        export.main(["--config", str(tmp_path / "buckets.yaml"), "--out", str(tmp_path / "other")])
     (tmp_path / "bad.yaml").write_text(
         "model: {vocab_size: 32, hidden_size: 16, num_layers: 1, num_heads: 3,\n"
         "        num_kv_heads: 1, intermediate_size: 32, max_seq_len: 32}\n"
     )
     with pytest.raises(ValueError, match="hidden_size=16 is not a multiple of num_heads=3"):
         export.main(["--config", str(tmp_path / "bad.yaml"), "--out", str(out)])
+    with pytest.raises(SystemExit):  # one process exports the three graphs: no --jobs
+        export.main(["--config", str(tmp_path / "model.yaml"), "--out", str(out), "--jobs", "1"])

@@ -6,10 +6,8 @@ A model YAML file has two sections (both dicts of the fields below)::
       vocab_size: 2048
       hidden_size: 128
       ...
-    export:           # ExportConfig: the paged KV cache and the static shape buckets of the graphs
+    export:           # ExportConfig: the paged KV cache's layout
       block_size: 16
-      prefill_batch_buckets: [1, 2, 4]
-      ...
 
 Unknown keys are rejected (a typo must not silently fall back to a default).
 """
@@ -50,25 +48,6 @@ def _check_int(obj, name: str, low: int = 1):
         raise ValueError(f"{type(obj).__name__}.{name} must be an int, got {value!r}")
     if fault is not None:
         raise ValueError(f"{type(obj).__name__}.{name} must be >= {low}, got {value}")
-
-
-def _check_buckets(obj, name: str, upper: int | None = None, upper_name: str = "", allow_empty: bool = False):
-    value = getattr(obj, name)
-    if allow_empty and value == ():
-        return
-    if not isinstance(value, tuple) or not value:
-        raise ValueError(f"{type(obj).__name__}.{name} must be a non-empty list of ints, got {value!r}")
-    for v in value:
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{type(obj).__name__}.{name} must hold positive ints, got {value!r}")
-    if list(value) != sorted(set(value)):
-        raise ValueError(
-            f"{type(obj).__name__}.{name} must be strictly increasing, got {value!r}; sort it and drop duplicates"
-        )
-    if upper is not None and value[-1] > upper:
-        raise ValueError(
-            f"{type(obj).__name__}.{name} holds {value[-1]} > {upper_name}={upper}; use buckets <= {upper}"
-        )
 
 
 ROPE_SCALING_KEYS = {
@@ -260,57 +239,42 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: Mapping[str, Any] | None
     return np.where(medium, smoothed, scaled).astype(f32)
 
 
+REMOVED_EXPORT_FIELDS = (
+    "prefill_batch_buckets",
+    "prefill_len_buckets",
+    "decode_batch_buckets",
+    "mixed_decode_buckets",
+    "mixed_len_buckets",
+    "mixed_prefill_rows",
+    "score_len_buckets",
+    "spec_tokens",
+    "spec_batch_buckets",
+    "num_blocks",
+)
+"""Fields of the per-shape-bucket exports, gone with them: the step graphs take any batch, length and cache size."""
+
+
+def removed_export_field(name: str) -> str:
+    """What replaces the removed export field `name` (REMOVED_EXPORT_FIELDS), as an error message."""
+    if name == "num_blocks":
+        replacement = "the KV cache's size is chosen when serving (engine.num_blocks or engine.kv_cache_memory)"
+    else:
+        replacement = (
+            "one dynamic-shape export computes every step of any batch, prompt length and speculative proposal; "
+            "the tokens of a step are bounded by engine.max_num_batched_tokens"
+        )
+    return f"export.{name} was removed: {replacement}; delete it"
+
+
 @dataclass(frozen=True)
 class ExportConfig:
-    """Paged KV-cache layout and the static shape buckets of the exported graphs."""
+    """The paged KV cache's layout, fixed at export; everything else about a step's shape is dynamic."""
 
     block_size: int = 16
-    """Tokens per KV-cache block; divides max_seq_len. MAXB = max_seq_len // block_size."""
-    prefill_batch_buckets: tuple[int, ...] = (1, 2, 4)
-    """Batch sizes of the prefill graphs."""
-    prefill_len_buckets: tuple[int, ...] = (16, 64, 128)
-    """Query lengths of the prefill graphs (longer prompts are computed in chunks)."""
-    decode_batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16)
-    """Batch sizes of the decode graphs (one token per sequence)."""
-    mixed_decode_buckets: tuple[int, ...] = ()
-    """Decode rows of the mixed graphs, which compute decode rows and one prefill row in a single call
-    (empty: no mixed graphs; a step mixing both then takes one decode and one prefill call)."""
-    mixed_len_buckets: tuple[int, ...] = ()
-    """Prefill-row lengths of the mixed graphs."""
-    mixed_prefill_rows: tuple[int, ...] = (1,)
-    """Prefill rows of the mixed graphs (prompts admitted in the same call as the decodes). One mixed graph per
-    mixed_decode_buckets x mixed_prefill_rows x mixed_len_buckets."""
-    num_blocks: int | None = None
-    """Cache blocks fixed in the graphs; None exports a dynamic first cache dimension, chosen at load time."""
-    score_len_buckets: tuple[int, ...] | None = None
-    """Query lengths of the score graphs (one row; every position's logits: prompt logprobs); None: the
-    prefill_len_buckets; empty: none, and requests for prompt logprobs are refused."""
-    spec_tokens: int = 0
-    """Most proposed tokens verified per row (k) by the verify graphs (speculative decoding: a row computes its last
-    known token and up to k proposed ones, and gets every position's logits); 0: no verify graphs."""
-    spec_batch_buckets: tuple[int, ...] | None = None
-    """Batch sizes of the verify graphs (`verify_b{B}_l{k+1}`); None: the decode_batch_buckets."""
+    """Tokens per KV-cache block; divides max_seq_len."""
 
     def __post_init__(self):
         _check_int(self, "block_size")
-        _check_buckets(self, "prefill_batch_buckets")
-        _check_buckets(self, "prefill_len_buckets")
-        _check_buckets(self, "decode_batch_buckets")
-        _check_buckets(self, "mixed_decode_buckets", allow_empty=True)
-        _check_buckets(self, "mixed_len_buckets", allow_empty=True)
-        _check_buckets(self, "mixed_prefill_rows")
-        if bool(self.mixed_decode_buckets) != bool(self.mixed_len_buckets):
-            raise ValueError(
-                "ExportConfig.mixed_decode_buckets and mixed_len_buckets must both be set (mixed "
-                "graphs) or both be empty (none)"
-            )
-        if self.num_blocks is not None:
-            _check_int(self, "num_blocks", low=2)
-        if self.score_len_buckets is not None:
-            _check_buckets(self, "score_len_buckets", allow_empty=True)
-        _check_int(self, "spec_tokens", low=0)
-        if self.spec_batch_buckets is not None:
-            _check_buckets(self, "spec_batch_buckets")
 
     def validate_for(self, model: LlamaConfig):
         if model.max_seq_len % self.block_size:
@@ -318,58 +282,22 @@ class ExportConfig:
                 f"ExportConfig.block_size={self.block_size} does not divide "
                 f"LlamaConfig.max_seq_len={model.max_seq_len}; pick a divisor"
             )
-        _check_buckets(self, "prefill_len_buckets", model.max_seq_len, "max_seq_len")
-        _check_buckets(self, "prefill_batch_buckets", model.max_seq_len, "max_seq_len")
-        _check_buckets(self, "decode_batch_buckets", model.max_seq_len, "max_seq_len")
-        _check_buckets(self, "mixed_decode_buckets", model.max_seq_len, "max_seq_len", allow_empty=True)
-        _check_buckets(self, "mixed_len_buckets", model.max_seq_len, "max_seq_len", allow_empty=True)
-        _check_buckets(self, "mixed_prefill_rows", model.max_seq_len, "max_seq_len")
-        if self.score_len_buckets is not None:
-            _check_buckets(self, "score_len_buckets", model.max_seq_len, "max_seq_len", allow_empty=True)
-        if self.spec_tokens + 1 > model.max_seq_len:
-            raise ValueError(
-                f"ExportConfig.spec_tokens={self.spec_tokens}: a verified row of spec_tokens + 1 tokens "
-                f"exceeds LlamaConfig.max_seq_len={model.max_seq_len}; lower it"
-            )
-        if self.spec_batch_buckets is not None:
-            _check_buckets(self, "spec_batch_buckets", model.max_seq_len, "max_seq_len")
-
-    def max_blocks_per_seq(self, model: LlamaConfig) -> int:
-        return model.max_seq_len // self.block_size
-
-    @property
-    def score_lengths(self) -> tuple[int, ...]:
-        """The query lengths of the score graphs exported (score_len_buckets, by default the prefill lengths)."""
-        return self.prefill_len_buckets if self.score_len_buckets is None else self.score_len_buckets
-
-    @property
-    def spec_batches(self) -> tuple[int, ...]:
-        """The batch sizes of the verify graphs exported (none without spec_tokens)."""
-        if not self.spec_tokens:
-            return ()
-        return self.decode_batch_buckets if self.spec_batch_buckets is None else self.spec_batch_buckets
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ExportConfig":
+        if isinstance(data, Mapping):
+            for name in REMOVED_EXPORT_FIELDS:
+                if name in data:
+                    raise ValueError(removed_export_field(name))
         return _from_mapping(cls, data, "ExportConfig")
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as plain data; the speculative ones only when set, so that the exports (manifests, cache
-        keys) of configs without them read as before them."""
-        d = dataclasses.asdict(self)
-        for name in _SPEC_FIELDS:
-            if d[name] == _EXPORT_DEFAULTS[name]:
-                del d[name]
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+        return dataclasses.asdict(self)
 
     def merged(self, overrides: Mapping[str, Any]) -> "ExportConfig":
         """This config with the fields of `overrides` (a mapping of ExportConfig fields, e.g. an LLM YAML's
         `model.export`) replacing its own; validated as `from_dict` does."""
         return ExportConfig.from_dict({**self.to_dict(), **dict(overrides)})
-
-
-_SPEC_FIELDS = ("spec_tokens", "spec_batch_buckets")
-_EXPORT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ExportConfig)}
 
 
 @dataclass(frozen=True)

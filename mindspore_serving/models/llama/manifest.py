@@ -1,16 +1,17 @@
 """The manifest of an export directory (manifest.json, written last by export.py): its name, its format version and
 the name of the weights file. Pure (no MindSpore), so that tools can tell an outdated export without loading it.
 
-Format versions: 1, every graph embeds its own copy of the weights; 2, the weights are stored once, in
-WEIGHTS_FILE, and every graph takes them as inputs (the "weights" section names the file and the input order).
+Format versions: 1, one static graph per shape bucket, each embedding its own copy of the weights; 2, the same
+graphs taking the weights, stored once in WEIGHTS_FILE, as inputs; 3, the weights file and three dynamic-shape
+graphs that compute any step (models/llama/step_graphs.py). Only format 3 is served: an older export is exported
+again (`outdated_format`).
 """
 
 import json
 import os
 
 MANIFEST = "manifest.json"
-MANIFEST_VERSION = 2
-EMBEDDED_WEIGHTS_VERSION = 1
+MANIFEST_VERSION = 3
 WEIGHTS_FILE = "weights.safetensors"
 
 

@@ -2,33 +2,12 @@
 
 The computations take their weights as arguments: a flat tuple in `LlamaModel.weight_names()` order (the embedding,
 each layer's `DecoderLayer.weight_names`, the final norm, the lm head when untied), which are also the parameter
-and checkpoint names. The model's own Parameters (`LlamaModel.weights()`) are one such tuple; the exported cells
-`PagedStep` and `MixedStep` take it as graph inputs instead, so an exported MindIR holds no weights and every bucket
-graph of a model uses the one copy its runner passes in.
+and checkpoint names, and the names of the exported weights file.
 
-These entry points share every weight and the attention code:
-
-* `LlamaModel.forward_full(input_ids [B, T]) -> logits [B, T, vocab]`: causal attention without a cache; used to
-  train and as the correctness reference.
-* `LlamaModel.construct(...)`: one paged step, the cell that `export.py` turns into MindIR graphs (DESIGN.md §5).
-  Inputs, in order::
-
-      input_ids     int32 [B, L]      tokens to compute now (a prompt, a prompt chunk, or one decode token)
-      positions     int32 [B, L]      absolute position of each token
-      block_tables  int32 [B, MAXB]   physical cache block of each row's logical block (unused entries: 0)
-      slot_mapping  int32 [B*L]       cache slot of each new token (block * block_size + offset; padding: 0..)
-      query_lens    int32 [B]         valid tokens per row, >= 1 (padding rows: 1)
-      key_cache_0, value_cache_0, ..., key_cache_{n-1}, value_cache_{n-1}
-                    float32 [num_blocks, block_size, num_kv_heads, head_dim]
-
-  It writes each new key/value in place into the caches with `scatter_nd_update` on the 4-D cache input
-  (idx = (slot // block_size, slot % block_size)), orders the later reads after the write with `ops.depend`,
-  gathers each row's blocks to [B, MAXB * block_size, kv_heads, head_dim] (key index j = position j), lets the
-  query at position p see key j iff j <= p, and returns the logits float32 [B, vocab] of token query_lens[b] - 1
-  of each row. block_size and MAXB are read from the input shapes, so one cell serves every bucket.
-  `PagedStep` exports it with the weights as inputs after the caches.
-* `LlamaModel.score_step(...)`: the same step returning the logits float32 [B, L, vocab] of every position
-  (`ScoreStep` exports it, same inputs): the score graphs, from which the engine takes prompt logprobs.
+`LlamaModel.forward_full(input_ids [B, T]) -> logits [B, T, vocab]` is causal attention without a cache: it trains
+the model and is the reference the served graphs are checked against. The served graphs, which compute one engine
+step over a paged KV cache, are `step_graphs.py`'s; they share this module's functions (`linear`, `rms_norm`,
+`apply_rotary`) and weight layout, so both compute the same numbers.
 """
 
 import math
@@ -42,8 +21,7 @@ from .config import LlamaConfig, check_tensor_parallel
 
 NEG_INF = -1e9
 
-# NOTE: layers are single cells calling module-level functions built on primitive instances: every sub-cell and
-# every composite `ops` function adds seconds of graph compilation per exported bucket (14 buckets in all).
+# NOTE: module-level functions built on primitive instances, shared with step_graphs.py
 _matmul_t = ops.MatMul(transpose_b=True)
 _bmm = ops.BatchMatMul()
 _bmm_t = ops.BatchMatMul(transpose_b=True)
@@ -51,7 +29,6 @@ _softmax = ops.Softmax(-1)
 _split2 = ops.Split(-1, 2)
 _mean = ops.ReduceMean(keep_dims=True)
 _concat = ops.Concat(-1)
-_concat1 = ops.Concat(1)
 _transpose = ops.Transpose()
 _gather = ops.Gather()
 
@@ -230,66 +207,6 @@ class DecoderLayer(nn.Cell):
         q, k, v = self.qkv(w, x, cos, sin)
         return self.attend_mlp(w, x, q, k, v, mask_bias)
 
-    @staticmethod
-    def write_cache(k, v, write_idx, key_cache, value_cache):
-        """Writes k, v [..., KVH, D] at write_idx [N, 2] (block, offset) in place; returns the caches ordered
-        after the writes (their later reads see the new entries)."""
-        kv_shape = (write_idx.shape[0], key_cache.shape[2], key_cache.shape[3])
-        # NOTE: the update must hit the 4-D cache input itself to be in place for the caller (DESIGN.md §5).
-        key_cache = ops.depend(key_cache, ops.scatter_nd_update(key_cache, write_idx, k.reshape(kv_shape)))
-        value_cache = ops.depend(value_cache, ops.scatter_nd_update(value_cache, write_idx, v.reshape(kv_shape)))
-        return key_cache, value_cache
-
-    @staticmethod
-    def gather_context(cache, block_tables):
-        """cache [NB, bs, KVH, D] read through block_tables [B, MAXB] -> [B, MAXB * bs, KVH, D]."""
-        shape = (block_tables.shape[0], block_tables.shape[1] * cache.shape[1], cache.shape[2], cache.shape[3])
-        return _gather(cache, block_tables, 0).reshape(shape)
-
-    def forward_paged(self, w, x, cos, sin, mask_bias, block_tables, write_idx, key_cache, value_cache):
-        q, k, v = self.qkv(w, x, cos, sin)
-        key_cache, value_cache = self.write_cache(k, v, write_idx, key_cache, value_cache)
-        keys = self.gather_context(key_cache, block_tables)
-        values = self.gather_context(value_cache, block_tables)
-        return self.attend_mlp(w, x, q, keys, values, mask_bias)
-
-    def forward_mixed(
-        self,
-        w,
-        x,
-        cos,
-        sin,
-        decode_mask,
-        prefill_mask,
-        decode_tables,
-        prefill_tables,
-        write_idx,
-        key_cache,
-        value_cache,
-    ):
-        """x [1, T, hidden]: Bd one-token decode rows (Bd = decode_tables' batch), then Bp prefill rows of
-        Lp = (T - Bd) / Bp tokens each. Projections and the MLP run over all T tokens at once; attention per
-        part."""
-        bd, bp, t = decode_tables.shape[0], prefill_tables.shape[0], x.shape[1]
-        lp = (t - bd) // bp
-        q, k, v = self.qkv(w, x, cos, sin)
-        key_cache, value_cache = self.write_cache(k, v, write_idx, key_cache, value_cache)
-        q_decode = q[:, :bd].reshape(bd, 1, self.num_heads, self.head_dim)
-        out_decode = self.attend(
-            q_decode,
-            self.gather_context(key_cache, decode_tables),
-            self.gather_context(value_cache, decode_tables),
-            decode_mask,
-        )
-        q_prefill = q[:, bd:t].reshape(bp, lp, self.num_heads, self.head_dim)
-        out_prefill = self.attend(
-            q_prefill,
-            self.gather_context(key_cache, prefill_tables),
-            self.gather_context(value_cache, prefill_tables),
-            prefill_mask,
-        )
-        return self.residual_mlp(w, x, _concat1((out_decode.reshape(1, bd, -1), out_prefill.reshape(1, bp * lp, -1))))
-
 
 class LlamaModel(nn.Cell):
     """The decoder. `construct` is the paged step exported to MindIR; `forward_full` trains and checks it.
@@ -376,187 +293,6 @@ class LlamaModel(nn.Cell):
         for i in range(self.num_layers):
             x = self.layers[i].forward_full(self.layer_weights(weights, i), x, cos, sin, mask_bias)
         return self.logits(weights, x.reshape(b * t, -1)).reshape(b, t, self.vocab_size)
-
-    def construct(self, input_ids, positions, block_tables, slot_mapping, query_lens, *kv_caches):
-        return self.paged_step(self.weights(), input_ids, positions, block_tables, slot_mapping, query_lens, kv_caches)
-
-    def paged_step(self, weights, input_ids, positions, block_tables, slot_mapping, query_lens, kv_caches):
-        """`construct` over `weights` (a tuple in `weight_names()` order) and the tuple `kv_caches`."""
-        b, seq = input_ids.shape
-        x = self.paged_hidden(weights, input_ids, positions, block_tables, slot_mapping, kv_caches)
-        last = self.position_table[:b] * seq + query_lens - 1
-        return self.logits(weights, _gather(x.reshape(b * seq, -1), last, 0))
-
-    def score_step(self, weights, input_ids, positions, block_tables, slot_mapping, kv_caches):
-        """`paged_step` returning the logits float32 [B, L, vocab] of every position of every row (padding
-        positions included): the score graphs (`ScoreStep`), which give prompt logprobs."""
-        b, seq = input_ids.shape
-        x = self.paged_hidden(weights, input_ids, positions, block_tables, slot_mapping, kv_caches)
-        return self.logits(weights, x.reshape(b * seq, -1)).reshape(b, seq, self.vocab_size)
-
-    def paged_hidden(self, weights, input_ids, positions, block_tables, slot_mapping, kv_caches):
-        """The paged step's last hidden states [B, L, hidden] (before the final norm), the caches written."""
-        block_size = kv_caches[0].shape[1]
-        write_idx = ops.stack((slot_mapping // block_size, slot_mapping % block_size), axis=-1)
-        cos, sin = rotary_cos_sin(positions, self.inv_freq)
-        keys = self.position_table[: block_tables.shape[1] * block_size]
-        visible = ops.expand_dims(ops.expand_dims(keys, 0), 0) <= ops.expand_dims(positions, -1)  # [B, L, ctx]
-        mask_bias = self.mask_bias(visible)
-        x = _gather(weights[0], input_ids, 0)
-        for i in range(self.num_layers):
-            x = self.layers[i].forward_paged(
-                self.layer_weights(weights, i),
-                x,
-                cos,
-                sin,
-                mask_bias,
-                block_tables,
-                write_idx,
-                kv_caches[2 * i],
-                kv_caches[2 * i + 1],
-            )
-        return x
-
-    def construct_mixed(
-        self,
-        decode_ids,
-        decode_positions,
-        decode_tables,
-        prefill_ids,
-        prefill_positions,
-        prefill_tables,
-        slot_mapping,
-        prefill_lens,
-        *kv_caches,
-    ):
-        """One step of Bd decode rows and Bp prefill rows (prompts or prompt chunks) in a single graph.
-
-            decode_ids, decode_positions   int32 [Bd, 1]     decode_tables   int32 [Bd, MAXB]
-            prefill_ids, prefill_positions int32 [Bp, Lp]    prefill_tables  int32 [Bp, MAXB]
-            slot_mapping int32 [Bd + Bp * Lp] (decode rows first)   prefill_lens int32 [Bp] (valid tokens, >= 1)
-
-        Returns logits [Bd + Bp, vocab]: each decode row's, then each prefill row's last valid token's. Every
-        row attends exactly as in `construct`, so the logits equal those of separate decode and prefill steps.
-        """
-        return self.mixed_step(
-            self.weights(),
-            decode_ids,
-            decode_positions,
-            decode_tables,
-            prefill_ids,
-            prefill_positions,
-            prefill_tables,
-            slot_mapping,
-            prefill_lens,
-            kv_caches,
-        )
-
-    def mixed_step(
-        self,
-        weights,
-        decode_ids,
-        decode_positions,
-        decode_tables,
-        prefill_ids,
-        prefill_positions,
-        prefill_tables,
-        slot_mapping,
-        prefill_lens,
-        kv_caches,
-    ):
-        """`construct_mixed` over `weights` (a tuple in `weight_names()` order) and the tuple `kv_caches`."""
-        bd, bp, lp = decode_ids.shape[0], prefill_ids.shape[0], prefill_ids.shape[1]
-        block_size = kv_caches[0].shape[1]
-        ids = _concat1((decode_ids.reshape(1, bd), prefill_ids.reshape(1, bp * lp)))
-        positions = _concat1((decode_positions.reshape(1, bd), prefill_positions.reshape(1, bp * lp)))
-        write_idx = ops.stack((slot_mapping // block_size, slot_mapping % block_size), axis=-1)
-        cos, sin = rotary_cos_sin(positions, self.inv_freq)
-        keys = ops.expand_dims(ops.expand_dims(self.position_table[: decode_tables.shape[1] * block_size], 0), 0)
-        decode_mask = self.mask_bias(keys <= ops.expand_dims(decode_positions, -1))  # [Bd, 1, G, ctx]
-        prefill_mask = self.mask_bias(keys <= ops.expand_dims(prefill_positions, -1))  # [Bp, 1, G*Lp, ctx]
-        x = _gather(weights[0], ids, 0)
-        for i in range(self.num_layers):
-            x = self.layers[i].forward_mixed(
-                self.layer_weights(weights, i),
-                x,
-                cos,
-                sin,
-                decode_mask,
-                prefill_mask,
-                decode_tables,
-                prefill_tables,
-                write_idx,
-                kv_caches[2 * i],
-                kv_caches[2 * i + 1],
-            )
-        last = _concat((self.position_table[:bd], bd + self.position_table[:bp] * lp + prefill_lens - 1))
-        return self.logits(weights, _gather(x.reshape(bd + bp * lp, -1), last, 0))
-
-
-class PagedStep(nn.Cell):
-    """The exported cell of a paged step with the weights as graph inputs: `LlamaModel.construct`'s inputs (the
-    caches included), then the weights in `model.weight_names()` order. Its MindIR holds no weights."""
-
-    def __init__(self, model: LlamaModel):
-        super().__init__()
-        self.model = model
-        self.num_caches = 2 * model.num_layers
-
-    def construct(self, input_ids, positions, block_tables, slot_mapping, query_lens, *caches_and_weights):
-        n = self.num_caches
-        return self.model.paged_step(
-            caches_and_weights[n:], input_ids, positions, block_tables, slot_mapping, query_lens, caches_and_weights[:n]
-        )
-
-
-class ScoreStep(PagedStep):
-    """The exported cell of a score graph: `PagedStep`'s inputs (query_lens unused: every position is returned),
-    returning the logits float32 [B, L, vocab] of every position (`LlamaModel.score_step`) instead of each row's
-    last; the engine takes prompt logprobs from them. A graph of its own, so that the prefill and decode graphs
-    stay as they are: they gather the last positions before the lm head, which is most of a step's cost with a
-    large vocabulary."""
-
-    def construct(self, input_ids, positions, block_tables, slot_mapping, query_lens, *caches_and_weights):
-        n = self.num_caches
-        return self.model.score_step(
-            caches_and_weights[n:], input_ids, positions, block_tables, slot_mapping, caches_and_weights[:n]
-        )
-
-
-class MixedStep(nn.Cell):
-    """The exported cell of a mixed step (decode rows and prefill rows in one graph, see
-    `LlamaModel.construct_mixed`) with the weights as graph inputs after the caches, as `PagedStep`."""
-
-    def __init__(self, model: LlamaModel):
-        super().__init__()
-        self.model = model
-        self.num_caches = 2 * model.num_layers
-
-    def construct(
-        self,
-        decode_ids,
-        decode_positions,
-        decode_tables,
-        prefill_ids,
-        prefill_positions,
-        prefill_tables,
-        slot_mapping,
-        prefill_lens,
-        *caches_and_weights,
-    ):
-        n = self.num_caches
-        return self.model.mixed_step(
-            caches_and_weights[n:],
-            decode_ids,
-            decode_positions,
-            decode_tables,
-            prefill_ids,
-            prefill_positions,
-            prefill_tables,
-            slot_mapping,
-            prefill_lens,
-            caches_and_weights[:n],
-        )
 
 
 def _rows(weight: np.ndarray, parts: int, rank: int) -> np.ndarray:

@@ -17,7 +17,6 @@ def declare_llm(
     max_model_len=None,
     kv_cache_memory=None,
     model_cache=None,
-    buckets=None,
     speculative_config=None,
 ):
     """Declares this servable as a large language model served by the continuous-batching engine.
@@ -29,18 +28,17 @@ def declare_llm(
     `model_cache` (default: model_cache/ in the server's working directory) unless an export of the same
     checkpoint and settings is there, and the configuration served is written beside them (docs/llm/own-model.md);
     the model is served under this servable's name. `tensor_parallel` (ranks), `max_model_len`
-    (default: max_position_embeddings capped to 2048), `kv_cache_memory` (bytes per rank, or "2GiB") and
-    `buckets` (a dict of decode_batch_buckets, prefill_batch_buckets, prefill_len_buckets lists) are
+    (default: max_position_embeddings capped to 2048) and `kv_cache_memory` (bytes per rank, or "2GiB") are
     serving_server.py's flags of the same names; so is `speculative_config`, n-gram speculative decoding as a dict
-    of SpeculativeConfig fields (or their JSON text), e.g. {"method": "ngram", "num_speculative_tokens": 4}: verify
-    graphs of that many proposed tokens are exported and the engine speculates (default None: off). An export
-    costs seconds per graph in the worker's start (MS_SERVING_WORKER_START_TIMEOUT, 600 s by default, bounds it);
+    of SpeculativeConfig fields (or their JSON text),
+    e.g. {"method": "ngram", "num_speculative_tokens": 4} (default None: off). The export takes seconds of the
+    worker's start (MS_SERVING_WORKER_START_TIMEOUT, 600 s by default, bounds it);
     `serving_server.py --model DIR --prepare_only` exports ahead.
 
     The servable gets the method `generate`: each instance holds `prompt` (str) and optional sampling fields
     (max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, do_sample, ignore_eos, stop,
     stop_token_ids); it returns `text`, `token_ids`, `finish_reason`, `prompt_tokens` and `completion_tokens`.
-    Its worker starts (or attaches to) the agents that run the prefill and decode graphs.
+    Its worker starts (or attaches to) the agents that run the model's step graphs.
 
     Example (servables/llama_tiny/servable_config.py)::
 
@@ -72,7 +70,6 @@ def declare_llm(
                 os.path.normpath(os.path.join(here, model_dir)),
                 name,
                 os.path.join(here, model_cache) if model_cache is not None else os.path.abspath("model_cache"),
-                buckets,
                 speculative_config,
                 tensor_parallel=tensor_parallel,
                 max_model_len=max_model_len,

@@ -28,7 +28,7 @@ class AgentLost(errors.WorkerUnavailable, RuntimeError):
 class AgentRunner(MultiStepRunner, StepSubmitter, PromptScorer):
     """ModelRunner over agent processes. Rank 0 returns the logits; every rank runs the step (the worker sends
     each step to every rank itself: a relay through rank 0 would add a hop to every step). Every token's logits of
-    a sequence that asks for them (SeqStep.all_logits) come from rank 0 too; every rank runs the same score graph
+    a sequence that asks for them (SeqStep.all_logits) come from rank 0 too; every rank runs the same graph
     calls (a tensor-parallel group's all-reduce in each), so a group scores prompts when every rank can.
 
     It attaches to each agent with a stream held open for its whole life, so an agent exits when this
@@ -39,7 +39,7 @@ class AgentRunner(MultiStepRunner, StepSubmitter, PromptScorer):
 
     It runs mixed steps (model_io): the ranks choose the greedy rows' tokens, and only the rows the engine samples
     bring their logits back. `spec_tokens`: the most proposed tokens a row may carry and be verified in one call on
-    every rank (their verify graphs, GraphRunner), 0 when a rank has none.
+    every rank (GraphRunner's step graphs: any number its max_seq_len holds).
     """
 
     mixed_steps = True
@@ -99,7 +99,7 @@ class AgentRunner(MultiStepRunner, StepSubmitter, PromptScorer):
         self.device = info.device
         refusals = [(rank, i.score_refusal) for rank, i in enumerate(infos) if i.score_refusal]
         self._score_refusal = f"agent rank {refusals[0][0]}: {refusals[0][1]}" if refusals else None
-        # the longest rows every rank verifies in one call (spec_tokens + 1 tokens); 0: no verify graphs
+        # the longest rows every rank verifies in one call (spec_tokens + 1 tokens)
         self.spec_tokens = min(i.spec_tokens for i in infos)
         self._attachments = [
             stub.Attach(agent_pb2.AttachRequest(worker_pid=os.getpid(), secret=secret)) for stub in self.stubs

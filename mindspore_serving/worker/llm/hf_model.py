@@ -6,7 +6,7 @@ and writes the LLM configuration and the servable that serve them.
     prepared.servable_directory   # <cache>/<name>-<key>/servables, holding <name>/servable_config.py
 
 serving_server.py --model runs it before starting the servables; a worker runs it for a servable declared with
-`register.declare_llm(model_dir=...)`. What is computed (settings, buckets, key, configuration) is
+`register.declare_llm(model_dir=...)`. What is computed (settings, key, configuration) is
 `spec/hf_serving.py`; this module does the I/O:
 
 * checks before anything is exported (errors name files relative to the model directory, as a client may read
@@ -17,8 +17,8 @@ serving_server.py --model runs it before starting the servables; a worker runs i
   ctime and inode are those it was hashed with, so that a restart does not read the weights again.
   `<cache>/<name>-<key>/` holding export.json (written last) is a complete export and is used as it is; otherwise
   the graphs are exported there by a child process (`models.llama.hf.export`; MindSpore loads only there), which
-  prints a line per graph. A lock file per cache directory makes concurrent starts wait for one export;
-* writes model.yaml (network and buckets), llm.yaml and servables/<name>/servable_config.py, each only when its
+  prints a line per phase. A lock file per cache directory makes concurrent starts wait for one export;
+* writes model.yaml (network and block size), llm.yaml and servables/<name>/servable_config.py, each only when its
   content changes, and loads llm.yaml as a worker would (so a bad value fails here, before anything starts).
 """
 
@@ -153,15 +153,10 @@ def _export(settings: HfModelSettings, checked: _Checked, cache_dir: str, key: s
     os.makedirs(cache_dir)
     model_yaml = _write_model_file(checked.model_file, cache_dir)
     tp = settings.tensor_parallel
-    export = checked.model_file.export
-    graphs = len(export.prefill_batch_buckets) * len(export.prefill_len_buckets) + len(export.decode_batch_buckets)
-    graphs += len(export.score_lengths) + len(export.spec_batches)
     log(
-        f"{settings.served_model_name}: exporting {graphs} graphs{f' per rank, {tp} ranks' if tp > 1 else ''} "
+        f"{settings.served_model_name}: exporting the step graphs{f' of {tp} ranks' if tp > 1 else ''} "
         f"into {cache_dir} (max_model_len {checked.max_model_len})"
     )
-    # a spawned compiling process costs a MindSpore import (seconds): worth it only for many graphs
-    jobs = max(1, min(2, os.cpu_count() or 1, graphs // 8))
     argv = [
         sys.executable,
         "-m",
@@ -170,7 +165,6 @@ def _export(settings: HfModelSettings, checked: _Checked, cache_dir: str, key: s
         f"--config={model_yaml}",
         f"--out={os.path.join(cache_dir, plan.GRAPHS_DIR)}",
         f"--tensor_parallel={tp}",
-        f"--jobs={jobs}",
         f"--device={settings.device_type or 'CPU'}",
         f"--source=hf:{settings.served_model_name} {key[:16]}",
     ]
@@ -189,7 +183,7 @@ def _export(settings: HfModelSettings, checked: _Checked, cache_dir: str, key: s
 
 
 def run_export(argv, name: str):
-    """Runs the exporting process `argv`, its output (a line per graph, MindSpore's warnings) printed line by line
+    """Runs the exporting process `argv`, its output (a line per phase, MindSpore's warnings) printed line by line
     after "<name>: "; HfModelError with its "export failed: <why>" line when it fails."""
     process = subprocess.Popen(
         argv,
@@ -218,7 +212,7 @@ def run_export(argv, name: str):
 
 
 def _write_model_file(model_file: ModelFile, cache_dir: str) -> str:
-    """model.yaml of the cache directory: the network and buckets of the graphs (the exporter reads it)."""
+    """model.yaml of the cache directory: the network and block size of the graphs (the exporter reads it)."""
     path = os.path.join(cache_dir, plan.MODEL_CONFIG_FILE)
     _write(path, yaml.safe_dump(model_file.to_dict(), sort_keys=False))
     return path

@@ -21,6 +21,7 @@ from mindspore_serving.llm.kv_budget import (
     KvBudgetError,
     KvCacheCapacity,
     fraction_budget,
+    step_working_bytes,
 )
 from mindspore_serving.spec.llm_config import read_manifest
 
@@ -79,14 +80,18 @@ def measured_num_blocks(config, ranks: Sequence[int], available: int | None = No
         if manifest is None:
             raise RuntimeError(f"engine.{FRACTION}: the graphs of rank {ranks[0]} are not exported (no manifest)")
         weights = sum(weight_bytes(_graphs_of(config, rank)) for rank in ranks)
+        # each rank's step working memory at the largest step the engine plans, kept out of the cache's share
+        working = len(ranks) * step_working_bytes(
+            manifest, config.engine.max_num_batched_tokens, config.engine.max_model_len
+        )
         if available is None:
             available = host_available_bytes()
     except (OSError, ValueError) as err:
         raise RuntimeError(f"engine.{FRACTION}: cannot measure the memory: {err}") from None
-    per_rank = fraction_budget(budget.value, available, weights, len(ranks))
+    per_rank = fraction_budget(budget.value, available, weights + working, len(ranks))
     text = (
         f"{per_rank} ({budget.value:g} of {available / MIB:.0f} MiB available, less {weights / MIB:.1f} MiB "
-        f"of weights, for {len(ranks)} rank(s))"
+        f"of weights and {working / MIB:.0f} MiB of step working memory, for {len(ranks)} rank(s))"
     )
     try:
         blocks = CacheGeometry.from_manifest(manifest).blocks(config.engine.max_model_len, per_rank, text)
