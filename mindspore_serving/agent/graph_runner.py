@@ -109,9 +109,9 @@ class GraphRunner(MultiStepRunner, PromptScorer):
         ]
         self.head_weights = [weights[name] for name in names["head"]]
         self.weight_bytes = sum(int(w.nbytes) for w in weights.values())
-        shapes = {name: tuple(weights[f"layers.0.{name}"].shape) for name in names["layer"]}
-        shapes.update({name: tuple(weights[name].shape) for name in names["prepare"] + names["head"]})
-        specs = graph_input_specs(cfg, self.tensor_parallel[0], shapes)
+        spec_weights = {name: weights[f"layers.0.{name}"] for name in names["layer"]}
+        spec_weights.update({name: weights[name] for name in names["prepare"] + names["head"]})
+        specs = graph_input_specs(cfg, self.tensor_parallel[0], spec_weights)
         self.graphs: dict[str, nn.GraphCell] = {}
         for name in GRAPHS:
             graph = nn.GraphCell(ms.load(os.path.join(manifest_dir, manifest["graphs"][name]["file"])))

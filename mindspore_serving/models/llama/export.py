@@ -53,6 +53,7 @@ from .step_graphs import (
     graph_cells,
     graph_input_specs,
     graph_weight_names,
+    weight_placeholders,
 )
 
 _SOURCE_KEY = "source"  # the weights file's metadata entry saying where the weights came from
@@ -131,7 +132,7 @@ def compile_graphs(cfg: ModelFile, out_dir: str, log=print, tensor_parallel=(1, 
     rank of a cluster (see `export_tensor_parallel`, which runs all ranks)."""
     tp, tp_rank = tensor_parallel
     shapes, source = stored_weights(cfg, out_dir)
-    specs = graph_input_specs(cfg.model, tp, graph_weight_shapes(cfg, shapes))
+    specs = graph_input_specs(cfg.model, tp, weight_placeholders(graph_weight_shapes(cfg, shapes)))
     cells = graph_cells(cfg.model, tp)
     for i, name in enumerate(GRAPHS):
         start = time.perf_counter()

@@ -14,11 +14,11 @@ cache slots) is dynamic: one export serves every step shape. The runner (agent/g
 3. `StepHead` once: the logits [N, vocab] of the N tokens the step asks for (each row's last token; every token
    of a scored or verifying row).
 
-One graph per layer call rather than one graph for the whole step, because MindSpore's dynamic-shape runtime keeps
-every intermediate tensor of a graph until the graph returns (measured: the memory a call adds grows with the
-number of layers in the graph, ~6 MB per token for 24 layers); called layer by layer, a step's working memory is
-one layer's, and the pool reuses it for the next layer (`tests/unit/test_ms_dynamic_memory.py` pins this). The
-three graphs compile in seconds, and a call costs ~0.3 ms of framework time.
+One graph per layer call rather than one graph for the whole step: with the 24 layers of the 0.5B shape in one
+dynamic-shape graph, a 512-token step grew the process by 3 GB (its intermediates held until the graph returned,
+~6 MB per token), and the first call of each new shape took seconds; called layer by layer, a step's working memory
+is one layer's, which the memory pool reuses for the next layer (`tests/unit/test_ms_dynamic_memory.py` pins this):
+the same step grew it by 0.2 GB. The graphs compile in seconds, and a call costs ~0.3 ms of framework time.
 
 The KV cache of a layer is two tensors (key, value) of [num_slots, kv_heads, head_dim], num_slots = num_blocks *
 block_size: the slot of position p of a row is block_table[p // block_size] * block_size + p % block_size. A
@@ -42,6 +42,8 @@ Inputs (int32 unless said; `LayerStep` and `StepHead` take the weights named by 
 `chunk_index[r, j]` is the index in T of chunk row r's j-th token (padding: any token, its output is dropped);
 `chunk_scatter[i]` is where the i-th chunk token (token Bd + i) sits in the [Bp * Lp] rows of the chunk attention.
 """
+
+from collections.abc import Mapping
 
 import mindspore as ms
 from mindspore import nn, ops
@@ -255,11 +257,13 @@ def graph_weight_names(cfg: LlamaConfig) -> dict[str, tuple[str, ...]]:
     return names
 
 
-def graph_input_specs(cfg: LlamaConfig, tp: int, weight_shapes: dict[str, tuple[int, ...]]) -> dict[str, list]:
-    """Each graph's inputs as shape-only Tensors, dynamic where a step's shape varies: what the graphs are exported
-    with, and what the runner gives `GraphCell.set_inputs` (without it, a loaded graph compiles again, with memory
-    of its own, for every new shape). `weight_shapes`: the shape of every weight of `graph_weight_names` (a layer's
-    under its relative name)."""
+def graph_input_specs(cfg: LlamaConfig, tp: int, weights: Mapping[str, ms.Tensor]) -> dict[str, list]:
+    """Each graph's inputs as shape-only Tensors, dynamic where a step's shape varies, then its weights: what the
+    graphs are exported with, and what the runner gives `GraphCell.set_inputs` (without it, a loaded graph compiles
+    again, with memory of its own, for every new shape). `weights`: a Tensor of every weight of `graph_weight_names`
+    (a layer's under its relative name), the weight itself or a placeholder of its shape (`weight_placeholders`).
+    NOTE: a shape-only Tensor of a static shape allocates its memory (a 0.5B model's placeholders took 1 GB), so the
+    runner passes its own weights."""
     hidden, kv_heads = cfg.hidden_size, cfg.num_kv_heads // tp
     head_dim = int(cfg.head_dim or hidden // cfg.num_heads)
 
@@ -269,7 +273,7 @@ def graph_input_specs(cfg: LlamaConfig, tp: int, weight_shapes: dict[str, tuple[
     def floats(*shape):
         return ms.Tensor(shape=list(shape), dtype=ms.float32)
 
-    weights = {name: [floats(*weight_shapes[w]) for w in names] for name, names in graph_weight_names(cfg).items()}
+    graph_weights = {name: [weights[w] for w in names] for name, names in graph_weight_names(cfg).items()}
     n = None
     layer = [
         floats(n, hidden),
@@ -284,8 +288,13 @@ def graph_input_specs(cfg: LlamaConfig, tp: int, weight_shapes: dict[str, tuple[
         ints(n, n),
         floats(n, kv_heads, head_dim),
         floats(n, kv_heads, head_dim),
-    ] + weights["layer"]
-    specs = {"prepare": [ints(n), ints(n), ints(n, n), ints(n, n), ints(n, n)] + weights["prepare"]}
+    ] + graph_weights["layer"]
+    specs = {"prepare": [ints(n), ints(n), ints(n, n), ints(n, n), ints(n, n)] + graph_weights["prepare"]}
     specs.update({name: layer for name in LAYER_GRAPHS})
-    specs["head"] = [floats(n, hidden), ints(n)] + weights["head"]
+    specs["head"] = [floats(n, hidden), ints(n)] + graph_weights["head"]
     return specs
+
+
+def weight_placeholders(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, ms.Tensor]:
+    """Shape-only float32 Tensors of these shapes (`graph_input_specs`' weights when no weights are loaded)."""
+    return {name: ms.Tensor(shape=list(shape), dtype=ms.float32) for name, shape in shapes.items()}
