@@ -496,3 +496,24 @@ def test_the_first_failing_model_is_named_and_the_rest_not_begun(qwen2, tmp_path
     with pytest.raises(HfModelError) as failed:
         hf_model.prepare_all(models, lambda line: None, jobs=1)
     assert str(failed.value) == f"{qwen2}: exporting m0 failed: no" and started == ["m0"]
+
+
+def test_max_model_len_defaults_to_what_the_kv_budget_holds():
+    """With kv_cache_memory and no max_model_len, the longest sequence the budget holds (its blocks less the scratch
+    block), up to max_position_embeddings."""
+    from mindspore_serving.models.llama.config import LlamaConfig
+
+    cfg = LlamaConfig(
+        vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64, max_seq_len=64
+    )
+    block_bytes = 2 * 2 * 16 * 2 * 8 * 4  # layers, key and value, block, KV heads, head dim, float32
+    budget = settings("/m/x", "/c", kv_cache_memory=block_bytes * 101)
+    assert plan.served_max_model_len(budget, 32768, cfg) == 100 * 16 + 1
+    assert plan.served_max_model_len(budget, 1000, cfg) == 1000
+    assert plan.served_max_model_len(settings("/m/x", "/c"), 32768, cfg) == 2048  # no budget: the cap
+    assert (
+        plan.served_max_model_len(
+            settings("/m/x", "/c", kv_cache_memory=block_bytes * 101, max_model_len=512), 32768, cfg
+        )
+        == 512
+    )

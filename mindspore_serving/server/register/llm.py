@@ -27,11 +27,11 @@ def declare_llm(
     worker does what `serving_server.py --model` does before it serves: the graphs are exported into
     `model_cache` (default: model_cache/ in the server's working directory) unless an export of the same
     checkpoint and settings is there, and the configuration served is written beside them (docs/llm/own-model.md);
-    the model is served under this servable's name. `tensor_parallel` (ranks), `max_model_len`
-    (default: max_position_embeddings capped to 2048) and `kv_cache_memory` (bytes per rank, or "2GiB") are
-    serving_server.py's flags of the same names; so is `speculative_config`, n-gram speculative decoding as a dict
-    of SpeculativeConfig fields (or their JSON text),
-    e.g. {"method": "ngram", "num_speculative_tokens": 4} (default None: off). The export takes seconds of the
+    the model is served under this servable's name. `tensor_parallel` (ranks), `max_model_len` (default: what
+    kv_cache_memory holds, or max_position_embeddings capped to 2048) and `kv_cache_memory` (bytes per rank, or
+    "2GiB") are serving_server.py's flags of the same names; so is `speculative_config`, n-gram speculative
+    decoding as a dict of SpeculativeConfig fields (or their JSON text), e.g. {"method": "ngram",
+    "num_speculative_tokens": 4} (default None: off). The export takes seconds of the
     worker's start (MS_SERVING_WORKER_START_TIMEOUT, 600 s by default, bounds it);
     `serving_server.py --model DIR --prepare_only` exports ahead.
 
