@@ -135,6 +135,8 @@ class GraphRunner(MultiStepRunner, PromptScorer):
         for i, seq in enumerate(seqs):
             self._check(i, seq)
         out = np.empty((len(seqs), self.vocab_size), np.float32)
+        if not seqs:
+            return out
         every = {
             i: np.empty((seq.query_len, self.vocab_size), np.float32) for i, seq in enumerate(seqs) if seq.all_logits
         }
@@ -155,6 +157,8 @@ class GraphRunner(MultiStepRunner, PromptScorer):
         """Multi-step greedy decoding (model_io.run_greedy_steps): each step's argmax fed into the next."""
         if any(seq.all_logits for seq in seqs):
             raise ValueError("a greedy round cannot return every token's logits (SeqStep.all_logits)")
+        if num_steps < 1:
+            raise ValueError(f"a greedy round of {num_steps} steps: it needs at least one")
         for i, seq in enumerate(seqs):  # the last step writes position context_len + num_steps - 2
             self._check(i, SeqStep([0] * (seq.query_len + num_steps - 1), seq.start_pos, seq.block_table))
         return run_greedy_steps(self, seqs, num_steps)

@@ -1,13 +1,15 @@
 """How a step's sequences become the inputs of the step graphs (models/llama/step_graphs.py): pure numpy, no
 MindSpore, so that it is tested on its own.
 
-`plan_calls` splits a step into graph calls of at most `max_tokens` tokens: every one-token row (a decode row) in
-the first call, then the multi-token rows (prompts, prompt chunks, verified proposals) packed after them; a row
+`plan_calls` splits a step into graph calls of at most `max_tokens` tokens: the one-token rows (decode rows) first,
+then the multi-token rows (prompts, prompt chunks, verified proposals), the longest first, packed after them; a row
 that does not fit the room left is cut, its next piece going first in the next call (the graph calls run in order,
-so a piece attends to the ones before through the cache). `call_inputs` lays one call out: the decode rows' tokens
-first, then the chunk rows' tokens packed, their positions and cache slots, each group's context slots (every
-position of the row's context, padded to a multiple of `context_align` with the scratch slot), and the tokens whose
-logits the call returns.
+so a piece attends to the ones before through the cache). The chunk rows of a call are padded to its longest for
+attention, so a call also takes no more of them than PADDED_FACTOR * max_tokens padded tokens allow.
+
+`call_inputs` lays one call out: the decode rows' tokens first, then the chunk rows' tokens packed, their positions
+and cache slots, each group's context slots (every position of the row's context, padded to whole blocks with the
+scratch slot), and the tokens whose logits the call returns.
 
 A call of one kind of row (`CallInputs.kind`: "decode" or "chunk") runs the layer graph of that group alone: the
 other group's inputs are one-element placeholders that the graph does not read, and it adds no token. A call of
@@ -62,39 +64,76 @@ class CallInputs:
         return self.kind == "both"
 
 
+PADDED_FACTOR = 2
+"""The chunk rows of a call are padded to its longest piece for attention: at most PADDED_FACTOR * max_tokens
+padded query tokens per call (a padded token costs attention only, not the projections)."""
+
+
 def plan_calls(seqs: Sequence[SeqStep], max_tokens: int) -> list[list[Piece]]:
-    """The graph calls of a step, each a list of pieces of at most `max_tokens` tokens in all (see the module
+    """The graph calls of a step, each a list of pieces of at most `max_tokens` tokens in all, and of chunk rows
+    whose padding to the longest of them (Bp x Lp) stays within PADDED_FACTOR * max_tokens (see the module
     docstring)."""
-    calls: list[list[Piece]] = [[]]
-    room = max_tokens
+    for i, seq in enumerate(seqs):
+        if seq.query_len < 1:
+            raise ValueError(f"seqs[{i}] has no tokens to compute")
+    plan = _Plan(max_tokens)
     for i, seq in enumerate(seqs):
         if seq.query_len == 1:
-            if room == 0:
-                calls.append([])
-                room = max_tokens
-            calls[-1].append(Piece(i, seq.token_ids, seq.start_pos, seq.block_table, _wanted(seq, True)))
-            room -= 1
-    for i, seq in enumerate(seqs):
-        if seq.query_len == 1:
-            continue
-        begin = 0
+            plan.add_decode(Piece(i, seq.token_ids, seq.start_pos, seq.block_table, _wanted(seq, True)))
+    # the longest first: the shorter rows that join a call then pad to what is there
+    for i in sorted((i for i, seq in enumerate(seqs) if seq.query_len > 1), key=lambda i: -seqs[i].query_len):
+        seq, begin = seqs[i], 0
         while begin < seq.query_len:
-            if room == 0:
-                calls.append([])
-                room = max_tokens
-            end = min(seq.query_len, begin + room)
-            piece = Piece(
-                i,
-                seq.token_ids[begin:end],
-                seq.start_pos + begin,
-                seq.block_table,
-                _wanted(seq, end == seq.query_len),
-                begin,
+            take = plan.chunk_room(seq.query_len - begin)
+            end = begin + take
+            plan.add_chunk(
+                Piece(
+                    i,
+                    seq.token_ids[begin:end],
+                    seq.start_pos + begin,
+                    seq.block_table,
+                    _wanted(seq, end == seq.query_len),
+                    begin,
+                )
             )
-            calls[-1].append(piece)
-            room -= end - begin
             begin = end
-    return calls
+    return plan.calls
+
+
+class _Plan:
+    """The calls planned so far and what the last one has room for."""
+
+    def __init__(self, max_tokens: int):
+        self.max_tokens = max_tokens
+        self.calls: list[list[Piece]] = [[]]
+        self.room, self.chunk_rows, self.longest = max_tokens, 0, 0
+
+    def next_call(self) -> None:
+        self.calls.append([])
+        self.room, self.chunk_rows, self.longest = self.max_tokens, 0, 0
+
+    def add_decode(self, piece: Piece) -> None:
+        if self.room == 0:
+            self.next_call()
+        self.calls[-1].append(piece)
+        self.room -= 1
+
+    def chunk_room(self, wanted: int) -> int:
+        """The tokens of a chunk row of `wanted` more tokens that the last call takes (a new call when it takes
+        none); at least 1."""
+        for _ in range(2):
+            padded = (PADDED_FACTOR * self.max_tokens) // (self.chunk_rows + 1)
+            take = min(wanted, self.room, padded)
+            if take >= 1 and padded >= self.longest:
+                return take
+            self.next_call()
+        return min(wanted, self.max_tokens)
+
+    def add_chunk(self, piece: Piece) -> None:
+        self.calls[-1].append(piece)
+        self.room -= len(piece.tokens)
+        self.chunk_rows += 1
+        self.longest = max(self.longest, len(piece.tokens))
 
 
 def _wanted(seq: SeqStep, ends_query: bool) -> int:
@@ -120,8 +159,10 @@ def _context_slots(pieces: Sequence[Piece], block_size: int, align: int) -> np.n
     return out
 
 
-def call_inputs(pieces: Sequence[Piece], block_size: int, context_align: int = 16) -> CallInputs:
-    """The inputs of one graph call of `pieces` (see the module docstring)."""
+def call_inputs(pieces: Sequence[Piece], block_size: int, context_align: int | None = None) -> CallInputs:
+    """The inputs of one graph call of `pieces` (see the module docstring). `context_align` (default: the block
+    size) must divide the graphs' max_seq_len, so that an aligned context never exceeds it."""
+    context_align = context_align or block_size
     decode = [p for p in pieces if len(p.tokens) == 1]
     chunks = [p for p in pieces if len(p.tokens) > 1]
     kind = "both" if decode and chunks else "decode" if decode else "chunk"

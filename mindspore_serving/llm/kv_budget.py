@@ -241,7 +241,9 @@ def step_working_bytes(manifest: Mapping, max_num_tokens: int, max_model_len: in
     # per token: ~8 hidden-wide tensors (norms, residuals, projections' outputs), ~6 of q, k and v (projections,
     # biases, the rotary halves), and 3 MLP-wide ones (gate/up, silu, their product)
     per_token = 8 * hidden + 6 * (heads + 2 * kv_heads) * head_dim + 3 * 2 * intermediate
-    attention = 5 * heads * max_model_len  # scores, scaled, biased, softmax, the bias itself (per query token)
+    # scores, scaled, biased, softmax, the bias itself, per query token: the runner pads a call's prompt rows to
+    # the longest, up to twice its tokens (agent/step_inputs.py, PADDED_FACTOR)
+    attention = 2 * 5 * heads * max_model_len
     context = 4 * kv_heads * head_dim * max_model_len  # a row's keys and values, gathered and transposed
     floats = max_num_tokens * (per_token + attention + vocab) + context
     return 4 * floats

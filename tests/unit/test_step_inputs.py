@@ -1,6 +1,7 @@
 """How a step's sequences become graph calls and their inputs (agent/step_inputs.py): pure numpy, no MindSpore."""
 
 import numpy as np
+import pytest
 
 from mindspore_serving.agent.step_inputs import (
     EVERY_LOGITS,
@@ -59,3 +60,22 @@ def test_a_call_of_one_kind_of_row_adds_no_token_and_placeholders_for_the_other_
     chunk = call_inputs(plan_calls([SeqStep([3, 4, 5], 0, [1])], 8)[0], BLOCK)
     assert chunk.kind == "chunk" and chunk.input_ids.tolist() == [3, 4, 5] and chunk.decode_slots.tolist() == [[0]]
     assert chunk.chunk_scatter.tolist() == [0, 1, 2] and chunk.logits_index.tolist() == [2]
+
+
+def test_short_rows_do_not_pad_to_a_long_one_past_twice_the_call_size():
+    """A 30-token chunk and ten 2-token prompts at max_tokens 32: the long row's call takes one short row (two rows
+    pad to 60 <= 2 * 32 query tokens, three would not fit the room); the others share the next call."""
+    seqs = [SeqStep([1] * 30, 0, [1, 2, 3, 4, 5, 6, 7, 8])] + [SeqStep([2, 3], 0, [9 + i]) for i in range(10)]
+    calls = plan_calls(seqs, 32)
+    assert [[p.row for p in call] for call in calls] == [[0, 1], list(range(2, 11))]
+    seqs = [SeqStep([1] * 20, 0, [1, 2, 3])] + [SeqStep([2, 3], 0, [9 + i]) for i in range(10)]
+    calls = plan_calls(seqs, 32)  # 4 rows pad to 80 > 64: the fourth goes to the next call
+    assert [[p.row for p in call] for call in calls] == [[0, 1, 2], list(range(3, 11))]
+    for call in calls:
+        rows = [len(p.tokens) for p in call]
+        assert sum(rows) <= 32 and len(rows) * max(rows) <= 64
+
+
+def test_rows_without_tokens_are_refused():
+    with pytest.raises(ValueError, match="seqs\\[1\\] has no tokens"):
+        plan_calls([SeqStep([1], 0, [1]), SeqStep([], 0, [2])], 8)
