@@ -278,11 +278,13 @@ class FrontendProcesses:
     def _live(self) -> list[FrontendChild]:
         return [c for c in self.children.values() if c.registered.is_set() and c.stub is not None]
 
-    def stop_accepting(self):
-        """Every process refuses new requests from now on (on the master loop: the calls leave at once)."""
+    def stop_accepting(self) -> asyncio.Future:
+        """Every process refuses new requests from now on (on the master loop: the calls leave at once); the
+        returned future is done once each process has answered (or failed to)."""
         self._stopping.set()
-        for child in self._live():
-            asyncio.ensure_future(_quietly(child.stub.StopAccepting(internal_pb2.Empty(), timeout=CALL_TIMEOUT)))
+        return asyncio.gather(
+            *(_quietly(child.stub.StopAccepting(internal_pb2.Empty(), timeout=CALL_TIMEOUT)) for child in self._live())
+        )
 
     async def drain_requests(self, grace: float) -> Counter:
         """The processes' drains, together; the requests they cut, by kind."""

@@ -262,8 +262,10 @@ class Master:
 
     async def _stop_frontends(self, grace: float):
         names = list(self.frontends)
-        for name in names:  # all at once: no front end serves new requests while another drains
-            self.frontends[name].stop_accepting()
+        # all at once: no front end serves new requests while another drains; the front-end processes' answers
+        # are awaited, so that once this is logged none of them takes a new request
+        pending = [self.frontends[name].stop_accepting() for name in names]
+        await asyncio.gather(*(p for p in pending if asyncio.isfuture(p)))
         log.warning(
             f"Serving: the front ends ({', '.join(names)}) refuse new requests; requests in flight have "
             f"{grace:g} s to finish"
