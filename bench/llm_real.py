@@ -267,8 +267,9 @@ async def _ours_round(url: str, texts, output_tokens: int, alone_count: int, lon
         together = await _together(session, url, texts, output_tokens)
         long = await _together(session, url, long_texts, long_output)
         context_tpot = {}
-        for tokens, text in contexts.items():
-            context_tpot[str(tokens)] = _tpot(await _stream(session, url, text, 32))
+        for tokens, (first, second) in contexts.items():  # two prompts, each computed cold
+            prefill = (await _stream(session, url, first, 1))["e2e"]
+            context_tpot[str(tokens)] = ((await _stream(session, url, second, 33))["e2e"] - prefill) / 32
     ttft = float(np.median([r["ttft"] for r in alone]))
     tpot = float(np.median([_tpot(r) for r in alone]))
     return {
@@ -417,12 +418,21 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     started = time.time()
     params = make_model(args.model_dir, args.seed)
-    texts = prompts(args.model_dir, args.requests, args.prompt_tokens, args.seed)
-    rng = np.random.default_rng(args.seed)
-    long_texts = [
-        prompts(args.model_dir, 1, int(n), args.seed + i)[0] for i, n in enumerate(rng.integers(64, 321, args.requests))
-    ]
-    contexts = {n: prompts(args.model_dir, 1, n, args.seed)[0] for n in (200, 900) if n + 40 <= args.max_model_len}
+
+    def workload(round_index: int):
+        """A round's prompts, its own (the server's prefix cache would serve a repeated prompt from its cache):
+        the saturating run's, the longer workload's (64-320 tokens) and the two context prompts' pairs."""
+        seed = args.seed + 1000 * (round_index + 1)
+        rng = np.random.default_rng(seed)
+        lengths = rng.integers(64, 321, args.requests)
+        long = [prompts(args.model_dir, 1, int(n), seed + i)[0] for i, n in enumerate(lengths)]
+        pairs = {
+            n: (prompts(args.model_dir, 1, n, seed + 500)[0], prompts(args.model_dir, 1, n, seed + 600)[0])
+            for n in (200, 900)
+            if n + 40 <= args.max_model_len
+        }
+        return prompts(args.model_dir, args.requests, args.prompt_tokens, seed), long, pairs
+
     report = {
         "meta": {"argv": sys.argv[1:], "cores": os.cpu_count(), "loadavg_start": os.getloadavg()},
         "parameters": params,
@@ -448,6 +458,7 @@ def main(argv=None) -> int:
         agent = served.agent()
         log(f"ready again after {report['restart_seconds']:.1f} s")
         for index in range(args.rounds):
+            texts, long_texts, contexts = workload(index)
             log(f"round {index + 1}: ours")
             ours = asyncio.run(
                 _ours_round(
