@@ -164,16 +164,17 @@ class DecoderLayer(nn.Cell):
         return out
 
     def qkv(self, w, x, cos, sin):
-        """x [B, L, hidden] -> q [B, L, H, D], k and v [B, L, KVH, D] (q and k rotated)."""
-        b, seq = x.shape[0], x.shape[1]
+        """x [..., hidden] -> q [..., H, D], k and v [..., KVH, D] (q and k rotated); cos, sin broadcast to
+        [..., 1, D / 2]. Shared by `forward_full` ([B, L, hidden]) and the step graphs ([T, hidden])."""
+        lead = x.shape[:-1]
         h = rms_norm(x, w[_INPUT_NORM], self.eps)
         q, kv = linear(h, w[_Q_PROJ]), linear(h, w[_KV_PROJ])
         if self.qkv_bias:
             q, kv = q + w[_Q_BIAS], kv + w[_KV_BIAS]
         k, v = _split2(kv)
-        q = q.reshape(b, seq, self.num_heads, self.head_dim)
-        k = k.reshape(b, seq, self.num_kv_heads, self.head_dim)
-        v = v.reshape(b, seq, self.num_kv_heads, self.head_dim)
+        q = q.reshape(lead + (self.num_heads, self.head_dim))
+        k = k.reshape(lead + (self.num_kv_heads, self.head_dim))
+        v = v.reshape(lead + (self.num_kv_heads, self.head_dim))
         if self.qk_norm:
             q, k = rms_norm(q, w[self.q_norm_at], self.eps), rms_norm(k, w[self.q_norm_at + 1], self.eps)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v

@@ -50,14 +50,9 @@ from mindspore import nn, ops
 
 from .config import LlamaConfig
 from .model import (
-    _KV_BIAS,
-    _KV_PROJ,
-    _Q_BIAS,
-    _Q_PROJ,
     NEG_INF,
-    apply_rotary,
+    DecoderLayer,
     layer_weight_names,
-    linear,
     rms_norm,
 )
 
@@ -71,7 +66,6 @@ _concat0 = ops.Concat(0)
 _scatter = ops.ScatterUpdate()
 _matmul_t = ops.MatMul(transpose_b=True)
 
-_INPUT_NORM, _O_PROJ, _POST_ATTN_NORM, _GATE_UP_PROJ, _DOWN_PROJ = 0, 3, 4, 5, 6
 
 PREPARE_INPUTS = ("input_ids", "positions", "decode_slots", "chunk_index", "chunk_slots")
 LAYER_INPUTS = (
@@ -121,36 +115,21 @@ class StepPrepare(nn.Cell):
         return x, cos, sin, decode_bias, chunk_bias
 
 
-class LayerStep(nn.Cell):
+class LayerStep(DecoderLayer):
     """One decoder layer over a step's tokens (see the module docstring): pre-norm attention (GQA, RoPE) whose new
     keys and values go into the layer's caches first, then the SwiGLU MLP, each with its residual. `groups`: the
     attention groups it computes, "decode", "chunk" or "both" (one graph each; the inputs of a group it does not
     compute are not read).
 
-    With tensor parallelism (`tp` > 1) the layer is one rank's shard (models/llama/model.py, `shard_weights`): its
-    heads and MLP columns, the o and down projections' partial sums all-reduced over the ranks."""
+    It is model.py's `DecoderLayer` without parameters (the weights are inputs), sharing its projections and its
+    tensor parallelism: with `tp` > 1 the layer is one rank's shard (`shard_weights`), the o and down projections'
+    partial sums all-reduced over the ranks."""
 
     def __init__(self, cfg: LlamaConfig, tp: int = 1, groups: str = "both"):
-        super().__init__()
+        super().__init__(cfg, tp, parameters=False)
         self.groups = groups
-        self.num_heads, self.num_kv_heads = cfg.num_heads // tp, cfg.num_kv_heads // tp
-        self.head_dim = int(cfg.head_dim or cfg.hidden_size // cfg.num_heads)
-        self.group = cfg.num_heads // cfg.num_kv_heads
-        self.scale = 1.0 / (self.head_dim**0.5)
-        self.eps = cfg.rms_norm_eps
-        self.qkv_bias, self.qk_norm = cfg.qkv_bias, cfg.qk_norm
-        self.q_norm_at = len(layer_weight_names(cfg)) - 2  # with qk_norm: q_norm, k_norm
-        self.tp = tp
-        # NOTE: created only with tp > 1: an AllReduce needs mindspore.communication.init() (a cluster) first
-        self.all_reduce = ops.AllReduce() if tp > 1 else None
 
-    def row_parallel(self, x, weight):
-        out = linear(x, weight)
-        if self.tp > 1:
-            out = self.all_reduce(out)
-        return out
-
-    def attend(self, q, keys, values, bias, rows, length):
+    def attend_rows(self, q, keys, values, bias, rows, length):
         """q [rows * length, heads, D] over keys, values [rows, C, kv_heads, D] with bias [rows, 1, 1, length, C]
         (a decode group: length 1, bias [rows, 1, 1, C] broadcasts alike) -> [rows * length, heads * D]."""
         kvh, g, d = self.num_kv_heads, self.group, self.head_dim
@@ -180,26 +159,16 @@ class LayerStep(nn.Cell):
     ):
         t, bd = x.shape[0], decode_slots.shape[0]
         bp, lp = chunk_index.shape[0], chunk_index.shape[1]
-        h = rms_norm(x, w[_INPUT_NORM], self.eps)
-        q, kv = linear(h, w[_Q_PROJ]), linear(h, w[_KV_PROJ])
-        if self.qkv_bias:
-            q, kv = q + w[_Q_BIAS], kv + w[_KV_BIAS]
-        k, v = _split2(kv)
-        q = q.reshape(t, self.num_heads, self.head_dim)
-        k = k.reshape(t, self.num_kv_heads, self.head_dim)
-        v = v.reshape(t, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, k = rms_norm(q, w[self.q_norm_at], self.eps), rms_norm(k, w[self.q_norm_at + 1], self.eps)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k, v = self.qkv(w, x, cos, sin)
         # NOTE: in place on the cache inputs; depend orders the reads below after the writes
         key_cache = ops.depend(key_cache, _scatter(key_cache, slot_mapping, k))
         value_cache = ops.depend(value_cache, _scatter(value_cache, slot_mapping, v))
         if self.groups == "decode":
-            attn = self.attend(
+            attn = self.attend_rows(
                 q, _gather(key_cache, decode_slots, 0), _gather(value_cache, decode_slots, 0), decode_bias, t, 1
             )
         else:
-            out_chunk = self.attend(
+            out_chunk = self.attend_rows(
                 _gather(q, chunk_index.reshape(-1), 0),
                 _gather(key_cache, chunk_slots, 0),
                 _gather(value_cache, chunk_slots, 0),
@@ -209,7 +178,7 @@ class LayerStep(nn.Cell):
             )
             attn = _gather(out_chunk, chunk_scatter, 0)
             if self.groups == "both":
-                out_decode = self.attend(
+                out_decode = self.attend_rows(
                     q[:bd],
                     _gather(key_cache, decode_slots, 0),
                     _gather(value_cache, decode_slots, 0),
@@ -218,9 +187,7 @@ class LayerStep(nn.Cell):
                     1,
                 )
                 attn = _concat0((out_decode, attn))
-        x = x + self.row_parallel(attn, w[_O_PROJ])
-        gate, up = _split2(linear(rms_norm(x, w[_POST_ATTN_NORM], self.eps), w[_GATE_UP_PROJ]))
-        return x + self.row_parallel(ops.silu(gate) * up, w[_DOWN_PROJ])
+        return self.residual_mlp(w, x, attn)
 
 
 class StepHead(nn.Cell):
