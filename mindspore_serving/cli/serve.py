@@ -272,9 +272,9 @@ def _add_model_arguments(parser):
         type=int,
         default=None,
         metavar="L",
-        help="most tokens of a sequence, prompt and output (default: with --kv_cache_memory, the longest "
-        "sequence it holds, up to the model's max_position_embeddings; without, max_position_embeddings "
-        "capped to 2048; it may not exceed max_position_embeddings)",
+        help="most tokens of a sequence, prompt and output (default: the model's max_position_embeddings "
+        "capped to 2048, or the longest sequence --kv_cache_memory holds when that is more, up to "
+        "max_position_embeddings; it may not exceed max_position_embeddings)",
     )
     group.add_argument(
         "--kv_cache_memory",

@@ -500,16 +500,19 @@ def test_the_first_failing_model_is_named_and_the_rest_not_begun(qwen2, tmp_path
 
 def test_max_model_len_defaults_to_what_the_kv_budget_holds():
     """With kv_cache_memory and no max_model_len, the longest sequence the budget holds (its blocks less the scratch
-    block), up to max_position_embeddings."""
+    block) when that is more than the cap of 2048, up to max_position_embeddings; a smaller budget keeps the cap (and
+    is refused if it cannot hold that)."""
     from mindspore_serving.models.llama.config import LlamaConfig
 
     cfg = LlamaConfig(
         vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64, max_seq_len=64
     )
     block_bytes = 2 * 2 * 16 * 2 * 8 * 4  # layers, key and value, block, KV heads, head dim, float32
-    budget = settings("/m/x", "/c", kv_cache_memory=block_bytes * 101)
-    assert plan.served_max_model_len(budget, 32768, cfg) == 100 * 16 + 1
+    budget = settings("/m/x", "/c", kv_cache_memory=block_bytes * 201)
+    assert plan.served_max_model_len(budget, 32768, cfg) == 200 * 16 + 1
     assert plan.served_max_model_len(budget, 1000, cfg) == 1000
+    small = settings("/m/x", "/c", kv_cache_memory=block_bytes * 11)
+    assert plan.served_max_model_len(small, 32768, cfg) == 2048
     assert plan.served_max_model_len(settings("/m/x", "/c"), 32768, cfg) == 2048  # no budget: the cap
     assert (
         plan.served_max_model_len(
