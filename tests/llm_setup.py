@@ -67,3 +67,26 @@ def offline_engine(config_path):
 def offline_greedy(config_path, prompt, max_new_tokens):
     """One request alone, in-process on the graphs of `config_path`."""
     return offline_engine(config_path).generate([prompt], {"temperature": 0.0, "max_new_tokens": max_new_tokens})[0]
+
+
+def llm_worker_registry(channel, facts, batch_size=1):
+    """A master's WorkerRegistry holding one LLM worker, servable "tiny" version 1, reached on `channel` (a gRPC
+    channel to a fake or in-process LlmWorker), registered with `facts` (ipc.llm_session.registration_facts)."""
+    from mindspore_serving.master.worker_registry import WorkerRecord, WorkerRegistry  # lazy: for the tests using it
+    from mindspore_serving.spec.llm import GENERATE_METHOD, LLM_EXTENSION
+
+    registry = WorkerRegistry()
+    registry.add(
+        WorkerRecord(
+            key="tiny@0",
+            pid=4242,
+            address="",
+            servable_name="tiny",
+            version_number=1,
+            batch_size=batch_size,
+            methods={GENERATE_METHOD: None},
+            extensions={LLM_EXTENSION: facts},
+            channel=channel,
+        )
+    )
+    return registry

@@ -12,6 +12,7 @@ from concurrent import futures
 from types import SimpleNamespace
 
 import grpc
+from llm_setup import llm_worker_registry
 
 from mindspore_serving.common import errors
 from mindspore_serving.ipc import llm_session
@@ -22,9 +23,7 @@ from mindspore_serving.llm.testing import FakeModelRunner
 from mindspore_serving.master import llm_backend
 from mindspore_serving.master.llm_backend import MasterLlmBackend
 from mindspore_serving.master.llm_types import FinalEvent, GenerationRequest, TokenEvent
-from mindspore_serving.master.worker_registry import WorkerRecord, WorkerRegistry
 from mindspore_serving.proto import llm_worker_pb2_grpc
-from mindspore_serving.spec.llm import GENERATE_METHOD, LLM_EXTENSION
 from mindspore_serving.worker.llm.runtime import LlmRuntime
 from mindspore_serving.worker.llm.session_service import LlmWorkerServicer
 
@@ -95,23 +94,10 @@ def serve(runner: SlowRunner, *groups: list[GenerationRequest], progress_interva
 
     async def run_group(channel, group, after, first_event):
         await after.wait()
-        registry = WorkerRegistry()
         facts = llm_session.registration_facts(
             model_id="tiny", max_model_len=64, max_num_seqs=1, max_queue_size=total, vocab_size=97
         )
-        registry.add(
-            WorkerRecord(
-                key="tiny@0",
-                pid=4242,
-                address="",
-                servable_name="tiny",
-                version_number=1,
-                batch_size=1,
-                methods={GENERATE_METHOD: None},
-                extensions={LLM_EXTENSION: facts},
-                channel=channel,
-            )
-        )
+        registry = llm_worker_registry(channel, facts)
         backend = MasterLlmBackend(registry, TOKEN_TIMEOUT_S)
         return await asyncio.gather(*(generate(backend, request, first_event) for request in group))
 

@@ -5,6 +5,7 @@ import asyncio
 
 import grpc
 import pytest
+from llm_setup import llm_worker_registry
 
 from mindspore_serving.common import errors
 from mindspore_serving.ipc import llm_session
@@ -66,20 +67,7 @@ def run(scenario, version=llm_session.LLM_SESSION_PROTOCOL_VERSION):
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-        registry = WorkerRegistry()
-        registry.add(
-            WorkerRecord(
-                key="tiny@0",
-                pid=4242,
-                address="",
-                servable_name="tiny",
-                version_number=1,
-                batch_size=4,
-                methods={GENERATE_METHOD: None},
-                extensions={LLM_EXTENSION: facts(version)},
-                channel=channel,
-            )
-        )
+        registry = llm_worker_registry(channel, facts(version), batch_size=4)
         try:
             return await asyncio.wait_for(scenario(MasterLlmBackend(registry), worker), DEADLINE_S)
         finally:
