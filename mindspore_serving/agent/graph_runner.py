@@ -1,8 +1,8 @@
 """GraphRunner: the engine's ModelRunner (llm/model_io.py) over the step graphs of an export directory.
 
 The graphs are those written by `mindspore_serving.models.llama.export` (manifest format 3; see
-models/llama/step_graphs.py for their inputs): `prepare`, `layer` (called once per decoder layer) and `head`, every
-step shape dynamic. This runner
+models/llama/step_graphs.py for their inputs): `prepare`, a layer graph called once per decoder layer (`layer`, or
+`layer_decode` / `layer_chunk` for a call of one kind of row) and `head`, every step shape dynamic. This runner
 
 * loads each graph once (`mindspore.load` + `nn.GraphCell`, with `set_inputs` declaring the dynamic dimensions, so a
   graph compiles once, not once per shape);

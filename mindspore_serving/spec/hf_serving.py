@@ -202,14 +202,15 @@ def served_max_model_len(
     """The max model length served: the one asked for, which may not exceed max_position_embeddings; else
     max_position_embeddings capped to DEFAULT_MAX_MODEL_LEN, or, with a KV-cache budget (settings.kv_cache_memory)
     and the network `cfg`, the longest sequence the budget holds when that is more, up to max_position_embeddings
-    (a budget that holds less is refused by `check_kv_cache_memory`)."""
+    and the model's sliding window (a budget that holds less is refused by `check_kv_cache_memory`)."""
     capped = min(max_position_embeddings or DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN)
     if settings.max_model_len is None and settings.kv_cache_memory is not None and cfg is not None:
         model_file = ModelFile(cfg, ExportConfig(block_size=BLOCK_SIZE))
         block_bytes = cache_geometry(model_file, settings.tensor_parallel).block_bytes
         # the budget's blocks less the scratch block; a sequence's last token is never cached
         held = (parse_size(settings.kv_cache_memory, "kv_cache_memory") // block_bytes - 1) * BLOCK_SIZE + 1
-        return max(capped, min(max_position_embeddings or held, held))
+        limit = min(x for x in (max_position_embeddings, cfg.sliding_window, held) if x is not None)
+        return max(capped, limit)
     if settings.max_model_len is None:
         return capped
     if max_position_embeddings is not None and settings.max_model_len > max_position_embeddings:

@@ -511,6 +511,8 @@ def test_max_model_len_defaults_to_what_the_kv_budget_holds():
     budget = settings("/m/x", "/c", kv_cache_memory=block_bytes * 201)
     assert plan.served_max_model_len(budget, 32768, cfg) == 200 * 16 + 1
     assert plan.served_max_model_len(budget, 1000, cfg) == 1000
+    windowed = dataclasses.replace(cfg, sliding_window=2500)  # a budget never raises it past the window
+    assert plan.served_max_model_len(budget, 32768, windowed) == 2500
     small = settings("/m/x", "/c", kv_cache_memory=block_bytes * 11)
     assert plan.served_max_model_len(small, 32768, cfg) == 2048
     assert plan.served_max_model_len(settings("/m/x", "/c"), 32768, cfg) == 2048  # no budget: the cap

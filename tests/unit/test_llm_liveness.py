@@ -45,7 +45,7 @@ class SlowRunner(FakeModelRunner):
     def run(self, seqs):
         if self.hang:
             self.release.wait(DEADLINE_S)
-        time.sleep(self.step_s)
+        time.sleep(self.step_s)  # ok-sleep: the simulated cost of a model step, not a wait for a signal
         return super().run(seqs)
 
 

@@ -94,9 +94,12 @@ def _check(settings: HfModelSettings, log: Callable[[str], None] = print) -> _Ch
         config_json = read_json(model_dir, "config.json")
         max_pos = config_json.get("max_position_embeddings")
         max_pos = max_pos if isinstance(max_pos, int) and max_pos > 0 else None
-        network, _ = hf_llama_config(config_json, max_pos or plan.DEFAULT_MAX_MODEL_LEN)
-        max_len = plan.served_max_model_len(settings, max_pos, network)
+        max_len = plan.served_max_model_len(settings, max_pos)
         cfg, extras = hf_llama_config(config_json, max_len)
+        raised = plan.served_max_model_len(settings, max_pos, cfg)  # what a KV-cache budget holds, when more
+        if raised != max_len:
+            max_len = raised
+            cfg, extras = hf_llama_config(config_json, max_len)
         generation = read_json(model_dir, GENERATION_CONFIG_FILE, required=False)
         checkpoint = SafetensorsCheckpoint(model_dir)
         check_checkpoint(cfg, {name: checkpoint.shape(name) for name in checkpoint.names()})
