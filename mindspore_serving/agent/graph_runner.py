@@ -38,7 +38,7 @@ from mindspore_serving.llm.model_io import (
 )
 from mindspore_serving.models.llama.config import LlamaConfig
 from mindspore_serving.models.llama.manifest import MANIFEST, MANIFEST_VERSION
-from mindspore_serving.models.llama.step_graphs import GRAPHS, graph_input_specs, graph_weight_names
+from mindspore_serving.models.llama.step_graphs import GRAPHS, graph_input_specs, graph_weight_names, graph_weights_of
 
 LAYER_OF_KIND = {"both": "layer", "decode": "layer_decode", "chunk": "layer_chunk"}
 """The layer graph of a call of each kind (step_inputs.CallInputs.kind)."""
@@ -109,9 +109,7 @@ class GraphRunner(MultiStepRunner, PromptScorer):
         ]
         self.head_weights = [weights[name] for name in names["head"]]
         self.weight_bytes = sum(int(w.nbytes) for w in weights.values())
-        spec_weights = {name: weights[f"layers.0.{name}"] for name in names["layer"]}
-        spec_weights.update({name: weights[name] for name in names["prepare"] + names["head"]})
-        specs = graph_input_specs(cfg, self.tensor_parallel[0], spec_weights)
+        specs = graph_input_specs(cfg, self.tensor_parallel[0], graph_weights_of(cfg, weights))
         self.graphs: dict[str, nn.GraphCell] = {}
         for name in GRAPHS:
             graph = nn.GraphCell(ms.load(os.path.join(manifest_dir, manifest["graphs"][name]["file"])))

@@ -137,10 +137,6 @@ def split_logits(result: StepResult) -> tuple[np.ndarray, dict[int, np.ndarray]]
     return result, {}
 
 
-def slot_of(block_table: Sequence[int], position: int, block_size: int) -> int:
-    return block_table[position // block_size] * block_size + position % block_size
-
-
 class ModelRunner(Protocol):
     """Runs one step at a time over its paged KV cache of this geometry."""
 

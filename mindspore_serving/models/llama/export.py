@@ -53,6 +53,7 @@ from .step_graphs import (
     graph_cells,
     graph_input_specs,
     graph_weight_names,
+    graph_weights_of,
     weight_placeholders,
 )
 
@@ -115,14 +116,6 @@ def stored_weights(cfg: ModelFile, out_dir: str) -> tuple[dict[str, tuple[int, .
     return shapes, source
 
 
-def graph_weight_shapes(cfg: ModelFile, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-    """The shapes `step_graphs.graph_input_specs` takes: layer 0's weights under their relative names (every
-    layer's are alike), the others under their own."""
-    out = {name: shapes[f"layers.0.{name}"] for name in graph_weight_names(cfg.model)["layer"]}
-    out.update({name: shapes[name] for name in ("embed_tokens", *graph_weight_names(cfg.model)["head"])})
-    return out
-
-
 # --- graphs -----------------------------------------------------------------------------------------------------
 
 
@@ -132,7 +125,7 @@ def compile_graphs(cfg: ModelFile, out_dir: str, log=print, tensor_parallel=(1, 
     rank of a cluster (see `export_tensor_parallel`, which runs all ranks)."""
     tp, tp_rank = tensor_parallel
     shapes, source = stored_weights(cfg, out_dir)
-    specs = graph_input_specs(cfg.model, tp, weight_placeholders(graph_weight_shapes(cfg, shapes)))
+    specs = graph_input_specs(cfg.model, tp, weight_placeholders(graph_weights_of(cfg.model, shapes)))
     cells = graph_cells(cfg.model, tp)
     for i, name in enumerate(GRAPHS):
         start = time.perf_counter()

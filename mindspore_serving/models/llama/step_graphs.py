@@ -224,6 +224,15 @@ def graph_weight_names(cfg: LlamaConfig) -> dict[str, tuple[str, ...]]:
     return names
 
 
+def graph_weights_of(cfg: LlamaConfig, by_name: Mapping[str, object]) -> dict[str, object]:
+    """What `graph_input_specs` takes from something of every weight by its full name (a weight, a shape): layer 0's
+    under their names relative to `layers.0.` (every layer's are alike), the others under their own."""
+    names = graph_weight_names(cfg)
+    out = {name: by_name[f"layers.0.{name}"] for name in names["layer"]}
+    out.update({name: by_name[name] for name in names["prepare"] + names["head"]})
+    return out
+
+
 def graph_input_specs(cfg: LlamaConfig, tp: int, weights: Mapping[str, ms.Tensor]) -> dict[str, list]:
     """Each graph's inputs as shape-only Tensors, dynamic where a step's shape varies, then its weights: what the
     graphs are exported with, and what the runner gives `GraphCell.set_inputs` (without it, a loaded graph compiles
